@@ -1,0 +1,176 @@
+/*
+ * chorus — collective communication for distributed deep learning.
+ *
+ * The C ABI. It is shaped like NCCL's so that an NCCL user feels at home:
+ * the same result codes, data types, reduction ops, communicator lifecycle
+ * and collective signatures, with CPU "streams" in place of CUDA streams.
+ *
+ * Semantics in brief
+ *  - Operations on one communicator match across ranks in the order the
+ *    program issues them, whichever stream (or none) they go to.
+ *  - A NULL stream makes a call blocking on the caller's thread.  A stream is
+ *    a FIFO that the communicator's progress engine executes in the
+ *    background; calls on it return at once.  Buffers must stay valid until
+ *    the stream is synchronised.
+ *  - In-place works as in NCCL: sendbuff == recvbuff, or for gather-type
+ *    operations sendbuff == recvbuff + rank * sendcount elements.
+ *  - Between chorusGroupStart() and chorusGroupEnd() sends, receives and
+ *    collectives are issued as one unit; matching Send/Recv pairs in any order
+ *    complete without deadlock.
+ *  - Every call returns a chorusResult_t; on failure chorusGetLastError()
+ *    returns a message naming the argument, the value and a likely fix.
+ *
+ * Thread safety: a communicator may be used from one thread at a time, except
+ * chorusCommAbort and chorusCommGetAsyncError, which may be called from any
+ * thread.
+ */
+#ifndef CHORUS_CHORUS_H_
+#define CHORUS_CHORUS_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CHORUS_MAJOR 0
+#define CHORUS_MINOR 1
+#define CHORUS_PATCH 0
+/* chorusGetVersion reports MAJOR*10000 + MINOR*100 + PATCH, as NCCL does. */
+#define CHORUS_VERSION_CODE (CHORUS_MAJOR * 10000 + CHORUS_MINOR * 100 + CHORUS_PATCH)
+
+#define CHORUS_UNIQUE_ID_BYTES 128
+
+typedef enum {
+  chorusSuccess = 0,
+  chorusSystemError = 1,      /* an OS call failed (socket, shm, mmap ...) */
+  chorusInternalError = 2,    /* a bug in chorus: please report it */
+  chorusInvalidArgument = 3,  /* a bad pointer, count, dtype, op, root or peer */
+  chorusInvalidUsage = 4,     /* a call that is not allowed now (destroyed comm, bad group nesting ...) */
+  chorusRemoteError = 5,      /* a peer failed or disconnected */
+  chorusInProgress = 6,       /* an asynchronous operation has not completed yet */
+  chorusTimeout = 7,          /* an operation did not complete within its timeout */
+  chorusMismatch = 8,         /* ranks called different operations, counts or types */
+  chorusAborted = 9,          /* the communicator was aborted */
+  chorusNumResults = 10
+} chorusResult_t;
+
+typedef enum {
+  chorusInt8 = 0,
+  chorusChar = 0,
+  chorusUint8 = 1,
+  chorusInt32 = 2,
+  chorusInt = 2,
+  chorusUint32 = 3,
+  chorusInt64 = 4,
+  chorusUint64 = 5,
+  chorusFloat16 = 6,
+  chorusHalf = 6,
+  chorusFloat32 = 7,
+  chorusFloat = 7,
+  chorusFloat64 = 8,
+  chorusDouble = 8,
+  chorusBfloat16 = 9,
+  chorusFloat8e4m3 = 10,
+  chorusFloat8e5m2 = 11,
+  chorusNumTypes = 12
+} chorusDataType_t;
+
+typedef enum {
+  chorusSum = 0,
+  chorusProd = 1,
+  chorusMax = 2,
+  chorusMin = 3,
+  chorusAvg = 4,
+  chorusNumOps = 5,
+  /* Ops created by chorusRedOpCreatePreMulSum are >= chorusNumOps. */
+  chorusMaxRedOp = 0x7fffffff
+} chorusRedOp_t;
+
+/* Where the PreMulSum scalar lives. */
+typedef enum {
+  chorusScalarDevice = 0, /* pointer read at each call (CPU memory here) */
+  chorusScalarHostImmediate = 1 /* value read once, at creation */
+} chorusScalarResidence_t;
+
+typedef struct chorusComm* chorusComm_t;
+typedef struct chorusStream* chorusStream_t;
+
+typedef struct {
+  char internal[CHORUS_UNIQUE_ID_BYTES];
+} chorusUniqueId;
+
+/* Library information and errors */
+chorusResult_t chorusGetVersion(int* version);
+const char* chorusGetErrorString(chorusResult_t result);
+/* The message of the last failed call on this thread (comm may be NULL), or of
+ * the communicator's asynchronous error.  Never NULL; empty when none. */
+const char* chorusGetLastError(chorusComm_t comm);
+
+/* Bootstrap */
+chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
+chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank);
+/* Reads CHORUS_*, torchrun, Open MPI or Slurm variables; see chorus-run --print-env. */
+chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm);
+/* Collective over comm. color < 0 (CHORUS_SPLIT_NOCOLOR) yields *newcomm = NULL. */
+#define CHORUS_SPLIT_NOCOLOR (-1)
+chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm);
+chorusResult_t chorusCommDestroy(chorusComm_t comm);
+chorusResult_t chorusCommAbort(chorusComm_t comm);
+chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
+chorusResult_t chorusCommCount(const chorusComm_t comm, int* count);
+chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank);
+
+/* Reduction ops */
+chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, chorusDataType_t datatype,
+                                          chorusScalarResidence_t residence, chorusComm_t comm);
+chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm);
+
+/* Collectives */
+chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                               int root, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                            chorusRedOp_t op, int root, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                               chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                   chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                   chorusStream_t stream);
+chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                              chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusAllGatherV(const void* sendbuff, size_t sendcount, void* recvbuff, const size_t* recvcounts,
+                                const size_t* displs, chorusDataType_t datatype, chorusComm_t comm,
+                                chorusStream_t stream);
+chorusResult_t chorusAllToAllV(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                               void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                               chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                            int root, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvcount, chorusDataType_t datatype,
+                             int root, chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer,
+                          chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer, chorusComm_t comm,
+                          chorusStream_t stream);
+chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream);
+
+/* Groups (may nest; the outermost End issues the group) */
+chorusResult_t chorusGroupStart(void);
+chorusResult_t chorusGroupEnd(void);
+
+/* Streams: FIFOs executed in the background by communicators' progress engines. */
+chorusResult_t chorusStreamCreate(chorusStream_t* stream);
+/* Waits for every operation queued on the stream; returns the first error among them. */
+chorusResult_t chorusStreamSynchronize(chorusStream_t stream);
+/* chorusSuccess when all queued work is done, chorusInProgress otherwise, or its error. */
+chorusResult_t chorusStreamQuery(chorusStream_t stream);
+chorusResult_t chorusStreamDestroy(chorusStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHORUS_CHORUS_H_ */

@@ -1,0 +1,70 @@
+// Unique ids, environment-based init and host identity.
+#pragma once
+
+#include <chorus/chorus.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "bootstrap/auth.hpp"
+#include "bootstrap/socket.hpp"
+#include "common/status.hpp"
+
+namespace chorus::bootstrap {
+
+// The decoded chorusUniqueId: where rank 0's store listens, and the job secret.
+//
+// Layout of the 128 opaque bytes (little endian): magic "CHORUSID" [8] |
+// version u16 | family u16 | port u16 | pad u16 | address [16] | secret [32] |
+// flags u32 (bit 0: secret present) | zero [60].  decode() rejects any other
+// magic, version, family or a non-zero tail.
+struct UniqueId {
+  net::SockAddr root;
+  auth::Secret secret;
+
+  [[nodiscard]] chorusUniqueId encode() const;
+  static Result<UniqueId> decode(const chorusUniqueId& id);
+};
+
+// What rank 0 runs for chorusGetUniqueId: chooses the address (the interface of
+// CHORUS_SOCKET_IFNAME, else a non-loopback address of this host, else
+// loopback), starts nothing yet, and draws a fresh secret.  The store server is
+// started by rank 0's chorusCommInitRank on exactly that address and port, so
+// getUniqueId reserves a free port by binding it and keeps the listening
+// socket for the server to adopt (see takeReservedListener).
+Result<UniqueId> makeUniqueId();
+// The listener reserved by makeUniqueId for this address, if this process made it.
+std::optional<net::Fd> takeReservedListener(const net::SockAddr& addr);
+
+// The job as described by the environment (chorusCommInitFromEnv).
+struct EnvJob {
+  int rank = -1;
+  int world_size = -1;
+  std::string master_addr;
+  uint16_t master_port = 0;
+  auth::Secret secret;       // present == false: unauthenticated
+  std::string source;        // "chorus", "torchrun", "openmpi", "slurm"
+};
+// Reads, first found wins: CHORUS_RANK/CHORUS_WORLD_SIZE/CHORUS_MASTER_*;
+// RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; OMPI_COMM_WORLD_RANK/SIZE;
+// SLURM_PROCID/SLURM_NTASKS (master from CHORUS_MASTER_ADDR or the first host
+// of SLURM_JOB_NODELIST).  Errors name the missing or malformed variable.
+Result<EnvJob> readEnvJob();
+
+// The first host name of a Slurm node list ("node[01-04,07],gpu3" -> "node01").
+Result<std::string> firstSlurmHost(const std::string& nodelist);
+
+// Identity of this host as seen for transport choice: ranks with equal
+// identities can share memory.
+struct HostIdentity {
+  char hostname[64] = {};
+  char boot_id[40] = {};
+  uint64_t netns_inode = 0;
+  uint64_t ipcns_inode = 0;
+
+  bool operator==(const HostIdentity& o) const;
+};
+HostIdentity localHostIdentity();
+
+}  // namespace chorus::bootstrap

@@ -1,0 +1,111 @@
+// The rendezvous store: a small key-value service run by rank 0 over TCP.
+//
+// Ranks exchange addresses and segment names through it and use it for the
+// barriers of init.  Every connection to it passes the job-secret handshake
+// (auth.hpp) before any request is read; a connection that does not is closed
+// without disturbing the others.  Requests are framed and bounds-checked
+// (store.cpp documents the wire format).
+#pragma once
+
+#include <chrono>
+#include <cstring>
+#include <type_traits>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bootstrap/auth.hpp"
+#include "bootstrap/socket.hpp"
+#include "common/status.hpp"
+
+namespace chorus::bootstrap {
+
+using Bytes = std::vector<std::byte>;
+
+// The store seen by a rank.  Thread-compatible: one thread at a time.
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual Status set(std::string_view key, std::span<const std::byte> value) = 0;
+  // Waits until `key` exists (or timeout: chorusTimeout naming the key).
+  virtual Result<Bytes> get(std::string_view key, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds delta to the integer at key (absent = 0); returns the new value.
+  virtual Result<int64_t> add(std::string_view key, int64_t delta) = 0;
+};
+
+// A view of a store that prefixes every key ("comm3/"), so communicators and
+// splits share one server without colliding.
+class PrefixStore final : public Store {
+ public:
+  PrefixStore(std::shared_ptr<Store> base, std::string prefix) : base_(std::move(base)), prefix_(std::move(prefix)) {}
+  Status set(std::string_view key, std::span<const std::byte> value) override;
+  Result<Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override;
+  Result<int64_t> add(std::string_view key, int64_t delta) override;
+
+ private:
+  std::shared_ptr<Store> base_;
+  std::string prefix_;
+};
+
+// The server: a thread that accepts authenticated clients and serves
+// set/get/add until destroyed.  Limits (key <= 1 KiB, value <= 16 MiB, total
+// bounded) protect it from a misbehaving client.
+class StoreServer {
+ public:
+  struct Options {
+    // A connection that has not completed the job-secret handshake by then is
+    // closed (a silent or slow client cannot hold a slot forever).
+    std::chrono::milliseconds handshake_timeout{10000};
+  };
+  // Listens on bind_addr (port 0 = ephemeral).
+  static Result<std::unique_ptr<StoreServer>> start(const net::SockAddr& bind_addr, const auth::Secret& secret);
+  static Result<std::unique_ptr<StoreServer>> start(const net::SockAddr& bind_addr, const auth::Secret& secret,
+                                                    const Options& options);
+  // Adopts an already-listening socket (the one chorusGetUniqueId reserved).
+  static Result<std::unique_ptr<StoreServer>> start(net::Fd listener, const auth::Secret& secret,
+                                                    const Options& options = {});
+  virtual ~StoreServer() = default;
+  [[nodiscard]] virtual net::SockAddr address() const = 0;  // with the real port
+};
+
+// Connects to a server and authenticates; retries while it is not up yet.
+Result<std::shared_ptr<Store>> connectStore(const net::SockAddr& server, const auth::Secret& secret,
+                                            std::chrono::milliseconds timeout);
+
+// Every one of nranks ranks calls it with the same name; returns when all have.
+Status storeBarrier(Store& store, std::string_view name, int nranks, std::chrono::milliseconds timeout);
+
+// One decoded store request frame (store.cpp documents the wire format).
+// key and value point into the parsed buffer.
+struct StoreRequest {
+  uint8_t op = 0;
+  std::string_view key;
+  std::span<const std::byte> value;
+  size_t frame_bytes = 0;  // bytes of the buffer this frame used
+};
+// Pure parser of the first frame in buf: the request, nullopt when buf holds
+// only part of a frame, or chorusInvalidArgument for a frame that breaks the
+// format or the limits (the server closes such a connection).  Exposed for
+// the fuzzer.
+Result<std::optional<StoreRequest>> parseStoreRequest(std::span<const std::byte> buf);
+
+// Serialisation helpers for small records put in the store.
+template <typename T>
+Bytes toBytes(const T& pod) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  Bytes b(sizeof(T));
+  std::memcpy(b.data(), &pod, sizeof(T));
+  return b;
+}
+inline Bytes toBytes(std::string_view s) {
+  return Bytes(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
+}
+inline std::string toString(std::span<const std::byte> b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+}  // namespace chorus::bootstrap

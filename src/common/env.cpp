@@ -1,0 +1,80 @@
+#include "common/env.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <charconv>
+#include <cstdlib>
+
+namespace chorus::env {
+namespace {
+
+// clang-format off
+constexpr Knob kKnobs[] = {
+  {"CHORUS_RANK",            "", "this process's rank (set by chorus-run); torchrun's RANK, OMPI_COMM_WORLD_RANK and SLURM_PROCID are read when unset"},
+  {"CHORUS_WORLD_SIZE",      "", "number of ranks in the job; WORLD_SIZE, OMPI_COMM_WORLD_SIZE or SLURM_NTASKS when unset"},
+  {"CHORUS_LOCAL_RANK",      "", "rank among the ranks on this host (informational)"},
+  {"CHORUS_MASTER_ADDR",     "", "address of rank 0's rendezvous store; MASTER_ADDR, or the first host of a Slurm job, when unset"},
+  {"CHORUS_MASTER_PORT",     "", "port of rank 0's rendezvous store; MASTER_PORT when unset"},
+  {"CHORUS_SECRET",          "", "job secret (hex) every connection must prove; chorus-run always sets a fresh one"},
+  {"CHORUS_REQUIRE_SECRET",  "0", "1: refuse to initialise from the environment without a job secret"},
+  {"CHORUS_SOCKET_IFNAME",   "", "network interface for the store and TCP data connections (e.g. eth0); default: the one routing to the master"},
+  {"CHORUS_TRANSPORT",       "auto", "auto: shared memory between ranks of one host, TCP across hosts; tcp: TCP everywhere"},
+  {"CHORUS_TCP_SOCKETS",     "1", "TCP sockets per peer (more can raise bandwidth on fast links)"},
+  {"CHORUS_SHM_CMA",         "1", "0: never use cross-memory attach (process_vm_readv) for large shared-memory messages"},
+  {"CHORUS_SHM_RING_BYTES",  "1048576", "bytes of each shared-memory ring (one per ordered pair of local ranks)"},
+  {"CHORUS_CHUNK_BYTES",     "0", "pipeline chunk size for large messages; 0 lets the tuner choose"},
+  {"CHORUS_SPIN_US",         "50", "microseconds a waiting rank polls before it blocks; halved when ranks outnumber cores"},
+  {"CHORUS_ALGO",            "", "force algorithms per collective, e.g. allreduce:ring;allgather:recursive_doubling"},
+  {"CHORUS_TIMEOUT_MS",      "600000", "timeout of every operation and of init, in milliseconds"},
+  {"CHORUS_DEBUG",           "WARN", "log level: NONE, WARN, INFO, TRACE"},
+};
+// clang-format on
+
+const Knob* find(std::string_view name) {
+  for (const Knob& k : kKnobs)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+}  // namespace
+
+std::span<const Knob> knobs() { return kKnobs; }
+
+std::optional<std::string> raw(std::string_view name) {
+  [[maybe_unused]] const Knob* k = find(name);
+  assert(k && "knob missing from the table in env.cpp");
+  const char* v = std::getenv(std::string(name).c_str());
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+std::string getString(std::string_view name) {
+  if (auto v = raw(name)) return *v;
+  const Knob* k = find(name);
+  return k ? std::string(k->default_value) : std::string();
+}
+
+Result<int64_t> getInt(std::string_view name) {
+  std::string s = getString(name);
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || p != s.data() + s.size())
+    return invalidArgument("{}='{}' is not an integer", name, s);
+  return v;
+}
+
+Result<bool> getBool(std::string_view name) {
+  std::string s = getString(name);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+  if (s == "0" || s == "false" || s == "no" || s == "off" || s.empty()) return false;
+  return invalidArgument("{}='{}' is not a boolean (use 0 or 1)", name, s);
+}
+
+std::optional<std::string> getAny(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+}  // namespace chorus::env

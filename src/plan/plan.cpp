@@ -1,0 +1,245 @@
+#include "plan/plan.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cassert>
+
+namespace chorus::plan {
+
+namespace {
+constexpr std::array<std::string_view, kNumCollectives> kNames = {
+    "allreduce", "broadcast", "reduce", "allgather", "reducescatter", "alltoall",
+    "allgatherv", "alltoallv", "gather", "scatter", "sendrecv", "barrier"};
+
+uint64_t extent(std::span<const size_t> counts, std::span<const size_t> displs) {
+  uint64_t e = 0;
+  for (size_t i = 0; i < counts.size() && i < displs.size(); ++i)
+    if (counts[i] != 0) e = std::max<uint64_t>(e, displs[i] + counts[i]);
+  return e;
+}
+}  // namespace
+
+std::string_view collectiveName(Collective c) { return kNames[static_cast<size_t>(c)]; }
+
+bool parseCollective(std::string_view name, Collective* out) {
+  for (size_t i = 0; i < kNames.size(); ++i) {
+    if (kNames[i] == name) {
+      *out = static_cast<Collective>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t Shape::inputElems(int rank) const {
+  const uint64_t n = static_cast<uint64_t>(nranks);
+  switch (coll) {
+    case Collective::AllReduce:
+    case Collective::Reduce:
+    case Collective::AllGather:
+    case Collective::Gather:
+    case Collective::SendRecv: return count;
+    case Collective::Broadcast: return rank == root ? count : 0;
+    case Collective::ReduceScatter:
+    case Collective::AllToAll: return count * n;
+    case Collective::Scatter: return rank == root ? count * n : 0;
+    case Collective::AllGatherV: return static_cast<size_t>(rank) < counts.size() ? counts[rank] : 0;
+    case Collective::AllToAllV: return extent(counts, displs);
+    case Collective::Barrier: return 0;
+  }
+  return 0;
+}
+
+uint64_t Shape::outputElems(int rank) const {
+  const uint64_t n = static_cast<uint64_t>(nranks);
+  switch (coll) {
+    case Collective::AllReduce:
+    case Collective::Broadcast:
+    case Collective::ReduceScatter:
+    case Collective::Scatter:
+    case Collective::SendRecv: return count;
+    case Collective::Reduce: return rank == root ? count : 0;
+    case Collective::AllGather:
+    case Collective::AllToAll: return count * n;
+    case Collective::Gather: return rank == root ? count * n : 0;
+    case Collective::AllGatherV: return extent(counts, displs);
+    case Collective::AllToAllV: return extent(counts2, displs2);
+    case Collective::Barrier: return 0;
+  }
+  return 0;
+}
+
+Alias inplaceAlias(const Shape& s, int rank) {
+  if (!s.inplace) return {};
+  const uint64_t r = static_cast<uint64_t>(rank);
+  switch (s.coll) {
+    case Collective::AllReduce:
+    case Collective::Broadcast:
+    case Collective::Reduce:
+    case Collective::AllToAll:
+    case Collective::AllToAllV: return {Buf::Input, Buf::Output, 0};
+    case Collective::AllGather: return {Buf::Input, Buf::Output, r * s.count};
+    case Collective::AllGatherV: return {Buf::Input, Buf::Output, r < s.displs.size() ? s.displs[r] : 0};
+    case Collective::ReduceScatter: return {Buf::Output, Buf::Input, r * s.count};
+    case Collective::Gather:
+      return rank == s.root ? Alias{Buf::Input, Buf::Output, r * s.count} : Alias{};
+    case Collective::Scatter:
+      return rank == s.root ? Alias{Buf::Output, Buf::Input, r * s.count} : Alias{};
+    case Collective::SendRecv:
+    case Collective::Barrier: return {};
+  }
+  return {};
+}
+
+// ---- ProgramBuilder ---------------------------------------------------------
+
+void ProgramBuilder::reset(int rank, Alias alias) {
+  prog_.rank = rank;
+  prog_.steps.clear();
+  prog_.dep_begin.clear();
+  prog_.deps.clear();
+  prog_.succ_begin.clear();
+  prog_.succ.clear();
+  prog_.scratch_elems = 0;
+  alias_ = alias;
+  scratch_top_ = 0;
+  fences_.clear();
+}
+
+Region ProgramBuilder::alias(Region r) const {
+  if (alias_.from != alias_.to && r.buf == alias_.from) {
+    r.buf = alias_.to;
+    r.offset += alias_.offset;
+  }
+  return r;
+}
+
+void ProgramBuilder::add(Step s) {
+  s.dst = alias(s.dst);
+  s.src = alias(s.src);
+  s.src2 = alias(s.src2);
+  prog_.steps.push_back(s);
+}
+
+void ProgramBuilder::send(int peer, Region src) { add({StepOp::Send, peer, {}, src, {}}); }
+void ProgramBuilder::recv(int peer, Region dst) { add({StepOp::Recv, peer, dst, {}, {}}); }
+void ProgramBuilder::recvReduce(int peer, Region dst, Region accum) {
+  add({StepOp::RecvReduce, peer, dst, accum, {}});
+}
+void ProgramBuilder::copy(Region dst, Region src) {
+  if (alias(dst).buf == alias(src).buf && alias(dst).offset == alias(src).offset) return;  // in place
+  add({StepOp::Copy, -1, dst, src, {}});
+}
+void ProgramBuilder::reduce(Region dst, Region a, Region b) { add({StepOp::Reduce, -1, dst, a, b}); }
+
+Region ProgramBuilder::scratch(uint64_t count) {
+  Region r{Buf::Scratch, scratch_top_, count};
+  scratch_top_ += count;
+  return r;
+}
+
+void ProgramBuilder::fence() {
+  const auto here = static_cast<uint32_t>(prog_.steps.size());
+  if (here == 0 || (!fences_.empty() && fences_.back() == here)) return;  // nothing to order
+  fences_.push_back(here);
+}
+
+namespace {
+// The regions a step reads and writes (unused slots have count 0).
+struct Access {
+  std::array<Region, 2> reads;
+  Region write;
+};
+Access accessOf(const Step& s) {
+  switch (s.op) {
+    case StepOp::Send: return {{s.src, Region{}}, Region{}};
+    case StepOp::Recv: return {{Region{}, Region{}}, s.dst};
+    case StepOp::RecvReduce:
+    case StepOp::Copy: return {{s.src, Region{}}, s.dst};
+    case StepOp::Reduce: return {{s.src, s.src2}, s.dst};
+  }
+  return {};
+}
+bool conflicts(const Access& earlier, const Access& later) {
+  if (earlier.write.overlaps(later.write)) return true;  // WAW
+  for (const Region& r : later.reads)
+    if (earlier.write.overlaps(r)) return true;  // RAW
+  for (const Region& r : earlier.reads)
+    if (later.write.overlaps(r)) return true;  // WAR
+  return false;
+}
+}  // namespace
+
+void ProgramBuilder::finish(Program* out) {
+  const size_t n = prog_.steps.size();
+  std::vector<Access> acc(n);
+  for (size_t i = 0; i < n; ++i) acc[i] = accessOf(prog_.steps[i]);
+
+  // Dependencies: every earlier conflicting step, plus fences.  Quadratic in
+  // the steps of one rank, which stay in the hundreds to low thousands
+  // (chunks x rounds); programs are cached per shape by the communicator.
+  prog_.dep_begin.assign(1, 0);
+  size_t next_fence = 0;
+  uint32_t seg_start = 0, prev_seg_start = 0;  // current and previous fence segments
+  for (uint32_t i = 0; i < n; ++i) {
+    while (next_fence < fences_.size() && fences_[next_fence] <= i) {
+      prev_seg_start = seg_start;
+      seg_start = fences_[next_fence++];
+    }
+    // A fence orders i after every earlier step; depending on the previous
+    // segment suffices, since that segment depends on everything before it.
+    for (uint32_t j = prev_seg_start; j < seg_start; ++j) prog_.deps.push_back(j);
+    for (uint32_t j = seg_start; j < i; ++j)
+      if (conflicts(acc[j], acc[i])) prog_.deps.push_back(j);
+    prog_.dep_begin.push_back(static_cast<uint32_t>(prog_.deps.size()));
+  }
+
+  // Reverse edges (CSR).
+  std::vector<uint32_t> cnt(n + 1, 0);
+  for (uint32_t d : prog_.deps) ++cnt[d + 1];
+  for (size_t i = 0; i < n; ++i) cnt[i + 1] += cnt[i];
+  prog_.succ_begin = cnt;
+  prog_.succ.assign(prog_.deps.size(), 0);
+  std::vector<uint32_t> fill(cnt.begin(), cnt.end() - 1);
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t j = prog_.dep_begin[i]; j < prog_.dep_begin[i + 1]; ++j) prog_.succ[fill[prog_.deps[j]]++] = i;
+
+  prog_.scratch_elems = scratch_top_;
+  *out = std::move(prog_);
+  prog_ = Program{};
+}
+
+void expand(const Algorithm& algo, const Shape& shape, int rank, Program* out) {
+  ProgramBuilder b;
+  b.reset(rank, inplaceAlias(shape, rank));
+  algo.generate(shape, rank, b);
+  b.finish(out);
+}
+
+// ---- Registry ---------------------------------------------------------------
+
+Registry Registry::builtin() {
+  Registry r;
+  addRingAlgorithms(r);
+  addTreeAlgorithms(r);
+  addRecursiveDoublingAlgorithms(r);
+  addExchangeAlgorithms(r);
+  return r;
+}
+
+void Registry::add(std::unique_ptr<Algorithm> algo) { algos_.push_back(std::move(algo)); }
+
+const Algorithm* Registry::find(Collective c, std::string_view name) const {
+  for (const auto& a : algos_)
+    if (a->collective() == c && a->name() == name) return a.get();
+  return nullptr;
+}
+
+std::vector<const Algorithm*> Registry::forCollective(Collective c) const {
+  std::vector<const Algorithm*> v;
+  for (const auto& a : algos_)
+    if (a->collective() == c) v.push_back(a.get());
+  return v;
+}
+
+}  // namespace chorus::plan

@@ -1,0 +1,88 @@
+// Recursive doubling: log2(n) rounds of pairwise exchange with partner
+// r xor 2^k.  Latency-optimal for small messages.
+//
+// Allreduce handles any n with the standard fold: with p = the largest power
+// of two <= n and rem = n - p, each even rank below 2*rem hands its input to
+// the odd rank above it and sits out; the p remaining ranks run the doubling;
+// the odd ranks hand the result back.  Every rank computes a op b with the
+// same operands in the same pairing, so all ranks end bitwise identical.
+#include "plan/partition.hpp"
+#include "plan/plan.hpp"
+
+namespace chorus::plan {
+namespace {
+
+class RecursiveDoublingAllReduce final : public Algorithm {
+ public:
+  std::string_view name() const override { return "recursive_doubling"; }
+  Collective collective() const override { return Collective::AllReduce; }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const int n = sh.nranks;
+    const uint64_t N = sh.count;
+    if (n == 1) return b.copy(out(0, N), in(0, N));
+    if (N == 0) return;
+    const int p = pof2Floor(n), rem = n - p;
+    const Region all = out(0, N);
+    const Region tmp = b.scratch(N);
+    int newrank;
+    if (r < 2 * rem) {
+      if (r % 2 == 0) {
+        b.send(r + 1, in(0, N));
+        newrank = -1;
+      } else {
+        b.recv(r - 1, tmp);
+        b.reduce(all, in(0, N), tmp);
+        newrank = r / 2;
+      }
+    } else {
+      b.copy(all, in(0, N));
+      newrank = r - rem;
+    }
+    if (newrank >= 0) {
+      for (int mask = 1; mask < p; mask <<= 1) {
+        const int pn = newrank ^ mask;
+        const int partner = pn < rem ? pn * 2 + 1 : pn + rem;
+        b.send(partner, all);
+        b.recv(partner, tmp);
+        b.reduce(all, all, tmp);
+      }
+    }
+    if (r < 2 * rem) {
+      if (r % 2 == 1)
+        b.send(r - 1, all);
+      else
+        b.recv(r + 1, all);
+    }
+  }
+};
+
+// Allgather for power-of-two n: in round k each rank swaps the 2^k blocks it
+// has with its partner's 2^k blocks.
+class RecursiveDoublingAllGather final : public Algorithm {
+ public:
+  std::string_view name() const override { return "recursive_doubling"; }
+  Collective collective() const override { return Collective::AllGather; }
+  bool supports(const Shape& sh) const override { return std::has_single_bit(static_cast<unsigned>(sh.nranks)); }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const int n = sh.nranks;
+    const uint64_t c = sh.count;
+    b.copy(out(static_cast<uint64_t>(r) * c, c), in(0, c));
+    if (c == 0) return;
+    for (int mask = 1; mask < n; mask <<= 1) {
+      const int partner = r ^ mask;
+      const uint64_t mine = static_cast<uint64_t>(r & ~(mask - 1)) * c;
+      const uint64_t theirs = static_cast<uint64_t>(partner & ~(mask - 1)) * c;
+      b.send(partner, out(mine, mask * c));
+      b.recv(partner, out(theirs, mask * c));
+    }
+  }
+};
+
+}  // namespace
+
+void addRecursiveDoublingAlgorithms(Registry& r) {
+  r.add(std::make_unique<RecursiveDoublingAllReduce>());
+  r.add(std::make_unique<RecursiveDoublingAllGather>());
+}
+
+}  // namespace chorus::plan

@@ -1,0 +1,265 @@
+#include "plan/verify.hpp"
+
+#include <deque>
+#include <map>
+
+namespace chorus::plan {
+namespace {
+
+struct Value {
+  uint64_t ranks = 0;  // contributors; 0 = undefined
+  uint64_t index = 0;  // element of the contributors' inputs
+  bool poisoned = false;
+  bool operator==(const Value&) const = default;
+};
+
+std::string describe(const Value& v) {
+  if (v.poisoned) return "a poisoned value (double-counted or mixed elements)";
+  if (v.ranks == 0) return "undefined data";
+  std::string s = "ranks {";
+  bool first = true;
+  for (int r = 0; r < 64; ++r)
+    if (v.ranks >> r & 1) {
+      s += fmt::format("{}{}", first ? "" : ",", r);
+      first = false;
+    }
+  return s + fmt::format("}} element {}", v.index);
+}
+
+Value combine(const Value& a, const Value& b) {
+  Value v;
+  v.ranks = a.ranks | b.ranks;
+  v.index = a.index;
+  v.poisoned = a.poisoned || b.poisoned || a.ranks == 0 || b.ranks == 0 || (a.ranks & b.ranks) != 0 ||
+               a.index != b.index;
+  return v;
+}
+
+struct RankState {
+  Program prog;
+  Shape shape;  // this rank's view (v-arrays point into the case)
+  std::vector<Value> buf[3];
+  std::vector<bool> done;
+  size_t ndone = 0;
+  uint64_t heard = 0;  // ranks whose messages reached this rank, transitively (barrier)
+};
+
+struct Message {
+  std::vector<Value> data;
+  uint64_t heard;
+};
+
+}  // namespace
+
+Status verify(const Algorithm& algo, const VerifyCase& vc) {
+  const int n = vc.shape.nranks;
+  if (n < 1 || n > 64) return invalidArgument("verify: nranks {} outside 1..64", n);
+  const Collective coll = vc.shape.coll;
+  const uint64_t all = n == 64 ? ~0ull : ((1ull << n) - 1);
+  auto fail = [&](int r, std::string what) {
+    return internalError("verifier: algorithm '{}' for {} with {} ranks (count {}, root {}{}): rank {}: {}",
+                         algo.name(), collectiveName(coll), n, vc.shape.count, vc.shape.root,
+                         vc.shape.inplace ? ", in place" : "", r, what);
+  };
+
+  std::vector<RankState> st(n);
+  for (int r = 0; r < n; ++r) {
+    Shape s = vc.shape;
+    if (coll == Collective::AllGatherV) {
+      s.counts = vc.counts;
+      s.displs = vc.displs;
+    } else if (coll == Collective::AllToAllV) {
+      s.counts = vc.send_counts[r];
+      s.displs = vc.send_displs[r];
+      s.counts2 = vc.recv_counts[r];
+      s.displs2 = vc.recv_displs[r];
+    }
+    st[r].shape = s;
+    expand(algo, s, r, &st[r].prog);
+    const Alias al = inplaceAlias(s, r);
+    uint64_t in_n = s.inputElems(r), out_n = s.outputElems(r);
+    // With an alias the input lives inside the output (or vice versa).
+    auto& B = st[r].buf;
+    B[1].assign(out_n, Value{});
+    B[0].assign(in_n, Value{});
+    if (al.from != al.to) {
+      auto& outer = B[static_cast<int>(al.to)];
+      uint64_t inner_n = al.from == Buf::Input ? in_n : out_n;
+      if (outer.size() < al.offset + inner_n) outer.resize(al.offset + inner_n);
+    }
+    B[2].assign(st[r].prog.scratch_elems, Value{});
+    // Inputs: element i of rank r is (r, i).
+    for (uint64_t i = 0; i < in_n; ++i) {
+      Value v{1ull << r, i, false};
+      if (al.from == Buf::Input && al.to == Buf::Output)
+        B[1][al.offset + i] = v;
+      else
+        B[0][i] = v;
+    }
+    st[r].done.assign(st[r].prog.size(), false);
+    st[r].heard = 1ull << r;
+  }
+
+  std::map<std::pair<int, int>, std::deque<Message>> chan;          // (from, to)
+  auto load = [&](RankState& s, const Region& g) -> std::vector<Value>* {
+    auto& b = s.buf[static_cast<int>(g.buf)];
+    if (g.count != 0 && g.end() > b.size()) return nullptr;
+    return &b;
+  };
+
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int r = 0; r < n; ++r) {
+      RankState& s = st[r];
+      for (size_t i = 0; i < s.prog.size(); ++i) {
+        if (s.done[i]) continue;
+        bool ready = true;
+        for (uint32_t d : s.prog.depsOf(i)) ready = ready && s.done[d];
+        if (!ready) continue;
+        const Step& step = s.prog.steps[i];
+        // Messages to/from a peer are posted in program order: an earlier
+        // unfinished send (receive) to the same peer blocks this one.
+        auto inOrder = [&](bool sends) {
+          for (size_t j = 0; j < i; ++j) {
+            const Step& o = s.prog.steps[j];
+            bool same = o.peer == step.peer && (sends ? o.op == StepOp::Send
+                                                      : (o.op == StepOp::Recv || o.op == StepOp::RecvReduce));
+            if (same && !s.done[j]) return false;
+          }
+          return true;
+        };
+        switch (step.op) {
+          case StepOp::Send: {
+            if (!inOrder(true)) continue;
+            auto* b = load(s, step.src);
+            if (!b) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
+            Message m{std::vector<Value>(b->begin() + step.src.offset, b->begin() + step.src.end()), s.heard};
+            chan[{r, step.peer}].push_back(std::move(m));
+            break;
+          }
+          case StepOp::Recv:
+          case StepOp::RecvReduce: {
+            if (!inOrder(false)) continue;
+            auto& q = chan[{step.peer, r}];
+            if (q.empty()) continue;
+            Message m = std::move(q.front());
+            q.pop_front();
+            if (m.data.size() != step.dst.count)
+              return fail(r, fmt::format("step {} expects {} elements from rank {} but the message has {}", i,
+                                         step.dst.count, step.peer, m.data.size()));
+            auto* d = load(s, step.dst);
+            if (!d) return fail(r, fmt::format("step {} writes past the end of its buffer", i));
+            if (step.op == StepOp::RecvReduce) {
+              auto* a = load(s, step.src);
+              if (!a) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
+              std::vector<Value> acc(a->begin() + step.src.offset, a->begin() + step.src.end());
+              for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(acc[e], m.data[e]);
+            } else {
+              for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = m.data[e];
+            }
+            s.heard |= m.heard;
+            break;
+          }
+          case StepOp::Copy: {
+            auto* a = load(s, step.src);
+            auto* d = load(s, step.dst);
+            if (!a || !d || step.src.count != step.dst.count)
+              return fail(r, fmt::format("copy step {} is out of bounds or mis-sized", i));
+            std::vector<Value> tmp(a->begin() + step.src.offset, a->begin() + step.src.end());
+            std::copy(tmp.begin(), tmp.end(), d->begin() + step.dst.offset);
+            break;
+          }
+          case StepOp::Reduce: {
+            auto* a = load(s, step.src);
+            auto* c = load(s, step.src2);
+            auto* d = load(s, step.dst);
+            if (!a || !c || !d) return fail(r, fmt::format("reduce step {} is out of bounds", i));
+            std::vector<Value> x(a->begin() + step.src.offset, a->begin() + step.src.end());
+            std::vector<Value> y(c->begin() + step.src2.offset, c->begin() + step.src2.end());
+            for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(x[e], y[e]);
+            break;
+          }
+        }
+        s.done[i] = true;
+        ++s.ndone;
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r)
+    if (st[r].ndone != st[r].prog.size()) {
+      size_t i = 0;
+      while (st[r].done[i]) ++i;
+      const Step& s = st[r].prog.steps[i];
+      return fail(r, fmt::format("deadlock: step {} ({} peer {}) never completes", i, static_cast<int>(s.op), s.peer));
+    }
+  for (auto& [k, q] : chan)
+    if (!q.empty())
+      return fail(k.first, fmt::format("{} message(s) to rank {} were never received", q.size(), k.second));
+
+  // Compare with the definition.
+  const uint64_t c = vc.shape.count;
+  for (int r = 0; r < n; ++r) {
+    RankState& s = st[r];
+    const Alias al = inplaceAlias(s.shape, r);
+    auto outAt = [&](uint64_t i) -> Value {
+      if (al.from == Buf::Output && al.to == Buf::Input) return s.buf[0][al.offset + i];
+      return s.buf[1][i];
+    };
+    auto expect = [&](uint64_t i, Value want) -> Status {
+      Value got = outAt(i);
+      if (got == want) return {};
+      return fail(r, fmt::format("output element {} holds {} but should hold {}", i, describe(got), describe(want)));
+    };
+    auto one = [](int rank) { return 1ull << rank; };
+    switch (coll) {
+      case Collective::AllReduce:
+        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {all, i}));
+        break;
+      case Collective::Broadcast:
+        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {one(s.shape.root), i}));
+        break;
+      case Collective::Reduce:
+        if (r == s.shape.root)
+          for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {all, i}));
+        break;
+      case Collective::AllGather:
+        for (int j = 0; j < n; ++j)
+          for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(j * c + i, {one(j), i}));
+        break;
+      case Collective::ReduceScatter:
+        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {all, r * c + i}));
+        break;
+      case Collective::AllToAll:
+        for (int j = 0; j < n; ++j)
+          for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(j * c + i, {one(j), r * c + i}));
+        break;
+      case Collective::Gather:
+        if (r == s.shape.root)
+          for (int j = 0; j < n; ++j)
+            for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(j * c + i, {one(j), i}));
+        break;
+      case Collective::Scatter:
+        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {one(s.shape.root), r * c + i}));
+        break;
+      case Collective::AllGatherV:
+        for (int j = 0; j < n; ++j)
+          for (uint64_t i = 0; i < vc.counts[j]; ++i) CHORUS_RETURN_IF_ERROR(expect(vc.displs[j] + i, {one(j), i}));
+        break;
+      case Collective::AllToAllV:
+        for (int j = 0; j < n; ++j)
+          for (uint64_t i = 0; i < vc.recv_counts[r][j]; ++i)
+            CHORUS_RETURN_IF_ERROR(expect(vc.recv_displs[r][j] + i, {one(j), vc.send_displs[j][r] + i}));
+        break;
+      case Collective::Barrier:
+        if (s.heard != all)
+          return fail(r, fmt::format("leaves the barrier having heard only from {}", describe({s.heard, 0})));
+        break;
+      case Collective::SendRecv: break;
+    }
+  }
+  return {};
+}
+
+}  // namespace chorus::plan

@@ -1,0 +1,33 @@
+// The verifier: executes every rank's program of a plan symbolically and
+// checks that the result is the collective's definition.
+//
+// Each element carries where it came from: the set of ranks whose inputs were
+// combined into it (a bitmask, so up to 64 ranks) and the index of the element
+// in the input it derives from.  Reducing two values whose rank sets overlap
+// (counting a rank twice) or whose indices differ (mixing elements) poisons the
+// value.  Messages are matched FIFO per ordered pair of ranks, as the
+// transports do; a program that cannot finish is reported as a deadlock.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.hpp"
+#include "plan/plan.hpp"
+
+namespace chorus::plan {
+
+struct VerifyCase {
+  Shape shape;  // shape.nranks <= 64
+  // v-collectives: per-rank arrays.  allgatherv uses counts/displs (same on
+  // every rank); alltoallv uses send_counts[r][p], send_displs, recv_counts,
+  // recv_displs.
+  std::vector<size_t> counts, displs;
+  std::vector<std::vector<size_t>> send_counts, send_displs, recv_counts, recv_displs;
+};
+
+// Ok, or chorusInternalError naming the algorithm, the rank count, the rank and
+// the first wrong element (what it holds and what it should hold).
+Status verify(const Algorithm& algo, const VerifyCase& vc);
+
+}  // namespace chorus::plan

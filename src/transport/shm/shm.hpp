@@ -1,0 +1,42 @@
+// Shared-memory transport between ranks of one host (and one IPC namespace).
+//
+// Each rank creates one POSIX shared-memory segment (mode 0600) holding its
+// doorbell and one receive ring per local peer; peers map it, and the owner
+// unlinks the name as soon as everyone has mapped it, so nothing is left in
+// /dev/shm even if a process is killed later.
+//
+// Small messages travel through the lock-free single-producer/single-consumer
+// rings (the receiver reduces straight out of the ring).  Large ones use
+// cross-memory attach: the sender publishes (pid, address, length) and the
+// receiver process_vm_readv's the bytes directly (one copy), falling back to
+// pipelined copies through the ring where CMA is not permitted.
+//
+// Waiting: each rank has a futex doorbell in its own segment; anything a peer
+// does that this rank may be waiting for (data written, ring space freed)
+// bumps and, if the rank sleeps, wakes it.  Waiters spin CHORUS_SPIN_US first.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/store.hpp"
+#include "transport/transport.hpp"
+
+namespace chorus::transport {
+
+struct ShmSetup {
+  int rank = 0;                 // this rank in the communicator
+  std::vector<int> peers;       // communicator ranks served by this transport (on this host), excluding rank
+  std::string segment_prefix;   // unique per job and communicator, e.g. "/chorus-<jobhash>-c3"
+  size_t ring_bytes = 1 << 20;  // per ordered pair; power of two
+  bool allow_cma = true;
+  std::chrono::milliseconds timeout{600000};  // for the setup exchange
+};
+
+// Collective over rank and its peers (each calls it); exchanges segment names
+// through the store.
+Result<std::unique_ptr<Transport>> createShmTransport(const ShmSetup& setup, bootstrap::Store& store);
+
+}  // namespace chorus::transport

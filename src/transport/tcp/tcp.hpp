@@ -1,0 +1,44 @@
+// TCP transport between ranks on different hosts (or everywhere with
+// CHORUS_TRANSPORT=tcp).
+//
+// Non-blocking sockets with TCP_NODELAY driven by epoll from the communicator's
+// executor thread; optionally several sockets per peer, with large messages
+// striped across them.  Every connection passes the job-secret handshake, its
+// hello naming the communicator and the connecting rank; a connection that
+// fails it is dropped and the listener keeps waiting for the real peer.
+//
+// Framing: every message starts with a 16-byte header {magic u32, flags u32,
+// length u64} that the receiver validates (magic, length equal to the posted
+// receive's, length <= 2^48) before a single payload byte lands in user
+// memory.  Payload is read straight into the destination for copies and
+// through a bounce buffer for reductions.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/auth.hpp"
+#include "bootstrap/socket.hpp"
+#include "bootstrap/store.hpp"
+#include "transport/transport.hpp"
+
+namespace chorus::transport {
+
+struct TcpSetup {
+  int rank = 0;
+  std::vector<int> peers;       // communicator ranks served by this transport, excluding rank
+  uint64_t comm_id = 0;         // authenticated in each connection's hello
+  auth::Secret secret;
+  net::SockAddr bind_addr;      // interface to listen on (port ignored: ephemeral)
+  int sockets_per_peer = 1;
+  std::chrono::milliseconds timeout{600000};  // for connection setup
+};
+
+// Collective over rank and its peers.  Publishes this rank's listening address
+// in the store ("tcp/<rank>"), connects to higher ranks' listeners and accepts
+// lower ranks' connections.
+Result<std::unique_ptr<Transport>> createTcpTransport(const TcpSetup& setup, bootstrap::Store& store);
+
+}  // namespace chorus::transport

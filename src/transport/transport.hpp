@@ -1,0 +1,93 @@
+// The transport interface: how a communicator moves bytes to and from peers.
+//
+// Algorithms never see a socket or a shared-memory segment: the executor posts
+// sends and receives of contiguous byte ranges to peers (communicator ranks)
+// and polls for completion.  One Transport object serves a set of peers of one
+// communicator (shm: the ranks on this host; tcp: the others).
+//
+// Ordering: messages from rank a to rank b are delivered in the order a posted
+// its sends, and matched to b's receives from a in the order b posted them.
+// Each message carries its length; a receive whose length differs from the
+// arriving message's fails with chorusMismatch naming both lengths (never a
+// silent truncation or overrun).
+//
+// Threading: post*, poll and wait are called by one thread at a time (the
+// communicator's executor).  wake() and abort() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "common/status.hpp"
+#include "kernels/reduce.hpp"
+
+namespace chorus::transport {
+
+// Where and how a received message lands.
+struct RecvTarget {
+  std::byte* dst = nullptr;
+  size_t bytes = 0;
+  // Copy mode when reducer == nullptr.  Reduce mode: dst[i] = accum[i] (op)
+  // incoming[i]; accum may equal dst.  The transport hands the reducer whole
+  // elements only (it carries partial elements over between fragments).
+  const std::byte* accum = nullptr;
+  const kernels::Reducer* reducer = nullptr;
+};
+
+// One posted send or receive.  Owned by the caller; it must stay alive and at
+// the same address from post until its state is Done or Failed.
+struct Request {
+  enum State : uint32_t { Idle = 0, Posted = 1, Done = 2, Failed = 3 };
+  std::atomic<uint32_t> state{Idle};
+  Status status;  // written before state becomes Failed
+
+  [[nodiscard]] bool finished() const {
+    uint32_t s = state.load(std::memory_order_acquire);
+    return s == Done || s == Failed;
+  }
+  void complete() { state.store(Done, std::memory_order_release); }
+  void fail(Status why) {
+    status = std::move(why);
+    state.store(Failed, std::memory_order_release);
+  }
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  Transport() = default;
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  [[nodiscard]] virtual std::string_view name() const = 0;
+
+  // Queues a send of `bytes` from `src` to `peer`.  `src` must stay valid and
+  // unchanged until req finishes.  bytes may be 0 (an empty message).
+  virtual Status postSend(int peer, const void* src, size_t bytes, Request* req) = 0;
+  // Queues a receive from `peer` into target.  target.dst (and accum) must stay
+  // valid until req finishes.
+  virtual Status postRecv(int peer, const RecvTarget& target, Request* req) = 0;
+
+  // Moves whatever can move without blocking.  Returns true when anything
+  // progressed (bytes moved or a request finished).  A broken connection fails
+  // the affected requests and returns its error (chorusRemoteError naming the
+  // peer).
+  virtual Result<bool> poll() = 0;
+
+  // Blocks until poll() may make progress, wake() is called, or `timeout`
+  // passes.  No lost wake-ups: a change after the last poll() ends the wait.
+  virtual void wait(std::chrono::microseconds timeout) = 0;
+
+  // Ends a current or the next wait() early.  Any thread.
+  virtual void wake() = 0;
+
+  // Fails every posted request with `why` and makes later posts fail.  Any
+  // thread; the executor's thread observes it at its next poll().
+  virtual void abort(const Status& why) = 0;
+};
+
+}  // namespace chorus::transport
