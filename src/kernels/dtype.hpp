@@ -3,7 +3,7 @@
 // fp16, bf16, fp8 e4m3 and fp8 e5m2 are computed in fp32 and rounded back to
 // nearest-even.  e4m3 follows the OCP FP8 spec (no infinities, 0x7f/0xff are
 // NaN, max finite 448, overflow saturates to NaN like NVIDIA's __nv_fp8_e4m3
-// with SATFINITE off... see dtype.cpp for the exact rule); e5m2 is IEEE-like
+// with SATFINITE off: |x| > 464 -> NaN, see convert.hpp); e5m2 is IEEE-like
 // (infinities, NaN).
 #pragma once
 

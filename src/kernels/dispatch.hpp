@@ -1,0 +1,53 @@
+// The per-ISA kernel tables and the one-time choice among them (internal to
+// src/kernels and its tests).
+//
+// The same kernel source (reduce_isa.hpp) is compiled three times, under
+// `#pragma GCC target` for AVX-512, for AVX2+F16C, and for the baseline, each
+// into its own namespace (reduce_isa_*.cpp).  activeKernels() picks the best
+// table the CPU (and OS) supports, once; Reducer copies a function pointer out
+// of it, so a call is one indirect jump with no switch.
+#pragma once
+
+#include <chorus/chorus.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace chorus::kernels {
+
+using ReduceFn = void (*)(void* dst, const void* a, const void* b, size_t count);
+// dst[i] = src[i] * *scalar, where scalar points at one element of the dtype.
+using ScaleFn = void (*)(void* dst, const void* src, size_t count, const void* scalar);
+using DivideFn = void (*)(void* dst, const void* src, size_t count, uint64_t n);
+
+struct KernelTable {
+  std::string_view isa;                   // "avx512", "avx2", "generic"
+  ReduceFn reduce[chorusNumTypes][4];     // [dtype][BinOp]
+  ScaleFn scale[chorusNumTypes];
+  DivideFn divide[chorusNumTypes];
+};
+
+enum class KernelIsa : uint8_t { Generic, Avx2, Avx512 };
+
+// The table for `isa`, or nullptr when this CPU cannot run it (or the build
+// has no such variant, e.g. on a non-x86 host).  Thread-safe, no state.
+const KernelTable* kernelTable(KernelIsa isa);
+
+// The best table for this CPU, chosen on first use (thread-safe; immutable after).
+const KernelTable& activeKernels();
+
+namespace isa_generic {
+const KernelTable& table();
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CHORUS_KERNELS_X86 1
+namespace isa_avx2 {
+const KernelTable& table();
+}
+namespace isa_avx512 {
+const KernelTable& table();
+}
+#endif
+
+}  // namespace chorus::kernels

@@ -1,0 +1,379 @@
+// The reduction, scale and divide kernels, written once over GCC vector
+// extensions and compiled once per ISA.
+//
+// NOT an ordinary header: reduce_isa_<isa>.cpp includes it inside
+// `namespace chorus::kernels::isa_<isa> { ... }`, under a `#pragma GCC target`,
+// after including <array>, <cstring>, <cstdint>, <immintrin.h> (x86; <emmintrin.h> for SSE2),
+// convert.hpp, dispatch.hpp and reduce.hpp, and after defining:
+//   CHORUS_VEC_BYTES   bytes of one vector register (16, 32, 64)
+//   CHORUS_F16C_WIDTH  fp32 lanes of the F16C/AVX-512 half conversion to use (0 = none)
+//   CHORUS_ISA_NAME    the table's name
+//
+// Why vector extensions rather than relying on the auto-vectoriser: dst may
+// alias a or b, the build is -O2 (whose cheap cost model will not add alias
+// checks), and fp16/bf16 need conversions the vectoriser does not find.  Each
+// step loads whole vectors of a and b before storing to dst, so exact aliasing
+// is safe.  Loads and stores go through memcpy, so no alignment is assumed.
+
+template <class T>
+struct VecOf {
+  // A typedef, not an alias template: GCC drops vector_size on the latter.
+  typedef T type __attribute__((vector_size(CHORUS_VEC_BYTES)));
+};
+template <class T>
+using Vec = typename VecOf<T>::type;
+template <class T>
+inline constexpr size_t kLanes = CHORUS_VEC_BYTES / sizeof(T);
+// The narrow (16-bit) storage of one fp32 vector.
+using HalfVec = uint16_t __attribute__((vector_size(CHORUS_VEC_BYTES / 2)));
+
+template <class V>
+inline V ld(const unsigned char* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class V>
+inline void st(unsigned char* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// Each op works on a scalar or a vector of the compute type.  Integer
+// sum/prod are instantiated on the unsigned twin, so they wrap without UB.
+struct Add {
+  template <class V>
+  static V apply(V a, V b) { return V(a + b); }
+};
+struct Mul {
+  template <class V>
+  static V apply(V a, V b) { return V(a * b); }
+};
+struct IntMax {
+  template <class V>
+  static V apply(V a, V b) { return a > b ? a : b; }
+};
+struct IntMin {
+  template <class V>
+  static V apply(V a, V b) { return a < b ? a : b; }
+};
+// NaN propagates: a if a is NaN or wins, else b (which may be the NaN).
+struct FloatMax {
+  template <class V>
+  static V apply(V a, V b) { return ((a > b) | (a != a)) ? a : b; }
+};
+struct FloatMin {
+  template <class V>
+  static V apply(V a, V b) { return ((a < b) | (a != a)) ? a : b; }
+};
+
+// ---- types computed in themselves: integers, fp32, fp64 ----
+
+template <class T, class Op>
+void reduceDirect(void* dst, const void* a, const void* b, size_t n) {
+  using V = Vec<T>;
+  constexpr size_t L = kLanes<T>;
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* pa = static_cast<const unsigned char*>(a);
+  const auto* pb = static_cast<const unsigned char*>(b);
+  size_t i = 0;
+  for (; i + 4 * L <= n; i += 4 * L) {
+    const size_t o = i * sizeof(T);
+    const V a0 = ld<V>(pa + o), a1 = ld<V>(pa + o + sizeof(V)), a2 = ld<V>(pa + o + 2 * sizeof(V)),
+            a3 = ld<V>(pa + o + 3 * sizeof(V));
+    const V b0 = ld<V>(pb + o), b1 = ld<V>(pb + o + sizeof(V)), b2 = ld<V>(pb + o + 2 * sizeof(V)),
+            b3 = ld<V>(pb + o + 3 * sizeof(V));
+    st(d + o, Op::apply(a0, b0));
+    st(d + o + sizeof(V), Op::apply(a1, b1));
+    st(d + o + 2 * sizeof(V), Op::apply(a2, b2));
+    st(d + o + 3 * sizeof(V), Op::apply(a3, b3));
+  }
+  for (; i + L <= n; i += L) {
+    const size_t o = i * sizeof(T);
+    st(d + o, Op::apply(ld<V>(pa + o), ld<V>(pb + o)));
+  }
+  for (; i < n; ++i) {
+    const size_t o = i * sizeof(T);
+    st(d + o, Op::apply(ld<T>(pa + o), ld<T>(pb + o)));
+  }
+}
+
+template <class T>
+void scaleDirect(void* dst, const void* src, size_t n, const void* scalar) {
+  using V = Vec<T>;
+  constexpr size_t L = kLanes<T>;
+  const T s = ld<T>(static_cast<const unsigned char*>(scalar));
+  V sv;
+  for (size_t k = 0; k < L; ++k) sv[k] = s;
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* p = static_cast<const unsigned char*>(src);
+  size_t i = 0;
+  for (; i + L <= n; i += L) st(d + i * sizeof(T), V(ld<V>(p + i * sizeof(T)) * sv));
+  for (; i < n; ++i) st(d + i * sizeof(T), T(ld<T>(p + i * sizeof(T)) * s));
+}
+
+template <class T>
+void divideFloat(void* dst, const void* src, size_t n, uint64_t divisor) {
+  using V = Vec<T>;
+  constexpr size_t L = kLanes<T>;
+  const T s = static_cast<T>(divisor);
+  V sv;
+  for (size_t k = 0; k < L; ++k) sv[k] = s;
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* p = static_cast<const unsigned char*>(src);
+  size_t i = 0;
+  for (; i + L <= n; i += L) st(d + i * sizeof(T), V(ld<V>(p + i * sizeof(T)) / sv));
+  for (; i < n; ++i) st(d + i * sizeof(T), T(ld<T>(p + i * sizeof(T)) / s));
+}
+
+// C division, truncating toward zero.  x86 has no SIMD integer divide, and
+// Avg over integers is rare, so this stays scalar.
+template <class T>
+void divideInt(void* dst, const void* src, size_t n, uint64_t divisor) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* p = static_cast<const unsigned char*>(src);
+  for (size_t i = 0; i < n; ++i) {
+    const T x = ld<T>(p + i * sizeof(T));
+    T r;
+    if constexpr (static_cast<T>(-1) < 0) {
+      // |x| < 2^63 <= divisor gives 0, as C would with a wide enough type.
+      r = divisor > static_cast<uint64_t>(INT64_MAX)
+              ? T(0)
+              : static_cast<T>(static_cast<int64_t>(x) / static_cast<int64_t>(divisor));
+    } else {
+      r = static_cast<T>(static_cast<uint64_t>(x) / divisor);
+    }
+    st(d + i * sizeof(T), r);
+  }
+}
+
+// ---- narrow floats: widen to fp32, combine, round to nearest even ----
+
+// convert::floatToBf16 lane-wise: the bf16 bits in the low half of each lane.
+inline Vec<uint32_t> roundToBf16Bits(Vec<uint32_t> u) {
+  return (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+struct Bf16Codec {
+  using Storage = uint16_t;
+  static constexpr bool kVector = true;
+  static Vec<float> loadV(const unsigned char* p) {
+    const Vec<uint32_t> w = __builtin_convertvector(ld<HalfVec>(p), Vec<uint32_t>) << 16;
+    return (Vec<float>)w;  // a bit cast, as vector casts are
+  }
+  static void storeV(unsigned char* p, Vec<float> f) {
+    st(p, __builtin_convertvector(roundToBf16Bits((Vec<uint32_t>)f), HalfVec));
+  }
+#if defined(__SSE2__)
+  // Two fp32 vectors from one register of bf16, in a lane order of their own:
+  // interleaving with zeros puts each bf16 in the top half of a 32-bit lane
+  // (elements 0-3 and 4-7 of every 128-bit block), and a saturating pack of
+  // the rounded results undoes exactly that permutation.  Elementwise ops
+  // do not care about the order, and this avoids the cross-lane widening.
+  static constexpr bool kPair = true;
+#if CHORUS_VEC_BYTES == 64
+  using Raw = __m512i;
+  static Raw rawLoad(const unsigned char* p) { return _mm512_loadu_si512(p); }
+  static Raw unpackLo(Raw x) { return _mm512_unpacklo_epi16(_mm512_setzero_si512(), x); }
+  static Raw unpackHi(Raw x) { return _mm512_unpackhi_epi16(_mm512_setzero_si512(), x); }
+  static void packStore(unsigned char* p, Raw lo, Raw hi) { _mm512_storeu_si512(p, _mm512_packus_epi32(lo, hi)); }
+#elif CHORUS_VEC_BYTES == 32
+  using Raw = __m256i;
+  static Raw rawLoad(const unsigned char* p) { return _mm256_loadu_si256(reinterpret_cast<const Raw*>(p)); }
+  static Raw unpackLo(Raw x) { return _mm256_unpacklo_epi16(_mm256_setzero_si256(), x); }
+  static Raw unpackHi(Raw x) { return _mm256_unpackhi_epi16(_mm256_setzero_si256(), x); }
+  static void packStore(unsigned char* p, Raw lo, Raw hi) {
+    _mm256_storeu_si256(reinterpret_cast<Raw*>(p), _mm256_packus_epi32(lo, hi));
+  }
+#else
+  using Raw = __m128i;
+  static Raw rawLoad(const unsigned char* p) { return _mm_loadu_si128(reinterpret_cast<const Raw*>(p)); }
+  static Raw unpackLo(Raw x) { return _mm_unpacklo_epi16(_mm_setzero_si128(), x); }
+  static Raw unpackHi(Raw x) { return _mm_unpackhi_epi16(_mm_setzero_si128(), x); }
+  // SSE2 has only the signed pack: bias into int16 range and back.
+  static void packStore(unsigned char* p, Raw lo, Raw hi) {
+    const Raw bias32 = _mm_set1_epi32(0x8000);
+    const Raw packed = _mm_packs_epi32(_mm_sub_epi32(lo, bias32), _mm_sub_epi32(hi, bias32));
+    _mm_storeu_si128(reinterpret_cast<Raw*>(p), _mm_xor_si128(packed, _mm_set1_epi16(static_cast<short>(0x8000))));
+  }
+#endif
+  static_assert(sizeof(Raw) == sizeof(Vec<float>));
+  static void loadPair(const unsigned char* p, Vec<float>& lo, Vec<float>& hi) {
+    const Raw x = rawLoad(p);
+    lo = (Vec<float>)unpackLo(x);
+    hi = (Vec<float>)unpackHi(x);
+  }
+  static void storePair(unsigned char* p, Vec<float> lo, Vec<float> hi) {
+    packStore(p, (Raw)roundToBf16Bits((Vec<uint32_t>)lo), (Raw)roundToBf16Bits((Vec<uint32_t>)hi));
+  }
+#else
+  static constexpr bool kPair = false;
+#endif
+  static float load1(const unsigned char* p) { return convert::bf16ToFloat(ld<uint16_t>(p)); }
+  static void store1(unsigned char* p, float f) { st(p, convert::floatToBf16(f)); }
+};
+
+struct Fp16Codec {
+  using Storage = uint16_t;
+#if CHORUS_F16C_WIDTH == 16
+  static constexpr bool kVector = true;
+  static_assert(kLanes<float> == 16);
+  static Vec<float> loadV(const unsigned char* p) {
+    return (Vec<float>)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void storeV(unsigned char* p, Vec<float> f) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph((__m512)f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#elif CHORUS_F16C_WIDTH == 8
+  static constexpr bool kVector = true;
+  static_assert(kLanes<float> == 8);
+  static Vec<float> loadV(const unsigned char* p) {
+    return (Vec<float>)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void storeV(unsigned char* p, Vec<float> f) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph((__m256)f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#else
+  // No hardware conversion: the scalar bit-exact path (convert.hpp).
+  static constexpr bool kVector = false;
+  static Vec<float> loadV(const unsigned char*) { return Vec<float>{}; }
+  static void storeV(unsigned char*, Vec<float>) {}
+#endif
+  static constexpr bool kPair = false;
+  static float load1(const unsigned char* p) { return convert::halfToFloat(ld<uint16_t>(p)); }
+  static void store1(unsigned char* p, float f) { st(p, convert::floatToHalf(f)); }
+};
+
+template <float (*kDecode)(uint8_t)>
+inline constexpr std::array<float, 256> kFp8Table = [] {
+  std::array<float, 256> t{};
+  for (unsigned v = 0; v < 256; ++v) t[v] = kDecode(static_cast<uint8_t>(v));
+  return t;
+}();
+
+// fp8 is scalar: decode by table, encode by convert.hpp's bit rules.
+template <float (*kDecode)(uint8_t), uint8_t (*kEncode)(float)>
+struct Fp8Codec {
+  using Storage = uint8_t;
+  static constexpr bool kVector = false;
+  static Vec<float> loadV(const unsigned char*) { return Vec<float>{}; }
+  static void storeV(unsigned char*, Vec<float>) {}
+  static constexpr bool kPair = false;
+  static float load1(const unsigned char* p) { return kFp8Table<kDecode>[*p]; }
+  static void store1(unsigned char* p, float f) { *p = kEncode(f); }
+};
+using E4m3Codec = Fp8Codec<convert::fp8e4m3ToFloat, convert::floatToFp8e4m3>;
+using E5m2Codec = Fp8Codec<convert::fp8e5m2ToFloat, convert::floatToFp8e5m2>;
+
+template <class Codec, class Op>
+void reduceNarrow(void* dst, const void* a, const void* b, size_t n) {
+  constexpr size_t S = sizeof(typename Codec::Storage);
+  constexpr size_t L = kLanes<float>;
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* pa = static_cast<const unsigned char*>(a);
+  const auto* pb = static_cast<const unsigned char*>(b);
+  size_t i = 0;
+  if constexpr (Codec::kVector) {
+    for (; i + 2 * L <= n; i += 2 * L) {
+      const size_t o = i * S;
+      Vec<float> a0, a1, b0, b1;
+      if constexpr (Codec::kPair) {
+        Codec::loadPair(pa + o, a0, a1);
+        Codec::loadPair(pb + o, b0, b1);
+        Codec::storePair(d + o, Op::apply(a0, b0), Op::apply(a1, b1));
+      } else {
+        a0 = Codec::loadV(pa + o), a1 = Codec::loadV(pa + o + L * S);
+        b0 = Codec::loadV(pb + o), b1 = Codec::loadV(pb + o + L * S);
+        Codec::storeV(d + o, Op::apply(a0, b0));
+        Codec::storeV(d + o + L * S, Op::apply(a1, b1));
+      }
+    }
+    for (; i + L <= n; i += L) {
+      const size_t o = i * S;
+      Codec::storeV(d + o, Op::apply(Codec::loadV(pa + o), Codec::loadV(pb + o)));
+    }
+  }
+  for (; i < n; ++i) Codec::store1(d + i * S, Op::apply(Codec::load1(pa + i * S), Codec::load1(pb + i * S)));
+}
+
+template <class Codec>
+void scaleNarrow(void* dst, const void* src, size_t n, const void* scalar) {
+  constexpr size_t S = sizeof(typename Codec::Storage);
+  constexpr size_t L = kLanes<float>;
+  const float s = Codec::load1(static_cast<const unsigned char*>(scalar));
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* p = static_cast<const unsigned char*>(src);
+  size_t i = 0;
+  if constexpr (Codec::kVector) {
+    Vec<float> sv;
+    for (size_t k = 0; k < L; ++k) sv[k] = s;
+    for (; i + L <= n; i += L) Codec::storeV(d + i * S, Codec::loadV(p + i * S) * sv);
+  }
+  for (; i < n; ++i) Codec::store1(d + i * S, Codec::load1(p + i * S) * s);
+}
+
+template <class Codec>
+void divideNarrow(void* dst, const void* src, size_t n, uint64_t divisor) {
+  constexpr size_t S = sizeof(typename Codec::Storage);
+  constexpr size_t L = kLanes<float>;
+  const float s = static_cast<float>(divisor);
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* p = static_cast<const unsigned char*>(src);
+  size_t i = 0;
+  if constexpr (Codec::kVector) {
+    Vec<float> sv;
+    for (size_t k = 0; k < L; ++k) sv[k] = s;
+    for (; i + L <= n; i += L) Codec::storeV(d + i * S, Codec::loadV(p + i * S) / sv);
+  }
+  for (; i < n; ++i) Codec::store1(d + i * S, Codec::load1(p + i * S) / s);
+}
+
+// ---- the table, in chorusDataType_t order x BinOp order ----
+
+#define CHORUS_INT_ROW(S, U) \
+  { &reduceDirect<U, Add>, &reduceDirect<U, Mul>, &reduceDirect<S, IntMax>, &reduceDirect<S, IntMin> }
+#define CHORUS_FLOAT_ROW(T) \
+  { &reduceDirect<T, Add>, &reduceDirect<T, Mul>, &reduceDirect<T, FloatMax>, &reduceDirect<T, FloatMin> }
+#define CHORUS_NARROW_ROW(C) \
+  { &reduceNarrow<C, Add>, &reduceNarrow<C, Mul>, &reduceNarrow<C, FloatMax>, &reduceNarrow<C, FloatMin> }
+
+static_assert(chorusInt8 == 0 && chorusUint8 == 1 && chorusInt32 == 2 && chorusUint32 == 3 && chorusInt64 == 4 &&
+              chorusUint64 == 5 && chorusFloat16 == 6 && chorusFloat32 == 7 && chorusFloat64 == 8 &&
+              chorusBfloat16 == 9 && chorusFloat8e4m3 == 10 && chorusFloat8e5m2 == 11 && chorusNumTypes == 12);
+static_assert(static_cast<int>(BinOp::Sum) == 0 && static_cast<int>(BinOp::Prod) == 1 &&
+              static_cast<int>(BinOp::Max) == 2 && static_cast<int>(BinOp::Min) == 3);
+
+inline constexpr KernelTable kTable = {
+    CHORUS_ISA_NAME,
+    {
+        CHORUS_INT_ROW(int8_t, uint8_t),
+        CHORUS_INT_ROW(uint8_t, uint8_t),
+        CHORUS_INT_ROW(int32_t, uint32_t),
+        CHORUS_INT_ROW(uint32_t, uint32_t),
+        CHORUS_INT_ROW(int64_t, uint64_t),
+        CHORUS_INT_ROW(uint64_t, uint64_t),
+        CHORUS_NARROW_ROW(Fp16Codec),
+        CHORUS_FLOAT_ROW(float),
+        CHORUS_FLOAT_ROW(double),
+        CHORUS_NARROW_ROW(Bf16Codec),
+        CHORUS_NARROW_ROW(E4m3Codec),
+        CHORUS_NARROW_ROW(E5m2Codec),
+    },
+    {
+        &scaleDirect<uint8_t>, &scaleDirect<uint8_t>, &scaleDirect<uint32_t>, &scaleDirect<uint32_t>,
+        &scaleDirect<uint64_t>, &scaleDirect<uint64_t>, &scaleNarrow<Fp16Codec>, &scaleDirect<float>,
+        &scaleDirect<double>, &scaleNarrow<Bf16Codec>, &scaleNarrow<E4m3Codec>, &scaleNarrow<E5m2Codec>,
+    },
+    {
+        &divideInt<int8_t>, &divideInt<uint8_t>, &divideInt<int32_t>, &divideInt<uint32_t>,
+        &divideInt<int64_t>, &divideInt<uint64_t>, &divideNarrow<Fp16Codec>, &divideFloat<float>,
+        &divideFloat<double>, &divideNarrow<Bf16Codec>, &divideNarrow<E4m3Codec>, &divideNarrow<E5m2Codec>,
+    },
+};
+
+#undef CHORUS_INT_ROW
+#undef CHORUS_FLOAT_ROW
+#undef CHORUS_NARROW_ROW
+
+const KernelTable& table() { return kTable; }

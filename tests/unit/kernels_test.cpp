@@ -1,0 +1,630 @@
+// Kernels: every dtype x op against a scalar reference written here, on every
+// ISA variant this CPU can run; exhaustive narrow-float round trips; ties to
+// even; aliasing; vector tails; scale/divide; names; load/store.
+//
+// The references are independent of src/kernels: narrow floats are decoded by
+// their defining formula (ldexp) and rounded with nearbyint (ties to even in
+// the default FP environment); integers are combined in (unsigned) I128
+// and truncated; fp64 is checked in long double on inputs whose sums and
+// products it holds exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/dispatch.hpp"
+#include "kernels/dtype.hpp"
+#include "kernels/reduce.hpp"
+
+namespace chorus::kernels {
+namespace {
+
+constexpr BinOp kOps[] = {BinOp::Sum, BinOp::Prod, BinOp::Max, BinOp::Min};
+const char* opName(BinOp op) {
+  switch (op) {
+    case BinOp::Sum: return "sum";
+    case BinOp::Prod: return "prod";
+    case BinOp::Max: return "max";
+    case BinOp::Min: return "min";
+  }
+  return "?";
+}
+
+// ---- reference narrow float formats ----
+
+struct Fmt {
+  int e;      // exponent bits
+  int m;      // mantissa bits
+  bool fn;    // e4m3 "FN": no inf, only S.1111.111 is NaN
+  [[nodiscard]] int bias() const { return (1 << (e - 1)) - 1; }
+  [[nodiscard]] int emin() const { return 1 - bias(); }
+  [[nodiscard]] double maxFinite() const {
+    const int top = (1 << e) - 1;  // all-ones exponent field
+    return fn ? std::ldexp(2.0 - std::ldexp(1.0, 1 - m), top - bias())
+              : std::ldexp(2.0 - std::ldexp(1.0, -m), top - 1 - bias());
+  }
+  [[nodiscard]] double decode(uint32_t v) const {
+    const bool neg = (v >> (e + m)) & 1;
+    const uint32_t ex = (v >> m) & ((1u << e) - 1);
+    const uint32_t man = v & ((1u << m) - 1);
+    double r;
+    if (!fn && ex == (1u << e) - 1) {
+      r = man == 0 ? INFINITY : NAN;
+    } else if (fn && ex == (1u << e) - 1 && man == (1u << m) - 1) {
+      r = NAN;
+    } else if (ex == 0) {
+      r = std::ldexp(static_cast<double>(man), emin() - m);
+    } else {
+      r = std::ldexp(static_cast<double>((1u << m) + man), static_cast<int>(ex) - bias() - m);
+    }
+    return neg ? -r : r;
+  }
+  // Round to nearest even into this format, returning the value.
+  [[nodiscard]] double round(double x) const {
+    if (std::isnan(x)) return NAN;
+    if (std::isinf(x)) return fn ? NAN : x;
+    const double a = std::fabs(x);
+    if (a == 0) return x;
+    const int ex = std::max(std::ilogb(a), emin());
+    const double q = std::ldexp(1.0, ex - m);  // the spacing of values at this exponent
+    const double r = std::nearbyint(a / q) * q;
+    if (r > maxFinite()) return fn ? NAN : std::copysign(INFINITY, x);
+    return std::copysign(r, x);
+  }
+};
+constexpr Fmt kHalf{5, 10, false};
+constexpr Fmt kBf16{8, 7, false};
+constexpr Fmt kE4m3{4, 3, true};
+constexpr Fmt kE5m2{5, 2, false};
+
+const Fmt* narrowFmt(chorusDataType_t d) {
+  switch (d) {
+    case chorusFloat16: return &kHalf;
+    case chorusBfloat16: return &kBf16;
+    case chorusFloat8e4m3: return &kE4m3;
+    case chorusFloat8e5m2: return &kE5m2;
+    default: return nullptr;
+  }
+}
+
+// __extension__: exact 128-bit integers are a GCC/Clang extension (-Wpedantic).
+__extension__ typedef __int128 I128;
+__extension__ typedef unsigned __int128 U128;
+
+bool isSigned(chorusDataType_t d) { return d == chorusInt8 || d == chorusInt32 || d == chorusInt64; }
+bool isInt(chorusDataType_t d) { return !isFloatType(d); }
+
+uint64_t readBits(const unsigned char* p, size_t size) {
+  uint64_t v = 0;
+  std::memcpy(&v, p, size);  // little endian
+  return v;
+}
+
+// Integer element as an exact I128 (sign-extended for signed types).
+I128 readInt(const unsigned char* p, chorusDataType_t d) {
+  const size_t size = dtypeSize(d);
+  const uint64_t bits = readBits(p, size);
+  if (!isSigned(d)) return static_cast<I128>(bits);
+  const int shift = 64 - static_cast<int>(size) * 8;
+  return static_cast<I128>(static_cast<int64_t>(bits << shift) >> shift);
+}
+
+double readFloat(const unsigned char* p, chorusDataType_t d) {
+  if (const Fmt* f = narrowFmt(d)) return f->decode(static_cast<uint32_t>(readBits(p, dtypeSize(d))));
+  if (d == chorusFloat32) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  double v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+double nanMax(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : (a > b ? a : b); }
+double nanMin(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : (a < b ? a : b); }
+
+bool sameFloat(double want, double got, bool checkZeroSign) {
+  if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
+  if (want != got) return false;
+  return !checkZeroSign || std::signbit(want) == std::signbit(got);
+}
+
+// Does `got` equal a (op) b?  On failure fills *why.
+bool checkElement(chorusDataType_t d, BinOp op, const unsigned char* a, const unsigned char* b,
+                  const unsigned char* got, std::string* why) {
+  const size_t size = dtypeSize(d);
+  if (isInt(d)) {
+    const I128 x = readInt(a, d), y = readInt(b, d);
+    U128 r;
+    switch (op) {
+      case BinOp::Sum: r = static_cast<U128>(x) + static_cast<U128>(y); break;
+      case BinOp::Prod: r = static_cast<U128>(x) * static_cast<U128>(y); break;
+      case BinOp::Max: r = static_cast<U128>(x > y ? x : y); break;
+      default: r = static_cast<U128>(x < y ? x : y); break;
+    }
+    const uint64_t mask = size == 8 ? ~uint64_t{0} : ((uint64_t{1} << (size * 8)) - 1);
+    const uint64_t want = static_cast<uint64_t>(r) & mask;
+    const uint64_t have = readBits(got, size);
+    if (want == have) return true;
+    *why = "want bits " + std::to_string(want) + " got " + std::to_string(have) + " from " +
+           std::to_string(static_cast<int64_t>(x)) + ", " + std::to_string(static_cast<int64_t>(y));
+    return false;
+  }
+  const double x = readFloat(a, d), y = readFloat(b, d);
+  const double have = readFloat(got, d);
+  double want;
+  if (op == BinOp::Max || op == BinOp::Min) {
+    want = op == BinOp::Max ? nanMax(x, y) : nanMin(x, y);
+  } else if (d == chorusFloat64) {
+    // Inputs are chosen so long double holds the exact result: one rounding.
+    const long double lx = x, ly = y;
+    want = static_cast<double>(op == BinOp::Sum ? lx + ly : lx * ly);
+  } else {
+    // Sum/product of two floats in double, then to float: double rounding is
+    // innocuous (53 >= 2*24+2), so this is the correctly rounded fp32 result,
+    // i.e. the "compute in fp32" step; narrow types then round once more.
+    const double exact = op == BinOp::Sum ? x + y : x * y;
+    want = static_cast<float>(exact);
+    if (const Fmt* f = narrowFmt(d)) want = f->round(want);
+  }
+  const bool zeroSign = op == BinOp::Sum || op == BinOp::Prod;
+  if (sameFloat(want, have, zeroSign)) return true;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "want %a got %a from %a, %a", want, have, x, y);
+  *why = buf;
+  return false;
+}
+
+// Random elements of dtype d: all bit patterns, except fp64, whose values
+// keep 30-bit significands and small exponents (see checkElement).
+void fillRandom(unsigned char* p, size_t count, chorusDataType_t d, std::mt19937_64& rng) {
+  const size_t size = dtypeSize(d);
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t r = rng();
+    if (d == chorusFloat64) {
+      double v;
+      switch (r & 31) {
+        case 0: v = NAN; break;
+        case 1: v = (r & 32) ? INFINITY : -INFINITY; break;
+        case 2: v = -0.0; break;
+        default:
+          v = std::ldexp(static_cast<double>(static_cast<int64_t>(r >> 34) - (int64_t{1} << 29)),
+                         static_cast<int>((r >> 8) & 31) - 16);
+      }
+      std::memcpy(p + i * size, &v, 8);
+    } else {
+      std::memcpy(p + i * size, &r, size);
+    }
+  }
+}
+
+std::vector<const KernelTable*> availableTables() {
+  std::vector<const KernelTable*> out;
+  for (KernelIsa isa : {KernelIsa::Generic, KernelIsa::Avx2, KernelIsa::Avx512}) {
+    if (const KernelTable* t = kernelTable(isa)) out.push_back(t);
+  }
+  return out;
+}
+
+enum class Alias { None, DstIsA, DstIsB, AllSame };
+
+// Runs fn over `count` random elements (shifted by `offset` elements from an
+// allocation's start) with the given aliasing, and checks every element.
+::testing::AssertionResult runAndCheck(ReduceFn fn, chorusDataType_t d, BinOp op, size_t count, size_t offset,
+                                       Alias alias, std::mt19937_64& rng) {
+  const size_t size = dtypeSize(d);
+  const size_t bytes = (count + offset) * size;
+  std::vector<unsigned char> a(bytes + 1), b(bytes + 1), out(bytes + 1);
+  fillRandom(a.data() + offset * size, count, d, rng);
+  fillRandom(b.data() + offset * size, count, d, rng);
+  const std::vector<unsigned char> origA = a, origB = alias == Alias::AllSame ? a : b;
+  unsigned char* pa = a.data() + offset * size;
+  unsigned char* pb = b.data() + offset * size;
+  unsigned char* dst = out.data() + offset * size;
+  switch (alias) {
+    case Alias::None: break;
+    case Alias::DstIsA: dst = pa; break;
+    case Alias::DstIsB: dst = pb; break;
+    case Alias::AllSame: pb = pa, dst = pa; break;
+  }
+  // A guard byte after the end must survive (no overrun in the vector tail).
+  dst[count * size] = 0xa5;
+  fn(dst, pa, pb, count);
+  if (dst[count * size] != 0xa5) return ::testing::AssertionFailure() << "wrote past the end";
+  for (size_t i = 0; i < count; ++i) {
+    std::string why;
+    const size_t o = (offset + i) * size;
+    if (!checkElement(d, op, origA.data() + o, origB.data() + o, dst + i * size, &why)) {
+      return ::testing::AssertionFailure() << dtypeName(d) << " " << opName(op) << " count=" << count
+                                           << " offset=" << offset << " alias=" << static_cast<int>(alias)
+                                           << " element " << i << ": " << why;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// ---- the matrix ----
+
+TEST(Kernels, EveryDtypeOpIsaAliasAndSmallCount) {
+  const auto tables = availableTables();
+  ASSERT_FALSE(tables.empty());
+  std::mt19937_64 rng(1234);
+  for (const KernelTable* t : tables) {
+    SCOPED_TRACE(std::string(t->isa));
+    for (int di = 0; di < chorusNumTypes; ++di) {
+      const auto d = static_cast<chorusDataType_t>(di);
+      for (BinOp op : kOps) {
+        const ReduceFn fn = t->reduce[di][static_cast<int>(op)];
+        ASSERT_NE(fn, nullptr);
+        // 0, 1, 7, vector-width +/- 1 at every ISA, a few unrolled blocks plus a tail.
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{15}, size_t{17}, size_t{63}, size_t{65},
+                             size_t{129}, size_t{1003}}) {
+          for (size_t offset : {size_t{0}, size_t{1}}) {
+            for (Alias alias : {Alias::None, Alias::DstIsA, Alias::DstIsB, Alias::AllSame}) {
+              ASSERT_TRUE(runAndCheck(fn, d, op, count, offset, alias, rng));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Kernels, LargeCountThroughReducer) {
+  std::mt19937_64 rng(99);
+  for (int di = 0; di < chorusNumTypes; ++di) {
+    const auto d = static_cast<chorusDataType_t>(di);
+    for (BinOp op : kOps) {
+      const Reducer r(d, op);
+      ASSERT_TRUE(r.valid());
+      EXPECT_EQ(r.dtype(), d);
+      EXPECT_EQ(r.op(), op);
+      EXPECT_EQ(r.elemSize(), dtypeSize(d));
+      const ReduceFn fn = activeKernels().reduce[di][static_cast<int>(op)];
+      // The Reducer is bound to the active table's function.
+      std::vector<unsigned char> a(64 * 8), b(64 * 8), x(64 * 8), y(64 * 8);
+      fillRandom(a.data(), 64, d, rng);
+      fillRandom(b.data(), 64, d, rng);
+      r(x.data(), a.data(), b.data(), 64);
+      fn(y.data(), a.data(), b.data(), 64);
+      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), 64 * dtypeSize(d)));
+      ASSERT_TRUE(runAndCheck(fn, d, op, 1000003, di % 2, di % 3 == 0 ? Alias::DstIsA : Alias::None, rng));
+    }
+  }
+}
+
+TEST(Kernels, ActiveIsaIsTheBestAvailable) {
+  const auto tables = availableTables();
+  EXPECT_EQ(activeKernels().isa, tables.back()->isa);
+  std::printf("kernels: active ISA %.*s (%zu variants runnable here)\n",
+              static_cast<int>(activeKernels().isa.size()), activeKernels().isa.data(), tables.size());
+}
+
+TEST(Kernels, InvalidReducer) {
+  EXPECT_FALSE(Reducer().valid());
+  EXPECT_FALSE(Reducer(static_cast<chorusDataType_t>(chorusNumTypes), BinOp::Sum).valid());
+  EXPECT_FALSE(Reducer(chorusFloat32, static_cast<BinOp>(7)).valid());
+}
+
+// Special values straight through every ISA (random bits hit them rarely for fp32).
+TEST(Kernels, FloatMaxMinPropagateNan) {
+  for (const KernelTable* t : availableTables()) {
+    std::vector<float> a(37, 1.0f), b(37, 2.0f), out(37);
+    a[3] = NAN;
+    b[20] = NAN;
+    a[36] = NAN;
+    for (BinOp op : {BinOp::Max, BinOp::Min}) {
+      t->reduce[chorusFloat32][static_cast<int>(op)](out.data(), a.data(), b.data(), out.size());
+      for (size_t i = 0; i < out.size(); ++i) {
+        const bool nan = i == 3 || i == 20 || i == 36;
+        EXPECT_EQ(std::isnan(out[i]), nan) << t->isa << " " << opName(op) << " " << i;
+        if (!nan) {
+          EXPECT_EQ(out[i], op == BinOp::Max ? 2.0f : 1.0f);
+        }
+      }
+    }
+  }
+}
+
+// ---- conversions ----
+
+TEST(Conversions, ExhaustiveHalfAndBf16) {
+  for (uint32_t v = 0; v < 65536; ++v) {
+    const auto h = static_cast<uint16_t>(v);
+    const float f = halfToFloat(h);
+    const double want = kHalf.decode(h);
+    ASSERT_TRUE(sameFloat(want, f, true)) << std::hex << v;
+    if (std::isnan(f)) {
+      ASSERT_TRUE(std::isnan(halfToFloat(floatToHalf(f)))) << std::hex << v;
+    } else {
+      ASSERT_EQ(floatToHalf(f), h) << std::hex << v;
+    }
+    const float g = bf16ToFloat(h);
+    ASSERT_TRUE(sameFloat(kBf16.decode(h), g, true)) << std::hex << v;
+    if (std::isnan(g)) {
+      ASSERT_TRUE(std::isnan(bf16ToFloat(floatToBf16(g)))) << std::hex << v;
+    } else {
+      ASSERT_EQ(floatToBf16(g), h) << std::hex << v;
+    }
+  }
+}
+
+TEST(Conversions, ExhaustiveFp8) {
+  for (uint32_t v = 0; v < 256; ++v) {
+    const auto b = static_cast<uint8_t>(v);
+    const float f4 = fp8e4m3ToFloat(b), f5 = fp8e5m2ToFloat(b);
+    ASSERT_TRUE(sameFloat(kE4m3.decode(b), f4, true)) << v;
+    ASSERT_TRUE(sameFloat(kE5m2.decode(b), f5, true)) << v;
+    if (std::isnan(f4)) {
+      ASSERT_TRUE((v & 0x7f) == 0x7f) << v;
+      ASSERT_TRUE(std::isnan(fp8e4m3ToFloat(floatToFp8e4m3(f4))));
+    } else {
+      ASSERT_EQ(floatToFp8e4m3(f4), b) << v;
+    }
+    if (std::isnan(f5)) {
+      ASSERT_TRUE(std::isnan(fp8e5m2ToFloat(floatToFp8e5m2(f5))));
+    } else {
+      ASSERT_EQ(floatToFp8e5m2(f5), b) << v;
+    }
+  }
+  EXPECT_EQ(fp8e4m3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(fp8e5m2ToFloat(0x7b), 57344.0f);
+  EXPECT_TRUE(std::isinf(fp8e5m2ToFloat(0x7c)));
+}
+
+// Every encoder against the reference rounding, on random fp32 bit patterns
+// and on values near every narrow tie.
+TEST(Conversions, RoundingMatchesReference) {
+  struct Enc {
+    const Fmt* fmt;
+    uint32_t (*encode)(float);
+  };
+  const Enc encs[] = {
+      {&kHalf, [](float f) -> uint32_t { return floatToHalf(f); }},
+      {&kBf16, [](float f) -> uint32_t { return floatToBf16(f); }},
+      {&kE4m3, [](float f) -> uint32_t { return floatToFp8e4m3(f); }},
+      {&kE5m2, [](float f) -> uint32_t { return floatToFp8e5m2(f); }},
+  };
+  std::mt19937_64 rng(7);
+  for (const Enc& e : encs) {
+    auto check = [&](float f) {
+      const double want = e.fmt->round(f);
+      const double got = e.fmt->decode(e.encode(f));
+      return sameFloat(want, got, true);
+    };
+    for (int i = 0; i < 300000; ++i) {
+      const auto bits = static_cast<uint32_t>(rng());
+      float f;
+      std::memcpy(&f, &bits, 4);
+      ASSERT_TRUE(check(f)) << std::hexfloat << f;
+      // Scale into the format's range so normals, subnormals and overflow all occur.
+      const float g = std::ldexp(1.0f + static_cast<float>(bits & 0xffffff) / 16777216.0f,
+                                 static_cast<int>(bits >> 26) - 40 + (e.fmt == &kBf16 ? 0 : 24)) *
+                      ((bits & 0x800000) ? -1.0f : 1.0f);
+      ASSERT_TRUE(check(g)) << std::hexfloat << g;
+    }
+    // Exact ties and their neighbours: midpoints between consecutive values.
+    for (uint32_t v = 0; v + 1 < (1u << (e.fmt->e + e.fmt->m)); ++v) {
+      const double lo = e.fmt->decode(v), hi = e.fmt->decode(v + 1);
+      if (!std::isfinite(lo) || !std::isfinite(hi)) continue;
+      const auto mid = static_cast<float>((lo + hi) / 2);  // exact: fp32 has room
+      ASSERT_TRUE(check(mid)) << std::hexfloat << mid;
+      ASSERT_TRUE(check(std::nextafter(mid, 0.0f))) << std::hexfloat << mid;
+      ASSERT_TRUE(check(std::nextafter(mid, INFINITY))) << std::hexfloat << mid;
+    }
+  }
+}
+
+// Hand-derived ties (round half to even).  ulp(x) is the spacing at x.
+TEST(Conversions, TiesToEvenHandDerived) {
+  // fp16 has 10 fraction bits, so ulp(1) = 2^-10.
+  //   1 + 2^-11 is halfway between 1 (fraction 0, even) and 1 + 2^-10 (odd) -> 1 = 0x3c00.
+  EXPECT_EQ(floatToHalf(1.0f + 0x1p-11f), 0x3c00);
+  //   1 + 3*2^-11 is halfway between 1 + 2^-10 (odd) and 1 + 2^-9 (fraction 2, even) -> 0x3c02.
+  EXPECT_EQ(floatToHalf(1.0f + 3 * 0x1p-11f), 0x3c02);
+  //   Subnormal spacing is 2^-24: 2^-25 is halfway between 0 (even) and 2^-24 (odd) -> 0;
+  //   3*2^-25 is halfway between 2^-24 (odd) and 2^-23 (even) -> 0x0002.
+  EXPECT_EQ(floatToHalf(0x1p-25f), 0x0000);
+  EXPECT_EQ(floatToHalf(3 * 0x1p-25f), 0x0002);
+  EXPECT_EQ(floatToHalf(-0x1p-25f), 0x8000);  // the sign survives underflow
+  //   65504 = 0x7bff (fraction all ones, odd); the next step 65536 overflows, so the tie 65520 goes
+  //   "up" to the even one -> inf.  Just below the tie stays finite.
+  EXPECT_EQ(floatToHalf(65520.0f), 0x7c00);
+  EXPECT_EQ(floatToHalf(std::nextafter(65520.0f, 0.0f)), 0x7bff);
+  // bf16 has 7 fraction bits: ulp(1) = 2^-7.
+  //   1 + 2^-8 -> 1 (0x3f80, even); 1 + 3*2^-8 -> 1 + 2^-6 (0x3f82, even).
+  EXPECT_EQ(floatToBf16(1.0f + 0x1p-8f), 0x3f80);
+  EXPECT_EQ(floatToBf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+  //   bf16 keeps fp32's subnormals: 0x00008000 (half of 0x0001 << 16) ties to 0; 0x00018000 -> 0x0002.
+  EXPECT_EQ(floatToBf16(std::bit_cast<float>(0x00008000u)), 0x0000);
+  EXPECT_EQ(floatToBf16(std::bit_cast<float>(0x00018000u)), 0x0002);
+  // e4m3: bias 7, 3 fraction bits.  16 = 1.000b*2^4 is 0x58 (exponent field 4+7 = 1011b); ulp = 2.
+  //   17 ties between 16 (even) and 18 (odd) -> 16 = 0x58; 19 ties between 18 and 20 (even) -> 0x5a.
+  EXPECT_EQ(floatToFp8e4m3(17.0f), 0x58);
+  EXPECT_EQ(floatToFp8e4m3(19.0f), 0x5a);
+  //   448 = 1.110b*2^8 = 0x7e is the largest; 1.111b*2^8 is NaN, so ulp there is 32 and 464 is a
+  //   tie between 448 (even) and "480" -> 448.  Anything above 464 overflows -> NaN (no saturation).
+  EXPECT_EQ(floatToFp8e4m3(464.0f), 0x7e);
+  EXPECT_EQ(floatToFp8e4m3(std::nextafter(464.0f, INFINITY)) & 0x7f, 0x7f);
+  EXPECT_EQ(floatToFp8e4m3(-1000.0f), 0xff);
+  EXPECT_EQ(floatToFp8e4m3(INFINITY) & 0x7f, 0x7f);
+  //   Subnormals are multiples of 2^-9: 2^-10 ties to 0; 3*2^-10 ties to 2*2^-9 = 0x02.
+  EXPECT_EQ(floatToFp8e4m3(0x1p-10f), 0x00);
+  EXPECT_EQ(floatToFp8e4m3(3 * 0x1p-10f), 0x02);
+  // e5m2: 2 fraction bits, ulp(1) = 0.25.  1.125 -> 1 (0x3c); 1.375 -> 1.5 (0x3e).
+  EXPECT_EQ(floatToFp8e5m2(1.125f), 0x3c);
+  EXPECT_EQ(floatToFp8e5m2(1.375f), 0x3e);
+  //   Largest 57344 = 1.11b*2^15 (0x7b, odd); the tie 61440 rounds to the even "2^16" -> inf 0x7c.
+  EXPECT_EQ(floatToFp8e5m2(61440.0f), 0x7c);
+  EXPECT_EQ(floatToFp8e5m2(std::nextafter(61440.0f, 0.0f)), 0x7b);
+  EXPECT_EQ(floatToFp8e5m2(-INFINITY), 0xfc);
+}
+
+// The same ties through the vector kernels (64 lanes reach every ISA's vector loop).
+TEST(Kernels, VectorPathsRoundTiesToEven) {
+  struct TieCase {
+    chorusDataType_t d;
+    uint16_t a, b, want;
+  };
+  const TieCase cases[] = {
+      {chorusFloat16, 0x3c00, 0x1000, 0x3c00},  // 1 + 2^-11 -> 1
+      {chorusFloat16, 0x3c00, 0x1600, 0x3c02},  // 1 + 3*2^-11 (1.1b*2^-10) -> 1 + 2^-9
+      {chorusFloat16, 0x0001, 0x8000, 0x0001},  // subnormal + (-0) stays
+      {chorusFloat16, 0x7bff, 0x4c00, 0x7c00},  // 65504 + 16 = 65520, the tie -> inf
+      {chorusBfloat16, 0x3f80, 0x3b80, 0x3f80},  // 1 + 2^-8 -> 1
+      {chorusBfloat16, 0x3f80, 0x3c40, 0x3f82},  // 1 + 3*2^-8 -> 1 + 2^-6
+  };
+  for (const KernelTable* t : availableTables()) {
+    for (const TieCase& c : cases) {
+      std::vector<uint16_t> a(64, c.a), b(64, c.b), out(64);
+      t->reduce[c.d][0](out.data(), a.data(), b.data(), out.size());
+      for (uint16_t v : out) ASSERT_EQ(v, c.want) << t->isa << " " << dtypeName(c.d) << " " << c.a << "+" << c.b;
+    }
+  }
+}
+
+// ---- scale and divide ----
+
+TEST(Kernels, ScaleAndDivide) {
+  std::mt19937_64 rng(5);
+  for (int di = 0; di < chorusNumTypes; ++di) {
+    const auto d = static_cast<chorusDataType_t>(di);
+    const size_t size = dtypeSize(d);
+    const size_t n = 77;
+    std::vector<unsigned char> src(n * size), dst(n * size), inplace;
+    fillRandom(src.data(), n, d, rng);
+    // scale by 3 (same dtype scalar) and, for floats, by 0.5 given as fp64.
+    Scalar three{d};
+    storeFromDouble(three.bytes, d, 3.0);
+    scale(dst.data(), src.data(), n, d, three);
+    inplace = src;
+    scale(inplace.data(), inplace.data(), n, d, three);
+    EXPECT_EQ(dst, inplace) << dtypeName(d);
+    for (size_t i = 0; i < n; ++i) {
+      std::string why;
+      ASSERT_TRUE(checkElement(d, BinOp::Prod, src.data() + i * size, three.bytes, dst.data() + i * size, &why))
+          << dtypeName(d) << " scale element " << i << ": " << why;
+    }
+    if (isFloatType(d)) {
+      Scalar half{chorusFloat64};
+      const double h = 0.5;
+      std::memcpy(half.bytes, &h, 8);
+      scale(dst.data(), src.data(), n, d, half);
+      Scalar halfSame{d};
+      storeFromDouble(halfSame.bytes, d, 0.5);
+      for (size_t i = 0; i < n; ++i) {
+        std::string why;
+        ASSERT_TRUE(
+            checkElement(d, BinOp::Prod, src.data() + i * size, halfSame.bytes, dst.data() + i * size, &why))
+            << dtypeName(d) << " scale by fp64 0.5, element " << i << ": " << why;
+      }
+    }
+    // divide by 3 (and by 2^40 for integers: everything but the large 64-bit values -> 0).
+    for (uint64_t by : {uint64_t{3}, uint64_t{1} << 40}) {
+      divide(dst.data(), src.data(), n, d, by);
+      for (size_t i = 0; i < n; ++i) {
+        const unsigned char* s = src.data() + i * size;
+        const unsigned char* g = dst.data() + i * size;
+        if (isInt(d)) {
+          const I128 x = readInt(s, d);
+          const I128 want = x / static_cast<I128>(by);  // C truncates toward zero
+          ASSERT_TRUE(readInt(g, d) == want) << dtypeName(d) << " " << static_cast<int64_t>(x) << "/" << by;
+        } else {
+          const double x = readFloat(s, d);
+          double want;
+          if (d == chorusFloat64) {
+            // Only the power of two has an independent reference (exact); fp32 covers the /3 code path.
+            if (by == 3) continue;
+            want = std::ldexp(x, -40);
+          } else {
+            want = static_cast<float>(x / static_cast<double>(static_cast<float>(by)));  // innocuous
+            if (const Fmt* f = narrowFmt(d)) want = f->round(want);
+          }
+          ASSERT_TRUE(sameFloat(want, readFloat(g, d), true))
+              << dtypeName(d) << " " << x << "/" << by << " element " << i;
+        }
+      }
+    }
+  }
+  // Signed division truncates toward zero.
+  int32_t v[3] = {-7, 7, -1};
+  divide(v, v, 3, chorusInt32, 2);
+  EXPECT_EQ(v[0], -3);
+  EXPECT_EQ(v[1], 3);
+  EXPECT_EQ(v[2], 0);
+}
+
+// ---- names, load/store ----
+
+TEST(Dtype, NamesAndAliases) {
+  for (int di = 0; di < chorusNumTypes; ++di) {
+    const auto d = static_cast<chorusDataType_t>(di);
+    auto back = static_cast<chorusDataType_t>((di + 1) % chorusNumTypes);
+    ASSERT_TRUE(parseDtype(dtypeName(d), &back)) << dtypeName(d);
+    EXPECT_EQ(back, d);
+  }
+  const std::pair<const char*, chorusDataType_t> aliases[] = {
+      {"float", chorusFloat32},       {"half", chorusFloat16},        {"double", chorusFloat64},
+      {"int", chorusInt32},           {"uint", chorusUint32},         {"int64", chorusInt64},
+      {"uint64", chorusUint64},       {"char", chorusInt8},           {"bf16", chorusBfloat16},
+      {"fp8_e4m3", chorusFloat8e4m3}, {"fp8_e5m2", chorusFloat8e5m2}, {"e4m3", chorusFloat8e4m3},
+      {"e5m2", chorusFloat8e5m2},     {"BFLOAT16", chorusBfloat16},   {"uint8", chorusUint8},
+  };
+  for (const auto& [name, want] : aliases) {
+    chorusDataType_t got = chorusInt8;
+    ASSERT_TRUE(parseDtype(name, &got)) << name;
+    EXPECT_EQ(got, want) << name;
+  }
+  chorusDataType_t untouched = chorusInt64;
+  EXPECT_FALSE(parseDtype("float128", &untouched));
+  EXPECT_FALSE(parseDtype("", &untouched));
+  EXPECT_EQ(untouched, chorusInt64);
+  EXPECT_EQ(dtypeName(chorusBfloat16), "bfloat16");
+  EXPECT_EQ(dtypeName(chorusFloat8e4m3), "float8e4m3");
+}
+
+TEST(Dtype, LoadStoreDouble) {
+  for (int di = 0; di < chorusNumTypes; ++di) {
+    const auto d = static_cast<chorusDataType_t>(di);
+    alignas(8) unsigned char buf[8] = {};
+    for (double v : {0.0, 1.0, 3.0, 96.0, -2.0, 0.5, -0.25}) {
+      const bool representable = (isFloatType(d) || v == std::trunc(v)) && (isSigned(d) || isFloatType(d) || v >= 0);
+      if (!representable) continue;
+      storeFromDouble(buf, d, v);
+      EXPECT_EQ(loadAsDouble(buf, d), v) << dtypeName(d) << " " << v;
+    }
+  }
+  alignas(8) unsigned char buf[8];
+  storeFromDouble(buf, chorusInt8, 1000.0);
+  EXPECT_EQ(loadAsDouble(buf, chorusInt8), 127.0);
+  storeFromDouble(buf, chorusUint8, -5.0);
+  EXPECT_EQ(loadAsDouble(buf, chorusUint8), 0.0);
+  storeFromDouble(buf, chorusInt32, NAN);
+  EXPECT_EQ(loadAsDouble(buf, chorusInt32), 0.0);
+  storeFromDouble(buf, chorusInt64, 1e30);
+  int64_t i64;
+  std::memcpy(&i64, buf, 8);
+  EXPECT_EQ(i64, std::numeric_limits<int64_t>::max());
+  storeFromDouble(buf, chorusUint64, 18446744073709549568.0);  // 2^64 - 2048, the largest double below 2^64
+  uint64_t u64;
+  std::memcpy(&u64, buf, 8);
+  EXPECT_EQ(u64, 18446744073709549568ull);
+  storeFromDouble(buf, chorusInt32, -7.9);
+  EXPECT_EQ(loadAsDouble(buf, chorusInt32), -7.0);  // truncation toward zero
+  // Narrow stores round: 1 + 2^-11 ties to 1 in fp16; 1000 overflows e4m3 to NaN.
+  storeFromDouble(buf, chorusFloat16, 1.0 + std::ldexp(1.0, -11));
+  EXPECT_EQ(loadAsDouble(buf, chorusFloat16), 1.0);
+  storeFromDouble(buf, chorusFloat8e4m3, 1000.0);
+  EXPECT_TRUE(std::isnan(loadAsDouble(buf, chorusFloat8e4m3)));
+  storeFromDouble(buf, chorusFloat8e5m2, 1e6);
+  EXPECT_TRUE(std::isinf(loadAsDouble(buf, chorusFloat8e5m2)));
+}
+
+}  // namespace
+}  // namespace chorus::kernels
