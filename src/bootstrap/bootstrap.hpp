@@ -50,6 +50,11 @@ struct EnvJob {
 // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; OMPI_COMM_WORLD_RANK/SIZE;
 // SLURM_PROCID/SLURM_NTASKS (master from CHORUS_MASTER_ADDR or the first host
 // of SLURM_JOB_NODELIST).  Errors name the missing or malformed variable.
+// Precisely: the rank variable found first picks the source; CHORUS_WORLD_SIZE,
+// CHORUS_MASTER_ADDR and CHORUS_MASTER_PORT override per variable; then
+// MASTER_ADDR / MASTER_PORT; a Slurm job without them uses its node list's
+// first host and the port 20000 + SLURM_JOB_ID % 20000.  CHORUS_SECRET (hex)
+// gives the secret; CHORUS_REQUIRE_SECRET=1 makes its absence an error.
 Result<EnvJob> readEnvJob();
 
 // The first host name of a Slurm node list ("node[01-04,07],gpu3" -> "node01").

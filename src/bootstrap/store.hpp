@@ -54,13 +54,15 @@ class PrefixStore final : public Store {
 // The server: a thread that accepts authenticated clients and serves
 // set/get/add until destroyed.  Limits (key <= 1 KiB, value <= 16 MiB, total
 // bounded) protect it from a misbehaving client.
+struct StoreServerOptions {
+  // A connection that has not completed the job-secret handshake by then is
+  // closed (a silent or slow client cannot hold a slot forever).
+  std::chrono::milliseconds handshake_timeout{10000};
+};
+
 class StoreServer {
  public:
-  struct Options {
-    // A connection that has not completed the job-secret handshake by then is
-    // closed (a silent or slow client cannot hold a slot forever).
-    std::chrono::milliseconds handshake_timeout{10000};
-  };
+  using Options = StoreServerOptions;
   // Listens on bind_addr (port 0 = ephemeral).
   static Result<std::unique_ptr<StoreServer>> start(const net::SockAddr& bind_addr, const auth::Secret& secret);
   static Result<std::unique_ptr<StoreServer>> start(const net::SockAddr& bind_addr, const auth::Secret& secret,
@@ -73,6 +75,9 @@ class StoreServer {
 };
 
 // Connects to a server and authenticates; retries while it is not up yet.
+// `timeout` bounds the connection and, later, each set/add round trip (a get
+// waits for its own timeout plus this much).  After an I/O failure the store
+// answers every call with that failure (the stream can no longer be trusted).
 Result<std::shared_ptr<Store>> connectStore(const net::SockAddr& server, const auth::Secret& secret,
                                             std::chrono::milliseconds timeout);
 
@@ -104,6 +109,9 @@ Bytes toBytes(const T& pod) {
 inline Bytes toBytes(std::string_view s) {
   return Bytes(reinterpret_cast<const std::byte*>(s.data()), reinterpret_cast<const std::byte*>(s.data()) + s.size());
 }
+// Strings by content (not as an object, which the template would try).
+inline Bytes toBytes(const std::string& s) { return toBytes(std::string_view(s)); }
+inline Bytes toBytes(const char* s) { return toBytes(std::string_view(s)); }
 inline std::string toString(std::span<const std::byte> b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }

@@ -1,0 +1,296 @@
+// Unique ids, environment discovery (with the environment restored after each
+// test), Slurm node lists, host identity and the reserved listener.
+#include "bootstrap/bootstrap.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "bootstrap/store.hpp"
+
+namespace chorus::bootstrap {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Every variable readEnvJob looks at; each test starts with all of them unset
+// and the fixture puts the original values back.
+const char* const kJobVars[] = {"CHORUS_RANK",    "CHORUS_WORLD_SIZE",  "CHORUS_MASTER_ADDR",   "CHORUS_MASTER_PORT",
+                                "CHORUS_SECRET",  "CHORUS_REQUIRE_SECRET", "RANK",              "WORLD_SIZE",
+                                "MASTER_ADDR",    "MASTER_PORT",        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                "SLURM_PROCID",   "SLURM_NTASKS",       "SLURM_JOB_NODELIST",   "SLURM_NODELIST",
+                                "SLURM_JOB_ID",   "CHORUS_SOCKET_IFNAME"};
+
+class EnvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kJobVars) {
+      if (const char* old = std::getenv(v)) saved_[v] = old;
+      unsetenv(v);
+    }
+  }
+  void TearDown() override {
+    for (const char* v : kJobVars) unsetenv(v);
+    for (auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
+  }
+  static void set(const char* k, const char* v) { setenv(k, v, 1); }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+UniqueId sampleId(const char* host) {
+  UniqueId id;
+  id.root = *net::resolve(host, 29500);
+  id.secret = auth::Secret::random();
+  return id;
+}
+
+TEST(UniqueIdCodec, RoundTripIpv4AndIpv6) {
+  for (const char* host : {"10.1.2.3", "fd00::1:2"}) {
+    UniqueId id = sampleId(host);
+    chorusUniqueId raw = id.encode();
+    auto back = UniqueId::decode(raw);
+    ASSERT_TRUE(back.isOk()) << back.status().message();
+    EXPECT_EQ(back->root.toString(), id.root.toString());
+    EXPECT_EQ(back->secret.bytes, id.secret.bytes);
+    EXPECT_TRUE(back->secret.present);
+  }
+  UniqueId none = sampleId("127.0.0.1");
+  none.secret = auth::Secret{};
+  auto back = UniqueId::decode(none.encode());
+  ASSERT_TRUE(back.isOk());
+  EXPECT_FALSE(back->secret.present);
+}
+
+TEST(UniqueIdCodec, LayoutMatchesTheHeader) {
+  UniqueId id = sampleId("1.2.3.4");
+  chorusUniqueId raw = id.encode();
+  auto* p = reinterpret_cast<const unsigned char*>(raw.internal);
+  EXPECT_EQ(std::memcmp(p, "CHORUSID", 8), 0);
+  EXPECT_EQ(p[8] | p[9] << 8, 1);          // version
+  EXPECT_EQ(p[10] | p[11] << 8, 4);        // family
+  EXPECT_EQ(p[12] | p[13] << 8, 29500);    // port
+  EXPECT_EQ(p[16], 1);
+  EXPECT_EQ(p[19], 4);
+  EXPECT_EQ(std::memcmp(p + 32, id.secret.bytes.data(), 32), 0);
+  EXPECT_EQ(p[64], 1);  // flags: secret present
+  for (int i = 68; i < 128; ++i) EXPECT_EQ(p[i], 0) << i;
+}
+
+TEST(UniqueIdCodec, RejectsCorruption) {
+  chorusUniqueId good = sampleId("10.0.0.1").encode();
+  auto corrupt = [&](int offset, unsigned char value) {
+    chorusUniqueId c = good;
+    c.internal[offset] = static_cast<char>(value);
+    return UniqueId::decode(c);
+  };
+  EXPECT_EQ(corrupt(0, 'X').status().code(), chorusInvalidArgument);    // magic
+  EXPECT_EQ(corrupt(8, 2).status().code(), chorusInvalidArgument);      // version
+  EXPECT_EQ(corrupt(10, 5).status().code(), chorusInvalidArgument);     // family
+  EXPECT_EQ(corrupt(14, 1).status().code(), chorusInvalidArgument);     // pad
+  EXPECT_EQ(corrupt(20, 1).status().code(), chorusInvalidArgument);     // IPv4 address padding
+  EXPECT_EQ(corrupt(65, 1).status().code(), chorusInvalidArgument);     // unknown flag
+  EXPECT_EQ(corrupt(127, 1).status().code(), chorusInvalidArgument);    // tail
+  EXPECT_EQ(corrupt(70, 9).status().code(), chorusInvalidArgument);     // tail
+  chorusUniqueId zero_port = good;
+  zero_port.internal[12] = zero_port.internal[13] = 0;
+  EXPECT_FALSE(UniqueId::decode(zero_port).isOk());
+  chorusUniqueId no_flag = good;
+  no_flag.internal[64] = 0;  // secret bytes without the flag
+  EXPECT_FALSE(UniqueId::decode(no_flag).isOk());
+  chorusUniqueId zeros{};
+  auto r = UniqueId::decode(zeros);
+  EXPECT_EQ(r.status().code(), chorusInvalidArgument);
+  EXPECT_NE(r.status().message().find("chorusGetUniqueId"), std::string::npos);
+  // The secret and the port are data, not structure: changing them still decodes.
+  EXPECT_TRUE(corrupt(40, 0x55).isOk());
+}
+
+TEST_F(EnvTest, MakeUniqueIdReservesAListenerTheServerAdopts) {
+  set("CHORUS_SOCKET_IFNAME", "lo");
+  auto id = makeUniqueId();
+  ASSERT_TRUE(id.isOk()) << id.status().message();
+  EXPECT_EQ(id->root.family(), AF_INET);
+  EXPECT_NE(id->root.port(), 0);
+  EXPECT_TRUE(id->secret.present);
+  auto decoded = UniqueId::decode(id->encode());
+  ASSERT_TRUE(decoded.isOk());
+  auto listener = takeReservedListener(decoded->root);
+  ASSERT_TRUE(listener.has_value());
+  EXPECT_FALSE(takeReservedListener(decoded->root).has_value());  // taken once
+  auto server = StoreServer::start(std::move(*listener), decoded->secret);
+  ASSERT_TRUE(server.isOk()) << server.status().message();
+  EXPECT_EQ((*server)->address().toString(), id->root.toString());
+  auto c = connectStore(decoded->root, decoded->secret, 5s);
+  ASSERT_TRUE(c.isOk()) << c.status().message();
+  EXPECT_EQ(*(*c)->add("n", 1), 1);
+  // Without the interface knob the id still gets some usable address.
+  unsetenv("CHORUS_SOCKET_IFNAME");
+  auto any = makeUniqueId();
+  ASSERT_TRUE(any.isOk()) << any.status().message();
+  EXPECT_TRUE(takeReservedListener(any->root).has_value());
+  set("CHORUS_SOCKET_IFNAME", "nosuchif0");
+  auto bad = makeUniqueId();
+  EXPECT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("nosuchif0"), std::string::npos);
+}
+
+TEST_F(EnvTest, NothingSetNamesTheLaunchers) {
+  auto j = readEnvJob();
+  ASSERT_FALSE(j.isOk());
+  EXPECT_NE(j.status().message().find("CHORUS_RANK"), std::string::npos);
+  EXPECT_NE(j.status().message().find("SLURM_PROCID"), std::string::npos);
+}
+
+TEST_F(EnvTest, ChorusVariablesWinOverTorchrun) {
+  set("CHORUS_RANK", "1");
+  set("CHORUS_WORLD_SIZE", "4");
+  set("CHORUS_MASTER_ADDR", "chorus-host");
+  set("CHORUS_MASTER_PORT", "1234");
+  set("RANK", "3");
+  set("WORLD_SIZE", "8");
+  set("MASTER_ADDR", "torch-host");
+  set("MASTER_PORT", "29500");
+  auto j = readEnvJob();
+  ASSERT_TRUE(j.isOk()) << j.status().message();
+  EXPECT_EQ(j->source, "chorus");
+  EXPECT_EQ(j->rank, 1);
+  EXPECT_EQ(j->world_size, 4);
+  EXPECT_EQ(j->master_addr, "chorus-host");
+  EXPECT_EQ(j->master_port, 1234);
+  EXPECT_FALSE(j->secret.present);
+}
+
+TEST_F(EnvTest, Torchrun) {
+  set("RANK", "3");
+  set("WORLD_SIZE", "8");
+  set("MASTER_ADDR", "torch-host");
+  set("MASTER_PORT", "29500");
+  set("OMPI_COMM_WORLD_RANK", "0");  // lower precedence
+  auto j = readEnvJob();
+  ASSERT_TRUE(j.isOk()) << j.status().message();
+  EXPECT_EQ(j->source, "torchrun");
+  EXPECT_EQ(j->rank, 3);
+  EXPECT_EQ(j->world_size, 8);
+  EXPECT_EQ(j->master_addr, "torch-host");
+  EXPECT_EQ(j->master_port, 29500);
+  unsetenv("MASTER_PORT");
+  auto missing = readEnvJob();
+  ASSERT_FALSE(missing.isOk());
+  EXPECT_NE(missing.status().message().find("MASTER_PORT"), std::string::npos) << missing.status().message();
+}
+
+TEST_F(EnvTest, OpenMpiNeedsAMaster) {
+  set("OMPI_COMM_WORLD_RANK", "2");
+  set("OMPI_COMM_WORLD_SIZE", "3");
+  auto j = readEnvJob();
+  ASSERT_FALSE(j.isOk());
+  EXPECT_NE(j.status().message().find("CHORUS_MASTER_ADDR"), std::string::npos) << j.status().message();
+  set("CHORUS_MASTER_ADDR", "10.0.0.9");
+  set("CHORUS_MASTER_PORT", "4000");
+  j = readEnvJob();
+  ASSERT_TRUE(j.isOk()) << j.status().message();
+  EXPECT_EQ(j->source, "openmpi");
+  EXPECT_EQ(j->rank, 2);
+  EXPECT_EQ(j->world_size, 3);
+  EXPECT_EQ(j->master_addr, "10.0.0.9");
+}
+
+TEST_F(EnvTest, SlurmUsesNodeListAndJobIdPort) {
+  set("SLURM_PROCID", "5");
+  set("SLURM_NTASKS", "16");
+  set("SLURM_JOB_NODELIST", "gpu[07-10,12],login1");
+  set("SLURM_JOB_ID", "123456");
+  auto j = readEnvJob();
+  ASSERT_TRUE(j.isOk()) << j.status().message();
+  EXPECT_EQ(j->source, "slurm");
+  EXPECT_EQ(j->rank, 5);
+  EXPECT_EQ(j->world_size, 16);
+  EXPECT_EQ(j->master_addr, "gpu07");
+  EXPECT_EQ(j->master_port, 20000 + 123456 % 20000);
+  set("CHORUS_MASTER_ADDR", "override");
+  EXPECT_EQ(readEnvJob()->master_addr, "override");
+}
+
+TEST_F(EnvTest, MalformedValuesNameTheVariable) {
+  set("CHORUS_RANK", "two");
+  set("CHORUS_WORLD_SIZE", "4");
+  set("CHORUS_MASTER_ADDR", "h");
+  set("CHORUS_MASTER_PORT", "1");
+  auto j = readEnvJob();
+  ASSERT_FALSE(j.isOk());
+  EXPECT_NE(j.status().message().find("CHORUS_RANK='two'"), std::string::npos) << j.status().message();
+  set("CHORUS_RANK", "4");
+  j = readEnvJob();
+  ASSERT_FALSE(j.isOk());
+  EXPECT_NE(j.status().message().find("CHORUS_RANK=4"), std::string::npos) << j.status().message();
+  set("CHORUS_RANK", "0");
+  set("CHORUS_MASTER_PORT", "70000");
+  j = readEnvJob();
+  ASSERT_FALSE(j.isOk());
+  EXPECT_NE(j.status().message().find("CHORUS_MASTER_PORT"), std::string::npos);
+  set("CHORUS_MASTER_PORT", "1");
+  unsetenv("CHORUS_WORLD_SIZE");
+  j = readEnvJob();
+  ASSERT_FALSE(j.isOk());
+  EXPECT_NE(j.status().message().find("CHORUS_WORLD_SIZE"), std::string::npos);
+}
+
+TEST_F(EnvTest, SecretFromHexAndRequired) {
+  set("CHORUS_RANK", "0");
+  set("CHORUS_WORLD_SIZE", "1");
+  set("CHORUS_MASTER_ADDR", "127.0.0.1");
+  set("CHORUS_MASTER_PORT", "1");
+  set("CHORUS_REQUIRE_SECRET", "1");
+  auto j = readEnvJob();
+  ASSERT_FALSE(j.isOk());
+  EXPECT_NE(j.status().message().find("CHORUS_SECRET"), std::string::npos);
+  auth::Secret s = auth::Secret::random();
+  set("CHORUS_SECRET", s.toHex().c_str());
+  j = readEnvJob();
+  ASSERT_TRUE(j.isOk()) << j.status().message();
+  EXPECT_TRUE(j->secret.present);
+  EXPECT_EQ(j->secret.bytes, s.bytes);
+  set("CHORUS_SECRET", "nothex");
+  j = readEnvJob();
+  ASSERT_FALSE(j.isOk());
+  EXPECT_NE(j.status().message().find("CHORUS_SECRET"), std::string::npos);
+}
+
+TEST(SlurmNodeList, FirstHost) {
+  EXPECT_EQ(*firstSlurmHost("a,b"), "a");
+  EXPECT_EQ(*firstSlurmHost("node[01-04,07]"), "node01");
+  EXPECT_EQ(*firstSlurmHost("node[01-04,07],gpu3"), "node01");
+  EXPECT_EQ(*firstSlurmHost("pre[3,5]-suf"), "pre3-suf");
+  EXPECT_EQ(*firstSlurmHost("rack[2-3]-n[009-011]"), "rack2-n009");
+  EXPECT_EQ(*firstSlurmHost("single"), "single");
+  EXPECT_EQ(*firstSlurmHost("n[7]"), "n7");
+  for (const char* bad : {"", ",a", "node[01-04", "node]1[", "n[]", "n[a-b]", "n[1-]", "n[[1]]"}) {
+    auto r = firstSlurmHost(bad);
+    EXPECT_FALSE(r.isOk()) << bad;
+    if (!r.isOk()) {
+      EXPECT_NE(r.status().message().find("SLURM_JOB_NODELIST"), std::string::npos);
+    }
+  }
+}
+
+TEST(HostIdentity, StableAndComparable) {
+  HostIdentity a = localHostIdentity(), b = localHostIdentity();
+  EXPECT_TRUE(a == b);
+  EXPECT_NE(a.hostname[0], '\0');
+  EXPECT_NE(a.netns_inode, 0u);
+  EXPECT_NE(a.ipcns_inode, 0u);
+  EXPECT_EQ(std::strlen(a.boot_id), 36u);  // a UUID
+  HostIdentity c = a;
+  c.netns_inode += 1;
+  EXPECT_FALSE(a == c);
+  c = a;
+  c.boot_id[0] = c.boot_id[0] == 'x' ? 'y' : 'x';
+  EXPECT_FALSE(a == c);
+}
+
+}  // namespace
+}  // namespace chorus::bootstrap
