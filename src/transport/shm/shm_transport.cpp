@@ -1,0 +1,850 @@
+// The shared-memory transport: SPSC rings in POSIX shared memory for small
+// messages, cross-memory attach for large ones, futex doorbells for waiting.
+// shm.hpp has the overview, shm_detail.hpp the segment layout.
+//
+// Threading: every member except abort(), wake() and the atomics they touch is
+// used by the executor thread only (Transport's contract), so the per-peer
+// queues and cursors need no locks.
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "common/env.hpp"
+#include "common/log.hpp"
+#include "transport/shm/shm.hpp"
+#include "transport/shm/shm_detail.hpp"
+
+namespace chorus::transport {
+namespace {
+
+using namespace shm_detail;
+using Clock = std::chrono::steady_clock;
+
+// How often a blocked rank checks that the peers it waits on still exist.
+constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Shared (not FUTEX_PRIVATE) futexes: the word lives in a MAP_SHARED segment
+// that other processes map at other addresses.
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::microseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000), static_cast<long>(timeout.count() % 1000000) * 1000};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void futexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// An mmap'd region, unmapped on destruction.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* addr, size_t len) : addr_(static_cast<std::byte*>(addr)), len_(len) {}
+  Mapping(Mapping&& o) noexcept : addr_(std::exchange(o.addr_, nullptr)), len_(std::exchange(o.len_, 0)) {}
+  Mapping& operator=(Mapping&& o) noexcept {
+    std::swap(addr_, o.addr_);
+    std::swap(len_, o.len_);
+    return *this;
+  }
+  ~Mapping() {
+    if (addr_ != nullptr) munmap(addr_, len_);
+  }
+  [[nodiscard]] std::byte* data() const { return addr_; }
+  [[nodiscard]] PageZero* page0() const { return reinterpret_cast<PageZero*>(addr_); }
+
+ private:
+  std::byte* addr_ = nullptr;
+  size_t len_ = 0;
+};
+
+// What a rank publishes in the store as "shm/<rank>".
+struct SegmentRecord {
+  uint64_t magic;
+  int32_t rank;
+  int32_t pid;
+  uint64_t probe_addr;  // address of a kProbeValue in the owner's memory
+  uint64_t total_bytes;
+  char name[256];
+};
+
+struct SendOp {
+  const std::byte* src = nullptr;
+  uint64_t bytes = 0;
+  uint64_t off = 0;
+  Request* req = nullptr;
+  bool cma = false;
+  bool header_done = false;
+};
+
+struct RecvOp {
+  RecvTarget target;
+  Request* req = nullptr;
+  bool header_done = false;
+  bool cma = false;
+  uint64_t remote_addr = 0;
+  uint64_t off = 0;
+};
+
+struct Peer {
+  int rank = -1;
+  pid_t pid = 0;
+  int pidfd = -1;
+  Mapping seg;  // the peer's segment
+  PageZero* peer_page0 = nullptr;
+
+  // Outgoing: our ring in the peer's segment.
+  SlotControl* out = nullptr;
+  std::byte* out_data = nullptr;
+  uint64_t out_mask = 0;
+  uint64_t out_tail = 0;       // our next write position (published or not)
+  uint64_t out_published = 0;  // last value stored to out->tail
+  uint64_t out_head = 0;       // cached copy of out->head
+  bool want_space_set = false;
+  bool cma_send = false;
+  uint64_t acks_seen = 0;
+  Fifo<SendOp> sends;        // not yet fully written into the ring, in post order
+  Fifo<Request*> cma_wait;   // CMA descriptors written, waiting for the peer's ack
+
+  // Incoming: the peer's ring in our segment.
+  SlotControl* in = nullptr;
+  std::byte* in_data = nullptr;
+  uint64_t in_mask = 0;
+  uint64_t in_head = 0;       // our next read position
+  uint64_t in_published = 0;  // last value stored to in->head
+  uint64_t in_tail = 0;       // cached copy of in->tail
+  uint64_t discard = 0;       // ring bytes of a rejected message still to skip
+  uint64_t acks_given = 0;
+  Fifo<RecvOp> recvs;
+
+  Status dead;               // non-ok once the peer is known to be gone
+  bool dead_reported = false;
+
+  [[nodiscard]] bool busy() const { return !sends.empty() || !cma_wait.empty() || !recvs.empty(); }
+};
+
+// Rings `pz`'s doorbell: the increment pairs with the owner's seq_cst store of
+// `sleeping` and load of `bell` in wait() (a Dekker pair): either the owner
+// sees the new bell value and does not sleep, or we see sleeping == 1 and
+// FUTEX_WAKE it.  FUTEX_WAIT itself re-checks the word atomically, which covers
+// an increment that lands between the owner's check and its sleep.
+inline bool ring(PageZero* pz) {
+  pz->bell.fetch_add(1, std::memory_order_seq_cst);
+  if (pz->sleeping.load(std::memory_order_seq_cst) != 0) {
+    futexWake(&pz->bell);
+    return true;
+  }
+  return false;
+}
+
+class ShmTransport final : public Transport {
+ public:
+  ShmTransport() = default;
+  ~ShmTransport() override {
+    for (Peer& p : peers_)
+      if (p.pidfd >= 0) close(p.pidfd);
+    if (!own_name_.empty()) shm_unlink(own_name_.c_str());  // only when setup failed before unlinking
+  }
+
+  Status init(const ShmSetup& setup, bootstrap::Store& store);
+
+  [[nodiscard]] std::string_view name() const override { return "shm"; }
+  Status postSend(int peer, const void* src, size_t bytes, Request* req) override;
+  Status postRecv(int peer, const RecvTarget& target, Request* req) override;
+  Result<bool> poll() override;
+  void wait(std::chrono::microseconds timeout) override;
+  void wake() override;
+  void abort(const Status& why) override;
+
+  [[nodiscard]] const ShmStats& stats() const { return stats_; }
+
+ private:
+  Peer* findPeer(int rank) {
+    auto it = std::lower_bound(peer_ranks_.begin(), peer_ranks_.end(), rank);
+    if (it == peer_ranks_.end() || *it != rank) return nullptr;
+    return &peers_[it - peer_ranks_.begin()];
+  }
+  Status abortStatus() {
+    std::lock_guard lock(abort_mu_);
+    return abort_status_;
+  }
+
+  bool progressSend(Peer& p);
+  bool progressRecv(Peer& p);
+  bool reserve(Peer& p, uint64_t need);
+  void flushSend(Peer& p);
+  void flushRecv(Peer& p);
+  void writeRing(Peer& p, const void* src, uint64_t n);
+  void deliverInline(Peer& p, RecvOp& op, uint64_t n);
+  Status readCma(Peer& p, RecvOp& op);
+  void ackCma(Peer& p);
+  void failPeer(Peer& p, const Status& why);
+  bool checkLiveness();
+
+  int rank_ = 0;
+  pid_t pid_ = 0;
+  std::string own_name_;  // non-empty until unlinked
+  Mapping own_;
+  PageZero* page0_ = nullptr;
+  std::vector<int> peer_ranks_;  // sorted; peers_[i] serves peer_ranks_[i] and our slot i
+  std::vector<Peer> peers_;
+  std::vector<std::byte> bounce_;
+  std::chrono::microseconds spin_{50};
+  bool allow_cma_ = true;
+  alignas(8) volatile uint64_t probe_ = kProbeValue;  // peers read it by process_vm_readv
+
+  uint32_t seen_bell_ = 0;  // bell value read at the start of the last poll()
+  Clock::time_point last_liveness_{};
+
+  std::atomic<bool> wake_pending_{false};
+  std::atomic<bool> aborted_{false};
+  bool abort_handled_ = false;
+  std::mutex abort_mu_;
+  Status abort_status_;
+
+  ShmStats stats_;
+};
+
+// ---------------------------------------------------------------- setup ----
+
+Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
+  rank_ = setup.rank;
+  pid_ = getpid();
+  peer_ranks_ = setup.peers;
+  std::sort(peer_ranks_.begin(), peer_ranks_.end());
+  if (std::adjacent_find(peer_ranks_.begin(), peer_ranks_.end()) != peer_ranks_.end() ||
+      std::binary_search(peer_ranks_.begin(), peer_ranks_.end(), rank_))
+    return invalidArgument("shm transport, rank {}: the peer list must be distinct ranks other than {} itself",
+                           rank_, rank_);
+  size_t ring_bytes = setup.ring_bytes;
+  if (ring_bytes == 0) {
+    CHORUS_ASSIGN_OR_RETURN(int64_t knob, env::getInt("CHORUS_SHM_RING_BYTES"));
+    ring_bytes = static_cast<size_t>(knob);
+  }
+  if (ring_bytes < kPage || (ring_bytes & (ring_bytes - 1)) != 0 || ring_bytes > (size_t{1} << 32))
+    return invalidArgument("shm transport, rank {}: ring size {} bytes must be a power of two in [4096, 4 GiB] "
+                           "(check CHORUS_SHM_RING_BYTES)", rank_, ring_bytes);
+  if (setup.segment_prefix.empty() || setup.segment_prefix.size() > 200 ||
+      setup.segment_prefix.find('/', 1) != std::string::npos)
+    return invalidArgument("shm transport, rank {}: segment prefix '{}' must be 1..200 characters with no '/' "
+                           "after the first", rank_, setup.segment_prefix);
+  CHORUS_ASSIGN_OR_RETURN(int64_t spin_us, env::getInt("CHORUS_SPIN_US"));
+  CHORUS_ASSIGN_OR_RETURN(bool cma_knob, env::getBool("CHORUS_SHM_CMA"));
+  allow_cma_ = setup.allow_cma && cma_knob;
+  cpu_set_t cpus;
+  size_t ncores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? static_cast<size_t>(CPU_COUNT(&cpus)) : 1;
+  // Spinning ranks that outnumber the cores steal time from the rank they wait on.
+  if (peer_ranks_.size() + 1 > ncores) spin_us /= 2;
+  spin_ = std::chrono::microseconds(std::max<int64_t>(spin_us, 0));
+
+  // Create our segment; a name left by a killed earlier run is unlinked once.
+  std::string name = setup.segment_prefix[0] == '/' ? setup.segment_prefix : "/" + setup.segment_prefix;
+  name += fmt::format("-r{}", rank_);
+  const size_t nslots = peer_ranks_.size();
+  const size_t total = segmentBytes(nslots, ring_bytes);
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    log::warn("shm transport, rank {}: removing stale segment {} (left by a killed run?)", rank_, name);
+    shm_unlink(name.c_str());
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  }
+  if (fd < 0)
+    return errnoError(fmt::format("shm transport, rank {}: shm_open({}) (is /dev/shm mounted and writable?)", rank_,
+                                  name), errno);
+  own_name_ = name;
+  fchmod(fd, 0600);  // the umask can only remove bits, but be explicit
+  if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
+    int err = errno;
+    close(fd);
+    return errnoError(fmt::format("shm transport, rank {}: ftruncate({}, {} bytes) (is /dev/shm large enough? "
+                                  "lower CHORUS_SHM_RING_BYTES)", rank_, name, total), err);
+  }
+  void* addr = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int map_err = errno;
+  close(fd);
+  if (addr == MAP_FAILED)
+    return errnoError(fmt::format("shm transport, rank {}: mmap of {} ({} bytes)", rank_, name, total), map_err);
+  own_ = Mapping(addr, total);
+  page0_ = new (own_.data()) PageZero{};
+  page0_->header = SegmentHeader{kSegmentMagic, kLayoutVersion, static_cast<uint32_t>(nslots), ring_bytes, total,
+                                 rank_, static_cast<int32_t>(pid_)};
+  peers_.resize(nslots);
+  for (size_t i = 0; i < nslots; ++i) {
+    SlotControl* sc = new (slotControl(own_.data(), ring_bytes, i)) SlotControl{};
+    sc->sender_rank = peer_ranks_[i];
+    Peer& p = peers_[i];
+    p.rank = peer_ranks_[i];
+    p.in = sc;
+    p.in_data = slotData(own_.data(), ring_bytes, i);
+    p.in_mask = ring_bytes - 1;
+  }
+
+  SegmentRecord rec{};
+  rec.magic = kSegmentMagic;
+  rec.rank = rank_;
+  rec.pid = static_cast<int32_t>(pid_);
+  rec.probe_addr = reinterpret_cast<uint64_t>(&probe_);
+  rec.total_bytes = total;
+  std::snprintf(rec.name, sizeof rec.name, "%s", name.c_str());
+  CHORUS_RETURN_IF_ERROR(store.set(fmt::format("shm/{}", rank_), bootstrap::toBytes(rec)));
+
+  // Map every peer's segment and find our ring in it.
+  std::vector<std::string> peer_names;
+  for (Peer& p : peers_) {
+    CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes b, store.get(fmt::format("shm/{}", p.rank), setup.timeout));
+    SegmentRecord pr{};
+    if (b.size() != sizeof pr)
+      return internalError("shm transport, rank {}: store record of peer rank {} has {} bytes, expected {} "
+                           "(mixed chorus versions?)", rank_, p.rank, b.size(), sizeof pr);
+    std::memcpy(&pr, b.data(), sizeof pr);
+    pr.name[sizeof pr.name - 1] = '\0';
+    peer_names.emplace_back(pr.name);
+    int pfd = shm_open(pr.name, O_RDWR, 0);
+    if (pfd < 0)
+      return errnoError(fmt::format("shm transport, rank {}: opening peer rank {}'s segment {} (is that rank on "
+                                    "another host or in another IPC namespace?)", rank_, p.rank, pr.name), errno);
+    struct stat st {};
+    if (fstat(pfd, &st) != 0 || static_cast<uint64_t>(st.st_size) != pr.total_bytes) {
+      close(pfd);
+      return internalError("shm transport, rank {}: peer rank {}'s segment {} has size {}, expected {}", rank_,
+                           p.rank, pr.name, static_cast<int64_t>(st.st_size), pr.total_bytes);
+    }
+    void* paddr = mmap(nullptr, pr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+    int perr = errno;
+    close(pfd);
+    if (paddr == MAP_FAILED)
+      return errnoError(fmt::format("shm transport, rank {}: mmap of peer rank {}'s segment {}", rank_, p.rank,
+                                    pr.name), perr);
+    p.seg = Mapping(paddr, pr.total_bytes);
+    p.peer_page0 = p.seg.page0();
+    const SegmentHeader& h = p.peer_page0->header;
+    if (h.magic != kSegmentMagic || h.version != kLayoutVersion || h.owner_rank != p.rank)
+      return internalError("shm transport, rank {}: segment {} of peer rank {} has a foreign layout (magic {:#x}, "
+                           "version {}, owner {})", rank_, pr.name, p.rank, h.magic, h.version, h.owner_rank);
+    p.pid = h.owner_pid;
+    size_t slot = h.nslots;
+    for (size_t i = 0; i < h.nslots; ++i)
+      if (slotControl(p.seg.data(), h.ring_bytes, i)->sender_rank == rank_) slot = i;
+    if (slot == h.nslots)
+      return invalidArgument("shm transport, rank {}: peer rank {} does not list rank {} among its local peers "
+                             "(do all ranks agree on which ranks share this host?)", rank_, p.rank, rank_);
+    p.out = slotControl(p.seg.data(), h.ring_bytes, slot);
+    p.out_data = slotData(p.seg.data(), h.ring_bytes, slot);
+    p.out_mask = h.ring_bytes - 1;
+
+    // CMA probe: can we (the receiver of this peer's messages) read its memory?
+    uint32_t cma_ok = 0;
+    if (allow_cma_) {
+      uint64_t v = 0;
+      iovec local{&v, sizeof v};
+      iovec remote{reinterpret_cast<void*>(pr.probe_addr), sizeof v};
+      ssize_t n = process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
+      if (n == static_cast<ssize_t>(sizeof v) && v == kProbeValue) {
+        cma_ok = 1;
+      } else {
+        log::info("shm transport, rank {}: cross-memory attach to peer rank {} (pid {}) unavailable ({}); large "
+                  "messages from it go through the ring", rank_, p.rank, p.pid, n < 0 ? strerror(errno) : "short");
+      }
+    }
+    p.in->cma_ok.store(cma_ok, std::memory_order_release);
+  }
+
+  // Barrier: after it every peer has mapped our segment (so the name can go)
+  // and has written its cma_ok flags (so we can read them).  Keyed by the
+  // lowest rank of the set so that other hosts' sets do not share a counter.
+  const int nset = static_cast<int>(peers_.size()) + 1;
+  const int lowest = peer_ranks_.empty() ? rank_ : std::min(rank_, peer_ranks_.front());
+  const std::string bkey = fmt::format("shm/barrier/{}", lowest);
+  CHORUS_ASSIGN_OR_RETURN(int64_t arrived, store.add(bkey, 1));
+  if (arrived == nset) CHORUS_RETURN_IF_ERROR(store.set(bkey + "/done", bootstrap::toBytes(std::string_view("1"))));
+  CHORUS_RETURN_IF_ERROR(store.get(bkey + "/done", setup.timeout).status());
+  // Every rank of the set has mapped every segment now, so any of them may
+  // remove every name: the names go even if some ranks are killed right here.
+  shm_unlink(own_name_.c_str());
+  own_name_.clear();
+  for (const std::string& n : peer_names) shm_unlink(n.c_str());
+
+  for (Peer& p : peers_) {
+    p.cma_send = allow_cma_ && p.out->cma_ok.load(std::memory_order_acquire) != 0;
+    stats_.cma_peers += p.cma_send ? 1 : 0;
+    if (p.pid != pid_) {
+      p.pidfd = static_cast<int>(syscall(SYS_pidfd_open, p.pid, 0));  // -1: fall back to kill(pid, 0)
+    }
+  }
+  if (allow_cma_ && !peers_.empty()) bounce_.resize(kBounceBytes);  // for CMA reduce-receives
+  seen_bell_ = page0_->bell.load(std::memory_order_acquire);
+  last_liveness_ = Clock::now();
+  return {};
+}
+
+// ------------------------------------------------------------ posting ------
+
+Status ShmTransport::postSend(int peer, const void* src, size_t bytes, Request* req) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    Status why = abortStatus();
+    req->fail(why);
+    return why;
+  }
+  Peer* p = findPeer(peer);
+  if (p == nullptr) return invalidArgument("shm transport, rank {}: send to rank {}, which is not a local peer", rank_, peer);
+  if (bytes > 0 && src == nullptr) return invalidArgument("shm transport, rank {}: send of {} bytes to rank {} from a null buffer", rank_, bytes, peer);
+  if (!p->dead.isOk()) {
+    req->fail(p->dead);
+    return p->dead;
+  }
+  req->status = Status();
+  req->state.store(Request::Posted, std::memory_order_relaxed);
+  p->sends.push(SendOp{static_cast<const std::byte*>(src), bytes, 0, req, p->cma_send && bytes >= kCmaThreshold, false});
+  // Start at once: a small message is usually in the ring before post returns.
+  progressSend(*p);
+  return {};
+}
+
+Status ShmTransport::postRecv(int peer, const RecvTarget& target, Request* req) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    Status why = abortStatus();
+    req->fail(why);
+    return why;
+  }
+  Peer* p = findPeer(peer);
+  if (p == nullptr) return invalidArgument("shm transport, rank {}: receive from rank {}, which is not a local peer", rank_, peer);
+  if (target.bytes > 0 && target.dst == nullptr)
+    return invalidArgument("shm transport, rank {}: receive of {} bytes from rank {} into a null buffer", rank_, target.bytes, peer);
+  RecvTarget t = target;
+  if (t.reducer != nullptr) {
+    size_t es = t.reducer->valid() ? t.reducer->elemSize() : 0;
+    // Ring records are 8-byte aligned, so elements of these sizes never straddle a piece or the wrap.
+    if (es == 0 || 8 % es != 0 || t.bytes % es != 0)
+      return invalidArgument("shm transport, rank {}: reduce-receive of {} bytes from rank {} with element size {} "
+                             "(bytes must be a multiple of an element size of 1, 2, 4 or 8)", rank_, t.bytes, peer, es);
+    if (t.accum == nullptr) t.accum = t.dst;
+  }
+  if (!p->dead.isOk()) {
+    req->fail(p->dead);
+    return p->dead;
+  }
+  req->status = Status();
+  req->state.store(Request::Posted, std::memory_order_relaxed);
+  RecvOp op;
+  op.target = t;
+  op.req = req;
+  p->recvs.push(op);
+  if (p->recvs.size() == 1) progressRecv(*p);  // the message may be waiting already
+  return {};
+}
+
+// ------------------------------------------------------------- sending -----
+
+// True when `need` bytes are free in our ring at p; refreshes the cached head
+// only when the cached one says no, and raises want_space before giving up.
+bool ShmTransport::reserve(Peer& p, uint64_t need) {
+  const uint64_t cap = p.out_mask + 1;
+  if (cap - (p.out_tail - p.out_head) >= need) return true;
+  p.out_head = p.out->head.load(std::memory_order_acquire);
+  if (cap - (p.out_tail - p.out_head) < need) {
+    // Pairs with the consumer's seq_cst head store + want_space load in
+    // flushRecv: either it sees our flag and rings us, or we see its head.
+    if (!p.want_space_set) {
+      p.out->want_space.store(1, std::memory_order_seq_cst);
+      p.want_space_set = true;
+    }
+    p.out_head = p.out->head.load(std::memory_order_seq_cst);
+    if (cap - (p.out_tail - p.out_head) < need) return false;
+  }
+  if (p.want_space_set) {
+    p.out->want_space.store(0, std::memory_order_relaxed);
+    p.want_space_set = false;
+  }
+  return true;
+}
+
+void ShmTransport::writeRing(Peer& p, const void* src, uint64_t n) {
+  const uint64_t cap = p.out_mask + 1;
+  const uint64_t pos = p.out_tail & p.out_mask;
+  const uint64_t first = std::min(n, cap - pos);
+  std::memcpy(p.out_data + pos, src, first);
+  if (first < n) std::memcpy(p.out_data, static_cast<const std::byte*>(src) + first, n - first);
+}
+
+void ShmTransport::flushSend(Peer& p) {
+  if (p.out_tail == p.out_published) return;
+  p.out_published = p.out_tail;
+  p.out->tail.store(p.out_tail, std::memory_order_release);
+  if (ring(p.peer_page0)) ++stats_.futex_wakes;
+}
+
+bool ShmTransport::progressSend(Peer& p) {
+  bool progressed = false;
+  if (!p.cma_wait.empty()) {
+    const uint64_t acks = p.out->cma_acks.load(std::memory_order_acquire);
+    while (p.acks_seen < acks && !p.cma_wait.empty()) {
+      p.cma_wait.front()->complete();
+      p.cma_wait.pop();
+      ++p.acks_seen;
+      progressed = true;
+    }
+  }
+  const uint64_t start_tail = p.out_tail;  // bounds one call's work so other peers get their turn
+  while (!p.sends.empty() && p.out_tail - start_tail < kPollBudget) {
+    SendOp& op = p.sends.front();
+    if (!op.header_done) {
+      if (!reserve(p, op.cma ? 16 : 8)) break;
+      const uint64_t word = (op.bytes << 8) | kTag | (op.cma ? kKindCma : kKindInline);
+      writeRing(p, &word, 8);
+      p.out_tail += 8;
+      op.header_done = true;
+      progressed = true;
+      if (op.cma) {
+        const uint64_t addr = reinterpret_cast<uint64_t>(op.src);
+        writeRing(p, &addr, 8);
+        p.out_tail += 8;
+        ++stats_.cma_sends;
+        p.cma_wait.push(op.req);
+        p.sends.pop();
+        continue;
+      }
+    }
+    bool blocked = false;
+    while (op.off < op.bytes) {
+      if (p.out_tail - start_tail >= kPollBudget) {
+        blocked = true;
+        break;
+      }
+      // A piece that is not the message's last keeps the tail 8-aligned (the
+      // free space is always a multiple of 8 bytes); the last one is padded.
+      const uint64_t want = std::min<uint64_t>(op.bytes - op.off, kRingPiece);
+      uint64_t n = want;
+      if (!reserve(p, round8(want))) {
+        const uint64_t cap = p.out_mask + 1;
+        n = cap - (p.out_tail - p.out_head);
+        if (n == 0) {
+          blocked = true;
+          break;
+        }
+      }
+      writeRing(p, op.src + op.off, n);
+      p.out_tail += round8(n);
+      op.off += n;
+      progressed = true;
+      if (n >= kRingPiece / 2) flushSend(p);  // let the receiver start on it while we copy the next piece
+    }
+    if (blocked) break;
+    ++stats_.inline_sends;
+    op.req->complete();
+    p.sends.pop();
+  }
+  flushSend(p);
+  return progressed;
+}
+
+// ----------------------------------------------------------- receiving -----
+
+void ShmTransport::flushRecv(Peer& p) {
+  if (p.in_head == p.in_published) return;
+  p.in_published = p.in_head;
+  // seq_cst: pairs with the producer's want_space store + head reload in reserve().
+  p.in->head.store(p.in_head, std::memory_order_seq_cst);
+  if (p.in->want_space.load(std::memory_order_seq_cst) != 0 && ring(p.peer_page0)) ++stats_.futex_wakes;
+}
+
+void ShmTransport::ackCma(Peer& p) {
+  p.in->cma_acks.store(++p.acks_given, std::memory_order_release);
+  if (ring(p.peer_page0)) ++stats_.futex_wakes;
+}
+
+// Copies or reduces the next n payload bytes of op out of the ring at in_head.
+void ShmTransport::deliverInline(Peer& p, RecvOp& op, uint64_t n) {
+  const uint64_t cap = p.in_mask + 1;
+  const uint64_t pos = p.in_head & p.in_mask;
+  const uint64_t first = std::min(n, cap - pos);
+  const RecvTarget& t = op.target;
+  if (t.reducer == nullptr) {
+    std::memcpy(t.dst + op.off, p.in_data + pos, first);
+    if (first < n) std::memcpy(t.dst + op.off + first, p.in_data, n - first);
+  } else {
+    const size_t es = t.reducer->elemSize();
+    (*t.reducer)(t.dst + op.off, t.accum + op.off, p.in_data + pos, first / es);
+    if (first < n) (*t.reducer)(t.dst + op.off + first, t.accum + op.off + first, p.in_data, (n - first) / es);
+  }
+}
+
+Status ShmTransport::readCma(Peer& p, RecvOp& op) {
+  const RecvTarget& t = op.target;
+  uint64_t budget = kPollBudget;
+  while (op.off < t.bytes && budget > 0) {
+    const bool reduce = t.reducer != nullptr;
+    uint64_t n = std::min<uint64_t>({t.bytes - op.off, reduce ? kBounceBytes : kCmaCopyPiece, budget});
+    std::byte* into = reduce ? bounce_.data() : t.dst + op.off;
+    iovec local{into, n};
+    iovec remote{reinterpret_cast<void*>(op.remote_addr + op.off), n};
+    ssize_t got = process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      int err = got < 0 ? errno : EIO;
+      if (err == ESRCH)
+        return remoteError("shm transport, rank {}: peer rank {} (pid {}) exited while rank {} was reading its "
+                           "{}-byte message", rank_, p.rank, p.pid, rank_, t.bytes);
+      return errnoError(fmt::format("shm transport, rank {}: process_vm_readv of {} bytes from peer rank {} (pid {}) "
+                                    "(set CHORUS_SHM_CMA=0 to avoid cross-memory attach)", rank_, n, p.rank, p.pid),
+                        err);
+    }
+    n = static_cast<uint64_t>(got);
+    if (reduce) {
+      const size_t es = t.reducer->elemSize();
+      n -= n % es;  // a short read may end mid-element; the rest is read again
+      if (n == 0) continue;
+      (*t.reducer)(t.dst + op.off, t.accum + op.off, bounce_.data(), n / es);
+    }
+    op.off += n;
+    budget -= std::min(budget, n);
+  }
+  return {};
+}
+
+bool ShmTransport::progressRecv(Peer& p) {
+  if (p.recvs.empty() && p.discard == 0) return false;
+  bool progressed = false;
+  const uint64_t start_head = p.in_head;  // bounds one call's work so other peers get their turn
+  auto avail = [&p] { return p.in_tail - p.in_head; };
+  auto refresh = [&p] { p.in_tail = p.in->tail.load(std::memory_order_acquire); };
+  if (avail() == 0) refresh();
+  while (true) {
+    if (p.discard > 0) {
+      if (avail() == 0) refresh();
+      const uint64_t n = std::min(avail(), p.discard);
+      if (n == 0) break;
+      p.in_head += n;
+      p.discard -= n;
+      progressed = true;
+      continue;
+    }
+    if (p.recvs.empty()) break;
+    RecvOp& op = p.recvs.front();
+    if (!op.header_done) {
+      if (avail() < 8) refresh();
+      if (avail() < 8) break;
+      uint64_t word;
+      std::memcpy(&word, p.in_data + (p.in_head & p.in_mask), 8);
+      const uint64_t kind = word & 0x0F;
+      const uint64_t len = word >> 8;
+      if ((word & kTagMask) != kTag || (kind != kKindInline && kind != kKindCma)) {
+        p.dead = internalError("shm transport, rank {}: corrupt record header {:#x} in the ring from rank {} "
+                               "(memory corruption or mixed chorus versions)", rank_, word, p.rank);
+        break;
+      }
+      const bool cma = kind == kKindCma;
+      if (cma) {
+        if (avail() < 16) refresh();
+        if (avail() < 16) break;  // the producer publishes both words together; cannot happen
+        std::memcpy(&op.remote_addr, p.in_data + ((p.in_head + 8) & p.in_mask), 8);
+      }
+      p.in_head += cma ? 16 : 8;
+      progressed = true;
+      if (len != op.target.bytes) {
+        op.req->fail(makeError(chorusMismatch,
+                               "shm transport, rank {}: message from rank {} has {} bytes but the posted receive "
+                               "expects {} (do both ranks run the same collective with the same count and type?)",
+                               rank_, p.rank, len, op.target.bytes));
+        if (cma)
+          ackCma(p);  // the sender's buffer is released unread
+        else
+          p.discard = round8(len);
+        p.recvs.pop();
+        continue;
+      }
+      op.header_done = true;
+      op.cma = cma;
+    }
+    if (op.cma) {
+      Status s = readCma(p, op);
+      progressed = true;
+      if (!s.isOk()) {
+        p.dead = s;
+        break;
+      }
+      if (op.off < op.target.bytes) break;  // budget spent; continue at the next poll
+      ackCma(p);
+      ++stats_.cma_recvs;
+      op.req->complete();
+      p.recvs.pop();
+      continue;
+    }
+    const uint64_t len = op.target.bytes;
+    if (op.off < len) {
+      if (avail() == 0) refresh();
+      // Ring bytes of this message still to come (the payload padded to 8).
+      const uint64_t n_ring = std::min({avail(), round8(len) - op.off, uint64_t{kRingPiece}});
+      if (n_ring == 0) break;
+      const uint64_t n = std::min(n_ring, len - op.off);
+      deliverInline(p, op, n);
+      op.off += n;
+      p.in_head += n_ring;
+      progressed = true;
+      if (p.in_head - p.in_published >= kRingPiece / 2) flushRecv(p);
+      if (op.off < len) {
+        if (p.in_head - start_head >= kPollBudget) break;
+        continue;
+      }
+    }
+    ++stats_.inline_recvs;
+    op.req->complete();
+    p.recvs.pop();
+  }
+  flushRecv(p);
+  return progressed;
+}
+
+// -------------------------------------------------- progress and waiting ---
+
+void ShmTransport::failPeer(Peer& p, const Status& why) {
+  p.sends.forEach([&](SendOp& op) { op.req->fail(why); });
+  p.cma_wait.forEach([&](Request* r) { r->fail(why); });
+  p.recvs.forEach([&](RecvOp& op) { op.req->fail(why); });
+  p.sends.clear();
+  p.cma_wait.clear();
+  p.recvs.clear();
+}
+
+Result<bool> ShmTransport::poll() {
+  // Read before looking at any ring: a change made after this load bumps the
+  // bell past seen_bell_, so wait() will not sleep through it.
+  seen_bell_ = page0_->bell.load(std::memory_order_acquire);
+  if (aborted_.load(std::memory_order_acquire)) {
+    Status why = abortStatus();
+    if (!abort_handled_) {
+      for (Peer& p : peers_) failPeer(p, why);
+      abort_handled_ = true;
+    }
+    return why;
+  }
+  bool progressed = false;
+  Status err;
+  for (Peer& p : peers_) {
+    if (p.dead.isOk()) {
+      progressed |= progressRecv(p);
+      progressed |= progressSend(p);
+    }
+    if (!p.dead.isOk() && !p.dead_reported) {
+      failPeer(p, p.dead);
+      p.dead_reported = true;
+      progressed = true;
+      if (err.isOk()) err = p.dead;
+    }
+  }
+  if (!err.isOk()) return err;
+  return progressed;
+}
+
+// Marks peers that no longer exist (only those we have requests with).
+// Returns true when one was found.
+bool ShmTransport::checkLiveness() {
+  last_liveness_ = Clock::now();
+  bool found = false;
+  for (Peer& p : peers_) {
+    if (p.pid == pid_ || !p.dead.isOk() || !p.busy()) continue;
+    bool gone = false;
+    if (p.pidfd >= 0) {
+      pollfd pfd{p.pidfd, POLLIN, 0};
+      gone = ::poll(&pfd, 1, 0) > 0;  // a pidfd is readable once the process has exited (zombies included)
+    } else {
+      gone = kill(p.pid, 0) != 0 && errno == ESRCH;
+    }
+    if (gone) {
+      p.dead = remoteError("shm transport, rank {}: peer rank {} (pid {}) has exited; its pending sends and receives "
+                           "fail (did that process crash or get killed? check its output)", rank_, p.rank, p.pid);
+      found = true;
+    }
+  }
+  return found;
+}
+
+void ShmTransport::wait(std::chrono::microseconds timeout) {
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  auto changed = [this] {
+    return page0_->bell.load(std::memory_order_acquire) != seen_bell_ ||
+           wake_pending_.exchange(false, std::memory_order_acq_rel);
+  };
+  if (changed()) return;
+  // Spin on our own doorbell line: cheap, and it catches the next message
+  // without a syscall on either side.
+  const auto spin_end = std::min(deadline, start + spin_);
+  for (uint32_t i = 1;; ++i) {
+    if (page0_->bell.load(std::memory_order_relaxed) != seen_bell_) return;
+    cpuRelax();
+    if ((i & 63) == 0 && Clock::now() >= spin_end) break;
+  }
+  while (true) {
+    auto now = Clock::now();
+    if (now - last_liveness_ >= kLivenessInterval && checkLiveness()) return;
+    if (now >= deadline) return;
+    auto slice = std::min(deadline - now, last_liveness_ + kLivenessInterval - now);
+    // Dekker with ring(): our seq_cst store of `sleeping` then load of `bell`
+    // against the waker's seq_cst increment of `bell` then load of `sleeping`.
+    // One of the two loads must see the other side's write, so an increment
+    // after the last poll() either stops us here or wakes the futex.
+    page0_->sleeping.store(1, std::memory_order_seq_cst);
+    if (page0_->bell.load(std::memory_order_seq_cst) != seen_bell_ ||
+        wake_pending_.load(std::memory_order_seq_cst)) {
+      page0_->sleeping.store(0, std::memory_order_relaxed);
+      wake_pending_.store(false, std::memory_order_relaxed);
+      return;
+    }
+    ++stats_.futex_waits;
+    futexWait(&page0_->bell, seen_bell_,
+              std::max(std::chrono::duration_cast<std::chrono::microseconds>(slice), std::chrono::microseconds(1)));
+    page0_->sleeping.store(0, std::memory_order_relaxed);
+    if (changed()) return;
+  }
+}
+
+void ShmTransport::wake() {
+  wake_pending_.store(true, std::memory_order_seq_cst);
+  ring(page0_);
+}
+
+void ShmTransport::abort(const Status& why) {
+  {
+    std::lock_guard lock(abort_mu_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    abort_status_ = why.isOk() ? makeError(chorusAborted, "shm transport, rank {}: aborted", rank_) : why;
+  }
+  aborted_.store(true, std::memory_order_release);
+  wake();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> createShmTransport(const ShmSetup& setup, bootstrap::Store& store) {
+  auto t = std::make_unique<ShmTransport>();
+  CHORUS_RETURN_IF_ERROR(t->init(setup, store));
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+namespace shm_detail {
+std::optional<ShmStats> shmStats(const Transport& t) {
+  if (const auto* s = dynamic_cast<const ShmTransport*>(&t)) return s->stats();
+  return std::nullopt;
+}
+}  // namespace shm_detail
+
+}  // namespace chorus::transport

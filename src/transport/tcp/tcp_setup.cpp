@@ -1,0 +1,265 @@
+// Connection setup of the TCP transport.
+//
+// Protocol, per rank r (collective over r and its peers):
+//  1. listen on setup.bind_addr with an ephemeral port and publish the bound
+//     address in the store under "tcp/<r>" (the raw net::SockAddr record);
+//  2. for every peer p > r, in increasing order: read "tcp/<p>", open
+//     sockets_per_peer connections to it, and on each run
+//     auth::clientHandshake with the hello {comm_id, rank r, socket index,
+//     sockets_per_peer} (tcp_wire.hpp), then wait for the 4-byte ack;
+//  3. concurrently (a thread), accept the connections of every peer p < r:
+//     auth::serverHandshake, then check the authenticated hello — our comm_id,
+//     a rank we expect a connection from, an index in range and not seen yet,
+//     the same sockets_per_peer — and answer with the ack.  A connection that
+//     fails any check is closed and logged, and accepting goes on: a stranger
+//     (port scanner, a rank of another job, a stale rank of this one) cannot
+//     break setup, it only costs its own handshake time (capped, so a silent
+//     one cannot hold the listener for long).
+// The listener is closed once every expected connection arrived, so nothing
+// can connect afterwards.  Every wait is bounded by setup.timeout.
+#include "transport/tcp/tcp_setup.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "bootstrap/auth.hpp"
+#include "common/log.hpp"
+#include "transport/tcp/tcp_wire.hpp"
+
+namespace chorus::transport::tcp {
+namespace {
+
+using net::Clock;
+
+// One handshake may take at most this long, so a connection that never
+// speaks delays the real peers by a bounded time only.
+constexpr auto kHandshakeCap = std::chrono::seconds(10);
+constexpr int kMaxSocketsPerPeer = 64;
+
+std::string storeKey(int rank) { return fmt::format("tcp/{}", rank); }
+
+std::string remoteAddress(int fd) {
+  net::SockAddr a;
+  a.len = sizeof a.ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a.ss), &a.len) != 0) return "<unknown address>";
+  return a.toString();
+}
+
+std::chrono::milliseconds remaining(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+Status validate(const TcpSetup& s) {
+  if (s.rank < 0) return invalidArgument("tcp transport: rank {} is negative", s.rank);
+  if (s.sockets_per_peer < 1 || s.sockets_per_peer > kMaxSocketsPerPeer)
+    return invalidArgument("tcp transport: sockets_per_peer={} is outside [1, {}] (check CHORUS_TCP_SOCKETS)",
+                           s.sockets_per_peer, kMaxSocketsPerPeer);
+  std::vector<int> sorted = s.peers;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] == s.rank)
+      return invalidArgument("tcp transport on rank {}: peer {} is invalid (negative or this rank)", s.rank, sorted[i]);
+    if (i > 0 && sorted[i] == sorted[i - 1])
+      return invalidArgument("tcp transport on rank {}: peer {} is listed twice", s.rank, sorted[i]);
+  }
+  return {};
+}
+
+// Accepts the connections of the lower-ranked peers.  Runs on its own thread
+// during setup; owns nothing but writes links[i].socks for lower peers only,
+// which the main thread does not touch until it has joined this one.
+class Acceptor {
+ public:
+  Acceptor(const TcpSetup& setup, int listen_fd, std::vector<PeerLink>& links)
+      : setup_(setup), listen_fd_(listen_fd), links_(links) {
+    for (size_t i = 0; i < links.size(); ++i)
+      if (links[i].rank < setup.rank) {
+        links[i].socks.resize(static_cast<size_t>(setup.sockets_per_peer));
+        expected_ += static_cast<size_t>(setup.sockets_per_peer);
+      }
+  }
+
+  [[nodiscard]] size_t expected() const { return expected_; }
+
+  // Thread-safe: ends run() at its next wait.
+  void cancel() {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(cancel_.get(), &one, sizeof one);
+  }
+
+  Status init() {
+    cancel_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!cancel_.valid()) return errnoError("eventfd (tcp setup)", errno);
+    return net::setNonBlocking(listen_fd_, true);
+  }
+
+  Status run(Clock::time_point deadline) {
+    size_t got = 0;
+    while (got < expected_) {
+      auto now = Clock::now();
+      if (now >= deadline) return timeoutError();
+      auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+      pollfd p[2] = {{listen_fd_, POLLIN, 0}, {cancel_.get(), POLLIN, 0}};
+      int r = ::poll(p, 2, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
+      if (r < 0 && errno != EINTR) return errnoError("poll (tcp setup accept)", errno);
+      if (r <= 0) continue;
+      if (p[1].revents != 0) return internalError("tcp setup on rank {}: accepting cancelled", setup_.rank);
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        int err = errno;
+        if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK || err == ECONNABORTED || err == EPROTO) continue;
+        return errnoError(fmt::format("accept on the tcp transport listener of rank {}", setup_.rank), err);
+      }
+      net::Fd conn(fd);
+      if (Status s = net::setNonBlocking(fd, false); !s.isOk()) return s;
+      // Without it the ack, written right after the handshake's last message,
+      // waits out the client's delayed ACK (40 ms per connection).
+      if (Status s = net::setNoDelay(fd); !s.isOk()) return s;
+      std::string from = remoteAddress(fd);
+      if (Status s = admit(std::move(conn), from, deadline); !s.isOk()) {
+        log::warn("tcp transport rank {}: rejected a connection from {}: {}", setup_.rank, from, s.message());
+        continue;
+      }
+      ++got;
+    }
+    return {};
+  }
+
+ private:
+  Status admit(net::Fd conn, const std::string& from, Clock::time_point deadline) {
+    auto hs_deadline = std::min(deadline, Clock::now() + kHandshakeCap);
+    CHORUS_ASSIGN_OR_RETURN(std::vector<std::byte> raw, auth::serverHandshake(conn.get(), setup_.secret, hs_deadline));
+    Hello h;
+    if (raw.size() != sizeof h)
+      return remoteError("hello has {} bytes, expected {} (not a chorus tcp transport connection?)", raw.size(),
+                         sizeof h);
+    std::memcpy(&h, raw.data(), sizeof h);
+    if (h.magic != kHelloMagic) return remoteError("hello has a bad magic {:#x}", h.magic);
+    if (h.comm_id != setup_.comm_id)
+      return remoteError("hello names communicator {:#x}, this is {:#x} (a rank of another communicator?)", h.comm_id,
+                         setup_.comm_id);
+    if (h.nsockets != setup_.sockets_per_peer)
+      return remoteError("rank {} uses {} sockets per peer, this rank {} (set CHORUS_TCP_SOCKETS alike on all ranks)",
+                         h.rank, h.nsockets, setup_.sockets_per_peer);
+    auto it = std::find_if(links_.begin(), links_.end(), [&](const PeerLink& l) { return l.rank == h.rank; });
+    if (it == links_.end() || h.rank >= setup_.rank)
+      return remoteError("hello names rank {}, which is not a lower-ranked peer of rank {}", h.rank, setup_.rank);
+    if (h.index < 0 || h.index >= setup_.sockets_per_peer)
+      return remoteError("hello names socket index {} (of {})", h.index, setup_.sockets_per_peer);
+    net::Fd& slot = it->socks[static_cast<size_t>(h.index)];
+    if (slot.valid()) return remoteError("rank {} socket {} is already connected (duplicate)", h.rank, h.index);
+    uint32_t ack = kAck;
+    CHORUS_RETURN_IF_ERROR(net::writeAll(conn.get(), std::as_bytes(std::span(&ack, 1)), hs_deadline));
+    it->addr = from;
+    slot = std::move(conn);
+    return {};
+  }
+
+  Status timeoutError() const {
+    std::string missing;
+    for (const PeerLink& l : links_) {
+      if (l.rank >= setup_.rank) continue;
+      size_t have =
+          static_cast<size_t>(std::count_if(l.socks.begin(), l.socks.end(), [](auto& f) { return f.valid(); }));
+      if (have < l.socks.size())
+        missing += fmt::format("{}{} ({}/{})", missing.empty() ? "" : ", ", l.rank, have, l.socks.size());
+    }
+    return makeError(chorusTimeout,
+                     "tcp transport setup on rank {}: ranks {} did not connect within {} ms (did they start, and can "
+                     "they reach this host?)",
+                     setup_.rank, missing, setup_.timeout.count());
+  }
+
+  const TcpSetup& setup_;
+  int listen_fd_;
+  std::vector<PeerLink>& links_;
+  net::Fd cancel_;
+  size_t expected_ = 0;
+};
+
+Status connectOne(const TcpSetup& setup, const net::SockAddr& addr, int peer, int index, Clock::time_point deadline,
+                  net::Fd& out) {
+  CHORUS_ASSIGN_OR_RETURN(net::Fd fd, net::connectTo(addr, deadline));
+  Hello h;
+  h.comm_id = setup.comm_id;
+  h.rank = setup.rank;
+  h.index = index;
+  h.nsockets = setup.sockets_per_peer;
+  CHORUS_RETURN_IF_ERROR(auth::clientHandshake(fd.get(), setup.secret, std::as_bytes(std::span(&h, 1)), deadline));
+  uint32_t ack = 0;
+  Status s = net::readAll(fd.get(), std::as_writable_bytes(std::span(&ack, 1)), deadline);
+  if (!s.isOk() || ack != kAck)
+    return remoteError(
+        "rank {} refused socket {} after authentication (its log says why: another communicator, or "
+        "different CHORUS_TCP_SOCKETS?){}{}",
+        peer, index, s.isOk() ? "" : ": ", s.message());
+  out = std::move(fd);
+  return {};
+}
+
+Status connectHigher(const TcpSetup& setup, bootstrap::Store& store, std::vector<PeerLink>& links,
+                     Clock::time_point deadline) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < links.size(); ++i)
+    if (links[i].rank > setup.rank) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return links[a].rank < links[b].rank; });
+  for (size_t i : order) {
+    PeerLink& link = links[i];
+    CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes raw, store.get(storeKey(link.rank), remaining(deadline)));
+    net::SockAddr addr;
+    if (raw.size() != sizeof addr)
+      return internalError("store key '{}' holds {} bytes, not an address record of {} bytes", storeKey(link.rank),
+                           raw.size(), sizeof addr);
+    std::memcpy(&addr, raw.data(), sizeof addr);
+    link.addr = addr.toString();
+    link.socks.resize(static_cast<size_t>(setup.sockets_per_peer));
+    for (int k = 0; k < setup.sockets_per_peer; ++k) {
+      Status s = connectOne(setup, addr, link.rank, k, deadline, link.socks[static_cast<size_t>(k)]);
+      if (!s.isOk())
+        return s.withContext(fmt::format("tcp transport setup: rank {} connecting to rank {} at {}: ", setup.rank,
+                                         link.rank, link.addr));
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<std::vector<PeerLink>> establishLinks(const TcpSetup& setup, bootstrap::Store& store) {
+  CHORUS_RETURN_IF_ERROR(validate(setup));
+  auto deadline = Clock::now() + setup.timeout;
+  std::vector<PeerLink> links(setup.peers.size());
+  for (size_t i = 0; i < links.size(); ++i) links[i].rank = setup.peers[i];
+
+  net::SockAddr bind = setup.bind_addr;
+  bind.setPort(0);
+  CHORUS_ASSIGN_OR_RETURN(net::Fd listener, net::listenOn(bind));
+  CHORUS_ASSIGN_OR_RETURN(net::SockAddr bound, net::boundAddress(listener.get()));
+  CHORUS_RETURN_IF_ERROR(store.set(storeKey(setup.rank), bootstrap::toBytes(bound)));
+
+  Acceptor acceptor(setup, listener.get(), links);
+  Status accept_status;
+  std::thread thread;
+  if (acceptor.expected() > 0) {
+    CHORUS_RETURN_IF_ERROR(acceptor.init());
+    thread = std::thread([&] { accept_status = acceptor.run(deadline); });
+  }
+  Status connect_status = connectHigher(setup, store, links, deadline);
+  if (thread.joinable()) {
+    if (!connect_status.isOk()) acceptor.cancel();
+    thread.join();
+  }
+  CHORUS_RETURN_IF_ERROR(connect_status);
+  CHORUS_RETURN_IF_ERROR(accept_status);
+  return links;
+}
+
+}  // namespace chorus::transport::tcp

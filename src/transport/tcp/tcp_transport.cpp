@@ -1,0 +1,736 @@
+// The TCP transport's data path.
+//
+// Frame format (per message, per ordered pair of ranks):
+//   socket 0:   header {magic u32 = "CTF1", flags u32 = 0, length u64} (16 bytes,
+//               little endian) followed by socket 0's share of the payload;
+//   socket s>0: socket s's share of the payload, nothing else.
+// The payload is cut into 256 KiB pieces; piece k travels on socket
+// k % sockets_per_peer (with one socket, all of it on socket 0).  A message of
+// at most one piece therefore only uses socket 0.  Both ends compute the
+// shares from the header's length, so the receiver learns the layout from
+// socket 0 and never needs a header on the others; every socket carries its
+// shares of consecutive messages in message order, which keeps the pair FIFO.
+//
+// Receiving: a socket is read only while a receive is posted that expects
+// bytes on it (TCP's window is the back-pressure; nothing unexpected is
+// buffered).  The header is validated before a payload byte reaches user
+// memory: bad magic, unknown flags or a length over 2^48 break the
+// connection; a length different from the posted receive's fails that
+// receive with chorusMismatch and the payload is read and discarded, so the
+// stream stays in step and later messages still match.  Small receives read
+// header and payload with one syscall into a staging buffer (bounded by the
+// posted length, so an over-read can only happen on a mismatch and is pushed
+// back for the next frame).  Copies land straight in the destination
+// (readv); reductions go through one bounce buffer per transport, handing the
+// reducer whole elements and carrying partial ones over per socket.
+//
+// Threading: everything but wake() and abort() runs on the executor thread;
+// abort() publishes its status under a mutex and an atomic flag, and both
+// write the eventfd that wait() watches.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "common/log.hpp"
+#include "transport/tcp/tcp.hpp"
+#include "transport/tcp/tcp_setup.hpp"
+#include "transport/tcp/tcp_wire.hpp"
+
+namespace chorus::transport {
+namespace {
+
+using tcp::FrameHeader;
+using tcp::kHeaderBytes;
+using tcp::Ring;
+
+// Receives up to this size are read together with their header.
+constexpr size_t kSmallBytes = 4096 - kHeaderBytes;
+constexpr size_t kBounceBytes = 256 * 1024;
+constexpr int kMaxIov = 64;
+// poll() returns after this many passes over the peers even if data keeps
+// arriving, so the executor gets to post more work.
+constexpr int kMaxPasses = 8;
+// From this many sockets awaiting data on, poll() asks epoll which are
+// readable instead of trying each: a read that finds nothing costs ~0.7 us on
+// loopback TCP, epoll_wait(0) ~0.25 us, so one socket (the latency case) is
+// tried directly and an all-to-all is not charged a syscall per idle peer.
+constexpr int kHintMinSockets = 3;
+// Socket buffers we ask for when the system allows it (see tuneBuffers).
+constexpr int kSocketBufferBytes = 4 << 20;
+
+// A posted send or receive.  Lives in the transport's pool from post until
+// its request finishes; the socket queues point at it.
+struct Op {
+  Request* req = nullptr;
+  const std::byte* src = nullptr;  // send
+  std::byte* dst = nullptr;        // receive
+  const std::byte* accum = nullptr;
+  const kernels::Reducer* reducer = nullptr;
+  uint64_t len = 0;
+  int pending = 0;  // sockets that still carry part of it
+  FrameHeader hdr;  // send: the header socket 0 writes
+};
+
+// One socket's part of one message.  Send streams on socket 0 start with
+// the header; receive streams never do (socket 0 reads it before matching).
+// op == nullptr: payload of a mismatched message, read and discarded.
+struct Entry {
+  Op* op = nullptr;
+  uint64_t len = 0;    // the whole message's length (for the layout)
+  uint64_t done = 0;   // stream bytes moved so far
+  uint64_t total = 0;  // stream bytes of this message on this socket
+};
+
+struct Sock {
+  net::Fd fd;
+  int index = 0;
+  uint32_t epoll_mask = 0;  // registered events in the wait set; 0 = not in it
+  bool readable = true;     // poll(): may have data (the hint set said so, or no hint was taken)
+  Ring<Entry> tx;
+  Ring<Entry> rx;
+  std::array<std::byte, 16> carry{};  // a partial element between reads (reduce)
+  size_t carry_len = 0;
+};
+
+struct Peer {
+  int rank = -1;
+  std::string addr;
+  std::vector<Sock> socks;
+  Ring<Op*> unmatched;  // posted receives whose header has not arrived
+  // Socket 0's header stage: the header, plus a small message's payload.
+  std::vector<std::byte> stage;
+  size_t stage_len = 0;
+  bool header_parsed = false;
+  // Bytes read past a mismatched small frame, replayed before the socket.
+  std::vector<std::byte> pushback;
+  size_t pushback_off = 0;
+  size_t pushback_len = 0;
+  bool failed = false;
+  Status error;
+
+  [[nodiscard]] bool busy() const {
+    if (!unmatched.empty()) return true;
+    for (const Sock& s : socks)
+      if (!s.tx.empty() || !s.rx.empty()) return true;
+    return false;
+  }
+};
+
+std::string describeErrno(int err) {
+  char buf[128];
+  return strerror_r(err, buf, sizeof buf);
+}
+
+// Asks for big socket buffers only where the system grants them: setting
+// SO_RCVBUF turns off the kernel's autotuning, so a request capped at a small
+// net.core.rmem_max would make the buffer smaller, not bigger.
+void tuneBuffers(int fd) {
+  auto sysMax = [](const char* path) {
+    long v = 0;
+    if (FILE* f = std::fopen(path, "re")) {
+      if (std::fscanf(f, "%ld", &v) != 1) v = 0;
+      std::fclose(f);
+    }
+    return v;
+  };
+  static const bool rcv_ok = sysMax("/proc/sys/net/core/rmem_max") >= kSocketBufferBytes;
+  static const bool snd_ok = sysMax("/proc/sys/net/core/wmem_max") >= kSocketBufferBytes;
+  int size = kSocketBufferBytes;
+  if (rcv_ok) (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  if (snd_ok) (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+}
+
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(int rank, int nsockets) : rank_(rank), nsockets_(nsockets), bounce_(kBounceBytes) {}
+
+  ~TcpTransport() override = default;
+
+  Status init(std::vector<tcp::PeerLink> links) {
+    epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!epoll_.valid()) return errnoError("epoll_create1 (tcp transport)", errno);
+    wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_fd_.valid()) return errnoError("eventfd (tcp transport)", errno);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kWakeTag;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev) != 0)
+      return errnoError("epoll_ctl (tcp transport eventfd)", errno);
+
+    hint_epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!hint_epoll_.valid()) return errnoError("epoll_create1 (tcp transport)", errno);
+
+    peers_.resize(links.size());
+    int max_rank = 0;
+    for (const auto& l : links) max_rank = std::max(max_rank, l.rank);
+    index_of_.assign(static_cast<size_t>(max_rank) + 1, -1);
+    for (size_t i = 0; i < links.size(); ++i) {
+      Peer& p = peers_[i];
+      p.rank = links[i].rank;
+      p.addr = links[i].addr;
+      index_of_[static_cast<size_t>(p.rank)] = static_cast<int>(i);
+      p.stage.resize(kHeaderBytes + kSmallBytes);
+      p.pushback.resize(kSmallBytes);
+      p.socks.resize(links[i].socks.size());
+      for (size_t k = 0; k < p.socks.size(); ++k) {
+        Sock& s = p.socks[k];
+        s.fd = std::move(links[i].socks[k]);
+        s.index = static_cast<int>(k);
+        CHORUS_RETURN_IF_ERROR(net::setNonBlocking(s.fd.get(), true));
+        CHORUS_RETURN_IF_ERROR(net::setNoDelay(s.fd.get()));
+        tuneBuffers(s.fd.get());
+        // The hint set watches every socket's input all the time; only poll()
+        // reads it, so data nobody asked for yet just stays reported there.
+        epoll_event hint{};
+        hint.events = EPOLLIN;
+        hint.data.u64 = (uint64_t{i} << 32) | k;
+        if (::epoll_ctl(hint_epoll_.get(), EPOLL_CTL_ADD, s.fd.get(), &hint) != 0)
+          return errnoError("epoll_ctl (tcp transport hint set)", errno);
+      }
+    }
+    return {};
+  }
+
+  [[nodiscard]] std::string_view name() const override { return "tcp"; }
+
+  Status postSend(int peer, const void* src, size_t bytes, Request* req) override {
+    CHORUS_ASSIGN_OR_RETURN(Peer * p, peerForPost(peer, req, "send"));
+    if (bytes > tcp::kMaxFrameBytes)
+      return rejectPost(
+          req, invalidArgument("tcp send of {} bytes to rank {} exceeds the 2^48-byte message limit", bytes, peer));
+    if (bytes > 0 && src == nullptr)
+      return rejectPost(req, invalidArgument("tcp send of {} bytes to rank {} from a null buffer", bytes, peer));
+    Op* op = allocOp();
+    op->req = req;
+    op->src = static_cast<const std::byte*>(src);
+    op->len = bytes;
+    op->hdr = FrameHeader{tcp::kFrameMagic, 0, bytes};
+    op->pending = 0;
+    markPosted(req);
+    for (Sock& s : p->socks) {
+      uint64_t total = tcp::shareBytes(bytes, nsockets_, s.index) + (s.index == 0 ? kHeaderBytes : 0);
+      if (total == 0) continue;
+      ++op->pending;
+      s.tx.push(Entry{op, bytes, 0, total});
+    }
+    return {};
+  }
+
+  Status postRecv(int peer, const RecvTarget& target, Request* req) override {
+    CHORUS_ASSIGN_OR_RETURN(Peer * p, peerForPost(peer, req, "receive"));
+    if (target.bytes > 0 && target.dst == nullptr)
+      return rejectPost(req,
+                        invalidArgument("tcp receive of {} bytes from rank {} into a null buffer", target.bytes, peer));
+    if (target.reducer != nullptr) {
+      if (!target.reducer->valid())
+        return rejectPost(req, invalidArgument("tcp receive from rank {}: the reducer is not initialised", peer));
+      size_t es = target.reducer->elemSize();
+      if (es == 0 || es > sizeof(Sock::carry) || target.bytes % es != 0)
+        return rejectPost(req, invalidArgument("tcp reducing receive from rank {}: {} bytes is not a whole number of "
+                                               "{}-byte elements",
+                                               peer, target.bytes, es));
+    }
+    Op* op = allocOp();
+    op->req = req;
+    op->dst = target.dst;
+    op->reducer = target.reducer;
+    op->accum = target.accum != nullptr ? target.accum : target.dst;
+    op->len = target.bytes;
+    op->pending = 0;
+    markPosted(req);
+    p->unmatched.push(op);
+    return {};
+  }
+
+  Result<bool> poll() override {
+    if (aborted_.load(std::memory_order_acquire)) return applyAbort();
+    bool progressed = false;
+    Status first_error;
+    takeReadHint();
+    for (int pass = 0; pass < kMaxPasses; ++pass) {
+      bool moved = false;
+      for (Peer& p : peers_) {
+        if (p.failed || !p.busy()) continue;
+        Status s = progressPeer(p, moved);
+        if (!s.isOk()) {
+          failPeer(p, s);
+          moved = true;
+          if (first_error.isOk()) first_error = s;
+        }
+      }
+      if (!moved) break;
+      progressed = true;
+    }
+    if (!first_error.isOk()) return first_error;
+    return progressed;
+  }
+
+  void wait(std::chrono::microseconds timeout) override {
+    if (aborted_.load(std::memory_order_acquire)) return;
+    // Interest follows the posted work: a socket with nothing to do is not in
+    // the set, so unread data for a receive not yet posted (or a peer that
+    // hung up while idle) cannot turn waiting into spinning.
+    for (Peer& p : peers_) {
+      if (p.failed) continue;
+      // Pushed-back bytes are readable without the socket: poll() can move them now.
+      if (p.pushback_len > 0 && (!p.unmatched.empty() || !p.socks[0].rx.empty())) return;
+      for (Sock& s : p.socks) {
+        uint32_t want = 0;
+        if (!s.tx.empty()) want |= EPOLLOUT;
+        if (!s.rx.empty() || (s.index == 0 && !p.unmatched.empty())) want |= EPOLLIN;
+        if (want == s.epoll_mask) continue;
+        epoll_event ev{};
+        ev.events = want;
+        ev.data.u64 = 0;
+        int op = s.epoll_mask == 0 ? EPOLL_CTL_ADD : (want == 0 ? EPOLL_CTL_DEL : EPOLL_CTL_MOD);
+        if (::epoll_ctl(epoll_.get(), op, s.fd.get(), &ev) != 0) {
+          // Cannot happen for a valid socket; spinning is a safe degradation.
+          log::warn("tcp transport rank {}: epoll_ctl for rank {}: {}", rank_, p.rank, describeErrno(errno));
+          return;
+        }
+        s.epoll_mask = want;
+      }
+    }
+    std::array<epoll_event, 32> events;
+    timespec ts{};
+    auto us = std::max<int64_t>(timeout.count(), 0);
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (us % 1000000) * 1000;
+    int n = ::epoll_pwait2(epoll_.get(), events.data(), static_cast<int>(events.size()), &ts, nullptr);
+    if (n < 0 && errno == ENOSYS) {  // kernels before 5.11: millisecond resolution, rounded up
+      int ms = static_cast<int>(std::min<int64_t>((us + 999) / 1000, INT_MAX));
+      n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), ms);
+    }
+    for (int i = 0; i < n; ++i)
+      if (events[static_cast<size_t>(i)].data.u64 == kWakeTag) {
+        uint64_t v;
+        [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
+      }
+  }
+
+  void wake() override {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t r = ::write(wake_fd_.get(), &one, sizeof one);
+  }
+
+  void abort(const Status& why) override {
+    {
+      std::lock_guard lock(abort_mu_);
+      if (!aborted_.load(std::memory_order_relaxed))
+        abort_status_ = why.isOk() ? internalError("tcp transport aborted without a reason") : why;
+    }
+    aborted_.store(true, std::memory_order_release);
+    wake();
+  }
+
+ private:
+  static constexpr uint64_t kWakeTag = ~uint64_t{0};
+
+  // ---- posting ----
+
+  Result<Peer*> peerForPost(int peer, Request* req, std::string_view what) {
+    if (aborted_.load(std::memory_order_acquire)) {
+      std::lock_guard lock(abort_mu_);
+      return rejectPost(req, abort_status_);
+    }
+    int idx = peer >= 0 && static_cast<size_t>(peer) < index_of_.size() ? index_of_[static_cast<size_t>(peer)] : -1;
+    if (idx < 0)
+      return rejectPost(
+          req, invalidArgument("tcp {} on rank {}: rank {} is not a peer of this transport", what, rank_, peer));
+    Peer& p = peers_[static_cast<size_t>(idx)];
+    if (p.failed) return rejectPost(req, p.error);
+    return &p;
+  }
+
+  static Status rejectPost(Request* req, Status why) {
+    if (req != nullptr) req->fail(why);
+    return why;
+  }
+
+  static void markPosted(Request* req) {
+    req->status = Status();
+    req->state.store(Request::Posted, std::memory_order_release);
+  }
+
+  Op* allocOp() {
+    if (free_ops_.empty()) {
+      constexpr size_t kChunk = 64;
+      op_chunks_.push_back(std::make_unique<Op[]>(kChunk));
+      for (size_t i = 0; i < kChunk; ++i) free_ops_.push_back(&op_chunks_.back()[i]);
+    }
+    Op* op = free_ops_.back();
+    free_ops_.pop_back();
+    *op = Op{};
+    return op;
+  }
+
+  void releaseOp(Op* op) { free_ops_.push_back(op); }
+
+  // One socket finished its part of op.
+  void partDone(Op* op) {
+    if (--op->pending > 0) return;
+    op->req->complete();
+    releaseOp(op);
+  }
+
+  // ---- progress ----
+
+  // Marks which sockets are worth a read this poll().
+  void takeReadHint() {
+    int awaiting = 0;
+    for (Peer& p : peers_) {
+      if (p.failed) continue;
+      for (Sock& s : p.socks) {
+        s.readable = true;
+        if (!s.rx.empty() || (s.index == 0 && !p.unmatched.empty())) ++awaiting;
+      }
+    }
+    if (awaiting < kHintMinSockets) return;
+    for (Peer& p : peers_)
+      for (Sock& s : p.socks) s.readable = false;
+    std::array<epoll_event, 64> events;
+    int n = ::epoll_wait(hint_epoll_.get(), events.data(), static_cast<int>(events.size()), 0);
+    if (n < 0 || n == static_cast<int>(events.size())) {
+      // No hint (or maybe not all of it): try every socket, as with few.
+      for (Peer& p : peers_)
+        for (Sock& s : p.socks) s.readable = true;
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      uint64_t tag = events[static_cast<size_t>(i)].data.u64;
+      Peer& p = peers_[static_cast<size_t>(tag >> 32)];
+      if (!p.failed) p.socks[static_cast<size_t>(tag & 0xffffffffu)].readable = true;
+    }
+  }
+
+  Status progressPeer(Peer& p, bool& moved) {
+    for (Sock& s : p.socks) {
+      while (!s.tx.empty()) {
+        CHORUS_ASSIGN_OR_RETURN(int r, writeSome(p, s));
+        if (r > 0) moved = true;
+        if (r <= 1) break;  // 0: would block, 1: partial write (buffer full)
+      }
+    }
+    for (Sock& s : p.socks) {
+      if (!s.readable && !(s.index == 0 && p.pushback_len > 0)) continue;
+      for (;;) {
+        int r = 0;
+        if (!s.rx.empty()) {
+          CHORUS_ASSIGN_OR_RETURN(r, readEntry(p, s));
+        } else if (s.index == 0 && !p.unmatched.empty()) {
+          CHORUS_ASSIGN_OR_RETURN(r, readHeader(p));
+        } else {
+          break;
+        }
+        if (r > 0) moved = true;
+        if (r <= 1) break;
+      }
+    }
+    return {};
+  }
+
+  // Writes as much of socket s's queue as one sendmsg takes.  Returns 0 when
+  // it would block, 1 after a partial write, 2 when everything offered went.
+  Result<int> writeSome(Peer& p, Sock& s) {
+    std::array<iovec, kMaxIov> iov;
+    int cnt = 0;
+    size_t offered = 0;
+    for (size_t i = 0; i < s.tx.size() && cnt < kMaxIov; ++i) {
+      Entry& e = s.tx[i];
+      uint64_t off = e.done;
+      if (s.index == 0) {
+        if (off < kHeaderBytes) {
+          iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&e.op->hdr) + off, kHeaderBytes - off};
+          offered += kHeaderBytes - off;
+          off = kHeaderBytes;
+        }
+        off -= kHeaderBytes;
+      }
+      uint64_t share = e.total - (s.index == 0 ? kHeaderBytes : 0);
+      while (off < share && cnt < kMaxIov) {
+        tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, off);
+        iov[static_cast<size_t>(cnt++)] = {const_cast<std::byte*>(e.op->src + run.msg_off), run.bytes};
+        offered += run.bytes;
+        off += run.bytes;
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = static_cast<size_t>(cnt);
+    ssize_t n;
+    do {
+      n = ::sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+      int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) return 0;
+      return connectionError(p, s, err);
+    }
+    auto left = static_cast<uint64_t>(n);
+    while (left > 0) {
+      Entry& e = s.tx.front();
+      uint64_t take = std::min(left, e.total - e.done);
+      e.done += take;
+      left -= take;
+      if (e.done == e.total) {
+        Op* op = e.op;
+        s.tx.pop();
+        partDone(op);
+      }
+    }
+    // A zero-payload entry (an empty message's header) counts as offered bytes.
+    return static_cast<size_t>(n) < offered ? 1 : 2;
+  }
+
+  // Reads socket 0's next header (and a small message's payload with it).
+  // Same return convention as writeSome.
+  Result<int> readHeader(Peer& p) {
+    Op* op = p.unmatched.front();
+    size_t want = kHeaderBytes + (op->len <= kSmallBytes ? op->len : 0);
+    iovec iov{p.stage.data() + p.stage_len, want - p.stage_len};
+    CHORUS_ASSIGN_OR_RETURN(size_t n, readv(p, p.socks[0], &iov, 1));
+    if (n == 0) return 0;
+    p.stage_len += n;
+    bool full = p.stage_len == want;
+    if (p.stage_len < kHeaderBytes) return 1;
+    FrameHeader h;
+    std::memcpy(&h, p.stage.data(), sizeof h);
+    if (!p.header_parsed) {
+      if (h.magic != tcp::kFrameMagic || h.flags != 0 || h.length > tcp::kMaxFrameBytes)
+        return remoteError(
+            "connection to rank {} ({}) is corrupt: frame header magic {:#x} flags {:#x} length {} "
+            "(a different chorus version, or not a chorus peer?)",
+            p.rank, p.addr, h.magic, h.flags, h.length);
+      p.header_parsed = true;
+      if (h.length != op->len) {
+        mismatch(p, op, h.length);
+        return 2;
+      }
+    }
+    if (!full) return 1;
+    p.unmatched.pop();
+    p.stage_len = 0;
+    p.header_parsed = false;
+    if (op->len <= kSmallBytes) {
+      deliver(op, 0, p.stage.data() + kHeaderBytes, op->len);
+      op->pending = 1;
+      partDone(op);
+      return 2;
+    }
+    for (Sock& s : p.socks) {
+      uint64_t total = tcp::shareBytes(op->len, nsockets_, s.index);
+      if (total == 0) continue;
+      ++op->pending;
+      s.rx.push(Entry{op, op->len, 0, total});
+    }
+    return 2;
+  }
+
+  // The arriving message (len bytes) does not fit the posted receive: fail
+  // it and queue the payload for discarding, keeping the stream in step.
+  void mismatch(Peer& p, Op* op, uint64_t len) {
+    p.unmatched.pop();
+    op->req->fail(makeError(chorusMismatch,
+                            "message from rank {} has {} bytes but the receive expects {} (are all ranks calling the "
+                            "same collective with the same count?)",
+                            p.rank, len, op->len));
+    releaseOp(op);
+    size_t extra = p.stage_len - kHeaderBytes;  // payload bytes already staged
+    uint64_t share0 = tcp::shareBytes(len, nsockets_, 0);
+    if (extra > share0) {
+      // Only a small message can be shorter than what we staged, so these
+      // bytes start the next frame.
+      size_t over = extra - static_cast<size_t>(share0);
+      std::memmove(p.pushback.data(), p.stage.data() + kHeaderBytes + share0, over);
+      p.pushback_off = 0;
+      p.pushback_len = over;
+    }
+    for (Sock& s : p.socks) {
+      uint64_t total = tcp::shareBytes(len, nsockets_, s.index);
+      uint64_t done = s.index == 0 ? std::min<uint64_t>(extra, total) : 0;
+      if (total > done) s.rx.push(Entry{nullptr, len, done, total});
+    }
+    p.stage_len = 0;
+    p.header_parsed = false;
+  }
+
+  // Reads into socket s's head receive entry.  Same return convention as writeSome.
+  Result<int> readEntry(Peer& p, Sock& s) {
+    Entry& e = s.rx.front();
+    Op* op = e.op;
+    size_t n;
+    size_t asked;
+    if (op != nullptr && op->reducer == nullptr) {
+      std::array<iovec, kMaxIov> iov;
+      int cnt = 0;
+      asked = 0;
+      for (uint64_t off = e.done; off < e.total && cnt < kMaxIov;) {
+        tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, off);
+        iov[static_cast<size_t>(cnt++)] = {op->dst + run.msg_off, run.bytes};
+        asked += run.bytes;
+        off += run.bytes;
+      }
+      CHORUS_ASSIGN_OR_RETURN(n, readv(p, s, iov.data(), cnt));
+      e.done += n;
+    } else {
+      // Reduce or discard through the bounce buffer, after the carried bytes.
+      std::memcpy(bounce_.data(), s.carry.data(), s.carry_len);
+      asked = static_cast<size_t>(std::min<uint64_t>(bounce_.size() - s.carry_len, e.total - e.done));
+      iovec iov{bounce_.data() + s.carry_len, asked};
+      CHORUS_ASSIGN_OR_RETURN(n, readv(p, s, &iov, 1));
+      if (op != nullptr && n > 0) {
+        size_t es = op->reducer->elemSize();
+        size_t avail = s.carry_len + n;
+        size_t whole = avail / es * es;
+        uint64_t stream_off = e.done - s.carry_len;
+        for (size_t used = 0; used < whole;) {
+          tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, stream_off + used);
+          size_t take = static_cast<size_t>(std::min<uint64_t>(run.bytes, whole - used));
+          deliver(op, run.msg_off, bounce_.data() + used, take);
+          used += take;
+        }
+        s.carry_len = avail - whole;
+        std::memcpy(s.carry.data(), bounce_.data() + whole, s.carry_len);
+      }
+      e.done += n;
+    }
+    if (n == 0) return 0;
+    if (e.done == e.total) {
+      s.carry_len = 0;
+      s.rx.pop();
+      if (op != nullptr) partDone(op);
+    }
+    return n < asked ? 1 : 2;
+  }
+
+  // Lands `bytes` of op's message at offset `off` (whole elements when reducing).
+  static void deliver(Op* op, uint64_t off, const std::byte* src, size_t bytes) {
+    if (bytes == 0) return;
+    if (op->reducer == nullptr) {
+      std::memcpy(op->dst + off, src, bytes);
+    } else {
+      (*op->reducer)(op->dst + off, op->accum + off, src, bytes / op->reducer->elemSize());
+    }
+  }
+
+  // readv that first replays pushed-back bytes on socket 0.  Returns the
+  // bytes read; 0 means it would block; a closed or broken connection is an error.
+  Result<size_t> readv(Peer& p, Sock& s, iovec* iov, int cnt) {
+    if (s.index == 0 && p.pushback_len > 0) {
+      size_t total = 0;
+      for (int i = 0; i < cnt && p.pushback_len > 0; ++i) {
+        size_t take = std::min(iov[i].iov_len, p.pushback_len);
+        std::memcpy(iov[i].iov_base, p.pushback.data() + p.pushback_off, take);
+        p.pushback_off += take;
+        p.pushback_len -= take;
+        total += take;
+      }
+      return total;
+    }
+    ssize_t n;
+    do {
+      n = ::readv(s.fd.get(), iov, cnt);
+    } while (n < 0 && errno == EINTR);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n == 0) {
+      size_t asked = 0;
+      for (int i = 0; i < cnt; ++i) asked += iov[i].iov_len;
+      if (asked == 0) return size_t{0};
+      return remoteError(
+          "connection to rank {} ({}) closed: the peer closed socket {} while this rank expected data "
+          "(did rank {} exit, fail or abort?)",
+          p.rank, p.addr, s.index, p.rank);
+    }
+    int err = errno;
+    if (err == EAGAIN || err == EWOULDBLOCK) return size_t{0};
+    return connectionError(p, s, err);
+  }
+
+  Status connectionError(const Peer& p, const Sock& s, int err) const {
+    if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ETIMEDOUT || err == EHOSTUNREACH)
+      return remoteError("connection to rank {} ({}) closed: socket {}: {} (did rank {} exit, fail or abort?)", p.rank,
+                         p.addr, s.index, describeErrno(err), p.rank);
+    return makeError(chorusRemoteError, "connection to rank {} ({}) failed: socket {}: {}", p.rank, p.addr, s.index,
+                     describeErrno(err));
+  }
+
+  // ---- failure ----
+
+  // Fails every request of p with why, closes its sockets and makes later
+  // posts to p fail.
+  void failPeer(Peer& p, const Status& why) {
+    p.failed = true;
+    p.error = why;
+    auto failOp = [&](Op* op) {
+      if (op == nullptr || op->req == nullptr) return;  // a discard entry, or failed via another socket
+      op->req->fail(why);
+      op->req = nullptr;
+      releaseOp(op);
+    };
+    for (size_t i = 0; i < p.unmatched.size(); ++i) failOp(p.unmatched[i]);
+    p.unmatched.clear();
+    for (Sock& s : p.socks) {
+      for (size_t i = 0; i < s.tx.size(); ++i) failOp(s.tx[i].op);
+      for (size_t i = 0; i < s.rx.size(); ++i) failOp(s.rx[i].op);
+      s.tx.clear();
+      s.rx.clear();
+      s.carry_len = 0;
+      s.epoll_mask = 0;
+      s.fd.reset();  // also leaves the epoll set; tells the peer at once
+    }
+    p.stage_len = 0;
+    p.header_parsed = false;
+    p.pushback_len = 0;
+  }
+
+  Status applyAbort() {
+    Status why;
+    {
+      std::lock_guard lock(abort_mu_);
+      why = abort_status_;
+    }
+    if (!abort_applied_) {
+      abort_applied_ = true;
+      for (Peer& p : peers_)
+        if (!p.failed) failPeer(p, why);
+    }
+    return why;
+  }
+
+  const int rank_;
+  const int nsockets_;
+  std::vector<Peer> peers_;
+  std::vector<int> index_of_;  // rank -> index in peers_, -1 for non-peers
+  std::vector<std::byte> bounce_;
+  std::vector<std::unique_ptr<Op[]>> op_chunks_;
+  std::vector<Op*> free_ops_;
+  net::Fd epoll_;       // wait(): sockets with posted work, and the eventfd
+  net::Fd hint_epoll_;  // poll(): every socket's input, to skip idle ones
+  net::Fd wake_fd_;
+
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mu_;
+  Status abort_status_;  // guarded by abort_mu_
+  bool abort_applied_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> createTcpTransport(const TcpSetup& setup, bootstrap::Store& store) {
+  CHORUS_ASSIGN_OR_RETURN(std::vector<tcp::PeerLink> links, tcp::establishLinks(setup, store));
+  auto t = std::make_unique<TcpTransport>(setup.rank, setup.sockets_per_peer);
+  CHORUS_RETURN_IF_ERROR(t->init(std::move(links)));
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace chorus::transport

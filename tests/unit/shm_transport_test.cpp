@@ -1,0 +1,336 @@
+// Shared-memory transport specifics: segment hygiene, real processes (fork),
+// a killed peer, and which data path carried the bytes.  The behaviour every
+// transport shares is in transport_test.cpp.
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fcntl.h>
+#include <thread>
+
+#include "bootstrap/memory_store.hpp"
+#include "kernels/reduce.hpp"
+#include "transport/shm/shm.hpp"
+#include "transport/shm/shm_detail.hpp"
+
+namespace chorus::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A Store in MAP_SHARED anonymous memory, so a parent and its forked children
+// share it: a small table under a process-shared mutex and condition variable.
+class SharedStore final : public bootstrap::Store {
+ public:
+  SharedStore() {
+    void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) std::abort();  // test setup
+    s_ = new (p) Shared{};
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutex_init(&s_->mu, &ma);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s_->cv, &ca);
+  }
+  ~SharedStore() override { munmap(s_, sizeof(Shared)); }
+
+  Status set(std::string_view key, std::span<const std::byte> value) override {
+    pthread_mutex_lock(&s_->mu);
+    Status st = setLocked(key, value);
+    pthread_mutex_unlock(&s_->mu);
+    return st;
+  }
+  Result<bootstrap::Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override {
+    timespec deadline{};
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += timeout.count() / 1000 + 1;
+    pthread_mutex_lock(&s_->mu);
+    Entry* e = nullptr;
+    while ((e = find(key)) == nullptr)
+      if (pthread_cond_timedwait(&s_->cv, &s_->mu, &deadline) == ETIMEDOUT) break;
+    bootstrap::Bytes out;
+    if (e != nullptr) out.assign(e->value, e->value + e->len);
+    pthread_mutex_unlock(&s_->mu);
+    if (e == nullptr) return makeError(chorusTimeout, "key {} missing", key);
+    return out;
+  }
+  Result<int64_t> add(std::string_view key, int64_t delta) override {
+    pthread_mutex_lock(&s_->mu);
+    Entry* e = find(key);
+    int64_t v = delta;
+    if (e != nullptr) v += std::stoll(std::string(reinterpret_cast<char*>(e->value), e->len));
+    Status st = setLocked(key, bootstrap::toBytes(std::to_string(v)));
+    pthread_mutex_unlock(&s_->mu);
+    if (!st.isOk()) return st;
+    return v;
+  }
+
+ private:
+  static constexpr int kEntries = 32;
+  struct Entry {
+    char key[128];
+    uint32_t len;
+    std::byte value[512];
+  };
+  struct Shared {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n;
+    Entry e[kEntries];
+  };
+  Status setLocked(std::string_view key, std::span<const std::byte> value) {
+    if (key.size() >= sizeof(Entry::key) || value.size() > sizeof(Entry::value)) return invalidArgument("too big");
+    Entry* e = find(key);
+    if (e == nullptr && s_->n < kEntries) e = &s_->e[s_->n++];
+    if (e == nullptr) return invalidArgument("store full");
+    std::memcpy(e->key, key.data(), key.size());
+    e->key[key.size()] = '\0';
+    e->len = static_cast<uint32_t>(value.size());
+    std::memcpy(e->value, value.data(), value.size());
+    pthread_cond_broadcast(&s_->cv);
+    return {};
+  }
+  Entry* find(std::string_view key) {
+    for (int i = 0; i < s_->n; ++i)
+      if (key == s_->e[i].key) return &s_->e[i];
+    return nullptr;
+  }
+  Shared* s_ = nullptr;
+};
+
+std::string uniquePrefix() {
+  static std::atomic<int> counter{0};
+  return fmt::format("/chorus-st-{}-{}", getpid(), counter.fetch_add(1));
+}
+
+ShmSetup setupFor(int rank, std::vector<int> peers, const std::string& prefix, bool cma = true) {
+  ShmSetup s;
+  s.rank = rank;
+  s.peers = std::move(peers);
+  s.segment_prefix = prefix;
+  s.allow_cma = cma;
+  s.timeout = 20s;
+  return s;
+}
+
+// Drives t until req finished or `limit`; returns the last poll error, if any.
+Status driveOne(Transport& t, Request& req, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  Status last;
+  while (!req.finished() && std::chrono::steady_clock::now() < deadline) {
+    Result<bool> r = t.poll();
+    if (!r.isOk())
+      last = r.status();
+    else if (!*r)
+      t.wait(10ms);
+  }
+  return last;
+}
+
+bool shmExists(const std::string& name) {
+  struct stat st {};
+  return stat(("/dev/shm" + name).c_str(), &st) == 0;
+}
+
+TEST(ShmTransport, SegmentIsPrivateAndGoneAfterSetup) {
+  bootstrap::MemoryStore store;
+  const std::string prefix = uniquePrefix();
+  std::optional<Result<std::unique_ptr<Transport>>> t0;
+  std::thread rank0([&] { t0.emplace(createShmTransport(setupFor(0, {1}, prefix), store)); });
+  // Rank 0 publishes its record once its segment exists, then waits for rank 1.
+  ASSERT_TRUE(store.get("shm/0", 20s).isOk());
+  struct stat st {};
+  ASSERT_EQ(stat(("/dev/shm" + prefix + "-r0").c_str(), &st), 0) << "segment not found under /dev/shm";
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto t1 = createShmTransport(setupFor(1, {0}, prefix), store);
+  rank0.join();
+  ASSERT_TRUE(t1.isOk()) << t1.status().message();
+  ASSERT_TRUE(t0->isOk()) << t0->status().message();
+  EXPECT_FALSE(shmExists(prefix + "-r0"));
+  EXPECT_FALSE(shmExists(prefix + "-r1"));
+}
+
+TEST(ShmTransport, StaleSegmentFromKilledRunIsReplaced) {
+  const std::string prefix = uniquePrefix();
+  int fd = shm_open((prefix + "-r0").c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 100), 0);
+  close(fd);
+  bootstrap::MemoryStore store;
+  auto t = createShmTransport(setupFor(0, {}, prefix), store);
+  ASSERT_TRUE(t.isOk()) << t.status().message();
+  EXPECT_FALSE(shmExists(prefix + "-r0"));
+}
+
+TEST(ShmTransport, BadSetupIsRejected) {
+  bootstrap::MemoryStore store;
+  ShmSetup s = setupFor(0, {1, 1}, uniquePrefix());
+  EXPECT_EQ(createShmTransport(s, store).status().code(), chorusInvalidArgument);
+  s = setupFor(0, {0}, uniquePrefix());
+  EXPECT_EQ(createShmTransport(s, store).status().code(), chorusInvalidArgument);
+  s = setupFor(0, {}, uniquePrefix());
+  s.ring_bytes = 5000;
+  EXPECT_EQ(createShmTransport(s, store).status().code(), chorusInvalidArgument);
+}
+
+TEST(ShmTransport, RingAndCmaPathsAreBothUsed) {
+  for (bool cma : {true, false}) {
+    SCOPED_TRACE(cma ? "CMA allowed" : "CMA off");
+    bootstrap::MemoryStore store;
+    const std::string prefix = uniquePrefix();
+    std::optional<Result<std::unique_ptr<Transport>>> r1;
+    std::thread th([&] { r1.emplace(createShmTransport(setupFor(1, {0}, prefix, cma), store)); });
+    auto r0 = createShmTransport(setupFor(0, {1}, prefix, cma), store);
+    th.join();
+    ASSERT_TRUE(r0.isOk() && r1->isOk());
+    Transport& a = *r0.value();
+    Transport& b = *r1->value();
+    std::vector<std::byte> small(8, std::byte{1}), big(1 << 20, std::byte{2}), rs(8), rb(1 << 20);
+    Request s1, s2, q1, q2;
+    ASSERT_TRUE(a.postSend(1, small.data(), small.size(), &s1).isOk());
+    ASSERT_TRUE(a.postSend(1, big.data(), big.size(), &s2).isOk());
+    ASSERT_TRUE(b.postRecv(0, RecvTarget{rs.data(), rs.size()}, &q1).isOk());
+    ASSERT_TRUE(b.postRecv(0, RecvTarget{rb.data(), rb.size()}, &q2).isOk());
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (!(s1.finished() && s2.finished() && q1.finished() && q2.finished()) &&
+           std::chrono::steady_clock::now() < deadline) {
+      ASSERT_TRUE(a.poll().isOk());
+      ASSERT_TRUE(b.poll().isOk());
+    }
+    ASSERT_EQ(q2.state.load(), Request::Done);
+    EXPECT_EQ(rb, big);
+    auto sa = shm_detail::shmStats(a), sb = shm_detail::shmStats(b);
+    ASSERT_TRUE(sa && sb);
+    EXPECT_GE(sa->inline_sends, 1u);
+    EXPECT_GE(sb->inline_recvs, 1u);
+    EXPECT_EQ(sa->cma_sends, cma ? 1u : 0u);
+    EXPECT_EQ(sb->cma_recvs, cma ? 1u : 0u);
+    EXPECT_EQ(sa->inline_sends, cma ? 1u : 2u);
+  }
+}
+
+// Runs `child` in a forked process (exit code = its return value) and returns its pid.
+template <typename F>
+pid_t forkChild(F&& child) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(60);  // never outlive a broken test
+    _exit(child());
+  }
+  return pid;
+}
+
+int waitExit(pid_t pid) {
+  int st = 0;
+  if (waitpid(pid, &st, 0) != pid) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+TEST(ShmTransport, KilledPeerFailsPendingRequestsPromptly) {
+  for (bool pending_send : {false, true}) {
+    SCOPED_TRACE(pending_send ? "pending CMA send" : "pending receive");
+    SharedStore store;
+    const std::string prefix = uniquePrefix();
+    pid_t child = forkChild([&] {
+      auto t = createShmTransport(setupFor(1, {0}, prefix), store);
+      if (!t.isOk()) return 2;
+      while (true) pause();  // until killed
+    });
+    ASSERT_GT(child, 0);
+    auto t = createShmTransport(setupFor(0, {1}, prefix), store);
+    ASSERT_TRUE(t.isOk()) << t.status().message();
+    // Both names are gone once any rank passed setup, whatever happens to the others.
+    EXPECT_FALSE(shmExists(prefix + "-r0"));
+    EXPECT_FALSE(shmExists(prefix + "-r1"));
+    std::vector<std::byte> buf(1 << 20);
+    Request req;
+    if (pending_send)
+      ASSERT_TRUE(t.value()->postSend(1, buf.data(), buf.size(), &req).isOk());  // waits for the child's CMA ack
+    else
+      ASSERT_TRUE(t.value()->postRecv(1, RecvTarget{buf.data(), 64}, &req).isOk());
+    ASSERT_EQ(kill(child, SIGKILL), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    Status polled = driveOne(*t.value(), req, 10s);
+    const auto elapsed = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(waitExit(child), 128 + SIGKILL);
+    ASSERT_EQ(req.state.load(), Request::Failed);
+    EXPECT_EQ(req.status.code(), chorusRemoteError);
+    EXPECT_NE(req.status.message().find("rank 1"), std::string::npos) << req.status.message();
+    EXPECT_NE(req.status.message().find(std::to_string(child)), std::string::npos) << req.status.message();
+    EXPECT_EQ(polled.code(), chorusRemoteError);
+    EXPECT_LT(elapsed, 2s);
+    // Later posts to the dead peer fail at once.
+    Request later;
+    EXPECT_EQ(t.value()->postRecv(1, RecvTarget{buf.data(), 8}, &later).code(), chorusRemoteError);
+  }
+}
+
+// Two processes move bytes both ways through every path: small, ring-streamed,
+// CMA copy and CMA/ring reduce.
+TEST(ShmTransport, CrossProcessExchange) {
+  const kernels::Reducer sum(chorusFloat32, kernels::BinOp::Sum);
+  for (bool cma : {true, false}) {
+    SCOPED_TRACE(cma ? "CMA allowed" : "CMA off");
+    SharedStore store;
+    const std::string prefix = uniquePrefix();
+    const std::vector<size_t> sizes = {8, 4100, 300004, 16 << 20};  // multiples of 4 (floats)
+    auto fill = [](std::vector<float>& v, float base) {
+      for (size_t i = 0; i < v.size(); ++i) v[i] = base + static_cast<float>(i % 1024);
+    };
+    // The child receives each size (copy, then reduce) and echoes the copy back.
+    pid_t child = forkChild([&]() -> int {
+      auto t = createShmTransport(setupFor(1, {0}, prefix, cma), store);
+      if (!t.isOk()) return 2;
+      for (size_t bytes : sizes) {
+        std::vector<float> got(bytes / 4), acc(bytes / 4), expect(bytes / 4);
+        fill(acc, 1000.0f);
+        Request r1, r2, s1;
+        if (!t.value()->postRecv(0, RecvTarget{reinterpret_cast<std::byte*>(got.data()), bytes}, &r1).isOk()) return 3;
+        if (!driveOne(*t.value(), r1, 20s).isOk() || r1.state.load() != Request::Done) return 4;
+        RecvTarget rt{reinterpret_cast<std::byte*>(acc.data()), bytes, reinterpret_cast<std::byte*>(acc.data()), &sum};
+        if (!t.value()->postRecv(0, rt, &r2).isOk()) return 5;
+        if (!driveOne(*t.value(), r2, 20s).isOk() || r2.state.load() != Request::Done) return 6;
+        for (size_t i = 0; i < got.size(); ++i)
+          if (acc[i] != got[i] + 1000.0f + static_cast<float>(i % 1024)) return 7;
+        if (!t.value()->postSend(0, got.data(), bytes, &s1).isOk()) return 8;
+        if (!driveOne(*t.value(), s1, 20s).isOk() || s1.state.load() != Request::Done) return 9;
+      }
+      return 0;
+    });
+    ASSERT_GT(child, 0);
+    auto t = createShmTransport(setupFor(0, {1}, prefix, cma), store);
+    ASSERT_TRUE(t.isOk()) << t.status().message();
+    for (size_t bytes : sizes) {
+      std::vector<float> out(bytes / 4), back(bytes / 4);
+      fill(out, 3.0f);
+      Request s1, s2, r1;
+      ASSERT_TRUE(t.value()->postSend(1, out.data(), bytes, &s1).isOk());
+      ASSERT_TRUE(t.value()->postSend(1, out.data(), bytes, &s2).isOk());
+      ASSERT_TRUE(t.value()->postRecv(1, RecvTarget{reinterpret_cast<std::byte*>(back.data()), bytes}, &r1).isOk());
+      for (Request* q : {&s1, &s2, &r1}) {
+        EXPECT_TRUE(driveOne(*t.value(), *q, 20s).isOk());
+        ASSERT_EQ(q->state.load(), Request::Done) << bytes << " bytes: " << q->status.message();
+      }
+      EXPECT_TRUE(back == out) << bytes << " bytes echoed wrong";
+    }
+    EXPECT_EQ(waitExit(child), 0) << "the child's checks failed (exit code names the step)";
+    auto st = shm_detail::shmStats(*t.value());
+    ASSERT_TRUE(st.has_value());
+    EXPECT_EQ(st->cma_sends > 0, cma);
+    EXPECT_EQ(st->cma_recvs > 0, cma);
+  }
+}
+
+}  // namespace
+}  // namespace chorus::transport
