@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs every Debian package chorus needs to build, test and benchmark.
+#
+# Run as root (or via sudo) on Debian 12 / Ubuntu 22.04+.  Non-interactive and
+# idempotent: when every package is already installed it touches nothing and
+# returns at once, so CI and re-runs can call it unconditionally.
+set -euo pipefail
+
+packages=(
+  # build
+  cmake ninja-build g++ pkg-config
+  # libraries
+  libfmt-dev libcli11-dev nlohmann-json3-dev libssl-dev
+  # tests and microbenchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # network namespaces for the cluster tests (ip netns)
+  iproute2
+  # the peers in the comparison benchmark
+  openmpi-bin libopenmpi-dev
+  # plots and command timing for bench/
+  python3-matplotlib hyperfine
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  # "install ok installed" only: a removed package keeps a dpkg record.
+  if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]]; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup.sh: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo_cmd=(sudo)
+  else
+    echo "setup.sh: missing packages (${missing[*]}) and not root; run as root or install sudo" >&2
+    exit 1
+  fi
+fi
+
+echo "setup.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+"${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,208 @@
+// runBench: the measuring loop of chorus-bench, over the C API.
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "common/env.hpp"
+#include "kernels/dtype.hpp"
+#include "tools/bench.hpp"
+
+namespace chorus::tools::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<std::byte[], FreeDeleter>;
+
+// Page-aligned and zeroed, so the first timed iteration does not pay the page faults.
+Result<Buffer> allocate(size_t bytes) {
+  constexpr size_t kAlign = 4096;
+  size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, rounded));
+  if (p == nullptr)
+    return systemError("chorus-bench: cannot allocate {} bytes for the benchmark buffers (lower -e)", rounded);
+  std::memset(p, 0, rounded);
+  return Buffer(p);
+}
+
+// One call of the collective, blocking (NULL stream).
+chorusResult_t issue(Collective c, const void* send, void* recv, const Shape& s, chorusDataType_t d,
+                     chorusRedOp_t op, int root, int rank, int nranks, chorusComm_t comm) {
+  switch (c) {
+    case Collective::AllReduce: return chorusAllReduce(send, recv, s.count, d, op, comm, nullptr);
+    case Collective::Broadcast: return chorusBroadcast(send, recv, s.count, d, root, comm, nullptr);
+    case Collective::Reduce: return chorusReduce(send, recv, s.count, d, op, root, comm, nullptr);
+    case Collective::AllGather: return chorusAllGather(send, recv, s.count, d, comm, nullptr);
+    case Collective::ReduceScatter: return chorusReduceScatter(send, recv, s.count, d, op, comm, nullptr);
+    case Collective::AllToAll: return chorusAllToAll(send, recv, s.count, d, comm, nullptr);
+    case Collective::Gather: return chorusGather(send, recv, s.count, d, root, comm, nullptr);
+    case Collective::Scatter: return chorusScatter(send, recv, s.count, d, root, comm, nullptr);
+    case Collective::SendRecv: {
+      chorusResult_t r = chorusGroupStart();
+      if (r != chorusSuccess) return r;
+      chorusResult_t sr = chorusSend(send, s.count, d, (rank + 1) % nranks, comm, nullptr);
+      chorusResult_t rr = sr == chorusSuccess ? chorusRecv(recv, s.count, d, (rank + nranks - 1) % nranks, comm, nullptr)
+                                              : sr;
+      r = chorusGroupEnd();  // always close the group, even after a failed post
+      return rr != chorusSuccess ? rr : r;
+    }
+    case Collective::Barrier: return chorusBarrier(comm, nullptr);
+  }
+  return chorusInvalidArgument;
+}
+
+Status apiError(chorusComm_t comm, int rank, std::string_view what, chorusResult_t r) {
+  return Status(r, fmt::format("chorus-bench: rank {}: {} failed: {}: {}", rank, what, chorusGetErrorString(r),
+                               chorusGetLastError(comm)));
+}
+
+// Where the input goes and where the output lands, for one placement
+// (in-place offsets as in NCCL).
+struct Placement {
+  std::byte* input;   // filled by the check
+  const void* send;   // sendbuff argument
+  void* recv;         // recvbuff argument
+  const std::byte* output;  // what the check reads
+};
+
+Placement place(Collective c, bool in_place, std::byte* sendbuf, std::byte* recvbuf, const Shape& s, size_t elem,
+                int rank) {
+  if (!in_place) return {sendbuf, sendbuf, recvbuf, recvbuf};
+  const size_t block = s.count * elem * static_cast<size_t>(rank);
+  switch (c) {
+    case Collective::AllGather:
+    case Collective::Gather: return {recvbuf + block, recvbuf + block, recvbuf, recvbuf};
+    case Collective::ReduceScatter:
+    case Collective::Scatter: return {sendbuf, sendbuf, sendbuf + block, sendbuf + block};
+    default: return {recvbuf, recvbuf, recvbuf, recvbuf};
+  }
+}
+
+}  // namespace
+
+Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* out) {
+  int nranks = 0, rank = 0;
+  if (chorusResult_t r = chorusCommCount(comm, &nranks); r != chorusSuccess)
+    return apiError(comm, -1, "chorusCommCount", r);
+  if (chorusResult_t r = chorusCommUserRank(comm, &rank); r != chorusSuccess)
+    return apiError(comm, -1, "chorusCommUserRank", r);
+  const Collective c = o.collective;
+  if (takesRoot(c) && (o.root < 0 || o.root >= nranks))
+    return invalidArgument("chorus-bench: root {} (-r) is not a rank of this {}-rank job", o.root, nranks);
+  if (o.iters < 1 || o.warmup < 0)
+    return invalidArgument("chorus-bench: -n {} / -w {}: need at least 1 iteration and no negative warmup", o.iters,
+                           o.warmup);
+  CHORUS_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, sizeSweep(o.sweep));
+  if (c == Collective::Barrier) sizes.resize(1);  // moves no data: one row says it all
+
+  // Buffers are allocated once, at the largest size any (dtype, size) needs.
+  size_t max_bytes = 0;
+  for (chorusDataType_t d : o.dtypes)
+    for (uint64_t size : sizes) {
+      Shape s = shapeFor(c, size, kernels::dtypeSize(d), nranks);
+      max_bytes = std::max(max_bytes, std::max(s.send_count, s.recv_count) * kernels::dtypeSize(d));
+    }
+  CHORUS_ASSIGN_OR_RETURN(Buffer sendbuf, allocate(max_bytes));
+  CHORUS_ASSIGN_OR_RETURN(Buffer recvbuf, allocate(max_bytes));
+
+  std::ofstream json;
+  if (rank == 0 && !o.json_path.empty()) {
+    json.open(o.json_path, std::ios::out | std::ios::trunc);
+    if (!json) return systemError("chorus-bench: cannot open --json file '{}' for writing", o.json_path);
+  }
+  const std::string algo = algoFor(env::getString("CHORUS_ALGO"), c);
+  auto print = [&](const std::string& s) {
+    if (rank != 0) return;
+    std::fputs(s.c_str(), out);
+    std::fflush(out);
+  };
+  print(fmt::format("# chorus-bench {}  nranks {}  minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} "
+                    "validation: {} algo: {}\n",
+                    collectiveName(c), nranks, o.sweep.min_bytes, o.sweep.max_bytes,
+                    o.sweep.step_factor > 1 ? fmt::format("{}(factor)", o.sweep.step_factor)
+                                            : fmt::format("{}(bytes)", o.sweep.step_bytes),
+                    o.warmup, o.iters, o.check ? 1 : 0, algo));
+  print(formatHeader());
+
+  uint64_t wrong_total = 0;
+  double busbw_sum = 0;
+  int busbw_n = 0;
+  std::vector<std::optional<chorusRedOp_t>> ops;
+  if (takesOp(c)) {
+    for (chorusRedOp_t op : o.ops) ops.emplace_back(op);
+  } else {
+    ops.emplace_back(std::nullopt);
+  }
+
+  for (chorusDataType_t d : o.dtypes) {
+    const size_t elem = kernels::dtypeSize(d);
+    for (const std::optional<chorusRedOp_t>& op : ops) {
+      const Pattern pattern(d, op, nranks);
+      for (uint64_t size : sizes) {
+        Row row;
+        row.collective = c;
+        row.shape = shapeFor(c, size, elem, nranks);
+        row.dtype = d;
+        row.op = op;
+        if (takesRoot(c)) row.root = o.root;
+        const std::string what = fmt::format("{} of {} {} elements", collectiveName(c), row.shape.count,
+                                             kernels::dtypeName(d));
+        for (bool in_place : {false, true}) {
+          if (in_place && !hasInPlace(c)) break;
+          const std::string where = fmt::format("{} ({})", what, in_place ? "in-place" : "out-of-place");
+          Placement p = place(c, in_place, sendbuf.get(), recvbuf.get(), row.shape, elem, rank);
+          auto run = [&]() -> Status {
+            chorusResult_t r = issue(c, p.send, p.recv, row.shape, d, op.value_or(chorusSum), o.root, rank, nranks, comm);
+            return r == chorusSuccess ? Status::ok() : apiError(comm, rank, where, r);
+          };
+          Measurement m;
+          if (o.check) {
+            pattern.fill(p.input, rank, row.shape.send_count);
+            CHORUS_RETURN_IF_ERROR(run());
+            uint64_t wrong = countWrong(c, pattern, row.shape, o.root, rank, p.output);
+            if (chorusResult_t r = chorusAllReduce(&wrong, &wrong, 1, chorusUint64, chorusSum, comm, nullptr);
+                r != chorusSuccess)
+              return apiError(comm, rank, "summing the wrong-element counts", r);
+            m.wrong = wrong;
+            wrong_total += wrong;
+          }
+          for (int i = 0; i < o.warmup; ++i) CHORUS_RETURN_IF_ERROR(run());
+          if (chorusResult_t r = chorusBarrier(comm, nullptr); r != chorusSuccess)
+            return apiError(comm, rank, "the barrier before " + where, r);
+          auto t0 = Clock::now();
+          for (int i = 0; i < o.iters; ++i) CHORUS_RETURN_IF_ERROR(run());
+          double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / o.iters;
+          // The slowest rank's mean sets the collective's time (MPI-style max).
+          if (chorusResult_t r = chorusAllReduce(&seconds, &seconds, 1, chorusFloat64, chorusMax, comm, nullptr);
+              r != chorusSuccess)
+            return apiError(comm, rank, "reducing the timings", r);
+          m.time_us = seconds * 1e6;
+          m.bw = bandwidth(c, row.shape, elem, nranks, seconds);
+          busbw_sum += m.bw.busbw_gbps;
+          ++busbw_n;
+          if (in_place) {
+            row.in_place = m;
+          } else {
+            row.out_of_place = m;
+          }
+        }
+        print(formatRow(row));
+        if (json.is_open()) {
+          json << rowJson(row, false, nranks, algo).dump() << '\n';
+          if (row.in_place) json << rowJson(row, true, nranks, algo).dump() << '\n';
+          json.flush();
+        }
+      }
+    }
+  }
+  print(formatFooter(wrong_total, busbw_n ? busbw_sum / busbw_n : 0));
+  if (json.is_open() && !json) return systemError("chorus-bench: writing --json file '{}' failed", o.json_path);
+  return wrong_total;
+}
+
+}  // namespace chorus::tools::bench
