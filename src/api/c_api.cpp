@@ -1,0 +1,629 @@
+// The C ABI (include/chorus/chorus.h) over the Communicator.
+//
+// This layer validates every argument before anything reaches the core, and
+// keeps the two pieces of state the NCCL-shaped API needs per process: the
+// set of live communicator handles (so a call on a destroyed or aborted
+// communicator is an error, not a crash) and, per thread, the last error
+// message and the open group.
+#include <chorus/chorus.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+
+#include "bootstrap/bootstrap.hpp"
+#include "comm/communicator.hpp"
+#include "common/env.hpp"
+#include "common/log.hpp"
+#include "kernels/dtype.hpp"
+
+#define CHORUS_EXPORT extern "C" __attribute__((visibility("default")))
+
+struct chorusComm {
+  std::unique_ptr<chorus::Communicator> impl;
+  std::atomic<int> inflight{0};
+  std::atomic<bool> aborted{false};
+  std::string last_error;
+};
+
+struct chorusStream {
+  chorus::exec::Stream s;
+};
+
+namespace chorus::api {
+namespace {
+
+// Live handles.  Process-wide by necessity: a C handle may be passed to any
+// call, including after chorusCommDestroy, and must be recognised as dead.
+struct Handles {
+  std::mutex mu;
+  std::unordered_set<chorusComm*> live;
+};
+Handles& handles() {
+  static Handles h;
+  return h;
+}
+
+thread_local std::string t_last_error;
+
+struct PendingOp {
+  chorusComm* comm;
+  chorus::exec::Stream* stream;
+  OpDesc op;
+};
+thread_local int t_group_depth = 0;
+thread_local std::vector<PendingOp> t_group;
+
+chorusResult_t report(const Status& st, chorusComm* comm = nullptr) {
+  if (st.isOk()) return chorusSuccess;
+  t_last_error = st.message();
+  if (comm) comm->last_error = st.message();
+  log::info("{}", st.message());
+  return st.code();
+}
+
+// Pins a communicator handle for the duration of a call.
+class CommRef {
+ public:
+  CommRef(chorusComm* c, const char* fn) : c_(nullptr) {
+    if (c == nullptr) {
+      st_ = invalidArgument("{}: comm is NULL (pass a communicator from chorusCommInitRank)", fn);
+      return;
+    }
+    std::lock_guard l(handles().mu);
+    if (!handles().live.count(c)) {
+      st_ = invalidUsage("{}: comm {} is not a live communicator (was it destroyed?)", fn, static_cast<void*>(c));
+      return;
+    }
+    if (c->aborted.load()) {
+      st_ = invalidUsage("{}: the communicator was aborted (destroy it and create a new one)", fn);
+      return;
+    }
+    c->inflight.fetch_add(1);
+    c_ = c;
+  }
+  ~CommRef() {
+    if (c_) c_->inflight.fetch_sub(1);
+  }
+  CommRef(const CommRef&) = delete;
+  CommRef& operator=(const CommRef&) = delete;
+  [[nodiscard]] const Status& status() const { return st_; }
+  Communicator* operator->() const { return c_->impl.get(); }
+  [[nodiscard]] chorusComm* handle() const { return c_; }
+
+ private:
+  chorusComm* c_;
+  Status st_;
+};
+
+Status checkDtype(const char* fn, chorusDataType_t d) {
+  if (!kernels::isValidDtype(static_cast<int>(d)))
+    return invalidArgument("{}: datatype={} is not a chorusDataType_t (valid: 0..{})", fn, static_cast<int>(d),
+                           chorusNumTypes - 1);
+  return {};
+}
+
+Status checkRank(const char* fn, const char* what, int v, int n) {
+  if (v < 0 || v >= n) return invalidArgument("{}: {}={} is out of range for a communicator of {} ranks (0..{})", fn, what, v, n, n - 1);
+  return {};
+}
+
+// count elements of dtype times `mult` must fit in size_t and in 2^62 bytes.
+Status checkBytes(const char* fn, size_t count, chorusDataType_t d, uint64_t mult) {
+  const uint64_t es = kernels::dtypeSize(d);
+  const uint64_t limit = uint64_t{1} << 62;
+  if (count != 0 && (count > limit / es || count * es > limit / std::max<uint64_t>(mult, 1)))
+    return invalidArgument("{}: count={} elements of {} ({} bytes each, x{}) overflows the byte size", fn, count,
+                           kernels::dtypeName(d), es, mult);
+  return {};
+}
+
+Status checkBuf(const char* fn, const char* what, const void* p, size_t count) {
+  if (p == nullptr && count > 0)
+    return invalidArgument("{}: {} is NULL but count is {} (pass a buffer, or count 0)", fn, what, count);
+  return {};
+}
+
+// Queues op in the open group, or submits it.
+chorusResult_t issue(CommRef& ref, chorusStream_t stream, OpDesc& op) {
+  exec::Stream* s = stream ? &stream->s : nullptr;
+  if (t_group_depth > 0) {
+    t_group.push_back({ref.handle(), s, std::move(op)});
+    return chorusSuccess;
+  }
+  return report(ref->submitOne(op, s), ref.handle());
+}
+
+#define CHORUS_CHECK(expr)                                 \
+  do {                                                     \
+    ::chorus::Status chorus_st_ = (expr);                  \
+    if (!chorus_st_.isOk()) return report(chorus_st_, c); \
+  } while (0)
+
+// The common prologue of a collective.
+#define CHORUS_COMM_PROLOGUE(fn)                    \
+  CommRef ref(comm, fn);                            \
+  [[maybe_unused]] chorusComm* c = ref.handle();    \
+  if (!ref.status().isOk()) return report(ref.status());
+
+}  // namespace
+}  // namespace chorus::api
+
+using namespace chorus;
+using namespace chorus::api;
+using plan::Collective;
+
+CHORUS_EXPORT chorusResult_t chorusGetVersion(int* version) {
+  if (version == nullptr) return report(invalidArgument("chorusGetVersion: version is NULL"));
+  *version = CHORUS_VERSION_CODE;
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT const char* chorusGetErrorString(chorusResult_t r) {
+  switch (r) {
+    case chorusSuccess: return "no error";
+    case chorusSystemError: return "system error (an OS call failed)";
+    case chorusInternalError: return "internal error (a bug in chorus)";
+    case chorusInvalidArgument: return "invalid argument";
+    case chorusInvalidUsage: return "invalid usage";
+    case chorusRemoteError: return "remote error (a peer failed or disconnected)";
+    case chorusInProgress: return "operation in progress";
+    case chorusTimeout: return "timeout";
+    case chorusMismatch: return "mismatch between ranks";
+    case chorusAborted: return "communicator aborted";
+    default: return "unknown chorusResult_t";
+  }
+}
+
+CHORUS_EXPORT const char* chorusGetLastError(chorusComm_t comm) {
+  if (comm != nullptr) {
+    std::lock_guard l(handles().mu);
+    if (handles().live.count(comm) && !comm->last_error.empty()) return comm->last_error.c_str();
+  }
+  return t_last_error.c_str();
+}
+
+CHORUS_EXPORT chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId) {
+  if (uniqueId == nullptr) return report(invalidArgument("chorusGetUniqueId: uniqueId is NULL"));
+  auto id = bootstrap::makeUniqueId();
+  if (!id.isOk()) return report(id.status());
+  *uniqueId = id->encode();
+  return chorusSuccess;
+}
+
+namespace {
+chorusResult_t registerComm(chorusComm_t* out, std::unique_ptr<Communicator> impl) {
+  auto* h = new chorusComm();
+  h->impl = std::move(impl);
+  std::lock_guard l(handles().mu);
+  handles().live.insert(h);
+  *out = h;
+  return chorusSuccess;
+}
+
+chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueId& id, int rank) {
+  auto cfg = CommConfig::fromEnv();
+  if (!cfg.isOk()) return report(cfg.status());
+  auto c = Communicator::init(nranks, rank, id, cfg.value());
+  if (!c.isOk()) return report(c.status());
+  return registerComm(comm, std::move(c.value()));
+}
+}  // namespace
+
+CHORUS_EXPORT chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank) {
+  if (comm == nullptr) return report(invalidArgument("chorusCommInitRank: comm is NULL"));
+  *comm = nullptr;
+  if (nranks < 1) return report(invalidArgument("chorusCommInitRank: nranks={} must be >= 1", nranks));
+  if (rank < 0 || rank >= nranks)
+    return report(invalidArgument("chorusCommInitRank: rank={} is out of range for nranks={} (0..{})", rank, nranks, nranks - 1));
+  auto id = bootstrap::UniqueId::decode(commId);
+  if (!id.isOk()) return report(id.status().withContext("chorusCommInitRank: "));
+  return initRank(comm, nranks, id.value(), rank);
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
+  if (comm == nullptr) return report(invalidArgument("chorusCommInitFromEnv: comm is NULL"));
+  *comm = nullptr;
+  auto job = bootstrap::readEnvJob();
+  if (!job.isOk()) return report(job.status().withContext("chorusCommInitFromEnv: "));
+  if (!job->secret.present) {
+    auto req = env::getBool("CHORUS_REQUIRE_SECRET");
+    if (!req.isOk()) return report(req.status());
+    if (req.value())
+      return report(invalidUsage("chorusCommInitFromEnv: no job secret (CHORUS_SECRET) and CHORUS_REQUIRE_SECRET=1; "
+                                 "launch with chorus-run or set CHORUS_SECRET on every rank"));
+    if (job->rank == 0)
+      log::warn("no CHORUS_SECRET: this {} job runs unauthenticated (set CHORUS_SECRET or use chorus-run)", job->source);
+  }
+  auto addr = net::resolve(job->master_addr, job->master_port);
+  if (!addr.isOk()) return report(addr.status().withContext("chorusCommInitFromEnv: master address: "));
+  bootstrap::UniqueId id{addr.value(), job->secret};
+  return initRank(comm, job->world_size, id, job->rank);
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {
+  CHORUS_COMM_PROLOGUE("chorusCommSplit");
+  CHORUS_CHECK(newcomm ? Status() : invalidArgument("chorusCommSplit: newcomm is NULL"));
+  *newcomm = nullptr;
+  auto r = ref->split(color, key);
+  if (!r.isOk()) return report(r.status(), c);
+  if (!r.value()) return chorusSuccess;
+  return registerComm(newcomm, std::move(r.value()));
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommDestroy(chorusComm_t comm) {
+  if (comm == nullptr) return report(invalidArgument("chorusCommDestroy: comm is NULL"));
+  {
+    std::lock_guard l(handles().mu);
+    if (!handles().live.erase(comm))
+      return report(invalidUsage("chorusCommDestroy: comm {} is not a live communicator (destroyed twice?)",
+                                 static_cast<void*>(comm)));
+  }
+  delete comm;  // drains queued work, stops the progress thread, closes transports
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommAbort(chorusComm_t comm) {
+  if (comm == nullptr) return report(invalidArgument("chorusCommAbort: comm is NULL"));
+  {
+    std::lock_guard l(handles().mu);
+    if (!handles().live.count(comm))
+      return report(invalidUsage("chorusCommAbort: comm {} is not a live communicator", static_cast<void*>(comm)));
+    if (comm->aborted.exchange(true)) return chorusSuccess;
+  }
+  comm->impl->abort(makeError(chorusAborted, "rank {}: the communicator was aborted (chorusCommAbort)", comm->impl->rank()));
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError) {
+  if (asyncError == nullptr) return report(invalidArgument("chorusCommGetAsyncError: asyncError is NULL"));
+  if (comm == nullptr) return report(invalidArgument("chorusCommGetAsyncError: comm is NULL"));
+  std::lock_guard l(handles().mu);
+  if (!handles().live.count(comm)) return report(invalidUsage("chorusCommGetAsyncError: comm is not a live communicator"));
+  Status st = comm->impl->asyncError();
+  if (!st.isOk()) comm->last_error = st.message();
+  *asyncError = st.code();
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommCount(const chorusComm_t comm, int* count) {
+  CHORUS_COMM_PROLOGUE("chorusCommCount");
+  CHORUS_CHECK(count ? Status() : invalidArgument("chorusCommCount: count is NULL"));
+  *count = ref->size();
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank) {
+  CHORUS_COMM_PROLOGUE("chorusCommUserRank");
+  CHORUS_CHECK(rank ? Status() : invalidArgument("chorusCommUserRank: rank is NULL"));
+  *rank = ref->rank();
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void* scalar, chorusDataType_t datatype,
+                                                        chorusScalarResidence_t residence, chorusComm_t comm) {
+  CHORUS_COMM_PROLOGUE("chorusRedOpCreatePreMulSum");
+  CHORUS_CHECK(op ? Status() : invalidArgument("chorusRedOpCreatePreMulSum: op is NULL"));
+  CHORUS_CHECK(scalar ? Status() : invalidArgument("chorusRedOpCreatePreMulSum: scalar is NULL"));
+  CHORUS_CHECK(checkDtype("chorusRedOpCreatePreMulSum", datatype));
+  if (residence != chorusScalarDevice && residence != chorusScalarHostImmediate)
+    return report(invalidArgument("chorusRedOpCreatePreMulSum: residence={} is not a chorusScalarResidence_t",
+                                  static_cast<int>(residence)), c);
+  kernels::Scalar s;
+  s.dtype = datatype;
+  std::memcpy(s.bytes, scalar, kernels::dtypeSize(datatype));
+  auto r = ref->createPreMulSum(s, residence == chorusScalarDevice ? scalar : nullptr);
+  if (!r.isOk()) return report(r.status(), c);
+  *op = r.value();
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm) {
+  CHORUS_COMM_PROLOGUE("chorusRedOpDestroy");
+  return report(ref->destroyRedOp(op), c);
+}
+
+// ---- collectives ----------------------------------------------------------------
+
+namespace {
+OpDesc makeOp(Collective coll, const void* send, void* recv, size_t count, chorusDataType_t dtype,
+              chorusRedOp_t op = chorusSum, int root = 0) {
+  OpDesc d;
+  d.coll = coll;
+  d.send = send;
+  d.recv = recv;
+  d.count = count;
+  d.dtype = dtype;
+  d.op = op;
+  d.root = root;
+  return d;
+}
+}  // namespace
+
+CHORUS_EXPORT chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                             chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                             chorusStream_t stream) {
+  const char* fn = "chorusAllReduce";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(ref->validateOp(op, datatype).withContext(fmt::format("{}: ", fn)));
+  CHORUS_CHECK(checkBytes(fn, count, datatype, 1));
+  CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, count));
+  CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, count));
+  OpDesc d = makeOp(Collective::AllReduce, sendbuff, recvbuff, count, datatype, op);
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                             chorusDataType_t datatype, int root, chorusComm_t comm,
+                                             chorusStream_t stream) {
+  const char* fn = "chorusBroadcast";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(checkRank(fn, "root", root, ref->size()));
+  CHORUS_CHECK(checkBytes(fn, count, datatype, 1));
+  if (ref->rank() == root) CHORUS_CHECK(checkBuf(fn, "sendbuff (at the root)", sendbuff, count));
+  CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, count));
+  OpDesc d = makeOp(Collective::Broadcast, sendbuff, recvbuff, count, datatype, chorusSum, root);
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                          chorusDataType_t datatype, chorusRedOp_t op, int root, chorusComm_t comm,
+                                          chorusStream_t stream) {
+  const char* fn = "chorusReduce";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(ref->validateOp(op, datatype).withContext(fmt::format("{}: ", fn)));
+  CHORUS_CHECK(checkRank(fn, "root", root, ref->size()));
+  CHORUS_CHECK(checkBytes(fn, count, datatype, 1));
+  CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, count));
+  if (ref->rank() == root) CHORUS_CHECK(checkBuf(fn, "recvbuff (at the root)", recvbuff, count));
+  OpDesc d = makeOp(Collective::Reduce, sendbuff, recvbuff, count, datatype, op, root);
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                             chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream) {
+  const char* fn = "chorusAllGather";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(checkBytes(fn, sendcount, datatype, ref->size()));
+  CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, sendcount));
+  CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, sendcount));
+  OpDesc d = makeOp(Collective::AllGather, sendbuff, recvbuff, sendcount, datatype);
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                 chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                                 chorusStream_t stream) {
+  const char* fn = "chorusReduceScatter";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(ref->validateOp(op, datatype).withContext(fmt::format("{}: ", fn)));
+  CHORUS_CHECK(checkBytes(fn, recvcount, datatype, ref->size()));
+  CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, recvcount));
+  CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, recvcount));
+  OpDesc d = makeOp(Collective::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op);
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                                            chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream) {
+  const char* fn = "chorusAllToAll";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(checkBytes(fn, count, datatype, ref->size()));
+  CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, count));
+  CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, count));
+  OpDesc d = makeOp(Collective::AllToAll, sendbuff, recvbuff, count, datatype);
+  return issue(ref, stream, d);
+}
+
+namespace {
+Status checkVector(const char* fn, const char* what, const size_t* v, int n, chorusDataType_t dtype) {
+  if (v == nullptr) return invalidArgument("{}: {} is NULL (pass an array of {} entries)", fn, what, n);
+  for (int i = 0; i < n; ++i) CHORUS_RETURN_IF_ERROR(checkBytes(fn, v[i], dtype, 1));
+  return {};
+}
+size_t total(const size_t* c, const size_t* d, int n) {
+  size_t t = 0;
+  for (int i = 0; i < n; ++i)
+    if (c[i]) t = std::max(t, c[i] + d[i]);
+  return t;
+}
+}  // namespace
+
+CHORUS_EXPORT chorusResult_t chorusAllGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
+                                              const size_t* recvcounts, const size_t* displs,
+                                              chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream) {
+  const char* fn = "chorusAllGatherV";
+  CHORUS_COMM_PROLOGUE(fn);
+  const int n = ref->size();
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(checkVector(fn, "recvcounts", recvcounts, n, datatype));
+  CHORUS_CHECK(checkVector(fn, "displs", displs, n, datatype));
+  if (recvcounts[ref->rank()] != sendcount)
+    return report(invalidArgument("{}: sendcount={} but recvcounts[{}]={} (they must be equal)", fn, sendcount,
+                                  ref->rank(), recvcounts[ref->rank()]), c);
+  CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, sendcount));
+  CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, total(recvcounts, displs, n)));
+  OpDesc d = makeOp(Collective::AllGatherV, sendbuff, recvbuff, sendcount, datatype);
+  d.counts.assign(recvcounts, recvcounts + n);
+  d.displs.assign(displs, displs + n);
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusAllToAllV(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                                             void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                                             chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream) {
+  const char* fn = "chorusAllToAllV";
+  CHORUS_COMM_PROLOGUE(fn);
+  const int n = ref->size();
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(checkVector(fn, "sendcounts", sendcounts, n, datatype));
+  CHORUS_CHECK(checkVector(fn, "sdispls", sdispls, n, datatype));
+  CHORUS_CHECK(checkVector(fn, "recvcounts", recvcounts, n, datatype));
+  CHORUS_CHECK(checkVector(fn, "rdispls", rdispls, n, datatype));
+  const int me = ref->rank();
+  if (sendcounts[me] != recvcounts[me])
+    return report(invalidArgument("{}: sendcounts[{}]={} but recvcounts[{}]={} (a rank's block to itself must match)",
+                                  fn, me, sendcounts[me], me, recvcounts[me]), c);
+  CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, total(sendcounts, sdispls, n)));
+  CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, total(recvcounts, rdispls, n)));
+  if (sendbuff != nullptr && sendbuff == recvbuff)
+    return report(invalidUsage("{}: in-place alltoallv is not supported (use separate buffers)", fn), c);
+  OpDesc d = makeOp(Collective::AllToAllV, sendbuff, recvbuff, 0, datatype);
+  d.counts.assign(sendcounts, sendcounts + n);
+  d.displs.assign(sdispls, sdispls + n);
+  d.counts2.assign(recvcounts, recvcounts + n);
+  d.displs2.assign(rdispls, rdispls + n);
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                          chorusDataType_t datatype, int root, chorusComm_t comm,
+                                          chorusStream_t stream) {
+  const char* fn = "chorusGather";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(checkRank(fn, "root", root, ref->size()));
+  CHORUS_CHECK(checkBytes(fn, sendcount, datatype, ref->size()));
+  CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, sendcount));
+  if (ref->rank() == root) CHORUS_CHECK(checkBuf(fn, "recvbuff (at the root)", recvbuff, sendcount));
+  OpDesc d = makeOp(Collective::Gather, sendbuff, recvbuff, sendcount, datatype, chorusSum, root);
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                           chorusDataType_t datatype, int root, chorusComm_t comm,
+                                           chorusStream_t stream) {
+  const char* fn = "chorusScatter";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(checkRank(fn, "root", root, ref->size()));
+  CHORUS_CHECK(checkBytes(fn, recvcount, datatype, ref->size()));
+  if (ref->rank() == root) CHORUS_CHECK(checkBuf(fn, "sendbuff (at the root)", sendbuff, recvcount));
+  CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, recvcount));
+  OpDesc d = makeOp(Collective::Scatter, sendbuff, recvbuff, recvcount, datatype, chorusSum, root);
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusSend(const void* sendbuff, size_t count, chorusDataType_t datatype, int peer,
+                                        chorusComm_t comm, chorusStream_t stream) {
+  const char* fn = "chorusSend";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(checkRank(fn, "peer", peer, ref->size()));
+  CHORUS_CHECK(checkBytes(fn, count, datatype, 1));
+  CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, count));
+  if (peer == ref->rank() && t_group_depth == 0)
+    return report(invalidUsage("{}: a send to self (peer={}) must be inside chorusGroupStart/End with its receive", fn, peer), c);
+  OpDesc d = makeOp(Collective::SendRecv, sendbuff, nullptr, count, datatype, chorusSum, peer);
+  d.is_send = true;
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusDataType_t datatype, int peer,
+                                        chorusComm_t comm, chorusStream_t stream) {
+  const char* fn = "chorusRecv";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(checkRank(fn, "peer", peer, ref->size()));
+  CHORUS_CHECK(checkBytes(fn, count, datatype, 1));
+  CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, count));
+  if (peer == ref->rank() && t_group_depth == 0)
+    return report(invalidUsage("{}: a receive from self (peer={}) must be inside chorusGroupStart/End with its send", fn, peer), c);
+  OpDesc d = makeOp(Collective::SendRecv, nullptr, recvbuff, count, datatype, chorusSum, peer);
+  d.is_send = false;
+  return issue(ref, stream, d);
+}
+
+CHORUS_EXPORT chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t stream) {
+  CHORUS_COMM_PROLOGUE("chorusBarrier");
+  OpDesc d = makeOp(Collective::Barrier, nullptr, nullptr, 0, chorusUint8);
+  return issue(ref, stream, d);
+}
+
+// ---- groups ----------------------------------------------------------------------
+
+CHORUS_EXPORT chorusResult_t chorusGroupStart(void) {
+  ++t_group_depth;
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusGroupEnd(void) {
+  if (t_group_depth == 0) return report(invalidUsage("chorusGroupEnd: no matching chorusGroupStart"));
+  if (--t_group_depth > 0) return chorusSuccess;
+  std::vector<PendingOp> ops = std::move(t_group);
+  t_group.clear();
+  // One batch per communicator, in issue order.
+  std::vector<chorusComm*> comms;
+  for (auto& p : ops)
+    if (std::find(comms.begin(), comms.end(), p.comm) == comms.end()) comms.push_back(p.comm);
+  const bool several = comms.size() > 1;
+  std::vector<std::unique_ptr<exec::Stream>> waits;
+  Status first;
+  for (chorusComm* c : comms) {
+    CommRef ref(c, "chorusGroupEnd");
+    if (!ref.status().isOk()) {
+      if (first.isOk()) first = ref.status();
+      continue;
+    }
+    std::vector<OpDesc> batch;
+    exec::Stream* stream = nullptr;
+    for (auto& p : ops)
+      if (p.comm == c) {
+        batch.push_back(std::move(p.op));
+        if (stream == nullptr) stream = p.stream;
+      }
+    if (stream == nullptr && several) {
+      // Several communicators in one blocking group: run them concurrently
+      // on their progress threads, then wait for all.
+      waits.push_back(std::make_unique<exec::Stream>());
+      stream = waits.back().get();
+    }
+    Status st = ref->submit(std::move(batch), stream);
+    if (!st.isOk()) {
+      report(st, c);
+      if (first.isOk()) first = st;
+    }
+  }
+  for (auto& w : waits) {
+    Status st = w->synchronize();
+    if (!st.isOk() && first.isOk()) first = st;
+  }
+  return report(first);
+}
+
+// ---- streams ---------------------------------------------------------------------
+
+CHORUS_EXPORT chorusResult_t chorusStreamCreate(chorusStream_t* stream) {
+  if (stream == nullptr) return report(invalidArgument("chorusStreamCreate: stream is NULL"));
+  *stream = new chorusStream();
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusStreamSynchronize(chorusStream_t stream) {
+  if (stream == nullptr) return chorusSuccess;  // the NULL stream is always synchronous
+  return report(stream->s.synchronize());
+}
+
+CHORUS_EXPORT chorusResult_t chorusStreamQuery(chorusStream_t stream) {
+  if (stream == nullptr) return chorusSuccess;
+  Status st = stream->s.query();
+  if (st.code() == chorusInProgress) return chorusInProgress;
+  return report(st);
+}
+
+CHORUS_EXPORT chorusResult_t chorusStreamDestroy(chorusStream_t stream) {
+  if (stream == nullptr) return report(invalidArgument("chorusStreamDestroy: stream is NULL"));
+  Status st = stream->s.synchronize();  // queued work refers to it
+  delete stream;
+  return report(st);
+}

@@ -1,0 +1,548 @@
+#include "comm/communicator.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "common/env.hpp"
+#include "common/log.hpp"
+#include "kernels/dtype.hpp"
+#include "transport/shm/shm.hpp"
+#include "transport/tcp/tcp.hpp"
+
+namespace chorus {
+
+using plan::Collective;
+
+namespace {
+
+// Serialises access to a store client shared by a communicator and the
+// communicators split from it (their inits may run on different threads).
+class LockedStore final : public bootstrap::Store {
+ public:
+  explicit LockedStore(std::shared_ptr<bootstrap::Store> s) : s_(std::move(s)) {}
+  Status set(std::string_view k, std::span<const std::byte> v) override {
+    std::lock_guard l(mu_);
+    return s_->set(k, v);
+  }
+  Result<bootstrap::Bytes> get(std::string_view k, std::chrono::milliseconds t) override {
+    std::lock_guard l(mu_);
+    return s_->get(k, t);
+  }
+  Result<int64_t> add(std::string_view k, int64_t d) override {
+    std::lock_guard l(mu_);
+    return s_->add(k, d);
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<bootstrap::Store> s_;
+};
+
+// What each rank publishes at init.
+struct RankInfo {
+  uint32_t magic = 0x4348494e;  // "CHIN"
+  int32_t nranks = 0;
+  int32_t rank = 0;
+  int32_t pid = 0;
+  bootstrap::HostIdentity host;
+};
+
+uint64_t hash64(std::string_view s) { return std::hash<std::string_view>{}(s); }
+
+kernels::BinOp binOpOf(chorusRedOp_t op) {
+  switch (op) {
+    case chorusProd: return kernels::BinOp::Prod;
+    case chorusMax: return kernels::BinOp::Max;
+    case chorusMin: return kernels::BinOp::Min;
+    default: return kernels::BinOp::Sum;  // Sum, Avg, PreMulSum
+  }
+}
+
+}  // namespace
+
+Result<CommConfig> CommConfig::fromEnv() {
+  CommConfig c;
+  CHORUS_ASSIGN_OR_RETURN(int64_t t, env::getInt("CHORUS_TIMEOUT_MS"));
+  if (t <= 0) return invalidArgument("CHORUS_TIMEOUT_MS={} must be positive", t);
+  c.timeout = std::chrono::milliseconds(t);
+  std::string tr = env::getString("CHORUS_TRANSPORT");
+  if (tr != "auto" && tr != "tcp" && tr != "shm")
+    return invalidArgument("CHORUS_TRANSPORT='{}' is not one of auto, tcp", tr);
+  c.force_tcp = tr == "tcp";
+  CHORUS_ASSIGN_OR_RETURN(int64_t socks, env::getInt("CHORUS_TCP_SOCKETS"));
+  if (socks < 1 || socks > 16) return invalidArgument("CHORUS_TCP_SOCKETS={} must be in 1..16", socks);
+  c.tcp_sockets = static_cast<int>(socks);
+  CHORUS_ASSIGN_OR_RETURN(c.shm_cma, env::getBool("CHORUS_SHM_CMA"));
+  CHORUS_ASSIGN_OR_RETURN(int64_t ring, env::getInt("CHORUS_SHM_RING_BYTES"));
+  if (ring < 4096 || (ring & (ring - 1)) != 0)
+    return invalidArgument("CHORUS_SHM_RING_BYTES={} must be a power of two >= 4096", ring);
+  c.shm_ring_bytes = static_cast<size_t>(ring);
+  c.algo_spec = env::getString("CHORUS_ALGO");
+  CHORUS_ASSIGN_OR_RETURN(int64_t chunk, env::getInt("CHORUS_CHUNK_BYTES"));
+  if (chunk < 0) return invalidArgument("CHORUS_CHUNK_BYTES={} must be >= 0", chunk);
+  c.chunk_bytes = static_cast<uint64_t>(chunk);
+  return c;
+}
+
+size_t Communicator::CacheHash::operator()(const CacheKey& k) const {
+  size_t h = std::hash<uint64_t>{}(k.count);
+  auto mix = [&](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  mix(k.coll | (uint64_t{k.inplace} << 8) | (uint64_t{k.is_send} << 9) | (uint64_t{k.elem_size} << 16));
+  mix(static_cast<uint64_t>(k.root));
+  mix(k.chunk);
+  mix(reinterpret_cast<uintptr_t>(k.algo));
+  return h;
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::init(int nranks, int rank, const bootstrap::UniqueId& id,
+                                                         const CommConfig& cfg) {
+  std::shared_ptr<bootstrap::StoreServer> server;
+  if (rank == 0) {
+    auto reserved = bootstrap::takeReservedListener(id.root);
+    auto s = reserved ? bootstrap::StoreServer::start(std::move(*reserved), id.secret)
+                      : bootstrap::StoreServer::start(id.root, id.secret);
+    if (!s.isOk()) return s.status().withContext(fmt::format("rank 0: starting the rendezvous store on {}: ", id.root.toString()));
+    server = std::move(s.value());
+  }
+  auto store = bootstrap::connectStore(id.root, id.secret, cfg.timeout);
+  if (!store.isOk())
+    return store.status().withContext(fmt::format("rank {}: connecting to the rendezvous store at {}: ", rank, id.root.toString()));
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->rank_ = rank;
+  c->nranks_ = nranks;
+  CHORUS_RETURN_IF_ERROR(c->setup(id, cfg, std::make_shared<LockedStore>(store.value()), "w/", server));
+  return c;
+}
+
+Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
+                           std::shared_ptr<bootstrap::Store> base, std::string prefix,
+                           std::shared_ptr<bootstrap::StoreServer> server) {
+  id_ = id;
+  cfg_ = cfg;
+  prefix_ = std::move(prefix);
+  server_ = std::move(server);
+  base_store_ = base;
+  store_ = std::make_unique<bootstrap::PrefixStore>(base, prefix_);
+  registry_ = plan::Registry::builtin();
+
+  RankInfo me;
+  me.nranks = nranks_;
+  me.rank = rank_;
+  me.pid = static_cast<int32_t>(getpid());
+  me.host = bootstrap::localHostIdentity();
+  CHORUS_RETURN_IF_ERROR(store_->set(fmt::format("info/{}", rank_), bootstrap::toBytes(me)));
+  std::vector<RankInfo> infos(nranks_);
+  for (int r = 0; r < nranks_; ++r) {
+    CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes b, store_->get(fmt::format("info/{}", r), cfg.timeout));
+    if (b.size() != sizeof(RankInfo)) return remoteError("init: rank {} published a malformed record ({} bytes)", r, b.size());
+    std::memcpy(&infos[r], b.data(), sizeof(RankInfo));
+    if (infos[r].magic != me.magic || infos[r].rank != r)
+      return remoteError("init: rank {} published a malformed record", r);
+    if (infos[r].nranks != nranks_)
+      return invalidUsage(
+          "init: rank {} was initialised with nranks={} but rank {} with nranks={} (do all ranks pass the same "
+          "nranks to chorusCommInitRank / the same WORLD_SIZE?)",
+          rank_, nranks_, r, infos[r].nranks);
+  }
+
+  std::vector<int> local, remote;
+  for (int r = 0; r < nranks_; ++r) {
+    if (r == rank_) continue;
+    (infos[r].host == me.host && !cfg.force_tcp ? local : remote).push_back(r);
+  }
+  std::vector<transport::Transport*> routes(nranks_, nullptr);
+  const std::string job_tag = fmt::format("{:016x}", hash64(id.secret.toHex() + id.root.toString() + prefix_));
+  if (!local.empty()) {
+    transport::ShmSetup s;
+    s.rank = rank_;
+    s.peers = local;
+    int lowest = std::min(rank_, local.front());
+    s.segment_prefix = fmt::format("/chorus-{}-{}", job_tag, lowest);
+    s.ring_bytes = cfg.shm_ring_bytes;
+    s.allow_cma = cfg.shm_cma;
+    s.timeout = cfg.timeout;
+    bootstrap::PrefixStore host_store(base, prefix_ + fmt::format("h{}/", lowest));
+    auto t = transport::createShmTransport(s, host_store);
+    if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: shared-memory transport: ", rank_));
+    shm_ = std::move(t.value());
+    for (int r : local) routes[r] = shm_.get();
+  }
+  if (!remote.empty()) {
+    transport::TcpSetup s;
+    s.rank = rank_;
+    s.peers = remote;
+    s.comm_id = hash64(job_tag + "tcp");
+    s.secret = id.secret;
+    CHORUS_ASSIGN_OR_RETURN(s.bind_addr, net::chooseBindAddress(id.root));
+    s.sockets_per_peer = cfg.tcp_sockets;
+    s.timeout = cfg.timeout;
+    auto t = transport::createTcpTransport(s, *store_);
+    if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: TCP transport: ", rank_));
+    tcp_ = std::move(t.value());
+    for (int r : remote) routes[r] = tcp_.get();
+  }
+  executor_ = std::make_unique<exec::Executor>(rank_, std::move(routes));
+  tune::Topology topo{nranks_, static_cast<int>(local.size()) + 1, remote.empty()};
+  auto tuner = tune::Tuner::create(registry_, topo, cfg.algo_spec, cfg.chunk_bytes);
+  if (!tuner.isOk()) return tuner.status();
+  tuner_ = std::make_unique<tune::Tuner>(std::move(tuner.value()));
+  CHORUS_RETURN_IF_ERROR(bootstrap::storeBarrier(*store_, "ready", nranks_, cfg.timeout));
+  // Rank 0 may own the store server and may destroy the communicator as soon
+  // as init returns: it first waits until every rank has left the barrier
+  // (has read its last reply from the server).
+  CHORUS_ASSIGN_OR_RETURN(int64_t left, store_->add("left", 1));
+  if (rank_ == 0 && left < nranks_) {
+    CHORUS_RETURN_IF_ERROR(store_->get("left-all", cfg.timeout).status());
+  } else if (left == nranks_ && rank_ != 0) {
+    CHORUS_RETURN_IF_ERROR(store_->set("left-all", bootstrap::toBytes(std::string_view("1"))));
+  }
+  return {};
+}
+
+Communicator::~Communicator() {
+  drain();
+  {
+    std::lock_guard l(q_mu_);
+    stop_ = true;
+  }
+  q_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+// ---- operations ---------------------------------------------------------------
+
+Status Communicator::validateOp(chorusRedOp_t op, chorusDataType_t dtype) const {
+  (void)dtype;
+  if (static_cast<int>(op) >= 0 && op < chorusNumOps) return {};
+  size_t idx = static_cast<size_t>(op) - chorusNumOps;
+  if (static_cast<int>(op) < 0 || idx >= premul_.size() || !premul_[idx].live)
+    return invalidArgument("op={} is not a valid reduction op (use chorusSum/Prod/Max/Min/Avg or one made by "
+                           "chorusRedOpCreatePreMulSum on this communicator)",
+                           static_cast<int>(op));
+  if (premul_[idx].scalar.dtype != dtype)
+    return invalidArgument("op={} was created for {} but the call uses {}", static_cast<int>(op),
+                           kernels::dtypeName(premul_[idx].scalar.dtype), kernels::dtypeName(dtype));
+  return {};
+}
+
+Result<chorusRedOp_t> Communicator::createPreMulSum(const kernels::Scalar& s, const void* device_scalar) {
+  for (size_t i = 0; i < premul_.size(); ++i)
+    if (!premul_[i].live) {
+      premul_[i] = {s, device_scalar, true};
+      return static_cast<chorusRedOp_t>(chorusNumOps + i);
+    }
+  premul_.push_back({s, device_scalar, true});
+  return static_cast<chorusRedOp_t>(chorusNumOps + premul_.size() - 1);
+}
+
+Status Communicator::destroyRedOp(chorusRedOp_t op) {
+  size_t idx = static_cast<size_t>(op) - chorusNumOps;
+  if (op < chorusNumOps || idx >= premul_.size() || !premul_[idx].live)
+    return invalidArgument("op={} is not a reduction op created by chorusRedOpCreatePreMulSum", static_cast<int>(op));
+  premul_[idx].live = false;
+  return {};
+}
+
+Status Communicator::prepare(OpDesc& op, size_t i) {
+  const size_t es = kernels::dtypeSize(op.dtype);
+  plan::Shape sh;
+  sh.coll = op.coll;
+  sh.nranks = nranks_;
+  sh.count = op.count;
+  sh.elem_size = static_cast<uint32_t>(es);
+  sh.root = op.root;
+  sh.counts = op.counts;
+  sh.displs = op.displs;
+  sh.counts2 = op.counts2;
+  sh.displs2 = op.displs2;
+  auto* sp = static_cast<const std::byte*>(op.send);
+  auto* rp = static_cast<std::byte*>(op.recv);
+  const uint64_t r = static_cast<uint64_t>(rank_);
+  switch (op.coll) {
+    case Collective::AllGather: sh.inplace = sp != nullptr && sp == rp + r * op.count * es; break;
+    case Collective::AllGatherV: sh.inplace = sp != nullptr && sp == rp + op.displs[r] * es; break;
+    case Collective::ReduceScatter: sh.inplace = rp != nullptr && rp == sp + r * op.count * es; break;
+    case Collective::Gather: sh.inplace = rank_ == op.root && sp != nullptr && sp == rp + r * op.count * es; break;
+    case Collective::Scatter: sh.inplace = rank_ == op.root && rp != nullptr && rp == sp + r * op.count * es; break;
+    case Collective::SendRecv:
+    case Collective::Barrier: break;
+    default: sh.inplace = sp != nullptr && sp == rp; break;
+  }
+
+  // PreMulSum scales the input first: in place when the input is the output
+  // itself, else into a staging buffer, which makes the call out of place.
+  const bool premul = op.op >= chorusNumOps && plan::reduces(op.coll);
+  const bool stage = premul && !(sh.inplace && sp == rp);
+  if (stage) sh.inplace = false;
+  const plan::Algorithm* algo = nullptr;
+  uint64_t chunk = 0;
+  if (op.coll != Collective::SendRecv) {
+    CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh));
+    algo = ch.algo;
+    chunk = es ? std::max<uint64_t>(1, ch.chunk_bytes / es) : 0;
+    sh.chunk_elems = chunk;
+  }
+  const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
+  const plan::Program* prog = nullptr;
+  auto build = [&](plan::Program* out) {
+    if (op.coll == Collective::SendRecv) {
+      plan::ProgramBuilder b;
+      b.reset(rank_);
+      if (op.is_send)
+        b.send(op.root, plan::in(0, op.count));
+      else
+        b.recv(op.root, plan::out(0, op.count));
+      b.finish(out);
+    } else {
+      plan::expand(*algo, sh, rank_, out);
+    }
+  };
+  if (v) {
+    if (uncached_.size() <= i) uncached_.resize(i + 1);
+    if (!uncached_[i]) uncached_[i] = std::make_unique<plan::Program>();
+    build(uncached_[i].get());
+    prog = uncached_[i].get();
+  } else {
+    CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.is_send, static_cast<uint32_t>(es), op.root, op.count,
+                 chunk, algo};
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      auto p = std::make_unique<plan::Program>();
+      build(p.get());
+      it = cache_.emplace(key, std::move(p)).first;
+    }
+    prog = it->second.get();
+  }
+
+  // Bind buffers.  PreMulSum scales the input into a staging buffer first.
+  const std::byte* input = sp;
+  if (premul) {
+    const PreMulSumOp& pm = premul_[static_cast<size_t>(op.op) - chorusNumOps];
+    kernels::Scalar s = pm.scalar;
+    if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, es);
+    const uint64_t n_in = sh.inputElems(rank_);
+    if (!stage) {
+      kernels::scale(rp, rp, n_in, op.dtype, s);
+    } else {
+      if (staging_.size() <= i) staging_.resize(i + 1);
+      if (staging_[i].size() < n_in * es) staging_[i].resize(n_in * es);
+      kernels::scale(staging_[i].data(), sp, n_in, op.dtype, s);
+      input = staging_[i].data();
+    }
+  }
+  job_bufs_[i] = {const_cast<std::byte*>(input), rp, nullptr};
+  reducers_[i] = kernels::Reducer(op.dtype, binOpOf(op.op));
+  jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i]};
+  scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
+  return {};
+}
+
+Status Communicator::execute(std::span<OpDesc> ops) {
+  const size_t n = ops.size();
+  jobs_.resize(n);
+  job_bufs_.resize(n);
+  reducers_.resize(n);
+  scratch_offsets_.resize(n);
+
+  // Sends to and receives from self are matched in issue order and copied.
+  std::vector<size_t> self_sends, self_recvs;
+  for (size_t i = 0; i < n; ++i) {
+    if (ops[i].coll == Collective::SendRecv && ops[i].root == rank_) (ops[i].is_send ? self_sends : self_recvs).push_back(i);
+  }
+  if (self_sends.size() != self_recvs.size())
+    return invalidUsage("rank {}: {} send(s) to self but {} receive(s) from self in one group (each needs its twin)",
+                        rank_, self_sends.size(), self_recvs.size());
+  for (size_t k = 0; k < self_sends.size(); ++k) {
+    const OpDesc& s = ops[self_sends[k]];
+    const OpDesc& r = ops[self_recvs[k]];
+    const size_t sb = s.count * kernels::dtypeSize(s.dtype), rb = r.count * kernels::dtypeSize(r.dtype);
+    if (sb != rb) return makeError(chorusMismatch, "rank {}: send to self of {} bytes but receive from self of {} bytes", rank_, sb, rb);
+    if (sb) std::memmove(r.recv, s.send, sb);
+  }
+
+  size_t njobs = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (ops[i].coll == Collective::SendRecv && ops[i].root == rank_) continue;
+    if (njobs != i) ops[njobs] = ops[i];  // compact: jobs_ index == ops index
+    CHORUS_RETURN_IF_ERROR(prepare(ops[njobs], njobs));
+    ++njobs;
+  }
+  jobs_.resize(njobs);
+  size_t total = 0;
+  for (size_t i = 0; i < njobs; ++i) {
+    size_t need = (scratch_offsets_[i] + 63) & ~size_t{63};
+    scratch_offsets_[i] = total;
+    total += need;
+  }
+  if (scratch_.size() < total) scratch_.resize(total);
+  for (size_t i = 0; i < njobs; ++i) {
+    job_bufs_[i][2] = scratch_.data() + scratch_offsets_[i];
+    jobs_[i].buffers = job_bufs_[i];
+  }
+  Status st = executor_->run(jobs_, cfg_.timeout);
+  if (!st.isOk()) return st;
+
+  // Avg: the sum divided by the number of ranks, where the result lives.
+  for (size_t i = 0; i < njobs; ++i) {
+    const OpDesc& op = ops[i];
+    if (op.op != chorusAvg || !plan::reduces(op.coll)) continue;
+    if (op.coll == Collective::Reduce && rank_ != op.root) continue;
+    kernels::divide(op.recv, op.recv, op.count, op.dtype, static_cast<uint64_t>(nranks_));
+  }
+  return {};
+}
+
+Status Communicator::fail(Status st) {
+  if (st.isOk()) return st;
+  std::string name = fmt::format("rank {}: ", rank_);
+  switch (st.code()) {
+    case chorusInvalidArgument:
+    case chorusInvalidUsage: return st;  // the call was refused; nothing moved
+    default: break;
+  }
+  std::lock_guard l(err_mu_);
+  if (error_.isOk()) {
+    error_ = st;
+    broken_.store(true, std::memory_order_release);
+  }
+  return st;
+}
+
+Status Communicator::asyncError() const {
+  std::lock_guard l(err_mu_);
+  return error_;
+}
+
+void Communicator::abort(const Status& why) {
+  {
+    std::lock_guard l(err_mu_);
+    if (error_.isOk()) error_ = why;
+    broken_.store(true, std::memory_order_release);
+  }
+  if (executor_) executor_->abort();
+  if (shm_) shm_->abort(why);
+  if (tcp_) tcp_->abort(why);
+  q_cv_.notify_all();
+}
+
+Status Communicator::submitOne(OpDesc& op, exec::Stream* stream) {
+  if (stream == nullptr && !broken_.load(std::memory_order_acquire)) {
+    // Fast path: run on the caller's thread when nothing is queued.
+    std::unique_lock l(q_mu_);
+    if (queue_.empty() && !busy_) {
+      busy_ = true;
+      l.unlock();
+      Status st = fail(execute(std::span<OpDesc>(&op, 1)));
+      l.lock();
+      busy_ = false;
+      l.unlock();
+      q_cv_.notify_all();
+      return st;
+    }
+  }
+  std::vector<OpDesc> ops;
+  ops.push_back(op);
+  return submit(std::move(ops), stream);
+}
+
+Status Communicator::submit(std::vector<OpDesc> ops, exec::Stream* stream) {
+  if (broken_.load(std::memory_order_acquire)) return asyncError();
+  if (stream != nullptr) {
+    ensureThread();
+    stream->enqueued();
+    {
+      std::lock_guard l(q_mu_);
+      queue_.push_back(Batch{std::move(ops), stream});
+    }
+    q_cv_.notify_all();
+    return {};
+  }
+  std::unique_lock l(q_mu_);
+  if (queue_.empty() && !busy_) {
+    busy_ = true;
+    l.unlock();
+    Status st = fail(execute(ops));
+    l.lock();
+    busy_ = false;
+    l.unlock();
+    q_cv_.notify_all();
+    return st;
+  }
+  // Work is queued ahead of us: let the progress thread run it in order.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status result;
+  queue_.push_back(Batch{std::move(ops), nullptr, &mu, &cv, &done, &result});
+  l.unlock();
+  ensureThread();
+  q_cv_.notify_all();
+  std::unique_lock wl(mu);
+  cv.wait(wl, [&] { return done; });
+  return result;
+}
+
+void Communicator::ensureThread() {
+  std::lock_guard l(q_mu_);
+  if (!thread_.joinable()) thread_ = std::thread([this] { progressLoop(); });
+}
+
+void Communicator::progressLoop() {
+  std::unique_lock l(q_mu_);
+  for (;;) {
+    q_cv_.wait(l, [&] { return stop_ || (!queue_.empty() && !busy_); });
+    if (queue_.empty() && stop_) return;
+    if (queue_.empty()) continue;
+    Batch b = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    l.unlock();
+    Status st = broken_.load(std::memory_order_acquire) ? asyncError() : fail(execute(b.ops));
+    if (b.stream) b.stream->finished(st);
+    if (b.done) {
+      std::lock_guard wl(*b.done_mu);
+      *b.result = st;
+      *b.done = true;
+      b.done_cv->notify_all();
+    }
+    l.lock();
+    busy_ = false;
+    q_cv_.notify_all();
+  }
+}
+
+void Communicator::drain() {
+  std::unique_lock l(q_mu_);
+  q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
+}
+
+// ---- split --------------------------------------------------------------------
+
+Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
+  std::vector<int32_t> all(3 * static_cast<size_t>(nranks_));
+  int32_t mine[3] = {color < 0 ? -1 : color, key, rank_};
+  OpDesc op;
+  op.coll = Collective::AllGather;
+  op.send = mine;
+  op.recv = all.data();
+  op.count = 3;
+  op.dtype = chorusInt32;
+  CHORUS_RETURN_IF_ERROR(submitOne(op, nullptr));
+  const int seq = split_seq_++;
+  if (color < 0) return std::unique_ptr<Communicator>();
+  std::vector<std::pair<int, int>> members;  // (key, parent rank)
+  for (int r = 0; r < nranks_; ++r)
+    if (all[3 * r] == color) members.push_back({all[3 * r + 1], all[3 * r + 2]});
+  std::sort(members.begin(), members.end());
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->nranks_ = static_cast<int>(members.size());
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].second == rank_) c->rank_ = static_cast<int>(i);
+  CHORUS_RETURN_IF_ERROR(c->setup(id_, cfg_, base_store_, prefix_ + fmt::format("s{}c{}/", seq, color), server_));
+  return c;
+}
+
+}  // namespace chorus

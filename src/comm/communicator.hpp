@@ -1,0 +1,173 @@
+// The Communicator: ranks, peers, transports, the algorithm registry and the
+// tuner, and the engine that executes operations in issue order.
+//
+// Execution: every operation (or group of operations) becomes a Batch.  A
+// blocking call (no stream) runs its batch on the caller's thread when the
+// communicator is idle, so small calls pay no thread hand-off; otherwise, and
+// for stream calls, batches go to a FIFO that the communicator's progress
+// thread (started on first use) executes.  One batch runs at a time, so
+// operations match across ranks in the order each rank issued them.
+//
+// Threading: one user thread at a time per communicator (as NCCL); abort()
+// and asyncError() from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "bootstrap/bootstrap.hpp"
+#include "bootstrap/store.hpp"
+#include "common/status.hpp"
+#include "exec/executor.hpp"
+#include "exec/stream.hpp"
+#include "kernels/reduce.hpp"
+#include "plan/plan.hpp"
+#include "transport/transport.hpp"
+#include "tune/tuner.hpp"
+
+namespace chorus {
+
+// One user-level operation, validated by the API layer.
+struct OpDesc {
+  plan::Collective coll = plan::Collective::AllReduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  chorusDataType_t dtype = chorusFloat32;
+  chorusRedOp_t op = chorusSum;
+  int root = 0;              // root, or the peer of a Send/Recv
+  bool is_send = false;      // SendRecv: send (true) or receive
+  std::vector<size_t> counts, displs, counts2, displs2;  // v-collectives (owned copies)
+};
+
+// A user-defined reduction (chorusRedOpCreatePreMulSum).
+struct PreMulSumOp {
+  kernels::Scalar scalar;
+  const void* device_scalar = nullptr;  // read at each call when set
+  bool live = false;
+};
+
+struct CommConfig {
+  std::chrono::milliseconds timeout{600000};
+  bool force_tcp = false;
+  int tcp_sockets = 1;
+  bool shm_cma = true;
+  size_t shm_ring_bytes = 1 << 20;
+  std::string algo_spec;
+  uint64_t chunk_bytes = 0;
+  static Result<CommConfig> fromEnv();
+};
+
+class Communicator {
+ public:
+  // Collective over all nranks ranks.  Rank 0 runs the store server for
+  // root (adopting the listener reserved by chorusGetUniqueId when there is
+  // one).
+  static Result<std::unique_ptr<Communicator>> init(int nranks, int rank, const bootstrap::UniqueId& id,
+                                                    const CommConfig& cfg);
+  ~Communicator();
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return nranks_; }
+
+  // Runs ops as one unit: now on this thread (stream == nullptr) or queued on stream.
+  Status submit(std::vector<OpDesc> ops, exec::Stream* stream);
+  Status submitOne(OpDesc& op, exec::Stream* stream);
+
+  // Collective over this communicator.  color < 0: *out = nullptr.
+  Result<std::unique_ptr<Communicator>> split(int color, int key);
+
+  void abort(const Status& why);
+  // The error that broke the communicator (or ok).
+  Status asyncError() const;
+  // Waits for queued work, then stops the progress thread.
+  void drain();
+
+  Result<chorusRedOp_t> createPreMulSum(const kernels::Scalar& s, const void* device_scalar);
+  Status destroyRedOp(chorusRedOp_t op);
+  Status validateOp(chorusRedOp_t op, chorusDataType_t dtype) const;
+
+  std::string& lastError() { return last_error_; }
+
+ private:
+  struct Batch {
+    std::vector<OpDesc> ops;
+    exec::Stream* stream = nullptr;
+    // For a blocking caller waiting on the progress thread.
+    std::mutex* done_mu = nullptr;
+    std::condition_variable* done_cv = nullptr;
+    bool* done = nullptr;
+    Status* result = nullptr;
+  };
+
+  Communicator() = default;
+  Status setup(const bootstrap::UniqueId& id, const CommConfig& cfg, std::shared_ptr<bootstrap::Store> base,
+               std::string prefix, std::shared_ptr<bootstrap::StoreServer> server);
+  Status execute(std::span<OpDesc> ops);
+  Status prepare(OpDesc& op, size_t index);
+  Status fail(Status st);
+  void progressLoop();
+  void ensureThread();
+
+  int rank_ = 0, nranks_ = 1;
+  CommConfig cfg_;
+  bootstrap::UniqueId id_;
+  std::string prefix_;
+  std::shared_ptr<bootstrap::StoreServer> server_;  // rank 0 of the root communicator
+  std::shared_ptr<bootstrap::Store> base_store_;
+  std::unique_ptr<bootstrap::Store> store_;
+  int split_seq_ = 0;
+
+  std::unique_ptr<transport::Transport> shm_, tcp_;
+  std::unique_ptr<exec::Executor> executor_;
+  plan::Registry registry_;
+  std::unique_ptr<tune::Tuner> tuner_;
+
+  // Program cache and per-call scratch, reused so steady-state calls do not allocate.
+  struct CacheKey {
+    uint8_t coll;
+    bool inplace;
+    bool is_send;
+    uint32_t elem_size;
+    int root;
+    uint64_t count;
+    uint64_t chunk;
+    const plan::Algorithm* algo;
+    bool operator==(const CacheKey&) const = default;
+  };
+  struct CacheHash {
+    size_t operator()(const CacheKey& k) const;
+  };
+  std::unordered_map<CacheKey, std::unique_ptr<plan::Program>, CacheHash> cache_;
+  std::vector<std::unique_ptr<plan::Program>> uncached_;  // v-collectives, reused
+  std::vector<exec::Job> jobs_;
+  std::vector<std::array<std::byte*, 3>> job_bufs_;
+  std::vector<kernels::Reducer> reducers_;
+  std::vector<size_t> scratch_offsets_;
+  std::vector<std::byte> scratch_;
+  std::vector<std::vector<std::byte>> staging_;  // PreMulSum pre-scaled inputs
+  std::vector<PreMulSumOp> premul_;
+
+  // The engine.
+  std::mutex exec_mu_;  // held while a batch executes
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<Batch> queue_;
+  bool busy_ = false;  // a batch is running on the progress thread
+  bool stop_ = false;
+  std::thread thread_;
+
+  mutable std::mutex err_mu_;
+  Status error_;  // sticky: set when the communicator breaks
+  std::atomic<bool> broken_{false};
+  std::string last_error_;
+};
+
+}  // namespace chorus

@@ -1,0 +1,214 @@
+#include "exec/executor.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace chorus::exec {
+
+using plan::StepOp;
+using Clock = std::chrono::steady_clock;
+
+Executor::Executor(int rank, std::vector<transport::Transport*> routes) : rank_(rank), routes_(std::move(routes)) {
+  for (auto* t : routes_)
+    if (t && std::find(transports_.begin(), transports_.end(), t) == transports_.end()) transports_.push_back(t);
+  sendq_.resize(routes_.size());
+  recvq_.resize(routes_.size());
+}
+
+void Executor::abort() {
+  aborted_.store(true, std::memory_order_release);
+  for (auto* t : transports_) t->wake();
+}
+
+namespace {
+std::byte* addr(const Job& j, const plan::Region& r) {
+  return j.buffers[static_cast<size_t>(r.buf)] + r.offset * j.elem_size;
+}
+}  // namespace
+
+void Executor::markReady(uint32_t g) {
+  const StepRef ref = refs_[g];
+  const plan::Step& s = jobs_[ref.job].program->steps[ref.step];
+  ready_[g] = 1;
+  if (s.op == StepOp::Copy || s.op == StepOp::Reduce) local_ready_.push_back(g);
+}
+
+Status Executor::runLocal(uint32_t g) {
+  const StepRef ref = refs_[g];
+  const Job& j = jobs_[ref.job];
+  const plan::Step& s = j.program->steps[ref.step];
+  if (s.op == StepOp::Copy) {
+    if (s.dst.count) std::memmove(addr(j, s.dst), addr(j, s.src), s.dst.count * j.elem_size);
+  } else {
+    if (s.dst.count) (*j.reducer)(addr(j, s.dst), addr(j, s.src), addr(j, s.src2), s.dst.count);
+  }
+  return complete(g);
+}
+
+Status Executor::post(uint32_t g) {
+  const StepRef ref = refs_[g];
+  const Job& j = jobs_[ref.job];
+  const plan::Step& s = j.program->steps[ref.step];
+  transport::Transport* t = routes_[s.peer];
+  transport::Request* req = &requests_[g];
+  req->state.store(transport::Request::Posted, std::memory_order_relaxed);
+  Status st;
+  if (s.op == StepOp::Send) {
+    st = t->postSend(s.peer, addr(j, s.src), s.src.count * j.elem_size, req);
+  } else {
+    transport::RecvTarget& tg = targets_[g];
+    tg.dst = addr(j, s.dst);
+    tg.bytes = s.dst.count * j.elem_size;
+    tg.accum = s.op == StepOp::RecvReduce ? addr(j, s.src) : nullptr;
+    tg.reducer = s.op == StepOp::RecvReduce ? j.reducer : nullptr;
+    st = t->postRecv(s.peer, tg, req);
+  }
+  return st;
+}
+
+Status Executor::tryPost(PeerQueue& q) {
+  while (q.posted < q.order.size() && ready_[q.order[q.posted]]) CHORUS_RETURN_IF_ERROR(post(q.order[q.posted++]));
+  return {};
+}
+
+Status Executor::complete(uint32_t g) {
+  ++done_;
+  ready_[g] = 2;  // finished
+  const StepRef ref = refs_[g];
+  const plan::Program& p = *jobs_[ref.job].program;
+  const uint32_t base = job_base_[ref.job];
+  for (uint32_t succ : p.succOf(ref.step)) {
+    const uint32_t sg = base + succ;
+    if (--pending_[sg] == 0) {
+      markReady(sg);
+      const plan::Step& s = p.steps[succ];
+      if (s.op == StepOp::Send) CHORUS_RETURN_IF_ERROR(tryPost(sendq_[s.peer]));
+      if (s.op == StepOp::Recv || s.op == StepOp::RecvReduce) CHORUS_RETURN_IF_ERROR(tryPost(recvq_[s.peer]));
+    }
+  }
+  return {};
+}
+
+Status Executor::reap(PeerQueue& q, bool* progressed) {
+  // Requests of one peer and direction usually finish in order; scan the
+  // posted window and advance past the finished prefix.
+  for (size_t i = q.finished; i < q.posted; ++i) {
+    const uint32_t g = q.order[i];
+    transport::Request& req = requests_[g];
+    const uint32_t state = req.state.load(std::memory_order_acquire);
+    if (state == transport::Request::Failed) return req.status;
+    if (state != transport::Request::Done) continue;
+    req.state.store(transport::Request::Idle, std::memory_order_relaxed);
+    *progressed = true;
+    if (i == q.finished) ++q.finished;
+    CHORUS_RETURN_IF_ERROR(complete(g));
+  }
+  // Skip entries finished out of order earlier.
+  while (q.finished < q.posted &&
+         requests_[q.order[q.finished]].state.load(std::memory_order_relaxed) == transport::Request::Idle)
+    ++q.finished;
+  return {};
+}
+
+std::string Executor::describePending() const {
+  std::string out;
+  int shown = 0;
+  for (size_t g = 0; g < refs_.size() && shown < 4; ++g) {
+    if (ready_[g] == 2) continue;
+    const StepRef ref = refs_[g];
+    const plan::Step& s = jobs_[ref.job].program->steps[ref.step];
+    if (s.op == StepOp::Send || s.op == StepOp::Recv || s.op == StepOp::RecvReduce) {
+      const bool posted = requests_[g].state.load() == transport::Request::Posted;
+      out += fmt::format("{}{} {} rank {} ({} bytes){}", shown ? "; " : "", s.op == StepOp::Send ? "send to" : "receive from",
+                         "", s.peer, (s.op == StepOp::Send ? s.src.count : s.dst.count) * jobs_[ref.job].elem_size,
+                         posted ? " in flight" : " waiting for earlier steps");
+      ++shown;
+    }
+  }
+  return out;
+}
+
+Status Executor::run(std::span<const Job> jobs, std::chrono::milliseconds timeout) {
+  jobs_ = jobs;
+  // Number the steps of all jobs globally.
+  job_base_.clear();
+  refs_.clear();
+  for (uint32_t j = 0; j < jobs.size(); ++j) {
+    job_base_.push_back(static_cast<uint32_t>(refs_.size()));
+    for (uint32_t i = 0; i < jobs[j].program->size(); ++i) refs_.push_back({j, i});
+  }
+  const size_t total = refs_.size();
+  if (total == 0) return {};
+  if (request_capacity_ < total) {
+    request_capacity_ = std::max(total, request_capacity_ * 2);
+    requests_ = std::make_unique<transport::Request[]>(request_capacity_);
+    targets_.resize(request_capacity_);
+  }
+  pending_.assign(total, 0);
+  ready_.assign(total, 0);
+  local_ready_.clear();
+  for (int p : active_peers_) {
+    sendq_[p].order.clear();
+    recvq_[p].order.clear();
+    sendq_[p].posted = sendq_[p].finished = recvq_[p].posted = recvq_[p].finished = 0;
+  }
+  active_peers_.clear();
+  done_ = 0;
+
+  for (uint32_t g = 0; g < total; ++g) {
+    const StepRef ref = refs_[g];
+    const plan::Program& p = *jobs[ref.job].program;
+    const plan::Step& s = p.steps[ref.step];
+    pending_[g] = static_cast<uint32_t>(p.depsOf(ref.step).size());
+    if (s.op == StepOp::Send || s.op == StepOp::Recv || s.op == StepOp::RecvReduce) {
+      if (s.peer < 0 || static_cast<size_t>(s.peer) >= routes_.size() || routes_[s.peer] == nullptr)
+        return internalError("step {} names peer {} that this rank ({}) has no transport to", ref.step, s.peer, rank_);
+      PeerQueue& q = s.op == StepOp::Send ? sendq_[s.peer] : recvq_[s.peer];
+      if (sendq_[s.peer].order.empty() && recvq_[s.peer].order.empty()) active_peers_.push_back(s.peer);
+      q.order.push_back(g);
+    }
+    requests_[g].state.store(transport::Request::Idle, std::memory_order_relaxed);
+  }
+  for (uint32_t g = 0; g < total; ++g)
+    if (pending_[g] == 0) markReady(g);
+  for (int p : active_peers_) {
+    CHORUS_RETURN_IF_ERROR(tryPost(sendq_[p]));
+    CHORUS_RETURN_IF_ERROR(tryPost(recvq_[p]));
+  }
+
+  const auto deadline = Clock::now() + timeout;
+  while (done_ < total) {
+    bool progressed = false;
+    while (!local_ready_.empty()) {
+      uint32_t g = local_ready_.back();
+      local_ready_.pop_back();
+      CHORUS_RETURN_IF_ERROR(runLocal(g));
+      progressed = true;
+    }
+    if (done_ == total) break;
+    for (auto* t : transports_) {
+      auto r = t->poll();
+      if (!r.isOk()) return r.status();
+      progressed = progressed || r.value();
+    }
+    for (int p : active_peers_) {
+      CHORUS_RETURN_IF_ERROR(reap(sendq_[p], &progressed));
+      CHORUS_RETURN_IF_ERROR(reap(recvq_[p], &progressed));
+    }
+    if (progressed || !local_ready_.empty()) continue;
+    if (aborted()) return makeError(chorusAborted, "the communicator was aborted");
+    // Nothing moved: check the clock now and then, and block in the transport.
+    if (Clock::now() > deadline)
+      return makeError(chorusTimeout, "rank {}: operation timed out after {} ms; pending: {}", rank_, timeout.count(),
+                       describePending());
+    if (transports_.size() == 1) {
+      transports_[0]->wait(std::chrono::milliseconds(100));
+    } else {
+      // Several transports (shm + tcp): bounded waits on each in turn.
+      for (auto* t : transports_) t->wait(std::chrono::microseconds(200));
+    }
+  }
+  return {};
+}
+
+}  // namespace chorus::exec

@@ -1,0 +1,89 @@
+// The executor: runs this rank's programs over the transports.
+//
+// A Job is one program bound to buffers.  run() executes a batch of jobs as
+// one dependency graph (a group is several jobs): a step starts as soon as the
+// steps it depends on are done — there is no barrier per round — and messages
+// to or from one peer are posted in program order (jobs in batch order), which
+// is what the FIFO matching rule of plan.hpp needs.  Local copies and
+// reductions run on the calling thread between transport polls, so
+// reductions overlap with transfers in flight.
+//
+// Threading: one thread at a time calls run() (the communicator's executing
+// thread).  abort() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.hpp"
+#include "kernels/reduce.hpp"
+#include "plan/plan.hpp"
+#include "transport/transport.hpp"
+
+namespace chorus::exec {
+
+struct Job {
+  const plan::Program* program = nullptr;
+  // Base address of each buffer a region may name (index = Buf value).
+  std::span<std::byte* const> buffers;
+  size_t elem_size = 1;
+  const kernels::Reducer* reducer = nullptr;  // for RecvReduce/Reduce steps
+};
+
+class Executor {
+ public:
+  // routes[peer] is the transport serving that peer (nullptr for self).
+  Executor(int rank, std::vector<transport::Transport*> routes);
+
+  // Runs the jobs to completion, or until an error, a timeout, or abort.
+  // On error the communicator must be considered broken (peers may be
+  // mid-message); the Status names the step and peer.
+  Status run(std::span<const Job> jobs, std::chrono::milliseconds timeout);
+
+  // Makes a current or later run() return chorusAborted.  Any thread.
+  void abort();
+  [[nodiscard]] bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+
+ private:
+  struct StepRef {
+    uint32_t job;
+    uint32_t step;
+  };
+  struct PeerQueue {
+    std::vector<uint32_t> order;  // global step ids, program order
+    size_t posted = 0;            // next to post
+    size_t finished = 0;          // all before this are finished
+  };
+
+  void markReady(uint32_t g);
+  Status post(uint32_t g);
+  Status runLocal(uint32_t g);
+  Status tryPost(PeerQueue& q);
+  Status complete(uint32_t g);
+  Status reap(PeerQueue& q, bool* progressed);
+  [[nodiscard]] std::string describePending() const;
+
+  int rank_;
+  std::vector<transport::Transport*> routes_;
+  std::vector<transport::Transport*> transports_;  // distinct, non-null
+  std::atomic<bool> aborted_{false};
+
+  // Per-run state, kept between runs so steady-state calls do not allocate.
+  std::span<const Job> jobs_;
+  std::vector<StepRef> refs_;
+  std::vector<uint32_t> job_base_;
+  std::vector<uint32_t> pending_;
+  std::vector<uint8_t> ready_;
+  std::vector<uint32_t> local_ready_;
+  std::vector<PeerQueue> sendq_, recvq_;
+  std::vector<int> active_peers_;
+  std::unique_ptr<transport::Request[]> requests_;
+  size_t request_capacity_ = 0;
+  std::vector<transport::RecvTarget> targets_;
+  size_t done_ = 0;
+};
+
+}  // namespace chorus::exec

@@ -1,0 +1,40 @@
+#include "support/rank_threads.hpp"
+
+#include <fmt/format.h>
+
+#include <thread>
+
+namespace chorus::testing {
+
+std::vector<std::string> runRanks(int nranks, const std::function<std::string(int, chorusComm_t)>& body) {
+  std::vector<std::string> msgs(nranks);
+  chorusUniqueId id;
+  if (chorusGetUniqueId(&id) != chorusSuccess) {
+    msgs[0] = fmt::format("chorusGetUniqueId: {}", chorusGetLastError(nullptr));
+    return msgs;
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < nranks; ++r) {
+    threads.emplace_back([&, r] {
+      chorusComm_t comm = nullptr;
+      if (chorusCommInitRank(&comm, nranks, id, r) != chorusSuccess) {
+        msgs[r] = fmt::format("rank {}: init: {}", r, chorusGetLastError(nullptr));
+        return;
+      }
+      msgs[r] = body(r, comm);
+      if (chorusCommDestroy(comm) != chorusSuccess && msgs[r].empty())
+        msgs[r] = fmt::format("rank {}: destroy: {}", r, chorusGetLastError(nullptr));
+    });
+  }
+  for (auto& t : threads) t.join();
+  return msgs;
+}
+
+std::string failures(const std::vector<std::string>& msgs) {
+  std::string s;
+  for (const auto& m : msgs)
+    if (!m.empty()) s += m + "\n";
+  return s;
+}
+
+}  // namespace chorus::testing
