@@ -89,6 +89,30 @@ void pieces(const Tree& t, int a, int e, F&& f) {
   }
 }
 
+// Where virtual block v lives on one rank during a gather or scatter: at the
+// root, in its user buffer in real rank order; at a leaf, in its own one-block
+// user buffer; at an inner rank, in a staging area in virtual order.
+struct BlockLayout {
+  Tree t;
+  uint64_t c;
+  Buf root_buf, leaf_buf;
+  int end;  // subtree end (virtual, exclusive)
+  Region stage;
+
+  BlockLayout(const Tree& tree, uint64_t count, Buf root, Buf leaf, ProgramBuilder& b)
+      : t(tree), c(count), root_buf(root), leaf_buf(leaf), end(tree.subtreeEnd()) {
+    if (!isRoot() && !isLeaf()) stage = b.scratch(static_cast<uint64_t>(end - t.vr) * c);
+  }
+  [[nodiscard]] bool isRoot() const { return t.vr == 0; }
+  [[nodiscard]] bool isLeaf() const { return end == t.vr + 1; }
+  [[nodiscard]] Region place(int v, int count) const {
+    const uint64_t len = static_cast<uint64_t>(count) * c;
+    if (isRoot()) return {root_buf, static_cast<uint64_t>(t.real(v)) * c, len};
+    if (isLeaf()) return {leaf_buf, 0, len};
+    return scr(stage.offset + static_cast<uint64_t>(v - t.vr) * c, len);
+  }
+};
+
 class BinomialGather final : public Algorithm {
  public:
   std::string_view name() const override { return "binomial"; }
@@ -97,22 +121,13 @@ class BinomialGather final : public Algorithm {
     const Tree t{sh.nranks, sh.root, mod(r - sh.root, sh.nranks)};
     const uint64_t c = sh.count;
     if (c == 0) return;
-    const int end = t.subtreeEnd();
-    const bool leaf = end == t.vr + 1;
-    // Where virtual block v lives on this rank.
-    Region stage = (t.vr != 0 && !leaf) ? b.scratch(static_cast<uint64_t>(end - t.vr) * c) : Region{};
-    auto place = [&](int v, int count) -> Region {
-      uint64_t len = static_cast<uint64_t>(count) * c;
-      if (t.vr == 0) return out(static_cast<uint64_t>(t.real(v)) * c, len);
-      if (leaf) return in(0, len);
-      return scr(stage.offset + static_cast<uint64_t>(v - t.vr) * c, len);
-    };
-    if (t.vr == 0 || !leaf) b.copy(place(t.vr, 1), in(0, c));
+    const BlockLayout L(t, c, Buf::Output, Buf::Input, b);
+    if (L.isRoot() || !L.isLeaf()) b.copy(L.place(t.vr, 1), in(0, c));
     for (int m = 1; m < t.span() && t.vr + m < t.n; m *= 2) {
       const int child = t.vr + m;
-      pieces(t, child, std::min(child + m, t.n), [&](int a, int e) { b.recv(t.real(child), place(a, e - a)); });
+      pieces(t, child, std::min(child + m, t.n), [&](int a, int e) { b.recv(t.real(child), L.place(a, e - a)); });
     }
-    if (t.vr != 0) pieces(t, t.vr, end, [&](int a, int e) { b.send(t.parent(), place(a, e - a)); });
+    if (!L.isRoot()) pieces(t, t.vr, L.end, [&](int a, int e) { b.send(t.parent(), L.place(a, e - a)); });
   }
 };
 
@@ -124,22 +139,14 @@ class BinomialScatter final : public Algorithm {
     const Tree t{sh.nranks, sh.root, mod(r - sh.root, sh.nranks)};
     const uint64_t c = sh.count;
     if (c == 0) return;
-    const int end = t.subtreeEnd();
-    const bool leaf = end == t.vr + 1;
-    Region stage = (t.vr != 0 && !leaf) ? b.scratch(static_cast<uint64_t>(end - t.vr) * c) : Region{};
-    auto place = [&](int v, int count) -> Region {
-      uint64_t len = static_cast<uint64_t>(count) * c;
-      if (t.vr == 0) return in(static_cast<uint64_t>(t.real(v)) * c, len);
-      if (leaf) return out(0, len);
-      return scr(stage.offset + static_cast<uint64_t>(v - t.vr) * c, len);
-    };
-    if (t.vr != 0) pieces(t, t.vr, end, [&](int a, int e) { b.recv(t.parent(), place(a, e - a)); });
+    const BlockLayout L(t, c, Buf::Input, Buf::Output, b);
+    if (!L.isRoot()) pieces(t, t.vr, L.end, [&](int a, int e) { b.recv(t.parent(), L.place(a, e - a)); });
     for (int m = t.span() / 2; m >= 1; m /= 2) {
       const int child = t.vr + m;
       if (child >= t.n) continue;
-      pieces(t, child, std::min(child + m, t.n), [&](int a, int e) { b.send(t.real(child), place(a, e - a)); });
+      pieces(t, child, std::min(child + m, t.n), [&](int a, int e) { b.send(t.real(child), L.place(a, e - a)); });
     }
-    if (t.vr == 0 || !leaf) b.copy(out(0, c), place(t.vr, 1));
+    if (L.isRoot() || !L.isLeaf()) b.copy(out(0, c), L.place(t.vr, 1));
   }
 };
 
