@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <functional>
 
@@ -84,6 +85,7 @@ Result<CommConfig> CommConfig::fromEnv() {
   CHORUS_ASSIGN_OR_RETURN(int64_t chunk, env::getInt("CHORUS_CHUNK_BYTES"));
   if (chunk < 0) return invalidArgument("CHORUS_CHUNK_BYTES={} must be >= 0", chunk);
   c.chunk_bytes = static_cast<uint64_t>(chunk);
+  CHORUS_ASSIGN_OR_RETURN(c.check, env::getBool("CHORUS_CHECK"));
   return c;
 }
 
@@ -340,7 +342,132 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   return {};
 }
 
+namespace {
+
+// What every rank must agree on for a batch of operations.
+struct Signature {
+  uint64_t seq = 0;
+  uint32_t coll = 0;
+  int32_t dtype = 0;
+  uint64_t count = 0;
+  int32_t op = 0;  // chorusRedOp_t; PreMulSum ops as chorusNumOps
+  int32_t root = 0;
+  uint32_t nops = 0;  // collectives in the batch
+  uint32_t pad = 0;
+  uint64_t hash = 0;  // of every collective in the batch
+  bool operator==(const Signature&) const = default;
+};
+
+Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq) {
+  Signature s;
+  s.seq = seq;
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  bool first = true;
+  for (const OpDesc& o : ops) {
+    if (o.coll == Collective::SendRecv) continue;  // peers differ by design
+    const bool reduces = plan::reduces(o.coll);
+    const int32_t op = !reduces ? 0 : (o.op >= chorusNumOps ? static_cast<int32_t>(chorusNumOps) : o.op);
+    const bool rooted = o.coll == Collective::Broadcast || o.coll == Collective::Reduce ||
+                        o.coll == Collective::Gather || o.coll == Collective::Scatter;
+    const uint64_t count = o.coll == Collective::AllToAllV ? 0 : o.count;
+    if (first) {
+      s.coll = static_cast<uint32_t>(o.coll);
+      s.dtype = o.dtype;
+      s.count = count;
+      s.op = op;
+      s.root = rooted ? o.root : 0;
+      first = false;
+    }
+    ++s.nops;
+    mix(static_cast<uint64_t>(o.coll));
+    mix(static_cast<uint64_t>(o.dtype));
+    mix(count);
+    mix(static_cast<uint64_t>(op));
+    mix(static_cast<uint64_t>(rooted ? o.root : 0));
+    if (o.coll == Collective::AllGatherV)
+      for (size_t v : o.counts) mix(v);
+  }
+  s.hash = h;
+  return s;
+}
+
+std::string describe(const Signature& s) {
+  std::string d = fmt::format("{} #{}", plan::collectiveName(static_cast<Collective>(s.coll)), s.seq);
+  const auto coll = static_cast<Collective>(s.coll);
+  if (coll != Collective::Barrier)
+    d += fmt::format(" count={} dtype={}", s.count, kernels::dtypeName(static_cast<chorusDataType_t>(s.dtype)));
+  if (plan::reduces(coll)) d += fmt::format(" op={}", s.op == chorusNumOps ? std::string("premulsum") : std::to_string(s.op));
+  if (coll == Collective::Broadcast || coll == Collective::Reduce || coll == Collective::Gather ||
+      coll == Collective::Scatter)
+    d += fmt::format(" root={}", s.root);
+  if (s.nops > 1) d += fmt::format(" (+{} more in the group)", s.nops - 1);
+  return d;
+}
+
+std::string differing(const Signature& a, const Signature& b) {
+  std::string f;
+  auto add = [&](const char* name) { f += f.empty() ? name : fmt::format(", {}", name); };
+  if (a.seq != b.seq) add("sequence number");
+  if (a.coll != b.coll) add("collective");
+  if (a.count != b.count) add("count");
+  if (a.dtype != b.dtype) add("dtype");
+  if (a.op != b.op) add("op");
+  if (a.root != b.root) add("root");
+  if (f.empty()) add("the rest of the group");
+  return f;
+}
+
+}  // namespace
+
+Status Communicator::checkSignatures(std::span<const OpDesc> ops) {
+  const Signature mine = signatureOf(ops, op_seq_);
+  if (mine.nops == 0) return {};  // point-to-point only: nothing all ranks share
+  checked_once_ = true;
+  const size_t sz = sizeof(Signature);
+  if (sig_program_.steps.empty() && nranks_ > 1) {
+    plan::Shape sh;
+    sh.coll = Collective::AllGather;
+    sh.nranks = nranks_;
+    sh.count = sz;
+    sh.elem_size = 1;
+    const plan::Algorithm* bruck = registry_.find(Collective::AllGather, "bruck");
+    if (bruck == nullptr) bruck = registry_.find(Collective::AllGather, "ring");
+    plan::expand(*bruck, sh, rank_, &sig_program_);
+  }
+  sig_buf_.resize(sz * (nranks_ + 1));
+  std::memcpy(sig_buf_.data() + sz * nranks_, &mine, sz);
+  std::array<std::byte*, 3> bufs = {sig_buf_.data() + sz * nranks_, sig_buf_.data(), nullptr};
+  std::vector<std::byte> scratch(sig_program_.scratch_elems);
+  bufs[2] = scratch.data();
+  exec::Job job{&sig_program_, bufs, 1, nullptr};
+  if (nranks_ > 1) {
+    Status st = executor_->run(std::span<const exec::Job>(&job, 1), cfg_.timeout);
+    if (!st.isOk()) return fail(st);
+  }
+  std::vector<Signature> all(nranks_);
+  for (int r = 0; r < nranks_; ++r) std::memcpy(&all[r], sig_buf_.data() + sz * r, sz);
+  all[rank_] = mine;
+  // Report against rank 0's call (the same text on every rank).
+  std::string diffs;
+  int ndiff = 0;
+  for (int r = 1; r < nranks_; ++r) {
+    if (all[r] == all[0]) continue;
+    if (++ndiff <= 4)
+      diffs += fmt::format("; rank {} called {} (differs in {})", r, describe(all[r]), differing(all[r], all[0]));
+  }
+  if (ndiff == 0) return {};
+  if (ndiff > 4) diffs += fmt::format("; and {} more rank(s)", ndiff - 4);
+  return makeError(chorusMismatch,
+                   "rank {}: collective mismatch: rank 0 called {}{} (are all ranks calling the same collectives "
+                   "in the same order with the same count, dtype, op and root?)",
+                   rank_, describe(all[0]), diffs);
+}
+
 Status Communicator::execute(std::span<OpDesc> ops) {
+  if (cfg_.check || !checked_once_) CHORUS_RETURN_IF_ERROR(checkSignatures(ops));
+  for (const OpDesc& o : ops)
+    if (o.coll != Collective::SendRecv) ++op_seq_;
   const size_t n = ops.size();
   jobs_.resize(n);
   job_bufs_.resize(n);
@@ -383,7 +510,7 @@ Status Communicator::execute(std::span<OpDesc> ops) {
     jobs_[i].buffers = job_bufs_[i];
   }
   Status st = executor_->run(jobs_, cfg_.timeout);
-  if (!st.isOk()) return st;
+  if (!st.isOk()) return fail(st);
 
   // Avg: the sum divided by the number of ranks, where the result lives.
   for (size_t i = 0; i < njobs; ++i) {
@@ -395,19 +522,20 @@ Status Communicator::execute(std::span<OpDesc> ops) {
   return {};
 }
 
+// An error in the middle of moving data leaves peers mid-message: the
+// communicator is broken for good.  Its transports are aborted so that the
+// peers learn it now (and fail) instead of waiting for messages that will not
+// come or reading buffers that are about to be freed.
 Status Communicator::fail(Status st) {
   if (st.isOk()) return st;
-  std::string name = fmt::format("rank {}: ", rank_);
-  switch (st.code()) {
-    case chorusInvalidArgument:
-    case chorusInvalidUsage: return st;  // the call was refused; nothing moved
-    default: break;
-  }
-  std::lock_guard l(err_mu_);
-  if (error_.isOk()) {
+  {
+    std::lock_guard l(err_mu_);
+    if (!error_.isOk()) return st;
     error_ = st;
     broken_.store(true, std::memory_order_release);
   }
+  if (shm_) shm_->abort(st);
+  if (tcp_) tcp_->abort(st);
   return st;
 }
 
@@ -435,7 +563,7 @@ Status Communicator::submitOne(OpDesc& op, exec::Stream* stream) {
     if (queue_.empty() && !busy_) {
       busy_ = true;
       l.unlock();
-      Status st = fail(execute(std::span<OpDesc>(&op, 1)));
+      Status st = execute(std::span<OpDesc>(&op, 1));
       l.lock();
       busy_ = false;
       l.unlock();
@@ -464,7 +592,7 @@ Status Communicator::submit(std::vector<OpDesc> ops, exec::Stream* stream) {
   if (queue_.empty() && !busy_) {
     busy_ = true;
     l.unlock();
-    Status st = fail(execute(ops));
+    Status st = execute(ops);
     l.lock();
     busy_ = false;
     l.unlock();
@@ -500,7 +628,7 @@ void Communicator::progressLoop() {
     queue_.pop_front();
     busy_ = true;
     l.unlock();
-    Status st = broken_.load(std::memory_order_acquire) ? asyncError() : fail(execute(b.ops));
+    Status st = broken_.load(std::memory_order_acquire) ? asyncError() : execute(b.ops);
     if (b.stream) b.stream->finished(st);
     if (b.done) {
       std::lock_guard wl(*b.done_mu);

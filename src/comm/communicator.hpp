@@ -62,6 +62,7 @@ struct CommConfig {
   size_t shm_ring_bytes = 1 << 20;
   std::string algo_spec;
   uint64_t chunk_bytes = 0;
+  bool check = false;  // CHORUS_CHECK: exchange signatures before every collective
   static Result<CommConfig> fromEnv();
 };
 
@@ -111,6 +112,9 @@ class Communicator {
   Status setup(const bootstrap::UniqueId& id, const CommConfig& cfg, std::shared_ptr<bootstrap::Store> base,
                std::string prefix, std::shared_ptr<bootstrap::StoreServer> server);
   Status execute(std::span<OpDesc> ops);
+  // Exchanges the batch's signature with every rank; chorusMismatch naming the
+  // ranks and fields that differ.
+  Status checkSignatures(std::span<const OpDesc> ops);
   Status prepare(OpDesc& op, size_t index);
   Status fail(Status st);
   void progressLoop();
@@ -124,6 +128,10 @@ class Communicator {
   std::shared_ptr<bootstrap::Store> base_store_;
   std::unique_ptr<bootstrap::Store> store_;
   int split_seq_ = 0;
+  uint64_t op_seq_ = 0;  // collectives issued on this communicator (the "#N" in messages)
+  bool checked_once_ = false;
+  plan::Program sig_program_;
+  std::vector<std::byte> sig_buf_;
 
   std::unique_ptr<transport::Transport> shm_, tcp_;
   std::unique_ptr<exec::Executor> executor_;

@@ -75,6 +75,9 @@ struct PageZero {
   SegmentHeader header;
   alignas(kCacheLine) std::atomic<uint32_t> bell;
   alignas(kCacheLine) std::atomic<uint32_t> sleeping;
+  // Set once by the owner when its transport is aborted (an error broke its
+  // communicator, or chorusCommAbort): peers fail their requests with it.
+  alignas(kCacheLine) std::atomic<uint32_t> aborted;
 };
 
 struct SlotControl {

@@ -603,6 +603,9 @@ Status ShmTransport::readCma(Peer& p, RecvOp& op) {
       if (err == ESRCH)
         return remoteError("shm transport, rank {}: peer rank {} (pid {}) exited while rank {} was reading its "
                            "{}-byte message", rank_, p.rank, p.pid, rank_, t.bytes);
+      if (err == EFAULT)  // the sender's buffer is gone: its operation failed and it moved on
+        return remoteError("shm transport, rank {}: peer rank {} (pid {}) withdrew its {}-byte message (its operation "
+                           "failed, or it freed the buffer before completion)", rank_, p.rank, p.pid, t.bytes);
       return errnoError(fmt::format("shm transport, rank {}: process_vm_readv of {} bytes from peer rank {} (pid {}) "
                                     "(set CHORUS_SHM_CMA=0 to avoid cross-memory attach)", rank_, n, p.rank, p.pid),
                         err);
@@ -742,6 +745,12 @@ Result<bool> ShmTransport::poll() {
     if (p.dead.isOk()) {
       progressed |= progressRecv(p);
       progressed |= progressSend(p);
+      // A peer that aborted sends nothing more and reads nothing more: what
+      // it wrote before is still delivered above; what is left cannot finish.
+      // (Data written before the flag is visible once the flag is: drain it.)
+      if (p.busy() && p.peer_page0->aborted.load(std::memory_order_acquire) != 0 && !progressRecv(p) && p.busy())
+        p.dead = remoteError("shm transport, rank {}: peer rank {} (pid {}) aborted its communicator (an error on "
+                             "that rank, or chorusCommAbort)", rank_, p.rank, p.pid);
     }
     if (!p.dead.isOk() && !p.dead_reported) {
       failPeer(p, p.dead);
@@ -829,6 +838,10 @@ void ShmTransport::abort(const Status& why) {
     abort_status_ = why.isOk() ? makeError(chorusAborted, "shm transport, rank {}: aborted", rank_) : why;
   }
   aborted_.store(true, std::memory_order_release);
+  // Tell the peers, so that they fail promptly instead of waiting on us.
+  page0_->aborted.store(1, std::memory_order_seq_cst);
+  for (Peer& p : peers_)
+    if (p.peer_page0 != nullptr) ring(p.peer_page0);
   wake();
 }
 
