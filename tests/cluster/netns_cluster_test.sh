@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# A three-host chorus job on one machine: each "host" is a network namespace
+# (its own interfaces, routes and netns inode, so chorus's host identity differs)
+# with its own /dev/shm, joined by a bridge that lives in a fourth namespace.
+# Two ranks per host: they talk shared memory to each other and TCP to the
+# other hosts, as on a real cluster.
+#
+#   netns_cluster_test.sh BUILD_DIR
+#
+# Runs (1) chorus_collectives_main on 6 ranks with a reduced case list and checks
+# every rank exits 0 and reports 0 failures in its JSON line, then (2) a
+# chorus-bench allreduce sweep across the hosts, checking exit 0 and 0 wrong
+# elements in its --json rows.
+#
+# Needs root and `ip netns` (iproute2).  Without them it FAILS with a message,
+# unless CHORUS_SKIP_CLUSTER=1 is set, in which case it exits 77 (ctest: skipped).
+# Creates only namespaces named chorus-<pid>-*, addresses only inside them,
+# and removes everything on exit (trap EXIT), whatever happened.
+set -euo pipefail
+
+build_dir=${1:?usage: netns_cluster_test.sh BUILD_DIR}
+build_dir=$(cd "$build_dir" && pwd)
+prog=$build_dir/tests/integration/chorus_collectives_main
+bench=$build_dir/tools/chorus-bench
+# Seconds per job before its ranks are killed; two jobs plus setup stay well
+# inside ctest's 600 s, so the EXIT trap (not ctest's SIGKILL) ends the test.
+job_timeout=${CHORUS_CLUSTER_TIMEOUT:-200}
+
+skip_or_fail() {
+  if [[ ${CHORUS_SKIP_CLUSTER:-0} == 1 ]]; then
+    echo "netns_cluster_test: SKIPPED (CHORUS_SKIP_CLUSTER=1): $*"
+    exit 77
+  fi
+  echo "netns_cluster_test: FAILED: $*" >&2
+  echo "netns_cluster_test: run as root on a machine where 'ip netns add' works, or set CHORUS_SKIP_CLUSTER=1 to skip this test" >&2
+  exit 1
+}
+
+[[ $(id -u) -eq 0 ]] || skip_or_fail "needs root to create network namespaces (running as uid $(id -u))"
+for tool in ip unshare nsenter timeout python3; do
+  command -v "$tool" >/dev/null || skip_or_fail "'$tool' not found (apt-get install iproute2 util-linux coreutils python3)"
+done
+for f in "$prog" "$bench"; do
+  [[ -x $f ]] || { echo "netns_cluster_test: FAILED: $f not built (build the tree first)" >&2; exit 1; }
+done
+
+# Namespaces left by an earlier run that was SIGKILLed (so its trap never ran):
+# ours are named chorus-<pid>-*, so remove those whose script is gone.
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^chorus-[0-9]+-(h[0-9]|sw)$' || true); do
+  owner=${ns#chorus-}
+  owner=${owner%%-*}
+  if ! kill -0 "$owner" 2>/dev/null; then
+    echo "netns_cluster_test: removing stale namespace $ns (its run, pid $owner, is gone)"
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  fi
+done
+
+tag=chorus-$$
+hosts=("$tag-h0" "$tag-h1" "$tag-h2")
+switch_ns=$tag-sw
+subnet=10.231.$((RANDOM % 250 + 1))
+work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-cluster.XXXXXX")
+keepers=()  # one process per host holding its private /dev/shm mount
+ranks=()    # pids of running ranks
+created_ns=()
+
+cleanup() {
+  local rc=$?
+  set +e
+  # Everything we started runs inside our namespaces: stop it by pid.
+  for p in "${ranks[@]}" "${keepers[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for ns in "${created_ns[@]}"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  done
+  for p in "${ranks[@]}" "${keepers[@]}"; do wait "$p" 2>/dev/null; done
+  # Deleting the switch namespace deletes the bridge and the veth pairs with it.
+  for ns in "${created_ns[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  rm -rf "$work"
+  for ns in "${created_ns[@]}"; do
+    if ip netns list | grep -qw -- "$ns"; then echo "netns_cluster_test: WARNING: namespace $ns still exists" >&2; fi
+  done
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- the network: hosts 10.231.X.1-3 on one bridge -------------------------
+ip netns add "$switch_ns" 2>"$work/netns.err" || skip_or_fail "'ip netns add' does not work here: $(cat "$work/netns.err")"
+created_ns+=("$switch_ns")
+ip -n "$switch_ns" link set lo up
+ip -n "$switch_ns" link add br0 type bridge
+ip -n "$switch_ns" link set br0 up
+for i in 0 1 2; do
+  ns=${hosts[$i]}
+  ip netns add "$ns"
+  created_ns+=("$ns")
+  ip -n "$switch_ns" link add "port$i" type veth peer name eth0 netns "$ns"
+  ip -n "$switch_ns" link set "port$i" master br0
+  ip -n "$switch_ns" link set "port$i" up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
+  ip -n "$ns" link set eth0 up
+done
+
+# --- one private /dev/shm per host ------------------------------------------
+# A keeper process per host owns a mount namespace in which /dev/shm is a fresh
+# tmpfs; ranks join it (and the host's netns) with nsenter.  The tmpfs vanishes
+# with the keeper, so a killed run cannot leave segments behind.
+for i in 0 1 2; do
+  ip netns exec "${hosts[$i]}" unshare --mount --propagation private \
+    sh -c 'mount -t tmpfs -o size=256m,mode=1777 chorus-shm /dev/shm && touch "$1" && exec sleep "$2"' \
+    keeper "$work/keeper$i.ready" $((2 * job_timeout + 120)) &
+  keepers+=($!)
+done
+for i in 0 1 2; do
+  for _ in $(seq 100); do
+    [[ -e $work/keeper$i.ready ]] && break
+    kill -0 "${keepers[$i]}" 2>/dev/null || { echo "netns_cluster_test: FAILED: host $i's keeper died" >&2; exit 1; }
+    sleep 0.1
+  done
+  [[ -e $work/keeper$i.ready ]] || { echo "netns_cluster_test: FAILED: host $i's keeper not ready after 10 s" >&2; exit 1; }
+done
+
+# run_job NAME PORT PROGRAM ARGS...: 3 hosts x 2 ranks; returns non-zero unless
+# every rank exited 0 within job_timeout.  Rank r's output goes to $work/NAME.r.{out,err}.
+run_job() {
+  local name=$1 port=$2
+  shift 2
+  local secret world=6 r host
+  secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+  ranks=()
+  for r in $(seq 0 $((world - 1))); do
+    host=$((r / 2))
+    nsenter --target "${keepers[$host]}" --mount --net -- \
+      env CHORUS_RANK=$r CHORUS_WORLD_SIZE=$world CHORUS_LOCAL_RANK=$((r % 2)) \
+      CHORUS_MASTER_ADDR="$subnet.1" CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" \
+      CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) \
+      timeout -k 5 "$job_timeout" "$@" >"$work/$name.$r.out" 2>"$work/$name.$r.err" </dev/null &
+    ranks+=($!)
+  done
+  local failed=0 status
+  for r in $(seq 0 $((world - 1))); do
+    status=0
+    wait "${ranks[$r]}" || status=$?
+    if [[ $status -ne 0 ]]; then
+      failed=1
+      echo "netns_cluster_test: $name: rank $r (host $((r / 2))) exited with status $status$([[ $status -eq 124 ]] && echo " (timed out after ${job_timeout}s)")" >&2
+      sed "s/^/  [rank $r] /" "$work/$name.$r.err" | tail -20 >&2
+    fi
+  done
+  ranks=()
+  return $failed
+}
+
+# --- 1: the collectives matrix, reduced --------------------------------------
+start=$SECONDS
+collectives_ok=1
+run_job collectives 29500 "$prog" --counts "${CHORUS_CLUSTER_COUNTS:-0,7}" \
+  --float-counts "${CHORUS_CLUSTER_FLOAT_COUNTS:-100003,1000003}" || collectives_ok=0
+cat "$work"/collectives.*.out > "$work/collectives.jsonl"
+python3 - "$work/collectives.jsonl" 6 <<'EOF' || collectives_ok=0
+import json, sys
+path, world = sys.argv[1], int(sys.argv[2])
+rows = [json.loads(l) for l in open(path) if l.startswith("{")]
+seen = sorted(r.get("rank") for r in rows)
+bad = [r for r in rows if r.get("error") or r.get("failures") != 0 or r.get("nranks") != world or r.get("cases", 0) <= 0]
+for r in bad:
+    print(f"netns_cluster_test: collectives: rank {r.get('rank')}: {r}", file=sys.stderr)
+if seen != list(range(world)):
+    print(f"netns_cluster_test: collectives: expected a JSON line from ranks 0..{world-1}, got {seen}", file=sys.stderr)
+    sys.exit(1)
+if not bad:
+    print(f"netns_cluster_test: collectives: {world} ranks ran {sum(r['cases'] for r in rows)} cases, 0 failures")
+sys.exit(1 if bad else 0)
+EOF
+# The cross-host half of the job must really have crossed the bridge: each
+# host's port carried at least one 100003-float allreduce's share (~400 KB).
+for i in 0 1 2; do
+  rx=$(ip netns exec "$switch_ns" cat "/sys/class/net/port$i/statistics/rx_bytes")
+  echo "netns_cluster_test: host $i sent $rx bytes over the bridge"
+  if ((rx < 400000)); then
+    echo "netns_cluster_test: collectives: host $i sent only $rx bytes over the bridge (expected TCP traffic between hosts)" >&2
+    collectives_ok=0
+  fi
+done
+echo "netns_cluster_test: collectives on 3 hosts x 2 ranks: $([[ $collectives_ok == 1 ]] && echo ok || echo FAILED) ($((SECONDS - start)) s)"
+
+# --- 2: chorus-bench allreduce across the hosts ------------------------------
+start=$SECONDS
+bench_ok=1
+run_job bench 29501 "$bench" allreduce -b 1K -e 4M -f 4 -c 1 -w 1 -n 3 --json "$work/bench.jsonl" || bench_ok=0
+python3 - "$work/bench.jsonl" <<'EOF' || bench_ok=0
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except OSError as e:
+    print(f"netns_cluster_test: bench: no --json output: {e}", file=sys.stderr)
+    sys.exit(1)
+sizes = sorted({r["bytes"] for r in rows})
+bad = [r for r in rows if r.get("wrong") != 0 or r.get("nranks") != 6]
+for r in bad:
+    print(f"netns_cluster_test: bench: bad row {r}", file=sys.stderr)
+# 1K, 4K, 16K, 64K, 256K, 1M, 4M
+if sizes != [1024 * 4**k for k in range(7)]:
+    print(f"netns_cluster_test: bench: expected sizes 1K..4M by 4, got {sizes}", file=sys.stderr)
+    sys.exit(1)
+sys.exit(1 if bad else 0)
+EOF
+if [[ $bench_ok == 1 ]]; then sed 's/^/  /' "$work/bench.0.out"; fi
+echo "netns_cluster_test: chorus-bench allreduce on 3 hosts x 2 ranks: $([[ $bench_ok == 1 ]] && echo ok || echo FAILED) ($((SECONDS - start)) s)"
+
+[[ $collectives_ok == 1 && $bench_ok == 1 ]]

@@ -1,0 +1,152 @@
+// chorus_collectives_main: one rank of a multi-process collectives check.
+//
+// Started N times by a launcher (chorus-run, or tests/cluster/netns_cluster_test.sh
+// with CHORUS_* set by hand), each process inits from the environment, runs the
+// standard case matrix of tests/support/collective_check (every element checked
+// against an independent reference), repeats a few cases on a stream, and prints
+// one JSON line:
+//
+//   {"rank":r,"nranks":n,"cases":c,"failures":f,"first_failure":"..."}
+//
+// Exit status: 0 when every case passed on this rank, 1 otherwise (including an
+// init or destroy failure, reported as a JSON line with "error").  The ctest
+// driver (run_job.cmake) asserts on these fields and on the launcher's status.
+//
+//   chorus-run -n 4 chorus_collectives_main [--counts 0,1,7] [--float-counts 1000003]
+//                                           [--fail-rank R --fail-status S]
+#include <CLI/CLI.hpp>
+#include <chorus/chorus.h>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "support/collective_check.hpp"
+
+namespace {
+
+using chorus::testing::Case;
+using chorus::testing::Coll;
+
+// "0,1,7" -> {0,1,7}; "" -> {}.  Sizes are plain element counts.
+bool parseCounts(const std::string& text, std::vector<size_t>* out, std::string* why) {
+  out->clear();
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    char* stop = nullptr;
+    const unsigned long long v = std::strtoull(item.c_str(), &stop, 10);
+    if (item.empty() || *stop != '\0') {
+      *why = fmt::format("'{}' in '{}' is not an element count (use e.g. 0,1,7)", item, text);
+      return false;
+    }
+    out->push_back(static_cast<size_t>(v));
+    pos = end + 1;
+  }
+  return true;
+}
+
+void printJson(const nlohmann::json& j) {
+  // One write per line: the launcher relays whole lines, so ranks never interleave.
+  std::string line = j.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"one rank of the multi-process collectives check (run it under chorus-run)"};
+  std::string counts_s = "0,1,7", float_counts_s = "1000003";
+  int fail_rank = -1, fail_status = 3;
+  bool stream_cases = true;
+  app.add_option("--counts", counts_s, "element counts run for every collective x dtype x op (comma list, may be empty)")
+      ->capture_default_str();
+  app.add_option("--float-counts", float_counts_s, "element counts run for every collective in float32 only")
+      ->capture_default_str();
+  app.add_option("--fail-rank", fail_rank, "this rank exits with --fail-status right after init (failure tests)");
+  app.add_option("--fail-status", fail_status, "exit status of --fail-rank")->capture_default_str();
+  app.add_option("--stream", stream_cases, "also run a few cases on a chorus stream")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  std::vector<size_t> counts, float_counts;
+  std::string why;
+  if (!parseCounts(counts_s, &counts, &why) || !parseCounts(float_counts_s, &float_counts, &why)) {
+    fmt::print(stderr, "chorus_collectives_main: {}\n", why);
+    return 2;
+  }
+
+  chorusComm_t comm = nullptr;
+  if (chorusResult_t r = chorusCommInitFromEnv(&comm); r != chorusSuccess) {
+    printJson({{"rank", nullptr},
+               {"error", fmt::format("chorusCommInitFromEnv: {}: {}", chorusGetErrorString(r), chorusGetLastError(nullptr))}});
+    return 1;
+  }
+  int rank = 0, n = 0;
+  chorusCommUserRank(comm, &rank);
+  chorusCommCount(comm, &n);
+  if (rank == fail_rank) {
+    // Dies without destroying the communicator, as a crashed process would:
+    // the others must notice (remote error or timeout) and the launcher must
+    // report this rank's status.
+    return fail_status;
+  }
+
+  std::vector<Case> cases;
+  if (!counts.empty()) cases = chorus::testing::standardCases(n, counts, /*all_dtypes=*/true);
+  if (!float_counts.empty()) {
+    auto big = chorus::testing::standardCases(n, float_counts, /*all_dtypes=*/false);
+    cases.insert(cases.end(), big.begin(), big.end());
+  }
+
+  int failures = 0, run = 0;
+  std::string first_failure;
+  auto record = [&](const std::string& msg) {
+    ++run;
+    if (msg.empty()) return;
+    if (failures++ == 0) first_failure = msg;
+    fmt::print(stderr, "rank {}: {}\n", rank, msg);
+  };
+  for (const Case& c : cases) record(chorus::testing::runCase(comm, c));
+
+  if (stream_cases) {
+    // The same checks with the work queued on a stream (runCase synchronises it
+    // before checking), interleaving collectives of different shapes.
+    chorusStream_t stream = nullptr;
+    if (chorusStreamCreate(&stream) != chorusSuccess) {
+      record(fmt::format("chorusStreamCreate failed: {}", chorusGetLastError(comm)));
+    } else {
+      const int root = n > 1 ? 1 : 0;
+      const Case stream_list[] = {
+          {Coll::AllReduce, chorusFloat32, chorusSum, 100003, 0, false},
+          {Coll::AllReduce, chorusBfloat16, chorusMax, 4099, 0, true},
+          {Coll::Broadcast, chorusInt32, chorusSum, 777, root, false},
+          {Coll::AllGather, chorusFloat64, chorusSum, 1001, 0, false},
+          {Coll::ReduceScatter, chorusInt64, chorusSum, 513, 0, false},
+          {Coll::SendRecv, chorusUint8, chorusSum, 12345, 0, false},
+          {Coll::Barrier, chorusFloat32, chorusSum, 0, 0, false},
+      };
+      for (const Case& c : stream_list) record(chorus::testing::runCase(comm, c, stream));
+      if (chorusStreamDestroy(stream) != chorusSuccess)
+        record(fmt::format("chorusStreamDestroy failed: {}", chorusGetLastError(comm)));
+    }
+  }
+
+  std::string destroy_error;
+  if (chorusResult_t r = chorusCommDestroy(comm); r != chorusSuccess)
+    destroy_error = fmt::format("chorusCommDestroy: {}: {}", chorusGetErrorString(r), chorusGetLastError(nullptr));
+
+  nlohmann::json line = {{"rank", rank}, {"nranks", n}, {"cases", run}, {"failures", failures}};
+  if (!first_failure.empty()) line["first_failure"] = first_failure;
+  if (!destroy_error.empty()) line["error"] = destroy_error;
+  printJson(line);
+  return failures == 0 && destroy_error.empty() ? 0 : 1;
+}
