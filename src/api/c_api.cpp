@@ -81,6 +81,9 @@ class CommRef {
     }
     if (c->aborted.load()) {
       st_ = invalidUsage("{}: the communicator was aborted (destroy it and create a new one)", fn);
+      // Recorded on the handle too, or chorusGetLastError(comm) would keep
+      // returning the communicator's previous, unrelated message.
+      c->last_error = st_.message();
       return;
     }
     c->inflight.fetch_add(1);
@@ -324,7 +327,7 @@ CHORUS_EXPORT chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void*
 
 CHORUS_EXPORT chorusResult_t chorusRedOpDestroy(chorusRedOp_t op, chorusComm_t comm) {
   CHORUS_COMM_PROLOGUE("chorusRedOpDestroy");
-  return report(ref->destroyRedOp(op), c);
+  return report(ref->destroyRedOp(op).withContext("chorusRedOpDestroy: "), c);
 }
 
 // ---- collectives ----------------------------------------------------------------

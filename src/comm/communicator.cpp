@@ -187,20 +187,33 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
     for (int r : remote) routes[r] = tcp_.get();
   }
   executor_ = std::make_unique<exec::Executor>(rank_, std::move(routes));
-  tune::Topology topo{nranks_, static_cast<int>(local.size()) + 1, remote.empty()};
-  auto tuner = tune::Tuner::create(registry_, topo, cfg.algo_spec, cfg.chunk_bytes);
+  tune::Topology topo{nranks_, static_cast<int>(local.size()) + 1, remote.empty(), {}};
+  // Host index of every rank: the lowest rank with the same host identity.
+  topo.host_of.resize(nranks_);
+  for (int r = 0; r < nranks_; ++r) {
+    topo.host_of[r] = r;
+    for (int q = 0; q < r; ++q)
+      if (infos[q].host == infos[r].host && !cfg.force_tcp) {
+        topo.host_of[r] = topo.host_of[q];
+        break;
+      }
+  }
+  CHORUS_ASSIGN_OR_RETURN(tune::CostProfile profile, tune::CostProfile::load());
+  auto tuner = tune::Tuner::create(registry_, topo, cfg.algo_spec, cfg.chunk_bytes, std::move(profile));
   if (!tuner.isOk()) return tuner.status();
   tuner_ = std::make_unique<tune::Tuner>(std::move(tuner.value()));
-  CHORUS_RETURN_IF_ERROR(bootstrap::storeBarrier(*store_, "ready", nranks_, cfg.timeout));
-  // Rank 0 may own the store server and may destroy the communicator as soon
-  // as init returns: it first waits until every rank has left the barrier
-  // (has read its last reply from the server).
-  CHORUS_ASSIGN_OR_RETURN(int64_t left, store_->add("left", 1));
-  if (rank_ == 0 && left < nranks_) {
-    CHORUS_RETURN_IF_ERROR(store_->get("left-all", cfg.timeout).status());
-  } else if (left == nranks_ && rank_ != 0) {
-    CHORUS_RETURN_IF_ERROR(store_->set("left-all", bootstrap::toBytes(std::string_view("1"))));
-  }
+  return syncAll(*store_, "ready");
+}
+
+// A store barrier after which the rank that owns the store server (rank 0 of
+// the root communicator, and every communicator split from it there) may
+// destroy it: the owner also waits until every rank has left the barrier,
+// i.e. has read its last reply from the server.
+Status Communicator::syncAll(bootstrap::Store& store, std::string_view name) {
+  CHORUS_RETURN_IF_ERROR(bootstrap::storeBarrier(store, name, nranks_, cfg_.timeout));
+  CHORUS_ASSIGN_OR_RETURN(int64_t left, store.add(fmt::format("{}/left", name), 1));
+  if (left == nranks_) return store.set(fmt::format("{}/left-all", name), bootstrap::toBytes(std::string_view("1")));
+  if (server_ != nullptr) return store.get(fmt::format("{}/left-all", name), cfg_.timeout).status();
   return {};
 }
 
@@ -282,7 +295,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   const plan::Algorithm* algo = nullptr;
   uint64_t chunk = 0;
   if (op.coll != Collective::SendRecv) {
-    CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh));
+    CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, op.dtype));
     algo = ch.algo;
     chunk = es ? std::max<uint64_t>(1, ch.chunk_bytes / es) : 0;
     sh.chunk_elems = chunk;
@@ -660,7 +673,13 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
   op.dtype = chorusInt32;
   CHORUS_RETURN_IF_ERROR(submitOne(op, nullptr));
   const int seq = split_seq_++;
-  if (color < 0) return std::unique_ptr<Communicator>();
+  // Every rank of the parent waits for every new communicator's set-up (they
+  // use the parent's store, which the parent's rank 0 may hold).
+  const std::string done = fmt::format("split{}-done", seq);
+  if (color < 0) {
+    CHORUS_RETURN_IF_ERROR(syncAll(*store_, done));
+    return std::unique_ptr<Communicator>();
+  }
   std::vector<std::pair<int, int>> members;  // (key, parent rank)
   for (int r = 0; r < nranks_; ++r)
     if (all[3 * r] == color) members.push_back({all[3 * r + 1], all[3 * r + 2]});
@@ -670,6 +689,7 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
   for (size_t i = 0; i < members.size(); ++i)
     if (members[i].second == rank_) c->rank_ = static_cast<int>(i);
   CHORUS_RETURN_IF_ERROR(c->setup(id_, cfg_, base_store_, prefix_ + fmt::format("s{}c{}/", seq, color), server_));
+  CHORUS_RETURN_IF_ERROR(syncAll(*store_, done));
   return c;
 }
 

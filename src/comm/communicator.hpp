@@ -111,6 +111,7 @@ class Communicator {
   Communicator() = default;
   Status setup(const bootstrap::UniqueId& id, const CommConfig& cfg, std::shared_ptr<bootstrap::Store> base,
                std::string prefix, std::shared_ptr<bootstrap::StoreServer> server);
+  Status syncAll(bootstrap::Store& store, std::string_view name);
   Status execute(std::span<OpDesc> ops);
   // Exchanges the batch's signature with every rank; chorusMismatch naming the
   // ranks and fields that differ.
