@@ -36,6 +36,10 @@ class PairwiseAllToAll final : public Algorithm {
  public:
   std::string_view name() const override { return "pairwise"; }
   Collective collective() const override { return Collective::AllToAll; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count}};
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const uint64_t c = sh.count;
     if (c == 0) return;
@@ -47,6 +51,14 @@ class PairwiseAllToAllV final : public Algorithm {
  public:
   std::string_view name() const override { return "pairwise"; }
   Collective collective() const override { return Collective::AllToAllV; }
+  // Only this rank's counts are in the shape: the pattern assumes every rank
+  // sends like this one (its largest block to every peer).
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    uint64_t maxc = 0;
+    for (size_t c : sh.counts) maxc = std::max<uint64_t>(maxc, c);
+    if (sh.nranks == 1 || maxc == 0) return std::vector<Round>{};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = maxc}};
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     pairwise(
         sh.nranks, r, sh.inplace, b, [&](int p) { return in(sh.displs[p], sh.counts[p]); },
@@ -59,6 +71,11 @@ class DisseminationBarrier final : public Algorithm {
  public:
   std::string_view name() const override { return "dissemination"; }
   Collective collective() const override { return Collective::Barrier; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    std::vector<Round> rs;
+    for (int k = 1; k < sh.nranks; k <<= 1) rs.push_back({.peers = Peers::Shift, .arg = k});
+    return rs;
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     for (int k = 1; k < n; k <<= 1) {

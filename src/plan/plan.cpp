@@ -224,6 +224,9 @@ Registry Registry::builtin() {
   addTreeAlgorithms(r);
   addRecursiveDoublingAlgorithms(r);
   addExchangeAlgorithms(r);
+  addRabenseifnerAlgorithms(r);
+  addBruckAlgorithms(r);
+  addDoubleTreeAlgorithms(r);
   return r;
 }
 

@@ -18,6 +18,7 @@
 // rank's i-th Send to p pairs with p's i-th Recv from it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -175,6 +176,105 @@ constexpr Region in(uint64_t off, uint64_t n) { return {Buf::Input, off, n}; }
 constexpr Region out(uint64_t off, uint64_t n) { return {Buf::Output, off, n}; }
 constexpr Region scr(uint64_t off, uint64_t n) { return {Buf::Scratch, off, n}; }
 
+// ---- Round patterns: the plan as the simulator and cost models see it ------
+//
+// A plan's messages grouped into rounds, each described by a peer *pattern*
+// instead of a list, so that a 131,072-rank ring is two Rounds, not 10^10
+// steps (DESIGN.md).  rounds() costs O(rounds), independent of the rank count
+// for the uniform families.  Rounds describe unsliced messages: the executor's
+// pipelining (Shape::chunk_elems) splits a message into slices but moves the
+// same bytes between the same pairs, so it is a timing detail for the models.
+// tests/unit/sim_rounds_test.cpp cross-checks every algorithm's rounds
+// against its expanded programs for n <= 16 so the two cannot drift.
+enum class Peers : uint8_t {
+  Shift,     // every rank r sends to (r + arg) mod n
+  Xor,       // recursive doubling over the n - fold "core" ranks: core v sends to v ^ arg;
+             // core v is real rank 2v+1 for v < fold, else v + fold (fold = 0: all ranks)
+  FoldIn,    // rank 2i sends to 2i+1, for i < fold
+  FoldOut,   // rank 2i+1 sends to 2i, for i < fold
+  TreeDown,  // binomial level arg: virtual v = (r - root) mod n with v % (2 arg) == 0 and
+             // v + arg < n sends to v + arg
+  TreeUp,    // binomial level arg: virtual v with v % (2 arg) == arg sends to v - arg
+  Chain,     // virtual ranks 0..n-2 each send to the next (a pipelined chain: one stream)
+  AllPairs,  // every rank sends to every other rank
+  Explicit,  // the messages are listed in Round::msgs (derived plans; small n only)
+};
+
+struct RoundMessage {
+  int32_t src = 0, dst = 0;
+  uint64_t elems = 0;
+};
+
+struct Round {
+  uint64_t repeat = 1;  // back-to-back rounds of the same pattern (ring: n - 1)
+  Peers peers = Peers::Shift;
+  int64_t arg = 1;      // Shift: distance; Xor: mask; Tree*: child offset m
+  int32_t root = 0;     // Tree*, Chain: the root (virtual rank 0)
+  int32_t fold = 0;     // Xor, Fold*: ranks folded away (0 for a power of two)
+  uint64_t elems = 0;   // elements per message (the largest when a split is ragged)
+  // Tree*: a message carries a subtree of blocks, elems * min(arg, n - child)
+  // where child is the non-root end (gather, scatter).
+  bool subtree = false;
+  bool reduce = false;  // the receiver reduces what it receives
+  std::vector<RoundMessage> msgs;  // Explicit only
+
+  // Elements of the message that the child at virtual rank `child` carries.
+  [[nodiscard]] uint64_t elemsFor(int n, int child) const {
+    return subtree ? elems * static_cast<uint64_t>(std::min<int64_t>(arg, n - child)) : elems;
+  }
+};
+
+// Calls f(src, dst, elems) for every message of one repetition of r on n
+// ranks, in O(messages) time and O(1) memory.
+template <typename F>
+void forEachMessage(const Round& r, int n, F&& f) {
+  auto real = [&](int64_t v) { return static_cast<int>(((v + r.root) % n + n) % n); };
+  switch (r.peers) {
+    case Peers::Shift:
+      if (n > 1 && r.arg % n != 0)
+        for (int i = 0; i < n; ++i) f(i, static_cast<int>(((i + r.arg) % n + n) % n), r.elems);
+      break;
+    case Peers::Xor: {
+      const int p = n - r.fold;
+      auto core = [&](int v) { return v < r.fold ? 2 * v + 1 : v + r.fold; };
+      for (int v = 0; v < p; ++v)
+        if (int w = v ^ static_cast<int>(r.arg); w < p) f(core(v), core(w), r.elems);
+      break;
+    }
+    case Peers::FoldIn:
+      for (int i = 0; i < r.fold; ++i) f(2 * i, 2 * i + 1, r.elems);
+      break;
+    case Peers::FoldOut:
+      for (int i = 0; i < r.fold; ++i) f(2 * i + 1, 2 * i, r.elems);
+      break;
+    case Peers::TreeDown:
+      for (int64_t v = 0; v + r.arg < n; v += 2 * r.arg)
+        f(real(v), real(v + r.arg), r.elemsFor(n, static_cast<int>(v + r.arg)));
+      break;
+    case Peers::TreeUp:
+      for (int64_t v = r.arg; v < n; v += 2 * r.arg) f(real(v), real(v - r.arg), r.elemsFor(n, static_cast<int>(v)));
+      break;
+    case Peers::Chain:
+      for (int v = 0; v + 1 < n; ++v) f(real(v), real(v + 1), r.elems);
+      break;
+    case Peers::AllPairs:
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j)
+          if (i != j) f(i, j, r.elems);
+      break;
+    case Peers::Explicit:
+      for (const RoundMessage& m : r.msgs) f(m.src, m.dst, m.elems);
+      break;
+  }
+}
+
+// Derives rounds by expanding every rank's program (round j = every rank's
+// j-th send); the default for an algorithm without its own rounds().  Costs
+// O(n x steps^2), so it refuses n > kMaxDerivedRanks.
+constexpr int kMaxDerivedRanks = 256;
+class Algorithm;
+Result<std::vector<Round>> deriveRounds(const Algorithm& algo, const Shape& shape);
+
 // An algorithm: a self-describing value in a registry the communicator owns.
 class Algorithm {
  public:
@@ -188,6 +288,11 @@ class Algorithm {
   }
   // Emits rank's program for shape (the builder is already reset).
   virtual void generate(const Shape& shape, int rank, ProgramBuilder& b) const = 0;
+  // The plan's rounds as patterns (see Round).  The default derives them from
+  // the expanded programs, which works for any algorithm but only for small n.
+  [[nodiscard]] virtual Result<std::vector<Round>> rounds(const Shape& shape) const {
+    return deriveRounds(*this, shape);
+  }
 };
 
 // Generates rank's program of algo for shape.
@@ -213,5 +318,8 @@ void addRingAlgorithms(Registry& r);
 void addTreeAlgorithms(Registry& r);
 void addRecursiveDoublingAlgorithms(Registry& r);
 void addExchangeAlgorithms(Registry& r);  // pairwise alltoall(v), barrier, send/recv, direct
+void addRabenseifnerAlgorithms(Registry& r);  // halving-doubling allreduce, recursive-halving reduce-scatter
+void addBruckAlgorithms(Registry& r);         // Bruck allgather and alltoall
+void addDoubleTreeAlgorithms(Registry& r);    // double binary tree allreduce, scatter-allgather broadcast
 
 }  // namespace chorus::plan

@@ -16,6 +16,18 @@ class RecursiveDoublingAllReduce final : public Algorithm {
  public:
   std::string_view name() const override { return "recursive_doubling"; }
   Collective collective() const override { return Collective::AllReduce; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    const int n = sh.nranks;
+    const uint64_t N = sh.count;
+    std::vector<Round> rs;
+    if (n == 1 || N == 0) return rs;
+    const int p = pof2Floor(n), rem = n - p;
+    if (rem) rs.push_back({.peers = Peers::FoldIn, .fold = rem, .elems = N, .reduce = true});
+    for (int mask = 1; mask < p; mask <<= 1)
+      rs.push_back({.peers = Peers::Xor, .arg = mask, .fold = rem, .elems = N, .reduce = true});
+    if (rem) rs.push_back({.peers = Peers::FoldOut, .fold = rem, .elems = N});
+    return rs;
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t N = sh.count;
@@ -62,6 +74,13 @@ class RecursiveDoublingAllGather final : public Algorithm {
  public:
   std::string_view name() const override { return "recursive_doubling"; }
   Collective collective() const override { return Collective::AllGather; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    std::vector<Round> rs;
+    if (sh.count == 0) return rs;
+    for (int mask = 1; mask < sh.nranks; mask <<= 1)
+      rs.push_back({.peers = Peers::Xor, .arg = mask, .elems = mask * sh.count});
+    return rs;
+  }
   bool supports(const Shape& sh) const override { return std::has_single_bit(static_cast<unsigned>(sh.nranks)); }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;

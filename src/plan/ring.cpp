@@ -35,6 +35,13 @@ class RingAllReduce final : public Algorithm {
  public:
   std::string_view name() const override { return "ring"; }
   Collective collective() const override { return Collective::AllReduce; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    const int n = sh.nranks;
+    if (n == 1 || sh.count == 0) return std::vector<Round>{};
+    const uint64_t blk = partBegin(sh.count, n, 1);  // the largest block
+    return std::vector<Round>{{.repeat = uint64_t(n - 1), .peers = Peers::Shift, .arg = 1, .elems = blk, .reduce = true},
+                              {.repeat = uint64_t(n - 1), .peers = Peers::Shift, .arg = 1, .elems = blk}};
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t N = sh.count;
@@ -90,6 +97,10 @@ class RingAllGather final : public Algorithm {
  public:
   std::string_view name() const override { return "ring"; }
   Collective collective() const override { return Collective::AllGather; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
+    return std::vector<Round>{{.repeat = uint64_t(sh.nranks - 1), .peers = Peers::Shift, .arg = 1, .elems = sh.count}};
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const uint64_t c = sh.count;
     ringAllGatherBlocks(sh, r, b, [c](int) { return c; }, [c](int i) { return c * i; });
@@ -100,6 +111,12 @@ class RingAllGatherV final : public Algorithm {
  public:
   std::string_view name() const override { return "ring"; }
   Collective collective() const override { return Collective::AllGatherV; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    uint64_t maxc = 0;
+    for (size_t c : sh.counts) maxc = std::max<uint64_t>(maxc, c);
+    if (sh.nranks == 1 || maxc == 0) return std::vector<Round>{};
+    return std::vector<Round>{{.repeat = uint64_t(sh.nranks - 1), .peers = Peers::Shift, .arg = 1, .elems = maxc}};
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     ringAllGatherBlocks(
         sh, r, b, [&](int i) { return static_cast<uint64_t>(sh.counts[i]); },
@@ -113,6 +130,11 @@ class RingReduceScatter final : public Algorithm {
  public:
   std::string_view name() const override { return "ring"; }
   Collective collective() const override { return Collective::ReduceScatter; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
+    return std::vector<Round>{
+        {.repeat = uint64_t(sh.nranks - 1), .peers = Peers::Shift, .arg = 1, .elems = sh.count, .reduce = true}};
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t c = sh.count;
@@ -140,6 +162,10 @@ class ChainBroadcast final : public Algorithm {
  public:
   std::string_view name() const override { return "ring"; }
   Collective collective() const override { return Collective::Broadcast; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
+    return std::vector<Round>{{.peers = Peers::Chain, .root = sh.root, .elems = sh.count}};
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t N = sh.count;

@@ -23,6 +23,16 @@ struct Tree {
   [[nodiscard]] int subtreeEnd() const { return std::min(vr + span(), n); }
 };
 
+// Binomial levels: down (root first: largest offset first) or up (leaves first).
+std::vector<Round> treeRounds(int n, int root, Peers dir, uint64_t elems, bool subtree, bool reduce) {
+  std::vector<Round> rs;
+  if (n == 1 || elems == 0) return rs;
+  for (int m = 1; m < n; m *= 2)
+    rs.push_back({.peers = dir, .arg = m, .root = root, .elems = elems, .subtree = subtree, .reduce = reduce});
+  if (dir == Peers::TreeDown) std::reverse(rs.begin(), rs.end());
+  return rs;
+}
+
 Region sliceOf(Buf buf, uint64_t begin, uint64_t len, uint64_t S, uint64_t s) {
   uint64_t a = partBegin(len, S, s), e = partBegin(len, S, s + 1);
   return {buf, begin + a, e - a};
@@ -32,6 +42,9 @@ class BinomialBroadcast final : public Algorithm {
  public:
   std::string_view name() const override { return "binomial"; }
   Collective collective() const override { return Collective::Broadcast; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    return treeRounds(sh.nranks, sh.root, Peers::TreeDown, sh.count, false, false);
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const Tree t{sh.nranks, sh.root, mod(r - sh.root, sh.nranks)};
     const uint64_t N = sh.count;
@@ -52,6 +65,9 @@ class BinomialReduce final : public Algorithm {
  public:
   std::string_view name() const override { return "binomial"; }
   Collective collective() const override { return Collective::Reduce; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    return treeRounds(sh.nranks, sh.root, Peers::TreeUp, sh.count, false, true);
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const Tree t{sh.nranks, sh.root, mod(r - sh.root, sh.nranks)};
     const uint64_t N = sh.count;
@@ -117,6 +133,9 @@ class BinomialGather final : public Algorithm {
  public:
   std::string_view name() const override { return "binomial"; }
   Collective collective() const override { return Collective::Gather; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    return treeRounds(sh.nranks, sh.root, Peers::TreeUp, sh.count, true, false);
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const Tree t{sh.nranks, sh.root, mod(r - sh.root, sh.nranks)};
     const uint64_t c = sh.count;
@@ -135,6 +154,9 @@ class BinomialScatter final : public Algorithm {
  public:
   std::string_view name() const override { return "binomial"; }
   Collective collective() const override { return Collective::Scatter; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    return treeRounds(sh.nranks, sh.root, Peers::TreeDown, sh.count, true, false);
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const Tree t{sh.nranks, sh.root, mod(r - sh.root, sh.nranks)};
     const uint64_t c = sh.count;

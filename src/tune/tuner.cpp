@@ -7,9 +7,30 @@ namespace chorus::tune {
 using plan::Collective;
 
 Result<Tuner> Tuner::create(const plan::Registry& registry, Topology topo, std::string_view spec,
-                            uint64_t chunk_bytes_override) {
+                            uint64_t chunk_bytes_override, CostProfile profile) {
   Tuner t(registry, topo);
+  t.profile_ = std::move(profile);
   t.chunk_override_ = chunk_bytes_override;
+  auto need = [&](Collective c, std::string_view name, const plan::Algorithm** slot) -> Status {
+    *slot = registry.find(c, name);
+    if (*slot == nullptr) return internalError("the registry lacks the built-in {} algorithm '{}'", plan::collectiveName(c), name);
+    return {};
+  };
+  Defaults& d = t.defaults_;
+  CHORUS_RETURN_IF_ERROR(need(Collective::AllReduce, "recursive_doubling", &d.rd_allreduce));
+  CHORUS_RETURN_IF_ERROR(need(Collective::AllReduce, "ring", &d.ring_allreduce));
+  CHORUS_RETURN_IF_ERROR(need(Collective::Broadcast, "binomial", &d.binomial_bcast));
+  CHORUS_RETURN_IF_ERROR(need(Collective::Broadcast, "ring", &d.ring_bcast));
+  CHORUS_RETURN_IF_ERROR(need(Collective::AllGather, "recursive_doubling", &d.rd_allgather));
+  CHORUS_RETURN_IF_ERROR(need(Collective::AllGather, "ring", &d.ring_allgather));
+  CHORUS_RETURN_IF_ERROR(need(Collective::Reduce, "binomial", &d.binomial_reduce));
+  CHORUS_RETURN_IF_ERROR(need(Collective::Gather, "binomial", &d.binomial_gather));
+  CHORUS_RETURN_IF_ERROR(need(Collective::Scatter, "binomial", &d.binomial_scatter));
+  CHORUS_RETURN_IF_ERROR(need(Collective::ReduceScatter, "ring", &d.ring_reducescatter));
+  CHORUS_RETURN_IF_ERROR(need(Collective::AllGatherV, "ring", &d.ring_allgatherv));
+  CHORUS_RETURN_IF_ERROR(need(Collective::AllToAll, "pairwise", &d.pairwise_alltoall));
+  CHORUS_RETURN_IF_ERROR(need(Collective::AllToAllV, "pairwise", &d.pairwise_alltoallv));
+  CHORUS_RETURN_IF_ERROR(need(Collective::Barrier, "dissemination", &d.barrier));
   // spec: "coll:name;coll:name" (',' also accepted as a separator).
   size_t pos = 0;
   while (pos < spec.size()) {
@@ -38,43 +59,72 @@ Result<Tuner> Tuner::create(const plan::Registry& registry, Topology topo, std::
   return t;
 }
 
-Result<Choice> Tuner::choose(const plan::Shape& sh) const {
-  const Collective c = sh.coll;
+// The built-in rules (the calibrated cost model replaces them in the
+// algorithms issue).  Pointers are looked up once, at creation.
+const plan::Algorithm* Tuner::defaultFor(const plan::Shape& sh) const {
   const uint64_t bytes = sh.count * sh.elem_size;
+  const bool pof2 = std::has_single_bit(static_cast<unsigned>(sh.nranks));
+  switch (sh.coll) {
+    case Collective::AllReduce:
+      return (bytes <= 32768 || sh.count < static_cast<uint64_t>(sh.nranks)) ? defaults_.rd_allreduce
+                                                                                : defaults_.ring_allreduce;
+    case Collective::Broadcast: return bytes <= 65536 || sh.nranks <= 2 ? defaults_.binomial_bcast : defaults_.ring_bcast;
+    case Collective::AllGather:
+      return pof2 && bytes * sh.nranks <= 65536 ? defaults_.rd_allgather : defaults_.ring_allgather;
+    case Collective::Reduce: return defaults_.binomial_reduce;
+    case Collective::Gather: return defaults_.binomial_gather;
+    case Collective::Scatter: return defaults_.binomial_scatter;
+    case Collective::ReduceScatter: return defaults_.ring_reducescatter;
+    case Collective::AllGatherV: return defaults_.ring_allgatherv;
+    case Collective::AllToAll: return defaults_.pairwise_alltoall;
+    case Collective::AllToAllV: return defaults_.pairwise_alltoallv;
+    case Collective::Barrier: return defaults_.barrier;
+    case Collective::SendRecv: return nullptr;
+  }
+  return nullptr;
+}
+
+uint64_t Tuner::defaultChunk() const {
+  // Pipeline large messages in slices big enough to amortise a message's
+  // fixed cost yet small enough to keep several in flight and in cache.
+  if (chunk_override_ != 0) return chunk_override_;
+  return topo_.all_local ? (512u << 10) : (1u << 20);
+}
+
+Result<double> Tuner::price(const plan::Algorithm& algo, const plan::Shape& sh, chorusDataType_t dtype) const {
+  return predictSeconds(algo, sh, dtype, profile_, topo_.host_of);
+}
+
+Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
+  const Collective c = sh.coll;
+  if (c == Collective::SendRecv) return internalError("send/recv does not go through the tuner");
   Choice ch;
-  ch.chunk_bytes = chunk_override_;
+  ch.chunk_bytes = defaultChunk();
   if (const plan::Algorithm* f = forced_[static_cast<size_t>(c)]; f != nullptr && f->supports(sh)) {
     ch.algo = f;
-  } else {
-    std::string_view name;
-    switch (c) {
-      case Collective::AllReduce:
-        name = (bytes <= 32768 || sh.count < static_cast<uint64_t>(sh.nranks)) ? "recursive_doubling" : "ring";
-        break;
-      case Collective::Broadcast: name = bytes <= 65536 || sh.nranks <= 2 ? "binomial" : "ring"; break;
-      case Collective::AllGather:
-        name = std::has_single_bit(static_cast<unsigned>(sh.nranks)) && bytes * sh.nranks <= 65536
-                   ? "recursive_doubling"
-                   : "ring";
-        break;
-      case Collective::Reduce:
-      case Collective::Gather:
-      case Collective::Scatter: name = "binomial"; break;
-      case Collective::ReduceScatter:
-      case Collective::AllGatherV: name = "ring"; break;
-      case Collective::AllToAll:
-      case Collective::AllToAllV: name = "pairwise"; break;
-      case Collective::Barrier: name = "dissemination"; break;
-      case Collective::SendRecv: return internalError("send/recv does not go through the tuner");
+    return ch;
+  }
+  const uint64_t bytes = sh.count * sh.elem_size;
+  const Key key{static_cast<uint8_t>(c), static_cast<uint8_t>(std::bit_width(bytes)), sh.inplace,
+                static_cast<uint8_t>(dtype)};
+  if (auto it = cache_.find(key); it != cache_.end() && it->second.algo->supports(sh)) return it->second;
+
+  // Price every candidate that handles the shape; the rule-based default is
+  // the fallback when nothing can be priced.
+  plan::Shape priced = sh;
+  priced.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
+  for (const plan::Algorithm* a : registry_->forCollective(c)) {
+    if (!a->supports(sh)) continue;
+    auto t = price(*a, priced, dtype);
+    if (!t.isOk()) continue;
+    if (ch.algo == nullptr || t.value() < ch.predicted_s) {
+      ch.algo = a;
+      ch.predicted_s = t.value();
     }
-    ch.algo = registry_->find(c, name);
-    if (ch.algo == nullptr) return internalError("no built-in {} algorithm '{}'", plan::collectiveName(c), name);
   }
-  if (ch.chunk_bytes == 0) {
-    // Pipeline large messages in slices big enough to amortise a message's
-    // fixed cost yet small enough to keep several in flight and in cache.
-    ch.chunk_bytes = topo_.all_local ? (512u << 10) : (1u << 20);
-  }
+  if (ch.algo == nullptr) ch.algo = defaultFor(sh);
+  if (ch.algo == nullptr) return internalError("no {} algorithm handles this call", plan::collectiveName(c));
+  cache_[key] = ch;
   return ch;
 }
 

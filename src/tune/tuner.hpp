@@ -9,15 +9,18 @@
 #include <array>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/status.hpp"
 #include "plan/plan.hpp"
+#include "tune/cost_model.hpp"
 
 namespace chorus::tune {
 
 struct Choice {
   const plan::Algorithm* algo = nullptr;
-  uint64_t chunk_bytes = 0;  // 0 = no chunking
+  uint64_t chunk_bytes = 0;    // 0 = no chunking
+  double predicted_s = -1;     // the cost model's time for the priced size (< 0: not priced)
 };
 
 // What the tuner knows about the communicator's links.
@@ -25,6 +28,7 @@ struct Topology {
   int nranks = 1;
   int local_ranks = 1;       // ranks on this host (shared memory)
   bool all_local = true;     // every peer reachable over shared memory
+  std::vector<int> host_of;  // host index of every rank (equal = shared memory)
 };
 
 class Tuner {
@@ -32,18 +36,48 @@ class Tuner {
   // Parses overrides (spec = CHORUS_ALGO's value); unknown collectives or
   // algorithm names are errors naming them and listing the valid ones.
   static Result<Tuner> create(const plan::Registry& registry, Topology topo, std::string_view spec,
-                              uint64_t chunk_bytes_override);
+                              uint64_t chunk_bytes_override, CostProfile profile = {});
 
-  // The algorithm for shape (shape.chunk_elems is ignored).
-  Result<Choice> choose(const plan::Shape& shape) const;
+  // The algorithm for shape (shape.chunk_elems is ignored): the CHORUS_ALGO
+  // override, else the cheapest candidate under the cost model, cached per
+  // (collective, power-of-two size class, in place).  Not thread-safe: the
+  // communicator calls it from its one executing thread.
+  Result<Choice> choose(const plan::Shape& shape, chorusDataType_t dtype);
+
+  // The model's time for algo on shape (shape.chunk_elems as given).
+  Result<double> price(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype) const;
+  [[nodiscard]] const CostProfile& profile() const { return profile_; }
 
  private:
   Tuner(const plan::Registry& registry, Topology topo) : registry_(&registry), topo_(topo) {}
+  [[nodiscard]] const plan::Algorithm* defaultFor(const plan::Shape& shape) const;
+  [[nodiscard]] uint64_t defaultChunk() const;
+
+  struct Defaults {
+    const plan::Algorithm *rd_allreduce, *ring_allreduce, *binomial_bcast, *ring_bcast, *rd_allgather,
+        *ring_allgather, *binomial_reduce, *binomial_gather, *binomial_scatter, *ring_reducescatter,
+        *ring_allgatherv, *pairwise_alltoall, *pairwise_alltoallv, *barrier;
+  };
+  Defaults defaults_{};
 
   const plan::Registry* registry_;
   Topology topo_;
   std::array<const plan::Algorithm*, plan::kNumCollectives> forced_{};
   uint64_t chunk_override_ = 0;
+  CostProfile profile_;
+  struct Key {
+    uint8_t coll;
+    uint8_t size_class;
+    bool inplace;
+    uint8_t dtype;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return (size_t{k.coll} << 24) | (size_t{k.size_class} << 16) | (size_t{k.inplace} << 8) | k.dtype;
+    }
+  };
+  std::unordered_map<Key, Choice, KeyHash> cache_;
 };
 
 }  // namespace chorus::tune

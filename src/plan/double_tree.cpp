@@ -1,0 +1,115 @@
+// Tree algorithms for large messages at scale.
+//
+// Double binary tree allreduce (as NCCL's): two binary trees over the ranks,
+// the second the mirror image of the first, so that almost every rank is a
+// leaf in one tree and an inner node in the other; each tree reduces and then
+// broadcasts half the data, in pipelined slices.  Per rank that is at most
+// two receives and one send per slice in each phase, and the depth is
+// log2(n), so latency grows with log n instead of n as in a ring.
+//
+// Scatter-allgather broadcast (van de Geijn): a binomial scatter of n blocks
+// from the root, then a ring allgather of the blocks; each rank sends about
+// 2N(n-1)/n bytes instead of N log n for a binomial tree.
+#include "plan/partition.hpp"
+#include "plan/plan.hpp"
+
+namespace chorus::plan {
+namespace {
+
+// A heap-shaped binary tree over virtual ranks; mirrored trees use
+// virtual v = n - 1 - r.
+struct HeapTree {
+  int n;
+  bool mirror;
+  [[nodiscard]] int virt(int r) const { return mirror ? n - 1 - r : r; }
+  [[nodiscard]] int real(int v) const { return mirror ? n - 1 - v : v; }
+};
+
+class DoubleTreeAllReduce final : public Algorithm {
+ public:
+  std::string_view name() const override { return "double_tree"; }
+  Collective collective() const override { return Collective::AllReduce; }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const int n = sh.nranks;
+    const uint64_t N = sh.count;
+    if (n == 1) return b.copy(out(0, N), in(0, N));
+    if (N == 0) return;
+    const HeapTree trees[2] = {{n, false}, {n, true}};
+    const uint64_t half[3] = {0, partBegin(N, 2, 1), N};
+    const uint64_t S = numSlices(half[1], sh.chunk_elems);
+    for (uint64_t s = 0; s < S; ++s) {
+      for (int t = 0; t < 2; ++t) {
+        const HeapTree& T = trees[t];
+        const uint64_t len = half[t + 1] - half[t];
+        const uint64_t a = half[t] + partBegin(len, S, s), e = half[t] + partBegin(len, S, s + 1);
+        if (e == a) continue;
+        const Region mine = out(a, e - a);
+        const int v = T.virt(r);
+        Region cur = in(a, e - a);
+        for (int child : {2 * v + 1, 2 * v + 2}) {
+          if (child >= n) continue;
+          b.recvReduce(T.real(child), mine, cur);
+          cur = mine;
+        }
+        if (v != 0) {
+          const int parent = T.real((v - 1) / 2);
+          b.send(parent, cur);
+          b.recv(parent, mine);
+        } else if (cur.buf != Buf::Output) {
+          b.copy(mine, cur);
+        }
+        for (int child : {2 * v + 1, 2 * v + 2})
+          if (child < n) b.send(T.real(child), mine);
+      }
+    }
+  }
+};
+
+class ScatterAllGatherBroadcast final : public Algorithm {
+ public:
+  std::string_view name() const override { return "scatter_allgather"; }
+  Collective collective() const override { return Collective::Broadcast; }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const int n = sh.nranks;
+    const uint64_t N = sh.count;
+    const int v = mod(r - sh.root, n);
+    auto real = [&](int vv) { return mod(vv + sh.root, n); };
+    if (v == 0) b.copy(out(0, N), in(0, N));
+    if (n == 1 || N == 0) return;
+    auto bo = [&](int blk) { return partBegin(N, n, blk); };
+    // The root's data is its input; everyone else's arrives in the output.
+    auto data = [&](int lo, int hi) {
+      return Region{v == 0 ? Buf::Input : Buf::Output, bo(lo), bo(hi) - bo(lo)};
+    };
+    // Binomial scatter: v receives blocks [v, v + lowbit(v)) from its parent.
+    const int span = v == 0 ? pof2Ceil(n) : lowBit(v);
+    if (v != 0) {
+      const Region got = out(bo(v), bo(std::min(v + span, n)) - bo(v));
+      if (got.count) b.recv(real(v - span), got);
+    }
+    for (int m = span / 2; m >= 1; m /= 2) {
+      const int child = v + m;
+      if (child >= n) continue;
+      const Region give = data(child, std::min(child + m, n));
+      if (give.count) b.send(real(child), give);
+    }
+    // Ring allgather of the blocks in virtual order.
+    const int next = real(v + 1), prev = real(v - 1 + n);
+    for (int k = 0; k < n - 1; ++k) {
+      const int sb = mod(v - k, n), rb = mod(v - k - 1, n);
+      const Region snd = data(sb, sb + 1);
+      if (snd.count) b.send(next, snd);
+      const Region dst = out(bo(rb), bo(rb + 1) - bo(rb));
+      if (dst.count) b.recv(prev, dst);
+    }
+  }
+};
+
+}  // namespace
+
+void addDoubleTreeAlgorithms(Registry& r) {
+  r.add(std::make_unique<DoubleTreeAllReduce>());
+  r.add(std::make_unique<ScatterAllGatherBroadcast>());
+}
+
+}  // namespace chorus::plan

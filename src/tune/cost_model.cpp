@@ -1,0 +1,122 @@
+#include "tune/cost_model.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include "common/env.hpp"
+#include "kernels/dtype.hpp"
+
+namespace chorus::tune {
+
+CostProfile::CostProfile() {
+  cores = std::max(1u, std::thread::hardware_concurrency());
+  // Reduction throughput per byte of one operand: fp32/fp64/int run at
+  // memory speed; the narrow floats convert to fp32 and back.
+  for (int d = 0; d < chorusNumTypes; ++d) gamma_s_per_byte[d] = 1.0 / 8.0e9;
+  gamma_s_per_byte[chorusFloat16] = 1.0 / 4.0e9;
+  gamma_s_per_byte[chorusBfloat16] = 1.0 / 4.0e9;
+  gamma_s_per_byte[chorusFloat8e4m3] = 1.0 / 0.5e9;
+  gamma_s_per_byte[chorusFloat8e5m2] = 1.0 / 0.5e9;
+}
+
+Result<CostProfile> CostProfile::fromJson(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return invalidArgument("tuning profile is not a JSON object");
+  CostProfile p;
+  auto num = [&](const nlohmann::json& o, const char* key, double* out) -> Status {
+    if (!o.contains(key)) return {};
+    if (!o[key].is_number() || o[key].get<double>() < 0)
+      return invalidArgument("tuning profile: '{}' must be a non-negative number", key);
+    *out = o[key].get<double>();
+    return {};
+  };
+  for (auto [name, link] : {std::pair{"shm", &p.shm}, std::pair{"tcp", &p.tcp}}) {
+    if (!j.contains(name)) continue;
+    if (!j[name].is_object()) return invalidArgument("tuning profile: '{}' must be an object", name);
+    CHORUS_RETURN_IF_ERROR(num(j[name], "alpha_us", &link->alpha_s));
+    link->alpha_s *= 1e-6;
+    double gbps = 0;
+    CHORUS_RETURN_IF_ERROR(num(j[name], "bandwidth_gbps", &gbps));
+    if (gbps > 0) link->beta_s_per_byte = 1.0 / (gbps * 1e9);
+  }
+  if (j.contains("reduce_gbps")) {
+    if (!j["reduce_gbps"].is_object()) return invalidArgument("tuning profile: 'reduce_gbps' must be an object");
+    for (auto& [k, v] : j["reduce_gbps"].items()) {
+      chorusDataType_t d;
+      if (!kernels::parseDtype(k, &d)) return invalidArgument("tuning profile: unknown dtype '{}' in reduce_gbps", k);
+      if (!v.is_number() || v.get<double>() <= 0) return invalidArgument("tuning profile: reduce_gbps.{} must be > 0", k);
+      p.gamma_s_per_byte[d] = 1.0 / (v.get<double>() * 1e9);
+    }
+  }
+  double oh = p.op_overhead_s * 1e6;
+  CHORUS_RETURN_IF_ERROR(num(j, "op_overhead_us", &oh));
+  p.op_overhead_s = oh * 1e-6;
+  if (j.contains("cores")) {
+    if (!j["cores"].is_number_integer() || j["cores"].get<int>() < 1)
+      return invalidArgument("tuning profile: 'cores' must be a positive integer");
+    p.cores = j["cores"].get<int>();
+  }
+  return p;
+}
+
+std::string CostProfile::toJson() const {
+  nlohmann::json j;
+  j["shm"] = {{"alpha_us", shm.alpha_s * 1e6}, {"bandwidth_gbps", 1e-9 / shm.beta_s_per_byte}};
+  j["tcp"] = {{"alpha_us", tcp.alpha_s * 1e6}, {"bandwidth_gbps", 1e-9 / tcp.beta_s_per_byte}};
+  for (int d = 0; d < chorusNumTypes; ++d)
+    j["reduce_gbps"][std::string(kernels::dtypeName(static_cast<chorusDataType_t>(d)))] = 1e-9 / gamma_s_per_byte[d];
+  j["op_overhead_us"] = op_overhead_s * 1e6;
+  j["cores"] = cores;
+  return j.dump(2) + "\n";
+}
+
+std::string CostProfile::defaultPath() {
+  if (auto f = env::raw("CHORUS_TUNE_FILE"); f && !f->empty()) return *f;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/tmp") + "/.cache/chorus/profile.json";
+}
+
+Result<CostProfile> CostProfile::load() {
+  const std::string path = defaultPath();
+  std::ifstream in(path);
+  if (!in) return CostProfile{};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto p = fromJson(ss.str());
+  if (!p.isOk()) return p.status().withContext(fmt::format("{}: ", path));
+  p->source = path;
+  return p;
+}
+
+Result<double> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
+                              const CostProfile& prof, const std::vector<int>& host_of) {
+  CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, algo.rounds(shape));
+  const int n = shape.nranks;
+  const double gamma = prof.gamma_s_per_byte[dtype];
+  double total = prof.op_overhead_s;
+  std::vector<int> busy(static_cast<size_t>(n), 0);  // messages received per host in this round
+  for (const plan::Round& r : rounds) {
+    double worst = 0;
+    std::fill(busy.begin(), busy.end(), 0);
+    int most = 0;
+    plan::forEachMessage(r, n, [&](int src, int dst, uint64_t elems) {
+      const int h = host_of.empty() ? 0 : host_of[dst];
+      most = std::max(most, ++busy[static_cast<size_t>(h)]);
+      const bool remote = host_of.empty() ? false : host_of[src] != host_of[dst];
+      const LinkCost& l = remote ? prof.tcp : prof.shm;
+      const double bytes = static_cast<double>(elems) * shape.elem_size;
+      const double t = l.alpha_s + bytes * l.beta_s_per_byte + (r.reduce ? bytes * gamma : 0.0);
+      worst = std::max(worst, t);
+    });
+    const double turns = std::max(1.0, static_cast<double>(most) / prof.cores);
+    total += static_cast<double>(r.repeat) * worst * turns;
+  }
+  return total;
+}
+
+}  // namespace chorus::tune
