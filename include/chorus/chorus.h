@@ -169,6 +169,16 @@ chorusResult_t chorusStreamSynchronize(chorusStream_t stream);
 chorusResult_t chorusStreamQuery(chorusStream_t stream);
 chorusResult_t chorusStreamDestroy(chorusStream_t stream);
 
+/* chorus extensions */
+
+/* The algorithm the communicator's tuner picks for a call of this shape
+ * (collective as chorus-bench names it: "allreduce", "allgather", ...; count as
+ * the collective's own count argument) and the cost model's predicted time in
+ * microseconds.  algo receives a NUL-terminated name (truncated to algo_len). */
+chorusResult_t chorusCommPredict(chorusComm_t comm, const char* collective, size_t count,
+                                 chorusDataType_t datatype, int inplace, char* algo, size_t algo_len,
+                                 double* predicted_us);
+
 #ifdef __cplusplus
 }
 #endif

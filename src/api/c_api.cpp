@@ -553,6 +553,28 @@ CHORUS_EXPORT chorusResult_t chorusBarrier(chorusComm_t comm, chorusStream_t str
   return issue(ref, stream, d);
 }
 
+CHORUS_EXPORT chorusResult_t chorusCommPredict(chorusComm_t comm, const char* collective, size_t count,
+                                               chorusDataType_t datatype, int inplace, char* algo, size_t algo_len,
+                                               double* predicted_us) {
+  const char* fn = "chorusCommPredict";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkDtype(fn, datatype));
+  CHORUS_CHECK(collective ? Status() : invalidArgument("{}: collective is NULL", fn));
+  CHORUS_CHECK(predicted_us ? Status() : invalidArgument("{}: predicted_us is NULL", fn));
+  plan::Collective coll;
+  if (!plan::parseCollective(collective, &coll))
+    return report(invalidArgument("{}: collective='{}' is not a collective name (allreduce, broadcast, ...)", fn, collective), c);
+  auto p = ref->predict(coll, count, datatype, inplace != 0);
+  if (!p.isOk()) return report(p.status(), c);
+  *predicted_us = p->seconds * 1e6;
+  if (algo != nullptr && algo_len > 0) {
+    size_t n = std::min(algo_len - 1, p->algo.size());
+    std::memcpy(algo, p->algo.data(), n);
+    algo[n] = '\0';
+  }
+  return chorusSuccess;
+}
+
 // ---- groups ----------------------------------------------------------------------
 
 CHORUS_EXPORT chorusResult_t chorusGroupStart(void) {

@@ -660,6 +660,26 @@ void Communicator::drain() {
   q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
 }
 
+Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, size_t count, chorusDataType_t dtype,
+                                                     bool inplace) {
+  if (coll == Collective::SendRecv || coll == Collective::AllGatherV || coll == Collective::AllToAllV)
+    return invalidArgument("predict: {} is not priced (send/recv and the v-collectives depend on every rank's counts)",
+                           plan::collectiveName(coll));
+  plan::Shape sh;
+  sh.coll = coll;
+  sh.nranks = nranks_;
+  sh.count = count;
+  sh.elem_size = static_cast<uint32_t>(kernels::dtypeSize(dtype));
+  sh.inplace = inplace;
+  // Serialised with execution: the tuner belongs to the executing thread.
+  std::unique_lock l(q_mu_);
+  q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
+  CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, dtype));
+  sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
+  CHORUS_ASSIGN_OR_RETURN(double t, tuner_->price(*ch.algo, sh, dtype));
+  return Prediction{std::string(ch.algo->name()), t};
+}
+
 // ---- split --------------------------------------------------------------------
 
 Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {

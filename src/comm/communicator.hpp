@@ -85,6 +85,13 @@ class Communicator {
   // Collective over this communicator.  color < 0: *out = nullptr.
   Result<std::unique_ptr<Communicator>> split(int color, int key);
 
+  // The tuner's choice for a call of this shape and its predicted time.
+  struct Prediction {
+    std::string algo;
+    double seconds = 0;
+  };
+  Result<Prediction> predict(plan::Collective coll, size_t count, chorusDataType_t dtype, bool inplace);
+
   void abort(const Status& why);
   // The error that broke the communicator (or ok).
   Status asyncError() const;

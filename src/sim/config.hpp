@@ -1,0 +1,95 @@
+// Cluster and model descriptions (configs/clusters/*.json,
+// configs/models/*.json) parsed into validated structs.  Every error names the
+// file, the key and the offending value; optional keys have the defaults
+// written here and documented in docs/simulator.md.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+
+#include "common/status.hpp"
+#include "sim/units.hpp"
+
+namespace chorus::sim {
+
+enum class TopologyKind { FatTree, RailOptimized, Torus2d, Torus3d, Dragonfly };
+std::string_view topologyName(TopologyKind k);
+
+struct GpuSpec {
+  std::string name;
+  FlopsPerSecond peak16;       // dense 16-bit tensor peak
+  FlopsPerSecond peak8;        // dense fp8 peak (default 2 x peak16)
+  Bytes hbm;
+  BytesPerSecond hbm_bw;
+  // Largest fraction of peak a large GEMM reaches (default 0.80, see docs).
+  double gemm_efficiency = 0.80;
+  // GEMM size (m*n*k FLOP/2) at which efficiency is half its maximum.
+  double gemm_half_size = 4e9;
+  // Fraction of HBM bandwidth that element-wise kernels reach (default 0.80).
+  double hbm_efficiency = 0.80;
+  Seconds kernel_overhead = us(4);  // launch + tail per kernel
+};
+
+struct NodeSpec {
+  int gpus = 8;                 // GPUs in one scale-up (NVLink) domain
+  BytesPerSecond nvlink_bw;     // per GPU, per direction
+  Seconds nvlink_latency;
+  double nvlink_efficiency = 0.80;  // achievable fraction (NCCL-measured busbw / peak)
+};
+
+struct NetworkSpec {
+  TopologyKind topology = TopologyKind::FatTree;
+  int nics_per_node = 8;
+  BytesPerSecond nic_bw;        // per NIC, per direction
+  Seconds latency;              // end to end (torus: per hop)
+  double oversubscription = 1;  // leaf down : up bandwidth
+  double efficiency = 0.90;     // achievable fraction of NIC line rate
+  int leaf_nodes = 16;          // fat-tree/rail: nodes under one leaf (per rail)
+  std::array<int, 3> dims{1, 1, 1};  // torus: nodes per dimension (product = nodes)
+  int group_nodes = 32;         // dragonfly: nodes per group
+};
+
+struct ClusterSpec {
+  std::string name;
+  int nodes = 1;
+  GpuSpec gpu;
+  NodeSpec node;
+  NetworkSpec network;
+  [[nodiscard]] int64_t gpus() const { return int64_t{nodes} * node.gpus; }
+};
+
+enum class Activation { Gelu, SwiGlu };
+
+struct MoeSpec {
+  int experts = 0;  // 0 = dense model
+  int top_k = 1;
+  int64_t expert_ffn_hidden = 0;
+  int shared_experts = 0;  // always-active experts (DeepSeek)
+  int dense_layers = 0;    // leading layers with a dense FFN (DeepSeek: 3)
+};
+
+struct ModelSpec {
+  std::string name;
+  int layers = 0;
+  int64_t hidden = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int64_t ffn_hidden = 0;
+  int64_t vocab = 0;
+  Activation activation = Activation::Gelu;
+  MoeSpec moe;
+  [[nodiscard]] int64_t headDim() const { return hidden / heads; }
+  // Parameters of one transformer layer (attention + FFN/experts + norms).
+  [[nodiscard]] double layerParams(int layer) const;
+  [[nodiscard]] double params() const;        // all parameters
+  [[nodiscard]] double activeParams() const;  // touched per token (MoE: top_k experts)
+};
+
+// Parses JSON text; `where` names the source in errors (a file name).
+Result<ClusterSpec> parseCluster(std::string_view json, std::string_view where);
+Result<ModelSpec> parseModel(std::string_view json, std::string_view where);
+Result<ClusterSpec> loadCluster(const std::string& path);
+Result<ModelSpec> loadModel(const std::string& path);
+
+}  // namespace chorus::sim

@@ -1,0 +1,78 @@
+// The analytical network model: prices a collective's plan, round by round,
+// on the routed topology.
+//
+// For each distinct round pattern (plan::Round) the flows of every
+// concurrent group are placed once: each message adds its bytes to every link
+// on its route, and the round costs
+//     t = max route latency + max over links (bytes on link / link capacity)
+// (the most loaded link sets the pace: contention is counted, as max-min
+// sharing would for equal flows), or, when the receivers reduce, at least the
+// reduction's HBM traffic (3 x bytes received / HBM bandwidth), which runs
+// pipelined with the transfer.  A chain pays its latency once per hop.  The
+// collective is the sum over rounds of repeat x t.
+#pragma once
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "plan/plan.hpp"
+#include "sim/config.hpp"
+#include "sim/topology.hpp"
+
+namespace chorus::sim {
+
+// Equal process groups laid out with a stride over GPU ids: group j's member
+// r is base(j) + r * stride with base(j) = j % stride + (j / stride) * stride * size.
+// This is one dimension of a mixed-radix rank layout (tp fastest, then cp,
+// dp, pp: the Megatron order); all groups run the same collective at once.
+struct GroupSet {
+  int64_t size = 1;
+  int64_t stride = 1;
+  int64_t groups = 1;
+  int64_t offset = 0;  // added to every GPU id
+  [[nodiscard]] int64_t gpuOf(int64_t group, int64_t rank) const {
+    return offset + group % stride + (group / stride) * stride * size + rank * stride;
+  }
+};
+
+struct CollectiveCost {
+  Seconds time;
+  std::string algo;
+  std::string bottleneck;    // the link that limited the slowest round (or "latency")
+  Seconds latency;           // the part of time spent in route latency
+};
+
+class NetworkModel {
+ public:
+  NetworkModel(const ClusterSpec& c, const Topology& t, const plan::Registry& reg) : c_(c), t_(t), reg_(reg) {}
+
+  // Prices collective `coll` of `bytes` (nccl-tests convention: allreduce,
+  // broadcast, reduce: the buffer; allgather, gather: the output; reduce-
+  // scatter, scatter: the input; alltoall: what one rank sends in all) on
+  // every group of `groups` at once.  algo "" or "auto" picks the fastest
+  // algorithm whose plan supports the shape.
+  Result<CollectiveCost> collective(plan::Collective coll, Bytes bytes, const GroupSet& groups, std::string_view algo);
+
+  // Prices one point-to-point transfer per group member pair (src, dst) of
+  // `bytes`, every group at once (pipeline sends between stages).
+  Result<CollectiveCost> sendRecv(Bytes bytes, const GroupSet& pairs);
+
+ private:
+  Result<CollectiveCost> price(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g);
+  struct RoundCost {
+    Seconds time, latency;
+    int64_t bottleneck = -1;
+  };
+  RoundCost placeRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes);
+
+  const ClusterSpec& c_;
+  const Topology& t_;
+  const plan::Registry& reg_;
+  std::vector<double> load_;  // bytes per link, reset per pattern
+};
+
+double busBandwidthFactor(plan::Collective coll, int64_t n);
+
+}  // namespace chorus::sim

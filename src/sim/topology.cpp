@@ -1,0 +1,72 @@
+#include "sim/topology.hpp"
+
+#include <algorithm>
+
+namespace chorus::sim {
+
+Result<Topology> Topology::build(const ClusterSpec& c) {
+  Topology t(c);
+  t.gpn_ = c.node.gpus;
+  t.gpus_ = c.gpus();
+  t.ports_ = std::min(c.network.nics_per_node, c.node.gpus);
+  t.nvl_cap_ = c.node.nvlink_bw * c.node.nvlink_efficiency;
+  // Several NICs behind one GPU pool their bandwidth into its port.
+  t.port_cap_ = c.network.nic_bw * (c.network.efficiency * c.network.nics_per_node / t.ports_);
+  int64_t next = 0;
+  t.nvl_tx_ = next, next += t.gpus_;
+  t.nvl_rx_ = next, next += t.gpus_;
+  switch (c.network.topology) {
+    case TopologyKind::Torus2d:
+    case TopologyKind::Torus3d:
+      t.ndims_ = c.network.topology == TopologyKind::Torus2d ? 2 : 3;
+      t.torus_ = next, next += int64_t{c.nodes} * t.ndims_ * 2;
+      t.torus_cap_ = c.network.nic_bw * c.network.efficiency;
+      t.port_tx_ = t.port_rx_ = t.up_ = t.down_ = next;
+      break;
+    default: {
+      const int64_t nports = int64_t{c.nodes} * t.ports_;
+      t.port_tx_ = next, next += nports;
+      t.port_rx_ = next, next += nports;
+      int64_t uppers = 0, ports_per_upper = 0;
+      if (c.network.topology == TopologyKind::Dragonfly) {
+        uppers = c.nodes / c.network.group_nodes;
+        ports_per_upper = int64_t{c.network.group_nodes} * t.ports_;
+      } else if (c.network.topology == TopologyKind::RailOptimized) {
+        uppers = (c.nodes + c.network.leaf_nodes - 1) / c.network.leaf_nodes * t.ports_;
+        ports_per_upper = c.network.leaf_nodes;
+      } else {
+        uppers = (c.nodes + c.network.leaf_nodes - 1) / c.network.leaf_nodes;
+        ports_per_upper = int64_t{c.network.leaf_nodes} * t.ports_;
+      }
+      t.up_ = next, next += uppers;
+      t.down_ = next, next += uppers;
+      t.up_cap_ = t.port_cap_ * (static_cast<double>(ports_per_upper) / c.network.oversubscription);
+      t.torus_ = next;
+    }
+  }
+  t.end_ = next;
+  return t;
+}
+
+BytesPerSecond Topology::capacity(int64_t l) const {
+  if (l < nvl_rx_ + gpus_) return nvl_cap_;
+  if (ndims_ > 0) return torus_cap_;
+  if (l < up_) return port_cap_;
+  return up_cap_;
+}
+
+std::string Topology::linkName(int64_t l) const {
+  const char* upper = c_.network.topology == TopologyKind::Dragonfly ? "group" : "leaf";
+  if (l < nvl_rx_) return fmt::format("nvlink tx of gpu {}", l - nvl_tx_);
+  if (l < nvl_rx_ + gpus_) return fmt::format("nvlink rx of gpu {}", l - nvl_rx_);
+  if (ndims_ > 0) {
+    const int64_t k = l - torus_;
+    return fmt::format("torus link of node {} dim {} dir {}", k / (ndims_ * 2), (k / 2) % ndims_, k % 2 ? '-' : '+');
+  }
+  if (l < port_rx_) return fmt::format("nic tx of node {} port {}", (l - port_tx_) / ports_, (l - port_tx_) % ports_);
+  if (l < up_) return fmt::format("nic rx of node {} port {}", (l - port_rx_) / ports_, (l - port_rx_) % ports_);
+  if (l < down_) return fmt::format("{} {} uplinks", upper, l - up_);
+  return fmt::format("{} {} downlinks", upper, l - down_);
+}
+
+}  // namespace chorus::sim

@@ -1,0 +1,104 @@
+// A routed data-center topology in O(GPUs) memory.
+//
+// Links are numbered in contiguous ranges by class, so a link's capacity and
+// name follow from its index and nothing is stored per link; the network
+// models keep one load counter per link.  Links are directional.
+//
+//   GPU g's scale-up port:       nvl_tx[g], nvl_rx[g]  (NVSwitch: full bisection inside the node)
+//   scale-out port p of node n:  port_tx, port_rx       (ports = min(nics, gpus) per node; GPU l uses port l*ports/gpus)
+//   fat-tree / rail-optimized:   leaf_up[L], leaf_down[L]  (a leaf's aggregated uplinks to a
+//                                non-blocking spine; capacity = leaf ports / oversubscription)
+//   dragonfly:                   group_out[G], group_in[G] (a group's aggregated global links)
+//   torus:                       one link per node, dimension and direction (dimension-order routing)
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "common/status.hpp"
+#include "sim/config.hpp"
+
+namespace chorus::sim {
+
+class Topology {
+ public:
+  static Result<Topology> build(const ClusterSpec& c);
+
+  [[nodiscard]] int64_t gpus() const { return gpus_; }
+  [[nodiscard]] int64_t links() const { return end_; }
+  [[nodiscard]] BytesPerSecond capacity(int64_t link) const;
+  [[nodiscard]] std::string linkName(int64_t link) const;
+  [[nodiscard]] int64_t nodeOf(int64_t gpu) const { return gpu / gpn_; }
+
+  // Calls f(link) for every link on the route src -> dst (GPU ids) and
+  // returns the route's latency.  O(hops).
+  template <typename F>
+  Seconds route(int64_t src, int64_t dst, F&& f) const {
+    const int64_t sn = src / gpn_, dn = dst / gpn_;
+    if (sn == dn) {
+      if (src == dst) return Seconds(0);
+      f(nvl_tx_ + src);
+      f(nvl_rx_ + dst);
+      return c_.node.nvlink_latency;
+    }
+    if (ndims_ > 0) return torusRoute(sn, dn, f);
+    const int64_t sp = sn * ports_ + (src % gpn_) * ports_ / gpn_;
+    const int64_t dp = dn * ports_ + (dst % gpn_) * ports_ / gpn_;
+    f(port_tx_ + sp);
+    const int64_t sl = upperOf(sn, sp % ports_), dl = upperOf(dn, dp % ports_);
+    if (sl != dl) {
+      f(up_ + sl);
+      f(down_ + dl);
+    }
+    f(port_rx_ + dp);
+    return c_.network.latency;
+  }
+
+ private:
+  explicit Topology(const ClusterSpec& c) : c_(c) {}
+  // The leaf (fat-tree, rail) or group (dragonfly) above a node's port.
+  [[nodiscard]] int64_t upperOf(int64_t node, int64_t port) const {
+    switch (c_.network.topology) {
+      case TopologyKind::RailOptimized: return (node / c_.network.leaf_nodes) * ports_ + port;
+      case TopologyKind::Dragonfly: return node / c_.network.group_nodes;
+      default: return node / c_.network.leaf_nodes;
+    }
+  }
+  template <typename F>
+  Seconds torusRoute(int64_t sn, int64_t dn, F&& f) const {
+    int64_t cur[3], dst[3];
+    coords(sn, cur);
+    coords(dn, dst);
+    int hops = 0;
+    for (int d = 0; d < ndims_; ++d) {
+      const int64_t k = c_.network.dims[d];
+      int64_t fwd = ((dst[d] - cur[d]) % k + k) % k;
+      const int dir = fwd <= k - fwd ? 1 : -1;
+      int64_t steps = dir > 0 ? fwd : k - fwd;
+      for (; steps > 0; --steps, ++hops) {
+        f(torus_ + (nodeAt(cur) * ndims_ + d) * 2 + (dir > 0 ? 0 : 1));
+        cur[d] = ((cur[d] + dir) % k + k) % k;
+      }
+    }
+    return c_.network.latency * hops;
+  }
+  void coords(int64_t node, int64_t* x) const {
+    for (int d = 0; d < 3; ++d) {
+      x[d] = node % c_.network.dims[d];
+      node /= c_.network.dims[d];
+    }
+  }
+  [[nodiscard]] int64_t nodeAt(const int64_t* x) const {
+    return x[0] + c_.network.dims[0] * (x[1] + int64_t{c_.network.dims[1]} * x[2]);
+  }
+
+  ClusterSpec c_;
+  int64_t gpus_ = 0, gpn_ = 1, ports_ = 1;
+  int ndims_ = 0;
+  // First link index of each class (the next class's start ends it).
+  int64_t nvl_tx_ = 0, nvl_rx_ = 0, port_tx_ = 0, port_rx_ = 0, up_ = 0, down_ = 0, torus_ = 0, end_ = 0;
+  BytesPerSecond nvl_cap_, port_cap_, up_cap_, torus_cap_;
+};
+
+}  // namespace chorus::sim

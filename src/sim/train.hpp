@@ -1,0 +1,57 @@
+// The training-step model: one iteration of a transformer under a parallel
+// layout (tp with optional sequence parallelism, pp with 1F1B or interleaved
+// virtual stages, dp with ZeRO 0..3, cp ring attention, ep all-to-all),
+// priced from a per-operator roofline and the library's collective plans on
+// the modelled network.  Assumptions and their sources: docs/simulator.md.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "common/status.hpp"
+#include "plan/plan.hpp"
+#include "sim/config.hpp"
+#include "sim/network.hpp"
+
+namespace chorus::sim {
+
+enum class Recompute { None, Selective, Full };
+
+struct TrainConfig {
+  int64_t gpus = 0;
+  int tp = 1, pp = 1, dp = 1, cp = 1, ep = 1, vpp = 1;
+  int64_t global_batch = 1;
+  int64_t micro_batch = 1;  // 0 = auto: the largest that fits (at most 16)
+  int64_t seq = 2048;
+  Recompute recompute = Recompute::Selective;
+  int zero = 1;              // 0..3 (ZeRO-1 = Megatron's distributed optimizer)
+  bool sequence_parallel = true;
+  bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)
+  bool fp8 = false;
+  std::string algo;          // collective algorithm for every group ("" = auto)
+};
+
+struct TrainReport {
+  TrainConfig config;
+  double iteration_s = 0, tokens_per_s = 0, model_tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
+  double memory_gib_per_gpu = 0;
+  struct Memory {
+    double weights_gib = 0, grads_gib = 0, optimizer_gib = 0, activations_gib = 0;
+  } memory;
+  // Where the time goes; sums to iteration_s.
+  std::map<std::string, double> breakdown;  // compute_s, bubble_s, tp_comm_s, pp_comm_s, dp_comm_s, ...
+  std::string bottleneck;                   // the largest non-compute entry
+  std::string bottleneck_link;              // the link limiting the most exposed collective
+};
+
+// Validates the layout (products, divisibility) and simulates one iteration.
+// A layout that does not fit in HBM is an error naming each memory term.
+Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, const TrainConfig& cfg,
+                                     const plan::Registry& reg);
+
+// Model FLOPs of one iteration (no recomputation), counting every GEMM
+// including attention scores (Narayanan et al. 2021, eq. 3 generalised to GQA,
+// SwiGLU and MoE top-k).
+double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq);
+
+}  // namespace chorus::sim
