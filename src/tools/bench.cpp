@@ -397,9 +397,11 @@ std::string formatHeader() {
                    "", "", "", "", "");
   h += fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}", "size", "count", "type", "redop", "root");
   for (int i = 0; i < 2; ++i) h += fmt::format("  {:>7}  {:>6}  {:>6} {:>6}", "time", "algbw", "busbw", "#wrong");
+  h += fmt::format("  {:>18}  {:>8}", "algo", "predict");
   h += "\n";
   h += fmt::format("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}", "(B)", "(elements)", "", "", "");
   for (int i = 0; i < 2; ++i) h += fmt::format("  {:>7}  {:>6}  {:>6}  {:>5}", "(us)", "(GB/s)", "(GB/s)", "");
+  h += fmt::format("  {:>18}  {:>8}", "(out-of-place)", "(us)");
   h += "\n";
   return h;
 }
@@ -415,6 +417,9 @@ std::string formatRow(const Row& r) {
                               kernels::dtypeName(r.dtype), r.op ? opName(*r.op) : "none", r.root.value_or(-1));
   s += block(r.out_of_place);
   s += block(r.in_place);
+  const Measurement& m = r.out_of_place;
+  s += fmt::format("  {:>18}  {:>8}", m.algo.empty() ? "-" : m.algo,
+                   m.predicted_us ? formatTime(*m.predicted_us) : std::string("-"));
   s += "\n";
   return s;
 }
@@ -434,13 +439,13 @@ nlohmann::json rowJson(const Row& r, bool in_place, int nranks, std::string_view
   j["op"] = r.op ? opName(*r.op) : "none";
   j["root"] = r.root.value_or(-1);
   j["nranks"] = nranks;
-  j["algo"] = algo;
+  j["algo"] = m.algo.empty() ? std::string(algo) : m.algo;
   j["inplace"] = in_place;
   j["time_us"] = m.time_us;
   j["algbw_gbps"] = m.bw.algbw_gbps;
   j["busbw_gbps"] = m.bw.busbw_gbps;
   j["wrong"] = m.wrong ? nlohmann::json(*m.wrong) : nlohmann::json(nullptr);
-  j["predicted_us"] = nullptr;  // filled once the tuner's cost model can price a call
+  j["predicted_us"] = m.predicted_us ? nlohmann::json(*m.predicted_us) : nlohmann::json(nullptr);
   return j;
 }
 

@@ -145,6 +145,8 @@ struct Measurement {
   double time_us = 0;
   Bandwidth bw;
   std::optional<uint64_t> wrong;  // nullopt: not checked
+  std::string algo;                   // the algorithm that ran ("" = not known)
+  std::optional<double> predicted_us;  // the tuner's cost model, when it prices the call
 };
 
 struct Row {

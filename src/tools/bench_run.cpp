@@ -182,6 +182,15 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
               r != chorusSuccess)
             return apiError(comm, rank, "reducing the timings", r);
           m.time_us = seconds * 1e6;
+          // What the tuner chose and what its cost model predicted.
+          char chosen[64] = {};
+          double predicted = 0;
+          if (c != Collective::SendRecv &&
+              chorusCommPredict(comm, std::string(collectiveName(c)).c_str(), row.shape.count, d, in_place ? 1 : 0,
+                                chosen, sizeof chosen, &predicted) == chorusSuccess) {
+            m.algo = chosen;
+            m.predicted_us = predicted;
+          }
           m.bw = bandwidth(c, row.shape, elem, nranks, seconds);
           busbw_sum += m.bw.busbw_gbps;
           ++busbw_n;

@@ -326,13 +326,21 @@ TEST(Bench, RowHasTheNcclTestsColumns) {
   std::string line = formatRow(sampleRow());
   ASSERT_EQ(line.back(), '\n');
   EXPECT_THAT(fields(line), ElementsAre("1048576", "262144", "float32", "sum", "-1", "123.5", "8.49", "12.74", "0",
-                                        "12346", "0.08", "0.13", "N/A"));
+                                        "12346", "0.08", "0.13", "N/A", "-", "-"));
+  Row chosen = sampleRow();
+  chosen.out_of_place.algo = "ring";
+  chosen.out_of_place.predicted_us = 110.5;
+  EXPECT_THAT(fields(formatRow(chosen)), ElementsAre("1048576", "262144", "float32", "sum", "-1", "123.5", "8.49",
+                                                     "12.74", "0", "12346", "0.08", "0.13", "N/A", "ring", "110.5"));
+  const nlohmann::json j = rowJson(chosen, false, 4, "auto");
+  EXPECT_EQ(j["algo"], "ring");
+  EXPECT_DOUBLE_EQ(j["predicted_us"].get<double>(), 110.5);
   Row sr;
   sr.collective = Collective::SendRecv;
   sr.shape = shapeFor(Collective::SendRecv, 64, 4, 2);
   sr.out_of_place = {1.0, {0.06, 0.06}, 0};
   EXPECT_THAT(fields(formatRow(sr)), ElementsAre("64", "16", "float32", "none", "-1", "1.00", "0.06", "0.06", "0",
-                                                 "N/A", "N/A", "N/A", "N/A"));
+                                                 "N/A", "N/A", "N/A", "N/A", "-", "-"));
 }
 
 TEST(Bench, HeaderColumnsLineUpWithRows) {

@@ -157,6 +157,9 @@ inline bool ring(PageZero* pz) {
   return false;
 }
 
+// How long wait() spins without yielding before it starts yielding the core.
+constexpr std::chrono::microseconds kPureSpin{4};
+
 class ShmTransport final : public Transport {
  public:
   ShmTransport() = default;
@@ -796,11 +799,21 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
   if (changed()) return;
   // Spin on our own doorbell line: cheap, and it catches the next message
   // without a syscall on either side.
+  // Spin purely for a few microseconds (a peer that is running answers in
+  // well under that), then keep polling but yield the core at each turn: when
+  // the machine is oversubscribed — more ranks than cores, or other load — the
+  // peer we wait for may be queued behind us on this very core, and a pure
+  // spin would burn the time it needs.  Then sleep on the futex.
   const auto spin_end = std::min(deadline, start + spin_);
+  const auto pure_end = std::min(spin_end, start + kPureSpin);
   for (uint32_t i = 1;; ++i) {
     if (page0_->bell.load(std::memory_order_relaxed) != seen_bell_) return;
     cpuRelax();
-    if ((i & 63) == 0 && Clock::now() >= spin_end) break;
+    if ((i & 63) == 0) {
+      const auto now = Clock::now();
+      if (now >= spin_end) break;
+      if (now >= pure_end) sched_yield();
+    }
   }
   while (true) {
     auto now = Clock::now();
