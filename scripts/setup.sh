@@ -15,10 +15,16 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # network namespaces for the cluster tests (ip netns)
   iproute2
+  # the libFuzzer targets of tests/fuzz (clang 14 with its sanitizer and fuzzer runtimes)
+  clang libclang-rt-14-dev
   # the peers in the comparison benchmark
   openmpi-bin libopenmpi-dev
   # plots and command timing for bench/
   python3-matplotlib hyperfine
+  # the IEEE 1588 peer for chorus-ptp's interop test (ptp4l, pmc)
+  linuxptp
+  # the Python package and the torch.distributed backend (python/, tests/python)
+  python3-dev python3-numpy python3-torch libtorch-dev pybind11-dev python3-pybind11 python3-pytest
 )
 
 missing=()

@@ -1,0 +1,178 @@
+#include "clock/ptp/udp_transport.hpp"
+
+#include <arpa/inet.h>
+#include <linux/errqueue.h>
+#include <linux/net_tstamp.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "clock/ptp/clock.hpp"
+
+namespace chorus::clock::ptp {
+namespace {
+
+Status openSocket(const std::string& iface, int ifindex, uint16_t port, int* out_fd) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errnoError("chorus-ptp: socket(AF_INET, SOCK_DGRAM)", errno);
+  *out_fd = fd;  // owned by the caller from here, closed on any error below
+  const int one = 1, zero = 0;
+  // ptp4l sets SO_REUSEADDR too, so both can share a namespace.
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
+    return errnoError("chorus-ptp: SO_REUSEADDR", errno);
+  if (setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, iface.c_str(), static_cast<socklen_t>(iface.size())) < 0)
+    return errnoError(fmt::format("chorus-ptp: SO_BINDTODEVICE {} (needs root/CAP_NET_RAW)", iface), errno);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+    return errnoError(fmt::format("chorus-ptp: bind UDP port {} on {} (needs root; is another PTP daemon "
+                                  "running without SO_REUSEADDR?)",
+                                  port, iface),
+                      errno);
+  ip_mreqn mreq{};
+  inet_pton(AF_INET, kPtpPrimaryMulticast, &mreq.imr_multiaddr);
+  mreq.imr_ifindex = ifindex;
+  if (setsockopt(fd, IPPROTO_IP, IP_ADD_MEMBERSHIP, &mreq, sizeof mreq) < 0)
+    return errnoError(fmt::format("chorus-ptp: joining {} on {} (does the interface have an IPv4 address "
+                                  "and is it up?)",
+                                  kPtpPrimaryMulticast, iface),
+                      errno);
+  ip_mreqn ifreq{};
+  ifreq.imr_ifindex = ifindex;
+  if (setsockopt(fd, IPPROTO_IP, IP_MULTICAST_IF, &ifreq, sizeof ifreq) < 0)
+    return errnoError("chorus-ptp: IP_MULTICAST_IF", errno);
+  const int ttl = 1;
+  if (setsockopt(fd, IPPROTO_IP, IP_MULTICAST_TTL, &ttl, sizeof ttl) < 0)
+    return errnoError("chorus-ptp: IP_MULTICAST_TTL", errno);
+  if (setsockopt(fd, IPPROTO_IP, IP_MULTICAST_LOOP, &zero, sizeof zero) < 0)
+    return errnoError("chorus-ptp: IP_MULTICAST_LOOP", errno);
+  // Software timestamps on receive and transmit; the transmit ones come back
+  // on the error queue without the packet (TSONLY), tagged with a per-socket
+  // counter (OPT_ID) that pairs each with its send.
+  const int flags = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE |
+                    SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY;
+  if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof flags) < 0)
+    return errnoError(fmt::format("chorus-ptp: SO_TIMESTAMPING (software) on {} (ethtool -T {} lists what "
+                                  "the driver supports)",
+                                  iface, iface),
+                      errno);
+  return Status::ok();
+}
+
+std::optional<int64_t> softwareTimestamp(msghdr& msg) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPING &&
+        c->cmsg_len >= CMSG_LEN(sizeof(scm_timestamping))) {
+      scm_timestamping ts;
+      std::memcpy(&ts, CMSG_DATA(c), sizeof ts);
+      if (ts.ts[0].tv_sec == 0 && ts.ts[0].tv_nsec == 0) return std::nullopt;
+      return int64_t{ts.ts[0].tv_sec} * 1'000'000'000 + ts.ts[0].tv_nsec;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<UdpTransport>> UdpTransport::open(const std::string& iface, int tx_timestamp_timeout_ms) {
+  const unsigned ifindex = if_nametoindex(iface.c_str());
+  if (ifindex == 0)
+    return errnoError(fmt::format("chorus-ptp: interface '{}' not found (ip link lists the interfaces)", iface), errno);
+  std::unique_ptr<UdpTransport> t(new UdpTransport());
+  t->iface_ = iface;
+  t->tx_timeout_ms_ = tx_timestamp_timeout_ms;
+  CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpEventPort, &t->event_fd_));
+  CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpGeneralPort, &t->general_fd_));
+  ifreq req{};
+  std::snprintf(req.ifr_name, sizeof req.ifr_name, "%s", iface.c_str());
+  if (ioctl(t->event_fd_, SIOCGIFHWADDR, &req) < 0)
+    return errnoError(fmt::format("chorus-ptp: reading the MAC address of {}", iface), errno);
+  const auto* mac = reinterpret_cast<const uint8_t*>(req.ifr_hwaddr.sa_data);
+  t->identity_ = {mac[0], mac[1], mac[2], 0xFF, 0xFE, mac[3], mac[4], mac[5]};
+  return t;
+}
+
+UdpTransport::~UdpTransport() {
+  if (event_fd_ >= 0) ::close(event_fd_);
+  if (general_fd_ >= 0) ::close(general_fd_);
+}
+
+Result<std::optional<int64_t>> UdpTransport::send(std::span<const uint8_t> bytes, bool event) {
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(event ? kPtpEventPort : kPtpGeneralPort);
+  inet_pton(AF_INET, kPtpPrimaryMulticast, &dst.sin_addr);
+  const int fd = event ? event_fd_ : general_fd_;
+  const ssize_t n = ::sendto(fd, bytes.data(), bytes.size(), 0, reinterpret_cast<sockaddr*>(&dst), sizeof dst);
+  if (n < 0) return errnoError(fmt::format("chorus-ptp: sendto {}:{} on {}", kPtpPrimaryMulticast,
+                                           event ? kPtpEventPort : kPtpGeneralPort, iface_),
+                               errno);
+  if (!event) return std::optional<int64_t>{};
+  const uint32_t id = tx_counter_++;
+  // Wait for this send's timestamp; older ones (a previous timeout) are skipped.
+  const int64_t deadline = monotonicNs() + int64_t{tx_timeout_ms_} * 1'000'000;
+  for (;;) {
+    const int64_t left_ms = (deadline - monotonicNs()) / 1'000'000;
+    pollfd p{fd, POLLPRI, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left_ms, 0)));
+    if (r < 0 && errno != EINTR) return errnoError("chorus-ptp: poll for a transmit timestamp", errno);
+    if (r <= 0 || !(p.revents & (POLLERR | POLLPRI))) {
+      if (monotonicNs() >= deadline) return std::optional<int64_t>{};
+      continue;
+    }
+    alignas(cmsghdr) char control[512];
+    char junk[64];
+    iovec iov{junk, sizeof junk};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t got = ::recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT);
+    if (got < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return errnoError("chorus-ptp: recvmsg(MSG_ERRQUEUE)", errno);
+    }
+    std::optional<uint32_t> got_id;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if ((c->cmsg_level == SOL_IP && c->cmsg_type == IP_RECVERR) && c->cmsg_len >= CMSG_LEN(sizeof(sock_extended_err))) {
+        sock_extended_err ee;
+        std::memcpy(&ee, CMSG_DATA(c), sizeof ee);
+        if (ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING) got_id = ee.ee_data;
+      }
+    }
+    const auto ts = softwareTimestamp(msg);
+    if (got_id && *got_id == id && ts) return std::optional<int64_t>{*ts};
+    // A stale timestamp of an earlier send, or one without the id: keep waiting.
+  }
+}
+
+Result<std::optional<Datagram>> UdpTransport::receive(int fd) {
+  Datagram d;
+  d.bytes.resize(1500);
+  alignas(cmsghdr) char control[512];
+  iovec iov{d.bytes.data(), d.bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return std::optional<Datagram>{};
+    return errnoError(fmt::format("chorus-ptp: recvmsg on {}", iface_), errno);
+  }
+  d.bytes.resize(static_cast<size_t>(n));
+  d.rx_realtime_ns = softwareTimestamp(msg);
+  return std::optional<Datagram>{std::move(d)};
+}
+
+}  // namespace chorus::clock::ptp
