@@ -491,6 +491,10 @@ class StoreClient final : public Store {
     return std::move(reply.value);
   }
 
+  // shutdown() (not close: the descriptor stays ours until destruction) makes
+  // a read blocked on another thread return at once.
+  void interrupt() override { ::shutdown(fd_.get(), SHUT_RDWR); }
+
   Result<int64_t> add(std::string_view key, int64_t delta) override {
     std::lock_guard lock(mu_);
     CHORUS_ASSIGN_OR_RETURN(auto reply,

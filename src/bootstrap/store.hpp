@@ -35,6 +35,9 @@ class Store {
   virtual Result<Bytes> get(std::string_view key, std::chrono::milliseconds timeout) = 0;
   // Atomically adds delta to the integer at key (absent = 0); returns the new value.
   virtual Result<int64_t> add(std::string_view key, int64_t delta) = 0;
+  // Ends a blocked call on another thread (it returns an error) and every
+  // later call.  Any thread.  The default does nothing.
+  virtual void interrupt() {}
 };
 
 // A view of a store that prefixes every key ("comm3/"), so communicators and
@@ -45,6 +48,7 @@ class PrefixStore final : public Store {
   Status set(std::string_view key, std::span<const std::byte> value) override;
   Result<Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override;
   Result<int64_t> add(std::string_view key, int64_t delta) override;
+  void interrupt() override { base_->interrupt(); }
 
  private:
   std::shared_ptr<Store> base_;

@@ -202,7 +202,61 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   auto tuner = tune::Tuner::create(registry_, topo, cfg.algo_spec, cfg.chunk_bytes, std::move(profile));
   if (!tuner.isOk()) return tuner.status();
   tuner_ = std::make_unique<tune::Tuner>(std::move(tuner.value()));
-  return syncAll(*store_, "ready");
+  CHORUS_RETURN_IF_ERROR(syncAll(*store_, "ready"));
+  return startWatchdog();
+}
+
+Status Communicator::startWatchdog() {
+  if (nranks_ < 2) return {};
+  auto ws = bootstrap::connectStore(id_.root, id_.secret, cfg_.timeout);
+  if (!ws.isOk()) return ws.status().withContext(fmt::format("rank {}: watchdog store connection: ", rank_));
+  watch_store_ = std::make_shared<bootstrap::PrefixStore>(ws.value(), prefix_);
+  watchdog_ = std::thread([this] { watchdogLoop(); });
+  return {};
+}
+
+// Parks on the store until some rank posts probe k, answers with this rank's
+// flight summary, and waits for probe k+1.  A blocked GET costs nothing; the
+// destructor interrupts it.
+void Communicator::watchdogLoop() {
+  for (uint64_t k = 0;; ++k) {
+    for (;;) {
+      auto probe = watch_store_->get(fmt::format("probe/{}", k), std::chrono::hours(24));
+      if (probe.isOk()) break;
+      if (probe.status().code() != chorusTimeout) return;  // interrupted, or the store is gone
+    }
+    FlightSummary s = flight_.summary(rank_);
+    if (!watch_store_->set(fmt::format("flight/{}/{}", k, rank_), bootstrap::toBytes(s)).isOk()) return;
+  }
+}
+
+Status Communicator::explainTimeout(const Status& st, const FlightEntry& stuck) {
+  auto k = store_->add("probe-count", 1);
+  if (!k.isOk()) return st;
+  const uint64_t probe = static_cast<uint64_t>(k.value() - 1);
+  if (!store_->set(fmt::format("probe/{}", probe), bootstrap::toBytes(std::string_view("1"))).isOk()) return st;
+  // Every rank's watchdog answers at once unless the rank is dead or cut off.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  std::vector<FlightSummary> sums(nranks_);
+  for (int r = 0; r < nranks_; ++r) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto b = store_->get(fmt::format("flight/{}/{}", probe, r), std::max(left, std::chrono::milliseconds(1)));
+    if (b.isOk() && b->size() == sizeof(FlightSummary)) std::memcpy(&sums[r], b->data(), sizeof(FlightSummary));
+    if (sums[r].magic != FlightSummary{}.magic) sums[r] = FlightSummary{};
+  }
+  return makeError(st.code(), "rank {}: {} timed out after {} ms: {} [{}]", rank_, describeEntry(stuck),
+                   cfg_.timeout.count(), diagnoseHang(stuck, sums), st.message());
+}
+
+void Communicator::dumpFlight() const {
+  const std::string dir = env::getString("CHORUS_FLIGHT_DIR");
+  if (dir.empty()) return;
+  const std::string path = fmt::format("{}/flight-rank{}-pid{}.json", dir, rank_, getpid());
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    const std::string j = flightJson(rank_, nranks_, flight_.snapshot());
+    std::fwrite(j.data(), 1, j.size(), f);
+    std::fclose(f);
+  }
 }
 
 // A store barrier after which the rank that owns the store server (rank 0 of
@@ -219,6 +273,8 @@ Status Communicator::syncAll(bootstrap::Store& store, std::string_view name) {
 
 Communicator::~Communicator() {
   drain();
+  if (watch_store_) watch_store_->interrupt();
+  if (watchdog_.joinable()) watchdog_.join();
   {
     std::lock_guard l(q_mu_);
     stop_ = true;
@@ -479,8 +535,34 @@ Status Communicator::checkSignatures(std::span<const OpDesc> ops) {
 
 Status Communicator::execute(std::span<OpDesc> ops) {
   if (cfg_.check || !checked_once_) CHORUS_RETURN_IF_ERROR(checkSignatures(ops));
-  for (const OpDesc& o : ops)
-    if (o.coll != Collective::SendRecv) ++op_seq_;
+  // The flight recorder: every collective of the batch, under its number.
+  const uint64_t first_seq = op_seq_;
+  FlightEntry stuck;
+  for (const OpDesc& o : ops) {
+    if (o.coll == Collective::SendRecv) continue;
+    if (op_seq_ == first_seq) {
+      stuck.seq = op_seq_;
+      stuck.coll = static_cast<uint8_t>(o.coll);
+      stuck.dtype = o.dtype;
+      stuck.count = o.count;
+    }
+    flight_.start(op_seq_++, static_cast<uint8_t>(o.coll), o.dtype, o.count, o.root);
+  }
+  Status st = executeBatch(ops);
+  const bool breaks = !st.isOk() && st.code() != chorusInvalidArgument && st.code() != chorusInvalidUsage;
+  // Ask the other ranks where they are while they are still waiting (and
+  // this rank still shows as in the operation), then break the communicator,
+  // which releases them.
+  if (breaks && st.code() == chorusTimeout && op_seq_ > first_seq) st = explainTimeout(st, stuck);
+  for (uint64_t s = first_seq; s < op_seq_; ++s) flight_.finish(s, st.isOk());
+  if (breaks) {
+    st = fail(st);
+    dumpFlight();
+  }
+  return st;
+}
+
+Status Communicator::executeBatch(std::span<OpDesc> ops) {
   const size_t n = ops.size();
   jobs_.resize(n);
   job_bufs_.resize(n);
@@ -523,7 +605,7 @@ Status Communicator::execute(std::span<OpDesc> ops) {
     jobs_[i].buffers = job_bufs_[i];
   }
   Status st = executor_->run(jobs_, cfg_.timeout);
-  if (!st.isOk()) return fail(st);
+  if (!st.isOk()) return st;  // execute() explains and breaks the communicator
 
   // Avg: the sum divided by the number of ranks, where the result lives.
   for (size_t i = 0; i < njobs; ++i) {

@@ -24,6 +24,7 @@
 
 #include "bootstrap/bootstrap.hpp"
 #include "bootstrap/store.hpp"
+#include "comm/flight.hpp"
 #include "common/status.hpp"
 #include "exec/executor.hpp"
 #include "exec/stream.hpp"
@@ -119,7 +120,14 @@ class Communicator {
   Status setup(const bootstrap::UniqueId& id, const CommConfig& cfg, std::shared_ptr<bootstrap::Store> base,
                std::string prefix, std::shared_ptr<bootstrap::StoreServer> server);
   Status syncAll(bootstrap::Store& store, std::string_view name);
+  // Answers other ranks' "where are you?" probes (see explainTimeout).
+  Status startWatchdog();
+  void watchdogLoop();
+  // Asks every rank where it is and turns a timeout into a diagnosis.
+  Status explainTimeout(const Status& st, const FlightEntry& stuck);
+  void dumpFlight() const;
   Status execute(std::span<OpDesc> ops);
+  Status executeBatch(std::span<OpDesc> ops);
   // Exchanges the batch's signature with every rank; chorusMismatch naming the
   // ranks and fields that differ.
   Status checkSignatures(std::span<const OpDesc> ops);
@@ -138,6 +146,9 @@ class Communicator {
   int split_seq_ = 0;
   uint64_t op_seq_ = 0;  // collectives issued on this communicator (the "#N" in messages)
   bool checked_once_ = false;
+  FlightRecorder flight_;
+  std::shared_ptr<bootstrap::Store> watch_store_;  // the watchdog's own store connection
+  std::thread watchdog_;
   plan::Program sig_program_;
   std::vector<std::byte> sig_buf_;
 

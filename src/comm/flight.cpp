@@ -1,0 +1,167 @@
+#include "comm/flight.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "kernels/dtype.hpp"
+#include "plan/plan.hpp"
+
+namespace chorus {
+
+namespace {
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void FlightRecorder::start(uint64_t seq, uint8_t coll, int32_t dtype, uint64_t count, int32_t root) {
+  std::lock_guard l(mu_);
+  FlightEntry& e = ring_[next_++ % kSize];
+  e = FlightEntry{};
+  e.seq = seq;
+  e.coll = coll;
+  e.state = FlightEntry::Running;
+  e.dtype = dtype;
+  e.count = count;
+  e.root = root;
+  e.start_ns = nowNs();
+}
+
+void FlightRecorder::finish(uint64_t seq, bool ok) {
+  std::lock_guard l(mu_);
+  for (size_t k = 0; k < std::min<uint64_t>(next_, kSize); ++k) {
+    FlightEntry& e = ring_[(next_ - 1 - k) % kSize];
+    if (e.seq == seq && e.state == FlightEntry::Running) {
+      e.state = ok ? FlightEntry::Done : FlightEntry::Failed;
+      e.end_ns = nowNs();
+      return;
+    }
+  }
+}
+
+std::vector<FlightEntry> FlightRecorder::snapshot() const {
+  std::lock_guard l(mu_);
+  std::vector<FlightEntry> v;
+  const uint64_t n = std::min<uint64_t>(next_, kSize);
+  for (uint64_t k = 0; k < n; ++k) v.push_back(ring_[(next_ - n + k) % kSize]);
+  return v;
+}
+
+FlightSummary FlightRecorder::summary(int rank) const {
+  FlightSummary s;
+  s.rank = rank;
+  s.pid = static_cast<int32_t>(getpid());
+  for (const FlightEntry& e : snapshot()) {
+    if (e.state == FlightEntry::Running) {
+      s.current = e;
+      s.has_current = 1;
+    } else if (e.state == FlightEntry::Done) {
+      s.last = e;
+      s.has_last = 1;
+    }
+  }
+  return s;
+}
+
+std::string describeEntry(const FlightEntry& e) {
+  const auto c = static_cast<plan::Collective>(e.coll);
+  std::string d = fmt::format("{} #{}", plan::collectiveName(c), e.seq);
+  if (c != plan::Collective::Barrier)
+    d += fmt::format(" (count={} {})", e.count, kernels::dtypeName(static_cast<chorusDataType_t>(e.dtype)));
+  return d;
+}
+
+namespace {
+std::string rankList(const std::vector<int>& r) {
+  std::string s;
+  for (size_t i = 0; i < r.size(); ++i) s += fmt::format("{}{}", i ? "," : "", r[i]);
+  return s;
+}
+}  // namespace
+
+std::string diagnoseHang(const FlightEntry& stuck, const std::vector<FlightSummary>& ranks) {
+  std::vector<int> waiting, silent;
+  std::vector<std::string> elsewhere;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const FlightSummary& s = ranks[r];
+    const int rank = static_cast<int>(r);
+    if (s.rank < 0) {
+      silent.push_back(rank);
+      continue;
+    }
+    if (s.has_current && s.current.seq == stuck.seq && s.current.coll == stuck.coll) {
+      waiting.push_back(rank);
+      continue;
+    }
+    std::string where = fmt::format("rank {} ", rank);
+    where += s.has_last ? fmt::format("last completed {}", describeEntry(s.last)) : "completed nothing yet";
+    where += s.has_current ? fmt::format(" and is in {}", describeEntry(s.current)) : " and is in no collective";
+    elsewhere.push_back(where);
+  }
+  std::string msg;
+  if (!waiting.empty()) msg += fmt::format("ranks {} are waiting in it", rankList(waiting));
+  for (const auto& e : elsewhere) msg += (msg.empty() ? "" : "; ") + e;
+  if (!silent.empty())
+    msg += fmt::format("{}rank(s) {} did not answer (dead, or unreachable)", msg.empty() ? "" : "; ", rankList(silent));
+  return msg;
+}
+
+std::string flightJson(int rank, int nranks, const std::vector<FlightEntry>& entries) {
+  nlohmann::json j;
+  j["rank"] = rank;
+  j["nranks"] = nranks;
+  j["pid"] = getpid();
+  j["ops"] = nlohmann::json::array();
+  for (const FlightEntry& e : entries) {
+    static const char* states[] = {"?", "running", "done", "failed"};
+    j["ops"].push_back({{"seq", e.seq},
+                        {"collective", plan::collectiveName(static_cast<plan::Collective>(e.coll))},
+                        {"state", states[e.state < 4 ? e.state : 0]},
+                        {"dtype", kernels::dtypeName(static_cast<chorusDataType_t>(e.dtype))},
+                        {"count", e.count},
+                        {"root", e.root},
+                        {"start_ns", e.start_ns},
+                        {"end_ns", e.end_ns}});
+  }
+  return j.dump(1) + "\n";
+}
+
+Result<FlightSummary> summaryFromJson(const std::string& text, int* nranks) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalidArgument("flight record is not a JSON object");
+  if (!j.contains("rank") || !j["rank"].is_number_integer()) return invalidArgument("flight record lacks 'rank'");
+  if (!j.contains("ops") || !j["ops"].is_array()) return invalidArgument("flight record lacks 'ops'");
+  FlightSummary s;
+  s.rank = j["rank"].get<int>();
+  if (nranks && j.contains("nranks") && j["nranks"].is_number_integer()) *nranks = j["nranks"].get<int>();
+  for (const auto& op : j["ops"]) {
+    FlightEntry e;
+    plan::Collective c;
+    if (!op.contains("collective") || !op["collective"].is_string() ||
+        !plan::parseCollective(op["collective"].get<std::string>(), &c))
+      return invalidArgument("flight record of rank {}: bad 'collective'", s.rank);
+    e.coll = static_cast<uint8_t>(c);
+    e.seq = op.value("seq", uint64_t{0});
+    e.count = op.value("count", uint64_t{0});
+    chorusDataType_t d = chorusFloat32;
+    kernels::parseDtype(op.value("dtype", std::string("float32")), &d);
+    e.dtype = d;
+    const std::string st = op.value("state", std::string());
+    e.state = st == "running" ? FlightEntry::Running : st == "done" ? FlightEntry::Done : FlightEntry::Failed;
+    if (e.state == FlightEntry::Running) {
+      s.current = e;
+      s.has_current = 1;
+    } else if (e.state == FlightEntry::Done) {
+      s.last = e;
+      s.has_last = 1;
+    }
+  }
+  return s;
+}
+
+}  // namespace chorus

@@ -1,0 +1,85 @@
+// A rank that never reaches a collective: the others time out with a message
+// that says who waits where — the "which rank hangs?" answer.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+
+#include "comm/flight.hpp"
+#include "plan/plan.hpp"
+#include "support/rank_threads.hpp"
+
+namespace chorus::testing {
+namespace {
+
+TEST(Hang, TimeoutNamesWhoWaitsWhere) {
+  setenv("CHORUS_TIMEOUT_MS", "1500", 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  const int n = 4;
+  auto msgs = runRanks(n, [&](int r, chorusComm_t comm) -> std::string {
+    std::vector<float> x(1000, 1.0f);
+    if (chorusAllReduce(x.data(), x.data(), x.size(), chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess)
+      return "first allreduce failed";
+    std::string out;
+    if (r != 3) {
+      chorusResult_t res = chorusAllReduce(x.data(), x.data(), x.size(), chorusFloat32, chorusSum, comm, nullptr);
+      out = std::to_string(res) + " " + chorusGetLastError(comm);
+    }
+    // Rank 3 stays out of allreduce #1 until the others have given up on it,
+    // and nobody destroys its communicator (whose watchdog answers probes)
+    // before every waiting rank is done explaining.
+    std::unique_lock l(mu);
+    if (r != 3) ++finished;
+    cv.notify_all();
+    cv.wait_for(l, std::chrono::seconds(30), [&] { return finished == n - 1; });
+    return out;
+  });
+  unsetenv("CHORUS_TIMEOUT_MS");
+  // Every waiting rank failed; at least one (the first to time out) explains.
+  int explained = 0;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_FALSE(msgs[r].empty());
+    const bool timeout = msgs[r].rfind(std::to_string(chorusTimeout) + " ", 0) == 0;
+    const bool remote = msgs[r].rfind(std::to_string(chorusRemoteError) + " ", 0) == 0;
+    EXPECT_TRUE(timeout || remote) << msgs[r];
+    if (timeout) {
+      EXPECT_NE(msgs[r].find("allreduce #1 (count=1000 float32) timed out after 1500 ms"), std::string::npos) << msgs[r];
+      EXPECT_NE(msgs[r].find("rank 3 last completed allreduce #0 (count=1000 float32) and is in no collective"),
+                std::string::npos)
+          << msgs[r];
+      if (msgs[r].find("are waiting in it") != std::string::npos) ++explained;
+    }
+  }
+  EXPECT_GE(explained, 1);
+  EXPECT_EQ(msgs[3], "");
+}
+
+TEST(Hang, DiagnosisText) {
+  FlightEntry stuck{};
+  stuck.seq = 1042;
+  stuck.coll = static_cast<uint8_t>(plan::Collective::AllReduce);
+  stuck.dtype = chorusFloat32;
+  stuck.count = 8;
+  std::vector<FlightSummary> s(5);
+  for (int r = 0; r < 3; ++r) {
+    s[r].rank = r;
+    s[r].has_current = 1;
+    s[r].current = stuck;
+  }
+  s[3].rank = 3;
+  s[3].has_last = 1;
+  s[3].last = stuck;
+  s[3].last.seq = 1041;
+  s[3].has_current = 1;
+  s[3].current.coll = static_cast<uint8_t>(plan::Collective::Barrier);
+  s[3].current.seq = 7;
+  EXPECT_EQ(diagnoseHang(stuck, s),
+            "ranks 0,1,2 are waiting in it; rank 3 last completed allreduce #1041 (count=8 float32) and is in "
+            "barrier #7; rank(s) 4 did not answer (dead, or unreachable)");
+}
+
+}  // namespace
+}  // namespace chorus::testing
