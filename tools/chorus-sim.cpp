@@ -1,10 +1,15 @@
-// chorus-sim: predicts collectives and training steps on modelled clusters
-// from the library's own plans.  A thin main: parse, call src/sim, print.
+// chorus-sim: predicts collectives, training steps, the best parallel layout
+// and inference serving on modelled clusters from the library's own plans.
+// A thin main: parse, call src/sim, print.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <unistd.h>
 
 #include "sim/report.hpp"
+#include "sim/trace.hpp"
 
 namespace {
 
@@ -16,10 +21,25 @@ int fail(const Status& s) {
   return 1;
 }
 
+void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) {
+  std::printf("%s on %lld GPUs of %s: %.3f s/iteration, %.0f tokens/s, MFU %.1f%%, %.1f GiB/GPU, bottleneck %s (%s)\n",
+              m.name.c_str(), static_cast<long long>(r.config.gpus), c.name.c_str(), r.iteration_s, r.tokens_per_s,
+              100 * r.mfu, r.memory_gib_per_gpu, r.bottleneck.c_str(), r.bottleneck_link.c_str());
+  for (const auto& [k, v] : r.breakdown) std::printf("  %-12s %.4f s\n", k.c_str(), v);
+}
+
+void printServe(const ServeStats& s) {
+  std::printf("  %-22s TTFT p50/p90/p99 %.3f/%.3f/%.3f s  TPOT p50/p90/p99 %.1f/%.1f/%.1f ms  %.2f req/s  goodput %.2f req/s (%.0f%% in SLO)\n",
+              s.mode == "aggregated" ? "aggregated"
+                                     : fmt::format("disaggregated {}:{}", s.prefill_replicas, s.decode_replicas).c_str(),
+              s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s, 1e3 * s.tpot_p50_s, 1e3 * s.tpot_p90_s, 1e3 * s.tpot_p99_s,
+              s.throughput_rps, s.goodput_rps, 100 * s.slo_attainment);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"chorus-sim: predict collectives and training steps at data-center scale"};
+  CLI::App app{"chorus-sim: predict collectives, training steps, layouts and inference at data-center scale"};
   app.require_subcommand(1);
 
   std::string cluster_path, model_path, collective = "allreduce", bytes_text = "1G", algo = "auto", network = "analytical";
@@ -31,11 +51,11 @@ int main(int argc, char** argv) {
   col->add_option("--collective", collective, "allreduce, allgather, reducescatter, broadcast, alltoall, ...");
   col->add_option("--bytes", bytes_text, "size (nccl-tests convention), e.g. 1G, 256M");
   col->add_option("--algo", algo, "plan name or auto");
-  col->add_option("--network", network, "analytical (flow: not yet implemented)");
+  col->add_option("--network", network, "analytical or flow");
   col->add_flag("--json", json, "print JSON");
 
   TrainConfig tc;
-  std::string recompute = "selective", micro = "1";
+  std::string recompute = "selective", micro = "1", trace_path, plot_path;
   bool no_sp = false, no_flash = false;
   auto* tr = app.add_subcommand("train", "time one training iteration");
   tr->add_option("--model", model_path, "model JSON (configs/models/)")->required();
@@ -53,37 +73,83 @@ int main(int argc, char** argv) {
   tr->add_option("--recompute", recompute, "none, selective, full");
   tr->add_option("--zero", tc.zero, "ZeRO stage 0..3");
   tr->add_option("--algo", tc.algo, "collective plan for every group (default auto)");
+  tr->add_option("--network", network, "analytical or flow");
+  tr->add_option("--trace", trace_path, "write the simulated iteration as a Chrome trace (JSON)");
+  tr->add_option("--plot", plot_path, "draw the breakdown into a PNG (needs /usr/bin/python3 with matplotlib)");
   tr->add_flag("--no-sequence-parallel", no_sp, "plain tensor parallelism (allreduce per block)");
   tr->add_flag("--no-flash-attention", no_flash, "materialise the s x s attention scores");
   tr->add_flag("--fp8", tc.fp8, "fp8 GEMMs");
   tr->add_flag("--json", json, "print JSON");
 
+  SearchConfig sc;
+  bool no_progress = false;
+  auto* se = app.add_subcommand("search", "find the fastest parallel layouts for a model on N GPUs");
+  se->add_option("--model", model_path, "model JSON (configs/models/)")->required();
+  se->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
+  se->add_option("--gpus", sc.gpus, "GPUs")->required();
+  se->add_option("--global-batch", sc.global_batch, "sequences per iteration")->required();
+  se->add_option("--seq", sc.seq, "sequence length");
+  se->add_option("--top", sc.top, "layouts to show");
+  se->add_option("--max-micro-batch", sc.max_micro_batch, "largest micro-batch tried (powers of two)");
+  se->add_option("--algo", sc.algo, "collective plan for every group (default auto)");
+  se->add_option("--network", network, "analytical or flow");
+  se->add_flag("--fp8", sc.fp8, "fp8 GEMMs");
+  se->add_flag("--no-progress", no_progress, "no progress bar (it is drawn only when stderr is a terminal)");
+  se->add_flag("--json", json, "print JSON");
+
+  InferConfig ic;
+  std::string lengths = "fixed";
+  auto* in = app.add_subcommand("infer", "serve a request stream: aggregated vs disaggregated prefill/decode");
+  in->add_option("--model", model_path, "model JSON (configs/models/)")->required();
+  in->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
+  in->add_option("--gpus", ic.gpus, "GPUs of the service")->required();
+  in->add_option("--tp", ic.tp, "GPUs per replica (default: the smallest that fits)");
+  in->add_option("--rate", ic.rate, "arrivals per second (Poisson)");
+  in->add_option("--requests", ic.requests, "requests simulated");
+  in->add_option("--input", ic.input_len, "mean input (prompt) tokens");
+  in->add_option("--output", ic.output_len, "mean output tokens");
+  in->add_option("--lengths", lengths, "fixed, uniform ([0.5, 1.5] x mean) or exponential");
+  in->add_option("--ttft-slo", ic.ttft_slo_s, "time-to-first-token SLO (s)");
+  in->add_option("--tpot-slo", ic.tpot_slo_s, "time-per-output-token SLO (s)");
+  in->add_option("--max-batch", ic.max_batch, "running requests per replica");
+  in->add_option("--prefill-tokens", ic.prefill_tokens, "tokens per prefill batch");
+  in->add_option("--prefill-replicas", ic.prefill_replicas, "disaggregated split (default: try all)");
+  in->add_option("--seed", ic.seed, "random seed of the request stream");
+  in->add_option("--network", network, "analytical or flow");
+  in->add_flag("--fp8", ic.fp8, "fp8 GEMMs");
+  in->add_flag("--json", json, "print JSON");
+
   CLI11_PARSE(app, argc, argv);
   const plan::Registry reg = plan::Registry::builtin();
+  auto mode = parseNetMode(network);
+  if (!mode.isOk()) return fail(mode.status());
+  auto cluster = loadCluster(cluster_path);
+  if (!cluster.isOk()) return fail(cluster.status());
 
   if (col->parsed()) {
-    if (network != "analytical")
-      return fail(invalidArgument("--network {}: only the analytical model is implemented yet", network));
-    auto cluster = loadCluster(cluster_path);
-    if (!cluster.isOk()) return fail(cluster.status());
     auto bytes = parseBytes(bytes_text);
     if (!bytes.isOk()) return fail(bytes.status());
-    auto r = simulateCollective(*cluster, gpus, collective, *bytes, algo, reg);
+    auto r = simulateCollective(*cluster, gpus, collective, *bytes, algo, reg, *mode);
     if (!r.isOk()) return fail(r.status());
     if (json) {
-      std::cout << toJson(*r).dump(2) << "\n";
+      nlohmann::json j = toJson(*r);
+      j["network"] = network;
+      std::cout << j.dump(2) << "\n";
     } else {
-      std::printf("%s %.0f bytes on %lld GPUs of %s: %.1f us, algbw %.2f GB/s, busbw %.2f GB/s, algo %s, bottleneck %s\n",
-                  r->collective.c_str(), r->bytes, static_cast<long long>(gpus), cluster->name.c_str(), r->time_us,
-                  r->algbw_gbps, r->busbw_gbps, r->algo.c_str(), r->bottleneck.c_str());
+      std::printf("%s %.0f bytes on %lld GPUs of %s (%s): %.1f us, algbw %.2f GB/s, busbw %.2f GB/s, algo %s, bottleneck %s\n",
+                  r->collective.c_str(), r->bytes, static_cast<long long>(gpus), cluster->name.c_str(), network.c_str(),
+                  r->time_us, r->algbw_gbps, r->busbw_gbps, r->algo.c_str(), r->bottleneck.c_str());
     }
     return 0;
   }
+
+  auto model = loadModel(model_path);
+  if (!model.isOk()) return fail(model.status());
+  auto topo = Topology::build(*cluster);
+  if (!topo.isOk()) return fail(topo.status());
+  NetworkModel net(*cluster, *topo, reg, *mode);
+
   if (tr->parsed()) {
-    auto cluster = loadCluster(cluster_path);
-    if (!cluster.isOk()) return fail(cluster.status());
-    auto model = loadModel(model_path);
-    if (!model.isOk()) return fail(model.status());
     auto rc = parseRecompute(recompute);
     if (!rc.isOk()) return fail(rc.status());
     tc.recompute = *rc;
@@ -98,15 +164,83 @@ int main(int argc, char** argv) {
         return fail(invalidArgument("--micro-batch '{}' is not a number or auto", micro));
       }
     }
-    auto r = simulateTraining(*model, *cluster, tc, reg);
+    auto r = simulateTraining(*model, tc, net);
+    if (!r.isOk()) return fail(r.status());
+    nlohmann::json j = toJson(*r);
+    j["network"] = network;
+    if (!trace_path.empty()) {
+      std::ofstream f(trace_path);
+      if (!f) return fail(systemError("--trace: cannot open '{}' for writing", trace_path));
+      auto sum = writeTrainTrace(*r, f);
+      if (!sum.isOk()) return fail(sum.status());
+      j["trace"] = {{"path", trace_path}, {"events", sum->events}, {"schedule_makespan_s", sum->makespan_s}};
+      if (!json)
+        std::fprintf(stderr, "trace: %s (%lld events, list-scheduled makespan %.3f s)\n", trace_path.c_str(),
+                     static_cast<long long>(sum->events), sum->makespan_s);
+    }
+    if (!plot_path.empty()) {
+      Status st = plotBreakdown(*r, fmt::format("{} on {} GPUs: {:.3f} s/iteration, MFU {:.1f}%", model->name, tc.gpus,
+                                                r->iteration_s, 100 * r->mfu), plot_path);
+      j["plot"] = st.isOk() ? nlohmann::json(plot_path) : nlohmann::json(st.message());
+      if (!st.isOk()) std::fprintf(stderr, "chorus-sim: plot skipped: %s\n", st.message().c_str());
+      else if (!json) std::fprintf(stderr, "plot: %s\n", plot_path.c_str());
+    }
+    if (json) std::cout << j.dump(2) << "\n";
+    else printTrain(*model, *cluster, *r);
+    return 0;
+  }
+
+  if (se->parsed()) {
+    const bool bar = !no_progress && isatty(STDERR_FILENO);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto progress = [&](int64_t done, int64_t total) {
+      if (!bar) return;
+      const int w = 40, filled = static_cast<int>(w * done / std::max<int64_t>(total, 1));
+      std::fprintf(stderr, "\r[%s%s] %lld/%lld layouts", std::string(static_cast<size_t>(filled), '#').c_str(),
+                   std::string(static_cast<size_t>(w - filled), '.').c_str(), static_cast<long long>(done),
+                   static_cast<long long>(total));
+      if (done == total) std::fprintf(stderr, "\n");
+    };
+    auto r = searchLayouts(*model, sc, net, progress);
+    if (!r.isOk()) return fail(r.status());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (json) {
+      nlohmann::json j = toJson(*r);
+      j["search_seconds"] = secs;
+      j["model"] = model->name;
+      j["cluster"] = cluster->name;
+      j["network"] = network;
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::printf("%s on %lld GPUs of %s, global batch %lld x seq %lld: %lld layouts, %lld fit, searched in %.1f s\n",
+                  model->name.c_str(), static_cast<long long>(sc.gpus), cluster->name.c_str(),
+                  static_cast<long long>(sc.global_batch), static_cast<long long>(sc.seq),
+                  static_cast<long long>(r->candidates), static_cast<long long>(r->feasible), secs);
+      int i = 1;
+      for (const TrainReport& t : r->top)
+        std::printf("%2d. %-62s %8.3f s  MFU %5.1f%%  %5.1f GiB  bottleneck %s\n", i++, layoutName(t.config).c_str(),
+                    t.iteration_s, 100 * t.mfu, t.memory_gib_per_gpu, t.bottleneck.c_str());
+    }
+    return 0;
+  }
+
+  if (in->parsed()) {
+    auto d = parseLengthDist(lengths);
+    if (!d.isOk()) return fail(d.status());
+    ic.dist = *d;
+    auto r = simulateInference(*model, ic, net);
     if (!r.isOk()) return fail(r.status());
     if (json) {
       std::cout << toJson(*r).dump(2) << "\n";
     } else {
-      std::printf("%s on %lld GPUs of %s: %.3f s/iteration, %.0f tokens/s, MFU %.1f%%, %.1f GiB/GPU, bottleneck %s (%s)\n",
-                  model->name.c_str(), static_cast<long long>(tc.gpus), cluster->name.c_str(), r->iteration_s,
-                  r->tokens_per_s, 100 * r->mfu, r->memory_gib_per_gpu, r->bottleneck.c_str(), r->bottleneck_link.c_str());
-      for (const auto& [k, v] : r->breakdown) std::printf("  %-12s %.4f s\n", k.c_str(), v);
+      std::printf("%s on %lld GPUs of %s: %d replicas of tp %d; %.1f req/s, %lld in / %lld out tokens; prefill %.1f ms per "
+                  "request, decode step %.1f ms (batch 1), KV %.1f MB per request\n",
+                  model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(), r->replicas, r->tp, ic.rate,
+                  static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len), 1e3 * r->prefill_s_per_request,
+                  1e3 * r->decode_step_s, r->kv_bytes_per_request / 1e6);
+      printServe(r->aggregated);
+      if (!r->best_disaggregated.mode.empty()) printServe(r->best_disaggregated);
+      std::printf("  best under SLOs (TTFT %.2f s, TPOT %.0f ms): %s\n", ic.ttft_slo_s, 1e3 * ic.tpot_slo_s, r->best.c_str());
     }
     return 0;
   }

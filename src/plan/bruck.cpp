@@ -50,6 +50,19 @@ class BruckAllToAll final : public Algorithm {
  public:
   std::string_view name() const override { return "bruck"; }
   Collective collective() const override { return Collective::AllToAll; }
+  // Round `bit`: every rank sends the blocks whose index has that bit, packed,
+  // to r + bit: the same count for every rank.
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    std::vector<Round> rs;
+    const int n = sh.nranks;
+    if (n == 1 || sh.count == 0) return rs;
+    for (int bit = 1; bit < n; bit <<= 1) {
+      // j in [1, n) with bit set: full periods of 2 bit contribute bit each.
+      const int64_t m = static_cast<int64_t>(n / (2 * bit)) * bit + std::max(0, n % (2 * bit) - bit);
+      rs.push_back({.peers = Peers::Shift, .arg = bit, .elems = sh.count * static_cast<uint64_t>(m)});
+    }
+    return rs;
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t c = sh.count;

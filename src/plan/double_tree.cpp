@@ -13,6 +13,8 @@
 #include "plan/partition.hpp"
 #include "plan/plan.hpp"
 
+#include <bit>
+
 namespace chorus::plan {
 namespace {
 
@@ -29,6 +31,24 @@ class DoubleTreeAllReduce final : public Algorithm {
  public:
   std::string_view name() const override { return "double_tree"; }
   Collective collective() const override { return Collective::AllReduce; }
+  // Unsliced (the simulator's view, plan.hpp): both trees reduce level by
+  // level from the deepest, then broadcast from the root's children down;
+  // each message carries half the data (the larger half when N is odd).
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    std::vector<Round> rs;
+    const int n = sh.nranks;
+    if (n == 1 || sh.count == 0) return rs;
+    const uint64_t half = sh.count - partBegin(sh.count, 2, 1) > partBegin(sh.count, 2, 1)
+                              ? sh.count - partBegin(sh.count, 2, 1)
+                              : partBegin(sh.count, 2, 1);
+    // Sliced (the tuner prices the executor's pipelining): the expanded
+    // programs' rounds, one per slice, while they are cheap to derive.
+    if (numSlices(half, sh.chunk_elems) > 1 && n <= kMaxDerivedRanks) return deriveRounds(*this, sh);
+    const int depth = std::bit_width(static_cast<unsigned>(n)) - 1;  // of node n - 1
+    for (int l = depth; l >= 1; --l) rs.push_back({.peers = Peers::HeapUp, .arg = l, .elems = half, .reduce = true});
+    for (int l = 1; l <= depth; ++l) rs.push_back({.peers = Peers::HeapDown, .arg = l, .elems = half});
+    return rs;
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t N = sh.count;
@@ -69,6 +89,18 @@ class ScatterAllGatherBroadcast final : public Algorithm {
  public:
   std::string_view name() const override { return "scatter_allgather"; }
   Collective collective() const override { return Collective::Broadcast; }
+  // A binomial scatter of blocks (largest offset first, each message a
+  // subtree of blocks), then n - 1 ring steps of one block.
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    std::vector<Round> rs;
+    const int n = sh.nranks;
+    if (n == 1 || sh.count == 0) return rs;
+    const uint64_t block = partBegin(sh.count, n, 1);  // the first blocks are the large ones
+    for (int m = pof2Ceil(n) / 2; m >= 1; m /= 2)
+      rs.push_back({.peers = Peers::TreeDown, .arg = m, .root = sh.root, .elems = block, .subtree = true});
+    rs.push_back({.repeat = static_cast<uint64_t>(n - 1), .peers = Peers::Shift, .arg = 1, .elems = block});
+    return rs;
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t N = sh.count;

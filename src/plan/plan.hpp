@@ -198,6 +198,11 @@ enum class Peers : uint8_t {
   Chain,     // virtual ranks 0..n-2 each send to the next (a pipelined chain: one stream)
   AllPairs,  // every rank sends to every other rank
   Explicit,  // the messages are listed in Round::msgs (derived plans; small n only)
+  // Double binary tree, level arg >= 1 of two heap-shaped trees at once (the
+  // second mirrored, v -> n - 1 - v): HeapUp: every node at depth arg sends to
+  // its parent (v - 1) / 2; HeapDown: every parent sends to it.
+  HeapUp,
+  HeapDown,
 };
 
 struct RoundMessage {
@@ -265,6 +270,20 @@ void forEachMessage(const Round& r, int n, F&& f) {
     case Peers::Explicit:
       for (const RoundMessage& m : r.msgs) f(m.src, m.dst, m.elems);
       break;
+    case Peers::HeapUp:
+    case Peers::HeapDown: {
+      const int64_t lo = (int64_t{1} << r.arg) - 1, hi = std::min<int64_t>((int64_t{1} << (r.arg + 1)) - 1, n);
+      for (int mirror = 0; mirror < 2; ++mirror)
+        for (int64_t v = lo; v < hi; ++v) {
+          const int child = static_cast<int>(mirror ? n - 1 - v : v);
+          const int parent = static_cast<int>(mirror ? n - 1 - (v - 1) / 2 : (v - 1) / 2);
+          if (r.peers == Peers::HeapUp)
+            f(child, parent, r.elems);
+          else
+            f(parent, child, r.elems);
+        }
+      break;
+    }
   }
 }
 

@@ -65,6 +65,22 @@ class RabenseifnerAllReduce final : public Algorithm {
  public:
   std::string_view name() const override { return "rabenseifner"; }
   Collective collective() const override { return Collective::AllReduce; }
+  // Fold in, log2(p) halving rounds (mask p/2 .. 1: `mask` blocks, reduced),
+  // log2(p) doubling rounds (mask 1 .. p/2), fold out; blocks of N/p (the
+  // first, larger ones when ragged).
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    std::vector<Round> rs;
+    const Fold f(sh.nranks);
+    const uint64_t N = sh.count;
+    if (f.n == 1 || N == 0) return rs;
+    if (f.rem) rs.push_back({.peers = Peers::FoldIn, .fold = f.rem, .elems = N, .reduce = true});
+    for (int mask = f.p / 2; mask >= 1; mask /= 2)
+      rs.push_back({.peers = Peers::Xor, .arg = mask, .fold = f.rem, .elems = partBegin(N, f.p, mask), .reduce = true});
+    for (int mask = 1; mask < f.p; mask *= 2)
+      rs.push_back({.peers = Peers::Xor, .arg = mask, .fold = f.rem, .elems = partBegin(N, f.p, mask)});
+    if (f.rem) rs.push_back({.peers = Peers::FoldOut, .fold = f.rem, .elems = N});
+    return rs;
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const Fold f(sh.nranks);
     const uint64_t N = sh.count;
@@ -95,6 +111,13 @@ class HalvingReduceScatter final : public Algorithm {
   std::string_view name() const override { return "recursive_halving"; }
   Collective collective() const override { return Collective::ReduceScatter; }
   bool supports(const Shape& sh) const override { return std::has_single_bit(static_cast<unsigned>(sh.nranks)); }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    std::vector<Round> rs;
+    if (sh.nranks == 1 || sh.count == 0) return rs;
+    for (int mask = sh.nranks / 2; mask >= 1; mask /= 2)
+      rs.push_back({.peers = Peers::Xor, .arg = mask, .elems = sh.count * static_cast<uint64_t>(mask), .reduce = true});
+    return rs;
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t c = sh.count;

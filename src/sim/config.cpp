@@ -117,6 +117,8 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   d = toUs(c.gpu.kernel_overhead);
   CHORUS_RETURN_IF_ERROR(g.num("kernel_overhead_us", &d, 0, 1e6, false));
   c.gpu.kernel_overhead = us(d);
+  CHORUS_RETURN_IF_ERROR(g.num("comm_sm_fraction", &c.gpu.comm_sm_fraction, 0, 1, false));
+  CHORUS_RETURN_IF_ERROR(g.integer("sms", &c.gpu.sms, 0, 1e5, false));
 
   CHORUS_ASSIGN_OR_RETURN(Reader nd, top.object("node"));
   CHORUS_RETURN_IF_ERROR(nd.integer("gpus", &c.node.gpus, 1, 4096));
@@ -185,6 +187,11 @@ Result<ModelSpec> parseModel(std::string_view text, std::string_view where) {
   if (act == "gelu") m.activation = Activation::Gelu;
   else if (act == "swiglu") m.activation = Activation::SwiGlu;
   else return invalidArgument("{}: key 'activation' = \"{}\" is not one of gelu, swiglu", where, act);
+  if (top.has("dropout")) {
+    if (!top.raw().at("dropout").is_boolean())
+      return invalidArgument("{}: key 'dropout' = {} must be true or false", where, top.raw().at("dropout").dump());
+    m.dropout = top.raw().at("dropout").get<bool>();
+  }
   if (m.hidden % m.heads != 0)
     return invalidArgument("{}: key 'hidden' = {} is not a multiple of 'heads' = {}", where, m.hidden, m.heads);
   if (m.heads % m.kv_heads != 0)

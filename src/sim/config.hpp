@@ -29,6 +29,15 @@ struct GpuSpec {
   // Fraction of HBM bandwidth that element-wise kernels reach (default 0.80).
   double hbm_efficiency = 0.80;
   Seconds kernel_overhead = us(4);  // launch + tail per kernel
+  // Fraction of the GPU's SMs a collective kernel occupies while it runs
+  // concurrently with compute (NCCL: one CTA per channel, 16 channels of a
+  // 108-SM A100 ~ 0.15); overlapped compute slows by this much (docs).
+  double comm_sm_fraction = 0.15;
+  // Streaming multiprocessors (0 = no wave-quantisation model).  A GEMM's
+  // output is cut into 128 x 256 tiles, one per SM at a time; the last,
+  // partly filled wave and partial edge tiles waste their share (NVIDIA,
+  // "Matrix Multiplication Background User's Guide": tile and wave quantization).
+  int sms = 0;
 };
 
 struct NodeSpec {
@@ -78,6 +87,9 @@ struct ModelSpec {
   int64_t ffn_hidden = 0;
   int64_t vocab = 0;
   Activation activation = Activation::Gelu;
+  // Dropout after attention and MLP (GPT-3/Megatron: yes; Llama, Mixtral,
+  // DeepSeek: no).  Decides the dropout masks kept for backward.
+  bool dropout = true;
   MoeSpec moe;
   [[nodiscard]] int64_t headDim() const { return hidden / heads; }
   // Parameters of one transformer layer (attention + FFN/experts + norms).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <cmath>
+#include <queue>
 
 namespace chorus::sim {
 
@@ -20,8 +22,18 @@ double busBandwidthFactor(Collective coll, int64_t n) {
   }
 }
 
+Result<NetMode> parseNetMode(std::string_view text) {
+  if (text == "analytical") return NetMode::Analytical;
+  if (text == "flow") return NetMode::Flow;
+  return invalidArgument("--network '{}' is not one of analytical, flow", text);
+}
+
 NetworkModel::RoundCost NetworkModel::placeRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes) {
-  load_.assign(static_cast<size_t>(t_.links()), 0.0);
+  if (mode_ == NetMode::Flow) return flowRound(r, g, elem_bytes);
+  // Only the links this round touches are reset and scanned: O(messages x hops).
+  if (load_.size() != static_cast<size_t>(t_.links())) load_.assign(static_cast<size_t>(t_.links()), 0.0);
+  for (int64_t l : touched_) load_[static_cast<size_t>(l)] = 0;
+  touched_.clear();
   Seconds lat(0);
   double max_recv = 0;
   const int n = static_cast<int>(g.size);
@@ -30,18 +42,21 @@ NetworkModel::RoundCost NetworkModel::placeRound(const plan::Round& r, const Gro
   for (int64_t j = 0; j < g.groups; ++j) {
     plan::forEachMessage(r, n, [&](int s, int d, uint64_t e) {
       const double b = static_cast<double>(e * elem_bytes);
-      lat = std::max(lat, t_.route(g.gpuOf(j, s), g.gpuOf(j, d), [&](int64_t l) { load_[static_cast<size_t>(l)] += b; }));
+      lat = std::max(lat, t_.route(g.gpuOf(j, s), g.gpuOf(j, d), [&](int64_t l) {
+        double& x = load_[static_cast<size_t>(l)];
+        if (x == 0) touched_.push_back(l);
+        x += b;
+      }));
       if (j == 0 && r.reduce) recv[static_cast<size_t>(d)] += b;
     });
   }
   for (double b : recv) max_recv = std::max(max_recv, b);
   RoundCost rc;
   double worst = 0;
-  for (int64_t l = 0; l < t_.links(); ++l) {
+  for (int64_t l : touched_) {
     const double x = load_[static_cast<size_t>(l)];
-    if (x == 0) continue;
     const double tl = x / t_.capacity(l).value();
-    if (tl > worst) worst = tl, rc.bottleneck = l;
+    if (tl > worst || (tl == worst && l < rc.bottleneck)) worst = tl, rc.bottleneck = l;
   }
   const double reduce_t = 3 * max_recv / (c_.gpu.hbm_bw.value() * c_.gpu.hbm_efficiency);
   if (r.peers == plan::Peers::Chain) lat = lat * static_cast<double>(std::max(1, n - 1));
@@ -101,6 +116,8 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
     default: sh.count = b;
   }
   if (g.size == 1) return CollectiveCost{Seconds(0), "none", "none", Seconds(0)};
+  const CacheKey key{static_cast<int>(coll), bytes.value(), g.size, g.stride, g.groups, g.offset, std::string(algo)};
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   std::vector<const plan::Algorithm*> cands;
   if (algo.empty() || algo == "auto") {
     cands = reg_.forCollective(coll);
@@ -121,6 +138,7 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
     }
     if (!best.isOk() || c->time < best->time) best = std::move(c);
   }
+  if (best.isOk()) cache_[key] = *best;
   return best;
 }
 
@@ -131,6 +149,139 @@ Result<CollectiveCost> NetworkModel::sendRecv(Bytes bytes, const GroupSet& g) {
   if (g.size < 2) return CollectiveCost{Seconds(0), "p2p", "none", Seconds(0)};
   RoundCost rc = placeRound(r, g, 1);
   return CollectiveCost{rc.time, "p2p", rc.bottleneck >= 0 ? t_.linkName(rc.bottleneck) : "latency", rc.latency};
+}
+
+namespace {
+
+// Flows of one round, their routes (CSR) and the max-min fair rates.
+struct FlowSet {
+  std::vector<double> bytes, left, rate;
+  std::vector<int64_t> route_begin{0};
+  std::vector<int64_t> route;  // link ids (aggregated links expanded to lanes)
+};
+
+// Progressive filling: repeatedly saturate the link with the smallest fair
+// share among the active, unfrozen flows.  Shares only grow as flows freeze
+// (a frozen flow took at most the share), so a lazy min-heap suffices:
+// O(flows x hops x log links) per call.  Returns the first bottleneck link.
+int64_t maxMinRates(FlowSet& fs, const std::vector<char>& active, const std::vector<double>& cap,
+                    const std::vector<int64_t>& link_begin, const std::vector<int64_t>& link_flows,
+                    std::vector<double>& residual, std::vector<int64_t>& count) {
+  const size_t nl = cap.size(), nf = fs.bytes.size();
+  residual = cap;
+  count.assign(nl, 0);
+  std::vector<char> frozen(nf, 0);
+  for (size_t f = 0; f < nf; ++f) {
+    fs.rate[f] = 0;
+    if (!active[f]) continue;
+    for (int64_t i = fs.route_begin[f]; i < fs.route_begin[f + 1]; ++i) ++count[static_cast<size_t>(fs.route[static_cast<size_t>(i)])];
+  }
+  using Item = std::pair<double, int64_t>;
+  std::priority_queue<Item, std::vector<Item>, std::greater<>> heap;
+  for (size_t l = 0; l < nl; ++l)
+    if (count[l] > 0) heap.push({residual[l] / static_cast<double>(count[l]), static_cast<int64_t>(l)});
+  int64_t first = -1;
+  while (!heap.empty()) {
+    auto [share, l] = heap.top();
+    heap.pop();
+    const size_t ul = static_cast<size_t>(l);
+    if (count[ul] == 0) continue;
+    const double cur = residual[ul] / static_cast<double>(count[ul]);
+    if (cur > share * (1 + 1e-12)) {
+      heap.push({cur, l});
+      continue;
+    }
+    if (first < 0) first = l;
+    for (int64_t i = link_begin[ul]; i < link_begin[ul + 1]; ++i) {
+      const size_t f = static_cast<size_t>(link_flows[static_cast<size_t>(i)]);
+      if (!active[f] || frozen[f]) continue;
+      frozen[f] = 1;
+      fs.rate[f] = cur;
+      for (int64_t k = fs.route_begin[f]; k < fs.route_begin[f + 1]; ++k) {
+        const size_t m = static_cast<size_t>(fs.route[static_cast<size_t>(k)]);
+        residual[m] = std::max(0.0, residual[m] - cur);
+        --count[m];
+      }
+    }
+  }
+  return first;
+}
+
+}  // namespace
+
+NetworkModel::RoundCost NetworkModel::flowRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes) {
+  // Link ids: the topology's, then lanes of the aggregated links.
+  const int64_t base = t_.links(), lanes = t_.lanes(), agg0 = t_.firstAggregated();
+  FlowSet fs;
+  Seconds lat(0);
+  double max_recv = 0;
+  const int n = static_cast<int>(g.size);
+  std::vector<double> recv;
+  if (r.reduce) recv.assign(static_cast<size_t>(n), 0.0);
+  for (int64_t j = 0; j < g.groups; ++j) {
+    plan::forEachMessage(r, n, [&](int s, int d, uint64_t e) {
+      const double b = static_cast<double>(e * elem_bytes);
+      const int64_t src = g.gpuOf(j, s), dst = g.gpuOf(j, d);
+      // ECMP: a deterministic hash of the endpoints picks the lane.
+      const uint64_t hsh = (static_cast<uint64_t>(src) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(dst) * 0xC2B2AE3D27D4EB4Full);
+      const int64_t lane = static_cast<int64_t>((hsh >> 17) % static_cast<uint64_t>(lanes));
+      lat = std::max(lat, t_.route(src, dst, [&](int64_t l) {
+        fs.route.push_back(t_.isAggregated(l) ? base + (l - agg0) * lanes + lane : l);
+      }));
+      fs.route_begin.push_back(static_cast<int64_t>(fs.route.size()));
+      fs.bytes.push_back(b);
+      if (j == 0 && r.reduce) recv[static_cast<size_t>(d)] += b;
+    });
+  }
+  for (double b : recv) max_recv = std::max(max_recv, b);
+  const size_t nf = fs.bytes.size();
+  const int64_t aggregated = base - agg0;
+  const size_t nl = static_cast<size_t>(base + aggregated * lanes);
+  std::vector<double> cap(nl);
+  for (int64_t l = 0; l < base; ++l) cap[static_cast<size_t>(l)] = t_.capacity(l).value();
+  for (size_t l = static_cast<size_t>(base); l < nl; ++l) cap[l] = t_.laneCapacity().value();
+  // Link -> flows (CSR).
+  std::vector<int64_t> link_begin(nl + 1, 0), link_flows(fs.route.size());
+  for (int64_t l : fs.route) ++link_begin[static_cast<size_t>(l) + 1];
+  for (size_t l = 0; l < nl; ++l) link_begin[l + 1] += link_begin[l];
+  {
+    std::vector<int64_t> fill(link_begin.begin(), link_begin.end() - 1);
+    for (size_t f = 0; f < nf; ++f)
+      for (int64_t i = fs.route_begin[f]; i < fs.route_begin[f + 1]; ++i)
+        link_flows[static_cast<size_t>(fill[static_cast<size_t>(fs.route[static_cast<size_t>(i)])]++)] = static_cast<int64_t>(f);
+  }
+  fs.left = fs.bytes;
+  fs.rate.assign(nf, 0);
+  std::vector<char> active(nf, 1);
+  for (size_t f = 0; f < nf; ++f)
+    if (fs.bytes[f] <= 0 || fs.route_begin[f] == fs.route_begin[f + 1]) active[f] = 0;
+  std::vector<double> residual;
+  std::vector<int64_t> count;
+  double now = 0;
+  int64_t bottleneck = -1;
+  size_t live = static_cast<size_t>(std::count(active.begin(), active.end(), 1));
+  while (live > 0) {
+    const int64_t b = maxMinRates(fs, active, cap, link_begin, link_flows, residual, count);
+    if (bottleneck < 0) bottleneck = b;
+    double dt = std::numeric_limits<double>::infinity();
+    for (size_t f = 0; f < nf; ++f)
+      if (active[f] && fs.rate[f] > 0) dt = std::min(dt, fs.left[f] / fs.rate[f]);
+    if (!std::isfinite(dt)) break;  // no capacity: cannot happen with positive capacities
+    now += dt;
+    for (size_t f = 0; f < nf; ++f) {
+      if (!active[f]) continue;
+      fs.left[f] -= fs.rate[f] * dt;
+      if (fs.left[f] <= fs.bytes[f] * 1e-9) active[f] = 0, --live;
+    }
+  }
+  RoundCost rc;
+  if (bottleneck >= base) bottleneck = agg0 + (bottleneck - base) / lanes;  // report the leaf, not the lane
+  rc.bottleneck = bottleneck;
+  const double reduce_t = 3 * max_recv / (c_.gpu.hbm_bw.value() * c_.gpu.hbm_efficiency);
+  if (r.peers == plan::Peers::Chain) lat = lat * static_cast<double>(std::max(1, n - 1));
+  rc.latency = lat;
+  rc.time = lat + Seconds(std::max(now, reduce_t));
+  return rc;
 }
 
 }  // namespace chorus::sim

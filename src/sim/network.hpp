@@ -10,6 +10,14 @@
 // reduction's HBM traffic (3 x bytes received / HBM bandwidth), which runs
 // pipelined with the transfer.  A chain pays its latency once per hop.  The
 // collective is the sum over rounds of repeat x t.
+//
+// The flow-level model (NetMode::Flow) replaces the per-round formula by an
+// event-driven simulation of the round's flows: each flow follows its route
+// with ECMP (an aggregated leaf uplink is `lanes` spine cables; a flow hashes
+// onto one), concurrent flows share every link max-min fairly (progressive
+// filling), and rates are recomputed whenever a flow finishes.  Hash
+// collisions and uneven finishing are what it sees and the analytical model
+// does not.
 #pragma once
 
 #include <map>
@@ -44,9 +52,17 @@ struct CollectiveCost {
   Seconds latency;           // the part of time spent in route latency
 };
 
+enum class NetMode { Analytical, Flow };
+Result<NetMode> parseNetMode(std::string_view text);
+
+// Not thread-safe: one model per thread (it keeps per-link scratch and a
+// cache of priced collectives, which is what makes a layout search cheap).
 class NetworkModel {
  public:
-  NetworkModel(const ClusterSpec& c, const Topology& t, const plan::Registry& reg) : c_(c), t_(t), reg_(reg) {}
+  NetworkModel(const ClusterSpec& c, const Topology& t, const plan::Registry& reg, NetMode mode = NetMode::Analytical)
+      : c_(c), t_(t), reg_(reg), mode_(mode) {}
+  [[nodiscard]] const ClusterSpec& cluster() const { return c_; }
+  [[nodiscard]] NetMode mode() const { return mode_; }
 
   // Prices collective `coll` of `bytes` (nccl-tests convention: allreduce,
   // broadcast, reduce: the buffer; allgather, gather: the output; reduce-
@@ -66,11 +82,16 @@ class NetworkModel {
     int64_t bottleneck = -1;
   };
   RoundCost placeRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes);
+  RoundCost flowRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes);
 
   const ClusterSpec& c_;
   const Topology& t_;
   const plan::Registry& reg_;
-  std::vector<double> load_;  // bytes per link, reset per pattern
+  NetMode mode_;
+  std::vector<double> load_;      // bytes per link, reset per pattern
+  std::vector<int64_t> touched_;  // links with load_ != 0
+  using CacheKey = std::tuple<int, double, int64_t, int64_t, int64_t, int64_t, std::string>;
+  std::map<CacheKey, CollectiveCost> cache_;
 };
 
 double busBandwidthFactor(plan::Collective coll, int64_t n);

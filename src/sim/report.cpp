@@ -5,7 +5,7 @@
 namespace chorus::sim {
 
 Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, std::string_view collective, double bytes,
-                                            std::string_view algo, const plan::Registry& reg) {
+                                            std::string_view algo, const plan::Registry& reg, NetMode mode) {
   plan::Collective coll;
   if (!plan::parseCollective(collective, &coll))
     return invalidArgument("--collective '{}' is not a collective (allreduce, allgather, reducescatter, broadcast, "
@@ -13,7 +13,7 @@ Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, 
   if (gpus < 1 || gpus > c.gpus())
     return invalidArgument("--gpus {} is outside [1, {}] for cluster '{}'", gpus, c.gpus(), c.name);
   CHORUS_ASSIGN_OR_RETURN(Topology topo, Topology::build(c));
-  NetworkModel net(c, topo, reg);
+  NetworkModel net(c, topo, reg, mode);
   CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, net.collective(coll, Bytes(bytes), GroupSet{gpus, 1, 1}, algo));
   CollectiveReport r;
   r.collective = std::string(collective);
@@ -54,6 +54,48 @@ nlohmann::json toJson(const TrainReport& r) {
       {"bottleneck", r.bottleneck},
       {"bottleneck_link", r.bottleneck_link}};
   return j;
+}
+
+std::string layoutName(const TrainConfig& c) {
+  const char* rc[] = {"none", "selective", "full"};
+  return fmt::format("tp {} pp {} dp {} cp {} ep {} vpp {} mb {} zero {} recompute {}", c.tp, c.pp, c.dp, c.cp, c.ep, c.vpp,
+                     c.micro_batch, c.zero, rc[static_cast<int>(c.recompute)]);
+}
+
+nlohmann::json toJson(const SearchResult& r) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const TrainReport& t : r.top) top.push_back(toJson(t));
+  return {{"candidates", r.candidates}, {"feasible", r.feasible}, {"top", top}};
+}
+
+nlohmann::json toJson(const ServeStats& s) {
+  return {{"mode", s.mode},
+          {"prefill_replicas", s.prefill_replicas},
+          {"decode_replicas", s.decode_replicas},
+          {"ttft_s", {{"p50", s.ttft_p50_s}, {"p90", s.ttft_p90_s}, {"p99", s.ttft_p99_s}}},
+          {"tpot_s", {{"p50", s.tpot_p50_s}, {"p90", s.tpot_p90_s}, {"p99", s.tpot_p99_s}}},
+          {"throughput_rps", s.throughput_rps},
+          {"tokens_per_s", s.tokens_per_s},
+          {"slo_attainment", s.slo_attainment},
+          {"goodput_rps", s.goodput_rps},
+          {"kv_transfer_mean_s", s.kv_transfer_mean_s}};
+}
+
+nlohmann::json toJson(const InferReport& r) {
+  nlohmann::json splits = nlohmann::json::array();
+  for (const ServeStats& s : r.splits) splits.push_back(toJson(s));
+  const InferConfig& c = r.config;
+  return {{"config", {{"gpus", c.gpus}, {"tp", r.tp}, {"replicas", r.replicas}, {"rate_rps", c.rate},
+                      {"requests", c.requests}, {"input_len", c.input_len}, {"output_len", c.output_len},
+                      {"ttft_slo_s", c.ttft_slo_s}, {"tpot_slo_s", c.tpot_slo_s}}},
+          {"prefill_s_per_request", r.prefill_s_per_request},
+          {"decode_step_s", r.decode_step_s},
+          {"kv_bytes_per_request", r.kv_bytes_per_request},
+          {"kv_capacity_tokens_per_replica", r.kv_capacity_tokens},
+          {"aggregated", toJson(r.aggregated)},
+          {"disaggregated_best", r.best_disaggregated.mode.empty() ? nlohmann::json() : toJson(r.best_disaggregated)},
+          {"disaggregated_splits", splits},
+          {"best", r.best}};
 }
 
 Result<double> parseBytes(std::string_view text) {

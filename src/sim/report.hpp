@@ -3,7 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sim/infer.hpp"
 #include "sim/network.hpp"
+#include "sim/search.hpp"
 #include "sim/train.hpp"
 
 namespace chorus::sim {
@@ -17,10 +19,16 @@ struct CollectiveReport {
 // Prices `collective` of `bytes` over the first `gpus` GPUs of the cluster
 // (ranks in GPU order) with the analytical model.
 Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, std::string_view collective, double bytes,
-                                            std::string_view algo, const plan::Registry& reg);
+                                            std::string_view algo, const plan::Registry& reg,
+                                            NetMode mode = NetMode::Analytical);
 
 nlohmann::json toJson(const CollectiveReport& r);
 nlohmann::json toJson(const TrainReport& r);
+nlohmann::json toJson(const SearchResult& r);
+nlohmann::json toJson(const ServeStats& s);
+nlohmann::json toJson(const InferReport& r);
+// One line naming a layout: "tp 8 pp 16 dp 128 cp 1 ep 1 vpp 1 mb 1 zero 1 selective".
+std::string layoutName(const TrainConfig& c);
 
 // "1G", "256M", "4K", "1048576" -> bytes (binary multiples, as nccl-tests).
 Result<double> parseBytes(std::string_view text);

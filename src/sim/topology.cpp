@@ -41,6 +41,8 @@ Result<Topology> Topology::build(const ClusterSpec& c) {
       t.up_ = next, next += uppers;
       t.down_ = next, next += uppers;
       t.up_cap_ = t.port_cap_ * (static_cast<double>(ports_per_upper) / c.network.oversubscription);
+      // One spine cable per NIC-port's worth of uplink bandwidth.
+      t.lanes_ = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(ports_per_upper) / c.network.oversubscription));
       t.torus_ = next;
     }
   }

@@ -30,6 +30,13 @@ class Topology {
   [[nodiscard]] BytesPerSecond capacity(int64_t link) const;
   [[nodiscard]] std::string linkName(int64_t link) const;
   [[nodiscard]] int64_t nodeOf(int64_t gpu) const { return gpu / gpn_; }
+  // ECMP view for the flow model: an aggregated leaf/group up or down link is
+  // really `lanes()` parallel cables (one per spine) of `laneCapacity()` each,
+  // and a flow hashes onto one of them.
+  [[nodiscard]] bool isAggregated(int64_t link) const { return ndims_ == 0 && link >= up_ && link < torus_; }
+  [[nodiscard]] int64_t lanes() const { return lanes_; }
+  [[nodiscard]] BytesPerSecond laneCapacity() const { return up_cap_ / static_cast<double>(lanes_); }
+  [[nodiscard]] int64_t firstAggregated() const { return up_; }
 
   // Calls f(link) for every link on the route src -> dst (GPU ids) and
   // returns the route's latency.  O(hops).
@@ -98,6 +105,7 @@ class Topology {
   int ndims_ = 0;
   // First link index of each class (the next class's start ends it).
   int64_t nvl_tx_ = 0, nvl_rx_ = 0, port_tx_ = 0, port_rx_ = 0, up_ = 0, down_ = 0, torus_ = 0, end_ = 0;
+  int64_t lanes_ = 1;
   BytesPerSecond nvl_cap_, port_cap_, up_cap_, torus_cap_;
 };
 

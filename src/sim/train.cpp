@@ -30,15 +30,33 @@ double layerFlopsPerToken(const ModelSpec& m, int layer, double seq) {
 struct Gpu {
   const GpuSpec& g;
   bool fp8;
+  // Fraction of the SMs' tile slots doing useful work: output m x n in
+  // 128 x 256 tiles (either orientation, as cuBLAS's heuristics pick),
+  // `batch` independent problems, waves of `sms` tiles.
+  [[nodiscard]] double waveEfficiency(double m, double n, double batch) const {
+    if (g.sms <= 0) return 1;
+    double best = 0;
+    for (auto [tm, tn] : {std::pair{128.0, 256.0}, std::pair{256.0, 128.0}}) {
+      const double tiles = std::ceil(m / tm) * std::ceil(n / tn) * batch;
+      const double waves = std::ceil(tiles / g.sms);
+      best = std::max(best, m * n * batch / (waves * g.sms * tm * tn));
+    }
+    return best;
+  }
+  // Forward GEMM: output m x n, reduction k.
   [[nodiscard]] Seconds gemm(double m, double n, double k, double batch = 1) const {
     if (m <= 0 || n <= 0 || k <= 0) return Seconds(0);
     const double size = m * n * k * batch;
-    const double eff = g.gemm_efficiency * size / (size + g.gemm_half_size);
+    const double eff = g.gemm_efficiency * size / (size + g.gemm_half_size) * waveEfficiency(m, n, batch);
     const Flops fl(2 * size);
     const Seconds tc = fl / ((fp8 ? g.peak8 : g.peak16) * eff);
     const Seconds tm = Bytes(kAct * batch * (m * k + k * n + m * n)) / (g.hbm_bw * g.hbm_efficiency);
     return std::max(tc, tm) + g.kernel_overhead;
   }
+  // Its backward: the input gradient (m x k, reduction n) and the weight
+  // gradient (k x n, reduction m), each with its own tiling.
+  [[nodiscard]] Seconds dgrad(double m, double n, double k, double batch = 1) const { return gemm(m, k, n, batch); }
+  [[nodiscard]] Seconds wgrad(double m, double n, double k, double batch = 1) const { return gemm(k, n, m, batch); }
   // An element-wise kernel moving `bytes` through HBM.
   [[nodiscard]] Seconds mem(double bytes) const {
     return Bytes(bytes) / (g.hbm_bw * g.hbm_efficiency) + g.kernel_overhead;
@@ -47,7 +65,18 @@ struct Gpu {
 
 struct LayerTimes {
   Seconds fwd, bwd, attn_core_fwd;  // attn_core: what selective recomputation repeats
+  Seconds qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad;  // the column-parallel backward GEMMs that tp
+                                                       // communication overlaps
 };
+
+// What a collective of duration `comm` costs when it runs concurrently with
+// compute of duration `work` (Megatron's async tensor-parallel backward): the
+// part that outlasts the compute, plus the compute slowed by the SMs the
+// collective kernel occupies meanwhile.
+Seconds overlapped(Seconds comm, Seconds work, double sm_fraction) {
+  const Seconds hidden = std::min(comm, work);
+  return (comm - hidden) + hidden * sm_fraction;
+}
 
 }  // namespace
 
@@ -59,7 +88,14 @@ double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t 
 }
 
 Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, const TrainConfig& cfg,
-                                     const plan::Registry& reg) {
+                                     const plan::Registry& reg, NetMode mode) {
+  CHORUS_ASSIGN_OR_RETURN(Topology topo, Topology::build(c));
+  NetworkModel net(c, topo, reg, mode);
+  return simulateTraining(m, cfg, net);
+}
+
+Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg, NetworkModel& net) {
+  const ClusterSpec& c = net.cluster();
   const int64_t t = cfg.tp, p = cfg.pp, d = cfg.dp, cp = cfg.cp, ep = cfg.ep, v = cfg.vpp;
   if (t < 1 || p < 1 || d < 1 || cp < 1 || ep < 1 || v < 1)
     return invalidArgument("layout tp={} pp={} dp={} cp={} ep={} vpp={}: every degree must be >= 1", t, p, d, cp, ep, v);
@@ -78,29 +114,31 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
   if (cfg.seq % (cp * (cfg.sequence_parallel ? t : 1)) != 0)
     return invalidArgument("seq={} is not divisible by cp={} (x tp={} with sequence parallelism)", cfg.seq, cp, t);
   if (cfg.zero < 0 || cfg.zero > 3) return invalidArgument("--zero {} is not one of 0, 1, 2, 3", cfg.zero);
-  if (cfg.micro_batch == 0) {  // auto: the largest micro-batch that fits and divides the batch share
+  if (cfg.micro_batch == 0) {  // auto: the fastest micro-batch that fits and divides the batch share
     Result<TrainReport> best = invalidArgument("no micro-batch fits (try more recomputation or parallelism)");
     for (int64_t b = 1; b <= 16; b *= 2) {
       if (cfg.global_batch % (d * b) != 0) break;
       TrainConfig k = cfg;
       k.micro_batch = b;
-      Result<TrainReport> r = simulateTraining(m, c, k, reg);
-      if (!r.isOk()) break;
+      Result<TrainReport> r = simulateTraining(m, k, net);
+      if (!r.isOk()) {
+        if (!best.isOk()) best = std::move(r);  // keep the first error: it names what did not fit
+        break;
+      }
       if (!best.isOk() || r->iteration_s < best->iteration_s) best = std::move(r);
     }
     return best;
   }
   const int64_t b = cfg.micro_batch;
-  if (cfg.global_batch % (d * b) != 0)
+  if (b < 1 || cfg.global_batch % (d * b) != 0)
     return invalidArgument("global batch {} is not divisible by dp x micro-batch = {} x {}", cfg.global_batch, d, b);
   const int64_t mb = cfg.global_batch / (d * b);  // micro-batches per iteration per pipeline
   if (v > 1 && mb % p != 0)
     return invalidArgument("interleaved schedule: micro-batches per pipeline ({}) must be a multiple of pp={}", mb, p);
 
-  CHORUS_ASSIGN_OR_RETURN(Topology topo, Topology::build(c));
-  NetworkModel net(c, topo, reg);
   const Gpu gpu{c.gpu, cfg.fp8};
   const bool sp = cfg.sequence_parallel && t > 1;
+  const bool moe = m.moe.experts > 0;
   const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
   const double s = static_cast<double>(cfg.seq) / static_cast<double>(cp);  // local sequence
   const double bs = static_cast<double>(b) * s;                             // local tokens
@@ -109,8 +147,67 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
   const double T = static_cast<double>(t);
   const double mats = m.activation == Activation::SwiGlu ? 3 : 2;
   const double hsp = sp ? h / T : h;  // width of the replicated/sequence-split elementwise region
+  const int64_t layers_per_stage = (m.layers + p - 1) / p;
+  const int first_layer = static_cast<int>(m.layers - layers_per_stage);
 
-  // ---- communication of one layer (forward) ------------------------------
+  // ---- parameters and memory first: a layout that does not fit costs no pricing
+  double stage_params = V * h / T;  // embedding or logits shard
+  for (int l = first_layer; l < m.layers; ++l) {
+    double lp = m.layerParams(l);
+    if (moe && l >= m.moe.dense_layers) {
+      const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
+      lp -= expert * m.moe.experts * (1.0 - 1.0 / static_cast<double>(ep));
+    }
+    stage_params += lp / T;
+  }
+  const double dpc = static_cast<double>(d * cp);
+  const double opt_shard = cfg.zero >= 1 ? dpc : 1.0;
+  TrainReport rep;
+  rep.config = cfg;
+  const double w_div = cfg.zero >= 3 ? dpc : 1, g_div = cfg.zero >= 2 ? dpc : 1;
+  rep.memory.weights_gib = toGib(Bytes(2 * stage_params / w_div));
+  rep.memory.grads_gib = toGib(Bytes(4 * stage_params / g_div));  // fp32 main gradients
+  rep.memory.optimizer_gib = toGib(Bytes(12 * stage_params / opt_shard));
+  // Activations per layer and micro-batch: Korthikanti et al. 2022's
+  // accounting (eqs. 1-6: s b h (34 + 5 a s / h) for a GPT), term by term so
+  // that it holds for GQA, SwiGLU, MoE, FlashAttention and no dropout.  Bytes
+  // per token: kept whole on every tp rank without SP (R): the two layer-norm
+  // inputs and the two GEMM inputs they feed (8h), the two dropout masks (2h);
+  // split over tp (S): Q, K, V (2(h + 2 kv)), the projection input (2h), the
+  // FC1 output (2 (mats-1) f), the activation output (2 f) (MoE: top_k routed
+  // plus shared experts per token), and without FlashAttention the scores:
+  // softmax output 2 a s, with dropout also its mask and output (5 a s).
+  const double a = static_cast<double>(m.heads);
+  const bool moe_model = m.moe.experts > 0;
+  const double f_tok = moe_model ? static_cast<double>(m.moe.expert_ffn_hidden) * (m.moe.top_k + m.moe.shared_experts)
+                                 : static_cast<double>(m.ffn_hidden);
+  const double scores = cfg.flash_attention ? 0 : (m.dropout ? 5 : 2) * a * (s * cp);
+  const double R = 8 * h + (m.dropout ? 2 * h : 0);
+  const double S_split = 2 * (h + 2 * kvd) + 2 * h + 2 * (mats - 1) * f_tok + 2 * f_tok;
+  double per_layer = 0;
+  switch (cfg.recompute) {
+    case Recompute::None: per_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T); break;
+    case Recompute::Selective: per_layer = bs * (sp ? (R + S_split) / T : R + S_split / T); break;
+    case Recompute::Full: per_layer = 2 * bs * h / (sp ? T : 1); break;
+  }
+  // The first stage keeps pp micro-batches in flight (interleaving: x (1 + (p-1)/(p v))).
+  const double in_flight = static_cast<double>(std::min<int64_t>(p, mb)) * (1 + static_cast<double>(p - 1) / (p * v) * (v > 1));
+  double act = per_layer * static_cast<double>(layers_per_stage) * in_flight;
+  if (cfg.recompute == Recompute::Full)  // one layer's activations live again in its backward
+    act += bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
+  act += 4 * bs * V / T;  // logits and their gradient (fp32 loss) on the last stage
+  rep.memory.activations_gib = toGib(Bytes(act));
+  rep.memory_gib_per_gpu =
+      rep.memory.weights_gib + rep.memory.grads_gib + rep.memory.optimizer_gib + rep.memory.activations_gib;
+  if (rep.memory_gib_per_gpu > toGib(c.gpu.hbm))
+    return invalidArgument(
+        "layout tp={} pp={} dp={} cp={} ep={} micro-batch={} does not fit: {:.1f} GiB per GPU > {:.1f} GiB HBM of {} "
+        "(weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, activations {:.1f}); try --zero {}, --recompute "
+        "selective/full, a smaller micro-batch or more tp/pp",
+        t, p, d, cp, ep, b, rep.memory_gib_per_gpu, toGib(c.gpu.hbm), c.gpu.name, rep.memory.weights_gib,
+        rep.memory.grads_gib, rep.memory.optimizer_gib, rep.memory.activations_gib, std::min(cfg.zero + 1, 3));
+
+  // ---- communication primitives on the placed groups (Megatron order tp, cp, dp, pp)
   const GroupSet tpg{t, 1, cfg.gpus / t};
   const GroupSet cpg{cp, t, cfg.gpus / cp};
   const GroupSet epg{ep, t * cp, cfg.gpus / ep};
@@ -123,24 +220,20 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
     return cc.time;
   };
   const double act_bytes = bs * h * kAct;  // one layer boundary's activations
-  Seconds tp_fwd(0);  // TP communication in one layer's forward; backward mirrors it
+  Seconds tp_ag(0), tp_rs(0), tp_ar(0);
   if (t > 1) {
     if (sp) {
-      CHORUS_ASSIGN_OR_RETURN(Seconds ag, coll(plan::Collective::AllGather, act_bytes, tpg));
-      CHORUS_ASSIGN_OR_RETURN(Seconds rs, coll(plan::Collective::ReduceScatter, act_bytes, tpg));
-      tp_fwd = (ag + rs) * 2;
+      CHORUS_ASSIGN_OR_RETURN(tp_ag, coll(plan::Collective::AllGather, act_bytes, tpg));
+      CHORUS_ASSIGN_OR_RETURN(tp_rs, coll(plan::Collective::ReduceScatter, act_bytes, tpg));
     } else {
-      CHORUS_ASSIGN_OR_RETURN(Seconds ar, coll(plan::Collective::AllReduce, act_bytes, tpg));
-      tp_fwd = ar * 2;
+      CHORUS_ASSIGN_OR_RETURN(tp_ar, coll(plan::Collective::AllReduce, act_bytes, tpg));
     }
   }
   Seconds cp_fwd(0);  // ring attention: K and V blocks pass around the cp ring
   if (cp > 1) {
-    CHORUS_ASSIGN_OR_RETURN(Seconds ag, coll(plan::Collective::AllGather,
-                                             2 * static_cast<double>(b) * s * kvd / std::min(T, double(m.kv_heads)) * kAct * cp, cpg));
-    cp_fwd = ag;
+    CHORUS_ASSIGN_OR_RETURN(cp_fwd, coll(plan::Collective::AllGather,
+                                         2 * static_cast<double>(b) * s * kvd / std::min(T, double(m.kv_heads)) * kAct * cp, cpg));
   }
-  const bool moe = m.moe.experts > 0;
   Seconds ep_fwd(0);  // dispatch + combine all-to-all per MoE layer
   if (moe && ep > 1) {
     CHORUS_ASSIGN_OR_RETURN(Seconds a2a, coll(plan::Collective::AllToAll, bs * m.moe.top_k * h * kAct / T, epg));
@@ -150,44 +243,82 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
   // ---- compute of one layer ------------------------------------------------
   auto layerTimes = [&](int layer) {
     LayerTimes lt;
-    Seconds f(0);
-    f += gpu.gemm(bs, (h + 2 * kvd) / T, h);                // qkv
-    f += gpu.gemm(bs, h, h / T);                            // output projection
-    Seconds core = gpu.gemm(s, s * cp, hd, b * heads_local)  // scores over all keys (ring attention)
-                   + gpu.gemm(s, hd, s * cp, b * heads_local);
-    if (!cfg.flash_attention)  // scale, mask, softmax, dropout over the b a/t s x s scores
-      core += gpu.mem(9.0 * b * heads_local * s * s * cp);
-    f += core;
+    Seconds f(0), bw(0), ew(0);  // GEMMs forward, GEMMs backward, element-wise forward
+    // A GEMM of the layer: forward and its two backward GEMMs.
+    auto mm = [&](double mm_m, double mm_n, double mm_k, double batch, Seconds* dg = nullptr, Seconds* wg = nullptr) {
+      const Seconds x = gpu.dgrad(mm_m, mm_n, mm_k, batch), w = gpu.wgrad(mm_m, mm_n, mm_k, batch);
+      if (dg) *dg = x;
+      if (wg) *wg = w;
+      bw += x + w;
+      return gpu.gemm(mm_m, mm_n, mm_k, batch);
+    };
+    f += mm(bs, (h + 2 * kvd) / T, h, 1, &lt.qkv_dgrad, &lt.qkv_wgrad);  // qkv
+    f += mm(bs, h, h / T, 1);                                             // output projection
+    Seconds core = mm(s, s * cp, hd, b * heads_local)  // scores over all keys (ring attention)
+                   + mm(s, hd, s * cp, b * heads_local);
+    Seconds core_ew(0);
+    if (!cfg.flash_attention) {  // scale, mask, softmax, dropout over the b a/t s x s scores
+      core_ew += gpu.mem(9.0 * b * heads_local * s * s * cp);
+      core_ew += gpu.mem(2 * kAct * bs * h / T);  // the context's [b np s hn] -> [s b h] permute copy
+    }
+    core += core_ew;
+    f += core - core_ew;
+    ew += core_ew;
     const bool dense = !moe || layer < m.moe.dense_layers;
     if (dense) {
       const double ff = static_cast<double>(m.ffn_hidden) / T;
-      f += gpu.gemm(bs, (mats - 1) * ff, h) + gpu.gemm(bs, h, ff);
-      f += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
+      f += mm(bs, (mats - 1) * ff, h, 1, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(bs, h, ff, 1);
+      ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
     } else {
       const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / T;
       const double local_experts = static_cast<double>(m.moe.experts) / static_cast<double>(ep);
       const double tok = bs * m.moe.top_k * static_cast<double>(ep) / static_cast<double>(m.moe.experts);
-      f += gpu.gemm(tok, (mats - 1) * ef, h, local_experts) + gpu.gemm(tok, h, ef, local_experts);
+      f += mm(tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(tok, h, ef, local_experts);
       if (m.moe.shared_experts)
-        f += gpu.gemm(bs, (mats - 1) * ef * m.moe.shared_experts, h) + gpu.gemm(bs, h, ef * m.moe.shared_experts);
-      f += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef) + gpu.gemm(bs, m.moe.experts, h);  // act + router
+        f += mm(bs, (mats - 1) * ef * m.moe.shared_experts, h, 1) + mm(bs, h, ef * m.moe.shared_experts, 1);
+      ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
+      f += mm(bs, m.moe.experts, h, 1);                              // router
     }
     // Two layer norms (read + write) and two dropout + residual adds (read x,
     // mask, residual; write) over the (sequence-split) hidden state.
-    f += gpu.mem(2 * 4 * bs * hsp) + gpu.mem(2 * 7 * bs * hsp);
-    lt.fwd = f;
+    ew += gpu.mem(2 * 4 * bs * hsp) + gpu.mem(2 * (m.dropout ? 7 : 6) * bs * hsp);  // no dropout: no mask byte
+    lt.fwd = f + ew;
     lt.attn_core_fwd = core;
-    lt.bwd = f * 2;  // data and weight gradients: twice the forward's work
+    lt.bwd = bw + ew * 2;  // element-wise backward kernels move about twice the forward's bytes
     return lt;
+  };
+
+  // Tensor-parallel communication of one layer (Megatron-LM's f/g operators).
+  //  forward:  SP: all-gather before QKV and FC1, reduce-scatter after the
+  //            output projection and FC2; no SP: allreduce after each.
+  //  backward: the row-parallel linears' conjugates are exposed (SP: two
+  //            all-gathers of the output gradient).  The column-parallel
+  //            linears run their collectives asynchronously (Megatron's
+  //            async tensor-parallel backward): without SP the input-gradient
+  //            allreduce overlaps the weight-gradient GEMM; with SP the
+  //            input, of which only the sequence shard was saved, is all-gathered
+  //            again while the input-gradient GEMM runs (Korthikanti et al.
+  //            2022, sec. 4.2.2), and the input gradient's reduce-scatter
+  //            overlaps the weight-gradient GEMM.
+  const double smf = c.gpu.comm_sm_fraction;
+  auto tpComm = [&](const LayerTimes& lt, Seconds* fwd, Seconds* bwd) {
+    if (t == 1) return;
+    if (sp) {
+      *fwd += (tp_ag + tp_rs) * 2;
+      *bwd += tp_ag * 2;
+      *bwd += overlapped(tp_ag, lt.qkv_dgrad, smf) + overlapped(tp_rs, lt.qkv_wgrad, smf);
+      *bwd += overlapped(tp_ag, lt.fc1_dgrad, smf) + overlapped(tp_rs, lt.fc1_wgrad, smf);
+    } else {
+      *fwd += tp_ar * 2;
+      *bwd += overlapped(tp_ar, lt.qkv_wgrad, smf) + overlapped(tp_ar, lt.fc1_wgrad, smf);
+    }
   };
 
   // ---- one pipeline stage (the last: it also computes the logits) --------
   // Uneven splits (Llama-3 405B's 126 layers on 16 stages) give some stages
   // one more layer; the fullest stage paces the pipeline.
-  const int64_t layers_per_stage = (m.layers + p - 1) / p;
   Seconds stage_fwd(0), stage_bwd(0), stage_recompute(0);
-  Seconds tp_stage(0), cp_stage(0), ep_stage(0);
-  const int first_layer = static_cast<int>(m.layers - layers_per_stage);
+  Seconds tp_f(0), tp_b(0), cp_stage(0), ep_stage(0);
   for (int l = first_layer; l < m.layers; ++l) {
     const LayerTimes lt = layerTimes(l);
     stage_fwd += lt.fwd;
@@ -195,26 +326,58 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
     const bool moe_layer = moe && l >= m.moe.dense_layers;
     if (cfg.recompute == Recompute::Full) stage_recompute += lt.fwd;
     if (cfg.recompute == Recompute::Selective) stage_recompute += lt.attn_core_fwd;
+    Seconds f(0), bw(0);
+    tpComm(lt, &f, &bw);
+    tp_f += f;
+    tp_b += bw;
+    if (cfg.recompute == Recompute::Full) tp_b += f;  // the recomputed forward communicates again
     // Forward, backward, and the recomputed forward's communication.
     const double comm_passes = cfg.recompute == Recompute::Full ? 3 : 2;
-    tp_stage += tp_fwd * comm_passes;
     cp_stage += cp_fwd * comm_passes;
     if (moe_layer) ep_stage += ep_fwd * comm_passes;
   }
-  // Logits (GEMM + cross-entropy) on the last stage.
-  stage_fwd += gpu.gemm(bs, V / T, h) + gpu.mem(12 * bs * V / T);
-  stage_bwd += gpu.gemm(bs, V / T, h) * 2 + gpu.mem(8 * bs * V / T);
+  // Logits (GEMM + vocab-parallel cross-entropy) on the last stage.  With tp
+  // the logits' input is all-gathered (SP; its gradient reduce-scattered) or
+  // its gradient allreduced (overlapping the weight-gradient GEMM), and the
+  // cross-entropy allreduces 3 fp32 values per token (max, sum, target logit).
+  const Seconds logit_gemm = gpu.gemm(bs, V / T, h), logit_wgrad = gpu.wgrad(bs, V / T, h);
+  stage_fwd += logit_gemm + gpu.mem(12 * bs * V / T);
+  stage_bwd += gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(8 * bs * V / T);
+  if (t > 1) {
+    CHORUS_ASSIGN_OR_RETURN(Seconds ce, coll(plan::Collective::AllReduce, 4 * bs, tpg));
+    tp_f += ce * 3;
+    if (sp) {
+      tp_f += tp_ag;
+      tp_b += overlapped(tp_rs, logit_wgrad, smf);
+    } else {
+      tp_b += overlapped(tp_ar, logit_wgrad, smf);
+    }
+    // The vocab-parallel embedding's partial lookups are summed (allreduce,
+    // or reduce-scatter into the sequence shards) on the first stage, which
+    // is this one when p = 1; its gradient comes back by an all-gather (SP).
+    if (p == 1) {
+      tp_f += sp ? tp_rs : tp_ar;
+      if (sp) tp_b += tp_ag;
+    }
+  }
   // Ring attention overlaps its transfers with the attention blocks.
   const Seconds cp_exposed = cp > 1 ? Seconds(std::max(0.0, (cp_stage - (stage_fwd + stage_bwd) * 0.1).value())) : Seconds(0);
 
-  // Pipeline point-to-point: one activation (split over tp with sp) per
+  // Pipeline point-to-point: one activation (split over tp: the sequence
+  // shard with SP; without it Megatron's scatter/gather optimisation sends
+  // 1/t of the tensor and all-gathers it over NVLink on arrival) per
   // micro-batch and virtual-stage boundary, forward and backward.
   Seconds p2p(0);
   if (p > 1) {
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost pc, net.sendRecv(Bytes(act_bytes / T), ppg));
     p2p = pc.time;
+    if (!sp && t > 1) {
+      CHORUS_ASSIGN_OR_RETURN(Seconds ag, coll(plan::Collective::AllGather, act_bytes, tpg));
+      p2p += ag;
+    }
   }
 
+  const Seconds tp_stage = tp_f + tp_b;
   const Seconds per_mb = stage_fwd + stage_bwd + stage_recompute;
   const Seconds per_mb_comm = tp_stage + ep_stage + cp_exposed;
   const double mbf = static_cast<double>(mb);
@@ -224,19 +387,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
   const Seconds pp_comm = p2p * (2.0 * (mbf * static_cast<double>(v) + static_cast<double>(p - 1)) / static_cast<double>(v)) *
                           (p > 1 ? 1.0 : 0.0);
 
-  // ---- parameters, data parallelism, optimizer ---------------------------
-  double stage_params = V * h / T;  // embedding or logits shard
-  for (int l = first_layer; l < m.layers; ++l) {
-    double lp = m.layerParams(l);
-    if (moe && l >= m.moe.dense_layers) {
-      const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
-      lp -= expert * m.moe.experts * (1.0 - 1.0 / static_cast<double>(ep));
-    }
-    stage_params += lp / T;
-  }
+  // ---- data parallelism, optimizer ------------------------------------------
   const double grad_bytes = stage_params * 2;  // bf16 gradients reduced
-  const double dpc = static_cast<double>(d * cp);
-  Seconds dp_comm(0);
+  Seconds dp_comm(0), dp_rs(0), dp_ag(0);
   if (d * cp > 1) {
     const GroupSet dcg{d * cp, t, cfg.gpus / (d * cp)};
     CHORUS_ASSIGN_OR_RETURN(Seconds rs, coll(plan::Collective::ReduceScatter, grad_bytes, dcg));
@@ -245,51 +398,20 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
     // parameter all-gather the first micro-batch's forward (Megatron's
     // overlap-grad-reduce / overlap-param-gather).  ZeRO-3 gathers weights
     // before every micro-batch's forward and backward, overlapped per layer.
+    dp_rs = overlapped(rs, stage_bwd, smf);
+    dp_ag = overlapped(ag, stage_fwd, smf);
     if (cfg.zero == 3) {
-      const Seconds per_pass = std::max(Seconds(0), ag - stage_fwd) + std::max(Seconds(0), ag - stage_bwd);
-      dp_comm = per_pass * mbf + std::max(Seconds(0), rs - stage_bwd);
+      const Seconds per_pass = dp_ag + overlapped(ag, stage_bwd, smf);
+      dp_comm = per_pass * mbf + dp_rs;
     } else {
-      dp_comm = std::max(Seconds(0), rs - stage_bwd) + std::max(Seconds(0), ag - stage_fwd);
+      dp_comm = dp_rs + dp_ag;
     }
   }
-  // Adam (fused, memory bound): fp32 master, m, v read and written, fp32 grad
-  // read, bf16 weights written: 30 bytes per parameter held.
-  const double opt_shard = cfg.zero >= 1 ? dpc : 1.0;
-  const Seconds optimizer = gpu.mem(30 * stage_params / opt_shard);
-
-  // ---- memory ----------------------------------------------------------------
-  TrainReport rep;
-  rep.config = cfg;
-  const double w_div = cfg.zero >= 3 ? dpc : 1, g_div = cfg.zero >= 2 ? dpc : 1;
-  rep.memory.weights_gib = toGib(Bytes(2 * stage_params / w_div));
-  rep.memory.grads_gib = toGib(Bytes(4 * stage_params / g_div));  // fp32 main gradients
-  rep.memory.optimizer_gib = toGib(Bytes(12 * stage_params / opt_shard));
-  // Activations per layer and micro-batch (Korthikanti et al. 2022, eqs. 1-6):
-  // s b h (34 + 5 a s / h) bytes, split by tp where sequence/tensor parallel.
-  const double a = static_cast<double>(m.heads);
-  const double attn_scores = cfg.flash_attention ? 0 : 5 * a * (s * cp) / h;
-  double per_layer = 0;
-  switch (cfg.recompute) {
-    case Recompute::None: per_layer = sp ? bs * h * (34 + attn_scores) / T : bs * h * (10 + (24 + attn_scores) / T); break;
-    case Recompute::Selective: per_layer = sp ? bs * h * 34 / T : bs * h * (10 + 24 / T); break;
-    case Recompute::Full: per_layer = 2 * bs * h / (sp ? T : 1); break;
-  }
-  if (!sp && cfg.recompute != Recompute::Full) per_layer = std::max(per_layer, 0.0);
-  // The first stage keeps pp micro-batches in flight (interleaving: x (1 + (p-1)/(p v))).
-  const double in_flight = static_cast<double>(std::min<int64_t>(p, mb)) * (1 + static_cast<double>(p - 1) / (p * v) * (v > 1));
-  double act = per_layer * static_cast<double>(layers_per_stage) * in_flight;
-  if (cfg.recompute == Recompute::Full) act += bs * h * (34 + attn_scores) / (sp ? T : 1);  // one layer live in backward
-  act += 4 * bs * V / T;  // logits and their gradient (fp32 loss) on the last stage
-  rep.memory.activations_gib = toGib(Bytes(act));
-  rep.memory_gib_per_gpu =
-      rep.memory.weights_gib + rep.memory.grads_gib + rep.memory.optimizer_gib + rep.memory.activations_gib;
-  if (rep.memory_gib_per_gpu > toGib(c.gpu.hbm))
-    return invalidArgument(
-        "layout tp={} pp={} dp={} cp={} ep={} micro-batch={} does not fit: {:.1f} GiB per GPU > {:.1f} GiB HBM of {} "
-        "(weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, activations {:.1f}); try --zero {}, --recompute "
-        "selective/full, a smaller micro-batch or more tp/pp",
-        t, p, d, cp, ep, b, rep.memory_gib_per_gpu, toGib(c.gpu.hbm), c.gpu.name, rep.memory.weights_gib,
-        rep.memory.grads_gib, rep.memory.optimizer_gib, rep.memory.activations_gib, std::min(cfg.zero + 1, 3));
+  // The optimizer step (fused, memory bound) over the parameters this GPU
+  // updates: gradient-norm read (fp32, 4 B), Adam (fp32 master, m, v read and
+  // written and the fp32 gradient read: 28 B), the bf16 copy of the updated
+  // weights (6 B); then every held fp32 gradient is zeroed (4 B).
+  const Seconds optimizer = gpu.mem(38 * stage_params / opt_shard) + gpu.mem(4 * stage_params / g_div);
 
   // ---- totals -----------------------------------------------------------------
   rep.breakdown["compute_s"] = compute.value();
@@ -318,6 +440,18 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
   for (const auto& [k, x] : rep.breakdown)
     if (k != "compute_s" && x > worst) worst = x, rep.bottleneck = k;
   rep.bottleneck_link = worst_link;
+  TrainReport::Stage& st = rep.stage;
+  st.fwd_s = stage_fwd.value();
+  st.bwd_s = stage_bwd.value();
+  st.recompute_s = stage_recompute.value();
+  st.tp_fwd_s = tp_f.value();
+  st.tp_bwd_s = tp_b.value();
+  st.other_comm_s = (ep_stage + cp_exposed).value();
+  st.p2p_s = p > 1 ? p2p.value() : 0;
+  st.dp_rs_s = (d * cp > 1) ? dp_rs.value() : 0;
+  st.dp_ag_s = (d * cp > 1) ? dp_ag.value() : 0;
+  st.optimizer_s = optimizer.value();
+  st.micro_batches = mb;
   return rep;
 }
 

@@ -42,12 +42,26 @@ struct TrainReport {
   std::map<std::string, double> breakdown;  // compute_s, bubble_s, tp_comm_s, pp_comm_s, dp_comm_s, ...
   std::string bottleneck;                   // the largest non-compute entry
   std::string bottleneck_link;              // the link limiting the most exposed collective
+  // The pacing (last) pipeline stage's costs, what --trace lays out on a
+  // timeline: per micro-batch and GPU (all its virtual stages together).
+  struct Stage {
+    double fwd_s = 0, bwd_s = 0, recompute_s = 0;  // compute
+    double tp_fwd_s = 0, tp_bwd_s = 0;             // exposed tensor-parallel communication
+    double other_comm_s = 0;                       // exposed ep + cp communication
+    double p2p_s = 0;                              // one pipeline send (activation or gradient)
+    double dp_rs_s = 0, dp_ag_s = 0;               // exposed gradient reduce-scatter, parameter all-gather
+    double optimizer_s = 0;
+    int64_t micro_batches = 0;
+  } stage;
 };
 
 // Validates the layout (products, divisibility) and simulates one iteration.
 // A layout that does not fit in HBM is an error naming each memory term.
 Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, const TrainConfig& cfg,
-                                     const plan::Registry& reg);
+                                     const plan::Registry& reg, NetMode mode = NetMode::Analytical);
+// The same with a caller-owned network model (its collective cache is reused
+// across calls: the layout search).
+Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg, NetworkModel& net);
 
 // Model FLOPs of one iteration (no recomputation), counting every GEMM
 // including attention scores (Narayanan et al. 2021, eq. 3 generalised to GQA,

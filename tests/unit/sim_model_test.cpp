@@ -153,8 +153,9 @@ TEST(SimTrain, LayoutThatDoesNotFitIsAClearError) {
 }
 
 // The calibration check of docs/simulator.md (Korthikanti et al. 2022,
-// Table 5, A100, seq 2048, DP 1): the model is not fitted to these rows, so
-// this pins that the physics stays within 10 % of each measurement.
+// Table 5, A100 (108 SMs), seq 2048, DP 1): the model is not fitted to these
+// rows, so this pins that the physics stays within 10 % of each measurement
+// and within the issue's 5 % on average (docs: mean 2.2 %, worst 5.7 %).
 TEST(SimTrain, Table5WithinTenPercent) {
   const plan::Registry reg = plan::Registry::builtin();
   struct Row {
@@ -168,7 +169,10 @@ TEST(SimTrain, Table5WithinTenPercent) {
                       {96, 12288, 96, 8, 3, 64, 1, 18.13, 13.75},
                       {105, 20480, 128, 35, 3, 280, 1, 49.05, 37.83},
                       {128, 25600, 160, 64, 1, 512, 1, 94.42, 71.49}};
-  const ClusterSpec c = cluster("fat-tree", 64, R"(, "leaf_nodes": 20)");
+  ClusterSpec c = cluster("fat-tree", 64, R"(, "leaf_nodes": 20)");
+  c.gpu.sms = 108;
+  double sum = 0;
+  int n = 0;
   for (const Row& row : rows) {
     for (bool selective : {false, true}) {
       TrainConfig cfg;
@@ -186,10 +190,64 @@ TEST(SimTrain, Table5WithinTenPercent) {
       auto r = simulateTraining(gpt(row.layers, row.h, row.heads), c, cfg, reg);
       ASSERT_TRUE(r.isOk()) << r.status().message();
       const double want = selective ? row.sel_s : row.full_s;
-      EXPECT_LT(std::abs(r->iteration_s - want) / want, 0.10) << row.h << " selective=" << selective << " "
-                                                              << r->iteration_s;
+      const double err = std::abs(r->iteration_s - want) / want;
+      EXPECT_LT(err, 0.10) << row.h << " selective=" << selective << " " << r->iteration_s;
+      sum += err, ++n;
     }
   }
+  EXPECT_LT(sum / n, 0.05);
+}
+
+// Activation memory term by term for a Llama-like layer (GQA, SwiGLU, no
+// dropout, FlashAttention), tp 8 with SP, one sequence of 4096, no
+// recomputation, bytes per token: R = 8h (layer-norm and GEMM inputs) and
+// S = 2(h + 2 kv) + 2h + 2 x 2f + 2f = 12288 + 8192 + 57344 + 28672 = 106496
+// with h = 4096, kv = 1024, f = 14336; per layer 4096 (R + S) / 8 =
+// 71,303,168 B; 2 layers plus the fp32 logits 4 x 4096 x 32000 / 8 =
+// 65,536,000 B: 208,142,336 B.  (For a GPT, R + S = 34h: Korthikanti's eq.)
+TEST(SimTrain, ActivationMemoryForGqaSwiGlu) {
+  const plan::Registry reg = plan::Registry::builtin();
+  ModelSpec m;
+  m.name = "llama-like";
+  m.layers = 2, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.ffn_hidden = 14336, m.vocab = 32000;
+  m.activation = Activation::SwiGlu;
+  m.dropout = false;
+  TrainConfig cfg;
+  cfg.gpus = 8, cfg.tp = 8, cfg.global_batch = 1, cfg.micro_batch = 1, cfg.seq = 4096, cfg.zero = 0;
+  cfg.recompute = Recompute::None;
+  auto r = simulateTraining(m, cluster("fat-tree", 1), cfg, reg);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  EXPECT_NEAR(r->memory.activations_gib * 1073741824.0, 208142336.0, 1e-3);
+}
+
+// Overlapped tensor-parallel backward collectives cost the SMs they occupy:
+// more SMs taken by the collective kernel, slower backward.
+TEST(SimTrain, OverlappedCommunicationCostsItsSms) {
+  const plan::Registry reg = plan::Registry::builtin();
+  ClusterSpec c = cluster("fat-tree", 1);
+  TrainConfig cfg;
+  cfg.gpus = 8, cfg.tp = 8, cfg.global_batch = 4, cfg.micro_batch = 4, cfg.zero = 0;
+  c.gpu.comm_sm_fraction = 0;
+  auto free_overlap = simulateTraining(gpt(4, 6144, 64), c, cfg, reg);
+  c.gpu.comm_sm_fraction = 0.5;
+  auto costly = simulateTraining(gpt(4, 6144, 64), c, cfg, reg);
+  ASSERT_TRUE(free_overlap.isOk() && costly.isOk());
+  EXPECT_GT(costly->breakdown.at("tp_comm_s"), free_overlap->breakdown.at("tp_comm_s"));
+  EXPECT_EQ(costly->breakdown.at("compute_s"), free_overlap->breakdown.at("compute_s"));
+}
+
+// Wave quantisation: an A100 (108 SMs) runs the same layers slower than an
+// ideal GPU without SM granularity, never faster.
+TEST(SimTrain, WaveQuantisationOnlySlowsGemms) {
+  const plan::Registry reg = plan::Registry::builtin();
+  ClusterSpec c = cluster("fat-tree", 1);
+  TrainConfig cfg;
+  cfg.gpus = 8, cfg.tp = 8, cfg.global_batch = 4, cfg.micro_batch = 1, cfg.zero = 0;
+  auto ideal = simulateTraining(gpt(4, 12288, 96), c, cfg, reg);
+  c.gpu.sms = 108;
+  auto waves = simulateTraining(gpt(4, 12288, 96), c, cfg, reg);
+  ASSERT_TRUE(ideal.isOk() && waves.isOk());
+  EXPECT_GT(waves->breakdown.at("compute_s"), ideal->breakdown.at("compute_s") * 1.02);
 }
 
 }  // namespace

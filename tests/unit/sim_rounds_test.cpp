@@ -117,6 +117,36 @@ TEST(SimRounds, LargeRingIsTwoRounds) {
   EXPECT_EQ(rd->size(), 17u);  // log2(131072) xor rounds, no fold
 }
 
+// Rabenseifner, recursive halving, Bruck all-to-all, double tree and
+// scatter-allgather describe their rounds as patterns too: no 256-rank limit.
+TEST(SimRounds, ScalableFamiliesBeyondDerivedLimit) {
+  Registry reg = Registry::builtin();
+  Shape sh;
+  sh.coll = Collective::AllReduce;
+  sh.nranks = 131072;
+  sh.count = uint64_t{1} << 28;
+  auto rab = reg.find(Collective::AllReduce, "rabenseifner")->rounds(sh);
+  ASSERT_TRUE(rab.isOk()) << rab.status().message();
+  ASSERT_EQ(rab->size(), 34u);          // 17 halving + 17 doubling rounds, no fold
+  EXPECT_EQ((*rab)[0].elems, sh.count / 2);  // the first halving round moves half the data
+  EXPECT_TRUE((*rab)[0].reduce);
+  EXPECT_EQ((*rab)[33].elems, sh.count / 2);
+  auto dt = reg.find(Collective::AllReduce, "double_tree")->rounds(sh);
+  ASSERT_TRUE(dt.isOk());
+  EXPECT_EQ(dt->size(), 34u);  // depth 17 up, 17 down
+  sh.nranks = 1000;
+  sh.coll = Collective::AllToAll;
+  sh.count = 4;
+  auto bruck = reg.find(Collective::AllToAll, "bruck")->rounds(sh);
+  ASSERT_TRUE(bruck.isOk());
+  EXPECT_EQ(bruck->size(), 10u);  // ceil(log2 1000)
+  sh.coll = Collective::Broadcast;
+  sh.count = 1000000;
+  auto sag = reg.find(Collective::Broadcast, "scatter_allgather")->rounds(sh);
+  ASSERT_TRUE(sag.isOk());
+  EXPECT_EQ(sag->back().repeat, 999u);
+}
+
 // Recursive doubling on a non-power of two: the fold pairs (0,1),(2,3) for
 // rem = 6 - 4 = 2, then xor rounds over the 4 core ranks {1,3,4,5}.
 TEST(SimRounds, FoldedRecursiveDoubling) {

@@ -1,0 +1,110 @@
+#include "sim/search.hpp"
+
+#include <algorithm>
+
+namespace chorus::sim {
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      d.push_back(i);
+      if (i != n / i) d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+}  // namespace
+
+std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec& c, const SearchConfig& sc) {
+  std::vector<TrainConfig> out;
+  const int64_t n = sc.gpus;
+  if (n < 1) return out;
+  // tp stays inside the scale-up domain (tensor parallelism's per-layer
+  // collectives need NVLink bandwidth) and divides the heads.
+  for (int64_t tp = 1; tp <= std::min<int64_t>(c.node.gpus, m.heads); tp *= 2) {
+    if (n % tp != 0 || m.heads % tp != 0) continue;
+    for (int64_t cp = 1; cp <= 32; cp *= 2) {
+      if (n % (tp * cp) != 0 || sc.seq % (tp * cp) != 0) continue;
+      for (int64_t pp : divisors(n / (tp * cp))) {
+        if (pp > m.layers) break;
+        const int64_t dp = n / (tp * cp * pp);
+        if (sc.global_batch % dp != 0) continue;
+        std::vector<int64_t> eps{1};
+        if (m.moe.experts > 0)
+          for (int64_t e : divisors(dp * cp))
+            if (e > 1 && m.moe.experts % e == 0) eps.push_back(e);
+        for (int64_t ep : eps)
+          for (int64_t vpp : {1, 2, 3, 4}) {
+            if (vpp > 1 && (pp == 1 || m.layers < pp * vpp || m.layers % (pp * vpp) != 0)) continue;
+            for (int64_t b = 1; b <= sc.max_micro_batch; b *= 2) {
+              if (sc.global_batch % (dp * b) != 0) break;
+              const int64_t mb = sc.global_batch / (dp * b);
+              if (vpp > 1 && mb % pp != 0) continue;
+              for (int zero = 0; zero <= 3; ++zero) {
+                if (dp * cp == 1 && zero > 0) break;  // nothing to shard
+                for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                  TrainConfig k;
+                  k.gpus = n;
+                  k.tp = static_cast<int>(tp), k.pp = static_cast<int>(pp), k.dp = static_cast<int>(dp);
+                  k.cp = static_cast<int>(cp), k.ep = static_cast<int>(ep), k.vpp = static_cast<int>(vpp);
+                  k.global_batch = sc.global_batch;
+                  k.micro_batch = b;
+                  k.seq = sc.seq;
+                  k.recompute = r;
+                  k.zero = zero;
+                  k.sequence_parallel = true;
+                  k.flash_attention = sc.flash_attention;
+                  k.fp8 = sc.fp8;
+                  k.algo = sc.algo;
+                  out.push_back(std::move(k));
+                }
+              }
+            }
+          }
+      }
+    }
+  }
+  return out;
+}
+
+Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, NetworkModel& net,
+                                   const std::function<void(int64_t, int64_t)>& progress) {
+  const ClusterSpec& c = net.cluster();
+  if (sc.gpus < 1 || sc.gpus > c.gpus())
+    return invalidArgument("search: --gpus {} is outside [1, {}] for cluster '{}'", sc.gpus, c.gpus(), c.name);
+  if (sc.top < 1) return invalidArgument("search: --top {} must be >= 1", sc.top);
+  const std::vector<TrainConfig> cands = enumerateLayouts(m, c, sc);
+  SearchResult res;
+  res.candidates = static_cast<int64_t>(cands.size());
+  if (cands.empty())
+    return invalidArgument("search: no layout of {} GPUs divides global batch {} and seq {} for model '{}' (try a "
+                           "global batch that is a multiple of a larger power of two)",
+                           sc.gpus, sc.global_batch, sc.seq, m.name);
+  const int64_t total = res.candidates;
+  const int64_t step = std::max<int64_t>(1, total / 200);
+  auto slower = [](const TrainReport& a, const TrainReport& b) { return a.iteration_s < b.iteration_s; };
+  for (int64_t i = 0; i < total; ++i) {
+    if (progress && i % step == 0) progress(i, total);
+    Result<TrainReport> r = simulateTraining(m, cands[static_cast<size_t>(i)], net);
+    if (!r.isOk()) {
+      if (res.first_error.empty()) res.first_error = r.status().message();
+      continue;
+    }
+    ++res.feasible;
+    // Keep the top k sorted (k is small).
+    if (static_cast<int>(res.top.size()) < sc.top || r->iteration_s < res.top.back().iteration_s) {
+      res.top.insert(std::upper_bound(res.top.begin(), res.top.end(), *r, slower), std::move(*r));
+      if (static_cast<int>(res.top.size()) > sc.top) res.top.pop_back();
+    }
+  }
+  if (progress) progress(total, total);
+  if (res.top.empty())
+    return invalidArgument("search: none of {} layouts fits on {} GPUs of '{}' (first: {})", total, sc.gpus, c.name,
+                           res.first_error);
+  return res;
+}
+
+}  // namespace chorus::sim

@@ -1,0 +1,41 @@
+// The layout search: every valid (tp, pp, dp, cp, ep, vpp, micro-batch,
+// ZeRO stage, recomputation) for a model on N GPUs of a cluster at a global
+// batch, each simulated by simulateTraining on one shared network model (its
+// collective cache makes the thousands of layouts cheap), ranked by
+// iteration time.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "sim/train.hpp"
+
+namespace chorus::sim {
+
+struct SearchConfig {
+  int64_t gpus = 0;
+  int64_t global_batch = 1;
+  int64_t seq = 2048;
+  int top = 10;            // how many layouts to keep
+  bool fp8 = false;
+  bool flash_attention = true;
+  std::string algo;        // collective plan ("" = auto)
+  int max_micro_batch = 16;
+};
+
+struct SearchResult {
+  std::vector<TrainReport> top;  // fastest first
+  int64_t candidates = 0;        // layouts enumerated (valid products and divisibility)
+  int64_t feasible = 0;          // of which fit in memory and simulated
+  std::string first_error;       // why the first candidate failed (when none is feasible)
+};
+
+// Enumerates the candidate layouts (cheap, no simulation).
+std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec& c, const SearchConfig& sc);
+
+// Simulates every candidate; `progress(done, total)` is called now and then
+// from the calling thread (may be empty).
+Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, NetworkModel& net,
+                                   const std::function<void(int64_t, int64_t)>& progress = {});
+
+}  // namespace chorus::sim

@@ -1,0 +1,34 @@
+// The simulated iteration on a timeline: a Chrome trace (chrome://tracing,
+// Perfetto) with one track per pipeline stage (compute: forward/backward
+// chunks, optimizer) and, per stage, one per communication stream (tensor
+// parallel, pipeline send, data parallel).  The pipeline schedule is list-
+// scheduled from Megatron's 1F1B order (interleaved when vpp > 1) with every
+// stage costed as the pacing stage of the TrainReport; its makespan is
+// reported beside the analytical iteration time it cross-checks.
+//
+// Also the breakdown plot: a small matplotlib script run by /usr/bin/python3
+// (optional: a clear error when python3 or matplotlib is missing).
+#pragma once
+
+#include <ostream>
+#include <string>
+
+#include "common/status.hpp"
+#include "sim/train.hpp"
+
+namespace chorus::sim {
+
+struct ScheduleSummary {
+  double makespan_s = 0;  // first forward to the last optimizer step
+  int64_t events = 0;
+};
+
+// Lays out the iteration and writes the trace JSON to `out`.
+Result<ScheduleSummary> writeTrainTrace(const TrainReport& r, std::ostream& out);
+// The same, only the schedule (no output): for tests and checks.
+Result<ScheduleSummary> scheduleIteration(const TrainReport& r);
+
+// Draws r's breakdown as a bar chart into `png` with matplotlib.
+Status plotBreakdown(const TrainReport& r, const std::string& title, const std::string& png);
+
+}  // namespace chorus::sim

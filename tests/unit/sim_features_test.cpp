@@ -1,0 +1,269 @@
+// The simulator's search, trace, flow-level network and inference models:
+// golden numbers where a derivation is short, invariants elsewhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <unistd.h>
+#include <set>
+#include <sstream>
+
+#include "sim/report.hpp"
+#include "sim/trace.hpp"
+
+namespace chorus::sim {
+namespace {
+
+// An A100-like cluster (see sim_model_test.cpp for the per-link numbers).
+ClusterSpec cluster(std::string_view topology, int nodes, std::string_view extra = "", int gpus_per_node = 8,
+                    int nics = 8) {
+  auto c = parseCluster(fmt::format(R"({{"name": "test", "nodes": {},
+    "gpu": {{"name": "A100", "peak_tflops": 312, "hbm_gib": 80, "hbm_gbyte_s": 2039}},
+    "node": {{"gpus": {}, "nvlink_gbyte_s": 300, "nvlink_latency_us": 1}},
+    "network": {{"topology": "{}", "nics_per_node": {}, "nic_gbit_s": 200, "latency_us": 2,
+                 "oversubscription": 1 {}}}}})",
+                                    nodes, gpus_per_node, topology, nics, extra),
+                        "test.json");
+  EXPECT_TRUE(c.isOk()) << c.status().message();
+  return *c;
+}
+
+ModelSpec gpt(int layers, int64_t h, int heads) {
+  ModelSpec m;
+  m.name = "gpt";
+  m.layers = layers;
+  m.hidden = h;
+  m.heads = m.kv_heads = heads;
+  m.ffn_hidden = 4 * h;
+  m.vocab = 51200;
+  return m;
+}
+
+// ---- flow-level network ------------------------------------------------------
+
+// Equal flows on dedicated links finish together: the flow model reproduces
+// the analytical golden numbers of sim_model_test (ring in a node: 14 x (1 us +
+// 2^27 B / 240e9 B/s); across two nodes: 30 x (2 us + 2^26 B / 22.5e9 B/s)).
+TEST(SimFlow, EqualFlowsMatchTheAnalyticalModel) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 4);
+  auto in = simulateCollective(c, 8, "allreduce", 1073741824.0, "ring", reg, NetMode::Flow);
+  auto across = simulateCollective(c, 16, "allreduce", 1073741824.0, "ring", reg, NetMode::Flow);
+  ASSERT_TRUE(in.isOk() && across.isOk());
+  EXPECT_NEAR(in->time_us, 14 * (1 + 134217728 / 240e9 * 1e6), 1e-3);
+  EXPECT_NEAR(across->time_us, 30 * (2 + 67108864 / 22.5e9 * 1e6), 1e-3);
+}
+
+// ECMP: 4 single-GPU nodes, 2 per leaf, so a leaf's uplink is 2 spine lanes of
+// one NIC's rate (22.5e9 B/s).  Shift-by-2 sends two flows of 2^20 B out of
+// each leaf.  The analytical model spreads them perfectly (2 x 2^20 B over 2
+// lanes = one NIC time); the flow model hashes each onto a lane, so a
+// collision doubles the time.  Either way it is never faster.
+TEST(SimFlow, EcmpCollisionsAreNeverFaster) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 4, R"(, "leaf_nodes": 2)", 1, 1);
+  auto topo = Topology::build(c);
+  ASSERT_TRUE(topo.isOk());
+  EXPECT_EQ(topo->lanes(), 2);
+  NetworkModel ana(c, *topo, reg, NetMode::Analytical), flow(c, *topo, reg, NetMode::Flow);
+  const GroupSet pairs{2, 2, 2};  // {0, 2} and {1, 3}: every flow crosses the spine
+  auto a = ana.sendRecv(Bytes(1048576), pairs);
+  auto f = flow.sendRecv(Bytes(1048576), pairs);
+  ASSERT_TRUE(a.isOk() && f.isOk());
+  const double one = 2e-6 + 1048576 / 22.5e9;
+  EXPECT_NEAR(a->time.value(), one, 1e-12);
+  const double ratio = (f->time.value() - 2e-6) / (one - 2e-6);
+  EXPECT_TRUE(std::abs(ratio - 1) < 1e-9 || std::abs(ratio - 2) < 1e-9) << ratio;
+}
+
+// Max-min fairness with events: 3 GPUs in a node, a pairwise all-to-all of
+// 3 x 2^20 B: every port carries 2 flows of 2^20 B at 240e9 / 2 each, all
+// finish together at 2^21 / 240e9 s after the 1 us latency.
+TEST(SimFlow, MaxMinSharesAPort) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 1, "", 3, 1);
+  auto r = simulateCollective(c, 3, "alltoall", 3 * 1048576.0, "pairwise", reg, NetMode::Flow);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  auto ana = simulateCollective(c, 3, "alltoall", 3 * 1048576.0, "pairwise", reg, NetMode::Analytical);
+  ASSERT_TRUE(ana.isOk());
+  EXPECT_NEAR(r->time_us, ana->time_us, 1e-6);
+}
+
+// ---- layout search ------------------------------------------------------------
+
+TEST(SimSearch, CandidatesAreValidAndTheBestIsTheFastest) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 4);
+  const ModelSpec m = gpt(8, 4096, 32);
+  SearchConfig sc;
+  sc.gpus = 32;
+  sc.global_batch = 64;
+  sc.seq = 2048;
+  sc.top = 5;
+  const std::vector<TrainConfig> cands = enumerateLayouts(m, c, sc);
+  ASSERT_FALSE(cands.empty());
+  for (const TrainConfig& k : cands) {
+    EXPECT_EQ(int64_t{k.tp} * k.pp * k.dp * k.cp, 32);
+    EXPECT_EQ(sc.global_batch % (k.dp * k.micro_batch), 0);
+    EXPECT_LE(k.tp, 8);
+  }
+  auto topo = Topology::build(c);
+  ASSERT_TRUE(topo.isOk());
+  NetworkModel net(c, *topo, reg);
+  int64_t calls = 0;
+  auto r = searchLayouts(m, sc, net, [&](int64_t done, int64_t total) {
+    ++calls;
+    EXPECT_LE(done, total);
+  });
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  EXPECT_GT(calls, 1);
+  EXPECT_EQ(r->candidates, static_cast<int64_t>(cands.size()));
+  ASSERT_EQ(r->top.size(), 5u);
+  for (size_t i = 1; i < r->top.size(); ++i) EXPECT_LE(r->top[i - 1].iteration_s, r->top[i].iteration_s);
+  // Exhaustive check with fresh models (no shared cache): nothing beats the top.
+  double best = 1e300;
+  for (const TrainConfig& k : cands)
+    if (auto t = simulateTraining(m, c, k, reg); t.isOk()) best = std::min(best, t->iteration_s);
+  EXPECT_DOUBLE_EQ(r->top[0].iteration_s, best);
+}
+
+TEST(SimSearch, NothingFitsIsAClearError) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 1);
+  auto topo = Topology::build(c);
+  ASSERT_TRUE(topo.isOk());
+  NetworkModel net(c, *topo, reg);
+  SearchConfig sc;
+  sc.gpus = 8;
+  sc.global_batch = 8;
+  auto r = searchLayouts(gpt(96, 12288, 96), sc, net);  // 175B on 8 GPUs
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("does not fit"), std::string::npos) << r.status().message();
+}
+
+// ---- trace / schedule -----------------------------------------------------------
+
+TrainReport stageOnly(int pp, int vpp, int64_t mb, double f, double b) {
+  TrainReport r;
+  r.config.pp = pp;
+  r.config.vpp = vpp;
+  r.stage.fwd_s = f;
+  r.stage.bwd_s = b;
+  r.stage.micro_batches = mb;
+  r.stage.optimizer_s = 0.5;
+  return r;
+}
+
+// 1F1B without communication: (m + p - 1) (F + B), then the optimizer:
+// (8 + 3) x 3 + 0.5 = 33.5 s.  Interleaving 2 chunks per GPU shrinks the
+// bubble to (p - 1) / v: 8 x 3 + 1.5 x 3 + 0.5 = 29 s.
+TEST(SimTrace, OneFOneBMakespan) {
+  auto plain = scheduleIteration(stageOnly(4, 1, 8, 1, 2));
+  ASSERT_TRUE(plain.isOk()) << plain.status().message();
+  EXPECT_NEAR(plain->makespan_s, 33.5, 1e-9);
+  auto inter = scheduleIteration(stageOnly(4, 2, 8, 1, 2));
+  ASSERT_TRUE(inter.isOk()) << inter.status().message();
+  EXPECT_NEAR(inter->makespan_s, 29.0, 1e-9);
+}
+
+TEST(SimTrace, ChromeTraceHasATrackPerStageAndStream) {
+  const plan::Registry reg = plan::Registry::builtin();
+  TrainConfig cfg;
+  cfg.gpus = 32, cfg.tp = 8, cfg.pp = 2, cfg.dp = 2, cfg.global_batch = 8, cfg.micro_batch = 1, cfg.zero = 1;
+  auto r = simulateTraining(gpt(8, 4096, 32), cluster("fat-tree", 4), cfg, reg);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  std::stringstream out;
+  auto sum = writeTrainTrace(*r, out);
+  ASSERT_TRUE(sum.isOk()) << sum.status().message();
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  std::set<std::string> tracks;
+  int64_t slices = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks.insert(e["args"]["name"].get<std::string>());
+    if (e["ph"] == "X") ++slices;
+  }
+  EXPECT_EQ(slices, sum->events);
+  for (const char* t : {"stage 0 compute", "stage 1 compute", "stage 0 tp comm", "stage 1 pp send", "stage 0 dp comm"})
+    EXPECT_TRUE(tracks.count(t)) << t;
+  // The list schedule cross-checks the analytical iteration time.
+  EXPECT_NEAR(sum->makespan_s / r->iteration_s, 1.0, 0.05);
+  EXPECT_DOUBLE_EQ(j["otherData"]["iteration_time_s"].get<double>(), r->iteration_s);
+}
+
+// --plot draws with /usr/bin/python3 + matplotlib; where they are missing the
+// error says so (and the test is skipped, as the plot is optional).
+TEST(SimTrace, PlotWritesAPng) {
+  const plan::Registry reg = plan::Registry::builtin();
+  TrainConfig cfg;
+  cfg.gpus = 8, cfg.tp = 8, cfg.global_batch = 4, cfg.micro_batch = 1, cfg.zero = 0;
+  auto r = simulateTraining(gpt(4, 4096, 32), cluster("fat-tree", 1), cfg, reg);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  const std::string png = testing::TempDir() + fmt::format("sim_plot_{}.png", ::getpid());
+  Status st = plotBreakdown(*r, "test", png);
+  if (!st.isOk() && (st.message().find("matplotlib") != std::string::npos ||
+                     st.message().find("python3") != std::string::npos))
+    GTEST_SKIP() << st.message();
+  ASSERT_TRUE(st.isOk()) << st.message();
+  FILE* f = std::fopen(png.c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  unsigned char magic[4] = {};
+  EXPECT_EQ(std::fread(magic, 1, 4, f), 4u);
+  std::fclose(f);
+  std::remove(png.c_str());
+  EXPECT_EQ(magic[1], 'P');
+  EXPECT_EQ(magic[2], 'N');
+  EXPECT_EQ(magic[3], 'G');
+  EXPECT_FALSE(plotBreakdown(*r, "test", "/nonexistent-dir/x.png").isOk());
+}
+
+// ---- inference ----------------------------------------------------------------------
+
+// Decode at batch 1 reads every weight but the input embedding and the KV
+// cache once: (params - V h) x 2 B + ctx x 2 x layers x h x 2 B at
+// 2039e9 x 0.8 B/s, plus 8 kernels of 4 us per layer (tp = 1: no allreduce).
+TEST(SimInfer, DecodeStepIsWeightAndKvBound) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 1);
+  auto topo = Topology::build(c);
+  ASSERT_TRUE(topo.isOk());
+  NetworkModel net(c, *topo, reg);
+  ModelSpec m = gpt(4, 4096, 32);
+  InferConfig ic;
+  ic.gpus = 8, ic.tp = 1, ic.rate = 5, ic.requests = 200, ic.input_len = 1024, ic.output_len = 32;
+  auto r = simulateInference(m, ic, net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  const double bytes = (m.params() - 51200.0 * 4096) * 2 + 1024.0 * 2 * 4 * 4096 * 2;
+  EXPECT_NEAR(r->decode_step_s, bytes / (2039e9 * 0.8) + 4 * 8 * 4e-6, 1e-12);
+  EXPECT_EQ(r->replicas, 8);
+  EXPECT_EQ(r->splits.size(), 7u);  // every prefill:decode split
+  for (const ServeStats& s : r->splits) {
+    EXPECT_EQ(s.prefill_replicas + s.decode_replicas, 8);
+    EXPECT_GE(s.slo_attainment, 0);
+    EXPECT_LE(s.slo_attainment, 1);
+    EXPECT_LE(s.goodput_rps, s.throughput_rps + 1e-12);
+    EXPECT_GT(s.kv_transfer_mean_s, 0);
+  }
+}
+
+TEST(SimInfer, LoadRaisesLatencyAndTheStreamIsDeterministic) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 1);
+  auto topo = Topology::build(c);
+  ASSERT_TRUE(topo.isOk());
+  NetworkModel net(c, *topo, reg);
+  InferConfig ic;
+  ic.gpus = 8, ic.tp = 2, ic.requests = 400, ic.input_len = 2048, ic.output_len = 64, ic.dist = LengthDist::Uniform;
+  ic.rate = 2;
+  auto light = simulateInference(gpt(16, 4096, 32), ic, net);
+  ic.rate = 200;
+  auto heavy = simulateInference(gpt(16, 4096, 32), ic, net);
+  auto again = simulateInference(gpt(16, 4096, 32), ic, net);
+  ASSERT_TRUE(light.isOk() && heavy.isOk() && again.isOk());
+  EXPECT_GT(heavy->aggregated.ttft_p99_s, light->aggregated.ttft_p99_s);
+  EXPECT_GT(heavy->aggregated.throughput_rps, light->aggregated.throughput_rps);
+  EXPECT_EQ(heavy->aggregated.ttft_p50_s, again->aggregated.ttft_p50_s);
+  EXPECT_EQ(heavy->best, again->best);
+}
+
+}  // namespace
+}  // namespace chorus::sim
