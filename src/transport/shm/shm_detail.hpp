@@ -90,6 +90,10 @@ struct SlotControl {
   // Written by the consumer (the owner).
   alignas(kCacheLine) std::atomic<uint64_t> head;
   std::atomic<uint64_t> cma_acks;  // CMA messages fully read so far
+  // Which of the next messages the owner will reduce rather than copy (see
+  // ShmTransport::publishHint): bit 63 valid, bits 32..62 one per posted
+  // receive, bits 0..31 the index of the message the first of them matches.
+  std::atomic<uint64_t> recv_hint;
   // Written by the owner before the setup barrier, read-only afterwards.
   alignas(kCacheLine) int32_t sender_rank;
   std::atomic<uint32_t> cma_ok;  // 1: the owner can process_vm_readv from the sender
@@ -119,6 +123,7 @@ class Fifo {
   [[nodiscard]] bool empty() const { return head_ == tail_; }
   [[nodiscard]] size_t size() const { return tail_ - head_; }
   T& front() { return buf_[head_ & (buf_.size() - 1)]; }
+  T& at(size_t i) { return buf_[(head_ + i) & (buf_.size() - 1)]; }
   void pop() { ++head_; }
   void push(const T& v) {
     if (size() == buf_.size()) grow();

@@ -107,6 +107,8 @@ struct RecvOp {
 };
 
 struct Peer {
+  uint32_t msgs_in = 0;   // receives from this peer finished (each matches one message)
+  uint32_t msgs_out = 0;  // message headers written to this peer
   int rank = -1;
   pid_t pid = 0;
   int pidfd = -1;
@@ -193,6 +195,7 @@ class ShmTransport final : public Transport {
   }
 
   bool progressSend(Peer& p);
+  void publishHint(Peer& p);
   bool progressRecv(Peer& p);
   bool reserve(Peer& p, uint64_t need);
   void flushSend(Peer& p);
@@ -452,6 +455,7 @@ Status ShmTransport::postRecv(int peer, const RecvTarget& target, Request* req) 
   op.target = t;
   op.req = req;
   p->recvs.push(op);
+  if (p->recvs.size() <= 31) publishHint(*p);
   if (p->recvs.size() == 1) progressRecv(*p);  // the message may be waiting already
   return {};
 }
@@ -496,6 +500,17 @@ void ShmTransport::flushSend(Peer& p) {
   if (ring(p.peer_page0)) ++stats_.futex_wakes;
 }
 
+// Tells the sender which of its next messages this rank will reduce (see
+// SlotControl::recv_hint).  Receives are matched in order, so the i-th posted
+// receive is message msgs_in + i.
+void ShmTransport::publishHint(Peer& p) {
+  uint64_t mask = 0;
+  const size_t n = std::min<size_t>(p.recvs.size(), 31);
+  for (size_t i = 0; i < n; ++i)
+    if (p.recvs.at(i).target.reducer != nullptr) mask |= uint64_t{1} << i;
+  p.in->recv_hint.store((uint64_t{1} << 63) | (mask << 32) | p.msgs_in, std::memory_order_release);
+}
+
 bool ShmTransport::progressSend(Peer& p) {
   bool progressed = false;
   if (!p.cma_wait.empty()) {
@@ -511,11 +526,21 @@ bool ShmTransport::progressSend(Peer& p) {
   while (!p.sends.empty() && p.out_tail - start_tail < kPollBudget) {
     SendOp& op = p.sends.front();
     if (!op.header_done) {
+      // A message the receiver will reduce goes through the ring even when it
+      // is large: the sender's copy into the ring then overlaps the
+      // receiver's reduction out of it, where with cross-memory attach the
+      // receiver would copy and reduce alone (2-3x slower measured).
+      if (op.cma) {
+        const uint64_t h = p.out->recv_hint.load(std::memory_order_acquire);
+        const uint32_t d = p.msgs_out - static_cast<uint32_t>(h);
+        if ((h >> 63) != 0 && d < 31 && ((h >> (32 + d)) & 1) != 0) op.cma = false;
+      }
       if (!reserve(p, op.cma ? 16 : 8)) break;
       const uint64_t word = (op.bytes << 8) | kTag | (op.cma ? kKindCma : kKindInline);
       writeRing(p, &word, 8);
       p.out_tail += 8;
       op.header_done = true;
+      ++p.msgs_out;
       progressed = true;
       if (op.cma) {
         const uint64_t addr = reinterpret_cast<uint64_t>(op.src);
@@ -675,6 +700,8 @@ bool ShmTransport::progressRecv(Peer& p) {
         else
           p.discard = round8(len);
         p.recvs.pop();
+        ++p.msgs_in;
+        publishHint(p);
         continue;
       }
       op.header_done = true;
@@ -692,6 +719,8 @@ bool ShmTransport::progressRecv(Peer& p) {
       ++stats_.cma_recvs;
       op.req->complete();
       p.recvs.pop();
+      ++p.msgs_in;
+      publishHint(p);
       continue;
     }
     const uint64_t len = op.target.bytes;
@@ -714,6 +743,8 @@ bool ShmTransport::progressRecv(Peer& p) {
     ++stats_.inline_recvs;
     op.req->complete();
     p.recvs.pop();
+    ++p.msgs_in;
+    publishHint(p);
   }
   flushRecv(p);
   return progressed;
