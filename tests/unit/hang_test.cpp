@@ -7,6 +7,12 @@
 #include <mutex>
 
 #include "comm/flight.hpp"
+#include "comm/hang_report.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include "plan/plan.hpp"
 #include "support/rank_threads.hpp"
 
@@ -55,6 +61,26 @@ TEST(Hang, TimeoutNamesWhoWaitsWhere) {
   }
   EXPECT_GE(explained, 1);
   EXPECT_EQ(msgs[3], "");
+}
+
+// The same diagnosis offline, from the files CHORUS_FLIGHT_DIR collects.
+TEST(Hang, ReportFromDumpedRecorders) {
+  const std::string dir = ::testing::TempDir() + "/chorus-flight-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  FlightRecorder rec[3];
+  for (int r = 0; r < 3; ++r) {
+    rec[r].start(0, static_cast<uint8_t>(plan::Collective::AllReduce), chorusFloat32, 8, 0);
+    rec[r].finish(0, true);
+    if (r != 2) rec[r].start(1, static_cast<uint8_t>(plan::Collective::Broadcast), chorusInt32, 4, 0);
+    std::ofstream(dir + "/flight-rank" + std::to_string(r) + ".json") << flightJson(r, 3, rec[r].snapshot());
+  }
+  auto report = hangReport(dir);
+  ASSERT_TRUE(report.isOk()) << report.status().message();
+  EXPECT_EQ(report.value(),
+            "broadcast #1 (count=4 int32): ranks 0,1 are waiting in it; rank 2 last completed allreduce #0 "
+            "(count=8 float32) and is in no collective\n");
+  std::filesystem::remove_all(dir);
+  EXPECT_FALSE(hangReport(dir).isOk());
 }
 
 TEST(Hang, DiagnosisText) {
