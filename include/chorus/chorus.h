@@ -118,6 +118,15 @@ chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm);
 chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm);
 chorusResult_t chorusCommDestroy(chorusComm_t comm);
 chorusResult_t chorusCommAbort(chorusComm_t comm);
+/* Fault tolerance: the ranks that are still alive agree on who they are and
+ * get a new communicator without the others (ranks renumbered in order).  Call
+ * it on every surviving rank after an operation failed with chorusRemoteError;
+ * comm may be broken.  A rank that has not joined within the agreement window
+ * (CHORUS_SHRINK_WINDOW_MS) is left out and its call fails.  flags must be 0
+ * (CHORUS_SHRINK_DEFAULT).  Needs the rendezvous store (rank 0 of the job's
+ * first communicator) to be alive. */
+#define CHORUS_SHRINK_DEFAULT 0
+chorusResult_t chorusCommShrink(chorusComm_t comm, int flags, chorusComm_t* newcomm);
 chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
 chorusResult_t chorusCommCount(const chorusComm_t comm, int* count);
 chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank);

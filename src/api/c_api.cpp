@@ -258,6 +258,25 @@ CHORUS_EXPORT chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int k
   return registerComm(newcomm, std::move(r.value()));
 }
 
+CHORUS_EXPORT chorusResult_t chorusCommShrink(chorusComm_t comm, int flags, chorusComm_t* newcomm) {
+  if (newcomm == nullptr) return report(invalidArgument("chorusCommShrink: newcomm is NULL"));
+  *newcomm = nullptr;
+  if (flags != CHORUS_SHRINK_DEFAULT)
+    return report(invalidArgument("chorusCommShrink: flags={} is not supported (pass CHORUS_SHRINK_DEFAULT)", flags));
+  if (comm == nullptr) return report(invalidArgument("chorusCommShrink: comm is NULL"));
+  {
+    // An aborted or broken communicator may be shrunk: that is its purpose.
+    std::lock_guard l(handles().mu);
+    if (!handles().live.count(comm))
+      return report(invalidUsage("chorusCommShrink: comm {} is not a live communicator", static_cast<void*>(comm)));
+  }
+  auto window = env::getInt("CHORUS_SHRINK_WINDOW_MS");
+  if (!window.isOk()) return report(window.status());
+  auto r = comm->impl->shrink(std::chrono::milliseconds(window.value()));
+  if (!r.isOk()) return report(r.status(), comm);
+  return registerComm(newcomm, std::move(r.value()));
+}
+
 CHORUS_EXPORT chorusResult_t chorusCommDestroy(chorusComm_t comm) {
   if (comm == nullptr) return report(invalidArgument("chorusCommDestroy: comm is NULL"));
   {

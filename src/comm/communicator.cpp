@@ -762,6 +762,51 @@ Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, si
   return Prediction{std::string(ch.algo->name()), t};
 }
 
+// ---- shrink -------------------------------------------------------------------
+
+// Agreement through the store, which every survivor can still reach: the
+// first rank to arrive leads; it waits until every rank not known to be dead
+// has joined, or the window passes, and publishes the members; everyone takes
+// that list, so all survivors agree even if they noticed the failure at
+// different times.  A latecomer finds itself missing and fails.
+Result<std::unique_ptr<Communicator>> Communicator::shrink(std::chrono::milliseconds window) {
+  const int epoch = shrink_seq_++;
+  const std::string base = fmt::format("shrink{}/", epoch);
+  CHORUS_ASSIGN_OR_RETURN(int64_t order, store_->add(base + "count", 1));
+  CHORUS_RETURN_IF_ERROR(store_->set(fmt::format("{}alive/{}", base, rank_), bootstrap::toBytes(std::string_view("1"))));
+  if (order == 1) {
+    // The leader: wait for the others, within the window.
+    const auto deadline = std::chrono::steady_clock::now() + window;
+    std::string members;
+    for (int r = 0; r < nranks_; ++r) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      auto got = store_->get(fmt::format("{}alive/{}", base, r), std::max(left, std::chrono::milliseconds(1)));
+      if (got.isOk()) members += fmt::format("{}{}", members.empty() ? "" : ",", r);
+    }
+    CHORUS_RETURN_IF_ERROR(store_->set(base + "members", bootstrap::toBytes(members)));
+  }
+  CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes list, store_->get(base + "members", window * 2 + cfg_.timeout));
+  std::vector<int> members;
+  for (size_t i = 0; i < list.size();) {
+    size_t j = i;
+    int v = 0;
+    while (j < list.size() && static_cast<char>(list[j]) != ',') v = v * 10 + (static_cast<char>(list[j++]) - '0');
+    members.push_back(v);
+    i = j + 1;
+  }
+  auto me = std::find(members.begin(), members.end(), rank_);
+  if (me == members.end())
+    return makeError(chorusRemoteError,
+                     "rank {}: shrink #{}: the surviving ranks agreed on {} without this rank (it joined after the "
+                     "agreement window; CHORUS_SHRINK_WINDOW_MS={})",
+                     rank_, epoch, bootstrap::toString(list), window.count());
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->nranks_ = static_cast<int>(members.size());
+  c->rank_ = static_cast<int>(me - members.begin());
+  CHORUS_RETURN_IF_ERROR(c->setup(id_, cfg_, base_store_, prefix_ + base, server_));
+  return c;
+}
+
 // ---- split --------------------------------------------------------------------
 
 Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {

@@ -85,6 +85,9 @@ class Communicator {
 
   // Collective over this communicator.  color < 0: *out = nullptr.
   Result<std::unique_ptr<Communicator>> split(int color, int key);
+  // Collective over the surviving ranks: a new communicator of the ranks that
+  // joined the agreement (see chorusCommShrink).
+  Result<std::unique_ptr<Communicator>> shrink(std::chrono::milliseconds window);
 
   // The tuner's choice for a call of this shape and its predicted time.
   struct Prediction {
@@ -144,6 +147,7 @@ class Communicator {
   std::shared_ptr<bootstrap::Store> base_store_;
   std::unique_ptr<bootstrap::Store> store_;
   int split_seq_ = 0;
+  int shrink_seq_ = 0;
   uint64_t op_seq_ = 0;  // collectives issued on this communicator (the "#N" in messages)
   bool checked_once_ = false;
   FlightRecorder flight_;

@@ -27,6 +27,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_TUNE_FILE",       "", "tuning profile written by chorus-tune (default ~/.cache/chorus/profile.json)"},
   {"CHORUS_ALGO",            "", "force algorithms per collective, e.g. allreduce:ring;allgather:recursive_doubling"},
   {"CHORUS_TIMEOUT_MS",      "600000", "timeout of every operation and of init, in milliseconds"},
+  {"CHORUS_SHRINK_WINDOW_MS", "2000", "how long chorusCommShrink waits for surviving ranks to join the agreement"},
   {"CHORUS_FLIGHT_DIR",      "", "directory where each rank dumps its flight recorder (last operations) on a timeout or error; read by `chorus-trace hang`"},
   {"CHORUS_DEBUG",           "WARN", "log level: NONE, WARN, INFO, TRACE"},
   {"CHORUS_CHECK",           "0", "1: every collective first exchanges its signature (kind, sequence, count, dtype, op, root) and a mismatch between ranks returns chorusMismatch on every rank; the first collective of each communicator is always checked"},

@@ -78,6 +78,7 @@ struct PageZero {
   // Set once by the owner when its transport is aborted (an error broke its
   // communicator, or chorusCommAbort): peers fail their requests with it.
   alignas(kCacheLine) std::atomic<uint32_t> aborted;
+  char abort_reason[240];  // why (NUL-terminated), written before `aborted`
 };
 
 struct SlotControl {

@@ -783,8 +783,13 @@ Result<bool> ShmTransport::poll() {
       // it wrote before is still delivered above; what is left cannot finish.
       // (Data written before the flag is visible once the flag is: drain it.)
       if (p.busy() && p.peer_page0->aborted.load(std::memory_order_acquire) != 0 && !progressRecv(p) && p.busy())
-        p.dead = remoteError("shm transport, rank {}: peer rank {} (pid {}) aborted its communicator (an error on "
-                             "that rank, or chorusCommAbort)", rank_, p.rank, p.pid);
+      {
+        char reason[sizeof(p.peer_page0->abort_reason)];
+        std::memcpy(reason, p.peer_page0->abort_reason, sizeof reason);
+        reason[sizeof reason - 1] = '\0';
+        p.dead = remoteError("shm transport, rank {}: peer rank {} (pid {}) aborted its communicator: {}", rank_,
+                             p.rank, p.pid, reason[0] ? reason : "chorusCommAbort or an error on that rank");
+      }
     }
     if (!p.dead.isOk() && !p.dead_reported) {
       failPeer(p, p.dead);
@@ -882,7 +887,14 @@ void ShmTransport::abort(const Status& why) {
     abort_status_ = why.isOk() ? makeError(chorusAborted, "shm transport, rank {}: aborted", rank_) : why;
   }
   aborted_.store(true, std::memory_order_release);
-  // Tell the peers, so that they fail promptly instead of waiting on us.
+  // Tell the peers, so that they fail promptly instead of waiting on us, and
+  // why: the root cause then reaches every rank, not "rank X aborted".
+  {
+    const std::string& why_text = abortStatus().message();
+    const size_t n = std::min(why_text.size(), sizeof(page0_->abort_reason) - 1);
+    std::memcpy(page0_->abort_reason, why_text.data(), n);
+    page0_->abort_reason[n] = '\0';
+  }
   page0_->aborted.store(1, std::memory_order_seq_cst);
   for (Peer& p : peers_)
     if (p.peer_page0 != nullptr) ring(p.peer_page0);
