@@ -630,7 +630,12 @@ Status Communicator::fail(Status st) {
     broken_.store(true, std::memory_order_release);
   }
   if (shm_) shm_->abort(st);
-  if (tcp_) tcp_->abort(st);
+  if (tcp_) {
+    tcp_->abort(st);
+    // We are the executing thread: let the transport act on it now (it tells
+    // its peers why and closes), not at the next call that may never come.
+    (void)tcp_->poll();
+  }
   return st;
 }
 

@@ -382,7 +382,7 @@ TEST(TcpTransport, ReductionCarriesPartialElementsAcrossReads) {
 
 TEST(TcpTransport, CorruptHeaderBreaksTheConnectionBeforeTouchingMemory) {
   for (tcp::FrameHeader bad : {tcp::FrameHeader{0xdeadbeef, 0, 8}, tcp::FrameHeader{tcp::kFrameMagic, 0, ~uint64_t{0}},
-                               tcp::FrameHeader{tcp::kFrameMagic, 1, 8}}) {
+                               tcp::FrameHeader{tcp::kFrameMagic, 2, 8}}) {
     bootstrap::MemoryStore store;
     RawPair rp = rawPair(store);
     ASSERT_TRUE(rp.rank1 && rp.rank0.valid());
@@ -400,6 +400,28 @@ TEST(TcpTransport, CorruptHeaderBreaksTheConnectionBeforeTouchingMemory) {
     EXPECT_EQ(d.poll_error.code(), chorusRemoteError);
     EXPECT_EQ(dst, std::vector<std::byte>(8, std::byte{0x55}));
   }
+}
+
+// An aborting peer says why in an abort frame; the receive fails naming the
+// peer and carrying the reason (control characters scrubbed), memory untouched.
+TEST(TcpTransport, AbortFrameCarriesThePeersReason) {
+  bootstrap::MemoryStore store;
+  RawPair rp = rawPair(store);
+  ASSERT_TRUE(rp.rank1 && rp.rank0.valid());
+  std::vector<std::byte> dst(64, std::byte{0x55});
+  Request req;
+  ASSERT_TRUE(rp.rank1->postRecv(0, RecvTarget{dst.data(), dst.size()}, &req).isOk());
+  const std::string reason = "rank 7 died\n(pid 42)";
+  tcp::FrameHeader h{tcp::kFrameMagic, tcp::kFlagAbort, reason.size()};
+  ASSERT_TRUE(sendRaw(rp.rank0, &h, sizeof h).isOk());
+  ASSERT_TRUE(sendRaw(rp.rank0, reason.data(), reason.size()).isOk());
+  Driven d = drive(*rp.rank1, {&req}, 10s);
+  ASSERT_TRUE(d.all_finished);
+  EXPECT_EQ(req.status.code(), chorusRemoteError);
+  EXPECT_NE(req.status.message().find("peer rank 0"), std::string::npos) << req.status.message();
+  EXPECT_NE(req.status.message().find("aborted its communicator: rank 7 died (pid 42)"), std::string::npos)
+      << req.status.message();
+  EXPECT_EQ(dst, std::vector<std::byte>(64, std::byte{0x55}));
 }
 
 TEST(TcpTransport, StrangersDuringSetupAreRejectedAndSetupCompletes) {

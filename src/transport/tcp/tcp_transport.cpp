@@ -506,6 +506,21 @@ class TcpTransport final : public Transport {
     FrameHeader h;
     std::memcpy(&h, p.stage.data(), sizeof h);
     if (!p.header_parsed) {
+      if (h.magic == tcp::kFrameMagic && h.flags == tcp::kFlagAbort && h.length <= tcp::kMaxAbortReason) {
+        // The peer aborted: the reason follows (usually in the same segment).
+        std::string reason(reinterpret_cast<const char*>(p.stage.data()) + kHeaderBytes,
+                           std::min<size_t>(p.stage_len - kHeaderBytes, h.length));
+        while (reason.size() < h.length) {
+          char more[tcp::kMaxAbortReason];
+          ssize_t got = ::recv(p.socks[0].fd.get(), more, h.length - reason.size(), MSG_DONTWAIT);
+          if (got <= 0) break;
+          reason.append(more, static_cast<size_t>(got));
+        }
+        for (char& ch : reason)
+          if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text: no control characters
+        return remoteError("tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr,
+                           reason.empty() ? std::string("no reason given") : reason);
+      }
       if (h.magic != tcp::kFrameMagic || h.flags != 0 || h.length > tcp::kMaxFrameBytes)
         return remoteError(
             "connection to rank {} ({}) is corrupt: frame header magic {:#x} flags {:#x} length {} "
@@ -693,6 +708,24 @@ class TcpTransport final : public Transport {
     p.pushback_len = 0;
   }
 
+  // Best effort: tells the peer why, so that the root cause reaches every
+  // rank instead of "connection closed".  Only at a message boundary of
+  // socket 0 (a frame cannot be cut into), and without blocking.
+  void sendAbortFrame(Peer& p, const Status& why) {
+    if (p.socks.empty() || !p.socks[0].fd.valid()) return;
+    Sock& s0 = p.socks[0];
+    if (!s0.tx.empty() && s0.tx.front().done != 0) return;
+    const std::string& text = why.message();
+    const size_t n = std::min<size_t>(text.size(), tcp::kMaxAbortReason);
+    FrameHeader h;
+    h.flags = tcp::kFlagAbort;
+    h.length = n;
+    std::array<std::byte, sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
+    std::memcpy(buf.data(), &h, sizeof h);
+    std::memcpy(buf.data() + sizeof h, text.data(), n);
+    [[maybe_unused]] ssize_t w = ::send(s0.fd.get(), buf.data(), sizeof h + n, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+
   Status applyAbort() {
     Status why;
     {
@@ -701,8 +734,15 @@ class TcpTransport final : public Transport {
     }
     if (!abort_applied_) {
       abort_applied_ = true;
-      for (Peer& p : peers_)
-        if (!p.failed) failPeer(p, why);
+      for (Peer& p : peers_) {
+        if (!p.failed) {
+          sendAbortFrame(p, why);
+          failPeer(p, why);
+        }
+        // Peers learn now (FIN), not when this process exits.
+        for (Sock& sk : p.socks)
+          if (sk.fd.valid()) ::shutdown(sk.fd.get(), SHUT_RDWR);
+      }
     }
     return why;
   }

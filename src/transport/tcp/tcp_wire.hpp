@@ -20,6 +20,11 @@ static_assert(std::endian::native == std::endian::little, "the TCP wire format a
 
 constexpr uint32_t kFrameMagic = 0x31465443;  // "CTF1"
 constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 48;
+// The sender aborted its communicator: the payload (length <= kMaxAbortReason)
+// is the reason, as text, and the connection closes after it.  Sent only at a
+// message boundary.
+constexpr uint32_t kFlagAbort = 1;
+constexpr uint64_t kMaxAbortReason = 256;
 // Striping unit: piece k of a message travels on socket k % nsockets.  A
 // multiple of every element size, so a reduction never splits an element
 // across sockets.
@@ -27,7 +32,7 @@ constexpr uint64_t kPieceBytes = 256 * 1024;
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
-  uint32_t flags = 0;  // no flags are defined yet; a receiver rejects any
+  uint32_t flags = 0;  // 0, or kFlagAbort; a receiver rejects any other
   uint64_t length = 0;
 };
 static_assert(sizeof(FrameHeader) == 16);

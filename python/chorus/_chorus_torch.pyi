@@ -1,0 +1,8 @@
+"""Type stubs of chorus._chorus_torch (python/src/process_group_chorus.cpp)."""
+
+from datetime import timedelta
+
+import torch.distributed as dist
+
+def create_process_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> dist.ProcessGroup: ...
+def abort(process_group: dist.ProcessGroup) -> None: ...

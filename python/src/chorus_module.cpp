@@ -1,0 +1,750 @@
+// chorus._chorus: the Python binding of the C ABI (include/chorus/chorus.h).
+//
+// Buffers are never copied: NumPy arrays and anything else exposing the
+// buffer protocol are read through it, CPU torch tensors through data_ptr()
+// (so this module does not need torch to build or to import).  Every call
+// that may block releases the GIL.  Errors become Python exceptions of the
+// class matching the chorusResult_t, carrying chorus's own message.
+//
+// Threading contract (as chorus.h's): a Communicator may be used from one
+// Python thread at a time; abort() and async_error() from any thread.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chorus/chorus.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// ---------------------------------------------------------------- errors
+
+// One Python exception class per chorusResult_t, all deriving from Error
+// (itself a RuntimeError).  Created at import, owned by the module object.
+struct ErrorClasses {
+  py::object base;
+  py::object byCode[chorusNumResults];
+};
+
+ErrorClasses& errorClasses() {
+  // Immutable after module init; a function-local static because pybind11's
+  // exception translators are plain functions with no user data.
+  static ErrorClasses classes;
+  return classes;
+}
+
+// Thrown on the C++ side, translated to the Python class of its code.
+struct ChorusError {
+  chorusResult_t code;
+  std::string message;
+};
+
+[[noreturn]] void raise(chorusResult_t code, chorusComm_t comm, std::string_view where) {
+  std::string msg = chorusGetLastError(comm);
+  if (msg.empty()) msg = chorusGetErrorString(code);
+  throw ChorusError{code, std::string(where) + ": " + msg};
+}
+
+inline void check(chorusResult_t r, chorusComm_t comm, std::string_view where) {
+  if (r != chorusSuccess) raise(r, comm, where);
+}
+
+// ---------------------------------------------------------------- buffers
+
+// A borrowed view of a caller's contiguous CPU memory.  `owner` keeps the
+// Python object alive for as long as the view is referenced (e.g. queued on
+// a stream).
+struct View {
+  void* ptr = nullptr;
+  size_t count = 0;  // elements
+  chorusDataType_t dtype = chorusFloat32;
+  py::object owner;
+};
+
+std::optional<chorusDataType_t> dtypeFromBufferFormat(std::string_view fmt, ssize_t itemsize) {
+  // Strip byte-order prefixes; chorus only runs on native-endian hosts.
+  while (!fmt.empty() && (fmt.front() == '@' || fmt.front() == '=' || fmt.front() == '<' || fmt.front() == '!'))
+    fmt.remove_prefix(1);
+  if (fmt.size() != 1) return std::nullopt;
+  const char c = fmt.front();
+  const bool isSigned = c == 'b' || c == 'h' || c == 'i' || c == 'l' || c == 'q' || c == 'n';
+  const bool isUnsigned = c == 'B' || c == 'H' || c == 'I' || c == 'L' || c == 'Q' || c == 'N' || c == '?';
+  if (c == 'e') return chorusFloat16;
+  if (c == 'f') return chorusFloat32;
+  if (c == 'd') return chorusFloat64;
+  if (isSigned || isUnsigned) {
+    switch (itemsize) {
+      case 1: return isSigned ? chorusInt8 : chorusUint8;
+      case 4: return isSigned ? chorusInt32 : chorusUint32;
+      case 8: return isSigned ? chorusInt64 : chorusUint64;
+      default: return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<chorusDataType_t> dtypeFromTorchName(std::string_view name) {
+  struct Row { std::string_view name; chorusDataType_t dtype; };
+  static constexpr Row kRows[] = {
+      {"torch.int8", chorusInt8},       {"torch.uint8", chorusUint8},     {"torch.bool", chorusUint8},
+      {"torch.int32", chorusInt32},     {"torch.int64", chorusInt64},     {"torch.float16", chorusFloat16},
+      {"torch.float32", chorusFloat32}, {"torch.float64", chorusFloat64}, {"torch.bfloat16", chorusBfloat16},
+  };
+  for (const Row& r : kRows)
+    if (r.name == name) return r.dtype;
+  return std::nullopt;
+}
+
+bool isTorchTensor(py::handle obj) {
+  return py::hasattr(obj, "data_ptr") && py::hasattr(obj, "is_contiguous") && py::hasattr(obj, "element_size");
+}
+
+View viewOf(py::handle obj, const char* arg, bool writable) {
+  View v;
+  v.owner = py::reinterpret_borrow<py::object>(obj);
+  if (isTorchTensor(obj)) {
+    std::string device = py::str(obj.attr("device").attr("type"));
+    if (device != "cpu")
+      throw py::value_error(std::string(arg) + ": a tensor on device '" + device +
+                            "'; chorus works on CPU memory (move it with .cpu())");
+    if (!obj.attr("is_contiguous")().cast<bool>())
+      throw py::value_error(std::string(arg) + ": the tensor is not contiguous (call .contiguous() first)");
+    std::string name = py::str(obj.attr("dtype"));
+    auto dt = dtypeFromTorchName(name);
+    if (!dt)
+      throw py::type_error(std::string(arg) + ": dtype " + name +
+                           " is not supported (int8, uint8, bool, int32, int64, float16, bfloat16, float32, float64)");
+    v.ptr = reinterpret_cast<void*>(obj.attr("data_ptr")().cast<uintptr_t>());
+    v.count = obj.attr("numel")().cast<size_t>();
+    v.dtype = *dt;
+    return v;
+  }
+  if (!PyObject_CheckBuffer(obj.ptr()))
+    throw py::type_error(std::string(arg) + ": expected a NumPy array, a CPU torch tensor or a buffer, got " +
+                         std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+  Py_buffer raw;
+  int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &raw, flags) != 0) {
+    PyErr_Clear();
+    throw py::value_error(std::string(arg) + (writable ? ": the buffer is not a writable C-contiguous buffer"
+                                                       : ": the buffer is not C-contiguous") +
+                          " (use numpy.ascontiguousarray, or pass a writable array)");
+  }
+  auto dt = dtypeFromBufferFormat(raw.format ? raw.format : "B", raw.itemsize);
+  v.ptr = raw.buf;
+  v.count = raw.itemsize > 0 ? static_cast<size_t>(raw.len / raw.itemsize) : 0;
+  std::string fmt = raw.format ? raw.format : "B";
+  PyBuffer_Release(&raw);  // v.owner keeps the exporter, hence the memory, alive
+  if (!dt)
+    throw py::type_error(std::string(arg) + ": element format '" + fmt +
+                         "' is not supported (int8/uint8/int32/uint32/int64/uint64/float16/float32/float64)");
+  v.dtype = *dt;
+  return v;
+}
+
+void requireSameDtype(const View& a, const View& b, const char* what) {
+  if (a.dtype != b.dtype)
+    throw py::type_error(std::string(what) + ": send and recv buffers have different dtypes (" +
+                         std::to_string(a.dtype) + " vs " + std::to_string(b.dtype) + ")");
+}
+
+// Round-to-nearest-even conversions for PreMulSum scalars of 16-bit types.
+uint16_t bfloat16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+uint16_t halfBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t absu = u & 0x7fffffffu;
+  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflows to inf
+  if (absu < 0x38800000u) {  // subnormal half (or zero): scale by 2^24 and round
+    float a;
+    std::memcpy(&a, &absu, 4);
+    const float scaled = a * 16777216.0f;
+    uint32_t m = static_cast<uint32_t>(scaled);
+    const float rem = scaled - static_cast<float>(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t r = absu + 0xfffu + ((absu >> 13) & 1u) - 0x38000000u;  // rebias exponent 127 -> 15
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+// ---------------------------------------------------------------- streams
+
+// A chorus stream plus the Python objects its queued operations point into.
+// `pending` is cleared only after a successful or failed synchronisation, so
+// the memory of every queued operation outlives it.
+class Stream {
+ public:
+  Stream() { check(chorusStreamCreate(&s_), nullptr, "Stream()"); }
+  ~Stream() {
+    if (s_ != nullptr) {
+      py::gil_scoped_release nogil;
+      (void)chorusStreamDestroy(s_);
+    }
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  chorusStream_t get() const { return s_; }
+  void keep(py::object o) { pending_.push_back(std::move(o)); }
+
+  void synchronize() {
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusStreamSynchronize(s_);
+    }
+    pending_.clear();
+    check(r, nullptr, "Stream.synchronize");
+  }
+
+  bool query() {
+    chorusResult_t r = chorusStreamQuery(s_);
+    if (r == chorusInProgress) return false;
+    pending_.clear();
+    check(r, nullptr, "Stream.query");
+    return true;
+  }
+
+  size_t pendingObjects() const { return pending_.size(); }
+
+ private:
+  chorusStream_t s_ = nullptr;
+  std::vector<py::object> pending_;
+};
+
+// The handle an asynchronous call returns.  Streams are FIFOs, so waiting
+// for the handle waits for its stream (and so for everything queued before
+// the operation, and after it up to the moment of the wait).
+class Handle {
+ public:
+  explicit Handle(std::shared_ptr<Stream> s) : stream_(std::move(s)) {}
+  void wait() { stream_->synchronize(); }
+  bool done() { return stream_->query(); }
+  std::shared_ptr<Stream> stream() const { return stream_; }
+
+ private:
+  std::shared_ptr<Stream> stream_;
+};
+
+// ---------------------------------------------------------------- communicator
+
+class UniqueId {
+ public:
+  UniqueId() { check(chorusGetUniqueId(&id_), nullptr, "UniqueId()"); }
+  explicit UniqueId(const chorusUniqueId& id) : id_(id) {}
+  static UniqueId fromBytes(const py::bytes& b) {
+    std::string s = b;
+    if (s.size() != CHORUS_UNIQUE_ID_BYTES)
+      throw py::value_error("UniqueId.from_bytes: expected " + std::to_string(CHORUS_UNIQUE_ID_BYTES) +
+                            " bytes, got " + std::to_string(s.size()));
+    chorusUniqueId id;
+    std::memcpy(id.internal, s.data(), CHORUS_UNIQUE_ID_BYTES);
+    return UniqueId(id);
+  }
+  py::bytes toBytes() const { return py::bytes(id_.internal, CHORUS_UNIQUE_ID_BYTES); }
+  const chorusUniqueId& get() const { return id_; }
+
+ private:
+  chorusUniqueId id_;
+};
+
+class Communicator {
+ public:
+  explicit Communicator(chorusComm_t c) : comm_(c) {}
+  ~Communicator() { destroyNoThrow(); }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  static std::unique_ptr<Communicator> fromEnv() {
+    chorusComm_t c = nullptr;
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusCommInitFromEnv(&c);
+    }
+    check(r, nullptr, "Communicator.from_env");
+    return std::make_unique<Communicator>(c);
+  }
+
+  static std::unique_ptr<Communicator> fromUniqueId(int nranks, const UniqueId& id, int rank) {
+    chorusComm_t c = nullptr;
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusCommInitRank(&c, nranks, id.get(), rank);
+    }
+    check(r, nullptr, "Communicator(nranks=" + std::to_string(nranks) + ", rank=" + std::to_string(rank) + ")");
+    return std::make_unique<Communicator>(c);
+  }
+
+  chorusComm_t live(const char* where) const {
+    if (comm_ == nullptr)
+      throw ChorusError{chorusInvalidUsage, std::string(where) + ": the communicator was destroyed (close() called)"};
+    return comm_;
+  }
+
+  int rank() const {
+    int r = 0;
+    check(chorusCommUserRank(live("rank"), &r), comm_, "rank");
+    return r;
+  }
+  int size() const {
+    int n = 0;
+    check(chorusCommCount(live("size"), &n), comm_, "size");
+    return n;
+  }
+
+  void destroy() {
+    if (comm_ == nullptr) return;
+    chorusComm_t c = std::exchange(comm_, nullptr);
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusCommDestroy(c);
+    }
+    check(r, nullptr, "close");
+  }
+  void destroyNoThrow() {
+    if (comm_ == nullptr) return;
+    chorusComm_t c = std::exchange(comm_, nullptr);
+    (void)chorusCommDestroy(c);
+  }
+
+  void abort() { check(chorusCommAbort(live("abort")), comm_, "abort"); }
+
+  chorusResult_t asyncError() const {
+    chorusResult_t e = chorusSuccess;
+    check(chorusCommGetAsyncError(live("async_error"), &e), comm_, "async_error");
+    return e;
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) {
+    chorusComm_t out = nullptr;
+    chorusResult_t r;
+    chorusComm_t c = live("split");
+    {
+      py::gil_scoped_release nogil;
+      r = chorusCommSplit(c, color, key, &out);
+    }
+    check(r, c, "split");
+    if (out == nullptr) return nullptr;
+    return std::make_unique<Communicator>(out);
+  }
+
+  int createPreMulSum(py::object scalar, chorusDataType_t dtype) {
+    // HostImmediate: the value is read now, so a Python float suffices.
+    alignas(8) unsigned char bytes[8] = {};
+    double d = scalar.cast<double>();
+    switch (dtype) {
+      case chorusFloat64: std::memcpy(bytes, &d, 8); break;
+      case chorusFloat32: { float f = static_cast<float>(d); std::memcpy(bytes, &f, 4); break; }
+      case chorusInt32: case chorusUint32: { int32_t i = static_cast<int32_t>(d); std::memcpy(bytes, &i, 4); break; }
+      case chorusInt64: case chorusUint64: { int64_t i = static_cast<int64_t>(d); std::memcpy(bytes, &i, 8); break; }
+      case chorusInt8: case chorusUint8: { int8_t i = static_cast<int8_t>(d); std::memcpy(bytes, &i, 1); break; }
+      case chorusFloat16: { uint16_t h = halfBits(static_cast<float>(d)); std::memcpy(bytes, &h, 2); break; }
+      case chorusBfloat16: { uint16_t h = bfloat16Bits(static_cast<float>(d)); std::memcpy(bytes, &h, 2); break; }
+      default:
+        throw py::type_error("premul_sum: fp8 scalars are not supported; scale an fp16/bf16/fp32 copy instead");
+    }
+    chorusRedOp_t op;
+    check(chorusRedOpCreatePreMulSum(&op, bytes, dtype, chorusScalarHostImmediate, live("premul_sum")), comm_,
+          "premul_sum");
+    return static_cast<int>(op);
+  }
+
+  void destroyOp(int op) {
+    check(chorusRedOpDestroy(static_cast<chorusRedOp_t>(op), live("destroy_op")), comm_, "destroy_op");
+  }
+
+  // Runs `call` with the GIL released; on a stream, records the buffers and
+  // returns a Handle, else returns None.
+  template <typename Fn>
+  py::object run(const char* where, std::shared_ptr<Stream> stream, std::initializer_list<const View*> views,
+                 Fn&& call) {
+    chorusComm_t c = live(where);
+    chorusStream_t s = stream ? stream->get() : nullptr;
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = call(c, s);
+    }
+    check(r, c, where);
+    if (!stream) return py::none();
+    for (const View* v : views) stream->keep(v->owner);
+    return py::cast(Handle(stream));
+  }
+
+ private:
+  chorusComm_t comm_;
+};
+
+std::vector<size_t> toSizes(const std::vector<long long>& v, const char* arg) {
+  std::vector<size_t> out;
+  out.reserve(v.size());
+  for (long long x : v) {
+    if (x < 0) throw py::value_error(std::string(arg) + ": negative entry " + std::to_string(x));
+    out.push_back(static_cast<size_t>(x));
+  }
+  return out;
+}
+
+std::vector<size_t> packedDispls(const std::vector<size_t>& counts) {
+  std::vector<size_t> d(counts.size());
+  size_t off = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    d[i] = off;
+    off += counts[i];
+  }
+  return d;
+}
+
+// Group nesting as a context manager: `with chorus.group(): ...`.
+struct GroupGuard {
+  void enter() { check(chorusGroupStart(), nullptr, "group"); }
+  void exit(py::object excType, py::object, py::object) {
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusGroupEnd();
+    }
+    // Never mask the exception raised inside the block.
+    if (excType.is_none()) check(r, nullptr, "group end");
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_chorus, m) {
+  m.doc() = "Low-level binding of the chorus C API; use the `chorus` package.";
+
+  // ---- enums
+  py::enum_<chorusResult_t>(m, "Result", "chorusResult_t: the outcome of a chorus call.")
+      .value("Success", chorusSuccess)
+      .value("SystemError", chorusSystemError)
+      .value("InternalError", chorusInternalError)
+      .value("InvalidArgument", chorusInvalidArgument)
+      .value("InvalidUsage", chorusInvalidUsage)
+      .value("RemoteError", chorusRemoteError)
+      .value("InProgress", chorusInProgress)
+      .value("Timeout", chorusTimeout)
+      .value("Mismatch", chorusMismatch)
+      .value("Aborted", chorusAborted);
+  py::enum_<chorusDataType_t>(m, "DataType", "chorusDataType_t: element types chorus reduces and moves.")
+      .value("int8", chorusInt8)
+      .value("uint8", chorusUint8)
+      .value("int32", chorusInt32)
+      .value("uint32", chorusUint32)
+      .value("int64", chorusInt64)
+      .value("uint64", chorusUint64)
+      .value("float16", chorusFloat16)
+      .value("float32", chorusFloat32)
+      .value("float64", chorusFloat64)
+      .value("bfloat16", chorusBfloat16)
+      .value("float8e4m3", chorusFloat8e4m3)
+      .value("float8e5m2", chorusFloat8e5m2);
+  m.attr("SUM") = static_cast<int>(chorusSum);
+  m.attr("PROD") = static_cast<int>(chorusProd);
+  m.attr("MAX") = static_cast<int>(chorusMax);
+  m.attr("MIN") = static_cast<int>(chorusMin);
+  m.attr("AVG") = static_cast<int>(chorusAvg);
+
+  // ---- exceptions
+  ErrorClasses& ec = errorClasses();
+  ec.base = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "chorus.Error", "A chorus call failed; `code` is the chorus.Result, str() is chorus's message.",
+      PyExc_RuntimeError, nullptr));
+  m.attr("Error") = ec.base;
+  struct Sub { chorusResult_t code; const char* name; PyObject* extra; const char* doc; };
+  const Sub subs[] = {
+      {chorusSystemError, "SystemError", PyExc_OSError, "An OS call failed (socket, shm, mmap ...)."},
+      {chorusInternalError, "InternalError", nullptr, "A bug in chorus; please report it."},
+      {chorusInvalidArgument, "InvalidArgumentError", PyExc_ValueError, "A bad pointer, count, dtype, op, root or peer."},
+      {chorusInvalidUsage, "InvalidUsageError", nullptr, "A call not allowed now (destroyed communicator, group nesting ...)."},
+      {chorusRemoteError, "RemoteError", PyExc_ConnectionError, "A peer failed or disconnected."},
+      {chorusInProgress, "InProgressError", nullptr, "An asynchronous operation has not completed yet."},
+      {chorusTimeout, "TimeoutError", PyExc_TimeoutError, "An operation did not complete within its timeout."},
+      {chorusMismatch, "MismatchError", nullptr, "Ranks called different operations, counts or types."},
+      {chorusAborted, "AbortedError", nullptr, "The communicator was aborted."},
+  };
+  ec.byCode[chorusSuccess] = ec.base;
+  for (const Sub& s : subs) {
+    py::tuple bases = s.extra ? py::make_tuple(ec.base, py::handle(s.extra)) : py::make_tuple(ec.base);
+    std::string qual = std::string("chorus.") + s.name;
+    ec.byCode[s.code] = py::reinterpret_steal<py::object>(
+        PyErr_NewExceptionWithDoc(qual.c_str(), s.doc, bases.ptr(), nullptr));
+    m.attr(s.name) = ec.byCode[s.code];
+  }
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ChorusError& e) {
+      ErrorClasses& classes = errorClasses();
+      py::object cls = (e.code > 0 && e.code < chorusNumResults) ? classes.byCode[e.code] : classes.base;
+      if (!cls) cls = classes.base;
+      py::object inst = cls(e.message);
+      inst.attr("code") = py::cast(e.code);
+      PyErr_SetObject(cls.ptr(), inst.ptr());
+    }
+  });
+
+  // ---- library
+  m.def("version", [] {
+    int v = 0;
+    check(chorusGetVersion(&v), nullptr, "version");
+    return v;
+  }, "chorus's version as MAJOR*10000 + MINOR*100 + PATCH.");
+  m.def("error_string", [](chorusResult_t r) { return std::string(chorusGetErrorString(r)); },
+        "The fixed description of a chorus.Result.");
+
+  py::class_<UniqueId>(m, "UniqueId",
+                       "The rendezvous token: one rank creates it (UniqueId()), ships bytes(uid) to the others\n"
+                       "(any channel), which rebuild it with UniqueId.from_bytes.")
+      .def(py::init<>(), "Creates a fresh id; this process then hosts the rendezvous.")
+      .def_static("from_bytes", &UniqueId::fromBytes, py::arg("data"), "Rebuilds an id from its bytes.")
+      .def("__bytes__", &UniqueId::toBytes);
+
+  py::class_<Stream, std::shared_ptr<Stream>>(m, "Stream",
+      "A FIFO of operations run in the background by communicators' progress engines.\n"
+      "Buffers passed to calls on a stream are kept alive until the stream is synchronised.")
+      .def(py::init<>())
+      .def("synchronize", &Stream::synchronize,
+           "Waits for every operation queued on the stream; raises the first error among them.")
+      .def("query", &Stream::query, "True when all queued work is done; raises its error if it failed.")
+      .def_property_readonly("pending_objects", &Stream::pendingObjects,
+                             "How many Python buffers the stream keeps alive until synchronised.");
+
+  py::class_<Handle>(m, "Handle", "The result of an operation issued on a stream.")
+      .def("wait", &Handle::wait, "Waits for the operation (and its stream's earlier work); raises its error.")
+      .def("done", &Handle::done, "True when the operation has completed; raises its error if it failed.")
+      .def_property_readonly("stream", &Handle::stream);
+
+  py::class_<GroupGuard>(m, "_Group")
+      .def(py::init<>())
+      .def("__enter__", [](GroupGuard& g) { g.enter(); return &g; }, py::return_value_policy::reference)
+      .def("__exit__", &GroupGuard::exit);
+  m.def("group_start", [] { check(chorusGroupStart(), nullptr, "group_start"); });
+  m.def("group_end", [] {
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusGroupEnd();
+    }
+    check(r, nullptr, "group_end");
+  });
+
+  using SP = std::shared_ptr<Stream>;
+  py::class_<Communicator>(m, "Communicator",
+      "A group of ranks running collectives.  Create with Communicator.from_env() or\n"
+      "Communicator.from_unique_id(); use as a context manager to close it.\n"
+      "Buffers: C-contiguous NumPy arrays (or buffer-protocol objects) and CPU torch tensors, never copied.")
+      .def_static("from_env", &Communicator::fromEnv,
+                  "Joins the job described by the environment (chorus-run, torchrun, Open MPI or Slurm variables;\n"
+                  "see `chorus-run --print-env`).  Blocks until every rank has joined.")
+      .def_static("from_unique_id", &Communicator::fromUniqueId, py::arg("nranks"), py::arg("unique_id"),
+                  py::arg("rank"),
+                  "Joins the communicator of `nranks` ranks named by `unique_id` as `rank`; blocks until all joined.")
+      .def_property_readonly("rank", &Communicator::rank, "This process's rank, 0..size-1.")
+      .def_property_readonly("size", &Communicator::size, "The number of ranks.")
+      .def("close", &Communicator::destroy,
+           "Destroys the communicator after its queued work (chorusCommDestroy); later calls raise.")
+      .def("abort", &Communicator::abort,
+           "Aborts: pending and later operations fail, peers see the failure.  Any thread.")
+      .def("async_error", &Communicator::asyncError,
+           "The communicator's asynchronous error as a Result (Success when none).  Any thread.")
+      .def("split", &Communicator::split, py::arg("color"), py::arg("key"),
+           "Collective: ranks with equal color form a new communicator, ordered by key; color < 0 returns None.")
+      .def("premul_sum", &Communicator::createPreMulSum, py::arg("scalar"), py::arg("dtype"),
+           "A reduction op summing scalar * x, for buffers of `dtype` (a DataType); free it with destroy_op.")
+      .def("destroy_op", &Communicator::destroyOp, py::arg("op"), "Frees an op made by premul_sum.")
+      .def("all_reduce",
+           [](Communicator& c, py::object send, py::object recv, int op, SP stream) {
+             View s = viewOf(send, "send", recv.is_none());
+             View r = recv.is_none() ? s : viewOf(recv, "recv", true);
+             requireSameDtype(s, r, "all_reduce");
+             if (r.count != s.count)
+               throw py::value_error("all_reduce: recv has " + std::to_string(r.count) + " elements, send has " +
+                                     std::to_string(s.count));
+             return c.run("all_reduce", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusAllReduce(s.ptr, r.ptr, s.count, s.dtype, static_cast<chorusRedOp_t>(op), cm, st);
+             });
+           },
+           py::arg("send"), py::arg("recv") = py::none(), py::arg("op") = 0, py::arg("stream") = SP(),
+           "all_reduce(send, recv=None, op=Op.SUM, stream=None): reduces `send` across ranks into `recv` (in place when\nrecv is None).  Blocking without a stream; with one, returns a Handle at once.")
+      .def("broadcast",
+           [](Communicator& c, py::object buf, int root, py::object recv, SP stream) {
+             View s = viewOf(buf, "buf", recv.is_none());
+             View r = recv.is_none() ? s : viewOf(recv, "recv", true);
+             requireSameDtype(s, r, "broadcast");
+             return c.run("broadcast", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusBroadcast(s.ptr, r.ptr, r.count, r.dtype, root, cm, st);
+             });
+           },
+           py::arg("buf"), py::arg("root"), py::arg("recv") = py::none(), py::arg("stream") = SP(),
+           "broadcast(buf, root, recv=None, stream=None): copies root's `buf` to every rank's `buf` (or `recv`).")
+      .def("reduce",
+           [](Communicator& c, py::object send, py::object recv, int op, int root, SP stream) {
+             View s = viewOf(send, "send", recv.is_none());
+             View r = recv.is_none() ? s : viewOf(recv, "recv", true);
+             requireSameDtype(s, r, "reduce");
+             return c.run("reduce", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusReduce(s.ptr, r.ptr, s.count, s.dtype, static_cast<chorusRedOp_t>(op), root, cm, st);
+             });
+           },
+           py::arg("send"), py::arg("recv") = py::none(), py::arg("op") = 0, py::arg("root") = 0,
+           py::arg("stream") = SP(),
+           "reduce(send, recv=None, op=Op.SUM, root=0, stream=None): reduces into `recv` (or `send`) on `root` only.")
+      .def("all_gather",
+           [](Communicator& c, py::object send, py::object recv, SP stream) {
+             View s = viewOf(send, "send", false);
+             View r = viewOf(recv, "recv", true);
+             requireSameDtype(s, r, "all_gather");
+             return c.run("all_gather", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusAllGather(s.ptr, r.ptr, s.count, s.dtype, cm, st);
+             });
+           },
+           py::arg("send"), py::arg("recv"), py::arg("stream") = SP(),
+           "all_gather(send, recv, stream=None): recv (size * len(send) elements) receives every rank's send, in rank order.")
+      .def("reduce_scatter",
+           [](Communicator& c, py::object send, py::object recv, int op, SP stream) {
+             View s = viewOf(send, "send", false);
+             View r = viewOf(recv, "recv", true);
+             requireSameDtype(s, r, "reduce_scatter");
+             return c.run("reduce_scatter", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusReduceScatter(s.ptr, r.ptr, r.count, s.dtype, static_cast<chorusRedOp_t>(op), cm, st);
+             });
+           },
+           py::arg("send"), py::arg("recv"), py::arg("op") = 0, py::arg("stream") = SP(),
+           "reduce_scatter(send, recv, op=Op.SUM, stream=None): reduces send (size * len(recv) elements); rank r gets block r.")
+      .def("all_to_all",
+           [](Communicator& c, py::object send, py::object recv, SP stream) {
+             View s = viewOf(send, "send", false);
+             View r = viewOf(recv, "recv", true);
+             requireSameDtype(s, r, "all_to_all");
+             int n = c.size();
+             if (s.count % static_cast<size_t>(n) != 0)
+               throw py::value_error("all_to_all: send has " + std::to_string(s.count) +
+                                     " elements, not a multiple of the communicator size " + std::to_string(n));
+             size_t per = s.count / static_cast<size_t>(n);
+             return c.run("all_to_all", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusAllToAll(s.ptr, r.ptr, per, s.dtype, cm, st);
+             });
+           },
+           py::arg("send"), py::arg("recv"), py::arg("stream") = SP(),
+           "all_to_all(send, recv, stream=None): block d of send (len(send)/size elements) goes to rank d, which stores it\nas its block r.")
+      .def("all_gather_v",
+           [](Communicator& c, py::object send, py::object recv, std::vector<long long> counts,
+              std::optional<std::vector<long long>> displs, SP stream) {
+             View s = viewOf(send, "send", false);
+             View r = viewOf(recv, "recv", true);
+             requireSameDtype(s, r, "all_gather_v");
+             auto rc = std::make_shared<std::vector<size_t>>(toSizes(counts, "counts"));
+             auto rd = std::make_shared<std::vector<size_t>>(displs ? toSizes(*displs, "displs") : packedDispls(*rc));
+             py::object out = c.run("all_gather_v", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusAllGatherV(s.ptr, s.count, r.ptr, rc->data(), rd->data(), s.dtype, cm, st);
+             });
+             if (stream) stream->keep(py::capsule(new std::pair(rc, rd), [](void* p) {
+               delete static_cast<std::pair<std::shared_ptr<std::vector<size_t>>, std::shared_ptr<std::vector<size_t>>>*>(p);
+             }));
+             return out;
+           },
+           py::arg("send"), py::arg("recv"), py::arg("counts"), py::arg("displs") = py::none(),
+           py::arg("stream") = SP(),
+           "all_gather_v(send, recv, counts, displs=None, stream=None): rank r contributes counts[r] elements, placed at\ndispls[r] of recv (packed in rank order by default).")
+      .def("all_to_all_v",
+           [](Communicator& c, py::object send, std::vector<long long> sendCounts, py::object recv,
+              std::vector<long long> recvCounts, std::optional<std::vector<long long>> sdispls,
+              std::optional<std::vector<long long>> rdispls, SP stream) {
+             View s = viewOf(send, "send", false);
+             View r = viewOf(recv, "recv", true);
+             requireSameDtype(s, r, "all_to_all_v");
+             using Vec = std::vector<size_t>;
+             auto arrays = std::make_shared<std::array<Vec, 4>>();
+             (*arrays)[0] = toSizes(sendCounts, "send_counts");
+             (*arrays)[1] = sdispls ? toSizes(*sdispls, "sdispls") : packedDispls((*arrays)[0]);
+             (*arrays)[2] = toSizes(recvCounts, "recv_counts");
+             (*arrays)[3] = rdispls ? toSizes(*rdispls, "rdispls") : packedDispls((*arrays)[2]);
+             py::object out = c.run("all_to_all_v", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               auto& a = *arrays;
+               return chorusAllToAllV(s.ptr, a[0].data(), a[1].data(), r.ptr, a[2].data(), a[3].data(), s.dtype, cm,
+                                      st);
+             });
+             if (stream) stream->keep(py::capsule(new std::shared_ptr<std::array<Vec, 4>>(arrays), [](void* p) {
+               delete static_cast<std::shared_ptr<std::array<Vec, 4>>*>(p);
+             }));
+             return out;
+           },
+           py::arg("send"), py::arg("send_counts"), py::arg("recv"), py::arg("recv_counts"),
+           py::arg("sdispls") = py::none(), py::arg("rdispls") = py::none(), py::arg("stream") = SP(),
+           "all_to_all_v(send, send_counts, recv, recv_counts, sdispls=None, rdispls=None, stream=None): per-peer counts\nand displacements in elements (packed by default).")
+      .def("gather",
+           [](Communicator& c, py::object send, py::object recv, int root, SP stream) {
+             View s = viewOf(send, "send", false);
+             View r = recv.is_none() ? s : viewOf(recv, "recv", true);
+             if (!recv.is_none()) requireSameDtype(s, r, "gather");
+             void* rp = recv.is_none() ? nullptr : r.ptr;
+             return c.run("gather", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusGather(s.ptr, rp, s.count, s.dtype, root, cm, st);
+             });
+           },
+           py::arg("send"), py::arg("recv") = py::none(), py::arg("root") = 0, py::arg("stream") = SP(),
+           "gather(send, recv=None, root=0, stream=None): root's recv (size * len(send) elements) receives every rank's send.")
+      .def("scatter",
+           [](Communicator& c, py::object send, py::object recv, int root, SP stream) {
+             View r = viewOf(recv, "recv", true);
+             View s = send.is_none() ? r : viewOf(send, "send", false);
+             if (!send.is_none()) requireSameDtype(s, r, "scatter");
+             const void* sp = send.is_none() ? nullptr : s.ptr;
+             return c.run("scatter", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusScatter(sp, r.ptr, r.count, r.dtype, root, cm, st);
+             });
+           },
+           py::arg("send"), py::arg("recv"), py::arg("root") = 0, py::arg("stream") = SP(),
+           "scatter(send, recv, root=0, stream=None): block r of root's send (size * len(recv) elements) goes to rank r's recv;\nsend may be None on other ranks.")
+      .def("send",
+           [](Communicator& c, py::object buf, int peer, SP stream) {
+             View s = viewOf(buf, "buf", false);
+             return c.run("send", stream, {&s}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusSend(s.ptr, s.count, s.dtype, peer, cm, st);
+             });
+           },
+           py::arg("buf"), py::arg("peer"), py::arg("stream") = SP(),
+           "send(buf, peer, stream=None): sends buf to peer; matched with peer's recv in issue order (no tags).")
+      .def("recv",
+           [](Communicator& c, py::object buf, int peer, SP stream) {
+             View r = viewOf(buf, "buf", true);
+             return c.run("recv", stream, {&r}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusRecv(r.ptr, r.count, r.dtype, peer, cm, st);
+             });
+           },
+           py::arg("buf"), py::arg("peer"), py::arg("stream") = SP(),
+           "recv(buf, peer, stream=None): receives into buf from peer.")
+      .def("barrier",
+           [](Communicator& c, SP stream) {
+             return c.run("barrier", stream, {}, [&](chorusComm_t cm, chorusStream_t st) {
+               return chorusBarrier(cm, st);
+             });
+           },
+           py::arg("stream") = SP(),
+           "barrier(stream=None): returns when every rank has entered it.");
+}
