@@ -111,6 +111,21 @@ const char* chorusGetLastError(chorusComm_t comm);
 /* Bootstrap */
 chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
 chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank);
+/* Per-communicator settings (NCCL's ncclConfig_t): start from
+ * CHORUS_CONFIG_INITIALIZER and change what you need; -1 means "from the
+ * environment" (CHORUS_TIMEOUT_MS, CHORUS_CHECK). */
+typedef struct {
+  size_t size;            /* sizeof(chorusConfig_t), set by the initializer */
+  unsigned int magic;     /* CHORUS_CONFIG_MAGIC, set by the initializer */
+  unsigned int version;   /* CHORUS_VERSION_CODE, set by the initializer */
+  int timeoutMs;          /* timeout of every operation and of init, in ms (> 0) */
+  int checkMode;          /* 1: every collective checks its signature; 0: only the first */
+} chorusConfig_t;
+#define CHORUS_CONFIG_MAGIC 0x63686f72u /* "chor" */
+#define CHORUS_CONFIG_INITIALIZER \
+  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, -1, -1 }
+chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank,
+                                        const chorusConfig_t* config);
 /* Reads CHORUS_*, torchrun, Open MPI or Slurm variables; see chorus-run --print-env. */
 chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm);
 /* Collective over comm. color < 0 (CHORUS_SPLIT_NOCOLOR) yields *newcomm = NULL. */

@@ -208,9 +208,26 @@ chorusResult_t registerComm(chorusComm_t* out, std::unique_ptr<Communicator> imp
   return chorusSuccess;
 }
 
-chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueId& id, int rank) {
+chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueId& id, int rank,
+                        const chorusConfig_t* user = nullptr) {
   auto cfg = CommConfig::fromEnv();
   if (!cfg.isOk()) return report(cfg.status());
+  if (user != nullptr) {
+    if (user->size != sizeof(chorusConfig_t) || user->magic != CHORUS_CONFIG_MAGIC)
+      return report(invalidArgument("chorusCommInitRankConfig: config is not initialised (size={} magic={:#x}); "
+                                    "start from CHORUS_CONFIG_INITIALIZER",
+                                    user->size, user->magic));
+    if (user->timeoutMs != -1) {
+      if (user->timeoutMs <= 0)
+        return report(invalidArgument("chorusCommInitRankConfig: config.timeoutMs={} must be > 0 (or -1)", user->timeoutMs));
+      cfg->timeout = std::chrono::milliseconds(user->timeoutMs);
+    }
+    if (user->checkMode != -1) {
+      if (user->checkMode != 0 && user->checkMode != 1)
+        return report(invalidArgument("chorusCommInitRankConfig: config.checkMode={} must be 0, 1 or -1", user->checkMode));
+      cfg->check = user->checkMode == 1;
+    }
+  }
   auto c = Communicator::init(nranks, rank, id, cfg.value());
   if (!c.isOk()) return report(c.status());
   return registerComm(comm, std::move(c.value()));
@@ -226,6 +243,20 @@ CHORUS_EXPORT chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, 
   auto id = bootstrap::UniqueId::decode(commId);
   if (!id.isOk()) return report(id.status().withContext("chorusCommInitRank: "));
   return initRank(comm, nranks, id.value(), rank);
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank,
+                                                      const chorusConfig_t* config) {
+  if (comm == nullptr) return report(invalidArgument("chorusCommInitRankConfig: comm is NULL"));
+  *comm = nullptr;
+  if (config == nullptr) return report(invalidArgument("chorusCommInitRankConfig: config is NULL"));
+  if (nranks < 1) return report(invalidArgument("chorusCommInitRankConfig: nranks={} must be >= 1", nranks));
+  if (rank < 0 || rank >= nranks)
+    return report(invalidArgument("chorusCommInitRankConfig: rank={} is out of range for nranks={} (0..{})", rank,
+                                  nranks, nranks - 1));
+  auto id = bootstrap::UniqueId::decode(commId);
+  if (!id.isOk()) return report(id.status().withContext("chorusCommInitRankConfig: "));
+  return initRank(comm, nranks, id.value(), rank, config);
 }
 
 CHORUS_EXPORT chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {

@@ -77,6 +77,9 @@ Result<CommConfig> CommConfig::fromEnv() {
   if (socks < 1 || socks > 16) return invalidArgument("CHORUS_TCP_SOCKETS={} must be in 1..16", socks);
   c.tcp_sockets = static_cast<int>(socks);
   CHORUS_ASSIGN_OR_RETURN(c.shm_cma, env::getBool("CHORUS_SHM_CMA"));
+  CHORUS_ASSIGN_OR_RETURN(int64_t hb, env::getInt("CHORUS_HEARTBEAT_MS"));
+  if (hb < 0 || hb > 3600000) return invalidArgument("CHORUS_HEARTBEAT_MS={} must be in 0..3600000", hb);
+  c.heartbeat_ms = static_cast<int>(hb);
   CHORUS_ASSIGN_OR_RETURN(int64_t ring, env::getInt("CHORUS_SHM_RING_BYTES"));
   if (ring < 4096 || (ring & (ring - 1)) != 0)
     return invalidArgument("CHORUS_SHM_RING_BYTES={} must be a power of two >= 4096", ring);
@@ -180,6 +183,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
     s.secret = id.secret;
     CHORUS_ASSIGN_OR_RETURN(s.bind_addr, net::chooseBindAddress(id.root));
     s.sockets_per_peer = cfg.tcp_sockets;
+    s.heartbeat_ms = cfg.heartbeat_ms;
     s.timeout = cfg.timeout;
     auto t = transport::createTcpTransport(s, *store_);
     if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: TCP transport: ", rank_));

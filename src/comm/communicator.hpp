@@ -59,6 +59,7 @@ struct CommConfig {
   std::chrono::milliseconds timeout{600000};
   bool force_tcp = false;
   int tcp_sockets = 1;
+  int heartbeat_ms = 1000;
   bool shm_cma = true;
   size_t shm_ring_bytes = 1 << 20;
   std::string algo_spec;

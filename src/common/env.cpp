@@ -19,6 +19,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_REQUIRE_SECRET",  "0", "1: refuse to initialise from the environment without a job secret"},
   {"CHORUS_SOCKET_IFNAME",   "", "network interface for the store and TCP data connections (e.g. eth0); default: the one routing to the master"},
   {"CHORUS_TRANSPORT",       "auto", "auto: shared memory between ranks of one host, TCP across hosts; tcp: TCP everywhere"},
+  {"CHORUS_HEARTBEAT_MS",    "1000", "TCP keepalive period between hosts: a peer host that vanishes without closing its connections is declared dead within about 3x this"},
   {"CHORUS_TCP_SOCKETS",     "1", "TCP sockets per peer (more can raise bandwidth on fast links)"},
   {"CHORUS_SHM_CMA",         "1", "0: never use cross-memory attach (process_vm_readv) for large shared-memory messages"},
   {"CHORUS_SHM_RING_BYTES",  "1048576", "bytes of each shared-memory ring (one per ordered pair of local ranks)"},

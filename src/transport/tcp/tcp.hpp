@@ -33,6 +33,7 @@ struct TcpSetup {
   auth::Secret secret;
   net::SockAddr bind_addr;      // interface to listen on (port ignored: ephemeral)
   int sockets_per_peer = 1;
+  int heartbeat_ms = 1000;  // keepalive period; a silent dead peer is noticed within ~3x (0: off)
   std::chrono::milliseconds timeout{600000};  // for connection setup
 };
 

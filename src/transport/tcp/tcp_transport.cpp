@@ -27,6 +27,7 @@
 // Threading: everything but wake() and abort() runs on the executor thread;
 // abort() publishes its status under a mutex and an atomic flag, and both
 // write the eventfd that wait() watches.
+#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -150,9 +151,26 @@ void tuneBuffers(int fd) {
   if (snd_ok) (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
 }
 
+// Heartbeat: a peer host that vanishes (powered off, cable pulled, network
+// namespace deleted) sends no FIN or RST.  TCP keepalive probes an idle
+// connection every CHORUS_HEARTBEAT_MS and gives up after 2 unanswered probes,
+// and TCP_USER_TIMEOUT fails a send that stays unacknowledged as long, so a
+// dead peer is noticed within about 3 x CHORUS_HEARTBEAT_MS either way.
+void setHeartbeat(int fd, int heartbeat_ms) {
+  if (heartbeat_ms <= 0) return;
+  const int on = 1, secs = std::max(1, heartbeat_ms / 1000), probes = 2;
+  const unsigned user_timeout = static_cast<unsigned>(heartbeat_ms) * 3;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &secs, sizeof secs);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &secs, sizeof secs);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+}
+
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(int rank, int nsockets) : rank_(rank), nsockets_(nsockets), bounce_(kBounceBytes) {}
+  TcpTransport(int rank, int nsockets, int heartbeat_ms)
+      : rank_(rank), nsockets_(nsockets), heartbeat_ms_(heartbeat_ms), bounce_(kBounceBytes) {}
 
   ~TcpTransport() override = default;
 
@@ -189,6 +207,7 @@ class TcpTransport final : public Transport {
         CHORUS_RETURN_IF_ERROR(net::setNonBlocking(s.fd.get(), true));
         CHORUS_RETURN_IF_ERROR(net::setNoDelay(s.fd.get()));
         tuneBuffers(s.fd.get());
+        setHeartbeat(s.fd.get(), heartbeat_ms_);
         // The hint set watches every socket's input all the time; only poll()
         // reads it, so data nobody asked for yet just stays reported there.
         epoll_event hint{};
@@ -749,6 +768,7 @@ class TcpTransport final : public Transport {
 
   const int rank_;
   const int nsockets_;
+  const int heartbeat_ms_;
   std::vector<Peer> peers_;
   std::vector<int> index_of_;  // rank -> index in peers_, -1 for non-peers
   std::vector<std::byte> bounce_;
@@ -768,7 +788,7 @@ class TcpTransport final : public Transport {
 
 Result<std::unique_ptr<Transport>> createTcpTransport(const TcpSetup& setup, bootstrap::Store& store) {
   CHORUS_ASSIGN_OR_RETURN(std::vector<tcp::PeerLink> links, tcp::establishLinks(setup, store));
-  auto t = std::make_unique<TcpTransport>(setup.rank, setup.sockets_per_peer);
+  auto t = std::make_unique<TcpTransport>(setup.rank, setup.sockets_per_peer, setup.heartbeat_ms);
   CHORUS_RETURN_IF_ERROR(t->init(std::move(links)));
   return std::unique_ptr<Transport>(std::move(t));
 }
