@@ -18,7 +18,7 @@ packages=(
   # the libFuzzer targets of tests/fuzz (clang 14 with its sanitizer and fuzzer runtimes)
   clang libclang-rt-14-dev
   # the peers in the comparison benchmark
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev mpich libmpich-dev libgloo-dev
   # plots and command timing for bench/
   python3-matplotlib hyperfine
   # the IEEE 1588 peer for chorus-ptp's interop test (ptp4l, pmc)
