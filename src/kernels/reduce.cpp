@@ -3,9 +3,23 @@
 #include <cstring>
 
 #include "kernels/dispatch.hpp"
+#if CHORUS_KERNELS_X86
+#include <cpuid.h>
+#endif
 #include "kernels/dtype.hpp"
 
 namespace chorus::kernels {
+
+#if CHORUS_KERNELS_X86
+namespace {
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 rejects
+// __builtin_cpu_supports("f16c"), and the fuzz build compiles with clang.
+bool hasF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+}  // namespace
+#endif
 
 const KernelTable* kernelTable(KernelIsa isa) {
   switch (isa) {
@@ -13,14 +27,14 @@ const KernelTable* kernelTable(KernelIsa isa) {
 #if CHORUS_KERNELS_X86
     case KernelIsa::Avx2:
       __builtin_cpu_init();
-      if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return &isa_avx2::table();
+      if (__builtin_cpu_supports("avx2") && hasF16c()) return &isa_avx2::table();
       return nullptr;
     case KernelIsa::Avx512:
       // libgcc's probe also checks that the OS saves the zmm state (XCR0).
       __builtin_cpu_init();
       if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-          __builtin_cpu_supports("f16c")) {
+          hasF16c()) {
         return &isa_avx512::table();
       }
       return nullptr;
