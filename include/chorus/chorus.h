@@ -74,7 +74,11 @@ typedef enum {
   chorusBfloat16 = 9,
   chorusFloat8e4m3 = 10,
   chorusFloat8e5m2 = 11,
-  chorusNumTypes = 12
+  chorusNumTypes = 12,
+  /* Not types: they make the enum's range all of int, so that a C caller's
+   * out-of-range value (checked and refused by every call) is well defined in C++. */
+  chorusDataTypeMinValue_ = -0x7fffffff - 1,
+  chorusDataTypeMaxValue_ = 0x7fffffff
 } chorusDataType_t;
 
 typedef enum {
@@ -85,7 +89,8 @@ typedef enum {
   chorusAvg = 4,
   chorusNumOps = 5,
   /* Ops created by chorusRedOpCreatePreMulSum are >= chorusNumOps. */
-  chorusMaxRedOp = 0x7fffffff
+  chorusMaxRedOp = 0x7fffffff,
+  chorusMinRedOpValue_ = -0x7fffffff - 1 /* not an op: makes the range all of int (see above) */
 } chorusRedOp_t;
 
 /* Where the PreMulSum scalar lives. */

@@ -7,7 +7,10 @@
 # links, and this machine's shared-memory and reduction costs from the
 # tuner's profile, chorus-tune's ~/.cache/chorus/profile.json or
 # CHORUS_TUNE_FILE, else the tuner's built-in defaults).  Passes when every
-# size >= 1 MiB is predicted within 10 %.
+# size >= 1 MiB is predicted within CHORUS_SIM_REALRUN_TOLERANCE % (10 by
+# default: the issue's goal, for the documented run).  ctest runs it with a
+# sanity bound instead (tests/cluster/sim/CMakeLists.txt): the measured side is
+# a timing on a shared machine, and timings are reported, not asserted, in CI.
 #
 #   sim_realrun_test.sh BUILD_DIR
 #
@@ -23,6 +26,7 @@ sim=$build_dir/tools/chorus-sim
 job_timeout=${CHORUS_CLUSTER_TIMEOUT:-240}
 rate_mbit=${CHORUS_SIM_LINK_MBIT:-1000}
 algo=${CHORUS_SIM_ALGO:-ring}  # the plan both the library and the simulator use
+tolerance=${CHORUS_SIM_REALRUN_TOLERANCE:-10}
 hosts_n=4
 per_host=2
 world=$((hosts_n * per_host))
@@ -150,7 +154,7 @@ echo "|---|---|---|---|"
 while read -r bytes measured; do
   predicted=$("$sim" collective --cluster "$work/cluster.json" --gpus $world --collective allreduce --bytes "$bytes" \
     --algo "$algo" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["time_us"])')
-  line=$(python3 -c "m,p=$measured,$predicted; e=100*(p-m)/m; print(f'| $bytes | {m:.0f} | {p:.0f} | {e:+.1f}% |'); exit(0 if abs(e) <= 10 else 1)") || ok=0
+  line=$(python3 -c "m,p=$measured,$predicted; e=100*(p-m)/m; print(f'| $bytes | {m:.0f} | {p:.0f} | {e:+.1f}% |'); exit(0 if abs(e) <= $tolerance else 1)") || ok=0
   echo "$line"
 done < <(python3 - "$work/bench.jsonl" <<'PY'
 import json, sys
@@ -160,5 +164,5 @@ for r in rows:
         print(r["bytes"], r["time_us"])
 PY
 )
-echo "sim_realrun_test: $([[ $ok == 1 ]] && echo "ok: every size >= 1 MiB within 10 %" || echo "FAILED: a size >= 1 MiB is off by more than 10 %")"
+echo "sim_realrun_test: $([[ $ok == 1 ]] && echo "ok: every size >= 1 MiB within $tolerance %" || echo "FAILED: a size >= 1 MiB is off by more than $tolerance %")"
 [[ $ok == 1 ]]

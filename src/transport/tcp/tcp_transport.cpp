@@ -680,6 +680,8 @@ class TcpTransport final : public Transport {
       size_t asked = 0;
       for (int i = 0; i < cnt; ++i) asked += iov[i].iov_len;
       if (asked == 0) return size_t{0};
+      if (std::string why = pendingAbortReason(p); !why.empty())
+        return remoteError("tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr, why);
       return remoteError(
           "connection to rank {} ({}) closed: the peer closed socket {} while this rank expected data "
           "(did rank {} exit, fail or abort?)",
@@ -690,7 +692,25 @@ class TcpTransport final : public Transport {
     return connectionError(p, s, err);
   }
 
+  // When a connection breaks, the peer may have said why just before: an
+  // abort frame waiting, unread, at a message boundary of socket 0.
+  std::string pendingAbortReason(const Peer& p) const {
+    if (p.socks.empty() || !p.socks[0].fd.valid() || p.stage_len != 0 || !p.socks[0].rx.empty()) return {};
+    std::array<char, sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
+    const ssize_t n = ::recv(p.socks[0].fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (n < static_cast<ssize_t>(sizeof(FrameHeader))) return {};
+    FrameHeader h;
+    std::memcpy(&h, buf.data(), sizeof h);
+    if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagAbort || h.length > tcp::kMaxAbortReason) return {};
+    std::string reason(buf.data() + sizeof h, std::min<size_t>(h.length, static_cast<size_t>(n) - sizeof h));
+    for (char& ch : reason)
+      if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text
+    return reason;
+  }
+
   Status connectionError(const Peer& p, const Sock& s, int err) const {
+    if (std::string why = pendingAbortReason(p); !why.empty())
+      return remoteError("tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr, why);
     if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ETIMEDOUT || err == EHOSTUNREACH)
       return remoteError("connection to rank {} ({}) closed: socket {}: {} (did rank {} exit, fail or abort?)", p.rank,
                          p.addr, s.index, describeErrno(err), p.rank);
