@@ -10,34 +10,15 @@
 
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
+#include "support/sim_fixtures.hpp"
 
 namespace chorus::sim {
 namespace {
 
-// An A100-like cluster (see sim_model_test.cpp for the per-link numbers).
-ClusterSpec cluster(std::string_view topology, int nodes, std::string_view extra = "", int gpus_per_node = 8,
-                    int nics = 8) {
-  auto c = parseCluster(fmt::format(R"({{"name": "test", "nodes": {},
-    "gpu": {{"name": "A100", "peak_tflops": 312, "hbm_gib": 80, "hbm_gbyte_s": 2039}},
-    "node": {{"gpus": {}, "nvlink_gbyte_s": 300, "nvlink_latency_us": 1}},
-    "network": {{"topology": "{}", "nics_per_node": {}, "nic_gbit_s": 200, "latency_us": 2,
-                 "oversubscription": 1 {}}}}})",
-                                    nodes, gpus_per_node, topology, nics, extra),
-                        "test.json");
-  EXPECT_TRUE(c.isOk()) << c.status().message();
-  return *c;
-}
+using fixtures::cluster;
+using fixtures::gpt;
 
-ModelSpec gpt(int layers, int64_t h, int heads) {
-  ModelSpec m;
-  m.name = "gpt";
-  m.layers = layers;
-  m.hidden = h;
-  m.heads = m.kv_heads = heads;
-  m.ffn_hidden = 4 * h;
-  m.vocab = 51200;
-  return m;
-}
+
 
 // ---- flow-level network ------------------------------------------------------
 

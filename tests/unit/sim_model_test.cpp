@@ -7,26 +7,15 @@
 #include "sim/config.hpp"
 #include "sim/report.hpp"
 #include "sim/train.hpp"
+#include "support/sim_fixtures.hpp"
 
 namespace chorus::sim {
 namespace {
 
-// A DGX-A100-like cluster: 8 GPUs per node, NVLink 300 GB/s (x 0.8 achievable
-// = 240 GB/s), 8 x 200 Gb/s NICs (25 GB/s x 0.9 = 22.5 GB/s per GPU port).
-std::string clusterJson(std::string_view topology, int nodes, std::string_view extra = "") {
-  return fmt::format(R"({{"name": "test", "nodes": {},
-    "gpu": {{"name": "A100", "peak_tflops": 312, "hbm_gib": 80, "hbm_gbyte_s": 2039}},
-    "node": {{"gpus": 8, "nvlink_gbyte_s": 300, "nvlink_latency_us": 1}},
-    "network": {{"topology": "{}", "nics_per_node": 8, "nic_gbit_s": 200, "latency_us": 2,
-                 "oversubscription": 1 {}}}}})",
-                     nodes, topology, extra);
-}
+using fixtures::cluster;
+using fixtures::clusterJson;
+using fixtures::gpt;
 
-ClusterSpec cluster(std::string_view topology, int nodes, std::string_view extra = "") {
-  auto c = parseCluster(clusterJson(topology, nodes, extra), "test.json");
-  EXPECT_TRUE(c.isOk()) << c.status().message();
-  return *c;
-}
 
 TEST(SimUnits, ConversionsAreTyped) {
   static_assert(gbitPerS(400).value() == 50e9);
@@ -113,16 +102,6 @@ TEST(SimNetwork, LargeRingStaysCheap) {
   EXPECT_NEAR(r->time_us, 2 * 131071 * (2 + 8192 / 22.5e9 * 1e6), 1e-3);
 }
 
-ModelSpec gpt(int layers, int64_t h, int heads) {
-  ModelSpec m;
-  m.name = "gpt";
-  m.layers = layers;
-  m.hidden = h;
-  m.heads = m.kv_heads = heads;
-  m.ffn_hidden = 4 * h;
-  m.vocab = 51200;
-  return m;
-}
 
 // For a GPT (ffn = 4h, no GQA) the per-operator count reduces exactly to
 // Narayanan et al. eq. 3 without recomputation:
