@@ -56,6 +56,9 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^chorus-[0-9
   fi
 done
 
+test_name=netns_cluster_test
+# shellcheck source=netns_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns_lib.sh"
 tag=chorus-$$
 hosts=("$tag-h0" "$tag-h1" "$tag-h2")
 switch_ns=$tag-sw
@@ -65,62 +68,14 @@ keepers=()  # one process per host holding its private /dev/shm mount
 ranks=()    # pids of running ranks
 created_ns=()
 
-cleanup() {
-  local rc=$?
-  set +e
-  # Everything we started runs inside our namespaces: stop it by pid.
-  for p in "${ranks[@]}" "${keepers[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for ns in "${created_ns[@]}"; do
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  done
-  for p in "${ranks[@]}" "${keepers[@]}"; do wait "$p" 2>/dev/null; done
-  # Deleting the switch namespace deletes the bridge and the veth pairs with it.
-  for ns in "${created_ns[@]}"; do ip netns del "$ns" 2>/dev/null; done
-  rm -rf "$work"
-  for ns in "${created_ns[@]}"; do
-    if ip netns list | grep -qw -- "$ns"; then echo "netns_cluster_test: WARNING: namespace $ns still exists" >&2; fi
-  done
-  exit $rc
-}
-trap cleanup EXIT
+trap netns_cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- the network: hosts 10.231.X.1-3 on one bridge -------------------------
-ip netns add "$switch_ns" 2>"$work/netns.err" || skip_or_fail "'ip netns add' does not work here: $(cat "$work/netns.err")"
-created_ns+=("$switch_ns")
-ip -n "$switch_ns" link set lo up
-ip -n "$switch_ns" link add br0 type bridge
-ip -n "$switch_ns" link set br0 up
-for i in 0 1 2; do
-  ns=${hosts[$i]}
-  ip netns add "$ns"
-  created_ns+=("$ns")
-  ip -n "$switch_ns" link add "port$i" type veth peer name eth0 netns "$ns"
-  ip -n "$switch_ns" link set "port$i" master br0
-  ip -n "$switch_ns" link set "port$i" up
-  ip -n "$ns" link set lo up
-  ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-done
+netns_make_hosts "$switch_ns" "$subnet" "${hosts[@]}"
 
 # --- one private /dev/shm per host ------------------------------------------
-# A keeper process per host owns a mount namespace in which /dev/shm is a fresh
-# tmpfs; ranks join it (and the host's netns) with nsenter.  The tmpfs vanishes
-# with the keeper, so a killed run cannot leave segments behind.
-for i in 0 1 2; do
-  ip netns exec "${hosts[$i]}" unshare --mount --propagation private \
-    sh -c 'mount -t tmpfs -o size=256m,mode=1777 chorus-shm /dev/shm && touch "$1" && exec sleep "$2"' \
-    keeper "$work/keeper$i.ready" $((2 * job_timeout + 120)) &
-  keepers+=($!)
-done
-for i in 0 1 2; do
-  for _ in $(seq 100); do
-    [[ -e $work/keeper$i.ready ]] && break
-    kill -0 "${keepers[$i]}" 2>/dev/null || { echo "netns_cluster_test: FAILED: host $i's keeper died" >&2; exit 1; }
-    sleep 0.1
-  done
-  [[ -e $work/keeper$i.ready ]] || { echo "netns_cluster_test: FAILED: host $i's keeper not ready after 10 s" >&2; exit 1; }
-done
+netns_start_keepers 256m $((2 * job_timeout + 120)) "${hosts[@]}"
 
 # run_job NAME PORT PROGRAM ARGS...: 3 hosts x 2 ranks; returns non-zero unless
 # every rank exited 0 within job_timeout.  Rank r's output goes to $work/NAME.r.{out,err}.

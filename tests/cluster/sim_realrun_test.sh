@@ -47,6 +47,9 @@ for f in "$bench" "$sim"; do
   [[ -x $f ]] || { echo "sim_realrun_test: FAILED: $f not built" >&2; exit 1; }
 done
 
+test_name=sim_realrun_test
+# shellcheck source=netns_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns_lib.sh"
 tag=chorus-sim-$$
 switch_ns=$tag-sw
 subnet=10.232.$((RANDOM % 250 + 1))
@@ -54,19 +57,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-simrun.XXXXXX")
 keepers=()
 ranks=()
 created_ns=()
-cleanup() {
-  local rc=$?
-  set +e
-  for p in "${ranks[@]}" "${keepers[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for ns in "${created_ns[@]}"; do
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  done
-  for p in "${ranks[@]}" "${keepers[@]}"; do wait "$p" 2>/dev/null; done
-  for ns in "${created_ns[@]}"; do ip netns del "$ns" 2>/dev/null; done
-  rm -rf "$work"
-  exit $rc
-}
-trap cleanup EXIT
+trap netns_cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- hosts on one bridge; every direction of every link shaped --------------
@@ -75,34 +66,14 @@ trap 'exit 130' INT TERM
 shape() {  # NS DEV
   ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${rate_mbit}mbit" burst 256kb latency 100ms
 }
-ip netns add "$switch_ns" 2>"$work/netns.err" || skip_or_fail "'ip netns add' failed: $(cat "$work/netns.err")"
-created_ns+=("$switch_ns")
-ip -n "$switch_ns" link set lo up
-ip -n "$switch_ns" link add br0 type bridge
-ip -n "$switch_ns" link set br0 up
+hosts=()
+for i in $(seq 0 $((hosts_n - 1))); do hosts+=("$tag-h$i"); done
+netns_make_hosts "$switch_ns" "$subnet" "${hosts[@]}"
 for i in $(seq 0 $((hosts_n - 1))); do
-  ns=$tag-h$i
-  ip netns add "$ns"
-  created_ns+=("$ns")
-  ip -n "$switch_ns" link add "port$i" type veth peer name eth0 netns "$ns"
-  ip -n "$switch_ns" link set "port$i" master br0
-  ip -n "$switch_ns" link set "port$i" up
-  ip -n "$ns" link set lo up
-  ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  shape "$ns" eth0 || skip_or_fail "tc tbf does not work here"
+  shape "$tag-h$i" eth0 || skip_or_fail "tc tbf does not work here"
   shape "$switch_ns" "port$i"
 done
-for i in $(seq 0 $((hosts_n - 1))); do
-  ip netns exec "$tag-h$i" unshare --mount --propagation private \
-    sh -c 'mount -t tmpfs -o size=512m,mode=1777 chorus-shm /dev/shm && touch "$1" && exec sleep "$2"' \
-    keeper "$work/keeper$i.ready" $((job_timeout + 120)) &
-  keepers+=($!)
-done
-for i in $(seq 0 $((hosts_n - 1))); do
-  for _ in $(seq 100); do [[ -e $work/keeper$i.ready ]] && break; sleep 0.1; done
-  [[ -e $work/keeper$i.ready ]] || { echo "sim_realrun_test: FAILED: host $i's keeper not ready" >&2; exit 1; }
-done
+netns_start_keepers 512m $((job_timeout + 120)) "${hosts[@]}"
 
 # --- the measurement: ring allreduce 1 MiB .. 16 MiB -------------------------
 secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')

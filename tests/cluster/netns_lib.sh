@@ -1,0 +1,73 @@
+# Shared by the cluster tests (source it): emulated hosts in network
+# namespaces on one bridge, each with a private /dev/shm, and the cleanup.
+#
+# The caller sets: test_name (for messages), work (a scratch dir), and the
+# arrays keepers=() ranks=() created_ns=(); it defines skip_or_fail.
+
+# netns_cleanup: the EXIT trap.  Everything the test started runs inside its
+# namespaces: stop it by pid, then delete the namespaces (deleting the switch
+# namespace deletes the bridge and the veth pairs with it).
+netns_cleanup() {
+  local rc=$? p ns
+  set +e
+  for p in "${ranks[@]}" "${keepers[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for ns in "${created_ns[@]}"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  done
+  for p in "${ranks[@]}" "${keepers[@]}"; do wait "$p" 2>/dev/null; done
+  for ns in "${created_ns[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  rm -rf "$work"
+  for ns in "${created_ns[@]}"; do
+    if ip netns list | grep -qw -- "$ns"; then echo "$test_name: WARNING: namespace $ns still exists" >&2; fi
+  done
+  exit $rc
+}
+
+# netns_make_hosts SWITCH_NS SUBNET HOST_NS...: a bridge in SWITCH_NS and one
+# namespace per host, host i at SUBNET.(i+1)/24 on eth0 (its veth peer in the
+# switch is port<i>).
+netns_make_hosts() {
+  local switch_ns=$1 subnet=$2 i=0 ns
+  shift 2
+  ip netns add "$switch_ns" 2>"$work/netns.err" || skip_or_fail "'ip netns add' does not work here: $(cat "$work/netns.err")"
+  created_ns+=("$switch_ns")
+  ip -n "$switch_ns" link set lo up
+  ip -n "$switch_ns" link add br0 type bridge
+  ip -n "$switch_ns" link set br0 up
+  for ns in "$@"; do
+    ip netns add "$ns"
+    created_ns+=("$ns")
+    ip -n "$switch_ns" link add "port$i" type veth peer name eth0 netns "$ns"
+    ip -n "$switch_ns" link set "port$i" master br0
+    ip -n "$switch_ns" link set "port$i" up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "$subnet.$((i + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    i=$((i + 1))
+  done
+}
+
+# netns_start_keepers SHM_SIZE SECONDS HOST_NS...: one keeper process per host
+# owns a mount namespace in which /dev/shm is a fresh tmpfs; ranks join it (and
+# the host's netns) with `nsenter --target ${keepers[i]} --mount --net`.  The
+# tmpfs vanishes with the keeper, so a killed run cannot leave segments behind.
+# Returns when every keeper is ready (fails the test after 10 s).
+netns_start_keepers() {
+  local size=$1 seconds=$2 i _
+  shift 2
+  local hosts=("$@")
+  for i in "${!hosts[@]}"; do
+    ip netns exec "${hosts[$i]}" unshare --mount --propagation private \
+      sh -c 'mount -t tmpfs -o size="$3",mode=1777 chorus-shm /dev/shm && touch "$1" && exec sleep "$2"' \
+      keeper "$work/keeper$i.ready" "$seconds" "$size" &
+    keepers+=($!)
+  done
+  for i in "${!hosts[@]}"; do
+    for _ in $(seq 100); do
+      [[ -e $work/keeper$i.ready ]] && break
+      kill -0 "${keepers[$i]}" 2>/dev/null || { echo "$test_name: FAILED: host $i's keeper died" >&2; exit 1; }
+      sleep 0.1
+    done
+    [[ -e $work/keeper$i.ready ]] || { echo "$test_name: FAILED: host $i's keeper not ready after 10 s" >&2; exit 1; }
+  done
+}
