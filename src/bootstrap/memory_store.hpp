@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "bootstrap/store.hpp"
+#include "clock/offset.hpp"
 
 namespace chorus::bootstrap {
 
@@ -32,6 +33,8 @@ class MemoryStore final : public Store {
     cv_.notify_all();
     return v;
   }
+
+  Result<int64_t> serverTimeNs() override { return clock::traceNowNs(); }
 
  private:
   std::mutex mu_;

@@ -7,8 +7,11 @@
 //     op 1 SET  value = the bytes to store
 //     op 2 GET  value = timeout_ms u64 (vallen 8): wait up to that long for the key
 //     op 3 ADD  value = delta i64 (vallen 8): the key holds a decimal integer
+//     op 4 TIME value empty (vallen 0), key ignored: the server's trace clock
+//               (clock::traceNowNs) when it serves the request
 //   response: status u8 | vallen u64 | value[vallen]
-//     status 0 OK       SET: empty; GET: the value; ADD: the new value, i64
+//     status 0 OK       SET: empty; GET: the value; ADD: the new value, i64;
+//                       TIME: nanoseconds, i64
 //     status 1 TIMEOUT  GET: the key did not appear in time; empty
 //     status 2 ERROR    value = a message (ADD on a non-integer, store full)
 //
@@ -37,6 +40,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "clock/offset.hpp"
 #include "common/log.hpp"
 
 namespace chorus::bootstrap {
@@ -44,7 +48,7 @@ namespace {
 
 using net::Clock;
 
-constexpr uint8_t kOpSet = 1, kOpGet = 2, kOpAdd = 3;
+constexpr uint8_t kOpSet = 1, kOpGet = 2, kOpAdd = 3, kOpTime = 4;
 constexpr uint8_t kStatusOk = 0, kStatusTimeout = 1, kStatusError = 2;
 constexpr size_t kRequestHeader = 1 + 4 + 8;
 constexpr size_t kResponseHeader = 1 + 8;
@@ -398,6 +402,9 @@ void StoreServerImpl::execute(uint64_t id, Conn& c, const StoreRequest& r) {
       answerWaiters(key);
       return;
     }
+    case kOpTime:
+      appendResponse(c.out, kStatusOk, le64(static_cast<uint64_t>(clock::traceNowNs())));
+      return;
     default:
       break;  // parseStoreRequest admits only the ops above
   }
@@ -506,6 +513,15 @@ class StoreClient final : public Store {
     return static_cast<int64_t>(loadLe(reply.value.data(), 8));
   }
 
+  Result<int64_t> serverTimeNs() override {
+    std::lock_guard lock(mu_);
+    CHORUS_ASSIGN_OR_RETURN(auto reply, roundTrip(kOpTime, "t", {}, deadlineAfter(op_timeout_.count())));
+    CHORUS_RETURN_IF_ERROR(replyStatus(reply, "t", "time"));
+    if (reply.value.size() != 8)
+      return remoteError("store {}: time answered {} bytes instead of 8", server_.toString(), reply.value.size());
+    return static_cast<int64_t>(loadLe(reply.value.data(), 8));
+  }
+
  private:
   struct Reply {
     uint8_t status = 0;
@@ -562,13 +578,14 @@ Result<std::optional<StoreRequest>> parseStoreRequest(std::span<const std::byte>
   r.op = std::to_integer<uint8_t>(buf[0]);
   uint64_t keylen = loadLe(buf.data() + 1, 4);
   uint64_t vallen = loadLe(buf.data() + 5, 8);
-  if (r.op != kOpSet && r.op != kOpGet && r.op != kOpAdd)
+  if (r.op != kOpSet && r.op != kOpGet && r.op != kOpAdd && r.op != kOpTime)
     return invalidArgument("store request: unknown op {}", r.op);
   if (keylen == 0 || keylen > kMaxKey)
     return invalidArgument("store request: key length {} outside 1..{}", keylen, kMaxKey);
   if (vallen > kMaxValue) return invalidArgument("store request: value length {} exceeds {}", vallen, kMaxValue);
   if ((r.op == kOpGet || r.op == kOpAdd) && vallen != 8)
     return invalidArgument("store request: op {} needs an 8-byte value, got {}", r.op, vallen);
+  if (r.op == kOpTime && vallen != 0) return invalidArgument("store request: TIME takes no value, got {} bytes", vallen);
   size_t total = kRequestHeader + keylen + vallen;
   if (buf.size() < total) return std::optional<StoreRequest>();
   r.key = std::string_view(reinterpret_cast<const char*>(buf.data() + kRequestHeader), keylen);

@@ -35,6 +35,10 @@ class Store {
   virtual Result<Bytes> get(std::string_view key, std::chrono::milliseconds timeout) = 0;
   // Atomically adds delta to the integer at key (absent = 0); returns the new value.
   virtual Result<int64_t> add(std::string_view key, int64_t delta) = 0;
+  // The server's trace clock (clock::traceNowNs of the process that runs
+  // it: rank 0's) when it answered; the clock alignment's exchange.  The
+  // default: a store without a clock (chorusInvalidUsage).
+  virtual Result<int64_t> serverTimeNs() { return makeError(chorusInvalidUsage, "this store has no clock"); }
   // Ends a blocked call on another thread (it returns an error) and every
   // later call.  Any thread.  The default does nothing.
   virtual void interrupt() {}
@@ -48,6 +52,7 @@ class PrefixStore final : public Store {
   Status set(std::string_view key, std::span<const std::byte> value) override;
   Result<Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override;
   Result<int64_t> add(std::string_view key, int64_t delta) override;
+  Result<int64_t> serverTimeNs() override { return base_->serverTimeNs(); }
   void interrupt() override { base_->interrupt(); }
 
  private:

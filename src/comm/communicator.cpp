@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "clock/offset.hpp"
 #include "common/env.hpp"
 #include "common/log.hpp"
 #include "kernels/dtype.hpp"
@@ -35,6 +36,10 @@ class LockedStore final : public bootstrap::Store {
   Result<int64_t> add(std::string_view k, int64_t d) override {
     std::lock_guard l(mu_);
     return s_->add(k, d);
+  }
+  Result<int64_t> serverTimeNs() override {
+    std::lock_guard l(mu_);
+    return s_->serverTimeNs();
   }
 
  private:
@@ -89,6 +94,11 @@ Result<CommConfig> CommConfig::fromEnv() {
   if (chunk < 0) return invalidArgument("CHORUS_CHUNK_BYTES={} must be >= 0", chunk);
   c.chunk_bytes = static_cast<uint64_t>(chunk);
   CHORUS_ASSIGN_OR_RETURN(c.check, env::getBool("CHORUS_CHECK"));
+  c.trace_dir = env::getString("CHORUS_TRACE");
+  CHORUS_ASSIGN_OR_RETURN(int64_t sync_s, env::getInt("CHORUS_CLOCK_SYNC_S"));
+  if (sync_s < 0 || sync_s > 86400) return invalidArgument("CHORUS_CLOCK_SYNC_S={} must be in 0..86400", sync_s);
+  c.clock_sync_s = static_cast<int>(sync_s);
+  CHORUS_RETURN_IF_ERROR(env::getInt("CHORUS_CLOCK_OFFSET_NS").status());
   return c;
 }
 
@@ -206,8 +216,56 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   auto tuner = tune::Tuner::create(registry_, topo, cfg.algo_spec, cfg.chunk_bytes, std::move(profile));
   if (!tuner.isOk()) return tuner.status();
   tuner_ = std::make_unique<tune::Tuner>(std::move(tuner.value()));
+  if (!cfg.trace_dir.empty()) {
+    // Ranks in different network namespaces of one machine are different
+    // hosts to chorus (TCP between them): their trace names the namespace.
+    bool netns_apart = false;
+    for (const RankInfo& o : infos)
+      netns_apart = netns_apart || (std::strncmp(o.host.hostname, me.host.hostname, sizeof me.host.hostname) == 0 &&
+                                    o.host.netns_inode != me.host.netns_inode);
+    std::string host_label = me.host.hostname;
+    if (netns_apart) host_label += fmt::format("/netns{}", me.host.netns_inode);
+    CHORUS_RETURN_IF_ERROR(openTrace(hash64(job_tag + "trace"), host_label));
+    // Every trace timestamp is mapped onto rank 0's clock (clock/offset.hpp).
+    if (nranks_ > 1) CHORUS_RETURN_IF_ERROR(syncClock(*store_, 32).status());
+  }
   CHORUS_RETURN_IF_ERROR(syncAll(*store_, "ready"));
   return startWatchdog();
+}
+
+Status Communicator::openTrace(uint64_t comm_id, const std::string& host) {
+  trace::Header h;
+  h.rank = rank_;
+  h.nranks = nranks_;
+  h.pid = static_cast<int32_t>(getpid());
+  h.comm_id = comm_id;
+  h.open_ns = clock::traceNowNs();
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  h.open_unix_ns = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  h.host = host;
+  auto r = trace::Recorder::open(cfg_.trace_dir, h);
+  if (!r.isOk()) return r.status().withContext(fmt::format("rank {}: ", rank_));
+  trace_ = std::move(r.value());
+  executor_->setRecorder(trace_.get());
+  return {};
+}
+
+Result<int64_t> Communicator::syncClock(bootstrap::Store& store, int rounds) {
+  std::vector<clock::Exchange> xs;
+  xs.reserve(static_cast<size_t>(rounds));
+  for (int i = 0; i < rounds; ++i) {
+    clock::Exchange x;
+    x.t1 = clock::traceNowNs();
+    CHORUS_ASSIGN_OR_RETURN(int64_t server, store.serverTimeNs());
+    x.t4 = clock::traceNowNs();
+    x.t2 = x.t3 = server;  // the server stamps once, between receiving and answering
+    xs.push_back(x);
+  }
+  const clock::OffsetEstimate e = clock::estimateOffset(xs);
+  clock_offset_ns_.store(e.offset_ns, std::memory_order_relaxed);
+  if (trace_) trace_->clock({xs.back().t4, e.offset_ns, e.rtt_ns, e.bound_ns});
+  return e.offset_ns;
 }
 
 Status Communicator::startWatchdog() {
@@ -223,11 +281,16 @@ Status Communicator::startWatchdog() {
 // flight summary, and waits for probe k+1.  A blocked GET costs nothing; the
 // destructor interrupts it.
 void Communicator::watchdogLoop() {
+  // With tracing, the same thread re-estimates the clock offset every
+  // CHORUS_CLOCK_SYNC_S between probes.
+  const bool resync = trace_ != nullptr && cfg_.clock_sync_s > 0;
+  const auto period = resync ? std::chrono::milliseconds(cfg_.clock_sync_s * 1000LL) : std::chrono::hours(24);
   for (uint64_t k = 0;; ++k) {
     for (;;) {
-      auto probe = watch_store_->get(fmt::format("probe/{}", k), std::chrono::hours(24));
+      auto probe = watch_store_->get(fmt::format("probe/{}", k), period);
       if (probe.isOk()) break;
       if (probe.status().code() != chorusTimeout) return;  // interrupted, or the store is gone
+      if (resync && !syncClock(*watch_store_, 16).isOk()) return;
     }
     FlightSummary s = flight_.summary(rank_);
     if (!watch_store_->set(fmt::format("flight/{}/{}", k, rank_), bootstrap::toBytes(s)).isOk()) return;
@@ -410,7 +473,23 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   }
   job_bufs_[i] = {const_cast<std::byte*>(input), rp, nullptr};
   reducers_[i] = kernels::Reducer(op.dtype, binOpOf(op.op));
-  jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i]};
+  jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq};
+  if (trace_) {
+    if (trace_algo_.size() <= i) {
+      trace_algo_.resize(i + 1);
+      trace_pred_.resize(i + 1);
+    }
+    trace_algo_[i] = trace_->algoId(algo ? algo->name() : std::string_view(op.is_send ? "send" : "recv"));
+    trace_pred_[i] = -1;
+    if (algo != nullptr && !v) {
+      auto [it, fresh] = trace_pred_cache_.try_emplace(prog, -1);
+      if (fresh) {
+        auto t = tuner_->price(*algo, sh, op.dtype);
+        if (t.isOk()) it->second = static_cast<int64_t>(t.value() * 1e9);
+      }
+      trace_pred_[i] = it->second;
+    }
+  }
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
   return {};
 }
@@ -513,7 +592,7 @@ Status Communicator::checkSignatures(std::span<const OpDesc> ops) {
   std::array<std::byte*, 3> bufs = {sig_buf_.data() + sz * nranks_, sig_buf_.data(), nullptr};
   std::vector<std::byte> scratch(sig_program_.scratch_elems);
   bufs[2] = scratch.data();
-  exec::Job job{&sig_program_, bufs, 1, nullptr};
+  exec::Job job{&sig_program_, bufs, 1, nullptr, (uint64_t{1} << 62) | op_seq_};  // trace: a signature check
   if (nranks_ > 1) {
     Status st = executor_->run(std::span<const exec::Job>(&job, 1), cfg_.timeout);
     if (!st.isOk()) return fail(st);
@@ -538,6 +617,11 @@ Status Communicator::checkSignatures(std::span<const OpDesc> ops) {
 }
 
 Status Communicator::execute(std::span<OpDesc> ops) {
+  if (trace_) {
+    batch_start_ns_ = clock::traceNowNs();
+    uint64_t seq = op_seq_;
+    for (OpDesc& o : ops) o.trace_seq = o.coll == Collective::SendRecv ? (uint64_t{1} << 63) | p2p_seq_++ : seq++;
+  }
   if (cfg_.check || !checked_once_) CHORUS_RETURN_IF_ERROR(checkSignatures(ops));
   // The flight recorder: every collective of the batch, under its number.
   const uint64_t first_seq = op_seq_;
@@ -609,6 +693,7 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     jobs_[i].buffers = job_bufs_[i];
   }
   Status st = executor_->run(jobs_, cfg_.timeout);
+  if (trace_) traceOps(ops, njobs, batch_start_ns_, st.isOk());
   if (!st.isOk()) return st;  // execute() explains and breaks the communicator
 
   // Avg: the sum divided by the number of ranks, where the result lives.
@@ -619,6 +704,30 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     kernels::divide(op.recv, op.recv, op.count, op.dtype, static_cast<uint64_t>(nranks_));
   }
   return {};
+}
+
+// The batch's operations in the trace: one record each, with the batch's
+// start (the rank's arrival) and end.
+void Communicator::traceOps(std::span<const OpDesc> ops, size_t n, int64_t start_ns, bool ok) {
+  const int64_t end_ns = clock::traceNowNs();
+  for (size_t i = 0; i < n; ++i) {
+    const OpDesc& o = ops[i];
+    trace::OpRecord r;
+    r.seq = o.trace_seq;
+    r.coll = static_cast<uint8_t>(o.coll);
+    r.dtype = static_cast<uint8_t>(o.dtype);
+    r.algo = trace_algo_[i];
+    r.ok = ok ? 1 : 0;
+    r.root = o.root;
+    r.count = o.count;
+    r.bytes = trace::algBytes(r.coll, o.count, kernels::dtypeSize(o.dtype), nranks_, o.counts);
+    r.enqueue_ns = o.enqueue_ns ? o.enqueue_ns : start_ns;
+    r.start_ns = start_ns;
+    r.end_ns = end_ns;
+    r.predicted_ns = trace_pred_[i];
+    trace_->op(r);
+  }
+  if (!ok) trace_->flush();
 }
 
 // An error in the middle of moving data leaves peers mid-message: the
@@ -661,6 +770,7 @@ void Communicator::abort(const Status& why) {
 }
 
 Status Communicator::submitOne(OpDesc& op, exec::Stream* stream) {
+  if (trace_) op.enqueue_ns = clock::traceNowNs();
   if (stream == nullptr && !broken_.load(std::memory_order_acquire)) {
     // Fast path: run on the caller's thread when nothing is queued.
     std::unique_lock l(q_mu_);
@@ -682,6 +792,11 @@ Status Communicator::submitOne(OpDesc& op, exec::Stream* stream) {
 
 Status Communicator::submit(std::vector<OpDesc> ops, exec::Stream* stream) {
   if (broken_.load(std::memory_order_acquire)) return asyncError();
+  if (trace_) {
+    const int64_t now = clock::traceNowNs();
+    for (OpDesc& o : ops)
+      if (o.enqueue_ns == 0) o.enqueue_ns = now;
+  }
   if (stream != nullptr) {
     ensureThread();
     stream->enqueued();

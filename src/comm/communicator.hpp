@@ -31,6 +31,7 @@
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
 #include "transport/transport.hpp"
+#include "trace/record.hpp"
 #include "tune/tuner.hpp"
 
 namespace chorus {
@@ -46,6 +47,8 @@ struct OpDesc {
   int root = 0;              // root, or the peer of a Send/Recv
   bool is_send = false;      // SendRecv: send (true) or receive
   std::vector<size_t> counts, displs, counts2, displs2;  // v-collectives (owned copies)
+  int64_t enqueue_ns = 0;    // with CHORUS_TRACE: when the user called (trace clock)
+  uint64_t trace_seq = 0;    // set by execute(): the flight number, or a point-to-point number
 };
 
 // A user-defined reduction (chorusRedOpCreatePreMulSum).
@@ -65,6 +68,8 @@ struct CommConfig {
   std::string algo_spec;
   uint64_t chunk_bytes = 0;
   bool check = false;  // CHORUS_CHECK: exchange signatures before every collective
+  std::string trace_dir;      // CHORUS_TRACE: "" = off
+  int clock_sync_s = 60;      // CHORUS_CLOCK_SYNC_S (with tracing)
   static Result<CommConfig> fromEnv();
 };
 
@@ -109,6 +114,13 @@ class Communicator {
 
   std::string& lastError() { return last_error_; }
 
+  // The latest estimate of rank 0's trace clock minus this rank's (0 before
+  // any estimate; estimates are made with CHORUS_TRACE).
+  [[nodiscard]] int64_t clockOffsetNs() const { return clock_offset_ns_.load(std::memory_order_relaxed); }
+  // Estimates it now over the store connection (rounds exchanges, the
+  // minimum-round-trip filter of clock/offset.hpp) and records it in the trace.
+  Result<int64_t> syncClock(bootstrap::Store& store, int rounds);
+
  private:
   struct Batch {
     std::vector<OpDesc> ops;
@@ -139,6 +151,8 @@ class Communicator {
   Status fail(Status st);
   void progressLoop();
   void ensureThread();
+  Status openTrace(uint64_t comm_id, const std::string& host);
+  void traceOps(std::span<const OpDesc> ops, size_t n, int64_t start_ns, bool ok);
 
   int rank_ = 0, nranks_ = 1;
   CommConfig cfg_;
@@ -186,6 +200,15 @@ class Communicator {
   std::vector<std::byte> scratch_;
   std::vector<std::vector<std::byte>> staging_;  // PreMulSum pre-scaled inputs
   std::vector<PreMulSumOp> premul_;
+
+  // Tracing (CHORUS_TRACE).
+  std::unique_ptr<trace::Recorder> trace_;
+  std::vector<uint16_t> trace_algo_;  // per job of the current batch
+  std::vector<int64_t> trace_pred_;   // per job: predicted ns, < 0 none
+  std::unordered_map<const plan::Program*, int64_t> trace_pred_cache_;
+  uint64_t p2p_seq_ = 0;
+  int64_t batch_start_ns_ = 0;
+  std::atomic<int64_t> clock_offset_ns_{0};
 
   // The engine.
   std::mutex exec_mu_;  // held while a batch executes

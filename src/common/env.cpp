@@ -30,6 +30,9 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_TIMEOUT_MS",      "600000", "timeout of every operation and of init, in milliseconds"},
   {"CHORUS_SHRINK_WINDOW_MS", "2000", "how long chorusCommShrink waits for surviving ranks to join the agreement"},
   {"CHORUS_FLIGHT_DIR",      "", "directory where each rank dumps its flight recorder (last operations) on a timeout or error; read by `chorus-trace hang`"},
+  {"CHORUS_TRACE",           "", "directory where every rank writes a binary trace of each operation and step (read by `chorus-trace merge` and `chorus-trace report`, docs/tracing.md)"},
+  {"CHORUS_CLOCK_SYNC_S",    "60", "with CHORUS_TRACE: seconds between re-estimates of each rank's clock offset to rank 0 (one estimate is always made at init); 0: at init only"},
+  {"CHORUS_CLOCK_OFFSET_NS", "0", "testing: shift this process's trace clock by this many nanoseconds, as if its host clock were off (the clock alignment must remove it)"},
   {"CHORUS_DEBUG",           "WARN", "log level: NONE, WARN, INFO, TRACE"},
   {"CHORUS_CHECK",           "0", "1: every collective first exchanges its signature (kind, sequence, count, dtype, op, root) and a mismatch between ranks returns chorusMismatch on every rank; the first collective of each communicator is always checked"},
 };

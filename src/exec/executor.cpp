@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "clock/offset.hpp"
+
 namespace chorus::exec {
 
 using plan::StepOp;
@@ -33,15 +35,31 @@ void Executor::markReady(uint32_t g) {
   if (s.op == StepOp::Copy || s.op == StepOp::Reduce) local_ready_.push_back(g);
 }
 
+void Executor::traceStep(uint32_t g, int64_t start_ns, int64_t end_ns) {
+  const StepRef ref = refs_[g];
+  const Job& j = jobs_[ref.job];
+  const plan::Step& s = j.program->steps[ref.step];
+  trace::StepRecord r;
+  r.seq = j.trace_seq;
+  r.kind = static_cast<uint8_t>(s.op);
+  r.peer = s.peer;
+  r.bytes = (s.op == StepOp::Send ? s.src.count : s.dst.count) * j.elem_size;
+  r.start_ns = start_ns;
+  r.end_ns = end_ns;
+  rec_->step(r);
+}
+
 Status Executor::runLocal(uint32_t g) {
   const StepRef ref = refs_[g];
   const Job& j = jobs_[ref.job];
   const plan::Step& s = j.program->steps[ref.step];
+  const int64_t t0 = rec_ ? clock::traceNowNs() : 0;
   if (s.op == StepOp::Copy) {
     if (s.dst.count) std::memmove(addr(j, s.dst), addr(j, s.src), s.dst.count * j.elem_size);
   } else {
     if (s.dst.count) (*j.reducer)(addr(j, s.dst), addr(j, s.src), addr(j, s.src2), s.dst.count);
   }
+  if (rec_) traceStep(g, t0, clock::traceNowNs());
   return complete(g);
 }
 
@@ -52,6 +70,7 @@ Status Executor::post(uint32_t g) {
   transport::Transport* t = routes_[s.peer];
   transport::Request* req = &requests_[g];
   req->state.store(transport::Request::Posted, std::memory_order_relaxed);
+  if (rec_) t_posted_[g] = clock::traceNowNs();
   Status st;
   if (s.op == StepOp::Send) {
     st = t->postSend(s.peer, addr(j, s.src), s.src.count * j.elem_size, req);
@@ -99,6 +118,7 @@ Status Executor::reap(PeerQueue& q, bool* progressed) {
     if (state == transport::Request::Failed) return req.status;
     if (state != transport::Request::Done) continue;
     req.state.store(transport::Request::Idle, std::memory_order_relaxed);
+    if (rec_) traceStep(g, t_posted_[g], clock::traceNowNs());
     *progressed = true;
     if (i == q.finished) ++q.finished;
     CHORUS_RETURN_IF_ERROR(complete(g));
@@ -146,6 +166,7 @@ Status Executor::run(std::span<const Job> jobs, std::chrono::milliseconds timeou
   }
   pending_.assign(total, 0);
   ready_.assign(total, 0);
+  if (rec_ && t_posted_.size() < total) t_posted_.resize(total);
   local_ready_.clear();
   for (int p : active_peers_) {
     sendq_[p].order.clear();

@@ -21,6 +21,7 @@
 #include "common/status.hpp"
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
+#include "trace/record.hpp"
 #include "transport/transport.hpp"
 
 namespace chorus::exec {
@@ -31,6 +32,7 @@ struct Job {
   std::span<std::byte* const> buffers;
   size_t elem_size = 1;
   const kernels::Reducer* reducer = nullptr;  // for RecvReduce/Reduce steps
+  uint64_t trace_seq = 0;  // the operation's number in trace records
 };
 
 class Executor {
@@ -47,6 +49,11 @@ class Executor {
   void abort();
   [[nodiscard]] bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
+  // With a recorder, every step's start and end are recorded (CHORUS_TRACE):
+  // a transfer from when it is posted to when its completion is seen, a
+  // local copy or reduction around its run.  nullptr: off (the default).
+  void setRecorder(trace::Recorder* r) { rec_ = r; }
+
  private:
   struct StepRef {
     uint32_t job;
@@ -59,6 +66,7 @@ class Executor {
   };
 
   void markReady(uint32_t g);
+  void traceStep(uint32_t g, int64_t start_ns, int64_t end_ns);
   Status post(uint32_t g);
   Status runLocal(uint32_t g);
   Status tryPost(PeerQueue& q);
@@ -84,6 +92,8 @@ class Executor {
   size_t request_capacity_ = 0;
   std::vector<transport::RecvTarget> targets_;
   size_t done_ = 0;
+  trace::Recorder* rec_ = nullptr;
+  std::vector<int64_t> t_posted_;  // with a recorder: when each transfer step was posted
 };
 
 }  // namespace chorus::exec
