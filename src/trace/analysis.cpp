@@ -58,43 +58,41 @@ struct Transfer {
 bool isTransfer(uint8_t kind) { return kind <= static_cast<uint8_t>(StepKind::RecvReduce); }
 bool isSend(uint8_t kind) { return kind == static_cast<uint8_t>(StepKind::Send); }
 
-// FIFO matching per ordered pair (see analysis.hpp).
+// FIFO matching per ordered pair (see analysis.hpp).  Memory is O(steps),
+// not O(ranks^2): the queues are keyed by the pairs that occur.
 std::vector<Transfer> matchTransfers(const CommTrace& t) {
   const int n = t.nranks;
-  // steps[r][peer] = indices of r's sends to / receives from peer, in post order.
-  std::vector<std::vector<std::vector<const StepRecord*>>> sends(n), recvs(n);
-  for (int r = 0; r < n; ++r) {
-    sends[r].resize(n);
-    recvs[r].resize(n);
+  using Key = std::pair<int, int>;  // (from, to)
+  std::map<Key, std::vector<const StepRecord*>> sends, recvs;
+  for (int r = 0; r < n; ++r)
     for (const StepRecord& s : t.ranks[r].file.steps) {
-      if (!isTransfer(s.kind) || s.peer < 0 || s.peer >= n) continue;
-      (isSend(s.kind) ? sends : recvs)[r][s.peer].push_back(&s);
+      if (!isTransfer(s.kind) || s.peer < 0 || s.peer >= n || s.peer == r) continue;
+      if (isSend(s.kind))
+        sends[{r, s.peer}].push_back(&s);
+      else
+        recvs[{s.peer, r}].push_back(&s);
     }
-    for (int p = 0; p < n; ++p) {
-      auto by_post = [](const StepRecord* a, const StepRecord* b) { return a->start_ns < b->start_ns; };
-      std::stable_sort(sends[r][p].begin(), sends[r][p].end(), by_post);
-      std::stable_sort(recvs[r][p].begin(), recvs[r][p].end(), by_post);
+  auto by_post = [](const StepRecord* a, const StepRecord* b) { return a->start_ns < b->start_ns; };
+  std::vector<Transfer> out;
+  for (auto& [key, sv] : sends) {
+    auto it = recvs.find(key);
+    if (it == recvs.end()) continue;
+    auto& rv = it->second;
+    std::stable_sort(sv.begin(), sv.end(), by_post);
+    std::stable_sort(rv.begin(), rv.end(), by_post);
+    const auto [a, b] = key;
+    for (size_t i = 0; i < std::min(sv.size(), rv.size()); ++i) {
+      Transfer x;
+      x.src = a;
+      x.dst = b;
+      x.bytes = rv[i]->bytes;
+      x.send_start = t.ranks[a].toRef(sv[i]->start_ns);
+      x.recv_start = t.ranks[b].toRef(rv[i]->start_ns);
+      x.recv_end = t.ranks[b].toRef(rv[i]->end_ns);
+      x.seq = rv[i]->seq;
+      out.push_back(x);
     }
   }
-  std::vector<Transfer> out;
-  for (int a = 0; a < n; ++a)
-    for (int b = 0; b < n; ++b) {
-      if (a == b) continue;
-      const auto& sv = sends[a][b];
-      const auto& rv = recvs[b][a];
-      const size_t k = std::min(sv.size(), rv.size());
-      for (size_t i = 0; i < k; ++i) {
-        Transfer x;
-        x.src = a;
-        x.dst = b;
-        x.bytes = rv[i]->bytes;
-        x.send_start = t.ranks[a].toRef(sv[i]->start_ns);
-        x.recv_start = t.ranks[b].toRef(rv[i]->start_ns);
-        x.recv_end = t.ranks[b].toRef(rv[i]->end_ns);
-        x.seq = rv[i]->seq;
-        out.push_back(x);
-      }
-    }
   return out;
 }
 
@@ -286,6 +284,9 @@ Report analyse(const CommTrace& t) {
       if (!(o.seq & (kP2PBit | kCheckBit))) ops[r][o.seq] = &o;
   struct Call {
     std::vector<int64_t> arrive, end;
+    // Each rank's time outside the communicator before this call: from the
+    // end of its previous operation to this start (its own clock; -1: first).
+    std::vector<int64_t> gap;
     const OpRecord* op0;
   };
   std::map<std::pair<uint8_t, uint64_t>, std::vector<Call>> groups;
@@ -301,13 +302,14 @@ Report analyse(const CommTrace& t) {
       }
       c.arrive.push_back(t.ranks[r].toRef(it->second->start_ns));
       c.end.push_back(t.ranks[r].toRef(it->second->end_ns));
+      c.gap.push_back(it == ops[r].begin() ? -1 : it->second->start_ns - std::prev(it)->second->end_ns);
     }
     if (all) groups[{o0->coll, o0->bytes}].push_back(std::move(c));
   }
   const double late_threshold_us = std::max(100.0, 5 * rep.clock_bound_us);
-  std::vector<double> lateness_by_rank(static_cast<size_t>(n), 0);
+  std::vector<double> excess_sum(static_cast<size_t>(n), 0);
   std::vector<int> last_count(static_cast<size_t>(n), 0);
-  int total_calls = 0;
+  int total_calls = 0, gap_calls = 0;
   for (auto& [key, calls] : groups) {
     CollectiveStats s;
     s.coll = collName(key.first);
@@ -328,11 +330,14 @@ Report analyse(const CommTrace& t) {
       std::vector<double> a(c.arrive.begin(), c.arrive.end());
       const double late = (static_cast<double>(last_arrival) - median(a)) / 1e3;
       lates.push_back(late);
-      if (late > late_threshold_us) {
-        lateness_by_rank[static_cast<size_t>(last)] += late;
-        ++last_count[static_cast<size_t>(last)];
-      }
+      ++last_count[static_cast<size_t>(last)];
       ++total_calls;
+      if (std::find(c.gap.begin(), c.gap.end(), -1) == c.gap.end()) {
+        std::vector<double> g(c.gap.begin(), c.gap.end());
+        const double med = median(g);
+        for (int r = 0; r < n; ++r) excess_sum[static_cast<size_t>(r)] += (static_cast<double>(c.gap[r]) - med) / 1e3;
+        ++gap_calls;
+      }
       for (int r = 0; r < n; ++r) {
         wait_sum += static_cast<double>(last_arrival - c.arrive[r]);
         in_sum += static_cast<double>(std::max<int64_t>(c.end[r] - c.arrive[r], 0));
@@ -359,13 +364,27 @@ Report analyse(const CommTrace& t) {
     s.wait_share = in_sum > 0 ? wait_sum / in_sum : 0;
     rep.collectives.push_back(s);
   }
-  // The straggler: the rank that is (late) last in at least half of all calls.
-  if (total_calls > 0) {
-    const int cand =
-        static_cast<int>(std::max_element(lateness_by_rank.begin(), lateness_by_rank.end()) - lateness_by_rank.begin());
-    if (last_count[static_cast<size_t>(cand)] * 2 >= total_calls) {
+  // The straggler: the rank that spends the most time outside the
+  // communicator between calls, compared with the median rank.  Arriving last
+  // alone does not make one: a rank that finished the previous call last
+  // (behind a slow link) also arrives last at the next.
+  for (int r = 0; r < n; ++r) {
+    RankStats rs;
+    rs.rank = r;
+    rs.host = t.hostOf(r);
+    rs.excess_gap_us = gap_calls ? excess_sum[static_cast<size_t>(r)] / gap_calls : 0;
+    rs.last_share = total_calls ? static_cast<double>(last_count[static_cast<size_t>(r)]) / total_calls : 0;
+    rep.rank_stats.push_back(rs);
+  }
+  if (gap_calls > 0) {
+    std::vector<double> sorted = excess_sum;
+    std::sort(sorted.rbegin(), sorted.rend());
+    const int cand = static_cast<int>(std::max_element(excess_sum.begin(), excess_sum.end()) - excess_sum.begin());
+    const double mean = excess_sum[static_cast<size_t>(cand)] / gap_calls;
+    const double second = n > 1 ? std::max(sorted[1], 0.0) : 0.0;
+    if (mean > late_threshold_us && sorted[0] >= 2 * second) {
       rep.straggler = cand;
-      rep.straggler_late_us = lateness_by_rank[static_cast<size_t>(cand)] / last_count[static_cast<size_t>(cand)];
+      rep.straggler_late_us = mean;
     }
   }
 
@@ -439,8 +458,13 @@ Report analyse(const CommTrace& t) {
     std::sort(rep.host_links.begin(), rep.host_links.end(),
               [&](const HostLinkStats& a, const HostLinkStats& b) { return hratio(a) < hratio(b); });
     if (!rep.host_links.empty() && hratio(rep.host_links.front()) < 0.5) {
-      rep.slow_host = rep.host_links.front().host;
-      rep.slow_host_outbound = rep.host_links.front().outbound;
+      const HostLinkStats& h = rep.host_links.front();
+      rep.slow_host = h.host;
+      rep.slow_host_outbound = h.outbound;
+      if (rep.host_links.size() > 1) {
+        const HostLinkStats& h2 = rep.host_links[1];
+        if (h2.outbound != h.outbound && hratio(h2) <= hratio(h) * 1.1) rep.slow_host_alt = h2.host;
+      }
     }
   }
 
@@ -463,9 +487,11 @@ Report analyse(const CommTrace& t) {
   if (rep.straggler >= 0) {
     double wait = 0;
     for (const CollectiveStats& s : rep.collectives) wait = std::max(wait, s.wait_share);
-    v += fmt::format(" Straggler: rank {} (host {}) arrives last, {} after the median rank; the ranks spend up to "
-                     "{:.0f} % of their time in collectives waiting for it.",
-                     rep.straggler, t.hostOf(rep.straggler), timeText(rep.straggler_late_us), 100 * wait);
+    v += fmt::format(" Straggler: rank {} (host {}) spends {} more than the median rank outside chorus before each "
+                     "call (computing, or blocked elsewhere) and arrives last in {:.0f} % of the calls; the ranks "
+                     "spend up to {:.0f} % of their time in collectives waiting.",
+                     rep.straggler, t.hostOf(rep.straggler), timeText(rep.straggler_late_us),
+                     100 * rep.rank_stats[static_cast<size_t>(rep.straggler)].last_share, 100 * wait);
   } else if (top != nullptr) {
     v += fmt::format(" No straggler: median arrival skew {}.", timeText(top->skew_us));
   }
@@ -474,6 +500,11 @@ Report analyse(const CommTrace& t) {
     v += fmt::format(" Slow link: host {} (ranks {}) {} other hosts at {:.3f} GB/s against {:.3f} GB/s for the "
                      "other hosts.",
                      h.host, rankList(h.ranks), h.outbound ? "sends to" : "receives from", h.gbps, h.median_gbps);
+    if (!rep.slow_host_alt.empty())
+      v += fmt::format(" (Or host {} {}: every byte between the two took the same path, so the trace cannot tell "
+                       "which end is slow; a collective where each host talks to several others, e.g. alltoall, "
+                       "can.)",
+                       rep.slow_host_alt, h.outbound ? "receives slowly" : "sends slowly");
   }
   if (rep.slow_src >= 0) {
     const LinkStats& l = rep.links.front();
@@ -570,13 +601,18 @@ nlohmann::json reportJson(const Report& r) {
   for (const HostLinkStats& h : r.host_links)
     j["host_links"].push_back({{"host", h.host}, {"ranks", h.ranks}, {"direction", h.outbound ? "out" : "in"},
                                {"bytes", h.bytes}, {"gbps", h.gbps}, {"median_gbps", h.median_gbps}});
+  j["ranks"] = json::array();
+  for (const RankStats& rs : r.rank_stats)
+    j["ranks"].push_back({{"rank", rs.rank}, {"host", rs.host}, {"excess_gap_us", rs.excess_gap_us},
+                          {"last_share", rs.last_share}});
   j["straggler"] = r.straggler >= 0 ? json(r.straggler) : json(nullptr);
   j["straggler_late_us"] = r.straggler_late_us;
   j["slow_link"] = r.slow_src >= 0 ? json{{"src", r.slow_src}, {"dst", r.slow_dst}} : json(nullptr);
   j["slow_host"] = r.slow_host.empty()
                        ? json(nullptr)
                        : json{{"host", r.slow_host}, {"direction", r.slow_host_outbound ? "out" : "in"},
-                              {"ranks", r.host_links.front().ranks}};
+                              {"ranks", r.host_links.front().ranks},
+                              {"ambiguous_with", r.slow_host_alt.empty() ? json(nullptr) : json(r.slow_host_alt)}};
   j["verdict"] = r.verdict;
   return j;
 }

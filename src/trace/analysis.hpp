@@ -99,6 +99,16 @@ struct HostLinkStats {
   double median_gbps = 0;  // median over hosts, same direction
 };
 
+// A rank's behaviour across the calls.
+struct RankStats {
+  int rank = 0;
+  std::string host;
+  // Mean over calls of (its time outside the communicator before the call -
+  // the median rank's): what it adds to everyone's wait.
+  double excess_gap_us = 0;
+  double last_share = 0;  // share of the calls it arrived last at
+};
+
 // A rank's clock alignment: the estimates its trace holds.
 struct ClockInfo {
   int rank = 0;
@@ -114,6 +124,7 @@ struct Report {
   int hosts = 0;
   std::vector<int> missing_ranks;
   std::vector<CollectiveStats> collectives;  // by kind, then size
+  std::vector<RankStats> rank_stats;         // index = rank
   std::vector<LinkStats> links;              // slowest first
   std::vector<HostLinkStats> host_links;     // slowest first
   // The named culprits (-1 / empty when nothing stands out).
@@ -122,16 +133,20 @@ struct Report {
   int slow_src = -1, slow_dst = -1;  // the slowest link, when well below its class
   std::string slow_host;             // the host whose cross-host links are slow
   bool slow_host_outbound = true;
+  // Set when another host's links in the other direction are as slow (all
+  // their traffic crossed the same path, e.g. the ring's only link between
+  // them), so the data cannot tell which end is slow.
+  std::string slow_host_alt;
   double clock_bound_us = 0;  // largest error bound of the clock estimates used
   std::vector<ClockInfo> clocks;
   std::string verdict;        // one paragraph
 };
 
-// Analyses one communicator.  Thresholds: a rank is the straggler when it is
-// last in >= 50 % of the calls of some collective and arrives later than the
-// median rank by more than max(100 us, 5 x the clock error bound) in the
-// median; a link (or a host's links) is slow below half the median of its
-// class.
+// Analyses one communicator.  The straggler is the rank whose time outside
+// the communicator between calls exceeds the median rank's by more than
+// max(100 us, 5 x the clock error bound) on average, and by at least twice
+// as much as any other rank's; a link (or a host's links) is slow below half
+// the median of its class.
 Report analyse(const CommTrace& t);
 std::string formatReport(const Report& r);
 nlohmann::json reportJson(const Report& r);

@@ -18,6 +18,7 @@ constexpr size_t kStepPayload = 8 + 1 + 4 + 8 + 8 + 8;
 constexpr size_t kClockPayload = 8 * 4;
 constexpr size_t kMaxAlgoName = 64;
 constexpr size_t kMaxHost = 64;
+constexpr int32_t kMaxRanks = 1 << 22;  // a reader allocates per rank: bound what a file can claim
 
 void put(std::vector<std::byte>& out, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
@@ -221,7 +222,7 @@ Result<TraceFile> parseTrace(std::span<const std::byte> bytes) {
   const size_t hostlen = r.u(1);
   if (hostlen > kMaxHost || r.left() < hostlen) return invalidArgument("trace header: host name of {} bytes", hostlen);
   t.header.host = r.str(hostlen);
-  if (t.header.nranks < 1 || t.header.rank < 0 || t.header.rank >= t.header.nranks)
+  if (t.header.nranks < 1 || t.header.nranks > kMaxRanks || t.header.rank < 0 || t.header.rank >= t.header.nranks)
     return invalidArgument("trace header: rank {} of {} ranks", t.header.rank, t.header.nranks);
   t.algos.push_back("");
   while (r.left() > 0) {
