@@ -18,13 +18,17 @@
 
 int main(int argc, char** argv) {
   using namespace chorus::clock::ptp;
-  CLI::App app{"chorus-ptp: IEEE 1588-2008 (PTPv2) ordinary clock over UDP/IPv4, interoperable with ptp4l"};
+  CLI::App app{"chorus-ptp: IEEE 1588-2008 (PTPv2) ordinary clock over UDP/IPv4 or Layer 2, interoperable with ptp4l"};
   PtpOptions o;
   bool master = false, slave = false;
   int domain = 0, log_sync = 0, log_announce = 1, log_delay = 0, prio1 = 128, prio2 = 128, ann_timeout = 3;
-  std::string servo = "pi";
+  std::string servo = "pi", network = "udp4";
+  bool l2 = false;
   double settle_s = 0;
-  app.add_option("-i,--interface", o.iface, "network interface (must have an IPv4 address)")->required();
+  app.add_option("-i,--interface", o.iface, "network interface (with UDP: must have an IPv4 address)")->required();
+  app.add_option("--transport", network, "udp4: UDP/IPv4 ports 319/320 (default); l2: Ethernet, EtherType 0x88F7")
+      ->check(CLI::IsMember({"udp4", "l2"}));
+  app.add_flag("-2,--l2", l2, "Layer 2 transport (as ptp4l -2); same as --transport l2");
   app.add_flag("--master", master, "master only: never follow another clock");
   app.add_flag("--slave", slave, "slave only: never become master (clockClass 255, as ptp4l -s)");
   app.add_option("--domain", domain, "PTP domain number")->check(CLI::Range(0, 255));
@@ -58,6 +62,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   o.role = master ? Role::Master : slave ? Role::Slave : Role::Auto;
+  o.network = l2 || network == "l2" ? Network::L2 : Network::UdpIpv4;
   o.domain = static_cast<uint8_t>(domain);
   o.log_sync_interval = static_cast<int8_t>(log_sync);
   o.log_announce_interval = static_cast<int8_t>(log_announce);

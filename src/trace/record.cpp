@@ -19,6 +19,10 @@ constexpr size_t kClockPayload = 8 * 4;
 constexpr size_t kMaxAlgoName = 64;
 constexpr size_t kMaxHost = 64;
 constexpr int32_t kMaxRanks = 1 << 22;  // a reader allocates per rank: bound what a file can claim
+// Times and offsets lie within +-2^60 ns (36 years), so a reader's sums and
+// differences of a few of them cannot overflow int64.
+constexpr int64_t kMaxTime = int64_t{1} << 60;
+bool timeOk(int64_t t) { return t >= -kMaxTime && t <= kMaxTime; }
 
 void put(std::vector<std::byte>& out, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
@@ -267,6 +271,8 @@ Result<TraceFile> parseTrace(std::span<const std::byte> bytes) {
         o.start_ns = r.i64();
         o.end_ns = r.i64();
         o.predicted_ns = r.i64();
+        if (!timeOk(o.enqueue_ns) || !timeOk(o.start_ns) || !timeOk(o.end_ns) || !timeOk(o.predicted_ns))
+          return invalidArgument("trace record at offset {}: a time outside +-2^60 ns", at);
         if (o.algo >= t.algos.size())
           return invalidArgument("trace record at offset {}: op names algorithm {} before it was defined", at, o.algo);
         t.ops.push_back(o);
@@ -281,6 +287,8 @@ Result<TraceFile> parseTrace(std::span<const std::byte> bytes) {
         s.bytes = r.u(8);
         s.start_ns = r.i64();
         s.end_ns = r.i64();
+        if (!timeOk(s.start_ns) || !timeOk(s.end_ns))
+          return invalidArgument("trace record at offset {}: a time outside +-2^60 ns", at);
         if (s.kind > static_cast<uint8_t>(StepKind::Reduce))
           return invalidArgument("trace record at offset {}: step kind {}", at, s.kind);
         if (s.kind <= static_cast<uint8_t>(StepKind::RecvReduce) && (s.peer < 0 || s.peer >= t.header.nranks))
@@ -295,6 +303,8 @@ Result<TraceFile> parseTrace(std::span<const std::byte> bytes) {
         c.offset_ns = r.i64();
         c.rtt_ns = r.i64();
         c.bound_ns = r.i64();
+        if (!timeOk(c.local_ns) || !timeOk(c.offset_ns) || !timeOk(c.rtt_ns) || !timeOk(c.bound_ns))
+          return invalidArgument("trace record at offset {}: a time outside +-2^60 ns", at);
         t.clocks.push_back(c);
         break;
       }

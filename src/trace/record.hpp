@@ -134,7 +134,8 @@ struct TraceFile {
   bool truncated = false;  // the file ends inside a record (the writer was killed)
 };
 
-// Parses a file's bytes; every length is checked before use.  A file cut
+// Parses a file's bytes; every length is checked before use, every time and
+// offset must lie within +-2^60 ns (so readers may add and subtract them).  A file cut
 // inside its last record parses with truncated = true; anything else that
 // breaks the format is chorusInvalidArgument naming the offset.
 Result<TraceFile> parseTrace(std::span<const std::byte> bytes);

@@ -15,6 +15,9 @@
 #   it skews ptp4l's reading by ~-0.9 us in this setup -- see docs/ptp.md --
 #   so phase B runs the pair the issue asks for and nothing else.)
 #
+# Phases C and D: the same pairs over Layer 2 (ptp4l -2, chorus-ptp --l2),
+#   CHORUS_PTP_L2_SECONDS (default 12) each.
+#
 # Asserts (short CI run, CHORUS_PTP_SECONDS=15 per phase by default): chorus
 # locks and |mean offset| < 10 us and |mean true clock offset| < 10 us after
 # convergence; each ptp4l slave reports >= 3 offsets with |mean| < 10 us;
@@ -110,34 +113,37 @@ ptp4l_cfg master "priority1 127"
 ptp4l_cfg slave "slaveOnly 1" "freq_est_interval 0" "summary_interval $log_sync" "clockIdentity 020000.fffe.00c0de"
 
 run_phase() {  # phase-name, master-kind (ptp4l|chorus), chorus-slave flags...
+  # With l2=1 in the environment every daemon uses Layer 2 (ptp4l -2, chorus-ptp --l2).
   local phase=$1 master=$2
   shift 2
-  local run_s=$((seconds + 2))
+  local run_s=$((${phase_seconds:-$seconds} + 2))
+  local p4net=() chnet=()
+  if [[ ${l2:-0} == 1 ]]; then p4net=(-2); chnet=(--l2); fi
   pids=()
   if [[ $master == ptp4l ]]; then
-    ip netns exec "$ns_m" timeout $((run_s + 4)) ptp4l -i pm -S -m -f "$work/master.cfg" \
+    ip netns exec "$ns_m" timeout $((run_s + 4)) ptp4l "${p4net[@]}" -i pm -S -m -f "$work/master.cfg" \
       >"$work/$phase-master.log" 2>&1 &
   else
-    ip netns exec "$ns_m" timeout $((run_s + 4)) "$ptp" -i pm --master --log-sync-interval "$log_sync" \
+    ip netns exec "$ns_m" timeout $((run_s + 4)) "$ptp" "${chnet[@]}" -i pm --master --log-sync-interval "$log_sync" \
       --log-announce-interval 0 --log-min-delay-req-interval "$log_sync" --duration-s $((run_s + 2)) \
       >"$work/$phase-master.json" 2>"$work/$phase-master.log" &
   fi
   pids+=($!)
   if [[ ${1:-} == none ]]; then
     # ptp4l alone: it runs for the phase, then timeout ends it (rc 124).
-    ip netns exec "$ns_s" timeout "$run_s" ptp4l -i ps -S -s -m -f "$work/slave.cfg" \
+    ip netns exec "$ns_s" timeout "$run_s" ptp4l "${p4net[@]}" -i ps -S -s -m -f "$work/slave.cfg" \
       >"$work/$phase-ptp4l-slave.log" 2>&1 || true
     # The master outlives ptp4l by 2 s: ask it for its port data set with
     # linuxptp's management client, over the network.
-    if command -v pmc >/dev/null; then
+    if command -v pmc >/dev/null && [[ ${l2:-0} != 1 ]]; then
       ip netns exec "$ns_s" timeout 3 pmc -4 -i ps -b 1 'GET PORT_DATA_SET' 'GET DEFAULT_DATA_SET' \
         >"$work/$phase-pmc.log" 2>&1 || true
     fi
   else
-    ip netns exec "$ns_s" timeout $((run_s + 4)) ptp4l -i ps -S -s -m -f "$work/slave.cfg" \
+    ip netns exec "$ns_s" timeout $((run_s + 4)) ptp4l "${p4net[@]}" -i ps -S -s -m -f "$work/slave.cfg" \
       >"$work/$phase-ptp4l-slave.log" 2>&1 &
     pids+=($!)
-    ip netns exec "$ns_s" timeout $((run_s + 4)) "$ptp" -i ps --slave --json-log "$work/$phase-chorus-slave.jsonl" \
+    ip netns exec "$ns_s" timeout $((run_s + 4)) "$ptp" "${chnet[@]}" -i ps --slave --json-log "$work/$phase-chorus-slave.jsonl" \
       --duration-s "$run_s" "$@" >"$work/$phase-chorus-slave.json" 2>"$work/$phase-chorus-slave.log" &
     local chorus_pid=$!
     pids+=($chorus_pid)
@@ -203,5 +209,13 @@ if [[ -f $work/B-chorus-master-pmc.log ]]; then
   grep -q "portState *MASTER" "$work/B-chorus-master-pmc.log" ||
     { echo "ptp_interop_test: pmc GET PORT_DATA_SET did not show chorus-ptp as MASTER:" >&2; cat "$work/B-chorus-master-pmc.log" >&2; status=1; }
 fi
+# Layer 2 (IEEE 1588 annex F, EtherType 0x88F7), both directions, shorter.
+l2=1 phase_seconds=${CHORUS_PTP_L2_SECONDS:-12}
+run_phase C-l2-ptp4l-master ptp4l
+seconds=$phase_seconds analyse C-l2-ptp4l-master || status=1
+run_phase D-l2-chorus-master chorus none
+seconds=$phase_seconds analyse D-l2-chorus-master || status=1
+grep -q "to MASTER" "$work/D-l2-chorus-master-master.log" || { echo "ptp_interop_test: chorus-ptp (L2) never became MASTER" >&2; status=1; }
+unset l2 phase_seconds
 [[ $status -eq 0 ]] && echo "ptp_interop_test: PASSED"
 exit $status

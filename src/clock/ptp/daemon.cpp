@@ -55,7 +55,7 @@ class Daemon {
       return invalidArgument("chorus-ptp: --inject-offset-ns/--inject-drift-ppb shift the virtual clock; they "
                              "cannot be combined with --adjust-system");
     clock_ = o_.adjust_system ? makeSystemClock() : makeVirtualRealtimeClock(o_.inject_offset_ns, o_.inject_drift_ppb);
-    CHORUS_ASSIGN_OR_RETURN(transport_, UdpTransport::open(o_.iface, o_.tx_timestamp_timeout_ms));
+    CHORUS_ASSIGN_OR_RETURN(transport_, openTransport(o_.network, o_.iface, o_.tx_timestamp_timeout_ms));
     PortConfig pc;
     pc.clock_identity = transport_->clockIdentity();
     pc.domain = o_.domain;
@@ -95,7 +95,9 @@ class Daemon {
       const int r = ::ppoll(fds, stop_fd >= 0 ? 3 : 2, &ts, nullptr);
       if (r < 0 && errno != EINTR) return errnoError("chorus-ptp: ppoll", errno);
       if (r > 0 && stop_fd >= 0 && (fds[2].revents & POLLIN)) break;
-      for (int i = 0; i < 2 && r > 0; ++i)
+      // One socket carries both classes over Layer 2: read it once.
+      const int nfds = fds[1].fd == fds[0].fd ? 1 : 2;
+      for (int i = 0; i < nfds && r > 0; ++i)
         if (fds[i].revents & (POLLIN | POLLERR)) receiveAll(fds[i].fd);
       port_->tick(now(), ev);
       drain(ev);
@@ -249,7 +251,7 @@ class Daemon {
   std::FILE* events_;
   double settle_s_;
   std::unique_ptr<PtpClock> clock_;
-  std::unique_ptr<UdpTransport> transport_;
+  std::unique_ptr<NetTransport> transport_;
   std::unique_ptr<Port> port_;
   std::unique_ptr<Servo> servo_;
   double servo_interval_ = 0;

@@ -1,5 +1,5 @@
 // chorus-ptp's run loop: one ordinary-clock port on one interface over
-// UDP/IPv4, a servo steering a PtpClock, and a JSON line per sync.
+// UDP/IPv4 or Layer 2, a servo steering a PtpClock, and a JSON line per sync.
 //
 // runPtp() owns everything it opens and returns when `stop_fd` becomes
 // readable (the tool passes a signalfd for SIGINT/SIGTERM), when
@@ -13,6 +13,7 @@
 #include <string>
 
 #include "clock/ptp/servo.hpp"
+#include "clock/ptp/udp_transport.hpp"
 #include "common/status.hpp"
 
 namespace chorus::clock::ptp {
@@ -21,6 +22,7 @@ enum class Role : uint8_t { Auto, Master, Slave };
 
 struct PtpOptions {
   std::string iface;
+  Network network = Network::UdpIpv4;  // or Layer 2 (EtherType 0x88F7), as ptp4l -4 / -2
   Role role = Role::Auto;  // Master: master-only; Slave: slave-only (clockClass 255)
   uint8_t domain = 0;
   int8_t log_sync_interval = 0;

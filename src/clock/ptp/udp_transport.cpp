@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <linux/errqueue.h>
+#include <linux/if_packet.h>
 #include <linux/net_tstamp.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -17,6 +18,14 @@
 
 namespace chorus::clock::ptp {
 namespace {
+
+// Software timestamps on receive and transmit; the transmit ones come back on
+// the error queue without the packet (TSONLY), tagged with a per-socket
+// counter (OPT_ID) that pairs each with its send.
+constexpr int kSoftwareTimestamping = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_RX_SOFTWARE |
+                                      SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID |
+                                      SOF_TIMESTAMPING_OPT_TSONLY;
+
 
 Status openSocket(const std::string& iface, int ifindex, uint16_t port, int* out_fd) {
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -57,8 +66,7 @@ Status openSocket(const std::string& iface, int ifindex, uint16_t port, int* out
   // Software timestamps on receive and transmit; the transmit ones come back
   // on the error queue without the packet (TSONLY), tagged with a per-socket
   // counter (OPT_ID) that pairs each with its send.
-  const int flags = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE |
-                    SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY;
+  const int flags = kSoftwareTimestamping;
   if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof flags) < 0)
     return errnoError(fmt::format("chorus-ptp: SO_TIMESTAMPING (software) on {} (ethtool -T {} lists what "
                                   "the driver supports)",
@@ -80,7 +88,71 @@ std::optional<int64_t> softwareTimestamp(msghdr& msg) {
   return std::nullopt;
 }
 
+// Waits up to timeout_ms for the transmit timestamp of the send numbered id
+// (SOF_TIMESTAMPING_OPT_ID) on fd's error queue; older ones (of a send whose
+// wait timed out) are skipped.  The extended error comes as IP_RECVERR on a
+// UDP socket and as PACKET_TX_TIMESTAMP on a packet socket.
+Result<std::optional<int64_t>> waitTxTimestamp(int fd, uint32_t id, int timeout_ms) {
+  const int64_t deadline = monotonicNs() + int64_t{timeout_ms} * 1'000'000;
+  for (;;) {
+    const int64_t left_ms = (deadline - monotonicNs()) / 1'000'000;
+    pollfd p{fd, POLLPRI, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left_ms, 0)));
+    if (r < 0 && errno != EINTR) return errnoError("chorus-ptp: poll for a transmit timestamp", errno);
+    if (r <= 0 || !(p.revents & (POLLERR | POLLPRI))) {
+      if (monotonicNs() >= deadline) return std::optional<int64_t>{};
+      continue;
+    }
+    alignas(cmsghdr) char control[512];
+    char junk[1600];
+    iovec iov{junk, sizeof junk};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t got = ::recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT);
+    if (got < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return errnoError("chorus-ptp: recvmsg(MSG_ERRQUEUE)", errno);
+    }
+    std::optional<uint32_t> got_id;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      const bool ext = (c->cmsg_level == SOL_IP && c->cmsg_type == IP_RECVERR) ||
+                       (c->cmsg_level == SOL_PACKET && c->cmsg_type == PACKET_TX_TIMESTAMP);
+      if (ext && c->cmsg_len >= CMSG_LEN(sizeof(sock_extended_err))) {
+        sock_extended_err ee;
+        std::memcpy(&ee, CMSG_DATA(c), sizeof ee);
+        if (ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING) got_id = ee.ee_data;
+      }
+    }
+    const auto ts = softwareTimestamp(msg);
+    if (got_id && *got_id == id && ts) return std::optional<int64_t>{*ts};
+    // A stale timestamp of an earlier send, or one without the id: keep waiting.
+  }
+}
+
+ClockIdentity identityOf(int fd, const std::string& iface, Status* st) {
+  ifreq req{};
+  std::snprintf(req.ifr_name, sizeof req.ifr_name, "%s", iface.c_str());
+  if (ioctl(fd, SIOCGIFHWADDR, &req) < 0) {
+    *st = errnoError(fmt::format("chorus-ptp: reading the MAC address of {}", iface), errno);
+    return {};
+  }
+  const auto* mac = reinterpret_cast<const uint8_t*>(req.ifr_hwaddr.sa_data);
+  return {mac[0], mac[1], mac[2], 0xFF, 0xFE, mac[3], mac[4], mac[5]};
+}
+
 }  // namespace
+
+Result<std::unique_ptr<NetTransport>> openTransport(Network net, const std::string& iface, int tx_timestamp_timeout_ms) {
+  if (net == Network::L2) {
+    CHORUS_ASSIGN_OR_RETURN(auto t, L2Transport::open(iface, tx_timestamp_timeout_ms));
+    return std::unique_ptr<NetTransport>(std::move(t));
+  }
+  CHORUS_ASSIGN_OR_RETURN(auto t, UdpTransport::open(iface, tx_timestamp_timeout_ms));
+  return std::unique_ptr<NetTransport>(std::move(t));
+}
 
 Result<std::unique_ptr<UdpTransport>> UdpTransport::open(const std::string& iface, int tx_timestamp_timeout_ms) {
   const unsigned ifindex = if_nametoindex(iface.c_str());
@@ -91,12 +163,9 @@ Result<std::unique_ptr<UdpTransport>> UdpTransport::open(const std::string& ifac
   t->tx_timeout_ms_ = tx_timestamp_timeout_ms;
   CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpEventPort, &t->event_fd_));
   CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpGeneralPort, &t->general_fd_));
-  ifreq req{};
-  std::snprintf(req.ifr_name, sizeof req.ifr_name, "%s", iface.c_str());
-  if (ioctl(t->event_fd_, SIOCGIFHWADDR, &req) < 0)
-    return errnoError(fmt::format("chorus-ptp: reading the MAC address of {}", iface), errno);
-  const auto* mac = reinterpret_cast<const uint8_t*>(req.ifr_hwaddr.sa_data);
-  t->identity_ = {mac[0], mac[1], mac[2], 0xFF, 0xFE, mac[3], mac[4], mac[5]};
+  Status st;
+  t->identity_ = identityOf(t->event_fd_, iface, &st);
+  CHORUS_RETURN_IF_ERROR(st);
   return t;
 }
 
@@ -116,43 +185,7 @@ Result<std::optional<int64_t>> UdpTransport::send(std::span<const uint8_t> bytes
                                            event ? kPtpEventPort : kPtpGeneralPort, iface_),
                                errno);
   if (!event) return std::optional<int64_t>{};
-  const uint32_t id = tx_counter_++;
-  // Wait for this send's timestamp; older ones (a previous timeout) are skipped.
-  const int64_t deadline = monotonicNs() + int64_t{tx_timeout_ms_} * 1'000'000;
-  for (;;) {
-    const int64_t left_ms = (deadline - monotonicNs()) / 1'000'000;
-    pollfd p{fd, POLLPRI, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left_ms, 0)));
-    if (r < 0 && errno != EINTR) return errnoError("chorus-ptp: poll for a transmit timestamp", errno);
-    if (r <= 0 || !(p.revents & (POLLERR | POLLPRI))) {
-      if (monotonicNs() >= deadline) return std::optional<int64_t>{};
-      continue;
-    }
-    alignas(cmsghdr) char control[512];
-    char junk[64];
-    iovec iov{junk, sizeof junk};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t got = ::recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT);
-    if (got < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return errnoError("chorus-ptp: recvmsg(MSG_ERRQUEUE)", errno);
-    }
-    std::optional<uint32_t> got_id;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if ((c->cmsg_level == SOL_IP && c->cmsg_type == IP_RECVERR) && c->cmsg_len >= CMSG_LEN(sizeof(sock_extended_err))) {
-        sock_extended_err ee;
-        std::memcpy(&ee, CMSG_DATA(c), sizeof ee);
-        if (ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING) got_id = ee.ee_data;
-      }
-    }
-    const auto ts = softwareTimestamp(msg);
-    if (got_id && *got_id == id && ts) return std::optional<int64_t>{*ts};
-    // A stale timestamp of an earlier send, or one without the id: keep waiting.
-  }
+  return waitTxTimestamp(fd, tx_counter_++, tx_timeout_ms_);
 }
 
 Result<std::optional<Datagram>> UdpTransport::receive(int fd) {
@@ -173,6 +206,95 @@ Result<std::optional<Datagram>> UdpTransport::receive(int fd) {
   d.bytes.resize(static_cast<size_t>(n));
   d.rx_realtime_ns = softwareTimestamp(msg);
   return std::optional<Datagram>{std::move(d)};
+}
+
+// ---- Layer 2 -------------------------------------------------------------------
+
+Result<std::unique_ptr<L2Transport>> L2Transport::open(const std::string& iface, int tx_timestamp_timeout_ms) {
+  const unsigned ifindex = if_nametoindex(iface.c_str());
+  if (ifindex == 0)
+    return errnoError(fmt::format("chorus-ptp: interface '{}' not found (ip link lists the interfaces)", iface), errno);
+  std::unique_ptr<L2Transport> t(new L2Transport());
+  t->iface_ = iface;
+  t->ifindex_ = static_cast<int>(ifindex);
+  t->tx_timeout_ms_ = tx_timestamp_timeout_ms;
+  // A datagram packet socket: the kernel builds and strips the Ethernet
+  // header; only frames of EtherType 0x88F7 arrive.
+  t->fd_ = ::socket(AF_PACKET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, htons(kPtpEtherType));
+  if (t->fd_ < 0) return errnoError("chorus-ptp: socket(AF_PACKET) for Layer 2 PTP (needs root/CAP_NET_RAW)", errno);
+  sockaddr_ll addr{};
+  addr.sll_family = AF_PACKET;
+  addr.sll_protocol = htons(kPtpEtherType);
+  addr.sll_ifindex = t->ifindex_;
+  if (::bind(t->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0)
+    return errnoError(fmt::format("chorus-ptp: binding the packet socket to {}", iface), errno);
+  packet_mreq mreq{};
+  mreq.mr_ifindex = t->ifindex_;
+  mreq.mr_type = PACKET_MR_MULTICAST;
+  mreq.mr_alen = 6;
+  std::memcpy(mreq.mr_address, kPtpPrimaryMac, 6);
+  if (setsockopt(t->fd_, SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mreq, sizeof mreq) < 0)
+    return errnoError(fmt::format("chorus-ptp: joining 01-1B-19-00-00-00 on {}", iface), errno);
+  // A packet socket also sees its own transmissions; receive() drops them by
+  // type as well, for kernels without this option.
+  const int one = 1;
+  (void)setsockopt(t->fd_, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
+  const int flags = kSoftwareTimestamping;
+  if (setsockopt(t->fd_, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof flags) < 0)
+    return errnoError(fmt::format("chorus-ptp: SO_TIMESTAMPING (software) on {}", iface), errno);
+  Status st;
+  t->identity_ = identityOf(t->fd_, iface, &st);
+  CHORUS_RETURN_IF_ERROR(st);
+  return t;
+}
+
+L2Transport::~L2Transport() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::optional<int64_t>> L2Transport::send(std::span<const uint8_t> bytes, bool event) {
+  sockaddr_ll dst{};
+  dst.sll_family = AF_PACKET;
+  dst.sll_protocol = htons(kPtpEtherType);
+  dst.sll_ifindex = ifindex_;
+  dst.sll_halen = 6;
+  std::memcpy(dst.sll_addr, kPtpPrimaryMac, 6);
+  const ssize_t n = ::sendto(fd_, bytes.data(), bytes.size(), 0, reinterpret_cast<sockaddr*>(&dst), sizeof dst);
+  if (n < 0) return errnoError(fmt::format("chorus-ptp: sending a Layer 2 frame on {}", iface_), errno);
+  // Every send bumps the OPT_ID counter (one socket carries both classes).
+  const uint32_t id = tx_counter_++;
+  if (!event) return std::optional<int64_t>{};
+  return waitTxTimestamp(fd_, id, tx_timeout_ms_);
+}
+
+Result<std::optional<Datagram>> L2Transport::receive(int fd) {
+  Datagram d;
+  d.bytes.resize(1500);
+  alignas(cmsghdr) char control[512];
+  iovec iov{d.bytes.data(), d.bytes.size()};
+  sockaddr_ll from{};
+  msghdr msg{};
+  msg.msg_name = &from;
+  msg.msg_namelen = sizeof from;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  for (;;) {
+    const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return std::optional<Datagram>{};
+      return errnoError(fmt::format("chorus-ptp: recvmsg on the packet socket of {}", iface_), errno);
+    }
+    if (from.sll_pkttype == PACKET_OUTGOING) {  // our own frame
+      msg.msg_controllen = sizeof control;
+      msg.msg_namelen = sizeof from;
+      continue;
+    }
+    d.bytes.resize(static_cast<size_t>(n));
+    d.rx_realtime_ns = softwareTimestamp(msg);
+    return std::optional<Datagram>{std::move(d)};
+  }
 }
 
 }  // namespace chorus::clock::ptp

@@ -1,11 +1,16 @@
-// PTP over UDP/IPv4 (IEEE 1588-2008 annex D): event messages on port 319,
-// general messages on port 320, both to the multicast group 224.0.1.129 on
-// one interface, with kernel software timestamps (SO_TIMESTAMPING): receive
-// timestamps from the control messages, transmit timestamps of event
+// PTP's network mappings, with kernel software timestamps (SO_TIMESTAMPING):
+// receive timestamps from the control messages, transmit timestamps of event
 // messages from the socket's error queue.
 //
-// Owns its two sockets; single-threaded.  Binding ports 319/320 needs root
-// (or CAP_NET_BIND_SERVICE).
+// - UDP over IPv4 (IEEE 1588-2008 annex D): event messages on port 319,
+//   general messages on port 320, both to the multicast group 224.0.1.129 on
+//   one interface.  Binding ports 319/320 needs root (or
+//   CAP_NET_BIND_SERVICE).
+// - IEEE 802.3 / Ethernet (annex F, "Layer 2"): every message in a frame of
+//   EtherType 0x88F7 to the multicast address 01-1B-19-00-00-00, on one
+//   packet socket (CAP_NET_RAW).  ptp4l's `-2`.
+//
+// Each owns its sockets; single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +34,32 @@ struct Datagram {
   std::optional<int64_t> rx_realtime_ns;  // software receive timestamp (CLOCK_REALTIME)
 };
 
-class UdpTransport {
+inline constexpr uint16_t kPtpEtherType = 0x88F7;
+inline constexpr uint8_t kPtpPrimaryMac[6] = {0x01, 0x1B, 0x19, 0x00, 0x00, 0x00};
+
+enum class Network : uint8_t { UdpIpv4, L2 };
+
+// What the daemon needs of a network mapping.
+class NetTransport {
+ public:
+  virtual ~NetTransport() = default;
+  // The descriptors to poll (equal when one socket carries both classes).
+  [[nodiscard]] virtual int eventFd() const = 0;
+  [[nodiscard]] virtual int generalFd() const = 0;
+  // EUI-64 from the interface's MAC (as ptp4l): mac[0..2] ff fe mac[3..5].
+  [[nodiscard]] virtual const ClockIdentity& clockIdentity() const = 0;
+  // Sends to the PTP multicast address.  For an event message returns its
+  // software transmit timestamp (CLOCK_REALTIME), or nullopt if the kernel
+  // gave none within the timeout.
+  virtual Result<std::optional<int64_t>> send(std::span<const uint8_t> bytes, bool event) = 0;
+  // One message from `fd` (non-blocking), nullopt when none is queued.
+  virtual Result<std::optional<Datagram>> receive(int fd) = 0;
+};
+
+// Opens the mapping `net` on `iface`.
+Result<std::unique_ptr<NetTransport>> openTransport(Network net, const std::string& iface, int tx_timestamp_timeout_ms);
+
+class UdpTransport final : public NetTransport {
  public:
   // Opens both sockets on `iface` (SO_BINDTODEVICE, IP_ADD_MEMBERSHIP on it,
   // multicast TTL 1, no loopback) and enables software timestamping.
@@ -39,17 +69,12 @@ class UdpTransport {
   UdpTransport(const UdpTransport&) = delete;
   UdpTransport& operator=(const UdpTransport&) = delete;
 
-  [[nodiscard]] int eventFd() const { return event_fd_; }
-  [[nodiscard]] int generalFd() const { return general_fd_; }
-  // EUI-64 from the interface's MAC (as ptp4l): mac[0..2] ff fe mac[3..5].
-  [[nodiscard]] const ClockIdentity& clockIdentity() const { return identity_; }
-
-  // Sends to the multicast group (event port for event messages).  For an
-  // event message returns its software transmit timestamp (CLOCK_REALTIME),
-  // or nullopt if the kernel gave none within the timeout.
-  Result<std::optional<int64_t>> send(std::span<const uint8_t> bytes, bool event);
-  // One datagram from `fd` (non-blocking), nullopt when none is queued.
-  Result<std::optional<Datagram>> receive(int fd);
+  [[nodiscard]] int eventFd() const override { return event_fd_; }
+  [[nodiscard]] int generalFd() const override { return general_fd_; }
+  [[nodiscard]] const ClockIdentity& clockIdentity() const override { return identity_; }
+  // To the multicast group (event port for event messages).
+  Result<std::optional<int64_t>> send(std::span<const uint8_t> bytes, bool event) override;
+  Result<std::optional<Datagram>> receive(int fd) override;
 
  private:
   UdpTransport() = default;
@@ -58,6 +83,32 @@ class UdpTransport {
   int general_fd_ = -1;
   int tx_timeout_ms_ = 10;
   uint32_t tx_counter_ = 0;  // SOF_TIMESTAMPING_OPT_ID: the id the next event send gets
+  ClockIdentity identity_{};
+};
+
+class L2Transport final : public NetTransport {
+ public:
+  // One AF_PACKET datagram socket for EtherType 0x88F7 on `iface`, member of
+  // 01-1B-19-00-00-00, ignoring its own outgoing frames, with software
+  // timestamping.
+  static Result<std::unique_ptr<L2Transport>> open(const std::string& iface, int tx_timestamp_timeout_ms);
+  ~L2Transport() override;
+  L2Transport(const L2Transport&) = delete;
+  L2Transport& operator=(const L2Transport&) = delete;
+
+  [[nodiscard]] int eventFd() const override { return fd_; }
+  [[nodiscard]] int generalFd() const override { return fd_; }
+  [[nodiscard]] const ClockIdentity& clockIdentity() const override { return identity_; }
+  Result<std::optional<int64_t>> send(std::span<const uint8_t> bytes, bool event) override;
+  Result<std::optional<Datagram>> receive(int fd) override;
+
+ private:
+  L2Transport() = default;
+  std::string iface_;
+  int ifindex_ = 0;
+  int fd_ = -1;
+  int tx_timeout_ms_ = 10;
+  uint32_t tx_counter_ = 0;
   ClockIdentity identity_{};
 };
 
