@@ -98,6 +98,7 @@ def trial(a, rng, extra_env):
         t_kill = time.time()
         if cut is not None:
             subprocess.run(a.cut_cmd.format(host=cut, state="down"), shell=True, check=True, timeout=10)
+            t_kill = time.time()  # the link went down at the end of the command, not at its start
         for v in victims:
             procs[v].send_signal(signal.SIGKILL)
         results, problems = {}, []
