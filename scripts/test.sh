@@ -5,17 +5,19 @@
 # install (an outside C and C++ program against an installed tree); then the
 # same code under the sanitizers and the fuzzers (docs/hardening.md).
 #
-#   bash scripts/test.sh                 # everything (what CI runs)
+#   bash scripts/test.sh                 # every phase (what CI runs)
 #   bash scripts/test.sh -L integration  # extra arguments go to ctest; only the default build then
-#   CHORUS_TEST_MODES="default asan tsan fuzz" bash scripts/test.sh   # every phase
+#   CHORUS_TEST_MODES=default bash scripts/test.sh   # one phase
 #
-# Phases (CHORUS_TEST_MODES, default "default"):
+# Phases (CHORUS_TEST_MODES, default "default asan tsan fuzz"; run one after
+# the other, each with $CHORUS_JOBS (2) jobs):
 #   default  RelWithDebInfo build (preset `default`), every test
 #   asan     ASan + UBSan build (preset `asan`), unit and integration tests
 #   tsan     TSan build (preset `tsan`), unit tests
 #   fuzz     clang libFuzzer build (preset `fuzz`), each target for
 #            $CHORUS_FUZZ_SECONDS (default 20) seconds
-# Each phase prints its wall time.  Exits non-zero if any phase failed (all
+# Each phase prints its wall time, and a summary at the end gives each phase's
+# status, time and ctest count.  Exits non-zero if any phase failed (all
 # selected phases run).  Build directory of the default phase:
 # $CHORUS_BUILD_DIR (default build/); the others use build-<phase>/.
 set -euo pipefail
@@ -23,9 +25,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 build_dir=${CHORUS_BUILD_DIR:-build}
 jobs=${CHORUS_JOBS:-2}
-# CI runs the default phase; the sanitizer and fuzz phases are opt-in until
-# they have been run from a clean clone within CI's time (docs/hardening.md).
-modes=${CHORUS_TEST_MODES:-default}
+# ctest arguments select tests of the default build: then only that phase runs.
+if [[ $# -gt 0 ]]; then modes=${CHORUS_TEST_MODES:-default}; else modes=${CHORUS_TEST_MODES:-default asan tsan fuzz}; fi
 fuzz_seconds=${CHORUS_FUZZ_SECONDS:-20}
 
 bash scripts/setup.sh
@@ -48,7 +49,7 @@ phase_default() {
 phase_asan() {
   cmake --preset asan &&
   cmake --build --preset asan -j "$jobs" --target tests/all tools/all &&
-  ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900 -L 'unit|integration'
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900 -L 'unit|integration' | tee build-asan/ctest.log
 }
 
 # TSan skips the 1,000,003-element collectives at 3+ ranks: they test data
@@ -58,7 +59,8 @@ phase_asan() {
 phase_tsan() {
   cmake --preset tsan &&
   cmake --build --preset tsan -j "$jobs" --target tests/all &&
-  ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -L unit -E 'LargeCountsFloat/[3-9]'
+  ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 -L unit -E 'LargeCountsFloat/[3-9]' |
+    tee build-tsan/ctest.log
 }
 
 # Short, bounded runs from an empty corpus with a fixed seed; a crash, leak,
@@ -69,7 +71,9 @@ phase_fuzz() {
   cmake --preset fuzz && cmake --build --preset fuzz -j "$jobs" --target chorus_fuzz || return 1
   mkdir -p build-fuzz/artifacts
   local status=0 target name corpus rc
+  local ntargets=0 nclean=0
   for target in build-fuzz/tests/fuzz/*_fuzz; do
+    ntargets=$((ntargets + 1))
     name=$(basename "$target")
     corpus=build-fuzz/corpus/$name
     rm -rf "$corpus" && mkdir -p "$corpus"
@@ -82,8 +86,12 @@ phase_fuzz() {
       grep -E -A30 '^==[0-9]+==|SUMMARY|ERROR: libFuzzer' build-fuzz/"$name".log | head -60 >&2
       echo "fuzz $name FAILED: log build-fuzz/$name.log, input in build-fuzz/artifacts/" >&2
       status=1
+    else
+      nclean=$((nclean + 1))
     fi
   done
+  [[ $ntargets -gt 0 ]] || { echo "fuzz: no targets in build-fuzz/tests/fuzz" >&2; status=1; }
+  echo "fuzz: $nclean of $ntargets targets clean after ${fuzz_seconds}s each" | tee build-fuzz/summary.log
   return "$status"
 }
 
@@ -93,10 +101,17 @@ for mode in $modes; do
   case $mode in default | asan | tsan | fuzz) ;; *) echo "test.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
   echo "=== test.sh: phase $mode"
   start=$(date +%s)
+  case $mode in
+    default) log=$build_dir/ctest.log ;;
+    fuzz) log=build-fuzz/summary.log ;;
+    *) log=build-$mode/ctest.log ;;
+  esac
+  rm -f "$log"
   rc=0
   if [[ $mode == default ]]; then phase_default "$@" || rc=$?; else "phase_$mode" || rc=$?; fi
   secs=$(( $(date +%s) - start ))
-  summary+=("$mode: $([[ $rc == 0 ]] && echo ok || echo "FAILED ($rc)") in ${secs}s")
+  count=$(grep -h -E "tests passed|targets clean" "$log" 2>/dev/null | tail -n 1 || true)
+  summary+=("$mode: $([[ $rc == 0 ]] && echo ok || echo "FAILED ($rc)") in $((secs / 60)) min $((secs % 60)) s${count:+ -- $count}")
   [[ $rc == 0 ]] || status=$rc
 done
 echo "=== test.sh summary"

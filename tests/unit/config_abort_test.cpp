@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,13 +68,24 @@ TEST(Config, RejectsUninitialisedOrBadValues) {
 }
 
 // A call blocked on a peer that never comes is released by chorusCommAbort
-// from another thread within 100 ms.
-TEST(Abort, ReleasesABlockedCallPromptly) {
+// from another thread within 100 ms, over shared memory and over TCP.  Rank 1
+// stays alive (its communicator open) until rank 0 is done, so that only the
+// abort can release rank 0: over TCP, destroying rank 1's communicator would
+// close the connection and fail rank 0's call by itself.
+class Abort : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Abort, ReleasesABlockedCallPromptly) {
+  setenv("CHORUS_TRANSPORT", GetParam(), 1);
   chorusConfig_t cfg = CHORUS_CONFIG_INITIALIZER;
-  twoRanks(cfg, [](int r, chorusComm_t comm) {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  twoRanks(cfg, [&](int r, chorusComm_t comm) {
     std::vector<float> x(1 << 20, 1.0f);
     ASSERT_EQ(chorusAllReduce(x.data(), x.data(), 16, chorusFloat32, chorusSum, comm, nullptr), chorusSuccess);
-    if (r == 1) return;  // does not join; rank 0 blocks
+    if (r == 1) {  // does not join; rank 0 blocks
+      EXPECT_EQ(done.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+      return;
+    }
     Clock::time_point aborted_at;
     std::thread killer([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let rank 0 block (timing only)
@@ -82,15 +95,20 @@ TEST(Abort, ReleasesABlockedCallPromptly) {
     chorusResult_t res = chorusAllReduce(x.data(), x.data(), x.size(), chorusFloat32, chorusSum, comm, nullptr);
     const auto returned = Clock::now();
     killer.join();
+    rank0_done.set_value();
     EXPECT_EQ(res, chorusAborted) << chorusGetLastError(comm);
     // The contract is 100 ms; the bound here leaves room for a loaded CI
     // machine's scheduler, and the measured figure is printed.
     const double released_s = std::chrono::duration<double>(returned - aborted_at).count();
-    std::printf("abort released the blocked call after %.2f ms\n", released_s * 1e3);
+    std::printf("abort (%s) released the blocked call after %.2f ms\n", GetParam(), released_s * 1e3);
+    EXPECT_GE(released_s, 0.0);
     EXPECT_LT(released_s, 0.5);
     // Later calls are refused, not hung.
     EXPECT_EQ(chorusAllReduce(x.data(), x.data(), 1, chorusFloat32, chorusSum, comm, nullptr), chorusInvalidUsage);
   });
+  unsetenv("CHORUS_TRANSPORT");
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, Abort, ::testing::Values("shm", "tcp"));
 
 }  // namespace
