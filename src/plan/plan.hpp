@@ -101,6 +101,10 @@ struct Shape {
   uint64_t chunk_elems = 0;  // pipeline granularity; 0 = one chunk
   std::span<const size_t> counts, displs;    // allgatherv (recv side); alltoallv send side
   std::span<const size_t> counts2, displs2;  // alltoallv receive side
+  // Host of every rank (ranks with equal ids share memory; ids are arbitrary
+  // ints).  Empty: not known, which the plans treat as one host.  Only the
+  // hierarchical algorithms read it.
+  std::span<const int> hosts;
 
   // Elements of the input and output buffers this rank must provide.
   [[nodiscard]] uint64_t inputElems(int rank) const;
@@ -340,5 +344,7 @@ void addExchangeAlgorithms(Registry& r);  // pairwise alltoall(v), barrier, send
 void addRabenseifnerAlgorithms(Registry& r);  // halving-doubling allreduce, recursive-halving reduce-scatter
 void addBruckAlgorithms(Registry& r);         // Bruck allgather and alltoall
 void addDoubleTreeAlgorithms(Registry& r);    // double binary tree allreduce, scatter-allgather broadcast
+void addDirectAlgorithms(Registry& r);        // direct (all-pairs) allreduce for ranks sharing memory
+void addHierarchicalAlgorithms(Registry& r);  // two-level allreduce / allgather across hosts
 
 }  // namespace chorus::plan
