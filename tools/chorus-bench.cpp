@@ -117,9 +117,9 @@ int main(int argc, char** argv) {
 
   if (algo == "all") {
     chorus::plan::Collective pc;
+    const chorus::plan::Registry registry = chorus::plan::Registry::builtin();
     if (chorus::plan::parseCollective(collective, &pc))
-      for (const chorus::plan::Algorithm* a : chorus::plan::Registry::builtin().forCollective(pc))
-        o.algos.emplace_back(a->name());
+      for (const chorus::plan::Algorithm* a : registry.forCollective(pc)) o.algos.emplace_back(a->name());
     if (o.algos.empty()) return fail(fmt::format("chorus-bench: --algo all: {} has no algorithms to choose from", collective));
   } else if (!algo.empty()) {
     std::string forced = bench::withAlgo(chorus::env::getString("CHORUS_ALGO"), o.collective, algo);
