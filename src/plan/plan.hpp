@@ -225,6 +225,11 @@ struct Round {
   // where child is the non-root end (gather, scatter).
   bool subtree = false;
   bool reduce = false;  // the receiver reduces what it receives
+  // With reduce: the receiver lands the message in scratch and reduces it in a
+  // separate pass (recursive doubling, Rabenseifner) instead of reducing
+  // straight out of the transport's memory (RecvReduce): one more pass over
+  // the bytes, which the cost model charges.
+  bool staged = false;
   std::vector<RoundMessage> msgs;  // Explicit only
 
   // Elements of the message that the child at virtual rank `child` carries.
