@@ -13,6 +13,7 @@
 
 #include "common/env.hpp"
 #include "kernels/dtype.hpp"
+#include "plan/plan.hpp"
 #include "tools/bench.hpp"
 #include "tools/launcher.hpp"
 
@@ -53,7 +54,9 @@ int main(int argc, char** argv) {
   app.add_option("-o,--op", op_s, "sum|prod|max|min|avg|all")->capture_default_str();
   app.add_option("-r,--root", root, "root rank of rooted collectives")->capture_default_str();
   app.add_option("-c,--check", check, "1: check every output element")->capture_default_str();
-  app.add_option("--algo", algo, "force this algorithm (sets CHORUS_ALGO=<collective>:<NAME>)");
+  app.add_option("--algo", algo,
+                 "force this algorithm (sets CHORUS_ALGO=<collective>:<NAME>); 'all': one sweep per registered "
+                 "algorithm of the collective");
   app.add_option("--json", json_path, "also write one JSON object per row to this file (JSON Lines)");
   app.add_option("-g,--np", np, "outside a job: launch this many local ranks of this benchmark");
   app.add_option("--timeout", timeout_s, "with --np: stop the job after SEC seconds (exit 124)");
@@ -112,7 +115,13 @@ int main(int argc, char** argv) {
     return report->exit_code;
   }
 
-  if (!algo.empty()) {
+  if (algo == "all") {
+    chorus::plan::Collective pc;
+    const chorus::plan::Registry registry = chorus::plan::Registry::builtin();
+    if (chorus::plan::parseCollective(collective, &pc))
+      for (const chorus::plan::Algorithm* a : registry.forCollective(pc)) o.algos.emplace_back(a->name());
+    if (o.algos.empty()) return fail(fmt::format("chorus-bench: --algo all: {} has no algorithms to choose from", collective));
+  } else if (!algo.empty()) {
     std::string forced = bench::withAlgo(chorus::env::getString("CHORUS_ALGO"), o.collective, algo);
     ::setenv("CHORUS_ALGO", forced.c_str(), 1);  // before init, which reads it
   }

@@ -208,6 +208,13 @@ chorusResult_t chorusCommPredict(chorusComm_t comm, const char* collective, size
                                  chorusDataType_t datatype, int inplace, char* algo, size_t algo_len,
                                  double* predicted_us);
 
+/* Replaces the communicator's CHORUS_ALGO overrides for later calls (same
+ * syntax, e.g. "allreduce:ring;allgather:bruck"; "" lets the cost model choose
+ * again).  Waits for queued work.  Every rank must set the same overrides at
+ * the same point in its sequence of calls (as with CHORUS_ALGO).  Unknown
+ * names are chorusInvalidArgument and leave the overrides unchanged. */
+chorusResult_t chorusCommSetAlgo(chorusComm_t comm, const char* spec);
+
 #ifdef __cplusplus
 }
 #endif

@@ -625,6 +625,13 @@ CHORUS_EXPORT chorusResult_t chorusCommPredict(chorusComm_t comm, const char* co
   return chorusSuccess;
 }
 
+CHORUS_EXPORT chorusResult_t chorusCommSetAlgo(chorusComm_t comm, const char* spec) {
+  const char* fn = "chorusCommSetAlgo";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(spec ? Status() : invalidArgument("{}: spec is NULL", fn));
+  return report(ref->setAlgorithms(spec), c);
+}
+
 // ---- groups ----------------------------------------------------------------------
 
 CHORUS_EXPORT chorusResult_t chorusGroupStart(void) {

@@ -359,6 +359,12 @@ HostIdentity localHostIdentity() {
   // gethostname may not terminate a truncated name; the last byte stays 0.
   if (::gethostname(id.hostname, sizeof id.hostname - 1) != 0) id.hostname[0] = '\0';
   id.hostname[sizeof id.hostname - 1] = '\0';
+  // CHORUS_HOST_ID splits one machine into several "hosts" (tests).
+  if (auto v = env::raw("CHORUS_HOST_ID"); v && !v->empty()) {
+    const std::string named = fmt::format("{}#{}", *v, id.hostname);  // the id first: never truncated away
+    std::memset(id.hostname, 0, sizeof id.hostname);
+    std::memcpy(id.hostname, named.data(), std::min(named.size(), sizeof id.hostname - 1));
+  }
   // boot_id tells apart hosts (or containers) that share a host name.
   if (std::ifstream f("/proc/sys/kernel/random/boot_id"); f) {
     f.read(id.boot_id, sizeof id.boot_id - 1);

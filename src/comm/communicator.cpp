@@ -396,6 +396,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   sh.displs = op.displs;
   sh.counts2 = op.counts2;
   sh.displs2 = op.displs2;
+  sh.hosts = tuner_->topology().host_of;
   auto* sp = static_cast<const std::byte*>(op.send);
   auto* rp = static_cast<std::byte*>(op.recv);
   const uint64_t r = static_cast<uint64_t>(rank_);
@@ -877,6 +878,7 @@ Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, si
   sh.count = count;
   sh.elem_size = static_cast<uint32_t>(kernels::dtypeSize(dtype));
   sh.inplace = inplace;
+  sh.hosts = tuner_->topology().host_of;
   // Serialised with execution: the tuner belongs to the executing thread.
   std::unique_lock l(q_mu_);
   q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
@@ -884,6 +886,16 @@ Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, si
   sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
   CHORUS_ASSIGN_OR_RETURN(double t, tuner_->price(*ch.algo, sh, dtype));
   return Prediction{std::string(ch.algo->name()), t};
+}
+
+Status Communicator::setAlgorithms(std::string_view spec) {
+  std::unique_lock l(q_mu_);
+  q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
+  auto t = tune::Tuner::create(registry_, tuner_->topology(), spec, cfg_.chunk_bytes, tuner_->profile());
+  if (!t.isOk()) return t.status();
+  *tuner_ = std::move(t.value());
+  cfg_.algo_spec = std::string(spec);  // communicators split from this one inherit it
+  return {};
 }
 
 // ---- shrink -------------------------------------------------------------------

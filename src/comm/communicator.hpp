@@ -101,6 +101,9 @@ class Communicator {
     double seconds = 0;
   };
   Result<Prediction> predict(plan::Collective coll, size_t count, chorusDataType_t dtype, bool inplace);
+  // Replaces the CHORUS_ALGO overrides (same syntax; "" = the cost model
+  // decides) for later calls; every rank must set the same (chorusCommSetAlgo).
+  Status setAlgorithms(std::string_view spec);
 
   void abort(const Status& why);
   // The error that broke the communicator (or ok).

@@ -18,6 +18,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_SECRET",          "", "job secret (hex) every connection must prove; chorus-run always sets a fresh one"},
   {"CHORUS_REQUIRE_SECRET",  "0", "1: refuse to initialise from the environment without a job secret"},
   {"CHORUS_SOCKET_IFNAME",   "", "network interface for the store and TCP data connections (e.g. eth0); default: the one routing to the master"},
+  {"CHORUS_HOST_ID",         "", "ranks whose values differ are on different hosts even on one machine (TCP between them, as NCCL_HOSTID): for tests of multi-host plans"},
   {"CHORUS_TRANSPORT",       "auto", "auto: shared memory between ranks of one host, TCP across hosts; tcp: TCP everywhere"},
   {"CHORUS_HEARTBEAT_MS",    "1000", "TCP keepalive period between hosts: a peer host that vanishes without closing its connections is declared dead within about 3x this"},
   {"CHORUS_TCP_SOCKETS",     "1", "TCP sockets per peer (more can raise bandwidth on fast links)"},

@@ -227,6 +227,8 @@ Registry Registry::builtin() {
   addRabenseifnerAlgorithms(r);
   addBruckAlgorithms(r);
   addDoubleTreeAlgorithms(r);
+  addDirectAlgorithms(r);
+  addHierarchicalAlgorithms(r);
   return r;
 }
 

@@ -101,6 +101,10 @@ struct Shape {
   uint64_t chunk_elems = 0;  // pipeline granularity; 0 = one chunk
   std::span<const size_t> counts, displs;    // allgatherv (recv side); alltoallv send side
   std::span<const size_t> counts2, displs2;  // alltoallv receive side
+  // Host of every rank (ranks with equal ids share memory; ids are arbitrary
+  // ints).  Empty: not known, which the plans treat as one host.  Only the
+  // hierarchical algorithms read it.
+  std::span<const int> hosts;
 
   // Elements of the input and output buffers this rank must provide.
   [[nodiscard]] uint64_t inputElems(int rank) const;
@@ -221,6 +225,11 @@ struct Round {
   // where child is the non-root end (gather, scatter).
   bool subtree = false;
   bool reduce = false;  // the receiver reduces what it receives
+  // With reduce: the receiver lands the message in scratch and reduces it in a
+  // separate pass (recursive doubling, Rabenseifner) instead of reducing
+  // straight out of the transport's memory (RecvReduce): one more pass over
+  // the bytes, which the cost model charges.
+  bool staged = false;
   std::vector<RoundMessage> msgs;  // Explicit only
 
   // Elements of the message that the child at virtual rank `child` carries.
@@ -340,5 +349,7 @@ void addExchangeAlgorithms(Registry& r);  // pairwise alltoall(v), barrier, send
 void addRabenseifnerAlgorithms(Registry& r);  // halving-doubling allreduce, recursive-halving reduce-scatter
 void addBruckAlgorithms(Registry& r);         // Bruck allgather and alltoall
 void addDoubleTreeAlgorithms(Registry& r);    // double binary tree allreduce, scatter-allgather broadcast
+void addDirectAlgorithms(Registry& r);        // direct (all-pairs) allreduce for ranks sharing memory
+void addHierarchicalAlgorithms(Registry& r);  // two-level allreduce / allgather across hosts
 
 }  // namespace chorus::plan

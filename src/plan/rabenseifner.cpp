@@ -73,9 +73,14 @@ class RabenseifnerAllReduce final : public Algorithm {
     const Fold f(sh.nranks);
     const uint64_t N = sh.count;
     if (f.n == 1 || N == 0) return rs;
-    if (f.rem) rs.push_back({.peers = Peers::FoldIn, .fold = f.rem, .elems = N, .reduce = true});
+    if (f.rem) rs.push_back({.peers = Peers::FoldIn, .fold = f.rem, .elems = N, .reduce = true, .staged = true});
     for (int mask = f.p / 2; mask >= 1; mask /= 2)
-      rs.push_back({.peers = Peers::Xor, .arg = mask, .fold = f.rem, .elems = partBegin(N, f.p, mask), .reduce = true});
+      rs.push_back({.peers = Peers::Xor,
+                    .arg = mask,
+                    .fold = f.rem,
+                    .elems = partBegin(N, f.p, mask),
+                    .reduce = true,
+                    .staged = true});
     for (int mask = 1; mask < f.p; mask *= 2)
       rs.push_back({.peers = Peers::Xor, .arg = mask, .fold = f.rem, .elems = partBegin(N, f.p, mask)});
     if (f.rem) rs.push_back({.peers = Peers::FoldOut, .fold = f.rem, .elems = N});
@@ -115,7 +120,8 @@ class HalvingReduceScatter final : public Algorithm {
     std::vector<Round> rs;
     if (sh.nranks == 1 || sh.count == 0) return rs;
     for (int mask = sh.nranks / 2; mask >= 1; mask /= 2)
-      rs.push_back({.peers = Peers::Xor, .arg = mask, .elems = sh.count * static_cast<uint64_t>(mask), .reduce = true});
+      rs.push_back(
+          {.peers = Peers::Xor, .arg = mask, .elems = sh.count * static_cast<uint64_t>(mask), .reduce = true, .staged = true});
     return rs;
   }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {

@@ -22,9 +22,9 @@ class RecursiveDoublingAllReduce final : public Algorithm {
     std::vector<Round> rs;
     if (n == 1 || N == 0) return rs;
     const int p = pof2Floor(n), rem = n - p;
-    if (rem) rs.push_back({.peers = Peers::FoldIn, .fold = rem, .elems = N, .reduce = true});
+    if (rem) rs.push_back({.peers = Peers::FoldIn, .fold = rem, .elems = N, .reduce = true, .staged = true});
     for (int mask = 1; mask < p; mask <<= 1)
-      rs.push_back({.peers = Peers::Xor, .arg = mask, .fold = rem, .elems = N, .reduce = true});
+      rs.push_back({.peers = Peers::Xor, .arg = mask, .fold = rem, .elems = N, .reduce = true, .staged = true});
     if (rem) rs.push_back({.peers = Peers::FoldOut, .fold = rem, .elems = N});
     return rs;
   }

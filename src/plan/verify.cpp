@@ -65,6 +65,7 @@ Status verify(const Algorithm& algo, const VerifyCase& vc) {
   std::vector<RankState> st(n);
   for (int r = 0; r < n; ++r) {
     Shape s = vc.shape;
+    if (!vc.hosts.empty()) s.hosts = vc.hosts;
     if (coll == Collective::AllGatherV) {
       s.counts = vc.counts;
       s.displs = vc.displs;

@@ -24,6 +24,8 @@ struct VerifyCase {
   // recv_displs.
   std::vector<size_t> counts, displs;
   std::vector<std::vector<size_t>> send_counts, send_displs, recv_counts, recv_displs;
+  // Host of every rank (Shape::hosts); empty leaves shape.hosts as it is.
+  std::vector<int> hosts;
 };
 
 // Ok, or chorusInternalError naming the algorithm, the rank count, the rank and

@@ -180,6 +180,10 @@ struct BenchOptions {
   int root = 0;
   bool check = true;
   std::string json_path;  // "" = no JSON output (written by rank 0)
+  // --algo all: the sweep runs once per algorithm named here (forced with
+  // chorusCommSetAlgo; sizes an algorithm does not handle are skipped).
+  // Empty: the algorithms CHORUS_ALGO or the tuner choose.
+  std::vector<std::string> algos;
 };
 
 // Runs the sweep as one rank of comm.  Rank 0 prints the table to `out`.

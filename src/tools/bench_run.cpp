@@ -115,7 +115,8 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
     json.open(o.json_path, std::ios::out | std::ios::trunc);
     if (!json) return systemError("chorus-bench: cannot open --json file '{}' for writing", o.json_path);
   }
-  const std::string algo = algoFor(env::getString("CHORUS_ALGO"), c);
+  const std::string chorus_algo = env::getString("CHORUS_ALGO");
+  const std::string algo = o.algos.empty() ? algoFor(chorus_algo, c) : "all";
   auto print = [&](const std::string& s) {
     if (rank != 0) return;
     std::fputs(s.c_str(), out);
@@ -139,6 +140,15 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
     ops.emplace_back(std::nullopt);
   }
 
+  // One sweep per forced algorithm (--algo all), or one as configured.
+  std::vector<std::string> sweep_algos = o.algos;
+  if (sweep_algos.empty()) sweep_algos.emplace_back();
+  for (const std::string& forced : sweep_algos) {
+  if (!forced.empty()) {
+    const std::string spec = withAlgo(chorus_algo, c, forced);
+    if (chorusResult_t r = chorusCommSetAlgo(comm, spec.c_str()); r != chorusSuccess)
+      return apiError(comm, rank, "forcing " + spec, r);
+  }
   for (chorusDataType_t d : o.dtypes) {
     const size_t elem = kernels::dtypeSize(d);
     for (const std::optional<chorusRedOp_t>& op : ops) {
@@ -152,9 +162,23 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
         if (takesRoot(c)) row.root = o.root;
         const std::string what = fmt::format("{} of {} {} elements", collectiveName(c), row.shape.count,
                                              kernels::dtypeName(d));
+        bool skipped = false;
         for (bool in_place : {false, true}) {
           if (in_place && !hasInPlace(c)) break;
           const std::string where = fmt::format("{} ({})", what, in_place ? "in-place" : "out-of-place");
+          // What the tuner chose and what its cost model predicted.
+          char chosen[64] = {};
+          double predicted = 0;
+          const bool priced = c != Collective::SendRecv &&
+                              chorusCommPredict(comm, std::string(collectiveName(c)).c_str(), row.shape.count, d,
+                                                in_place ? 1 : 0, chosen, sizeof chosen, &predicted) == chorusSuccess;
+          // A forced algorithm that does not handle the shape falls back to
+          // the tuner's choice: not a row of this algorithm (every rank
+          // prices alike, so all skip together).
+          if (!forced.empty() && priced && forced != chosen) {
+            skipped = true;
+            break;
+          }
           Placement p = place(c, in_place, sendbuf.get(), recvbuf.get(), row.shape, elem, rank);
           auto run = [&]() -> Status {
             chorusResult_t r = issue(c, p.send, p.recv, row.shape, d, op.value_or(chorusSum), o.root, rank, nranks, comm);
@@ -182,12 +206,7 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
               r != chorusSuccess)
             return apiError(comm, rank, "reducing the timings", r);
           m.time_us = seconds * 1e6;
-          // What the tuner chose and what its cost model predicted.
-          char chosen[64] = {};
-          double predicted = 0;
-          if (c != Collective::SendRecv &&
-              chorusCommPredict(comm, std::string(collectiveName(c)).c_str(), row.shape.count, d, in_place ? 1 : 0,
-                                chosen, sizeof chosen, &predicted) == chorusSuccess) {
+          if (priced) {
             m.algo = chosen;
             m.predicted_us = predicted;
           }
@@ -200,6 +219,11 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
             row.out_of_place = m;
           }
         }
+        if (skipped) {
+          print(fmt::format("# {}: algorithm '{}' does not handle {} bytes on {} ranks\n", collectiveName(c), forced,
+                            size, nranks));
+          continue;
+        }
         print(formatRow(row));
         if (json.is_open()) {
           json << rowJson(row, false, nranks, algo).dump() << '\n';
@@ -209,6 +233,10 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
       }
     }
   }
+  }
+  if (!o.algos.empty())
+    if (chorusResult_t r = chorusCommSetAlgo(comm, chorus_algo.c_str()); r != chorusSuccess)
+      return apiError(comm, rank, "restoring CHORUS_ALGO", r);
   print(formatFooter(wrong_total, busbw_n ? busbw_sum / busbw_n : 0));
   if (json.is_open() && !json) return systemError("chorus-bench: writing --json file '{}' failed", o.json_path);
   return wrong_total;

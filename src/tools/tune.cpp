@@ -49,11 +49,53 @@ Result<double> pingPong(chorusComm_t comm, size_t bytes, int reps, int iters) {
   return median(times);
 }
 
+// Median over reps of the time of one burst: rank 1 sends k 8-byte messages to
+// rank 0 in one group, rank 0 receives them in one group and answers with one.
+// The k messages are in flight together, so T(k) - T(1) is k - 1 times the
+// CPU cost of a message, not k - 1 latencies.
+Result<double> burst(chorusComm_t comm, int k, int reps, int iters) {
+  int rank = 0;
+  chorusCommUserRank(comm, &rank);
+  std::vector<uint64_t> buf(static_cast<size_t>(k) + 1);
+  auto group = [&](bool send, int peer, int count) -> Status {
+    CHORUS_RETURN_IF_ERROR(check(chorusGroupStart(), comm, "group start"));
+    for (int i = 0; i < count; ++i) {
+      chorusResult_t r = send ? chorusSend(&buf[i], 1, chorusUint64, peer, comm, nullptr)
+                              : chorusRecv(&buf[i], 1, chorusUint64, peer, comm, nullptr);
+      if (r != chorusSuccess) {
+        chorusGroupEnd();
+        return check(r, comm, send ? "send" : "recv");
+      }
+    }
+    return check(chorusGroupEnd(), comm, "group end");
+  };
+  std::vector<double> times;
+  for (int rep = 0; rep < reps; ++rep) {
+    CHORUS_RETURN_IF_ERROR(check(chorusBarrier(comm, nullptr), comm, "barrier"));
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters && rank < 2; ++i) {
+      CHORUS_RETURN_IF_ERROR(group(rank == 1, 1 - rank, k));
+      CHORUS_RETURN_IF_ERROR(group(rank == 0, 1 - rank, 1));
+    }
+    double t = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+    CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&t, &t, 1, chorusFloat64, chorusMax, comm, nullptr), comm, "max"));
+    times.push_back(t);
+  }
+  return median(times);
+}
+
+// α, β and o of the link between ranks 0 and 1: o from a burst of 32 messages
+// against one, then the ping-pong's one-way time is α + 2o (both ends) and the
+// big message's extra time over it is bytes·β.
 Result<tune::LinkCost> measureLink(chorusComm_t comm, const TuneOptions& o) {
   tune::LinkCost l;
   CHORUS_ASSIGN_OR_RETURN(double small, pingPong(comm, 8, o.reps, 2000));
   CHORUS_ASSIGN_OR_RETURN(double big, pingPong(comm, o.big_bytes, o.reps, 8));
-  l.alpha_s = small;
+  constexpr int kBurst = 32;
+  CHORUS_ASSIGN_OR_RETURN(double one, burst(comm, 1, o.reps, 1000));
+  CHORUS_ASSIGN_OR_RETURN(double many, burst(comm, kBurst, o.reps, 1000));
+  l.overhead_s = std::clamp((many - one) / (kBurst - 1), 0.0, small / 2);
+  l.alpha_s = std::max(0.0, small - 2 * l.overhead_s);
   l.beta_s_per_byte = std::max(1e-12, (big - small) / static_cast<double>(o.big_bytes));
   return l;
 }

@@ -40,6 +40,9 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
     if (!j[name].is_object()) return invalidArgument("tuning profile: '{}' must be an object", name);
     CHORUS_RETURN_IF_ERROR(num(j[name], "alpha_us", &link->alpha_s));
     link->alpha_s *= 1e-6;
+    double oh = link->overhead_s * 1e6;
+    CHORUS_RETURN_IF_ERROR(num(j[name], "overhead_us", &oh));
+    link->overhead_s = oh * 1e-6;
     double gbps = 0;
     CHORUS_RETURN_IF_ERROR(num(j[name], "bandwidth_gbps", &gbps));
     if (gbps > 0) link->beta_s_per_byte = 1.0 / (gbps * 1e9);
@@ -66,8 +69,10 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
 
 std::string CostProfile::toJson() const {
   nlohmann::json j;
-  j["shm"] = {{"alpha_us", shm.alpha_s * 1e6}, {"bandwidth_gbps", 1e-9 / shm.beta_s_per_byte}};
-  j["tcp"] = {{"alpha_us", tcp.alpha_s * 1e6}, {"bandwidth_gbps", 1e-9 / tcp.beta_s_per_byte}};
+  for (auto [name, l] : {std::pair{"shm", &shm}, std::pair{"tcp", &tcp}})
+    j[name] = {{"alpha_us", l->alpha_s * 1e6},
+               {"bandwidth_gbps", 1e-9 / l->beta_s_per_byte},
+               {"overhead_us", l->overhead_s * 1e6}};
   for (int d = 0; d < chorusNumTypes; ++d)
     j["reduce_gbps"][std::string(kernels::dtypeName(static_cast<chorusDataType_t>(d)))] = 1e-9 / gamma_s_per_byte[d];
   j["op_overhead_us"] = op_overhead_s * 1e6;
@@ -99,22 +104,47 @@ Result<double> predictSeconds(const plan::Algorithm& algo, const plan::Shape& sh
   const int n = shape.nranks;
   const double gamma = prof.gamma_s_per_byte[dtype];
   double total = prof.op_overhead_s;
-  std::vector<int> busy(static_cast<size_t>(n), 0);  // messages received per host in this round
+  // Per rank: latency (max α in) and work (Σ o, β, γ) in the current round;
+  // per host: ranks active in it.
+  std::vector<double> lat(static_cast<size_t>(n)), work(static_cast<size_t>(n));
+  std::vector<int> active(static_cast<size_t>(n));
+  std::vector<char> seen(static_cast<size_t>(n));
+  // Hosts renumbered 0..: any ids will do.
+  std::vector<int> host(static_cast<size_t>(n), 0);
+  if (host_of.size() == static_cast<size_t>(n)) {
+    std::unordered_map<int, int> index;
+    for (int q = 0; q < n; ++q)
+      host[static_cast<size_t>(q)] = index.try_emplace(host_of[static_cast<size_t>(q)], static_cast<int>(index.size())).first->second;
+  }
+  auto hostOf = [&](int r) { return host[static_cast<size_t>(r)]; };
   for (const plan::Round& r : rounds) {
-    double worst = 0;
-    std::fill(busy.begin(), busy.end(), 0);
-    int most = 0;
+    std::fill(lat.begin(), lat.end(), 0.0);
+    std::fill(work.begin(), work.end(), 0.0);
+    std::fill(active.begin(), active.end(), 0);
+    std::fill(seen.begin(), seen.end(), 0);
+    auto touch = [&](int rank) {
+      if (!seen[static_cast<size_t>(rank)]) {
+        seen[static_cast<size_t>(rank)] = 1;
+        ++active[static_cast<size_t>(hostOf(rank))];
+      }
+    };
     plan::forEachMessage(r, n, [&](int src, int dst, uint64_t elems) {
-      const int h = host_of.empty() ? 0 : host_of[dst];
-      most = std::max(most, ++busy[static_cast<size_t>(h)]);
-      const bool remote = host_of.empty() ? false : host_of[src] != host_of[dst];
-      const LinkCost& l = remote ? prof.tcp : prof.shm;
+      const LinkCost& l = hostOf(src) != hostOf(dst) ? prof.tcp : prof.shm;
       const double bytes = static_cast<double>(elems) * shape.elem_size;
-      const double t = l.alpha_s + bytes * l.beta_s_per_byte + (r.reduce ? bytes * gamma : 0.0);
-      worst = std::max(worst, t);
+      const auto d = static_cast<size_t>(dst);
+      lat[d] = std::max(lat[d], l.alpha_s);
+      work[d] += l.overhead_s + bytes * l.beta_s_per_byte + (r.reduce ? bytes * gamma * (r.staged ? 2.0 : 1.0) : 0.0);
+      work[static_cast<size_t>(src)] += l.overhead_s;
+      touch(src);
+      touch(dst);
     });
-    const double turns = std::max(1.0, static_cast<double>(most) / prof.cores);
-    total += static_cast<double>(r.repeat) * worst * turns;
+    double worst = 0;
+    for (int q = 0; q < n; ++q) {
+      if (!seen[static_cast<size_t>(q)]) continue;
+      const double turns = std::max(1.0, static_cast<double>(active[static_cast<size_t>(hostOf(q))]) / prof.cores);
+      worst = std::max(worst, (lat[static_cast<size_t>(q)] + work[static_cast<size_t>(q)]) * turns);
+    }
+    total += static_cast<double>(r.repeat) * worst;
   }
   return total;
 }

@@ -1,11 +1,19 @@
 // The α-β-γ cost model the tuner prices plans with.
 //
 // For a link class (shared memory inside a host, TCP between hosts) a message
-// of b bytes costs α + b·β, and reducing b bytes costs b·γ(dtype).  A plan is
-// priced from its rounds (plan::Round): each round costs the slowest of its
-// messages — α and β of the link the message crosses, plus γ when the
-// receiver reduces it — and rounds run one after another.  Pipelined plans
-// report one round per slice, so α is paid per slice and bandwidth once.
+// has a latency α, costs each end o of CPU time (posting, polling, matching)
+// and the receiver b·β to move b bytes; reducing b bytes costs b·γ(dtype).
+// A plan is priced from its rounds (plan::Round), one after another.  In a
+// round every rank works through its own messages on its own core while their
+// latencies overlap (they are in flight together), so a rank's time is
+//   max α of its incoming messages + Σ_in (o + b·β + b·γ·[reduce](1 + [staged]))
+//                                  + Σ_out o
+// (a staged reduction lands in scratch first and pays one more pass over the
+// bytes), the round lasts as long as its busiest rank, and a host whose ranks
+// active in the round outnumber its cores runs them in turns (active / cores).
+// For the one-message-per-rank patterns (ring, trees, recursive doubling) this
+// is α + 2o + b·β (+ b·γ) per round; for the all-pairs rounds of the direct
+// allreduce the n - 1 messages of a rank pay α once and o, β, γ each.
 //
 // The numbers come from a calibration profile written by chorus-tune
 // (default ~/.cache/chorus/profile.json, CHORUS_TUNE_FILE overrides), or from
@@ -24,13 +32,14 @@
 namespace chorus::tune {
 
 struct LinkCost {
-  double alpha_s = 0;          // seconds per message
+  double alpha_s = 0;          // latency of a message (overlaps with other messages in flight)
   double beta_s_per_byte = 0;  // seconds per byte (1 / bandwidth)
+  double overhead_s = 0;       // CPU time per message at each end
 };
 
 struct CostProfile {
-  LinkCost shm{1.0e-6, 1.0 / 6.0e9};
-  LinkCost tcp{15.0e-6, 1.0 / 1.5e9};
+  LinkCost shm{0.8e-6, 1.0 / 6.0e9, 0.1e-6};
+  LinkCost tcp{12.0e-6, 1.0 / 1.5e9, 1.5e-6};
   // Seconds per byte reduced, per data type (fp16/bf16/fp8 pay the conversions).
   std::array<double, chorusNumTypes> gamma_s_per_byte{};
   double op_overhead_s = 1.5e-6;  // per call: API, plan lookup, executor set-up

@@ -47,6 +47,7 @@ class Tuner {
   // The model's time for algo on shape (shape.chunk_elems as given).
   Result<double> price(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype) const;
   [[nodiscard]] const CostProfile& profile() const { return profile_; }
+  [[nodiscard]] const Topology& topology() const { return topo_; }
 
  private:
   Tuner(const plan::Registry& registry, Topology topo) : registry_(&registry), topo_(topo) {}

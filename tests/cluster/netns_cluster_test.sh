@@ -10,7 +10,8 @@
 # Runs (1) chorus_collectives_main on 6 ranks with a reduced case list and checks
 # every rank exits 0 and reports 0 failures in its JSON line, then (2) a
 # chorus-bench allreduce sweep across the hosts, checking exit 0 and 0 wrong
-# elements in its --json rows.
+# elements in its --json rows and that the tuner picks the hierarchical
+# allreduce, then (3) chorus-bench --algo all (every allreduce algorithm).
 #
 # Needs root and `ip netns` (iproute2).  Without them it FAILS with a message,
 # unless CHORUS_SKIP_CLUSTER=1 is set, in which case it exits 77 (ctest: skipped).
@@ -111,8 +112,12 @@ run_job() {
 # --- 1: the collectives matrix, reduced --------------------------------------
 start=$SECONDS
 collectives_ok=1
-run_job collectives 29500 "$prog" --counts "${CHORUS_CLUSTER_COUNTS:-0,7}" \
-  --float-counts "${CHORUS_CLUSTER_FLOAT_COUNTS:-100003,1000003}" || collectives_ok=0
+# allreduce and allgather run the hierarchical (two-level) plans, and the
+# program fails unless the tuner really runs them on this layout.
+run_job collectives 29500 env CHORUS_ALGO=allreduce:hierarchical,allgather:hierarchical \
+  "$prog" --counts "${CHORUS_CLUSTER_COUNTS:-0,7}" \
+  --float-counts "${CHORUS_CLUSTER_FLOAT_COUNTS:-100003,1000003}" \
+  --expect-algo allreduce:hierarchical --expect-algo allgather:hierarchical || collectives_ok=0
 cat "$work"/collectives.*.out > "$work/collectives.jsonl"
 python3 - "$work/collectives.jsonl" 6 <<'EOF' || collectives_ok=0
 import json, sys
@@ -144,7 +149,10 @@ echo "netns_cluster_test: collectives on 3 hosts x 2 ranks: $([[ $collectives_ok
 # --- 2: chorus-bench allreduce across the hosts ------------------------------
 start=$SECONDS
 bench_ok=1
-run_job bench 29501 "$bench" allreduce -b 1K -e 4M -f 4 -c 1 -w 1 -n 3 --json "$work/bench.jsonl" || bench_ok=0
+# The built-in cost model (no profile file): the tuner must pick the
+# hierarchical allreduce on its own for a job spanning hosts.
+run_job bench 29501 env CHORUS_TUNE_FILE="$work/no-profile.json" \
+  "$bench" allreduce -b 1K -e 4M -f 4 -c 1 -w 1 -n 3 --json "$work/bench.jsonl" || bench_ok=0
 python3 - "$work/bench.jsonl" <<'EOF' || bench_ok=0
 import json, sys
 try:
@@ -160,8 +168,30 @@ for r in bad:
 if sizes != [1024 * 4**k for k in range(7)]:
     print(f"netns_cluster_test: bench: expected sizes 1K..4M by 4, got {sizes}", file=sys.stderr)
     sys.exit(1)
+if not any(r.get("algo") == "hierarchical" for r in rows):
+    print(f"netns_cluster_test: bench: the tuner never chose the hierarchical allreduce: {[r.get('algo') for r in rows]}",
+          file=sys.stderr)
+    sys.exit(1)
 sys.exit(1 if bad else 0)
 EOF
+# --algo all: one sweep per allreduce algorithm, each row checked and priced.
+run_job bench_all 29502 "$bench" allreduce --algo all -b 64K -e 1M -f 16 -c 1 -w 0 -n 2 \
+  --json "$work/bench_all.jsonl" || bench_ok=0
+python3 - "$work/bench_all.jsonl" <<'EOF' || bench_ok=0
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+algos = {r["algo"] for r in rows}
+bad = [r for r in rows if r.get("wrong") != 0 or r.get("predicted_us") is None]
+for r in bad:
+    print(f"netns_cluster_test: bench --algo all: bad row {r}", file=sys.stderr)
+want = {"ring", "recursive_doubling", "rabenseifner", "double_tree", "hierarchical"}
+if not want <= algos or "direct" in algos:
+    print(f"netns_cluster_test: bench --algo all: algorithms {sorted(algos)}, expected {sorted(want)} and not direct",
+          file=sys.stderr)
+    sys.exit(1)
+sys.exit(1 if bad else 0)
+EOF
+if [[ $bench_ok == 1 ]]; then sed 's/^/  /' "$work/bench_all.0.out"; fi
 if [[ $bench_ok == 1 ]]; then sed 's/^/  /' "$work/bench.0.out"; fi
 echo "netns_cluster_test: chorus-bench allreduce on 3 hosts x 2 ranks: $([[ $bench_ok == 1 ]] && echo ok || echo FAILED) ($((SECONDS - start)) s)"
 

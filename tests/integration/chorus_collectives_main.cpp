@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
   app.add_option("--fail-rank", fail_rank, "this rank exits with --fail-status right after init (failure tests)");
   app.add_option("--fail-status", fail_status, "exit status of --fail-rank")->capture_default_str();
   app.add_option("--stream", stream_cases, "also run a few cases on a chorus stream")->capture_default_str();
+  std::vector<std::string> expect_algos;
+  app.add_option("--expect-algo", expect_algos,
+                 "COLL:NAME: fail unless the tuner runs NAME for COLL (checked at the --float-counts); repeatable");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -115,6 +118,22 @@ int main(int argc, char** argv) {
     if (failures++ == 0) first_failure = msg;
     fmt::print(stderr, "rank {}: {}\n", rank, msg);
   };
+  // A forced algorithm (CHORUS_ALGO) that does not handle the job's layout is
+  // silently replaced by the tuner's choice: make sure it is the one running.
+  for (const std::string& e : expect_algos) {
+    const size_t colon = e.find(':');
+    const std::string coll = e.substr(0, colon), want = colon == std::string::npos ? "" : e.substr(colon + 1);
+    for (size_t count : float_counts) {
+      char got[64] = {};
+      double us = 0;
+      if (chorusCommPredict(comm, coll.c_str(), count, chorusFloat32, 0, got, sizeof got, &us) != chorusSuccess)
+        record(fmt::format("chorusCommPredict({}): {}", coll, chorusGetLastError(comm)));
+      else if (want != got)
+        record(fmt::format("{} of {} floats: expected algorithm {}, the tuner runs {}", coll, count, want, got));
+      else
+        record("");
+    }
+  }
   for (const Case& c : cases) record(chorus::testing::runCase(comm, c));
 
   if (stream_cases) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "kernels/dtype.hpp"
@@ -439,6 +440,48 @@ TEST(Bench, RunBenchMeasuresAndChecksEveryCollective) {
     }
     EXPECT_EQ(n, rows);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// --algo all: one sweep per algorithm, every row names the algorithm that ran
+// and its predicted time; an algorithm that does not handle the job (the
+// hierarchical one on one host) is skipped with a note instead of silently
+// measuring the tuner's fallback.
+TEST(Bench, AlgoAllSweepsEachAlgorithm) {
+  constexpr int kRanks = 3;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("bench_algos.{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  BenchOptions o;
+  o.collective = Collective::AllReduce;
+  o.sweep = {1024, 65536, 64, 0};  // 1 KiB, 64 KiB
+  o.iters = 1;
+  o.warmup = 0;
+  o.algos = {"ring", "direct", "hierarchical", "recursive_doubling"};
+  o.json_path = (dir / "algos.jsonl").string();
+  std::string table;
+  auto msgs = chorus::testing::runRanks(kRanks, [&](int rank, chorusComm_t comm) -> std::string {
+    char* buf = nullptr;
+    size_t len = 0;
+    std::FILE* out = ::open_memstream(&buf, &len);
+    auto wrong = runBench(o, comm, out);
+    std::fclose(out);
+    if (rank == 0) table.assign(buf, len);
+    std::free(buf);
+    if (!wrong.isOk()) return wrong.status().message();
+    return *wrong == 0 ? "" : fmt::format("rank {}: {} wrong elements", rank, *wrong);
+  });
+  ASSERT_EQ(chorus::testing::failures(msgs), "");
+  EXPECT_THAT(table, HasSubstr("algorithm 'hierarchical' does not handle 1024 bytes on 3 ranks"));
+  std::map<std::string, int> rows;
+  std::ifstream in(o.json_path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    ++rows[j["algo"].get<std::string>()];
+    EXPECT_EQ(j["wrong"], 0) << line;
+    EXPECT_TRUE(j["predicted_us"].is_number()) << line;
+  }
+  // 2 sizes x (out of place, in place) per algorithm that runs here.
+  EXPECT_EQ(rows, (std::map<std::string, int>{{"direct", 4}, {"recursive_doubling", 4}, {"ring", 4}}));
   std::filesystem::remove_all(dir);
 }
 

@@ -2,6 +2,8 @@
 // element against the independent reference in support/collective_check.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 
 #include "support/collective_check.hpp"
@@ -50,6 +52,48 @@ TEST_P(TcpRankCount, ForcedTcp) {
   EXPECT_EQ(failures(msgs), "");
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, TcpRankCount, ::testing::Values(2, 3, 5));
+
+// Every allreduce algorithm, forced in turn (CHORUS_ALGO), against the
+// reference: every dtype and op at small ragged counts, float32 at counts
+// that cut into ragged blocks and pipeline slices.  The tuner falls back to
+// its own choice when a forced algorithm does not handle the layout, so each
+// rank also asserts (chorusCommPredict) that the forced one is what ran.
+// The hierarchical algorithm needs several hosts: it runs over TCP, where every
+// rank is a host of its own (several ranks per host: tests/integration).
+struct AlgoCase {
+  const char* algo;
+  int nranks;
+  bool tcp;
+};
+class AllReduceAlgorithm : public ::testing::TestWithParam<AlgoCase> {};
+TEST_P(AllReduceAlgorithm, MatchesReference) {
+  const AlgoCase p = GetParam();
+  setenv("CHORUS_ALGO", fmt::format("allreduce:{}", p.algo).c_str(), 1);
+  if (p.tcp) setenv("CHORUS_TRANSPORT", "tcp", 1);
+  std::vector<Case> cases;
+  for (const Case& c : standardCases(p.nranks, {0, 1, 7, 4099, 300007}, /*all_dtypes=*/true))
+    if (c.coll == Coll::AllReduce && (c.count < 1000 || (c.dtype == chorusFloat32 && c.op == chorusSum)))
+      cases.push_back(c);
+  auto msgs = runRanks(p.nranks, [&](int r, chorusComm_t c) -> std::string {
+    for (size_t count : {7, 300007}) {
+      char algo[64] = {};
+      double us = 0;
+      if (chorusCommPredict(c, "allreduce", count, chorusFloat32, 0, algo, sizeof algo, &us) != chorusSuccess)
+        return chorusGetLastError(c);
+      if (std::string(algo) != p.algo) return fmt::format("rank {}: forced {} but the tuner ran {}", r, p.algo, algo);
+    }
+    return runAll(r, c, cases);
+  });
+  unsetenv("CHORUS_ALGO");
+  unsetenv("CHORUS_TRANSPORT");
+  EXPECT_EQ(failures(msgs), "");
+}
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, AllReduceAlgorithm,
+    ::testing::Values(AlgoCase{"direct", 2, false}, AlgoCase{"direct", 3, false}, AlgoCase{"direct", 4, false},
+                      AlgoCase{"direct", 7, false}, AlgoCase{"hierarchical", 3, true},
+                      AlgoCase{"hierarchical", 4, true}),
+    [](const auto& info) { return fmt::format("{}_{}{}", info.param.algo, info.param.nranks, info.param.tcp ? "_tcp" : ""); });
 
 TEST(Collectives, ManyRanks) {
   for (int n : {13, 16}) {

@@ -2,6 +2,11 @@
 // larger counts), ragged counts, every root and in-place.
 #include <gtest/gtest.h>
 
+#include <fmt/ranges.h>
+
+#include <map>
+#include <set>
+
 #include "plan/plan.hpp"
 #include "plan/verify.hpp"
 
@@ -87,6 +92,90 @@ TEST(Plan, LargeRankCounts) {
       ASSERT_TRUE(st.isOk()) << st.message();
     }
   }
+}
+
+// The algorithms that read Shape::hosts (direct, hierarchical), proven for
+// 1..64 ranks on several host layouts: one host, contiguous blocks of ranks,
+// ranks dealt round-robin over hosts, and uneven layouts, which an algorithm
+// must either prove or refuse (supports() false).  Without a layout they
+// refuse, so the simulator (which sets none) never picks them.
+std::vector<std::vector<int>> hostLayouts(int n) {
+  std::vector<std::vector<int>> ls;
+  ls.push_back(std::vector<int>(n, 42));  // one host
+  for (int H = 2; H <= n; ++H) {
+    if (n % H != 0 || (H != 2 && H != n && H != n / 2 && H != 3)) continue;
+    std::vector<int> blocks(n), strided(n);
+    for (int r = 0; r < n; ++r) {
+      blocks[r] = 100 + r / (n / H);  // ids need not be ranks
+      strided[r] = (r % H) * 7;
+    }
+    ls.push_back(blocks);
+    ls.push_back(strided);
+  }
+  if (n >= 3) {  // uneven: one rank alone, the rest on another host; and 1,2,3,... ranks
+    std::vector<int> lone(n, 1), steps(n);
+    lone[n / 2] = 0;
+    for (int r = 0, h = 0, k = 1, left = 1; r < n; ++r) {
+      steps[r] = h;
+      if (--left == 0) left = ++k, ++h;
+    }
+    ls.push_back(lone);
+    ls.push_back(steps);
+  }
+  return ls;
+}
+
+bool uniform(const std::vector<int>& hosts) {
+  std::map<int, int> per;
+  for (int h : hosts) ++per[h];
+  for (auto& [h, c] : per)
+    if (c != per.begin()->second) return false;
+  return true;
+}
+
+TEST(Plan, LocalityAwareAlgorithmsVerifyOnHostLayouts) {
+  Registry reg = Registry::builtin();
+  std::map<std::string, int> verified;
+  for (const auto& algo : reg.all()) {
+    const Collective c = algo->collective();
+    const std::string key = fmt::format("{}:{}", collectiveName(c), algo->name());
+    if (algo->name() != "direct" && algo->name() != "hierarchical") continue;
+    for (int n = 1; n <= 64; ++n) {
+      const bool big = n > 16 && n != 31 && n != 64;
+      for (const std::vector<int>& hosts : hostLayouts(n)) {
+        std::set<int> distinct(hosts.begin(), hosts.end());
+        for (uint64_t count : {0, 1, 7, 33}) {
+          if (big && count != 33) continue;
+          for (uint64_t chunk : {0, 2}) {
+            if (big && chunk != 0) continue;
+            for (bool inplace : {false, true}) {
+              VerifyCase vc = makeCase(c, n, count, 0, inplace, chunk);
+              vc.hosts = hosts;
+              vc.shape.hosts = vc.hosts;
+              const bool ok = algo->supports(vc.shape);
+              // What each refuses: direct every layout but one host;
+              // hierarchical one host and uneven layouts.
+              if (algo->name() == "direct") {
+                EXPECT_EQ(ok, distinct.size() == 1) << key << " n=" << n;
+              } else {
+                EXPECT_EQ(ok, distinct.size() >= 2 && uniform(hosts)) << key << " n=" << n;
+              }
+              if (!ok) continue;
+              Status st = verify(*algo, vc);
+              ASSERT_TRUE(st.isOk()) << st.message() << " hosts=" << fmt::format("{}", fmt::join(hosts, ","));
+              ++verified[key];
+            }
+          }
+        }
+      }
+    }
+    // Without a host layout, never.
+    VerifyCase vc = makeCase(c, 4, 7, 0, false, 0);
+    EXPECT_FALSE(algo->supports(vc.shape)) << key;
+  }
+  EXPECT_GT(verified["allreduce:direct"], 300);
+  EXPECT_GT(verified["allreduce:hierarchical"], 500);
+  EXPECT_GT(verified["allgather:hierarchical"], 500);
 }
 
 // A deliberately wrong plan must be caught: a ring allreduce that forgets the

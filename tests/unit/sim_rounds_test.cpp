@@ -8,6 +8,8 @@
 #include <set>
 #include <tuple>
 
+#include <fmt/ranges.h>
+
 #include "plan/plan.hpp"
 
 namespace chorus::plan {
@@ -66,6 +68,20 @@ TEST(SimRounds, PatternsMatchExpandedPrograms) {
     const Collective c = algo->collective();
     if (c == Collective::AllGatherV || c == Collective::AllToAllV || c == Collective::SendRecv) continue;
     for (int n = 1; n <= 16; ++n) {
+      // Host layouts (Shape::hosts): unknown, one host, two and n/2 hosts
+      // (blocks of ranks), and hosts interleaved by rank.
+      std::vector<std::vector<int>> layouts(1);
+      for (int H : {1, 2, n / 2})
+        if (H >= 1 && n % H == 0) {
+          std::vector<int> blocks(n), strided(n);
+          for (int r = 0; r < n; ++r) {
+            blocks[r] = r / (n / H);
+            strided[r] = r % H;
+          }
+          layouts.push_back(blocks);
+          layouts.push_back(strided);
+        }
+      for (const std::vector<int>& hosts : layouts)
       for (int root : {0, n / 2, n - 1}) {
         if (!rooted(c) && root != 0) continue;
         Shape sh;
@@ -73,11 +89,13 @@ TEST(SimRounds, PatternsMatchExpandedPrograms) {
         sh.nranks = n;
         sh.count = evenCount(c);
         sh.root = root;
+        sh.hosts = hosts;
         if (!algo->supports(sh)) continue;
         auto rounds = algo->rounds(sh);
         ASSERT_TRUE(rounds.isOk()) << algo->name() << ": " << rounds.status().message();
         const Traffic want = fromPrograms(*algo, sh), got = fromRounds(*rounds, n);
-        const std::string where = fmt::format("{} {} n={} root={}", collectiveName(c), algo->name(), n, root);
+        const std::string where =
+            fmt::format("{} {} n={} root={} hosts={}", collectiveName(c), algo->name(), n, root, fmt::join(hosts, ","));
         EXPECT_EQ(got.elems, want.elems) << where;
         // Gather/scatter split a subtree where the rank order wraps past the
         // root, so message counts agree only for root 0.

@@ -1,0 +1,129 @@
+// The cost model's formula on small plans, priced by hand, and the tuner's
+// use of it: the choice follows the model and the host layout.
+#include <gtest/gtest.h>
+
+#include "plan/plan.hpp"
+#include "tune/cost_model.hpp"
+#include "tune/tuner.hpp"
+
+namespace chorus::tune {
+namespace {
+
+using plan::Collective;
+
+// Round numbers, so that the expectations below can be worked out by hand.
+CostProfile testProfile(int cores) {
+  CostProfile p;
+  p.shm = {.alpha_s = 1e-6, .beta_s_per_byte = 1e-9, .overhead_s = 0.1e-6};
+  p.tcp = {.alpha_s = 10e-6, .beta_s_per_byte = 4e-9, .overhead_s = 1e-6};
+  for (double& g : p.gamma_s_per_byte) g = 0.5e-9;
+  p.op_overhead_s = 2e-6;
+  p.cores = cores;
+  return p;
+}
+
+plan::Shape shape(int n, uint64_t count, std::vector<int>* hosts) {
+  plan::Shape sh;
+  sh.coll = Collective::AllReduce;
+  sh.nranks = n;
+  sh.count = count;
+  sh.elem_size = 4;
+  if (hosts) sh.hosts = *hosts;
+  return sh;
+}
+
+double price(const plan::Registry& reg, std::string_view algo, const plan::Shape& sh, const CostProfile& p,
+             const std::vector<int>& host_of) {
+  auto t = predictSeconds(*reg.find(Collective::AllReduce, algo), sh, chorusFloat32, p, host_of);
+  EXPECT_TRUE(t.isOk()) << t.status().message();
+  return t.isOk() ? *t : -1;
+}
+
+TEST(CostModel, OneMessagePerRankRoundsCostAlphaTwoOverheadsAndBytes) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const CostProfile p = testProfile(8);
+  // Ring on 2 ranks, 1000 floats: a reducing round and a copying round of 2000 bytes each.
+  const double b = 2000;
+  const double ring = 2e-6 + (1e-6 + 0.2e-6 + b * 1e-9 + b * 0.5e-9) + (1e-6 + 0.2e-6 + b * 1e-9);
+  EXPECT_NEAR(price(reg, "ring", shape(2, 1000, nullptr), p, {}), ring, 1e-12);
+  // Recursive doubling reduces in a separate pass (staged): twice γ.
+  const double rd = 2e-6 + (1e-6 + 0.2e-6 + 2 * b * 1e-9 + 2 * 2 * b * 0.5e-9);
+  EXPECT_NEAR(price(reg, "recursive_doubling", shape(2, 1000, nullptr), p, {}), rd, 1e-12);
+  // The same ring with the two ranks on different hosts pays the TCP link.
+  const double tcp = 2e-6 + (10e-6 + 2e-6 + b * 4e-9 + b * 0.5e-9) + (10e-6 + 2e-6 + b * 4e-9);
+  EXPECT_NEAR(price(reg, "ring", shape(2, 1000, nullptr), p, {0, 1}), tcp, 1e-12);
+}
+
+TEST(CostModel, AllPairsRoundsOverlapLatencyButNotWork) {
+  const plan::Registry reg = plan::Registry::builtin();
+  std::vector<int> one_host(4, 0);
+  const plan::Shape sh = shape(4, 4000, &one_host);  // blocks of 1000 floats
+  const double b = 4000;
+  // Each rank receives 3 blocks (α once) and sends 3.
+  const double rs = 1e-6 + 3 * (0.1e-6 + b * 1e-9 + b * 0.5e-9) + 3 * 0.1e-6;
+  const double ag = 1e-6 + 3 * (0.1e-6 + b * 1e-9) + 3 * 0.1e-6;
+  EXPECT_NEAR(price(reg, "direct", sh, testProfile(8), {0, 0, 0, 0}), 2e-6 + rs + ag, 1e-12);
+  // 4 ranks on 2 cores take turns: every round costs twice as much.
+  EXPECT_NEAR(price(reg, "direct", sh, testProfile(2), {0, 0, 0, 0}), 2e-6 + 2 * (rs + ag), 1e-12);
+}
+
+TEST(CostModel, ProfileJsonCarriesThePerMessageOverhead) {
+  CostProfile p = testProfile(3);
+  auto back = CostProfile::fromJson(p.toJson());
+  ASSERT_TRUE(back.isOk()) << back.status().message();
+  EXPECT_NEAR(back->shm.overhead_s, 0.1e-6, 1e-15);
+  EXPECT_NEAR(back->tcp.overhead_s, 1e-6, 1e-15);
+  EXPECT_EQ(back->cores, 3);
+  auto bad = CostProfile::fromJson(R"({"shm": {"overhead_us": -1}})");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("overhead_us"), std::string::npos) << bad.status().message();
+}
+
+Result<Choice> choose(const plan::Registry& reg, std::vector<int> host_of, uint64_t count, int cores) {
+  Topology topo;
+  topo.nranks = static_cast<int>(host_of.size());
+  topo.host_of = host_of;
+  topo.all_local = std::all_of(host_of.begin(), host_of.end(), [&](int h) { return h == host_of[0]; });
+  auto t = Tuner::create(reg, topo, "", 0, testProfile(cores));
+  if (!t.isOk()) return t.status();
+  plan::Shape sh = shape(topo.nranks, count, &host_of);
+  return t->choose(sh, chorusFloat32);
+}
+
+TEST(Tuner, PicksTheDirectAllReduceOnOneHostAndTheHierarchicalOneAcrossHosts) {
+  const plan::Registry reg = plan::Registry::builtin();
+  // One host, as many cores as ranks: the direct plan's 2 rounds beat the
+  // ring's 6 and the trees' staged or log-depth rounds at small and medium sizes.
+  for (uint64_t count : {256, 16384}) {
+    auto ch = choose(reg, {0, 0, 0, 0}, count, 4);
+    ASSERT_TRUE(ch.isOk()) << ch.status().message();
+    EXPECT_EQ(ch->algo->name(), "direct") << count;
+  }
+  // 3 hosts of 2 ranks: only the hierarchical plan keeps 5/6 of the traffic
+  // off the slow links.
+  for (uint64_t count : {uint64_t{16384}, uint64_t{1} << 20}) {
+    auto ch = choose(reg, {0, 0, 1, 1, 2, 2}, count, 2);
+    ASSERT_TRUE(ch.isOk()) << ch.status().message();
+    EXPECT_EQ(ch->algo->name(), "hierarchical") << count;
+  }
+  // An uneven layout: the hierarchical plan refuses and something else runs.
+  auto ch = choose(reg, {0, 0, 0, 1, 1}, 1u << 20, 2);
+  ASSERT_TRUE(ch.isOk()) << ch.status().message();
+  EXPECT_NE(ch->algo->name(), "hierarchical");
+  EXPECT_NE(ch->algo->name(), "direct");
+}
+
+TEST(Tuner, PrefersTheRingOverRabenseifnerForLargeMessagesOnOneHost) {
+  // The staged reduction pass makes Rabenseifner dearer than the ring once the
+  // bytes dominate (it used to be picked at 4 ranks >= 4 MiB, 2x slower).
+  const plan::Registry reg = plan::Registry::builtin();
+  const CostProfile p = testProfile(2);
+  std::vector<int> hosts(4, 0);
+  for (uint64_t count : {uint64_t{1} << 20, uint64_t{1} << 24}) {
+    const plan::Shape sh = shape(4, count, &hosts);
+    EXPECT_LT(price(reg, "ring", sh, p, hosts), price(reg, "rabenseifner", sh, p, hosts)) << count;
+  }
+}
+
+}  // namespace
+}  // namespace chorus::tune
