@@ -22,13 +22,17 @@ int main(int argc, char** argv) {
   PtpOptions o;
   bool master = false, slave = false;
   int domain = 0, log_sync = 0, log_announce = 1, log_delay = 0, prio1 = 128, prio2 = 128, ann_timeout = 3;
-  std::string servo = "pi", network = "udp4";
+  std::string servo = "pi", network = "udp4", stamping = "software";
   bool l2 = false;
   double settle_s = 0;
   app.add_option("-i,--interface", o.iface, "network interface (with UDP: must have an IPv4 address)")->required();
   app.add_option("--transport", network, "udp4: UDP/IPv4 ports 319/320 (default); l2: Ethernet, EtherType 0x88F7")
       ->check(CLI::IsMember({"udp4", "l2"}));
   app.add_flag("-2,--l2", l2, "Layer 2 transport (as ptp4l -2); same as --transport l2");
+  app.add_option("--timestamping", stamping,
+                 "software (kernel, CLOCK_REALTIME; default) or hardware (the NIC's PTP hardware clock, which then "
+                 "bases the virtual clock or is what --adjust-system steers)")
+      ->check(CLI::IsMember({"software", "hardware"}));
   app.add_flag("--master", master, "master only: never follow another clock");
   app.add_flag("--slave", slave, "slave only: never become master (clockClass 255, as ptp4l -s)");
   app.add_option("--domain", domain, "PTP domain number")->check(CLI::Range(0, 255));
@@ -63,6 +67,7 @@ int main(int argc, char** argv) {
   }
   o.role = master ? Role::Master : slave ? Role::Slave : Role::Auto;
   o.network = l2 || network == "l2" ? Network::L2 : Network::UdpIpv4;
+  o.timestamping = stamping == "hardware" ? Timestamping::Hardware : Timestamping::Software;
   o.domain = static_cast<uint8_t>(domain);
   o.log_sync_interval = static_cast<int8_t>(log_sync);
   o.log_announce_interval = static_cast<int8_t>(log_announce);

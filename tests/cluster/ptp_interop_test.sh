@@ -209,6 +209,19 @@ if [[ -f $work/B-chorus-master-pmc.log ]]; then
   grep -q "portState *MASTER" "$work/B-chorus-master-pmc.log" ||
     { echo "ptp_interop_test: pmc GET PORT_DATA_SET did not show chorus-ptp as MASTER:" >&2; cat "$work/B-chorus-master-pmc.log" >&2; status=1; }
 fi
+# Hardware timestamping needs a PTP hardware clock, which veth has not: asking
+# for it must fail at once, saying why (not run with software stamps).
+hw_rc=0
+ip netns exec "$ns_m" timeout 10 "$ptp" -i pm --timestamping hardware --duration-s 1 >"$work/hw.out" 2>"$work/hw.err" ||
+  hw_rc=$?
+if [[ $hw_rc -eq 0 || $hw_rc -eq 124 ]] || ! grep -q "no PTP hardware clock" "$work/hw.err"; then
+  echo "ptp_interop_test: --timestamping hardware on veth: expected a prompt 'no PTP hardware clock' error, got rc $hw_rc:" >&2
+  cat "$work/hw.err" >&2
+  status=1
+else
+  echo "ptp_interop_test: --timestamping hardware on veth refused: $(head -1 "$work/hw.err")"
+fi
+
 # Layer 2 (IEEE 1588 annex F, EtherType 0x88F7), both directions, shorter.
 l2=1 phase_seconds=${CHORUS_PTP_L2_SECONDS:-12}
 run_phase C-l2-ptp4l-master ptp4l

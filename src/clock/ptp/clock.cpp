@@ -48,32 +48,41 @@ int64_t monotonicNs() {
 
 namespace {
 
+int64_t readNs(clockid_t id) {
+  timespec ts{};
+  clock_gettime(id, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
 class VirtualRealtimeClock final : public PtpClock {
  public:
-  VirtualRealtimeClock(int64_t offset, double drift) : map_(realtimeNs(), offset, drift) {}
-  int64_t now() override { return map_.toVirtual(realtimeNs()); }
+  VirtualRealtimeClock(clockid_t base, int64_t offset, double drift)
+      : base_(base), map_(readNs(base), offset, drift) {}
+  int64_t now() override { return map_.toVirtual(readNs(base_)); }
   int64_t fromRealtime(int64_t realtime_ns) override { return map_.toVirtual(realtime_ns); }
   Status step(int64_t delta_ns) override {
-    map_.step(realtimeNs(), delta_ns);
+    map_.step(readNs(base_), delta_ns);
     return Status::ok();
   }
   Status setFrequency(double ppb) override {
-    map_.setFrequency(realtimeNs(), ppb);
+    map_.setFrequency(readNs(base_), ppb);
     return Status::ok();
   }
   [[nodiscard]] double frequency() const override { return map_.frequency(); }
   std::optional<int64_t> offsetFromRealtime() override {
-    const int64_t r = realtimeNs();
+    const int64_t r = readNs(base_);
     return map_.toVirtual(r) - r;
   }
 
  private:
+  clockid_t base_;
   VirtualClockMapping map_;
 };
 
 class SystemClock final : public PtpClock {
  public:
-  int64_t now() override { return realtimeNs(); }
+  explicit SystemClock(clockid_t id) : id_(id) {}
+  int64_t now() override { return readNs(id_); }
   int64_t fromRealtime(int64_t realtime_ns) override { return realtime_ns; }
   Status step(int64_t delta_ns) override {
     timex tx{};
@@ -86,8 +95,8 @@ class SystemClock final : public PtpClock {
     }
     tx.time.tv_sec = sec;
     tx.time.tv_usec = nsec;
-    if (clock_adjtime(CLOCK_REALTIME, &tx) < 0)
-      return errnoError(fmt::format("chorus-ptp: stepping CLOCK_REALTIME by {} ns (needs CAP_SYS_TIME; "
+    if (clock_adjtime(id_, &tx) < 0)
+      return errnoError(fmt::format("chorus-ptp: stepping the clock by {} ns (needs CAP_SYS_TIME; "
                                     "drop --adjust-system to steer a virtual clock instead)",
                                     delta_ns),
                         errno);
@@ -98,8 +107,8 @@ class SystemClock final : public PtpClock {
     tx.modes = ADJ_FREQUENCY;
     // freq is scaled ppm: ppm * 2^16 = ppb * 65.536.
     tx.freq = std::lround(ppb * 65.536);
-    if (clock_adjtime(CLOCK_REALTIME, &tx) < 0)
-      return errnoError(fmt::format("chorus-ptp: setting CLOCK_REALTIME frequency to {:.1f} ppb (needs "
+    if (clock_adjtime(id_, &tx) < 0)
+      return errnoError(fmt::format("chorus-ptp: setting the clock's frequency to {:.1f} ppb (needs "
                                     "CAP_SYS_TIME)",
                                     ppb),
                         errno);
@@ -110,14 +119,19 @@ class SystemClock final : public PtpClock {
   std::optional<int64_t> offsetFromRealtime() override { return std::nullopt; }
 
  private:
+  clockid_t id_;
   double freq_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<PtpClock> makeVirtualRealtimeClock(int64_t inject_offset_ns, double inject_drift_ppb) {
-  return std::make_unique<VirtualRealtimeClock>(inject_offset_ns, inject_drift_ppb);
+  return makeVirtualClock(CLOCK_REALTIME, inject_offset_ns, inject_drift_ppb);
 }
-std::unique_ptr<PtpClock> makeSystemClock() { return std::make_unique<SystemClock>(); }
+std::unique_ptr<PtpClock> makeSystemClock() { return makeSystemClock(CLOCK_REALTIME); }
+std::unique_ptr<PtpClock> makeVirtualClock(clockid_t base, int64_t inject_offset_ns, double inject_drift_ppb) {
+  return std::make_unique<VirtualRealtimeClock>(base, inject_offset_ns, inject_drift_ppb);
+}
+std::unique_ptr<PtpClock> makeSystemClock(clockid_t id) { return std::make_unique<SystemClock>(id); }
 
 }  // namespace chorus::clock::ptp

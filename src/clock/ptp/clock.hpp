@@ -12,6 +12,8 @@
 // (--adjust-system, clock_adjtime on CLOCK_REALTIME).  Single-threaded.
 #pragma once
 
+#include <time.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -48,7 +50,9 @@ class PtpClock {
   // PTP time now, ns since the epoch of the timescale in use (UTC here:
   // chorus sends ARB-timescale Announces, as a software-timestamping ptp4l does).
   virtual int64_t now() = 0;
-  // A kernel software timestamp (CLOCK_REALTIME, ns) on this clock.
+  // A kernel timestamp on this clock.  The timestamp is a reading of the base
+  // clock: CLOCK_REALTIME for software timestamps, the NIC's PTP hardware
+  // clock (PHC) for hardware ones.
   virtual int64_t fromRealtime(int64_t realtime_ns) = 0;
   virtual Status step(int64_t delta_ns) = 0;
   virtual Status setFrequency(double correction_ppb) = 0;
@@ -64,5 +68,12 @@ int64_t monotonicNs();
 std::unique_ptr<PtpClock> makeVirtualRealtimeClock(int64_t inject_offset_ns, double inject_drift_ppb);
 // clock_adjtime on CLOCK_REALTIME: needs CAP_SYS_TIME; moves the host's clock.
 std::unique_ptr<PtpClock> makeSystemClock();
+// The same over another base clock: a PHC's dynamic clock id
+// (phcClockId), for hardware timestamps.  The system variant then steers
+// the PHC (as ptp4l does), not CLOCK_REALTIME.
+std::unique_ptr<PtpClock> makeVirtualClock(clockid_t base, int64_t inject_offset_ns, double inject_drift_ppb);
+std::unique_ptr<PtpClock> makeSystemClock(clockid_t id);
+// The clock id of an open /dev/ptpN descriptor (FD_TO_CLOCKID).
+inline clockid_t phcClockId(int fd) { return static_cast<clockid_t>((~static_cast<unsigned>(fd) << 3) | 3); }
 
 }  // namespace chorus::clock::ptp

@@ -1,5 +1,6 @@
 #include "clock/ptp/daemon.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -47,6 +48,12 @@ struct Stats {
 class Daemon {
  public:
   Daemon(const PtpOptions& o, std::FILE* events, double settle_s) : o_(o), events_(events), settle_s_(settle_s) {}
+  ~Daemon() {
+    clock_.reset();  // it may read the PHC through phc_fd_
+    if (phc_fd_ >= 0) ::close(phc_fd_);
+  }
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
 
   Status setup() {
     if (o_.adjust_system && o_.measure_only)
@@ -54,8 +61,19 @@ class Daemon {
     if (o_.adjust_system && (o_.inject_offset_ns != 0 || o_.inject_drift_ppb != 0))
       return invalidArgument("chorus-ptp: --inject-offset-ns/--inject-drift-ppb shift the virtual clock; they "
                              "cannot be combined with --adjust-system");
-    clock_ = o_.adjust_system ? makeSystemClock() : makeVirtualRealtimeClock(o_.inject_offset_ns, o_.inject_drift_ppb);
-    CHORUS_ASSIGN_OR_RETURN(transport_, openTransport(o_.network, o_.iface, o_.tx_timestamp_timeout_ms));
+    int phc_index = -1;
+    CHORUS_ASSIGN_OR_RETURN(transport_, openTransport(o_.network, o_.iface, o_.tx_timestamp_timeout_ms,
+                                                      o_.timestamping, &phc_index));
+    clockid_t base = CLOCK_REALTIME;
+    if (o_.timestamping == Timestamping::Hardware) {
+      // Hardware timestamps are readings of the NIC's clock: that clock is the
+      // base of everything (as ptp4l with time_stamping hardware).
+      const std::string dev = fmt::format("/dev/ptp{}", phc_index);
+      phc_fd_ = ::open(dev.c_str(), O_RDWR | O_CLOEXEC);
+      if (phc_fd_ < 0) return errnoError(fmt::format("chorus-ptp: opening {} (the PHC of {})", dev, o_.iface), errno);
+      base = phcClockId(phc_fd_);
+    }
+    clock_ = o_.adjust_system ? makeSystemClock(base) : makeVirtualClock(base, o_.inject_offset_ns, o_.inject_drift_ppb);
     PortConfig pc;
     pc.clock_identity = transport_->clockIdentity();
     pc.domain = o_.domain;
@@ -252,6 +270,7 @@ class Daemon {
   double settle_s_;
   std::unique_ptr<PtpClock> clock_;
   std::unique_ptr<NetTransport> transport_;
+  int phc_fd_ = -1;  // with hardware timestamps: the open /dev/ptpN (closed by the destructor)
   std::unique_ptr<Port> port_;
   std::unique_ptr<Servo> servo_;
   double servo_interval_ = 0;

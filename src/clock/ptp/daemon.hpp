@@ -23,6 +23,9 @@ enum class Role : uint8_t { Auto, Master, Slave };
 struct PtpOptions {
   std::string iface;
   Network network = Network::UdpIpv4;  // or Layer 2 (EtherType 0x88F7), as ptp4l -4 / -2
+  // Software (CLOCK_REALTIME) or hardware timestamps (the NIC's PHC, which then
+  // is the base of the virtual clock, or the clock --adjust-system steers).
+  Timestamping timestamping = Timestamping::Software;
   Role role = Role::Auto;  // Master: master-only; Slave: slave-only (clockClass 255)
   uint8_t domain = 0;
   int8_t log_sync_interval = 0;

@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 #include <linux/errqueue.h>
+#include <linux/ethtool.h>
 #include <linux/if_packet.h>
+#include <linux/sockios.h>
 #include <linux/net_tstamp.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -25,9 +27,44 @@ namespace {
 constexpr int kSoftwareTimestamping = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_RX_SOFTWARE |
                                       SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_ID |
                                       SOF_TIMESTAMPING_OPT_TSONLY;
+constexpr int kHardwareTimestamping = SOF_TIMESTAMPING_TX_HARDWARE | SOF_TIMESTAMPING_RX_HARDWARE |
+                                      SOF_TIMESTAMPING_RAW_HARDWARE | SOF_TIMESTAMPING_OPT_ID |
+                                      SOF_TIMESTAMPING_OPT_TSONLY;
+
+// Asks the driver what it can stamp (ETHTOOL_GET_TS_INFO) and turns hardware
+// stamping on (SIOCSHWTSTAMP): transmit on, receive every PTP v2 event
+// message (or everything, where the driver has no finer filter).  Returns
+// the PHC index.
+Result<int> enableHardwareTimestamping(int fd, const std::string& iface) {
+  ethtool_ts_info info{};
+  info.cmd = ETHTOOL_GET_TS_INFO;
+  ifreq req{};
+  std::snprintf(req.ifr_name, sizeof req.ifr_name, "%s", iface.c_str());
+  req.ifr_data = reinterpret_cast<char*>(&info);
+  if (ioctl(fd, SIOCETHTOOL, &req) < 0)
+    return errnoError(fmt::format("chorus-ptp: asking {} for its timestamping capabilities (ETHTOOL_GET_TS_INFO)", iface),
+                      errno);
+  const unsigned need = SOF_TIMESTAMPING_TX_HARDWARE | SOF_TIMESTAMPING_RX_HARDWARE | SOF_TIMESTAMPING_RAW_HARDWARE;
+  if (info.phc_index < 0 || (info.so_timestamping & need) != need)
+    return invalidArgument("chorus-ptp: {} has no PTP hardware clock (phc index {}, capabilities {:#x}; `ethtool -T {}` "
+                           "lists them): use software timestamping (the default)",
+                           iface, info.phc_index, info.so_timestamping, iface);
+  hwtstamp_config cfg{};
+  cfg.tx_type = HWTSTAMP_TX_ON;
+  cfg.rx_filter = HWTSTAMP_FILTER_PTP_V2_EVENT;
+  req.ifr_data = reinterpret_cast<char*>(&cfg);
+  if (ioctl(fd, SIOCSHWTSTAMP, &req) < 0) {
+    cfg.rx_filter = HWTSTAMP_FILTER_ALL;
+    if (ioctl(fd, SIOCSHWTSTAMP, &req) < 0)
+      return errnoError(fmt::format("chorus-ptp: enabling hardware timestamps on {} (SIOCSHWTSTAMP; needs root)", iface),
+                        errno);
+  }
+  return info.phc_index;
+}
 
 
-Status openSocket(const std::string& iface, int ifindex, uint16_t port, int* out_fd) {
+
+Status openSocket(const std::string& iface, int ifindex, uint16_t port, int ts_flags, int* out_fd) {
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return errnoError("chorus-ptp: socket(AF_INET, SOCK_DGRAM)", errno);
   *out_fd = fd;  // owned by the caller from here, closed on any error below
@@ -66,23 +103,25 @@ Status openSocket(const std::string& iface, int ifindex, uint16_t port, int* out
   // Software timestamps on receive and transmit; the transmit ones come back
   // on the error queue without the packet (TSONLY), tagged with a per-socket
   // counter (OPT_ID) that pairs each with its send.
-  const int flags = kSoftwareTimestamping;
-  if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof flags) < 0)
-    return errnoError(fmt::format("chorus-ptp: SO_TIMESTAMPING (software) on {} (ethtool -T {} lists what "
+  if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &ts_flags, sizeof ts_flags) < 0)
+    return errnoError(fmt::format("chorus-ptp: SO_TIMESTAMPING on {} (ethtool -T {} lists what "
                                   "the driver supports)",
                                   iface, iface),
                       errno);
   return Status::ok();
 }
 
-std::optional<int64_t> softwareTimestamp(msghdr& msg) {
+// The timestamp in slot `index` of the SO_TIMESTAMPING control message
+// (0: software, 2: raw hardware).
+std::optional<int64_t> kernelTimestamp(msghdr& msg, int index) {
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPING &&
         c->cmsg_len >= CMSG_LEN(sizeof(scm_timestamping))) {
       scm_timestamping ts;
       std::memcpy(&ts, CMSG_DATA(c), sizeof ts);
-      if (ts.ts[0].tv_sec == 0 && ts.ts[0].tv_nsec == 0) return std::nullopt;
-      return int64_t{ts.ts[0].tv_sec} * 1'000'000'000 + ts.ts[0].tv_nsec;
+      const timespec& t = ts.ts[index];
+      if (t.tv_sec == 0 && t.tv_nsec == 0) return std::nullopt;
+      return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
     }
   }
   return std::nullopt;
@@ -92,7 +131,7 @@ std::optional<int64_t> softwareTimestamp(msghdr& msg) {
 // (SOF_TIMESTAMPING_OPT_ID) on fd's error queue; older ones (of a send whose
 // wait timed out) are skipped.  The extended error comes as IP_RECVERR on a
 // UDP socket and as PACKET_TX_TIMESTAMP on a packet socket.
-Result<std::optional<int64_t>> waitTxTimestamp(int fd, uint32_t id, int timeout_ms) {
+Result<std::optional<int64_t>> waitTxTimestamp(int fd, uint32_t id, int timeout_ms, int index) {
   const int64_t deadline = monotonicNs() + int64_t{timeout_ms} * 1'000'000;
   for (;;) {
     const int64_t left_ms = (deadline - monotonicNs()) / 1'000'000;
@@ -126,7 +165,7 @@ Result<std::optional<int64_t>> waitTxTimestamp(int fd, uint32_t id, int timeout_
         if (ee.ee_origin == SO_EE_ORIGIN_TIMESTAMPING) got_id = ee.ee_data;
       }
     }
-    const auto ts = softwareTimestamp(msg);
+    const auto ts = kernelTimestamp(msg, index);
     if (got_id && *got_id == id && ts) return std::optional<int64_t>{*ts};
     // A stale timestamp of an earlier send, or one without the id: keep waiting.
   }
@@ -145,24 +184,38 @@ ClockIdentity identityOf(int fd, const std::string& iface, Status* st) {
 
 }  // namespace
 
-Result<std::unique_ptr<NetTransport>> openTransport(Network net, const std::string& iface, int tx_timestamp_timeout_ms) {
+Result<std::unique_ptr<NetTransport>> openTransport(Network net, const std::string& iface, int tx_timestamp_timeout_ms,
+                                                    Timestamping ts, int* phc_index) {
+  if (ts == Timestamping::Hardware) {
+    // Any socket serves for the interface ioctls.
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return errnoError("chorus-ptp: socket for the timestamping ioctls", errno);
+    auto phc = enableHardwareTimestamping(fd, iface);
+    ::close(fd);
+    if (!phc.isOk()) return phc.status();
+    if (phc_index) *phc_index = *phc;
+  }
   if (net == Network::L2) {
-    CHORUS_ASSIGN_OR_RETURN(auto t, L2Transport::open(iface, tx_timestamp_timeout_ms));
+    CHORUS_ASSIGN_OR_RETURN(auto t, L2Transport::open(iface, tx_timestamp_timeout_ms, ts));
     return std::unique_ptr<NetTransport>(std::move(t));
   }
-  CHORUS_ASSIGN_OR_RETURN(auto t, UdpTransport::open(iface, tx_timestamp_timeout_ms));
+  CHORUS_ASSIGN_OR_RETURN(auto t, UdpTransport::open(iface, tx_timestamp_timeout_ms, ts));
   return std::unique_ptr<NetTransport>(std::move(t));
 }
 
-Result<std::unique_ptr<UdpTransport>> UdpTransport::open(const std::string& iface, int tx_timestamp_timeout_ms) {
+Result<std::unique_ptr<UdpTransport>> UdpTransport::open(const std::string& iface, int tx_timestamp_timeout_ms,
+                                                        Timestamping ts) {
   const unsigned ifindex = if_nametoindex(iface.c_str());
   if (ifindex == 0)
     return errnoError(fmt::format("chorus-ptp: interface '{}' not found (ip link lists the interfaces)", iface), errno);
   std::unique_ptr<UdpTransport> t(new UdpTransport());
   t->iface_ = iface;
   t->tx_timeout_ms_ = tx_timestamp_timeout_ms;
-  CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpEventPort, &t->event_fd_));
-  CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpGeneralPort, &t->general_fd_));
+  const bool hw = ts == Timestamping::Hardware;
+  const int flags = hw ? kHardwareTimestamping : kSoftwareTimestamping;
+  t->ts_index_ = hw ? 2 : 0;
+  CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpEventPort, flags, &t->event_fd_));
+  CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpGeneralPort, flags, &t->general_fd_));
   Status st;
   t->identity_ = identityOf(t->event_fd_, iface, &st);
   CHORUS_RETURN_IF_ERROR(st);
@@ -185,7 +238,7 @@ Result<std::optional<int64_t>> UdpTransport::send(std::span<const uint8_t> bytes
                                            event ? kPtpEventPort : kPtpGeneralPort, iface_),
                                errno);
   if (!event) return std::optional<int64_t>{};
-  return waitTxTimestamp(fd, tx_counter_++, tx_timeout_ms_);
+  return waitTxTimestamp(fd, tx_counter_++, tx_timeout_ms_, ts_index_);
 }
 
 Result<std::optional<Datagram>> UdpTransport::receive(int fd) {
@@ -204,13 +257,14 @@ Result<std::optional<Datagram>> UdpTransport::receive(int fd) {
     return errnoError(fmt::format("chorus-ptp: recvmsg on {}", iface_), errno);
   }
   d.bytes.resize(static_cast<size_t>(n));
-  d.rx_realtime_ns = softwareTimestamp(msg);
+  d.rx_realtime_ns = kernelTimestamp(msg, ts_index_);
   return std::optional<Datagram>{std::move(d)};
 }
 
 // ---- Layer 2 -------------------------------------------------------------------
 
-Result<std::unique_ptr<L2Transport>> L2Transport::open(const std::string& iface, int tx_timestamp_timeout_ms) {
+Result<std::unique_ptr<L2Transport>> L2Transport::open(const std::string& iface, int tx_timestamp_timeout_ms,
+                                                      Timestamping ts) {
   const unsigned ifindex = if_nametoindex(iface.c_str());
   if (ifindex == 0)
     return errnoError(fmt::format("chorus-ptp: interface '{}' not found (ip link lists the interfaces)", iface), errno);
@@ -239,9 +293,11 @@ Result<std::unique_ptr<L2Transport>> L2Transport::open(const std::string& iface,
   // type as well, for kernels without this option.
   const int one = 1;
   (void)setsockopt(t->fd_, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
-  const int flags = kSoftwareTimestamping;
+  const bool hw = ts == Timestamping::Hardware;
+  const int flags = hw ? kHardwareTimestamping : kSoftwareTimestamping;
+  t->ts_index_ = hw ? 2 : 0;
   if (setsockopt(t->fd_, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof flags) < 0)
-    return errnoError(fmt::format("chorus-ptp: SO_TIMESTAMPING (software) on {}", iface), errno);
+    return errnoError(fmt::format("chorus-ptp: SO_TIMESTAMPING on {}", iface), errno);
   Status st;
   t->identity_ = identityOf(t->fd_, iface, &st);
   CHORUS_RETURN_IF_ERROR(st);
@@ -264,7 +320,7 @@ Result<std::optional<int64_t>> L2Transport::send(std::span<const uint8_t> bytes,
   // Every send bumps the OPT_ID counter (one socket carries both classes).
   const uint32_t id = tx_counter_++;
   if (!event) return std::optional<int64_t>{};
-  return waitTxTimestamp(fd_, id, tx_timeout_ms_);
+  return waitTxTimestamp(fd_, id, tx_timeout_ms_, ts_index_);
 }
 
 Result<std::optional<Datagram>> L2Transport::receive(int fd) {
@@ -292,7 +348,7 @@ Result<std::optional<Datagram>> L2Transport::receive(int fd) {
       continue;
     }
     d.bytes.resize(static_cast<size_t>(n));
-    d.rx_realtime_ns = softwareTimestamp(msg);
+    d.rx_realtime_ns = kernelTimestamp(msg, ts_index_);
     return std::optional<Datagram>{std::move(d)};
   }
 }

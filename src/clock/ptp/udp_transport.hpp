@@ -56,15 +56,24 @@ class NetTransport {
   virtual Result<std::optional<Datagram>> receive(int fd) = 0;
 };
 
-// Opens the mapping `net` on `iface`.
-Result<std::unique_ptr<NetTransport>> openTransport(Network net, const std::string& iface, int tx_timestamp_timeout_ms);
+// Software timestamps (CLOCK_REALTIME, any interface) or hardware ones (the
+// NIC's PTP hardware clock; the interface must have one: `ethtool -T`).
+enum class Timestamping : uint8_t { Software, Hardware };
+
+// Opens the mapping `net` on `iface`.  With hardware timestamping, enables it
+// on the NIC (SIOCSHWTSTAMP: every PTP v2 event message stamped) and reports
+// the PHC's index (/dev/ptpN) in *phc_index; an interface without a PHC is an
+// error that says so.
+Result<std::unique_ptr<NetTransport>> openTransport(Network net, const std::string& iface, int tx_timestamp_timeout_ms,
+                                                    Timestamping ts = Timestamping::Software, int* phc_index = nullptr);
 
 class UdpTransport final : public NetTransport {
  public:
   // Opens both sockets on `iface` (SO_BINDTODEVICE, IP_ADD_MEMBERSHIP on it,
   // multicast TTL 1, no loopback) and enables software timestamping.
   // `tx_timestamp_timeout_ms` bounds the wait for a transmit timestamp.
-  static Result<std::unique_ptr<UdpTransport>> open(const std::string& iface, int tx_timestamp_timeout_ms);
+  static Result<std::unique_ptr<UdpTransport>> open(const std::string& iface, int tx_timestamp_timeout_ms,
+                                                    Timestamping ts = Timestamping::Software);
   ~UdpTransport();
   UdpTransport(const UdpTransport&) = delete;
   UdpTransport& operator=(const UdpTransport&) = delete;
@@ -83,6 +92,7 @@ class UdpTransport final : public NetTransport {
   int general_fd_ = -1;
   int tx_timeout_ms_ = 10;
   uint32_t tx_counter_ = 0;  // SOF_TIMESTAMPING_OPT_ID: the id the next event send gets
+  int ts_index_ = 0;          // scm_timestamping slot: 0 software, 2 raw hardware
   ClockIdentity identity_{};
 };
 
@@ -91,7 +101,8 @@ class L2Transport final : public NetTransport {
   // One AF_PACKET datagram socket for EtherType 0x88F7 on `iface`, member of
   // 01-1B-19-00-00-00, ignoring its own outgoing frames, with software
   // timestamping.
-  static Result<std::unique_ptr<L2Transport>> open(const std::string& iface, int tx_timestamp_timeout_ms);
+  static Result<std::unique_ptr<L2Transport>> open(const std::string& iface, int tx_timestamp_timeout_ms,
+                                                   Timestamping ts = Timestamping::Software);
   ~L2Transport() override;
   L2Transport(const L2Transport&) = delete;
   L2Transport& operator=(const L2Transport&) = delete;
@@ -109,6 +120,7 @@ class L2Transport final : public NetTransport {
   int fd_ = -1;
   int tx_timeout_ms_ = 10;
   uint32_t tx_counter_ = 0;
+  int ts_index_ = 0;
   ClockIdentity identity_{};
 };
 
