@@ -17,6 +17,10 @@
 // ranks with equal local index, so rank (host g, local l) holds the blocks of
 // every rank with local index l; (2) inside each host every rank hands those H
 // blocks to each local peer.
+//
+// alltoall "hierarchical": (1) inside each host, blocks are regrouped by rail
+// (local index of the destination); (2) along each rail, one batch of L blocks
+// per pair of hosts.
 #include "plan/partition.hpp"
 #include "plan/plan.hpp"
 
@@ -244,11 +248,97 @@ class HierarchicalAllGather final : public Algorithm {
   }
 };
 
+// All-to-all in two hops: (1) inside the host, local rank l collects from every
+// local peer the blocks bound for rail l (local index l on every host); blocks
+// for its own host go straight to their place, those for other hosts wait in
+// scratch; (2) along rail l, rank (g, l) sends rank (g', l) the L blocks its
+// host's ranks have for it.  Each inter-host pair of ranks exchanges one batch
+// of L blocks, not L^2 separate messages between the hosts' ranks.
+class HierarchicalAllToAll final : public Algorithm {
+ public:
+  std::string_view name() const override { return "hierarchical"; }
+  Collective collective() const override { return Collective::AllToAll; }
+  bool supports(const Shape& sh) const override { return Layout(sh).ok(); }
+
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    const Layout lay(sh);
+    if (!lay.ok()) return invalidArgument("hierarchical alltoall: the hosts do not all hold the same number of ranks");
+    const uint64_t c = sh.count;
+    std::vector<Round> rs;
+    if (c == 0) return rs;
+    const int H = lay.H, L = lay.L;
+    if (L > 1) {
+      Round intra{.repeat = uint64_t(H), .peers = Peers::Explicit, .elems = c};
+      for (int g = 0; g < H; ++g)
+        for (int a = 0; a < L; ++a)
+          for (int d = 0; d < L; ++d)
+            if (a != d) intra.msgs.push_back({lay.rank(g, a), lay.rank(g, d), c});
+      rs.push_back(intra);
+    }
+    Round rail{.repeat = uint64_t(L), .peers = Peers::Explicit, .elems = c};
+    for (int g = 0; g < H; ++g)
+      for (int g2 = 0; g2 < H; ++g2)
+        if (g != g2)
+          for (int l = 0; l < L; ++l) rail.msgs.push_back({lay.rank(g, l), lay.rank(g2, l), c});
+    rs.push_back(rail);
+    return rs;
+  }
+
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const Layout lay(sh);
+    const uint64_t c = sh.count;
+    const int H = lay.H, L = lay.L, g = lay.host[r], l = lay.local[r];
+    auto src = [&](int q) { return in(static_cast<uint64_t>(q) * c, c); };   // my block for rank q
+    auto dst = [&](int q) { return out(static_cast<uint64_t>(q) * c, c); };  // rank q's block for me
+    if (c == 0) return;
+    // In place, every block is read (sent or copied) before anything lands:
+    // received blocks wait in scratch and are copied into place at the end.
+    const bool ip = sh.inplace;
+    // Staging: stage(gg, ll) holds the block of local rank ll for rank (gg, l), gg != g.
+    const Region stage = b.scratch(static_cast<uint64_t>(H) * L * c);
+    auto staged = [&](int gg, int ll) {
+      return Region{Buf::Scratch, stage.offset + (static_cast<uint64_t>(gg) * L + ll) * c, c};
+    };
+    // Landing area for in place: one block per source rank.
+    const Region land = ip ? b.scratch(static_cast<uint64_t>(sh.nranks) * c) : Region{};
+    auto landing = [&](int q) {
+      return ip ? Region{Buf::Scratch, land.offset + static_cast<uint64_t>(q) * c, c} : dst(q);
+    };
+
+    // (1) Inside the host: to local peer ll, my blocks for rail ll (one per host).
+    for (int gg = 0; gg < H; ++gg) {
+      const int host_g = mod(g + gg, H);
+      for (int k = 1; k < L; ++k) b.send(lay.rank(g, mod(l + k, L)), src(lay.rank(host_g, mod(l + k, L))));
+      for (int k = 1; k < L; ++k) {
+        const int ll = mod(l - k, L);
+        if (host_g == g)
+          b.recv(lay.rank(g, ll), landing(lay.rank(g, ll)));
+        else
+          b.recv(lay.rank(g, ll), staged(host_g, ll));
+      }
+    }
+    // My own blocks: for my rail on other hosts into the staging area, for me into place.
+    for (int gg = 0; gg < H; ++gg)
+      if (gg != g) b.copy(staged(gg, l), src(lay.rank(gg, l)));
+    b.copy(landing(r), src(r));
+    // (2) Along the rail: to (g', l) the L blocks of this host's ranks for it,
+    // from (g', l) the L blocks of its host's ranks for me.
+    for (int k = 1; k < H; ++k) {
+      const int to = mod(g + k, H), from = mod(g - k, H);
+      for (int ll = 0; ll < L; ++ll) b.send(lay.rank(to, l), staged(to, ll));
+      for (int ll = 0; ll < L; ++ll) b.recv(lay.rank(from, l), landing(lay.rank(from, ll)));
+    }
+    if (ip)
+      for (int q = 0; q < sh.nranks; ++q) b.copy(dst(q), landing(q));
+  }
+};
+
 }  // namespace
 
 void addHierarchicalAlgorithms(Registry& r) {
   r.add(std::make_unique<HierarchicalAllReduce>());
   r.add(std::make_unique<HierarchicalAllGather>());
+  r.add(std::make_unique<HierarchicalAllToAll>());
 }
 
 }  // namespace chorus::plan

@@ -23,28 +23,25 @@ Status check(chorusResult_t r, chorusComm_t comm, const char* what) {
   return makeError(r, "chorus-tune: {}: {}", what, chorusGetLastError(comm));
 }
 
-// Median over reps of the one-way time of `bytes` between ranks 0 and 1
-// (ping-pong: half the round trip).  Ranks above 1 only take part in barriers.
-Result<double> pingPong(chorusComm_t comm, size_t bytes, int reps, int iters) {
-  int rank = 0;
-  chorusCommUserRank(comm, &rank);
-  std::vector<char> buf(std::max<size_t>(bytes, 1));
+// Median over reps of one round of a collective: a ring allgather of `bytes`
+// per rank (forced with chorusCommSetAlgo) is n - 1 rounds in which every rank
+// sends one block and receives one, so (T - ω) / (n - 1) is a round of
+// α + 2o + bytes·β as the cost model prices it, measured through the same
+// executor and transports as the collectives themselves (a ping-pong of
+// point-to-point calls measures a sleeping peer's wake-up instead).
+Result<double> ringRound(chorusComm_t comm, size_t bytes, int reps, int iters, double omega) {
+  int n = 1;
+  chorusCommCount(comm, &n);
+  std::vector<char> in(std::max<size_t>(bytes, 1)), out(std::max<size_t>(bytes, 1) * static_cast<size_t>(n));
   std::vector<double> times;
   for (int rep = 0; rep < reps; ++rep) {
     CHORUS_RETURN_IF_ERROR(check(chorusBarrier(comm, nullptr), comm, "barrier"));
     auto t0 = Clock::now();
-    for (int i = 0; i < iters && rank < 2; ++i) {
-      if (rank == 0) {
-        CHORUS_RETURN_IF_ERROR(check(chorusSend(buf.data(), bytes, chorusUint8, 1, comm, nullptr), comm, "send"));
-        CHORUS_RETURN_IF_ERROR(check(chorusRecv(buf.data(), bytes, chorusUint8, 1, comm, nullptr), comm, "recv"));
-      } else {
-        CHORUS_RETURN_IF_ERROR(check(chorusRecv(buf.data(), bytes, chorusUint8, 0, comm, nullptr), comm, "recv"));
-        CHORUS_RETURN_IF_ERROR(check(chorusSend(buf.data(), bytes, chorusUint8, 0, comm, nullptr), comm, "send"));
-      }
-    }
-    double t = std::chrono::duration<double>(Clock::now() - t0).count() / iters / 2;
+    for (int i = 0; i < iters; ++i)
+      CHORUS_RETURN_IF_ERROR(check(chorusAllGather(in.data(), out.data(), bytes, chorusUint8, comm, nullptr), comm, "allgather"));
+    double t = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
     CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&t, &t, 1, chorusFloat64, chorusMax, comm, nullptr), comm, "max"));
-    times.push_back(t);
+    times.push_back(std::max(0.0, t - omega) / std::max(1, n - 1));
   }
   return median(times);
 }
@@ -84,19 +81,26 @@ Result<double> burst(chorusComm_t comm, int k, int reps, int iters) {
   return median(times);
 }
 
-// α, β and o of the link between ranks 0 and 1: o from a burst of 32 messages
-// against one, then the ping-pong's one-way time is α + 2o (both ends) and the
-// big message's extra time over it is bytes·β.
-Result<tune::LinkCost> measureLink(chorusComm_t comm, const TuneOptions& o) {
+// α, β and o of the links the communicator's ranks use: o from a burst of 32
+// point-to-point messages against one (their latencies overlap, so the
+// difference is 31 o); a ring round of 8 bytes is α + 2o; β from the extra
+// time of a cache-sized round (256 KiB) and β_large from a big one
+// (o.big_bytes, beyond the caches).
+Result<tune::LinkCost> measureLink(chorusComm_t comm, const TuneOptions& o, double omega) {
   tune::LinkCost l;
-  CHORUS_ASSIGN_OR_RETURN(double small, pingPong(comm, 8, o.reps, 2000));
-  CHORUS_ASSIGN_OR_RETURN(double big, pingPong(comm, o.big_bytes, o.reps, 8));
+  constexpr size_t kMid = 256u << 10;
+  CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, "allgather:ring"), comm, "forcing the ring allgather"));
+  CHORUS_ASSIGN_OR_RETURN(double small, ringRound(comm, 8, o.reps, 2000, omega));
+  CHORUS_ASSIGN_OR_RETURN(double mid, ringRound(comm, kMid, o.reps, 100, omega));
+  CHORUS_ASSIGN_OR_RETURN(double big, ringRound(comm, o.big_bytes, o.reps, 4, omega));
+  CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, ""), comm, "restoring the tuner"));
   constexpr int kBurst = 32;
   CHORUS_ASSIGN_OR_RETURN(double one, burst(comm, 1, o.reps, 1000));
   CHORUS_ASSIGN_OR_RETURN(double many, burst(comm, kBurst, o.reps, 1000));
-  l.overhead_s = std::clamp((many - one) / (kBurst - 1), 0.0, small / 2);
+  l.overhead_s = std::clamp((many - one) / (kBurst - 1), 0.0, small / 4);
   l.alpha_s = std::max(0.0, small - 2 * l.overhead_s);
-  l.beta_s_per_byte = std::max(1e-12, (big - small) / static_cast<double>(o.big_bytes));
+  l.beta_s_per_byte = std::max(1e-12, (mid - small) / static_cast<double>(kMid));
+  l.beta_large_s_per_byte = std::max(l.beta_s_per_byte, (big - small) / static_cast<double>(o.big_bytes));
   return l;
 }
 
@@ -120,14 +124,6 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
     chorusCommDestroy(comm);
     return invalidUsage("chorus-tune needs at least 2 ranks (run it with --np 2)");
   }
-  auto shm = measureLink(comm, o);
-  if (!shm.isOk()) {
-    chorusCommAbort(comm);
-    chorusCommDestroy(comm);
-    return shm.status();
-  }
-  p.shm = shm.value();
-
   // Per-call overhead: an 8-byte allreduce on a communicator of one rank.
   chorusComm_t self = nullptr;
   CHORUS_RETURN_IF_ERROR(check(chorusCommSplit(comm, rank, 0, &self), comm, "split"));
@@ -141,10 +137,21 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
   }
   p.op_overhead_s = median(oh);
   chorusCommDestroy(self);
+  const double omega = p.op_overhead_s;
+
+  auto shm = measureLink(comm, o, omega);
+  if (!shm.isOk()) {
+    chorusCommAbort(comm);
+    chorusCommDestroy(comm);
+    return shm.status();
+  }
+  p.shm = shm.value();
+
   chorusCommDestroy(comm);
 
-  // Reduction throughput per data type (bytes of one operand per second).
-  const size_t bytes = 4u << 20;
+  // Reduction throughput per data type (bytes of one operand per second), on
+  // operands that stay in the cache, as a pipelined slice's do.
+  const size_t bytes = 256u << 10;
   std::vector<std::byte> a(bytes), b(bytes);
   for (int d = 0; d < chorusNumTypes; ++d) {
     const auto dt = static_cast<chorusDataType_t>(d);
@@ -162,6 +169,20 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
     }
     p.gamma_s_per_byte[d] = median(t) / static_cast<double>(bytes);
   }
+  {
+    // Out of the caches: fp32 over 64 MiB operands (twice cache_bytes' cap).
+    const size_t big = 64u << 20;
+    const size_t count = big / sizeof(float);
+    std::vector<float> x(count, 1.0f), y(count, 2.0f);
+    kernels::Reducer red(chorusFloat32, kernels::BinOp::Sum);
+    std::vector<double> t;
+    for (int rep = 0; rep < std::min(o.reps, 5); ++rep) {
+      auto t0 = Clock::now();
+      red(x.data(), x.data(), y.data(), count);
+      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    p.reduce_mem_s_per_byte = median(t) / static_cast<double>(big);
+  }
 
   if (o.tcp) {
     // A second job-wide communicator over TCP only.
@@ -169,7 +190,7 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
     auto tc = initFromEnv();
     ::unsetenv("CHORUS_TRANSPORT");
     if (!tc.isOk()) return tc.status();
-    auto tcp = measureLink(tc.value(), o);
+    auto tcp = measureLink(tc.value(), o, omega);
     chorusCommDestroy(tc.value());
     if (!tcp.isOk()) return tcp.status();
     p.tcp = tcp.value();

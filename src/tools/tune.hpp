@@ -18,7 +18,7 @@ namespace chorus::tools {
 
 struct TuneOptions {
   int reps = 7;                       // repetitions per figure (median)
-  size_t big_bytes = 16u << 20;       // the bandwidth message
+  size_t big_bytes = 32u << 20;       // the out-of-cache bandwidth message
   bool tcp = true;                    // also measure TCP (a second communicator)
 };
 

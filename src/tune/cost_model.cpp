@@ -8,6 +8,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include <unistd.h>
+
 #include "common/env.hpp"
 #include "kernels/dtype.hpp"
 
@@ -15,6 +17,10 @@ namespace chorus::tune {
 
 CostProfile::CostProfile() {
   cores = std::max(1u, std::thread::hardware_concurrency());
+  // The last-level cache, at most 32 MiB: virtual machines may report a whole
+  // package's L3 (320 MiB here) where a core sees its complex's share; on this
+  // VM allreduce throughput halves between 16 and 64 MiB of footprint.
+  if (long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE); l3 > 0) cache_bytes = std::min(cache_bytes, static_cast<double>(l3));
   // Reduction throughput per byte of one operand: fp32/fp64/int run at
   // memory speed; the narrow floats convert to fp32 and back.
   for (int d = 0; d < chorusNumTypes; ++d) gamma_s_per_byte[d] = 1.0 / 8.0e9;
@@ -43,6 +49,9 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
     double oh = link->overhead_s * 1e6;
     CHORUS_RETURN_IF_ERROR(num(j[name], "overhead_us", &oh));
     link->overhead_s = oh * 1e-6;
+    double big = 0;
+    CHORUS_RETURN_IF_ERROR(num(j[name], "bandwidth_large_gbps", &big));
+    if (big > 0) link->beta_large_s_per_byte = 1.0 / (big * 1e9);
     double gbps = 0;
     CHORUS_RETURN_IF_ERROR(num(j[name], "bandwidth_gbps", &gbps));
     if (gbps > 0) link->beta_s_per_byte = 1.0 / (gbps * 1e9);
@@ -59,6 +68,10 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
   double oh = p.op_overhead_s * 1e6;
   CHORUS_RETURN_IF_ERROR(num(j, "op_overhead_us", &oh));
   p.op_overhead_s = oh * 1e-6;
+  CHORUS_RETURN_IF_ERROR(num(j, "cache_bytes", &p.cache_bytes));
+  double mem = 0;
+  CHORUS_RETURN_IF_ERROR(num(j, "reduce_mem_gbps", &mem));
+  if (mem > 0) p.reduce_mem_s_per_byte = 1.0 / (mem * 1e9);
   if (j.contains("cores")) {
     if (!j["cores"].is_number_integer() || j["cores"].get<int>() < 1)
       return invalidArgument("tuning profile: 'cores' must be a positive integer");
@@ -73,6 +86,10 @@ std::string CostProfile::toJson() const {
     j[name] = {{"alpha_us", l->alpha_s * 1e6},
                {"bandwidth_gbps", 1e-9 / l->beta_s_per_byte},
                {"overhead_us", l->overhead_s * 1e6}};
+  for (auto [name, l] : {std::pair{"shm", &shm}, std::pair{"tcp", &tcp}})
+    if (l->beta_large_s_per_byte > 0) j[name]["bandwidth_large_gbps"] = 1e-9 / l->beta_large_s_per_byte;
+  j["cache_bytes"] = cache_bytes;
+  if (reduce_mem_s_per_byte > 0) j["reduce_mem_gbps"] = 1e-9 / reduce_mem_s_per_byte;
   for (int d = 0; d < chorusNumTypes; ++d)
     j["reduce_gbps"][std::string(kernels::dtypeName(static_cast<chorusDataType_t>(d)))] = 1e-9 / gamma_s_per_byte[d];
   j["op_overhead_us"] = op_overhead_s * 1e6;
@@ -117,6 +134,19 @@ Result<double> predictSeconds(const plan::Algorithm& algo, const plan::Shape& sh
       host[static_cast<size_t>(q)] = index.try_emplace(host_of[static_cast<size_t>(q)], static_cast<int>(index.size())).first->second;
   }
   auto hostOf = [&](int r) { return host[static_cast<size_t>(r)]; };
+  // Share of the call's bytes that stays in the cache: its footprint is the
+  // input and output of every rank on the busiest host.
+  std::vector<int> per_host(static_cast<size_t>(n), 0);
+  int most = 1;
+  for (int q = 0; q < n; ++q) most = std::max(most, ++per_host[static_cast<size_t>(hostOf(q))]);
+  const double footprint =
+      static_cast<double>(most) * static_cast<double>(shape.inputElems(0) + shape.outputElems(0)) * shape.elem_size;
+  const double hot = footprint <= prof.cache_bytes ? 1.0 : prof.cache_bytes / footprint;
+  auto beta = [&](const LinkCost& l) {
+    return l.beta_large_s_per_byte > 0 ? hot * l.beta_s_per_byte + (1 - hot) * l.beta_large_s_per_byte
+                                       : l.beta_s_per_byte;
+  };
+  const double gamma_eff = hot * gamma + (1 - hot) * std::max(gamma, prof.reduce_mem_s_per_byte);
   for (const plan::Round& r : rounds) {
     std::fill(lat.begin(), lat.end(), 0.0);
     std::fill(work.begin(), work.end(), 0.0);
@@ -133,7 +163,7 @@ Result<double> predictSeconds(const plan::Algorithm& algo, const plan::Shape& sh
       const double bytes = static_cast<double>(elems) * shape.elem_size;
       const auto d = static_cast<size_t>(dst);
       lat[d] = std::max(lat[d], l.alpha_s);
-      work[d] += l.overhead_s + bytes * l.beta_s_per_byte + (r.reduce ? bytes * gamma * (r.staged ? 2.0 : 1.0) : 0.0);
+      work[d] += l.overhead_s + bytes * beta(l) + (r.reduce ? bytes * gamma_eff * (r.staged ? 2.0 : 1.0) : 0.0);
       work[static_cast<size_t>(src)] += l.overhead_s;
       touch(src);
       touch(dst);

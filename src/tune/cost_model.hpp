@@ -9,7 +9,8 @@
 //   max α of its incoming messages + Σ_in (o + b·β + b·γ·[reduce](1 + [staged]))
 //                                  + Σ_out o
 // (a staged reduction lands in scratch first and pays one more pass over the
-// bytes), the round lasts as long as its busiest rank, and a host whose ranks
+// bytes; β and γ are the out-of-cache figures in proportion to how much of the
+// call's footprint on the host exceeds the last-level cache), the round lasts as long as its busiest rank, and a host whose ranks
 // active in the round outnumber its cores runs them in turns (active / cores).
 // For the one-message-per-rank patterns (ring, trees, recursive doubling) this
 // is α + 2o + b·β (+ b·γ) per round; for the all-pairs rounds of the direct
@@ -33,8 +34,9 @@ namespace chorus::tune {
 
 struct LinkCost {
   double alpha_s = 0;          // latency of a message (overlaps with other messages in flight)
-  double beta_s_per_byte = 0;  // seconds per byte (1 / bandwidth)
+  double beta_s_per_byte = 0;  // seconds per byte (1 / bandwidth) while the data stay in the caches
   double overhead_s = 0;       // CPU time per message at each end
+  double beta_large_s_per_byte = 0;  // seconds per byte beyond the caches (0: as beta)
 };
 
 struct CostProfile {
@@ -43,6 +45,11 @@ struct CostProfile {
   // Seconds per byte reduced, per data type (fp16/bf16/fp8 pay the conversions).
   std::array<double, chorusNumTypes> gamma_s_per_byte{};
   double op_overhead_s = 1.5e-6;  // per call: API, plan lookup, executor set-up
+  // Calls whose buffers (input and output of every rank of a host) exceed the
+  // last-level cache move bytes at beta_large and reduce no faster than
+  // reduce_mem (fp32, out of the caches); in between, in proportion.
+  double cache_bytes = 32.0 * (1 << 20);
+  double reduce_mem_s_per_byte = 0;  // 0: no out-of-cache floor
   // Cores per host: when a round puts more messages on a host than it has
   // cores, they take turns (8 ranks on 2 cores).
   int cores = 1;

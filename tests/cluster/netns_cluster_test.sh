@@ -112,12 +112,13 @@ run_job() {
 # --- 1: the collectives matrix, reduced --------------------------------------
 start=$SECONDS
 collectives_ok=1
-# allreduce and allgather run the hierarchical (two-level) plans, and the
+# allreduce, allgather and alltoall run the hierarchical (two-level) plans, and the
 # program fails unless the tuner really runs them on this layout.
-run_job collectives 29500 env CHORUS_ALGO=allreduce:hierarchical,allgather:hierarchical \
+run_job collectives 29500 env CHORUS_ALGO=allreduce:hierarchical,allgather:hierarchical,alltoall:hierarchical \
   "$prog" --counts "${CHORUS_CLUSTER_COUNTS:-0,7}" \
   --float-counts "${CHORUS_CLUSTER_FLOAT_COUNTS:-100003,1000003}" \
-  --expect-algo allreduce:hierarchical --expect-algo allgather:hierarchical || collectives_ok=0
+  --expect-algo allreduce:hierarchical --expect-algo allgather:hierarchical \
+  --expect-algo alltoall:hierarchical || collectives_ok=0
 cat "$work"/collectives.*.out > "$work/collectives.jsonl"
 python3 - "$work/collectives.jsonl" 6 <<'EOF' || collectives_ok=0
 import json, sys

@@ -95,6 +95,30 @@ INSTANTIATE_TEST_SUITE_P(
                       AlgoCase{"hierarchical", 4, true}),
     [](const auto& info) { return fmt::format("{}_{}{}", info.param.algo, info.param.nranks, info.param.tcp ? "_tcp" : ""); });
 
+// The hierarchical allgather and alltoall, every rank its own host (TCP).
+TEST(Collectives, HierarchicalAllGatherAndAllToAll) {
+  setenv("CHORUS_ALGO", "allgather:hierarchical,alltoall:hierarchical", 1);
+  setenv("CHORUS_TRANSPORT", "tcp", 1);
+  const int n = 3;
+  std::vector<Case> cases;
+  for (const Case& c : standardCases(n, {0, 1, 7, 100003}, /*all_dtypes=*/true))
+    if ((c.coll == Coll::AllGather || c.coll == Coll::AllToAll) && (c.count < 1000 || c.dtype == chorusFloat32))
+      cases.push_back(c);
+  auto msgs = runRanks(n, [&](int r, chorusComm_t c) -> std::string {
+    for (const char* coll : {"allgather", "alltoall"}) {
+      char algo[64] = {};
+      double us = 0;
+      if (chorusCommPredict(c, coll, 100003, chorusFloat32, 0, algo, sizeof algo, &us) != chorusSuccess)
+        return chorusGetLastError(c);
+      if (std::string(algo) != "hierarchical") return fmt::format("rank {}: {} ran {}", r, coll, algo);
+    }
+    return runAll(r, c, cases);
+  });
+  unsetenv("CHORUS_ALGO");
+  unsetenv("CHORUS_TRANSPORT");
+  EXPECT_EQ(failures(msgs), "");
+}
+
 TEST(Collectives, ManyRanks) {
   for (int n : {13, 16}) {
     auto cases = standardCases(n, {5, 4099}, /*all_dtypes=*/false);

@@ -19,6 +19,7 @@ CostProfile testProfile(int cores) {
   for (double& g : p.gamma_s_per_byte) g = 0.5e-9;
   p.op_overhead_s = 2e-6;
   p.cores = cores;
+  p.cache_bytes = 1 << 20;
   return p;
 }
 
@@ -67,6 +68,22 @@ TEST(CostModel, AllPairsRoundsOverlapLatencyButNotWork) {
   EXPECT_NEAR(price(reg, "direct", sh, testProfile(2), {0, 0, 0, 0}), 2e-6 + 2 * (rs + ag), 1e-12);
 }
 
+TEST(CostModel, CallsBeyondTheCacheMoveAndReduceAtTheOutOfCacheRates) {
+  const plan::Registry reg = plan::Registry::builtin();
+  CostProfile p = testProfile(8);
+  p.shm.beta_large_s_per_byte = 4e-9;
+  p.reduce_mem_s_per_byte = 2e-9;
+  // 2 ranks x (input + output) of 2^20 floats = 16 MiB on the host, 16x the
+  // 1 MiB cache: 1/16 of the bytes at the in-cache rates, 15/16 out of it.
+  const double hot = 1.0 / 16, b = 2.0 * (1 << 20);
+  const double beta = hot * 1e-9 + (1 - hot) * 4e-9, gamma = hot * 0.5e-9 + (1 - hot) * 2e-9;
+  const double ring = 2e-6 + (1e-6 + 0.2e-6 + b * beta + b * gamma) + (1e-6 + 0.2e-6 + b * beta);
+  EXPECT_NEAR(price(reg, "ring", shape(2, 1 << 20, nullptr), p, {}), ring, 1e-9);
+  // Within the cache the in-cache rates alone.
+  const double small = 2e-6 + 2 * (1e-6 + 0.2e-6 + 2000 * 1e-9) + 2000 * 0.5e-9;
+  EXPECT_NEAR(price(reg, "ring", shape(2, 1000, nullptr), p, {}), small, 1e-12);
+}
+
 TEST(CostModel, ProfileJsonCarriesThePerMessageOverhead) {
   CostProfile p = testProfile(3);
   auto back = CostProfile::fromJson(p.toJson());
@@ -74,6 +91,14 @@ TEST(CostModel, ProfileJsonCarriesThePerMessageOverhead) {
   EXPECT_NEAR(back->shm.overhead_s, 0.1e-6, 1e-15);
   EXPECT_NEAR(back->tcp.overhead_s, 1e-6, 1e-15);
   EXPECT_EQ(back->cores, 3);
+  EXPECT_EQ(back->cache_bytes, 1 << 20);
+  p.shm.beta_large_s_per_byte = 2e-9;
+  p.reduce_mem_s_per_byte = 1e-9;
+  back = CostProfile::fromJson(p.toJson());
+  ASSERT_TRUE(back.isOk()) << back.status().message();
+  EXPECT_NEAR(back->shm.beta_large_s_per_byte, 2e-9, 1e-18);
+  EXPECT_NEAR(back->reduce_mem_s_per_byte, 1e-9, 1e-18);
+  EXPECT_EQ(back->tcp.beta_large_s_per_byte, 0);
   auto bad = CostProfile::fromJson(R"({"shm": {"overhead_us": -1}})");
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("overhead_us"), std::string::npos) << bad.status().message();

@@ -176,6 +176,7 @@ TEST(Plan, LocalityAwareAlgorithmsVerifyOnHostLayouts) {
   EXPECT_GT(verified["allreduce:direct"], 300);
   EXPECT_GT(verified["allreduce:hierarchical"], 500);
   EXPECT_GT(verified["allgather:hierarchical"], 500);
+  EXPECT_GT(verified["alltoall:hierarchical"], 500);
 }
 
 // A deliberately wrong plan must be caught: a ring allreduce that forgets the
