@@ -1,6 +1,7 @@
 #include "sim/network.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 #include <cmath>
 #include <queue>
@@ -28,8 +29,9 @@ Result<NetMode> parseNetMode(std::string_view text) {
   return invalidArgument("--network '{}' is not one of analytical, flow", text);
 }
 
-NetworkModel::RoundCost NetworkModel::placeRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes) {
-  if (mode_ == NetMode::Flow) return flowRound(r, g, elem_bytes);
+// The reference: every message of every group routed with its bytes, O(messages x hops)
+// per round.  placeRound() gives the same figures from cached unit patterns.
+NetworkModel::RoundCost NetworkModel::referenceRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes) {
   // Only the links this round touches are reset and scanned: O(messages x hops).
   if (load_.size() != static_cast<size_t>(t_.links())) load_.assign(static_cast<size_t>(t_.links()), 0.0);
   for (int64_t l : touched_) load_[static_cast<size_t>(l)] = 0;
@@ -63,6 +65,115 @@ NetworkModel::RoundCost NetworkModel::placeRound(const plan::Round& r, const Gro
   rc.latency = lat;
   rc.time = lat + Seconds(std::max(worst, reduce_t));
   return rc;
+}
+
+NetworkModel::RoundCost NetworkModel::placeRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes) {
+  if (mode_ == NetMode::Flow) return flowRound(r, g, elem_bytes);
+  if (reference_ || r.peers == plan::Peers::Explicit) return referenceRound(r, g, elem_bytes);
+  // Every message of a patterned round carries elems x a multiplicity that
+  // does not depend on elems (1, or the subtree size), so the link loads are
+  // elems x elem_bytes x the loads of the same pattern with unit messages:
+  // one placement serves every size, both directions of a halving/doubling
+  // pair and every plan using the same pattern (recursive doubling and
+  // Rabenseifner share their Xor masks).
+  const PatternKey key{r.peers, r.arg, r.root, r.fold, r.subtree, g.size, g.stride, g.groups, g.offset};
+  auto it = patterns_.find(key);
+  if (it == patterns_.end()) it = patterns_.emplace(key, unitPattern(r, g)).first;
+  const Pattern& p = it->second;
+  // The same arithmetic as referenceRound: loads are exact integers in double,
+  // so scaling the unit load is exact.
+  const double k = static_cast<double>(r.elems * elem_bytes);
+  RoundCost rc;
+  double worst = 0;
+  if (k > 0 && p.link >= 0) {
+    worst = p.load * k / t_.capacity(p.link).value();
+    rc.bottleneck = p.link;
+  }
+  const double reduce_t = r.reduce ? 3 * (p.max_recv * k) / (c_.gpu.hbm_bw.value() * c_.gpu.hbm_efficiency) : 0.0;
+  Seconds lat = p.lat;
+  if (r.peers == plan::Peers::Chain) lat = lat * static_cast<double>(std::max<int64_t>(1, g.size - 1));
+  rc.latency = lat;
+  rc.time = lat + Seconds(std::max(worst, reduce_t));
+  return rc;
+}
+
+NetworkModel::Pattern NetworkModel::unitPattern(const plan::Round& round, const GroupSet& g) {
+  plan::Round r = round;
+  r.elems = 1;
+  r.msgs.clear();
+  if (load_.size() != static_cast<size_t>(t_.links())) load_.assign(static_cast<size_t>(t_.links()), 0.0);
+  for (int64_t l : touched_) load_[static_cast<size_t>(l)] = 0;
+  touched_.clear();
+  const int n = static_cast<int>(g.size);
+  recv_.assign(static_cast<size_t>(n), 0.0);
+  Pattern p;
+  Seconds lat(0);
+  auto add = [&](int64_t l, double w) {
+    double& x = load_[static_cast<size_t>(l)];
+    if (x == 0) touched_.push_back(l);
+    x += w;
+  };
+  // Symmetry: an Xor round (no fold) of one whole, block-aligned group of
+  // consecutive GPUs is invariant under v -> v ^ c, and for c a multiple of
+  // the topology's symmetry block B that is a translation by whole blocks,
+  // which maps every link to an equal one.  So every link, every receiver and
+  // every route has an equal one attached to the group's first block: placing
+  // the messages that start or end there (2B, not n) gives the same most
+  // loaded link, the same lowest id among equals, the same largest receive
+  // and the same latency.  O(B) instead of O(n) per pattern.
+  const int64_t B = t_.symmetryBlock();
+  if (r.peers == plan::Peers::Xor && r.fold == 0 && g.groups == 1 && g.stride == 1 && B > 0 && g.size > B &&
+      std::has_single_bit(static_cast<uint64_t>(g.size)) && g.offset % B == 0 && !symmetry_off_) {
+    const int64_t base = g.offset;
+    for (int64_t v = 0; v < B; ++v) {
+      const int64_t w = v ^ r.arg;
+      if (w >= g.size) continue;
+      lat = std::max(lat, t_.route(base + v, base + w, [&](int64_t l) { add(l, 1.0); }));
+      if (w < B) {
+        recv_[static_cast<size_t>(w)] += 1;
+      } else {
+        t_.route(base + w, base + v, [&](int64_t l) { add(l, 1.0); });
+        recv_[static_cast<size_t>(v)] += 1;
+      }
+    }
+    double worst = 0;
+    for (int64_t l : touched_) {
+      const int64_t first = t_.firstGpuOf(l) - base;
+      if (first < 0 || first >= B) continue;  // another block's link: only partly loaded here
+      const double x = load_[static_cast<size_t>(l)];
+      const double tl = x / t_.capacity(l).value();
+      if (tl > worst || (tl == worst && l < p.link)) worst = tl, p.link = l, p.load = x;
+    }
+    for (double b : recv_) p.max_recv = std::max(p.max_recv, b);
+    p.lat = lat;
+    return p;
+  }
+  for (int64_t j = 0; j < g.groups; ++j) {
+    const int64_t base = g.gpuOf(j, 0), stride = g.stride;
+    if (j == 0) {
+      plan::forEachMessage(r, n, [&](int s, int d, uint64_t e) {
+        const double w = static_cast<double>(e);
+        lat = std::max(lat, t_.route(base + s * stride, base + d * stride, [&](int64_t l) { add(l, w); }));
+        recv_[static_cast<size_t>(d)] += w;
+      });
+    } else {
+      plan::forEachMessage(r, n, [&](int s, int d, uint64_t e) {
+        const double w = static_cast<double>(e);
+        lat = std::max(lat, t_.route(base + s * stride, base + d * stride, [&](int64_t l) { add(l, w); }));
+      });
+    }
+  }
+  for (double b : recv_) p.max_recv = std::max(p.max_recv, b);
+  // The most loaded link relative to its capacity; ties go to the lowest id,
+  // as in referenceRound.
+  double worst = 0;
+  for (int64_t l : touched_) {
+    const double x = load_[static_cast<size_t>(l)];
+    const double tl = x / t_.capacity(l).value();
+    if (tl > worst || (tl == worst && l < p.link)) worst = tl, p.link = l, p.load = x;
+  }
+  p.lat = lat;
+  return p;
 }
 
 Result<CollectiveCost> NetworkModel::price(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g) {

@@ -75,6 +75,19 @@ class NetworkModel {
   // `bytes`, every group at once (pipeline sends between stages).
   Result<CollectiveCost> sendRecv(Bytes bytes, const GroupSet& pairs);
 
+  // Tests: price every round by routing each message with its bytes (the slow
+  // reference), instead of from cached unit patterns.  Same results.
+  void setReference(bool on) {
+    reference_ = on;
+    cache_.clear();
+  }
+  // Tests: unit patterns without the symmetry shortcut (every message placed).
+  void setSymmetry(bool on) {
+    symmetry_off_ = !on;
+    patterns_.clear();
+    cache_.clear();
+  }
+
  private:
   Result<CollectiveCost> price(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g);
   struct RoundCost {
@@ -82,6 +95,16 @@ class NetworkModel {
     int64_t bottleneck = -1;
   };
   RoundCost placeRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes);
+  RoundCost referenceRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes);
+  // One repetition of a round's peer pattern placed with unit messages: the
+  // most loaded link (relative to its capacity) and its load, the largest
+  // route latency and the most any member of the first group receives.
+  struct Pattern {
+    Seconds lat;
+    int64_t link = -1;
+    double load = 0, max_recv = 0;
+  };
+  Pattern unitPattern(const plan::Round& r, const GroupSet& g);
   RoundCost flowRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes);
 
   const ClusterSpec& c_;
@@ -90,6 +113,10 @@ class NetworkModel {
   NetMode mode_;
   std::vector<double> load_;      // bytes per link, reset per pattern
   std::vector<int64_t> touched_;  // links with load_ != 0
+  std::vector<double> recv_;      // per member of the first group (reductions)
+  bool reference_ = false, symmetry_off_ = false;
+  using PatternKey = std::tuple<plan::Peers, int64_t, int32_t, int32_t, bool, int64_t, int64_t, int64_t, int64_t>;
+  std::map<PatternKey, Pattern> patterns_;
   using CacheKey = std::tuple<int, double, int64_t, int64_t, int64_t, int64_t, std::string>;
   std::map<CacheKey, CollectiveCost> cache_;
 };

@@ -1,6 +1,8 @@
 #include "sim/topology.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 
 namespace chorus::sim {
 
@@ -47,6 +49,21 @@ Result<Topology> Topology::build(const ClusterSpec& c) {
     }
   }
   t.end_ = next;
+  if (t.gpus_ > std::numeric_limits<int32_t>::max())
+    return invalidArgument("cluster '{}': {} GPUs (at most 2^31 - 1)", c.name, t.gpus_);
+  t.node_.resize(static_cast<size_t>(t.gpus_));
+  for (int64_t g = 0; g < t.gpus_; ++g) t.node_[static_cast<size_t>(g)] = static_cast<int32_t>(g / t.gpn_);
+  if (t.ndims_ == 0) {
+    t.port_.resize(static_cast<size_t>(t.gpus_));
+    for (int64_t g = 0; g < t.gpus_; ++g)
+      t.port_[static_cast<size_t>(g)] = static_cast<int32_t>((g / t.gpn_) * t.ports_ + (g % t.gpn_) * t.ports_ / t.gpn_);
+    t.upper_.resize(static_cast<size_t>(int64_t{c.nodes} * t.ports_));
+    for (int64_t p = 0; p < static_cast<int64_t>(t.upper_.size()); ++p)
+      t.upper_[static_cast<size_t>(p)] = static_cast<int32_t>(t.upperOf(p / t.ports_, p % t.ports_));
+    const int64_t block = int64_t{t.gpn_} *
+                          (c.network.topology == TopologyKind::Dragonfly ? c.network.group_nodes : c.network.leaf_nodes);
+    if (std::has_single_bit(static_cast<uint64_t>(block))) t.sym_block_ = block;
+  }
   return t;
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "common/status.hpp"
 #include "sim/config.hpp"
@@ -38,11 +39,35 @@ class Topology {
   [[nodiscard]] BytesPerSecond laneCapacity() const { return up_cap_ / static_cast<double>(lanes_); }
   [[nodiscard]] int64_t firstAggregated() const { return up_; }
 
+  // Symmetry (the analytical model's fast path for Xor patterns): GPUs come in
+  // aligned blocks of symmetryBlock() — a leaf's (fat-tree, rail: every rail
+  // of it) or a dragonfly group's — and translating GPU ids by a multiple of
+  // the block maps links to equal links (same class and capacity).  0 when the
+  // block is not a power of two (XOR by a multiple of it then would not
+  // permute whole blocks) and for tori.
+  [[nodiscard]] int64_t symmetryBlock() const { return sym_block_; }
+  // The lowest GPU id behind a link: the GPU, the node's first GPU for a NIC
+  // port, the leaf's or group's first GPU.  Not for tori.
+  [[nodiscard]] int64_t firstGpuOf(int64_t link) const {
+    if (link < nvl_rx_) return link - nvl_tx_;
+    if (link < port_tx_) return link - nvl_rx_;
+    if (link < up_) return ((link - port_tx_) % (up_ - port_rx_)) / ports_ * gpn_;
+    const int64_t u = (link - up_) % (down_ - up_);
+    switch (c_.network.topology) {
+      case TopologyKind::RailOptimized: return u / ports_ * c_.network.leaf_nodes * gpn_;
+      case TopologyKind::Dragonfly: return u * c_.network.group_nodes * gpn_;
+      default: return u * c_.network.leaf_nodes * gpn_;
+    }
+  }
+
   // Calls f(link) for every link on the route src -> dst (GPU ids) and
   // returns the route's latency.  O(hops).
   template <typename F>
   Seconds route(int64_t src, int64_t dst, F&& f) const {
-    const int64_t sn = src / gpn_, dn = dst / gpn_;
+    // Node, port and leaf of a GPU come from O(GPUs) tables built once: the
+    // divisions they replace dominated the cost of placing a round.
+    const size_t us = static_cast<size_t>(src), ud = static_cast<size_t>(dst);
+    const int64_t sn = node_[us], dn = node_[ud];
     if (sn == dn) {
       if (src == dst) return Seconds(0);
       f(nvl_tx_ + src);
@@ -50,10 +75,9 @@ class Topology {
       return c_.node.nvlink_latency;
     }
     if (ndims_ > 0) return torusRoute(sn, dn, f);
-    const int64_t sp = sn * ports_ + (src % gpn_) * ports_ / gpn_;
-    const int64_t dp = dn * ports_ + (dst % gpn_) * ports_ / gpn_;
+    const int64_t sp = port_[us], dp = port_[ud];
     f(port_tx_ + sp);
-    const int64_t sl = upperOf(sn, sp % ports_), dl = upperOf(dn, dp % ports_);
+    const int64_t sl = upper_[static_cast<size_t>(sp)], dl = upper_[static_cast<size_t>(dp)];
     if (sl != dl) {
       f(up_ + sl);
       f(down_ + dl);
@@ -106,7 +130,11 @@ class Topology {
   // First link index of each class (the next class's start ends it).
   int64_t nvl_tx_ = 0, nvl_rx_ = 0, port_tx_ = 0, port_rx_ = 0, up_ = 0, down_ = 0, torus_ = 0, end_ = 0;
   int64_t lanes_ = 1;
+  int64_t sym_block_ = 0;
   BytesPerSecond nvl_cap_, port_cap_, up_cap_, torus_cap_;
+  std::vector<int32_t> node_;   // per GPU: its node
+  std::vector<int32_t> port_;   // per GPU: its scale-out port (node * ports + local port); not for tori
+  std::vector<int32_t> upper_;  // per port: the leaf or group above it
 };
 
 }  // namespace chorus::sim

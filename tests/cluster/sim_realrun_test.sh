@@ -8,7 +8,9 @@
 # tuner's profile, chorus-tune's ~/.cache/chorus/profile.json or
 # CHORUS_TUNE_FILE, else the tuner's built-in defaults).  Passes when every
 # size >= 1 MiB is predicted within CHORUS_SIM_REALRUN_TOLERANCE % (10 by
-# default: the goal, for the documented run).  ctest runs it with a
+# default: the goal, for the documented run).  CHORUS_SIM_ALGO,
+# CHORUS_SIM_COLL and CHORUS_SIM_PER_HOST pick another plan, collective or
+# ranks per host (the investigations in docs/simulator.md).  ctest runs it with a
 # sanity bound instead (tests/cluster/sim/CMakeLists.txt): the measured side is
 # a timing on a shared machine, and timings are reported, not asserted, in CI.
 #
@@ -26,9 +28,10 @@ sim=$build_dir/tools/chorus-sim
 job_timeout=${CHORUS_CLUSTER_TIMEOUT:-240}
 rate_mbit=${CHORUS_SIM_LINK_MBIT:-1000}
 algo=${CHORUS_SIM_ALGO:-ring}  # the plan both the library and the simulator use
+coll=${CHORUS_SIM_COLL:-allreduce}  # any collective chorus-bench and chorus-sim both know
 tolerance=${CHORUS_SIM_REALRUN_TOLERANCE:-10}
 hosts_n=4
-per_host=2
+per_host=${CHORUS_SIM_PER_HOST:-2}
 world=$((hosts_n * per_host))
 
 skip_or_fail() {
@@ -75,15 +78,15 @@ for i in $(seq 0 $((hosts_n - 1))); do
 done
 netns_start_keepers 512m $((job_timeout + 120)) "${hosts[@]}"
 
-# --- the measurement: ring allreduce 1 MiB .. 16 MiB -------------------------
+# --- the measurement: $coll with plan $algo, 1 MiB .. 16 MiB ----------------
 secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 for r in $(seq 0 $((world - 1))); do
   host=$((r / per_host))
   nsenter --target "${keepers[$host]}" --mount --net -- \
     env CHORUS_RANK=$r CHORUS_WORLD_SIZE=$world CHORUS_LOCAL_RANK=$((r % per_host)) \
     CHORUS_MASTER_ADDR="$subnet.1" CHORUS_MASTER_PORT=29600 CHORUS_SECRET="$secret" \
-    CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) CHORUS_ALGO="allreduce:$algo" \
-    timeout -k 5 "$job_timeout" "$bench" allreduce -b 1M -e 16M -f 4 -c 1 -w 2 -n 5 --json "$work/bench.jsonl" \
+    CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) CHORUS_ALGO="$coll:$algo" \
+    timeout -k 5 "$job_timeout" "$bench" "$coll" -b 1M -e 16M -f 4 -c 1 -w 2 -n 5 --json "$work/bench.jsonl" \
     >"$work/bench.$r.out" 2>"$work/bench.$r.err" </dev/null &
   ranks+=($!)
 done
@@ -123,7 +126,7 @@ ok=1
 echo "| bytes | measured (us) | predicted (us) | error |"
 echo "|---|---|---|---|"
 while read -r bytes measured; do
-  predicted=$("$sim" collective --cluster "$work/cluster.json" --gpus $world --collective allreduce --bytes "$bytes" \
+  predicted=$("$sim" collective --cluster "$work/cluster.json" --gpus $world --collective "$coll" --bytes "$bytes" \
     --algo "$algo" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["time_us"])')
   line=$(python3 -c "m,p=$measured,$predicted; e=100*(p-m)/m; print(f'| $bytes | {m:.0f} | {p:.0f} | {e:+.1f}% |'); exit(0 if abs(e) <= $tolerance else 1)") || ok=0
   echo "$line"

@@ -2,9 +2,14 @@
 // pinned with golden numbers whose derivations are written beside them.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "sim/config.hpp"
+#include "sim/network.hpp"
+#include "sim/topology.hpp"
 #include "sim/report.hpp"
 #include "sim/train.hpp"
 #include "support/sim_fixtures.hpp"
@@ -22,6 +27,79 @@ TEST(SimUnits, ConversionsAreTyped) {
   constexpr Seconds t = gb(1) / gbytePerS(100);  // 1e9 B / 1e11 B/s = 10 ms
   static_assert(t.value() == 0.01);
   EXPECT_DOUBLE_EQ(toGib(gib(80)), 80);
+}
+
+// The fast analytical path (unit patterns cached per group set and scaled by
+// the message size; Xor rounds of one block-aligned group placed from the
+// first symmetry block only) against the slow reference that routes every
+// message of every round with its bytes.  Every algorithm of every collective
+// in the registry, on each topology family (symmetric blocks of 4 or 8 GPUs,
+// a leaf of 3 nodes that has none, a torus), single groups of 2..64 ranks
+// (powers of two beyond the block, odd sizes with folds) and strided group
+// sets: the same time, latency, algorithm and bottleneck link.
+TEST(SimNetwork, FastPathEqualsTheReference) {
+  const plan::Registry reg = plan::Registry::builtin();
+  struct Case {
+    std::string topology, extra;
+    int nodes, gpn, nics;
+    double hbm_gbyte_s = 0;  // 0: the fixture's; small: receivers' reductions set the pace
+  };
+  const std::vector<Case> cases = {
+      {"fat-tree", R"(, "leaf_nodes": 2)", 16, 4, 4},           // block 8
+      {"rail-optimized", R"(, "leaf_nodes": 2)", 32, 2, 2},     // block 4
+      {"rail-optimized", R"(, "leaf_nodes": 2)", 32, 2, 2, 1},  // the same, reduction-bound
+      {"dragonfly", R"(, "group_nodes": 4)", 32, 2, 1},         // block 8, one NIC for two GPUs
+      {"fat-tree", R"(, "leaf_nodes": 3, "oversubscription": 2)", 22, 3, 3},  // block 9: no symmetry
+      {"torus2d", R"(, "dims": [4, 4])", 16, 4, 4},
+  };
+  std::vector<GroupSet> sets = {{2, 1, 1}, {3, 1, 1}, {5, 1, 1}, {8, 1, 1}, {16, 1, 1}, {32, 1, 1},
+                                {64, 1, 1}, {16, 1, 1, 16}, {32, 1, 1, 32}, {6, 1, 1, 1}, {4, 8, 8}, {8, 4, 2},
+                                {16, 2, 2}, {8, 1, 4}, {4, 2, 2, 16}};
+  int compared = 0, symmetric = 0;
+  for (const Case& k : cases) {
+    ClusterSpec c = cluster(k.topology, k.nodes, k.extra, k.gpn, k.nics);
+    if (k.hbm_gbyte_s > 0) c.gpu.hbm_bw = gbytePerS(k.hbm_gbyte_s);
+    auto topo = Topology::build(c);
+    ASSERT_TRUE(topo.isOk());
+    NetworkModel fast(c, *topo, reg), plain(c, *topo, reg), ref(c, *topo, reg);
+    plain.setSymmetry(false);
+    ref.setReference(true);
+    for (const GroupSet& g : sets) {
+      if (g.gpuOf(g.groups - 1, g.size - 1) >= topo->gpus()) continue;
+      const int64_t block = topo->symmetryBlock();
+      if (block > 0 && g.groups == 1 && g.stride == 1 && g.size > block && std::has_single_bit(static_cast<uint64_t>(g.size)) &&
+          g.offset % block == 0)
+        ++symmetric;
+      for (const auto& algo : reg.all()) {
+        for (double bytes : {4096.0, 3.0 * (1 << 20) + 24}) {
+          const std::string what = fmt::format("{} {} {} bytes on {}x{} stride {} offset {} of {}", algo->name(),
+                                               plan::collectiveName(algo->collective()), bytes, g.groups, g.size,
+                                               g.stride, g.offset, k.topology + k.extra);
+          if (algo->collective() == plan::Collective::SendRecv || algo->collective() == plan::Collective::Barrier ||
+              algo->collective() == plan::Collective::AllGatherV || algo->collective() == plan::Collective::AllToAllV)
+            continue;
+          auto a = fast.collective(algo->collective(), Bytes(bytes), g, algo->name());
+          auto b = plain.collective(algo->collective(), Bytes(bytes), g, algo->name());
+          auto r = ref.collective(algo->collective(), Bytes(bytes), g, algo->name());
+          ASSERT_EQ(a.isOk(), r.isOk()) << what;
+          ASSERT_EQ(b.isOk(), r.isOk()) << what;
+          if (!r.isOk()) continue;
+          for (const CollectiveCost* x : {&*a, &*b}) {
+            EXPECT_NEAR(x->time.value(), r->time.value(), 1e-12 * r->time.value()) << what;
+            EXPECT_NEAR(x->latency.value(), r->latency.value(), 1e-12 * r->latency.value()) << what;
+            EXPECT_EQ(x->bottleneck, r->bottleneck) << what;
+          }
+          ++compared;
+        }
+      }
+      auto a = fast.sendRecv(Bytes(1 << 20), g), r = ref.sendRecv(Bytes(1 << 20), g);
+      ASSERT_TRUE(a.isOk() && r.isOk());
+      EXPECT_DOUBLE_EQ(a->time.value(), r->time.value());
+      EXPECT_EQ(a->bottleneck, r->bottleneck);
+    }
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_GE(symmetric, 8);  // the symmetric shortcut was exercised
 }
 
 TEST(SimConfig, ErrorsNameTheKeyAndValue) {
