@@ -55,6 +55,26 @@ struct Transfer {
   [[nodiscard]] int64_t begin() const { return std::max(send_start, recv_start); }
 };
 
+// Total length of the union of [begin, end) intervals, in microseconds.
+double unionUs(std::vector<std::pair<int64_t, int64_t>> v) {
+  std::sort(v.begin(), v.end());
+  double total = 0;
+  int64_t cur_b = 0, cur_e = 0;
+  bool open = false;
+  for (const auto& [b, e] : v) {
+    if (open && b <= cur_e) {
+      cur_e = std::max(cur_e, e);
+      continue;
+    }
+    if (open) total += static_cast<double>(cur_e - cur_b);
+    cur_b = b;
+    cur_e = e;
+    open = true;
+  }
+  if (open) total += static_cast<double>(cur_e - cur_b);
+  return total / 1e3;
+}
+
 bool isTransfer(uint8_t kind) { return kind <= static_cast<uint8_t>(StepKind::RecvReduce); }
 bool isSend(uint8_t kind) { return kind == static_cast<uint8_t>(StepKind::Send); }
 
@@ -391,6 +411,7 @@ Report analyse(const CommTrace& t) {
   // ---- links.
   const std::vector<Transfer> xs = matchTransfers(t);
   std::map<std::pair<int, int>, LinkStats> links;
+  std::map<std::pair<int, int>, std::vector<std::pair<int64_t, int64_t>>> busy;
   std::map<std::pair<int, int>, bool> has_large;
   for (const Transfer& x : xs)
     if (x.bytes >= kLargeMessage) has_large[{x.src, x.dst}] = true;
@@ -402,8 +423,11 @@ Report analyse(const CommTrace& t) {
     l.dst = x.dst;
     l.bytes += x.bytes;
     ++l.messages;
-    l.busy_us += static_cast<double>(std::max<int64_t>(x.recv_end - x.begin(), 0)) / 1e3;
+    busy[{x.src, x.dst}].push_back({x.begin(), std::max(x.recv_end, x.begin())});
   }
+  // A link is busy while any of its transfers is: pipelined chunks posted
+  // ahead overlap, and their durations must not be added up.
+  for (auto& [k, l] : links) l.busy_us = unionUs(busy[k]);
   std::vector<double> same_rates, cross_rates;
   for (auto& [k, l] : links) {
     l.src_host = t.hostOf(l.src);
@@ -436,12 +460,15 @@ Report analyse(const CommTrace& t) {
         s.host = h;
         s.ranks = rs;
         s.outbound = dir == 0;
+        std::vector<std::pair<int64_t, int64_t>> spans;
         for (const LinkStats& l : rep.links) {
           if (l.same_host || !has_large.count({l.src, l.dst})) continue;
           if ((s.outbound ? l.src_host : l.dst_host) != h) continue;
           s.bytes += l.bytes;
-          s.busy_us += l.busy_us;
+          const auto& b = busy[{l.src, l.dst}];
+          spans.insert(spans.end(), b.begin(), b.end());
         }
+        s.busy_us = unionUs(spans);
         s.gbps = s.busy_us > 0 ? static_cast<double>(s.bytes) / (s.busy_us * 1e3) : 0;
         if (s.bytes > 0) hs.push_back(s);
       }

@@ -83,7 +83,7 @@ struct LinkStats {
   bool same_host = false;
   uint64_t bytes = 0;
   int messages = 0;
-  double busy_us = 0;      // sum of transfer times
+  double busy_us = 0;      // time any of its transfers was in flight (union of their intervals)
   double gbps = 0;         // bytes / busy time (1e9 B/s)
   double class_median_gbps = 0;  // median over links of the same class (same host / across hosts)
 };

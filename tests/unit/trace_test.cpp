@@ -397,6 +397,31 @@ TEST(TraceReport, DuplicateRanksAreRefused) {
   EXPECT_FALSE(groupTraces(std::move(files)).isOk());
 }
 
+TEST(TraceReport, OverlappingTransfersOfALinkCountOnce) {
+  // Four 1 MiB chunks 0 -> 1, all posted at once and delivered one after the
+  // other, 1 ms apart: the link moved 4 MiB in 4 ms, not in 1+2+3+4 ms.
+  std::vector<TraceFile> files = {rankFile(0, 2, "A", 0), rankFile(1, 2, "B", 0)};
+  OpRecord o;
+  o.coll = static_cast<uint8_t>(plan::Collective::Broadcast);
+  o.bytes = 4 << 20;
+  o.start_ns = 0;
+  o.end_ns = 4'000'000;
+  files[0].ops.push_back(o);
+  files[1].ops.push_back(o);
+  for (int k = 0; k < 4; ++k) {
+    const int64_t end = 1'000'000 * (k + 1);
+    files[0].steps.push_back({0, static_cast<uint8_t>(StepKind::Send), 1, 1 << 20, 0, end});
+    files[1].steps.push_back({0, static_cast<uint8_t>(StepKind::Recv), 0, 1 << 20, 0, end});
+  }
+  auto comms = groupTraces(std::move(files));
+  ASSERT_TRUE(comms.isOk());
+  Report r = analyse(comms->front());
+  ASSERT_EQ(r.links.size(), 1u);
+  EXPECT_EQ(r.links[0].messages, 4);
+  EXPECT_NEAR(r.links[0].busy_us, 4000, 1e-6);
+  EXPECT_NEAR(r.links[0].gbps, 4.0 * 1048576 / 4e6, 1e-9);
+}
+
 TEST(TraceMerge, OneTimelineWithFlows) {
   auto comms = groupTraces(syntheticJob(2, 1, false));
   ASSERT_TRUE(comms.isOk());
