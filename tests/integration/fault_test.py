@@ -2,7 +2,8 @@
 """Fault injection: SIGKILL a random rank at a random moment of a stream of mixed
 collectives; every survivor must return chorusRemoteError naming the killed rank
 within the bound, exit cleanly, and leave nothing behind (no /dev/shm segment, no
-process).
+process).  As root the ranks of one host share a private /dev/shm (a tmpfs in a
+mount namespace of their own), so that only their own segments are counted.
 
 Usage: fault_test.py FAULT_MAIN [--trials 10] [--ranks 4] [--bound-s 5] [--tcp]
                      [--shrink STEPS]
@@ -24,7 +25,7 @@ Usage: fault_test.py FAULT_MAIN [--trials 10] [--ranks 4] [--bound-s 5] [--tcp]
 
 Prints one JSON line per trial, the detection times and 'N passed, M failed'.
 """
-import argparse, json, os, random, secrets, select, signal, socket, statistics, subprocess, sys, time
+import argparse, json, os, random, secrets, select, shutil, signal, socket, statistics, subprocess, sys, time
 
 
 def free_port():
@@ -66,17 +67,22 @@ def read_ready(p, deadline):
 
 
 def trial(a, rng, extra_env):
-    n, keepers = a.ranks, a.hosts
-    host_of = [r * len(keepers) // n for r in range(n)] if keepers else [0] * n
+    n, hosts = a.ranks, a.hosts
+    host_of = [r * len(hosts) // n for r in range(n)] if hosts else [0] * n
+    keepers = hosts or ([a.shm_keeper] if a.shm_keeper else [])
     port, secret = free_port(), secrets.token_hex(32)
     before = shm_names(keepers)
     procs = []
     for r in range(n):
         env = dict(os.environ, CHORUS_RANK=str(r), CHORUS_WORLD_SIZE=str(n), CHORUS_MASTER_ADDR=a.master_addr,
                    CHORUS_MASTER_PORT=str(port), CHORUS_SECRET=secret, CHORUS_TIMEOUT_MS="30000", **extra_env)
-        if keepers:
+        if hosts:
             env["CHORUS_LOCAL_RANK"] = str(host_of[:r].count(host_of[r]))
-        prefix = ["nsenter", "--target", str(keepers[host_of[r]]), "--mount", "--net", "--"] if keepers else []
+            prefix = ["nsenter", "--target", str(hosts[host_of[r]]), "--mount", "--net", "--"]
+        elif a.shm_keeper:
+            prefix = ["nsenter", "--target", str(a.shm_keeper), "--mount", "--"]
+        else:
+            prefix = []
         args = ["--shrink", str(a.shrink)] if a.shrink is not None else []
         procs.append(subprocess.Popen(prefix + [a.prog] + args, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
@@ -90,7 +96,7 @@ def trial(a, rng, extra_env):
                 return {"ok": False, "why": f"rank {r} did not start: {line!r} {p.communicate()[1][-500:]}"}
         # With --shrink, never rank 0 or its host: rank 0's process holds the store.
         if a.cut_cmd:
-            cut = rng.randrange(1 if a.shrink is not None else 0, len(keepers))
+            cut = rng.randrange(1 if a.shrink is not None else 0, len(hosts))
             victims = [r for r in range(n) if host_of[r] == cut]
         else:
             victims = [rng.randrange(1 if a.shrink is not None else 0, n)]
@@ -157,6 +163,25 @@ def trial(a, rng, extra_env):
             subprocess.run(a.cut_cmd.format(host=cut, state="up"), shell=True, timeout=10)
 
 
+def start_shm_keeper():
+    """As root, a process owning a mount namespace with a private tmpfs on
+    /dev/shm, which the ranks of every trial join: what is left there after a
+    trial is exactly what the trial left (the machine's own /dev/shm also holds
+    the segments of whatever else runs, e.g. tests ctest runs in parallel).
+    Returns its Popen, or None (not root, or no unshare/nsenter: the machine's
+    /dev/shm is compared before and after instead)."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
+        return None
+    k = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          "mount -t tmpfs -o size=256m,mode=1777 chorus-fault-shm /dev/shm && echo ready && exec sleep 3600"],
+                         stdout=subprocess.PIPE, text=True)
+    if "ready" not in read_ready(k, time.time() + 10):
+        k.kill()
+        k.wait()
+        return None
+    return k
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("prog")
@@ -172,6 +197,7 @@ def main():
     ap.add_argument("--cut-cmd", default=None)
     ap.add_argument("--heartbeat-ms", type=int, default=None)
     a = ap.parse_args()
+    a.prog = os.path.abspath(a.prog)
     if a.cut_cmd and len(a.hosts) < 2:
         ap.error("--cut-cmd needs --hosts with 2 or more hosts")
     extra = {}
@@ -186,15 +212,25 @@ def main():
     rng = random.Random(a.seed)
     passed = failed = 0
     times = []
-    for t in range(a.trials):
-        res = trial(a, rng, extra)
-        res["trial"] = t
-        print(json.dumps(res), flush=True)
-        if res["ok"]:
-            passed += 1
-            times += res["detect_s"]
-        else:
-            failed += 1
+    keeper = None if a.hosts else start_shm_keeper()
+    a.shm_keeper = keeper.pid if keeper else None
+    if not a.hosts:
+        print("/dev/shm: " + ("a private tmpfs for the trials' ranks" if keeper else
+                              "the machine's (not root): segments of concurrent jobs may be counted"))
+    try:
+        for t in range(a.trials):
+            res = trial(a, rng, extra)
+            res["trial"] = t
+            print(json.dumps(res), flush=True)
+            if res["ok"]:
+                passed += 1
+                times += res["detect_s"]
+            else:
+                failed += 1
+    finally:
+        if keeper:
+            keeper.kill()
+            keeper.wait()
     if times:
         print(f"detection time over {len(times)} survivors: median {statistics.median(times):.3f} s, "
               f"max {max(times):.3f} s")
