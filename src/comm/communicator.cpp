@@ -643,6 +643,13 @@ Status Communicator::execute(std::span<OpDesc> ops) {
   // this rank still shows as in the operation), then break the communicator,
   // which releases them.
   if (breaks && st.code() == chorusTimeout && op_seq_ > first_seq) st = explainTimeout(st, stuck);
+  // Say which operation the failure hit (the transport's message names the
+  // peer and its address; the flight number ties it to every rank's view).
+  if (breaks && st.code() != chorusTimeout) {
+    const bool p2p_only = op_seq_ == first_seq;
+    st = st.withContext(p2p_only ? fmt::format("rank {}: in a group of sends/receives: ", rank_)
+                                 : fmt::format("rank {}: in {}: ", rank_, describeEntry(stuck)));
+  }
   for (uint64_t s = first_seq; s < op_seq_; ++s) flight_.finish(s, st.isOk());
   if (breaks) {
     st = fail(st);

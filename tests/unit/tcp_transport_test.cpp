@@ -499,6 +499,45 @@ TEST(TcpTransport, PeerCloseFailsPendingReceiveWithRemoteError) {
   EXPECT_EQ(again.state.load(), Request::Failed);
 }
 
+// A live peer that does not read for many heartbeat periods (a rank
+// computing while a large message waits for it) is not declared dead: its
+// kernel keeps acknowledging and answering window probes.  (TCP_USER_TIMEOUT,
+// used before, failed this send after 3 heartbeats.)
+TEST(TcpTransport, APeerThatDoesNotReadForLongIsNotDeclaredDead) {
+  bootstrap::MemoryStore store;
+  std::vector<TransportPtr> ts(2);
+  runRanks(2, [&](int r) {
+    TcpSetup s = setupFor(r, 2);
+    s.heartbeat_ms = 100;  // dead after 300 ms of silence
+    auto t = createTcpTransport(s, store);
+    EXPECT_TRUE(t.isOk()) << t.status().message();
+    if (t.isOk()) ts[static_cast<size_t>(r)] = std::move(*t);
+  });
+  ASSERT_TRUE(ts[0] && ts[1]);
+  const size_t n = 48 * kMiB;  // far more than the socket buffers hold
+  auto data = pattern(n, 0, 1, 0);
+  std::vector<std::byte> got(n);
+  Request send, recv;
+  runRanks(2, [&](int r) {
+    if (r == 0) {
+      ASSERT_TRUE(ts[0]->postSend(1, data.data(), n, &send).isOk());
+      Driven d = drive(*ts[0], {&send}, 30s);
+      EXPECT_TRUE(d.all_finished);
+      EXPECT_TRUE(d.poll_error.isOk()) << d.poll_error.message();
+    } else {
+      // The injected condition: this rank reads nothing for 15 heartbeats.
+      std::this_thread::sleep_for(1500ms);
+      ASSERT_TRUE(ts[1]->postRecv(0, RecvTarget{got.data(), n}, &recv).isOk());
+      Driven d = drive(*ts[1], {&recv}, 30s);
+      EXPECT_TRUE(d.all_finished);
+      EXPECT_TRUE(d.poll_error.isOk()) << d.poll_error.message();
+    }
+  });
+  EXPECT_EQ(send.state.load(), Request::Done) << send.status.message();
+  EXPECT_EQ(recv.state.load(), Request::Done) << recv.status.message();
+  EXPECT_TRUE(got == data);
+}
+
 TEST(TcpTransport, AbortFromAnotherThreadFailsRequestsAndEndsWait) {
   bootstrap::MemoryStore store;
   auto ts = createAll(2, store);

@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -153,18 +154,37 @@ void tuneBuffers(int fd) {
 
 // Heartbeat: a peer host that vanishes (powered off, cable pulled, network
 // namespace deleted) sends no FIN or RST.  TCP keepalive probes an idle
-// connection every CHORUS_HEARTBEAT_MS and gives up after 2 unanswered probes,
-// and TCP_USER_TIMEOUT fails a send that stays unacknowledged as long, so a
-// dead peer is noticed within about 3 x CHORUS_HEARTBEAT_MS either way.
+// connection every CHORUS_HEARTBEAT_MS and gives up after 2 unanswered probes;
+// a connection with data in flight is watched by the transport itself
+// (TcpTransport::checkLiveness: no acknowledgement for 3 x
+// CHORUS_HEARTBEAT_MS while the kernel retransmits or probes), so a dead peer
+// is noticed within about 3 x CHORUS_HEARTBEAT_MS either way.
+//
+// Not TCP_USER_TIMEOUT: it also fails a connection whose live peer merely
+// does not read for that long (its window is zero and it answers every
+// window probe), i.e. a rank that computes for a few seconds while a large
+// message waits for it.
 void setHeartbeat(int fd, int heartbeat_ms) {
   if (heartbeat_ms <= 0) return;
   const int on = 1, secs = std::max(1, heartbeat_ms / 1000), probes = 2;
-  const unsigned user_timeout = static_cast<unsigned>(heartbeat_ms) * 3;
   (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &secs, sizeof secs);
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &secs, sizeof secs);
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
-  (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+}
+
+// Whether the peer of fd looks dead: no acknowledgement for dead_ms while the
+// kernel keeps retransmitting unacknowledged data (an RTO fired twice) or
+// keeps sending zero-window probes nobody answers.  A live peer's kernel
+// acknowledges data and answers window probes even when the rank does not
+// read, so neither condition holds for it.
+bool peerLooksDead(int fd, int dead_ms, unsigned* silent_ms) {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
+  *silent_ms = info.tcpi_last_ack_recv;
+  if (info.tcpi_last_ack_recv <= static_cast<unsigned>(dead_ms)) return false;
+  return (info.tcpi_unacked > 0 && info.tcpi_retransmits >= 2) || info.tcpi_probes >= 2;
 }
 
 class TcpTransport final : public Transport {
@@ -275,6 +295,7 @@ class TcpTransport final : public Transport {
     if (aborted_.load(std::memory_order_acquire)) return applyAbort();
     bool progressed = false;
     Status first_error;
+    if (heartbeat_ms_ > 0) checkLiveness(first_error);
     takeReadHint();
     for (int pass = 0; pass < kMaxPasses; ++pass) {
       bool moved = false;
@@ -720,6 +741,28 @@ class TcpTransport final : public Transport {
 
   // ---- failure ----
 
+  // Every min(heartbeat / 4, 100 ms), from poll(): fails the peers whose
+  // connections look dead (peerLooksDead).
+  void checkLiveness(Status& first_error) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_liveness_check_) return;
+    next_liveness_check_ = now + std::chrono::milliseconds(std::clamp(heartbeat_ms_ / 4, 1, 100));
+    for (Peer& p : peers_) {
+      if (p.failed) continue;
+      for (Sock& s : p.socks) {
+        unsigned silent_ms = 0;
+        if (!s.fd.valid() || !peerLooksDead(s.fd.get(), 3 * heartbeat_ms_, &silent_ms)) continue;
+        Status why = remoteError(
+            "rank {} ({}) has acknowledged nothing for {} ms while data waits for it (3 x CHORUS_HEARTBEAT_MS = {} "
+            "ms): its host is unreachable or dead",
+            p.rank, p.addr, silent_ms, 3 * heartbeat_ms_);
+        failPeer(p, why);
+        if (first_error.isOk()) first_error = why;
+        break;
+      }
+    }
+  }
+
   // Fails every request of p with why, closes its sockets and makes later
   // posts to p fail.
   void failPeer(Peer& p, const Status& why) {
@@ -789,6 +832,7 @@ class TcpTransport final : public Transport {
   const int rank_;
   const int nsockets_;
   const int heartbeat_ms_;
+  std::chrono::steady_clock::time_point next_liveness_check_{};
   std::vector<Peer> peers_;
   std::vector<int> index_of_;  // rank -> index in peers_, -1 for non-peers
   std::vector<std::byte> bounce_;
