@@ -206,6 +206,7 @@ class ShmTransport final : public Transport {
   void ackCma(Peer& p);
   void failPeer(Peer& p, const Status& why);
   bool checkLiveness();
+  Status abortedOr(const Peer& p, Status otherwise) const;
 
   int rank_ = 0;
   pid_t pid_ = 0;
@@ -629,11 +630,12 @@ Status ShmTransport::readCma(Peer& p, RecvOp& op) {
     if (got <= 0) {
       int err = got < 0 ? errno : EIO;
       if (err == ESRCH)
-        return remoteError("shm transport, rank {}: peer rank {} (pid {}) exited while rank {} was reading its "
-                           "{}-byte message", rank_, p.rank, p.pid, rank_, t.bytes);
+        return abortedOr(p, remoteError("shm transport, rank {}: peer rank {} (pid {}) exited while rank {} was "
+                                        "reading its {}-byte message", rank_, p.rank, p.pid, rank_, t.bytes));
       if (err == EFAULT)  // the sender's buffer is gone: its operation failed and it moved on
-        return remoteError("shm transport, rank {}: peer rank {} (pid {}) withdrew its {}-byte message (its operation "
-                           "failed, or it freed the buffer before completion)", rank_, p.rank, p.pid, t.bytes);
+        return abortedOr(p, remoteError("shm transport, rank {}: peer rank {} (pid {}) withdrew its {}-byte message "
+                                        "(its operation failed, or it freed the buffer before completion)",
+                                        rank_, p.rank, p.pid, t.bytes));
       return errnoError(fmt::format("shm transport, rank {}: process_vm_readv of {} bytes from peer rank {} (pid {}) "
                                     "(set CHORUS_SHM_CMA=0 to avoid cross-memory attach)", rank_, n, p.rank, p.pid),
                         err);
@@ -783,13 +785,7 @@ Result<bool> ShmTransport::poll() {
       // it wrote before is still delivered above; what is left cannot finish.
       // (Data written before the flag is visible once the flag is: drain it.)
       if (p.busy() && p.peer_page0->aborted.load(std::memory_order_acquire) != 0 && !progressRecv(p) && p.busy())
-      {
-        char reason[sizeof(p.peer_page0->abort_reason)];
-        std::memcpy(reason, p.peer_page0->abort_reason, sizeof reason);
-        reason[sizeof reason - 1] = '\0';
-        p.dead = remoteError("shm transport, rank {}: peer rank {} (pid {}) aborted its communicator: {}", rank_,
-                             p.rank, p.pid, reason[0] ? reason : "chorusCommAbort or an error on that rank");
-      }
+        p.dead = abortedOr(p, Status());
     }
     if (!p.dead.isOk() && !p.dead_reported) {
       failPeer(p, p.dead);
@@ -800,6 +796,18 @@ Result<bool> ShmTransport::poll() {
   }
   if (!err.isOk()) return err;
   return progressed;
+}
+
+// A peer that aborted before it went away left the reason (the root cause,
+// e.g. another rank's death) in its page zero: that error, when there is one,
+// rather than `otherwise` ("it exited"), which would hide the root cause.
+Status ShmTransport::abortedOr(const Peer& p, Status otherwise) const {
+  if (p.peer_page0 == nullptr || p.peer_page0->aborted.load(std::memory_order_acquire) == 0) return otherwise;
+  char reason[sizeof(p.peer_page0->abort_reason)];
+  std::memcpy(reason, p.peer_page0->abort_reason, sizeof reason);
+  reason[sizeof reason - 1] = '\0';
+  return remoteError("shm transport, rank {}: peer rank {} (pid {}) aborted its communicator: {}", rank_, p.rank,
+                     p.pid, reason[0] ? reason : "chorusCommAbort or an error on that rank");
 }
 
 // Marks peers that no longer exist (only those we have requests with).
@@ -817,8 +825,9 @@ bool ShmTransport::checkLiveness() {
       gone = kill(p.pid, 0) != 0 && errno == ESRCH;
     }
     if (gone) {
-      p.dead = remoteError("shm transport, rank {}: peer rank {} (pid {}) has exited; its pending sends and receives "
-                           "fail (did that process crash or get killed? check its output)", rank_, p.rank, p.pid);
+      p.dead = abortedOr(p, remoteError("shm transport, rank {}: peer rank {} (pid {}) has exited; its pending sends "
+                                        "and receives fail (did that process crash or get killed? check its output)",
+                                        rank_, p.rank, p.pid));
       found = true;
     }
   }
