@@ -23,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto* kb = reinterpret_cast<const std::byte*>(req.key.data());
     if (kb < buf.data() || kb + req.key.size() > buf.data() + buf.size()) std::abort();
     if (req.value.data() < buf.data() || req.value.data() + req.value.size() > buf.data() + buf.size()) std::abort();
-    if (req.op < 1 || req.op > 3) std::abort();
+    if (req.op < 1 || req.op > 4) std::abort();           // SET, GET, ADD, TIME
+    if (req.op == 4 && !req.value.empty()) std::abort();  // TIME carries no value
     buf = buf.subspan(req.frame_bytes);
   }
   return 0;
