@@ -27,6 +27,13 @@ packages=(
   python3-dev python3-numpy python3-torch libtorch-dev pybind11-dev python3-pybind11 python3-pytest
 )
 
+# The IPv6 loopback tests (socket_test, store_test) need ::1 on lo; a machine
+# that switched IPv6 off on lo gets it back when we are root (no-op otherwise).
+if [[ $(id -u) -eq 0 && -w /proc/sys/net/ipv6/conf/lo/disable_ipv6 &&
+      $(cat /proc/sys/net/ipv6/conf/lo/disable_ipv6) != 0 ]]; then
+  echo 0 >/proc/sys/net/ipv6/conf/lo/disable_ipv6 && echo "setup.sh: enabled IPv6 on lo"
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   # "install ok installed" only: a removed package keeps a dpkg record.
