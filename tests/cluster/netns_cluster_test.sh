@@ -27,39 +27,12 @@ bench=$build_dir/tools/chorus-bench
 # inside ctest's 600 s, so the EXIT trap (not ctest's SIGKILL) ends the test.
 job_timeout=${CHORUS_CLUSTER_TIMEOUT:-200}
 
-skip_or_fail() {
-  if [[ ${CHORUS_SKIP_CLUSTER:-0} == 1 ]]; then
-    echo "netns_cluster_test: SKIPPED (CHORUS_SKIP_CLUSTER=1): $*"
-    exit 77
-  fi
-  echo "netns_cluster_test: FAILED: $*" >&2
-  echo "netns_cluster_test: run as root on a machine where 'ip netns add' works, or set CHORUS_SKIP_CLUSTER=1 to skip this test" >&2
-  exit 1
-}
-
-[[ $(id -u) -eq 0 ]] || skip_or_fail "needs root to create network namespaces (running as uid $(id -u))"
-for tool in ip unshare nsenter timeout python3; do
-  command -v "$tool" >/dev/null || skip_or_fail "'$tool' not found (apt-get install iproute2 util-linux coreutils python3)"
-done
-for f in "$prog" "$bench"; do
-  [[ -x $f ]] || { echo "netns_cluster_test: FAILED: $f not built (build the tree first)" >&2; exit 1; }
-done
-
-# Namespaces left by an earlier run that was SIGKILLed (so its trap never ran):
-# ours are named chorus-<pid>-*, so remove those whose script is gone.
-for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^chorus-[0-9]+-(h[0-9]|sw)$' || true); do
-  owner=${ns#chorus-}
-  owner=${owner%%-*}
-  if ! kill -0 "$owner" 2>/dev/null; then
-    echo "netns_cluster_test: removing stale namespace $ns (its run, pid $owner, is gone)"
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
-    ip netns del "$ns" 2>/dev/null || true
-  fi
-done
-
 test_name=netns_cluster_test
 # shellcheck source=netns_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/netns_lib.sh"
+cluster_require ip unshare nsenter timeout python3 -- "$prog" "$bench"
+netns_remove_stale
+
 tag=chorus-$$
 hosts=("$tag-h0" "$tag-h1" "$tag-h2")
 switch_ns=$tag-sw

@@ -1,8 +1,51 @@
-# Shared by the cluster tests (source it): emulated hosts in network
-# namespaces on one bridge, each with a private /dev/shm, and the cleanup.
+# Shared by the cluster tests (source it): the checks every one makes first,
+# emulated hosts in network namespaces on one bridge, each with a private
+# /dev/shm, and the cleanup.
 #
 # The caller sets: test_name (for messages), work (a scratch dir), and the
-# arrays keepers=() ranks=() created_ns=(); it defines skip_or_fail.
+# arrays keepers=() ranks=() created_ns=().
+
+# skip_or_fail MESSAGE: the test cannot run here.  Exits 77 (ctest: skipped)
+# when CHORUS_SKIP_CLUSTER=1 was set on purpose, else fails with the message.
+skip_or_fail() {
+  if [[ ${CHORUS_SKIP_CLUSTER:-0} == 1 ]]; then
+    echo "$test_name: SKIPPED (CHORUS_SKIP_CLUSTER=1): $*"
+    exit 77
+  fi
+  echo "$test_name: FAILED: $*" >&2
+  echo "$test_name: run as root with the tools scripts/setup.sh installs, or set CHORUS_SKIP_CLUSTER=1 to skip this test" >&2
+  exit 1
+}
+
+# cluster_require TOOL... -- FILE...: root, the commands and the built files
+# (a missing built file is a failure, never a skip).
+cluster_require() {
+  [[ $(id -u) -eq 0 ]] || skip_or_fail "needs root for network namespaces (running as uid $(id -u))"
+  while [[ $# -gt 0 && $1 != -- ]]; do
+    command -v "$1" >/dev/null || skip_or_fail "'$1' not found (bash scripts/setup.sh installs it)"
+    shift
+  done
+  [[ $# -gt 0 ]] && shift
+  local f
+  for f in "$@"; do
+    [[ -x $f ]] || { echo "$test_name: FAILED: $f not built (build the tree first)" >&2; exit 1; }
+  done
+}
+
+# netns_remove_stale: namespaces chorus-<pid>-* of an earlier run that was
+# SIGKILLed (so its trap never ran) and whose script is gone.
+netns_remove_stale() {
+  local ns owner p
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^chorus-[0-9]+-(h[0-9]|sw)$' || true); do
+    owner=${ns#chorus-}
+    owner=${owner%%-*}
+    if ! kill -0 "$owner" 2>/dev/null; then
+      echo "$test_name: removing stale namespace $ns (its run, pid $owner, is gone)"
+      for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+      ip netns del "$ns" 2>/dev/null || true
+    fi
+  done
+}
 
 # netns_cleanup: the EXIT trap.  Everything the test started runs inside its
 # namespaces: stop it by pid, then delete the namespaces (deleting the switch

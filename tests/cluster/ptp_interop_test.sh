@@ -39,20 +39,10 @@ log_sync=${CHORUS_PTP_LOG_SYNC:--4}
 [[ ${2:-} == --long ]] && seconds=${CHORUS_PTP_SECONDS:-60}
 limit_ns=${CHORUS_PTP_LIMIT_NS:-10000}
 
-skip_or_fail() {
-  if [[ ${CHORUS_SKIP_CLUSTER:-0} == 1 ]]; then
-    echo "ptp_interop_test: SKIPPED (CHORUS_SKIP_CLUSTER=1): $*"
-    exit 77
-  fi
-  echo "ptp_interop_test: FAILED: $*" >&2
-  echo "ptp_interop_test: run as root with iproute2 and linuxptp installed (scripts/setup.sh), or set CHORUS_SKIP_CLUSTER=1" >&2
-  exit 1
-}
-[[ $(id -u) -eq 0 ]] || skip_or_fail "needs root for network namespaces and PTP ports 319/320 (uid $(id -u))"
-for tool in ip ptp4l timeout python3; do
-  command -v "$tool" >/dev/null || skip_or_fail "'$tool' not found (apt-get install iproute2 linuxptp python3)"
-done
-[[ -x $ptp ]] || { echo "ptp_interop_test: FAILED: $ptp not built" >&2; exit 1; }
+test_name=ptp_interop_test
+# shellcheck source=netns_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns_lib.sh"
+cluster_require ip ptp4l timeout python3 -- "$ptp"
 
 tag=chorus-ptp-$$
 ns_m=$tag-m

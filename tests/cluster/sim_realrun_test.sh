@@ -34,25 +34,11 @@ hosts_n=4
 per_host=${CHORUS_SIM_PER_HOST:-2}
 world=$((hosts_n * per_host))
 
-skip_or_fail() {
-  if [[ ${CHORUS_SKIP_CLUSTER:-0} == 1 ]]; then
-    echo "sim_realrun_test: SKIPPED (CHORUS_SKIP_CLUSTER=1): $*"
-    exit 77
-  fi
-  echo "sim_realrun_test: FAILED: $* (run as root where 'ip netns add' and tc work, or set CHORUS_SKIP_CLUSTER=1)" >&2
-  exit 1
-}
-[[ $(id -u) -eq 0 ]] || skip_or_fail "needs root to create network namespaces (uid $(id -u))"
-for tool in ip tc unshare nsenter timeout python3; do
-  command -v "$tool" >/dev/null || skip_or_fail "'$tool' not found (apt-get install iproute2 util-linux python3)"
-done
-for f in "$bench" "$sim"; do
-  [[ -x $f ]] || { echo "sim_realrun_test: FAILED: $f not built" >&2; exit 1; }
-done
-
 test_name=sim_realrun_test
 # shellcheck source=netns_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/netns_lib.sh"
+cluster_require ip tc unshare nsenter timeout python3 -- "$bench" "$sim"
+
 tag=chorus-sim-$$
 switch_ns=$tag-sw
 subnet=10.232.$((RANDOM % 250 + 1))

@@ -25,26 +25,11 @@ job_timeout=${CHORUS_CLUSTER_TIMEOUT:-120}
 rate=${CHORUS_TRACE_TEST_RATE:-200mbit}
 clock_offset_ns=250000000
 
-skip_or_fail() {
-  if [[ ${CHORUS_SKIP_CLUSTER:-0} == 1 ]]; then
-    echo "trace_cluster_test: SKIPPED (CHORUS_SKIP_CLUSTER=1): $*"
-    exit 77
-  fi
-  echo "trace_cluster_test: FAILED: $*" >&2
-  exit 1
-}
-
-[[ $(id -u) -eq 0 ]] || skip_or_fail "needs root to create network namespaces (running as uid $(id -u))"
-for t in ip tc unshare nsenter timeout python3; do
-  command -v "$t" >/dev/null || skip_or_fail "'$t' not found (apt-get install iproute2 util-linux coreutils python3)"
-done
-for f in "$job" "$tool"; do
-  [[ -x $f ]] || { echo "trace_cluster_test: FAILED: $f not built" >&2; exit 1; }
-done
-
 test_name=trace_cluster_test
 # shellcheck source=netns_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/netns_lib.sh"
+cluster_require ip tc unshare nsenter timeout python3 -- "$job" "$tool"
+
 tag=chorus-$$
 hosts=("$tag-h0" "$tag-h1" "$tag-h2")
 switch_ns=$tag-sw
