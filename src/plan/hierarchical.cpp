@@ -67,6 +67,17 @@ Region sliceOf(Buf buf, uint64_t begin, uint64_t len, uint64_t S, uint64_t s) {
   return {buf, begin + a, e - a};
 }
 
+// Every ordered pair of ranks inside each host exchanges `elems` elements,
+// `repeat` times: the intra-host phases' round pattern.
+Round intraHostAllPairs(const Layout& lay, uint64_t elems, uint64_t repeat, bool reduce) {
+  Round intra{.repeat = repeat, .peers = Peers::Explicit, .elems = elems, .reduce = reduce};
+  for (int g = 0; g < lay.H; ++g)
+    for (int a = 0; a < lay.L; ++a)
+      for (int d = 0; d < lay.L; ++d)
+        if (a != d) intra.msgs.push_back({lay.rank(g, a), lay.rank(g, d), elems});
+  return intra;
+}
+
 // Calls f(k, s) for k in [0, steps) and s in [0, slices) in wavefront order
 // (as the ring algorithms do).
 template <typename F>
@@ -92,14 +103,7 @@ class HierarchicalAllReduce final : public Algorithm {
     if (N == 0) return rs;
     const int H = lay.H, L = lay.L;
     const uint64_t blk = partBegin(N, L, 1);  // the largest block
-    if (L > 1) {
-      Round intra{.peers = Peers::Explicit, .elems = blk, .reduce = true};
-      for (int g = 0; g < H; ++g)
-        for (int a = 0; a < L; ++a)
-          for (int c = 0; c < L; ++c)
-            if (a != c) intra.msgs.push_back({lay.rank(g, a), lay.rank(g, c), blk});
-      rs.push_back(intra);
-    }
+    if (L > 1) rs.push_back(intraHostAllPairs(lay, blk, 1, /*reduce=*/true));
     const uint64_t sub = partBegin(blk, H, 1);
     if (sub > 0) {
       Round rail{.repeat = uint64_t(H - 1), .peers = Peers::Explicit, .elems = sub, .reduce = true};
@@ -110,14 +114,7 @@ class HierarchicalAllReduce final : public Algorithm {
       rail.reduce = false;
       rs.push_back(rail);
     }
-    if (L > 1) {
-      Round intra{.peers = Peers::Explicit, .elems = blk};
-      for (int g = 0; g < H; ++g)
-        for (int a = 0; a < L; ++a)
-          for (int c = 0; c < L; ++c)
-            if (a != c) intra.msgs.push_back({lay.rank(g, a), lay.rank(g, c), blk});
-      rs.push_back(intra);
-    }
+    if (L > 1) rs.push_back(intraHostAllPairs(lay, blk, 1, /*reduce=*/false));
     return rs;
   }
 
@@ -203,15 +200,8 @@ class HierarchicalAllGather final : public Algorithm {
     for (int g = 0; g < H; ++g)
       for (int l = 0; l < L; ++l) rail.msgs.push_back({lay.rank(g, l), lay.rank((g + 1) % H, l), c});
     rs.push_back(rail);
-    if (L > 1) {
-      // Every local pair exchanges H blocks (H messages, one per rail member).
-      Round intra{.repeat = uint64_t(H), .peers = Peers::Explicit, .elems = c};
-      for (int g = 0; g < H; ++g)
-        for (int a = 0; a < L; ++a)
-          for (int d = 0; d < L; ++d)
-            if (a != d) intra.msgs.push_back({lay.rank(g, a), lay.rank(g, d), c});
-      rs.push_back(intra);
-    }
+    // Every local pair exchanges H blocks (H messages, one per rail member).
+    if (L > 1) rs.push_back(intraHostAllPairs(lay, c, uint64_t(H), /*reduce=*/false));
     return rs;
   }
 
@@ -267,14 +257,7 @@ class HierarchicalAllToAll final : public Algorithm {
     std::vector<Round> rs;
     if (c == 0) return rs;
     const int H = lay.H, L = lay.L;
-    if (L > 1) {
-      Round intra{.repeat = uint64_t(H), .peers = Peers::Explicit, .elems = c};
-      for (int g = 0; g < H; ++g)
-        for (int a = 0; a < L; ++a)
-          for (int d = 0; d < L; ++d)
-            if (a != d) intra.msgs.push_back({lay.rank(g, a), lay.rank(g, d), c});
-      rs.push_back(intra);
-    }
+    if (L > 1) rs.push_back(intraHostAllPairs(lay, c, uint64_t(H), /*reduce=*/false));
     Round rail{.repeat = uint64_t(L), .peers = Peers::Explicit, .elems = c};
     for (int g = 0; g < H; ++g)
       for (int g2 = 0; g2 < H; ++g2)
