@@ -618,17 +618,18 @@ Status Communicator::checkSignatures(std::span<const OpDesc> ops) {
 }
 
 Status Communicator::execute(std::span<OpDesc> ops) {
-  if (trace_) {
-    batch_start_ns_ = clock::traceNowNs();
-    uint64_t seq = op_seq_;
-    for (OpDesc& o : ops) o.trace_seq = o.coll == Collective::SendRecv ? (uint64_t{1} << 63) | p2p_seq_++ : seq++;
-  }
+  if (trace_) batch_start_ns_ = clock::traceNowNs();  // the rank's arrival
   if (cfg_.check || !checked_once_) CHORUS_RETURN_IF_ERROR(checkSignatures(ops));
-  // The flight recorder: every collective of the batch, under its number.
+  // The flight recorder: every collective of the batch, under its number
+  // (the trace's too; sends and receives are numbered apart).
   const uint64_t first_seq = op_seq_;
   FlightEntry stuck;
-  for (const OpDesc& o : ops) {
-    if (o.coll == Collective::SendRecv) continue;
+  for (OpDesc& o : ops) {
+    if (o.coll == Collective::SendRecv) {
+      o.trace_seq = (uint64_t{1} << 63) | p2p_seq_++;
+      continue;
+    }
+    o.trace_seq = op_seq_;
     if (op_seq_ == first_seq) {
       stuck.seq = op_seq_;
       stuck.coll = static_cast<uint8_t>(o.coll);
