@@ -25,7 +25,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_SHM_CMA",         "1", "0: never use cross-memory attach (process_vm_readv) for large shared-memory messages"},
   {"CHORUS_SHM_RING_BYTES",  "1048576", "bytes of each shared-memory ring (one per ordered pair of local ranks)"},
   {"CHORUS_CHUNK_BYTES",     "0", "pipeline chunk size for large messages; 0 lets the tuner choose"},
-  {"CHORUS_SPIN_US",         "50", "microseconds a waiting rank polls before it blocks; halved when ranks outnumber cores"},
+  {"CHORUS_SPIN_US",         "50", "microseconds a waiting rank polls (yielding the core when ranks outnumber cores) before it blocks"},
   {"CHORUS_TUNE_FILE",       "", "tuning profile written by chorus-tune (default ~/.cache/chorus/profile.json)"},
   {"CHORUS_ALGO",            "", "force algorithms per collective, e.g. allreduce:ring;allgather:recursive_doubling"},
   {"CHORUS_TIMEOUT_MS",      "600000", "timeout of every operation and of init, in milliseconds"},
