@@ -50,6 +50,12 @@ int main(int argc, char** argv) {
   app.add_option("-i,--stepbytes", step_s, "add this to the size when -f is not > 1")->capture_default_str();
   app.add_option("-n,--iters", iters, "timed iterations per size")->capture_default_str();
   app.add_option("-w,--warmup_iters", warmup, "untimed iterations per size")->capture_default_str();
+  double warmup_ms = 0, min_ms = 0;
+  app.add_option("--warmup-ms", warmup_ms, "keep warming up until the slowest rank has spent this long (ms)")
+      ->check(CLI::Range(0.0, 600000.0));
+  app.add_option("--min-ms", min_ms, "time at least this long per size in one window, with more calls than -n if "
+                                     "needed (ms)")
+      ->check(CLI::Range(0.0, 600000.0));
   app.add_option("-d,--datatype", dtype_s, "data type (float, half, bf16, int32, ...) or all")->capture_default_str();
   app.add_option("-o,--op", op_s, "sum|prod|max|min|avg|all")->capture_default_str();
   app.add_option("-r,--root", root, "root rank of rooted collectives")->capture_default_str();
@@ -78,6 +84,8 @@ int main(int argc, char** argv) {
   }
   o.sweep.step_factor = factor;
   o.iters = iters;
+  o.warmup_ms = warmup_ms;
+  o.min_time_ms = min_ms;
   o.warmup = warmup;
   o.root = root;
   o.check = check != 0;

@@ -175,6 +175,8 @@ struct BenchOptions {
   SweepOptions sweep;
   int iters = 20;
   int warmup = 5;
+  double warmup_ms = 0;    // > 0: warm up until the slowest rank has spent this long
+  double min_time_ms = 0;  // > 0: time at least this long in one window (more calls than iters)
   std::vector<chorusDataType_t> dtypes = {chorusFloat32};
   std::vector<chorusRedOp_t> ops = {chorusSum};
   int root = 0;
@@ -184,6 +186,8 @@ struct BenchOptions {
   // chorusCommSetAlgo; sizes an algorithm does not handle are skipped).
   // Empty: the algorithms CHORUS_ALGO or the tuner choose.
   std::vector<std::string> algos;
+  bool in_place = true;            // also measure the in-place placement
+  std::vector<Row>* rows = nullptr;  // when set, every measured row is appended here (every rank)
 };
 
 // Runs the sweep as one rank of comm.  Rank 0 prints the table to `out`.

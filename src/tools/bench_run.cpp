@@ -1,4 +1,5 @@
 // runBench: the measuring loop of chorus-bench, over the C API.
+#include <cmath>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -164,7 +165,7 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
                                              kernels::dtypeName(d));
         bool skipped = false;
         for (bool in_place : {false, true}) {
-          if (in_place && !hasInPlace(c)) break;
+          if (in_place && (!hasInPlace(c) || !o.in_place)) break;
           const std::string where = fmt::format("{} ({})", what, in_place ? "in-place" : "out-of-place");
           // What the tuner chose and what its cost model predicted.
           char chosen[64] = {};
@@ -196,15 +197,45 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
             wrong_total += wrong;
           }
           for (int i = 0; i < o.warmup; ++i) CHORUS_RETURN_IF_ERROR(run());
+          // The slowest rank's time over k calls (every rank gets the same value).
+          auto slowest = [&](auto t0, int k, double* out) -> Status {
+            *out = std::chrono::duration<double>(Clock::now() - t0).count() / std::max(k, 1);
+            if (chorusResult_t r = chorusAllReduce(out, out, 1, chorusFloat64, chorusMax, comm, nullptr);
+                r != chorusSuccess)
+              return apiError(comm, rank, "reducing the timings", r);
+            return {};
+          };
+          // --warmup-ms: keep warming up, in batches, until the slowest rank
+          // has spent that long (a CPU that idled in the set-up runs slowly
+          // for milliseconds: 1 KiB allreduce 2 us after 5 calls, 0.8 after 5000).
+          if (o.warmup_ms > 0) {
+            const auto w0 = Clock::now();
+            for (double spent = 0; spent * 1e3 < o.warmup_ms;) {
+              const int batch = std::max(1, o.warmup);
+              for (int i = 0; i < batch; ++i) CHORUS_RETURN_IF_ERROR(run());
+              CHORUS_RETURN_IF_ERROR(slowest(w0, 1, &spent));
+            }
+          }
           if (chorusResult_t r = chorusBarrier(comm, nullptr); r != chorusSuccess)
             return apiError(comm, rank, "the barrier before " + where, r);
-          auto t0 = Clock::now();
-          for (int i = 0; i < o.iters; ++i) CHORUS_RETURN_IF_ERROR(run());
-          double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / o.iters;
-          // The slowest rank's mean sets the collective's time (MPI-style max).
-          if (chorusResult_t r = chorusAllReduce(&seconds, &seconds, 1, chorusFloat64, chorusMax, comm, nullptr);
-              r != chorusSuccess)
-            return apiError(comm, rank, "reducing the timings", r);
+          int iters = o.iters;
+          double seconds = 0;
+          {
+            auto t0 = Clock::now();
+            for (int i = 0; i < iters; ++i) CHORUS_RETURN_IF_ERROR(run());
+            // The slowest rank's mean sets the collective's time (MPI-style max).
+            CHORUS_RETURN_IF_ERROR(slowest(t0, iters, &seconds));
+          }
+          // --min-ms: too short a window for the timer and the scheduler's
+          // hiccups; time one uninterrupted window of enough calls instead.
+          if (o.min_time_ms > 0 && seconds * iters * 1e3 < o.min_time_ms) {
+            iters = static_cast<int>(std::min(1e6, std::ceil(o.min_time_ms * 1e-3 / std::max(seconds, 1e-9))));
+            if (chorusResult_t r = chorusBarrier(comm, nullptr); r != chorusSuccess)
+              return apiError(comm, rank, "the barrier before " + where, r);
+            auto t0 = Clock::now();
+            for (int i = 0; i < iters; ++i) CHORUS_RETURN_IF_ERROR(run());
+            CHORUS_RETURN_IF_ERROR(slowest(t0, iters, &seconds));
+          }
           m.time_us = seconds * 1e6;
           if (priced) {
             m.algo = chosen;
@@ -225,6 +256,7 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
           continue;
         }
         print(formatRow(row));
+        if (o.rows != nullptr) o.rows->push_back(row);
         if (json.is_open()) {
           json << rowJson(row, false, nranks, algo).dump() << '\n';
           if (row.in_place) json << rowJson(row, true, nranks, algo).dump() << '\n';

@@ -5,8 +5,20 @@
 #include <cstdlib>
 #include <vector>
 
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <tuple>
+
+#include <unistd.h>
+
+#include "bootstrap/bootstrap.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/reduce.hpp"
+#include "plan/plan.hpp"
+#include "tools/bench.hpp"
 
 namespace chorus::tools {
 namespace {
@@ -104,6 +116,161 @@ Result<tune::LinkCost> measureLink(chorusComm_t comm, const TuneOptions& o, doub
   return l;
 }
 
+Result<chorusComm_t> initFromEnv();
+
+// Sets an environment variable for the scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// The communicator's link class, from every rank's host identity (as the
+// communicator groups ranks for shared memory; CHORUS_TRANSPORT=tcp puts every
+// rank on a host of its own).
+Result<tune::LinkClass> linkClass(chorusComm_t comm, bool force_tcp) {
+  int n = 1;
+  chorusCommCount(comm, &n);
+  const bootstrap::HostIdentity me = bootstrap::localHostIdentity();
+  std::vector<bootstrap::HostIdentity> all(static_cast<size_t>(n));
+  CHORUS_RETURN_IF_ERROR(check(chorusAllGather(&me, all.data(), sizeof me, chorusUint8, comm, nullptr), comm,
+                               "gathering host identities"));
+  std::vector<int> host_of(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    host_of[static_cast<size_t>(r)] = r;
+    for (int q = 0; q < r && !force_tcp; ++q)
+      if (all[static_cast<size_t>(q)] == all[static_cast<size_t>(r)]) {
+        host_of[static_cast<size_t>(r)] = host_of[static_cast<size_t>(q)];
+        break;
+      }
+  }
+  return tune::linkClassOf(host_of);
+}
+
+// Each calibration point warms up for 20 ms (this VM's cores run small calls 2x
+// slower for the first milliseconds after idling) and is timed over >= 10 ms.
+constexpr double kWarmupMs = 20, kMinTimeMs = 10;
+
+// Every algorithm of each collective in o.collectives, swept with
+// chorus-bench's own loop (forced algorithm, checked output, slowest rank's
+// mean) on a communicator whose tuner holds `base` without corrections, so the
+// rows' predicted_us is the model alone; factor = median measured / model.
+Result<std::vector<tune::Correction>> measureCorrections(const tune::CostProfile& base, const TuneOptions& o,
+                                                         bool tcp) {
+  tune::CostProfile plain = base;
+  plain.corrections.clear();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            fmt::format("chorus-tune-{}-{}.json", ::getpid(), tcp ? "tcp" : "shm")).string();
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << plain.toJson();
+    if (!f) return systemError("chorus-tune: cannot write the temporary profile {}", path);
+  }
+  Result<chorusComm_t> made = [&] {
+    ScopedEnv file("CHORUS_TUNE_FILE", path);
+    std::optional<ScopedEnv> transport;
+    if (tcp) transport.emplace("CHORUS_TRANSPORT", "tcp");
+    return initFromEnv();
+  }();
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (!made.isOk()) return made.status();
+  chorusComm_t comm = made.value();
+  struct Closer {
+    chorusComm_t c;
+    ~Closer() { chorusCommDestroy(c); }
+  } closer{comm};
+  int n = 1;
+  chorusCommCount(comm, &n);
+  CHORUS_ASSIGN_OR_RETURN(tune::LinkClass link, linkClass(comm, tcp));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
+  if (!sink) return systemError("chorus-tune: cannot open /dev/null");
+
+  const plan::Registry registry = plan::Registry::builtin();
+  std::vector<tune::Correction> out;
+  for (const std::string& name : o.collectives) {
+    plan::Collective pc;
+    CHORUS_ASSIGN_OR_RETURN(bench::Collective bc, bench::parseCollective(name));
+    if (!plan::parseCollective(name, &pc)) return invalidArgument("chorus-tune: '{}' is not a priced collective", name);
+    std::vector<std::string> algos;
+    for (const plan::Algorithm* a : registry.forCollective(pc)) algos.emplace_back(a->name());
+    if (algos.empty()) continue;
+    // (algo, elements) -> measured times over the sweeps, and the model's time.
+    std::map<std::pair<std::string, uint64_t>, std::pair<std::vector<double>, double>> points;
+    for (int rep = 0; rep < o.correction_reps; ++rep) {
+      // Two bands, so that small sizes are timed over many calls.
+      const uint64_t split = 1u << 20;
+      for (auto [lo, hi, iters, warmup] : {std::tuple<uint64_t, uint64_t, int, int>{16, split / 4, 50, 5},
+                                           std::tuple<uint64_t, uint64_t, int, int>{split, o.max_bytes, 3, 1}}) {
+        hi = std::min(hi, o.max_bytes);
+        if (lo > hi) continue;
+        bench::BenchOptions bo;
+        bo.collective = bc;
+        bo.sweep.min_bytes = lo;
+        bo.sweep.max_bytes = hi;
+        bo.sweep.step_factor = 4;
+        bo.iters = iters;
+        bo.warmup = warmup;
+        bo.warmup_ms = kWarmupMs;
+        bo.min_time_ms = kMinTimeMs;
+        bo.check = rep == 0;
+        bo.algos = algos;
+        bo.in_place = false;
+        std::vector<bench::Row> rows;
+        bo.rows = &rows;
+        CHORUS_ASSIGN_OR_RETURN(uint64_t wrong, bench::runBench(bo, comm, sink.get()));
+        if (wrong != 0) return internalError("chorus-tune: {} gave {} wrong elements while calibrating", name, wrong);
+        for (const bench::Row& r : rows) {
+          const bench::Measurement& m = r.out_of_place;
+          if (r.shape.count == 0 || !m.predicted_us || *m.predicted_us <= 0 || m.algo.empty()) continue;
+          auto& slot = points[{m.algo, r.shape.count}];
+          slot.first.push_back(m.time_us);
+          slot.second = *m.predicted_us;
+        }
+      }
+    }
+    for (const std::string& a : algos) {
+      tune::Correction c;
+      c.collective = pc;
+      c.algo = a;
+      c.nranks = n;
+      c.link = link;
+      for (const auto& [key, val] : points) {
+        if (key.first != a) continue;
+        const double bytes = static_cast<double>(key.second) * sizeof(float);
+        c.points.emplace_back(bytes, std::clamp(median(val.first) / val.second, 1e-3, 1e6));
+      }
+      std::sort(c.points.begin(), c.points.end());
+      if (!c.points.empty()) out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+// The corrections of this job's rank count, over shared memory and (with
+// o.tcp) over TCP, merged into p.
+Status addCorrections(tune::CostProfile& p, const TuneOptions& o) {
+  if (o.collectives.empty()) return {};
+  for (bool tcp : {false, true}) {
+    if (tcp && !o.tcp) break;
+    CHORUS_ASSIGN_OR_RETURN(std::vector<tune::Correction> cs, measureCorrections(p, o, tcp));
+    for (tune::Correction& c : cs) p.setCorrection(std::move(c));
+  }
+  return {};
+}
+
 Result<chorusComm_t> initFromEnv() {
   chorusComm_t comm = nullptr;
   chorusResult_t r = chorusCommInitFromEnv(&comm);
@@ -114,6 +281,11 @@ Result<chorusComm_t> initFromEnv() {
 }  // namespace
 
 Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
+  if (o.base) {
+    tune::CostProfile p = *o.base;
+    CHORUS_RETURN_IF_ERROR(addCorrections(p, o));
+    return p;
+  }
   tune::CostProfile p;
   p.source = "chorus-tune";
   CHORUS_ASSIGN_OR_RETURN(chorusComm_t comm, initFromEnv());
@@ -195,6 +367,7 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
     if (!tcp.isOk()) return tcp.status();
     p.tcp = tcp.value();
   }
+  CHORUS_RETURN_IF_ERROR(addCorrections(p, o));
   return p;
 }
 

@@ -1,15 +1,18 @@
 // chorus-tune: measures this machine's cost-model parameters and writes the
 // calibration profile the tuner reads (tune/cost_model.hpp).
 //
-// Run as a job of two ranks (chorus-tune launches it): shared memory and TCP
-// latency (half the round trip of an 8-byte message) and bandwidth (large
-// one-way messages), the per-call overhead of a one-rank collective, and the
-// reduction throughput of every data type.  Medians of repeated runs.
+// Run as a job (chorus-tune launches it): shared memory and TCP latency,
+// per-message overhead and bandwidth (from ring rounds and message bursts), the
+// per-call overhead of a one-rank collective, the reduction throughput of every
+// data type, and then the measured correction of every algorithm of the chosen
+// collectives at this rank count.  Medians of repeated runs.
 #pragma once
 
 #include <chorus/chorus.h>
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.hpp"
 #include "tune/cost_model.hpp"
@@ -20,6 +23,15 @@ struct TuneOptions {
   int reps = 7;                       // repetitions per figure (median)
   size_t big_bytes = 32u << 20;       // the out-of-cache bandwidth message
   bool tcp = true;                    // also measure TCP (a second communicator)
+  // Measured corrections (tune::Correction): every algorithm of each of these
+  // collectives, out of place, float32, at 16 B x 4^k up to max_bytes, the
+  // median of correction_reps sweeps.  Empty: none.
+  std::vector<std::string> collectives = {"allreduce", "allgather", "reducescatter", "alltoall", "broadcast"};
+  uint64_t max_bytes = 64u << 20;
+  int correction_reps = 3;
+  // Keep this profile's figures and only add the corrections of this job's
+  // rank count (chorus-tune --np 2,4 runs one job per count).
+  std::optional<tune::CostProfile> base;
 };
 
 // Collective over the job the process belongs to (chorusCommInitFromEnv).

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -28,6 +30,88 @@ CostProfile::CostProfile() {
   gamma_s_per_byte[chorusBfloat16] = 1.0 / 4.0e9;
   gamma_s_per_byte[chorusFloat8e4m3] = 1.0 / 0.5e9;
   gamma_s_per_byte[chorusFloat8e5m2] = 1.0 / 0.5e9;
+}
+
+namespace {
+
+constexpr size_t kMaxCorrections = 4096;
+constexpr size_t kMaxPoints = 64;
+
+Result<Correction> parseCorrection(const nlohmann::json& o) {
+  if (!o.is_object()) return invalidArgument("not an object");
+  Correction c;
+  if (!o.contains("collective") || !o["collective"].is_string() ||
+      !plan::parseCollective(o["collective"].get<std::string>(), &c.collective))
+    return invalidArgument("'collective' must name a collective (allreduce, allgather, ...)");
+  if (!o.contains("algo") || !o["algo"].is_string() || o["algo"].get<std::string>().empty() ||
+      o["algo"].get<std::string>().size() > 64)
+    return invalidArgument("'algo' must be an algorithm name of 1..64 characters");
+  c.algo = o["algo"].get<std::string>();
+  if (!o.contains("nranks") || !o["nranks"].is_number_integer() || o["nranks"].get<int64_t>() < 1 ||
+      o["nranks"].get<int64_t>() > 65536)
+    return invalidArgument("'nranks' must be an integer in [1, 65536]");
+  c.nranks = o["nranks"].get<int>();
+  const std::string link = o.contains("link") && o["link"].is_string() ? o["link"].get<std::string>() : "";
+  if (link == "shm") c.link = LinkClass::Shm;
+  else if (link == "tcp") c.link = LinkClass::Tcp;
+  else if (link == "mixed") c.link = LinkClass::Mixed;
+  else return invalidArgument("'link' must be \"shm\", \"tcp\" or \"mixed\"");
+  if (!o.contains("points") || !o["points"].is_array() || o["points"].empty() || o["points"].size() > kMaxPoints)
+    return invalidArgument("'points' must be an array of 1..{} [bytes, factor] pairs", kMaxPoints);
+  for (const auto& pt : o["points"]) {
+    if (!pt.is_array() || pt.size() != 2 || !pt[0].is_number() || !pt[1].is_number())
+      return invalidArgument("every point must be a [bytes, factor] pair of numbers");
+    const double bytes = pt[0].get<double>(), factor = pt[1].get<double>();
+    if (!(bytes > 0 && bytes < 1e18) || !(factor > 0 && factor <= 1e6))
+      return invalidArgument("point [{}, {}]: bytes must be in (0, 1e18) and factor in (0, 1e6]", bytes, factor);
+    if (!c.points.empty() && bytes <= c.points.back().first)
+      return invalidArgument("point sizes must be strictly ascending ({} after {})", bytes, c.points.back().first);
+    c.points.emplace_back(bytes, factor);
+  }
+  return c;
+}
+
+}  // namespace
+
+std::string_view linkClassName(LinkClass c) {
+  switch (c) {
+    case LinkClass::Shm: return "shm";
+    case LinkClass::Tcp: return "tcp";
+    case LinkClass::Mixed: return "mixed";
+  }
+  return "?";
+}
+
+LinkClass linkClassOf(const std::vector<int>& host_of) {
+  std::vector<int> ids = host_of;
+  std::sort(ids.begin(), ids.end());
+  const size_t hosts = static_cast<size_t>(std::unique(ids.begin(), ids.end()) - ids.begin());
+  if (hosts <= 1) return LinkClass::Shm;
+  return hosts == host_of.size() ? LinkClass::Tcp : LinkClass::Mixed;
+}
+
+double CostProfile::correctionFor(plan::Collective c, std::string_view algo, int nranks, LinkClass link,
+                                  double bytes) const {
+  for (const Correction& k : corrections) {
+    if (k.collective != c || k.nranks != nranks || k.link != link || k.algo != algo) continue;
+    const auto& pts = k.points;
+    if (bytes <= pts.front().first) return pts.front().second;
+    if (bytes >= pts.back().first) return pts.back().second;
+    auto hi = std::upper_bound(pts.begin(), pts.end(), bytes, [](double b, const auto& pt) { return b < pt.first; });
+    auto lo = hi - 1;
+    const double t = std::log(bytes / lo->first) / std::log(hi->first / lo->first);
+    return std::exp(std::log(lo->second) + t * (std::log(hi->second) - std::log(lo->second)));
+  }
+  return 1.0;
+}
+
+void CostProfile::setCorrection(Correction c) {
+  for (Correction& k : corrections)
+    if (k.collective == c.collective && k.nranks == c.nranks && k.link == c.link && k.algo == c.algo) {
+      k = std::move(c);
+      return;
+    }
+  corrections.push_back(std::move(c));
 }
 
 Result<CostProfile> CostProfile::fromJson(const std::string& text) {
@@ -72,6 +156,16 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
   double mem = 0;
   CHORUS_RETURN_IF_ERROR(num(j, "reduce_mem_gbps", &mem));
   if (mem > 0) p.reduce_mem_s_per_byte = 1.0 / (mem * 1e9);
+  if (j.contains("corrections")) {
+    const auto& cs = j["corrections"];
+    if (!cs.is_array() || cs.size() > kMaxCorrections)
+      return invalidArgument("tuning profile: 'corrections' must be an array of at most {} entries", kMaxCorrections);
+    for (size_t i = 0; i < cs.size(); ++i) {
+      auto c = parseCorrection(cs[i]);
+      if (!c.isOk()) return c.status().withContext(fmt::format("tuning profile: corrections[{}]: ", i));
+      p.setCorrection(std::move(c.value()));
+    }
+  }
   if (j.contains("cores")) {
     if (!j["cores"].is_number_integer() || j["cores"].get<int>() < 1)
       return invalidArgument("tuning profile: 'cores' must be a positive integer");
@@ -93,6 +187,18 @@ std::string CostProfile::toJson() const {
   for (int d = 0; d < chorusNumTypes; ++d)
     j["reduce_gbps"][std::string(kernels::dtypeName(static_cast<chorusDataType_t>(d)))] = 1e-9 / gamma_s_per_byte[d];
   j["op_overhead_us"] = op_overhead_s * 1e6;
+  if (!corrections.empty()) {
+    j["corrections"] = nlohmann::json::array();
+    for (const Correction& c : corrections) {
+      nlohmann::json pts = nlohmann::json::array();
+      for (auto [b, f] : c.points) pts.push_back({b, f});
+      j["corrections"].push_back({{"collective", std::string(plan::collectiveName(c.collective))},
+                                  {"algo", c.algo},
+                                  {"nranks", c.nranks},
+                                  {"link", std::string(linkClassName(c.link))},
+                                  {"points", std::move(pts)}});
+    }
+  }
   j["cores"] = cores;
   return j.dump(2) + "\n";
 }
@@ -117,6 +223,15 @@ Result<CostProfile> CostProfile::load() {
 
 Result<double> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
                               const CostProfile& prof, const std::vector<int>& host_of) {
+  CHORUS_ASSIGN_OR_RETURN(double t, modelSeconds(algo, shape, dtype, prof, host_of));
+  if (prof.corrections.empty()) return t;
+  const LinkClass link = host_of.size() == static_cast<size_t>(shape.nranks) ? linkClassOf(host_of) : LinkClass::Shm;
+  return t * prof.correctionFor(algo.collective(), algo.name(), shape.nranks, link,
+                                static_cast<double>(shape.count) * shape.elem_size);
+}
+
+Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
+                            const CostProfile& prof, const std::vector<int>& host_of) {
   CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, algo.rounds(shape));
   const int n = shape.nranks;
   const double gamma = prof.gamma_s_per_byte[dtype];

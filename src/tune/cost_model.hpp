@@ -24,6 +24,9 @@
 #include <chorus/chorus.h>
 
 #include <array>
+#include <cstdint>
+#include <string_view>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -37,6 +40,28 @@ struct LinkCost {
   double beta_s_per_byte = 0;  // seconds per byte (1 / bandwidth) while the data stay in the caches
   double overhead_s = 0;       // CPU time per message at each end
   double beta_large_s_per_byte = 0;  // seconds per byte beyond the caches (0: as beta)
+};
+
+// How a communicator's ranks reach each other: all over shared memory on one
+// host, every rank on a host of its own (TCP between all), or a mix.
+enum class LinkClass : uint8_t { Shm, Tcp, Mixed };
+std::string_view linkClassName(LinkClass c);  // "shm", "tcp", "mixed"
+// From host ids per rank (equal id = shared memory); n <= 1 is Shm.
+LinkClass linkClassOf(const std::vector<int>& host_of);
+
+// A measured correction of the model for one algorithm on one kind of
+// communicator: at each calibrated size (bytes = the collective's count x the
+// element size, as the tuner keys calls), the time chorus-tune measured over
+// the time the α-β-γ model gave for that call.  Between sizes the factor is
+// interpolated linearly in log(bytes) and log(factor); beyond the ends it is
+// the end's.  Communicators of another rank count or link class, and
+// algorithms that were not calibrated, are priced by the model alone.
+struct Correction {
+  plan::Collective collective = plan::Collective::AllReduce;
+  std::string algo;
+  int nranks = 0;
+  LinkClass link = LinkClass::Shm;
+  std::vector<std::pair<double, double>> points;  // (bytes, factor), bytes strictly ascending
 };
 
 struct CostProfile {
@@ -53,7 +78,15 @@ struct CostProfile {
   // Cores per host: when a round puts more messages on a host than it has
   // cores, they take turns (8 ranks on 2 cores).
   int cores = 1;
+  // chorus-tune's measured corrections (empty: the model alone).
+  std::vector<Correction> corrections;
   std::string source = "built-in defaults";
+
+  // The factor for a call (1 when nothing was calibrated for it).
+  [[nodiscard]] double correctionFor(plan::Collective c, std::string_view algo, int nranks, LinkClass link,
+                                     double bytes) const;
+  // Adds c, replacing an entry with the same collective, algorithm, ranks and link.
+  void setCorrection(Correction c);
 
   CostProfile();
   // Parses a profile written by chorus-tune; errors name the key.
@@ -66,7 +99,12 @@ struct CostProfile {
 };
 
 // host_of[r]: an identifier of rank r's host (ranks with equal ids share memory).
+// The model's time times the profile's measured correction for the call.
 Result<double> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
                               const CostProfile& prof, const std::vector<int>& host_of);
+// The α-β-γ model alone, without the measured correction (what chorus-tune
+// divides its measurements by).
+Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
+                            const CostProfile& prof, const std::vector<int>& host_of);
 
 }  // namespace chorus::tune

@@ -150,5 +150,106 @@ TEST(Tuner, PrefersTheRingOverRabenseifnerForLargeMessagesOnOneHost) {
   }
 }
 
+// ---- measured corrections (chorus-tune) ---------------------------------------
+
+Correction correction(std::string algo, int nranks, LinkClass link, std::vector<std::pair<double, double>> pts) {
+  Correction c;
+  c.collective = Collective::AllReduce;
+  c.algo = std::move(algo);
+  c.nranks = nranks;
+  c.link = link;
+  c.points = std::move(pts);
+  return c;
+}
+
+TEST(CostModel, CorrectionsInterpolateInLogSizeAndMatchOnlyTheirCommunicator) {
+  CostProfile p = testProfile(2);
+  p.setCorrection(correction("ring", 4, LinkClass::Shm, {{1024, 2.0}, {4096, 8.0}}));
+  const auto f = [&](double bytes, int n = 4, LinkClass l = LinkClass::Shm, std::string_view a = "ring") {
+    return p.correctionFor(Collective::AllReduce, a, n, l, bytes);
+  };
+  EXPECT_DOUBLE_EQ(f(1024), 2.0);
+  EXPECT_DOUBLE_EQ(f(4096), 8.0);
+  EXPECT_NEAR(f(2048), 4.0, 1e-12);  // halfway in log size, geometric mean of the factors
+  EXPECT_DOUBLE_EQ(f(16), 2.0);      // beyond the ends: the end's factor
+  EXPECT_DOUBLE_EQ(f(1 << 30), 8.0);
+  EXPECT_DOUBLE_EQ(f(2048, 2), 1.0);                   // another rank count
+  EXPECT_DOUBLE_EQ(f(2048, 4, LinkClass::Tcp), 1.0);   // another link class
+  EXPECT_DOUBLE_EQ(f(2048, 4, LinkClass::Shm, "direct"), 1.0);
+  // setCorrection replaces the entry of the same communicator and algorithm.
+  p.setCorrection(correction("ring", 4, LinkClass::Shm, {{1024, 3.0}}));
+  EXPECT_EQ(p.corrections.size(), 1u);
+  EXPECT_DOUBLE_EQ(f(1 << 20), 3.0);
+}
+
+TEST(CostModel, PredictionIsTheModelTimesTheMeasuredCorrection) {
+  const plan::Registry reg = plan::Registry::builtin();
+  CostProfile p = testProfile(2);
+  std::vector<int> hosts(2, 0);
+  const plan::Shape sh = shape(2, 1000, &hosts);
+  const plan::Algorithm& ring = *reg.find(Collective::AllReduce, "ring");
+  auto model = modelSeconds(ring, sh, chorusFloat32, p, hosts);
+  ASSERT_TRUE(model.isOk());
+  p.setCorrection(correction("ring", 2, LinkClass::Shm, {{4000, 1.5}}));
+  EXPECT_NEAR(price(reg, "ring", sh, p, hosts), 1.5 * *model, 1e-15);
+  // Over TCP (every rank on its own host) the shared-memory entry does not apply.
+  auto tcp_model = modelSeconds(ring, sh, chorusFloat32, p, {0, 1});
+  ASSERT_TRUE(tcp_model.isOk());
+  EXPECT_NEAR(price(reg, "ring", sh, p, {0, 1}), *tcp_model, 1e-15);
+  EXPECT_EQ(linkClassOf({0, 0, 0}), LinkClass::Shm);
+  EXPECT_EQ(linkClassOf({0, 1, 2}), LinkClass::Tcp);
+  EXPECT_EQ(linkClassOf({0, 0, 1, 1}), LinkClass::Mixed);
+}
+
+TEST(Tuner, FollowsTheMeasuredCorrectionsWhenTheyReorderThePlans) {
+  // The model alone picks the direct plan on one host at 4 ranks (above); a
+  // profile whose measurements found it 50x slower than modelled there must
+  // make the tuner pick something else, and its predicted time carry the factor.
+  const plan::Registry reg = plan::Registry::builtin();
+  CostProfile p = testProfile(4);
+  p.setCorrection(correction("direct", 4, LinkClass::Shm, {{16, 50.0}, {1 << 28, 50.0}}));
+  Topology topo{4, 4, true, {0, 0, 0, 0}};
+  auto t = Tuner::create(reg, topo, "", 0, p);
+  ASSERT_TRUE(t.isOk()) << t.status().message();
+  std::vector<int> hosts(4, 0);
+  auto ch = t->choose(shape(4, 256, &hosts), chorusFloat32);
+  ASSERT_TRUE(ch.isOk()) << ch.status().message();
+  EXPECT_NE(ch->algo->name(), "direct");
+  plan::Shape sh = shape(4, 256, &hosts);
+  auto direct = t->price(*reg.find(Collective::AllReduce, "direct"), sh, chorusFloat32);
+  auto plain = modelSeconds(*reg.find(Collective::AllReduce, "direct"), sh, chorusFloat32, p, hosts);
+  ASSERT_TRUE(direct.isOk() && plain.isOk());
+  EXPECT_NEAR(*direct, 50.0 * *plain, 1e-12);
+}
+
+TEST(CostModel, ProfileJsonCarriesCorrectionsAndRejectsBadOnes) {
+  CostProfile p = testProfile(2);
+  p.setCorrection(correction("ring", 2, LinkClass::Tcp, {{16, 1.25}, {65536, 0.5}}));
+  auto back = CostProfile::fromJson(p.toJson());
+  ASSERT_TRUE(back.isOk()) << back.status().message();
+  ASSERT_EQ(back->corrections.size(), 1u);
+  EXPECT_EQ(back->corrections[0].algo, "ring");
+  EXPECT_EQ(back->corrections[0].link, LinkClass::Tcp);
+  EXPECT_EQ(back->corrections[0].nranks, 2);
+  EXPECT_EQ(back->corrections[0].points, (std::vector<std::pair<double, double>>{{16, 1.25}, {65536, 0.5}}));
+  const std::string ok = R"("collective": "allreduce", "algo": "ring", "nranks": 2, "link": "shm")";
+  for (const std::string& bad : std::vector<std::string>{
+           R"({"corrections": {}})",
+           R"({"corrections": [{"collective": "allreduce", "algo": "ring", "nranks": 2, "link": "nvlink", "points": [[16, 1]]}]})",
+           R"({"corrections": [{"collective": "reduceall", "algo": "ring", "nranks": 2, "link": "shm", "points": [[16, 1]]}]})",
+           R"({"corrections": [{"collective": "allreduce", "algo": "", "nranks": 2, "link": "shm", "points": [[16, 1]]}]})",
+           R"({"corrections": [{"collective": "allreduce", "algo": "ring", "nranks": 0, "link": "shm", "points": [[16, 1]]}]})",
+           "{\"corrections\": [{" + ok + R"(, "points": []}]})",
+           "{\"corrections\": [{" + ok + R"(, "points": [[64, 1], [16, 1]]}]})",
+           "{\"corrections\": [{" + ok + R"(, "points": [[16, -1]]}]})",
+           "{\"corrections\": [{" + ok + R"(, "points": [[16, 1, 2]]}]})",
+           "{\"corrections\": [{" + ok + R"(, "points": [["16", 1]]}]})",
+       }) {
+    auto r = CostProfile::fromJson(bad);
+    ASSERT_FALSE(r.isOk()) << bad;
+    EXPECT_NE(r.status().message().find("corrections"), std::string::npos) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace chorus::tune

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""chorus-tune end to end: the profile it writes, the measured corrections of
+every algorithm, and their use by the library's tuner.
+
+- `chorus-tune --np 2,3` writes one profile with the α-β-γ figures and, per
+  rank count, a correction for every algorithm of the chosen collectives at
+  every calibrated size (16 B x 4^k), each factor finite and positive;
+- `--append` keeps the figures and replaces only its own rank count's entries;
+- a communicator loading the profile prices a call at a calibrated size as the
+  model times the stored factor: chorus-bench's predicted_us with the profile
+  over predicted_us with the same profile stripped of its corrections equals
+  the factor (same forced algorithm);
+- bad options and a corrupt profile are refused with a message.
+
+Usage: tune_test.py CHORUS_TUNE CHORUS_RUN CHORUS_BENCH
+"""
+import json, math, os, subprocess, sys, tempfile
+
+TUNE, RUN, BENCH = sys.argv[1:4]
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def run(cmd, env=None, timeout=300):
+    return subprocess.run(cmd, env=dict(os.environ, **(env or {})), capture_output=True, text=True, timeout=timeout)
+
+
+def bench_predicted(profile, algo, nbytes):
+    p = run([RUN, "-n", "2", BENCH, "allreduce", "-b", str(nbytes), "-e", str(nbytes), "-n", "2", "-w", "0",
+             "--algo", algo, "--json", profile + ".rows"], env={"CHORUS_TUNE_FILE": profile})
+    check(p.returncode == 0, f"chorus-bench with {os.path.basename(profile)} exits 0: {p.stderr[-400:]}")
+    with open(profile + ".rows") as f:
+        rows = [json.loads(l) for l in f if l.strip()]
+    out = [r for r in rows if not r.get("in_place")]
+    return out[0]["predicted_us"] if out else None
+
+
+with tempfile.TemporaryDirectory() as d:
+    prof = os.path.join(d, "profile.json")
+    p = run([TUNE, "--np", "2,3", "-o", prof, "--no-tcp", "--reps", "3", "--collectives", "allreduce,allgather",
+             "--max-bytes", "4K", "--correction-reps", "1"])
+    check(p.returncode == 0, f"chorus-tune --np 2,3 exits 0: {p.stderr[-800:]}")
+    with open(prof) as f:
+        j = json.load(f)
+    check(j["shm"]["alpha_us"] >= 0 and j["shm"]["bandwidth_gbps"] > 0, "the profile has shared-memory figures")
+    cs = j.get("corrections", [])
+    sizes = [16 * 4**k for k in range(6) if 16 * 4**k <= 4096]
+    for n in (2, 3):
+        for coll, must in (("allreduce", {"ring", "recursive_doubling", "rabenseifner", "direct"}),
+                           ("allgather", {"ring"})):
+            got = {c["algo"]: c for c in cs if c["nranks"] == n and c["collective"] == coll and c["link"] == "shm"}
+            check(must <= set(got), f"{n} ranks: {coll} corrections for {sorted(must)} (got {sorted(got)})")
+            for a, c in got.items():
+                f_ok = all(math.isfinite(f) and f > 0 for _, f in c["points"])
+                check(f_ok and len(c["points"]) >= 3, f"{n} ranks: {coll}/{a}: {len(c['points'])} positive factors")
+        ar = [c for c in cs if c["nranks"] == n and c["collective"] == "allreduce" and c["algo"] == "ring"]
+        check(bool(ar) and [b for b, _ in ar[0]["points"]] == sizes,
+              f"{n} ranks: the ring's allreduce points are at {sizes} bytes")
+
+    # --append keeps the figures, replaces its own rank count's entries only.
+    before = j
+    p = run([RUN, "-n", "2", TUNE, "-o", prof, "--append", "--no-tcp", "--collectives", "allreduce",
+             "--max-bytes", "256", "--correction-reps", "1"])
+    check(p.returncode == 0, f"chorus-tune --append exits 0: {p.stderr[-800:]}")
+    with open(prof) as f:
+        after = json.load(f)
+    def close(a, b):  # the figures go through 1/x on the way in and out
+        if isinstance(a, dict):
+            return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+        return math.isclose(a, b, rel_tol=1e-9)
+    check(all(close(before[k], after[k]) for k in before if k != "corrections"), "--append keeps the measured figures")
+    ring2 = [c for c in after["corrections"] if c["nranks"] == 2 and c["algo"] == "ring" and c["collective"] == "allreduce"]
+    check(len(ring2) == 1 and [b for b, _ in ring2[0]["points"]] == [16, 64, 256],
+          "--append replaced the 2-rank ring entry with its own sizes")
+    n3 = [c for c in after["corrections"] if c["nranks"] == 3]
+    check(n3 == [c for c in before["corrections"] if c["nranks"] == 3], "--append kept the 3-rank entries")
+
+    # The library applies the factor: predicted with / without corrections.
+    plain = os.path.join(d, "plain.json")
+    with open(plain, "w") as f:
+        json.dump({k: v for k, v in after.items() if k != "corrections"}, f)
+    factor = dict(ring2[0]["points"])[256]
+    with_c, without = bench_predicted(prof, "ring", 256), bench_predicted(plain, "ring", 256)
+    check(with_c is not None and without is not None and without > 0 and abs(with_c / without - factor) < 1e-3 * factor,
+          f"a 256-byte ring allreduce is priced at the model x the stored factor ({with_c} / {without} vs {factor})")
+
+    # Bad input.
+    for args, what in ((["--np", "1"], "--np 1"), (["--np", "2,x"], "--np 2,x"),
+                       (["--collectives", "sendrecv"], "--collectives sendrecv"),
+                       (["--max-bytes", "8"], "--max-bytes 8")):
+        p = run([TUNE, "-o", os.path.join(d, "never.json")] + args)
+        check(p.returncode != 0 and "chorus-tune" in p.stderr, f"{what} is refused with a message ({p.stderr.strip()[:120]})")
+    p = run([RUN, "-n", "2", TUNE, "-o", os.path.join(d, "missing.json"), "--append"])
+    check(p.returncode != 0 and "--append" in p.stderr, "--append without a profile is refused")
+    bad = os.path.join(d, "bad.json")
+    with open(bad, "w") as f:
+        json.dump({"corrections": [{"collective": "allreduce", "algo": "ring", "nranks": 2, "link": "shm",
+                                    "points": [[64, 1], [16, 1]]}]}, f)
+    p = run([RUN, "-n", "2", BENCH, "allreduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0"],
+            env={"CHORUS_TUNE_FILE": bad})
+    check(p.returncode != 0 and "bad.json" in p.stderr and "ascending" in p.stderr,
+          "a profile with unordered correction points is refused, naming the file")
+
+print(f"{len(failures)} failure(s)")
+sys.exit(1 if failures else 0)
