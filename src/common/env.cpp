@@ -23,6 +23,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_HEARTBEAT_MS",    "1000", "TCP keepalive period between hosts: a peer host that vanishes without closing its connections is declared dead within about 3x this"},
   {"CHORUS_TCP_SOCKETS",     "1", "TCP sockets per peer (more can raise bandwidth on fast links)"},
   {"CHORUS_SHM_CMA",         "1", "0: never use cross-memory attach (process_vm_readv) for large shared-memory messages"},
+  {"CHORUS_SHM_CMA_BYTES",   "1048576", "smallest shared-memory message sent by cross-memory attach (the receiver reads the sender's buffer) instead of through the ring"},
   {"CHORUS_SHM_RING_BYTES",  "1048576", "bytes of each shared-memory ring (one per ordered pair of local ranks)"},
   {"CHORUS_CHUNK_BYTES",     "0", "pipeline chunk size for large messages; 0 lets the tuner choose"},
   {"CHORUS_SPIN_US",         "50", "microseconds a waiting rank polls (yielding the core when ranks outnumber cores) before it blocks"},

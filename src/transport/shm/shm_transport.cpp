@@ -221,6 +221,7 @@ class ShmTransport final : public Transport {
   // on our own core, so the wait yields from the first poll (see wait()).
   bool oversubscribed_ = false;
   bool allow_cma_ = true;
+  size_t cma_threshold_ = kCmaThreshold;  // CHORUS_SHM_CMA_BYTES
   alignas(8) volatile uint64_t probe_ = kProbeValue;  // peers read it by process_vm_readv
 
   uint32_t seen_bell_ = 0;  // bell value read at the start of the last poll()
@@ -261,6 +262,8 @@ Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
   CHORUS_ASSIGN_OR_RETURN(int64_t spin_us, env::getInt("CHORUS_SPIN_US"));
   CHORUS_ASSIGN_OR_RETURN(bool cma_knob, env::getBool("CHORUS_SHM_CMA"));
   allow_cma_ = setup.allow_cma && cma_knob;
+  CHORUS_ASSIGN_OR_RETURN(int64_t cma_bytes, env::getInt("CHORUS_SHM_CMA_BYTES"));
+  cma_threshold_ = static_cast<size_t>(std::max<int64_t>(cma_bytes, 1));
   cpu_set_t cpus;
   size_t ncores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? static_cast<size_t>(CPU_COUNT(&cpus)) : 1;
   oversubscribed_ = peer_ranks_.size() + 1 > ncores;
@@ -423,7 +426,7 @@ Status ShmTransport::postSend(int peer, const void* src, size_t bytes, Request* 
   }
   req->status = Status();
   req->state.store(Request::Posted, std::memory_order_relaxed);
-  p->sends.push(SendOp{static_cast<const std::byte*>(src), bytes, 0, req, p->cma_send && bytes >= kCmaThreshold, false});
+  p->sends.push(SendOp{static_cast<const std::byte*>(src), bytes, 0, req, p->cma_send && bytes >= cma_threshold_, false});
   // Start at once: a small message is usually in the ring before post returns.
   progressSend(*p);
   return {};
