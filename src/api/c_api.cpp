@@ -148,6 +148,11 @@ chorusResult_t issue(CommRef& ref, chorusStream_t stream, OpDesc& op) {
   } while (0)
 
 // The common prologue of a collective.
+// s with "fn: " in front of its message; formats only on error (hot path).
+inline Status inFunction(const char* fn, Status s) {
+  return s.isOk() ? s : s.withContext(fmt::format("{}: ", fn));
+}
+
 #define CHORUS_COMM_PROLOGUE(fn)                    \
   CommRef ref(comm, fn);                            \
   [[maybe_unused]] chorusComm* c = ref.handle();    \
@@ -403,7 +408,7 @@ CHORUS_EXPORT chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuf
   const char* fn = "chorusAllReduce";
   CHORUS_COMM_PROLOGUE(fn);
   CHORUS_CHECK(checkDtype(fn, datatype));
-  CHORUS_CHECK(ref->validateOp(op, datatype).withContext(fmt::format("{}: ", fn)));
+  CHORUS_CHECK(inFunction(fn, ref->validateOp(op, datatype)));
   CHORUS_CHECK(checkBytes(fn, count, datatype, 1));
   CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, count));
   CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, count));
@@ -431,7 +436,7 @@ CHORUS_EXPORT chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, 
   const char* fn = "chorusReduce";
   CHORUS_COMM_PROLOGUE(fn);
   CHORUS_CHECK(checkDtype(fn, datatype));
-  CHORUS_CHECK(ref->validateOp(op, datatype).withContext(fmt::format("{}: ", fn)));
+  CHORUS_CHECK(inFunction(fn, ref->validateOp(op, datatype)));
   CHORUS_CHECK(checkRank(fn, "root", root, ref->size()));
   CHORUS_CHECK(checkBytes(fn, count, datatype, 1));
   CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, count));
@@ -458,7 +463,7 @@ CHORUS_EXPORT chorusResult_t chorusReduceScatter(const void* sendbuff, void* rec
   const char* fn = "chorusReduceScatter";
   CHORUS_COMM_PROLOGUE(fn);
   CHORUS_CHECK(checkDtype(fn, datatype));
-  CHORUS_CHECK(ref->validateOp(op, datatype).withContext(fmt::format("{}: ", fn)));
+  CHORUS_CHECK(inFunction(fn, ref->validateOp(op, datatype)));
   CHORUS_CHECK(checkBytes(fn, recvcount, datatype, ref->size()));
   CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, recvcount));
   CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, recvcount));
