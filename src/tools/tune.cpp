@@ -1,6 +1,7 @@
 #include "tools/tune.hpp"
 
 #include <algorithm>
+#include <utility>
 #include <chrono>
 #include <cstdlib>
 #include <vector>
@@ -167,8 +168,8 @@ constexpr double kWarmupMs = 20, kMinTimeMs = 10;
 // chorus-bench's own loop (forced algorithm, checked output, slowest rank's
 // mean) on a communicator whose tuner holds `base` without corrections, so the
 // rows' predicted_us is the model alone; factor = median measured / model.
-Result<std::vector<tune::Correction>> measureCorrections(const tune::CostProfile& base, const TuneOptions& o,
-                                                         bool tcp) {
+Result<std::vector<tune::Correction>> measureCorrections(chorusComm_t parent, const tune::CostProfile& base,
+                                                         const TuneOptions& o, bool tcp) {
   tune::CostProfile plain = base;
   plain.corrections.clear();
   const std::string path = (std::filesystem::temp_directory_path() /
@@ -178,16 +179,18 @@ Result<std::vector<tune::Correction>> measureCorrections(const tune::CostProfile
     f << plain.toJson();
     if (!f) return systemError("chorus-tune: cannot write the temporary profile {}", path);
   }
-  Result<chorusComm_t> made = [&] {
+  // A communicator split off the parent (same transports, no new rendezvous)
+  // reads its profile, the temporary one, when it is set up.
+  int rank = 0;
+  chorusCommUserRank(parent, &rank);
+  chorusComm_t comm = nullptr;
+  chorusResult_t made = [&] {
     ScopedEnv file("CHORUS_TUNE_FILE", path);
-    std::optional<ScopedEnv> transport;
-    if (tcp) transport.emplace("CHORUS_TRANSPORT", "tcp");
-    return initFromEnv();
+    return chorusCommSplit(parent, 0, rank, &comm);
   }();
   std::error_code ec;
   std::filesystem::remove(path, ec);
-  if (!made.isOk()) return made.status();
-  chorusComm_t comm = made.value();
+  CHORUS_RETURN_IF_ERROR(check(made, parent, "splitting a calibration communicator"));
   struct Closer {
     chorusComm_t c;
     ~Closer() { chorusCommDestroy(c); }
@@ -259,16 +262,53 @@ Result<std::vector<tune::Correction>> measureCorrections(const tune::CostProfile
   return out;
 }
 
-// The corrections of this job's rank count, over shared memory and (with
-// o.tcp) over TCP, merged into p.
-Status addCorrections(tune::CostProfile& p, const TuneOptions& o) {
+// The corrections of this job's rank count on comm's transports, merged into p.
+Status addCorrections(chorusComm_t comm, tune::CostProfile& p, const TuneOptions& o, bool tcp) {
   if (o.collectives.empty()) return {};
-  for (bool tcp : {false, true}) {
-    if (tcp && !o.tcp) break;
-    CHORUS_ASSIGN_OR_RETURN(std::vector<tune::Correction> cs, measureCorrections(p, o, tcp));
-    for (tune::Correction& c : cs) p.setCorrection(std::move(c));
-  }
+  CHORUS_ASSIGN_OR_RETURN(std::vector<tune::Correction> cs, measureCorrections(comm, p, o, tcp));
+  for (tune::Correction& c : cs) p.setCorrection(std::move(c));
   return {};
+}
+
+// A communicator aborted on an error path and destroyed at the end of the
+// scope (after a closing barrier on the success path).
+class OwnedComm {
+ public:
+  explicit OwnedComm(chorusComm_t c) : c_(c) {}
+  OwnedComm(OwnedComm&& o) noexcept : c_(std::exchange(o.c_, nullptr)), ok_(o.ok_) {}
+  OwnedComm& operator=(OwnedComm&&) = delete;
+  ~OwnedComm() {
+    if (c_ == nullptr) return;
+    if (!ok_) chorusCommAbort(c_);
+    chorusCommDestroy(c_);
+  }
+  [[nodiscard]] chorusComm_t get() const { return c_; }
+  Status finish() {
+    ok_ = true;
+    return check(chorusBarrier(c_, nullptr), c_, "the closing barrier");
+  }
+
+ private:
+  chorusComm_t c_;
+  bool ok_ = false;
+};
+
+// The TCP-only communicator of the same ranks: a fresh unique id from rank 0,
+// broadcast over comm.  (A second chorusCommInitFromEnv would rendezvous on
+// the job's master port again, where rank 0's first store may still answer.)
+Result<OwnedComm> tcpTwin(chorusComm_t comm) {
+  int n = 0, rank = 0;
+  chorusCommCount(comm, &n);
+  chorusCommUserRank(comm, &rank);
+  chorusUniqueId id{};
+  if (rank == 0) CHORUS_RETURN_IF_ERROR(check(chorusGetUniqueId(&id), comm, "drawing a unique id for TCP"));
+  CHORUS_RETURN_IF_ERROR(check(chorusBroadcast(&id, &id, sizeof id, chorusUint8, 0, comm, nullptr), comm,
+                               "sending the TCP unique id"));
+  ScopedEnv transport("CHORUS_TRANSPORT", "tcp");
+  chorusComm_t tc = nullptr;
+  if (chorusResult_t r = chorusCommInitRank(&tc, n, id, rank); r != chorusSuccess)
+    return makeError(r, "chorus-tune: the TCP communicator: {}", chorusGetLastError(nullptr));
+  return OwnedComm(tc);
 }
 
 Result<chorusComm_t> initFromEnv() {
@@ -280,22 +320,11 @@ Result<chorusComm_t> initFromEnv() {
 
 }  // namespace
 
-Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
-  if (o.base) {
-    tune::CostProfile p = *o.base;
-    CHORUS_RETURN_IF_ERROR(addCorrections(p, o));
-    return p;
-  }
-  tune::CostProfile p;
-  p.source = "chorus-tune";
-  CHORUS_ASSIGN_OR_RETURN(chorusComm_t comm, initFromEnv());
-  int n = 0, rank = 0;
-  chorusCommCount(comm, &n);
+// The α-β-γ figures: per-call overhead, the shared-memory link (on comm),
+// and the reduction rates of this process's core.
+static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::CostProfile* p) {
+  int rank = 0;
   chorusCommUserRank(comm, &rank);
-  if (n < 2) {
-    chorusCommDestroy(comm);
-    return invalidUsage("chorus-tune needs at least 2 ranks (run it with --np 2)");
-  }
   // Per-call overhead: an 8-byte allreduce on a communicator of one rank.
   chorusComm_t self = nullptr;
   CHORUS_RETURN_IF_ERROR(check(chorusCommSplit(comm, rank, 0, &self), comm, "split"));
@@ -307,19 +336,11 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
       CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&x, &x, 1, chorusFloat64, chorusSum, self, nullptr), self, "allreduce"));
     oh.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 20000);
   }
-  p.op_overhead_s = median(oh);
+  p->op_overhead_s = median(oh);
   chorusCommDestroy(self);
-  const double omega = p.op_overhead_s;
+  const double omega = p->op_overhead_s;
 
-  auto shm = measureLink(comm, o, omega);
-  if (!shm.isOk()) {
-    chorusCommAbort(comm);
-    chorusCommDestroy(comm);
-    return shm.status();
-  }
-  p.shm = shm.value();
-
-  chorusCommDestroy(comm);
+  CHORUS_ASSIGN_OR_RETURN(p->shm, measureLink(comm, o, omega));
 
   // Reduction throughput per data type (bytes of one operand per second), on
   // operands that stay in the cache, as a pipelined slice's do.
@@ -339,7 +360,7 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
       red(a.data(), a.data(), b.data(), count);
       t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    p.gamma_s_per_byte[d] = median(t) / static_cast<double>(bytes);
+    p->gamma_s_per_byte[d] = median(t) / static_cast<double>(bytes);
   }
   {
     // Out of the caches: fp32 over 64 MiB operands (twice cache_bytes' cap).
@@ -353,21 +374,33 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
       red(x.data(), x.data(), y.data(), count);
       t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    p.reduce_mem_s_per_byte = median(t) / static_cast<double>(big);
+    p->reduce_mem_s_per_byte = median(t) / static_cast<double>(big);
   }
 
+  return {};
+}
+
+Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
+  // --append: the figures come from the existing profile; only corrections are measured.
+  const bool figures = !o.base;
+  tune::CostProfile p = o.base.value_or(tune::CostProfile{});
+  p.source = "chorus-tune";
+  CHORUS_ASSIGN_OR_RETURN(chorusComm_t made, initFromEnv());
+  OwnedComm shm(made);
+  int n = 0;
+  chorusCommCount(shm.get(), &n);
+  if (n < 2) return invalidUsage("chorus-tune needs at least 2 ranks (run it with --np 2)");
+  if (figures) CHORUS_RETURN_IF_ERROR(measureFigures(shm.get(), o, &p));
+  CHORUS_RETURN_IF_ERROR(addCorrections(shm.get(), p, o, false));
   if (o.tcp) {
-    // A second job-wide communicator over TCP only.
-    ::setenv("CHORUS_TRANSPORT", "tcp", 1);
-    auto tc = initFromEnv();
-    ::unsetenv("CHORUS_TRANSPORT");
-    if (!tc.isOk()) return tc.status();
-    auto tcp = measureLink(tc.value(), o, omega);
-    chorusCommDestroy(tc.value());
-    if (!tcp.isOk()) return tcp.status();
-    p.tcp = tcp.value();
+    CHORUS_ASSIGN_OR_RETURN(OwnedComm tcp, tcpTwin(shm.get()));
+    if (figures) {
+      CHORUS_ASSIGN_OR_RETURN(p.tcp, measureLink(tcp.get(), o, p.op_overhead_s));
+    }
+    CHORUS_RETURN_IF_ERROR(addCorrections(tcp.get(), p, o, true));
+    CHORUS_RETURN_IF_ERROR(tcp.finish());
   }
-  CHORUS_RETURN_IF_ERROR(addCorrections(p, o));
+  CHORUS_RETURN_IF_ERROR(shm.finish());
   return p;
 }
 

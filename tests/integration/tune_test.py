@@ -2,8 +2,8 @@
 """chorus-tune end to end: the profile it writes, the measured corrections of
 every algorithm, and their use by the library's tuner.
 
-- `chorus-tune --np 2,3` writes one profile with the α-β-γ figures and, per
-  rank count, a correction for every algorithm of the chosen collectives at
+- `chorus-tune --np 2,3` writes one profile with the α-β-γ figures (shared
+  memory and TCP) and, per rank count and transport, a correction for every algorithm of the chosen collectives at
   every calibrated size (16 B x 4^k), each factor finite and positive;
 - `--append` keeps the figures and replaces only its own rank count's entries;
 - a communicator loading the profile prices a call at a calibrated size as the
@@ -42,12 +42,13 @@ def bench_predicted(profile, algo, nbytes):
 
 with tempfile.TemporaryDirectory() as d:
     prof = os.path.join(d, "profile.json")
-    p = run([TUNE, "--np", "2,3", "-o", prof, "--no-tcp", "--reps", "3", "--collectives", "allreduce,allgather",
+    p = run([TUNE, "--np", "2,3", "-o", prof, "--reps", "3", "--collectives", "allreduce,allgather",
              "--max-bytes", "4K", "--correction-reps", "1"])
     check(p.returncode == 0, f"chorus-tune --np 2,3 exits 0: {p.stderr[-800:]}")
     with open(prof) as f:
         j = json.load(f)
     check(j["shm"]["alpha_us"] >= 0 and j["shm"]["bandwidth_gbps"] > 0, "the profile has shared-memory figures")
+    check(j["tcp"]["alpha_us"] >= 0 and j["tcp"]["bandwidth_gbps"] > 0, "the profile has TCP figures")
     cs = j.get("corrections", [])
     sizes = [16 * 4**k for k in range(6) if 16 * 4**k <= 4096]
     for n in (2, 3):
@@ -58,7 +59,10 @@ with tempfile.TemporaryDirectory() as d:
             for a, c in got.items():
                 f_ok = all(math.isfinite(f) and f > 0 for _, f in c["points"])
                 check(f_ok and len(c["points"]) >= 3, f"{n} ranks: {coll}/{a}: {len(c['points'])} positive factors")
-        ar = [c for c in cs if c["nranks"] == n and c["collective"] == "allreduce" and c["algo"] == "ring"]
+        tcp = {c["algo"] for c in cs if c["nranks"] == n and c["collective"] == "allreduce" and c["link"] == "tcp"}
+        check({"ring", "recursive_doubling"} <= tcp, f"{n} ranks: allreduce corrections over TCP too (got {sorted(tcp)})")
+        ar = [c for c in cs if c["nranks"] == n and c["collective"] == "allreduce" and c["algo"] == "ring"
+              and c["link"] == "shm"]
         check(bool(ar) and [b for b, _ in ar[0]["points"]] == sizes,
               f"{n} ranks: the ring's allreduce points are at {sizes} bytes")
 
@@ -74,7 +78,8 @@ with tempfile.TemporaryDirectory() as d:
             return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
         return math.isclose(a, b, rel_tol=1e-9)
     check(all(close(before[k], after[k]) for k in before if k != "corrections"), "--append keeps the measured figures")
-    ring2 = [c for c in after["corrections"] if c["nranks"] == 2 and c["algo"] == "ring" and c["collective"] == "allreduce"]
+    ring2 = [c for c in after["corrections"] if c["nranks"] == 2 and c["algo"] == "ring" and c["collective"] == "allreduce"
+             and c["link"] == "shm"]
     check(len(ring2) == 1 and [b for b, _ in ring2[0]["points"]] == [16, 64, 256],
           "--append replaced the 2-rank ring entry with its own sizes")
     n3 = [c for c in after["corrections"] if c["nranks"] == 3]
