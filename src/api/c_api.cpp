@@ -214,7 +214,7 @@ chorusResult_t registerComm(chorusComm_t* out, std::unique_ptr<Communicator> imp
 }
 
 chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueId& id, int rank,
-                        const chorusConfig_t* user = nullptr) {
+                        const chorusConfig_t* user = nullptr, bool from_env = false) {
   auto cfg = CommConfig::fromEnv();
   if (!cfg.isOk()) return report(cfg.status());
   if (user != nullptr) {
@@ -233,7 +233,13 @@ chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueI
       cfg->check = user->checkMode == 1;
     }
   }
-  auto c = Communicator::init(nranks, rank, id, cfg.value());
+  // The n-th environment init of this process rendezvous under its own
+  // prefix on rank 0's one store (Communicator::init).
+  static std::atomic<int> env_inits{0};
+  std::string prefix = "w/";
+  if (from_env)
+    if (int gen = env_inits.fetch_add(1); gen > 0) prefix = fmt::format("w{}/", gen);
+  auto c = Communicator::init(nranks, rank, id, cfg.value(), prefix, from_env);
   if (!c.isOk()) return report(c.status());
   return registerComm(comm, std::move(c.value()));
 }
@@ -281,7 +287,7 @@ CHORUS_EXPORT chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
   auto addr = net::resolve(job->master_addr, job->master_port);
   if (!addr.isOk()) return report(addr.status().withContext("chorusCommInitFromEnv: master address: "));
   bootstrap::UniqueId id{addr.value(), job->secret};
-  return initRank(comm, job->world_size, id, job->rank);
+  return initRank(comm, job->world_size, id, job->rank, nullptr, /*from_env=*/true);
 }
 
 CHORUS_EXPORT chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {

@@ -6,6 +6,8 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 
 #include "clock/offset.hpp"
 #include "common/env.hpp"
@@ -112,15 +114,43 @@ size_t Communicator::CacheHash::operator()(const CacheKey& k) const {
   return h;
 }
 
+namespace {
+
+// The store servers of environment inits, by address; never released (the
+// process's exit ends their threads).
+struct SharedServers {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<bootstrap::StoreServer>> by_addr;
+};
+SharedServers& sharedServers() {
+  static auto* s = new SharedServers;
+  return *s;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Communicator>> Communicator::init(int nranks, int rank, const bootstrap::UniqueId& id,
-                                                         const CommConfig& cfg) {
+                                                         const CommConfig& cfg, std::string_view prefix,
+                                                         bool shared_server) {
   std::shared_ptr<bootstrap::StoreServer> server;
   if (rank == 0) {
-    auto reserved = bootstrap::takeReservedListener(id.root);
-    auto s = reserved ? bootstrap::StoreServer::start(std::move(*reserved), id.secret)
-                      : bootstrap::StoreServer::start(id.root, id.secret);
-    if (!s.isOk()) return s.status().withContext(fmt::format("rank 0: starting the rendezvous store on {}: ", id.root.toString()));
-    server = std::move(s.value());
+    std::unique_lock<std::mutex> lock;
+    std::shared_ptr<bootstrap::StoreServer>* slot = nullptr;
+    if (shared_server) {
+      SharedServers& ss = sharedServers();
+      lock = std::unique_lock(ss.mu);
+      slot = &ss.by_addr[id.root.toString()];
+      server = *slot;
+    }
+    if (server == nullptr) {
+      auto reserved = bootstrap::takeReservedListener(id.root);
+      auto s = reserved ? bootstrap::StoreServer::start(std::move(*reserved), id.secret)
+                        : bootstrap::StoreServer::start(id.root, id.secret);
+      if (!s.isOk())
+        return s.status().withContext(fmt::format("rank 0: starting the rendezvous store on {}: ", id.root.toString()));
+      server = std::move(s.value());
+      if (slot != nullptr) *slot = server;
+    }
   }
   auto store = bootstrap::connectStore(id.root, id.secret, cfg.timeout);
   if (!store.isOk())
@@ -128,7 +158,7 @@ Result<std::unique_ptr<Communicator>> Communicator::init(int nranks, int rank, c
   std::unique_ptr<Communicator> c(new Communicator());
   c->rank_ = rank;
   c->nranks_ = nranks;
-  CHORUS_RETURN_IF_ERROR(c->setup(id, cfg, std::make_shared<LockedStore>(store.value()), "w/", server));
+  CHORUS_RETURN_IF_ERROR(c->setup(id, cfg, std::make_shared<LockedStore>(store.value()), std::string(prefix), server));
   return c;
 }
 

@@ -78,8 +78,15 @@ class Communicator {
   // Collective over all nranks ranks.  Rank 0 runs the store server for
   // root (adopting the listener reserved by chorusGetUniqueId when there is
   // one).
+  // From the environment (shared_server): rank 0's store server for an
+  // address outlives the communicator and serves every later environment init
+  // in the process, each under its own key prefix ("w/", "w1/", ...), so a
+  // job may destroy and re-create its world communicator (the n-th init of
+  // every rank meets the n-th of the others) without a rank meeting a store
+  // that is shutting down.
   static Result<std::unique_ptr<Communicator>> init(int nranks, int rank, const bootstrap::UniqueId& id,
-                                                    const CommConfig& cfg);
+                                                    const CommConfig& cfg, std::string_view prefix = "w/",
+                                                    bool shared_server = false);
   ~Communicator();
 
   [[nodiscard]] int rank() const { return rank_; }
