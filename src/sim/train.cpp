@@ -152,6 +152,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
 
   // ---- parameters and memory first: a layout that does not fit costs no pricing
   double stage_params = V * h / T;  // embedding or logits shard
+  double widest_layer = 0;          // this GPU's share of its largest layer
   for (int l = first_layer; l < m.layers; ++l) {
     double lp = m.layerParams(l);
     if (moe && l >= m.moe.dense_layers) {
@@ -159,14 +160,21 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       lp -= expert * m.moe.experts * (1.0 - 1.0 / static_cast<double>(ep));
     }
     stage_params += lp / T;
+    widest_layer = std::max(widest_layer, lp / T);
   }
   const double dpc = static_cast<double>(d * cp);
   const double opt_shard = cfg.zero >= 1 ? dpc : 1.0;
   TrainReport rep;
   rep.config = cfg;
   const double w_div = cfg.zero >= 3 ? dpc : 1, g_div = cfg.zero >= 2 ? dpc : 1;
-  rep.memory.weights_gib = toGib(Bytes(2 * stage_params / w_div));
-  rep.memory.grads_gib = toGib(Bytes(4 * stage_params / g_div));  // fp32 main gradients
+  // ZeRO-3 (FSDP) gathers each layer's bf16 weights before using it and
+  // frees them after: the layer in use and the one prefetched are whole at
+  // once, and the layer whose gradient is being reduce-scattered holds it
+  // whole in fp32 (FSDP's default forward/backward prefetch of one layer).
+  const double gathered_w = cfg.zero >= 3 ? 2 * 2 * widest_layer : 0;
+  const double gathered_g = cfg.zero >= 3 ? 4 * widest_layer : 0;
+  rep.memory.weights_gib = toGib(Bytes(2 * stage_params / w_div + gathered_w));
+  rep.memory.grads_gib = toGib(Bytes(4 * stage_params / g_div + gathered_g));  // fp32 main gradients
   rep.memory.optimizer_gib = toGib(Bytes(12 * stage_params / opt_shard));
   // Activations per layer and micro-batch: Korthikanti et al. 2022's
   // accounting (eqs. 1-6: s b h (34 + 5 a s / h) for a GPT), term by term so

@@ -277,6 +277,33 @@ TEST(SimTrain, ActivationMemoryForGqaSwiGlu) {
   EXPECT_NEAR(r->memory.activations_gib * 1073741824.0, 208142336.0, 1e-3);
 }
 
+// ZeRO-3 shards weights and gradients over dp but holds each layer whole
+// while it is used: two layers of bf16 weights (in use + prefetched) and one
+// of fp32 gradients.  2 layers of the Llama-like shape, tp 8, dp 2: a GPU's
+// share of a layer is layerParams / 8, the stage adds the embedding's V h / 8;
+// ZeRO-2 shards only the gradients and holds no gathered layer.
+TEST(SimTrain, ZeroThreeHoldsTheGatheredLayers) {
+  const plan::Registry reg = plan::Registry::builtin();
+  ModelSpec m;
+  m.name = "llama-like";
+  m.layers = 2, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.ffn_hidden = 14336, m.vocab = 32000;
+  m.activation = Activation::SwiGlu;
+  m.dropout = false;
+  TrainConfig cfg;
+  cfg.gpus = 16, cfg.tp = 8, cfg.dp = 2, cfg.global_batch = 2, cfg.micro_batch = 1, cfg.seq = 4096;
+  cfg.recompute = Recompute::None;
+  const double layer = m.layerParams(0) / 8, stage = 32000.0 * 4096 / 8 + 2 * layer;
+  for (int zero : {2, 3}) {
+    cfg.zero = zero;
+    auto r = simulateTraining(m, cluster("fat-tree", 2), cfg, reg);
+    ASSERT_TRUE(r.isOk()) << r.status().message();
+    const double w = zero == 3 ? 2 * stage / 2 + 2 * 2 * layer : 2 * stage;
+    const double g = zero == 3 ? 4 * stage / 2 + 4 * layer : 4 * stage / 2;
+    EXPECT_NEAR(r->memory.weights_gib * 1073741824.0, w, 1e-3) << zero;
+    EXPECT_NEAR(r->memory.grads_gib * 1073741824.0, g, 1e-3) << zero;
+  }
+}
+
 // Overlapped tensor-parallel backward collectives cost the SMs they occupy:
 // more SMs taken by the collective kernel, slower backward.
 TEST(SimTrain, OverlappedCommunicationCostsItsSms) {
