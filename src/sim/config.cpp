@@ -196,6 +196,16 @@ Result<ModelSpec> parseModel(std::string_view text, std::string_view where) {
     return invalidArgument("{}: key 'hidden' = {} is not a multiple of 'heads' = {}", where, m.hidden, m.heads);
   if (m.heads % m.kv_heads != 0)
     return invalidArgument("{}: key 'heads' = {} is not a multiple of 'kv_heads' = {}", where, m.heads, m.kv_heads);
+  if (top.has("mla")) {
+    CHORUS_ASSIGN_OR_RETURN(Reader mla, top.object("mla"));
+    CHORUS_RETURN_IF_ERROR(mla.integer("q_lora_rank", &m.mla.q_lora_rank, 0, 1e6, false));
+    CHORUS_RETURN_IF_ERROR(mla.integer("kv_lora_rank", &m.mla.kv_lora_rank, 1, 1e6));
+    CHORUS_RETURN_IF_ERROR(mla.integer("qk_nope_head_dim", &m.mla.qk_nope_head_dim, 1, 1e5));
+    CHORUS_RETURN_IF_ERROR(mla.integer("qk_rope_head_dim", &m.mla.qk_rope_head_dim, 0, 1e5));
+    CHORUS_RETURN_IF_ERROR(mla.integer("v_head_dim", &m.mla.v_head_dim, 1, 1e5));
+    if (m.kv_heads != m.heads)
+      return invalidArgument("{}: 'mla' needs kv_heads = heads (every head has its own K and V from the latent)", where);
+  }
   if (top.has("moe")) {
     CHORUS_ASSIGN_OR_RETURN(Reader moe, top.object("moe"));
     CHORUS_RETURN_IF_ERROR(moe.integer("experts", &m.moe.experts, 1, 1e5));
@@ -216,12 +226,44 @@ Result<ModelSpec> loadModel(const std::string& path) {
   return parseModel(text, path);
 }
 
-// Attention: Q and O are h x h; K and V are h x (kv_heads * head_dim).  FFN:
-// gelu has two h x f matrices, swiglu three.  Two layer norms of 2h each.
+double ModelSpec::qkHeadDim() const {
+  return hasMla() ? static_cast<double>(mla.qk_nope_head_dim + mla.qk_rope_head_dim) : static_cast<double>(headDim());
+}
+double ModelSpec::vHeadDim() const {
+  return hasMla() ? static_cast<double>(mla.v_head_dim) : static_cast<double>(headDim());
+}
+
+// MHA/GQA: Q and O are h x h; K and V are h x (kv_heads * head_dim).  MLA:
+// Q = h x q_lora (+ its norm) then q_lora x heads*qk (or h x heads*qk); the
+// KV latent and rotary key h x (kv_lora + rope) (+ the latent's norm), then
+// kv_lora x heads*(nope + v); O is heads*v x h.
+double ModelSpec::attnParams() const {
+  return attnInParams() + static_cast<double>(heads) * vHeadDim() * static_cast<double>(hidden);
+}
+double ModelSpec::attnInParams() const {
+  const double h = static_cast<double>(hidden), a = static_cast<double>(heads);
+  if (!hasMla()) return h * h + 2 * h * static_cast<double>(kv_heads) * static_cast<double>(headDim());
+  const double ql = static_cast<double>(mla.q_lora_rank), kl = static_cast<double>(mla.kv_lora_rank);
+  const double q = ql > 0 ? h * ql + ql + ql * a * qkHeadDim() : h * a * qkHeadDim();
+  const double kv = h * (kl + static_cast<double>(mla.qk_rope_head_dim)) + kl +
+                    kl * a * static_cast<double>(mla.qk_nope_head_dim + mla.v_head_dim);
+  return q + kv;
+}
+double ModelSpec::kvWidth() const {
+  if (!hasMla()) return 2.0 * static_cast<double>(kv_heads) * static_cast<double>(headDim());
+  return static_cast<double>(heads) * (qkHeadDim() + vHeadDim());
+}
+double ModelSpec::qkvWidth() const { return static_cast<double>(heads) * qkHeadDim() + kvWidth(); }
+double ModelSpec::kvSplit(double tp) const { return hasMla() ? tp : std::min(tp, static_cast<double>(kv_heads)); }
+double ModelSpec::kvCacheElems() const {
+  return hasMla() ? static_cast<double>(mla.kv_lora_rank + mla.qk_rope_head_dim) : kvWidth();
+}
+double ModelSpec::kvCacheSplit(double tp) const { return hasMla() ? 1.0 : kvSplit(tp); }
+
+// FFN: gelu has two h x f matrices, swiglu three.  Two layer norms of 2h each.
 double ModelSpec::layerParams(int layer) const {
   const double h = static_cast<double>(hidden);
-  const double kv = static_cast<double>(kv_heads) * static_cast<double>(headDim());
-  const double attn = 2 * h * h + 2 * h * kv + 4 * h;
+  const double attn = attnParams() + 4 * h;
   const double mats = activation == Activation::SwiGlu ? 3 : 2;
   if (moe.experts == 0 || layer < moe.dense_layers) return attn + mats * h * static_cast<double>(ffn_hidden);
   const double expert = mats * h * static_cast<double>(moe.expert_ffn_hidden);

@@ -78,6 +78,18 @@ struct MoeSpec {
   int dense_layers = 0;    // leading layers with a dense FFN (DeepSeek: 3)
 };
 
+// Multi-head latent attention (DeepSeek-V2/V3): K and V come from one
+// low-rank latent per token (kv_lora_rank) plus a shared rotary key part, Q
+// optionally from its own low-rank latent; the KV cache holds the latent and
+// the rotary key only.  kv_lora_rank 0: ordinary multi-head / grouped attention.
+struct MlaSpec {
+  int64_t q_lora_rank = 0;  // 0: Q is a full h x heads*qk projection
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+};
+
 struct ModelSpec {
   std::string name;
   int layers = 0;
@@ -91,7 +103,26 @@ struct ModelSpec {
   // DeepSeek: no).  Decides the dropout masks kept for backward.
   bool dropout = true;
   MoeSpec moe;
+  MlaSpec mla;
   [[nodiscard]] int64_t headDim() const { return hidden / heads; }
+  [[nodiscard]] bool hasMla() const { return mla.kv_lora_rank > 0; }
+  // Per head: the query/key width the scores use and the value width.
+  [[nodiscard]] double qkHeadDim() const;
+  [[nodiscard]] double vHeadDim() const;
+  // Attention weights of one layer without its layer norms, and the part of
+  // them before the attention core (all but the output projection).
+  [[nodiscard]] double attnParams() const;
+  [[nodiscard]] double attnInParams() const;
+  // Per token, all heads: the K and V the core reads (MLA: the up-projected
+  // ones), and Q, K and V together.
+  [[nodiscard]] double kvWidth() const;
+  [[nodiscard]] double qkvWidth() const;
+  // Over how many of tp GPUs K and V are split (by KV head; MLA: by head).
+  [[nodiscard]] double kvSplit(double tp) const;
+  // KV-cache elements per token and layer, and over how many of tp GPUs the
+  // cache is split (MLA caches the latent, replicated on every tp GPU).
+  [[nodiscard]] double kvCacheElems() const;
+  [[nodiscard]] double kvCacheSplit(double tp) const;
   // Parameters of one transformer layer (attention + FFN/experts + norms).
   [[nodiscard]] double layerParams(int layer) const;
   [[nodiscard]] double params() const;        // all parameters

@@ -28,17 +28,18 @@ class Replica {
   // lengths `sq` (attention is quadratic per request).
   [[nodiscard]] double prefill(double tokens, double sq) const {
     const double h = static_cast<double>(m_.hidden), T = tp_;
-    const double kvd = static_cast<double>(m_.kv_heads * m_.headDim());
+    const double heads_v = static_cast<double>(m_.heads) * m_.vHeadDim();
     const double mats = m_.activation == Activation::SwiGlu ? 3 : 2;
     double t = 0;
     for (int l = 0; l < m_.layers; ++l) {
       const bool dense = m_.moe.experts == 0 || l < m_.moe.dense_layers;
       const double ff = dense ? static_cast<double>(m_.ffn_hidden)
                               : static_cast<double>(m_.moe.expert_ffn_hidden) * (m_.moe.top_k + m_.moe.shared_experts);
-      t += gemm(tokens, (h + 2 * kvd) / T, h) + gemm(tokens, h, h / T) + gemm(tokens, (mats - 1) * ff / T, h) +
-           gemm(tokens, h, ff / T);
-      // Causal attention (FlashAttention): 2 x 2 x sq/2 x h FLOPs per layer.
-      t += 2 * sq * h / T / (peak() * g_.gemm_efficiency) + 6 * g_.kernel_overhead.value();
+      t += gemm(tokens, m_.attnInParams() / h / T, h) + gemm(tokens, h, heads_v / T) +
+           gemm(tokens, (mats - 1) * ff / T, h) + gemm(tokens, h, ff / T);
+      // Causal attention (FlashAttention): 2 x sq/2 x heads x (qk + v) FLOPs per layer.
+      const double core = sq * static_cast<double>(m_.heads) * (m_.qkHeadDim() + m_.vHeadDim());
+      t += core / T / (peak() * g_.gemm_efficiency) + 6 * g_.kernel_overhead.value();
       t += 2 * allreduce(tokens * h * kAct);
     }
     return t;
@@ -47,7 +48,6 @@ class Replica {
   [[nodiscard]] double decode(double batch, double context) const {
     if (batch <= 0) return 0;
     const double h = static_cast<double>(m_.hidden), T = tp_;
-    const double kvd = static_cast<double>(m_.kv_heads * m_.headDim());
     double weights = 0;  // bytes read per GPU
     for (int l = 0; l < m_.layers; ++l) {
       double lp = m_.layerParams(l);
@@ -60,16 +60,20 @@ class Replica {
       weights += lp / T * kAct;
     }
     weights += static_cast<double>(m_.vocab) * h / T * kAct;
-    const double kv = context * 2 * m_.layers * kvd / std::min<double>(T, m_.kv_heads) * kAct;
-    const double flops = 2 * batch * m_.activeParams() / T + 4 * context * h * m_.layers / T;
+    const double kv = context * kvBytesPerToken();
+    // Attention over the cache per layer: MHA/GQA 2 x context x heads x (qk + v);
+    // MLA decodes in the latent (the up-projections absorbed into Q and O),
+    // so each head scores kv_lora + rope wide and gathers kv_lora wide.
+    const double width = m_.hasMla() ? static_cast<double>(2 * m_.mla.kv_lora_rank + m_.mla.qk_rope_head_dim)
+                                     : m_.qkHeadDim() + m_.vHeadDim();
+    const double flops = 2 * batch * m_.activeParams() / T + 2 * context * m_.heads * width * m_.layers / T;
     const double tc = flops / (peak() * g_.gemm_efficiency);
     const double tm = (weights + kv) / (g_.hbm_bw.value() * g_.hbm_efficiency);
     return std::max(tc, tm) + m_.layers * (8 * g_.kernel_overhead.value() + 2 * allreduce(batch * h * kAct));
   }
   [[nodiscard]] double weightBytesPerGpu() const { return m_.params() * kAct / tp_; }
   [[nodiscard]] double kvBytesPerToken() const {  // per GPU
-    const double kvd = static_cast<double>(m_.kv_heads * m_.headDim());
-    return 2.0 * m_.layers * kvd / std::min<double>(tp_, m_.kv_heads) * kAct;
+    return m_.layers * m_.kvCacheElems() / m_.kvCacheSplit(tp_) * kAct;
   }
 
  private:
@@ -267,7 +271,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
   rep.prefill_s_per_request = replica.prefill(static_cast<double>(cfg.input_len), double(cfg.input_len) * double(cfg.input_len));
   rep.decode_step_s = replica.decode(1, static_cast<double>(cfg.input_len));
   // KV bytes of one request (all of its replica's GPUs): 2 (K, V) x layers x kv width x 2 B per token.
-  rep.kv_bytes_per_request = replica.kvBytesPerToken() * std::min<double>(tp, m.kv_heads) * static_cast<double>(cfg.input_len);
+  rep.kv_bytes_per_request = replica.kvBytesPerToken() * m.kvCacheSplit(tp) * static_cast<double>(cfg.input_len);
 
   // The request stream.
   std::mt19937_64 rng(cfg.seed);

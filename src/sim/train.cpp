@@ -13,9 +13,10 @@ constexpr double kAct = 2;  // bytes per 16-bit activation element
 // Forward FLOPs of one layer's GEMMs per token (matrix multiplies only; the
 // attention term uses the full s x s score matrix as the accounting does).
 double layerFlopsPerToken(const ModelSpec& m, int layer, double seq) {
-  const double h = static_cast<double>(m.hidden), kv = static_cast<double>(m.kv_heads * m.headDim());
+  const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
   const double mats = m.activation == Activation::SwiGlu ? 3 : 2;
-  double f = 2 * (2 * h * h + 2 * h * kv) + 2 * 2 * seq * h;  // q,o + k,v projections; scores + AV
+  // q, k, v, o projections; scores (qk wide) and AV (v wide) per head
+  double f = 2 * m.attnParams() + 2 * seq * a * (m.qkHeadDim() + m.vHeadDim());
   if (m.moe.experts == 0 || layer < m.moe.dense_layers)
     f += 2 * mats * h * static_cast<double>(m.ffn_hidden);
   else
@@ -142,7 +143,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
   const double s = static_cast<double>(cfg.seq) / static_cast<double>(cp);  // local sequence
   const double bs = static_cast<double>(b) * s;                             // local tokens
-  const double hd = static_cast<double>(m.headDim()), kvd = static_cast<double>(m.kv_heads) * hd;
+  const double heads_v = static_cast<double>(m.heads) * m.vHeadDim();  // width of the attention output
   const double heads_local = static_cast<double>(m.heads) / static_cast<double>(t);
   const double T = static_cast<double>(t);
   const double mats = m.activation == Activation::SwiGlu ? 3 : 2;
@@ -191,7 +192,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                                  : static_cast<double>(m.ffn_hidden);
   const double scores = cfg.flash_attention ? 0 : (m.dropout ? 5 : 2) * a * (s * cp);
   const double R = 8 * h + (m.dropout ? 2 * h : 0);
-  const double S_split = 2 * (h + 2 * kvd) + 2 * h + 2 * (mats - 1) * f_tok + 2 * f_tok;
+  const double S_split = 2 * m.qkvWidth() + 2 * heads_v + 2 * (mats - 1) * f_tok + 2 * f_tok;
   double per_layer = 0;
   switch (cfg.recompute) {
     case Recompute::None: per_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T); break;
@@ -240,7 +241,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   Seconds cp_fwd(0);  // ring attention: K and V blocks pass around the cp ring
   if (cp > 1) {
     CHORUS_ASSIGN_OR_RETURN(cp_fwd, coll(plan::Collective::AllGather,
-                                         2 * static_cast<double>(b) * s * kvd / std::min(T, double(m.kv_heads)) * kAct * cp, cpg));
+                                         static_cast<double>(b) * s * m.kvWidth() / m.kvSplit(T) * kAct * cp, cpg));
   }
   Seconds ep_fwd(0);  // dispatch + combine all-to-all per MoE layer
   if (moe && ep > 1) {
@@ -260,14 +261,14 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       bw += x + w;
       return gpu.gemm(mm_m, mm_n, mm_k, batch);
     };
-    f += mm(bs, (h + 2 * kvd) / T, h, 1, &lt.qkv_dgrad, &lt.qkv_wgrad);  // qkv
-    f += mm(bs, h, h / T, 1);                                             // output projection
-    Seconds core = mm(s, s * cp, hd, b * heads_local)  // scores over all keys (ring attention)
-                   + mm(s, hd, s * cp, b * heads_local);
+    f += mm(bs, m.attnInParams() / h / T, h, 1, &lt.qkv_dgrad, &lt.qkv_wgrad);  // qkv (MLA: with its latents)
+    f += mm(bs, h, heads_v / T, 1);                                               // output projection
+    Seconds core = mm(s, s * cp, m.qkHeadDim(), b * heads_local)  // scores over all keys (ring attention)
+                   + mm(s, m.vHeadDim(), s * cp, b * heads_local);
     Seconds core_ew(0);
     if (!cfg.flash_attention) {  // scale, mask, softmax, dropout over the b a/t s x s scores
       core_ew += gpu.mem(9.0 * b * heads_local * s * s * cp);
-      core_ew += gpu.mem(2 * kAct * bs * h / T);  // the context's [b np s hn] -> [s b h] permute copy
+      core_ew += gpu.mem(2 * kAct * bs * heads_v / T);  // the context's [b np s hn] -> [s b h] permute copy
     }
     core += core_ew;
     f += core - core_ew;
