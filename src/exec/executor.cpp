@@ -82,7 +82,24 @@ Status Executor::post(uint32_t g) {
     tg.reducer = s.op == StepOp::RecvReduce ? j.reducer : nullptr;
     st = t->postRecv(s.peer, tg, req);
   }
+  if (st.isOk() && s.op == StepOp::Send) CHORUS_RETURN_IF_ERROR(releaseGated(g));
   return st;
+}
+
+// The receives after `send` in its job's program order, up to the next send,
+// were waiting for it to be posted (run()).
+Status Executor::releaseGated(uint32_t send) {
+  const uint32_t job = refs_[send].job;
+  const plan::Program& p = *jobs_[job].program;
+  for (uint32_t g = send + 1; g < refs_.size() && refs_[g].job == job; ++g) {
+    const plan::Step& s = p.steps[refs_[g].step];
+    if (s.op == StepOp::Send) break;
+    if (s.op != StepOp::Recv && s.op != StepOp::RecvReduce) continue;
+    if (--pending_[g] != 0) continue;
+    markReady(g);
+    CHORUS_RETURN_IF_ERROR(tryPost(recvq_[s.peer]));
+  }
+  return {};
 }
 
 Status Executor::tryPost(PeerQueue& q) {
@@ -176,11 +193,17 @@ Status Executor::run(std::span<const Job> jobs, std::chrono::milliseconds timeou
   active_peers_.clear();
   done_ = 0;
 
+  bool after_send = false;
   for (uint32_t g = 0; g < total; ++g) {
     const StepRef ref = refs_[g];
     const plan::Program& p = *jobs[ref.job].program;
     const plan::Step& s = p.steps[ref.step];
     pending_[g] = static_cast<uint32_t>(p.depsOf(ref.step).size());
+    // A receive after a send of its job waits for the last such send to be
+    // posted (executor.hpp); releaseGated() counts that down.
+    if (ref.step == 0) after_send = false;
+    if (s.op == StepOp::Send) after_send = true;
+    if ((s.op == StepOp::Recv || s.op == StepOp::RecvReduce) && after_send) ++pending_[g];
     if (s.op == StepOp::Send || s.op == StepOp::Recv || s.op == StepOp::RecvReduce) {
       if (s.peer < 0 || static_cast<size_t>(s.peer) >= routes_.size() || routes_[s.peer] == nullptr)
         return internalError("step {} names peer {} that this rank ({}) has no transport to", ref.step, s.peer, rank_);

@@ -4,7 +4,20 @@
 // one dependency graph (a group is several jobs): a step starts as soon as the
 // steps it depends on are done — there is no barrier per round — and messages
 // to or from one peer are posted in program order (jobs in batch order), which
-// is what the FIFO matching rule of plan.hpp needs.  Local copies and
+// is what the FIFO matching rule of plan.hpp needs.  One ordering goes beyond
+// the data: a receive is posted only once the last send before it in its
+// job's program order has been posted (receives before a job's first send
+// post at once).  In an exchange round (recursive doubling/halving,
+// Rabenseifner) a partner already a round ahead then finds this rank's next
+// receive not yet posted: its data waits in the kernel's receive buffer,
+// bounded by the TCP window, instead of being read — and its flow fed at a
+// full share of this host's link — while this round's data is still arriving.
+// Posting every receive up front let the rounds overlap on the wire and
+// stretched each round's critical flow (docs/simulator.md, "Real runs": a
+// recursive-doubling allgather of 16 MiB on 4 hosts, 155-177 -> 112-138 ms).
+// Program order is a valid serial execution (plan.hpp), so this posts no
+// step later than running the program in order would: it cannot deadlock a
+// plan.  Local copies and
 // reductions run on the calling thread between transport polls, so
 // reductions overlap with transfers in flight.
 //
@@ -72,6 +85,7 @@ class Executor {
   Status tryPost(PeerQueue& q);
   Status complete(uint32_t g);
   Status reap(PeerQueue& q, bool* progressed);
+  Status releaseGated(uint32_t send);
   [[nodiscard]] std::string describePending() const;
 
   int rank_;

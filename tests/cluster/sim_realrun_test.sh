@@ -10,7 +10,8 @@
 # size >= 1 MiB is predicted within CHORUS_SIM_REALRUN_TOLERANCE % (10 by
 # default: the goal, for the documented run).  CHORUS_SIM_ALGO,
 # CHORUS_SIM_COLL and CHORUS_SIM_PER_HOST pick another plan, collective or
-# ranks per host (the investigations in docs/simulator.md).  ctest runs it with a
+# ranks per host, CHORUS_SIM_ITERS the timed calls per size (5) (the
+# investigations in docs/simulator.md).  ctest runs it with a
 # sanity bound instead (tests/cluster/sim/CMakeLists.txt): the measured side is
 # a timing on a shared machine, and timings are reported, not asserted, in CI.
 #
@@ -30,6 +31,7 @@ rate_mbit=${CHORUS_SIM_LINK_MBIT:-1000}
 algo=${CHORUS_SIM_ALGO:-ring}  # the plan both the library and the simulator use
 coll=${CHORUS_SIM_COLL:-allreduce}  # any collective chorus-bench and chorus-sim both know
 tolerance=${CHORUS_SIM_REALRUN_TOLERANCE:-10}
+iters=${CHORUS_SIM_ITERS:-5}  # timed calls per size (back to back, after 2 untimed)
 hosts_n=4
 per_host=${CHORUS_SIM_PER_HOST:-2}
 world=$((hosts_n * per_host))
@@ -72,7 +74,7 @@ for r in $(seq 0 $((world - 1))); do
     env CHORUS_RANK=$r CHORUS_WORLD_SIZE=$world CHORUS_LOCAL_RANK=$((r % per_host)) \
     CHORUS_MASTER_ADDR="$subnet.1" CHORUS_MASTER_PORT=29600 CHORUS_SECRET="$secret" \
     CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) CHORUS_ALGO="$coll:$algo" \
-    timeout -k 5 "$job_timeout" "$bench" "$coll" -b 1M -e 16M -f 4 -c 1 -w 2 -n 5 --json "$work/bench.jsonl" \
+    timeout -k 5 "$job_timeout" "$bench" "$coll" -b 1M -e 16M -f 4 -c 1 -w 2 -n "$iters" --json "$work/bench.jsonl" \
     >"$work/bench.$r.out" 2>"$work/bench.$r.err" </dev/null &
   ranks+=($!)
 done
