@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--tag-output", tag_output, "prefix each output line with \"[rank] \" (the default)");
   app.add_flag("--no-prefix", no_prefix, "relay output lines without the \"[rank] \" prefix");
+  std::string bind = "none";
+  app.add_option("--bind-to", bind, "none (default) or core: pin rank r to the r-th allowed CPU (round robin), as "
+                                    "mpirun --bind-to core")
+      ->check(CLI::IsMember({"none", "core"}));
   app.add_flag("--print-env", print_env, "list every CHORUS_* knob with its default and meaning, then exit");
   try {
     app.parse(argc, argv);
@@ -48,6 +52,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.prefix_stdout = opts.prefix_stderr = !no_prefix;
+  opts.bind_cores = bind == "core";
   if (timeout_s > 0)
     opts.timeout = std::chrono::ceil<std::chrono::milliseconds>(std::chrono::duration<double>(timeout_s));
   opts.kill_grace = std::chrono::ceil<std::chrono::milliseconds>(std::chrono::duration<double>(grace_s));

@@ -10,6 +10,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -263,8 +264,22 @@ Result<LaunchReport> launch(const LaunchOptions& o) {
       if (s.fd >= 0) ::close(s.fd);
   };
 
+  std::vector<int> cpus;  // --bind-to core: the CPUs we may use, in order
+  if (o.bind_cores) {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+      return errnoError(fmt::format("{}: sched_getaffinity for --bind-to core", o.name), errno);
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    if (cpus.empty()) return systemError("{}: --bind-to core: this process may run on no CPU", o.name);
+  }
+
   for (int r = 0; r < n; ++r) {
     RankEnv job{r, r, n, o.master_addr, port, secret};
+    cpu_set_t bind;
+    CPU_ZERO(&bind);
+    if (!cpus.empty()) CPU_SET(cpus[static_cast<size_t>(r) % cpus.size()], &bind);
     std::vector<std::string> env_strings = rankEnvironment(base_env, job, o.extra_env);
     std::vector<char*> envp;
     for (std::string& e : env_strings) envp.push_back(e.data());
@@ -298,6 +313,7 @@ Result<LaunchReport> launch(const LaunchOptions& o) {
       pthread_sigmask(SIG_SETMASK, &cleanup.old_mask, nullptr);
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (!cpus.empty() && ::sched_setaffinity(0, sizeof bind, &bind) != 0) _exit(127);
       if (::getppid() != launcher_pid) _exit(127);  // the launcher died before prctl took effect
       ::dup2(devnull, 0);
       ::dup2(out_pipe[1], 1);

@@ -51,6 +51,11 @@ struct LaunchOptions {
   int out_fd = 1;  // where relayed stdout lines go
   int err_fd = 2;  // where relayed stderr lines and the launcher's own messages go
   std::string name = "chorus-run";  // prefix of the launcher's own messages
+  // Pin rank r to the r-th CPU (modulo their number) of the CPUs this
+  // process may run on, as mpirun --bind-to core: ranks then never share a
+  // core while others are idle (a 2-rank shared-memory job whose ranks the
+  // kernel placed on one core pays a context switch per message).
+  bool bind_cores = false;
 };
 
 // How one rank ended.

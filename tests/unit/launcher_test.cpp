@@ -16,6 +16,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -180,6 +182,35 @@ TEST(Launcher, SetsTheJobEnvironmentForEveryRank) {
   ASSERT_EQ(again.run().exit_code, 0);
   ASSERT_EQ(again.out.lines().size(), 1u);
   EXPECT_NE("[0] " + *secrets.begin(), again.out.lines()[0]) << "each job draws a fresh secret";
+}
+
+// --bind-to core: rank r runs on the r-th allowed CPU only (round robin when
+// ranks outnumber CPUs); without it every rank may run anywhere.
+TEST(Launcher, BindToCorePinsRankROnTheRthAllowedCpu) {
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  const int n = static_cast<int>(cpus.size()) + 1;  // one rank more than CPUs: the last wraps around
+  Job job(n, "grep Cpus_allowed_list /proc/self/status");
+  job.opts.bind_cores = true;
+  ASSERT_EQ(job.run().exit_code, 0);
+  const std::regex re(R"(\[(\d+)\] Cpus_allowed_list:\s+(\S+))");
+  int seen = 0;
+  for (const std::string& l : job.out.lines()) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, re)) << l;
+    const int r = std::stoi(m[1]);
+    EXPECT_EQ(m[2], std::to_string(cpus[static_cast<size_t>(r) % cpus.size()])) << "rank " << r;
+    ++seen;
+  }
+  EXPECT_EQ(seen, n);
+  Job free_job(1, "grep Cpus_allowed_list /proc/self/status");
+  ASSERT_EQ(free_job.run().exit_code, 0);
+  ASSERT_EQ(free_job.out.lines().size(), 1u);
+  if (cpus.size() > 1)  // unbound, the rank may use every CPU we may
+    EXPECT_NE(free_job.out.lines()[0], "[0] Cpus_allowed_list:\t" + std::to_string(cpus[0]));
 }
 
 TEST(Launcher, FirstFailingRankSetsTheStatusAndTheOthersAreStopped) {
