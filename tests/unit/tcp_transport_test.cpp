@@ -434,7 +434,7 @@ TEST(TcpTransport, AbortFrameCarriesThePeersReason) {
   EXPECT_EQ(dst, std::vector<std::byte>(64, std::byte{0x55}));
 }
 
-// ---- rendezvous (CHORUS_TCP_RENDEZVOUS_BYTES, default 64 KiB) ----
+// ---- rendezvous (these tests use a 64 KiB threshold: setupFor) ----
 
 // Reads exactly n bytes from the raw peer's socket (bounded).
 std::vector<std::byte> readRaw(const net::Fd& fd, size_t n) {

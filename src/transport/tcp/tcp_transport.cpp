@@ -11,6 +11,20 @@
 // socket 0 and never needs a header on the others; every socket carries its
 // shares of consecutive messages in message order, which keeps the pair FIFO.
 //
+// Rendezvous (messages of at least CHORUS_TCP_RENDEZVOUS_BYTES; tcp_wire.hpp
+// has the headers): socket 0 carries an RTS header in the message's place;
+// the payload (socket 0: a kFlagData header, then its share; other sockets:
+// their shares) waits at the head of each socket's queue, holding later
+// messages behind it, until the peer's cumulative grant covers the message.
+// Grants (CTS headers) are written on socket 0 at a frame boundary of this
+// side's own stream — also right after an RTS whose payload waits, so two
+// ranks that announce to each other still grant each other — and read at a
+// frame boundary whenever a receive, an announced payload or a send waiting
+// for a grant needs socket 0 (a message header read then stays staged until
+// its receive is posted).  Why: a send that completes once it is in the
+// kernel's buffer lets a partner a round ahead push data onto this host's
+// link while this round's data still arrives (docs/simulator.md, "Real runs").
+//
 // Receiving: a socket is read only while a receive is posted that expects
 // bytes on it (TCP's window is the back-pressure; nothing unexpected is
 // buffered).  The header is validated before a payload byte reaches user
