@@ -911,13 +911,23 @@ class TcpTransport final : public Transport {
   // abort frame waiting, unread, at a message boundary of socket 0.
   std::string pendingAbortReason(const Peer& p) const {
     if (p.socks.empty() || !p.socks[0].fd.valid() || p.stage_len != 0 || !p.socks[0].rx.empty()) return {};
-    std::array<char, sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
-    const ssize_t n = ::recv(p.socks[0].fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
-    if (n < static_cast<ssize_t>(sizeof(FrameHeader))) return {};
+    // Grants (CTS headers) not read yet may come first.
+    constexpr size_t kSkip = 8;
+    std::array<char, (kSkip + 1) * sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
+    const ssize_t got = ::recv(p.socks[0].fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (got <= 0) return {};
+    const auto n = static_cast<size_t>(got);
+    size_t at = 0;
     FrameHeader h;
-    std::memcpy(&h, buf.data(), sizeof h);
+    for (;;) {
+      if (n - at < sizeof h) return {};
+      std::memcpy(&h, buf.data() + at, sizeof h);
+      if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagCts || at == kSkip * sizeof h) break;
+      at += sizeof h;
+    }
     if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagAbort || h.length > tcp::kMaxAbortReason) return {};
-    std::string reason(buf.data() + sizeof h, std::min<size_t>(h.length, static_cast<size_t>(n) - sizeof h));
+    at += sizeof h;
+    std::string reason(buf.data() + at, std::min<size_t>(h.length, n - at));
     for (char& ch : reason)
       if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text
     return reason;
