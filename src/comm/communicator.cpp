@@ -83,6 +83,9 @@ Result<CommConfig> CommConfig::fromEnv() {
   CHORUS_ASSIGN_OR_RETURN(int64_t socks, env::getInt("CHORUS_TCP_SOCKETS"));
   if (socks < 1 || socks > 16) return invalidArgument("CHORUS_TCP_SOCKETS={} must be in 1..16", socks);
   c.tcp_sockets = static_cast<int>(socks);
+  CHORUS_ASSIGN_OR_RETURN(int64_t rdv, env::getInt("CHORUS_TCP_RENDEZVOUS_BYTES"));
+  if (rdv < 0) return invalidArgument("CHORUS_TCP_RENDEZVOUS_BYTES={} must be >= 0", rdv);
+  c.tcp_rendezvous_bytes = static_cast<uint64_t>(rdv);
   CHORUS_ASSIGN_OR_RETURN(c.shm_cma, env::getBool("CHORUS_SHM_CMA"));
   CHORUS_ASSIGN_OR_RETURN(int64_t hb, env::getInt("CHORUS_HEARTBEAT_MS"));
   if (hb < 0 || hb > 3600000) return invalidArgument("CHORUS_HEARTBEAT_MS={} must be in 0..3600000", hb);
@@ -223,6 +226,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
     s.secret = id.secret;
     CHORUS_ASSIGN_OR_RETURN(s.bind_addr, net::chooseBindAddress(id.root));
     s.sockets_per_peer = cfg.tcp_sockets;
+    s.rendezvous_bytes = cfg.tcp_rendezvous_bytes;
     s.heartbeat_ms = cfg.heartbeat_ms;
     s.timeout = cfg.timeout;
     auto t = transport::createTcpTransport(s, *store_);

@@ -62,6 +62,7 @@ struct CommConfig {
   std::chrono::milliseconds timeout{600000};
   bool force_tcp = false;
   int tcp_sockets = 1;
+  uint64_t tcp_rendezvous_bytes = 262144;  // CHORUS_TCP_RENDEZVOUS_BYTES
   int heartbeat_ms = 1000;
   bool shm_cma = true;
   size_t shm_ring_bytes = 1 << 20;

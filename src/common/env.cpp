@@ -22,6 +22,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_TRANSPORT",       "auto", "auto: shared memory between ranks of one host, TCP across hosts; tcp: TCP everywhere"},
   {"CHORUS_HEARTBEAT_MS",    "1000", "TCP keepalive period between hosts: a peer host that vanishes without closing its connections is declared dead within about 3x this"},
   {"CHORUS_TCP_SOCKETS",     "1", "TCP sockets per peer (more can raise bandwidth on fast links)"},
+  {"CHORUS_TCP_RENDEZVOUS_BYTES", "262144", "TCP messages of at least this many bytes wait for the receiver's clear-to-send (sent when it posts the receive) before their payload goes on the wire; 0: every message eager"},
   {"CHORUS_SHM_CMA",         "1", "0: never use cross-memory attach (process_vm_readv) for large shared-memory messages"},
   {"CHORUS_SHM_CMA_BYTES",   "1048576", "smallest shared-memory message sent by cross-memory attach (the receiver reads the sender's buffer) instead of through the ring"},
   {"CHORUS_SHM_RING_BYTES",  "1048576", "bytes of each shared-memory ring (one per ordered pair of local ranks)"},

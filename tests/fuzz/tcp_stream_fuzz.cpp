@@ -10,15 +10,18 @@
 //
 // Input layout (all little endian, every field optional: a short input ends
 // the layout early):
-//   u8  cfg      bits 0-1: sockets per peer - 1 (1..3, mod 3); bit 7: hostile hello first
+//   u8  cfg      bits 0-1: sockets per peer - 1 (1..3, mod 3); bit 6: rank 1's rendezvous
+//                threshold 4 KiB instead of 64 KiB; bit 7: hostile hello first
 //   [24 bytes]   the hostile hello, when bit 7 is set
 //   u8  nrecv    1..4 receives (mod 4 + 1), then per receive:
 //     u24 bytes  receive length (mod 600 KiB, so messages stripe across sockets)
 //     u8  mode   0 copy, 1 int32 sum, 2 float32 max, 3 uint8 sum (reduce into dst)
 //   records until the end: u8 ctl, u16 n, n bytes
-//     ctl bits 0-1: socket index (mod sockets); bit 2: first write a valid
-//     frame header whose length is receive (ctl >> 4) % nrecv's length, or
-//     with bit 3 also set a header with length n; then the n bytes raw.
+//     ctl bits 0-1: socket index (mod sockets); bit 2: first write a frame
+//     header whose length is receive ((ctl >> 4) & 3) % nrecv's length, or
+//     with bit 3 also set a header with length n, and whose flags are, by
+//     bits 6-7, 0 (data), kFlagRts, kFlagCts or kFlagData (the rendezvous
+//     announcement, grant and payload headers); then the n bytes raw.
 //
 // Properties checked: the transport never writes outside a receive's buffer
 // nor reads out of bounds (ASan on exact-size heap buffers), no UB (UBSan);
@@ -157,6 +160,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   setup.bind_addr = *chorus::net::resolve("127.0.0.1", 0);
   setup.sockets_per_peer = nsockets;
   setup.timeout = 10s;
+  setup.rendezvous_bytes = (cfg & 0x40) != 0 ? 4096 : 65536;
   std::unique_ptr<tr::Transport> t;
   Status setup_status;
   std::thread setup_thread([&] {
@@ -233,8 +237,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     size_t n = rd.le(2);
     Piece p{static_cast<int>(ctl & 3) % nsockets, {}};
     if (ctl & 4) {
-      uint64_t len = (ctl & 8) ? n : recvs[(ctl >> 4) % nrecv]->dst.size();
-      tcp::FrameHeader h{tcp::kFrameMagic, 0, len};
+      static constexpr uint32_t kFlags[] = {0, tcp::kFlagRts, tcp::kFlagCts, tcp::kFlagData};
+      uint64_t len = (ctl & 8) ? n : recvs[((ctl >> 4) & 3) % nrecv]->dst.size();
+      tcp::FrameHeader h{tcp::kFrameMagic, kFlags[ctl >> 6], len};
       auto* hb = reinterpret_cast<const uint8_t*>(&h);
       p.bytes.assign(hb, hb + sizeof h);
     }

@@ -2,8 +2,10 @@
 // exchange patterns, FIFO order across sizes, reductions, striping, length
 // mismatches, strangers during setup, peer close, abort and wake.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -34,7 +36,7 @@ auth::Secret testSecret(uint8_t seed = 7) {
   return s;
 }
 
-TcpSetup setupFor(int rank, int nranks, int sockets = 1) {
+TcpSetup setupFor(int rank, int nranks, int sockets = 1, uint64_t rendezvous_bytes = 65536) {
   TcpSetup s;
   s.rank = rank;
   for (int r = 0; r < nranks; ++r)
@@ -45,17 +47,21 @@ TcpSetup setupFor(int rank, int nranks, int sockets = 1) {
   EXPECT_TRUE(addr.isOk()) << addr.status().message();
   s.bind_addr = *addr;
   s.sockets_per_peer = sockets;
+  s.rendezvous_bytes = rendezvous_bytes;
   s.timeout = 20s;
   return s;
 }
 
 // Creates one transport per rank, concurrently (setup is collective).
-std::vector<TransportPtr> createAll(int nranks, bootstrap::Store& store, int sockets = 1) {
+// rendezvous: per rank CHORUS_TCP_RENDEZVOUS_BYTES (empty: the default).
+std::vector<TransportPtr> createAll(int nranks, bootstrap::Store& store, int sockets = 1,
+                                    std::vector<uint64_t> rendezvous = {}) {
   std::vector<TransportPtr> out(static_cast<size_t>(nranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < nranks; ++r)
     threads.emplace_back([&, r] {
-      auto t = createTcpTransport(setupFor(r, nranks, sockets), store);
+      uint64_t rdv = rendezvous.empty() ? 65536 : rendezvous[static_cast<size_t>(r)];
+      auto t = createTcpTransport(setupFor(r, nranks, sockets, rdv), store);
       EXPECT_TRUE(t.isOk()) << "rank " << r << ": " << t.status().message();
       if (t.isOk()) out[static_cast<size_t>(r)] = std::move(*t);
     });
@@ -382,7 +388,11 @@ TEST(TcpTransport, ReductionCarriesPartialElementsAcrossReads) {
 
 TEST(TcpTransport, CorruptHeaderBreaksTheConnectionBeforeTouchingMemory) {
   for (tcp::FrameHeader bad : {tcp::FrameHeader{0xdeadbeef, 0, 8}, tcp::FrameHeader{tcp::kFrameMagic, 0, ~uint64_t{0}},
-                               tcp::FrameHeader{tcp::kFrameMagic, 2, 8}}) {
+                               tcp::FrameHeader{tcp::kFrameMagic, 16, 8},
+                               // rendezvous control headers that no honest peer sends here
+                               tcp::FrameHeader{tcp::kFrameMagic, tcp::kFlagRts, 8},
+                               tcp::FrameHeader{tcp::kFrameMagic, tcp::kFlagCts, 0},
+                               tcp::FrameHeader{tcp::kFrameMagic, tcp::kFlagData, 8}}) {
     bootstrap::MemoryStore store;
     RawPair rp = rawPair(store);
     ASSERT_TRUE(rp.rank1 && rp.rank0.valid());
@@ -423,6 +433,209 @@ TEST(TcpTransport, AbortFrameCarriesThePeersReason) {
       << req.status.message();
   EXPECT_EQ(dst, std::vector<std::byte>(64, std::byte{0x55}));
 }
+
+// ---- rendezvous (these tests use a 64 KiB threshold: setupFor) ----
+
+// Reads exactly n bytes from the raw peer's socket (bounded).
+std::vector<std::byte> readRaw(const net::Fd& fd, size_t n) {
+  std::vector<std::byte> out(n);
+  Status s = net::readAll(fd.get(), out, Clock::now() + 10s);
+  EXPECT_TRUE(s.isOk()) << s.message();
+  return out;
+}
+
+// Bytes waiting on the raw peer's socket right now (0 if none).
+size_t rawPending(const net::Fd& fd) {
+  std::array<std::byte, 64> buf;
+  ssize_t n = ::recv(fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+  return n > 0 ? static_cast<size_t>(n) : 0;
+}
+
+tcp::FrameHeader headerOf(const std::vector<std::byte>& b) {
+  tcp::FrameHeader h;
+  EXPECT_GE(b.size(), sizeof h);
+  std::memcpy(&h, b.data(), sizeof h);
+  return h;
+}
+
+// A large send puts only its 16-byte announcement on the wire until the
+// receiver grants it; then a payload header and exactly the payload follow.
+TEST(TcpTransport, RendezvousSendWritesNoPayloadBeforeTheGrant) {
+  bootstrap::MemoryStore store;
+  RawPair rp = rawPair(store);
+  ASSERT_TRUE(rp.rank1 && rp.rank0.valid());
+  const size_t kBytes = 1 * kMiB;
+  auto src = pattern(kBytes, 1, 0, 0);
+  Request req;
+  ASSERT_TRUE(rp.rank1->postSend(0, src.data(), src.size(), &req).isOk());
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(rp.rank1->poll().isOk());
+  tcp::FrameHeader rts = headerOf(readRaw(rp.rank0, sizeof(tcp::FrameHeader)));
+  EXPECT_EQ(rts.magic, tcp::kFrameMagic);
+  EXPECT_EQ(rts.flags, tcp::kFlagRts);
+  EXPECT_EQ(rts.length, kBytes);
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(rp.rank1->poll().isOk());
+  EXPECT_EQ(rawPending(rp.rank0), 0u) << "payload bytes went out before the clear-to-send";
+  EXPECT_FALSE(req.finished());
+  // Grant message 0.
+  tcp::FrameHeader cts{tcp::kFrameMagic, tcp::kFlagCts, 1};
+  ASSERT_TRUE(sendRaw(rp.rank0, &cts, sizeof cts).isOk());
+  std::vector<std::byte> got;
+  auto deadline = Clock::now() + 20s;
+  while (got.size() < sizeof(tcp::FrameHeader) + kBytes && Clock::now() < deadline) {
+    ASSERT_TRUE(rp.rank1->poll().isOk());
+    std::array<std::byte, 65536> buf;
+    ssize_t n = ::recv(rp.rank0.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n > 0) got.insert(got.end(), buf.begin(), buf.begin() + n);
+  }
+  ASSERT_EQ(got.size(), sizeof(tcp::FrameHeader) + kBytes);
+  tcp::FrameHeader data = headerOf(got);
+  EXPECT_EQ(data.flags, tcp::kFlagData);
+  EXPECT_EQ(data.length, kBytes);
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), got.begin() + sizeof data));
+  ASSERT_TRUE(drive(*rp.rank1, {&req}, 10s).all_finished);
+  EXPECT_EQ(req.state.load(), Request::Done) << req.status.message();
+}
+
+// Posting a large receive grants the message at once (before its
+// announcement arrives); a small receive does not, and small sends stay eager.
+TEST(TcpTransport, LargeReceiveGrantsAtOnceAndSmallMessagesStayEager) {
+  bootstrap::MemoryStore store;
+  RawPair rp = rawPair(store);
+  ASSERT_TRUE(rp.rank1 && rp.rank0.valid());
+  // A small send: header and payload go at once, with no receive anywhere.
+  auto small = pattern(1000, 1, 0, 0);
+  Request sreq;
+  ASSERT_TRUE(rp.rank1->postSend(0, small.data(), small.size(), &sreq).isOk());
+  ASSERT_TRUE(drive(*rp.rank1, {&sreq}, 10s).all_finished);
+  EXPECT_EQ(sreq.state.load(), Request::Done);
+  auto got = readRaw(rp.rank0, sizeof(tcp::FrameHeader) + small.size());
+  EXPECT_EQ(headerOf(got).flags, 0u);
+  EXPECT_TRUE(std::equal(small.begin(), small.end(), got.begin() + sizeof(tcp::FrameHeader)));
+  // A small receive (message 0) sends nothing; the large one (message 1) its grant.
+  std::vector<std::byte> d0(100), d1(kMiB);
+  Request r0, r1;
+  ASSERT_TRUE(rp.rank1->postRecv(0, RecvTarget{d0.data(), d0.size()}, &r0).isOk());
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(rp.rank1->poll().isOk());
+  EXPECT_EQ(rawPending(rp.rank0), 0u);
+  ASSERT_TRUE(rp.rank1->postRecv(0, RecvTarget{d1.data(), d1.size()}, &r1).isOk());
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(rp.rank1->poll().isOk());
+  tcp::FrameHeader cts = headerOf(readRaw(rp.rank0, sizeof(tcp::FrameHeader)));
+  EXPECT_EQ(cts.flags, tcp::kFlagCts);
+  EXPECT_EQ(cts.length, 2u);  // messages 0 and 1 may stream
+  // Rank 0 sends both: the small one eagerly, the large one announced, then its payload.
+  auto m0 = pattern(d0.size(), 0, 1, 0), m1 = pattern(d1.size(), 0, 1, 1);
+  tcp::FrameHeader h0{tcp::kFrameMagic, 0, m0.size()}, rts{tcp::kFrameMagic, tcp::kFlagRts, m1.size()},
+      data{tcp::kFrameMagic, tcp::kFlagData, m1.size()};
+  std::thread writer([&] {
+    EXPECT_TRUE(sendRaw(rp.rank0, &h0, sizeof h0).isOk());
+    EXPECT_TRUE(sendRaw(rp.rank0, m0.data(), m0.size()).isOk());
+    EXPECT_TRUE(sendRaw(rp.rank0, &rts, sizeof rts).isOk());
+    EXPECT_TRUE(sendRaw(rp.rank0, &data, sizeof data).isOk());
+    EXPECT_TRUE(sendRaw(rp.rank0, m1.data(), m1.size()).isOk());
+  });
+  Driven d = drive(*rp.rank1, {&r0, &r1}, 20s);
+  writer.join();
+  ASSERT_TRUE(d.all_finished);
+  EXPECT_EQ(r0.state.load(), Request::Done) << r0.status.message();
+  EXPECT_EQ(r1.state.load(), Request::Done) << r1.status.message();
+  EXPECT_EQ(d0, m0);
+  EXPECT_EQ(d1, m1);
+  EXPECT_EQ(rawPending(rp.rank0), 0u) << "the announcement needed no second grant";
+}
+
+// Hostile rendezvous control: a grant that does not grow, a payload header
+// that continues a different length, break the connection untouched.
+TEST(TcpTransport, BadRendezvousControlBreaksTheConnection) {
+  for (int variant = 0; variant < 2; ++variant) {
+    bootstrap::MemoryStore store;
+    RawPair rp = rawPair(store);
+    ASSERT_TRUE(rp.rank1 && rp.rank0.valid());
+    std::vector<std::byte> dst(kMiB, std::byte{0x55});
+    Request req;
+    ASSERT_TRUE(rp.rank1->postRecv(0, RecvTarget{dst.data(), dst.size()}, &req).isOk());
+    std::vector<tcp::FrameHeader> hs;
+    if (variant == 0) {
+      hs = {{tcp::kFrameMagic, tcp::kFlagCts, 5}, {tcp::kFrameMagic, tcp::kFlagCts, 5}};
+    } else {
+      hs = {{tcp::kFrameMagic, tcp::kFlagRts, kMiB}, {tcp::kFrameMagic, tcp::kFlagData, kMiB + 8}};
+    }
+    for (auto& h : hs) ASSERT_TRUE(sendRaw(rp.rank0, &h, sizeof h).isOk());
+    uint64_t payload = 0;
+    ASSERT_TRUE(sendRaw(rp.rank0, &payload, sizeof payload).isOk());
+    Driven d = drive(*rp.rank1, {&req}, 10s);
+    ASSERT_TRUE(d.all_finished);
+    EXPECT_EQ(req.status.code(), chorusRemoteError) << variant;
+    EXPECT_NE(req.status.message().find("corrupt"), std::string::npos) << req.status.message();
+    EXPECT_EQ(dst, std::vector<std::byte>(kMiB, std::byte{0x55}));
+  }
+}
+
+// Both ranks send a large message to each other before posting the receive
+// (an exchange round), each posting its receive only after polling a while:
+// the grants cross the announcements and both complete; with 1 and 3 sockets.
+TEST(TcpTransport, SimultaneousLargeExchangeCompletes) {
+  for (int sockets : {1, 3}) {
+    bootstrap::MemoryStore store;
+    auto ts = createAll(2, store, sockets);
+    ASSERT_TRUE(ts[0] && ts[1]);
+    runRanks(2, [&](int me) {
+      Transport& t = *ts[static_cast<size_t>(me)];
+      const int peer = 1 - me;
+      std::deque<Request> reqs;
+      std::vector<std::vector<std::byte>> src, dst;
+      const size_t sizes[] = {3 * kMiB + 5, 70000, 100, 2 * kMiB};
+      for (size_t m = 0; m < std::size(sizes); ++m) {
+        src.push_back(pattern(sizes[m], me, peer, static_cast<int>(m)));
+        dst.emplace_back(sizes[m]);
+      }
+      std::vector<Request*> all;
+      for (size_t m = 0; m < std::size(sizes); ++m) {
+        Request& s = reqs.emplace_back();
+        ASSERT_TRUE(t.postSend(peer, src[m].data(), src[m].size(), &s).isOk());
+        for (int i = 0; i < 20; ++i) ASSERT_TRUE(t.poll().isOk());
+        Request& r = reqs.emplace_back();
+        ASSERT_TRUE(t.postRecv(peer, RecvTarget{dst[m].data(), dst[m].size()}, &r).isOk());
+        all.push_back(&s);
+        all.push_back(&r);
+      }
+      Driven d = drive(t, all, 30s);
+      ASSERT_TRUE(d.all_finished) << "rank " << me << " sockets " << sockets;
+      EXPECT_TRUE(d.poll_error.isOk()) << d.poll_error.message();
+      for (Request* q : all) EXPECT_EQ(q->state.load(), Request::Done) << q->status.message();
+      for (size_t m = 0; m < std::size(sizes); ++m) EXPECT_EQ(firstBad(dst[m], peer, me, static_cast<int>(m)), -1);
+    });
+  }
+}
+
+// The ranks disagree on the threshold (one eager, one rendezvous): the
+// announcement itself makes the receiver grant; both directions work.
+TEST(TcpTransport, RendezvousWorksWhenRanksDisagreeOnTheThreshold) {
+  bootstrap::MemoryStore store;
+  auto ts = createAll(2, store, 2, {0, 65536});
+  ASSERT_TRUE(ts[0] && ts[1]);
+  exchangeAll(ts, {kMiB, 100, 300000, 65536, 65535});
+}
+
+// A rendezvous message meets a small receive (no grant was sent ahead), and
+// an eager one a large receive: both fail with a mismatch, the stream goes on.
+TEST(TcpTransport, MismatchAcrossTheRendezvousThreshold) {
+  std::vector<std::vector<std::byte>> got;
+  auto st = runMismatch({{kMiB, 100, 200000}, {1000, 100, 200000}}, got);
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[0].code(), chorusMismatch) << st[0].message();
+  EXPECT_TRUE(st[1].isOk()) << st[1].message();
+  EXPECT_TRUE(st[2].isOk()) << st[2].message();
+  EXPECT_EQ(firstBad(got[1], 0, 1, 1), -1);
+  EXPECT_EQ(firstBad(got[2], 0, 1, 2), -1);
+  st = runMismatch({{1000, 100, 200000}, {kMiB, 100, 200000}}, got);
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[0].code(), chorusMismatch) << st[0].message();
+  EXPECT_TRUE(st[1].isOk()) << st[1].message();
+  EXPECT_TRUE(st[2].isOk()) << st[2].message();
+  EXPECT_EQ(firstBad(got[1], 0, 1, 1), -1);
+  EXPECT_EQ(firstBad(got[2], 0, 1, 2), -1);
+}
+
 
 TEST(TcpTransport, StrangersDuringSetupAreRejectedAndSetupCompletes) {
   bootstrap::MemoryStore store;
@@ -509,6 +722,7 @@ TEST(TcpTransport, APeerThatDoesNotReadForLongIsNotDeclaredDead) {
   runRanks(2, [&](int r) {
     TcpSetup s = setupFor(r, 2);
     s.heartbeat_ms = 100;  // dead after 300 ms of silence
+    s.rendezvous_bytes = 0;  // eager: the payload fills the window while rank 1 does not read
     auto t = createTcpTransport(s, store);
     EXPECT_TRUE(t.isOk()) << t.status().message();
     if (t.isOk()) ts[static_cast<size_t>(r)] = std::move(*t);

@@ -33,6 +33,10 @@ struct TcpSetup {
   auth::Secret secret;
   net::SockAddr bind_addr;      // interface to listen on (port ignored: ephemeral)
   int sockets_per_peer = 1;
+  // Messages of at least this many bytes wait for the receiver's clear-to-send
+  // before their payload goes on the wire (tcp_wire.hpp); 0: every message is
+  // eager.  Values below tcp::kMinRendezvousBytes are raised to it.
+  uint64_t rendezvous_bytes = 262144;
   int heartbeat_ms = 1000;  // keepalive period; a silent dead peer is noticed within ~3x (0: off)
   std::chrono::milliseconds timeout{600000};  // for connection setup
 };

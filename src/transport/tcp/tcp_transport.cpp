@@ -11,6 +11,20 @@
 // socket 0 and never needs a header on the others; every socket carries its
 // shares of consecutive messages in message order, which keeps the pair FIFO.
 //
+// Rendezvous (messages of at least CHORUS_TCP_RENDEZVOUS_BYTES; tcp_wire.hpp
+// has the headers): socket 0 carries an RTS header in the message's place;
+// the payload (socket 0: a kFlagData header, then its share; other sockets:
+// their shares) waits at the head of each socket's queue, holding later
+// messages behind it, until the peer's cumulative grant covers the message.
+// Grants (CTS headers) are written on socket 0 at a frame boundary of this
+// side's own stream — also right after an RTS whose payload waits, so two
+// ranks that announce to each other still grant each other — and read at a
+// frame boundary whenever a receive, an announced payload or a send waiting
+// for a grant needs socket 0 (a message header read then stays staged until
+// its receive is posted).  Why: a send that completes once it is in the
+// kernel's buffer lets a partner a round ahead push data onto this host's
+// link while this round's data still arrives (docs/simulator.md, "Real runs").
+//
 // Receiving: a socket is read only while a receive is posted that expects
 // bytes on it (TCP's window is the back-pressure; nothing unexpected is
 // buffered).  The header is validated before a payload byte reaches user
@@ -80,7 +94,10 @@ struct Op {
   const kernels::Reducer* reducer = nullptr;
   uint64_t len = 0;
   int pending = 0;  // sockets that still carry part of it
-  FrameHeader hdr;  // send: the header socket 0 writes
+  uint64_t seq = 0;  // index in the pair's stream (this direction for sends, the other for receives)
+  bool rdv = false;  // send: waits for the receiver's grant before its payload
+  FrameHeader hdr;   // send: the header socket 0 writes (kFlagRts for a rendezvous send)
+  FrameHeader hdr2;  // rendezvous send: the kFlagData header that starts socket 0's payload
 };
 
 // One socket's part of one message.  Send streams on socket 0 start with
@@ -119,9 +136,41 @@ struct Peer {
   size_t pushback_len = 0;
   bool failed = false;
   Status error;
+  // Rendezvous, sending side: messages with seq < granted may stream.
+  uint64_t send_seq = 0;
+  uint64_t granted = 0;
+  // Rendezvous, receiving side: the grant to tell the peer, what was told,
+  // and the CTS header being written on socket 0.
+  uint64_t recv_seq = 0;
+  uint64_t grant_want = 0;
+  uint64_t grant_sent = 0;
+  FrameHeader ctl;
+  size_t ctl_done = 0;
+  bool ctl_active = false;
+  // A matched RTS whose kFlagData header has not arrived (rdv_op == nullptr:
+  // the receive failed with a mismatch and the payload is discarded).
+  bool rdv_wait = false;
+  Op* rdv_op = nullptr;
+  uint64_t rdv_len = 0;
+
+  [[nodiscard]] bool ctlPending() const { return ctl_active || grant_want > grant_sent; }
+
+  // A rendezvous send at the head of a socket waits for a grant.
+  [[nodiscard]] bool awaitingGrant() const {
+    for (const Sock& s : socks)
+      if (!s.tx.empty() && s.tx[0].op->rdv && s.tx[0].op->seq >= granted) return true;
+    return false;
+  }
+
+  // Socket 0 should be read at its frame boundary: a receive waits for its
+  // header, a rendezvous payload for its kFlagData header, or a send for a
+  // grant (then only up to the next header, which stays staged).
+  [[nodiscard]] bool frameWanted() const {
+    return !unmatched.empty() || rdv_wait || (stage_len < kHeaderBytes && awaitingGrant());
+  }
 
   [[nodiscard]] bool busy() const {
-    if (!unmatched.empty()) return true;
+    if (!unmatched.empty() || rdv_wait || ctlPending()) return true;
     for (const Sock& s : socks)
       if (!s.tx.empty() || !s.rx.empty()) return true;
     return false;
@@ -189,8 +238,12 @@ bool peerLooksDead(int fd, int dead_ms, unsigned* silent_ms) {
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(int rank, int nsockets, int heartbeat_ms)
-      : rank_(rank), nsockets_(nsockets), heartbeat_ms_(heartbeat_ms), bounce_(kBounceBytes) {}
+  TcpTransport(int rank, int nsockets, int heartbeat_ms, uint64_t rendezvous_bytes)
+      : rank_(rank),
+        nsockets_(nsockets),
+        heartbeat_ms_(heartbeat_ms),
+        rdv_bytes_(rendezvous_bytes == 0 ? 0 : std::max(rendezvous_bytes, tcp::kMinRendezvousBytes)),
+        bounce_(kBounceBytes) {}
 
   ~TcpTransport() override = default;
 
@@ -253,11 +306,14 @@ class TcpTransport final : public Transport {
     op->req = req;
     op->src = static_cast<const std::byte*>(src);
     op->len = bytes;
-    op->hdr = FrameHeader{tcp::kFrameMagic, 0, bytes};
+    op->seq = p->send_seq++;
+    op->rdv = rdv_bytes_ != 0 && bytes >= rdv_bytes_;
+    op->hdr = FrameHeader{tcp::kFrameMagic, op->rdv ? tcp::kFlagRts : 0, bytes};
+    op->hdr2 = FrameHeader{tcp::kFrameMagic, tcp::kFlagData, bytes};
     op->pending = 0;
     markPosted(req);
     for (Sock& s : p->socks) {
-      uint64_t total = tcp::shareBytes(bytes, nsockets_, s.index) + (s.index == 0 ? kHeaderBytes : 0);
+      uint64_t total = tcp::shareBytes(bytes, nsockets_, s.index) + headerBytes(op, s.index);
       if (total == 0) continue;
       ++op->pending;
       s.tx.push(Entry{op, bytes, 0, total});
@@ -286,6 +342,9 @@ class TcpTransport final : public Transport {
     op->accum = target.accum != nullptr ? target.accum : target.dst;
     op->len = target.bytes;
     op->pending = 0;
+    op->seq = p->recv_seq++;
+    // Clear to send at once: the grant travels while the sender gets there.
+    if (rdv_bytes_ != 0 && op->len >= rdv_bytes_) p->grant_want = std::max(p->grant_want, op->seq + 1);
     markPosted(req);
     p->unmatched.push(op);
     return {};
@@ -323,11 +382,11 @@ class TcpTransport final : public Transport {
     for (Peer& p : peers_) {
       if (p.failed) continue;
       // Pushed-back bytes are readable without the socket: poll() can move them now.
-      if (p.pushback_len > 0 && (!p.unmatched.empty() || !p.socks[0].rx.empty())) return;
+      if (p.pushback_len > 0 && (p.frameWanted() || !p.socks[0].rx.empty())) return;
       for (Sock& s : p.socks) {
         uint32_t want = 0;
-        if (!s.tx.empty()) want |= EPOLLOUT;
-        if (!s.rx.empty() || (s.index == 0 && !p.unmatched.empty())) want |= EPOLLIN;
+        if (hasWritable(p, s)) want |= EPOLLOUT;
+        if (!s.rx.empty() || (s.index == 0 && p.frameWanted())) want |= EPOLLIN;
         if (want == s.epoll_mask) continue;
         epoll_event ev{};
         ev.events = want;
@@ -432,7 +491,7 @@ class TcpTransport final : public Transport {
       if (p.failed) continue;
       for (Sock& s : p.socks) {
         s.readable = true;
-        if (!s.rx.empty() || (s.index == 0 && !p.unmatched.empty())) ++awaiting;
+        if (!s.rx.empty() || (s.index == 0 && p.frameWanted())) ++awaiting;
       }
     }
     if (awaiting < kHintMinSockets) return;
@@ -455,7 +514,7 @@ class TcpTransport final : public Transport {
 
   Status progressPeer(Peer& p, bool& moved) {
     for (Sock& s : p.socks) {
-      while (!s.tx.empty()) {
+      while (hasWritable(p, s)) {
         CHORUS_ASSIGN_OR_RETURN(int r, writeSome(p, s));
         if (r > 0) moved = true;
         if (r <= 1) break;  // 0: would block, 1: partial write (buffer full)
@@ -467,8 +526,8 @@ class TcpTransport final : public Transport {
         int r = 0;
         if (!s.rx.empty()) {
           CHORUS_ASSIGN_OR_RETURN(r, readEntry(p, s));
-        } else if (s.index == 0 && !p.unmatched.empty()) {
-          CHORUS_ASSIGN_OR_RETURN(r, readHeader(p));
+        } else if (s.index == 0 && p.frameWanted()) {
+          CHORUS_ASSIGN_OR_RETURN(r, readFrame(p));
         } else {
           break;
         }
@@ -479,24 +538,69 @@ class TcpTransport final : public Transport {
     return {};
   }
 
-  // Writes as much of socket s's queue as one sendmsg takes.  Returns 0 when
-  // it would block, 1 after a partial write, 2 when everything offered went.
+  // Stream bytes of op's part on socket `index` that are headers.
+  static uint64_t headerBytes(const Op* op, int index) {
+    return index != 0 ? 0 : (op->rdv ? 2 * kHeaderBytes : kHeaderBytes);
+  }
+
+  // How far e's stream may be written now: all of it, or for a rendezvous
+  // send not yet granted, only socket 0's RTS header.
+  static uint64_t sendLimit(const Peer& p, const Entry& e, int index) {
+    if (!e.op->rdv || e.op->seq < p.granted) return e.total;
+    return index == 0 ? kHeaderBytes : 0;
+  }
+
+  // Socket 0's outgoing stream is between frames, where a CTS header may go.
+  static bool atBoundary(const Sock& s) {
+    if (s.tx.empty()) return true;
+    const Entry& e = s.tx[0];
+    return e.done == 0 || (e.op->rdv && e.done == kHeaderBytes);
+  }
+
+  static bool hasWritable(const Peer& p, const Sock& s) {
+    if (s.index == 0 && (p.ctl_active || (p.grant_want > p.grant_sent && atBoundary(s)))) return true;
+    return !s.tx.empty() && s.tx[0].done < sendLimit(p, s.tx[0], s.index);
+  }
+
+  // Writes as much of socket s's queue as one sendmsg takes (a pending CTS
+  // header first).  Returns 0 when it would block or nothing may be written,
+  // 1 after a partial write, 2 when everything offered went.
   Result<int> writeSome(Peer& p, Sock& s) {
     std::array<iovec, kMaxIov> iov;
     int cnt = 0;
     size_t offered = 0;
-    for (size_t i = 0; i < s.tx.size() && cnt < kMaxIov; ++i) {
+    if (s.index == 0 && !p.ctl_active && p.grant_want > p.grant_sent && atBoundary(s)) {
+      p.ctl = FrameHeader{tcp::kFrameMagic, tcp::kFlagCts, p.grant_want};
+      p.grant_sent = p.grant_want;
+      p.ctl_active = true;
+      p.ctl_done = 0;
+    }
+    if (s.index == 0 && p.ctl_active) {
+      iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&p.ctl) + p.ctl_done, kHeaderBytes - p.ctl_done};
+      offered += kHeaderBytes - p.ctl_done;
+    }
+    for (size_t i = 0; i < s.tx.size() && cnt + 2 < kMaxIov; ++i) {
       Entry& e = s.tx[i];
+      const uint64_t limit = sendLimit(p, e, s.index);
+      const uint64_t hb = headerBytes(e.op, s.index);
       uint64_t off = e.done;
+      if (off >= limit) break;  // waits for its grant; later messages stay behind it
       if (s.index == 0) {
         if (off < kHeaderBytes) {
           iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&e.op->hdr) + off, kHeaderBytes - off};
           offered += kHeaderBytes - off;
           off = kHeaderBytes;
         }
-        off -= kHeaderBytes;
+        if (off < hb && off < limit) {
+          const uint64_t o2 = off - kHeaderBytes;
+          iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&e.op->hdr2) + o2, kHeaderBytes - o2};
+          offered += kHeaderBytes - o2;
+          off = hb;
+        }
       }
-      uint64_t share = e.total - (s.index == 0 ? kHeaderBytes : 0);
+      if (limit < e.total) break;  // only the RTS header may go
+      off -= hb;
+      uint64_t share = e.total - hb;
       while (off < share && cnt < kMaxIov) {
         tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, off);
         iov[static_cast<size_t>(cnt++)] = {const_cast<std::byte*>(e.op->src + run.msg_off), run.bytes};
@@ -504,6 +608,7 @@ class TcpTransport final : public Transport {
         off += run.bytes;
       }
     }
+    if (cnt == 0) return 0;
     msghdr msg{};
     msg.msg_iov = iov.data();
     msg.msg_iovlen = static_cast<size_t>(cnt);
@@ -517,6 +622,12 @@ class TcpTransport final : public Transport {
       return connectionError(p, s, err);
     }
     auto left = static_cast<uint64_t>(n);
+    if (s.index == 0 && p.ctl_active) {
+      size_t take = static_cast<size_t>(std::min<uint64_t>(left, kHeaderBytes - p.ctl_done));
+      p.ctl_done += take;
+      left -= take;
+      if (p.ctl_done == kHeaderBytes) p.ctl_active = false;
+    }
     while (left > 0) {
       Entry& e = s.tx.front();
       uint64_t take = std::min(left, e.total - e.done);
@@ -532,14 +643,18 @@ class TcpTransport final : public Transport {
     return static_cast<size_t>(n) < offered ? 1 : 2;
   }
 
-  // Reads socket 0's next header (and a small message's payload with it).
-  // Same return convention as writeSome.
-  Result<int> readHeader(Peer& p) {
-    Op* op = p.unmatched.front();
-    size_t want = kHeaderBytes + (op->len <= kSmallBytes ? op->len : 0);
+  // Reads socket 0's next frame header (and a small message's payload with
+  // it): a CTS (consumed at once), the kFlagData header a matched RTS waits
+  // for, or the header of the next message for the oldest posted receive.
+  // With no receive posted (a send waits for a grant) a message header stays
+  // staged until one is.  Same return convention as writeSome.
+  Result<int> readFrame(Peer& p) {
+    Op* op = !p.rdv_wait && !p.unmatched.empty() ? p.unmatched.front() : nullptr;
+    size_t want = kHeaderBytes + (op != nullptr && op->len <= kSmallBytes ? op->len : 0);
+    if (p.stage_len >= want && op == nullptr) return 0;  // a message header waits for its receive
     iovec iov{p.stage.data() + p.stage_len, want - p.stage_len};
     CHORUS_ASSIGN_OR_RETURN(size_t n, readv(p, p.socks[0], &iov, 1));
-    if (n == 0) return 0;
+    if (n == 0 && p.stage_len < want) return 0;
     p.stage_len += n;
     bool full = p.stage_len == want;
     if (p.stage_len < kHeaderBytes) return 1;
@@ -561,11 +676,35 @@ class TcpTransport final : public Transport {
         return remoteError("tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr,
                            reason.empty() ? std::string("no reason given") : reason);
       }
-      if (h.magic != tcp::kFrameMagic || h.flags != 0 || h.length > tcp::kMaxFrameBytes)
-        return remoteError(
-            "connection to rank {} ({}) is corrupt: frame header magic {:#x} flags {:#x} length {} "
-            "(a different chorus version, or not a chorus peer?)",
-            p.rank, p.addr, h.magic, h.flags, h.length);
+      const bool known = h.flags == 0 || h.flags == tcp::kFlagRts || h.flags == tcp::kFlagCts ||
+                         h.flags == tcp::kFlagData;
+      if (h.magic != tcp::kFrameMagic || !known || h.length > tcp::kMaxFrameBytes)
+        return corrupt(p, h, "");
+      if (h.flags == tcp::kFlagCts) {
+        // A grant: cumulative, so it must grow.
+        if (h.length <= p.granted) return corrupt(p, h, " (a clear-to-send that does not raise the grant)");
+        p.granted = h.length;
+        consumeHeader(p);
+        return 2;
+      }
+      if (p.rdv_wait) {
+        if (h.flags != tcp::kFlagData || h.length != p.rdv_len)
+          return corrupt(p, h, fmt::format(" (expected the payload of the announced {}-byte message)", p.rdv_len));
+        consumeHeader(p);
+        p.rdv_wait = false;
+        uint64_t total = tcp::shareBytes(p.rdv_len, nsockets_, 0);
+        p.socks[0].rx.push(Entry{p.rdv_op, p.rdv_len, 0, total});
+        p.rdv_op = nullptr;
+        return 2;
+      }
+      if (h.flags == tcp::kFlagData) return corrupt(p, h, " (a payload header no announcement preceded)");
+      if (h.flags == tcp::kFlagRts && h.length < tcp::kMinRendezvousBytes)
+        return corrupt(p, h, " (a rendezvous announcement for a small message)");
+      if (op == nullptr) return 1;  // stays staged until its receive is posted
+      if (h.flags == tcp::kFlagRts) {
+        matchRendezvous(p, op, h.length);
+        return 2;
+      }
       p.header_parsed = true;
       if (h.length != op->len) {
         mismatch(p, op, h.length);
@@ -591,6 +730,63 @@ class TcpTransport final : public Transport {
     return 2;
   }
 
+  Status corrupt(const Peer& p, const FrameHeader& h, std::string_view why) const {
+    return remoteError(
+        "connection to rank {} ({}) is corrupt: frame header magic {:#x} flags {:#x} length {}{} "
+        "(a different chorus version, or not a chorus peer?)",
+        p.rank, p.addr, h.magic, h.flags, h.length, why);
+  }
+
+  // The staged header was a control header (no payload): bytes staged after
+  // it belong to the next frame and are pushed back.
+  void consumeHeader(Peer& p) {
+    unread(p, p.stage.data() + kHeaderBytes, p.stage_len - kHeaderBytes);
+    p.stage_len = 0;
+    p.header_parsed = false;
+  }
+
+  // Returns the last `n` staged bytes (at src) to the front of socket 0's stream.
+  void unread(Peer& p, const std::byte* src, size_t n) {
+    if (n == 0) return;
+    if (p.pushback_len > 0) {
+      // Everything staged since the stage was last emptied came from the
+      // pushback buffer, contiguously, so these bytes are just before its offset.
+      p.pushback_off -= n;
+      p.pushback_len += n;
+    } else {
+      std::memmove(p.pushback.data(), src, n);
+      p.pushback_off = 0;
+      p.pushback_len = n;
+    }
+  }
+
+  // An RTS for the oldest posted receive `op`: match it (or fail it with a
+  // mismatch and discard the payload), grant it if not yet granted, and wait
+  // for its kFlagData header on socket 0; the other sockets' shares follow
+  // their earlier messages directly.
+  void matchRendezvous(Peer& p, Op* op, uint64_t len) {
+    consumeHeader(p);
+    p.unmatched.pop();
+    p.grant_want = std::max(p.grant_want, op->seq + 1);
+    if (len != op->len) {
+      op->req->fail(makeError(chorusMismatch,
+                              "message from rank {} has {} bytes but the receive expects {} (are all ranks calling "
+                              "the same collective with the same count?)",
+                              p.rank, len, op->len));
+      releaseOp(op);
+      op = nullptr;
+    }
+    p.rdv_wait = true;
+    p.rdv_op = op;
+    p.rdv_len = len;
+    for (Sock& s : p.socks) {
+      uint64_t total = tcp::shareBytes(len, nsockets_, s.index);
+      if (total == 0) continue;
+      if (op != nullptr) ++op->pending;
+      if (s.index != 0) s.rx.push(Entry{op, len, 0, total});
+    }
+  }
+
   // The arriving message (len bytes) does not fit the posted receive: fail
   // it and queue the payload for discarding, keeping the stream in step.
   void mismatch(Peer& p, Op* op, uint64_t len) {
@@ -606,9 +802,7 @@ class TcpTransport final : public Transport {
       // Only a small message can be shorter than what we staged, so these
       // bytes start the next frame.
       size_t over = extra - static_cast<size_t>(share0);
-      std::memmove(p.pushback.data(), p.stage.data() + kHeaderBytes + share0, over);
-      p.pushback_off = 0;
-      p.pushback_len = over;
+      unread(p, p.stage.data() + kHeaderBytes + share0, over);
     }
     for (Sock& s : p.socks) {
       uint64_t total = tcp::shareBytes(len, nsockets_, s.index);
@@ -717,13 +911,23 @@ class TcpTransport final : public Transport {
   // abort frame waiting, unread, at a message boundary of socket 0.
   std::string pendingAbortReason(const Peer& p) const {
     if (p.socks.empty() || !p.socks[0].fd.valid() || p.stage_len != 0 || !p.socks[0].rx.empty()) return {};
-    std::array<char, sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
-    const ssize_t n = ::recv(p.socks[0].fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
-    if (n < static_cast<ssize_t>(sizeof(FrameHeader))) return {};
+    // Grants (CTS headers) not read yet may come first.
+    constexpr size_t kSkip = 8;
+    std::array<char, (kSkip + 1) * sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
+    const ssize_t got = ::recv(p.socks[0].fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (got <= 0) return {};
+    const auto n = static_cast<size_t>(got);
+    size_t at = 0;
     FrameHeader h;
-    std::memcpy(&h, buf.data(), sizeof h);
+    for (;;) {
+      if (n - at < sizeof h) return {};
+      std::memcpy(&h, buf.data() + at, sizeof h);
+      if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagCts || at == kSkip * sizeof h) break;
+      at += sizeof h;
+    }
     if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagAbort || h.length > tcp::kMaxAbortReason) return {};
-    std::string reason(buf.data() + sizeof h, std::min<size_t>(h.length, static_cast<size_t>(n) - sizeof h));
+    at += sizeof h;
+    std::string reason(buf.data() + at, std::min<size_t>(h.length, n - at));
     for (char& ch : reason)
       if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text
     return reason;
@@ -776,6 +980,11 @@ class TcpTransport final : public Transport {
     };
     for (size_t i = 0; i < p.unmatched.size(); ++i) failOp(p.unmatched[i]);
     p.unmatched.clear();
+    failOp(p.rdv_op);
+    p.rdv_op = nullptr;
+    p.rdv_wait = false;
+    p.ctl_active = false;
+    p.grant_sent = p.grant_want;
     for (Sock& s : p.socks) {
       for (size_t i = 0; i < s.tx.size(); ++i) failOp(s.tx[i].op);
       for (size_t i = 0; i < s.rx.size(); ++i) failOp(s.rx[i].op);
@@ -796,7 +1005,7 @@ class TcpTransport final : public Transport {
   void sendAbortFrame(Peer& p, const Status& why) {
     if (p.socks.empty() || !p.socks[0].fd.valid()) return;
     Sock& s0 = p.socks[0];
-    if (!s0.tx.empty() && s0.tx.front().done != 0) return;
+    if (p.ctl_active || !atBoundary(s0)) return;
     const std::string& text = why.message();
     const size_t n = std::min<size_t>(text.size(), tcp::kMaxAbortReason);
     FrameHeader h;
@@ -832,6 +1041,7 @@ class TcpTransport final : public Transport {
   const int rank_;
   const int nsockets_;
   const int heartbeat_ms_;
+  const uint64_t rdv_bytes_;  // 0: no rendezvous
   std::chrono::steady_clock::time_point next_liveness_check_{};
   std::vector<Peer> peers_;
   std::vector<int> index_of_;  // rank -> index in peers_, -1 for non-peers
@@ -852,7 +1062,8 @@ class TcpTransport final : public Transport {
 
 Result<std::unique_ptr<Transport>> createTcpTransport(const TcpSetup& setup, bootstrap::Store& store) {
   CHORUS_ASSIGN_OR_RETURN(std::vector<tcp::PeerLink> links, tcp::establishLinks(setup, store));
-  auto t = std::make_unique<TcpTransport>(setup.rank, setup.sockets_per_peer, setup.heartbeat_ms);
+  auto t = std::make_unique<TcpTransport>(setup.rank, setup.sockets_per_peer, setup.heartbeat_ms,
+                                          setup.rendezvous_bytes);
   CHORUS_RETURN_IF_ERROR(t->init(std::move(links)));
   return std::unique_ptr<Transport>(std::move(t));
 }

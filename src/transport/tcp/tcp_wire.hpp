@@ -25,6 +25,25 @@ constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 48;
 // message boundary.
 constexpr uint32_t kFlagAbort = 1;
 constexpr uint64_t kMaxAbortReason = 256;
+// Rendezvous (large messages, CHORUS_TCP_RENDEZVOUS_BYTES): the sender first
+// writes only a header with kFlagRts (length = the message's length) in the
+// message's place on socket 0, and streams the payload — socket 0 starting
+// with a kFlagData header of the same length, the other sockets their shares
+// as usual — only once the receiver has granted the message with a kFlagCts
+// header.  A CTS header's length is a cumulative grant: every message of the
+// pair's stream with index < length (counting all messages, eager ones too,
+// from 0) may stream.  The receiver grants when it posts a receive of at least
+// its threshold, or when it reads an RTS header whose message it has not
+// granted yet (a threshold that differs, or a length mismatch).  CTS headers
+// travel on socket 0 of the reverse direction at any frame boundary, including
+// between an RTS header and its kFlagData header; they carry no payload.
+// Receivers reject an RTS shorter than kMinRendezvousBytes, a CTS that does
+// not raise the grant, and a kFlagData header that does not continue the
+// message announced by the RTS before it.
+constexpr uint32_t kFlagRts = 2;
+constexpr uint32_t kFlagCts = 4;
+constexpr uint32_t kFlagData = 8;
+constexpr uint64_t kMinRendezvousBytes = 4096;
 // Striping unit: piece k of a message travels on socket k % nsockets.  A
 // multiple of every element size, so a reduction never splits an element
 // across sockets.
@@ -32,7 +51,7 @@ constexpr uint64_t kPieceBytes = 256 * 1024;
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
-  uint32_t flags = 0;  // 0, or kFlagAbort; a receiver rejects any other
+  uint32_t flags = 0;  // 0, kFlagAbort, kFlagRts, kFlagCts or kFlagData; a receiver rejects any other
   uint64_t length = 0;
 };
 static_assert(sizeof(FrameHeader) == 16);
@@ -88,6 +107,7 @@ class Ring {
   [[nodiscard]] size_t size() const { return size_; }
   T& front() { return buf_[head_]; }
   T& operator[](size_t i) { return buf_[(head_ + i) & (buf_.size() - 1)]; }
+  const T& operator[](size_t i) const { return buf_[(head_ + i) & (buf_.size() - 1)]; }
   void push(T v) {
     if (size_ == buf_.size()) grow();
     buf_[(head_ + size_) & (buf_.size() - 1)] = std::move(v);
