@@ -20,6 +20,20 @@ using fixtures::gpt;
 
 
 
+// One fat-tree node of the test cluster with its topology and analytical
+// network model (the members own what the model refers to).
+Topology topologyOf(const ClusterSpec& c) {
+  auto t = Topology::build(c);
+  EXPECT_TRUE(t.isOk()) << t.status().message();
+  return std::move(t).value();  // throws, failing the test, when the build failed
+}
+struct OneNode {
+  plan::Registry reg = plan::Registry::builtin();
+  ClusterSpec c = cluster("fat-tree", 1);
+  Topology topo = topologyOf(c);
+  NetworkModel net{c, topo, reg};
+};
+
 // ---- flow-level network ------------------------------------------------------
 
 // Equal flows on dedicated links finish together: the flow model reproduces
@@ -109,11 +123,8 @@ TEST(SimSearch, CandidatesAreValidAndTheBestIsTheFastest) {
 }
 
 TEST(SimSearch, NothingFitsIsAClearError) {
-  const plan::Registry reg = plan::Registry::builtin();
-  const ClusterSpec c = cluster("fat-tree", 1);
-  auto topo = Topology::build(c);
-  ASSERT_TRUE(topo.isOk());
-  NetworkModel net(c, *topo, reg);
+  OneNode node;
+  NetworkModel& net = node.net;
   SearchConfig sc;
   sc.gpus = 8;
   sc.global_batch = 8;
@@ -201,11 +212,8 @@ TEST(SimTrace, PlotWritesAPng) {
 // cache once: (params - V h) x 2 B + ctx x 2 x layers x h x 2 B at
 // 2039e9 x 0.8 B/s, plus 8 kernels of 4 us per layer (tp = 1: no allreduce).
 TEST(SimInfer, DecodeStepIsWeightAndKvBound) {
-  const plan::Registry reg = plan::Registry::builtin();
-  const ClusterSpec c = cluster("fat-tree", 1);
-  auto topo = Topology::build(c);
-  ASSERT_TRUE(topo.isOk());
-  NetworkModel net(c, *topo, reg);
+  OneNode node;
+  NetworkModel& net = node.net;
   ModelSpec m = gpt(4, 4096, 32);
   InferConfig ic;
   ic.gpus = 8, ic.tp = 1, ic.rate = 5, ic.requests = 200, ic.input_len = 1024, ic.output_len = 32;
@@ -225,11 +233,8 @@ TEST(SimInfer, DecodeStepIsWeightAndKvBound) {
 }
 
 TEST(SimInfer, LoadRaisesLatencyAndTheStreamIsDeterministic) {
-  const plan::Registry reg = plan::Registry::builtin();
-  const ClusterSpec c = cluster("fat-tree", 1);
-  auto topo = Topology::build(c);
-  ASSERT_TRUE(topo.isOk());
-  NetworkModel net(c, *topo, reg);
+  OneNode node;
+  NetworkModel& net = node.net;
   InferConfig ic;
   ic.gpus = 8, ic.tp = 2, ic.requests = 400, ic.input_len = 2048, ic.output_len = 64, ic.dist = LengthDist::Uniform;
   ic.rate = 2;
@@ -293,11 +298,8 @@ TEST(SimMla, ParametersAndCacheFollowTheLatentShapes) {
 // dense MLA model's step is shorter than the same model read as MHA (head dim
 // 56, a 2 x 7168-wide cache), on one GPU, where the KV bytes dominate.
 TEST(SimMla, DecodeReadsTheLatentCache) {
-  const plan::Registry reg = plan::Registry::builtin();
-  const ClusterSpec c = cluster("fat-tree", 1);
-  auto topo = Topology::build(c);
-  ASSERT_TRUE(topo.isOk());
-  NetworkModel net(c, *topo, reg);
+  OneNode node;
+  NetworkModel& net = node.net;
   InferConfig ic;
   ic.gpus = 8, ic.tp = 1, ic.rate = 1, ic.requests = 20, ic.input_len = 16384, ic.output_len = 8;
   ModelSpec m = mlaModel();

@@ -255,6 +255,16 @@ TEST(SimTrain, Table5WithinTenPercent) {
   EXPECT_LT(sum / n, 0.05);
 }
 
+// Two Llama-like layers (GQA, SwiGLU, no dropout), vocab 32000.
+ModelSpec llamaLike() {
+  ModelSpec m;
+  m.name = "llama-like";
+  m.layers = 2, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.ffn_hidden = 14336, m.vocab = 32000;
+  m.activation = Activation::SwiGlu;
+  m.dropout = false;
+  return m;
+}
+
 // Activation memory term by term for a Llama-like layer (GQA, SwiGLU, no
 // dropout, FlashAttention), tp 8 with SP, one sequence of 4096, no
 // recomputation, bytes per token: R = 8h (layer-norm and GEMM inputs) and
@@ -264,11 +274,7 @@ TEST(SimTrain, Table5WithinTenPercent) {
 // 65,536,000 B: 208,142,336 B.  (For a GPT, R + S = 34h: Korthikanti's eq.)
 TEST(SimTrain, ActivationMemoryForGqaSwiGlu) {
   const plan::Registry reg = plan::Registry::builtin();
-  ModelSpec m;
-  m.name = "llama-like";
-  m.layers = 2, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.ffn_hidden = 14336, m.vocab = 32000;
-  m.activation = Activation::SwiGlu;
-  m.dropout = false;
+  const ModelSpec m = llamaLike();
   TrainConfig cfg;
   cfg.gpus = 8, cfg.tp = 8, cfg.global_batch = 1, cfg.micro_batch = 1, cfg.seq = 4096, cfg.zero = 0;
   cfg.recompute = Recompute::None;
@@ -284,11 +290,7 @@ TEST(SimTrain, ActivationMemoryForGqaSwiGlu) {
 // ZeRO-2 shards only the gradients and holds no gathered layer.
 TEST(SimTrain, ZeroThreeHoldsTheGatheredLayers) {
   const plan::Registry reg = plan::Registry::builtin();
-  ModelSpec m;
-  m.name = "llama-like";
-  m.layers = 2, m.hidden = 4096, m.heads = 32, m.kv_heads = 8, m.ffn_hidden = 14336, m.vocab = 32000;
-  m.activation = Activation::SwiGlu;
-  m.dropout = false;
+  const ModelSpec m = llamaLike();
   TrainConfig cfg;
   cfg.gpus = 16, cfg.tp = 8, cfg.dp = 2, cfg.global_batch = 2, cfg.micro_batch = 1, cfg.seq = 4096;
   cfg.recompute = Recompute::None;
