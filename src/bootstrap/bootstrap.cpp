@@ -354,6 +354,19 @@ bool HostIdentity::operator==(const HostIdentity& o) const {
          ipcns_inode == o.ipcns_inode;
 }
 
+std::vector<int> hostIndices(std::span<const HostIdentity> ids, bool apart) {
+  std::vector<int> host_of(ids.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    host_of[r] = static_cast<int>(r);
+    for (size_t q = 0; q < r && !apart; ++q)
+      if (ids[q] == ids[r]) {
+        host_of[r] = host_of[q];
+        break;
+      }
+  }
+  return host_of;
+}
+
 HostIdentity localHostIdentity() {
   HostIdentity id;
   // gethostname may not terminate a truncated name; the last byte stays 0.

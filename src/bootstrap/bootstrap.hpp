@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/socket.hpp"
@@ -71,5 +73,8 @@ struct HostIdentity {
   bool operator==(const HostIdentity& o) const;
 };
 HostIdentity localHostIdentity();
+// Host index of every rank: the lowest rank with an equal identity; with
+// `apart` (CHORUS_TRANSPORT=tcp) every rank is a host of its own.
+std::vector<int> hostIndices(std::span<const HostIdentity> ids, bool apart);
 
 }  // namespace chorus::bootstrap

@@ -236,16 +236,10 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   }
   executor_ = std::make_unique<exec::Executor>(rank_, std::move(routes));
   tune::Topology topo{nranks_, static_cast<int>(local.size()) + 1, remote.empty(), {}};
-  // Host index of every rank: the lowest rank with the same host identity.
-  topo.host_of.resize(nranks_);
-  for (int r = 0; r < nranks_; ++r) {
-    topo.host_of[r] = r;
-    for (int q = 0; q < r; ++q)
-      if (infos[q].host == infos[r].host && !cfg.force_tcp) {
-        topo.host_of[r] = topo.host_of[q];
-        break;
-      }
-  }
+  std::vector<bootstrap::HostIdentity> hosts;
+  hosts.reserve(infos.size());
+  for (const RankInfo& o : infos) hosts.push_back(o.host);
+  topo.host_of = bootstrap::hostIndices(hosts, cfg.force_tcp);
   CHORUS_ASSIGN_OR_RETURN(tune::CostProfile profile, tune::CostProfile::load());
   auto tuner = tune::Tuner::create(registry_, topo, cfg.algo_spec, cfg.chunk_bytes, std::move(profile));
   if (!tuner.isOk()) return tuner.status();

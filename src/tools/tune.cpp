@@ -148,16 +148,7 @@ Result<tune::LinkClass> linkClass(chorusComm_t comm, bool force_tcp) {
   std::vector<bootstrap::HostIdentity> all(static_cast<size_t>(n));
   CHORUS_RETURN_IF_ERROR(check(chorusAllGather(&me, all.data(), sizeof me, chorusUint8, comm, nullptr), comm,
                                "gathering host identities"));
-  std::vector<int> host_of(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    host_of[static_cast<size_t>(r)] = r;
-    for (int q = 0; q < r && !force_tcp; ++q)
-      if (all[static_cast<size_t>(q)] == all[static_cast<size_t>(r)]) {
-        host_of[static_cast<size_t>(r)] = host_of[static_cast<size_t>(q)];
-        break;
-      }
-  }
-  return tune::linkClassOf(host_of);
+  return tune::linkClassOf(bootstrap::hostIndices(all, force_tcp));
 }
 
 // Each calibration point warms up for 20 ms (this VM's cores run small calls 2x
