@@ -13,6 +13,7 @@
 #include "plan/partition.hpp"
 #include "plan/plan.hpp"
 
+#include <algorithm>
 #include <bit>
 
 namespace chorus::plan {
@@ -20,6 +21,11 @@ namespace {
 
 // A heap-shaped binary tree over virtual ranks; mirrored trees use
 // virtual v = n - 1 - r.
+uint64_t largerHalf(uint64_t count) {
+  const uint64_t first = partBegin(count, 2, 1);
+  return std::max(first, count - first);
+}
+
 struct HeapTree {
   int n;
   bool mirror;
@@ -31,23 +37,22 @@ class DoubleTreeAllReduce final : public Algorithm {
  public:
   std::string_view name() const override { return "double_tree"; }
   Collective collective() const override { return Collective::AllReduce; }
-  // Unsliced (the simulator's view, plan.hpp): both trees reduce level by
-  // level from the deepest, then broadcast from the root's children down;
-  // each message carries half the data (the larger half when N is odd).
+  // Both trees reduce level by level from the deepest, then broadcast from
+  // the root's children down; each message carries half the data (the larger
+  // half when N is odd).  Sliced, these rounds are a pipeline
+  // (pipelineSlices): every level works on some slice at once.
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     std::vector<Round> rs;
     const int n = sh.nranks;
     if (n == 1 || sh.count == 0) return rs;
-    const uint64_t half = sh.count - partBegin(sh.count, 2, 1) > partBegin(sh.count, 2, 1)
-                              ? sh.count - partBegin(sh.count, 2, 1)
-                              : partBegin(sh.count, 2, 1);
-    // Sliced (the tuner prices the executor's pipelining): the expanded
-    // programs' rounds, one per slice, while they are cheap to derive.
-    if (numSlices(half, sh.chunk_elems) > 1 && n <= kMaxDerivedRanks) return deriveRounds(*this, sh);
+    const uint64_t half = largerHalf(sh.count);
     const int depth = std::bit_width(static_cast<unsigned>(n)) - 1;  // of node n - 1
     for (int l = depth; l >= 1; --l) rs.push_back({.peers = Peers::HeapUp, .arg = l, .elems = half, .reduce = true});
     for (int l = 1; l <= depth; ++l) rs.push_back({.peers = Peers::HeapDown, .arg = l, .elems = half});
     return rs;
+  }
+  uint64_t pipelineSlices(const Shape& sh) const override {
+    return sh.nranks > 1 ? numSlices(partBegin(sh.count, 2, 1), sh.chunk_elems) : 1;
   }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
@@ -57,30 +62,50 @@ class DoubleTreeAllReduce final : public Algorithm {
     const HeapTree trees[2] = {{n, false}, {n, true}};
     const uint64_t half[3] = {0, partBegin(N, 2, 1), N};
     const uint64_t S = numSlices(half[1], sh.chunk_elems);
-    for (uint64_t s = 0; s < S; ++s) {
+    auto slice = [&](int t, uint64_t s) {
+      const uint64_t len = half[t + 1] - half[t];
+      return std::pair{half[t] + partBegin(len, S, s), half[t] + partBegin(len, S, s + 1)};
+    };
+    // Reduce slice s of both trees up to their roots.
+    auto up = [&](uint64_t s) {
       for (int t = 0; t < 2; ++t) {
-        const HeapTree& T = trees[t];
-        const uint64_t len = half[t + 1] - half[t];
-        const uint64_t a = half[t] + partBegin(len, S, s), e = half[t] + partBegin(len, S, s + 1);
+        const auto [a, e] = slice(t, s);
         if (e == a) continue;
-        const Region mine = out(a, e - a);
-        const int v = T.virt(r);
+        const int v = trees[t].virt(r);
         Region cur = in(a, e - a);
         for (int child : {2 * v + 1, 2 * v + 2}) {
           if (child >= n) continue;
-          b.recvReduce(T.real(child), mine, cur);
-          cur = mine;
+          b.recvReduce(trees[t].real(child), out(a, e - a), cur);
+          cur = out(a, e - a);
         }
         if (v != 0) {
-          const int parent = T.real((v - 1) / 2);
-          b.send(parent, cur);
-          b.recv(parent, mine);
+          b.send(trees[t].real((v - 1) / 2), cur);
         } else if (cur.buf != Buf::Output) {
-          b.copy(mine, cur);
+          b.copy(out(a, e - a), cur);
         }
-        for (int child : {2 * v + 1, 2 * v + 2})
-          if (child < n) b.send(T.real(child), mine);
       }
+    };
+    // Broadcast slice s of both trees down from their roots.
+    auto down = [&](uint64_t s) {
+      for (int t = 0; t < 2; ++t) {
+        const auto [a, e] = slice(t, s);
+        if (e == a) continue;
+        const int v = trees[t].virt(r);
+        if (v != 0) b.recv(trees[t].real((v - 1) / 2), out(a, e - a));
+        for (int child : {2 * v + 1, 2 * v + 2})
+          if (child < n) b.send(trees[t].real(child), out(a, e - a));
+      }
+    };
+    // Every rank walks the same sequence of (phase, slice, tree) events, so
+    // the messages of each ordered pair appear in the same order on both
+    // sides (plan.hpp's matching rule).  The broadcast of slice s comes after
+    // the reduction of slice s + lag: a rank's input-ready sends up the tree
+    // are not queued behind broadcasts that wait for the whole depth, and the
+    // two trees do not wait for each other.
+    const uint64_t lag = std::min<uint64_t>(S, static_cast<uint64_t>(std::bit_width(static_cast<unsigned>(n))));
+    for (uint64_t k = 0; k < S + lag; ++k) {
+      if (k < S) up(k);
+      if (k >= lag) down(k - lag);
     }
   }
 };

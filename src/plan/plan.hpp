@@ -300,6 +300,13 @@ void forEachMessage(const Round& r, int n, F&& f) {
 // j-th send); the default for an algorithm without its own rounds().  Costs
 // O(n x steps^2), so it refuses n > kMaxDerivedRanks.
 constexpr int kMaxDerivedRanks = 256;
+
+// The library's default pipeline slice (Shape::chunk_elems, in bytes): small
+// enough to keep several slices in flight and in cache, large enough to
+// amortise a message's fixed cost; larger across hosts, where that cost is
+// higher.  The tuner and the simulator use the same figures.
+constexpr uint64_t kChunkBytesOneHost = 512u << 10;
+constexpr uint64_t kChunkBytesAcrossHosts = 1u << 20;
 class Algorithm;
 Result<std::vector<Round>> deriveRounds(const Algorithm& algo, const Shape& shape);
 
@@ -320,6 +327,18 @@ class Algorithm {
   // the expanded programs, which works for any algorithm but only for small n.
   [[nodiscard]] virtual Result<std::vector<Round>> rounds(const Shape& shape) const {
     return deriveRounds(*this, shape);
+  }
+  // A pipelined plan (a tree's slices flowing up and down at once) moves its
+  // data in S slices, and the slices overlap: slice s + 1 runs the first
+  // rounds while slice s runs the later ones.  Its rounds() then describe the
+  // whole data passing through the stages, and the cost models price
+  //     fill (every round once, with 1/S of the bytes, in sequence)
+  //   + (S - 1) x steady state (all rounds at once, 1/S of the bytes each),
+  // see pricePipelined() in src/sim/network.cpp and src/tune/cost_model.cpp.
+  // 1 (the default): the rounds run one after another.
+  [[nodiscard]] virtual uint64_t pipelineSlices(const Shape& shape) const {
+    (void)shape;
+    return 1;
   }
 };
 

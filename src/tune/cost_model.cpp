@@ -262,35 +262,48 @@ Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shap
                                        : l.beta_s_per_byte;
   };
   const double gamma_eff = hot * gamma + (1 - hot) * std::max(gamma, prof.reduce_mem_s_per_byte);
+  // Pipelined plans (plan.hpp: Algorithm::pipelineSlices): every round once
+  // with a slice's bytes (the fill), then S - 1 steady-state steps in which
+  // each rank does all rounds' work for a slice at once.
+  const uint64_t S = std::max<uint64_t>(1, algo.pipelineSlices(shape));
+  const double scale = 1.0 / static_cast<double>(S);
+  std::vector<double> all_lat(static_cast<size_t>(n), 0.0), all_work(static_cast<size_t>(n), 0.0);
+  std::vector<char> all_seen(static_cast<size_t>(n), 0);
+  auto slowest = [&](const std::vector<double>& l, const std::vector<double>& w, const std::vector<char>& on) {
+    std::fill(active.begin(), active.end(), 0);
+    for (int q = 0; q < n; ++q)
+      if (on[static_cast<size_t>(q)]) ++active[static_cast<size_t>(hostOf(q))];
+    double worst = 0;
+    for (int q = 0; q < n; ++q) {
+      if (!on[static_cast<size_t>(q)]) continue;
+      const double turns = std::max(1.0, static_cast<double>(active[static_cast<size_t>(hostOf(q))]) / prof.cores);
+      worst = std::max(worst, (l[static_cast<size_t>(q)] + w[static_cast<size_t>(q)]) * turns);
+    }
+    return worst;
+  };
   for (const plan::Round& r : rounds) {
     std::fill(lat.begin(), lat.end(), 0.0);
     std::fill(work.begin(), work.end(), 0.0);
-    std::fill(active.begin(), active.end(), 0);
     std::fill(seen.begin(), seen.end(), 0);
-    auto touch = [&](int rank) {
-      if (!seen[static_cast<size_t>(rank)]) {
-        seen[static_cast<size_t>(rank)] = 1;
-        ++active[static_cast<size_t>(hostOf(rank))];
-      }
-    };
     plan::forEachMessage(r, n, [&](int src, int dst, uint64_t elems) {
       const LinkCost& l = hostOf(src) != hostOf(dst) ? prof.tcp : prof.shm;
-      const double bytes = static_cast<double>(elems) * shape.elem_size;
+      const double bytes = static_cast<double>(elems) * shape.elem_size * scale;
       const auto d = static_cast<size_t>(dst);
       lat[d] = std::max(lat[d], l.alpha_s);
       work[d] += l.overhead_s + bytes * beta(l) + (r.reduce ? bytes * gamma_eff * (r.staged ? 2.0 : 1.0) : 0.0);
       work[static_cast<size_t>(src)] += l.overhead_s;
-      touch(src);
-      touch(dst);
+      seen[static_cast<size_t>(src)] = seen[d] = 1;
     });
-    double worst = 0;
+    total += static_cast<double>(r.repeat) * slowest(lat, work, seen);
+    if (S == 1) continue;
     for (int q = 0; q < n; ++q) {
-      if (!seen[static_cast<size_t>(q)]) continue;
-      const double turns = std::max(1.0, static_cast<double>(active[static_cast<size_t>(hostOf(q))]) / prof.cores);
-      worst = std::max(worst, (lat[static_cast<size_t>(q)] + work[static_cast<size_t>(q)]) * turns);
+      const auto uq = static_cast<size_t>(q);
+      all_lat[uq] = std::max(all_lat[uq], lat[uq]);
+      all_work[uq] += static_cast<double>(r.repeat) * work[uq];
+      all_seen[uq] = all_seen[uq] || seen[uq];
     }
-    total += static_cast<double>(r.repeat) * worst;
   }
+  if (S > 1) total += static_cast<double>(S - 1) * slowest(all_lat, all_work, all_seen);
   return total;
 }
 

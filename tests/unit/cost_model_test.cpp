@@ -68,6 +68,24 @@ TEST(CostModel, AllPairsRoundsOverlapLatencyButNotWork) {
   EXPECT_NEAR(price(reg, "direct", sh, testProfile(2), {0, 0, 0, 0}), 2e-6 + 2 * (rs + ag), 1e-12);
 }
 
+// The double binary tree is a pipeline (plan.hpp: pipelineSlices): sliced, a
+// rank works on every round's slice at once.  4 ranks on 4 hosts, 16 MiB in
+// 1 MiB slices: per slice a rank receives 5 slices over the four rounds in
+// sequence (the fill: 1 at up level 2, 2 at the root, 1 and 1 going down) and
+// 3 per steady step, so 5 + 7 x 3 = 26 slices' work against 5 x 8 = 40
+// unsliced: about 0.65 of it, with the latencies and overheads on top.
+TEST(CostModel, SlicedDoubleTreeIsPricedAsAPipeline) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const CostProfile p = testProfile(8);
+  std::vector<int> hosts{0, 1, 2, 3};
+  plan::Shape sh = shape(4, 4u << 20, &hosts);
+  const double whole = price(reg, "double_tree", sh, p, hosts);
+  sh.chunk_elems = 256u << 10;
+  const double sliced = price(reg, "double_tree", sh, p, hosts);
+  EXPECT_GT(sliced, 0.55 * whole);
+  EXPECT_LT(sliced, 0.75 * whole);
+}
+
 TEST(CostModel, CallsBeyondTheCacheMoveAndReduceAtTheOutOfCacheRates) {
   const plan::Registry reg = plan::Registry::builtin();
   CostProfile p = testProfile(8);
