@@ -147,6 +147,7 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   CHORUS_RETURN_IF_ERROR(nw.num("efficiency", &c.network.efficiency, 0.01, 1, false));
   CHORUS_RETURN_IF_ERROR(nw.integer("leaf_nodes", &c.network.leaf_nodes, 1, 1 << 20, false));
   CHORUS_RETURN_IF_ERROR(nw.integer("group_nodes", &c.network.group_nodes, 1, 1 << 20, false));
+  CHORUS_RETURN_IF_ERROR(nw.num("rendezvous_bytes", &c.network.rendezvous_bytes, 0, 1e15, false));
   const bool torus = c.network.topology == TopologyKind::Torus2d || c.network.topology == TopologyKind::Torus3d;
   if (torus) {
     const size_t nd_want = c.network.topology == TopologyKind::Torus2d ? 2 : 3;

@@ -57,6 +57,10 @@ struct NetworkSpec {
   int leaf_nodes = 16;          // fat-tree/rail: nodes under one leaf (per rail)
   std::array<int, 3> dims{1, 1, 1};  // torus: nodes per dimension (product = nodes)
   int group_nodes = 32;         // dragonfly: nodes per group
+  // Messages between nodes of at least this many bytes wait for the
+  // receiver's clear-to-send (the flow model's program simulation); 0: all
+  // go eagerly.
+  double rendezvous_bytes = 0;
 };
 
 struct ClusterSpec {

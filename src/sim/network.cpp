@@ -176,10 +176,53 @@ NetworkModel::Pattern NetworkModel::unitPattern(const plan::Round& round, const 
   return p;
 }
 
+// A pipelined plan (plan.hpp, Algorithm::pipelineSlices): its first slice
+// passes every round in sequence (the fill), and each further slice costs one
+// steady-state step, in which every round works on some slice at once: the
+// links carry all rounds' slice messages together, the receivers reduce all
+// of theirs, and no step is shorter than one hop's latency.
+NetworkModel::RoundCost NetworkModel::steadyState(const std::vector<plan::Round>& rs, const GroupSet& g,
+                                                  uint64_t elem_bytes) {
+  const int n = static_cast<int>(g.size);
+  plan::Round all{.peers = plan::Peers::Explicit};
+  std::vector<double> recv(static_cast<size_t>(n), 0.0);
+  for (const plan::Round& r : rs)
+    for (uint64_t k = 0; k < r.repeat; ++k)
+      plan::forEachMessage(r, n, [&](int s, int d, uint64_t e) {
+        all.msgs.push_back({s, d, e});
+        if (r.reduce) recv[static_cast<size_t>(d)] += static_cast<double>(e * elem_bytes);
+      });
+  RoundCost rc = mode_ == NetMode::Flow ? flowRound(all, g, elem_bytes) : referenceRound(all, g, elem_bytes);
+  const double max_recv = *std::max_element(recv.begin(), recv.end());
+  const double reduce_t = 3 * max_recv / (c_.gpu.hbm_bw.value() * c_.gpu.hbm_efficiency);
+  Seconds lat(0);
+  for (const plan::Round& r : rs) lat = std::max(lat, placeRound(r, g, elem_bytes).latency);
+  rc.time = std::max(std::max(rc.time - rc.latency, Seconds(reduce_t)), lat);
+  rc.latency = lat;
+  return rc;
+}
+
 Result<CollectiveCost> NetworkModel::price(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g) {
   CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, a.rounds(sh));
   CollectiveCost cost;
   cost.algo = std::string(a.name());
+  if (mode_ == NetMode::Flow && g.size * g.groups <= kMaxProgramRanks) return programFlow(a, sh, g);
+  if (const uint64_t S = a.pipelineSlices(sh); S > 1) {
+    for (plan::Round& r : rounds) {
+      r.elems = (r.elems + S - 1) / S;
+      for (plan::RoundMessage& m : r.msgs) m.elems = (m.elems + S - 1) / S;
+    }
+    for (const plan::Round& r : rounds) {
+      const RoundCost rc = placeRound(r, g, sh.elem_size);
+      cost.time += rc.time * static_cast<double>(r.repeat);
+      cost.latency += rc.latency * static_cast<double>(r.repeat);
+    }
+    const RoundCost steady = steadyState(rounds, g, sh.elem_size);
+    cost.time += steady.time * static_cast<double>(S - 1);
+    cost.latency += steady.latency * static_cast<double>(S - 1);
+    cost.bottleneck = steady.bottleneck >= 0 && steady.latency * 2 < steady.time ? t_.linkName(steady.bottleneck) : "latency";
+    return cost;
+  }
   // Rounds with equal patterns are placed once.
   using Key = std::tuple<plan::Peers, int64_t, int32_t, int32_t, uint64_t, bool, bool>;
   std::map<Key, RoundCost> seen;
@@ -217,6 +260,12 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
   sh.coll = coll;
   sh.nranks = static_cast<int>(g.size);
   sh.elem_size = 1;
+  // Pipelined plans are sliced as the library slices them (Tuner::defaultChunk:
+  // 512 KiB within a node, 1 MiB across nodes) unless setChunkBytes chose.
+  sh.chunk_elems = chunk_bytes_ != 0 ? chunk_bytes_
+                   : t_.nodeOf(g.gpuOf(0, 0)) == t_.nodeOf(g.gpuOf(0, g.size - 1))
+                       ? plan::kChunkBytesOneHost
+                       : plan::kChunkBytesAcrossHosts;
   const uint64_t b = static_cast<uint64_t>(bytes.value());
   switch (coll) {
     case Collective::AllGather:

@@ -53,6 +53,9 @@ struct CollectiveCost {
 };
 
 enum class NetMode { Analytical, Flow };
+// Flow mode simulates the expanded programs (no round barriers) when all the
+// groups together have at most this many ranks, and round by round beyond.
+constexpr int64_t kMaxProgramRanks = 256;
 Result<NetMode> parseNetMode(std::string_view text);
 
 // Not thread-safe: one model per thread (it keeps per-link scratch and a
@@ -74,6 +77,14 @@ class NetworkModel {
   // Prices one point-to-point transfer per group member pair (src, dst) of
   // `bytes`, every group at once (pipeline sends between stages).
   Result<CollectiveCost> sendRecv(Bytes bytes, const GroupSet& pairs);
+
+  // Slice size of pipelined plans (plan::Algorithm::pipelineSlices); 0, the
+  // default, slices as the library does: 512 KiB when a group lies within one
+  // node, 1 MiB when it spans nodes.
+  void setChunkBytes(uint64_t bytes) {
+    chunk_bytes_ = bytes;
+    cache_.clear();
+  }
 
   // Tests: price every round by routing each message with its bytes (the slow
   // reference), instead of from cached unit patterns.  Same results.
@@ -106,6 +117,10 @@ class NetworkModel {
   };
   Pattern unitPattern(const plan::Round& r, const GroupSet& g);
   RoundCost flowRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes);
+  // NetMode::Flow for groups small enough to expand: every rank's program run
+  // as the executor runs it, without round barriers (program_flow.cpp).
+  Result<CollectiveCost> programFlow(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g);
+  RoundCost steadyState(const std::vector<plan::Round>& rs, const GroupSet& g, uint64_t elem_bytes);
 
   const ClusterSpec& c_;
   const Topology& t_;
@@ -115,6 +130,7 @@ class NetworkModel {
   std::vector<int64_t> touched_;  // links with load_ != 0
   std::vector<double> recv_;      // per member of the first group (reductions)
   bool reference_ = false, symmetry_off_ = false;
+  uint64_t chunk_bytes_ = 0;
   using PatternKey = std::tuple<plan::Peers, int64_t, int32_t, int32_t, bool, int64_t, int64_t, int64_t, int64_t>;
   std::map<PatternKey, Pattern> patterns_;
   using CacheKey = std::tuple<int, double, int64_t, int64_t, int64_t, int64_t, std::string>;

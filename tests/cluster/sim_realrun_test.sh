@@ -30,6 +30,7 @@ job_timeout=${CHORUS_CLUSTER_TIMEOUT:-240}
 rate_mbit=${CHORUS_SIM_LINK_MBIT:-1000}
 algo=${CHORUS_SIM_ALGO:-ring}  # the plan both the library and the simulator use
 coll=${CHORUS_SIM_COLL:-allreduce}  # any collective chorus-bench and chorus-sim both know
+network=${CHORUS_SIM_NETWORK:-flow}  # analytical or flow (flow runs the expanded programs at this size)
 tolerance=${CHORUS_SIM_REALRUN_TOLERANCE:-10}
 iters=${CHORUS_SIM_ITERS:-5}  # timed calls per size (back to back, after 2 untimed)
 hosts_n=4
@@ -55,7 +56,7 @@ trap 'exit 130' INT TERM
 # tbf's burst must hold a whole GSO super-packet (64 KiB on veth) or it drops
 # it; 256 KiB does, and at 1 Gbit/s drains in 2 ms.
 shape() {  # NS DEV
-  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${rate_mbit}mbit" burst 256kb latency 100ms
+  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${rate_mbit}mbit" burst ${CHORUS_SIM_BURST:-256kb} latency 100ms
 }
 hosts=()
 for i in $(seq 0 $((hosts_n - 1))); do hosts+=("$tag-h$i"); done
@@ -106,7 +107,9 @@ cluster = {
     # tbf meters whole frames: a full TCP segment is 1514 B on the wire (14 B Ethernet + 20 B IP + 32 B TCP
     # with timestamps + 1448 B payload), so payload moves at 1448/1514 = 0.956 of the shaped rate.
     "network": {"topology": "fat-tree", "nics_per_node": 1, "nic_gbit_s": mbit / 1000, "latency_us": prof["tcp"]["alpha_us"],
-                "oversubscription": 1, "efficiency": 1448 / 1514, "leaf_nodes": hosts},
+                "oversubscription": 1, "efficiency": 1448 / 1514, "leaf_nodes": hosts,
+                # The TCP transport's clear-to-send threshold (src/transport/tcp, 256 KiB by default).
+                "rendezvous_bytes": int(os.environ.get("CHORUS_TCP_RENDEZVOUS_BYTES", 262144))},
 }
 json.dump(cluster, open(path, "w"), indent=2)
 PY
@@ -115,7 +118,7 @@ echo "| bytes | measured (us) | predicted (us) | error |"
 echo "|---|---|---|---|"
 while read -r bytes measured; do
   predicted=$("$sim" collective --cluster "$work/cluster.json" --gpus $world --collective "$coll" --bytes "$bytes" \
-    --algo "$algo" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["time_us"])')
+    --algo "$algo" --network "$network" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["time_us"])')
   line=$(python3 -c "m,p=$measured,$predicted; e=100*(p-m)/m; print(f'| $bytes | {m:.0f} | {p:.0f} | {e:+.1f}% |'); exit(0 if abs(e) <= $tolerance else 1)") || ok=0
   echo "$line"
 done < <(python3 - "$work/bench.jsonl" <<'PY'

@@ -37,16 +37,62 @@ struct OneNode {
 // ---- flow-level network ------------------------------------------------------
 
 // Equal flows on dedicated links finish together: the flow model reproduces
-// the analytical golden numbers of sim_model_test (ring in a node: 14 x (1 us +
-// 2^27 B / 240e9 B/s); across two nodes: 30 x (2 us + 2^26 B / 22.5e9 B/s)).
+// the analytical bandwidth terms of sim_model_test (ring in a node: 14 x 2^27 B
+// / 240e9 B/s; across two nodes: 30 x 2^26 B / 22.5e9 B/s).  At these sizes it
+// runs the expanded programs (no round barriers), whose 512 KiB / 1 MiB slices
+// overlap each step's latency with the next slice's transfer, so one latency
+// remains (1 us in a node, 2 us across) instead of one per step.
 TEST(SimFlow, EqualFlowsMatchTheAnalyticalModel) {
   const plan::Registry reg = plan::Registry::builtin();
   const ClusterSpec c = cluster("fat-tree", 4);
   auto in = simulateCollective(c, 8, "allreduce", 1073741824.0, "ring", reg, NetMode::Flow);
   auto across = simulateCollective(c, 16, "allreduce", 1073741824.0, "ring", reg, NetMode::Flow);
   ASSERT_TRUE(in.isOk() && across.isOk());
-  EXPECT_NEAR(in->time_us, 14 * (1 + 134217728 / 240e9 * 1e6), 1e-3);
-  EXPECT_NEAR(across->time_us, 30 * (2 + 67108864 / 22.5e9 * 1e6), 1e-3);
+  EXPECT_NEAR(in->time_us, 1 + 14 * (134217728 / 240e9 * 1e6), 1e-3);
+  EXPECT_NEAR(across->time_us, 2 + 30 * (67108864 / 22.5e9 * 1e6), 1e-3);
+}
+
+// A pipelined plan (the double binary tree, sliced) on 4 single-GPU nodes, one
+// 22.5e9 B/s port each, 16 MiB in 1 MiB slices (S = 8 per tree).
+//  - Analytical: the fill is the four rounds once with a slice (up level 2: one
+//    slice per port; up level 1 and down level 1: two; down level 2: one) plus
+//    their 2 us latencies; each of the 7 further steps moves every round's
+//    slice at once: three slices out of (and into) every port.
+//    = (1 + 2 + 2 + 1 + 7 x 3) x 2^20 / 22.5e9 + 4 x 2 us.
+//  - Unsliced (one chunk): the same rounds with 8 MiB each, one after another.
+//  - Flow (the programs run): never faster than the ports allow (each sends
+//    3 x 8 MiB), and within 30 % of it.
+TEST(SimFlow, PipelinedTreeIsPricedAsAPipeline) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 4, R"(, "leaf_nodes": 4)", 1, 1);
+  const Topology topo = topologyOf(c);
+  const GroupSet all{4, 1, 1};
+  const double slice = 1048576 / 22.5e9, ports = 3 * 8388608 / 22.5e9;
+  NetworkModel ana(c, topo, reg, NetMode::Analytical), flow(c, topo, reg, NetMode::Flow);
+  auto a = ana.collective(plan::Collective::AllReduce, Bytes(16777216), all, "double_tree");
+  auto f = flow.collective(plan::Collective::AllReduce, Bytes(16777216), all, "double_tree");
+  ASSERT_TRUE(a.isOk() && f.isOk());
+  EXPECT_NEAR(a->time.value(), 27 * slice + 8e-6, 1e-12);
+  EXPECT_GE(f->time.value(), ports);
+  EXPECT_LE(f->time.value(), 1.3 * ports);
+  ana.setChunkBytes(uint64_t{1} << 30);
+  auto whole = ana.collective(plan::Collective::AllReduce, Bytes(16777216), all, "double_tree");
+  ASSERT_TRUE(whole.isOk());
+  EXPECT_NEAR(whole->time.value(), 48 * slice + 8e-6, 1e-12);
+}
+
+// The program simulation keeps the TCP transport's clear-to-send: with every
+// message between nodes waiting for its receive and a grant (one route
+// latency back), a ring across nodes takes longer than with eager messages.
+TEST(SimFlow, ClearToSendCostsTheGrantsTrip) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec eager = cluster("fat-tree", 4, R"(, "leaf_nodes": 4)", 1, 1);
+  const ClusterSpec cts = cluster("fat-tree", 4, R"(, "leaf_nodes": 4, "rendezvous_bytes": 1)", 1, 1);
+  auto e = simulateCollective(eager, 4, "allreduce", 4194304.0, "ring", reg, NetMode::Flow);
+  auto r = simulateCollective(cts, 4, "allreduce", 4194304.0, "ring", reg, NetMode::Flow);
+  ASSERT_TRUE(e.isOk() && r.isOk()) << r.status().message();
+  EXPECT_GT(r->time_us, e->time_us + 2);
+  EXPECT_LT(r->time_us, e->time_us + 6 * 2 * 2 + 1);  // at most a grant per ring step on the critical path
 }
 
 // ECMP: 4 single-GPU nodes, 2 per leaf, so a leaf's uplink is 2 spine lanes of
