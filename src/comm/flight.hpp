@@ -26,7 +26,7 @@ struct FlightEntry {
   uint64_t count = 0;
   int32_t root = 0;
   int32_t pad2 = 0;
-  int64_t start_ns = 0, end_ns = 0;  // CLOCK_REALTIME
+  int64_t start_ns = 0, end_ns = 0;  // CLOCK_REALTIME_COARSE (ms resolution)
   enum State : uint8_t { Running = 1, Done = 2, Failed = 3 };
 };
 

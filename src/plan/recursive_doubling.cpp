@@ -23,8 +23,11 @@ class RecursiveDoublingAllReduce final : public Algorithm {
     if (n == 1 || N == 0) return rs;
     const int p = pof2Floor(n), rem = n - p;
     if (rem) rs.push_back({.peers = Peers::FoldIn, .fold = rem, .elems = N, .reduce = true, .staged = true});
+    // The first round reduces straight out of the transport out of place
+    // when no rank folded (generate()).
     for (int mask = 1; mask < p; mask <<= 1)
-      rs.push_back({.peers = Peers::Xor, .arg = mask, .fold = rem, .elems = N, .reduce = true, .staged = true});
+      rs.push_back({.peers = Peers::Xor, .arg = mask, .fold = rem, .elems = N, .reduce = true,
+                    .staged = mask > 1 || sh.inplace || rem > 0});
     if (rem) rs.push_back({.peers = Peers::FoldOut, .fold = rem, .elems = N});
     return rs;
   }
@@ -47,11 +50,25 @@ class RecursiveDoublingAllReduce final : public Algorithm {
         newrank = r / 2;
       }
     } else {
-      b.copy(all, in(0, N));
       newrank = r - rem;
+      // Out of place, a rank that did not fold sends its input in the first
+      // round and reduces the partner's straight into the output: no copy,
+      // no scratch pass.  (In place the output is the input: receiving into
+      // it must wait for the send, and a large send completes only when the
+      // partner has read it, so both would wait; later rounds stage through
+      // scratch for the same reason.)
+      if (!sh.inplace && p > 1) {
+        const int pn = newrank ^ 1;
+        const int partner = pn < rem ? pn * 2 + 1 : pn + rem;
+        b.send(partner, in(0, N));
+        b.recvReduce(partner, all, in(0, N));
+      } else {
+        b.copy(all, in(0, N));
+      }
     }
     if (newrank >= 0) {
-      for (int mask = 1; mask < p; mask <<= 1) {
+      const bool first_done = r >= 2 * rem && !sh.inplace;
+      for (int mask = first_done ? 2 : 1; mask < p; mask <<= 1) {
         const int pn = newrank ^ mask;
         const int partner = pn < rem ? pn * 2 + 1 : pn + rem;
         b.send(partner, all);

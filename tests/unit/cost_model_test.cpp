@@ -47,9 +47,15 @@ TEST(CostModel, OneMessagePerRankRoundsCostAlphaTwoOverheadsAndBytes) {
   const double b = 2000;
   const double ring = 2e-6 + (1e-6 + 0.2e-6 + b * 1e-9 + b * 0.5e-9) + (1e-6 + 0.2e-6 + b * 1e-9);
   EXPECT_NEAR(price(reg, "ring", shape(2, 1000, nullptr), p, {}), ring, 1e-12);
-  // Recursive doubling reduces in a separate pass (staged): twice γ.
-  const double rd = 2e-6 + (1e-6 + 0.2e-6 + 2 * b * 1e-9 + 2 * 2 * b * 0.5e-9);
+  // Recursive doubling out of place reduces its first round straight out of
+  // the transport; in place it lands it in scratch and reduces in a separate
+  // pass (staged): twice γ.
+  const double rd = 2e-6 + (1e-6 + 0.2e-6 + 2 * b * 1e-9 + 2 * b * 0.5e-9);
   EXPECT_NEAR(price(reg, "recursive_doubling", shape(2, 1000, nullptr), p, {}), rd, 1e-12);
+  plan::Shape inplace = shape(2, 1000, nullptr);
+  inplace.inplace = true;
+  const double rd_inplace = 2e-6 + (1e-6 + 0.2e-6 + 2 * b * 1e-9 + 2 * 2 * b * 0.5e-9);
+  EXPECT_NEAR(price(reg, "recursive_doubling", inplace, p, {}), rd_inplace, 1e-12);
   // The same ring with the two ranks on different hosts pays the TCP link.
   const double tcp = 2e-6 + (10e-6 + 2e-6 + b * 4e-9 + b * 0.5e-9) + (10e-6 + 2e-6 + b * 4e-9);
   EXPECT_NEAR(price(reg, "ring", shape(2, 1000, nullptr), p, {0, 1}), tcp, 1e-12);
