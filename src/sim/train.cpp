@@ -504,6 +504,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // The layers split in order over the p v virtual stages, the first L mod (p v)
   // one layer more (DeepSpeed's uniform partition; Megatron-LM asks for an even
   // split or explicit first/last stage counts).
+  if (!cfg.stage_costs) return rep;
   const int64_t vs_count = p * v;
   rep.chunks.resize(static_cast<size_t>(vs_count));
   rep.stages.resize(static_cast<size_t>(p));

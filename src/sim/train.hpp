@@ -30,6 +30,7 @@ struct TrainConfig {
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)
   bool fp8 = false;
   std::string algo;          // collective algorithm for every group ("" = auto)
+  bool stage_costs = true;   // also cost every (stage, chunk) for the trace (TrainReport::chunks, ::stages)
 };
 
 struct TrainReport {
@@ -66,7 +67,7 @@ struct TrainReport {
     double tp_fwd_s = 0, tp_bwd_s = 0;             // exposed tensor-parallel communication
     double other_comm_s = 0;                       // exposed ep + cp communication (both passes)
   };
-  std::vector<Chunk> chunks;  // pp x vpp, indexed chunk x pp + stage
+  std::vector<Chunk> chunks;  // pp x vpp, indexed chunk x pp + stage; empty without config.stage_costs
   // Per pipeline stage: its parameters' exposed data-parallel collectives
   // and optimizer step (the first and last stage hold a vocabulary shard).
   struct StageTail {
