@@ -59,6 +59,7 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
                   k.flash_attention = sc.flash_attention;
                   k.fp8 = sc.fp8;
                   k.algo = sc.algo;
+                  k.stage_costs = false;  // only the trace draws them
                   out.push_back(std::move(k));
                 }
               }

@@ -45,6 +45,47 @@ struct Event {
   double ts, dur;  // seconds
 };
 
+// One virtual stage's forward or backward: compute, then the exposed tensor-
+// parallel communication, then the exposed ep/cp communication.
+struct Pass {
+  double comp = 0, tp = 0, other = 0;
+  [[nodiscard]] double total() const { return comp + tp + other; }
+};
+struct ChunkCost {
+  Pass f, b;
+};
+struct StageCost {
+  double ag = 0, rs = 0, opt = 0;  // before the first forward; after the last backward
+};
+
+// Each (stage, chunk) from r.chunks, each stage's tail from r.stages; a report
+// without them (hand-made in tests) costs every stage as r.stage, split evenly
+// over its chunks.
+void costs(const TrainReport& r, std::vector<ChunkCost>* chunks, std::vector<StageCost>* stages) {
+  const TrainConfig& c = r.config;
+  const int64_t p = c.pp, vs_count = static_cast<int64_t>(c.pp) * c.vpp;
+  chunks->assign(static_cast<size_t>(vs_count), {});
+  stages->assign(static_cast<size_t>(p), {});
+  if (static_cast<int64_t>(r.chunks.size()) == vs_count && static_cast<int64_t>(r.stages.size()) == p) {
+    for (int64_t k = 0; k < vs_count; ++k) {
+      const TrainReport::Chunk& ch = r.chunks[static_cast<size_t>(k)];
+      const double other = ch.other_comm_s / 2;  // split over both passes
+      (*chunks)[static_cast<size_t>(k)] = {{ch.fwd_s, ch.tp_fwd_s, other}, {ch.bwd_s + ch.recompute_s, ch.tp_bwd_s, other}};
+    }
+    for (int64_t d = 0; d < p; ++d) {
+      const TrainReport::StageTail& t = r.stages[static_cast<size_t>(d)];
+      (*stages)[static_cast<size_t>(d)] = {t.dp_ag_s, t.dp_rs_s, t.optimizer_s};
+    }
+    return;
+  }
+  const TrainReport::Stage& st = r.stage;
+  const double vf = static_cast<double>(c.vpp);
+  const double other = st.other_comm_s / vf / 2;
+  for (ChunkCost& ch : *chunks)
+    ch = {{st.fwd_s / vf, st.tp_fwd_s / vf, other}, {(st.bwd_s + st.recompute_s) / vf, st.tp_bwd_s / vf, other}};
+  for (StageCost& sc : *stages) sc = {st.dp_ag_s, st.dp_rs_s, st.optimizer_s};
+}
+
 // List-schedules the iteration; emit(event) receives every slice.
 template <typename Emit>
 Result<ScheduleSummary> schedule(const TrainReport& r, Emit&& emit) {
@@ -54,19 +95,17 @@ Result<ScheduleSummary> schedule(const TrainReport& r, Emit&& emit) {
   if (p < 1 || v < 1 || mb < 1) return invalidArgument("trace: empty schedule (pp={} vpp={} micro-batches={})", p, v, mb);
   if (mb * vs_count > 50'000'000)
     return invalidArgument("trace: {} micro-batches x {} virtual stages is too many slices to draw", mb, vs_count);
-  const double vf = static_cast<double>(v);
-  const double f_comp = st.fwd_s / vf, f_tp = st.tp_fwd_s / vf;
-  const double b_comp = (st.bwd_s + st.recompute_s) / vf, b_tp = st.tp_bwd_s / vf;
-  const double other = st.other_comm_s / vf / 2;  // ep/cp exposure, split over both passes
-  const double F = f_comp + f_tp + other, B = b_comp + b_tp + other;
+  std::vector<ChunkCost> cost;
+  std::vector<StageCost> tail;
+  costs(r, &cost, &tail);
   const double p2p = st.p2p_s;
-  const double t0 = st.dp_ag_s;  // parameter all-gather before the first forward
   std::vector<double> fend(static_cast<size_t>(mb * vs_count), -1), bend(static_cast<size_t>(mb * vs_count), -1);
   auto at = [&](std::vector<double>& x, int64_t m, int64_t vs) -> double& { return x[static_cast<size_t>(m * vs_count + vs)]; };
   std::vector<std::vector<Op>> order(static_cast<size_t>(p));
   for (int64_t d = 0; d < p; ++d) order[static_cast<size_t>(d)] = deviceOrder(d, p, v, mb);
   std::vector<size_t> next(static_cast<size_t>(p), 0);
-  std::vector<double> free_at(static_cast<size_t>(p), t0);
+  std::vector<double> free_at(static_cast<size_t>(p));
+  for (int64_t d = 0; d < p; ++d) free_at[static_cast<size_t>(d)] = tail[static_cast<size_t>(d)].ag;  // parameter all-gather
   int64_t left = 2 * mb * v * p, events = 0;
   while (left > 0) {
     bool progressed = false;
@@ -76,7 +115,7 @@ Result<ScheduleSummary> schedule(const TrainReport& r, Emit&& emit) {
       while (i < ord.size()) {
         const Op op = ord[i];
         const int64_t vs = op.chunk * p + d;
-        double ready = t0;
+        double ready = 0;
         if (op.fwd) {
           if (vs > 0) {
             const double e = at(fend, op.micro, vs - 1);
@@ -94,13 +133,15 @@ Result<ScheduleSummary> schedule(const TrainReport& r, Emit&& emit) {
         }
         double& fa = free_at[static_cast<size_t>(d)];
         const double start = std::max(fa, ready);
-        const double comp = op.fwd ? f_comp : b_comp, tp = op.fwd ? f_tp : b_tp, dur = op.fwd ? F : B;
+        const Pass& ps = op.fwd ? cost[static_cast<size_t>(vs)].f : cost[static_cast<size_t>(vs)].b;
+        const double dur = ps.total();
         const std::string label = fmt::format("{} mb{} c{}", op.fwd ? "F" : "B", op.micro, op.chunk);
         emit(Event{label, d, start, dur});
-        if (tp > 0) emit(Event{op.fwd ? "tp fwd" : "tp bwd", 1000 + d, start + comp, tp});
+        if (ps.tp > 0) emit(Event{op.fwd ? "tp fwd" : "tp bwd", 1000 + d, start + ps.comp, ps.tp});
+        if (ps.other > 0) emit(Event{op.fwd ? "ep/cp fwd" : "ep/cp bwd", 4000 + d, start + ps.comp + ps.tp, ps.other});
         const bool sends = op.fwd ? vs + 1 < vs_count : vs > 0;
         if (sends && p2p > 0) emit(Event{op.fwd ? "send act" : "send grad", 2000 + d, start + dur, p2p});
-        events += 1 + (tp > 0) + (sends && p2p > 0);
+        events += 1 + (ps.tp > 0) + (ps.other > 0) + (sends && p2p > 0);
         (op.fwd ? at(fend, op.micro, vs) : at(bend, op.micro, vs)) = start + dur;
         fa = start + dur;
         ++i, --left, progressed = true;
@@ -110,11 +151,12 @@ Result<ScheduleSummary> schedule(const TrainReport& r, Emit&& emit) {
   }
   ScheduleSummary sum;
   for (int64_t d = 0; d < p; ++d) {
+    const StageCost& sc = tail[static_cast<size_t>(d)];
     double t = free_at[static_cast<size_t>(d)];
-    if (t0 > 0) emit(Event{"param all-gather", 3000 + d, 0, t0}), ++events;
-    if (st.dp_rs_s > 0) emit(Event{"grad reduce-scatter", 3000 + d, t, st.dp_rs_s}), t += st.dp_rs_s, ++events;
-    emit(Event{"optimizer", d, t, st.optimizer_s}), ++events;
-    sum.makespan_s = std::max(sum.makespan_s, t + st.optimizer_s);
+    if (sc.ag > 0) emit(Event{"param all-gather", 3000 + d, 0, sc.ag}), ++events;
+    if (sc.rs > 0) emit(Event{"grad reduce-scatter", 3000 + d, t, sc.rs}), t += sc.rs, ++events;
+    emit(Event{"optimizer", d, t, sc.opt}), ++events;
+    sum.makespan_s = std::max(sum.makespan_s, t + sc.opt);
   }
   sum.events = events;
   return sum;
@@ -142,11 +184,12 @@ Result<ScheduleSummary> writeTrainTrace(const TrainReport& r, std::ostream& out)
     const std::pair<int64_t, std::string> tracks[] = {{d, fmt::format("stage {} compute", d)},
                                                        {1000 + d, fmt::format("stage {} tp comm", d)},
                                                        {2000 + d, fmt::format("stage {} pp send", d)},
-                                                       {3000 + d, fmt::format("stage {} dp comm", d)}};
+                                                       {3000 + d, fmt::format("stage {} dp comm", d)},
+                                                       {4000 + d, fmt::format("stage {} ep/cp comm", d)}};
     for (const auto& [tid, name] : tracks) {
       add(fmt::format(R"({{"ph": "M", "name": "thread_name", "pid": 0, "tid": {}, "args": {{"name": "{}"}}}})", tid, name));
       add(fmt::format(R"({{"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": {}, "args": {{"sort_index": {}}}}})",
-                      tid, d * 4 + tid / 1000));
+                      tid, d * 5 + tid / 1000));
     }
   }
   CHORUS_ASSIGN_OR_RETURN(ScheduleSummary sum, schedule(r, [&](const Event& e) {

@@ -1,10 +1,12 @@
 // The simulated iteration on a timeline: a Chrome trace (chrome://tracing,
 // Perfetto) with one track per pipeline stage (compute: forward/backward
 // chunks, optimizer) and, per stage, one per communication stream (tensor
-// parallel, pipeline send, data parallel).  The pipeline schedule is list-
-// scheduled from Megatron's 1F1B order (interleaved when vpp > 1) with every
-// stage costed as the pacing stage of the TrainReport; its makespan is
-// reported beside the analytical iteration time it cross-checks.
+// parallel, pipeline send, data parallel, expert/context parallel).  The
+// pipeline schedule is list-scheduled from Megatron's 1F1B order
+// (interleaved when vpp > 1) with each (stage, chunk) costed from its own
+// layers, embedding and logits (TrainReport::chunks, ::stages); its makespan
+// is reported beside the analytical iteration time, which costs every stage
+// as the pacing one.
 //
 // Also the breakdown plot: a small matplotlib script run by /usr/bin/python3
 // (optional: a clear error when python3 or matplotlib is missing).
@@ -19,7 +21,7 @@
 namespace chorus::sim {
 
 struct ScheduleSummary {
-  double makespan_s = 0;  // first forward to the last optimizer step
+  double makespan_s = 0;  // first forward (its parameter all-gather) to the last optimizer step
   int64_t events = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "sim/topology.hpp"
 
@@ -152,17 +153,24 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const int first_layer = static_cast<int>(m.layers - layers_per_stage);
 
   // ---- parameters and memory first: a layout that does not fit costs no pricing
-  double stage_params = V * h / T;  // embedding or logits shard
-  double widest_layer = 0;          // this GPU's share of its largest layer
-  for (int l = first_layer; l < m.layers; ++l) {
-    double lp = m.layerParams(l);
-    if (moe && l >= m.moe.dense_layers) {
-      const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
-      lp -= expert * m.moe.experts * (1.0 - 1.0 / static_cast<double>(ep));
+  // This GPU's share of the parameters of layers [first, first + count) and,
+  // with `vocab`, of the embedding or logits shard; *widest: its largest layer.
+  auto paramsOf = [&](int first, int count, bool vocab, double* widest) {
+    double params = vocab ? V * h / T : 0;
+    for (int l = first; l < first + count; ++l) {
+      double lp = m.layerParams(l);
+      if (moe && l >= m.moe.dense_layers) {
+        const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
+        lp -= expert * m.moe.experts * (1.0 - 1.0 / static_cast<double>(ep));
+      }
+      params += lp / T;
+      *widest = std::max(*widest, lp / T);
     }
-    stage_params += lp / T;
-    widest_layer = std::max(widest_layer, lp / T);
-  }
+    return params;
+  };
+  // The pacing stage: the last, with the fullest share of layers and the logits.
+  double widest_layer = 0;  // this GPU's share of its largest layer
+  const double stage_params = paramsOf(first_layer, static_cast<int>(layers_per_stage), true, &widest_layer);
   const double dpc = static_cast<double>(d * cp);
   const double opt_shard = cfg.zero >= 1 ? dpc : 1.0;
   TrainReport rep;
@@ -248,6 +256,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     CHORUS_ASSIGN_OR_RETURN(Seconds a2a, coll(plan::Collective::AllToAll, bs * m.moe.top_k * h * kAct / T, epg));
     ep_fwd = a2a * 2;
   }
+  Seconds ce(0);  // the vocab-parallel cross-entropy's allreduce (3 fp32 values per token)
+  if (t > 1) {
+    CHORUS_ASSIGN_OR_RETURN(ce, coll(plan::Collective::AllReduce, 4 * bs, tpg));
+  }
 
   // ---- compute of one layer ------------------------------------------------
   auto layerTimes = [&](int layer) {
@@ -323,54 +335,80 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     }
   };
 
-  // ---- one pipeline stage (the last: it also computes the logits) --------
-  // Uneven splits (Llama-3 405B's 126 layers on 16 stages) give some stages
-  // one more layer; the fullest stage paces the pipeline.
-  Seconds stage_fwd(0), stage_bwd(0), stage_recompute(0);
-  Seconds tp_f(0), tp_b(0), cp_stage(0), ep_stage(0);
-  for (int l = first_layer; l < m.layers; ++l) {
-    const LayerTimes lt = layerTimes(l);
-    stage_fwd += lt.fwd;
-    stage_bwd += lt.bwd;
-    const bool moe_layer = moe && l >= m.moe.dense_layers;
-    if (cfg.recompute == Recompute::Full) stage_recompute += lt.fwd;
-    if (cfg.recompute == Recompute::Selective) stage_recompute += lt.attn_core_fwd;
-    Seconds f(0), bw(0);
-    tpComm(lt, &f, &bw);
-    tp_f += f;
-    tp_b += bw;
-    if (cfg.recompute == Recompute::Full) tp_b += f;  // the recomputed forward communicates again
-    // Forward, backward, and the recomputed forward's communication.
-    const double comm_passes = cfg.recompute == Recompute::Full ? 3 : 2;
-    cp_stage += cp_fwd * comm_passes;
-    if (moe_layer) ep_stage += ep_fwd * comm_passes;
-  }
-  // Logits (GEMM + vocab-parallel cross-entropy) on the last stage.  With tp
-  // the logits' input is all-gathered (SP; its gradient reduce-scattered) or
-  // its gradient allreduced (overlapping the weight-gradient GEMM), and the
-  // cross-entropy allreduces 3 fp32 values per token (max, sum, target logit).
-  const Seconds logit_gemm = gpu.gemm(bs, V / T, h), logit_wgrad = gpu.wgrad(bs, V / T, h);
-  stage_fwd += logit_gemm + gpu.mem(12 * bs * V / T);
-  stage_bwd += gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(8 * bs * V / T);
-  if (t > 1) {
-    CHORUS_ASSIGN_OR_RETURN(Seconds ce, coll(plan::Collective::AllReduce, 4 * bs, tpg));
-    tp_f += ce * 3;
-    if (sp) {
-      tp_f += tp_ag;
-      tp_b += overlapped(tp_rs, logit_wgrad, smf);
-    } else {
-      tp_b += overlapped(tp_ar, logit_wgrad, smf);
+  // layerTimes depends on a layer only through its kind (dense or MoE).
+  std::optional<LayerTimes> dense_times, moe_times;
+  auto timesOf = [&](int l) -> const LayerTimes& {
+    std::optional<LayerTimes>& o = !moe || l < m.moe.dense_layers ? dense_times : moe_times;
+    if (!o) o = layerTimes(l);
+    return *o;
+  };
+
+  // ---- a run of layers on one GPU per micro-batch: a pipeline stage or a virtual-stage chunk
+  // Layers [first, first + count), the logits + loss when `logits` (the last
+  // stage), the embedding's tensor-parallel reduction when `embedding` (the first).
+  struct RangeCost {
+    Seconds fwd = Seconds(0), bwd = Seconds(0), recompute = Seconds(0);
+    Seconds tp_f = Seconds(0), tp_b = Seconds(0), cp = Seconds(0), ep = Seconds(0);
+  };
+  auto priceRange = [&](int first, int count, bool embedding, bool logits) {
+    RangeCost rc;
+    for (int l = first; l < first + count; ++l) {
+      const LayerTimes& lt = timesOf(l);
+      rc.fwd += lt.fwd;
+      rc.bwd += lt.bwd;
+      const bool moe_layer = moe && l >= m.moe.dense_layers;
+      if (cfg.recompute == Recompute::Full) rc.recompute += lt.fwd;
+      if (cfg.recompute == Recompute::Selective) rc.recompute += lt.attn_core_fwd;
+      Seconds f(0), bw(0);
+      tpComm(lt, &f, &bw);
+      rc.tp_f += f;
+      rc.tp_b += bw;
+      if (cfg.recompute == Recompute::Full) rc.tp_b += f;  // the recomputed forward communicates again
+      // Forward, backward, and the recomputed forward's communication.
+      const double comm_passes = cfg.recompute == Recompute::Full ? 3 : 2;
+      rc.cp += cp_fwd * comm_passes;
+      if (moe_layer) rc.ep += ep_fwd * comm_passes;
+    }
+    // Logits (GEMM + vocab-parallel cross-entropy) on the last stage.  With tp
+    // the logits' input is all-gathered (SP; its gradient reduce-scattered) or
+    // its gradient allreduced (overlapping the weight-gradient GEMM), and the
+    // cross-entropy allreduces 3 fp32 values per token (max, sum, target logit).
+    if (logits) {
+      const Seconds logit_gemm = gpu.gemm(bs, V / T, h), logit_wgrad = gpu.wgrad(bs, V / T, h);
+      rc.fwd += logit_gemm + gpu.mem(12 * bs * V / T);
+      rc.bwd += gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(8 * bs * V / T);
+      if (t > 1) {
+        rc.tp_f += ce * 3;
+        if (sp) {
+          rc.tp_f += tp_ag;
+          rc.tp_b += overlapped(tp_rs, logit_wgrad, smf);
+        } else {
+          rc.tp_b += overlapped(tp_ar, logit_wgrad, smf);
+        }
+      }
     }
     // The vocab-parallel embedding's partial lookups are summed (allreduce,
-    // or reduce-scatter into the sequence shards) on the first stage, which
-    // is this one when p = 1; its gradient comes back by an all-gather (SP).
-    if (p == 1) {
-      tp_f += sp ? tp_rs : tp_ar;
-      if (sp) tp_b += tp_ag;
+    // or reduce-scatter into the sequence shards) on the first stage; its
+    // gradient comes back by an all-gather (SP).
+    if (embedding && t > 1) {
+      rc.tp_f += sp ? tp_rs : tp_ar;
+      if (sp) rc.tp_b += tp_ag;
     }
-  }
+    return rc;
+  };
   // Ring attention overlaps its transfers with the attention blocks.
-  const Seconds cp_exposed = cp > 1 ? Seconds(std::max(0.0, (cp_stage - (stage_fwd + stage_bwd) * 0.1).value())) : Seconds(0);
+  auto cpExposed = [&](const RangeCost& rc) {
+    return cp > 1 ? Seconds(std::max(0.0, (rc.cp - (rc.fwd + rc.bwd) * 0.1).value())) : Seconds(0);
+  };
+
+  // ---- the pacing pipeline stage: the last (it also computes the logits) --
+  // Uneven splits (Llama-3 405B's 126 layers on 16 stages) give some stages
+  // one more layer; the analytical model charges the fullest share to the
+  // last stage (an upper bound on the slowest stage; the trace costs each).
+  const RangeCost pace = priceRange(first_layer, static_cast<int>(layers_per_stage), p == 1, true);
+  const Seconds stage_fwd = pace.fwd, stage_bwd = pace.bwd, stage_recompute = pace.recompute;
+  const Seconds tp_f = pace.tp_f, tp_b = pace.tp_b, ep_stage = pace.ep;
+  const Seconds cp_exposed = cpExposed(pace);
 
   // Pipeline point-to-point: one activation (split over tp: the sequence
   // shard with SP; without it Megatron's scatter/gather optimisation sends
@@ -399,8 +437,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // ---- data parallelism, optimizer ------------------------------------------
   const double grad_bytes = stage_params * 2;  // bf16 gradients reduced
   Seconds dp_comm(0), dp_rs(0), dp_ag(0);
+  const GroupSet dcg{d * cp, t, cfg.gpus / (d * cp)};
   if (d * cp > 1) {
-    const GroupSet dcg{d * cp, t, cfg.gpus / (d * cp)};
     CHORUS_ASSIGN_OR_RETURN(Seconds rs, coll(plan::Collective::ReduceScatter, grad_bytes, dcg));
     CHORUS_ASSIGN_OR_RETURN(Seconds ag, coll(plan::Collective::AllGather, grad_bytes, dcg));
     // Gradient reduce-scatter overlaps the last micro-batch's backward, the
@@ -461,6 +499,45 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   st.dp_ag_s = (d * cp > 1) ? dp_ag.value() : 0;
   st.optimizer_s = optimizer.value();
   st.micro_batches = mb;
+
+  // ---- every (stage, chunk) from its own content, for the trace ----------------
+  // The layers split in order over the p v virtual stages, the first L mod (p v)
+  // one layer more (DeepSpeed's uniform partition; Megatron-LM asks for an even
+  // split or explicit first/last stage counts).
+  if (!cfg.stage_costs) return rep;
+  const int64_t vs_count = p * v;
+  rep.chunks.resize(static_cast<size_t>(vs_count));
+  rep.stages.resize(static_cast<size_t>(p));
+  std::vector<double> stage_chunk_fwd(static_cast<size_t>(p), 0), stage_chunk_bwd(static_cast<size_t>(p), 0);
+  int next_layer = 0;
+  for (int64_t k = 0; k < vs_count; ++k) {
+    const int count = static_cast<int>(m.layers / vs_count + (k < m.layers % vs_count ? 1 : 0));
+    TrainReport::Chunk& ch = rep.chunks[static_cast<size_t>(k)];
+    ch.first_layer = next_layer, ch.layers = count;
+    ch.embedding = k == 0, ch.logits = k == vs_count - 1;
+    const RangeCost rc = priceRange(next_layer, count, ch.embedding, ch.logits);
+    ch.fwd_s = rc.fwd.value(), ch.bwd_s = rc.bwd.value(), ch.recompute_s = rc.recompute.value();
+    ch.tp_fwd_s = rc.tp_f.value(), ch.tp_bwd_s = rc.tp_b.value();
+    ch.other_comm_s = (rc.ep + cpExposed(rc)).value();
+    const size_t sd = static_cast<size_t>(k % p);
+    double widest = 0;
+    rep.stages[sd].params += paramsOf(next_layer, count, false, &widest);
+    stage_chunk_fwd[sd] += ch.fwd_s, stage_chunk_bwd[sd] += ch.bwd_s;
+    next_layer += count;
+  }
+  for (int64_t sd = 0; sd < p; ++sd) {
+    TrainReport::StageTail& tail = rep.stages[static_cast<size_t>(sd)];
+    if (sd == 0 || sd == p - 1) tail.params += V * h / T;  // the embedding or logits shard (tied when p = 1)
+    if (d * cp > 1) {  // priced outside coll(): the bottleneck link stays the pacing stage's
+      CHORUS_ASSIGN_OR_RETURN(CollectiveCost rs, net.collective(plan::Collective::ReduceScatter,
+                                                                Bytes(tail.params * 2), dcg, cfg.algo));
+      CHORUS_ASSIGN_OR_RETURN(CollectiveCost ag,
+                              net.collective(plan::Collective::AllGather, Bytes(tail.params * 2), dcg, cfg.algo));
+      tail.dp_rs_s = overlapped(rs.time, Seconds(stage_chunk_bwd[static_cast<size_t>(sd)]), smf).value();
+      tail.dp_ag_s = overlapped(ag.time, Seconds(stage_chunk_fwd[static_cast<size_t>(sd)]), smf).value();
+    }
+    tail.optimizer_s = (gpu.mem(38 * tail.params / opt_shard) + gpu.mem(4 * tail.params / g_div)).value();
+  }
   return rep;
 }
 

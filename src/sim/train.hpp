@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "common/status.hpp"
 #include "plan/plan.hpp"
@@ -29,6 +30,7 @@ struct TrainConfig {
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)
   bool fp8 = false;
   std::string algo;          // collective algorithm for every group ("" = auto)
+  bool stage_costs = true;   // also cost every (stage, chunk) for the trace (TrainReport::chunks, ::stages)
 };
 
 struct TrainReport {
@@ -53,6 +55,26 @@ struct TrainReport {
     double optimizer_s = 0;
     int64_t micro_batches = 0;
   } stage;
+  // Every (stage, chunk) costed from its own content, what --trace lays out:
+  // the layers of virtual stage k = chunk x pp + stage (L layers split in
+  // order over the pp x vpp virtual stages, the first L mod (pp vpp) one layer
+  // more), the embedding's tensor-parallel reduction on virtual stage 0 and
+  // the logits + loss on the last.  Per micro-batch, priced as `stage` is.
+  struct Chunk {
+    int first_layer = 0, layers = 0;
+    bool embedding = false, logits = false;
+    double fwd_s = 0, bwd_s = 0, recompute_s = 0;  // compute
+    double tp_fwd_s = 0, tp_bwd_s = 0;             // exposed tensor-parallel communication
+    double other_comm_s = 0;                       // exposed ep + cp communication (both passes)
+  };
+  std::vector<Chunk> chunks;  // pp x vpp, indexed chunk x pp + stage; empty without config.stage_costs
+  // Per pipeline stage: its parameters' exposed data-parallel collectives
+  // and optimizer step (the first and last stage hold a vocabulary shard).
+  struct StageTail {
+    double params = 0;  // this GPU's share
+    double dp_rs_s = 0, dp_ag_s = 0, optimizer_s = 0;
+  };
+  std::vector<StageTail> stages;  // pp
 };
 
 // Validates the layout (products, divisibility) and simulates one iteration.

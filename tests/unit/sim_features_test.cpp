@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <unistd.h>
 #include <set>
 #include <sstream>
@@ -221,11 +222,129 @@ TEST(SimTrace, ChromeTraceHasATrackPerStageAndStream) {
     if (e["ph"] == "X") ++slices;
   }
   EXPECT_EQ(slices, sum->events);
-  for (const char* t : {"stage 0 compute", "stage 1 compute", "stage 0 tp comm", "stage 1 pp send", "stage 0 dp comm"})
+  for (const char* t : {"stage 0 compute", "stage 1 compute", "stage 0 tp comm", "stage 1 pp send", "stage 0 dp comm",
+                        "stage 1 ep/cp comm"})
     EXPECT_TRUE(tracks.count(t)) << t;
   // The list schedule cross-checks the analytical iteration time.
   EXPECT_NEAR(sum->makespan_s / r->iteration_s, 1.0, 0.05);
   EXPECT_DOUBLE_EQ(j["otherData"]["iteration_time_s"].get<double>(), r->iteration_s);
+}
+
+// The trace's slices by (track, name) in seconds: "F mb0 c1" on track d is
+// micro-batch 0's forward of stage d's chunk 1.
+std::map<std::pair<int64_t, std::string>, double> traceSlices(const TrainReport& r, ScheduleSummary* sum) {
+  std::stringstream out;
+  auto s = writeTrainTrace(r, out);
+  EXPECT_TRUE(s.isOk()) << s.status().message();
+  if (s.isOk()) *sum = *s;
+  std::map<std::pair<int64_t, std::string>, double> slices;
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "X") slices[{e["tid"].get<int64_t>(), e["name"].get<std::string>()}] = e["dur"].get<double>() * 1e-6;
+  return slices;
+}
+
+// Every stage's own work, back to back, is a lower bound on the makespan.
+void expectMakespanCoversEveryStage(const TrainReport& r, double makespan) {
+  const int64_t p = r.config.pp;
+  for (int64_t d = 0; d < p; ++d) {
+    double work = r.stages[static_cast<size_t>(d)].dp_ag_s + r.stages[static_cast<size_t>(d)].dp_rs_s +
+                  r.stages[static_cast<size_t>(d)].optimizer_s;
+    for (int64_t c = 0; c < r.config.vpp; ++c) {
+      const TrainReport::Chunk& ch = r.chunks[static_cast<size_t>(c * p + d)];
+      work += static_cast<double>(r.stage.micro_batches) *
+              (ch.fwd_s + ch.bwd_s + ch.recompute_s + ch.tp_fwd_s + ch.tp_bwd_s + ch.other_comm_s);
+    }
+    EXPECT_GE(makespan, work * (1 - 1e-12)) << "stage " << d;
+  }
+}
+
+// 10 layers on 4 stages split 3, 3, 2, 2 (the first L mod p stages one layer
+// more); tp = 1, so the embedding costs nothing and only the last stage adds
+// the logits.  With one layer's forward Lf and the logits' G, the pacing
+// stage of the analytical model is 3 Lf + G (r.stage.fwd_s), and the trace's
+// forwards are F0 = F1 = 3 Lf, F2 = 2 Lf, F3 = 2 Lf + G = r.stage.fwd_s - Lf
+// where Lf = F1 - F2.  (Costed as the pacing stage, all four were 3 Lf + G.)
+TEST(SimTrace, UnevenStagesCostTheirOwnLayers) {
+  OneNode node;
+  TrainConfig cfg;
+  cfg.gpus = 8, cfg.tp = 1, cfg.pp = 4, cfg.dp = 2, cfg.global_batch = 8, cfg.micro_batch = 1, cfg.zero = 1;
+  cfg.recompute = Recompute::None;
+  auto r = simulateTraining(gpt(10, 2048, 16), cfg, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ASSERT_EQ(r->chunks.size(), 4u);
+  const int layers[] = {3, 3, 2, 2};
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(r->chunks[k].layers, layers[k]) << k;
+  EXPECT_TRUE(r->chunks[0].embedding);
+  EXPECT_TRUE(r->chunks[3].logits);
+  ScheduleSummary sum;
+  auto sl = traceSlices(*r, &sum);
+  const double us = 2e-9;  // the trace's microseconds have 3 decimals
+  auto fwd = [&](int64_t d) { return sl.at({d, "F mb0 c0"}); };
+  auto bwd = [&](int64_t d) { return sl.at({d, "B mb0 c0"}); };
+  const double lf = fwd(1) - fwd(2), lb = bwd(1) - bwd(2);
+  ASSERT_GT(lf, 1e-4);
+  EXPECT_NEAR(fwd(0), fwd(1), us);
+  EXPECT_NEAR(fwd(1), 3 * lf, 3 * us);
+  EXPECT_NEAR(bwd(1), 3 * lb, 3 * us);
+  EXPECT_NEAR(fwd(3), r->stage.fwd_s - lf, 3 * us);
+  EXPECT_NEAR(bwd(3), r->stage.bwd_s - lb, 3 * us);
+  EXPECT_GT(fwd(3), fwd(2));  // the logits
+  // The analytical model paces every stage as 3 Lf + G; the schedule's slowest
+  // stage is lighter, so its makespan is shorter.
+  EXPECT_LT(sum.makespan_s, r->iteration_s);
+  expectMakespanCoversEveryStage(*r, sum.makespan_s);
+}
+
+// Interleaved: 10 layers over pp 2 x vpp 2 virtual stages split 3, 3, 2, 2;
+// virtual stage k = chunk x pp + stage, so stage 0 holds 3 (chunk 0) and 2
+// (chunk 1) layers, stage 1 holds 3 and 2 + the logits.  The analytical
+// pacing stage is ceil(10 / 2) = 5 layers + G: G = r.stage.fwd_s - 5 Lf.
+TEST(SimTrace, InterleavedChunksCostTheirOwnLayers) {
+  OneNode node;
+  TrainConfig cfg;
+  cfg.gpus = 8, cfg.tp = 1, cfg.pp = 2, cfg.vpp = 2, cfg.dp = 4, cfg.global_batch = 8, cfg.micro_batch = 1;
+  cfg.recompute = Recompute::None;
+  auto r = simulateTraining(gpt(10, 2048, 16), cfg, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ScheduleSummary sum;
+  auto sl = traceSlices(*r, &sum);
+  const double us = 2e-9;
+  const double c0 = sl.at({0, "F mb0 c0"}), c1 = sl.at({0, "F mb0 c1"});
+  const double lf = c0 - c1;
+  EXPECT_NEAR(c0, 3 * lf, 3 * us);
+  EXPECT_NEAR(sl.at({1, "F mb0 c0"}), c0, us);
+  EXPECT_NEAR(sl.at({1, "F mb0 c1"}), 2 * lf + (r->stage.fwd_s - 5 * lf), 5 * us);
+  expectMakespanCoversEveryStage(*r, sum.makespan_s);
+}
+
+// DeepSeek-like leading dense layers: 4 layers on 4 stages, layer 0 dense
+// (ffn 4h), layers 1-3 MoE (8 experts of 1024, top 2).  Stage 0's forward is
+// one dense layer, priced as the same layer of the dense model of the same
+// shape (stage 1 of gpt(4, ...)); stage 1's is one MoE layer, a different price.
+TEST(SimTrace, LeadingDenseLayersCostAsDense) {
+  OneNode node;
+  TrainConfig cfg;
+  cfg.gpus = 8, cfg.tp = 1, cfg.pp = 4, cfg.dp = 2, cfg.global_batch = 8, cfg.micro_batch = 1;
+  cfg.recompute = Recompute::None;
+  ModelSpec moe = gpt(4, 2048, 16);
+  moe.moe.experts = 8, moe.moe.top_k = 2, moe.moe.expert_ffn_hidden = 1024, moe.moe.dense_layers = 1;
+  auto rm = simulateTraining(moe, cfg, node.net);
+  ASSERT_TRUE(rm.isOk()) << rm.status().message();
+  auto rd = simulateTraining(gpt(4, 2048, 16), cfg, node.net);
+  ASSERT_TRUE(rd.isOk()) << rd.status().message();
+  ScheduleSummary sm, sd;
+  auto slm = traceSlices(*rm, &sm), sld = traceSlices(*rd, &sd);
+  const double us = 2e-9;
+  EXPECT_NEAR(slm.at({0, "F mb0 c0"}), sld.at({1, "F mb0 c0"}), us);
+  EXPECT_NEAR(slm.at({0, "B mb0 c0"}), sld.at({1, "B mb0 c0"}), us);
+  EXPECT_GT(std::abs(slm.at({1, "F mb0 c0"}) - slm.at({0, "F mb0 c0"})), 1e-5);
+  EXPECT_NEAR(slm.at({1, "F mb0 c0"}), slm.at({2, "F mb0 c0"}), us);
+  // The first stage's parameters: one dense layer (and the embedding), the
+  // second's one MoE layer with all 8 experts (ep = 1).
+  EXPECT_NEAR(rm->stages[0].params, moe.layerParams(0) + 51200.0 * 2048, 1);
+  EXPECT_NEAR(rm->stages[1].params, moe.layerParams(1), 1);
+  expectMakespanCoversEveryStage(*rm, sm.makespan_s);
 }
 
 // --plot draws with /usr/bin/python3 + matplotlib; where they are missing the
