@@ -446,14 +446,24 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   if (stage) sh.inplace = false;
   const plan::Algorithm* algo = nullptr;
   uint64_t chunk = 0;
-  if (op.coll != Collective::SendRecv) {
+  const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
+  const plan::Program* prog = nullptr;
+  // The same call as the last one (sizes, buffers' aliasing, type, root):
+  // the same plan, chunk and program, without the lookups below.
+  const bool memo = !v && i == 0;
+  if (memo && last_.valid && last_.dtype == op.dtype && last_.key.coll == static_cast<uint8_t>(op.coll) &&
+      last_.key.inplace == sh.inplace && last_.key.is_send == op.is_send && last_.key.elem_size == es &&
+      last_.key.root == op.root && last_.key.count == op.count) {
+    algo = last_.key.algo;
+    chunk = last_.key.chunk;
+    sh.chunk_elems = chunk;
+    prog = last_.prog;
+  } else if (op.coll != Collective::SendRecv) {
     CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, op.dtype));
     algo = ch.algo;
     chunk = es ? std::max<uint64_t>(1, ch.chunk_bytes / es) : 0;
     sh.chunk_elems = chunk;
   }
-  const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
-  const plan::Program* prog = nullptr;
   auto build = [&](plan::Program* out) {
     if (op.coll == Collective::SendRecv) {
       plan::ProgramBuilder b;
@@ -467,7 +477,9 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
       plan::expand(*algo, sh, rank_, out);
     }
   };
-  if (v) {
+  if (prog != nullptr) {
+    // memoised above
+  } else if (v) {
     if (uncached_.size() <= i) uncached_.resize(i + 1);
     if (!uncached_[i]) uncached_[i] = std::make_unique<plan::Program>();
     build(uncached_[i].get());
@@ -482,6 +494,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
       it = cache_.emplace(key, std::move(p)).first;
     }
     prog = it->second.get();
+    if (memo) last_ = {key, op.dtype, true, prog};
   }
 
   // Bind buffers.  PreMulSum scales the input into a staging buffer first.

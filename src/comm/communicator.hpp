@@ -203,6 +203,14 @@ class Communicator {
     size_t operator()(const CacheKey& k) const;
   };
   std::unordered_map<CacheKey, std::unique_ptr<plan::Program>, CacheHash> cache_;
+  // The last single operation's choice and program (prepare()): a loop of
+  // equal calls skips the tuner's and the cache's hash lookups.
+  struct LastPrepared {
+    CacheKey key{};
+    chorusDataType_t dtype{};
+    bool valid = false;
+    const plan::Program* prog = nullptr;
+  } last_;
   std::vector<std::unique_ptr<plan::Program>> uncached_;  // v-collectives, reused
   std::vector<exec::Job> jobs_;
   std::vector<std::array<std::byte*, 3>> job_bufs_;
