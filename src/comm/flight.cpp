@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "kernels/dtype.hpp"
@@ -25,10 +27,29 @@ int64_t nowNs() {
 }
 }  // namespace
 
+FlightEntry FlightRecorder::load(const Slot& s) const {
+  uint64_t w[kWords];
+  for (size_t i = 0; i < kWords; ++i) w[i] = s[i].load(std::memory_order_relaxed);
+  FlightEntry e;
+  std::memcpy(&e, w, sizeof e);
+  return e;
+}
+
+// Writes entry e into slot s, and sets the number of entries to `next`,
+// inside one odd-version section.
+void FlightRecorder::store(Slot& s, const FlightEntry& e, uint64_t next) {
+  uint64_t w[kWords];
+  std::memcpy(w, &e, sizeof e);
+  const uint64_t v = version_.load(std::memory_order_relaxed);
+  version_.store(v + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // readers see odd before any new word
+  for (size_t i = 0; i < kWords; ++i) s[i].store(w[i], std::memory_order_relaxed);
+  next_.store(next, std::memory_order_relaxed);
+  version_.store(v + 2, std::memory_order_release);
+}
+
 void FlightRecorder::start(uint64_t seq, uint8_t coll, int32_t dtype, uint64_t count, int32_t root) {
-  std::lock_guard l(mu_);
-  FlightEntry& e = ring_[next_++ % kSize];
-  e = FlightEntry{};
+  FlightEntry e;
   e.seq = seq;
   e.coll = coll;
   e.state = FlightEntry::Running;
@@ -36,26 +57,50 @@ void FlightRecorder::start(uint64_t seq, uint8_t coll, int32_t dtype, uint64_t c
   e.count = count;
   e.root = root;
   e.start_ns = nowNs();
+  const uint64_t n = next_.load(std::memory_order_relaxed);
+  store(ring_[n % kSize], e, n + 1);
+  last_ = e;
 }
 
 void FlightRecorder::finish(uint64_t seq, bool ok) {
-  std::lock_guard l(mu_);
-  for (size_t k = 0; k < std::min<uint64_t>(next_, kSize); ++k) {
-    FlightEntry& e = ring_[(next_ - 1 - k) % kSize];
+  const uint64_t n = next_.load(std::memory_order_relaxed);
+  // Usually the entry just started: the writer's own copy of it.
+  if (n > 0 && last_.seq == seq && last_.state == FlightEntry::Running) {
+    last_.state = ok ? FlightEntry::Done : FlightEntry::Failed;
+    last_.end_ns = nowNs();
+    store(ring_[(n - 1) % kSize], last_, n);
+    return;
+  }
+  for (uint64_t k = 0; k < std::min<uint64_t>(n, kSize); ++k) {
+    Slot& slot = ring_[(n - 1 - k) % kSize];
+    FlightEntry e = load(slot);
     if (e.seq == seq && e.state == FlightEntry::Running) {
       e.state = ok ? FlightEntry::Done : FlightEntry::Failed;
       e.end_ns = nowNs();
+      store(slot, e, n);
       return;
     }
   }
 }
 
 std::vector<FlightEntry> FlightRecorder::snapshot() const {
-  std::lock_guard l(mu_);
   std::vector<FlightEntry> v;
-  const uint64_t n = std::min<uint64_t>(next_, kSize);
-  for (uint64_t k = 0; k < n; ++k) v.push_back(ring_[(next_ - n + k) % kSize]);
-  return v;
+  // The writer holds the version odd for a few stores; a reader that keeps
+  // meeting changes (a busy writer) yields now and then and gives up after
+  // ~100,000 tries with nothing rather than a torn list: this is a
+  // diagnostic, read when the writer is stuck.
+  for (int attempt = 0; attempt < 100000; ++attempt) {
+    if (attempt % 64 == 63) std::this_thread::yield();
+    const uint64_t v1 = version_.load(std::memory_order_acquire);
+    if (v1 & 1) continue;
+    const uint64_t next = next_.load(std::memory_order_relaxed);
+    const uint64_t n = std::min<uint64_t>(next, kSize);
+    v.clear();
+    for (uint64_t k = 0; k < n; ++k) v.push_back(load(ring_[(next - n + k) % kSize]));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (version_.load(std::memory_order_relaxed) == v1) return v;
+  }
+  return {};
 }
 
 FlightSummary FlightRecorder::summary(int rank) const {

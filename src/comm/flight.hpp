@@ -2,14 +2,16 @@
 // can say which rank is where ("ranks 0,1,2 are waiting in allreduce #1042;
 // rank 3 last completed allreduce #1041 and is in barrier #7").
 //
-// Entries are small PODs in a fixed ring; record/finish are called by the
-// executing thread, snapshot by any thread (a mutex: a few per operation,
-// uncontended).
+// Entries are small PODs in a fixed ring.  start/finish are called by the
+// thread executing the communicator's operations (one at a time), snapshot by
+// any thread: a sequence lock — the writer makes the version odd, writes the
+// entry's words, makes it even; a reader copies and retries if the version
+// moved — so the two calls per operation cost plain stores, not a mutex.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -52,10 +54,17 @@ class FlightRecorder {
   [[nodiscard]] FlightSummary summary(int rank) const;
 
  private:
-  mutable std::mutex mu_;
-  std::array<FlightEntry, kSize> ring_{};
-  uint64_t next_ = 0;
+  static constexpr size_t kWords = sizeof(FlightEntry) / sizeof(uint64_t);
+  using Slot = std::array<std::atomic<uint64_t>, kWords>;
+  [[nodiscard]] FlightEntry load(const Slot& s) const;
+  void store(Slot& s, const FlightEntry& e, uint64_t next);
+
+  std::atomic<uint64_t> version_{0};  // odd while the writer is changing an entry
+  std::atomic<uint64_t> next_{0};     // entries started so far
+  std::array<Slot, kSize> ring_{};
+  FlightEntry last_;  // the writer's copy of the newest entry (writers are serialised)
 };
+static_assert(sizeof(FlightEntry) % sizeof(uint64_t) == 0, "FlightEntry is stored as whole words");
 
 // "allreduce #12 count=1024 float32" for an entry.
 std::string describeEntry(const FlightEntry& e);

@@ -5,6 +5,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
+#include <atomic>
 
 #include "comm/flight.hpp"
 #include "comm/hang_report.hpp"
@@ -81,6 +83,43 @@ TEST(Hang, ReportFromDumpedRecorders) {
             "(count=8 float32) and is in no collective\n");
   std::filesystem::remove_all(dir);
   EXPECT_FALSE(hangReport(dir).isOk());
+}
+
+// The recorder is written by the executing thread and read by any other (a
+// sequence lock): a reader running beside a writer must only ever see whole
+// entries.  Every entry the writer makes has count = 3 x seq and root =
+// seq % 7, and is finished (Done) before the next one starts; a torn read
+// would break one of those relations.
+TEST(Hang, RecorderSnapshotsAreWholeEntriesWhileItIsWritten) {
+  FlightRecorder rec;
+  constexpr uint64_t kOps = 200000;
+  std::atomic<uint64_t> written{0};
+  std::thread writer([&] {
+    for (uint64_t seq = 1; seq <= kOps; ++seq) {
+      rec.start(seq, 0, 7, 3 * seq, static_cast<int32_t>(seq % 7));
+      rec.finish(seq, true);
+      written.store(seq, std::memory_order_release);
+    }
+  });
+  int64_t checked = 0;
+  std::string torn;  // the first inconsistency seen (asserted after the join)
+  while (torn.empty() && written.load(std::memory_order_acquire) < kOps) {
+    const std::vector<FlightEntry> snap = rec.snapshot();
+    for (size_t k = 0; k < snap.size() && torn.empty(); ++k) {
+      const FlightEntry& e = snap[k];
+      if (e.count != 3 * e.seq || e.root != static_cast<int32_t>(e.seq % 7) || e.dtype != 7 ||
+          (k > 0 && e.seq != snap[k - 1].seq + 1) || (k + 1 < snap.size() && e.state != FlightEntry::Done))
+        torn = fmt::format("entry {} of {}: seq {} count {} root {} state {}", k, snap.size(), e.seq, e.count, e.root,
+                           e.state);
+      ++checked;
+    }
+  }
+  writer.join();
+  EXPECT_EQ(torn, "");
+  EXPECT_GT(checked, 0);
+  const std::vector<FlightEntry> last = rec.snapshot();
+  ASSERT_EQ(last.size(), FlightRecorder::kSize);
+  EXPECT_EQ(last.back().state, FlightEntry::Done);
 }
 
 TEST(Hang, DiagnosisText) {

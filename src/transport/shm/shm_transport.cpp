@@ -135,6 +135,7 @@ struct Peer {
   uint64_t in_head = 0;       // our next read position
   uint64_t in_published = 0;  // last value stored to in->head
   uint64_t in_tail = 0;       // cached copy of in->tail
+  uint64_t tail_polled = 0;   // in->tail when poll() last looked; wait() watches it move
   uint64_t discard = 0;       // ring bytes of a rejected message still to skip
   uint64_t acks_given = 0;
   Fifo<RecvOp> recvs;
@@ -150,6 +151,19 @@ struct Peer {
 // sees the new bell value and does not sleep, or we see sleeping == 1 and
 // FUTEX_WAKE it.  FUTEX_WAIT itself re-checks the word atomically, which covers
 // an increment that lands between the owner's check and its sleep.
+// A new message needs no doorbell: the owner's wait() watches the tails of its
+// rings while it polls (one line per peer, written by that peer alone), and
+// only a sleeping owner needs the futex.  Dekker as in ring(): our seq_cst
+// tail store then load of `sleeping`, against the owner's seq_cst store of
+// `sleeping` then load of the tails.  Saves an atomic read-modify-write of a
+// line every sender shares on each message.
+inline bool wakeIfSleeping(PageZero* pz) {
+  if (pz->sleeping.load(std::memory_order_seq_cst) == 0) return false;
+  pz->bell.fetch_add(1, std::memory_order_seq_cst);
+  futexWake(&pz->bell);
+  return true;
+}
+
 inline bool ring(PageZero* pz) {
   pz->bell.fetch_add(1, std::memory_order_seq_cst);
   if (pz->sleeping.load(std::memory_order_seq_cst) != 0) {
@@ -502,8 +516,8 @@ void ShmTransport::writeRing(Peer& p, const void* src, uint64_t n) {
 void ShmTransport::flushSend(Peer& p) {
   if (p.out_tail == p.out_published) return;
   p.out_published = p.out_tail;
-  p.out->tail.store(p.out_tail, std::memory_order_release);
-  if (ring(p.peer_page0)) ++stats_.futex_wakes;
+  p.out->tail.store(p.out_tail, std::memory_order_seq_cst);
+  if (wakeIfSleeping(p.peer_page0)) ++stats_.futex_wakes;
 }
 
 // Tells the sender which of its next messages this rank will reduce (see
@@ -772,6 +786,8 @@ Result<bool> ShmTransport::poll() {
   // Read before looking at any ring: a change made after this load bumps the
   // bell past seen_bell_, so wait() will not sleep through it.
   seen_bell_ = page0_->bell.load(std::memory_order_acquire);
+  for (Peer& p : peers_)
+    if (p.in != nullptr) p.tail_polled = p.in->tail.load(std::memory_order_acquire);
   if (aborted_.load(std::memory_order_acquire)) {
     Status why = abortStatus();
     if (!abort_handled_) {
@@ -840,9 +856,16 @@ bool ShmTransport::checkLiveness() {
 }
 
 void ShmTransport::wait(std::chrono::microseconds timeout) {
-  auto changed = [this] {
-    return page0_->bell.load(std::memory_order_acquire) != seen_bell_ ||
-           wake_pending_.exchange(false, std::memory_order_acq_rel);
+  // Something to poll for: the doorbell moved (space, acks, aborts, wake()),
+  // or a ring's tail (a message) since poll() looked.
+  auto moved = [this](std::memory_order mo) {
+    if (page0_->bell.load(mo) != seen_bell_) return true;
+    for (const Peer& p : peers_)
+      if (p.in != nullptr && p.in->tail.load(mo) != p.tail_polled) return true;
+    return false;
+  };
+  auto changed = [&] {
+    return moved(std::memory_order_acquire) || wake_pending_.exchange(false, std::memory_order_acq_rel);
   };
   if (changed()) return;
   // A few polls before reading the clock: a running peer's next message is
@@ -850,12 +873,13 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
   // (Oversubscribed, the peer may need this core: no pure polls.)
   for (int i = 0; i < (oversubscribed_ ? 0 : 32); ++i) {
     cpuRelax();
-    if (page0_->bell.load(std::memory_order_relaxed) != seen_bell_) return;
+    if (moved(std::memory_order_relaxed)) return;
   }
   const auto start = Clock::now();
   const auto deadline = start + timeout;
-  // Spin on our own doorbell line: cheap, and it catches the next message
-  // without a syscall on either side.
+  // Spin on our doorbell and the rings' tails (lines that change only when
+  // there is something to do): it catches the next message without a
+  // syscall or a doorbell on either side.
   // Spin purely for a few microseconds (a peer that is running answers in
   // well under that), then keep polling but yield the core at each turn: when
   // the machine is oversubscribed — more ranks than cores, or other load — the
@@ -868,7 +892,7 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
   const auto pure_end = oversubscribed_ ? start : std::min(spin_end, start + kPureSpin);
   const uint32_t yield_mask = oversubscribed_ ? 7 : 63;
   for (uint32_t i = 1;; ++i) {
-    if (page0_->bell.load(std::memory_order_relaxed) != seen_bell_) return;
+    if (moved(std::memory_order_relaxed)) return;
     cpuRelax();
     if ((i & yield_mask) == 0) {
       const auto now = Clock::now();
@@ -886,8 +910,7 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
     // One of the two loads must see the other side's write, so an increment
     // after the last poll() either stops us here or wakes the futex.
     page0_->sleeping.store(1, std::memory_order_seq_cst);
-    if (page0_->bell.load(std::memory_order_seq_cst) != seen_bell_ ||
-        wake_pending_.load(std::memory_order_seq_cst)) {
+    if (moved(std::memory_order_seq_cst) || wake_pending_.load(std::memory_order_seq_cst)) {
       page0_->sleeping.store(0, std::memory_order_relaxed);
       wake_pending_.store(false, std::memory_order_relaxed);
       return;
