@@ -1,11 +1,16 @@
 // Bruck's algorithms: ceil(log2 n) rounds for any n, the latency-optimal
 // choice for small allgather and all-to-all messages.
 //
-// Allgather: in round k (distance d = 2^k) a rank sends the min(d, n - d)
-// blocks it has gathered so far — real blocks r, r+1, ... — to r - d and
-// receives r + d's to place after them.  Blocks go straight to their final
-// place in the output; a range that wraps past the last rank is sent as two
-// messages, split where both sides agree (the same real block index).
+// Allgather (Bruck et al. 1997): every rank gathers the blocks in rotated
+// order in scratch, slot j holding block r + j (its own block in slot 0).  In
+// round k (distance d = 2^k) a rank sends its first min(d, n - d) slots as
+// one message to r - d and receives as many from r + d into slot d: the
+// sender's slot i is block r + d + i, the receiver's slot d + i.  Every rank
+// sends the same amount to the same relative peer, so a round is one Shift
+// pattern for any n.  Finally the slots are rotated into the output in two
+// copies (slots [1, n - r) to blocks r + 1.., slots [n - r, n) to blocks
+// 0..r - 1); the own block is copied from the input directly (nothing to do
+// in place, where the input is output block r).
 //
 // All-to-all: rotate the input so that local block j is the one for rank
 // r + j; in round k send every block whose index has bit k set to r + 2^k
@@ -29,20 +34,31 @@ class BruckAllGather final : public Algorithm {
  public:
   std::string_view name() const override { return "bruck"; }
   Collective collective() const override { return Collective::AllGather; }
+  // Round d: every rank r sends min(d, n - d) blocks to r - d (Shift by n - d).
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    std::vector<Round> rs;
+    const int n = sh.nranks;
+    if (n == 1 || sh.count == 0) return rs;
+    for (int d = 1; d < n; d *= 2)
+      rs.push_back({.peers = Peers::Shift, .arg = n - d, .elems = sh.count * static_cast<uint64_t>(std::min(d, n - d))});
+    return rs;
+  }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t c = sh.count;
-    b.copy(out(r * c, c), in(0, c));
+    b.copy(out(r * c, c), in(0, c));  // nothing in place
     if (n == 1 || c == 0) return;
-    for (int d = 1; d < n; d <<= 1) {
-      const int cnt = std::min(d, n - d);
-      const int to = mod(r - d, n), from = mod(r + d, n);
-      if (d == 1)
-        b.send(to, in(0, c));
-      else
-        wrapped(n, r, cnt, [&](int blk, int k) { b.send(to, out(blk * c, k * c)); });
-      wrapped(n, from, cnt, [&](int blk, int k) { b.recv(from, out(blk * c, k * c)); });
+    const Region tmp = b.scratch(n * c);
+    auto slots = [&](uint64_t j, uint64_t k) { return Region{Buf::Scratch, tmp.offset + j * c, k * c}; };
+    b.copy(slots(0, 1), in(0, c));
+    for (int d = 1; d < n; d *= 2) {
+      const uint64_t cnt = static_cast<uint64_t>(std::min(d, n - d));
+      b.send(mod(r - d, n), d == 1 ? in(0, c) : slots(0, cnt));
+      b.recv(mod(r + d, n), slots(d, cnt));
     }
+    const uint64_t tail = static_cast<uint64_t>(n - r);  // slots [0, n - r) are blocks r..n-1
+    if (tail > 1) b.copy(out((r + 1) * c, (tail - 1) * c), slots(1, tail - 1));
+    if (r > 0) b.copy(out(0, r * c), slots(tail, r));
   }
 };
 

@@ -119,6 +119,32 @@ TEST(Collectives, HierarchicalAllGatherAndAllToAll) {
   EXPECT_EQ(failures(msgs), "");
 }
 
+// Bruck allgather, forced, on shm and tcp: rotated gathering in scratch, one
+// message per round, the rotation into the output; in place and out of place,
+// n = 3, 5 (the last round sends n - 2^k < 2^k blocks), 8 and 13.
+TEST(Collectives, BruckAllGather) {
+  setenv("CHORUS_ALGO", "allgather:bruck", 1);
+  for (bool tcp : {false, true})
+    for (int n : {3, 5, 8, 13}) {
+      if (tcp && n > 5) continue;
+      if (tcp) setenv("CHORUS_TRANSPORT", "tcp", 1);
+      std::vector<Case> cases;
+      for (const Case& c : standardCases(n, {0, 1, 7, 100003}, /*all_dtypes=*/true))
+        if (c.coll == Coll::AllGather && (c.count < 1000 || c.dtype == chorusFloat32)) cases.push_back(c);
+      auto msgs = runRanks(n, [&](int r, chorusComm_t c) -> std::string {
+        char algo[64] = {};
+        double us = 0;
+        if (chorusCommPredict(c, "allgather", 100003, chorusFloat32, 0, algo, sizeof algo, &us) != chorusSuccess)
+          return chorusGetLastError(c);
+        if (std::string(algo) != "bruck") return fmt::format("rank {}: allgather ran {}", r, algo);
+        return runAll(r, c, cases);
+      });
+      unsetenv("CHORUS_TRANSPORT");
+      EXPECT_EQ(failures(msgs), "") << n << " ranks" << (tcp ? " over tcp" : "");
+    }
+  unsetenv("CHORUS_ALGO");
+}
+
 TEST(Collectives, ManyRanks) {
   for (int n : {13, 16}) {
     auto cases = standardCases(n, {5, 4099}, /*all_dtypes=*/false);

@@ -181,6 +181,30 @@ TEST(SimNetwork, LargeRingStaysCheap) {
 }
 
 
+// Bruck allgather of 1 MiB on 1024 GPUs (128 fat-tree nodes, 8 leaves of 128
+// GPUs): 1024 B per rank, 10 rounds, round k sending 2^k blocks = 2^k x 1024 B
+// from every rank r to r - 2^k.  Every round has messages that leave a node,
+// each NIC port sends and receives exactly one message, and a leaf's uplinks
+// carry min(2^k, 128) of them at 128 ports' worth of bandwidth, never more
+// than a port's time; NVLink (240e9 B/s) is faster.  So round k costs
+// 2 us + 2^k x 1024 B / 22.5e9 B/s, and in all
+//   10 x 2 us + (2^10 - 1) x 1024 B / 22.5e9 B/s = 20 + 46.558 us = 66.558 us
+// (the ring: 1023 x (2 us + 1024 B / 22.5e9 B/s) = 2092.6 us).  Before
+// rounds() it was derived from the programs, which stops at 256 ranks.
+TEST(SimNetwork, BruckAllGatherOnAThousandGpus) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 128);
+  auto r = simulateCollective(c, 1024, "allgather", 1048576.0, "bruck", reg);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  EXPECT_NEAR(r->time_us, 10 * 2 + 1023 * 1024 / 22.5e9 * 1e6, 1e-6);
+  EXPECT_NEAR(r->latency_us, 10 * 2, 1e-9);
+  // Not a power of two: recursive doubling refuses, Bruck's 10 rounds beat the
+  // ring's 999, and `auto` now sees Bruck.
+  auto a = simulateCollective(c, 1000, "allgather", 1024000.0, "auto", reg);
+  ASSERT_TRUE(a.isOk()) << a.status().message();
+  EXPECT_EQ(a->algo, "bruck");
+}
+
 // For a GPT (ffn = 4h, no GQA) the per-operator count reduces exactly to
 // Narayanan et al. eq. 3 without recomputation:
 //   72 B s l h^2 (1 + s / (6h) + V / (12 l h)).

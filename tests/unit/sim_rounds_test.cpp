@@ -165,6 +165,38 @@ TEST(SimRounds, ScalableFamiliesBeyondDerivedLimit) {
   EXPECT_EQ(sag->back().repeat, 999u);
 }
 
+// Bruck allgather sends one contiguous run of blocks per round, so its rounds
+// are Shift patterns for any n: 131,072 ranks are log2 n = 17 rounds, round
+// k sending min(2^k, n - 2^k) = 2^k blocks to r - 2^k (Shift by n - 2^k),
+// without expanding a program (deriveRounds refuses n > 256).
+TEST(SimRounds, BruckAllGatherBeyondDerivedLimit) {
+  Registry reg = Registry::builtin();
+  Shape sh;
+  sh.coll = Collective::AllGather;
+  sh.nranks = 131072;
+  sh.count = 5;
+  auto rs = reg.find(Collective::AllGather, "bruck")->rounds(sh);
+  ASSERT_TRUE(rs.isOk()) << rs.status().message();
+  ASSERT_EQ(rs->size(), 17u);
+  uint64_t total = 0;
+  for (size_t k = 0; k < rs->size(); ++k) {
+    const Round& r = (*rs)[k];
+    EXPECT_EQ(r.peers, Peers::Shift) << k;
+    EXPECT_EQ(r.repeat, 1u) << k;
+    EXPECT_EQ(r.arg, 131072 - (int64_t{1} << k)) << k;
+    EXPECT_EQ(r.elems, (uint64_t{1} << k) * 5) << k;
+    total += r.elems;
+  }
+  EXPECT_EQ(total, 131071u * 5);  // every rank receives the n - 1 other blocks once
+  // A non-power of two: the last round sends only the n - 2^k missing blocks.
+  sh.nranks = 100000;
+  rs = reg.find(Collective::AllGather, "bruck")->rounds(sh);
+  ASSERT_TRUE(rs.isOk());
+  ASSERT_EQ(rs->size(), 17u);  // ceil(log2 100000)
+  EXPECT_EQ(rs->back().arg, 100000 - 65536);
+  EXPECT_EQ(rs->back().elems, (100000u - 65536u) * 5);
+}
+
 // Recursive doubling on a non-power of two: the fold pairs (0,1),(2,3) for
 // rem = 6 - 4 = 2, then xor rounds over the 4 core ranks {1,3,4,5}.
 TEST(SimRounds, FoldedRecursiveDoubling) {
