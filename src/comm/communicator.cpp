@@ -240,6 +240,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   hosts.reserve(infos.size());
   for (const RankInfo& o : infos) hosts.push_back(o.host);
   topo.host_of = bootstrap::hostIndices(hosts, cfg.force_tcp);
+  for (const bootstrap::HostIdentity& h : hosts) topo.one_machine = topo.one_machine && h == me.host;
   CHORUS_ASSIGN_OR_RETURN(tune::CostProfile profile, tune::CostProfile::load());
   auto tuner = tune::Tuner::create(registry_, topo, cfg.algo_spec, cfg.chunk_bytes, std::move(profile));
   if (!tuner.isOk()) return tuner.status();

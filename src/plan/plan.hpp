@@ -307,6 +307,12 @@ constexpr int kMaxDerivedRanks = 256;
 // higher.  The tuner and the simulator use the same figures.
 constexpr uint64_t kChunkBytesOneHost = 512u << 10;
 constexpr uint64_t kChunkBytesAcrossHosts = 1u << 20;
+// TCP between ranks of one machine (CHORUS_TRANSPORT=tcp): the kernel copies
+// both ends on the same cores, and slices below the TCP clear-to-send
+// threshold go eagerly; 2-rank loopback allreduce of 4 / 16 / 64 MiB took
+// 0.90-0.93 / 5.3-5.5 / 21.4 ms in 128 KiB slices against 1.4 / 6.8-7.1 /
+// 27.4-27.8 ms in 1 MiB ones (docs/performance.md).
+constexpr uint64_t kChunkBytesLoopback = 128u << 10;
 class Algorithm;
 Result<std::vector<Round>> deriveRounds(const Algorithm& algo, const Shape& shape);
 

@@ -88,7 +88,8 @@ uint64_t Tuner::defaultChunk() const {
   // Pipeline large messages in slices big enough to amortise a message's
   // fixed cost yet small enough to keep several in flight and in cache.
   if (chunk_override_ != 0) return chunk_override_;
-  return topo_.all_local ? plan::kChunkBytesOneHost : plan::kChunkBytesAcrossHosts;
+  if (topo_.all_local) return plan::kChunkBytesOneHost;
+  return topo_.one_machine ? plan::kChunkBytesLoopback : plan::kChunkBytesAcrossHosts;
 }
 
 Result<double> Tuner::price(const plan::Algorithm& algo, const plan::Shape& sh, chorusDataType_t dtype) const {

@@ -29,6 +29,7 @@ struct Topology {
   int local_ranks = 1;       // ranks on this host (shared memory)
   bool all_local = true;     // every peer reachable over shared memory
   std::vector<int> host_of;  // host index of every rank (equal = shared memory)
+  bool one_machine = true;   // every rank on this machine (TCP, if any, is loopback)
 };
 
 class Tuner {

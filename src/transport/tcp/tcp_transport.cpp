@@ -42,6 +42,7 @@
 // abort() publishes its status under a mutex and an atomic flag, and both
 // write the eventfd that wait() watches.
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -57,6 +58,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/env.hpp"
 #include "common/log.hpp"
 #include "transport/tcp/tcp.hpp"
 #include "transport/tcp/tcp_setup.hpp"
@@ -248,6 +250,8 @@ class TcpTransport final : public Transport {
   ~TcpTransport() override = default;
 
   Status init(std::vector<tcp::PeerLink> links) {
+    CHORUS_ASSIGN_OR_RETURN(int64_t spin_us, env::getInt("CHORUS_SPIN_US"));
+    spin_ = std::chrono::microseconds(std::max<int64_t>(spin_us, 0));
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) return errnoError("epoll_create1 (tcp transport)", errno);
     wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -401,6 +405,34 @@ class TcpTransport final : public Transport {
       }
     }
     std::array<epoll_event, 32> events;
+    auto drainWake = [&](int n) {
+      for (int i = 0; i < n; ++i)
+        if (events[static_cast<size_t>(i)].data.u64 == kWakeTag) {
+          uint64_t v;
+          [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
+        }
+    };
+    // Poll before sleeping, as the shared-memory transport does: a peer that
+    // answers within CHORUS_SPIN_US is caught without a sleep and a wake-up
+    // (loopback 8-byte allreduce: ~20-30 us when both sides sleep on epoll,
+    // Open MPI's busy-polling TCP BTL ~8 us).  Each try is a non-blocking
+    // epoll_wait; the core is yielded every few tries, so a peer queued
+    // behind us on this core gets it.  A short wait (the executor taking turns
+    // between transports) does not spin: the other transport's wait does.
+    if (spin_.count() > 0 && timeout >= std::chrono::milliseconds(1)) {
+      const auto spin_end = std::chrono::steady_clock::now() + spin_;
+      for (uint32_t i = 1;; ++i) {
+        const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), 0);
+        if (n != 0) {
+          drainWake(n);
+          return;
+        }
+        if ((i & 3) == 0) {
+          if (std::chrono::steady_clock::now() >= spin_end) break;
+          sched_yield();
+        }
+      }
+    }
     timespec ts{};
     auto us = std::max<int64_t>(timeout.count(), 0);
     ts.tv_sec = us / 1000000;
@@ -410,11 +442,7 @@ class TcpTransport final : public Transport {
       int ms = static_cast<int>(std::min<int64_t>((us + 999) / 1000, INT_MAX));
       n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), ms);
     }
-    for (int i = 0; i < n; ++i)
-      if (events[static_cast<size_t>(i)].data.u64 == kWakeTag) {
-        uint64_t v;
-        [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
-      }
+    drainWake(n);
   }
 
   void wake() override {
@@ -1048,6 +1076,7 @@ class TcpTransport final : public Transport {
   std::vector<std::byte> bounce_;
   std::vector<std::unique_ptr<Op[]>> op_chunks_;
   std::vector<Op*> free_ops_;
+  std::chrono::microseconds spin_{50};  // CHORUS_SPIN_US: wait() polls this long before it sleeps
   net::Fd epoll_;       // wait(): sockets with posted work, and the eventfd
   net::Fd hint_epoll_;  // poll(): every socket's input, to skip idle ones
   net::Fd wake_fd_;
