@@ -114,7 +114,8 @@ Result<CollectiveCost> NetworkModel::programFlow(const plan::Algorithm& a, const
   std::vector<char> posted(total, 0), arrived(total, 0), granted(total, 0);
   std::vector<double> cpu_free(static_cast<size_t>(ranks), 0.0);
   // Timed events: (time, kind, step).
-  enum Kind : int { StepDone = 0, Deliver = 1, Grant = 2 };
+  // At equal times: finishes, then deliveries, then grants, then newly ready steps.
+  enum Kind : int { StepDone = 0, Deliver = 1, Grant = 2, Ready = 3 };
   using Event = std::tuple<double, int, uint32_t>;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   double now = 0, finish = 0;
@@ -157,7 +158,7 @@ Result<CollectiveCost> NetworkModel::programFlow(const plan::Algorithm& a, const
         if (t.op == StepOp::Send) break;
         if (t.op != StepOp::Recv && t.op != StepOp::RecvReduce) continue;
         const uint32_t r = base[static_cast<size_t>(q)] + i;
-        if (--pending[r] == 0) events.push({now, StepDone + 3, r});  // ready
+        if (--pending[r] == 0) events.push({now, Ready, r});
       }
       tryStart(q, peerOf(q, s.peer));
     } else {
@@ -213,12 +214,12 @@ Result<CollectiveCost> NetworkModel::programFlow(const plan::Algorithm& a, const
     const plan::Program& p = progOf(q);
     for (uint32_t succ : p.succOf(gid - base[static_cast<size_t>(q)])) {
       const uint32_t sg = base[static_cast<size_t>(q)] + succ;
-      if (--pending[sg] == 0) events.push({now, StepDone + 3, sg});
+      if (--pending[sg] == 0) events.push({now, Ready, sg});
     }
   };
 
   for (uint32_t gid = 0; gid < total; ++gid)
-    if (pending[gid] == 0) events.push({0.0, StepDone + 3, gid});
+    if (pending[gid] == 0) events.push({0.0, Ready, gid});
   // Max-min fair rates of the active flows (progressive filling).
   std::vector<double> residual(nl);
   std::vector<int64_t> count(nl, 0);
@@ -311,7 +312,7 @@ Result<CollectiveCost> NetworkModel::programFlow(const plan::Algorithm& a, const
         dirty = dirty || flows.size() != before;
         break;
       }
-      default:  // ready
+      case Ready:
         ready[gid] = 1;
         {
           const size_t before = flows.size();
