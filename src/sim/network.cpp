@@ -369,9 +369,28 @@ int64_t maxMinRates(FlowSet& fs, const std::vector<char>& active, const std::vec
 
 }  // namespace
 
-NetworkModel::RoundCost NetworkModel::flowRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes) {
-  // Link ids: the topology's, then lanes of the aggregated links.
+std::vector<double> NetworkModel::flowCapacities() const {
   const int64_t base = t_.links(), lanes = t_.lanes(), agg0 = t_.firstAggregated();
+  std::vector<double> cap(static_cast<size_t>(base + (base - agg0) * lanes));
+  for (int64_t l = 0; l < base; ++l) cap[static_cast<size_t>(l)] = t_.capacity(l).value();
+  for (size_t l = static_cast<size_t>(base); l < cap.size(); ++l) cap[l] = t_.laneCapacity().value();
+  return cap;
+}
+
+Seconds NetworkModel::flowRoute(int64_t src, int64_t dst, std::vector<int64_t>& route) const {
+  const int64_t base = t_.links(), lanes = t_.lanes(), agg0 = t_.firstAggregated();
+  // ECMP: a deterministic hash of the endpoints picks the lane.
+  const uint64_t hsh = (static_cast<uint64_t>(src) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(dst) * 0xC2B2AE3D27D4EB4Full);
+  const int64_t lane = static_cast<int64_t>((hsh >> 17) % static_cast<uint64_t>(lanes));
+  return t_.route(src, dst, [&](int64_t l) { route.push_back(t_.isAggregated(l) ? base + (l - agg0) * lanes + lane : l); });
+}
+
+int64_t NetworkModel::topologyLinkOf(int64_t flow_link) const {
+  const int64_t base = t_.links();
+  return flow_link >= base ? t_.firstAggregated() + (flow_link - base) / t_.lanes() : flow_link;
+}
+
+NetworkModel::RoundCost NetworkModel::flowRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes) {
   FlowSet fs;
   Seconds lat(0);
   double max_recv = 0;
@@ -381,13 +400,7 @@ NetworkModel::RoundCost NetworkModel::flowRound(const plan::Round& r, const Grou
   for (int64_t j = 0; j < g.groups; ++j) {
     plan::forEachMessage(r, n, [&](int s, int d, uint64_t e) {
       const double b = static_cast<double>(e * elem_bytes);
-      const int64_t src = g.gpuOf(j, s), dst = g.gpuOf(j, d);
-      // ECMP: a deterministic hash of the endpoints picks the lane.
-      const uint64_t hsh = (static_cast<uint64_t>(src) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(dst) * 0xC2B2AE3D27D4EB4Full);
-      const int64_t lane = static_cast<int64_t>((hsh >> 17) % static_cast<uint64_t>(lanes));
-      lat = std::max(lat, t_.route(src, dst, [&](int64_t l) {
-        fs.route.push_back(t_.isAggregated(l) ? base + (l - agg0) * lanes + lane : l);
-      }));
+      lat = std::max(lat, flowRoute(g.gpuOf(j, s), g.gpuOf(j, d), fs.route));
       fs.route_begin.push_back(static_cast<int64_t>(fs.route.size()));
       fs.bytes.push_back(b);
       if (j == 0 && r.reduce) recv[static_cast<size_t>(d)] += b;
@@ -395,11 +408,8 @@ NetworkModel::RoundCost NetworkModel::flowRound(const plan::Round& r, const Grou
   }
   for (double b : recv) max_recv = std::max(max_recv, b);
   const size_t nf = fs.bytes.size();
-  const int64_t aggregated = base - agg0;
-  const size_t nl = static_cast<size_t>(base + aggregated * lanes);
-  std::vector<double> cap(nl);
-  for (int64_t l = 0; l < base; ++l) cap[static_cast<size_t>(l)] = t_.capacity(l).value();
-  for (size_t l = static_cast<size_t>(base); l < nl; ++l) cap[l] = t_.laneCapacity().value();
+  const std::vector<double> cap = flowCapacities();
+  const size_t nl = cap.size();
   // Link -> flows (CSR).
   std::vector<int64_t> link_begin(nl + 1, 0), link_flows(fs.route.size());
   for (int64_t l : fs.route) ++link_begin[static_cast<size_t>(l) + 1];
@@ -435,8 +445,7 @@ NetworkModel::RoundCost NetworkModel::flowRound(const plan::Round& r, const Grou
     }
   }
   RoundCost rc;
-  if (bottleneck >= base) bottleneck = agg0 + (bottleneck - base) / lanes;  // report the leaf, not the lane
-  rc.bottleneck = bottleneck;
+  rc.bottleneck = bottleneck >= 0 ? topologyLinkOf(bottleneck) : -1;  // report the leaf, not the lane
   const double reduce_t = 3 * max_recv / (c_.gpu.hbm_bw.value() * c_.gpu.hbm_efficiency);
   if (r.peers == plan::Peers::Chain) lat = lat * static_cast<double>(std::max(1, n - 1));
   rc.latency = lat;

@@ -117,6 +117,13 @@ class NetworkModel {
   };
   Pattern unitPattern(const plan::Round& r, const GroupSet& g);
   RoundCost flowRound(const plan::Round& r, const GroupSet& g, uint64_t elem_bytes);
+  // The flow models' links: the topology's, then every lane of its
+  // aggregated links.  Capacities by flow-link id; the route of a flow
+  // src -> dst appended to `route` (ECMP: a hash of the endpoints picks the
+  // lane), returning its latency; and the topology link a flow link belongs to.
+  [[nodiscard]] std::vector<double> flowCapacities() const;
+  Seconds flowRoute(int64_t src, int64_t dst, std::vector<int64_t>& route) const;
+  [[nodiscard]] int64_t topologyLinkOf(int64_t flow_link) const;
   // NetMode::Flow for groups small enough to expand: every rank's program run
   // as the executor runs it, without round barriers (program_flow.cpp).
   Result<CollectiveCost> programFlow(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g);

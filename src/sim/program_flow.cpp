@@ -93,12 +93,8 @@ Result<CollectiveCost> NetworkModel::programFlow(const plan::Algorithm& a, const
     for (size_t k = 0; k < ss.size(); ++k) match[ss[k]] = rs[k], match[rs[k]] = ss[k];
   }
 
-  // Links: the topology's, then the lanes of aggregated links (as flowRound).
-  const int64_t lbase = t_.links(), lanes = t_.lanes(), agg0 = t_.firstAggregated();
-  const size_t nl = static_cast<size_t>(lbase + (lbase - agg0) * lanes);
-  std::vector<double> cap(nl);
-  for (int64_t l = 0; l < lbase; ++l) cap[static_cast<size_t>(l)] = t_.capacity(l).value();
-  for (size_t l = static_cast<size_t>(lbase); l < nl; ++l) cap[l] = t_.laneCapacity().value();
+  const std::vector<double> cap = flowCapacities();
+  const size_t nl = cap.size();
   const double hbm = c_.gpu.hbm_bw.value() * c_.gpu.hbm_efficiency;
   const double eb = static_cast<double>(sh.elem_size);
   const double rendezvous = c_.network.rendezvous_bytes;
@@ -200,10 +196,7 @@ Result<CollectiveCost> NetworkModel::programFlow(const plan::Algorithm& a, const
     ++st.next;
     st.busy = true;
     Flow f{.step = gid, .left = bytes, .route_begin = static_cast<int64_t>(routes.size()), .route_end = 0};
-    const int64_t src = gpuOf(q), dst = gpuOf(p);
-    const uint64_t hsh = (static_cast<uint64_t>(src) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(dst) * 0xC2B2AE3D27D4EB4Full);
-    const int64_t lane = static_cast<int64_t>((hsh >> 17) % static_cast<uint64_t>(lanes));
-    f.lat = t_.route(src, dst, [&](int64_t l) { routes.push_back(t_.isAggregated(l) ? lbase + (l - agg0) * lanes + lane : l); });
+    f.lat = flowRoute(gpuOf(q), gpuOf(p), routes);
     f.route_end = static_cast<int64_t>(routes.size());
     flows.push_back(f);
   };
@@ -328,7 +321,7 @@ Result<CollectiveCost> NetworkModel::programFlow(const plan::Algorithm& a, const
   int64_t worst = -1;
   for (const auto& [l, secs] : limited)
     if (worst < 0 || secs > limited[worst]) worst = l;
-  if (worst >= lbase) worst = agg0 + (worst - lbase) / lanes;
+  if (worst >= 0) worst = topologyLinkOf(worst);
   cost.bottleneck = worst >= 0 && max_lat.value() * 2 < finish ? t_.linkName(worst) : "latency";
   return cost;
 }
