@@ -182,7 +182,7 @@ NetworkModel::Pattern NetworkModel::unitPattern(const plan::Round& round, const 
 // links carry all rounds' slice messages together, the receivers reduce all
 // of theirs, and no step is shorter than one hop's latency.
 NetworkModel::RoundCost NetworkModel::steadyState(const std::vector<plan::Round>& rs, const GroupSet& g,
-                                                  uint64_t elem_bytes) {
+                                                  uint64_t elem_bytes, Seconds hop) {
   const int n = static_cast<int>(g.size);
   plan::Round all{.peers = plan::Peers::Explicit};
   std::vector<double> recv(static_cast<size_t>(n), 0.0);
@@ -195,29 +195,29 @@ NetworkModel::RoundCost NetworkModel::steadyState(const std::vector<plan::Round>
   RoundCost rc = mode_ == NetMode::Flow ? flowRound(all, g, elem_bytes) : referenceRound(all, g, elem_bytes);
   const double max_recv = *std::max_element(recv.begin(), recv.end());
   const double reduce_t = 3 * max_recv / (c_.gpu.hbm_bw.value() * c_.gpu.hbm_efficiency);
-  Seconds lat(0);
-  for (const plan::Round& r : rs) lat = std::max(lat, placeRound(r, g, elem_bytes).latency);
-  rc.time = std::max(std::max(rc.time - rc.latency, Seconds(reduce_t)), lat);
-  rc.latency = lat;
+  rc.time = std::max(std::max(rc.time - rc.latency, Seconds(reduce_t)), hop);
+  rc.latency = hop;
   return rc;
 }
 
 Result<CollectiveCost> NetworkModel::price(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g) {
+  if (mode_ == NetMode::Flow && g.size * g.groups <= kMaxProgramRanks) return programFlow(a, sh, g);
   CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, a.rounds(sh));
   CollectiveCost cost;
   cost.algo = std::string(a.name());
-  if (mode_ == NetMode::Flow && g.size * g.groups <= kMaxProgramRanks) return programFlow(a, sh, g);
   if (const uint64_t S = a.pipelineSlices(sh); S > 1) {
     for (plan::Round& r : rounds) {
       r.elems = (r.elems + S - 1) / S;
       for (plan::RoundMessage& m : r.msgs) m.elems = (m.elems + S - 1) / S;
     }
+    Seconds hop(0);  // the largest round latency: no steady step is shorter
     for (const plan::Round& r : rounds) {
       const RoundCost rc = placeRound(r, g, sh.elem_size);
       cost.time += rc.time * static_cast<double>(r.repeat);
       cost.latency += rc.latency * static_cast<double>(r.repeat);
+      hop = std::max(hop, rc.latency);
     }
-    const RoundCost steady = steadyState(rounds, g, sh.elem_size);
+    const RoundCost steady = steadyState(rounds, g, sh.elem_size, hop);
     cost.time += steady.time * static_cast<double>(S - 1);
     cost.latency += steady.latency * static_cast<double>(S - 1);
     cost.bottleneck = steady.bottleneck >= 0 && steady.latency * 2 < steady.time ? t_.linkName(steady.bottleneck) : "latency";

@@ -127,7 +127,8 @@ class NetworkModel {
   // NetMode::Flow for groups small enough to expand: every rank's program run
   // as the executor runs it, without round barriers (program_flow.cpp).
   Result<CollectiveCost> programFlow(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g);
-  RoundCost steadyState(const std::vector<plan::Round>& rs, const GroupSet& g, uint64_t elem_bytes);
+  // `hop`: the largest latency of the rounds (priced by the caller's fill).
+  RoundCost steadyState(const std::vector<plan::Round>& rs, const GroupSet& g, uint64_t elem_bytes, Seconds hop);
 
   const ClusterSpec& c_;
   const Topology& t_;
