@@ -25,7 +25,6 @@
 
 struct chorusComm {
   std::unique_ptr<chorus::Communicator> impl;
-  std::atomic<int> inflight{0};
   std::atomic<bool> aborted{false};
   std::string last_error;
 };
@@ -42,6 +41,9 @@ namespace {
 struct Handles {
   std::mutex mu;
   std::unordered_set<chorusComm*> live;
+  // Bumped (under mu) by every destroy: a thread's memo of the last handle it
+  // found live holds while the epoch it saw then is still current.
+  std::atomic<uint64_t> epoch{0};
 };
 Handles& handles() {
   static Handles h;
@@ -49,6 +51,10 @@ Handles& handles() {
 }
 
 thread_local std::string t_last_error;
+// The last handle this thread found live, and the destroy epoch then: a
+// loop of calls on one communicator skips the registry's lock and lookup.
+thread_local chorusComm* t_live_comm = nullptr;
+thread_local uint64_t t_live_epoch = 0;
 
 struct PendingOp {
   chorusComm* comm;
@@ -74,10 +80,14 @@ class CommRef {
       st_ = invalidArgument("{}: comm is NULL (pass a communicator from chorusCommInitRank)", fn);
       return;
     }
-    std::lock_guard l(handles().mu);
-    if (!handles().live.count(c)) {
-      st_ = invalidUsage("{}: comm {} is not a live communicator (was it destroyed?)", fn, static_cast<void*>(c));
-      return;
+    if (c != t_live_comm || t_live_epoch != handles().epoch.load(std::memory_order_acquire)) {
+      std::lock_guard l(handles().mu);
+      if (!handles().live.count(c)) {
+        st_ = invalidUsage("{}: comm {} is not a live communicator (was it destroyed?)", fn, static_cast<void*>(c));
+        return;
+      }
+      t_live_comm = c;
+      t_live_epoch = handles().epoch.load(std::memory_order_relaxed);
     }
     if (c->aborted.load()) {
       st_ = invalidUsage("{}: the communicator was aborted (destroy it and create a new one)", fn);
@@ -86,11 +96,7 @@ class CommRef {
       c->last_error = st_.message();
       return;
     }
-    c->inflight.fetch_add(1);
     c_ = c;
-  }
-  ~CommRef() {
-    if (c_) c_->inflight.fetch_sub(1);
   }
   CommRef(const CommRef&) = delete;
   CommRef& operator=(const CommRef&) = delete;
@@ -326,6 +332,7 @@ CHORUS_EXPORT chorusResult_t chorusCommDestroy(chorusComm_t comm) {
     if (!handles().live.erase(comm))
       return report(invalidUsage("chorusCommDestroy: comm {} is not a live communicator (destroyed twice?)",
                                  static_cast<void*>(comm)));
+    handles().epoch.fetch_add(1, std::memory_order_acq_rel);
   }
   delete comm;  // drains queued work, stops the progress thread, closes transports
   return chorusSuccess;

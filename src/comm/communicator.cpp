@@ -217,6 +217,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
     if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: shared-memory transport: ", rank_));
     shm_ = std::move(t.value());
     for (int r : local) routes[r] = shm_.get();
+    if (remote.empty()) board_ = shm_->board();
   }
   if (!remote.empty()) {
     transport::TcpSetup s;
@@ -534,6 +535,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
     }
   }
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
+  if (i == 0) board_job_ = board_ != nullptr && algo != nullptr && algo->oneShot() && op.count * es <= plan::kBoardBytes;
   return {};
 }
 
@@ -743,7 +745,7 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     job_bufs_[i][2] = scratch_.data() + scratch_offsets_[i];
     jobs_[i].buffers = job_bufs_[i];
   }
-  Status st = executor_->run(jobs_, cfg_.timeout);
+  Status st = njobs == 1 && board_job_ ? runBoard(ops[0], jobs_[0]) : executor_->run(jobs_, cfg_.timeout);
   if (trace_) traceOps(ops, njobs, batch_start_ns_, st.isOk());
   if (!st.isOk()) return st;  // execute() explains and breaks the communicator
 
@@ -754,6 +756,33 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     if (op.coll == Collective::Reduce && rank_ != op.root) continue;
     kernels::divide(op.recv, op.recv, op.count, op.dtype, static_cast<uint64_t>(nranks_));
   }
+  return {};
+}
+
+// The one-shot plan through the board: the plan's sends and receives become
+// one write of this rank's input into its slot and reads of the peers' slots
+// in place; the reductions are the plan's, in rank order, so the result is
+// the executor's bit for bit.
+Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
+  static_assert(plan::kBoardBytes <= transport::kBoardSlotBytes);
+  const uint64_t k = ++board_calls_;
+  const size_t bytes = op.count * job.elem_size;
+  std::byte* mine = board_->slot(k);
+  std::memcpy(mine, job.buffers[static_cast<size_t>(plan::Buf::Input)], bytes);
+  board_->publish(k);
+  std::byte* outp = job.buffers[static_cast<size_t>(plan::Buf::Output)];
+  auto input = [&](int q) -> Result<const std::byte*> {
+    if (q == rank_) return static_cast<const std::byte*>(mine);
+    return board_->await(q, k, cfg_.timeout);
+  };
+  CHORUS_ASSIGN_OR_RETURN(const std::byte* a, input(0));
+  CHORUS_ASSIGN_OR_RETURN(const std::byte* b, input(1));
+  (*job.reducer)(outp, a, b, op.count);
+  for (int q = 2; q < nranks_; ++q) {
+    CHORUS_ASSIGN_OR_RETURN(const std::byte* x, input(q));
+    (*job.reducer)(outp, outp, x, op.count);
+  }
+  board_->settle();
   return {};
 }
 
@@ -823,6 +852,9 @@ void Communicator::abort(const Status& why) {
 Status Communicator::submitOne(OpDesc& op, exec::Stream* stream) {
   if (trace_) op.enqueue_ns = clock::traceNowNs();
   if (stream == nullptr && !broken_.load(std::memory_order_acquire)) {
+    // Without a progress thread (no stream was ever used) nothing can be
+    // queued or running: this thread is the only one that executes.
+    if (!threaded_) return execute(std::span<OpDesc>(&op, 1));
     // Fast path: run on the caller's thread when nothing is queued.
     std::unique_lock l(q_mu_);
     if (queue_.empty() && !busy_) {
@@ -886,6 +918,7 @@ Status Communicator::submit(std::vector<OpDesc> ops, exec::Stream* stream) {
 void Communicator::ensureThread() {
   std::lock_guard l(q_mu_);
   if (!thread_.joinable()) thread_ = std::thread([this] { progressLoop(); });
+  threaded_ = true;
 }
 
 void Communicator::progressLoop() {

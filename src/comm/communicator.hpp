@@ -155,6 +155,8 @@ class Communicator {
   void dumpFlight() const;
   Status execute(std::span<OpDesc> ops);
   Status executeBatch(std::span<OpDesc> ops);
+  // Runs job (a one-shot plan, plan/oneshot.cpp) through the shm board.
+  Status runBoard(const OpDesc& op, const exec::Job& job);
   // Exchanges the batch's signature with every rank; chorusMismatch naming the
   // ranks and fields that differ.
   Status checkSignatures(std::span<const OpDesc> ops);
@@ -183,6 +185,11 @@ class Communicator {
   std::vector<std::byte> sig_buf_;
 
   std::unique_ptr<transport::Transport> shm_, tcp_;
+  // The shm transport's board when every peer is on this host (else nullptr),
+  // the board calls made so far, and whether the batch's job 0 goes through it.
+  transport::Board* board_ = nullptr;
+  uint64_t board_calls_ = 0;
+  bool board_job_ = false;
   std::unique_ptr<exec::Executor> executor_;
   plan::Registry registry_;
   std::unique_ptr<tune::Tuner> tuner_;
@@ -237,6 +244,9 @@ class Communicator {
   bool busy_ = false;  // a batch is running on the progress thread
   bool stop_ = false;
   std::thread thread_;
+  // Set (by the user's thread, in ensureThread) once the progress thread
+  // exists; read by the user's thread only.
+  bool threaded_ = false;
 
   mutable std::mutex err_mu_;
   Status error_;  // sticky: set when the communicator breaks

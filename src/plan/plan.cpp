@@ -229,6 +229,7 @@ Registry Registry::builtin() {
   addDoubleTreeAlgorithms(r);
   addDirectAlgorithms(r);
   addHierarchicalAlgorithms(r);
+  addOneShotAlgorithms(r);
   return r;
 }
 

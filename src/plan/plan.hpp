@@ -313,6 +313,13 @@ constexpr uint64_t kChunkBytesAcrossHosts = 1u << 20;
 // 0.90-0.93 / 5.3-5.5 / 21.4 ms in 128 KiB slices against 1.4 / 6.8-7.1 /
 // 27.4-27.8 ms in 1 MiB ones (docs/performance.md).
 constexpr uint64_t kChunkBytesLoopback = 128u << 10;
+// The one-shot plans (src/plan/oneshot.cpp): over shared memory, calls whose
+// input is at most kBoardBytes run through the transport's board, one write
+// and n - 1 reads in place per rank (transport.hpp, Board); the cost model
+// prices them at the board's cost.  Above kOneShotMaxRanks they are not
+// offered (n - 1 messages per rank, and O(n^2) to price).
+constexpr uint64_t kBoardBytes = 4096;
+constexpr int kOneShotMaxRanks = 64;
 class Algorithm;
 Result<std::vector<Round>> deriveRounds(const Algorithm& algo, const Shape& shape);
 
@@ -346,6 +353,10 @@ class Algorithm {
     (void)shape;
     return 1;
   }
+  // A one-shot exchange: every rank's whole input goes to every other rank in
+  // one all-pairs round, which a shared-memory transport may run through its
+  // board (transport.hpp) for payloads up to kBoardBytes.
+  [[nodiscard]] virtual bool oneShot() const { return false; }
 };
 
 // Generates rank's program of algo for shape.
@@ -376,5 +387,6 @@ void addBruckAlgorithms(Registry& r);         // Bruck allgather and alltoall
 void addDoubleTreeAlgorithms(Registry& r);    // double binary tree allreduce, scatter-allgather broadcast
 void addDirectAlgorithms(Registry& r);        // direct (all-pairs) allreduce for ranks sharing memory
 void addHierarchicalAlgorithms(Registry& r);  // two-level allreduce / allgather across hosts
+void addOneShotAlgorithms(Registry& r);       // one-shot allreduce (the shared-memory board's plan)
 
 }  // namespace chorus::plan

@@ -56,6 +56,38 @@ struct Request {
   }
 };
 
+// A one-shot exchange board (shared memory only): every rank of the
+// transport's set owns one slot per call parity, which it writes and every
+// peer reads in place.  The communicator runs the one-shot plans through it
+// (src/plan/oneshot.cpp): call k (numbered 1, 2, ... alike on every rank of
+// the set) writes slot(k), publish(k)es it, then await()s every peer's k and
+// reads what it needs straight from the returned slots.
+//
+// No acknowledgements: every rank awaits every peer in every call, so a rank
+// publishes k + 1 only after it has finished reading call k, and writes
+// parity k & 1 again (call k + 2) only after it has seen every peer's k + 1.
+// So the rules are: every rank takes part in every call and awaits every
+// peer before its next publish.
+inline constexpr size_t kBoardSlotBytes = 4096;
+
+class Board {
+ public:
+  virtual ~Board() = default;
+  // This rank's slot for call k: kBoardSlotBytes, 8-byte aligned.
+  virtual std::byte* slot(uint64_t k) = 0;
+  // Makes slot(k) visible to the peers.  Peers that sleep waiting for it are
+  // woken by the next await() that has to wait, or by settle().
+  virtual void publish(uint64_t k) = 0;
+  // Wakes the peers that sleep waiting for this rank's last publish (call it
+  // once the call's awaits are done: the fence it needs is cheap by then,
+  // while right after the publish it would stall on the slot's cache line).
+  virtual void settle() = 0;
+  // Peer's slot of call k once it is published.  Fails when the peer died
+  // or aborted, this transport was aborted, or `timeout` passed since the
+  // wait began (chorusTimeout, naming the peer).
+  virtual Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -88,6 +120,10 @@ class Transport {
   // Fails every posted request with `why` and makes later posts fail.  Any
   // thread; the executor's thread observes it at its next poll().
   virtual void abort(const Status& why) = 0;
+
+  // The transport's board when it serves every peer through shared memory
+  // (see Board); nullptr for others.
+  virtual Board* board() { return nullptr; }
 };
 
 }  // namespace chorus::transport

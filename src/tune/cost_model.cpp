@@ -152,6 +152,9 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
   double oh = p.op_overhead_s * 1e6;
   CHORUS_RETURN_IF_ERROR(num(j, "op_overhead_us", &oh));
   p.op_overhead_s = oh * 1e-6;
+  double board = p.board_call_s * 1e6;
+  CHORUS_RETURN_IF_ERROR(num(j, "board_call_us", &board));
+  p.board_call_s = board * 1e-6;
   CHORUS_RETURN_IF_ERROR(num(j, "cache_bytes", &p.cache_bytes));
   double mem = 0;
   CHORUS_RETURN_IF_ERROR(num(j, "reduce_mem_gbps", &mem));
@@ -187,6 +190,7 @@ std::string CostProfile::toJson() const {
   for (int d = 0; d < chorusNumTypes; ++d)
     j["reduce_gbps"][std::string(kernels::dtypeName(static_cast<chorusDataType_t>(d)))] = 1e-9 / gamma_s_per_byte[d];
   j["op_overhead_us"] = op_overhead_s * 1e6;
+  j["board_call_us"] = board_call_s * 1e6;
   if (!corrections.empty()) {
     j["corrections"] = nlohmann::json::array();
     for (const Correction& c : corrections) {
@@ -235,7 +239,10 @@ Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shap
   CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, algo.rounds(shape));
   const int n = shape.nranks;
   const double gamma = prof.gamma_s_per_byte[dtype];
-  double total = prof.op_overhead_s;
+  // Through the board: every rank on one host, the input within a slot.
+  const bool board = algo.oneShot() && n > 1 && shape.count * shape.elem_size <= plan::kBoardBytes &&
+                     (host_of.size() != static_cast<size_t>(n) || linkClassOf(host_of) == LinkClass::Shm);
+  double total = board ? prof.board_call_s : prof.op_overhead_s;
   // Per rank: latency (max α in) and work (Σ o, β, γ) in the current round;
   // per host: ranks active in it.
   std::vector<double> lat(static_cast<size_t>(n)), work(static_cast<size_t>(n));
@@ -289,6 +296,11 @@ Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shap
       const LinkCost& l = hostOf(src) != hostOf(dst) ? prof.tcp : prof.shm;
       const double bytes = static_cast<double>(elems) * shape.elem_size * scale;
       const auto d = static_cast<size_t>(dst);
+      if (board) {  // read in place and reduced from the peer's slot; the sender wrote it once
+        work[d] += bytes * beta(l) + (r.reduce ? bytes * gamma_eff : 0.0);
+        seen[static_cast<size_t>(src)] = seen[d] = 1;
+        return;
+      }
       lat[d] = std::max(lat[d], l.alpha_s);
       work[d] += l.overhead_s + bytes * beta(l) + (r.reduce ? bytes * gamma_eff * (r.staged ? 2.0 : 1.0) : 0.0);
       work[static_cast<size_t>(src)] += l.overhead_s;

@@ -15,6 +15,9 @@
 // For the one-message-per-rank patterns (ring, trees, recursive doubling) this
 // is α + 2o + b·β (+ b·γ) per round; for the all-pairs rounds of the direct
 // allreduce the n - 1 messages of a rank pay α once and o, β, γ each.
+// A one-shot plan on one host within the board's size (plan::kBoardBytes)
+// runs through the shared-memory board instead: board_call_s, then per rank
+// its own write and n - 1 reads (β) and reductions (γ).
 //
 // The numbers come from a calibration profile written by chorus-tune
 // (default ~/.cache/chorus/profile.json, CHORUS_TUNE_FILE overrides), or from
@@ -70,6 +73,11 @@ struct CostProfile {
   // Seconds per byte reduced, per data type (fp16/bf16/fp8 pay the conversions).
   std::array<double, chorusNumTypes> gamma_s_per_byte{};
   double op_overhead_s = 1.5e-6;  // per call: API, plan lookup, executor set-up
+  // A one-shot call through the shared-memory board (transport.hpp, Board;
+  // plan::kBoardBytes): the whole fixed cost of the call, publish and the wait
+  // for running peers included, replacing op_overhead + α + o; the bytes
+  // then cost β (the write into the slot and each peer's read) and γ.
+  double board_call_s = 0.2e-6;
   // Calls whose buffers (input and output of every rank of a host) exceed the
   // last-level cache move bytes at beta_large and reduce no faster than
   // reduce_mem (fp32, out of the caches); in between, in proportion.

@@ -91,7 +91,8 @@ TEST_P(AllReduceAlgorithm, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Algorithms, AllReduceAlgorithm,
     ::testing::Values(AlgoCase{"direct", 2, false}, AlgoCase{"direct", 3, false}, AlgoCase{"direct", 4, false},
-                      AlgoCase{"direct", 7, false}, AlgoCase{"hierarchical", 3, true},
+                      AlgoCase{"direct", 7, false}, AlgoCase{"oneshot", 2, false}, AlgoCase{"oneshot", 3, false},
+                      AlgoCase{"oneshot", 5, false}, AlgoCase{"oneshot", 3, true}, AlgoCase{"hierarchical", 3, true},
                       AlgoCase{"hierarchical", 4, true}),
     [](const auto& info) { return fmt::format("{}_{}{}", info.param.algo, info.param.nranks, info.param.tcp ? "_tcp" : ""); });
 

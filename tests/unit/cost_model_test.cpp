@@ -40,6 +40,25 @@ double price(const plan::Registry& reg, std::string_view algo, const plan::Shape
   return t.isOk() ? *t : -1;
 }
 
+// The one-shot plan on one host within the board's size costs the board's
+// fixed cost, then per rank n - 1 reads and reductions of the peers' slots;
+// above that size, or across hosts, it is an all-pairs round like any other
+// (staged: the receives land in scratch, then a reduction pass each).
+TEST(CostModel, OneShotIsPricedAtTheBoardsCostWithinItsSize) {
+  const plan::Registry reg = plan::Registry::builtin();
+  CostProfile p = testProfile(8);
+  p.board_call_s = 0.3e-6;
+  std::vector<int> one_host(3, 0), hosts{0, 1, 2};
+  const double b = 4000;  // 1000 floats
+  EXPECT_NEAR(price(reg, "oneshot", shape(3, 1000, &one_host), p, one_host), 0.3e-6 + 2 * (b * 1e-9 + b * 0.5e-9),
+              1e-12);
+  const double big = 4 * 2048.0;  // 2048 floats: twice the board
+  EXPECT_NEAR(price(reg, "oneshot", shape(3, 2048, &one_host), p, one_host),
+              2e-6 + 1e-6 + 2 * (0.1e-6 + big * 1e-9 + 2 * big * 0.5e-9) + 2 * 0.1e-6, 1e-12);
+  EXPECT_NEAR(price(reg, "oneshot", shape(3, 1000, &hosts), p, hosts),
+              2e-6 + 10e-6 + 2 * (1e-6 + b * 4e-9 + 2 * b * 0.5e-9) + 2 * 1e-6, 1e-12);
+}
+
 TEST(CostModel, OneMessagePerRankRoundsCostAlphaTwoOverheadsAndBytes) {
   const plan::Registry reg = plan::Registry::builtin();
   const CostProfile p = testProfile(8);
@@ -139,14 +158,15 @@ Result<Choice> choose(const plan::Registry& reg, std::vector<int> host_of, uint6
   return t->choose(sh, chorusFloat32);
 }
 
-TEST(Tuner, PicksTheDirectAllReduceOnOneHostAndTheHierarchicalOneAcrossHosts) {
+TEST(Tuner, PicksTheBoardTheDirectAllReduceOnOneHostAndTheHierarchicalOneAcrossHosts) {
   const plan::Registry reg = plan::Registry::builtin();
-  // One host, as many cores as ranks: the direct plan's 2 rounds beat the
-  // ring's 6 and the trees' staged or log-depth rounds at small and medium sizes.
-  for (uint64_t count : {256, 16384}) {
+  // One host, as many cores as ranks: within the board's size the one-shot
+  // plan (one board exchange); above it the direct plan's 2 rounds beat the
+  // ring's 6 and the trees' staged or log-depth rounds.
+  for (uint64_t count : {2, 256, 16384}) {
     auto ch = choose(reg, {0, 0, 0, 0}, count, 4);
     ASSERT_TRUE(ch.isOk()) << ch.status().message();
-    EXPECT_EQ(ch->algo->name(), "direct") << count;
+    EXPECT_EQ(ch->algo->name(), count * 4 <= plan::kBoardBytes ? "oneshot" : "direct") << count;
   }
   // 3 hosts of 2 ranks: only the hierarchical plan keeps 5/6 of the traffic
   // off the slow links.

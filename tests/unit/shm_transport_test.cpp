@@ -332,5 +332,89 @@ TEST(ShmTransport, CrossProcessExchange) {
   }
 }
 
+// The board (transport.hpp): two processes exchange 3000 calls through their
+// slots, each checking every byte of the other's payload for that call.  Every
+// 500th call the child publishes late (it computes for ~3 ms first), so the
+// parent's await goes through its sleeping phase and must be woken.
+TEST(ShmTransport, BoardExchangesEveryCallAcrossProcesses) {
+  SharedStore store;
+  const std::string prefix = uniquePrefix();
+  constexpr uint64_t kCalls = 3000;
+  auto payload = [](int rank, uint64_t k, size_t i) { return static_cast<uint8_t>(rank * 131 + k * 7 + i * 13); };
+  auto sizeOf = [](uint64_t k) { return size_t{1} + (k * 977) % kBoardSlotBytes; };
+  // Runs the calls on t as `rank`; 0 or the failing call's number.
+  auto run = [&](Transport& t, int rank, bool slow) -> uint64_t {
+    Board* b = t.board();
+    if (b == nullptr) return ~uint64_t{0};
+    for (uint64_t k = 1; k <= kCalls; ++k) {
+      if (slow && k % 500 == 0) {
+        const auto until = std::chrono::steady_clock::now() + 3ms;
+        while (std::chrono::steady_clock::now() < until) {
+        }
+      }
+      std::byte* mine = b->slot(k);
+      for (size_t i = 0; i < sizeOf(k); ++i) mine[i] = std::byte{payload(rank, k, i)};
+      b->publish(k);
+      auto got = b->await(1 - rank, k, 20s);
+      if (!got.isOk()) return k;
+      for (size_t i = 0; i < sizeOf(k); ++i)
+        if ((*got)[i] != std::byte{payload(1 - rank, k, i)}) return k;
+      b->settle();
+    }
+    return 0;
+  };
+  pid_t child = forkChild([&]() -> int {
+    auto t = createShmTransport(setupFor(1, {0}, prefix), store);
+    if (!t.isOk()) return 2;
+    return run(*t.value(), 1, true) == 0 ? 0 : 3;
+  });
+  ASSERT_GT(child, 0);
+  auto t = createShmTransport(setupFor(0, {1}, prefix), store);
+  ASSERT_TRUE(t.isOk()) << t.status().message();
+  EXPECT_EQ(run(*t.value(), 0, false), 0u) << "the call whose payload was wrong or whose await failed";
+  EXPECT_EQ(waitExit(child), 0) << "the child's payload check failed";
+  auto st = shm_detail::shmStats(*t.value());
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->board_calls, kCalls);
+  EXPECT_GT(st->futex_waits, 0u) << "the late publishes never made the parent sleep";
+}
+
+// An await that cannot be satisfied ends: by the timeout (chorusTimeout naming
+// the peer), by the peer's death (chorusRemoteError naming its pid, promptly),
+// and by this transport's abort.
+TEST(ShmTransport, BoardAwaitEndsOnTimeoutDeathAndAbort) {
+  SharedStore store;
+  const std::string prefix = uniquePrefix();
+  pid_t child = forkChild([&] {
+    auto t = createShmTransport(setupFor(1, {0}, prefix), store);
+    if (!t.isOk()) return 2;
+    while (true) pause();  // never publishes; until killed
+  });
+  ASSERT_GT(child, 0);
+  auto t = createShmTransport(setupFor(0, {1}, prefix), store);
+  ASSERT_TRUE(t.isOk()) << t.status().message();
+  Board* b = t.value()->board();
+  ASSERT_NE(b, nullptr);
+  b->publish(1);
+  auto r = b->await(1, 1, 150ms);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), chorusTimeout);
+  EXPECT_NE(r.status().message().find("rank 1"), std::string::npos) << r.status().message();
+
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  EXPECT_EQ(waitExit(child), 128 + SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  r = b->await(1, 1, 10s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), chorusRemoteError);
+  EXPECT_NE(r.status().message().find(std::to_string(child)), std::string::npos) << r.status().message();
+
+  t.value()->abort(makeError(chorusAborted, "test abort"));
+  r = b->await(1, 1, 10s);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), chorusAborted);
+}
+
 }  // namespace
 }  // namespace chorus::transport

@@ -5,6 +5,7 @@
 // Segment of rank r (created and owned by r, mapped by every local peer):
 //
 //   page 0            SegmentHeader (line 0), doorbell word (line 1), sleeping flag (line 2)
+//   pages 1..3        the board: BoardSlot[2], this rank's one-shot slots (transport.hpp, Board)
 //   per slot i        one page of SlotControl, then ring_bytes of ring data
 //
 // Slot i is the receive ring of messages *to* r *from* header.slot rank i: the
@@ -29,7 +30,7 @@ namespace chorus::transport::shm_detail {
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint64_t kSegmentMagic = 0x3167'6573'6d68'7363ULL;  // "cshmseg1"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr uint64_t kProbeValue = 0x6368'6f72'7573'434dULL;  // read by peers' CMA probe
 
 // Tuning, measured between two processes (fork) on the 2-core EPYC VM this
@@ -106,18 +107,29 @@ struct SlotControl {
   std::atomic<uint32_t> cma_ok;  // 1: the owner can process_vm_readv from the sender
 };
 
+// One parity of the owner's board.  `call` shares the first line with the
+// first 56 bytes of data, so a small payload travels with its flag: a reader
+// polling `call` has the data in the same cache-line transfer.
+struct alignas(kCacheLine) BoardSlot {
+  std::atomic<uint64_t> call;  // the call whose data `data` holds (0: none yet)
+  std::byte data[kBoardSlotBytes];
+};
+inline constexpr size_t kBoardRegion = (2 * sizeof(BoardSlot) + kPage - 1) / kPage * kPage;
+inline constexpr size_t kHeaderBytes = kPage + kBoardRegion;
+inline BoardSlot* boardSlots(std::byte* base) { return reinterpret_cast<BoardSlot*>(base + kPage); }
+
 static_assert(sizeof(PageZero) <= kPage);
 static_assert(sizeof(SlotControl) <= kPage);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "shared-memory counters must be lock-free (address-free) atomics");
 
 constexpr size_t slotStride(size_t ring_bytes) { return kPage + ring_bytes; }
-constexpr size_t segmentBytes(size_t nslots, size_t ring_bytes) { return kPage + nslots * slotStride(ring_bytes); }
+constexpr size_t segmentBytes(size_t nslots, size_t ring_bytes) { return kHeaderBytes + nslots * slotStride(ring_bytes); }
 inline SlotControl* slotControl(std::byte* base, size_t ring_bytes, size_t i) {
-  return reinterpret_cast<SlotControl*>(base + kPage + i * slotStride(ring_bytes));
+  return reinterpret_cast<SlotControl*>(base + kHeaderBytes + i * slotStride(ring_bytes));
 }
 inline std::byte* slotData(std::byte* base, size_t ring_bytes, size_t i) {
-  return base + kPage + i * slotStride(ring_bytes) + kPage;
+  return base + kHeaderBytes + i * slotStride(ring_bytes) + kPage;
 }
 constexpr uint64_t round8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
 
@@ -164,6 +176,7 @@ struct ShmStats {
   uint64_t cma_recvs = 0;
   uint64_t futex_waits = 0;
   uint64_t futex_wakes = 0;
+  uint64_t board_calls = 0;   // publish() calls
   uint32_t cma_peers = 0;  // peers this rank sends to by CMA (probe passed on their side)
 };
 

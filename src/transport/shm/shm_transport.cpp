@@ -114,6 +114,7 @@ struct Peer {
   int pidfd = -1;
   Mapping seg;  // the peer's segment
   PageZero* peer_page0 = nullptr;
+  const BoardSlot* board = nullptr;  // the peer's board (two parities)
 
   // Outgoing: our ring in the peer's segment.
   SlotControl* out = nullptr;
@@ -176,7 +177,7 @@ inline bool ring(PageZero* pz) {
 // How long wait() spins without yielding before it starts yielding the core.
 constexpr std::chrono::microseconds kPureSpin{4};
 
-class ShmTransport final : public Transport {
+class ShmTransport final : public Transport, public Board {
  public:
   ShmTransport() = default;
   ~ShmTransport() override {
@@ -194,6 +195,13 @@ class ShmTransport final : public Transport {
   void wait(std::chrono::microseconds timeout) override;
   void wake() override;
   void abort(const Status& why) override;
+  Board* board() override { return this; }
+
+  // Board
+  std::byte* slot(uint64_t k) override { return own_board_[k & 1].data; }
+  void publish(uint64_t k) override;
+  void settle() override;
+  Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) override;
 
   [[nodiscard]] const ShmStats& stats() const { return stats_; }
 
@@ -220,6 +228,7 @@ class ShmTransport final : public Transport {
   void ackCma(Peer& p);
   void failPeer(Peer& p, const Status& why);
   bool checkLiveness();
+  bool processGone(const Peer& p) const;
   Status abortedOr(const Peer& p, Status otherwise) const;
 
   int rank_ = 0;
@@ -227,6 +236,8 @@ class ShmTransport final : public Transport {
   std::string own_name_;  // non-empty until unlinked
   Mapping own_;
   PageZero* page0_ = nullptr;
+  BoardSlot* own_board_ = nullptr;
+  bool board_unsettled_ = false;  // published, but not yet settle()d
   std::vector<int> peer_ranks_;  // sorted; peers_[i] serves peer_ranks_[i] and our slot i
   std::vector<Peer> peers_;
   std::vector<std::byte> bounce_;
@@ -314,6 +325,8 @@ Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
   page0_ = new (own_.data()) PageZero{};
   page0_->header = SegmentHeader{kSegmentMagic, kLayoutVersion, static_cast<uint32_t>(nslots), ring_bytes, total,
                                  rank_, static_cast<int32_t>(pid_)};
+  own_board_ = boardSlots(own_.data());
+  for (int k = 0; k < 2; ++k) new (&own_board_[k]) BoardSlot{};
   peers_.resize(nslots);
   for (size_t i = 0; i < nslots; ++i) {
     SlotControl* sc = new (slotControl(own_.data(), ring_bytes, i)) SlotControl{};
@@ -368,6 +381,7 @@ Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
       return internalError("shm transport, rank {}: segment {} of peer rank {} has a foreign layout (magic {:#x}, "
                            "version {}, owner {})", rank_, pr.name, p.rank, h.magic, h.version, h.owner_rank);
     p.pid = h.owner_pid;
+    p.board = boardSlots(p.seg.data());
     size_t slot = h.nslots;
     for (size_t i = 0; i < h.nslots; ++i)
       if (slotControl(p.seg.data(), h.ring_bytes, i)->sender_rank == rank_) slot = i;
@@ -838,14 +852,7 @@ bool ShmTransport::checkLiveness() {
   bool found = false;
   for (Peer& p : peers_) {
     if (p.pid == pid_ || !p.dead.isOk() || !p.busy()) continue;
-    bool gone = false;
-    if (p.pidfd >= 0) {
-      pollfd pfd{p.pidfd, POLLIN, 0};
-      gone = ::poll(&pfd, 1, 0) > 0;  // a pidfd is readable once the process has exited (zombies included)
-    } else {
-      gone = kill(p.pid, 0) != 0 && errno == ESRCH;
-    }
-    if (gone) {
+    if (processGone(p)) {
       p.dead = abortedOr(p, remoteError("shm transport, rank {}: peer rank {} (pid {}) has exited; its pending sends "
                                         "and receives fail (did that process crash or get killed? check its output)",
                                         rank_, p.rank, p.pid));
@@ -853,6 +860,15 @@ bool ShmTransport::checkLiveness() {
     }
   }
   return found;
+}
+
+bool ShmTransport::processGone(const Peer& p) const {
+  if (p.pid == pid_) return false;
+  if (p.pidfd >= 0) {
+    pollfd pfd{p.pidfd, POLLIN, 0};
+    return ::poll(&pfd, 1, 0) > 0;  // a pidfd is readable once the process has exited (zombies included)
+  }
+  return kill(p.pid, 0) != 0 && errno == ESRCH;
 }
 
 void ShmTransport::wait(std::chrono::microseconds timeout) {
@@ -920,6 +936,87 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
               std::max(std::chrono::duration_cast<std::chrono::microseconds>(slice), std::chrono::microseconds(1)));
     page0_->sleeping.store(0, std::memory_order_relaxed);
     if (changed()) return;
+  }
+}
+
+// ---------------------------------------------------------------- board ----
+
+void ShmTransport::publish(uint64_t k) {
+  own_board_[k & 1].call.store(k, std::memory_order_release);
+  board_unsettled_ = true;
+  ++stats_.board_calls;
+}
+
+// Dekker with await(): our store of the call, a full fence, then the load of
+// each peer's `sleeping`, against the peer's seq_cst store of `sleeping` then
+// load of the call.  Either the peer sees our call and does not sleep, or we
+// see it sleeping and ring.  The fence may come any time after the store.
+void ShmTransport::settle() {
+  if (!board_unsettled_) return;
+  board_unsettled_ = false;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (Peer& p : peers_)
+    if (wakeIfSleeping(p.peer_page0)) ++stats_.futex_wakes;
+}
+
+Result<const std::byte*> ShmTransport::await(int peer, uint64_t k, std::chrono::milliseconds timeout) {
+  const Peer* p = findPeer(peer);
+  if (p == nullptr) return internalError("shm board, rank {}: rank {} is not a peer of this transport", rank_, peer);
+  const BoardSlot& s = p->board[k & 1];
+  auto ready = [&](std::memory_order mo) { return s.call.load(mo) == k; };
+  if (ready(std::memory_order_acquire)) return s.data;
+  // The same phases as wait(): pure polls (none when oversubscribed), polls
+  // that yield the core, then sleeps on our doorbell, which publish() rings.
+  for (int i = 0; i < (oversubscribed_ ? 0 : 64); ++i) {
+    cpuRelax();
+    if (ready(std::memory_order_acquire)) return s.data;
+  }
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  const auto spin_end = std::min(deadline, start + spin_);
+  const auto pure_end = oversubscribed_ ? start : std::min(spin_end, start + kPureSpin);
+  const uint32_t yield_mask = oversubscribed_ ? 7 : 63;
+  for (uint32_t i = 1;; ++i) {
+    if (ready(std::memory_order_acquire)) return s.data;
+    cpuRelax();
+    if ((i & yield_mask) == 0) {
+      const auto now = Clock::now();
+      if (now >= spin_end) break;
+      if (now >= pure_end) sched_yield();
+    }
+  }
+  // About to sleep: the peers must see our publish first (they may be
+  // asleep waiting for it, as we are about to be for theirs).
+  settle();
+  auto last_liveness = start;
+  while (true) {
+    if (ready(std::memory_order_acquire)) return s.data;
+    if (aborted_.load(std::memory_order_acquire)) return abortStatus();
+    if (p->peer_page0->aborted.load(std::memory_order_acquire) != 0) return abortedOr(*p, Status());
+    const auto now = Clock::now();
+    if (now - last_liveness >= kLivenessInterval) {
+      last_liveness = now;
+      if (processGone(*p)) {
+        return abortedOr(*p, remoteError("shm transport, rank {}: peer rank {} (pid {}) has exited during a one-shot "
+                                         "call (did that process crash or get killed? check its output)",
+                                         rank_, p->rank, p->pid));
+      }
+    }
+    if (now >= deadline)
+      return makeError(chorusTimeout, "rank {}: operation timed out after {} ms; pending: rank {}'s one-shot input "
+                       "(board call {})", rank_, timeout.count(), p->rank, k);
+    const auto slice = std::min(deadline - now, last_liveness + kLivenessInterval - now);
+    const uint32_t bell = page0_->bell.load(std::memory_order_acquire);
+    page0_->sleeping.store(1, std::memory_order_seq_cst);
+    if (ready(std::memory_order_seq_cst) || aborted_.load(std::memory_order_seq_cst) ||
+        p->peer_page0->aborted.load(std::memory_order_seq_cst) != 0) {
+      page0_->sleeping.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    ++stats_.futex_waits;
+    futexWait(&page0_->bell, bell,
+              std::max(std::chrono::duration_cast<std::chrono::microseconds>(slice), std::chrono::microseconds(1)));
+    page0_->sleeping.store(0, std::memory_order_relaxed);
   }
 }
 

@@ -1,0 +1,61 @@
+// One-shot allreduce: every rank sends its whole input to every other rank in
+// one all-pairs round and reduces the n inputs itself, in rank order
+// (in_0 op in_1 op ... op in_{n-1}), so every rank computes the same
+// operations on the same operands and all end bitwise identical.
+//
+// It moves (n - 1) x the data per rank, against 2(n - 1)/n for a ring, but in
+// one step: the latency-bound end of the size range, where a call's cost is
+// the number of message latencies it waits for in sequence (recursive
+// doubling waits for log2 n of them).
+//
+// Over shared memory the transport runs this plan through its board
+// (transport.hpp, Board): each rank writes its input once into its own slot
+// and reads its peers' slots in place, which is the plan's n - 1 sends and
+// receives with the copies into scratch elided; the reductions are the
+// plan's, in the plan's order.  Everywhere else (TCP, payloads above
+// kBoardBytes) the executor runs the steps below.
+#include "plan/plan.hpp"
+
+namespace chorus::plan {
+namespace {
+
+class OneShotAllReduce final : public Algorithm {
+ public:
+  std::string_view name() const override { return "oneshot"; }
+  Collective collective() const override { return Collective::AllReduce; }
+  bool oneShot() const override { return true; }
+  // n - 1 messages per rank: priced as an all-pairs round, O(n^2) to price.
+  bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count, .reduce = true, .staged = true}};
+  }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const int n = sh.nranks;
+    const uint64_t N = sh.count;
+    if (n == 1) return b.copy(out(0, N), in(0, N));
+    if (N == 0) return;
+    // Peer q's input lands in scratch slot q.  In place, this rank's own
+    // input is kept in slot r too: the output (its input) is overwritten by
+    // the first reduction, before its turn in the rank order comes.
+    const Region slots = b.scratch(static_cast<uint64_t>(n) * N);
+    auto slot = [&](int q) { return Region{Buf::Scratch, slots.offset + static_cast<uint64_t>(q) * N, N}; };
+    auto input = [&](int q) { return q != r ? slot(q) : sh.inplace ? slot(r) : in(0, N); };
+    if (sh.inplace) b.copy(slot(r), in(0, N));
+    // Peers are visited from r + 1 on, so the ranks do not all start on the
+    // same peer.
+    for (int k = 1; k < n; ++k) b.send((r + k) % n, in(0, N));
+    for (int k = 1; k < n; ++k) {
+      const int from = (r - k + n) % n;
+      b.recv(from, slot(from));
+    }
+    b.reduce(out(0, N), input(0), input(1));
+    for (int q = 2; q < n; ++q) b.reduce(out(0, N), out(0, N), input(q));
+  }
+};
+
+}  // namespace
+
+void addOneShotAlgorithms(Registry& r) { r.add(std::make_unique<OneShotAllReduce>()); }
+
+}  // namespace chorus::plan
