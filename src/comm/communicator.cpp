@@ -516,7 +516,9 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
     }
   }
   job_bufs_[i] = {const_cast<std::byte*>(input), rp, nullptr};
-  reducers_[i] = kernels::Reducer(op.dtype, binOpOf(op.op));
+  if (const kernels::BinOp bop = binOpOf(op.op); !reducers_[i].valid() || reducers_[i].dtype() != op.dtype ||
+                                                   reducers_[i].op() != bop)
+    reducers_[i] = kernels::Reducer(op.dtype, bop);
   jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq};
   if (trace_) {
     if (trace_algo_.size() <= i) {
@@ -535,7 +537,8 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
     }
   }
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
-  if (i == 0) board_job_ = board_ != nullptr && algo != nullptr && algo->oneShot() && op.count * es <= plan::kBoardBytes;
+  if (i == 0)
+    board_job_ = board_ != nullptr && algo != nullptr && algo->oneShot() && sh.inputElems(rank_) * es <= plan::kBoardBytes;
   return {};
 }
 
@@ -766,7 +769,10 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
 Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   static_assert(plan::kBoardBytes <= transport::kBoardSlotBytes);
   const uint64_t k = ++board_calls_;
-  const size_t bytes = op.count * job.elem_size;
+  const size_t es = job.elem_size;
+  const size_t N = op.count, n = static_cast<size_t>(nranks_), r = static_cast<size_t>(rank_);
+  const bool whole = op.coll == Collective::AllReduce || op.coll == Collective::AllGather;
+  const size_t bytes = (whole ? N : n * N) * es;  // the input
   std::byte* mine = board_->slot(k);
   std::memcpy(mine, job.buffers[static_cast<size_t>(plan::Buf::Input)], bytes);
   board_->publish(k);
@@ -775,12 +781,25 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
     if (q == rank_) return static_cast<const std::byte*>(mine);
     return board_->await(q, k, cfg_.timeout);
   };
-  CHORUS_ASSIGN_OR_RETURN(const std::byte* a, input(0));
-  CHORUS_ASSIGN_OR_RETURN(const std::byte* b, input(1));
-  (*job.reducer)(outp, a, b, op.count);
-  for (int q = 2; q < nranks_; ++q) {
-    CHORUS_ASSIGN_OR_RETURN(const std::byte* x, input(q));
-    (*job.reducer)(outp, outp, x, op.count);
+  if (plan::reduces(op.coll)) {
+    // AllReduce: the whole inputs; ReduceScatter: block r of each.  In rank
+    // order, as the plan.
+    const size_t at = op.coll == Collective::AllReduce ? 0 : r * N * es;
+    CHORUS_ASSIGN_OR_RETURN(const std::byte* a, input(0));
+    CHORUS_ASSIGN_OR_RETURN(const std::byte* b, input(1));
+    (*job.reducer)(outp, a + at, b + at, N);
+    for (int q = 2; q < nranks_; ++q) {
+      CHORUS_ASSIGN_OR_RETURN(const std::byte* x, input(q));
+      (*job.reducer)(outp, outp, x + at, N);
+    }
+  } else {
+    // AllGather: peer q's input is block q of the output; AllToAll: block r
+    // of peer q's input is.
+    const size_t from = op.coll == Collective::AllGather ? 0 : r * N * es;
+    for (int q = 0; q < nranks_; ++q) {
+      CHORUS_ASSIGN_OR_RETURN(const std::byte* x, input(q));
+      std::memcpy(outp + static_cast<size_t>(q) * N * es, x + from, N * es);
+    }
   }
   board_->settle();
   return {};

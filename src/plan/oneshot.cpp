@@ -1,4 +1,4 @@
-// One-shot allreduce: every rank sends its whole input to every other rank in
+// One-shot plans.  Allreduce: every rank sends its whole input to every other rank in
 // one all-pairs round and reduces the n inputs itself, in rank order
 // (in_0 op in_1 op ... op in_{n-1}), so every rank computes the same
 // operations on the same operands and all end bitwise identical.
@@ -54,8 +54,101 @@ class OneShotAllReduce final : public Algorithm {
   }
 };
 
+// The one-shot family for the other all-to-all-shaped collectives: each rank
+// sends every peer what it needs of its input at once.  Over the board a rank
+// publishes its whole input and each peer reads its part in place.
+class OneShotAllGather final : public Algorithm {
+ public:
+  std::string_view name() const override { return "oneshot"; }
+  Collective collective() const override { return Collective::AllGather; }
+  bool oneShot() const override { return true; }
+  bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count}};
+  }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const int n = sh.nranks;
+    const uint64_t N = sh.count;
+    if (N == 0) return;
+    const Region own = out(static_cast<uint64_t>(r) * N, N);
+    if (!sh.inplace) b.copy(own, in(0, N));
+    for (int k = 1; k < n; ++k) b.send((r + k) % n, sh.inplace ? own : in(0, N));
+    for (int k = 1; k < n; ++k) {
+      const int from = (r - k + n) % n;
+      b.recv(from, out(static_cast<uint64_t>(from) * N, N));
+    }
+  }
+};
+
+// Reduce-scatter: block q of every input goes to rank q, which reduces the n
+// blocks in rank order.
+class OneShotReduceScatter final : public Algorithm {
+ public:
+  std::string_view name() const override { return "oneshot"; }
+  Collective collective() const override { return Collective::ReduceScatter; }
+  bool oneShot() const override { return true; }
+  bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count, .reduce = true, .staged = true}};
+  }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const int n = sh.nranks;
+    const uint64_t N = sh.count;
+    auto block = [&](int q) { return in(static_cast<uint64_t>(q) * N, N); };
+    if (n == 1) return b.copy(out(0, N), block(0));
+    if (N == 0) return;
+    // As the allreduce: peers' blocks in scratch slots, this rank's own kept
+    // there too in place (the output is its own block of the input).
+    const Region slots = b.scratch(static_cast<uint64_t>(n) * N);
+    auto slot = [&](int q) { return Region{Buf::Scratch, slots.offset + static_cast<uint64_t>(q) * N, N}; };
+    auto input = [&](int q) { return q != r ? slot(q) : sh.inplace ? slot(r) : block(r); };
+    if (sh.inplace) b.copy(slot(r), block(r));
+    for (int k = 1; k < n; ++k) b.send((r + k) % n, block((r + k) % n));
+    for (int k = 1; k < n; ++k) {
+      const int from = (r - k + n) % n;
+      b.recv(from, slot(from));
+    }
+    b.reduce(out(0, N), input(0), input(1));
+    for (int q = 2; q < n; ++q) b.reduce(out(0, N), out(0, N), input(q));
+  }
+};
+
+// All-to-all: block q of this rank's input to rank q, in one round.
+class OneShotAllToAll final : public Algorithm {
+ public:
+  std::string_view name() const override { return "oneshot"; }
+  Collective collective() const override { return Collective::AllToAll; }
+  bool oneShot() const override { return true; }
+  // In place, a block received could overwrite one not yet sent: the
+  // pairwise plan handles that; this one is for separate buffers.
+  bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks && !sh.inplace; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count}};
+  }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const int n = sh.nranks;
+    const uint64_t N = sh.count;
+    if (N == 0) return;
+    auto at = [&](int q) { return static_cast<uint64_t>(q) * N; };
+    b.copy(out(at(r), N), in(at(r), N));
+    for (int k = 1; k < n; ++k) b.send((r + k) % n, in(at((r + k) % n), N));
+    for (int k = 1; k < n; ++k) {
+      const int from = (r - k + n) % n;
+      b.recv(from, out(at(from), N));
+    }
+  }
+};
+
 }  // namespace
 
-void addOneShotAlgorithms(Registry& r) { r.add(std::make_unique<OneShotAllReduce>()); }
+void addOneShotAlgorithms(Registry& r) {
+  r.add(std::make_unique<OneShotAllReduce>());
+  r.add(std::make_unique<OneShotAllGather>());
+  r.add(std::make_unique<OneShotReduceScatter>());
+  r.add(std::make_unique<OneShotAllToAll>());
+}
 
 }  // namespace chorus::plan
