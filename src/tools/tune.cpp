@@ -333,6 +333,24 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
 
   CHORUS_ASSIGN_OR_RETURN(p->shm, measureLink(comm, o, omega));
 
+  // The board's whole fixed cost: an 8-byte one-shot allreduce of all ranks
+  // (every rank publishes and reads every peer's slot).
+  {
+    CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, "allreduce:oneshot"), comm, "forcing the one-shot allreduce"));
+    std::vector<double> bt;
+    for (int rep = 0; rep < o.reps; ++rep) {
+      CHORUS_RETURN_IF_ERROR(check(chorusBarrier(comm, nullptr), comm, "barrier"));
+      auto t0 = Clock::now();
+      for (int i = 0; i < 20000; ++i)
+        CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&x, &x, 1, chorusFloat64, chorusMax, comm, nullptr), comm, "allreduce"));
+      double t = std::chrono::duration<double>(Clock::now() - t0).count() / 20000;
+      CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&t, &t, 1, chorusFloat64, chorusMax, comm, nullptr), comm, "max"));
+      bt.push_back(t);
+    }
+    CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, ""), comm, "restoring the tuner"));
+    p->board_call_s = median(bt);
+  }
+
   // Reduction throughput per data type (bytes of one operand per second), on
   // operands that stay in the cache, as a pipelined slice's do.
   const size_t bytes = 256u << 10;
