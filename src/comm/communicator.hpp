@@ -189,6 +189,7 @@ class Communicator {
   // the board calls made so far, and whether the batch's job 0 goes through it.
   transport::Board* board_ = nullptr;
   uint64_t board_calls_ = 0;
+  uint64_t board_seen_all_ = 0;  // the last call whose publish this rank has seen from every peer
   bool board_job_ = false;
   std::unique_ptr<exec::Executor> executor_;
   plan::Registry registry_;

@@ -142,9 +142,36 @@ class OneShotAllToAll final : public Algorithm {
   }
 };
 
+// Broadcast: the root sends the vector to every other rank at once (a flat
+// tree).  Over the board the root publishes it once and every rank copies it
+// out of the root's slot.
+class OneShotBroadcast final : public Algorithm {
+ public:
+  std::string_view name() const override { return "oneshot"; }
+  Collective collective() const override { return Collective::Broadcast; }
+  bool oneShot() const override { return true; }
+  bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    const int n = sh.nranks;
+    if (n == 1 || sh.count == 0) return std::vector<Round>{};
+    Round rd{.peers = Peers::Explicit, .elems = sh.count};
+    for (int k = 1; k < n; ++k) rd.msgs.push_back({sh.root, (sh.root + k) % n, sh.count});
+    return std::vector<Round>{std::move(rd)};
+  }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const int n = sh.nranks;
+    const uint64_t N = sh.count;
+    if (N == 0) return;
+    if (r != sh.root) return b.recv(sh.root, out(0, N));
+    if (!sh.inplace) b.copy(out(0, N), in(0, N));
+    for (int k = 1; k < n; ++k) b.send((r + k) % n, in(0, N));
+  }
+};
+
 }  // namespace
 
 void addOneShotAlgorithms(Registry& r) {
+  r.add(std::make_unique<OneShotBroadcast>());
   r.add(std::make_unique<OneShotAllReduce>());
   r.add(std::make_unique<OneShotAllGather>());
   r.add(std::make_unique<OneShotReduceScatter>());

@@ -320,6 +320,12 @@ constexpr uint64_t kChunkBytesLoopback = 128u << 10;
 // offered (n - 1 messages per rank, and O(n^2) to price).
 constexpr uint64_t kBoardBytes = 4096;
 constexpr int kOneShotMaxRanks = 64;
+// What one rank publishes on the board for a one-shot call of `sh`: its
+// whole input (a broadcast's root: the vector), the same on every rank.
+inline uint64_t boardBytes(const Shape& sh) {
+  const bool blocks = sh.coll == Collective::ReduceScatter || sh.coll == Collective::AllToAll;
+  return (blocks ? static_cast<uint64_t>(sh.nranks) : 1) * sh.count * sh.elem_size;
+}
 class Algorithm;
 Result<std::vector<Round>> deriveRounds(const Algorithm& algo, const Shape& shape);
 

@@ -60,14 +60,18 @@ struct Request {
 // transport's set owns one slot per call parity, which it writes and every
 // peer reads in place.  The communicator runs the one-shot plans through it
 // (src/plan/oneshot.cpp): call k (numbered 1, 2, ... alike on every rank of
-// the set) writes slot(k), publish(k)es it, then await()s every peer's k and
-// reads what it needs straight from the returned slots.
+// the set) writes slot(k), publish(k)es it, then await()s the peers whose
+// data it needs and reads it straight from the returned slots.
 //
-// No acknowledgements: every rank awaits every peer in every call, so a rank
-// publishes k + 1 only after it has finished reading call k, and writes
-// parity k & 1 again (call k + 2) only after it has seen every peer's k + 1.
-// So the rules are: every rank takes part in every call and awaits every
-// peer before its next publish.
+// No separate acknowledgements.  Every rank publishes in every call (a
+// broadcast's non-roots only the call number), and a rank writes parity
+// k & 1 again in call k + 2 only once every peer has published k + 1, which
+// a peer does only after it has finished reading call k.  In the symmetric
+// calls (allreduce, allgather, ...) every rank awaits every peer anyway; a
+// broadcast's root does not wait for its readers, so its next call awaits
+// them first (Communicator::runBoard).  Call numbers only grow, so await
+// returns once the peer has published k *or later*; by the rule above the
+// slot still holds call k's data while this rank has not published k + 1.
 inline constexpr size_t kBoardSlotBytes = 4096;
 
 class Board {
@@ -82,7 +86,7 @@ class Board {
   // once the call's awaits are done: the fence it needs is cheap by then,
   // while right after the publish it would stall on the slot's cache line).
   virtual void settle() = 0;
-  // Peer's slot of call k once it is published.  Fails when the peer died
+  // Peer's slot of call k once the peer has published k or later.  Fails when the peer died
   // or aborted, this transport was aborted, or `timeout` passed since the
   // wait began (chorusTimeout, naming the peer).
   virtual Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) = 0;

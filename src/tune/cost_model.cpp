@@ -240,7 +240,7 @@ Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shap
   const int n = shape.nranks;
   const double gamma = prof.gamma_s_per_byte[dtype];
   // Through the board: every rank on one host, the input within a slot.
-  const bool board = algo.oneShot() && n > 1 && shape.inputElems(0) * shape.elem_size <= plan::kBoardBytes &&
+  const bool board = algo.oneShot() && n > 1 && plan::boardBytes(shape) <= plan::kBoardBytes &&
                      (host_of.size() != static_cast<size_t>(n) || linkClassOf(host_of) == LinkClass::Shm);
   double total = board ? prof.board_call_s : prof.op_overhead_s;
   // Per rank: latency (max α in) and work (Σ o, β, γ) in the current round;

@@ -146,22 +146,23 @@ TEST(Collectives, BruckAllGather) {
   unsetenv("CHORUS_ALGO");
 }
 
-// The one-shot allgather, reduce-scatter and all-to-all, forced, on shm (the
+// The one-shot allgather, reduce-scatter, all-to-all and broadcast, forced, on shm (the
 // board within its size, the executor above it) and on tcp, against the
 // reference: in place and out of place, ragged and zero counts.
 TEST(Collectives, OneShotFamily) {
-  setenv("CHORUS_ALGO", "allgather:oneshot;reducescatter:oneshot;alltoall:oneshot", 1);
+  setenv("CHORUS_ALGO", "allgather:oneshot;reducescatter:oneshot;alltoall:oneshot;broadcast:oneshot", 1);
   for (bool tcp : {false, true})
     for (int n : {2, 3, 5}) {
       if (tcp && n != 3) continue;
       if (tcp) setenv("CHORUS_TRANSPORT", "tcp", 1);
       std::vector<Case> cases;
       for (const Case& c : standardCases(n, {0, 1, 7, 201, 100003}, /*all_dtypes=*/true))
-        if ((c.coll == Coll::AllGather || c.coll == Coll::ReduceScatter || c.coll == Coll::AllToAll) &&
+        if ((c.coll == Coll::AllGather || c.coll == Coll::ReduceScatter || c.coll == Coll::AllToAll ||
+             c.coll == Coll::Broadcast) &&
             (c.count < 1000 || c.dtype == chorusFloat32))
           cases.push_back(c);
       auto msgs = runRanks(n, [&](int r, chorusComm_t c) -> std::string {
-        for (const char* coll : {"allgather", "reducescatter", "alltoall"}) {
+        for (const char* coll : {"allgather", "reducescatter", "alltoall", "broadcast"}) {
           char algo[64] = {};
           double us = 0;
           if (chorusCommPredict(c, coll, 201, chorusFloat32, 0, algo, sizeof algo, &us) != chorusSuccess)

@@ -963,7 +963,7 @@ Result<const std::byte*> ShmTransport::await(int peer, uint64_t k, std::chrono::
   const Peer* p = findPeer(peer);
   if (p == nullptr) return internalError("shm board, rank {}: rank {} is not a peer of this transport", rank_, peer);
   const BoardSlot& s = p->board[k & 1];
-  auto ready = [&](std::memory_order mo) { return s.call.load(mo) == k; };
+  auto ready = [&](std::memory_order mo) { return s.call.load(mo) >= k; };
   if (ready(std::memory_order_acquire)) return s.data;
   // The same phases as wait(): pure polls (none when oversubscribed), polls
   // that yield the core, then sleeps on our doorbell, which publish() rings.
