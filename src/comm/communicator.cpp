@@ -737,6 +737,14 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     ++njobs;
   }
   jobs_.resize(njobs);
+  if (njobs == 1 && board_job_) {  // no scratch: the peers' slots are read in place
+    jobs_[0].buffers = job_bufs_[0];
+    Status st = runBoard(ops[0], jobs_[0]);
+    if (trace_) traceOps(ops, njobs, batch_start_ns_, st.isOk());
+    if (st.isOk() && ops[0].op == chorusAvg && plan::reduces(ops[0].coll))
+      kernels::divide(ops[0].recv, ops[0].recv, ops[0].count, ops[0].dtype, static_cast<uint64_t>(nranks_));
+    return st;
+  }
   size_t total = 0;
   for (size_t i = 0; i < njobs; ++i) {
     size_t need = (scratch_offsets_[i] + 63) & ~size_t{63};
@@ -748,7 +756,7 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     job_bufs_[i][2] = scratch_.data() + scratch_offsets_[i];
     jobs_[i].buffers = job_bufs_[i];
   }
-  Status st = njobs == 1 && board_job_ ? runBoard(ops[0], jobs_[0]) : executor_->run(jobs_, cfg_.timeout);
+  Status st = executor_->run(jobs_, cfg_.timeout);
   if (trace_) traceOps(ops, njobs, batch_start_ns_, st.isOk());
   if (!st.isOk()) return st;  // execute() explains and breaks the communicator
 
@@ -790,14 +798,16 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   const size_t bytes = (whole ? N : n * N) * es;  // the input
   const std::byte* inp = job.buffers[static_cast<size_t>(plan::Buf::Input)];
   std::byte* outp = job.buffers[static_cast<size_t>(plan::Buf::Output)];
-  // This call rewrites the slot of call k - 2: every peer must be past it,
-  // i.e. have published k - 1.  After a symmetric call this rank has seen
-  // that already; after a broadcast (whose ranks await only the root) it
-  // waits here, which lets a broadcast's root run one call ahead.
-  if (board_seen_all_ + 1 < k) {
+  // This call rewrites the slot of call k - kBoardSlots: every peer must be
+  // past that call, i.e. have published k - kBoardSlots + 1.  After a
+  // symmetric call this rank has seen far more already; a run of broadcasts
+  // (whose ranks await only the root) waits here, so the root runs at most
+  // kBoardSlots - 1 calls ahead of its slowest reader.
+  constexpr uint64_t lag = transport::kBoardSlots - 1;
+  if (board_seen_all_ + lag < k) {
     for (int q = 0; q < nranks_; ++q)
-      if (q != rank_) CHORUS_RETURN_IF_ERROR(board_->await(q, k - 1, cfg_.timeout).status());
-    board_seen_all_ = k - 1;
+      if (q != rank_) CHORUS_RETURN_IF_ERROR(board_->await(q, k - lag, cfg_.timeout).status());
+    board_seen_all_ = k - lag;
   }
   std::byte* mine = board_->slot(k);
   // A broadcast's non-roots publish only the call number.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -68,7 +69,18 @@ void FlightRecorder::finish(uint64_t seq, bool ok) {
   if (n > 0 && last_.seq == seq && last_.state == FlightEntry::Running) {
     last_.state = ok ? FlightEntry::Done : FlightEntry::Failed;
     last_.end_ns = nowNs();
-    store(ring_[(n - 1) % kSize], last_, n);
+    // Only the words holding `state` and `end_ns` change.
+    constexpr size_t kStateWord = offsetof(FlightEntry, state) / sizeof(uint64_t);
+    constexpr size_t kEndWord = offsetof(FlightEntry, end_ns) / sizeof(uint64_t);
+    uint64_t w[kWords];
+    std::memcpy(w, &last_, sizeof last_);
+    Slot& slot = ring_[(n - 1) % kSize];
+    const uint64_t v = version_.load(std::memory_order_relaxed);
+    version_.store(v + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    slot[kStateWord].store(w[kStateWord], std::memory_order_relaxed);
+    slot[kEndWord].store(w[kEndWord], std::memory_order_relaxed);
+    version_.store(v + 2, std::memory_order_release);
     return;
   }
   for (uint64_t k = 0; k < std::min<uint64_t>(n, kSize); ++k) {

@@ -57,21 +57,24 @@ struct Request {
 };
 
 // A one-shot exchange board (shared memory only): every rank of the
-// transport's set owns one slot per call parity, which it writes and every
-// peer reads in place.  The communicator runs the one-shot plans through it
-// (src/plan/oneshot.cpp): call k (numbered 1, 2, ... alike on every rank of
-// the set) writes slot(k), publish(k)es it, then await()s the peers whose
-// data it needs and reads it straight from the returned slots.
+// transport's set owns kBoardSlots slots, used in turn by its calls, which it
+// writes and every peer reads in place.  The communicator runs the one-shot
+// plans through it (src/plan/oneshot.cpp): call k (numbered 1, 2, ... alike
+// on every rank of the set) writes slot(k), publish(k)es it, then await()s
+// the peers whose data it needs and reads it straight from their slots.
 //
 // No separate acknowledgements.  Every rank publishes in every call (a
-// broadcast's non-roots only the call number), and a rank writes parity
-// k & 1 again in call k + 2 only once every peer has published k + 1, which
-// a peer does only after it has finished reading call k.  In the symmetric
-// calls (allreduce, allgather, ...) every rank awaits every peer anyway; a
-// broadcast's root does not wait for its readers, so its next call awaits
-// them first (Communicator::runBoard).  Call numbers only grow, so await
-// returns once the peer has published k *or later*; by the rule above the
-// slot still holds call k's data while this rank has not published k + 1.
+// broadcast's non-roots only the call number), and a rank writes slot
+// k % kBoardSlots again in call k + kBoardSlots only once every peer has
+// published k + 1, which a peer does only after it has finished reading call
+// k.  In the symmetric calls (allreduce, allgather, ...) every rank awaits
+// every peer anyway; a broadcast's root does not wait for its readers, so it
+// may run up to kBoardSlots - 1 calls ahead of them, and a later call awaits
+// them when it would otherwise overtake (Communicator::runBoard).  Call
+// numbers only grow, so await returns once the peer has published k *or
+// later*; by the rule above a slot still holds call k's data while its
+// reader has not published k + 1.
+inline constexpr size_t kBoardSlots = 8;
 inline constexpr size_t kBoardSlotBytes = 4096;
 
 class Board {

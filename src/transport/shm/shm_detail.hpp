@@ -5,7 +5,7 @@
 // Segment of rank r (created and owned by r, mapped by every local peer):
 //
 //   page 0            SegmentHeader (line 0), doorbell word (line 1), sleeping flag (line 2)
-//   pages 1..3        the board: BoardSlot[2], this rank's one-shot slots (transport.hpp, Board)
+//   pages 1..         the board: BoardSlot[kBoardSlots], this rank's one-shot slots (transport.hpp, Board)
 //   per slot i        one page of SlotControl, then ring_bytes of ring data
 //
 // Slot i is the receive ring of messages *to* r *from* header.slot rank i: the
@@ -107,14 +107,14 @@ struct SlotControl {
   std::atomic<uint32_t> cma_ok;  // 1: the owner can process_vm_readv from the sender
 };
 
-// One parity of the owner's board.  `call` shares the first line with the
+// One slot of the owner's board (call k uses slot k % kBoardSlots).  `call` shares the first line with the
 // first 56 bytes of data, so a small payload travels with its flag: a reader
 // polling `call` has the data in the same cache-line transfer.
 struct alignas(kCacheLine) BoardSlot {
   std::atomic<uint64_t> call;  // the call whose data `data` holds (0: none yet)
   std::byte data[kBoardSlotBytes];
 };
-inline constexpr size_t kBoardRegion = (2 * sizeof(BoardSlot) + kPage - 1) / kPage * kPage;
+inline constexpr size_t kBoardRegion = (kBoardSlots * sizeof(BoardSlot) + kPage - 1) / kPage * kPage;
 inline constexpr size_t kHeaderBytes = kPage + kBoardRegion;
 inline BoardSlot* boardSlots(std::byte* base) { return reinterpret_cast<BoardSlot*>(base + kPage); }
 

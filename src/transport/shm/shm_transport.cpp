@@ -114,7 +114,7 @@ struct Peer {
   int pidfd = -1;
   Mapping seg;  // the peer's segment
   PageZero* peer_page0 = nullptr;
-  const BoardSlot* board = nullptr;  // the peer's board (two parities)
+  const BoardSlot* board = nullptr;  // the peer's board (kBoardSlots slots)
 
   // Outgoing: our ring in the peer's segment.
   SlotControl* out = nullptr;
@@ -198,7 +198,7 @@ class ShmTransport final : public Transport, public Board {
   Board* board() override { return this; }
 
   // Board
-  std::byte* slot(uint64_t k) override { return own_board_[k & 1].data; }
+  std::byte* slot(uint64_t k) override { return own_board_[k % kBoardSlots].data; }
   void publish(uint64_t k) override;
   void settle() override;
   Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) override;
@@ -326,7 +326,7 @@ Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
   page0_->header = SegmentHeader{kSegmentMagic, kLayoutVersion, static_cast<uint32_t>(nslots), ring_bytes, total,
                                  rank_, static_cast<int32_t>(pid_)};
   own_board_ = boardSlots(own_.data());
-  for (int k = 0; k < 2; ++k) new (&own_board_[k]) BoardSlot{};
+  for (size_t k = 0; k < kBoardSlots; ++k) new (&own_board_[k]) BoardSlot{};
   peers_.resize(nslots);
   for (size_t i = 0; i < nslots; ++i) {
     SlotControl* sc = new (slotControl(own_.data(), ring_bytes, i)) SlotControl{};
@@ -942,7 +942,7 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
 // ---------------------------------------------------------------- board ----
 
 void ShmTransport::publish(uint64_t k) {
-  own_board_[k & 1].call.store(k, std::memory_order_release);
+  own_board_[k % kBoardSlots].call.store(k, std::memory_order_release);
   board_unsettled_ = true;
   ++stats_.board_calls;
 }
@@ -962,7 +962,7 @@ void ShmTransport::settle() {
 Result<const std::byte*> ShmTransport::await(int peer, uint64_t k, std::chrono::milliseconds timeout) {
   const Peer* p = findPeer(peer);
   if (p == nullptr) return internalError("shm board, rank {}: rank {} is not a peer of this transport", rank_, peer);
-  const BoardSlot& s = p->board[k & 1];
+  const BoardSlot& s = p->board[k % kBoardSlots];
   auto ready = [&](std::memory_order mo) { return s.call.load(mo) >= k; };
   if (ready(std::memory_order_acquire)) return s.data;
   // The same phases as wait(): pure polls (none when oversubscribed), polls
