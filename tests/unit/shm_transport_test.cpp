@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <thread>
@@ -332,10 +333,27 @@ TEST(ShmTransport, CrossProcessExchange) {
   }
 }
 
+// Whether process pid is asleep (state S in /proc/pid/stat), polled up to `limit`.
+bool waitUntilAsleep(pid_t pid, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+    if (f == nullptr) return false;
+    char buf[512] = {};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    const char* close = std::strrchr(buf, ')');  // the state follows the parenthesised name
+    if (n > 0 && close != nullptr && close[1] == ' ' && close[2] == 'S') return true;
+    std::this_thread::yield();
+  }
+  return false;
+}
+
 // The board (transport.hpp): two processes exchange 3000 calls through their
 // slots, each checking every byte of the other's payload for that call.  Every
-// 500th call the child publishes late (it computes for ~3 ms first), so the
-// parent's await goes through its sleeping phase and must be woken.
+// 500th call the child publishes only once the parent is asleep (its await
+// went through the spinning phases into the futex), so the parent must be
+// woken by the child's publish and settle.
 TEST(ShmTransport, BoardExchangesEveryCallAcrossProcesses) {
   SharedStore store;
   const std::string prefix = uniquePrefix();
@@ -343,15 +361,12 @@ TEST(ShmTransport, BoardExchangesEveryCallAcrossProcesses) {
   auto payload = [](int rank, uint64_t k, size_t i) { return static_cast<uint8_t>(rank * 131 + k * 7 + i * 13); };
   auto sizeOf = [](uint64_t k) { return size_t{1} + (k * 977) % kBoardSlotBytes; };
   // Runs the calls on t as `rank`; 0 or the failing call's number.
-  auto run = [&](Transport& t, int rank, bool slow) -> uint64_t {
+  int slept = 0;  // late publishes that found the parent asleep (child)
+  auto run = [&](Transport& t, int rank, bool late) -> uint64_t {
     Board* b = t.board();
     if (b == nullptr) return ~uint64_t{0};
     for (uint64_t k = 1; k <= kCalls; ++k) {
-      if (slow && k % 500 == 0) {
-        const auto until = std::chrono::steady_clock::now() + 3ms;
-        while (std::chrono::steady_clock::now() < until) {
-        }
-      }
+      if (late && k % 500 == 0 && waitUntilAsleep(getppid(), 10s)) ++slept;
       std::byte* mine = b->slot(k);
       for (size_t i = 0; i < sizeOf(k); ++i) mine[i] = std::byte{payload(rank, k, i)};
       b->publish(k);
@@ -366,17 +381,18 @@ TEST(ShmTransport, BoardExchangesEveryCallAcrossProcesses) {
   pid_t child = forkChild([&]() -> int {
     auto t = createShmTransport(setupFor(1, {0}, prefix), store);
     if (!t.isOk()) return 2;
-    return run(*t.value(), 1, true) == 0 ? 0 : 3;
+    if (run(*t.value(), 1, true) != 0) return 3;
+    return slept == static_cast<int>(kCalls / 500) ? 0 : 4;
   });
   ASSERT_GT(child, 0);
   auto t = createShmTransport(setupFor(0, {1}, prefix), store);
   ASSERT_TRUE(t.isOk()) << t.status().message();
   EXPECT_EQ(run(*t.value(), 0, false), 0u) << "the call whose payload was wrong or whose await failed";
-  EXPECT_EQ(waitExit(child), 0) << "the child's payload check failed";
+  EXPECT_EQ(waitExit(child), 0) << "3: the child's payload check failed; 4: the parent was not seen asleep";
   auto st = shm_detail::shmStats(*t.value());
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->board_calls, kCalls);
-  EXPECT_GT(st->futex_waits, 0u) << "the late publishes never made the parent sleep";
+  EXPECT_GE(st->futex_waits, kCalls / 500) << "the parent's waits for the late publishes did not sleep";
 }
 
 // An await that cannot be satisfied ends: by the timeout (chorusTimeout naming
