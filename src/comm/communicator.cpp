@@ -1041,6 +1041,7 @@ Status Communicator::setAlgorithms(std::string_view spec) {
   auto t = tune::Tuner::create(registry_, tuner_->topology(), spec, cfg_.chunk_bytes, tuner_->profile());
   if (!t.isOk()) return t.status();
   *tuner_ = std::move(t.value());
+  last_.valid = false;  // the memo holds the previous choice
   cfg_.algo_spec = std::string(spec);  // communicators split from this one inherit it
   return {};
 }

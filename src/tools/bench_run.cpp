@@ -141,20 +141,22 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
     ops.emplace_back(std::nullopt);
   }
 
-  // One sweep per forced algorithm (--algo all), or one as configured.
+  // Every forced algorithm (--algo all) at each size in turn, so that the
+  // algorithms compared at a size are measured within moments of each other
+  // (this VM's speed changes over minutes); or the configured one.
   std::vector<std::string> sweep_algos = o.algos;
   if (sweep_algos.empty()) sweep_algos.emplace_back();
-  for (const std::string& forced : sweep_algos) {
-  if (!forced.empty()) {
-    const std::string spec = withAlgo(chorus_algo, c, forced);
-    if (chorusResult_t r = chorusCommSetAlgo(comm, spec.c_str()); r != chorusSuccess)
-      return apiError(comm, rank, "forcing " + spec, r);
-  }
   for (chorusDataType_t d : o.dtypes) {
     const size_t elem = kernels::dtypeSize(d);
     for (const std::optional<chorusRedOp_t>& op : ops) {
       const Pattern pattern(d, op, nranks);
-      for (uint64_t size : sizes) {
+      for (uint64_t size : sizes)
+      for (const std::string& forced : sweep_algos) {
+        if (!forced.empty()) {
+          const std::string spec = withAlgo(chorus_algo, c, forced);
+          if (chorusResult_t r = chorusCommSetAlgo(comm, spec.c_str()); r != chorusSuccess)
+            return apiError(comm, rank, "forcing " + spec, r);
+        }
         Row row;
         row.collective = c;
         row.shape = shapeFor(c, size, elem, nranks);
@@ -264,7 +266,6 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
         }
       }
     }
-  }
   }
   if (!o.algos.empty())
     if (chorusResult_t r = chorusCommSetAlgo(comm, chorus_algo.c_str()); r != chorusSuccess)

@@ -238,6 +238,7 @@ class ShmTransport final : public Transport, public Board {
   PageZero* page0_ = nullptr;
   BoardSlot* own_board_ = nullptr;
   bool board_unsettled_ = false;  // published, but not yet settle()d
+  std::atomic<uint64_t> settle_fence_{0};
   std::vector<int> peer_ranks_;  // sorted; peers_[i] serves peer_ranks_[i] and our slot i
   std::vector<Peer> peers_;
   std::vector<std::byte> bounce_;
@@ -954,7 +955,9 @@ void ShmTransport::publish(uint64_t k) {
 void ShmTransport::settle() {
   if (!board_unsettled_) return;
   board_unsettled_ = false;
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // A full fence as a locked instruction on a private word: the same cost as
+  // a fence on x86, and sanitizers (TSan drops atomic_thread_fence) keep it.
+  settle_fence_.fetch_add(1, std::memory_order_seq_cst);
   for (Peer& p : peers_)
     if (wakeIfSleeping(p.peer_page0)) ++stats_.futex_wakes;
 }
