@@ -333,23 +333,6 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
 
   CHORUS_ASSIGN_OR_RETURN(p->shm, measureLink(comm, o, omega));
 
-  // The board's whole fixed cost: an 8-byte one-shot allreduce of all ranks
-  // (every rank publishes and reads every peer's slot).
-  {
-    CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, "allreduce:oneshot"), comm, "forcing the one-shot allreduce"));
-    std::vector<double> bt;
-    for (int rep = 0; rep < o.reps; ++rep) {
-      CHORUS_RETURN_IF_ERROR(check(chorusBarrier(comm, nullptr), comm, "barrier"));
-      auto t0 = Clock::now();
-      for (int i = 0; i < 20000; ++i)
-        CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&x, &x, 1, chorusFloat64, chorusMax, comm, nullptr), comm, "allreduce"));
-      double t = std::chrono::duration<double>(Clock::now() - t0).count() / 20000;
-      CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&t, &t, 1, chorusFloat64, chorusMax, comm, nullptr), comm, "max"));
-      bt.push_back(t);
-    }
-    CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, ""), comm, "restoring the tuner"));
-    p->board_call_s = median(bt);
-  }
 
   // Reduction throughput per data type (bytes of one operand per second), on
   // operands that stay in the cache, as a pipelined slice's do.
@@ -384,6 +367,38 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
       t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     p->reduce_mem_s_per_byte = median(t) / static_cast<double>(big);
+  }
+
+  // The board: the whole fixed cost of a call from an 8-byte one-shot
+  // allreduce of all ranks (every rank publishes and reads every peer's
+  // slot), the cost of a byte read from a peer's slot from a full slot's
+  // (plan::kBoardBytes) against that; the two alternate, so both see the
+  // machine in the same state.
+  {
+    CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, "allreduce:oneshot"), comm, "forcing the one-shot allreduce"));
+    int n = 1;
+    chorusCommCount(comm, &n);
+    constexpr size_t kFull = plan::kBoardBytes / sizeof(double);
+    std::vector<double> full(kFull, 1.0);
+    auto timed = [&](double* buf, size_t count, int iters) -> Result<double> {
+      CHORUS_RETURN_IF_ERROR(check(chorusBarrier(comm, nullptr), comm, "barrier"));
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i)
+        CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(buf, buf, count, chorusFloat64, chorusMax, comm, nullptr), comm, "allreduce"));
+      double t = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+      CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&t, &t, 1, chorusFloat64, chorusMax, comm, nullptr), comm, "max"));
+      return t;
+    };
+    std::vector<double> small, per_byte;
+    for (int rep = 0; rep < o.reps; ++rep) {
+      CHORUS_ASSIGN_OR_RETURN(double t1, timed(&x, 1, 20000));
+      CHORUS_ASSIGN_OR_RETURN(double tf, timed(full.data(), kFull, 5000));
+      small.push_back(t1);
+      per_byte.push_back((tf - t1) / (static_cast<double>(n - 1) * plan::kBoardBytes) - p->gamma_s_per_byte[chorusFloat64]);
+    }
+    CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, ""), comm, "restoring the tuner"));
+    p->board_call_s = median(small);
+    p->board_beta_s_per_byte = std::max(1e-12, median(per_byte));
   }
 
   return {};

@@ -155,6 +155,9 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
   double board = p.board_call_s * 1e6;
   CHORUS_RETURN_IF_ERROR(num(j, "board_call_us", &board));
   p.board_call_s = board * 1e-6;
+  double board_gbps = 0;
+  CHORUS_RETURN_IF_ERROR(num(j, "board_bandwidth_gbps", &board_gbps));
+  if (board_gbps > 0) p.board_beta_s_per_byte = 1.0 / (board_gbps * 1e9);
   CHORUS_RETURN_IF_ERROR(num(j, "cache_bytes", &p.cache_bytes));
   double mem = 0;
   CHORUS_RETURN_IF_ERROR(num(j, "reduce_mem_gbps", &mem));
@@ -191,6 +194,7 @@ std::string CostProfile::toJson() const {
     j["reduce_gbps"][std::string(kernels::dtypeName(static_cast<chorusDataType_t>(d)))] = 1e-9 / gamma_s_per_byte[d];
   j["op_overhead_us"] = op_overhead_s * 1e6;
   j["board_call_us"] = board_call_s * 1e6;
+  if (board_beta_s_per_byte > 0) j["board_bandwidth_gbps"] = 1e-9 / board_beta_s_per_byte;
   if (!corrections.empty()) {
     j["corrections"] = nlohmann::json::array();
     for (const Correction& c : corrections) {
@@ -297,7 +301,8 @@ Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shap
       const double bytes = static_cast<double>(elems) * shape.elem_size * scale;
       const auto d = static_cast<size_t>(dst);
       if (board) {  // read in place and reduced from the peer's slot; the sender wrote it once
-        work[d] += bytes * beta(l) + (r.reduce ? bytes * gamma_eff : 0.0);
+        const double b = prof.board_beta_s_per_byte > 0 ? prof.board_beta_s_per_byte : beta(l);
+        work[d] += bytes * b + (r.reduce ? bytes * gamma_eff : 0.0);
         seen[static_cast<size_t>(src)] = seen[d] = 1;
         return;
       }

@@ -78,6 +78,11 @@ struct CostProfile {
   // for running peers included, replacing op_overhead + α + o; the bytes
   // then cost β (the write into the slot and each peer's read) and γ.
   double board_call_s = 0.2e-6;
+  // Seconds per byte of a peer's slot read (and reduced: γ comes on top) on
+  // the board; 0: the shm link's β.  The slots are read in place while still
+  // in the writer's cache, not streamed like the ring's pieces, so this is
+  // measured apart (chorus-tune: a 4 KiB against an 8-byte board call).
+  double board_beta_s_per_byte = 0;
   // Calls whose buffers (input and output of every rank of a host) exceed the
   // last-level cache move bytes at beta_large and reduce no faster than
   // reduce_mem (fp32, out of the caches); in between, in proportion.

@@ -51,6 +51,7 @@ with tempfile.TemporaryDirectory() as d:
     check(j["tcp"]["alpha_us"] >= 0 and j["tcp"]["bandwidth_gbps"] > 0, "the profile has TCP figures")
     check(0 < j["board_call_us"] < 1000 and abs(j["board_call_us"] - 0.2) > 1e-9,
           f"the profile has the board's measured call cost, not the built-in 0.2 us ({j.get('board_call_us')})")
+    check(j.get("board_bandwidth_gbps", 0) > 0, f"the profile has the board's measured read rate ({j.get('board_bandwidth_gbps')})")
     cs = j.get("corrections", [])
     sizes = [16 * 4**k for k in range(6) if 16 * 4**k <= 4096]
     for n in (2, 3):

@@ -52,6 +52,15 @@ TEST(CostModel, OneShotIsPricedAtTheBoardsCostWithinItsSize) {
   const double b = 4000;  // 1000 floats
   EXPECT_NEAR(price(reg, "oneshot", shape(3, 1000, &one_host), p, one_host), 0.3e-6 + 2 * (b * 1e-9 + b * 0.5e-9),
               1e-12);
+  // With a measured read rate for the slots (chorus-tune), that instead of the shm link's β.
+  CostProfile q = p;
+  q.board_beta_s_per_byte = 0.25e-9;
+  EXPECT_NEAR(price(reg, "oneshot", shape(3, 1000, &one_host), q, one_host),
+              0.3e-6 + 2 * (b * 0.25e-9 + b * 0.5e-9), 1e-12);
+  auto back = CostProfile::fromJson(q.toJson());
+  ASSERT_TRUE(back.isOk()) << back.status().message();
+  EXPECT_NEAR(back->board_beta_s_per_byte, 0.25e-9, 1e-15);
+  EXPECT_NEAR(back->board_call_s, 0.3e-6, 1e-12);
   const double big = 4 * 2048.0;  // 2048 floats: twice the board
   EXPECT_NEAR(price(reg, "oneshot", shape(3, 2048, &one_host), p, one_host),
               2e-6 + 1e-6 + 2 * (0.1e-6 + big * 1e-9 + 2 * big * 0.5e-9) + 2 * 0.1e-6, 1e-12);
