@@ -19,6 +19,30 @@
 namespace chorus::plan {
 namespace {
 
+// The reducing one-shot round: part(q) is what this rank sends rank q (the
+// whole input for allreduce, block q for reduce-scatter), part(r) its own
+// contribution.  Peer q's part lands in scratch slot q; the n parts are then
+// reduced into out(0, N) in rank order.  In place, this rank's own part is
+// kept in slot r too: the output (its input) is overwritten by the first
+// reduction, before its turn in the rank order comes.
+template <typename Part>
+void reduceAllToOne(const Shape& sh, int r, ProgramBuilder& b, uint64_t N, Part&& part) {
+  const int n = sh.nranks;
+  const Region slots = b.scratch(static_cast<uint64_t>(n) * N);
+  auto slot = [&](int q) { return Region{Buf::Scratch, slots.offset + static_cast<uint64_t>(q) * N, N}; };
+  auto input = [&](int q) { return q != r ? slot(q) : sh.inplace ? slot(r) : part(r); };
+  if (sh.inplace) b.copy(slot(r), part(r));
+  // Peers are visited from r + 1 on, so the ranks do not all start on the
+  // same peer.
+  for (int k = 1; k < n; ++k) b.send((r + k) % n, part((r + k) % n));
+  for (int k = 1; k < n; ++k) {
+    const int from = (r - k + n) % n;
+    b.recv(from, slot(from));
+  }
+  b.reduce(out(0, N), input(0), input(1));
+  for (int q = 2; q < n; ++q) b.reduce(out(0, N), out(0, N), input(q));
+}
+
 class OneShotAllReduce final : public Algorithm {
  public:
   std::string_view name() const override { return "oneshot"; }
@@ -35,22 +59,7 @@ class OneShotAllReduce final : public Algorithm {
     const uint64_t N = sh.count;
     if (n == 1) return b.copy(out(0, N), in(0, N));
     if (N == 0) return;
-    // Peer q's input lands in scratch slot q.  In place, this rank's own
-    // input is kept in slot r too: the output (its input) is overwritten by
-    // the first reduction, before its turn in the rank order comes.
-    const Region slots = b.scratch(static_cast<uint64_t>(n) * N);
-    auto slot = [&](int q) { return Region{Buf::Scratch, slots.offset + static_cast<uint64_t>(q) * N, N}; };
-    auto input = [&](int q) { return q != r ? slot(q) : sh.inplace ? slot(r) : in(0, N); };
-    if (sh.inplace) b.copy(slot(r), in(0, N));
-    // Peers are visited from r + 1 on, so the ranks do not all start on the
-    // same peer.
-    for (int k = 1; k < n; ++k) b.send((r + k) % n, in(0, N));
-    for (int k = 1; k < n; ++k) {
-      const int from = (r - k + n) % n;
-      b.recv(from, slot(from));
-    }
-    b.reduce(out(0, N), input(0), input(1));
-    for (int q = 2; q < n; ++q) b.reduce(out(0, N), out(0, N), input(q));
+    reduceAllToOne(sh, r, b, N, [&](int) { return in(0, N); });
   }
 };
 
@@ -99,19 +108,7 @@ class OneShotReduceScatter final : public Algorithm {
     auto block = [&](int q) { return in(static_cast<uint64_t>(q) * N, N); };
     if (n == 1) return b.copy(out(0, N), block(0));
     if (N == 0) return;
-    // As the allreduce: peers' blocks in scratch slots, this rank's own kept
-    // there too in place (the output is its own block of the input).
-    const Region slots = b.scratch(static_cast<uint64_t>(n) * N);
-    auto slot = [&](int q) { return Region{Buf::Scratch, slots.offset + static_cast<uint64_t>(q) * N, N}; };
-    auto input = [&](int q) { return q != r ? slot(q) : sh.inplace ? slot(r) : block(r); };
-    if (sh.inplace) b.copy(slot(r), block(r));
-    for (int k = 1; k < n; ++k) b.send((r + k) % n, block((r + k) % n));
-    for (int k = 1; k < n; ++k) {
-      const int from = (r - k + n) % n;
-      b.recv(from, slot(from));
-    }
-    b.reduce(out(0, N), input(0), input(1));
-    for (int q = 2; q < n; ++q) b.reduce(out(0, N), out(0, N), input(q));
+    reduceAllToOne(sh, r, b, N, block);
   }
 };
 

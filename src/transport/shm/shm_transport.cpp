@@ -229,6 +229,8 @@ class ShmTransport final : public Transport, public Board {
   void failPeer(Peer& p, const Status& why);
   bool checkLiveness();
   bool processGone(const Peer& p) const;
+  template <typename F>
+  bool spinFor(F&& done, int polls, std::chrono::microseconds timeout, Clock::time_point* start);
   Status abortedOr(const Peer& p, Status otherwise) const;
 
   int rank_ = 0;
@@ -872,6 +874,38 @@ bool ShmTransport::processGone(const Peer& p) const {
   return kill(p.pid, 0) != 0 && errno == ESRCH;
 }
 
+// The spinning phases of a wait, until done() holds (true) or they end
+// (false): `polls` pure polls before the first clock read (none when
+// oversubscribed: the peer may need this core), then polls until spin_ (or
+// `timeout`) has passed since *start.  Spin purely for a few microseconds (a
+// peer that is running answers in well under that), then keep polling but
+// yield the core at each turn: when the machine is oversubscribed (more
+// ranks than cores, or other load) the peer we wait for may be queued behind
+// us on this very core, and a pure spin would burn the time it needs.  With
+// more ranks than cores there is no pure phase and the yield comes every 8
+// polls instead of every 64: a 4-rank 8-byte allreduce on 2 cores went from
+// 23-25 us to 6 us (docs/performance.md, "Oversubscribed waits").
+template <typename F>
+bool ShmTransport::spinFor(F&& done, int polls, std::chrono::microseconds timeout, Clock::time_point* start) {
+  for (int i = 0; i < (oversubscribed_ ? 0 : polls); ++i) {
+    cpuRelax();
+    if (done()) return true;
+  }
+  *start = Clock::now();
+  const auto spin_end = *start + std::min<std::chrono::microseconds>(timeout, spin_);
+  const auto pure_end = oversubscribed_ ? *start : std::min(spin_end, *start + kPureSpin);
+  const uint32_t yield_mask = oversubscribed_ ? 7 : 63;
+  for (uint32_t i = 1;; ++i) {
+    if (done()) return true;
+    cpuRelax();
+    if ((i & yield_mask) == 0) {
+      const auto now = Clock::now();
+      if (now >= spin_end) return false;
+      if (now >= pure_end) sched_yield();
+    }
+  }
+}
+
 void ShmTransport::wait(std::chrono::microseconds timeout) {
   // Something to poll for: the doorbell moved (space, acks, aborts, wake()),
   // or a ring's tail (a message) since poll() looked.
@@ -887,36 +921,12 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
   if (changed()) return;
   // A few polls before reading the clock: a running peer's next message is
   // usually here by then, and a read costs as much as dozens of polls.
-  // (Oversubscribed, the peer may need this core: no pure polls.)
-  for (int i = 0; i < (oversubscribed_ ? 0 : 32); ++i) {
-    cpuRelax();
-    if (moved(std::memory_order_relaxed)) return;
-  }
-  const auto start = Clock::now();
+  // Then spin on our doorbell and the rings' tails (lines that change only
+  // when there is something to do): it catches the next message without a
+  // syscall or a doorbell on either side (spinFor), and then sleep on the futex.
+  Clock::time_point start;
+  if (spinFor([&] { return moved(std::memory_order_relaxed); }, 32, timeout, &start)) return;
   const auto deadline = start + timeout;
-  // Spin on our doorbell and the rings' tails (lines that change only when
-  // there is something to do): it catches the next message without a
-  // syscall or a doorbell on either side.
-  // Spin purely for a few microseconds (a peer that is running answers in
-  // well under that), then keep polling but yield the core at each turn: when
-  // the machine is oversubscribed — more ranks than cores, or other load — the
-  // peer we wait for may be queued behind us on this very core, and a pure
-  // spin would burn the time it needs.  Then sleep on the futex.
-  // With more ranks than cores there is no pure phase and the yield comes
-  // every 8 polls instead of every 64: a 4-rank 8-byte allreduce on 2 cores
-  // went from 23-25 us to 6 us (docs/performance.md, "Oversubscribed waits").
-  const auto spin_end = std::min(deadline, start + spin_);
-  const auto pure_end = oversubscribed_ ? start : std::min(spin_end, start + kPureSpin);
-  const uint32_t yield_mask = oversubscribed_ ? 7 : 63;
-  for (uint32_t i = 1;; ++i) {
-    if (moved(std::memory_order_relaxed)) return;
-    cpuRelax();
-    if ((i & yield_mask) == 0) {
-      const auto now = Clock::now();
-      if (now >= spin_end) break;
-      if (now >= pure_end) sched_yield();
-    }
-  }
   while (true) {
     auto now = Clock::now();
     if (now - last_liveness_ >= kLivenessInterval && checkLiveness()) return;
@@ -968,26 +978,11 @@ Result<const std::byte*> ShmTransport::await(int peer, uint64_t k, std::chrono::
   const BoardSlot& s = p->board[k % kBoardSlots];
   auto ready = [&](std::memory_order mo) { return s.call.load(mo) >= k; };
   if (ready(std::memory_order_acquire)) return s.data;
-  // The same phases as wait(): pure polls (none when oversubscribed), polls
-  // that yield the core, then sleeps on our doorbell, which publish() rings.
-  for (int i = 0; i < (oversubscribed_ ? 0 : 64); ++i) {
-    cpuRelax();
-    if (ready(std::memory_order_acquire)) return s.data;
-  }
-  const auto start = Clock::now();
+  // The same phases as wait(): pure polls, polls that yield the core
+  // (spinFor), then sleeps on our doorbell, which the peer's settle() rings.
+  Clock::time_point start;
+  if (spinFor([&] { return ready(std::memory_order_acquire); }, 64, timeout, &start)) return s.data;
   const auto deadline = start + timeout;
-  const auto spin_end = std::min(deadline, start + spin_);
-  const auto pure_end = oversubscribed_ ? start : std::min(spin_end, start + kPureSpin);
-  const uint32_t yield_mask = oversubscribed_ ? 7 : 63;
-  for (uint32_t i = 1;; ++i) {
-    if (ready(std::memory_order_acquire)) return s.data;
-    cpuRelax();
-    if ((i & yield_mask) == 0) {
-      const auto now = Clock::now();
-      if (now >= spin_end) break;
-      if (now >= pure_end) sched_yield();
-    }
-  }
   // About to sleep: the peers must see our publish first (they may be
   // asleep waiting for it, as we are about to be for theirs).
   settle();
