@@ -43,17 +43,29 @@ void reduceAllToOne(const Shape& sh, int r, ProgramBuilder& b, uint64_t N, Part&
   for (int q = 2; q < n; ++q) b.reduce(out(0, N), out(0, N), input(q));
 }
 
-class OneShotAllReduce final : public Algorithm {
+// What the one-shot plans share: the name, the flag that lets a
+// shared-memory transport run them through its board, the rank limit, and
+// (but for broadcast) one all-pairs round of `count` elements per message.
+class OneShot : public Algorithm {
  public:
   std::string_view name() const override { return "oneshot"; }
-  Collective collective() const override { return Collective::AllReduce; }
   bool oneShot() const override { return true; }
   // n - 1 messages per rank: priced as an all-pairs round, O(n^2) to price.
   bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks; }
-  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+
+ protected:
+  // A reducing round lands its messages in scratch and reduces them in a
+  // separate pass (staged).
+  static Result<std::vector<Round>> allPairs(const Shape& sh, bool reduce) {
     if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
-    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count, .reduce = true, .staged = true}};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count, .reduce = reduce, .staged = reduce}};
   }
+};
+
+class OneShotAllReduce final : public OneShot {
+ public:
+  Collective collective() const override { return Collective::AllReduce; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override { return allPairs(sh, true); }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t N = sh.count;
@@ -66,16 +78,10 @@ class OneShotAllReduce final : public Algorithm {
 // The one-shot family for the other all-to-all-shaped collectives: each rank
 // sends every peer what it needs of its input at once.  Over the board a rank
 // publishes its whole input and each peer reads its part in place.
-class OneShotAllGather final : public Algorithm {
+class OneShotAllGather final : public OneShot {
  public:
-  std::string_view name() const override { return "oneshot"; }
   Collective collective() const override { return Collective::AllGather; }
-  bool oneShot() const override { return true; }
-  bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks; }
-  Result<std::vector<Round>> rounds(const Shape& sh) const override {
-    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
-    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count}};
-  }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override { return allPairs(sh, false); }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t N = sh.count;
@@ -92,16 +98,10 @@ class OneShotAllGather final : public Algorithm {
 
 // Reduce-scatter: block q of every input goes to rank q, which reduces the n
 // blocks in rank order.
-class OneShotReduceScatter final : public Algorithm {
+class OneShotReduceScatter final : public OneShot {
  public:
-  std::string_view name() const override { return "oneshot"; }
   Collective collective() const override { return Collective::ReduceScatter; }
-  bool oneShot() const override { return true; }
-  bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks; }
-  Result<std::vector<Round>> rounds(const Shape& sh) const override {
-    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
-    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count, .reduce = true, .staged = true}};
-  }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override { return allPairs(sh, true); }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t N = sh.count;
@@ -113,18 +113,13 @@ class OneShotReduceScatter final : public Algorithm {
 };
 
 // All-to-all: block q of this rank's input to rank q, in one round.
-class OneShotAllToAll final : public Algorithm {
+class OneShotAllToAll final : public OneShot {
  public:
-  std::string_view name() const override { return "oneshot"; }
   Collective collective() const override { return Collective::AllToAll; }
-  bool oneShot() const override { return true; }
   // In place, a block received could overwrite one not yet sent: the
   // pairwise plan handles that; this one is for separate buffers.
-  bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks && !sh.inplace; }
-  Result<std::vector<Round>> rounds(const Shape& sh) const override {
-    if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
-    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = sh.count}};
-  }
+  bool supports(const Shape& sh) const override { return OneShot::supports(sh) && !sh.inplace; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override { return allPairs(sh, false); }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t N = sh.count;
@@ -142,12 +137,9 @@ class OneShotAllToAll final : public Algorithm {
 // Broadcast: the root sends the vector to every other rank at once (a flat
 // tree).  Over the board the root publishes it once and every rank copies it
 // out of the root's slot.
-class OneShotBroadcast final : public Algorithm {
+class OneShotBroadcast final : public OneShot {
  public:
-  std::string_view name() const override { return "oneshot"; }
   Collective collective() const override { return Collective::Broadcast; }
-  bool oneShot() const override { return true; }
-  bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks; }
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     const int n = sh.nranks;
     if (n == 1 || sh.count == 0) return std::vector<Round>{};
