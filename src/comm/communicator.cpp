@@ -737,26 +737,24 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     ++njobs;
   }
   jobs_.resize(njobs);
+  Status st;
   if (njobs == 1 && board_job_) {  // no scratch: the peers' slots are read in place
     jobs_[0].buffers = job_bufs_[0];
-    Status st = runBoard(ops[0], jobs_[0]);
-    if (trace_) traceOps(ops, njobs, batch_start_ns_, st.isOk());
-    if (st.isOk() && ops[0].op == chorusAvg && plan::reduces(ops[0].coll))
-      kernels::divide(ops[0].recv, ops[0].recv, ops[0].count, ops[0].dtype, static_cast<uint64_t>(nranks_));
-    return st;
+    st = runBoard(ops[0], jobs_[0]);
+  } else {
+    size_t total = 0;
+    for (size_t i = 0; i < njobs; ++i) {
+      size_t need = (scratch_offsets_[i] + 63) & ~size_t{63};
+      scratch_offsets_[i] = total;
+      total += need;
+    }
+    if (scratch_.size() < total) scratch_.resize(total);
+    for (size_t i = 0; i < njobs; ++i) {
+      job_bufs_[i][2] = scratch_.data() + scratch_offsets_[i];
+      jobs_[i].buffers = job_bufs_[i];
+    }
+    st = executor_->run(jobs_, cfg_.timeout);
   }
-  size_t total = 0;
-  for (size_t i = 0; i < njobs; ++i) {
-    size_t need = (scratch_offsets_[i] + 63) & ~size_t{63};
-    scratch_offsets_[i] = total;
-    total += need;
-  }
-  if (scratch_.size() < total) scratch_.resize(total);
-  for (size_t i = 0; i < njobs; ++i) {
-    job_bufs_[i][2] = scratch_.data() + scratch_offsets_[i];
-    jobs_[i].buffers = job_bufs_[i];
-  }
-  Status st = executor_->run(jobs_, cfg_.timeout);
   if (trace_) traceOps(ops, njobs, batch_start_ns_, st.isOk());
   if (!st.isOk()) return st;  // execute() explains and breaks the communicator
 
@@ -792,10 +790,13 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   static_assert(plan::kBoardBytes <= transport::kBoardSlotBytes);
   const uint64_t k = ++board_calls_;
   const size_t es = job.elem_size;
-  const size_t N = op.count, n = static_cast<size_t>(nranks_), r = static_cast<size_t>(rank_);
-  const bool whole = op.coll == Collective::AllReduce || op.coll == Collective::AllGather ||
-                     op.coll == Collective::Broadcast;
-  const size_t bytes = (whole ? N : n * N) * es;  // the input
+  const size_t N = op.count, r = static_cast<size_t>(rank_);
+  plan::Shape sh;
+  sh.coll = op.coll;
+  sh.nranks = nranks_;
+  sh.count = N;
+  sh.elem_size = static_cast<uint32_t>(es);
+  const size_t bytes = plan::boardBytes(sh);  // the input
   const std::byte* inp = job.buffers[static_cast<size_t>(plan::Buf::Input)];
   std::byte* outp = job.buffers[static_cast<size_t>(plan::Buf::Output)];
   // This call rewrites the slot of call k - kBoardSlots: every peer must be
