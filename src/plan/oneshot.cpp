@@ -19,6 +19,17 @@
 namespace chorus::plan {
 namespace {
 
+// The one all-pairs round: every send first (peers from r + 1 on, so the
+// ranks do not all start on the same peer), then every receive.
+template <typename Send, typename Recv>
+void exchangeAll(int r, int n, ProgramBuilder& b, Send&& send, Recv&& recv) {
+  for (int k = 1; k < n; ++k) b.send((r + k) % n, send((r + k) % n));
+  for (int k = 1; k < n; ++k) {
+    const int from = (r - k + n) % n;
+    b.recv(from, recv(from));
+  }
+}
+
 // The reducing one-shot round: part(q) is what this rank sends rank q (the
 // whole input for allreduce, block q for reduce-scatter), part(r) its own
 // contribution.  Peer q's part lands in scratch slot q; the n parts are then
@@ -32,13 +43,7 @@ void reduceAllToOne(const Shape& sh, int r, ProgramBuilder& b, uint64_t N, Part&
   auto slot = [&](int q) { return Region{Buf::Scratch, slots.offset + static_cast<uint64_t>(q) * N, N}; };
   auto input = [&](int q) { return q != r ? slot(q) : sh.inplace ? slot(r) : part(r); };
   if (sh.inplace) b.copy(slot(r), part(r));
-  // Peers are visited from r + 1 on, so the ranks do not all start on the
-  // same peer.
-  for (int k = 1; k < n; ++k) b.send((r + k) % n, part((r + k) % n));
-  for (int k = 1; k < n; ++k) {
-    const int from = (r - k + n) % n;
-    b.recv(from, slot(from));
-  }
+  exchangeAll(r, n, b, part, slot);
   b.reduce(out(0, N), input(0), input(1));
   for (int q = 2; q < n; ++q) b.reduce(out(0, N), out(0, N), input(q));
 }
@@ -88,11 +93,8 @@ class OneShotAllGather final : public OneShot {
     if (N == 0) return;
     const Region own = out(static_cast<uint64_t>(r) * N, N);
     if (!sh.inplace) b.copy(own, in(0, N));
-    for (int k = 1; k < n; ++k) b.send((r + k) % n, sh.inplace ? own : in(0, N));
-    for (int k = 1; k < n; ++k) {
-      const int from = (r - k + n) % n;
-      b.recv(from, out(static_cast<uint64_t>(from) * N, N));
-    }
+    exchangeAll(r, n, b, [&](int) { return sh.inplace ? own : in(0, N); },
+                [&](int from) { return out(static_cast<uint64_t>(from) * N, N); });
   }
 };
 
@@ -126,11 +128,7 @@ class OneShotAllToAll final : public OneShot {
     if (N == 0) return;
     auto at = [&](int q) { return static_cast<uint64_t>(q) * N; };
     b.copy(out(at(r), N), in(at(r), N));
-    for (int k = 1; k < n; ++k) b.send((r + k) % n, in(at((r + k) % n), N));
-    for (int k = 1; k < n; ++k) {
-      const int from = (r - k + n) % n;
-      b.recv(from, out(at(from), N));
-    }
+    exchangeAll(r, n, b, [&](int q) { return in(at(q), N); }, [&](int from) { return out(at(from), N); });
   }
 };
 
