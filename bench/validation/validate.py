@@ -94,6 +94,8 @@ def derive_measured(row: dict) -> float:
         # offline throughput: time to produce the benchmark's output tokens
         out_tokens = _need(p, "output_tokens")[0]
         return out_tokens / v
+    if kind == "not_derivable":
+        raise RowError(f"the published figure cannot be turned into a time: {d.get('why', 'no reason given')}")
     raise RowError(f"compare.derive.kind = {kind!r} is unknown")
 
 
