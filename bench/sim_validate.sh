@@ -3,7 +3,8 @@
 # bench/validation/rows.json and prints the table (id, measured, predicted, error) and the summary
 # (mean and worst |error| per group and overall, rows, rows not yet expressible).
 #
-#   bash bench/sim_validate.sh [--build DIR] [--update-doc] [--markdown FILE] [other validate.py options]
+#   bash bench/sim_validate.sh [--build DIR] [--update-doc] [--markdown FILE] [--explain ID] [--try-pending]
+#                              [--only IDS|GROUPS] [other validate.py options: python3 bench/validation/validate.py -h]
 #
 # --update-doc rewrites the generated table of docs/validation.md and bench/validation/summary.json
 # (the figure the CI test `integration.sim.validation` holds the simulator to).  Needs python3 (stdlib).

@@ -352,6 +352,47 @@ def update_doc(path: Path, table: str):
     path.write_text(head + DOC_BEGIN + "\n" + table + DOC_END + tail)
 
 
+def explain(sim: Path, r: dict) -> int:
+    print(f"id:       {r['id']}  ({r['group']})")
+    print(f"source:   {r['source']}")
+    for k, v in r["config"].items():
+        print(f"config:   {k}: {v}")
+    print(f"status:   {r['status']}")
+    if r.get("notes"):
+        print(f"notes:    {r['notes']}")
+    print(f"measured: {r['measured']['value']:g} {r['measured']['unit']}")
+    d = r["compare"]["derive"]
+    print(f"compare:  {r['compare']['quantity']} via {d['kind']} {json.dumps(d.get('params', {}))}")
+    try:
+        print(f"          = {fmt_time(derive_measured(r))} measured")
+    except RowError as e:
+        print(f"          (not derivable: {e})")
+    if not r.get("sim"):
+        print("command:  none (not yet expressible)")
+        return 0
+    cmd = [str(sim), r["sim"]["command"], *r["sim"]["args"], "--json"]
+    print("command:  " + " ".join(["chorus-sim", *cmd[1:]]))
+    if not runnable(r):
+        print("          (not run: the row is not yet expressible)")
+        return 0
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    if p.returncode != 0:
+        print(f"chorus-sim exited {p.returncode}: {p.stderr.strip()}")
+        return 1
+    out = json.loads(p.stdout)
+    for k in ("iteration_time_s", "breakdown", "bottleneck", "mfu", "memory_gib_per_gpu", "algo", "time_us",
+              "busbw_gbps"):
+        if k in out:
+            print(f"json:     {k}: {json.dumps(out[k])}")
+    if "aggregated" in out:
+        print(f"json:     aggregated: {json.dumps(out['aggregated'])}")
+    x = run_row(sim, r)
+    if "error_pct" in x:
+        print(f"result:   predicted {fmt_time(x['predicted'])} ({r['compare']['predicted']['key']}), "
+              f"error {x['error_pct']:+.1f}%")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=str(ROOT / "build"), help="build folder holding tools/chorus-sim")
@@ -367,6 +408,9 @@ def main(argv=None) -> int:
     ap.add_argument("--try-pending", action="store_true",
                     help="also run 'not yet expressible' rows that carry arguments (reported, not summarized)")
     ap.add_argument("--jobs", type=int, default=2, help="chorus-sim runs in parallel (2)")
+    ap.add_argument("--explain", metavar="ID", help="print one row in full: source, configuration, status, the "
+                                                   "chorus-sim command, the derivation of the compared quantity and "
+                                                   "chorus-sim's JSON answer")
     ap.add_argument("--quiet", action="store_true", help="print only the summary")
     args = ap.parse_args(argv)
     if args.jobs < 1:
@@ -382,6 +426,12 @@ def main(argv=None) -> int:
         if unknown:
             raise SystemExit(f"validate.py: --only names unknown rows/groups: {', '.join(sorted(unknown))}")
         rows = [r for r in rows if r["id"] in want or r["group"] in want]
+
+    if args.explain:
+        sel = [r for r in rows if r["id"] == args.explain]
+        if not sel:
+            raise SystemExit(f"validate.py: --explain {args.explain!r}: no such row (ids: bench/validation/rows.json)")
+        return explain(sim, sel[0])
 
     pending = {}
     for r in rows:
