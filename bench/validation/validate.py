@@ -90,6 +90,8 @@ def derive_measured(row: dict) -> float:
         return size * factor / (v * 1e9)
     if kind == "milliseconds":
         return v / 1e3
+    if kind == "seconds":
+        return v
     if kind == "output_tokens_per_s":
         # offline throughput: time to produce the benchmark's output tokens
         out_tokens = _need(p, "output_tokens")[0]
