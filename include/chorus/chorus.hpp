@@ -30,6 +30,7 @@
 #pragma once
 
 #include <chorus/chorus.h>
+#include <chorus/sizes.hpp>
 
 #include <bit>
 #include <cstddef>
@@ -603,11 +604,8 @@ class Communicator {
   Work allToAll(std::span<const std::type_identity_t<T>> send, std::span<T> recv, StreamRef s = {}) {
     if (Status st = pre("allToAll"); !st.ok()) return Work(std::move(st));
     if (send.size() != recv.size()) return sizeError("allToAll", "send", send.size(), "recv", recv.size());
-    if (recv.size() % static_cast<size_t>(size_) != 0)
-      return Work(Status(Code::InvalidArgument,
-                         "chorus::Communicator::allToAll: send.size()=" + std::to_string(send.size()) +
-                             " is not a multiple of size()=" + std::to_string(size_) +
-                             " (each rank gets an equal block)"));
+    if (std::string e = sizes::divisible("chorus::Communicator::allToAll", "send.size()", send.size(), size_); !e.empty())
+      return Work(Status(Code::InvalidArgument, std::move(e) + " (each rank gets an equal block)"));
     return issue(chorusAllToAll(send.data(), recv.data(), recv.size() / static_cast<size_t>(size_), cType<T>(),
                                 comm_, s.native()),
                  s);
@@ -719,38 +717,28 @@ class Communicator {
     return Work(Status(), s.native());
   }
 
+  // The size rules are chorus/sizes.hpp's, shared with the Python module and
+  // the torch backend.
   static Work sizeError(const char* fn, const char* a, size_t na, const char* b, size_t nb) {
-    return Work(Status(Code::InvalidArgument, std::string("chorus::Communicator::") + fn + ": " + a + ".size()=" +
-                                                  std::to_string(na) + " but " + b + ".size()=" + std::to_string(nb) +
-                                                  " (they must be equal)"));
+    return Work(Status(Code::InvalidArgument, sizes::equal(std::string("chorus::Communicator::") + fn,
+                                                           std::string(a) + ".size()", na, std::string(b) + ".size()", nb)));
   }
   // big == small * size(), checked without overflow.
   [[nodiscard]] bool isMultiple(size_t big, size_t small) const {
-    const auto n = static_cast<size_t>(size_);
-    return big % n == 0 && big / n == small;
+    return sizes::multiple("", "", big, "", small, size_).empty();
   }
   Work multipleError(const char* fn, const char* big, size_t nbig, const char* small, size_t nsmall) const {
     return Work(Status(Code::InvalidArgument,
-                       std::string("chorus::Communicator::") + fn + ": " + big + ".size()=" + std::to_string(nbig) +
-                           " but " + small + ".size()=" + std::to_string(nsmall) + " x size()=" +
-                           std::to_string(size_) + " elements are required"));
+                       sizes::multiple(std::string("chorus::Communicator::") + fn, std::string(big) + ".size()", nbig,
+                                       std::string(small) + ".size()", nsmall, size_)));
   }
   // counts and displs have size() entries and every block lies inside a
   // buffer of buf elements.
   Status checkV(const char* fn, const char* cn, std::span<const size_t> counts, const char* dn,
                 std::span<const size_t> displs, const char* bn, size_t buf) const {
-    const std::string where = std::string("chorus::Communicator::") + fn + ": ";
-    const auto n = static_cast<size_t>(size_);
-    if (counts.size() != n || displs.size() != n)
-      return Status(Code::InvalidArgument, where + cn + ".size()=" + std::to_string(counts.size()) + " and " + dn +
-                                               ".size()=" + std::to_string(displs.size()) + " must both be size()=" +
-                                               std::to_string(size_));
-    for (size_t i = 0; i < n; ++i)
-      if (counts[i] != 0 && (displs[i] > buf || counts[i] > buf - displs[i]))
-        return Status(Code::InvalidArgument, where + "block " + std::to_string(i) + " (" + dn + "[" +
-                                                 std::to_string(i) + "]=" + std::to_string(displs[i]) + ", " + cn +
-                                                 "[" + std::to_string(i) + "]=" + std::to_string(counts[i]) +
-                                                 ") ends past " + bn + ".size()=" + std::to_string(buf));
+    std::string e = sizes::vector(std::string("chorus::Communicator::") + fn, cn, counts.data(), counts.size(), dn,
+                                  displs.data(), displs.size(), std::string(bn) + ".size()", buf, size_);
+    if (!e.empty()) return Status(Code::InvalidArgument, std::move(e));
     return {};
   }
 

@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 
 #include <chorus/chorus.h>
+#include <chorus/sizes.hpp>
 
 #include <array>
 #include <cstdint>
@@ -151,6 +152,12 @@ View viewOf(py::handle obj, const char* arg, bool writable) {
                          "' is not supported (int8/uint8/int32/uint32/int64/uint64/float16/float32/float64)");
   v.dtype = *dt;
   return v;
+}
+
+// A size rule of chorus/sizes.hpp (shared with chorus.hpp and the torch
+// backend): "" or the message, raised as ValueError before any communication.
+void requireSizes(const std::string& error) {
+  if (!error.empty()) throw py::value_error(error);
 }
 
 void requireSameDtype(const View& a, const View& b, const char* what) {
@@ -582,9 +589,7 @@ PYBIND11_MODULE(_chorus, m) {
              View s = viewOf(send, "send", recv.is_none());
              View r = recv.is_none() ? s : viewOf(recv, "recv", true);
              requireSameDtype(s, r, "all_reduce");
-             if (r.count != s.count)
-               throw py::value_error("all_reduce: recv has " + std::to_string(r.count) + " elements, send has " +
-                                     std::to_string(s.count));
+             requireSizes(chorus::sizes::equal("all_reduce", "recv.size", r.count, "send.size", s.count));
              return c.run("all_reduce", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                return chorusAllReduce(s.ptr, r.ptr, s.count, s.dtype, static_cast<chorusRedOp_t>(op), cm, st);
              });
@@ -596,6 +601,7 @@ PYBIND11_MODULE(_chorus, m) {
              View s = viewOf(buf, "buf", recv.is_none());
              View r = recv.is_none() ? s : viewOf(recv, "recv", true);
              requireSameDtype(s, r, "broadcast");
+             if (c.rank() == root) requireSizes(chorus::sizes::equal("broadcast (at the root)", "recv.size", r.count, "buf.size", s.count));
              return c.run("broadcast", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                return chorusBroadcast(s.ptr, r.ptr, r.count, r.dtype, root, cm, st);
              });
@@ -607,6 +613,7 @@ PYBIND11_MODULE(_chorus, m) {
              View s = viewOf(send, "send", recv.is_none());
              View r = recv.is_none() ? s : viewOf(recv, "recv", true);
              requireSameDtype(s, r, "reduce");
+             if (c.rank() == root) requireSizes(chorus::sizes::equal("reduce (at the root)", "recv.size", r.count, "send.size", s.count));
              return c.run("reduce", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                return chorusReduce(s.ptr, r.ptr, s.count, s.dtype, static_cast<chorusRedOp_t>(op), root, cm, st);
              });
@@ -619,6 +626,7 @@ PYBIND11_MODULE(_chorus, m) {
              View s = viewOf(send, "send", false);
              View r = viewOf(recv, "recv", true);
              requireSameDtype(s, r, "all_gather");
+             requireSizes(chorus::sizes::multiple("all_gather", "recv.size", r.count, "send.size", s.count, c.size()));
              return c.run("all_gather", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                return chorusAllGather(s.ptr, r.ptr, s.count, s.dtype, cm, st);
              });
@@ -630,6 +638,7 @@ PYBIND11_MODULE(_chorus, m) {
              View s = viewOf(send, "send", false);
              View r = viewOf(recv, "recv", true);
              requireSameDtype(s, r, "reduce_scatter");
+             requireSizes(chorus::sizes::multiple("reduce_scatter", "send.size", s.count, "recv.size", r.count, c.size()));
              return c.run("reduce_scatter", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                return chorusReduceScatter(s.ptr, r.ptr, r.count, s.dtype, static_cast<chorusRedOp_t>(op), cm, st);
              });
@@ -642,9 +651,8 @@ PYBIND11_MODULE(_chorus, m) {
              View r = viewOf(recv, "recv", true);
              requireSameDtype(s, r, "all_to_all");
              int n = c.size();
-             if (s.count % static_cast<size_t>(n) != 0)
-               throw py::value_error("all_to_all: send has " + std::to_string(s.count) +
-                                     " elements, not a multiple of the communicator size " + std::to_string(n));
+             requireSizes(chorus::sizes::equal("all_to_all", "recv.size", r.count, "send.size", s.count));
+             requireSizes(chorus::sizes::divisible("all_to_all", "send.size", s.count, n));
              size_t per = s.count / static_cast<size_t>(n);
              return c.run("all_to_all", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                return chorusAllToAll(s.ptr, r.ptr, per, s.dtype, cm, st);
@@ -660,6 +668,11 @@ PYBIND11_MODULE(_chorus, m) {
              requireSameDtype(s, r, "all_gather_v");
              auto rc = std::make_shared<std::vector<size_t>>(toSizes(counts, "counts"));
              auto rd = std::make_shared<std::vector<size_t>>(displs ? toSizes(*displs, "displs") : packedDispls(*rc));
+             requireSizes(chorus::sizes::vector("all_gather_v", "counts", rc->data(), rc->size(), "displs", rd->data(),
+                                        rd->size(), "recv.size", r.count, c.size()));
+             const auto me = static_cast<size_t>(c.rank());
+             requireSizes(chorus::sizes::equal("all_gather_v", "send.size", s.count, "counts[" + std::to_string(me) + "]",
+                                       (*rc)[me]));
              py::object out = c.run("all_gather_v", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                return chorusAllGatherV(s.ptr, s.count, r.ptr, rc->data(), rd->data(), s.dtype, cm, st);
              });
@@ -684,6 +697,13 @@ PYBIND11_MODULE(_chorus, m) {
              (*arrays)[1] = sdispls ? toSizes(*sdispls, "sdispls") : packedDispls((*arrays)[0]);
              (*arrays)[2] = toSizes(recvCounts, "recv_counts");
              (*arrays)[3] = rdispls ? toSizes(*rdispls, "rdispls") : packedDispls((*arrays)[2]);
+             {
+               const auto& a = *arrays;
+               requireSizes(chorus::sizes::vector("all_to_all_v", "send_counts", a[0].data(), a[0].size(), "sdispls",
+                                          a[1].data(), a[1].size(), "send.size", s.count, c.size()));
+               requireSizes(chorus::sizes::vector("all_to_all_v", "recv_counts", a[2].data(), a[2].size(), "rdispls",
+                                          a[3].data(), a[3].size(), "recv.size", r.count, c.size()));
+             }
              py::object out = c.run("all_to_all_v", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                auto& a = *arrays;
                return chorusAllToAllV(s.ptr, a[0].data(), a[1].data(), r.ptr, a[2].data(), a[3].data(), s.dtype, cm,
@@ -702,6 +722,10 @@ PYBIND11_MODULE(_chorus, m) {
              View s = viewOf(send, "send", false);
              View r = recv.is_none() ? s : viewOf(recv, "recv", true);
              if (!recv.is_none()) requireSameDtype(s, r, "gather");
+             if (c.rank() == root) {
+               if (recv.is_none()) throw py::value_error("gather: recv is required at the root (rank " + std::to_string(root) + ")");
+               requireSizes(chorus::sizes::multiple("gather (at the root)", "recv.size", r.count, "send.size", s.count, c.size()));
+             }
              void* rp = recv.is_none() ? nullptr : r.ptr;
              return c.run("gather", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                return chorusGather(s.ptr, rp, s.count, s.dtype, root, cm, st);
@@ -714,6 +738,10 @@ PYBIND11_MODULE(_chorus, m) {
              View r = viewOf(recv, "recv", true);
              View s = send.is_none() ? r : viewOf(send, "send", false);
              if (!send.is_none()) requireSameDtype(s, r, "scatter");
+             if (c.rank() == root) {
+               if (send.is_none()) throw py::value_error("scatter: send is required at the root (rank " + std::to_string(root) + ")");
+               requireSizes(chorus::sizes::multiple("scatter (at the root)", "send.size", s.count, "recv.size", r.count, c.size()));
+             }
              const void* sp = send.is_none() ? nullptr : s.ptr;
              return c.run("scatter", stream, {&s, &r}, [&](chorusComm_t cm, chorusStream_t st) {
                return chorusScatter(sp, r.ptr, r.count, r.dtype, root, cm, st);

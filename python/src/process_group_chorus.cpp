@@ -4,6 +4,8 @@
 
 #include "process_group_chorus.hpp"
 
+#include <chorus/sizes.hpp>
+
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/chrono.h>
 
@@ -347,9 +349,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor& o
                                                                    const c10d::AllgatherOptions&) {
   checkTensor(input, "_allgather_base");
   checkTensor(output, "_allgather_base");
-  if (output.numel() != input.numel() * size_ || output.scalar_type() != input.scalar_type())
-    fail("_allgather_base: output must hold world_size (" + std::to_string(size_) + ") x input's " +
-         std::to_string(input.numel()) + " elements of the same dtype, has " + std::to_string(output.numel()));
+  if (output.scalar_type() != input.scalar_type()) fail("_allgather_base: output and input have different dtypes");
+  if (std::string e = chorus::sizes::multiple("_allgather_base", "output.numel()", output.numel(), "input.numel()",
+                                              input.numel(), size_);
+      !e.empty())
+    fail(e);
   at::Tensor in = input, out = output;
   chorusComm_t c = comm_->get();
   return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [in, out, c] {
@@ -463,9 +467,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(at::Tens
                                                                         const c10d::ReduceScatterOptions& opts) {
   checkTensor(input, "_reduce_scatter_base");
   checkTensor(output, "_reduce_scatter_base");
-  if (input.numel() != output.numel() * size_ || output.scalar_type() != input.scalar_type())
-    fail("_reduce_scatter_base: input must hold world_size (" + std::to_string(size_) + ") x output's " +
-         std::to_string(output.numel()) + " elements of the same dtype, has " + std::to_string(input.numel()));
+  if (output.scalar_type() != input.scalar_type()) fail("_reduce_scatter_base: output and input have different dtypes");
+  if (std::string e = chorus::sizes::multiple("_reduce_scatter_base", "input.numel()", input.numel(),
+                                              "output.numel()", output.numel(), size_);
+      !e.empty())
+    fail(e);
   at::Tensor in = input, out = output;
   c10d::ReduceOp op = opts.reduceOp;
   chorusComm_t c = comm_->get();

@@ -188,12 +188,63 @@ def _torch_and_streams(rank, world, ids):
         pass
 
 
+def _size_checks(rank, world, ids):
+    """Every call with a buffer of the wrong size raises ValueError naming both
+    sizes, before any communication: only rank 0 makes the bad calls (at root
+    0 for the rooted ones), and the ranks' next collective still matches."""
+    import chorus
+
+    comm = _comm(rank, world, ids)
+    f = np.float32
+    z = lambda n: np.zeros(n, f)  # noqa: E731
+    if rank == 0:
+        w = world
+        bad = [
+            ("all_reduce", lambda: comm.all_reduce(z(8), z(7)), ("recv.size=7", "send.size=8")),
+            ("all_gather short by 1", lambda: comm.all_gather(z(9), z(9 * w - 1)), (f"recv.size={9 * w - 1}", "send.size=9")),
+            ("all_gather short by 3", lambda: comm.all_gather(z(9), z(9 * w - 3)), (f"recv.size={9 * w - 3}",)),
+            ("all_gather too long", lambda: comm.all_gather(z(9), z(9 * w + 1)), (f"recv.size={9 * w + 1}",)),
+            ("reduce_scatter", lambda: comm.reduce_scatter(z(6 * w - 1), z(6)), (f"send.size={6 * w - 1}", "recv.size=6")),
+            ("all_to_all recv short", lambda: comm.all_to_all(z(4 * w), z(4 * w - 1)), (f"recv.size={4 * w - 1}",)),
+            ("all_to_all not a multiple", lambda: comm.all_to_all(z(4 * w + 1), z(4 * w + 1)), ("multiple",)),
+            ("broadcast", lambda: comm.broadcast(z(5), root=0, recv=z(4)), ("recv.size=4", "buf.size=5")),
+            ("reduce", lambda: comm.reduce(z(5), z(3), root=0), ("recv.size=3", "send.size=5")),
+            ("gather", lambda: comm.gather(z(4), z(4 * w - 1), root=0), (f"recv.size={4 * w - 1}", "send.size=4")),
+            ("gather without recv", lambda: comm.gather(z(4), None, root=0), ("recv is required",)),
+            ("scatter", lambda: comm.scatter(z(3 * w - 1), z(3), root=0), (f"send.size={3 * w - 1}", "recv.size=3")),
+            ("scatter without send", lambda: comm.scatter(None, z(3), root=0), ("send is required",)),
+            ("all_gather_v recv short", lambda: comm.all_gather_v(z(1), z(w - 1), [1] * w), (f"recv.size={w - 1}",)),
+            ("all_gather_v counts", lambda: comm.all_gather_v(z(1), z(w), [1] * (w + 1)), ("counts has",)),
+            ("all_gather_v own count", lambda: comm.all_gather_v(z(2), z(w), [1] * w), ("send.size=2", "counts[0]=1")),
+            ("all_to_all_v send short", lambda: comm.all_to_all_v(z(2 * w - 1), [2] * w, z(2 * w), [2] * w),
+             (f"send.size={2 * w - 1}",)),
+            ("all_to_all_v recv short", lambda: comm.all_to_all_v(z(2 * w), [2] * w, z(2 * w - 3), [2] * w),
+             (f"recv.size={2 * w - 3}",)),
+        ]
+        for name, call, needles in bad:
+            try:
+                call()
+                raise AssertionError(f"{name}: a wrong buffer size did not raise")
+            except ValueError as e:
+                for needle in needles:
+                    assert needle in str(e), f"{name}: {needle!r} not in {str(e)!r}"
+    # Nothing reached the wire: the ranks' next collectives match.
+    out = z(3 * world)
+    comm.all_gather(np.full(3, rank, f), out)
+    np.testing.assert_array_equal(out, np.repeat(np.arange(world, dtype=f), 3))
+    x = np.full(5, rank + 1, np.int64)
+    comm.all_reduce(x)
+    np.testing.assert_array_equal(x, np.full(5, sum(range(1, world + 1)), np.int64))
+    comm.close()
+
+
 def main():
     checks = harness.Checks()
     import multiprocessing as mp
 
     for world in (2, 4):
         checks.run(f"numpy_collectives_{world}ranks", harness.run, _numpy_collectives, world, 120, mp.Queue())
+        checks.run(f"size_checks_{world}ranks", harness.run, _size_checks, world, 120, mp.Queue())
         checks.run(f"torch_tensors_streams_errors_{world}ranks", harness.run, _torch_and_streams, world, 120,
                    mp.Queue())
     checks.finish()
