@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
 
 #include "clock/offset.hpp"
+#include "comm/call_signature.hpp"
 #include "common/env.hpp"
 #include "common/log.hpp"
 #include "kernels/dtype.hpp"
@@ -19,6 +22,10 @@
 namespace chorus {
 
 using plan::Collective;
+using comm::Signature;
+using comm::signatureOf;
+using comm::describe;
+using comm::differing;
 
 namespace {
 
@@ -175,6 +182,15 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   base_store_ = base;
   store_ = std::make_unique<bootstrap::PrefixStore>(base, prefix_);
   registry_ = plan::Registry::builtin();
+  // The flight recorder's dump directory must exist when a failure comes;
+  // made now (as CHORUS_TRACE's), or the init fails naming it.
+  if (const std::string dir = env::getString("CHORUS_FLIGHT_DIR"); !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec || !std::filesystem::is_directory(dir))
+      return invalidArgument("CHORUS_FLIGHT_DIR='{}' cannot be created: {}", dir,
+                             ec ? ec.message() : std::string("it exists and is not a directory"));
+  }
 
   RankInfo me;
   me.nranks = nranks_;
@@ -183,8 +199,26 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   me.host = bootstrap::localHostIdentity();
   CHORUS_RETURN_IF_ERROR(store_->set(fmt::format("info/{}", rank_), bootstrap::toBytes(me)));
   std::vector<RankInfo> infos(nranks_);
+  const auto join_start = std::chrono::steady_clock::now();
   for (int r = 0; r < nranks_; ++r) {
-    CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes b, store_->get(fmt::format("info/{}", r), cfg.timeout));
+    auto got = store_->get(fmt::format("info/{}", r), cfg.timeout);
+    if (!got.isOk() && got.status().code() == chorusTimeout) {
+      // Say who is missing, not which store key: look at every rank's record.
+      std::vector<int> missing;
+      for (int q = 0; q < nranks_; ++q)
+        if (!store_->get(fmt::format("info/{}", q), std::chrono::milliseconds(1)).isOk()) missing.push_back(q);
+      std::string list;
+      for (int q : missing) list += fmt::format("{}{}", list.empty() ? "" : ",", q);
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - join_start).count();
+      return makeError(chorusTimeout,
+                       "init: {} of {} ranks joined within {:.1f} s; rank(s) {} never reached the rendezvous store "
+                       "({}) (did they start? do all ranks use the same unique id or CHORUS_MASTER_ADDR/PORT and "
+                       "world size? can they reach that address?) [{}]",
+                       nranks_ - static_cast<int>(missing.size()), nranks_, waited, list.empty() ? "?" : list,
+                       server_ ? server_->address().toString() : id_.root.toString(), got.status().message());
+    }
+    CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes b, std::move(got));
     if (b.size() != sizeof(RankInfo)) return remoteError("init: rank {} published a malformed record ({} bytes)", r, b.size());
     std::memcpy(&infos[r], b.data(), sizeof(RankInfo));
     if (infos[r].magic != me.magic || infos[r].rank != r)
@@ -218,6 +252,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
     shm_ = std::move(t.value());
     for (int r : local) routes[r] = shm_.get();
     if (remote.empty()) board_ = shm_->board();
+    comm::installWireMismatchText();
   }
   if (!remote.empty()) {
     transport::TcpSetup s;
@@ -327,6 +362,15 @@ void Communicator::watchdogLoop() {
   }
 }
 
+// The mismatch another rank reported for operation seq or, having finished
+// it (a root that only sent), for one of its next two; "" when none did.
+std::string Communicator::peerVerdict(uint64_t seq) {
+  for (uint64_t s = seq; s < seq + 3; ++s)
+    if (auto v = store_->get(fmt::format("verdict/{}", s), std::chrono::milliseconds(1)); v.isOk())
+      return bootstrap::toString(v.value());
+  return {};
+}
+
 Status Communicator::explainTimeout(const Status& st, const FlightEntry& stuck) {
   auto k = store_->add("probe-count", 1);
   if (!k.isOk()) return st;
@@ -341,6 +385,53 @@ Status Communicator::explainTimeout(const Status& st, const FlightEntry& stuck) 
     if (b.isOk() && b->size() == sizeof(FlightSummary)) std::memcpy(&sums[r], b->data(), sizeof(FlightSummary));
     if (sums[r].magic != FlightSummary{}.magic) sums[r] = FlightSummary{};
   }
+  // Ranks whose operation of some number has other arguments than this
+  // rank's of that number (ranks that disagree on a root may all wait to
+  // receive, so no message tells): a mismatch.  Compared against this rank's
+  // recorder, so a peer that finished the disputed call and went on is caught too.
+  const std::vector<FlightEntry> history = flight_.snapshot();
+  auto mineOf = [&](uint64_t seq) -> const FlightEntry* {
+    for (const FlightEntry& e : history)
+      if (e.seq == seq) return &e;
+    return nullptr;
+  };
+  std::string diffs;
+  for (int r = 0; r < nranks_; ++r) {
+    const FlightSummary& s = sums[r];
+    if (r == rank_ || s.rank < 0) continue;
+    for (int which = 0; which < 2; ++which) {
+      if (which == 0 ? !s.has_current : !s.has_last) continue;
+      const FlightEntry& e = which == 0 ? s.current : s.last;
+      const FlightEntry* m = mineOf(e.seq);
+      if (m == nullptr) continue;
+      const auto coll = static_cast<Collective>(m->coll);
+      const bool rooted = coll == Collective::Broadcast || coll == Collective::Reduce || coll == Collective::Gather ||
+                          coll == Collective::Scatter;
+      std::string f;
+      auto add = [&](const char* name) { f += f.empty() ? name : fmt::format(", {}", name); };
+      if (e.coll != m->coll) add("collective");
+      if (e.count != m->count) add("count");
+      if (e.dtype != m->dtype) add("dtype");
+      if (rooted && e.coll == m->coll && e.root != m->root) add("root");
+      if (!f.empty())
+        diffs += fmt::format("; rank {} {} {} root={} where this rank {} {} root={} (differs in {})", r,
+                             which == 0 ? "is in" : "completed", describeEntry(e), e.root,
+                             m->state == FlightEntry::Done ? "completed" : "is in", describeEntry(*m), m->root, f);
+    }
+  }
+  const std::string verdict_key = fmt::format("verdict/{}", stuck.seq);
+  if (!diffs.empty()) {
+    Status v = makeError(chorusMismatch,
+                         "rank {}: collective mismatch, found when {} timed out after {} ms{} (are all ranks calling "
+                         "the same collectives with the same count, dtype, op and root?)",
+                         rank_, describeEntry(stuck), cfg_.timeout.count(), diffs);
+    // For the ranks whose probe this rank no longer answers once it is gone.
+    (void)store_->set(verdict_key, bootstrap::toBytes(std::string_view(v.message())));
+    return v;
+  }
+  if (std::string why = peerVerdict(stuck.seq); !why.empty())
+    return makeError(chorusMismatch, "rank {}: {} timed out after {} ms; another rank found why: {}", rank_,
+                     describeEntry(stuck), cfg_.timeout.count(), why);
   return makeError(st.code(), "rank {}: {} timed out after {} ms: {} [{}]", rank_, describeEntry(stuck),
                    cfg_.timeout.count(), diagnoseHang(stuck, sums), st.message());
 }
@@ -519,7 +610,8 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   if (const kernels::BinOp bop = binOpOf(op.op); !reducers_[i].valid() || reducers_[i].dtype() != op.dtype ||
                                                    reducers_[i].op() != bop)
     reducers_[i] = kernels::Reducer(op.dtype, bop);
-  jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq};
+  jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
+                       op.coll == Collective::SendRecv ? comm::kPointToPointWire : batch_wire_};
   if (trace_) {
     if (trace_algo_.size() <= i) {
       trace_algo_.resize(i + 1);
@@ -542,86 +634,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   return {};
 }
 
-namespace {
-
-// What every rank must agree on for a batch of operations.
-struct Signature {
-  uint64_t seq = 0;
-  uint32_t coll = 0;
-  int32_t dtype = 0;
-  uint64_t count = 0;
-  int32_t op = 0;  // chorusRedOp_t; PreMulSum ops as chorusNumOps
-  int32_t root = 0;
-  uint32_t nops = 0;  // collectives in the batch
-  uint32_t pad = 0;
-  uint64_t hash = 0;  // of every collective in the batch
-  bool operator==(const Signature&) const = default;
-};
-
-Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq) {
-  Signature s;
-  s.seq = seq;
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  bool first = true;
-  for (const OpDesc& o : ops) {
-    if (o.coll == Collective::SendRecv) continue;  // peers differ by design
-    const bool reduces = plan::reduces(o.coll);
-    const int32_t op = !reduces ? 0 : (o.op >= chorusNumOps ? static_cast<int32_t>(chorusNumOps) : o.op);
-    const bool rooted = o.coll == Collective::Broadcast || o.coll == Collective::Reduce ||
-                        o.coll == Collective::Gather || o.coll == Collective::Scatter;
-    const uint64_t count = o.coll == Collective::AllToAllV ? 0 : o.count;
-    if (first) {
-      s.coll = static_cast<uint32_t>(o.coll);
-      s.dtype = o.dtype;
-      s.count = count;
-      s.op = op;
-      s.root = rooted ? o.root : 0;
-      first = false;
-    }
-    ++s.nops;
-    mix(static_cast<uint64_t>(o.coll));
-    mix(static_cast<uint64_t>(o.dtype));
-    mix(count);
-    mix(static_cast<uint64_t>(op));
-    mix(static_cast<uint64_t>(rooted ? o.root : 0));
-    if (o.coll == Collective::AllGatherV)
-      for (size_t v : o.counts) mix(v);
-  }
-  s.hash = h;
-  return s;
-}
-
-std::string describe(const Signature& s) {
-  std::string d = fmt::format("{} #{}", plan::collectiveName(static_cast<Collective>(s.coll)), s.seq);
-  const auto coll = static_cast<Collective>(s.coll);
-  if (coll != Collective::Barrier)
-    d += fmt::format(" count={} dtype={}", s.count, kernels::dtypeName(static_cast<chorusDataType_t>(s.dtype)));
-  if (plan::reduces(coll)) d += fmt::format(" op={}", s.op == chorusNumOps ? std::string("premulsum") : std::to_string(s.op));
-  if (coll == Collective::Broadcast || coll == Collective::Reduce || coll == Collective::Gather ||
-      coll == Collective::Scatter)
-    d += fmt::format(" root={}", s.root);
-  if (s.nops > 1) d += fmt::format(" (+{} more in the group)", s.nops - 1);
-  return d;
-}
-
-std::string differing(const Signature& a, const Signature& b) {
-  std::string f;
-  auto add = [&](const char* name) { f += f.empty() ? name : fmt::format(", {}", name); };
-  if (a.seq != b.seq) add("sequence number");
-  if (a.coll != b.coll) add("collective");
-  if (a.count != b.count) add("count");
-  if (a.dtype != b.dtype) add("dtype");
-  if (a.op != b.op) add("op");
-  if (a.root != b.root) add("root");
-  if (f.empty()) add("the rest of the group");
-  return f;
-}
-
-}  // namespace
-
-Status Communicator::checkSignatures(std::span<const OpDesc> ops) {
-  const Signature mine = signatureOf(ops, op_seq_);
+Status Communicator::checkSignatures(const Signature& mine) {
   if (mine.nops == 0) return {};  // point-to-point only: nothing all ranks share
   checked_once_ = true;
   const size_t sz = sizeof(Signature);
@@ -666,7 +679,12 @@ Status Communicator::checkSignatures(std::span<const OpDesc> ops) {
 
 Status Communicator::execute(std::span<OpDesc> ops) {
   if (trace_) batch_start_ns_ = clock::traceNowNs();  // the rank's arrival
-  if (cfg_.check || !checked_once_) CHORUS_RETURN_IF_ERROR(checkSignatures(ops));
+  // Always on: the batch's signature travels in every message header and
+  // board slot (call_signature.hpp); CHORUS_CHECK (and the first call) also
+  // exchange it whole before moving any data.
+  batch_sig_ = signatureOf(ops, op_seq_);
+  batch_wire_ = comm::wireSignature(batch_sig_);
+  if (cfg_.check || !checked_once_) CHORUS_RETURN_IF_ERROR(checkSignatures(batch_sig_));
   // The flight recorder: every collective of the batch, under its number
   // (the trace's too; sends and receives are numbered apart).
   const uint64_t first_seq = op_seq_;
@@ -682,6 +700,7 @@ Status Communicator::execute(std::span<OpDesc> ops) {
       stuck.coll = static_cast<uint8_t>(o.coll);
       stuck.dtype = o.dtype;
       stuck.count = o.count;
+      stuck.root = o.root;
     }
     flight_.start(op_seq_++, static_cast<uint8_t>(o.coll), o.dtype, o.count, o.root);
   }
@@ -699,6 +718,15 @@ Status Communicator::execute(std::span<OpDesc> ops) {
                                  : fmt::format("rank {}: in {}: ", rank_, describeEntry(stuck)));
   }
   for (uint64_t s = first_seq; s < op_seq_; ++s) flight_.finish(s, st.isOk());
+  // A peer that broke off in this call (its connection closed mid-message)
+  // may have said why.
+  if (st.code() == chorusRemoteError && op_seq_ > first_seq)
+    if (std::string why = peerVerdict(first_seq); !why.empty())
+      st = makeError(chorusMismatch, "{} (another rank found why: {})", st.message(), why);
+  // A mismatch found here is the verdict for ranks that only time out in
+  // the same call (explainTimeout reads it): this rank may be gone by then.
+  if (st.code() == chorusMismatch && op_seq_ > first_seq)
+    (void)store_->set(fmt::format("verdict/{}", first_seq), bootstrap::toBytes(std::string_view(st.message())));
   if (breaks) {
     st = fail(st);
     dumpFlight();
@@ -742,6 +770,13 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     jobs_[0].buffers = job_bufs_[0];
     st = runBoard(ops[0], jobs_[0]);
   } else {
+    // On one host every collective call publishes its signature on the
+    // board, so a rank whose call runs through the board (a small one)
+    // notices a peer that is in another call here.
+    if (board_ != nullptr && batch_sig_.nops > 0) {
+      CHORUS_RETURN_IF_ERROR(publishCall(nullptr, 0, false));
+      deferVerification(board_calls_);
+    }
     size_t total = 0;
     for (size_t i = 0; i < njobs; ++i) {
       size_t need = (scratch_offsets_[i] + 63) & ~size_t{63};
@@ -788,7 +823,6 @@ void boardCopy(std::byte* dst, const std::byte* src, size_t n) {
 // the executor's bit for bit.
 Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   static_assert(plan::kBoardBytes <= transport::kBoardSlotBytes);
-  const uint64_t k = ++board_calls_;
   const size_t es = job.elem_size;
   const size_t N = op.count, r = static_cast<size_t>(rank_);
   plan::Shape sh;
@@ -804,24 +838,23 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   // symmetric call this rank has seen far more already; a run of broadcasts
   // (whose ranks await only the root) waits here, so the root runs at most
   // kBoardSlots - 1 calls ahead of its slowest reader.
-  constexpr uint64_t lag = transport::kBoardSlots - 1;
-  if (board_seen_all_ + lag < k) {
-    for (int q = 0; q < nranks_; ++q)
-      if (q != rank_) CHORUS_RETURN_IF_ERROR(board_->await(q, k - lag, cfg_.timeout).status());
-    board_seen_all_ = k - lag;
-  }
-  std::byte* mine = board_->slot(k);
-  // A broadcast's non-roots publish only the call number.
+  // A broadcast's non-roots publish only the call number and signature.
   const bool publishes_data = op.coll != Collective::Broadcast || rank_ == op.root;
-  if (publishes_data) boardCopy(mine, inp, bytes);
-  board_->publish(k);
+  CHORUS_RETURN_IF_ERROR(publishCall(inp, bytes, publishes_data));
+  const uint64_t k = board_calls_;
+  const std::byte* mine = board_->slot(k);
+  const transport::CallSignature my_sig = comm::callSignature(batch_sig_);
   auto input = [&](int q) -> Result<const std::byte*> {
-    if (q == rank_) return static_cast<const std::byte*>(mine);
-    return board_->await(q, k, cfg_.timeout);
+    if (q == rank_) return mine;
+    CHORUS_ASSIGN_OR_RETURN(const std::byte* x, board_->await(q, k, cfg_.timeout));
+    if (const transport::CallSignature theirs = board_->signature(q, k); !(theirs == my_sig))
+      return boardMismatch(q, theirs, batch_sig_);
+    return x;
   };
   if (op.coll == Collective::Broadcast) {
     if (rank_ == op.root) {
       if (outp != inp) boardCopy(outp, inp, bytes);
+      deferVerification(k);  // the root reads nobody's slot
     } else {
       CHORUS_ASSIGN_OR_RETURN(const std::byte* x, input(op.root));
       boardCopy(outp, x, bytes);
@@ -849,6 +882,94 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   if (op.coll != Collective::Broadcast) board_seen_all_ = k;  // every peer's k was awaited above
   board_->settle();
   return {};
+}
+
+// Board call k = board_calls_ + 1: waits until every peer is past call
+// k - kBoardSlots + 1 (see runBoard), copies `bytes` of `inp` into the slot
+// when `data`, and publishes it with the batch's signature.
+Status Communicator::publishCall(const std::byte* inp, size_t bytes, bool data) {
+  const uint64_t k = board_calls_ + 1;
+  if (unverified_count_ != 0) CHORUS_RETURN_IF_ERROR(verifyEarlierCalls());
+  // This call rewrites the slot of call k - kBoardSlots: every peer must be
+  // past that call, i.e. have published k - kBoardSlots + 1.  After a
+  // symmetric board call this rank has seen far more already; a run of
+  // broadcasts (whose ranks await only the root) or of calls that move their
+  // data elsewhere waits here, so no rank runs more than kBoardSlots - 1
+  // calls ahead of its slowest peer's publishes.
+  constexpr uint64_t lag = transport::kBoardSlots - 1;
+  if (board_seen_all_ + lag < k) {
+    for (int q = 0; q < nranks_; ++q)
+      if (q != rank_) CHORUS_RETURN_IF_ERROR(board_->await(q, k - lag, cfg_.timeout).status());
+    board_seen_all_ = k - lag;
+  }
+  if (data) boardCopy(board_->slot(k), inp, bytes);
+  board_->publish(k, comm::callSignature(batch_sig_));
+  board_calls_ = k;
+  // A call that reads no peer's slot (a broadcast's root, a call whose data
+  // goes elsewhere) checks the peers' signatures of it later: at the start
+  // of the next calls, while their slots still hold it.
+  return {};
+}
+
+// Compares the peers' signatures of this rank's unverified earlier calls
+// with its own, for each peer that has published that call and not yet
+// reused its slot (one that has cannot be checked any more; one that has
+// not published it yet is checked at a later call).
+Status Communicator::verifyEarlierCalls() {
+  const size_t words = (static_cast<size_t>(nranks_) + 63) / 64;
+  for (size_t i = 0; i < unverified_count_;) {
+    Unverified& u = board_unverified_[(unverified_first_ + i) % board_unverified_.size()];
+    bool pending = false;
+    for (size_t w = 0; w < words; ++w) {
+      for (uint64_t bits = u.peers[w]; bits != 0; bits &= bits - 1) {
+        const int q = static_cast<int>(w * 64 + static_cast<size_t>(std::countr_zero(bits)));
+        const uint64_t c = board_->slotCall(q, u.call);
+        if (c < u.call) {
+          pending = true;
+          continue;
+        }
+        u.peers[w] &= ~(uint64_t{1} << (q % 64));
+        if (c == u.call)
+          if (const transport::CallSignature theirs = board_->signature(q, u.call); !(theirs == comm::callSignature(u.sig)))
+            return boardMismatch(q, theirs, u.sig);
+      }
+    }
+    if (pending || i != 0) {
+      ++i;
+      continue;
+    }
+    unverified_first_ = (unverified_first_ + 1) % board_unverified_.size();  // the oldest is done
+    --unverified_count_;
+  }
+  return {};
+}
+
+void Communicator::deferVerification(uint64_t k) {
+  if (board_unverified_.empty()) {
+    board_unverified_.resize(transport::kBoardSlots);
+    for (Unverified& u : board_unverified_) u.peers.assign((static_cast<size_t>(nranks_) + 63) / 64, 0);
+  }
+  if (unverified_count_ == board_unverified_.size()) {  // the oldest can no longer be checked: its slots are reused
+    unverified_first_ = (unverified_first_ + 1) % board_unverified_.size();
+    --unverified_count_;
+  }
+  Unverified& u = board_unverified_[(unverified_first_ + unverified_count_) % board_unverified_.size()];
+  ++unverified_count_;
+  u.call = k;
+  u.sig = batch_sig_;
+  std::fill(u.peers.begin(), u.peers.end(), ~uint64_t{0});
+  if (nranks_ % 64) u.peers.back() = (uint64_t{1} << (nranks_ % 64)) - 1;
+  u.peers[static_cast<size_t>(rank_) / 64] &= ~(uint64_t{1} << (rank_ % 64));
+}
+
+// A peer published another call's signature on the board: chorusMismatch
+// naming both ranks' calls and the fields that differ.
+Status Communicator::boardMismatch(int peer, const transport::CallSignature& theirs, const Signature& mine) const {
+  const Signature other = comm::fromCallSignature(theirs, mine.seq);
+  return makeError(chorusMismatch,
+                   "rank {}: collective mismatch: rank {} called {}; rank {} called {} (differs in {}) (are all ranks "
+                   "calling the same collectives in the same order with the same count, dtype, op and root?)",
+                   rank_, rank_, describe(mine), peer, describe(other), differing(other, mine));
 }
 
 // The batch's operations in the trace: one record each, with the batch's

@@ -24,6 +24,7 @@
 
 #include "bootstrap/bootstrap.hpp"
 #include "bootstrap/store.hpp"
+#include "comm/call_signature.hpp"
 #include "comm/flight.hpp"
 #include "common/status.hpp"
 #include "exec/executor.hpp"
@@ -152,6 +153,7 @@ class Communicator {
   void watchdogLoop();
   // Asks every rank where it is and turns a timeout into a diagnosis.
   Status explainTimeout(const Status& st, const FlightEntry& stuck);
+  std::string peerVerdict(uint64_t seq);
   void dumpFlight() const;
   Status execute(std::span<OpDesc> ops);
   Status executeBatch(std::span<OpDesc> ops);
@@ -159,7 +161,22 @@ class Communicator {
   Status runBoard(const OpDesc& op, const exec::Job& job);
   // Exchanges the batch's signature with every rank; chorusMismatch naming the
   // ranks and fields that differ.
-  Status checkSignatures(std::span<const OpDesc> ops);
+  Status checkSignatures(const comm::Signature& mine);
+  // Publishes this call on the board (every collective call of a one-host
+  // communicator does), with `bytes` of `inp` when `data`.
+  Status publishCall(const std::byte* inp, size_t bytes, bool data);
+  Status boardMismatch(int peer, const transport::CallSignature& theirs, const comm::Signature& mine) const;
+  // Calls of this rank whose peers' board signatures it has not compared yet
+  // (it read no slot of theirs): checked at the start of later calls.
+  struct Unverified {
+    uint64_t call = 0;
+    comm::Signature sig;
+    std::vector<uint64_t> peers;  // bit q: peer q still to check
+  };
+  std::vector<Unverified> board_unverified_;  // a ring of kBoardSlots, allocated at the first use
+  size_t unverified_first_ = 0, unverified_count_ = 0;
+  Status verifyEarlierCalls();
+  void deferVerification(uint64_t k);
   Status prepare(OpDesc& op, size_t index);
   Status fail(Status st);
   void progressLoop();
@@ -191,6 +208,9 @@ class Communicator {
   uint64_t board_calls_ = 0;
   uint64_t board_seen_all_ = 0;  // the last call whose publish this rank has seen from every peer
   bool board_job_ = false;
+  // The running batch's signature and its message word (call_signature.hpp).
+  comm::Signature batch_sig_;
+  uint64_t batch_wire_ = 0;
   std::unique_ptr<exec::Executor> executor_;
   plan::Registry registry_;
   std::unique_ptr<tune::Tuner> tuner_;

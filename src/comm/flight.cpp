@@ -120,7 +120,10 @@ FlightSummary FlightRecorder::summary(int rank) const {
   s.rank = rank;
   s.pid = static_cast<int32_t>(getpid());
   for (const FlightEntry& e : snapshot()) {
-    if (e.state == FlightEntry::Running) {
+    // A failed operation breaks the communicator: it is where the rank
+    // stopped, so it stays "current" (a rank that just timed out in an
+    // allgather is in that allgather, not in no collective).
+    if (e.state == FlightEntry::Running || e.state == FlightEntry::Failed) {
       s.current = e;
       s.has_current = 1;
     } else if (e.state == FlightEntry::Done) {
@@ -147,8 +150,8 @@ std::string rankList(const std::vector<int>& r) {
 }
 }  // namespace
 
-std::string diagnoseHang(const FlightEntry& stuck, const std::vector<FlightSummary>& ranks) {
-  std::vector<int> waiting, silent;
+std::string diagnoseHang(const FlightEntry& stuck, const std::vector<FlightSummary>& ranks, bool offline) {
+  std::vector<int> waiting, gave_up, silent;
   std::vector<std::string> elsewhere;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const FlightSummary& s = ranks[r];
@@ -158,19 +161,29 @@ std::string diagnoseHang(const FlightEntry& stuck, const std::vector<FlightSumma
       continue;
     }
     if (s.has_current && s.current.seq == stuck.seq && s.current.coll == stuck.coll) {
-      waiting.push_back(rank);
+      (s.current.state == FlightEntry::Failed ? gave_up : waiting).push_back(rank);
       continue;
     }
     std::string where = fmt::format("rank {} ", rank);
     where += s.has_last ? fmt::format("last completed {}", describeEntry(s.last)) : "completed nothing yet";
-    where += s.has_current ? fmt::format(" and is in {}", describeEntry(s.current)) : " and is in no collective";
+    where += !s.has_current ? std::string(" and is in no collective")
+             : s.current.state == FlightEntry::Failed ? fmt::format(" and failed in {}", describeEntry(s.current))
+                                                      : fmt::format(" and is in {}", describeEntry(s.current));
     elsewhere.push_back(where);
   }
   std::string msg;
   if (!waiting.empty()) msg += fmt::format("ranks {} are waiting in it", rankList(waiting));
+  if (!gave_up.empty())
+    msg += fmt::format("{}ranks {} stopped in it (timed out or aborted)", msg.empty() ? "" : "; ", rankList(gave_up));
   for (const auto& e : elsewhere) msg += (msg.empty() ? "" : "; ") + e;
-  if (!silent.empty())
-    msg += fmt::format("{}rank(s) {} did not answer (dead, or unreachable)", msg.empty() ? "" : "; ", rankList(silent));
+  if (!silent.empty()) {
+    if (offline)
+      for (int r : silent)
+        msg += fmt::format("{}rank {}: no flight record (did it start? did it die before it could write one?)",
+                           msg.empty() ? "" : "; ", r);
+    else
+      msg += fmt::format("{}rank(s) {} did not answer (dead, or unreachable)", msg.empty() ? "" : "; ", rankList(silent));
+  }
   return msg;
 }
 
@@ -216,7 +229,7 @@ Result<FlightSummary> summaryFromJson(const std::string& text, int* nranks) {
     e.dtype = d;
     const std::string st = op.value("state", std::string());
     e.state = st == "running" ? FlightEntry::Running : st == "done" ? FlightEntry::Done : FlightEntry::Failed;
-    if (e.state == FlightEntry::Running) {
+    if (e.state == FlightEntry::Running || e.state == FlightEntry::Failed) {  // as summary()
       s.current = e;
       s.has_current = 1;
     } else if (e.state == FlightEntry::Done) {

@@ -70,7 +70,9 @@ static_assert(sizeof(FlightEntry) % sizeof(uint64_t) == 0, "FlightEntry is store
 std::string describeEntry(const FlightEntry& e);
 // The diagnosis of a hang from every reachable rank's summary (nullopt-like:
 // rank < 0 = did not answer), relative to the operation `seq` that timed out.
-std::string diagnoseHang(const FlightEntry& stuck, const std::vector<FlightSummary>& ranks);
+// A rank whose current entry failed stopped in it.  offline: from files in
+// CHORUS_FLIGHT_DIR (a rank < 0 wrote none), not from live answers.
+std::string diagnoseHang(const FlightEntry& stuck, const std::vector<FlightSummary>& ranks, bool offline = false);
 
 // JSON form of a recorder, as dumped to CHORUS_FLIGHT_DIR and read by
 // `chorus-trace hang`.

@@ -40,8 +40,13 @@ Result<std::string> hangReport(const std::string& dir) {
   std::vector<FlightSummary> all(nranks);  // rank -1: no file
   for (const auto& [r, s] : by_rank)
     if (r >= 0 && r < nranks) all[r] = s;
-  if (!found) return fmt::format("{} rank(s) dumped a flight recorder; none was inside a collective\n", by_rank.size());
-  return fmt::format("{}: {}\n", describeEntry(stuck), diagnoseHang(stuck, all));
+  if (!found) {
+    std::string missing;
+    for (int r = 0; r < nranks; ++r)
+      if (all[r].rank < 0) missing += fmt::format("; rank {}: no flight record (did it start?)", r);
+    return fmt::format("{} rank(s) dumped a flight recorder; none was inside a collective{}\n", by_rank.size(), missing);
+  }
+  return fmt::format("{}: {}\n", describeEntry(stuck), diagnoseHang(stuck, all, /*offline=*/true));
 }
 
 }  // namespace chorus

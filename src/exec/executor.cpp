@@ -70,6 +70,7 @@ Status Executor::post(uint32_t g) {
   transport::Transport* t = routes_[s.peer];
   transport::Request* req = &requests_[g];
   req->state.store(transport::Request::Posted, std::memory_order_relaxed);
+  req->sig = j.sig;
   if (rec_) t_posted_[g] = clock::traceNowNs();
   Status st;
   if (s.op == StepOp::Send) {

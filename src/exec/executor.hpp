@@ -46,6 +46,7 @@ struct Job {
   size_t elem_size = 1;
   const kernels::Reducer* reducer = nullptr;  // for RecvReduce/Reduce steps
   uint64_t trace_seq = 0;  // the operation's number in trace records
+  uint64_t sig = 0;        // the call's message signature (transport::Request::sig)
 };
 
 class Executor {

@@ -1,5 +1,7 @@
 #include "trace/analysis.hpp"
 
+#include <array>
+#include <map>
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -197,12 +199,24 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
   auto us = [&](int64_t ref_ns) { return static_cast<double>(ref_ns - t0) / 1e3; };
 
   json events = json::array();
-  constexpr int kOps = 0, kSends = 1, kRecvs = 2, kLocal = 3;
+  // Tracks per rank: operations, sends, receives, copies.  Slices on one
+  // track must nest (the trace viewers drop or misdraw the others), and
+  // transfers and batched operations overlap, so each kind gets as many lanes
+  // as it has concurrent slices: a slice takes the lowest lane free at its
+  // start.  Lane l of kind k is tid k * kLaneStride + l, named "sends 1", ...
+  constexpr int kOps = 0, kSends = 1, kRecvs = 2, kLocal = 3, kLaneStride = 1000;
   uint64_t flow_id = 0;
   constexpr uint64_t kMaxFlows = 20000;
   for (size_t ci = 0; ci < comms.size(); ++ci) {
     const CommTrace& c = comms[ci];
     auto pidOf = [&](int rank) { return static_cast<int>(ci) * 100000 + rank; };
+    // The lane of the send starting at (pid, t) and of the receive ending at
+    // (pid, t), so a flow binds to its own slices.
+    std::map<std::pair<int, int64_t>, int> send_lane, recv_lane;
+    auto laneOf = [](const std::map<std::pair<int, int64_t>, int>& m, int pid, int64_t t, int dflt) {
+      auto it = m.find({pid, t});
+      return it == m.end() ? dflt : it->second;
+    };
     for (int rank = 0; rank < c.nranks; ++rank) {
       const RankTrace& r = c.ranks[rank];
       if (r.file.header.nranks == 0) continue;
@@ -211,9 +225,12 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
       if (comms.size() > 1) pname += fmt::format(" comm {:08x} of {}", c.comm_id >> 32, c.nranks);
       events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", pname}}}});
       events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
-      const char* tracks[] = {"operations", "sends", "receives", "copy / reduce"};
-      for (int tid = 0; tid < 4; ++tid)
-        events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", tracks[tid]}}}});
+      // Slices of this rank by kind, placed into lanes once all are known.
+      struct Slice {
+        size_t event;
+        int64_t start, end;  // reference clock, ns
+      };
+      std::array<std::vector<Slice>, 4> by_kind;
       std::map<uint64_t, const OpRecord*> ops;
       for (const OpRecord& o : r.file.ops) {
         ops[o.seq] = &o;
@@ -227,6 +244,7 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
         const bool p2p = (o.seq & kP2PBit) != 0;
         std::string name = p2p ? fmt::format("{} {}", o.algo ? r.file.algos[o.algo] : "p2p", o.root)
                                : fmt::format("{} #{}", collName(o.coll), o.seq);
+        by_kind[kOps].push_back({events.size(), r.toRef(o.start_ns), r.toRef(o.end_ns)});
         events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", kOps}, {"name", name}, {"cat", "op"},
                           {"ts", us(r.toRef(o.start_ns))}, {"dur", dur}, {"args", args}});
       }
@@ -245,17 +263,45 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
         if ((s.seq & kCheckBit) && !(s.seq & kP2PBit)) args["op"] = "signature check";
         else if (s.seq & kP2PBit) args["op"] = "point-to-point";
         else args["op"] = fmt::format("#{}", s.seq);
+        by_kind[static_cast<size_t>(tid)].push_back({events.size(), r.toRef(s.start_ns), r.toRef(s.end_ns)});
         events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", tid}, {"name", name}, {"cat", "step"},
                           {"ts", us(r.toRef(s.start_ns))}, {"dur", static_cast<double>(s.end_ns - s.start_ns) / 1e3},
                           {"args", args}});
+      }
+      const char* tracks[] = {"operations", "sends", "receives", "copy / reduce"};
+      for (int kind = 0; kind < 4; ++kind) {
+        auto& v = by_kind[static_cast<size_t>(kind)];
+        std::stable_sort(v.begin(), v.end(), [](const Slice& a, const Slice& b) {
+          return a.start != b.start ? a.start < b.start : a.end > b.end;
+        });
+        std::vector<int64_t> lane_end;  // when each lane's last slice ends
+        for (const Slice& sl : v) {
+          size_t lane = 0;
+          while (lane < lane_end.size() && lane_end[lane] > sl.start) ++lane;
+          if (lane == lane_end.size()) lane_end.push_back(0);
+          lane_end[lane] = std::max(sl.end, sl.start);
+          const int tid = kind * kLaneStride + static_cast<int>(lane);
+          events[sl.event]["tid"] = tid;
+          if (kind == kSends) send_lane[{pid, sl.start}] = tid;
+          if (kind == kRecvs) recv_lane[{pid, sl.end}] = tid;
+        }
+        for (size_t lane = 0; lane < std::max<size_t>(lane_end.size(), 1); ++lane) {
+          const int tid = kind * kLaneStride + static_cast<int>(lane);
+          std::string tname = lane == 0 ? tracks[kind] : fmt::format("{} {}", tracks[kind], lane);
+          events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", tname}}}});
+          events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", pid}, {"tid", tid},
+                            {"args", {{"sort_index", tid}}}});
+        }
       }
     }
     for (const Transfer& x : matchTransfers(c)) {
       if (flow_id >= kMaxFlows) break;
       ++flow_id;
-      events.push_back({{"ph", "s"}, {"id", flow_id}, {"pid", pidOf(x.src)}, {"tid", kSends}, {"name", "message"},
-                        {"cat", "transfer"}, {"ts", us(x.send_start)}});
-      events.push_back({{"ph", "f"}, {"bp", "e"}, {"id", flow_id}, {"pid", pidOf(x.dst)}, {"tid", kRecvs},
+      events.push_back({{"ph", "s"}, {"id", flow_id}, {"pid", pidOf(x.src)},
+                        {"tid", laneOf(send_lane, pidOf(x.src), x.send_start, kSends * kLaneStride)},
+                        {"name", "message"}, {"cat", "transfer"}, {"ts", us(x.send_start)}});
+      events.push_back({{"ph", "f"}, {"bp", "e"}, {"id", flow_id}, {"pid", pidOf(x.dst)},
+                        {"tid", laneOf(recv_lane, pidOf(x.dst), x.recv_end, kRecvs * kLaneStride)},
                         {"name", "message"}, {"cat", "transfer"}, {"ts", us(x.recv_end)}});
     }
   }

@@ -9,7 +9,9 @@
 // its sends, and matched to b's receives from a in the order b posted them.
 // Each message carries its length; a receive whose length differs from the
 // arriving message's fails with chorusMismatch naming both lengths (never a
-// silent truncation or overrun).
+// silent truncation or overrun).  It also carries its call's signature
+// (Request::sig): a receive matched with a message of another call fails with
+// chorusMismatch naming both calls (signature.hpp).
 //
 // Threading: post*, poll and wait are called by one thread at a time (the
 // communicator's executor).  wake() and abort() may be called from any thread.
@@ -20,12 +22,58 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "common/status.hpp"
 #include "kernels/reduce.hpp"
 
 namespace chorus::transport {
+
+// What a collective call is, as every rank of it must agree (the batch's
+// first collective, and a hash over all of them).  The board carries it
+// whole; messages carry wireSignature()'s 64-bit digest of it.
+struct CallSignature {
+  uint64_t hash = 0;   // over every collective of the batch (kind, count, dtype, op, root, v-counts)
+  uint64_t count = 0;  // the first collective's
+  int32_t root = 0;
+  uint8_t coll = 0, dtype = 0, op = 0;
+  uint8_t nops = 0;  // collectives in the batch (saturating at 255)
+  bool operator==(const CallSignature&) const = default;
+};
+static_assert(sizeof(CallSignature) == 24);
+
+// The text for a message of call `got` matched with a receive of call `want`
+// ("rank 1 sent ... while this rank is in ..."'s middle part).  The
+// communicator installs one that names the calls (comm/call_signature.cpp);
+// the default prints the words.
+using WireMismatchText = std::string (*)(uint64_t want, uint64_t got);
+
+// Bits 16..31 of a message's signature word carry the low bits of its call's
+// sequence number (comm/call_signature.cpp); bit 63 marks point-to-point
+// messages.  A transport that holds an arriving message no receive has
+// claimed yet compares it with its latest posted call: a message of the same
+// call number but another signature is a mismatch nobody would otherwise see
+// (ranks that disagree on a root each send and none receives).
+// The root cause in a relayed abort reason: peers that fail because a peer
+// aborted relay its reason, which may itself be a relay ("... aborted its
+// communicator: ... aborted its communicator: rank 0: collective mismatch:
+// ..."); the innermost text is what every rank should see, and it must fit
+// the reason's few hundred bytes.
+[[nodiscard]] inline std::string_view abortRootCause(std::string_view reason) {
+  constexpr std::string_view kRelay = "aborted its communicator: ";
+  const size_t at = reason.rfind(kRelay);
+  return at == std::string_view::npos ? reason : reason.substr(at + kRelay.size());
+}
+
+inline constexpr uint64_t kWireSeqMask = uint64_t{0xffff} << 16;
+inline constexpr uint64_t kWirePointToPoint = uint64_t{1} << 63;
+[[nodiscard]] inline bool sameCallOtherSignature(uint64_t current, uint64_t arrived) {
+  if (current == 0 || arrived == 0 || ((current | arrived) & kWirePointToPoint) != 0) return false;
+  return current != arrived && (current & kWireSeqMask) == (arrived & kWireSeqMask);
+}
+void setWireMismatchText(WireMismatchText f);
+std::string wireMismatchText(uint64_t want, uint64_t got);
 
 // Where and how a received message lands.
 struct RecvTarget {
@@ -44,6 +92,10 @@ struct Request {
   enum State : uint32_t { Idle = 0, Posted = 1, Done = 2, Failed = 3 };
   std::atomic<uint32_t> state{Idle};
   Status status;  // written before state becomes Failed
+  // The call this message belongs to (signature.hpp's wire word), set by the
+  // poster: a send carries it, a receive requires the matched message to
+  // carry the same.  0 by default on both sides.
+  uint64_t sig = 0;
 
   [[nodiscard]] bool finished() const {
     uint32_t s = state.load(std::memory_order_acquire);
@@ -74,6 +126,13 @@ struct Request {
 // numbers only grow, so await returns once the peer has published k *or
 // later*; by the rule above a slot still holds call k's data while its
 // reader has not published k + 1.
+//
+// Every call also publishes its CallSignature with the call number, and
+// every rank publishes in every collective call of the communicator, also
+// those that move their data elsewhere (Communicator::publishCall): a reader
+// compares the peers' signatures with its own, so ranks in different calls
+// are told apart on every path, at the cost of two words in a line the call
+// writes anyway.
 inline constexpr size_t kBoardSlots = 8;
 inline constexpr size_t kBoardSlotBytes = 4096;
 
@@ -82,9 +141,10 @@ class Board {
   virtual ~Board() = default;
   // This rank's slot for call k: kBoardSlotBytes, 8-byte aligned.
   virtual std::byte* slot(uint64_t k) = 0;
-  // Makes slot(k) visible to the peers.  Peers that sleep waiting for it are
-  // woken by the next await() that has to wait, or by settle().
-  virtual void publish(uint64_t k) = 0;
+  // Makes slot(k) and the call's signature visible to the peers.  Peers that
+  // sleep waiting for it are woken by the next await() that has to wait, or
+  // by settle().
+  virtual void publish(uint64_t k, const CallSignature& sig) = 0;
   // Wakes the peers that sleep waiting for this rank's last publish (call it
   // once the call's awaits are done: the fence it needs is cheap by then,
   // while right after the publish it would stall on the slot's cache line).
@@ -93,6 +153,12 @@ class Board {
   // or aborted, this transport was aborted, or `timeout` passed since the
   // wait began (chorusTimeout, naming the peer).
   virtual Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) = 0;
+  // The signature the peer published with call k; valid once await(peer, k)
+  // has returned and until this rank publishes k + 1.
+  virtual CallSignature signature(int peer, uint64_t k) const = 0;
+  // The call whose data the peer's slot of call k holds now (k, an earlier
+  // call, or a later one that reused the slot; 0: none yet), without waiting.
+  virtual uint64_t slotCall(int peer, uint64_t k) const = 0;
 };
 
 class Transport {

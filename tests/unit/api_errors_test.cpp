@@ -521,6 +521,32 @@ TEST(ApiInit, MismatchedRankCounts) {
   unsetenv("CHORUS_TIMEOUT_MS");
 }
 
+// A rank that never starts: the others time out naming how many joined, the
+// missing rank and the store's address, not a store key.
+TEST(ApiInit, ARankThatNeverStartsIsNamed) {
+  setenv("CHORUS_TIMEOUT_MS", "1500", 1);
+  chorusUniqueId id;
+  ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
+  chorusComm_t c[2] = {nullptr, nullptr};
+  chorusResult_t rc[2];
+  std::string msg[2];
+  std::thread t([&] {
+    rc[1] = chorusCommInitRank(&c[1], 3, id, 1);
+    msg[1] = chorusGetLastError(nullptr);
+  });
+  rc[0] = chorusCommInitRank(&c[0], 3, id, 0);  // rank 2 never calls
+  msg[0] = chorusGetLastError(nullptr);
+  t.join();
+  unsetenv("CHORUS_TIMEOUT_MS");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(rc[r], chorusTimeout) << msg[r];
+    if (c[r]) chorusCommDestroy(c[r]);
+  }
+  EXPECT_NE(msg[0].find("2 of 3 ranks joined within"), std::string::npos) << msg[0];
+  EXPECT_NE(msg[0].find("rank(s) 2 never reached the rendezvous store"), std::string::npos) << msg[0];
+  EXPECT_NE(msg[0].find("did they start?"), std::string::npos) << msg[0];
+}
+
 TEST(ApiInfo, ErrorStringsAndVersion) {
   std::set<std::string> seen;
   for (int r = 0; r < chorusNumResults; ++r) {

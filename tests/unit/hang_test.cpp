@@ -146,5 +146,79 @@ TEST(Hang, DiagnosisText) {
             "barrier #7; rank(s) 4 did not answer (dead, or unreachable)");
 }
 
+// A rank that times out in an operation is still in it for anyone who asks
+// (its recorder marks the operation failed, which breaks the communicator):
+// a probe of a rank that gave up must not say "in no collective".
+TEST(Hang, ARankThatGaveUpIsReportedInItsOperation) {
+  FlightRecorder rec;
+  rec.start(0, static_cast<uint8_t>(plan::Collective::AllGather), chorusFloat32, 16, 0);
+  rec.finish(0, true);
+  rec.start(1, static_cast<uint8_t>(plan::Collective::AllGather), chorusFloat32, 16, 0);
+  rec.finish(1, false);  // timed out
+  FlightSummary mine = rec.summary(0);
+  ASSERT_EQ(mine.has_current, 1u);
+  EXPECT_EQ(mine.current.seq, 1u);
+  EXPECT_EQ(mine.current.state, FlightEntry::Failed);
+  FlightEntry stuck = mine.current;
+  std::vector<FlightSummary> s(3);
+  s[0] = mine;
+  s[1] = mine;
+  s[1].rank = 1;
+  s[1].current.state = FlightEntry::Running;
+  s[2].rank = 2;
+  s[2].has_last = 1;
+  s[2].last = stuck;
+  s[2].last.seq = 0;
+  s[2].last.state = FlightEntry::Done;
+  EXPECT_EQ(diagnoseHang(stuck, s),
+            "ranks 1 are waiting in it; ranks 0 stopped in it (timed out or aborted); rank 2 last completed "
+            "allgather #0 (count=16 float32) and is in no collective");
+}
+
+// After a real timeout, `chorus-trace hang` on CHORUS_FLIGHT_DIR (which the
+// library creates) names the operation, who stopped in it and which rank
+// wrote no record.
+TEST(Hang, ReportAfterARealTimeout) {
+  const std::string dir = ::testing::TempDir() + "/chorus-flight-real-" + std::to_string(getpid()) + "/sub";
+  std::filesystem::remove_all(dir);
+  setenv("CHORUS_FLIGHT_DIR", dir.c_str(), 1);
+  setenv("CHORUS_TIMEOUT_MS", "1500", 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  const int n = 4;
+  auto msgs = runRanks(n, [&](int r, chorusComm_t comm) -> std::string {
+    std::vector<float> x(1000, 1.0f);
+    if (chorusAllReduce(x.data(), x.data(), x.size(), chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess)
+      return "first allreduce failed";
+    if (r != 3) (void)chorusAllReduce(x.data(), x.data(), x.size(), chorusFloat32, chorusSum, comm, nullptr);
+    std::unique_lock l(mu);
+    if (r != 3) ++finished;
+    cv.notify_all();
+    cv.wait_for(l, std::chrono::seconds(30), [&] { return finished == n - 1; });
+    return "";
+  });
+  unsetenv("CHORUS_TIMEOUT_MS");
+  unsetenv("CHORUS_FLIGHT_DIR");
+  EXPECT_EQ(failures(msgs), "");
+  ASSERT_TRUE(std::filesystem::is_directory(dir)) << "CHORUS_FLIGHT_DIR was not created";
+  auto report = hangReport(dir);
+  ASSERT_TRUE(report.isOk()) << report.status().message();
+  EXPECT_EQ(report.value().rfind("allreduce #1 (count=1000 float32): ", 0), 0u) << report.value();
+  EXPECT_NE(report.value().find("ranks 0,1,2 stopped in it"), std::string::npos) << report.value();
+  EXPECT_NE(report.value().find("rank 3: no flight record (did it start?"), std::string::npos) << report.value();
+  std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
+}
+
+// A CHORUS_FLIGHT_DIR that cannot be created fails the init, naming it.
+TEST(Hang, UncreatableFlightDirFailsTheInit) {
+  setenv("CHORUS_FLIGHT_DIR", "/proc/chorus-no-such-dir/x", 1);
+  auto msgs = runRanks(1, [&](int, chorusComm_t) -> std::string { return "init succeeded"; });
+  unsetenv("CHORUS_FLIGHT_DIR");
+  ASSERT_EQ(msgs.size(), 1u);
+  EXPECT_NE(msgs[0].find("CHORUS_FLIGHT_DIR"), std::string::npos) << msgs[0];
+  EXPECT_NE(msgs[0].find("/proc/chorus-no-such-dir/x"), std::string::npos) << msgs[0];
+}
+
 }  // namespace
 }  // namespace chorus::testing

@@ -369,7 +369,7 @@ TEST(ShmTransport, BoardExchangesEveryCallAcrossProcesses) {
       if (late && k % 500 == 0 && waitUntilAsleep(getppid(), 10s)) ++slept;
       std::byte* mine = b->slot(k);
       for (size_t i = 0; i < sizeOf(k); ++i) mine[i] = std::byte{payload(rank, k, i)};
-      b->publish(k);
+      b->publish(k, CallSignature{});
       auto got = b->await(1 - rank, k, 20s);
       if (!got.isOk()) return k;
       for (size_t i = 0; i < sizeOf(k); ++i)
@@ -411,7 +411,7 @@ TEST(ShmTransport, BoardAwaitEndsOnTimeoutDeathAndAbort) {
   ASSERT_TRUE(t.isOk()) << t.status().message();
   Board* b = t.value()->board();
   ASSERT_NE(b, nullptr);
-  b->publish(1);
+  b->publish(1, CallSignature{});
   auto r = b->await(1, 1, 150ms);
   ASSERT_FALSE(r.isOk());
   EXPECT_EQ(r.status().code(), chorusTimeout);

@@ -2,6 +2,9 @@
 // bytes), the store's clock exchange, the alignment, and the report's naming
 // of stragglers and slow links on traces with known answers.
 #include <gtest/gtest.h>
+
+#include <map>
+#include <set>
 #include <unistd.h>
 
 #include <filesystem>
@@ -445,6 +448,54 @@ TEST(TraceMerge, OneTimelineWithFlows) {
   EXPECT_EQ(min_ts, 0);
   // The ranks' clocks are seconds apart; aligned, the job spans ~20 ms.
   EXPECT_LT(max_ts, 100'000);
+}
+
+// Slices on one track must nest or follow one another (Perfetto and
+// chrome://tracing misdraw others): overlapping transfers go to lanes of
+// their own, and every flow binds to a lane holding its send or receive.
+TEST(TraceMerge, SlicesOnATrackNest) {
+  std::vector<TraceFile> files = {rankFile(0, 2, "A", 0), rankFile(1, 2, "B", 0)};
+  OpRecord o;
+  o.coll = static_cast<uint8_t>(plan::Collective::Broadcast);
+  o.bytes = 4 << 20;
+  o.start_ns = 0;
+  o.end_ns = 4'000'000;
+  files[0].ops.push_back(o);
+  files[1].ops.push_back(o);
+  for (int k = 0; k < 6; ++k) {  // each overlaps the next without nesting
+    const int64_t start = 500'000 * k, end = start + 1'000'000;
+    files[0].steps.push_back({0, static_cast<uint8_t>(StepKind::Send), 1, 1 << 20, start, end});
+    files[1].steps.push_back({0, static_cast<uint8_t>(StepKind::Recv), 0, 1 << 20, start, end + 100});
+  }
+  auto comms = groupTraces(std::move(files));
+  ASSERT_TRUE(comms.isOk());
+  auto j = chromeTrace(*comms);
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> tracks;
+  std::set<std::pair<int, int>> named;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X")
+      tracks[{e["pid"].get<int>(), e["tid"].get<int>()}].push_back(
+          {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+    if (e["ph"] == "M" && e["name"] == "thread_name") named.insert({e["pid"].get<int>(), e["tid"].get<int>()});
+  }
+  int send_tracks = 0;
+  for (auto& [key, v] : tracks) {
+    EXPECT_TRUE(named.count(key)) << "track " << key.first << "/" << key.second << " has no name";
+    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
+    std::vector<double> open;  // ends of the enclosing slices
+    for (auto [b, e] : v) {
+      while (!open.empty() && open.back() <= b) open.pop_back();
+      EXPECT_TRUE(open.empty() || e <= open.back() + 1e-9)
+          << "pid " << key.first << " tid " << key.second << ": [" << b << ", " << e << ") overlaps a slice ending at "
+          << open.back();
+      open.push_back(e);
+    }
+    if (key.first == 0 && key.second >= 1000 && key.second < 2000) ++send_tracks;
+  }
+  EXPECT_EQ(send_tracks, 2);  // six sends, at most two at a time
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "s" || e["ph"] == "f")
+      EXPECT_TRUE(tracks.count({e["pid"].get<int>(), e["tid"].get<int>()})) << e.dump();
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ namespace chorus::transport::shm_detail {
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint64_t kSegmentMagic = 0x3167'6573'6d68'7363ULL;  // "cshmseg1"
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint64_t kProbeValue = 0x6368'6f72'7573'434dULL;  // read by peers' CMA probe
 
 // Tuning, measured between two processes (fork) on the 2-core EPYC VM this
@@ -59,11 +59,13 @@ inline constexpr size_t kCmaCopyPiece = 1 << 20;  // one process_vm_readv straig
 inline constexpr size_t kBounceBytes = 256 << 10; // CMA reduce: read into an L2-resident bounce, then reduce
 inline constexpr size_t kPollBudget = 4 << 20;    // bytes per peer per progress call, so other peers are not starved
 
-// A record header word: (length << 8) | kTag | kind.
+// A record header: the word (length << 8) | kTag | kind, then the message's
+// call signature (Request::sig, 8 bytes).
 inline constexpr uint64_t kTagMask = 0xF0;
 inline constexpr uint64_t kTag = 0xA0;
 inline constexpr uint64_t kKindInline = 1;  // header, then the payload padded to 8 bytes
 inline constexpr uint64_t kKindCma = 2;     // header, then the sender's address (8 bytes)
+inline constexpr uint64_t kRecordHeaderBytes = 16;
 
 struct alignas(kCacheLine) SegmentHeader {
   uint64_t magic;
@@ -84,6 +86,7 @@ struct PageZero {
   alignas(kCacheLine) std::atomic<uint32_t> sleeping;
   // Set once by the owner when its transport is aborted (an error broke its
   // communicator, or chorusCommAbort): peers fail their requests with it.
+  // Holds the abort's chorusResult_t (nonzero).
   alignas(kCacheLine) std::atomic<uint32_t> aborted;
   char abort_reason[240];  // why (NUL-terminated), written before `aborted`
 };
@@ -112,6 +115,7 @@ struct SlotControl {
 // polling `call` has the data in the same cache-line transfer.
 struct alignas(kCacheLine) BoardSlot {
   std::atomic<uint64_t> call;  // the call whose data `data` holds (0: none yet)
+  CallSignature sig;           // that call's, written before `call`
   std::byte data[kBoardSlotBytes];
 };
 inline constexpr size_t kBoardRegion = (kBoardSlots * sizeof(BoardSlot) + kPage - 1) / kPage * kPage;

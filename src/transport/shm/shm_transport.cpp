@@ -199,7 +199,9 @@ class ShmTransport final : public Transport, public Board {
 
   // Board
   std::byte* slot(uint64_t k) override { return own_board_[k % kBoardSlots].data; }
-  void publish(uint64_t k) override;
+  void publish(uint64_t k, const CallSignature& sig) override;
+  CallSignature signature(int peer, uint64_t k) const override;
+  uint64_t slotCall(int peer, uint64_t k) const override;
   void settle() override;
   Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) override;
 
@@ -211,6 +213,7 @@ class ShmTransport final : public Transport, public Board {
     if (it == peer_ranks_.end() || *it != rank) return nullptr;
     return &peers_[it - peer_ranks_.begin()];
   }
+  const Peer* findPeer(int rank) const { return const_cast<ShmTransport*>(this)->findPeer(rank); }
   Status abortStatus() {
     std::lock_guard lock(abort_mu_);
     return abort_status_;
@@ -218,6 +221,13 @@ class ShmTransport final : public Transport, public Board {
 
   bool progressSend(Peer& p);
   void publishHint(Peer& p);
+  void checkUnclaimed(Peer& p);
+  // The latest collective call a request was posted for (transport.hpp's
+  // sameCallOtherSignature).
+  void noteCall(uint64_t sig) {
+    if (sig != 0 && (sig & kWirePointToPoint) == 0) current_sig_ = sig;
+  }
+  uint64_t current_sig_ = 0;
   bool progressRecv(Peer& p);
   bool reserve(Peer& p, uint64_t need);
   void flushSend(Peer& p);
@@ -457,6 +467,7 @@ Status ShmTransport::postSend(int peer, const void* src, size_t bytes, Request* 
   }
   req->status = Status();
   req->state.store(Request::Posted, std::memory_order_relaxed);
+  noteCall(req->sig);
   p->sends.push(SendOp{static_cast<const std::byte*>(src), bytes, 0, req, p->cma_send && bytes >= cma_threshold_, false});
   // Start at once: a small message is usually in the ring before post returns.
   progressSend(*p);
@@ -488,6 +499,7 @@ Status ShmTransport::postRecv(int peer, const RecvTarget& target, Request* req) 
   }
   req->status = Status();
   req->state.store(Request::Posted, std::memory_order_relaxed);
+  noteCall(req->sig);
   RecvOp op;
   op.target = t;
   op.req = req;
@@ -572,10 +584,10 @@ bool ShmTransport::progressSend(Peer& p) {
         const uint32_t d = p.msgs_out - static_cast<uint32_t>(h);
         if ((h >> 63) != 0 && d < 31 && ((h >> (32 + d)) & 1) != 0) op.cma = false;
       }
-      if (!reserve(p, op.cma ? 16 : 8)) break;
-      const uint64_t word = (op.bytes << 8) | kTag | (op.cma ? kKindCma : kKindInline);
-      writeRing(p, &word, 8);
-      p.out_tail += 8;
+      if (!reserve(p, kRecordHeaderBytes + (op.cma ? 8 : 0))) break;
+      const uint64_t hdr[2] = {(op.bytes << 8) | kTag | (op.cma ? kKindCma : kKindInline), op.req->sig};
+      writeRing(p, hdr, kRecordHeaderBytes);
+      p.out_tail += kRecordHeaderBytes;
       op.header_done = true;
       ++p.msgs_out;
       progressed = true;
@@ -689,8 +701,26 @@ Status ShmTransport::readCma(Peer& p, RecvOp& op) {
   return {};
 }
 
+// A message from p that no posted receive claims: if it belongs to the call
+// being run (same call number) but has another signature, the ranks disagree
+// on the call — typically on its root, so that both sides only send — and
+// nobody would ever receive it.  The peer is then failed with the mismatch.
+void ShmTransport::checkUnclaimed(Peer& p) {
+  if (current_sig_ == 0 || !p.dead.isOk()) return;
+  if (p.in_tail - p.in_head < kRecordHeaderBytes) p.in_tail = p.in->tail.load(std::memory_order_acquire);
+  if (p.in_tail - p.in_head < kRecordHeaderBytes) return;
+  uint64_t sig;
+  std::memcpy(&sig, p.in_data + ((p.in_head + 8) & p.in_mask), 8);
+  if (sameCallOtherSignature(current_sig_, sig))
+    p.dead = makeError(chorusMismatch, "rank {}: collective mismatch: rank {} sent {}", rank_, p.rank,
+                       wireMismatchText(current_sig_, sig));
+}
+
 bool ShmTransport::progressRecv(Peer& p) {
-  if (p.recvs.empty() && p.discard == 0) return false;
+  if (p.recvs.empty() && p.discard == 0) {
+    checkUnclaimed(p);
+    return false;
+  }
   bool progressed = false;
   const uint64_t start_head = p.in_head;  // bounds one call's work so other peers get their turn
   auto avail = [&p] { return p.in_tail - p.in_head; };
@@ -706,13 +736,17 @@ bool ShmTransport::progressRecv(Peer& p) {
       progressed = true;
       continue;
     }
-    if (p.recvs.empty()) break;
+    if (p.recvs.empty()) {
+      checkUnclaimed(p);
+      break;
+    }
     RecvOp& op = p.recvs.front();
     if (!op.header_done) {
-      if (avail() < 8) refresh();
-      if (avail() < 8) break;
-      uint64_t word;
+      if (avail() < kRecordHeaderBytes) refresh();
+      if (avail() < kRecordHeaderBytes) break;  // the producer publishes the header's words together
+      uint64_t word, sig;
       std::memcpy(&word, p.in_data + (p.in_head & p.in_mask), 8);
+      std::memcpy(&sig, p.in_data + ((p.in_head + 8) & p.in_mask), 8);
       const uint64_t kind = word & 0x0F;
       const uint64_t len = word >> 8;
       if ((word & kTagMask) != kTag || (kind != kKindInline && kind != kKindCma)) {
@@ -722,17 +756,20 @@ bool ShmTransport::progressRecv(Peer& p) {
       }
       const bool cma = kind == kKindCma;
       if (cma) {
-        if (avail() < 16) refresh();
-        if (avail() < 16) break;  // the producer publishes both words together; cannot happen
-        std::memcpy(&op.remote_addr, p.in_data + ((p.in_head + 8) & p.in_mask), 8);
+        if (avail() < kRecordHeaderBytes + 8) refresh();
+        if (avail() < kRecordHeaderBytes + 8) break;  // published with the header; cannot happen
+        std::memcpy(&op.remote_addr, p.in_data + ((p.in_head + kRecordHeaderBytes) & p.in_mask), 8);
       }
-      p.in_head += cma ? 16 : 8;
+      p.in_head += kRecordHeaderBytes + (cma ? 8 : 0);
       progressed = true;
-      if (len != op.target.bytes) {
-        op.req->fail(makeError(chorusMismatch,
-                               "shm transport, rank {}: message from rank {} has {} bytes but the posted receive "
-                               "expects {} (do both ranks run the same collective with the same count and type?)",
-                               rank_, p.rank, len, op.target.bytes));
+      if (sig != op.req->sig || len != op.target.bytes) {
+        op.req->fail(sig != op.req->sig
+                         ? makeError(chorusMismatch, "rank {}: collective mismatch: rank {} sent {}", rank_, p.rank,
+                                     wireMismatchText(op.req->sig, sig))
+                         : makeError(chorusMismatch,
+                                     "shm transport, rank {}: message from rank {} has {} bytes but the posted receive "
+                                     "expects {} (do both ranks run the same collective with the same count and type?)",
+                                     rank_, p.rank, len, op.target.bytes));
         if (cma)
           ackCma(p);  // the sender's buffer is released unread
         else
@@ -844,8 +881,10 @@ Status ShmTransport::abortedOr(const Peer& p, Status otherwise) const {
   char reason[sizeof(p.peer_page0->abort_reason)];
   std::memcpy(reason, p.peer_page0->abort_reason, sizeof reason);
   reason[sizeof reason - 1] = '\0';
-  return remoteError("shm transport, rank {}: peer rank {} (pid {}) aborted its communicator: {}", rank_, p.rank,
-                     p.pid, reason[0] ? reason : "chorusCommAbort or an error on that rank");
+  const bool mismatch = p.peer_page0->aborted.load(std::memory_order_acquire) == chorusMismatch;
+  return makeError(mismatch ? chorusMismatch : chorusRemoteError,
+                   "shm transport, rank {}: peer rank {} (pid {}) aborted its communicator: {}", rank_, p.rank, p.pid,
+                   reason[0] ? abortRootCause(reason) : "chorusCommAbort or an error on that rank");
 }
 
 // Marks peers that no longer exist (only those we have requests with).
@@ -952,8 +991,10 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
 
 // ---------------------------------------------------------------- board ----
 
-void ShmTransport::publish(uint64_t k) {
-  own_board_[k % kBoardSlots].call.store(k, std::memory_order_release);
+void ShmTransport::publish(uint64_t k, const CallSignature& sig) {
+  BoardSlot& slot = own_board_[k % kBoardSlots];
+  slot.sig = sig;
+  slot.call.store(k, std::memory_order_release);
   board_unsettled_ = true;
   ++stats_.board_calls;
 }
@@ -970,6 +1011,16 @@ void ShmTransport::settle() {
   settle_fence_.fetch_add(1, std::memory_order_seq_cst);
   for (Peer& p : peers_)
     if (wakeIfSleeping(p.peer_page0)) ++stats_.futex_wakes;
+}
+
+uint64_t ShmTransport::slotCall(int peer, uint64_t k) const {
+  const Peer* p = findPeer(peer);
+  return p == nullptr ? 0 : p->board[k % kBoardSlots].call.load(std::memory_order_acquire);
+}
+
+CallSignature ShmTransport::signature(int peer, uint64_t k) const {
+  const Peer* p = findPeer(peer);
+  return p == nullptr ? CallSignature{} : p->board[k % kBoardSlots].sig;
 }
 
 Result<const std::byte*> ShmTransport::await(int peer, uint64_t k, std::chrono::milliseconds timeout) {
@@ -1038,7 +1089,9 @@ void ShmTransport::abort(const Status& why) {
     std::memcpy(page0_->abort_reason, why_text.data(), n);
     page0_->abort_reason[n] = '\0';
   }
-  page0_->aborted.store(1, std::memory_order_seq_cst);
+  // The code, so a mismatch stays one on every rank (abortedOr).
+  const auto code = static_cast<uint32_t>(abortStatus().code());
+  page0_->aborted.store(code != 0 ? code : 1, std::memory_order_seq_cst);
   for (Peer& p : peers_)
     if (p.peer_page0 != nullptr) ring(p.peer_page0);
   wake();

@@ -247,7 +247,20 @@ class TcpTransport final : public Transport {
         rdv_bytes_(rendezvous_bytes == 0 ? 0 : std::max(rendezvous_bytes, tcp::kMinRendezvousBytes)),
         bounce_(kBounceBytes) {}
 
-  ~TcpTransport() override = default;
+  // Reads what peers sent and nobody took before the sockets close: a close
+  // with unread data resets the connection, and a peer's kernel then drops
+  // what it has not delivered yet — the abort frame that says why.
+  ~TcpTransport() override {
+    for (Peer& p : peers_)
+      for (Sock& sk : p.socks) drainUnread(sk);
+  }
+
+  static void drainUnread(const Sock& sk) {
+    if (!sk.fd.valid()) return;
+    std::array<std::byte, 64 * 1024> sink;
+    for (int i = 0; i < 1024; ++i)  // bounded: at most 64 MiB
+      if (::recv(sk.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT) <= 0) break;
+  }
 
   Status init(std::vector<tcp::PeerLink> links) {
     CHORUS_ASSIGN_OR_RETURN(int64_t spin_us, env::getInt("CHORUS_SPIN_US"));
@@ -312,10 +325,11 @@ class TcpTransport final : public Transport {
     op->len = bytes;
     op->seq = p->send_seq++;
     op->rdv = rdv_bytes_ != 0 && bytes >= rdv_bytes_;
-    op->hdr = FrameHeader{tcp::kFrameMagic, op->rdv ? tcp::kFlagRts : 0, bytes};
-    op->hdr2 = FrameHeader{tcp::kFrameMagic, tcp::kFlagData, bytes};
+    op->hdr = FrameHeader{tcp::kFrameMagic, op->rdv ? tcp::kFlagRts : 0, bytes, req->sig};
+    op->hdr2 = FrameHeader{tcp::kFrameMagic, tcp::kFlagData, bytes, req->sig};
     op->pending = 0;
     markPosted(req);
+    noteCall(req->sig);
     for (Sock& s : p->socks) {
       uint64_t total = tcp::shareBytes(bytes, nsockets_, s.index) + headerBytes(op, s.index);
       if (total == 0) continue;
@@ -351,6 +365,7 @@ class TcpTransport final : public Transport {
     if (rdv_bytes_ != 0 && op->len >= rdv_bytes_) p->grant_want = std::max(p->grant_want, op->seq + 1);
     markPosted(req);
     p->unmatched.push(op);
+    noteCall(req->sig);
     return {};
   }
 
@@ -488,6 +503,31 @@ class TcpTransport final : public Transport {
     req->status = Status();
     req->state.store(Request::Posted, std::memory_order_release);
   }
+
+  // A staged message header no posted receive claims: if it belongs to the
+  // call being run (same call number) but has another signature, the ranks
+  // disagree on the call (typically its root: both sides only send) and
+  // nobody would ever receive it.
+  Status unclaimedCheck(const Peer& p) const {
+    if (current_sig_ == 0 || p.rdv_wait || !p.unmatched.empty() || p.stage_len < kHeaderBytes) return {};
+    FrameHeader h;
+    std::memcpy(&h, p.stage.data(), sizeof h);
+    if (h.magic != tcp::kFrameMagic || (h.flags != 0 && h.flags != tcp::kFlagRts)) return {};
+    if (!sameCallOtherSignature(current_sig_, h.sig)) return {};
+    return makeError(chorusMismatch, "rank {}: collective mismatch: rank {} sent {}", rank_, p.rank,
+                     wireMismatchText(current_sig_, h.sig));
+  }
+
+  // A request of another collective call than the last: check what the peers
+  // have staged against it.
+  void noteCall(uint64_t sig) {
+    if (sig == 0 || (sig & kWirePointToPoint) != 0 || sig == current_sig_) return;
+    current_sig_ = sig;
+    for (Peer& q : peers_)
+      if (!q.failed)
+        if (Status st = unclaimedCheck(q); !st.isOk()) failPeer(q, st);
+  }
+  uint64_t current_sig_ = 0;
 
   Op* allocOp() {
     if (free_ops_.empty()) {
@@ -679,7 +719,10 @@ class TcpTransport final : public Transport {
   Result<int> readFrame(Peer& p) {
     Op* op = !p.rdv_wait && !p.unmatched.empty() ? p.unmatched.front() : nullptr;
     size_t want = kHeaderBytes + (op != nullptr && op->len <= kSmallBytes ? op->len : 0);
-    if (p.stage_len >= want && op == nullptr) return 0;  // a message header waits for its receive
+    if (p.stage_len >= want && op == nullptr) {  // a message header waits for its receive
+      CHORUS_RETURN_IF_ERROR(unclaimedCheck(p));
+      return 0;
+    }
     iovec iov{p.stage.data() + p.stage_len, want - p.stage_len};
     CHORUS_ASSIGN_OR_RETURN(size_t n, readv(p, p.socks[0], &iov, 1));
     if (n == 0 && p.stage_len < want) return 0;
@@ -701,8 +744,10 @@ class TcpTransport final : public Transport {
         }
         for (char& ch : reason)
           if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text: no control characters
-        return remoteError("tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr,
-                           reason.empty() ? std::string("no reason given") : reason);
+        // A mismatch keeps its code: every rank of the call then reports one.
+        return makeError(h.sig == chorusMismatch ? chorusMismatch : chorusRemoteError,
+                         "tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr,
+                         reason.empty() ? std::string("no reason given") : std::string(abortRootCause(reason)));
       }
       const bool known = h.flags == 0 || h.flags == tcp::kFlagRts || h.flags == tcp::kFlagCts ||
                          h.flags == tcp::kFlagData;
@@ -728,14 +773,17 @@ class TcpTransport final : public Transport {
       if (h.flags == tcp::kFlagData) return corrupt(p, h, " (a payload header no announcement preceded)");
       if (h.flags == tcp::kFlagRts && h.length < tcp::kMinRendezvousBytes)
         return corrupt(p, h, " (a rendezvous announcement for a small message)");
-      if (op == nullptr) return 1;  // stays staged until its receive is posted
+      if (op == nullptr) {  // stays staged until its receive is posted
+        CHORUS_RETURN_IF_ERROR(unclaimedCheck(p));
+        return 1;
+      }
       if (h.flags == tcp::kFlagRts) {
-        matchRendezvous(p, op, h.length);
+        matchRendezvous(p, op, h.length, h.sig);
         return 2;
       }
       p.header_parsed = true;
-      if (h.length != op->len) {
-        mismatch(p, op, h.length);
+      if (h.length != op->len || h.sig != op->req->sig) {
+        mismatch(p, op, h.length, h.sig);
         return 2;
       }
     }
@@ -792,15 +840,12 @@ class TcpTransport final : public Transport {
   // mismatch and discard the payload), grant it if not yet granted, and wait
   // for its kFlagData header on socket 0; the other sockets' shares follow
   // their earlier messages directly.
-  void matchRendezvous(Peer& p, Op* op, uint64_t len) {
+  void matchRendezvous(Peer& p, Op* op, uint64_t len, uint64_t sig) {
     consumeHeader(p);
     p.unmatched.pop();
     p.grant_want = std::max(p.grant_want, op->seq + 1);
-    if (len != op->len) {
-      op->req->fail(makeError(chorusMismatch,
-                              "message from rank {} has {} bytes but the receive expects {} (are all ranks calling "
-                              "the same collective with the same count?)",
-                              p.rank, len, op->len));
+    if (len != op->len || sig != op->req->sig) {
+      op->req->fail(mismatchStatus(p, op, len, sig));
       releaseOp(op);
       op = nullptr;
     }
@@ -817,12 +862,20 @@ class TcpTransport final : public Transport {
 
   // The arriving message (len bytes) does not fit the posted receive: fail
   // it and queue the payload for discarding, keeping the stream in step.
-  void mismatch(Peer& p, Op* op, uint64_t len) {
+  // A message of another call (its signature differs) or another length.
+  Status mismatchStatus(const Peer& p, const Op* op, uint64_t len, uint64_t sig) const {
+    if (sig != op->req->sig)
+      return makeError(chorusMismatch, "rank {}: collective mismatch: rank {} sent {}", rank_, p.rank,
+                       wireMismatchText(op->req->sig, sig));
+    return makeError(chorusMismatch,
+                     "message from rank {} has {} bytes but the receive expects {} (are all ranks calling the "
+                     "same collective with the same count?)",
+                     p.rank, len, op->len);
+  }
+
+  void mismatch(Peer& p, Op* op, uint64_t len, uint64_t sig) {
     p.unmatched.pop();
-    op->req->fail(makeError(chorusMismatch,
-                            "message from rank {} has {} bytes but the receive expects {} (are all ranks calling the "
-                            "same collective with the same count?)",
-                            p.rank, len, op->len));
+    op->req->fail(mismatchStatus(p, op, len, sig));
     releaseOp(op);
     size_t extra = p.stage_len - kHeaderBytes;  // payload bytes already staged
     uint64_t share0 = tcp::shareBytes(len, nsockets_, 0);
@@ -923,8 +976,7 @@ class TcpTransport final : public Transport {
       size_t asked = 0;
       for (int i = 0; i < cnt; ++i) asked += iov[i].iov_len;
       if (asked == 0) return size_t{0};
-      if (std::string why = pendingAbortReason(p); !why.empty())
-        return remoteError("tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr, why);
+      if (Status why = pendingAbort(p); !why.isOk()) return why;
       return remoteError(
           "connection to rank {} ({}) closed: the peer closed socket {} while this rank expected data "
           "(did rank {} exit, fail or abort?)",
@@ -937,7 +989,17 @@ class TcpTransport final : public Transport {
 
   // When a connection breaks, the peer may have said why just before: an
   // abort frame waiting, unread, at a message boundary of socket 0.
-  std::string pendingAbortReason(const Peer& p) const {
+  // The peer's abort, when its frame is the next thing on socket 0 (its
+  // code kept for a mismatch, so every rank of the call reports one).
+  Status pendingAbort(const Peer& p) const {
+    uint64_t code = 0;
+    std::string why = pendingAbortReason(p, &code);
+    if (why.empty()) return {};
+    return makeError(code == chorusMismatch ? chorusMismatch : chorusRemoteError,
+                     "tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr, abortRootCause(why));
+  }
+
+  std::string pendingAbortReason(const Peer& p, uint64_t* code) const {
     if (p.socks.empty() || !p.socks[0].fd.valid() || p.stage_len != 0 || !p.socks[0].rx.empty()) return {};
     // Grants (CTS headers) not read yet may come first.
     constexpr size_t kSkip = 8;
@@ -955,6 +1017,7 @@ class TcpTransport final : public Transport {
     }
     if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagAbort || h.length > tcp::kMaxAbortReason) return {};
     at += sizeof h;
+    *code = h.sig;
     std::string reason(buf.data() + at, std::min<size_t>(h.length, n - at));
     for (char& ch : reason)
       if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text
@@ -962,8 +1025,7 @@ class TcpTransport final : public Transport {
   }
 
   Status connectionError(const Peer& p, const Sock& s, int err) const {
-    if (std::string why = pendingAbortReason(p); !why.empty())
-      return remoteError("tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr, why);
+    if (Status why = pendingAbort(p); !why.isOk()) return why;
     if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ETIMEDOUT || err == EHOSTUNREACH)
       return remoteError("connection to rank {} ({}) closed: socket {}: {} (did rank {} exit, fail or abort?)", p.rank,
                          p.addr, s.index, describeErrno(err), p.rank);
@@ -1019,8 +1081,17 @@ class TcpTransport final : public Transport {
       s.tx.clear();
       s.rx.clear();
       s.carry_len = 0;
+      // Leave both wait sets and tell the peer at once (FIN), but keep the
+      // descriptor until the transport goes: closing it with unread data
+      // would reset the connection, and the peer's kernel would then drop
+      // what it has not delivered yet, e.g. our abort frame that says why.
+      if (s.fd.valid()) {
+        if (s.epoll_mask != 0) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, s.fd.get(), nullptr);
+        (void)::epoll_ctl(hint_epoll_.get(), EPOLL_CTL_DEL, s.fd.get(), nullptr);
+        ::shutdown(s.fd.get(), SHUT_WR);
+        drainUnread(s);
+      }
       s.epoll_mask = 0;
-      s.fd.reset();  // also leaves the epoll set; tells the peer at once
     }
     p.stage_len = 0;
     p.header_parsed = false;
@@ -1039,6 +1110,7 @@ class TcpTransport final : public Transport {
     FrameHeader h;
     h.flags = tcp::kFlagAbort;
     h.length = n;
+    h.sig = static_cast<uint64_t>(why.code());
     std::array<std::byte, sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
     std::memcpy(buf.data(), &h, sizeof h);
     std::memcpy(buf.data() + sizeof h, text.data(), n);
@@ -1058,9 +1130,12 @@ class TcpTransport final : public Transport {
           sendAbortFrame(p, why);
           failPeer(p, why);
         }
-        // Peers learn now (FIN), not when this process exits.
+        // Peers learn now (FIN after the abort frame), not when this process
+        // exits.  Only the write side: closing with unread data would send a
+        // reset, which makes the peer's kernel drop the abort frame unread
+        // (the destructor drains first).
         for (Sock& sk : p.socks)
-          if (sk.fd.valid()) ::shutdown(sk.fd.get(), SHUT_RDWR);
+          if (sk.fd.valid()) ::shutdown(sk.fd.get(), SHUT_WR);
       }
     }
     return why;

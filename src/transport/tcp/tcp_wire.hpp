@@ -53,8 +53,13 @@ struct FrameHeader {
   uint32_t magic = kFrameMagic;
   uint32_t flags = 0;  // 0, kFlagAbort, kFlagRts, kFlagCts or kFlagData; a receiver rejects any other
   uint64_t length = 0;
+  // A message (flags 0, kFlagRts, kFlagData): its call's signature
+  // (Request::sig), which the matched receive must share, else the receive
+  // fails with chorusMismatch.  An abort: the sender's chorusResult_t, so the
+  // root cause keeps its code on every rank.  A CTS: 0.
+  uint64_t sig = 0;
 };
-static_assert(sizeof(FrameHeader) == 16);
+static_assert(sizeof(FrameHeader) == 24);
 constexpr size_t kHeaderBytes = sizeof(FrameHeader);
 
 // The authenticated hello of each data connection (auth.hpp's hello payload).

@@ -1,0 +1,175 @@
+#include "comm/call_signature.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "comm/communicator.hpp"
+
+#include "kernels/dtype.hpp"
+
+namespace chorus::comm {
+
+using plan::Collective;
+
+namespace {
+bool rooted(Collective c) {
+  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather || c == Collective::Scatter;
+}
+uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq) {
+  Signature s;
+  s.seq = seq;
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  bool first = true;
+  for (const OpDesc& o : ops) {
+    if (o.coll == Collective::SendRecv) continue;  // peers differ by design
+    const bool reduces = plan::reduces(o.coll);
+    const int32_t op = !reduces ? 0 : (o.op >= chorusNumOps ? static_cast<int32_t>(chorusNumOps) : o.op);
+    const uint64_t count = o.coll == Collective::AllToAllV ? 0 : o.count;
+    if (first) {
+      s.coll = static_cast<uint32_t>(o.coll);
+      s.dtype = o.dtype;
+      s.count = count;
+      s.op = op;
+      s.root = rooted(o.coll) ? o.root : 0;
+      first = false;
+    }
+    ++s.nops;
+    mix(static_cast<uint64_t>(o.coll));
+    mix(static_cast<uint64_t>(o.dtype));
+    mix(count);
+    mix(static_cast<uint64_t>(op));
+    mix(static_cast<uint64_t>(rooted(o.coll) ? o.root : 0));
+    if (o.coll == Collective::AllGatherV)
+      for (size_t v : o.counts) mix(v);
+  }
+  s.hash = h;
+  return s;
+}
+
+transport::CallSignature callSignature(const Signature& s) {
+  transport::CallSignature c;
+  c.hash = s.hash;
+  c.count = s.count;
+  c.root = s.root;
+  c.coll = static_cast<uint8_t>(s.coll);
+  c.dtype = static_cast<uint8_t>(s.dtype);
+  c.op = static_cast<uint8_t>(s.op);
+  c.nops = static_cast<uint8_t>(std::min<uint32_t>(s.nops, 255));
+  return c;
+}
+
+Signature fromCallSignature(const transport::CallSignature& c, uint64_t seq) {
+  Signature s;
+  s.seq = seq;
+  s.hash = c.hash;
+  s.count = c.count;
+  s.root = c.root;
+  s.coll = c.coll;
+  s.dtype = c.dtype;
+  s.op = c.op;
+  s.nops = c.nops;
+  return s;
+}
+
+std::string describe(const Signature& s) {
+  const auto coll = static_cast<Collective>(s.coll);
+  std::string d = s.coll < plan::kNumCollectives ? std::string(plan::collectiveName(coll))
+                                                 : fmt::format("collective kind {}", s.coll);
+  d += fmt::format(" #{}", s.seq);
+  if (coll != Collective::Barrier)
+    d += fmt::format(" count={} dtype={}", s.count, kernels::dtypeName(static_cast<chorusDataType_t>(s.dtype)));
+  if (plan::reduces(coll)) d += fmt::format(" op={}", s.op == chorusNumOps ? std::string("premulsum") : std::to_string(s.op));
+  if (rooted(coll)) d += fmt::format(" root={}", s.root);
+  if (s.nops > 1) d += fmt::format(" (+{} more in the group)", s.nops - 1);
+  return d;
+}
+
+std::string differing(const Signature& a, const Signature& b) {
+  std::string f;
+  auto add = [&](const char* name) { f += f.empty() ? name : fmt::format(", {}", name); };
+  if (a.seq != b.seq) add("sequence number");
+  if (a.coll != b.coll) add("collective");
+  if (a.count != b.count) add("count");
+  if (a.dtype != b.dtype) add("dtype");
+  if (a.op != b.op) add("op");
+  if (a.root != b.root) add("root");
+  if (f.empty()) add("the rest of the group");
+  return f;
+}
+
+namespace {
+constexpr int kCollBits = 6, kDtypeBits = 5, kOpBits = 5, kSeqBits = 16;
+constexpr int kDtypeShift = kCollBits, kOpShift = kDtypeShift + kDtypeBits, kSeqShift = kOpShift + kOpBits,
+              kHashShift = kSeqShift + kSeqBits;
+uint64_t field(uint64_t w, int shift, int bits) { return (w >> shift) & ((uint64_t{1} << bits) - 1); }
+
+std::string describeWire(uint64_t w) {
+  if (w == kPointToPointWire) return "a point-to-point send";
+  if (w == 0) return "an unsigned message";
+  const auto coll = static_cast<uint32_t>(field(w, 0, kCollBits));
+  std::string d = coll < static_cast<uint32_t>(plan::kNumCollectives)
+                      ? std::string(plan::collectiveName(static_cast<Collective>(coll)))
+                      : fmt::format("collective kind {}", coll);
+  d += fmt::format(" #{} (mod 2^16)", field(w, kSeqShift, kSeqBits));
+  if (static_cast<Collective>(coll) != Collective::Barrier)
+    d += fmt::format(" dtype={}", kernels::dtypeName(static_cast<chorusDataType_t>(field(w, kDtypeShift, kDtypeBits))));
+  if (plan::reduces(static_cast<Collective>(coll))) {
+    const uint64_t op = field(w, kOpShift, kOpBits);
+    d += fmt::format(" op={}", op == chorusNumOps ? std::string("premulsum") : std::to_string(op));
+  }
+  return d;
+}
+
+std::string wireText(uint64_t want, uint64_t got) {
+  std::string f;
+  auto add = [&](const char* name) { f += f.empty() ? name : fmt::format(", {}", name); };
+  if (want == kPointToPointWire || got == kPointToPointWire || want == 0 || got == 0) {
+    add("collective");
+  } else {
+    if (field(want, 0, kCollBits) != field(got, 0, kCollBits)) add("collective");
+    if (field(want, kSeqShift, kSeqBits) != field(got, kSeqShift, kSeqBits)) add("sequence number");
+    if (field(want, kDtypeShift, kDtypeBits) != field(got, kDtypeShift, kDtypeBits)) add("dtype");
+    if (field(want, kOpShift, kOpBits) != field(got, kOpShift, kOpBits)) add("op");
+    if (f.empty()) add("count, root or the rest of the group");
+    // A message of an earlier call that no receive of that call took: the
+    // ranks disagreed on that call (typically on its root, so that each only
+    // sent), and this is where it shows.
+    const auto seq_want = field(want, kSeqShift, kSeqBits), seq_got = field(got, kSeqShift, kSeqBits);
+    if (seq_got != seq_want && ((seq_want - seq_got) & 0xffff) < 0x8000)
+      return fmt::format("a message of {}, an earlier call that no receive took, while this rank is in {} (the ranks "
+                         "disagreed on that earlier call: on its root, count or kind)",
+                         describeWire(got), describeWire(want));
+  }
+  return fmt::format("a message of {} while this rank is in {} (differs in {})", describeWire(got), describeWire(want), f);
+}
+}  // namespace
+
+uint64_t wireSignature(const Signature& s) {
+  const uint64_t rest = mix64(s.hash ^ mix64(s.count) ^ (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 17) ^
+                              mix64(s.seq + 0x9e3779b97f4a7c15ull) ^ s.nops);
+  uint64_t w = static_cast<uint64_t>(s.coll) & ((1u << kCollBits) - 1);
+  w |= (static_cast<uint64_t>(s.dtype) & ((1u << kDtypeBits) - 1)) << kDtypeShift;
+  w |= (static_cast<uint64_t>(s.op) & ((1u << kOpBits) - 1)) << kOpShift;
+  w |= (s.seq & ((uint64_t{1} << kSeqBits) - 1)) << kSeqShift;
+  w |= (rest & 0x7fffffffull) << kHashShift;  // bit 63 stays clear: it marks point-to-point messages
+  static_assert(kHashShift + 32 == 64);
+  static_assert(transport::kWireSeqMask == ((uint64_t{1} << kSeqBits) - 1) << kSeqShift);
+  static_assert(kPointToPointWire & transport::kWirePointToPoint);
+  if (w == 0 || w == kPointToPointWire) w ^= uint64_t{1} << kHashShift;  // keep the reserved words free
+  return w;
+}
+
+void installWireMismatchText() { transport::setWireMismatchText(&wireText); }
+
+}  // namespace chorus::comm

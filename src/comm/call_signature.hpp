@@ -1,0 +1,56 @@
+// What every rank of a collective call must agree on, in the three forms the
+// communicator uses: the Signature a CHORUS_CHECK exchange sends whole, the
+// CallSignature every board slot carries (transport.hpp), and the 64-bit word
+// every message header carries.  A mismatch found in any of them is
+// chorusMismatch naming the ranks and the fields that differ.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "plan/plan.hpp"
+#include "transport/transport.hpp"
+
+namespace chorus {
+struct OpDesc;  // comm/communicator.hpp
+}
+
+namespace chorus::comm {
+
+// A batch of operations: its first collective, the number of collectives and
+// a hash over all of them (point-to-point operations are left out: their
+// peers differ by design).
+struct Signature {
+  uint64_t seq = 0;
+  uint32_t coll = 0;
+  int32_t dtype = 0;
+  uint64_t count = 0;
+  int32_t op = 0;  // chorusRedOp_t; PreMulSum ops as chorusNumOps
+  int32_t root = 0;
+  uint32_t nops = 0;  // collectives in the batch
+  uint32_t pad = 0;
+  uint64_t hash = 0;  // of every collective in the batch
+  bool operator==(const Signature&) const = default;
+};
+
+Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq);
+transport::CallSignature callSignature(const Signature& s);
+Signature fromCallSignature(const transport::CallSignature& c, uint64_t seq);
+
+// "allreduce #5 count=100 dtype=float32 op=0", and the fields in which a
+// differs from b ("count, dtype").
+std::string describe(const Signature& s);
+std::string differing(const Signature& a, const Signature& b);
+
+// The message word: collective, dtype and op exactly, the low 16 bits of the
+// sequence number, and 32 bits of a hash of the rest (count, root, the whole
+// group, the full sequence number).  Point-to-point messages carry
+// kPointToPointWire.  Never 0 (the transports' default for unsigned messages).
+uint64_t wireSignature(const Signature& s);
+inline constexpr uint64_t kPointToPointWire = (uint64_t{1} << 63) | static_cast<uint64_t>(plan::Collective::SendRecv);
+
+// Installs the describer of message mismatches into the transports (once).
+void installWireMismatchText();
+
+}  // namespace chorus::comm
