@@ -19,6 +19,7 @@
 int main(int argc, char** argv) {
   using namespace chorus::clock::ptp;
   CLI::App app{"chorus-ptp: IEEE 1588-2008 (PTPv2) ordinary clock over UDP/IPv4 or Layer 2, interoperable with ptp4l"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   PtpOptions o;
   bool master = false, slave = false;
   int domain = 0, log_sync = 0, log_announce = 1, log_delay = 0, prio1 = 128, prio2 = 128, ann_timeout = 3;
@@ -56,7 +57,8 @@ int main(int argc, char** argv) {
   app.add_option("--inject-drift-ppb", o.inject_drift_ppb, "make the virtual clock run this much fast");
   app.add_option("--tx-timestamp-timeout-ms", o.tx_timestamp_timeout_ms, "wait for a transmit timestamp")
       ->check(CLI::Range(1, 1000));
-  app.add_option("--json-log", o.json_log, "one JSON object per sync to FILE ('-' = stdout)");
+  app.add_option("--json-log", o.json_log, "one JSON object per sync to FILE ('-' = stdout)")
+      ->default_str("none");
   app.add_option("--duration-s", o.duration_s, "stop after S seconds (0: run until SIGINT/SIGTERM)");
   app.add_option("--settle-s", settle_s, "summary statistics skip the first S seconds after lock");
   app.add_option("--seed", o.random_seed, "seed of the timer jitter (0: from time)");

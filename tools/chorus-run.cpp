@@ -7,12 +7,16 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
+#include <string>
 
 #include "tools/launcher.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"chorus-run: launch N local ranks of a chorus program (each gets CHORUS_RANK, CHORUS_WORLD_SIZE, "
-               "CHORUS_MASTER_ADDR/PORT and a fresh CHORUS_SECRET)"};
+               "CHORUS_MASTER_ADDR/PORT and a fresh CHORUS_SECRET, and for torch.distributed's env:// MASTER_ADDR, "
+               "MASTER_PORT (a port of its own), RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   app.footer("Usage: chorus-run -n N [OPTIONS] [--] prog args...\n"
              "Exit status: 0 when every rank succeeds; else the first failing rank's status (128+signal if it "
              "was killed); 124 on --timeout.");
@@ -23,9 +27,35 @@ int main(int argc, char** argv) {
   bool tag_output = true;  // accepted for mpirun users; prefixing is already the default
   double timeout_s = 0;
   double grace_s = 3;
-  app.add_option("-n,--np", opts.nranks, "number of ranks")->check(CLI::PositiveNumber);
+  // Range checks with messages of our own: CLI11's PositiveNumber says "Value 0
+  // not in range 0 to 1.797...e+308", a 300-digit bound.
+  const CLI::Validator ranks_check(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          long long n = std::stoll(v, &used);
+          if (used == v.size() && n >= 1 && n <= 1 << 20) return {};
+        } catch (const std::exception&) {
+        }
+        return fmt::format("-n {}: the number of ranks must be a whole number from 1 to {}", v, 1 << 20);
+      },
+      "1..1048576");
+  const CLI::Validator seconds_check(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          double s = std::stod(v, &used);
+          if (used == v.size() && s > 0 && s <= 1e9) return {};
+        } catch (const std::exception&) {
+        }
+        return fmt::format("--timeout {}: must be a number of seconds above 0 (at most 1e9); omit it for no timeout",
+                           v);
+      },
+      "SEC > 0");
+  app.add_option("-n,--np", opts.nranks, "number of ranks")->check(ranks_check);
   app.add_option("--timeout", timeout_s, "kill the job after SEC seconds and exit 124")
-      ->check(CLI::PositiveNumber);
+      ->check(seconds_check)
+      ->default_str("none");
   app.add_option("--kill-grace", grace_s, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

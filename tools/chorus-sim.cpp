@@ -41,6 +41,7 @@ void printServe(const ServeStats& s) {
 int main(int argc, char** argv) {
   CLI::App app{"chorus-sim: predict collectives, training steps, layouts and inference at data-center scale"};
   app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();  // --help shows every default
 
   std::string cluster_path, model_path, collective = "allreduce", bytes_text = "1G", algo = "auto", network = "analytical";
   int64_t gpus = 0;
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
   if (!cluster.isOk()) return fail(cluster.status());
 
   if (col->parsed()) {
-    auto bytes = parseBytes(bytes_text);
+    auto bytes = chorus::parseSize(bytes_text, "--bytes");
     if (!bytes.isOk()) return fail(bytes.status());
     auto r = simulateCollective(*cluster, gpus, collective, *bytes, algo, reg, *mode);
     if (!r.isOk()) return fail(r.status());

@@ -14,13 +14,14 @@
 int main(int argc, char** argv) {
   CLI::App app{"chorus-trace: flight recorders and traces of a chorus job"};
   app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();  // --help shows every default
   std::string dir, out;
   bool json = false;
   auto* hang = app.add_subcommand("hang", "say which ranks wait in which collective, from CHORUS_FLIGHT_DIR dumps");
   hang->add_option("dir", dir, "the directory the ranks dumped their flight recorders to")->required();
   auto* merge = app.add_subcommand("merge", "merge the ranks' CHORUS_TRACE files into one Chrome trace (Perfetto)");
   merge->add_option("dir", dir, "the CHORUS_TRACE directory")->required();
-  merge->add_option("-o,--output", out, "the JSON file to write (default: stdout)");
+  merge->add_option("-o,--output", out, "the JSON file to write ('-': stdout)")->default_str("stdout");
   auto* report = app.add_subcommand("report", "name the straggler and the slow link; achieved vs predicted times");
   report->add_option("dir", dir, "the CHORUS_TRACE directory")->required();
   report->add_flag("--json", json, "print JSON instead of text");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/env.hpp"
+#include "common/size.hpp"
 #include "plan/plan.hpp"
 #include "tools/bench.hpp"
 #include "tools/launcher.hpp"
@@ -40,19 +41,27 @@ std::vector<int> parseCounts(const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"chorus-tune: measure latency, bandwidth and reduction costs and every algorithm's measured "
                "correction; write the tuning profile"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   std::string np_text = "2", collectives = "allreduce,allgather,reducescatter,alltoall,broadcast", max_text = "64M";
   int reps = 7, correction_reps = 3;
   std::string out = chorus::tune::CostProfile::defaultPath();
   bool no_tcp = false, append = false;
   app.add_option("--np", np_text, "rank counts to calibrate, e.g. 2,4 (one job each, run in turn; when not already a "
-                                  "rank of a job)");
-  app.add_option("-o,--output", out, "where to write the profile");
-  app.add_option("--reps", reps, "repetitions per figure (the median is kept)")->check(CLI::Range(1, 101));
+                                  "rank of a job)")
+      ->capture_default_str();
+  app.add_option("-o,--output", out, "where to write the profile")->capture_default_str();
+  app.add_option("--reps", reps, "repetitions per figure (the median is kept)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 101));
   app.add_flag("--no-tcp", no_tcp, "do not measure the TCP transport");
   app.add_option("--collectives", collectives, "collectives whose algorithms get measured corrections "
-                                               "(comma-separated; 'none' for the α-β-γ figures only)");
-  app.add_option("--max-bytes", max_text, "largest calibrated size (16 B x 4^k up to this)");
+                                               "(comma-separated; 'none' for the α-β-γ figures only)")
+      ->capture_default_str();
+  app.add_option("--max-bytes", max_text, "largest calibrated size (16 B x 4^k up to this); "
+                                           "suffixes K, M, G are powers of 1024")
+      ->capture_default_str();
   app.add_option("--correction-reps", correction_reps, "sweeps per correction (the median is kept)")
+      ->capture_default_str()
       ->check(CLI::Range(1, 21));
   app.add_flag("--append", append, "keep the profile at --output and add only this job's corrections");
   CLI11_PARSE(app, argc, argv);
@@ -75,9 +84,14 @@ int main(int argc, char** argv) {
       o.collectives.push_back(c);
     }
   }
-  auto max_bytes = chorus::tools::bench::parseSize(max_text);
-  if (!max_bytes.isOk() || max_bytes.value() < 16) {
-    fmt::print(stderr, "chorus-tune: --max-bytes '{}' must be a size of at least 16 bytes (e.g. 64M)\n", max_text);
+  auto max_bytes = chorus::parseSize(max_text, "--max-bytes");
+  if (!max_bytes.isOk()) {
+    fmt::print(stderr, "chorus-tune: {}\n", max_bytes.status().message());
+    return 2;
+  }
+  if (max_bytes.value() < 16) {
+    fmt::print(stderr, "chorus-tune: --max-bytes '{}' is {} bytes: it must be at least 16 bytes (e.g. 64M)\n",
+               max_text, max_bytes.value());
     return 2;
   }
   o.max_bytes = max_bytes.value();

@@ -219,8 +219,10 @@ chorusResult_t registerComm(chorusComm_t* out, std::unique_ptr<Communicator> imp
   return chorusSuccess;
 }
 
+// hint: appended to a failure to start or reach the rendezvous store (what
+// the environment init derived the address from, and how to override it).
 chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueId& id, int rank,
-                        const chorusConfig_t* user = nullptr, bool from_env = false) {
+                        const chorusConfig_t* user = nullptr, bool from_env = false, std::string_view hint = {}) {
   auto cfg = CommConfig::fromEnv();
   if (!cfg.isOk()) return report(cfg.status());
   if (user != nullptr) {
@@ -246,7 +248,11 @@ chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueI
   if (from_env)
     if (int gen = env_inits.fetch_add(1); gen > 0) prefix = fmt::format("w{}/", gen);
   auto c = Communicator::init(nranks, rank, id, cfg.value(), prefix, from_env);
-  if (!c.isOk()) return report(c.status());
+  if (!c.isOk()) {
+    if (!hint.empty() && c.status().message().find("rendezvous store") != std::string::npos)
+      return report(Status(c.status().code(), fmt::format("{} ({})", c.status().message(), hint)));
+    return report(c.status());
+  }
   return registerComm(comm, std::move(c.value()));
 }
 }  // namespace
@@ -293,7 +299,11 @@ CHORUS_EXPORT chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
   auto addr = net::resolve(job->master_addr, job->master_port);
   if (!addr.isOk()) return report(addr.status().withContext("chorusCommInitFromEnv: master address: "));
   bootstrap::UniqueId id{addr.value(), job->secret};
-  return initRank(comm, job->world_size, id, job->rank, nullptr, /*from_env=*/true);
+  const std::string hint = fmt::format(
+      "{} job: the store address {} is {}, its port {} is {}; set CHORUS_MASTER_ADDR and CHORUS_MASTER_PORT on every "
+      "rank to a host and free port of rank 0",
+      job->source, job->master_addr, job->addr_origin, job->master_port, job->port_origin);
+  return initRank(comm, job->world_size, id, job->rank, nullptr, /*from_env=*/true, hint);
 }
 
 CHORUS_EXPORT chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {

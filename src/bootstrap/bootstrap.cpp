@@ -107,6 +107,38 @@ Result<int64_t> parseIntVar(const char* name, const std::string& value) {
   return v;
 }
 
+// Open MPI without CHORUS_MASTER_ADDR: loopback when every rank runs on this
+// host (OMPI_COMM_WORLD_LOCAL_SIZE equals the world size), else the IPv4
+// address of mpirun's host from OMPI_MCA_orte_hnp_uri
+// ("jobid.0;tcp://192.0.2.2:58645;tcp6://[..]:48863").
+Result<std::string> openMpiMaster(int world_size) {
+  if (auto local = var("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    CHORUS_ASSIGN_OR_RETURN(int64_t n, parseIntVar("OMPI_COMM_WORLD_LOCAL_SIZE", *local));
+    if (n == world_size) return std::string("127.0.0.1");
+  }
+  if (auto uri = var("OMPI_MCA_orte_hnp_uri")) {
+    const size_t at = uri->find(";tcp://");
+    if (at != std::string::npos) {
+      const size_t begin = at + 7;
+      const size_t colon = uri->find(':', begin);
+      if (colon != std::string::npos && colon > begin) return uri->substr(begin, colon - begin);
+    }
+  }
+  return invalidArgument(
+      "Open MPI job over several hosts without CHORUS_MASTER_ADDR, and no mpirun address in OMPI_MCA_orte_hnp_uri "
+      "(Open MPI 5 does not export it): set CHORUS_MASTER_ADDR to rank 0's host (mpirun -x CHORUS_MASTER_ADDR=...)");
+}
+
+// 20000 + FNV-1a(job id) % 12000: in 20000..31999, below the ephemeral ports.
+uint16_t openMpiPort(std::string_view job_id) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : job_id) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return static_cast<uint16_t>(20000 + h % 12000);
+}
+
 Result<int64_t> requireInt(const char* name, const char* because) {
   auto v = var(name);
   if (!v) return invalidArgument("environment variable {} is not set ({} is)", name, because);
@@ -300,18 +332,36 @@ Result<EnvJob> readEnvJob() {
   job.rank = static_cast<int>(rank);
   job.world_size = static_cast<int>(size);
 
+  // Open MPI's mpirun: the job id (OMPI_MCA_ess_base_jobid in Open MPI 4,
+  // PMIX_NAMESPACE in 5) names the job on every rank alike.
+  std::optional<std::string> ompi_job;
+  if (job.source == "openmpi") {
+    ompi_job = var("OMPI_MCA_ess_base_jobid");
+    if (!ompi_job) ompi_job = var("PMIX_NAMESPACE");
+  }
+
   // The master: CHORUS_MASTER_ADDR, else MASTER_ADDR, else (Slurm) the first
-  // host of the node list.
+  // host of the node list, else (Open MPI) loopback when every rank is on
+  // this host, or mpirun's host.
   if (auto a = var("CHORUS_MASTER_ADDR")) {
     job.master_addr = *a;
+    job.addr_origin = "CHORUS_MASTER_ADDR";
   } else if (auto m = var("MASTER_ADDR")) {
     job.master_addr = *m;
+    job.addr_origin = "MASTER_ADDR";
+  } else if (job.source == "openmpi") {
+    CHORUS_ASSIGN_OR_RETURN(job.master_addr, openMpiMaster(job.world_size));
+    job.addr_origin = job.master_addr == "127.0.0.1"
+                          ? "loopback: OMPI_COMM_WORLD_LOCAL_SIZE says every rank is on this host"
+                          : "mpirun's host, from OMPI_MCA_orte_hnp_uri: rank 0 must run there (Open MPI's default "
+                            "mapping puts it on the first host)";
   } else if (job.source == "slurm") {
     auto list = var("SLURM_JOB_NODELIST");
     if (!list) list = var("SLURM_NODELIST");
     if (!list)
       return invalidArgument("Slurm job without SLURM_JOB_NODELIST: set CHORUS_MASTER_ADDR to rank 0's host");
     CHORUS_ASSIGN_OR_RETURN(job.master_addr, firstSlurmHost(*list));
+    job.addr_origin = "the first host of the Slurm node list";
   } else {
     return invalidArgument("environment variable {} is not set ({} job, {}={}); set it to rank 0's host",
                            job.source == "torchrun" ? "MASTER_ADDR" : "CHORUS_MASTER_ADDR", job.source, rank_var,
@@ -325,11 +375,29 @@ Result<EnvJob> readEnvJob() {
     CHORUS_ASSIGN_OR_RETURN(int64_t p, parseIntVar(port_var, *port));
     if (p < 1 || p > 65535) return invalidArgument("environment variable {}={} is not a TCP port (1..65535)", port_var, p);
     job.master_port = static_cast<uint16_t>(p);
+    job.port_origin = port_var;
+    if (port_var == std::string_view("MASTER_PORT")) {
+      // MASTER_PORT is torch's store: torchrun's agent listens there before
+      // any worker starts, and torch's env:// init binds it on rank 0.
+      // chorus's own store takes the next port.
+      if (p == 65535)
+        return invalidArgument("environment variable MASTER_PORT=65535: chorus's store listens on MASTER_PORT + 1 "
+                               "(MASTER_PORT is torch's store), which is no TCP port; use a lower MASTER_PORT or set "
+                               "CHORUS_MASTER_PORT");
+      job.master_port = static_cast<uint16_t>(p + 1);
+      job.port_origin = fmt::format("MASTER_PORT + 1 (MASTER_PORT={} is torch's store)", p);
+    }
   } else if (auto jobid = var("SLURM_JOB_ID"); jobid && job.source == "slurm") {
     // Every rank derives the same port from the job id, so a plain srun needs
     // no extra variable; jobs sharing a node rarely collide in 20000 ports.
     CHORUS_ASSIGN_OR_RETURN(int64_t id, parseIntVar("SLURM_JOB_ID", *jobid));
     job.master_port = static_cast<uint16_t>(20000 + (id % 20000 + 20000) % 20000);
+    job.port_origin = fmt::format("derived from SLURM_JOB_ID={}", id);
+  } else if (ompi_job) {
+    // The same for mpirun: every rank hashes the job id alike.  Below Linux's
+    // ephemeral range (32768..), so no outgoing connection holds the port.
+    job.master_port = openMpiPort(*ompi_job);
+    job.port_origin = fmt::format("derived from Open MPI's job id {}", *ompi_job);
   } else {
     return invalidArgument("environment variable {} is not set ({} job); set it to a free port on rank 0's host",
                            job.source == "torchrun" ? "MASTER_PORT" : "CHORUS_MASTER_PORT", job.source);

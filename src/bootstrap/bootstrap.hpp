@@ -47,6 +47,10 @@ struct EnvJob {
   uint16_t master_port = 0;
   auth::Secret secret;       // present == false: unauthenticated
   std::string source;        // "chorus", "torchrun", "openmpi", "slurm"
+  // Where master_addr and master_port came from, for error messages
+  // ("CHORUS_MASTER_PORT", "MASTER_PORT + 1 (MASTER_PORT=29500 is torch's store)", ...).
+  std::string addr_origin;
+  std::string port_origin;
 };
 // Reads, first found wins: CHORUS_RANK/CHORUS_WORLD_SIZE/CHORUS_MASTER_*;
 // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; OMPI_COMM_WORLD_RANK/SIZE;
@@ -57,6 +61,15 @@ struct EnvJob {
 // MASTER_ADDR / MASTER_PORT; a Slurm job without them uses its node list's
 // first host and the port 20000 + SLURM_JOB_ID % 20000.  CHORUS_SECRET (hex)
 // gives the secret; CHORUS_REQUIRE_SECRET=1 makes its absence an error.
+//
+// MASTER_PORT is torch's: torchrun's agent already listens on it (and torch's
+// env:// init binds it on rank 0), so chorus's store listens on MASTER_PORT + 1
+// when the port comes from MASTER_PORT; CHORUS_MASTER_PORT names it exactly.
+// Open MPI (mpirun) without CHORUS_MASTER_ADDR: 127.0.0.1 when every rank is
+// on one host (OMPI_COMM_WORLD_LOCAL_SIZE = OMPI_COMM_WORLD_SIZE), else
+// mpirun's host (OMPI_MCA_orte_hnp_uri), where rank 0 must then run; without
+// CHORUS_MASTER_PORT the port is 20000 + FNV-1a(job id) % 12000, the job id
+// being OMPI_MCA_ess_base_jobid (Open MPI 4) or PMIX_NAMESPACE (5).
 Result<EnvJob> readEnvJob();
 
 // The first host name of a Slurm node list ("node[01-04,07],gpu3" -> "node01").

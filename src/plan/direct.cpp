@@ -35,6 +35,7 @@ class DirectAllReduce final : public Algorithm {
   std::string_view name() const override { return "direct"; }
   Collective collective() const override { return Collective::AllReduce; }
   bool supports(const Shape& sh) const override { return oneHost(sh); }
+  std::string_view requirement() const override { return "every rank on one host"; }
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     const int n = sh.nranks;
     if (n == 1 || sh.count == 0) return std::vector<Round>{};

@@ -92,6 +92,7 @@ class HierarchicalAllReduce final : public Algorithm {
   std::string_view name() const override { return "hierarchical"; }
   Collective collective() const override { return Collective::AllReduce; }
   bool supports(const Shape& sh) const override { return Layout(sh).ok(); }
+  std::string_view requirement() const override { return "two or more hosts with the same number of ranks each"; }
 
   // Explicit rounds (O(n L) messages): the intra-host phases as one round each
   // (every local pair), the rails as a ring of H ranks, repeated.
@@ -188,6 +189,7 @@ class HierarchicalAllGather final : public Algorithm {
   std::string_view name() const override { return "hierarchical"; }
   Collective collective() const override { return Collective::AllGather; }
   bool supports(const Shape& sh) const override { return Layout(sh).ok(); }
+  std::string_view requirement() const override { return "two or more hosts with the same number of ranks each"; }
 
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     const Layout lay(sh);
@@ -249,6 +251,7 @@ class HierarchicalAllToAll final : public Algorithm {
   std::string_view name() const override { return "hierarchical"; }
   Collective collective() const override { return Collective::AllToAll; }
   bool supports(const Shape& sh) const override { return Layout(sh).ok(); }
+  std::string_view requirement() const override { return "two or more hosts with the same number of ranks each"; }
 
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     const Layout lay(sh);

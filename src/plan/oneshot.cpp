@@ -57,6 +57,7 @@ class OneShot : public Algorithm {
   bool oneShot() const override { return true; }
   // n - 1 messages per rank: priced as an all-pairs round, O(n^2) to price.
   bool supports(const Shape& sh) const override { return sh.nranks <= kOneShotMaxRanks; }
+  std::string_view requirement() const override { return "at most 64 ranks (kOneShotMaxRanks)"; }
 
  protected:
   // A reducing round lands its messages in scratch and reduces them in a
@@ -121,6 +122,7 @@ class OneShotAllToAll final : public OneShot {
   // In place, a block received could overwrite one not yet sent: the
   // pairwise plan handles that; this one is for separate buffers.
   bool supports(const Shape& sh) const override { return OneShot::supports(sh) && !sh.inplace; }
+  std::string_view requirement() const override { return "separate send and receive buffers (not in place), at most 64 ranks"; }
   Result<std::vector<Round>> rounds(const Shape& sh) const override { return allPairs(sh, false); }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;

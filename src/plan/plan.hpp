@@ -340,6 +340,10 @@ class Algorithm {
     (void)shape;
     return true;
   }
+  // What supports() asks of a shape, in words, for messages that say why a
+  // forced algorithm did not run ("a power-of-two number of ranks"); "" when
+  // it takes every shape.
+  [[nodiscard]] virtual std::string_view requirement() const { return {}; }
   // Emits rank's program for shape (the builder is already reset).
   virtual void generate(const Shape& shape, int rank, ProgramBuilder& b) const = 0;
   // The plan's rounds as patterns (see Round).  The default derives them from

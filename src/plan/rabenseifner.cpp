@@ -116,6 +116,7 @@ class HalvingReduceScatter final : public Algorithm {
   std::string_view name() const override { return "recursive_halving"; }
   Collective collective() const override { return Collective::ReduceScatter; }
   bool supports(const Shape& sh) const override { return std::has_single_bit(static_cast<unsigned>(sh.nranks)); }
+  std::string_view requirement() const override { return "a power-of-two number of ranks"; }
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     std::vector<Round> rs;
     if (sh.nranks == 1 || sh.count == 0) return rs;

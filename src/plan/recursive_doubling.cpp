@@ -99,6 +99,7 @@ class RecursiveDoublingAllGather final : public Algorithm {
     return rs;
   }
   bool supports(const Shape& sh) const override { return std::has_single_bit(static_cast<unsigned>(sh.nranks)); }
+  std::string_view requirement() const override { return "a power-of-two number of ranks"; }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t c = sh.count;

@@ -98,19 +98,6 @@ nlohmann::json toJson(const InferReport& r) {
           {"best", r.best}};
 }
 
-Result<double> parseBytes(std::string_view text) {
-  double v = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || v < 0) return invalidArgument("'{}' is not a size (examples: 1G, 256M, 4K, 1048576)", text);
-  std::string_view suf(p, static_cast<size_t>(text.data() + text.size() - p));
-  if (suf.empty() || suf == "B") return v;
-  if (suf == "K" || suf == "KiB") return v * 1024;
-  if (suf == "M" || suf == "MiB") return v * 1048576;
-  if (suf == "G" || suf == "GiB") return v * 1073741824.0;
-  if (suf == "T" || suf == "TiB") return v * 1099511627776.0;
-  return invalidArgument("'{}': unknown size suffix '{}' (use K, M, G or T)", text, suf);
-}
-
 Result<Recompute> parseRecompute(std::string_view text) {
   if (text == "none") return Recompute::None;
   if (text == "selective") return Recompute::Selective;

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/size.hpp"  // chorus::parseSize: the sizes of --bytes, as every tool reads them
 #include "sim/infer.hpp"
 #include "sim/network.hpp"
 #include "sim/search.hpp"
@@ -30,8 +31,6 @@ nlohmann::json toJson(const InferReport& r);
 // One line naming a layout: "tp 8 pp 16 dp 128 cp 1 ep 1 vpp 1 mb 1 zero 1 selective".
 std::string layoutName(const TrainConfig& c);
 
-// "1G", "256M", "4K", "1048576" -> bytes (binary multiples, as nccl-tests).
-Result<double> parseBytes(std::string_view text);
 Result<Recompute> parseRecompute(std::string_view text);
 
 }  // namespace chorus::sim

@@ -131,26 +131,6 @@ Result<chorusRedOp_t> parseOp(std::string_view name) {
   return invalidArgument("unknown reduction op '{}' (expected sum, prod, max, min or avg)", name);
 }
 
-Result<uint64_t> parseSize(std::string_view text) {
-  uint64_t v = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || p == text.data())
-    return invalidArgument("size '{}' is not a number of bytes (examples: 8, 64K, 16M, 1G)", text);
-  std::string_view suffix(p, static_cast<size_t>(text.data() + text.size() - p));
-  uint64_t mult = 1;
-  if (suffix == "K" || suffix == "k") {
-    mult = 1ull << 10;
-  } else if (suffix == "M" || suffix == "m") {
-    mult = 1ull << 20;
-  } else if (suffix == "G" || suffix == "g") {
-    mult = 1ull << 30;
-  } else if (!suffix.empty()) {
-    return invalidArgument("size '{}' has an unknown suffix '{}' (use K, M or G)", text, suffix);
-  }
-  if (v > UINT64_MAX / mult) return invalidArgument("size '{}' is too large", text);
-  return v * mult;
-}
-
 Result<std::vector<uint64_t>> sizeSweep(const SweepOptions& o) {
   if (o.min_bytes > o.max_bytes)
     return invalidArgument("minimum size {} B (-b) is larger than the maximum {} B (-e)", o.min_bytes, o.max_bytes);

@@ -52,9 +52,6 @@ Result<Collective> parseCollective(std::string_view name);
 std::string_view opName(chorusRedOp_t op);  // "sum", "prod", "max", "min", "avg"
 Result<chorusRedOp_t> parseOp(std::string_view name);
 
-// "64", "8K", "64M", "1G" (powers of 1024, as nccl-tests).
-Result<uint64_t> parseSize(std::string_view text);
-
 struct SweepOptions {
   uint64_t min_bytes = 32ull << 20;
   uint64_t max_bytes = 32ull << 20;
@@ -188,7 +185,26 @@ struct BenchOptions {
   std::vector<std::string> algos;
   bool in_place = true;            // also measure the in-place placement
   std::vector<Row>* rows = nullptr;  // when set, every measured row is appended here (every rank)
+  // --algo NAME (one algorithm, already forced through CHORUS_ALGO): a size
+  // it cannot run is reported with the reason and not measured (the tuner
+  // would run another plan), and counted in *unsupported.
+  std::string forced_algo;
+  int* unsupported = nullptr;
+  // The communicator of the benchmark's own bookkeeping (the barrier before
+  // each timed window, the reductions of timings and of the check's counts),
+  // so that a trace of `comm` (CHORUS_TRACE, chorus-trace report) holds only
+  // the measured calls.  nullptr: comm itself.  Same ranks as comm.
+  chorusComm_t bookkeeping = nullptr;
+  // nccl-tests -a: the time reported for a size, from each rank's mean:
+  // 0 rank 0's, 1 the mean over ranks, 2 the fastest rank's, 3 the slowest's.
+  int average = 3;
+  // nccl-tests -z: 1 each timed call returns when complete (a blocking call);
+  // 0 the timed calls are queued on a chorus stream and waited for once.
+  bool blocking = true;
 };
+
+// The names of nccl-tests' -a values: "rank0", "avg", "min", "max".
+std::string_view averageName(int average);
 
 // Runs the sweep as one rank of comm.  Rank 0 prints the table to `out`.
 // Returns the total number of wrong elements (all ranks), or the first error.

@@ -8,6 +8,7 @@
 
 #include "common/env.hpp"
 #include "kernels/dtype.hpp"
+#include "plan/plan.hpp"
 #include "tools/bench.hpp"
 
 namespace chorus::tools::bench {
@@ -31,31 +32,39 @@ Result<Buffer> allocate(size_t bytes) {
   return Buffer(p);
 }
 
-// One call of the collective, blocking (NULL stream).
+// One call of the collective: blocking with a NULL stream, queued on st otherwise.
 chorusResult_t issue(Collective c, const void* send, void* recv, const Shape& s, chorusDataType_t d,
-                     chorusRedOp_t op, int root, int rank, int nranks, chorusComm_t comm) {
+                     chorusRedOp_t op, int root, int rank, int nranks, chorusComm_t comm, chorusStream_t st) {
   switch (c) {
-    case Collective::AllReduce: return chorusAllReduce(send, recv, s.count, d, op, comm, nullptr);
-    case Collective::Broadcast: return chorusBroadcast(send, recv, s.count, d, root, comm, nullptr);
-    case Collective::Reduce: return chorusReduce(send, recv, s.count, d, op, root, comm, nullptr);
-    case Collective::AllGather: return chorusAllGather(send, recv, s.count, d, comm, nullptr);
-    case Collective::ReduceScatter: return chorusReduceScatter(send, recv, s.count, d, op, comm, nullptr);
-    case Collective::AllToAll: return chorusAllToAll(send, recv, s.count, d, comm, nullptr);
-    case Collective::Gather: return chorusGather(send, recv, s.count, d, root, comm, nullptr);
-    case Collective::Scatter: return chorusScatter(send, recv, s.count, d, root, comm, nullptr);
+    case Collective::AllReduce: return chorusAllReduce(send, recv, s.count, d, op, comm, st);
+    case Collective::Broadcast: return chorusBroadcast(send, recv, s.count, d, root, comm, st);
+    case Collective::Reduce: return chorusReduce(send, recv, s.count, d, op, root, comm, st);
+    case Collective::AllGather: return chorusAllGather(send, recv, s.count, d, comm, st);
+    case Collective::ReduceScatter: return chorusReduceScatter(send, recv, s.count, d, op, comm, st);
+    case Collective::AllToAll: return chorusAllToAll(send, recv, s.count, d, comm, st);
+    case Collective::Gather: return chorusGather(send, recv, s.count, d, root, comm, st);
+    case Collective::Scatter: return chorusScatter(send, recv, s.count, d, root, comm, st);
     case Collective::SendRecv: {
       chorusResult_t r = chorusGroupStart();
       if (r != chorusSuccess) return r;
-      chorusResult_t sr = chorusSend(send, s.count, d, (rank + 1) % nranks, comm, nullptr);
-      chorusResult_t rr = sr == chorusSuccess ? chorusRecv(recv, s.count, d, (rank + nranks - 1) % nranks, comm, nullptr)
+      chorusResult_t sr = chorusSend(send, s.count, d, (rank + 1) % nranks, comm, st);
+      chorusResult_t rr = sr == chorusSuccess ? chorusRecv(recv, s.count, d, (rank + nranks - 1) % nranks, comm, st)
                                               : sr;
       r = chorusGroupEnd();  // always close the group, even after a failed post
       return rr != chorusSuccess ? rr : r;
     }
-    case Collective::Barrier: return chorusBarrier(comm, nullptr);
+    case Collective::Barrier: return chorusBarrier(comm, st);
   }
   return chorusInvalidArgument;
 }
+
+// Destroys a stream on every return path.
+struct StreamGuard {
+  chorusStream_t stream = nullptr;
+  ~StreamGuard() {
+    if (stream != nullptr) (void)chorusStreamDestroy(stream);
+  }
+};
 
 Status apiError(chorusComm_t comm, int rank, std::string_view what, chorusResult_t r) {
   return Status(r, fmt::format("chorus-bench: rank {}: {} failed: {}: {}", rank, what, chorusGetErrorString(r),
@@ -86,6 +95,16 @@ Placement place(Collective c, bool in_place, std::byte* sendbuf, std::byte* recv
 
 }  // namespace
 
+std::string_view averageName(int average) {
+  switch (average) {
+    case 0: return "rank0";
+    case 1: return "avg";
+    case 2: return "min";
+    case 3: return "max";
+    default: return "?";
+  }
+}
+
 Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* out) {
   int nranks = 0, rank = 0;
   if (chorusResult_t r = chorusCommCount(comm, &nranks); r != chorusSuccess)
@@ -98,6 +117,18 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
   if (o.iters < 1 || o.warmup < 0)
     return invalidArgument("chorus-bench: -n {} / -w {}: need at least 1 iteration and no negative warmup", o.iters,
                            o.warmup);
+  if (o.average < 0 || o.average > 3)
+    return invalidArgument("chorus-bench: -a {} is not 0 (rank 0's time), 1 (mean), 2 (min) or 3 (max)", o.average);
+  // The benchmark's own collectives go to a communicator of their own when
+  // given one, so traces of comm hold only the measured calls.
+  chorusComm_t book = o.bookkeeping != nullptr ? o.bookkeeping : comm;
+  StreamGuard stream;
+  if (!o.blocking)
+    if (chorusResult_t r = chorusStreamCreate(&stream.stream); r != chorusSuccess)
+      return apiError(comm, rank, "chorusStreamCreate (for -z 0)", r);
+  plan::Collective plan_collective{};
+  const bool known_to_plans = plan::parseCollective(collectiveName(c), &plan_collective);
+  const plan::Registry registry = plan::Registry::builtin();
   CHORUS_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, sizeSweep(o.sweep));
   if (c == Collective::Barrier) sizes.resize(1);  // moves no data: one row says it all
 
@@ -124,11 +155,12 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
     std::fflush(out);
   };
   print(fmt::format("# chorus-bench {}  nranks {}  minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} "
-                    "validation: {} algo: {}\n",
+                    "validation: {} algo: {} average: {}({}) blocking: {}\n",
                     collectiveName(c), nranks, o.sweep.min_bytes, o.sweep.max_bytes,
                     o.sweep.step_factor > 1 ? fmt::format("{}(factor)", o.sweep.step_factor)
                                             : fmt::format("{}(bytes)", o.sweep.step_bytes),
-                    o.warmup, o.iters, o.check ? 1 : 0, algo));
+                    o.warmup, o.iters, o.check ? 1 : 0, algo, o.average, averageName(o.average),
+                    o.blocking ? 1 : 0));
   print(formatHeader());
 
   uint64_t wrong_total = 0;
@@ -166,6 +198,7 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
         const std::string what = fmt::format("{} of {} {} elements", collectiveName(c), row.shape.count,
                                              kernels::dtypeName(d));
         bool skipped = false;
+        std::string skip_why;
         for (bool in_place : {false, true}) {
           if (in_place && (!hasInPlace(c) || !o.in_place)) break;
           const std::string where = fmt::format("{} ({})", what, in_place ? "in-place" : "out-of-place");
@@ -178,35 +211,62 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
           // A forced algorithm that does not handle the shape falls back to
           // the tuner's choice: not a row of this algorithm (every rank
           // prices alike, so all skip together).
-          if (!forced.empty() && priced && forced != chosen) {
+          const std::string& want = forced.empty() ? o.forced_algo : forced;
+          if (!want.empty() && priced && want != chosen) {
             skipped = true;
+            const plan::Algorithm* a = known_to_plans ? registry.find(plan_collective, want) : nullptr;
+            const std::string_view needs = a != nullptr ? a->requirement() : std::string_view();
+            skip_why = fmt::format("{} ({}): {}; the tuner would run '{}' instead", what,
+                                   in_place ? "in-place" : "out-of-place",
+                                   needs.empty() ? std::string("it does not handle this shape")
+                                                 : fmt::format("it needs {}", needs),
+                                   chosen);
             break;
           }
           Placement p = place(c, in_place, sendbuf.get(), recvbuf.get(), row.shape, elem, rank);
           auto run = [&]() -> Status {
-            chorusResult_t r = issue(c, p.send, p.recv, row.shape, d, op.value_or(chorusSum), o.root, rank, nranks, comm);
+            chorusResult_t r =
+                issue(c, p.send, p.recv, row.shape, d, op.value_or(chorusSum), o.root, rank, nranks, comm, nullptr);
             return r == chorusSuccess ? Status::ok() : apiError(comm, rank, where, r);
+          };
+          // k timed calls: blocking, or (-z 0) queued on the stream and waited for once.
+          auto runTimed = [&](int k) -> Status {
+            if (o.blocking) {
+              for (int i = 0; i < k; ++i) CHORUS_RETURN_IF_ERROR(run());
+              return {};
+            }
+            for (int i = 0; i < k; ++i)
+              if (chorusResult_t r = issue(c, p.send, p.recv, row.shape, d, op.value_or(chorusSum), o.root, rank,
+                                           nranks, comm, stream.stream);
+                  r != chorusSuccess)
+                return apiError(comm, rank, where, r);
+            chorusResult_t r = chorusStreamSynchronize(stream.stream);
+            return r == chorusSuccess ? Status::ok() : apiError(comm, rank, where + " (stream)", r);
           };
           Measurement m;
           if (o.check) {
             pattern.fill(p.input, rank, row.shape.send_count);
             CHORUS_RETURN_IF_ERROR(run());
             uint64_t wrong = countWrong(c, pattern, row.shape, o.root, rank, p.output);
-            if (chorusResult_t r = chorusAllReduce(&wrong, &wrong, 1, chorusUint64, chorusSum, comm, nullptr);
+            if (chorusResult_t r = chorusAllReduce(&wrong, &wrong, 1, chorusUint64, chorusSum, book, nullptr);
                 r != chorusSuccess)
               return apiError(comm, rank, "summing the wrong-element counts", r);
             m.wrong = wrong;
             wrong_total += wrong;
           }
           for (int i = 0; i < o.warmup; ++i) CHORUS_RETURN_IF_ERROR(run());
-          // The slowest rank's time over k calls (every rank gets the same value).
-          auto slowest = [&](auto t0, int k, double* out) -> Status {
-            *out = std::chrono::duration<double>(Clock::now() - t0).count() / std::max(k, 1);
-            if (chorusResult_t r = chorusAllReduce(out, out, 1, chorusFloat64, chorusMax, comm, nullptr);
-                r != chorusSuccess)
+          // The ranks' mean time over k calls combined as -a says (every
+          // rank gets the same value): 0 rank 0's, 1 the mean, 2 min, 3 max.
+          auto combined = [&](auto t0, int k, int average, double* out) -> Status {
+            const double mine = std::chrono::duration<double>(Clock::now() - t0).count() / std::max(k, 1);
+            *out = average == 0 && rank != 0 ? 0.0 : mine;
+            const chorusRedOp_t how = average == 2 ? chorusMin : average == 3 ? chorusMax : chorusSum;
+            if (chorusResult_t r = chorusAllReduce(out, out, 1, chorusFloat64, how, book, nullptr); r != chorusSuccess)
               return apiError(comm, rank, "reducing the timings", r);
+            if (average == 1) *out /= nranks;
             return {};
           };
+          auto slowest = [&](auto t0, int k, double* out) { return combined(t0, k, 3, out); };
           // --warmup-ms: keep warming up, in batches, until the slowest rank
           // has spent that long (a CPU that idled in the set-up runs slowly
           // for milliseconds: 1 KiB allreduce 2 us after 5 calls, 0.8 after 5000).
@@ -218,25 +278,26 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
               CHORUS_RETURN_IF_ERROR(slowest(w0, 1, &spent));
             }
           }
-          if (chorusResult_t r = chorusBarrier(comm, nullptr); r != chorusSuccess)
+          if (chorusResult_t r = chorusBarrier(book, nullptr); r != chorusSuccess)
             return apiError(comm, rank, "the barrier before " + where, r);
           int iters = o.iters;
           double seconds = 0;
           {
             auto t0 = Clock::now();
-            for (int i = 0; i < iters; ++i) CHORUS_RETURN_IF_ERROR(run());
-            // The slowest rank's mean sets the collective's time (MPI-style max).
-            CHORUS_RETURN_IF_ERROR(slowest(t0, iters, &seconds));
+            CHORUS_RETURN_IF_ERROR(runTimed(iters));
+            // By default (-a 3) the slowest rank's mean sets the collective's
+            // time (MPI-style max).
+            CHORUS_RETURN_IF_ERROR(combined(t0, iters, o.average, &seconds));
           }
           // --min-ms: too short a window for the timer and the scheduler's
           // hiccups; time one uninterrupted window of enough calls instead.
           if (o.min_time_ms > 0 && seconds * iters * 1e3 < o.min_time_ms) {
             iters = static_cast<int>(std::min(1e6, std::ceil(o.min_time_ms * 1e-3 / std::max(seconds, 1e-9))));
-            if (chorusResult_t r = chorusBarrier(comm, nullptr); r != chorusSuccess)
+            if (chorusResult_t r = chorusBarrier(book, nullptr); r != chorusSuccess)
               return apiError(comm, rank, "the barrier before " + where, r);
             auto t0 = Clock::now();
-            for (int i = 0; i < iters; ++i) CHORUS_RETURN_IF_ERROR(run());
-            CHORUS_RETURN_IF_ERROR(slowest(t0, iters, &seconds));
+            CHORUS_RETURN_IF_ERROR(runTimed(iters));
+            CHORUS_RETURN_IF_ERROR(combined(t0, iters, o.average, &seconds));
           }
           m.time_us = seconds * 1e6;
           if (priced) {
@@ -253,8 +314,10 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
           }
         }
         if (skipped) {
-          print(fmt::format("# {}: algorithm '{}' does not handle {} bytes on {} ranks\n", collectiveName(c), forced,
-                            size, nranks));
+          const std::string& want = forced.empty() ? o.forced_algo : forced;
+          print(fmt::format("# {}: algorithm '{}' does not handle {} bytes on {} ranks, not measured: {}\n",
+                            collectiveName(c), want, size, nranks, skip_why));
+          if (forced.empty() && o.unsupported != nullptr) ++*o.unsupported;
           continue;
         }
         print(formatRow(row));

@@ -177,6 +177,15 @@ std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, c
       {"CHORUS_MASTER_ADDR", job.master_addr},
       {"CHORUS_MASTER_PORT", std::to_string(job.master_port)},
       {"CHORUS_SECRET", job.secret_hex},
+      // torch.distributed's env:// (and torchrun-style scripts).  chorus's own
+      // init reads the CHORUS_* values above first, so the two stores never
+      // meet on one port.
+      {"MASTER_ADDR", job.master_addr},
+      {"MASTER_PORT", std::to_string(job.torch_port)},
+      {"RANK", std::to_string(job.rank)},
+      {"WORLD_SIZE", std::to_string(job.world_size)},
+      {"LOCAL_RANK", std::to_string(job.local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(job.local_world_size)},
   };
   set.insert(set.end(), extra.begin(), extra.end());
   std::vector<std::string> env;
@@ -219,6 +228,17 @@ Result<LaunchReport> launch(const LaunchOptions& o) {
   uint16_t port = o.master_port;
   if (port == 0) {
     CHORUS_ASSIGN_OR_RETURN(port, pickFreePort(o.master_addr));
+  }
+  uint16_t torch_port = o.torch_port;
+  if (torch_port != 0 && torch_port == port)
+    return invalidArgument("{}: torch's MASTER_PORT {} is chorus's store port too (CHORUS_MASTER_PORT); give them "
+                           "different ports",
+                           o.name, torch_port);
+  // The kernel hands out ephemeral ports in turn, so a second pick differs
+  // from the first unless the range wrapped; a few tries settle that case.
+  for (int tries = 0; torch_port == 0 || torch_port == port; ++tries) {
+    if (tries == 8) return systemError("{}: no second free port on {} for MASTER_PORT", o.name, o.master_addr);
+    CHORUS_ASSIGN_OR_RETURN(torch_port, pickFreePort(o.master_addr));
   }
   const std::string secret = auth::Secret::random().toHex();
 
@@ -276,7 +296,7 @@ Result<LaunchReport> launch(const LaunchOptions& o) {
   }
 
   for (int r = 0; r < n; ++r) {
-    RankEnv job{r, r, n, o.master_addr, port, secret};
+    RankEnv job{r, r, n, o.master_addr, port, secret, torch_port, n};
     cpu_set_t bind;
     CPU_ZERO(&bind);
     if (!cpus.empty()) CPU_SET(cpus[static_cast<size_t>(r) % cpus.size()], &bind);

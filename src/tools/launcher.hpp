@@ -1,7 +1,10 @@
 // The local job launcher behind chorus-run (and chorus-bench --np).
 //
 // launch() starts N ranks of one program on this host, each with the
-// CHORUS_* variables that chorusCommInitFromEnv reads, relays their output
+// CHORUS_* variables that chorusCommInitFromEnv reads and the torchrun-style
+// variables that torch.distributed's env:// init reads (MASTER_ADDR,
+// MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; MASTER_PORT is
+// a second free port, never chorus's own store port), relays their output
 // line by line with a "[rank] " prefix, and supervises them: the first rank
 // that fails (non-zero exit or a signal) brings the job down, a forwarded
 // SIGINT/SIGTERM/SIGHUP reaches every rank, and an optional timeout ends the
@@ -46,6 +49,10 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   // 0: pick a free port on master_addr (see pickFreePort for the race).
   uint16_t master_port = 0;
+  // MASTER_PORT for torch's env:// store (rank 0's TCPStore binds it).
+  // 0: pick a free port other than master_port.  Equal to master_port is an
+  // error: chorus's store and torch's would both bind it.
+  uint16_t torch_port = 0;
   // Extra NAME=VALUE pairs for every rank (override the inherited environment).
   std::vector<std::pair<std::string, std::string>> extra_env;
   int out_fd = 1;  // where relayed stdout lines go
@@ -94,11 +101,17 @@ struct RankEnv {
   int local_rank = 0;
   int world_size = 1;
   std::string master_addr;
-  uint16_t master_port = 0;
+  uint16_t master_port = 0;  // chorus's store: CHORUS_MASTER_PORT
   std::string secret_hex;
+  uint16_t torch_port = 0;   // torch's env:// store: MASTER_PORT
+  int local_world_size = 1;  // ranks on this host (all of them: chorus-run is local)
 };
-// base (NAME=VALUE strings, e.g. from environ) with the CHORUS_* job variables
-// and extra replaced or added; every other entry is kept in order.
+// base (NAME=VALUE strings, e.g. from environ) with the job variables and
+// extra replaced or added; every other entry is kept in order.  The job
+// variables: CHORUS_RANK, CHORUS_LOCAL_RANK, CHORUS_WORLD_SIZE,
+// CHORUS_MASTER_ADDR, CHORUS_MASTER_PORT, CHORUS_SECRET, and for torch's
+// env:// (and any torchrun-style program) MASTER_ADDR, MASTER_PORT (=
+// torch_port), RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE.
 std::vector<std::string> rankEnvironment(const std::vector<std::string>& base, const RankEnv& job,
                                          const std::vector<std::pair<std::string, std::string>>& extra);
 

@@ -3,8 +3,10 @@
 # user would:
 #   (a) a C program built with nothing but `pkg-config --cflags --libs chorus`
 #       (2 ranks: fork + chorusCommInitRank from one unique id, an allreduce);
-#   (b) a C++ program built by a tiny CMake project with find_package(chorus)
-#       and target chorus::chorus (run under the installed chorus-run, 3 ranks).
+#   (b) a C++ program including chorus.hpp, built by a tiny CMake project with
+#       find_package(chorus) and target chorus::chorus that sets no C++ standard
+#       (the target carries cxx_std_20), run under the installed chorus-run, 3 ranks;
+#   (c) the C program of (a) from a C-only CMake project linking chorus::chorus.
 # Also checks the installed tree's files.  Removes the prefix on exit.
 #
 #   install_test.sh BUILD_DIR
@@ -66,5 +68,11 @@ cmake -S "$here/consumer" -B "$tmp/consumer-build" -DCMAKE_PREFIX_PATH="$prefix"
 cmake --build "$tmp/consumer-build" >>"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log" >&2; fail "building the find_package(chorus) consumer"; }
 env -u LD_LIBRARY_PATH "$prefix/bin/chorus-run" -n 3 --timeout 60 -- "$tmp/consumer-build/hello_cpp" \
   || fail "installed chorus-run -n 3 hello_cpp exited with status $?"
+
+# --- (c) C via find_package(chorus), no C++ compiler enabled ---------------------
+cmake -S "$here/c_consumer" -B "$tmp/c-consumer-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+  >"$tmp/c-consumer.log" 2>&1 || { cat "$tmp/c-consumer.log" >&2; fail "configuring the C-only find_package(chorus) consumer"; }
+cmake --build "$tmp/c-consumer-build" >>"$tmp/c-consumer.log" 2>&1 || { cat "$tmp/c-consumer.log" >&2; fail "building the C-only find_package(chorus) consumer"; }
+env -u LD_LIBRARY_PATH timeout 60 "$tmp/c-consumer-build/hello_c_cmake" || fail "hello_c_cmake exited with status $?"
 
 echo "install_test: ok"

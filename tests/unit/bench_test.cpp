@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/size.hpp"
 #include "kernels/dtype.hpp"
 #include "support/rank_threads.hpp"
 
@@ -36,17 +37,41 @@ TEST(Bench, CollectiveNamesRoundTrip) {
   EXPECT_FALSE(hasInPlace(Collective::SendRecv));
 }
 
-TEST(Bench, ParsesOpsAndSizes) {
+TEST(Bench, ParsesOps) {
   EXPECT_EQ(*parseOp("avg"), chorusAvg);
   EXPECT_FALSE(parseOp("mean").isOk());
-  EXPECT_EQ(*parseSize("8"), 8u);
-  EXPECT_EQ(*parseSize("64K"), 64u * 1024);
-  EXPECT_EQ(*parseSize("64M"), 64u << 20);
-  EXPECT_EQ(*parseSize("2g"), 2ull << 30);
-  EXPECT_FALSE(parseSize("").isOk());
-  EXPECT_FALSE(parseSize("12X").isOk());
-  EXPECT_FALSE(parseSize("M").isOk());
-  EXPECT_FALSE(parseSize("99999999999999G").isOk());
+}
+
+// The one size grammar of every tool (common/size.hpp): every spelling of a
+// multiple is binary, as nccl-tests reads K/M/G.
+TEST(SizeGrammar, EverySpellingOfAMultipleIsBinary) {
+  for (const char* s : {"8k", "8K", "8kb", "8KB", "8KiB", "8kib", "8192", "8192B", "8192b"})
+    EXPECT_EQ(parseSize(s).value(), 8192u) << s;
+  for (const char* s : {"64M", "64m", "64MB", "64MiB"}) EXPECT_EQ(parseSize(s).value(), 64ull << 20) << s;
+  for (const char* s : {"1G", "1g", "1GB", "1GiB"}) EXPECT_EQ(parseSize(s).value(), 1ull << 30) << s;
+  EXPECT_EQ(parseSize("2T").value(), 2ull << 40);
+  EXPECT_EQ(parseSize("0").value(), 0u);
+  // Fractions that make whole bytes.
+  EXPECT_EQ(parseSize("1.5G").value(), 3ull << 29);
+  EXPECT_EQ(parseSize("0.5K").value(), 512u);
+  EXPECT_EQ(parseSize("0.25KiB").value(), 256u);
+  EXPECT_EQ(parseSize("2.0M").value(), 2ull << 20);
+  EXPECT_EQ(parseSize("18446744073709551615").value(), UINT64_MAX);
+}
+
+TEST(SizeGrammar, ErrorsNameTheFlagTheValueAndTheRule) {
+  auto bad = parseSize("12X", "-b");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_EQ(bad.status().code(), chorusInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("-b '12X'"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("unknown suffix 'X'"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("powers of 1024"));
+  for (const char* s : {"", "M", "-5", "+5", " 8", "8 K", "1e3", ".", "8KK", "8Ki", "0x10", "1.1K", "0.3", "1.5",
+                        "99999999999999G", "18446744073709551616", "16777216T", "1.0000000000001K"})
+    EXPECT_FALSE(parseSize(s, "--bytes").isOk()) << s;
+  EXPECT_THAT(parseSize("1.1K").status().message(), HasSubstr("not a whole number of bytes"));
+  EXPECT_THAT(parseSize("99999999999999G").status().message(), HasSubstr("too large"));
+  EXPECT_THAT(parseSize("-5", "--bytes").status().message(), HasSubstr("--bytes '-5'"));
 }
 
 TEST(Bench, SweepMultipliesOrAdds) {
@@ -483,6 +508,89 @@ TEST(Bench, AlgoAllSweepsEachAlgorithm) {
   // 2 sizes x (out of place, in place) per algorithm that runs here.
   EXPECT_EQ(rows, (std::map<std::string, int>{{"direct", 4}, {"recursive_doubling", 4}, {"ring", 4}}));
   std::filesystem::remove_all(dir);
+}
+
+// --algo NAME for a size it cannot run: the row is not measured (the tuner
+// would have run another plan) and the note says why; counted for the exit status.
+TEST(Bench, ForcedAlgorithmThatCannotRunASizeSaysWhyAndMeasuresNothing) {
+  constexpr int kRanks = 3;
+  BenchOptions o;
+  o.collective = Collective::AllGather;
+  o.sweep = {1024, 4096, 4, 0};  // 1 KiB, 4 KiB
+  o.iters = 1;
+  o.warmup = 0;
+  o.forced_algo = "recursive_doubling";  // allgather's needs a power-of-two number of ranks
+  std::vector<int> unsupported(kRanks, 0);
+  std::vector<std::vector<Row>> rows(kRanks);
+  std::string table;
+  auto msgs = chorus::testing::runRanks(kRanks, [&](int rank, chorusComm_t comm) -> std::string {
+    BenchOptions mine = o;
+    mine.unsupported = &unsupported[static_cast<size_t>(rank)];
+    mine.rows = &rows[static_cast<size_t>(rank)];
+    if (chorusCommSetAlgo(comm, "allgather:recursive_doubling") != chorusSuccess) return chorusGetLastError(comm);
+    char* buf = nullptr;
+    size_t len = 0;
+    std::FILE* out = ::open_memstream(&buf, &len);
+    auto wrong = runBench(mine, comm, out);
+    std::fclose(out);
+    if (rank == 0) table.assign(buf, len);
+    std::free(buf);
+    return wrong.isOk() ? "" : wrong.status().message();
+  });
+  ASSERT_EQ(chorus::testing::failures(msgs), "");
+  EXPECT_THAT(table, HasSubstr("allgather: algorithm 'recursive_doubling' does not handle 1024 bytes on 3 ranks, not measured"));
+  EXPECT_THAT(table, HasSubstr("it needs a power-of-two number of ranks; the tuner would run '"));
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(unsupported[static_cast<size_t>(r)], 2) << "rank " << r;
+    EXPECT_TRUE(rows[static_cast<size_t>(r)].empty()) << "rank " << r << " measured another plan";
+  }
+}
+
+// nccl-tests -a (how the ranks' times combine) and -z 0 (timed calls queued on
+// a stream): every -a value and both -z values measure and check, the header
+// says which were used, every rank reports the one combined time; -a 4 is refused.
+TEST(Bench, AverageAndBlockingFollowNcclTests) {
+  constexpr int kRanks = 2;
+  for (int average : {0, 1, 2, 3})
+    for (bool blocking : {true, false}) {
+      SCOPED_TRACE(fmt::format("-a {} -z {}", average, blocking ? 1 : 0));
+      BenchOptions o;
+      o.collective = Collective::AllReduce;
+      o.sweep = {4096, 4096, 1, 0};
+      o.iters = 3;
+      o.warmup = 1;
+      o.average = average;
+      o.blocking = blocking;
+      std::vector<std::vector<Row>> rows(kRanks);
+      std::string table;
+      auto msgs = chorus::testing::runRanks(kRanks, [&](int rank, chorusComm_t comm) -> std::string {
+        BenchOptions mine = o;
+        mine.rows = &rows[static_cast<size_t>(rank)];
+        char* buf = nullptr;
+        size_t len = 0;
+        std::FILE* out = ::open_memstream(&buf, &len);
+        auto wrong = runBench(mine, comm, out);
+        std::fclose(out);
+        if (rank == 0) table.assign(buf, len);
+        std::free(buf);
+        if (!wrong.isOk()) return wrong.status().message();
+        return *wrong == 0 ? "" : fmt::format("{} wrong", *wrong);
+      });
+      ASSERT_EQ(chorus::testing::failures(msgs), "");
+      EXPECT_THAT(table, HasSubstr(fmt::format("average: {}({}) blocking: {}", average, averageName(average),
+                                               blocking ? 1 : 0)));
+      ASSERT_EQ(rows[0].size(), 1u);
+      ASSERT_EQ(rows[1].size(), 1u);
+      EXPECT_EQ(rows[0][0].out_of_place.time_us, rows[1][0].out_of_place.time_us) << "every rank reports one time";
+      EXPECT_GT(rows[0][0].out_of_place.time_us, 0.0);
+    }
+  BenchOptions bad;
+  bad.average = 4;
+  auto msgs = chorus::testing::runRanks(1, [&](int, chorusComm_t comm) -> std::string {
+    auto r = runBench(bad, comm, stdout);
+    return r.isOk() ? "accepted -a 4" : (r.status().message().find("-a 4") == std::string::npos ? r.status().message() : "");
+  });
+  EXPECT_EQ(chorus::testing::failures(msgs), "");
 }
 
 TEST(Bench, RunBenchRejectsARootOutsideTheJob) {

@@ -21,7 +21,8 @@ const char* const kJobVars[] = {"CHORUS_RANK",    "CHORUS_WORLD_SIZE",  "CHORUS_
                                 "CHORUS_SECRET",  "CHORUS_REQUIRE_SECRET", "RANK",              "WORLD_SIZE",
                                 "MASTER_ADDR",    "MASTER_PORT",        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                                 "SLURM_PROCID",   "SLURM_NTASKS",       "SLURM_JOB_NODELIST",   "SLURM_NODELIST",
-                                "SLURM_JOB_ID",   "CHORUS_SOCKET_IFNAME"};
+                                "SLURM_JOB_ID",   "CHORUS_SOCKET_IFNAME", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri"};
 
 class EnvTest : public ::testing::Test {
  protected:
@@ -176,22 +177,61 @@ TEST_F(EnvTest, Torchrun) {
   EXPECT_EQ(j->rank, 3);
   EXPECT_EQ(j->world_size, 8);
   EXPECT_EQ(j->master_addr, "torch-host");
-  EXPECT_EQ(j->master_port, 29500);
+  // torchrun's agent already listens on MASTER_PORT: chorus's store takes the next one.
+  EXPECT_EQ(j->master_port, 29501);
+  EXPECT_NE(j->port_origin.find("MASTER_PORT + 1"), std::string::npos) << j->port_origin;
+  set("MASTER_PORT", "65535");
+  auto top = readEnvJob();
+  ASSERT_FALSE(top.isOk());
+  EXPECT_NE(top.status().message().find("MASTER_PORT=65535"), std::string::npos) << top.status().message();
+  set("CHORUS_MASTER_PORT", "4000");  // exactly this port, not + 1
+  EXPECT_EQ(readEnvJob()->master_port, 4000);
+  unsetenv("CHORUS_MASTER_PORT");
   unsetenv("MASTER_PORT");
   auto missing = readEnvJob();
   ASSERT_FALSE(missing.isOk());
   EXPECT_NE(missing.status().message().find("MASTER_PORT"), std::string::npos) << missing.status().message();
 }
 
-TEST_F(EnvTest, OpenMpiNeedsAMaster) {
+// mpirun sets no master: with every rank on this host it is loopback, over
+// several hosts mpirun's host; the port comes from the job id, alike on every rank.
+TEST_F(EnvTest, OpenMpiDerivesTheMasterFromItsOwnVariables) {
   set("OMPI_COMM_WORLD_RANK", "2");
   set("OMPI_COMM_WORLD_SIZE", "3");
   auto j = readEnvJob();
-  ASSERT_FALSE(j.isOk());
+  ASSERT_FALSE(j.isOk()) << "no local size, no mpirun URI: nothing to derive the master from";
   EXPECT_NE(j.status().message().find("CHORUS_MASTER_ADDR"), std::string::npos) << j.status().message();
+
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "3");
+  set("OMPI_MCA_ess_base_jobid", "1608450049");
+  j = readEnvJob();
+  ASSERT_TRUE(j.isOk()) << j.status().message();
+  EXPECT_EQ(j->master_addr, "127.0.0.1");
+  const uint16_t port = j->master_port;
+  EXPECT_GE(port, 20000);
+  EXPECT_LT(port, 32000);
+  set("OMPI_COMM_WORLD_RANK", "0");  // every rank derives the same port
+  EXPECT_EQ(readEnvJob()->master_port, port);
+  set("OMPI_MCA_ess_base_jobid", "1608450050");  // another job, another port
+  EXPECT_NE(readEnvJob()->master_port, port);
+  unsetenv("OMPI_MCA_ess_base_jobid");
+  set("PMIX_NAMESPACE", "prterun-node1-4242@1");  // Open MPI 5
+  ASSERT_TRUE(readEnvJob().isOk());
+
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "2");  // ranks on two hosts: mpirun's host
+  set("OMPI_MCA_orte_hnp_uri", "1608450048.0;tcp://192.0.2.2:58645;tcp6://[fd00::2]:48863");
+  j = readEnvJob();
+  ASSERT_TRUE(j.isOk()) << j.status().message();
+  EXPECT_EQ(j->master_addr, "192.0.2.2");
+  EXPECT_NE(j->addr_origin.find("mpirun"), std::string::npos) << j->addr_origin;
+}
+
+TEST_F(EnvTest, OpenMpiWithAnExplicitMaster) {
+  set("OMPI_COMM_WORLD_RANK", "2");
+  set("OMPI_COMM_WORLD_SIZE", "3");
   set("CHORUS_MASTER_ADDR", "10.0.0.9");
   set("CHORUS_MASTER_PORT", "4000");
-  j = readEnvJob();
+  auto j = readEnvJob();
   ASSERT_TRUE(j.isOk()) << j.status().message();
   EXPECT_EQ(j->source, "openmpi");
   EXPECT_EQ(j->rank, 2);

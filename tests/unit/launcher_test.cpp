@@ -347,11 +347,54 @@ TEST(Launcher, RejectsBadOptions) {
 }
 
 TEST(Launcher, RankEnvironmentReplacesJobVariablesAndKeepsTheRest) {
-  RankEnv job{2, 2, 4, "10.0.0.1", 29500, "ab"};
-  auto env = rankEnvironment({"PATH=/bin", "CHORUS_RANK=9", "CHORUS_SECRET=old", "FOO=1=2"}, job, {{"FOO", "3"}});
-  EXPECT_THAT(env, ::testing::UnorderedElementsAre("PATH=/bin", "CHORUS_RANK=2", "CHORUS_LOCAL_RANK=2",
-                                                   "CHORUS_WORLD_SIZE=4", "CHORUS_MASTER_ADDR=10.0.0.1",
-                                                   "CHORUS_MASTER_PORT=29500", "CHORUS_SECRET=ab", "FOO=3"));
+  RankEnv job{2, 2, 4, "10.0.0.1", 29500, "ab", 29600, 4};
+  auto env = rankEnvironment({"PATH=/bin", "CHORUS_RANK=9", "CHORUS_SECRET=old", "FOO=1=2", "MASTER_PORT=1", "RANK=7"},
+                             job, {{"FOO", "3"}});
+  EXPECT_THAT(env, ::testing::UnorderedElementsAre(
+                       "PATH=/bin", "CHORUS_RANK=2", "CHORUS_LOCAL_RANK=2", "CHORUS_WORLD_SIZE=4",
+                       "CHORUS_MASTER_ADDR=10.0.0.1", "CHORUS_MASTER_PORT=29500", "CHORUS_SECRET=ab", "FOO=3",
+                       // torch.distributed's env:// variables, MASTER_PORT on the second port
+                       "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29600", "RANK=2", "WORLD_SIZE=4", "LOCAL_RANK=2",
+                       "LOCAL_WORLD_SIZE=4"));
+}
+
+// torch's env:// needs MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (torchrun
+// also sets LOCAL_RANK, LOCAL_WORLD_SIZE); MASTER_PORT must not be chorus's
+// store port, or rank 0's two stores would bind one port.
+TEST(Launcher, ExportsTorchEnvInitVariablesOnAPortOfTheirOwn) {
+  constexpr int kRanks = 3;
+  Job job(kRanks, "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+                  "$CHORUS_MASTER_PORT\"");
+  ASSERT_EQ(job.run().exit_code, 0);
+  const std::regex re(R"(\[(\d+)\] (\d+) (\d+) (\d+) (\d+) (\S+) (\d+) (\d+))");
+  std::set<std::string> torch_ports;
+  ASSERT_EQ(job.out.lines().size(), static_cast<size_t>(kRanks));
+  for (const std::string& l : job.out.lines()) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, re)) << l;
+    EXPECT_EQ(m[1], m[2]) << "RANK differs from the output prefix";
+    EXPECT_EQ(std::stoi(m[3]), kRanks) << "WORLD_SIZE";
+    EXPECT_EQ(m[4], m[2]) << "LOCAL_RANK on one host";
+    EXPECT_EQ(std::stoi(m[5]), kRanks) << "LOCAL_WORLD_SIZE";
+    EXPECT_EQ(m[6], "127.0.0.1") << "MASTER_ADDR";
+    EXPECT_GT(std::stoi(m[7]), 0);
+    EXPECT_NE(m[7], m[8]) << "MASTER_PORT must differ from CHORUS_MASTER_PORT";
+    torch_ports.insert(m[7]);
+  }
+  EXPECT_EQ(torch_ports.size(), 1u) << "all ranks share one MASTER_PORT";
+
+  Job fixed(1, "echo $MASTER_PORT $CHORUS_MASTER_PORT");
+  fixed.opts.master_port = 29400;
+  fixed.opts.torch_port = 29401;
+  ASSERT_EQ(fixed.run().exit_code, 0);
+  EXPECT_THAT(fixed.out.lines(), ::testing::ElementsAre("[0] 29401 29400"));
+
+  LaunchOptions clash;
+  clash.argv = {"true"};
+  clash.master_port = clash.torch_port = 29400;
+  auto r = launch(clash);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_THAT(r.status().message(), HasSubstr("MASTER_PORT 29400"));
 }
 
 TEST(Launcher, DescribesHowARankEnded) {

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""chorusCommInitFromEnv and chorus-run under the launchers users run.
+
+  launchers_test.py MODE ...
+    torchrun-emulated MAIN NP     the environment torchrun gives its workers, with a socket already listening on
+                                  MASTER_PORT (torchrun's agent store); then the same with MASTER_PORT + 1 taken
+    torchrun MAIN NP              the real torchrun (python3 -m torch.distributed.run --no_python), on loopback
+    chorus-run-torch RUN MAIN NP  chorus-run ranks that init torch.distributed with env:// (gloo) and, while
+                                  that group is alive, run a chorus job from the same environment
+    mpirun MAIN NP                Open MPI's mpirun with no CHORUS_MASTER_ADDR/PORT
+
+Each rank of MAIN (env_job_main) prints {"rank", "world", "ok"}; a mode passes
+when every rank reported ok and the launcher exited 0.  Exit 77 (ctest: skipped)
+when the launcher itself (torch, mpirun) is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+
+SKIP = 77
+JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+            "ROLE_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def clean_env(**extra):
+    """The caller's environment without any job variable (so only the launcher's count)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CHORUS_", "OMPI_", "PMIX_", "SLURM_", "TORCHELASTIC_")) and k not in JOB_VARS}
+    env["CHORUS_TIMEOUT_MS"] = "60000"
+    env.update(extra)
+    return env
+
+
+def fail(msg):
+    print("launchers_test: FAILED: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def check_reports(out, np_, what):
+    # A line may carry a launcher's prefix ("[default0]:{...}").
+    reports = [json.loads(line[line.index("{"):]) for line in out.splitlines() if "{" in line]
+    ranks = sorted(r["rank"] for r in reports)
+    if ranks != list(range(np_)) or not all(r["ok"] and r["world"] == np_ for r in reports):
+        fail(f"{what}: expected {np_} ok reports, got {reports}\n{out}")
+    print(f"launchers_test: {what}: {np_} ranks ok")
+
+
+def listener():
+    """A socket listening on a free loopback port whose next port is free too."""
+    for _ in range(50):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        probe = socket.socket()
+        try:
+            probe.bind(("127.0.0.1", port + 1))
+        except OSError:
+            s.close()
+            continue
+        finally:
+            probe.close()
+        s.listen(16)
+        return s, port
+    fail("no free pair of ports")
+
+
+def start_ranks(main, np_, port, extra=None):
+    procs = []
+    for r in range(np_):
+        env = clean_env(RANK=str(r), WORLD_SIZE=str(np_), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(np_),
+                        GROUP_RANK="0", ROLE_RANK=str(r), ROLE_WORLD_SIZE=str(np_), ROLE_NAME="default",
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="none",
+                        TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
+                        TORCHELASTIC_USE_AGENT_STORE="True", **(extra or {}))
+        procs.append(subprocess.Popen([main], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        results.append((p.returncode, out, err))
+    return results
+
+
+def torchrun_emulated(main, np_):
+    agent, port = listener()  # torchrun's agent store, listening before any worker starts
+    with agent:
+        results = start_ranks(main, np_, port)
+        bad = [(i, rc, err) for i, (rc, _, err) in enumerate(results) if rc != 0]
+        if bad:
+            fail(f"torchrun environment with MASTER_PORT {port} held: ranks failed: {bad}")
+        check_reports("".join(out for _, out, _ in results), np_, "torchrun-emulated")
+
+        # MASTER_PORT + 1 taken as well: rank 0 must say which port, why, and what to set.
+        taken = socket.socket()
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # rank 0's store left it in TIME_WAIT
+        taken.bind(("127.0.0.1", port + 1))
+        taken.listen(1)
+        with taken:
+            results = start_ranks(main, np_, port, {"CHORUS_TIMEOUT_MS": "3000"})
+        rc0, _, err0 = results[0]
+        if rc0 == 0:
+            fail("rank 0 succeeded although MASTER_PORT + 1 was taken")
+        for needle in (str(port + 1), "MASTER_PORT + 1", "CHORUS_MASTER_PORT"):
+            if needle not in err0:
+                fail(f"rank 0's error does not name {needle!r}: {err0}")
+        print("launchers_test: torchrun-emulated: a taken MASTER_PORT + 1 is reported: " + err0.strip().splitlines()[-1])
+
+
+def have_torch():
+    return subprocess.run([sys.executable, "-c", "import torch.distributed.run"], capture_output=True).returncode == 0
+
+
+def torchrun(main, np_):
+    if not have_torch():
+        print("launchers_test: torch is not installed: skipped")
+        sys.exit(SKIP)
+    agent, port = listener()
+    agent.close()  # torchrun's agent binds it
+    # --redirects 1 --tee 1 (stdout to a log file and the console, each line
+    # prefixed "[default<rank>]:"): Debian's torch 1.13 on Python 3.11 cannot
+    # parse the default "0" (Std.from_str finds no Std.NONE among the Flag's
+    # members, which 3.11 no longer iterates) and fails before starting workers.
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={np_}", "--nnodes=1",
+           "--master_addr=127.0.0.1", f"--master_port={port}", "--redirects", "1", "--tee", "1", "--no_python", main]
+    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=240)
+    if proc.returncode != 0:
+        fail(f"torchrun exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    check_reports(proc.stdout, np_, "torchrun")
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import json, os, subprocess, sys
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="env://")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    n = dist.get_world_size()
+    torch_ok = (t.item() == n * (n + 1) / 2 and int(os.environ["LOCAL_RANK"]) == dist.get_rank()
+                and int(os.environ["LOCAL_WORLD_SIZE"]) == n)
+    # While torch's group (rank 0's TCPStore on MASTER_PORT) is alive, a chorus
+    # job from the same environment (its store on CHORUS_MASTER_PORT).
+    chorus = subprocess.run([sys.argv[1]], capture_output=True, text=True)
+    sys.stderr.write(chorus.stderr)
+    rep = json.loads(chorus.stdout) if chorus.returncode == 0 else {"ok": False}
+    dist.barrier()
+    dist.destroy_process_group()
+    print(json.dumps({"rank": int(os.environ["RANK"]), "world": n,
+                      "ok": bool(torch_ok and rep["ok"])}))
+""")
+
+
+def chorus_run_torch(run, main, np_):
+    if not have_torch():
+        print("launchers_test: torch is not installed: skipped")
+        sys.exit(SKIP)
+    cmd = [run, "-n", str(np_), "--timeout", "180", "--no-prefix", "--", sys.executable, "-c", RANK_SCRIPT, main]
+    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=240)
+    if proc.returncode != 0:
+        fail(f"chorus-run exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    check_reports(proc.stdout, np_, "chorus-run + torch env://")
+
+
+def mpirun(main, np_):
+    exe = shutil.which("mpirun")
+    if exe is None or subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.find("Open MPI") < 0:
+        print("launchers_test: Open MPI's mpirun is not installed: skipped")
+        sys.exit(SKIP)
+    env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [exe, "--oversubscribe", "-n", str(np_), main]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    if proc.returncode != 0:
+        fail(f"mpirun exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    check_reports(proc.stdout, np_, "mpirun")
+
+
+def main():
+    mode, args = sys.argv[1], sys.argv[2:]
+    if mode == "torchrun-emulated":
+        torchrun_emulated(args[0], int(args[1]))
+    elif mode == "torchrun":
+        torchrun(args[0], int(args[1]))
+    elif mode == "chorus-run-torch":
+        chorus_run_torch(args[0], args[1], int(args[2]))
+    elif mode == "mpirun":
+        mpirun(args[0], int(args[1]))
+    else:
+        fail(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
