@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   CLI::App app{"chorus-sim: predict collectives, training steps, layouts and inference at data-center scale"};
   app.require_subcommand(1);
 
-  std::string cluster_path, model_path, collective = "allreduce", bytes_text = "1G", algo = "auto", network = "analytical";
+  std::string cluster_path, model_path, collective = "allreduce", bytes_text = "1G", algo = "auto", network = "analytical", library = "nccl";
   int64_t gpus = 0;
   bool json = false;
   auto* col = app.add_subcommand("collective", "time one collective on the first N GPUs of a cluster");
@@ -50,8 +50,9 @@ int main(int argc, char** argv) {
   col->add_option("--gpus", gpus, "number of GPUs (ranks in GPU order)")->required();
   col->add_option("--collective", collective, "allreduce, allgather, reducescatter, broadcast, alltoall, ...");
   col->add_option("--bytes", bytes_text, "size (nccl-tests convention), e.g. 1G, 256M");
-  col->add_option("--algo", algo, "plan name or auto");
+  col->add_option("--algo", algo, "auto, a chorus plan name, or an NCCL algorithm (ring, tree, nvls, nvlstree, collnet, pat; optionally /LL, /LL128, /Simple; nccl:NAME under any library)");
   col->add_option("--network", network, "analytical or flow");
+  col->add_option("--library", library, "nccl (NCCL's algorithms and protocols, as its tuner picks), chorus (chorus's plans) or auto");
   col->add_flag("--json", json, "print JSON");
 
   TrainConfig tc;
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
   tr->add_option("--zero", tc.zero, "ZeRO stage 0..3");
   tr->add_option("--algo", tc.algo, "collective plan for every group (default auto)");
   tr->add_option("--network", network, "analytical or flow");
+  tr->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
   tr->add_option("--trace", trace_path, "write the simulated iteration as a Chrome trace (JSON)");
   tr->add_option("--plot", plot_path, "draw the breakdown into a PNG (needs /usr/bin/python3 with matplotlib)");
   tr->add_flag("--no-sequence-parallel", no_sp, "plain tensor parallelism (allreduce per block)");
@@ -93,6 +95,7 @@ int main(int argc, char** argv) {
   se->add_option("--max-micro-batch", sc.max_micro_batch, "largest micro-batch tried (powers of two)");
   se->add_option("--algo", sc.algo, "collective plan for every group (default auto)");
   se->add_option("--network", network, "analytical or flow");
+  se->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
   se->add_flag("--fp8", sc.fp8, "fp8 GEMMs");
   se->add_flag("--no-progress", no_progress, "no progress bar (it is drawn only when stderr is a terminal)");
   se->add_flag("--json", json, "print JSON");
@@ -116,6 +119,7 @@ int main(int argc, char** argv) {
   in->add_option("--prefill-replicas", ic.prefill_replicas, "disaggregated split (default: try all)");
   in->add_option("--seed", ic.seed, "random seed of the request stream");
   in->add_option("--network", network, "analytical or flow");
+  in->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
   in->add_flag("--fp8", ic.fp8, "fp8 GEMMs");
   in->add_flag("--json", json, "print JSON");
 
@@ -123,17 +127,20 @@ int main(int argc, char** argv) {
   const plan::Registry reg = plan::Registry::builtin();
   auto mode = parseNetMode(network);
   if (!mode.isOk()) return fail(mode.status());
+  auto lib = parseLibrary(library);
+  if (!lib.isOk()) return fail(lib.status());
   auto cluster = loadCluster(cluster_path);
   if (!cluster.isOk()) return fail(cluster.status());
 
   if (col->parsed()) {
     auto bytes = parseBytes(bytes_text);
     if (!bytes.isOk()) return fail(bytes.status());
-    auto r = simulateCollective(*cluster, gpus, collective, *bytes, algo, reg, *mode);
+    auto r = simulateCollective(*cluster, gpus, collective, *bytes, algo, reg, *mode, *lib);
     if (!r.isOk()) return fail(r.status());
     if (json) {
       nlohmann::json j = toJson(*r);
       j["network"] = network;
+      j["library"] = library;
       std::cout << j.dump(2) << "\n";
     } else {
       std::printf("%s %.0f bytes on %lld GPUs of %s (%s): %.1f us, algbw %.2f GB/s, busbw %.2f GB/s, algo %s, bottleneck %s\n",
@@ -148,6 +155,7 @@ int main(int argc, char** argv) {
   auto topo = Topology::build(*cluster);
   if (!topo.isOk()) return fail(topo.status());
   NetworkModel net(*cluster, *topo, reg, *mode);
+  net.setLibrary(*lib);
 
   if (tr->parsed()) {
     auto rc = parseRecompute(recompute);

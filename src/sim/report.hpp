@@ -20,7 +20,7 @@ struct CollectiveReport {
 // (ranks in GPU order) with the analytical model.
 Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, std::string_view collective, double bytes,
                                             std::string_view algo, const plan::Registry& reg,
-                                            NetMode mode = NetMode::Analytical);
+                                            NetMode mode = NetMode::Analytical, Library lib = Library::Chorus);
 
 nlohmann::json toJson(const CollectiveReport& r);
 nlohmann::json toJson(const TrainReport& r);
