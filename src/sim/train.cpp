@@ -259,8 +259,13 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     };
     f += mm(bs, m.attnInParams() / h / T, h, 1, &lt.qkv_dgrad, &lt.qkv_wgrad);  // qkv (MLA: with its latents)
     f += mm(bs, h, heads_v / T, 1);                                               // output projection
-    Seconds core = mm(s, s * cp, m.qkHeadDim(), b * heads_local)  // scores over all keys (ring attention)
-                   + mm(s, m.vHeadDim(), s * cp, b * heads_local);
+    // The core over all keys (ring attention): with FlashAttention one fused
+    // causal kernel forward and one backward (sim/compute.hpp), else the
+    // scores and AV as batched GEMMs.
+    Seconds core = cfg.flash_attention
+                       ? gpu.attention(b * heads_local, s, s * cp, m.qkHeadDim(), m.vHeadDim(), true, false)
+                       : mm(s, s * cp, m.qkHeadDim(), b * heads_local) + mm(s, m.vHeadDim(), s * cp, b * heads_local);
+    if (cfg.flash_attention) bw += gpu.attention(b * heads_local, s, s * cp, m.qkHeadDim(), m.vHeadDim(), true, true);
     Seconds core_ew(0);
     if (!cfg.flash_attention) {  // scale, mask, softmax, dropout over the b a/t s x s scores
       core_ew += gpu.mem(9.0 * b * heads_local * s * s * cp);
