@@ -94,7 +94,8 @@ class NetworkModel {
   // still prices that plan, and the other collectives (and tori, which NCCL
   // does not model) use chorus's plans.  Library::Chorus: chorus's plans only
   // ("nccl:..." names still reach NCCL).  Library::Auto: the faster of the two.
-  // The training, search and inference models read it from here.
+  // The training, search and inference models read it from here.  Default:
+  // NCCL, what the jobs being modelled run.
   void setLibrary(Library l) {
     library_ = l;
     cache_.clear();
@@ -154,7 +155,7 @@ class NetworkModel {
   const Topology& t_;
   const plan::Registry& reg_;
   NetMode mode_;
-  Library library_ = Library::Chorus;
+  Library library_ = Library::Nccl;
   std::vector<double> load_;      // bytes per link, reset per pattern
   std::vector<int64_t> touched_;  // links with load_ != 0
   std::vector<double> recv_;      // per member of the first group (reductions)
