@@ -172,6 +172,7 @@ TEST(SimNccl, LibraryChoosesWhosePlansPriceTheCall) {
   ASSERT_TRUE(topo.isOk());
   const plan::Registry reg = plan::Registry::builtin();
   NetworkModel net(c, *topo, reg);
+  EXPECT_EQ(net.library(), Library::Nccl);  // what train, search and infer get unless told otherwise
   const GroupSet g{16, 1, 1};
   auto price = [&](Library l, const char* algo) {
     net.setLibrary(l);
