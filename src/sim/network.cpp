@@ -301,6 +301,11 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
       Result<CollectiveCost> ch = chorusCollective(coll, sh, g, algo);
       if (ch.isOk() && ch->time < best->time) best = std::move(ch);
     }
+  } else if (library_ == Library::Nccl && !named && !torus && coll == Collective::AllToAll) {
+    // NCCL's all-to-all is grouped point-to-point, one send and one receive
+    // per peer: chorus's pairwise exchange moves the same bytes per link with
+    // a latency per peer (Bruck's fewer, fuller rounds are not what NCCL runs).
+    best = chorusCollective(coll, sh, g, "pairwise");
   } else {
     best = chorusCollective(coll, sh, g, algo);
   }
