@@ -107,6 +107,14 @@ TEST(SimNccl, ProtocolChoiceBySize) {
   const ClusterSpec h100 = make("H100-SXM5", 1);
   EXPECT_EQ(run(h100, 8, "allreduce", 1024).algo, "nccl:Ring/LL");
   EXPECT_EQ(run(h100, 8, "allreduce", 1 << 30).algo, "nccl:NVLS/Simple");
+  // A forced protocol: LL at 1 GiB is half the link rate at best (and LL's cap).
+  const CollectiveReport ll = run(h100, 8, "allreduce", 1 << 30, "ring/LL");
+  EXPECT_EQ(ll.algo, "nccl:Ring/LL");
+  EXPECT_LT(ll.busbw_gbps, 0.5 * run(h100, 8, "allreduce", 1 << 30, "ring/Simple").busbw_gbps);
+  const plan::Registry reg = plan::Registry::builtin();
+  auto bad = simulateCollective(h100, 8, "allreduce", 1 << 30, "ring/LL256", reg, NetMode::Analytical, Library::Nccl);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("ring/LL256"), std::string::npos) << bad.status().message();
 }
 
 // One node's 1 GiB allreduce priced by hand.
@@ -154,6 +162,19 @@ TEST(SimNccl, SharpOnlyWhereTheClusterHasIt) {
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("node.nvls"), std::string::npos) << bad.status().message();
   EXPECT_NE(bad.status().message().find("\"yes\""), std::string::npos) << bad.status().message();
+  auto withKey = [](const char* gpu_extra, const char* net_extra) {
+    return parseCluster(fmt::format(R"({{"name": "t", "nodes": 1, "gpu": {{"name": "X", "peak_tflops": 1, "hbm_gib": 1,
+        "hbm_gbyte_s": 1 {}}}, "node": {{"gpus": 8, "nvlink_gbyte_s": 450, "nvlink_latency_us": 1}},
+        "network": {{"topology": "fat-tree", "nics_per_node": 8, "nic_gbit_s": 400, "latency_us": 2,
+        "oversubscription": 1 {}}}}})", gpu_extra, net_extra), "t.json");
+  };
+  auto arch = withKey(R"(, "arch": "pascal")", "");
+  ASSERT_FALSE(arch.isOk());
+  EXPECT_NE(arch.status().message().find("gpu.arch' = \"pascal\""), std::string::npos) << arch.status().message();
+  auto sh = withKey("", R"(, "sharp": 1)");
+  ASSERT_FALSE(sh.isOk());
+  EXPECT_NE(sh.status().message().find("network.sharp' = 1"), std::string::npos) << sh.status().message();
+  EXPECT_TRUE(withKey(R"(, "arch": "hopper")", R"(, "sharp": true)").isOk());
 }
 
 // PAT: all-gather with one GPU per node, at scale, for small messages (its
