@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   col->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   col->add_option("--gpus", gpus, "number of GPUs (ranks in GPU order)")->required();
   col->add_option("--collective", collective, "allreduce, allgather, reducescatter, broadcast, alltoall, ...");
-  col->add_option("--bytes", bytes_text, "size (nccl-tests convention), e.g. 1G, 256M");
+  col->add_option("--bytes", bytes_text, "size (nccl-tests convention), e.g. 1G, 256M; MIN:MAX sweeps doubling (8:8G)");
   col->add_option("--algo", algo, "auto, a chorus plan name, or an NCCL algorithm (ring, tree, nvls, nvlstree, collnet, pat; optionally /LL, /LL128, /Simple; nccl:NAME under any library)");
   col->add_option("--network", network, "analytical or flow");
   col->add_option("--library", library, "nccl (NCCL's algorithms and protocols, as its tuner picks), chorus (chorus's plans) or auto");
@@ -133,20 +133,43 @@ int main(int argc, char** argv) {
   if (!cluster.isOk()) return fail(cluster.status());
 
   if (col->parsed()) {
-    auto bytes = parseBytes(bytes_text);
-    if (!bytes.isOk()) return fail(bytes.status());
-    auto r = simulateCollective(*cluster, gpus, collective, *bytes, algo, reg, *mode, *lib);
-    if (!r.isOk()) return fail(r.status());
-    if (json) {
-      nlohmann::json j = toJson(*r);
-      j["network"] = network;
-      j["library"] = library;
-      std::cout << j.dump(2) << "\n";
+    // "--bytes A:B": a sweep from A to B doubling, as nccl-tests' -b A -e B -f 2.
+    std::vector<double> sizes;
+    if (const size_t colon = bytes_text.find(':'); colon != std::string::npos) {
+      auto lo = parseBytes(bytes_text.substr(0, colon)), hi = parseBytes(bytes_text.substr(colon + 1));
+      if (!lo.isOk()) return fail(lo.status());
+      if (!hi.isOk()) return fail(hi.status());
+      if (!(*lo >= 1 && *hi >= *lo))
+        return fail(invalidArgument("--bytes '{}': a sweep MIN:MAX needs 1 <= MIN <= MAX", bytes_text));
+      for (double b = *lo; b <= *hi; b *= 2) sizes.push_back(b);
     } else {
-      std::printf("%s %.0f bytes on %lld GPUs of %s (%s): %.1f us, algbw %.2f GB/s, busbw %.2f GB/s, algo %s, bottleneck %s\n",
-                  r->collective.c_str(), r->bytes, static_cast<long long>(gpus), cluster->name.c_str(), network.c_str(),
-                  r->time_us, r->algbw_gbps, r->busbw_gbps, r->algo.c_str(), r->bottleneck.c_str());
+      auto bytes = parseBytes(bytes_text);
+      if (!bytes.isOk()) return fail(bytes.status());
+      sizes.push_back(*bytes);
     }
+    nlohmann::json rows = nlohmann::json::array();
+    for (double b : sizes) {
+      auto r = simulateCollective(*cluster, gpus, collective, b, algo, reg, *mode, *lib);
+      if (!r.isOk()) return fail(r.status());
+      if (json) {
+        nlohmann::json j = toJson(*r);
+        j["network"] = network;
+        j["library"] = library;
+        rows.push_back(j);
+      } else if (sizes.size() > 1) {
+        if (b == sizes.front())
+          std::printf("# %s on %lld GPUs of %s (%s, library %s)\n# %14s %12s %10s %10s  %-22s %s\n", r->collective.c_str(),
+                      static_cast<long long>(gpus), cluster->name.c_str(), network.c_str(), library.c_str(), "size (B)",
+                      "time (us)", "algbw", "busbw", "algo", "bottleneck");
+        std::printf("  %14.0f %12.1f %10.2f %10.2f  %-22s %s\n", r->bytes, r->time_us, r->algbw_gbps, r->busbw_gbps,
+                    r->algo.c_str(), r->bottleneck.c_str());
+      } else {
+        std::printf("%s %.0f bytes on %lld GPUs of %s (%s): %.1f us, algbw %.2f GB/s, busbw %.2f GB/s, algo %s, bottleneck %s\n",
+                    r->collective.c_str(), r->bytes, static_cast<long long>(gpus), cluster->name.c_str(), network.c_str(),
+                    r->time_us, r->algbw_gbps, r->busbw_gbps, r->algo.c_str(), r->bottleneck.c_str());
+      }
+    }
+    if (json) std::cout << (rows.size() == 1 ? rows[0] : rows).dump(2) << "\n";
     return 0;
   }
 

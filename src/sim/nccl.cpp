@@ -158,7 +158,6 @@ bool price(const NcclShape& s, NcclAlgo a, NcclProto p, NcclCost* out) {
       const bool multi = a == NcclAlgo::NvlsTree;
       if (!simple || !s.nvls || s.ppn < 2 || kNvlsEfficiency[g] == 0) return false;
       if (multi ? !(ar && s.nodes > 1) : !((ar || agrs) && s.nodes == 1)) return false;
-      thr = kCollNetThreshold;
       // Bytes one GPU moves through its NVLink ports, busier direction:
       // allreduce = the multimem reduce-load of its 1/ppn slice (the switch
       // reads the slice from all ppn GPUs: S out per GPU) and the multicast
@@ -210,6 +209,7 @@ bool price(const NcclShape& s, NcclAlgo a, NcclProto p, NcclCost* out) {
   // channels x threads x threshold bytes the bandwidth term stops shrinking.
   const double full = nch * kMaxThreads[static_cast<int>(p)] * thr;
   const double frac = std::clamp(S / full, 1.0 / (4 * nch), 1.0);
+  out->tuner_s = lat * 1e-6 + t_bw;
   t_bw /= frac;
   out->algo = a;
   out->proto = p;
@@ -308,7 +308,7 @@ Result<NcclCost> ncclPick(const NcclShape& s, std::string_view algo) {
   for (const NcclCost& c : all) {
     avail += " " + c.name();
     if (!any && (c.algo != want_a || (has_proto && c.proto != want_p))) continue;
-    if (!best || c.time_s < best->time_s) best = &c;
+    if (!best || c.tuner_s < best->tuner_s) best = &c;
   }
   if (!best)
     return invalidArgument("NCCL {} '{}' does not apply to {} ranks ({} per node on {} nodes{}); available:{}",

@@ -52,6 +52,7 @@ struct NcclCost {
   NcclAlgo algo = NcclAlgo::Ring;
   NcclProto proto = NcclProto::Simple;
   double time_s = 0, latency_s = 0;
+  double tuner_s = 0;      // NCCL's own cost of the pair (all channels): what its tuner compares
   int channels = 0;        // channels the call runs on (fewer for small messages)
   std::string bottleneck;  // "nvlink", "nic", "nvswitch reduction" or "latency"
   [[nodiscard]] std::string name() const;  // "NVLS/Simple"
@@ -69,8 +70,10 @@ bool ncclHasAlgorithms(plan::Collective c);
 // Every (algorithm, protocol) NCCL would consider for the shape, with its
 // time.  Empty when none applies.
 std::vector<NcclCost> ncclCandidates(const NcclShape& s);
-// NCCL's choice: the fastest candidate, or, with `algo` = "ring", "nvls",
-// "tree/LL128", ... (case-insensitive), the fastest of that algorithm (and
+// NCCL's choice: the candidate of least tuner cost (latency + bytes over the
+// full-channel bandwidth, as NCCL's tuner compares them before it drops
+// channels for small messages), or, with `algo` = "ring", "nvls",
+// "tree/LL128", ... (case-insensitive), the cheapest of that algorithm (and
 // protocol).  Errors name the value and what is available.
 Result<NcclCost> ncclPick(const NcclShape& s, std::string_view algo);
 // Whether `algo` names an NCCL algorithm (optionally "/protocol"), with or without a "nccl:" prefix.
