@@ -43,16 +43,17 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.option_defaults()->always_capture_default();  // --help shows every default
 
-  std::string cluster_path, model_path, collective = "allreduce", bytes_text = "1G", algo = "auto", network = "analytical";
+  std::string cluster_path, model_path, collective = "allreduce", bytes_text = "1G", algo = "auto", network = "analytical", library = "nccl";
   int64_t gpus = 0;
   bool json = false;
   auto* col = app.add_subcommand("collective", "time one collective on the first N GPUs of a cluster");
   col->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   col->add_option("--gpus", gpus, "number of GPUs (ranks in GPU order)")->required();
   col->add_option("--collective", collective, "allreduce, allgather, reducescatter, broadcast, alltoall, ...");
-  col->add_option("--bytes", bytes_text, "size (nccl-tests convention), e.g. 1G, 256M");
-  col->add_option("--algo", algo, "plan name or auto");
+  col->add_option("--bytes", bytes_text, "size (nccl-tests convention), e.g. 1G, 256M; MIN:MAX sweeps doubling (8:8G)");
+  col->add_option("--algo", algo, "auto, a chorus plan name, or an NCCL algorithm (ring, tree, nvls, nvlstree, collnet, pat; optionally /LL, /LL128, /Simple; nccl:NAME under any library)");
   col->add_option("--network", network, "analytical or flow");
+  col->add_option("--library", library, "nccl (NCCL's algorithms and protocols, as its tuner picks), chorus (chorus's plans) or auto");
   col->add_flag("--json", json, "print JSON");
 
   TrainConfig tc;
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
   tr->add_option("--zero", tc.zero, "ZeRO stage 0..3");
   tr->add_option("--algo", tc.algo, "collective plan for every group (default auto)");
   tr->add_option("--network", network, "analytical or flow");
+  tr->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
   tr->add_option("--trace", trace_path, "write the simulated iteration as a Chrome trace (JSON)");
   tr->add_option("--plot", plot_path, "draw the breakdown into a PNG (needs /usr/bin/python3 with matplotlib)");
   tr->add_flag("--no-sequence-parallel", no_sp, "plain tensor parallelism (allreduce per block)");
@@ -94,6 +96,7 @@ int main(int argc, char** argv) {
   se->add_option("--max-micro-batch", sc.max_micro_batch, "largest micro-batch tried (powers of two)");
   se->add_option("--algo", sc.algo, "collective plan for every group (default auto)");
   se->add_option("--network", network, "analytical or flow");
+  se->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
   se->add_flag("--fp8", sc.fp8, "fp8 GEMMs");
   se->add_flag("--no-progress", no_progress, "no progress bar (it is drawn only when stderr is a terminal)");
   se->add_flag("--json", json, "print JSON");
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
   in->add_option("--prefill-replicas", ic.prefill_replicas, "disaggregated split (default: try all)");
   in->add_option("--seed", ic.seed, "random seed of the request stream");
   in->add_option("--network", network, "analytical or flow");
+  in->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
   in->add_flag("--fp8", ic.fp8, "fp8 GEMMs");
   in->add_flag("--json", json, "print JSON");
 
@@ -124,23 +128,50 @@ int main(int argc, char** argv) {
   const plan::Registry reg = plan::Registry::builtin();
   auto mode = parseNetMode(network);
   if (!mode.isOk()) return fail(mode.status());
+  auto lib = parseLibrary(library);
+  if (!lib.isOk()) return fail(lib.status());
   auto cluster = loadCluster(cluster_path);
   if (!cluster.isOk()) return fail(cluster.status());
 
   if (col->parsed()) {
-    auto bytes = chorus::parseSize(bytes_text, "--bytes");
-    if (!bytes.isOk()) return fail(bytes.status());
-    auto r = simulateCollective(*cluster, gpus, collective, *bytes, algo, reg, *mode);
-    if (!r.isOk()) return fail(r.status());
-    if (json) {
-      nlohmann::json j = toJson(*r);
-      j["network"] = network;
-      std::cout << j.dump(2) << "\n";
+    // "--bytes A:B": a sweep from A to B doubling, as nccl-tests' -b A -e B -f 2.
+    std::vector<double> sizes;
+    if (const size_t colon = bytes_text.find(':'); colon != std::string::npos) {
+      auto lo = chorus::parseSize(bytes_text.substr(0, colon), "--bytes"),
+           hi = chorus::parseSize(bytes_text.substr(colon + 1), "--bytes");
+      if (!lo.isOk()) return fail(lo.status());
+      if (!hi.isOk()) return fail(hi.status());
+      if (!(*lo >= 1 && *hi >= *lo))
+        return fail(invalidArgument("--bytes '{}': a sweep MIN:MAX needs 1 <= MIN <= MAX", bytes_text));
+      for (double b = static_cast<double>(*lo); b <= static_cast<double>(*hi); b *= 2) sizes.push_back(b);
     } else {
-      std::printf("%s %.0f bytes on %lld GPUs of %s (%s): %.1f us, algbw %.2f GB/s, busbw %.2f GB/s, algo %s, bottleneck %s\n",
-                  r->collective.c_str(), r->bytes, static_cast<long long>(gpus), cluster->name.c_str(), network.c_str(),
-                  r->time_us, r->algbw_gbps, r->busbw_gbps, r->algo.c_str(), r->bottleneck.c_str());
+      auto bytes = chorus::parseSize(bytes_text, "--bytes");
+      if (!bytes.isOk()) return fail(bytes.status());
+      sizes.push_back(static_cast<double>(*bytes));
     }
+    nlohmann::json rows = nlohmann::json::array();
+    for (double b : sizes) {
+      auto r = simulateCollective(*cluster, gpus, collective, b, algo, reg, *mode, *lib);
+      if (!r.isOk()) return fail(r.status());
+      if (json) {
+        nlohmann::json j = toJson(*r);
+        j["network"] = network;
+        j["library"] = library;
+        rows.push_back(j);
+      } else if (sizes.size() > 1) {
+        if (b == sizes.front())
+          std::printf("# %s on %lld GPUs of %s (%s, library %s)\n# %14s %12s %10s %10s  %-22s %s\n", r->collective.c_str(),
+                      static_cast<long long>(gpus), cluster->name.c_str(), network.c_str(), library.c_str(), "size (B)",
+                      "time (us)", "algbw", "busbw", "algo", "bottleneck");
+        std::printf("  %14.0f %12.1f %10.2f %10.2f  %-22s %s\n", r->bytes, r->time_us, r->algbw_gbps, r->busbw_gbps,
+                    r->algo.c_str(), r->bottleneck.c_str());
+      } else {
+        std::printf("%s %.0f bytes on %lld GPUs of %s (%s): %.1f us, algbw %.2f GB/s, busbw %.2f GB/s, algo %s, bottleneck %s\n",
+                    r->collective.c_str(), r->bytes, static_cast<long long>(gpus), cluster->name.c_str(), network.c_str(),
+                    r->time_us, r->algbw_gbps, r->busbw_gbps, r->algo.c_str(), r->bottleneck.c_str());
+      }
+    }
+    if (json) std::cout << (rows.size() == 1 ? rows[0] : rows).dump(2) << "\n";
     return 0;
   }
 
@@ -149,6 +180,7 @@ int main(int argc, char** argv) {
   auto topo = Topology::build(*cluster);
   if (!topo.isOk()) return fail(topo.status());
   NetworkModel net(*cluster, *topo, reg, *mode);
+  net.setLibrary(*lib);
 
   if (tr->parsed()) {
     auto rc = parseRecompute(recompute);

@@ -148,6 +148,23 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   CHORUS_RETURN_IF_ERROR(nw.integer("leaf_nodes", &c.network.leaf_nodes, 1, 1 << 20, false));
   CHORUS_RETURN_IF_ERROR(nw.integer("group_nodes", &c.network.group_nodes, 1, 1 << 20, false));
   CHORUS_RETURN_IF_ERROR(nw.num("rendezvous_bytes", &c.network.rendezvous_bytes, 0, 1e15, false));
+  // The collective model's optional keys (docs/simulator.md, "Collectives as NCCL runs them").
+  if (nd.has("nvls")) {
+    const json& v = nd.raw().at("nvls");
+    if (!v.is_boolean()) return invalidArgument("{}: key 'node.nvls' = {} must be true or false", where, v.dump());
+    c.node.nvls = v.get<bool>() ? 1 : 0;
+  }
+  if (nw.has("sharp")) {
+    const json& v = nw.raw().at("sharp");
+    if (!v.is_boolean()) return invalidArgument("{}: key 'network.sharp' = {} must be true or false", where, v.dump());
+    c.network.sharp = v.get<bool>();
+  }
+  CHORUS_RETURN_IF_ERROR(nd.num("nvls_reduce_tflops", &c.node.nvls_reduce_tflops, 0, 1e6, false));
+  CHORUS_RETURN_IF_ERROR(g.str("arch", &c.gpu.arch, false));
+  if (!c.gpu.arch.empty() && c.gpu.arch != "volta" && c.gpu.arch != "ampere" && c.gpu.arch != "hopper" &&
+      c.gpu.arch != "blackwell" && c.gpu.arch != "other")
+    return invalidArgument("{}: key 'gpu.arch' = \"{}\" is not one of volta, ampere, hopper, blackwell, other", where,
+                           c.gpu.arch);
   const bool torus = c.network.topology == TopologyKind::Torus2d || c.network.topology == TopologyKind::Torus3d;
   if (torus) {
     const size_t nd_want = c.network.topology == TopologyKind::Torus2d ? 2 : 3;

@@ -38,6 +38,9 @@ struct GpuSpec {
   // partly filled wave and partial edge tiles waste their share (NVIDIA,
   // "Matrix Multiplication Background User's Guide": tile and wave quantization).
   int sms = 0;
+  // GPU generation for the NCCL and compute models: ampere, hopper,
+  // blackwell, volta or other ("" = from the name: A100, H100/H800/H200, B200/GB200).
+  std::string arch;
 };
 
 struct NodeSpec {
@@ -45,6 +48,12 @@ struct NodeSpec {
   BytesPerSecond nvlink_bw;     // per GPU, per direction
   Seconds nvlink_latency;
   double nvlink_efficiency = 0.80;  // achievable fraction (NCCL-measured busbw / peak)
+  // NVLink SHARP (NVLS, in-switch reduction and multicast; docs/simulator.md
+  // "Collectives as NCCL runs them"): -1 = by GPU generation (Hopper and
+  // Blackwell NVSwitch nodes), 0 = off, 1 = on.  nvls_reduce_tflops: the
+  // node's NVSwitch reduction throughput (fp32 adds/s; 0 = by generation).
+  int nvls = -1;
+  double nvls_reduce_tflops = 0;
 };
 
 struct NetworkSpec {
@@ -61,6 +70,8 @@ struct NetworkSpec {
   // receiver's clear-to-send (the flow model's program simulation); 0: all
   // go eagerly.
   double rendezvous_bytes = 0;
+  // IB SHARP (NCCL's CollNet): the switches reduce in-network (docs).
+  bool sharp = false;
 };
 
 struct ClusterSpec {

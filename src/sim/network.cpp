@@ -278,6 +278,43 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
   if (g.size == 1) return CollectiveCost{Seconds(0), "none", "none", Seconds(0)};
   const CacheKey key{static_cast<int>(coll), bytes.value(), g.size, g.stride, g.groups, g.offset, std::string(algo)};
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  // Which library prices the call (setLibrary): NCCL for the collectives it
+  // has algorithms for, on switched (non-torus) clusters.
+  const bool torus = c_.network.topology == TopologyKind::Torus2d || c_.network.topology == TopologyKind::Torus3d;
+  const bool named = !algo.empty() && algo != "auto";
+  const bool prefixed = algo.substr(0, 5) == "nccl:";
+  bool nccl = false;
+  if (prefixed) {
+    if (torus || !ncclHasAlgorithms(coll))
+      return invalidArgument("--algo '{}': the NCCL model covers allreduce, allgather, reducescatter, broadcast and "
+                             "reduce on switched clusters, not {} on a {}", algo, plan::collectiveName(coll),
+                             topologyName(c_.network.topology));
+    nccl = true;
+  } else if (library_ != Library::Chorus && !torus && ncclHasAlgorithms(coll)) {
+    nccl = !named || (isNcclAlgoName(algo) && (library_ == Library::Nccl || reg_.find(coll, algo) == nullptr));
+  }
+  Result<CollectiveCost> best = invalidArgument("no {} algorithm supports {} ranks", plan::collectiveName(coll), g.size);
+  if (nccl) {
+    CHORUS_ASSIGN_OR_RETURN(NcclCost nc, ncclPick(ncclShape(coll, bytes, g), algo));
+    best = CollectiveCost{Seconds(nc.time_s), "nccl:" + nc.name(), nc.bottleneck, Seconds(nc.latency_s)};
+    if (library_ == Library::Auto && !named) {
+      Result<CollectiveCost> ch = chorusCollective(coll, sh, g, algo);
+      if (ch.isOk() && ch->time < best->time) best = std::move(ch);
+    }
+  } else if (library_ == Library::Nccl && !named && !torus && coll == Collective::AllToAll) {
+    // NCCL's all-to-all is grouped point-to-point, one send and one receive
+    // per peer: chorus's pairwise exchange moves the same bytes per link with
+    // a latency per peer (Bruck's fewer, fuller rounds are not what NCCL runs).
+    best = chorusCollective(coll, sh, g, "pairwise");
+  } else {
+    best = chorusCollective(coll, sh, g, algo);
+  }
+  if (best.isOk()) cache_[key] = *best;
+  return best;
+}
+
+Result<CollectiveCost> NetworkModel::chorusCollective(Collective coll, const plan::Shape& sh, const GroupSet& g,
+                                                      std::string_view algo) {
   std::vector<const plan::Algorithm*> cands;
   if (algo.empty() || algo == "auto") {
     cands = reg_.forCollective(coll);
@@ -286,7 +323,8 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
   } else {
     std::string names;
     for (const plan::Algorithm* a : reg_.forCollective(coll)) names += fmt::format(" {}", a->name());
-    return invalidArgument("no {} algorithm named '{}' (available:{})", plan::collectiveName(coll), algo, names);
+    return invalidArgument("no {} algorithm named '{}' (available:{}{})", plan::collectiveName(coll), algo, names,
+                           ncclHasAlgorithms(coll) ? "; NCCL's with --library nccl or nccl:NAME" : "");
   }
   Result<CollectiveCost> best = invalidArgument("no {} algorithm supports {} ranks", plan::collectiveName(coll), g.size);
   for (const plan::Algorithm* a : cands) {
@@ -298,8 +336,54 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
     }
     if (!best.isOk() || c->time < best->time) best = std::move(c);
   }
-  if (best.isOk()) cache_[key] = *best;
   return best;
+}
+
+NcclShape NetworkModel::ncclShape(Collective coll, Bytes bytes, const GroupSet& g) const {
+  NcclShape s;
+  s.coll = coll;
+  s.bytes = bytes.value();
+  s.n = g.size;
+  s.arch = gpuArch(c_.gpu);
+  // Group 0's ranks per node and nodes (rank ids rise with the rank, so a
+  // node's ranks are consecutive).
+  int64_t prev = -1, run = 0;
+  s.nodes = 0;
+  for (int64_t r = 0; r < g.size; ++r) {
+    const int64_t node = t_.nodeOf(g.gpuOf(0, r));
+    if (node != prev) ++s.nodes, prev = node, run = 0;
+    s.ppn = std::max(s.ppn, ++run);
+  }
+  // GPUs of its first node that take part in the call (any group): they
+  // share the node's NICs and NVSwitch reduction evenly.
+  const int64_t gpn = c_.node.gpus, first = t_.nodeOf(g.gpuOf(0, 0)), span = g.stride * g.size;
+  int64_t active = 0;
+  for (int64_t id = first * gpn; id < (first + 1) * gpn; ++id) {
+    const int64_t rel = id - g.offset;
+    if (rel < 0) continue;
+    const int64_t j = rel / span * g.stride + rel % span % g.stride;
+    if (j < g.groups) ++active;
+  }
+  active = std::max(active, s.ppn);
+  const double share = static_cast<double>(s.ppn) / static_cast<double>(active);
+  s.nvl_bw = c_.node.nvlink_bw.value() * c_.node.nvlink_efficiency;
+  s.net_bw = c_.network.nic_bw.value() * c_.network.efficiency * c_.network.nics_per_node * share;
+  // A group spanning leaves (dragonfly: groups) crosses the oversubscribed uplinks.
+  const int64_t last = t_.nodeOf(g.gpuOf(0, g.size - 1));
+  const int64_t per_leaf = c_.network.topology == TopologyKind::Dragonfly ? c_.network.group_nodes : c_.network.leaf_nodes;
+  if (first / per_leaf != last / per_leaf) s.net_bw /= c_.network.oversubscription;
+  const GpuArch a = s.arch;
+  s.nvls = c_.node.nvls == 1 || (c_.node.nvls == -1 && gpn > 1 && (a == GpuArch::Hopper || a == GpuArch::Blackwell));
+  // NVSwitch reduction throughput per node (fp32 adds/s): Hopper nodes have
+  // one third-generation NVSwitch per two GPUs at 400 GFLOPS each, Blackwell
+  // one NVLink switch chip per four GPUs at 3.6 TFLOPS each (docs).
+  double red = c_.node.nvls_reduce_tflops * 1e12;
+  if (red == 0) red = a == GpuArch::Hopper      ? 0.4e12 * static_cast<double>(gpn) / 2
+                      : a == GpuArch::Blackwell ? 3.6e12 * static_cast<double>(gpn) / 4
+                                                : 0.0;
+  s.nvls_reduce = red * share;
+  s.sharp = c_.network.sharp;
+  return s;
 }
 
 Result<CollectiveCost> NetworkModel::sendRecv(Bytes bytes, const GroupSet& g) {

@@ -27,6 +27,7 @@
 
 #include "plan/plan.hpp"
 #include "sim/config.hpp"
+#include "sim/nccl.hpp"
 #include "sim/topology.hpp"
 
 namespace chorus::sim {
@@ -86,6 +87,24 @@ class NetworkModel {
     cache_.clear();
   }
 
+  // Whose collectives the job runs (sim/nccl.hpp).  Library::Nccl prices
+  // allreduce, allgather, reducescatter, broadcast and reduce with NCCL's
+  // algorithms and protocols as its tuner picks them ("auto"/"" algo) or as
+  // named ("ring", "nvls", "tree/LL128", "nccl:ring"); a chorus plan name
+  // still prices that plan, and the other collectives (and tori, which NCCL
+  // does not model) use chorus's plans.  Library::Chorus: chorus's plans only
+  // ("nccl:..." names still reach NCCL).  Library::Auto: the faster of the two.
+  // The training, search and inference models read it from here.  Default:
+  // NCCL, what the jobs being modelled run.
+  void setLibrary(Library l) {
+    library_ = l;
+    cache_.clear();
+  }
+  [[nodiscard]] Library library() const { return library_; }
+  // The NCCL model's view of one call: ranks per node, nodes, and the
+  // bandwidths the group's members have while all groups run at once.
+  [[nodiscard]] NcclShape ncclShape(plan::Collective coll, Bytes bytes, const GroupSet& g) const;
+
   // Tests: price every round by routing each message with its bytes (the slow
   // reference), instead of from cached unit patterns.  Same results.
   void setReference(bool on) {
@@ -100,6 +119,8 @@ class NetworkModel {
   }
 
  private:
+  Result<CollectiveCost> chorusCollective(plan::Collective coll, const plan::Shape& sh, const GroupSet& g,
+                                          std::string_view algo);
   Result<CollectiveCost> price(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g);
   struct RoundCost {
     Seconds time, latency;
@@ -134,6 +155,7 @@ class NetworkModel {
   const Topology& t_;
   const plan::Registry& reg_;
   NetMode mode_;
+  Library library_ = Library::Nccl;
   std::vector<double> load_;      // bytes per link, reset per pattern
   std::vector<int64_t> touched_;  // links with load_ != 0
   std::vector<double> recv_;      // per member of the first group (reductions)

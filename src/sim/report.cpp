@@ -5,7 +5,8 @@
 namespace chorus::sim {
 
 Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, std::string_view collective, double bytes,
-                                            std::string_view algo, const plan::Registry& reg, NetMode mode) {
+                                            std::string_view algo, const plan::Registry& reg, NetMode mode,
+                                            Library lib) {
   plan::Collective coll;
   if (!plan::parseCollective(collective, &coll))
     return invalidArgument("--collective '{}' is not a collective (allreduce, allgather, reducescatter, broadcast, "
@@ -14,6 +15,7 @@ Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, 
     return invalidArgument("--gpus {} is outside [1, {}] for cluster '{}'", gpus, c.gpus(), c.name);
   CHORUS_ASSIGN_OR_RETURN(Topology topo, Topology::build(c));
   NetworkModel net(c, topo, reg, mode);
+  net.setLibrary(lib);
   CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, net.collective(coll, Bytes(bytes), GroupSet{gpus, 1, 1}, algo));
   CollectiveReport r;
   r.collective = std::string(collective);

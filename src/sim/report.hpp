@@ -18,10 +18,12 @@ struct CollectiveReport {
 };
 
 // Prices `collective` of `bytes` over the first `gpus` GPUs of the cluster
-// (ranks in GPU order) with the analytical model.
+// (ranks in GPU order) with the analytical model; `lib` chorus (the
+// default here: chorus's plans, as the golden tests pin them) or nccl (the
+// CLI's default).
 Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, std::string_view collective, double bytes,
                                             std::string_view algo, const plan::Registry& reg,
-                                            NetMode mode = NetMode::Analytical);
+                                            NetMode mode = NetMode::Analytical, Library lib = Library::Chorus);
 
 nlohmann::json toJson(const CollectiveReport& r);
 nlohmann::json toJson(const TrainReport& r);

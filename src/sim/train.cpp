@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "sim/compute.hpp"
 #include "sim/topology.hpp"
 
 namespace chorus::sim {
@@ -25,44 +26,27 @@ double layerFlopsPerToken(const ModelSpec& m, int layer, double seq) {
   return f;
 }
 
-// A GEMM's time on one GPU: the roofline of its FLOPs at the shape-dependent
-// efficiency and its operand traffic at HBM bandwidth.  Efficiency saturates
-// with size: eff = max * size / (size + half) where size = m n k batch
-// (small GEMMs under-fill the GPU's SMs and waves).
+// A GEMM's time on one GPU and an element-wise kernel's: the per-operator
+// compute model (sim/compute.hpp: tiles, waves, split-K, the K dimension and
+// dtype from configs/gpus/*.json; the cluster's roofline curve for a GPU
+// without a data file).
 struct Gpu {
   const GpuSpec& g;
   bool fp8;
-  // Fraction of the SMs' tile slots doing useful work: output m x n in
-  // 128 x 256 tiles (either orientation, as cuBLAS's heuristics pick),
-  // `batch` independent problems, waves of `sms` tiles.
-  [[nodiscard]] double waveEfficiency(double m, double n, double batch) const {
-    if (g.sms <= 0) return 1;
-    double best = 0;
-    for (auto [tm, tn] : {std::pair{128.0, 256.0}, std::pair{256.0, 128.0}}) {
-      const double tiles = std::ceil(m / tm) * std::ceil(n / tn) * batch;
-      const double waves = std::ceil(tiles / g.sms);
-      best = std::max(best, m * n * batch / (waves * g.sms * tm * tn));
-    }
-    return best;
-  }
+  Compute c{g, fp8};
   // Forward GEMM: output m x n, reduction k.
-  [[nodiscard]] Seconds gemm(double m, double n, double k, double batch = 1) const {
-    if (m <= 0 || n <= 0 || k <= 0) return Seconds(0);
-    const double size = m * n * k * batch;
-    const double eff = g.gemm_efficiency * size / (size + g.gemm_half_size) * waveEfficiency(m, n, batch);
-    const Flops fl(2 * size);
-    const Seconds tc = fl / ((fp8 ? g.peak8 : g.peak16) * eff);
-    const Seconds tm = Bytes(kAct * batch * (m * k + k * n + m * n)) / (g.hbm_bw * g.hbm_efficiency);
-    return std::max(tc, tm) + g.kernel_overhead;
-  }
+  [[nodiscard]] Seconds gemm(double m, double n, double k, double batch = 1) const { return c.gemm(m, n, k, batch); }
   // Its backward: the input gradient (m x k, reduction n) and the weight
   // gradient (k x n, reduction m), each with its own tiling.
   [[nodiscard]] Seconds dgrad(double m, double n, double k, double batch = 1) const { return gemm(m, k, n, batch); }
   [[nodiscard]] Seconds wgrad(double m, double n, double k, double batch = 1) const { return gemm(k, n, m, batch); }
-  // An element-wise kernel moving `bytes` through HBM.
-  [[nodiscard]] Seconds mem(double bytes) const {
-    return Bytes(bytes) / (g.hbm_bw * g.hbm_efficiency) + g.kernel_overhead;
+  // The fused (flash) attention core of `heads` problems, forward or backward.
+  [[nodiscard]] Seconds attention(double heads, double sq, double skv, double d_qk, double d_v, bool causal,
+                                  bool backward) const {
+    return c.attention(heads, sq, skv, d_qk, d_v, causal, 0, backward);
   }
+  // An element-wise kernel moving `bytes` through HBM.
+  [[nodiscard]] Seconds mem(double bytes) const { return c.mem(bytes); }
 };
 
 struct LayerTimes {
@@ -275,8 +259,13 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     };
     f += mm(bs, m.attnInParams() / h / T, h, 1, &lt.qkv_dgrad, &lt.qkv_wgrad);  // qkv (MLA: with its latents)
     f += mm(bs, h, heads_v / T, 1);                                               // output projection
-    Seconds core = mm(s, s * cp, m.qkHeadDim(), b * heads_local)  // scores over all keys (ring attention)
-                   + mm(s, m.vHeadDim(), s * cp, b * heads_local);
+    // The core over all keys (ring attention): with FlashAttention one fused
+    // causal kernel forward and one backward (sim/compute.hpp), else the
+    // scores and AV as batched GEMMs.
+    Seconds core = cfg.flash_attention
+                       ? gpu.attention(b * heads_local, s, s * cp, m.qkHeadDim(), m.vHeadDim(), true, false)
+                       : mm(s, s * cp, m.qkHeadDim(), b * heads_local) + mm(s, m.vHeadDim(), s * cp, b * heads_local);
+    if (cfg.flash_attention) bw += gpu.attention(b * heads_local, s, s * cp, m.qkHeadDim(), m.vHeadDim(), true, true);
     Seconds core_ew(0);
     if (!cfg.flash_attention) {  // scale, mask, softmax, dropout over the b a/t s x s scores
       core_ew += gpu.mem(9.0 * b * heads_local * s * s * cp);

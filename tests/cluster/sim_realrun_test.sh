@@ -118,7 +118,7 @@ echo "| bytes | measured (us) | predicted (us) | error |"
 echo "|---|---|---|---|"
 while read -r bytes measured; do
   predicted=$("$sim" collective --cluster "$work/cluster.json" --gpus $world --collective "$coll" --bytes "$bytes" \
-    --algo "$algo" --network "$network" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["time_us"])')
+    --algo "$algo" --library chorus --network "$network" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["time_us"])')
   line=$(python3 -c "m,p=$measured,$predicted; e=100*(p-m)/m; print(f'| $bytes | {m:.0f} | {p:.0f} | {e:+.1f}% |'); exit(0 if abs(e) <= $tolerance else 1)") || ok=0
   echo "$line"
 done < <(python3 - "$work/bench.jsonl" <<'PY'

@@ -1,0 +1,109 @@
+// The per-operator compute model (src/sim/compute.hpp, configs/gpus/*.json):
+// every data file parses; GEMM efficiency follows tiles, waves, K and dtype;
+// grouped GEMMs with few tokens per expert lose to padding; attention by head
+// dim, length and mask; nothing beats the peak.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "sim/compute.hpp"
+
+namespace chorus::sim {
+namespace {
+
+GpuSpec gpu(const std::string& name, double peak16, double hbm) {
+  GpuSpec g;
+  g.name = name;
+  g.peak16 = tflops(peak16);
+  g.peak8 = tflops(2 * peak16);
+  g.hbm = gib(80);
+  g.hbm_bw = gbytePerS(hbm);
+  return g;
+}
+
+TEST(SimCompute, EveryDataFileParsesAndIsFound) {
+  ASSERT_EQ(gpuDataFiles().size(), 3u);
+  for (const auto& [name, text] : gpuDataFiles()) {
+    auto s = parseComputeSpec(text, name);
+    ASSERT_TRUE(s.isOk()) << s.status().message();
+  }
+  EXPECT_EQ(computeSpecFor(gpu("A100-SXM4-80GB", 312, 2039))->arch, "ampere");
+  EXPECT_EQ(computeSpecFor(gpu("H200-SXM-141GB", 989, 4800))->arch, "hopper");
+  EXPECT_EQ(computeSpecFor(gpu("GB200", 2500, 8000))->arch, "blackwell");
+  EXPECT_EQ(computeSpecFor(gpu("TPUv4-like", 275, 1200)), nullptr);
+  // A bad file is refused with the key named.
+  auto bad = parseComputeSpec(R"({"arch": "x", "sms": 0})", "x.json");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("'sms'"), std::string::npos) << bad.status().message();
+}
+
+TEST(SimCompute, GemmEfficiencyFollowsShape) {
+  const GpuSpec h = gpu("H100-SXM5", 989, 3350);
+  const Compute c(h, false);
+  // Large, well-shaped: close to the fitted maximum, never above 1.
+  const double big = c.gemmEfficiency(8192, 8192, 8192);
+  EXPECT_GT(big, 0.75);
+  EXPECT_LE(big, 0.86);
+  // K dependence: the same output with a shallow K runs at a lower fraction.
+  EXPECT_LT(c.gemmEfficiency(8192, 8192, 256), 0.7 * big);
+  // Wave quantisation: 133 output tiles of 128 x 256 on 132 SMs need two
+  // waves, 132 need one: one more row of tiles nearly halves the efficiency.
+  const double one = c.gemmEfficiency(128 * 132, 256, 8192), two = c.gemmEfficiency(128 * 133, 256, 8192);
+  EXPECT_LT(two, 0.8 * one);
+  // fp8 is faster in time but not at a higher fraction of its (2x) peak.
+  const Compute c8(h, true);
+  EXPECT_LT(c8.gemm(8192, 8192, 8192).value(), 0.75 * c.gemm(8192, 8192, 8192).value());
+  EXPECT_GT(c8.gemm(8192, 8192, 8192).value(), 0.5 * c.gemm(8192, 8192, 8192).value());
+  // Against XLA's measured sm_90 table (calibration data): 4096^3 bf16 780
+  // TFLOPS, 2048 x 2048 x 256 220 TFLOPS; the fitted model within 15 %.
+  auto tf = [&](double m, double n, double k) { return 2 * m * n * k / c.gemm(m, n, k).value() / 1e12; };
+  EXPECT_NEAR(tf(4096, 4096, 4096) / 780, 1, 0.15);
+  EXPECT_NEAR(tf(2048, 2048, 256) / 220, 1, 0.15);
+  // Every shape stays under the peak.
+  for (double m : {1.0, 64.0, 1000.0, 8192.0})
+    for (double k : {16.0, 512.0, 16384.0}) EXPECT_LE(c.gemmEfficiency(m, 4096, k), 1.0);
+}
+
+TEST(SimCompute, GroupedGemmWithFewTokensPerExpertPaysForPadding) {
+  const GpuSpec h = gpu("H100-SXM5", 989, 3350);
+  const Compute c(h, false);
+  // 64 experts with 100 tokens each pad every 64- or 128-row tile; with 1024
+  // each they are close to one big GEMM of the same FLOPs.
+  const double few = c.gemmEfficiency(100, 4096, 7168, 64), many = c.gemmEfficiency(1024, 4096, 7168, 64);
+  EXPECT_LT(few, 0.85 * many);
+  EXPECT_NEAR(many / c.gemmEfficiency(1024 * 64, 4096, 7168), 1, 0.05);
+  EXPECT_DOUBLE_EQ(c.groupedGemm(64, 100, 4096, 7168).value(), c.gemm(100, 4096, 7168, 64).value());
+}
+
+TEST(SimCompute, AttentionByHeadDimLengthAndMask) {
+  const GpuSpec h = gpu("H100-SXM5", 989, 3350);
+  const Compute c(h, false);
+  // TFLOPS as FlashAttention counts them (4 s^2 d per head forward, half causal).
+  auto tf = [&](double s, double d, bool causal) {
+    const double heads = 16384 / s * 16;  // batch x seq = 16k, 16 heads: FA3's benchmark shape
+    const double fl = 4 * heads * s * s * d * (causal ? 0.5 : 1);
+    return fl / c.attention(heads, s, s, d, d, causal).value() / 1e12;
+  };
+  // FA3 Fig. 5 (calibration data), hd128 non-causal: 467 at 512, 648 at 16k.
+  EXPECT_NEAR(tf(16384, 128, false) / 648, 1, 0.03);
+  EXPECT_NEAR(tf(512, 128, false) / 467, 1, 0.05);
+  EXPECT_GT(tf(8192, 128, false), tf(1024, 128, false));  // rises with length
+  EXPECT_GT(tf(8192, 128, false), tf(8192, 64, false));   // and with head dim
+  EXPECT_LT(tf(1024, 128, true), tf(1024, 128, false));   // causal wastes the diagonal tiles at short lengths
+  // Backward costs 2.5x the forward's FLOPs at a lower rate.
+  EXPECT_GT(c.attention(16, 4096, 4096, 128, 128, true, 0, true).value(),
+            2.5 * c.attention(16, 4096, 4096, 128, 128, true).value());
+  // A sliding window of 1024 keys costs what 1024 keys cost.
+  EXPECT_LT(c.attention(16, 8192, 8192, 128, 128, false, 1024).value(),
+            0.25 * c.attention(16, 8192, 8192, 128, 128, false).value());
+  // Ampere (FA2 at up to 73 % of 312 TFLOPS) is slower in time than Hopper (FA3).
+  const GpuSpec a = gpu("A100-SXM4", 312, 2039);
+  const Compute ca(a, false);
+  const double fl = 4 * 16.0 * 4096 * 4096 * 128;
+  EXPECT_GT(ca.attention(16, 4096, 4096, 128, 128, false).value(), 2 * c.attention(16, 4096, 4096, 128, 128, false).value());
+  EXPECT_LE(fl / ca.attention(16, 4096, 4096, 128, 128, false).value(), 312e12);
+}
+
+}  // namespace
+}  // namespace chorus::sim
