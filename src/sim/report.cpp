@@ -43,6 +43,13 @@ nlohmann::json toJson(const TrainReport& r) {
                   {"recompute", rc[static_cast<int>(c.recompute)]}, {"zero", c.zero},
                   {"sequence_parallel", c.sequence_parallel}, {"flash_attention", c.flash_attention}, {"fp8", c.fp8}}},
       {"iteration_time_s", r.iteration_s},
+      {"estimate_s", r.estimate_s},
+      {"estimate_breakdown", r.estimate_breakdown},
+      {"schedule", r.config.schedule ? nlohmann::json{{"tasks", r.schedule_tasks},
+                                                      {"layers_per_task", r.schedule_merged_layers},
+                                                      {"async_tp", r.config.async_tp},
+                                                      {"overlap_dp", r.config.overlap_dp}}
+                                     : nlohmann::json()},
       {"tokens_per_s", r.tokens_per_s},
       {"model_tflops_per_gpu", r.model_tflops_per_gpu},
       {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
@@ -52,7 +59,9 @@ nlohmann::json toJson(const TrainReport& r) {
                   {"optimizer_gib", r.memory.optimizer_gib}, {"activations_gib", r.memory.activations_gib}}},
       {"breakdown", r.breakdown},
       {"bottleneck", r.bottleneck},
-      {"bottleneck_link", r.bottleneck_link}};
+      {"bottleneck_link", r.bottleneck_link},
+      {"bounds", r.bounds.seconds},
+      {"binding", r.bounds.binding}};
   return j;
 }
 
@@ -65,7 +74,8 @@ std::string layoutName(const TrainConfig& c) {
 nlohmann::json toJson(const SearchResult& r) {
   nlohmann::json top = nlohmann::json::array();
   for (const TrainReport& t : r.top) top.push_back(toJson(t));
-  return {{"candidates", r.candidates}, {"feasible", r.feasible}, {"top", top}};
+  return {{"candidates", r.candidates}, {"feasible", r.feasible}, {"resimulated", r.resimulated},
+          {"estimate_seconds", r.estimate_seconds}, {"schedule_seconds", r.schedule_seconds}, {"top", top}};
 }
 
 nlohmann::json toJson(const ServeStats& s) {
