@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
   tr->add_option("--cp", tc.cp, "context parallel");
   tr->add_option("--ep", tc.ep, "expert parallel (within dp x cp)");
   tr->add_option("--vpp", tc.vpp, "virtual pipeline stages per GPU (interleaved 1F1B)");
+  tr->add_option("--first-stage-layers", tc.first_stage_layers,
+                 "layers of the first pipeline stage (default 0: the uniform split)");
+  tr->add_option("--last-stage-layers", tc.last_stage_layers,
+                 "layers of the last pipeline stage (default 0: the uniform split)");
   tr->add_option("--global-batch", tc.global_batch, "sequences per iteration")->required();
   tr->add_option("--micro-batch", micro, "sequences per micro-batch, or auto");
   tr->add_option("--seq", tc.seq, "sequence length");

@@ -186,7 +186,48 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double T = static_cast<double>(t);
   const double mats = m.activation == Activation::SwiGlu ? 3 : 2;
   const double hsp = sp ? h / T : h;  // width of the replicated/sequence-split elementwise region
-  const int64_t layers_per_stage = (m.layers + p - 1) / p;
+  // The layers of each virtual stage k = chunk x p + stage, in order: the
+  // first L mod (p v) one more (DeepSpeed's uniform partition), or with
+  // --first-stage-layers / --last-stage-layers (Megatron's
+  // --decoder-first/last-pipeline-num-layers, what Llama 3 used to balance
+  // the first stage's in-flight activations and the last's logits) those
+  // counts on the first and last stage and the rest split uniformly.
+  const int64_t vs_count = p * v;
+  std::vector<int> vs_layers(static_cast<size_t>(vs_count)), vs_first(static_cast<size_t>(vs_count));
+  {
+    const int fl = cfg.first_stage_layers, ll = cfg.last_stage_layers;
+    if (fl < 0 || ll < 0)
+      return invalidArgument("--first-stage-layers {} / --last-stage-layers {}: must be >= 0 (0: the uniform split)", fl, ll);
+    if ((fl > 0 || ll > 0) && v > 1)
+      return invalidArgument("--first-stage-layers / --last-stage-layers need vpp = 1 (got vpp={})", v);
+    if ((fl > 0 || ll > 0) && p < 2 + (fl > 0 && ll > 0 ? 1 : 0))
+      return invalidArgument("--first-stage-layers {} / --last-stage-layers {} need pp >= {} (got pp={})", fl, ll,
+                             2 + (fl > 0 && ll > 0 ? 1 : 0), p);
+    const int64_t middle = vs_count - (fl > 0) - (ll > 0), rest = m.layers - fl - ll;
+    if (rest < middle)
+      return invalidArgument("--first-stage-layers {} + --last-stage-layers {} leave {} layers for {} other stages of "
+                             "model '{}' ({} layers; each stage needs at least one)", fl, ll, rest, middle, m.name, m.layers);
+    int next = 0;
+    for (int64_t k = 0; k < vs_count; ++k) {
+      int n = 0;
+      if (k == 0 && fl > 0) n = fl;
+      else if (k == vs_count - 1 && ll > 0) n = ll;
+      else {
+        const int64_t i = k - (fl > 0);  // index among the uniformly split stages
+        n = static_cast<int>(rest / middle + (i < rest % middle ? 1 : 0));
+      }
+      vs_layers[static_cast<size_t>(k)] = n, vs_first[static_cast<size_t>(k)] = next;
+      next += n;
+    }
+  }
+  // The pacing stage of the closed-form estimate: the last, with the largest
+  // stage's layer count (an upper bound on the slowest stage).
+  int64_t layers_per_stage = 0;
+  for (int64_t sd = 0; sd < p; ++sd) {
+    int64_t n = 0;
+    for (int64_t k = sd; k < vs_count; k += p) n += vs_layers[static_cast<size_t>(k)];
+    layers_per_stage = std::max(layers_per_stage, n);
+  }
   const int first_layer = static_cast<int>(m.layers - layers_per_stage);
 
   // ---- parameters and memory first: a layout that does not fit costs no pricing
@@ -213,15 +254,6 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   TrainReport rep;
   rep.config = cfg;
   const double w_div = cfg.zero >= 3 ? dpc : 1, g_div = cfg.zero >= 2 ? dpc : 1;
-  // ZeRO-3 (FSDP) gathers each layer's bf16 weights before using it and
-  // frees them after: the layer in use and the one prefetched are whole at
-  // once, and the layer whose gradient is being reduce-scattered holds it
-  // whole in fp32 (FSDP's default forward/backward prefetch of one layer).
-  const double gathered_w = cfg.zero >= 3 ? 2 * 2 * widest_layer : 0;
-  const double gathered_g = cfg.zero >= 3 ? 4 * widest_layer : 0;
-  rep.memory.weights_gib = toGib(Bytes(2 * stage_params / w_div + gathered_w));
-  rep.memory.grads_gib = toGib(Bytes(4 * stage_params / g_div + gathered_g));  // fp32 main gradients
-  rep.memory.optimizer_gib = toGib(Bytes(12 * stage_params / opt_shard));
   // Activations per layer and micro-batch: Korthikanti et al. 2022's
   // accounting (eqs. 1-6: s b h (34 + 5 a s / h) for a GPT), term by term so
   // that it holds for GQA, SwiGLU, MoE, FlashAttention and no dropout.  Bytes
@@ -244,21 +276,45 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     case Recompute::Selective: per_layer = bs * (sp ? (R + S_split) / T : R + S_split / T); break;
     case Recompute::Full: per_layer = 2 * bs * h / (sp ? T : 1); break;
   }
-  // The first stage keeps pp micro-batches in flight (interleaving: x (1 + (p-1)/(p v))).
-  const double in_flight = static_cast<double>(std::min<int64_t>(p, mb)) * (1 + static_cast<double>(p - 1) / (p * v) * (v > 1));
-  double act = per_layer * static_cast<double>(layers_per_stage) * in_flight;
-  if (cfg.recompute == Recompute::Full)  // one layer's activations live again in its backward
-    act += bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
-  act += 4 * bs * V / T;  // logits and their gradient (fp32 loss) on the last stage
-  rep.memory.activations_gib = toGib(Bytes(act));
-  rep.memory_gib_per_gpu =
-      rep.memory.weights_gib + rep.memory.grads_gib + rep.memory.optimizer_gib + rep.memory.activations_gib;
+  // Every stage's memory from its own layers, its own in-flight
+  // micro-batches and its own vocabulary shard; the peak stage is reported.
+  // 1F1B: stage s holds the activations of min(p - s, m) micro-batches;
+  // interleaved: of its warm-up chunks plus one, (p - s - 1) 2 + (v - 1) p + 1
+  // (Megatron's schedule; at s = 0 Korthikanti's x (1 + (p-1)/(p v))).  The
+  // first stage holds the most micro-batches, the last the logits.
+  // ZeRO-3 (FSDP) gathers each layer's bf16 weights before using it and
+  // frees them after: the layer in use and the one prefetched are whole at
+  // once, and the layer whose gradient is being reduce-scattered holds it
+  // whole in fp32 (FSDP's default forward/backward prefetch of one layer).
+  const double full_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
+  rep.memory_gib_per_gpu = -1;
+  for (int64_t sd = 0; sd < p; ++sd) {
+    double params = 0, widest = 0, layers = 0;
+    for (int64_t k = sd; k < vs_count; k += p) {
+      params += paramsOf(vs_first[static_cast<size_t>(k)], vs_layers[static_cast<size_t>(k)], false, &widest);
+      layers += vs_layers[static_cast<size_t>(k)];
+    }
+    if (sd == 0 || sd == p - 1) params += V * h / T;  // the embedding or the logits shard (one when p = 1)
+    const double chunks_in_flight =
+        v == 1 ? static_cast<double>(std::min<int64_t>(p - sd, mb))
+               : static_cast<double>(std::min<int64_t>((p - sd - 1) * 2 + (v - 1) * p + 1, mb * v));
+    double act = per_layer * layers / static_cast<double>(v) * chunks_in_flight;
+    if (cfg.recompute == Recompute::Full) act += full_layer;  // one layer's activations live again in its backward
+    if (sd == p - 1) act += 4 * bs * V / T;                   // logits and their gradient (fp32 loss)
+    TrainReport::Memory mem;
+    mem.weights_gib = toGib(Bytes(2 * params / w_div + (cfg.zero >= 3 ? 2 * 2 * widest : 0)));
+    mem.grads_gib = toGib(Bytes(4 * params / g_div + (cfg.zero >= 3 ? 4 * widest : 0)));  // fp32 main gradients
+    mem.optimizer_gib = toGib(Bytes(12 * params / opt_shard));
+    mem.activations_gib = toGib(Bytes(act));
+    const double total = mem.weights_gib + mem.grads_gib + mem.optimizer_gib + mem.activations_gib;
+    if (total > rep.memory_gib_per_gpu) rep.memory_gib_per_gpu = total, rep.memory = mem, rep.memory_stage = sd;
+  }
   if (rep.memory_gib_per_gpu > toGib(c.gpu.hbm))
     return invalidArgument(
-        "layout tp={} pp={} dp={} cp={} ep={} micro-batch={} does not fit: {:.1f} GiB per GPU > {:.1f} GiB HBM of {} "
-        "(weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, activations {:.1f}); try --zero {}, --recompute "
+        "layout tp={} pp={} dp={} cp={} ep={} micro-batch={} does not fit: {:.1f} GiB per GPU (stage {}) > {:.1f} GiB "
+        "HBM of {} (weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, activations {:.1f}); try --zero {}, --recompute "
         "selective/full, a smaller micro-batch or more tp/pp",
-        t, p, d, cp, ep, b, rep.memory_gib_per_gpu, toGib(c.gpu.hbm), c.gpu.name, rep.memory.weights_gib,
+        t, p, d, cp, ep, b, rep.memory_gib_per_gpu, rep.memory_stage, toGib(c.gpu.hbm), c.gpu.name, rep.memory.weights_gib,
         rep.memory.grads_gib, rep.memory.optimizer_gib, rep.memory.activations_gib, std::min(cfg.zero + 1, 3));
 
   // ---- communication primitives on the placed groups (Megatron order tp, cp, dp, pp)
@@ -606,13 +662,12 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     else tp_layer = u_tar.scaled((2 * fwd_tp + 2) * act_bytes);
     const double core_flops = 2 * static_cast<double>(b) * heads_local * s * (s * static_cast<double>(cp)) *
                               (m.qkHeadDim() + m.vHeadDim());  // what selective recomputation repeats
-    const int64_t vs_count = p * v;
     std::vector<double> st_flops(static_cast<size_t>(p), 0), st_bytes(static_cast<size_t>(p), 0),
         st_params(static_cast<size_t>(p), 0);
     std::vector<LinkDemand> st_link(static_cast<size_t>(p));
     int next = 0;
     for (int64_t k = 0; k < vs_count; ++k) {
-      const int count = static_cast<int>(m.layers / vs_count + (k < m.layers % vs_count ? 1 : 0));
+      const int count = vs_layers[static_cast<size_t>(k)];
       const size_t sd = static_cast<size_t>(k % p);
       double widest = 0;
       st_params[sd] += paramsOf(next, count, false, &widest);
@@ -713,13 +768,12 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       *rs_t += tr(r.time, u_drs, 2 * params);
       return {};
     };
-    const int64_t vs_count = p * v;
     sp_.chunks.resize(static_cast<size_t>(vs_count));
     sp_.optimizer_s.assign(static_cast<size_t>(p), 0);
     std::vector<double> params_of_stage(static_cast<size_t>(p), 0);
     int next = 0;
     for (int64_t k = 0; k < vs_count; ++k) {
-      const int count = static_cast<int>(m.layers / vs_count + (k < m.layers % vs_count ? 1 : 0));
+      const int count = vs_layers[static_cast<size_t>(k)];
       auto& layers = sp_.chunks[static_cast<size_t>(k)];
       for (int l = next; l < next + count; ++l) {
         const LayerTimes& lt = timesOf(l);
@@ -825,13 +879,12 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // one layer more (DeepSpeed's uniform partition; Megatron-LM asks for an even
   // split or explicit first/last stage counts).
   if (!cfg.stage_costs) return rep;
-  const int64_t vs_count = p * v;
   rep.chunks.resize(static_cast<size_t>(vs_count));
   rep.stages.resize(static_cast<size_t>(p));
   std::vector<double> stage_chunk_fwd(static_cast<size_t>(p), 0), stage_chunk_bwd(static_cast<size_t>(p), 0);
   int next_layer = 0;
   for (int64_t k = 0; k < vs_count; ++k) {
-    const int count = static_cast<int>(m.layers / vs_count + (k < m.layers % vs_count ? 1 : 0));
+    const int count = vs_layers[static_cast<size_t>(k)];
     TrainReport::Chunk& ch = rep.chunks[static_cast<size_t>(k)];
     ch.first_layer = next_layer, ch.layers = count;
     ch.embedding = k == 0, ch.logits = k == vs_count - 1;

@@ -32,6 +32,10 @@ struct TrainConfig {
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)
   bool fp8 = false;
   std::string algo;          // collective algorithm for every group ("" = auto)
+  // Layers of the first / last pipeline stage (0: the uniform split, the
+  // first L mod (pp vpp) virtual stages one more); Megatron's
+  // --decoder-first/last-pipeline-num-layers.
+  int first_stage_layers = 0, last_stage_layers = 0;
   bool stage_costs = true;   // also cost every (stage, chunk) for the trace (TrainReport::chunks, ::stages)
   // The iteration time from the simulated schedule (src/sim/schedule.hpp);
   // false: the closed-form estimate only (what the search ranks by).
@@ -44,7 +48,8 @@ struct TrainReport {
   TrainConfig config;
   // iteration_s: the schedule's makespan (config.schedule) or the estimate.
   double iteration_s = 0, tokens_per_s = 0, model_tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
-  double memory_gib_per_gpu = 0;
+  double memory_gib_per_gpu = 0;  // the peak stage's
+  int64_t memory_stage = 0;       // which pipeline stage peaks
   struct Memory {
     double weights_gib = 0, grads_gib = 0, optimizer_gib = 0, activations_gib = 0;
   } memory;

@@ -330,6 +330,54 @@ TEST(SimTrain, ZeroThreeHoldsTheGatheredLayers) {
   }
 }
 
+// Memory per pipeline stage (issue 14, sec. 5): Llama-3 405B at tp 8 pp 16
+// dp 128, seq 8192, micro-batch 1, selective recomputation ran on 80 GB H100s
+// (Llama 3 paper, sec. 3.3.2), with one layer fewer on the first and the last
+// stage.  Activations per layer and micro-batch, bytes per token over tp 8:
+// (R + S) / 8 = (8h + 2(h + 2 kv) + 2h + 2 x 2f + 2f) / 8 = 520192 / 8 with
+// h = 16384, kv = 1024, f = 53248: x 8192 tokens = 532,676,608 B.  1F1B
+// stage s holds 16 - s micro-batches.  Uniform split (8 layers on stages
+// 0-13, 7 on 14-15): stage 0 holds 16 x 8 layers = 63.5 GiB of activations
+// and does not fit.  Llama's split (7, 8 x 14, 7): stage 0 holds 16 x 7,
+// stage 1 15 x 8 = 120 layer-micro-batches = 59.53 GiB, the peak; it fits.
+TEST(SimTrain, MemoryIsThePeakStagesWithItsOwnLayersAndMicroBatches) {
+  const plan::Registry reg = plan::Registry::builtin();
+  auto m = parseModel(R"({"name": "Llama-3 405B", "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8,
+    "ffn_hidden": 53248, "vocab": 128256, "activation": "swiglu", "dropout": false})", "llama3-405b.json");
+  ASSERT_TRUE(m.isOk());
+  ClusterSpec c = cluster("rail-optimized", 256, R"(, "leaf_nodes": 32)");
+  c.gpu.hbm = gib(80);
+  TrainConfig cfg;
+  cfg.gpus = 2048, cfg.tp = 8, cfg.pp = 16, cfg.dp = 16, cfg.global_batch = 256, cfg.micro_batch = 1, cfg.seq = 8192;
+  cfg.recompute = Recompute::Selective, cfg.zero = 1, cfg.schedule = false;
+  const double layer_mb = 532676608.0;
+  auto uniform = simulateTraining(*m, c, cfg, reg);
+  ASSERT_FALSE(uniform.isOk());
+  EXPECT_NE(uniform.status().message().find("(stage 0)"), std::string::npos) << uniform.status().message();
+  EXPECT_NE(uniform.status().message().find(fmt::format("activations {:.1f}", 16 * 8 * layer_mb / 1073741824.0)),
+            std::string::npos) << uniform.status().message();
+  cfg.first_stage_layers = 7, cfg.last_stage_layers = 7;
+  auto llama = simulateTraining(*m, c, cfg, reg);
+  ASSERT_TRUE(llama.isOk()) << llama.status().message();
+  EXPECT_EQ(llama->memory_stage, 1);
+  EXPECT_NEAR(llama->memory.activations_gib * 1073741824.0, 15 * 8 * layer_mb, 1);
+  EXPECT_LT(llama->memory_gib_per_gpu, 80);
+  ASSERT_EQ(llama->chunks.size(), 16u);
+  EXPECT_EQ(llama->chunks[0].layers, 7);
+  EXPECT_EQ(llama->chunks[1].layers, 8);
+  EXPECT_EQ(llama->chunks[15].layers, 7);
+  // Bad splits name the flag, the value and the rule.
+  cfg.first_stage_layers = 120;
+  auto bad = simulateTraining(*m, c, cfg, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("--first-stage-layers 120 + --last-stage-layers 7 leave -1 layers for 14"),
+            std::string::npos) << bad.status().message();
+  cfg.first_stage_layers = 7, cfg.vpp = 2;
+  bad = simulateTraining(*m, c, cfg, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("need vpp = 1"), std::string::npos) << bad.status().message();
+}
+
 // Overlapped tensor-parallel backward collectives cost the SMs they occupy:
 // more SMs taken by the collective kernel, slower backward.
 TEST(SimTrain, OverlappedCommunicationCostsItsSms) {
