@@ -250,10 +250,28 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   double widest_layer = 0;  // this GPU's share of its largest layer
   const double stage_params = paramsOf(first_layer, static_cast<int>(layers_per_stage), true, &widest_layer);
   const double dpc = static_cast<double>(d * cp);
-  const double opt_shard = cfg.zero >= 1 ? dpc : 1.0;
   TrainReport rep;
   rep.config = cfg;
-  const double w_div = cfg.zero >= 3 ? dpc : 1, g_div = cfg.zero >= 2 ? dpc : 1;
+  // Expert parameters are replicated only over the expert-data-parallel
+  // group, the dp x cp / ep GPUs holding the same experts, so ZeRO shards
+  // their state that many ways, not dp x cp (Megatron's expert data-parallel
+  // group for the distributed optimizer).  This GPU's expert share of layers
+  // [first, first + count):
+  const double edp = dpc / static_cast<double>(ep);
+  auto expertParamsOf = [&](int first, int count) {
+    if (!moe) return 0.0;
+    const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
+    double e = 0;
+    for (int l = first; l < first + count; ++l)
+      if (l >= m.moe.dense_layers) e += expert * m.moe.experts / static_cast<double>(ep) / T;
+    return e;
+  };
+  // Bytes of `per_param` per parameter of `params` (of which `expert` are
+  // expert parameters), sharded over the data-parallel group from ZeRO stage `stage`.
+  auto sharded = [&](double per_param, double params, double expert, int stage) {
+    if (cfg.zero < stage) return per_param * params;
+    return per_param * ((params - expert) / dpc + expert / edp);
+  };
   // Activations per layer and micro-batch: Korthikanti et al. 2022's
   // accounting (eqs. 1-6: s b h (34 + 5 a s / h) for a GPT), term by term so
   // that it holds for GQA, SwiGLU, MoE, FlashAttention and no dropout.  Bytes
@@ -289,9 +307,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double full_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
   rep.memory_gib_per_gpu = -1;
   for (int64_t sd = 0; sd < p; ++sd) {
-    double params = 0, widest = 0, layers = 0;
+    double params = 0, widest = 0, layers = 0, expert = 0;
     for (int64_t k = sd; k < vs_count; k += p) {
       params += paramsOf(vs_first[static_cast<size_t>(k)], vs_layers[static_cast<size_t>(k)], false, &widest);
+      expert += expertParamsOf(vs_first[static_cast<size_t>(k)], vs_layers[static_cast<size_t>(k)]);
       layers += vs_layers[static_cast<size_t>(k)];
     }
     if (sd == 0 || sd == p - 1) params += V * h / T;  // the embedding or the logits shard (one when p = 1)
@@ -302,9 +321,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     if (cfg.recompute == Recompute::Full) act += full_layer;  // one layer's activations live again in its backward
     if (sd == p - 1) act += 4 * bs * V / T;                   // logits and their gradient (fp32 loss)
     TrainReport::Memory mem;
-    mem.weights_gib = toGib(Bytes(2 * params / w_div + (cfg.zero >= 3 ? 2 * 2 * widest : 0)));
-    mem.grads_gib = toGib(Bytes(4 * params / g_div + (cfg.zero >= 3 ? 4 * widest : 0)));  // fp32 main gradients
-    mem.optimizer_gib = toGib(Bytes(12 * params / opt_shard));
+    mem.weights_gib = toGib(Bytes(sharded(2, params, expert, 3) + (cfg.zero >= 3 ? 2 * 2 * widest : 0)));
+    mem.grads_gib = toGib(Bytes(sharded(4, params, expert, 2) + (cfg.zero >= 3 ? 4 * widest : 0)));  // fp32 main gradients
+    mem.optimizer_gib = toGib(Bytes(sharded(12, params, expert, 1)));
     mem.activations_gib = toGib(Bytes(act));
     const double total = mem.weights_gib + mem.grads_gib + mem.optimizer_gib + mem.activations_gib;
     if (total > rep.memory_gib_per_gpu) rep.memory_gib_per_gpu = total, rep.memory = mem, rep.memory_stage = sd;
@@ -623,7 +642,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // updates: gradient-norm read (fp32, 4 B), Adam (fp32 master, m, v read and
   // written and the fp32 gradient read: 28 B), the bf16 copy of the updated
   // weights (6 B); then every held fp32 gradient is zeroed (4 B).
-  const Seconds optimizer = gpu.mem(38 * stage_params / opt_shard) + gpu.mem(4 * stage_params / g_div);
+  const double stage_expert = expertParamsOf(first_layer, static_cast<int>(layers_per_stage));
+  const Seconds optimizer = gpu.mem(sharded(38, stage_params, stage_expert, 1)) + gpu.mem(sharded(4, stage_params, stage_expert, 2));
 
   // ---- totals -----------------------------------------------------------------
   rep.breakdown["compute_s"] = compute.value();
@@ -663,7 +683,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     const double core_flops = 2 * static_cast<double>(b) * heads_local * s * (s * static_cast<double>(cp)) *
                               (m.qkHeadDim() + m.vHeadDim());  // what selective recomputation repeats
     std::vector<double> st_flops(static_cast<size_t>(p), 0), st_bytes(static_cast<size_t>(p), 0),
-        st_params(static_cast<size_t>(p), 0);
+        st_params(static_cast<size_t>(p), 0), st_expert(static_cast<size_t>(p), 0);
     std::vector<LinkDemand> st_link(static_cast<size_t>(p));
     int next = 0;
     for (int64_t k = 0; k < vs_count; ++k) {
@@ -671,6 +691,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const size_t sd = static_cast<size_t>(k % p);
       double widest = 0;
       st_params[sd] += paramsOf(next, count, false, &widest);
+      st_expert[sd] += expertParamsOf(next, count);
       for (int l = next; l < next + count; ++l) {
         const Work& w = workOf(l);
         double rf = 0, rb = 0;
@@ -709,7 +730,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     for (size_t sd = 0; sd < static_cast<size_t>(p); ++sd) {
       st_link[sd] += u_dag.scaled(2 * st_params[sd] * dp_ag_runs);
       st_link[sd] += u_drs.scaled(2 * st_params[sd] * dp_rs_runs);
-      st_bytes[sd] += 38 * st_params[sd] / opt_shard + 4 * st_params[sd] / g_div;  // the optimizer step
+      st_bytes[sd] += sharded(38, st_params[sd], st_expert[sd], 1) + sharded(4, st_params[sd], st_expert[sd], 2);  // optimizer
       tensor = std::max(tensor, st_flops[sd] / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value());
       hbm = std::max(hbm, st_bytes[sd] / c.gpu.hbm_bw.value());
       for (size_t i = 0; i < links.size(); ++i) links[i] = std::max(links[i], st_link[sd].s[i]);
@@ -770,7 +791,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     };
     sp_.chunks.resize(static_cast<size_t>(vs_count));
     sp_.optimizer_s.assign(static_cast<size_t>(p), 0);
-    std::vector<double> params_of_stage(static_cast<size_t>(p), 0);
+    std::vector<double> params_of_stage(static_cast<size_t>(p), 0), expert_of_stage(static_cast<size_t>(p), 0);
     int next = 0;
     for (int64_t k = 0; k < vs_count; ++k) {
       const int count = vs_layers[static_cast<size_t>(k)];
@@ -795,6 +816,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         double widest = 0;
         const double lparams = paramsOf(l, 1, false, &widest);
         params_of_stage[static_cast<size_t>(k % p)] += lparams;
+        expert_of_stage[static_cast<size_t>(k % p)] += expertParamsOf(l, 1);
         CHORUS_RETURN_IF_ERROR(dpTransfers(lparams, &lp.dp_ag, &lp.dp_rs));
         layers.push_back(lp);
       }
@@ -818,8 +840,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       CHORUS_RETURN_IF_ERROR(dpTransfers(V * h / T, &last.dp_ag, &last.dp_rs));
     }
     for (int64_t sd = 0; sd < p; ++sd) {
-      const double ps = params_of_stage[static_cast<size_t>(sd)];
-      sp_.optimizer_s[static_cast<size_t>(sd)] = (raw_gpu.mem(38 * ps / opt_shard) + raw_gpu.mem(4 * ps / g_div)).value();
+      const double ps = params_of_stage[static_cast<size_t>(sd)], es = expert_of_stage[static_cast<size_t>(sd)];
+      sp_.optimizer_s[static_cast<size_t>(sd)] = (raw_gpu.mem(sharded(38, ps, es, 1)) + raw_gpu.mem(sharded(4, ps, es, 2))).value();
     }
     if (p > 1) {
       sp_.p2p.s = p2p.value();
@@ -881,7 +903,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   if (!cfg.stage_costs) return rep;
   rep.chunks.resize(static_cast<size_t>(vs_count));
   rep.stages.resize(static_cast<size_t>(p));
-  std::vector<double> stage_chunk_fwd(static_cast<size_t>(p), 0), stage_chunk_bwd(static_cast<size_t>(p), 0);
+  std::vector<double> stage_chunk_fwd(static_cast<size_t>(p), 0), stage_chunk_bwd(static_cast<size_t>(p), 0),
+      tail_expert(static_cast<size_t>(p), 0);
   int next_layer = 0;
   for (int64_t k = 0; k < vs_count; ++k) {
     const int count = vs_layers[static_cast<size_t>(k)];
@@ -895,6 +918,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     const size_t sd = static_cast<size_t>(k % p);
     double widest = 0;
     rep.stages[sd].params += paramsOf(next_layer, count, false, &widest);
+    tail_expert[sd] += expertParamsOf(next_layer, count);
     stage_chunk_fwd[sd] += ch.fwd_s, stage_chunk_bwd[sd] += ch.bwd_s;
     next_layer += count;
   }
@@ -909,7 +933,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       tail.dp_rs_s = overlapped(rs.time, Seconds(stage_chunk_bwd[static_cast<size_t>(sd)]), smf).value();
       tail.dp_ag_s = overlapped(ag.time, Seconds(stage_chunk_fwd[static_cast<size_t>(sd)]), smf).value();
     }
-    tail.optimizer_s = (gpu.mem(38 * tail.params / opt_shard) + gpu.mem(4 * tail.params / g_div)).value();
+    const double te = tail_expert[static_cast<size_t>(sd)];
+    tail.optimizer_s = (gpu.mem(sharded(38, tail.params, te, 1)) + gpu.mem(sharded(4, tail.params, te, 2))).value();
   }
   return rep;
 }

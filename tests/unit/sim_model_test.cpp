@@ -378,6 +378,27 @@ TEST(SimTrain, MemoryIsThePeakStagesWithItsOwnLayersAndMicroBatches) {
   EXPECT_NE(bad.status().message().find("need vpp = 1"), std::string::npos) << bad.status().message();
 }
 
+// Expert parameters are replicated over dp x cp / ep GPUs only, so ZeRO-1
+// shards their 12 B of Adam state per parameter 16 / 4 = 4 ways, the rest
+// 16 ways.  One MoE layer (8 experts of 3 x 2048 x 2048, top 2), tp 1,
+// dp 16, ep 4: this GPU's experts 2 x 3 x 2048^2 = 25,165,824 parameters;
+// the rest (attention, router, norms, vocabulary) P - that.
+TEST(SimTrain, ExpertStateIsShardedOverTheExpertDataParallelGroup) {
+  const plan::Registry reg = plan::Registry::builtin();
+  ModelSpec m = gpt(1, 2048, 16);
+  m.moe.experts = 8, m.moe.top_k = 2, m.moe.expert_ffn_hidden = 2048;
+  m.activation = Activation::SwiGlu;
+  TrainConfig cfg;
+  cfg.gpus = 16, cfg.dp = 16, cfg.ep = 4, cfg.global_batch = 16, cfg.micro_batch = 1, cfg.zero = 1;
+  cfg.schedule = false;
+  auto r = simulateTraining(m, cluster("fat-tree", 2), cfg, reg);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  const double expert = 2 * 3 * 2048.0 * 2048;
+  const double all = m.layerParams(0) - 6 * 3 * 2048.0 * 2048 + 51200.0 * 2048;  // 2 of the 8 experts kept
+  EXPECT_NEAR(r->memory.weights_gib * 1073741824.0, 2 * all, 1);
+  EXPECT_NEAR(r->memory.optimizer_gib * 1073741824.0, 12 * ((all - expert) / 16 + expert / 4), 1);
+}
+
 // Overlapped tensor-parallel backward collectives cost the SMs they occupy:
 // more SMs taken by the collective kernel, slower backward.
 TEST(SimTrain, OverlappedCommunicationCostsItsSms) {
