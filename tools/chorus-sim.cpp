@@ -73,7 +73,10 @@ int main(int argc, char** argv) {
   tr->add_option("--pp", tc.pp, "pipeline parallel");
   tr->add_option("--dp", tc.dp, "data parallel");
   tr->add_option("--cp", tc.cp, "context parallel");
-  tr->add_option("--ep", tc.ep, "expert parallel (within dp x cp)");
+  tr->add_option("--ep", tc.ep, "expert parallel (within dp x cp; with --etp across tp x cp x dp)");
+  tr->add_option("--etp", tc.etp,
+                 "expert tensor parallel: fold expert parallelism across tp x cp x dp (MoE parallel folding); "
+                 "default: the experts split over tp");
   tr->add_option("--vpp", tc.vpp, "virtual pipeline stages per GPU (interleaved 1F1B)");
   tr->add_option("--first-stage-layers", tc.first_stage_layers,
                  "layers of the first pipeline stage (default 0: the uniform split)");

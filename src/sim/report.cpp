@@ -38,7 +38,7 @@ nlohmann::json toJson(const TrainReport& r) {
   const TrainConfig& c = r.config;
   const char* rc[] = {"none", "selective", "full"};
   nlohmann::json j = {
-      {"layout", {{"gpus", c.gpus}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"cp", c.cp}, {"ep", c.ep},
+      {"layout", {{"gpus", c.gpus}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"cp", c.cp}, {"ep", c.ep}, {"etp", c.etp},
                   {"vpp", c.vpp}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch}, {"seq", c.seq},
                   {"recompute", rc[static_cast<int>(c.recompute)]}, {"zero", c.zero},
                   {"first_stage_layers", c.first_stage_layers}, {"last_stage_layers", c.last_stage_layers},
@@ -69,8 +69,9 @@ nlohmann::json toJson(const TrainReport& r) {
 
 std::string layoutName(const TrainConfig& c) {
   const char* rc[] = {"none", "selective", "full"};
-  return fmt::format("tp {} pp {} dp {} cp {} ep {} vpp {} mb {} zero {} recompute {}", c.tp, c.pp, c.dp, c.cp, c.ep, c.vpp,
-                     c.micro_batch, c.zero, rc[static_cast<int>(c.recompute)]);
+  return fmt::format("tp {} pp {} dp {} cp {} ep {}{} vpp {} mb {} zero {} recompute {}", c.tp, c.pp, c.dp, c.cp, c.ep,
+                     c.etp > 0 ? fmt::format(" etp {}", c.etp) : "", c.vpp, c.micro_batch, c.zero,
+                     rc[static_cast<int>(c.recompute)]);
 }
 
 nlohmann::json toJson(const SearchResult& r) {

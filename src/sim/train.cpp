@@ -147,8 +147,33 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     return invalidArgument("tp={} must divide heads={} (model '{}')", t, m.heads, m.name);
   if (m.layers < p * v)
     return invalidArgument("layers={} is fewer than pp x vpp = {} x {} stages (model '{}')", m.layers, p, v, m.name);
-  if (ep > 1 && (m.moe.experts == 0 || m.moe.experts % ep != 0 || (d * cp) % ep != 0))
-    return invalidArgument("ep={} must divide the experts ({}) and dp x cp = {}", ep, m.moe.experts, d * cp);
+  // Expert parallelism: classic (--etp unset) inside dp x cp with the experts
+  // split over the layer's tp; folded (Megatron-Core's MoE parallel folding,
+  // --etp E) over all tp x cp x dp GPUs of a stage, the expert layers laid
+  // out as etp x ep x expert-data-parallel (etp fastest).
+  if (cfg.etp < 0) return invalidArgument("--etp {} must be >= 1 (or unset: the experts split over tp)", cfg.etp);
+  if (ep > 1 && m.moe.experts == 0)
+    return invalidArgument("ep={}: model '{}' has no experts (moe.experts = 0)", ep, m.name);
+  if (m.moe.experts > 0 && m.moe.experts % ep != 0)
+    return invalidArgument("ep={} must divide the experts ({}) of model '{}'", ep, m.moe.experts, m.name);
+  const int64_t etp = cfg.etp > 0 ? cfg.etp : t;
+  if (cfg.etp > 0) {
+    if (m.moe.experts == 0) return invalidArgument("--etp {}: model '{}' has no experts", cfg.etp, m.name);
+    if ((t * cp * d) % (ep * etp) != 0) {
+      int64_t near = ep;  // the largest valid ep below
+      while (near > 1 && ((t * cp * d) % (near * etp) != 0 || m.moe.experts % near != 0)) --near;
+      return invalidArgument("ep x etp = {} x {} = {} must divide tp x cp x dp = {} x {} x {} = {} (MoE parallel "
+                             "folding: the expert layers use the same GPUs); e.g. --ep {} --etp {}",
+                             ep, etp, ep * etp, t, cp, d, t * cp * d, near, etp);
+    }
+    if (m.moe.expert_ffn_hidden % etp != 0)
+      return invalidArgument("--etp {} must divide the experts' ffn width moe.expert_ffn_hidden = {} (model '{}')", etp,
+                             m.moe.expert_ffn_hidden, m.name);
+  } else if (ep > 1 && (d * cp) % ep != 0) {
+    return invalidArgument("ep={} must divide dp x cp = {} x {} = {} (experts split over tp; or fold expert parallelism "
+                           "across tp with --etp: ep x etp must divide tp x cp x dp = {})",
+                           ep, d, cp, d * cp, t * cp * d);
+  }
   if (cfg.seq % (cp * (cfg.sequence_parallel ? t : 1)) != 0)
     return invalidArgument("seq={} is not divisible by cp={} (x tp={} with sequence parallelism)", cfg.seq, cp, t);
   if (cfg.zero < 0 || cfg.zero > 3) return invalidArgument("--zero {} is not one of 0, 1, 2, 3", cfg.zero);
@@ -237,12 +262,14 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     double params = vocab ? V * h / T : 0;
     for (int l = first; l < first + count; ++l) {
       double lp = m.layerParams(l);
-      if (moe && l >= m.moe.dense_layers) {
+      double share = lp / T;
+      if (moe && l >= m.moe.dense_layers) {  // this GPU's experts: experts / ep of them, each split etp ways
         const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
-        lp -= expert * m.moe.experts * (1.0 - 1.0 / static_cast<double>(ep));
+        share = (lp - expert * m.moe.experts) / T +
+                expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
       }
-      params += lp / T;
-      *widest = std::max(*widest, lp / T);
+      params += share;
+      *widest = std::max(*widest, share);
     }
     return params;
   };
@@ -257,13 +284,13 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // their state that many ways, not dp x cp (Megatron's expert data-parallel
   // group for the distributed optimizer).  This GPU's expert share of layers
   // [first, first + count):
-  const double edp = dpc / static_cast<double>(ep);
+  const double edp = T * dpc / static_cast<double>(ep * etp);
   auto expertParamsOf = [&](int first, int count) {
     if (!moe) return 0.0;
     const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
     double e = 0;
     for (int l = first; l < first + count; ++l)
-      if (l >= m.moe.dense_layers) e += expert * m.moe.experts / static_cast<double>(ep) / T;
+      if (l >= m.moe.dense_layers) e += expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
     return e;
   };
   // Bytes of `per_param` per parameter of `params` (of which `expert` are
@@ -339,7 +366,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // ---- communication primitives on the placed groups (Megatron order tp, cp, dp, pp)
   const GroupSet tpg{t, 1, cfg.gpus / t};
   const GroupSet cpg{cp, t, cfg.gpus / cp};
-  const GroupSet epg{ep, t * cp, cfg.gpus / ep};
+  const GroupSet epg = cfg.etp > 0 ? GroupSet{ep, etp, cfg.gpus / ep} : GroupSet{ep, t * cp, cfg.gpus / ep};
   const GroupSet ppg{p, t * cp * d, cfg.gpus / p};
   // Per breakdown category, the link limiting its slowest collective (what
   // the bottleneck line names: the category's own binding link).
@@ -412,12 +439,13 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       f += mm(bs, (mats - 1) * ff, h, 1, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(bs, h, ff, 1);
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
     } else {
-      const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / T;
+      const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp);
+      const double sf = static_cast<double>(m.moe.expert_ffn_hidden) / T;  // shared experts: split over tp
       const double local_experts = static_cast<double>(m.moe.experts) / static_cast<double>(ep);
-      const double tok = bs * m.moe.top_k * static_cast<double>(ep) / static_cast<double>(m.moe.experts);
+      const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts));
       f += mm(tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(tok, h, ef, local_experts);
       if (m.moe.shared_experts)
-        f += mm(bs, (mats - 1) * ef * m.moe.shared_experts, h, 1) + mm(bs, h, ef * m.moe.shared_experts, 1);
+        f += mm(bs, (mats - 1) * sf * m.moe.shared_experts, h, 1) + mm(bs, h, sf * m.moe.shared_experts, 1);
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
       f += mm(bs, m.moe.experts, h, 1);                              // router
     }

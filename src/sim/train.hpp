@@ -36,6 +36,10 @@ struct TrainConfig {
   // first L mod (pp vpp) virtual stages one more); Megatron's
   // --decoder-first/last-pipeline-num-layers.
   int first_stage_layers = 0, last_stage_layers = 0;
+  // Expert tensor parallelism (Megatron-Core's MoE parallel folding): 0, the
+  // experts split over tp and ep inside dp x cp; E >= 1, the expert layers
+  // laid out as etp E x ep x expert-data-parallel over tp x cp x dp.
+  int etp = 0;
   bool stage_costs = true;   // also cost every (stage, chunk) for the trace (TrainReport::chunks, ::stages)
   // The iteration time from the simulated schedule (src/sim/schedule.hpp);
   // false: the closed-form estimate only (what the search ranks by).

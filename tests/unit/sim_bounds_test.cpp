@@ -126,8 +126,9 @@ TEST(SimBounds, ZeroThreeStepIsNoShorterThanItsNicTraffic) {
 
 // No prediction beats a bound: random models (dense and MoE, GPT and Llama
 // shapes), clusters (every topology family, NIC and NVLink speeds,
-// oversubscription, GPUs per node) and layouts (tp, pp, vpp, dp, cp, ep,
-// ZeRO, recomputation, sequence parallelism, micro-batch, fp8).  HBM is made
+// oversubscription, GPUs per node) and layouts (tp, pp, vpp, dp, cp, ep
+// classic or folded with etp, ZeRO, recomputation, sequence parallelism,
+// micro-batch, fp8).  HBM is made
 // large so that most layouts fit.
 TEST(SimBounds, NoPredictionBeatsABound) {
   const plan::Registry reg = plan::Registry::builtin();
@@ -178,7 +179,8 @@ TEST(SimBounds, NoPredictionBeatsABound) {
       if (k.gpus % (k.tp * k.cp * k.pp) != 0) continue;
       k.dp = static_cast<int>(k.gpus / (k.tp * k.cp * k.pp));
       k.vpp = k.pp > 1 ? pick({1, 2}) : 1;
-      k.ep = m.moe.experts ? pick({1, 2, 4}) : 1;
+      k.ep = m.moe.experts ? pick({1, 2, 4, 8}) : 1;
+      k.etp = m.moe.experts ? pick({0, 0, 1, k.tp}) : 0;  // classic, or folded across tp (MoE parallel folding)
       k.micro_batch = pick({1, 2});
       k.global_batch = static_cast<int64_t>(k.dp) * k.micro_batch * pick({1, 2, 4, 8}) * (k.vpp > 1 ? k.pp : 1);
       k.seq = pick({512, 1024, 2048});

@@ -399,6 +399,49 @@ TEST(SimTrain, ExpertStateIsShardedOverTheExpertDataParallelGroup) {
   EXPECT_NEAR(r->memory.optimizer_gib * 1073741824.0, 12 * ((all - expert) / 16 + expert / 4), 1);
 }
 
+// MoE parallel folding (--etp): expert parallelism across tp x cp x dp.
+// 32 experts, tp 2 x dp 16: ep 32 needs folding (classic ep lives in
+// dp x cp = 16); with etp 1 each GPU holds one whole expert, its state
+// sharded over 2 x 16 / 32 = 1 GPU; etp 2 x ep 16 is the classic layout
+// (same groups, same time); the expert FLOPs per GPU are the same either way.
+TEST(SimTrain, ExpertParallelismFoldsAcrossTensorParallelRanks) {
+  const plan::Registry reg = plan::Registry::builtin();
+  ModelSpec m = gpt(2, 2048, 16);
+  m.moe.experts = 32, m.moe.top_k = 2, m.moe.expert_ffn_hidden = 1024;
+  const ClusterSpec c = cluster("fat-tree", 4);
+  TrainConfig cfg;
+  cfg.gpus = 32, cfg.tp = 2, cfg.dp = 16, cfg.ep = 32, cfg.global_batch = 32, cfg.micro_batch = 1, cfg.zero = 1;
+  auto classic = simulateTraining(m, c, cfg, reg);
+  ASSERT_FALSE(classic.isOk());
+  EXPECT_NE(classic.status().message().find("ep=32 must divide dp x cp = 16 x 1 = 16"), std::string::npos)
+      << classic.status().message();
+  EXPECT_NE(classic.status().message().find("--etp"), std::string::npos);
+  cfg.etp = 1;
+  auto folded = simulateTraining(m, c, cfg, reg);
+  ASSERT_TRUE(folded.isOk()) << folded.status().message();
+  const double expert = 2 * 2048.0 * 1024;  // one whole expert per GPU and layer
+  const double dense = (m.layerParams(0) - 32 * expert) / 2;
+  EXPECT_NEAR(folded->memory.weights_gib * 1073741824.0, 2 * (2 * dense + 2 * expert + 51200.0 * 2048 / 2), 1);
+  EXPECT_NEAR(folded->memory.optimizer_gib * 1073741824.0,
+              12 * ((2 * dense + 51200.0 * 2048 / 2) / 16 + 2 * expert / 1), 1);
+  EXPECT_GT(folded->breakdown.at("ep_comm_s"), 0);
+  cfg.etp = 2;
+  auto bad = simulateTraining(m, c, cfg, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("ep x etp = 32 x 2 = 64 must divide tp x cp x dp = 2 x 1 x 16 = 32"),
+            std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("e.g. --ep 16 --etp 2"), std::string::npos) << bad.status().message();
+  // etp = tp with ep inside dp: the classic layout, priced the same.
+  cfg.ep = 16, cfg.etp = 2;
+  auto same = simulateTraining(m, c, cfg, reg);
+  cfg.etp = 0;
+  auto old = simulateTraining(m, c, cfg, reg);
+  ASSERT_TRUE(same.isOk() && old.isOk());
+  EXPECT_DOUBLE_EQ(same->iteration_s, old->iteration_s);
+  EXPECT_NEAR(same->bounds.seconds.at("tensor_cores"), folded->bounds.seconds.at("tensor_cores"),
+              1e-9 * folded->bounds.seconds.at("tensor_cores"));
+}
+
 // Overlapped tensor-parallel backward collectives cost the SMs they occupy:
 // more SMs taken by the collective kernel, slower backward.
 TEST(SimTrain, OverlappedCommunicationCostsItsSms) {
