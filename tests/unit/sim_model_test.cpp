@@ -442,6 +442,21 @@ TEST(SimTrain, ExpertParallelismFoldsAcrossTensorParallelRanks) {
               1e-9 * folded->bounds.seconds.at("tensor_cores"));
 }
 
+// The bottleneck line names the link of the category it names (issue 17,
+// item 8): tp inside a node and data parallelism across nodes, tp the largest
+// exposed category: its link is an NVLink port, not the NIC the larger
+// data-parallel collectives cross.
+TEST(SimTrain, BottleneckLinkBelongsToItsCategory) {
+  const plan::Registry reg = plan::Registry::builtin();
+  TrainConfig cfg;
+  cfg.gpus = 32, cfg.tp = 8, cfg.dp = 4, cfg.global_batch = 128, cfg.micro_batch = 1, cfg.zero = 1;
+  cfg.recompute = Recompute::None;
+  auto r = simulateTraining(gpt(4, 8192, 64), cluster("fat-tree", 4), cfg, reg);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ASSERT_EQ(r->bottleneck, "tp_comm_s");
+  EXPECT_EQ(r->bottleneck_link.rfind("nvlink", 0), 0u) << r->bottleneck_link;
+}
+
 // Overlapped tensor-parallel backward collectives cost the SMs they occupy:
 // more SMs taken by the collective kernel, slower backward.
 TEST(SimTrain, OverlappedCommunicationCostsItsSms) {
