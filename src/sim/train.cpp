@@ -637,12 +637,30 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   //   ZeRO-2:   gradients are sharded, so every micro-batch's backward
   //             reduce-scatters (DeepSpeed's stage 2);
   //   ZeRO-3:   also a gather before every micro-batch's forward and backward.
-  const double grad_bytes = stage_params * 2;  // bf16 gradients reduced
+  const double stage_expert = expertParamsOf(first_layer, static_cast<int>(layers_per_stage));
+  //   Expert parameters reduce over their expert-data-parallel group
+  //   (tp x cp x dp / (ep x etp) GPUs, stride ep x etp folded, tp x ep
+  //   classic with cp = 1; classic with cp > 1 is not one strided group and
+  //   keeps the dense group), the rest over dp x cp.
+  const int64_t edp_n = (t * cp * d) / (ep * etp);
+  const bool edp_own = moe && ep > 1 && (cfg.etp > 0 || cp == 1);
+  const GroupSet edpg = cfg.etp > 0 ? GroupSet{edp_n, ep * etp, cfg.gpus / edp_n} : GroupSet{edp_n, t * ep, cfg.gpus / edp_n};
+  const double expert_bytes = edp_own ? stage_expert * 2 : 0;
+  const double grad_bytes = stage_params * 2 - expert_bytes;  // bf16 gradients reduced over dp x cp
   Seconds dp_comm(0), dp_rs(0), dp_ag(0);
   const GroupSet dcg{d * cp, t, cfg.gpus / (d * cp)};
+  // Both groups' collectives of `bytes` of this stage (dense over dp x cp, experts over their group).
+  auto dpColl = [&](plan::Collective k) -> Result<Seconds> {
+    CHORUS_ASSIGN_OR_RETURN(Seconds x, coll(k, grad_bytes, dcg, "dp_comm_s"));
+    if (expert_bytes > 0 && edp_n > 1) {
+      CHORUS_ASSIGN_OR_RETURN(Seconds e, coll(k, expert_bytes, edpg, "dp_comm_s"));
+      x += e;
+    }
+    return x;
+  };
   if (d * cp > 1) {
-    CHORUS_ASSIGN_OR_RETURN(Seconds rs, coll(plan::Collective::ReduceScatter, grad_bytes, dcg, "dp_comm_s"));
-    CHORUS_ASSIGN_OR_RETURN(Seconds ag, coll(plan::Collective::AllGather, grad_bytes, dcg, "dp_comm_s"));
+    CHORUS_ASSIGN_OR_RETURN(Seconds rs, dpColl(plan::Collective::ReduceScatter));
+    CHORUS_ASSIGN_OR_RETURN(Seconds ag, dpColl(plan::Collective::AllGather));
     const LinkClass dp_links = ledger.collective(plan::Collective::AllGather, 1, dcg).dominant();
     Seconds claimed_f(0), claimed_b(0);
     if (t > 1 && ledger.collective(plan::Collective::AllGather, 1, tpg).dominant() == dp_links)
@@ -670,7 +688,6 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // updates: gradient-norm read (fp32, 4 B), Adam (fp32 master, m, v read and
   // written and the fp32 gradient read: 28 B), the bf16 copy of the updated
   // weights (6 B); then every held fp32 gradient is zeroed (4 B).
-  const double stage_expert = expertParamsOf(first_layer, static_cast<int>(layers_per_stage));
   const Seconds optimizer = gpu.mem(sharded(38, stage_params, stage_expert, 1)) + gpu.mem(sharded(4, stage_params, stage_expert, 2));
 
   // ---- totals -----------------------------------------------------------------
@@ -702,7 +719,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                      u_cp = unit(plan::Collective::AllGather, cpg, cp > 1),
                      u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1),
                      u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1),
-                     u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1);
+                     u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1),
+                     u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1),
+                     u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
     // One layer's tensor-parallel traffic per micro-batch (tpComm's collectives).
     LinkDemand tp_layer;
     const double fwd_tp = cfg.recompute == Recompute::Full ? 2 : 1;  // the recomputed forward communicates again
@@ -756,8 +775,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     double tensor = 0, hbm = 0;
     std::array<double, kLinkClasses> links{};
     for (size_t sd = 0; sd < static_cast<size_t>(p); ++sd) {
-      st_link[sd] += u_dag.scaled(2 * st_params[sd] * dp_ag_runs);
-      st_link[sd] += u_drs.scaled(2 * st_params[sd] * dp_rs_runs);
+      const double ex = edp_own ? st_expert[sd] : 0;  // expert gradients reduce over their own group
+      st_link[sd] += u_dag.scaled(2 * (st_params[sd] - ex) * dp_ag_runs) += u_eag.scaled(2 * ex * dp_ag_runs);
+      st_link[sd] += u_drs.scaled(2 * (st_params[sd] - ex) * dp_rs_runs) += u_ers.scaled(2 * ex * dp_rs_runs);
       st_bytes[sd] += sharded(38, st_params[sd], st_expert[sd], 1) + sharded(4, st_params[sd], st_expert[sd], 2);  // optimizer
       tensor = std::max(tensor, st_flops[sd] / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value());
       hbm = std::max(hbm, st_bytes[sd] / c.gpu.hbm_bw.value());
@@ -792,7 +812,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                      u_cp = unit(plan::Collective::AllGather, cpg, cp > 1),
                      u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1),
                      u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1),
-                     u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1);
+                     u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1),
+                     u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1),
+                     u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
     auto tr = [](Seconds time, const LinkDemand& unit_demand, double bytes) {
       return Transfer{time.value(), unit_demand.scaled(bytes)};
     };
@@ -809,12 +831,22 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     }
     const bool full = cfg.recompute == Recompute::Full;
     // A data-parallel collective of `params` (this GPU's share) per layer, priced alone.
-    auto dpTransfers = [&](double params, Transfer* ag_t, Transfer* rs_t) -> Status {
+    auto dpTransfers = [&](double params, Transfer* ag_t, Transfer* rs_t, double expert = 0) -> Status {
       if (d * cp == 1 || params <= 0) return {};
-      CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * params), dcg, cfg.algo));
-      CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(2 * params), dcg, cfg.algo));
-      *ag_t += tr(a.time, u_dag, 2 * params);
-      *rs_t += tr(r.time, u_drs, 2 * params);
+      if (!edp_own) expert = 0;
+      const double dense = params - expert;
+      if (dense > 0) {
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * dense), dcg, cfg.algo));
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(2 * dense), dcg, cfg.algo));
+        *ag_t += tr(a.time, u_dag, 2 * dense);
+        *rs_t += tr(r.time, u_drs, 2 * dense);
+      }
+      if (expert > 0 && edp_n > 1) {
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * expert), edpg, cfg.algo));
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(2 * expert), edpg, cfg.algo));
+        *ag_t += tr(a.time, u_eag, 2 * expert);
+        *rs_t += tr(r.time, u_ers, 2 * expert);
+      }
       return {};
     };
     sp_.chunks.resize(static_cast<size_t>(vs_count));
@@ -845,7 +877,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         const double lparams = paramsOf(l, 1, false, &widest);
         params_of_stage[static_cast<size_t>(k % p)] += lparams;
         expert_of_stage[static_cast<size_t>(k % p)] += expertParamsOf(l, 1);
-        CHORUS_RETURN_IF_ERROR(dpTransfers(lparams, &lp.dp_ag, &lp.dp_rs));
+        CHORUS_RETURN_IF_ERROR(dpTransfers(lparams, &lp.dp_ag, &lp.dp_rs, expertParamsOf(l, 1)));
         layers.push_back(lp);
       }
       next += count;
