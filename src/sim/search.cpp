@@ -33,11 +33,18 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
         if (pp > m.layers) break;
         const int64_t dp = n / (tp * cp * pp);
         if (sc.global_batch % dp != 0) continue;
-        std::vector<int64_t> eps{1};
-        if (m.moe.experts > 0)
+        // (ep, etp): classic (etp 0: ep inside dp x cp, experts split over
+        // tp) and, with tp > 1, folded with etp 1 (MoE parallel folding: ep
+        // across tp x cp x dp) where that is a different layout.
+        std::vector<std::pair<int64_t, int>> eps{{1, 0}};
+        if (m.moe.experts > 0) {
           for (int64_t e : divisors(dp * cp))
-            if (e > 1 && m.moe.experts % e == 0) eps.push_back(e);
-        for (int64_t ep : eps)
+            if (e > 1 && m.moe.experts % e == 0) eps.push_back({e, 0});
+          if (tp > 1)
+            for (int64_t e : divisors(tp * dp * cp))
+              if (e > 1 && m.moe.experts % e == 0) eps.push_back({e, 1});
+        }
+        for (auto [ep, etp] : eps)
           for (int64_t vpp : {1, 2, 3, 4}) {
             if (vpp > 1 && (pp == 1 || m.layers < pp * vpp || m.layers % (pp * vpp) != 0)) continue;
             for (int64_t b = 1; b <= sc.max_micro_batch; b *= 2) {
@@ -51,6 +58,7 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
                   k.gpus = n;
                   k.tp = static_cast<int>(tp), k.pp = static_cast<int>(pp), k.dp = static_cast<int>(dp);
                   k.cp = static_cast<int>(cp), k.ep = static_cast<int>(ep), k.vpp = static_cast<int>(vpp);
+                  k.etp = etp;
                   k.global_batch = sc.global_batch;
                   k.micro_batch = b;
                   k.seq = sc.seq;

@@ -1,4 +1,5 @@
-// The layout search: every valid (tp, pp, dp, cp, ep, vpp, micro-batch,
+// The layout search: every valid (tp, pp, dp, cp, ep classic or folded with
+// etp 1, vpp, micro-batch,
 // ZeRO stage, recomputation) for a model on N GPUs of a cluster at a global
 // batch, each simulated by simulateTraining on one shared network model (its
 // collective cache makes the thousands of layouts cheap), ranked by
