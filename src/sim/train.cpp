@@ -159,6 +159,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const int64_t etp = cfg.etp > 0 ? cfg.etp : t;
   if (cfg.etp > 0) {
     if (m.moe.experts == 0) return invalidArgument("--etp {}: model '{}' has no experts", cfg.etp, m.name);
+    if ((t * cp * d) % etp != 0)
+      return invalidArgument("--etp {} must divide tp x cp x dp = {} x {} x {} = {} (MoE parallel folding)", etp, t, cp, d,
+                             t * cp * d);
     if ((t * cp * d) % (ep * etp) != 0) {
       int64_t near = ep;  // the largest valid ep below
       while (near > 1 && ((t * cp * d) % (near * etp) != 0 || m.moe.experts % near != 0)) --near;
