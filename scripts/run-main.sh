@@ -3,8 +3,9 @@
 # a 4-rank allreduce sweep from 8 B to 64 MB on this machine (shared memory),
 # printing chorus-bench's nccl-tests-style table (every element checked),
 # then a data-center prediction from chorus-sim: a Llama-3-405B-like training
-# step on 16,384 H100-like GPUs (the best layout found by the search, its time,
-# MFU, breakdown and bottleneck).
+# step on 16,384 H100-like GPUs (the best layout found by the search, its
+# simulated time and closed-form estimate, MFU, breakdown, bottleneck and the
+# binding resource).
 #
 #   bash scripts/run-main.sh
 #
@@ -32,11 +33,13 @@ search_json=$("$sim" search --model "$model" --cluster "$cluster" --gpus 16384 -
 out=$(python3 - "$search_json" <<'PY'
 import json, sys
 j = json.loads(sys.argv[1])
-print(f"   {j['candidates']} layouts, {j['feasible']} fit in 80 GiB, searched in {j['search_seconds']:.1f} s; fastest:")
+print(f"   {j['candidates']} layouts, {j['feasible']} fit in 80 GiB, the best {j['resimulated']} by the closed-form "
+      f"estimate simulated as schedules, searched in {j['search_seconds']:.1f} s; fastest:")
 for i, t in enumerate(j["top"], 1):
     l = t["layout"]
     print(f"   {i}. tp {l['tp']} pp {l['pp']} dp {l['dp']} cp {l['cp']} vpp {l['vpp']} micro-batch {l['micro_batch']} "
-          f"zero {l['zero']} recompute {l['recompute']}: {t['iteration_time_s']:.2f} s, MFU {100 * t['mfu']:.1f}%")
+          f"zero {l['zero']} recompute {l['recompute']}: {t['iteration_time_s']:.2f} s (estimate {t['estimate_s']:.2f} s), "
+          f"MFU {100 * t['mfu']:.1f}%, binding {t['binding']}")
 l = j["top"][0]["layout"]
 print(" ".join(f"--{k} {l[k]}" for k in ("tp", "pp", "dp", "cp", "vpp", "zero", "recompute")) + f" --micro-batch {l['micro_batch']}")
 PY

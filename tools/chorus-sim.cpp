@@ -25,7 +25,15 @@ void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) 
   std::printf("%s on %lld GPUs of %s: %.3f s/iteration, %.0f tokens/s, MFU %.1f%%, %.1f GiB/GPU, bottleneck %s (%s)\n",
               m.name.c_str(), static_cast<long long>(r.config.gpus), c.name.c_str(), r.iteration_s, r.tokens_per_s,
               100 * r.mfu, r.memory_gib_per_gpu, r.bottleneck.c_str(), r.bottleneck_link.c_str());
+  if (r.config.schedule)
+    std::printf("  simulated schedule: %lld tasks (%d layer%s per task); closed-form estimate %.3f s\n",
+                static_cast<long long>(r.schedule_tasks), r.schedule_merged_layers,
+                r.schedule_merged_layers == 1 ? "" : "s", r.estimate_s);
   for (const auto& [k, v] : r.breakdown) std::printf("  %-12s %.4f s\n", k.c_str(), v);
+  std::string bounds;
+  for (const auto& [k, v] : r.bounds.seconds) bounds += fmt::format("{}{} {:.3f} s", bounds.empty() ? "" : ", ", k, v);
+  std::printf("  binding resource: %s (%.3f s of the %.3f s iteration); resource busy times: %s\n",
+              r.bounds.binding.c_str(), r.bounds.max(), r.iteration_s, bounds.c_str());
 }
 
 void printServe(const ServeStats& s) {
@@ -67,8 +75,15 @@ int main(int argc, char** argv) {
   tr->add_option("--pp", tc.pp, "pipeline parallel");
   tr->add_option("--dp", tc.dp, "data parallel");
   tr->add_option("--cp", tc.cp, "context parallel");
-  tr->add_option("--ep", tc.ep, "expert parallel (within dp x cp)");
+  tr->add_option("--ep", tc.ep, "expert parallel (within dp x cp; with --etp across tp x cp x dp)");
+  tr->add_option("--etp", tc.etp,
+                 "expert tensor parallel: fold expert parallelism across tp x cp x dp (MoE parallel folding); "
+                 "default: the experts split over tp");
   tr->add_option("--vpp", tc.vpp, "virtual pipeline stages per GPU (interleaved 1F1B)");
+  tr->add_option("--first-stage-layers", tc.first_stage_layers,
+                 "layers of the first pipeline stage (default 0: the uniform split)");
+  tr->add_option("--last-stage-layers", tc.last_stage_layers,
+                 "layers of the last pipeline stage (default 0: the uniform split)");
   tr->add_option("--global-batch", tc.global_batch, "sequences per iteration")->required();
   tr->add_option("--micro-batch", micro, "sequences per micro-batch, or auto");
   tr->add_option("--seq", tc.seq, "sequence length");
@@ -82,6 +97,11 @@ int main(int argc, char** argv) {
   tr->add_flag("--no-sequence-parallel", no_sp, "plain tensor parallelism (allreduce per block)");
   tr->add_flag("--no-flash-attention", no_flash, "materialise the s x s attention scores");
   tr->add_flag("--fp8", tc.fp8, "fp8 GEMMs");
+  bool estimate_only = false, sync_tp = false, no_overlap_dp = false;
+  tr->add_flag("--estimate", estimate_only, "the closed-form estimate only (no simulated schedule)");
+  tr->add_flag("--no-async-tp", sync_tp, "schedule: every tensor-parallel collective on the critical path");
+  tr->add_flag("--no-overlap-dp", no_overlap_dp,
+               "schedule: ZeRO-0..2 gradient reduce-scatter after the backward, parameter gather before the forward");
   tr->add_flag("--json", json, "print JSON");
 
   SearchConfig sc;
@@ -94,6 +114,9 @@ int main(int argc, char** argv) {
   se->add_option("--seq", sc.seq, "sequence length");
   se->add_option("--top", sc.top, "layouts to show");
   se->add_option("--max-micro-batch", sc.max_micro_batch, "largest micro-batch tried (powers of two)");
+  se->add_option("--resimulate", sc.resimulate,
+                 "re-simulate the best K layouts of the closed-form estimate as schedules and rank them by it (0: "
+                 "estimate only)");
   se->add_option("--algo", sc.algo, "collective plan for every group (default auto)");
   se->add_option("--network", network, "analytical or flow");
   se->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
@@ -188,6 +211,9 @@ int main(int argc, char** argv) {
     tc.recompute = *rc;
     tc.sequence_parallel = !no_sp;
     tc.flash_attention = !no_flash;
+    tc.schedule = !estimate_only;
+    tc.async_tp = !sync_tp;
+    tc.overlap_dp = !no_overlap_dp;
     if (micro == "auto") {
       tc.micro_batch = 0;
     } else {
@@ -250,9 +276,13 @@ int main(int argc, char** argv) {
                   static_cast<long long>(sc.global_batch), static_cast<long long>(sc.seq),
                   static_cast<long long>(r->candidates), static_cast<long long>(r->feasible), secs);
       int i = 1;
+      if (r->resimulated > 0)
+        std::printf("ranked by the schedule of the best %lld by the closed-form estimate (estimates %.1f s, schedules "
+                    "%.1f s)\n", static_cast<long long>(r->resimulated), r->estimate_seconds, r->schedule_seconds);
       for (const TrainReport& t : r->top)
-        std::printf("%2d. %-62s %8.3f s  MFU %5.1f%%  %5.1f GiB  bottleneck %s\n", i++, layoutName(t.config).c_str(),
-                    t.iteration_s, 100 * t.mfu, t.memory_gib_per_gpu, t.bottleneck.c_str());
+        std::printf("%2d. %-62s %8.3f s (estimate %.3f s)  MFU %5.1f%%  %5.1f GiB  binding %s  bottleneck %s\n", i++,
+                    layoutName(t.config).c_str(), t.iteration_s, t.estimate_s, 100 * t.mfu, t.memory_gib_per_gpu,
+                    t.bounds.binding.c_str(), t.bottleneck.c_str());
     }
     return 0;
   }

@@ -40,34 +40,47 @@ nlohmann::json toJson(const TrainReport& r) {
   const TrainConfig& c = r.config;
   const char* rc[] = {"none", "selective", "full"};
   nlohmann::json j = {
-      {"layout", {{"gpus", c.gpus}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"cp", c.cp}, {"ep", c.ep},
+      {"layout", {{"gpus", c.gpus}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"cp", c.cp}, {"ep", c.ep}, {"etp", c.etp},
                   {"vpp", c.vpp}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch}, {"seq", c.seq},
                   {"recompute", rc[static_cast<int>(c.recompute)]}, {"zero", c.zero},
+                  {"first_stage_layers", c.first_stage_layers}, {"last_stage_layers", c.last_stage_layers},
                   {"sequence_parallel", c.sequence_parallel}, {"flash_attention", c.flash_attention}, {"fp8", c.fp8}}},
       {"iteration_time_s", r.iteration_s},
+      {"estimate_s", r.estimate_s},
+      {"estimate_breakdown", r.estimate_breakdown},
+      {"schedule", r.config.schedule ? nlohmann::json{{"tasks", r.schedule_tasks},
+                                                      {"layers_per_task", r.schedule_merged_layers},
+                                                      {"async_tp", r.config.async_tp},
+                                                      {"overlap_dp", r.config.overlap_dp}}
+                                     : nlohmann::json()},
       {"tokens_per_s", r.tokens_per_s},
       {"model_tflops_per_gpu", r.model_tflops_per_gpu},
       {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
       {"mfu", r.mfu},
       {"memory_gib_per_gpu", r.memory_gib_per_gpu},
+      {"memory_stage", r.memory_stage},
       {"memory", {{"weights_gib", r.memory.weights_gib}, {"grads_gib", r.memory.grads_gib},
                   {"optimizer_gib", r.memory.optimizer_gib}, {"activations_gib", r.memory.activations_gib}}},
       {"breakdown", r.breakdown},
       {"bottleneck", r.bottleneck},
-      {"bottleneck_link", r.bottleneck_link}};
+      {"bottleneck_link", r.bottleneck_link},
+      {"bounds", r.bounds.seconds},
+      {"binding", r.bounds.binding}};
   return j;
 }
 
 std::string layoutName(const TrainConfig& c) {
   const char* rc[] = {"none", "selective", "full"};
-  return fmt::format("tp {} pp {} dp {} cp {} ep {} vpp {} mb {} zero {} recompute {}", c.tp, c.pp, c.dp, c.cp, c.ep, c.vpp,
-                     c.micro_batch, c.zero, rc[static_cast<int>(c.recompute)]);
+  return fmt::format("tp {} pp {} dp {} cp {} ep {}{} vpp {} mb {} zero {} recompute {}", c.tp, c.pp, c.dp, c.cp, c.ep,
+                     c.etp > 0 ? fmt::format(" etp {}", c.etp) : "", c.vpp, c.micro_batch, c.zero,
+                     rc[static_cast<int>(c.recompute)]);
 }
 
 nlohmann::json toJson(const SearchResult& r) {
   nlohmann::json top = nlohmann::json::array();
   for (const TrainReport& t : r.top) top.push_back(toJson(t));
-  return {{"candidates", r.candidates}, {"feasible", r.feasible}, {"top", top}};
+  return {{"candidates", r.candidates}, {"feasible", r.feasible}, {"resimulated", r.resimulated},
+          {"estimate_seconds", r.estimate_seconds}, {"schedule_seconds", r.schedule_seconds}, {"top", top}};
 }
 
 nlohmann::json toJson(const ServeStats& s) {

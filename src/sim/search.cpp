@@ -1,6 +1,7 @@
 #include "sim/search.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 namespace chorus::sim {
 namespace {
@@ -32,11 +33,18 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
         if (pp > m.layers) break;
         const int64_t dp = n / (tp * cp * pp);
         if (sc.global_batch % dp != 0) continue;
-        std::vector<int64_t> eps{1};
-        if (m.moe.experts > 0)
+        // (ep, etp): classic (etp 0: ep inside dp x cp, experts split over
+        // tp) and, with tp > 1, folded with etp 1 (MoE parallel folding: ep
+        // across tp x cp x dp) where that is a different layout.
+        std::vector<std::pair<int64_t, int>> eps{{1, 0}};
+        if (m.moe.experts > 0) {
           for (int64_t e : divisors(dp * cp))
-            if (e > 1 && m.moe.experts % e == 0) eps.push_back(e);
-        for (int64_t ep : eps)
+            if (e > 1 && m.moe.experts % e == 0) eps.push_back({e, 0});
+          if (tp > 1)
+            for (int64_t e : divisors(tp * dp * cp))
+              if (e > 1 && m.moe.experts % e == 0) eps.push_back({e, 1});
+        }
+        for (auto [ep, etp] : eps)
           for (int64_t vpp : {1, 2, 3, 4}) {
             if (vpp > 1 && (pp == 1 || m.layers < pp * vpp || m.layers % (pp * vpp) != 0)) continue;
             for (int64_t b = 1; b <= sc.max_micro_batch; b *= 2) {
@@ -50,6 +58,7 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
                   k.gpus = n;
                   k.tp = static_cast<int>(tp), k.pp = static_cast<int>(pp), k.dp = static_cast<int>(dp);
                   k.cp = static_cast<int>(cp), k.ep = static_cast<int>(ep), k.vpp = static_cast<int>(vpp);
+                  k.etp = etp;
                   k.global_batch = sc.global_batch;
                   k.micro_batch = b;
                   k.seq = sc.seq;
@@ -60,6 +69,7 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
                   k.fp8 = sc.fp8;
                   k.algo = sc.algo;
                   k.stage_costs = false;  // only the trace draws them
+                  k.schedule = false;     // ranked by the closed-form estimate; the best are re-simulated
                   out.push_back(std::move(k));
                 }
               }
@@ -77,6 +87,8 @@ Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, N
   if (sc.gpus < 1 || sc.gpus > c.gpus())
     return invalidArgument("search: --gpus {} is outside [1, {}] for cluster '{}'", sc.gpus, c.gpus(), c.name);
   if (sc.top < 1) return invalidArgument("search: --top {} must be >= 1", sc.top);
+  if (sc.resimulate < 0) return invalidArgument("search: --resimulate {} must be >= 0", sc.resimulate);
+  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<TrainConfig> cands = enumerateLayouts(m, c, sc);
   SearchResult res;
   res.candidates = static_cast<int64_t>(cands.size());
@@ -87,6 +99,7 @@ Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, N
   const int64_t total = res.candidates;
   const int64_t step = std::max<int64_t>(1, total / 200);
   auto slower = [](const TrainReport& a, const TrainReport& b) { return a.iteration_s < b.iteration_s; };
+  const int keep = std::max(sc.top, sc.resimulate);
   for (int64_t i = 0; i < total; ++i) {
     if (progress && i % step == 0) progress(i, total);
     Result<TrainReport> r = simulateTraining(m, cands[static_cast<size_t>(i)], net);
@@ -96,12 +109,33 @@ Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, N
     }
     ++res.feasible;
     // Keep the top k sorted (k is small).
-    if (static_cast<int>(res.top.size()) < sc.top || r->iteration_s < res.top.back().iteration_s) {
+    if (static_cast<int>(res.top.size()) < keep || r->iteration_s < res.top.back().iteration_s) {
       res.top.insert(std::upper_bound(res.top.begin(), res.top.end(), *r, slower), std::move(*r));
-      if (static_cast<int>(res.top.size()) > sc.top) res.top.pop_back();
+      if (static_cast<int>(res.top.size()) > keep) res.top.pop_back();
     }
   }
   if (progress) progress(total, total);
+  const auto t1 = std::chrono::steady_clock::now();
+  res.estimate_seconds = std::chrono::duration<double>(t1 - t0).count();
+  // The best by the estimate, simulated as schedules and ranked by them.
+  if (sc.resimulate > 0) {
+    const size_t n = std::min(res.top.size(), static_cast<size_t>(sc.resimulate));
+    std::vector<TrainReport> sim;
+    sim.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      TrainConfig k = res.top[i].config;
+      k.schedule = true;
+      Result<TrainReport> r = simulateTraining(m, k, net);
+      if (!r.isOk()) return r.status();  // it was feasible a moment ago: a bug, not a layout to skip
+      r->schedule_spec = IterationSpec{};  // the search keeps the numbers, not the task graph
+      sim.push_back(std::move(*r));
+    }
+    std::stable_sort(sim.begin(), sim.end(), slower);
+    res.top = std::move(sim);
+    res.resimulated = static_cast<int64_t>(n);
+  }
+  if (static_cast<int>(res.top.size()) > sc.top) res.top.resize(static_cast<size_t>(sc.top));
+  res.schedule_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   if (res.top.empty())
     return invalidArgument("search: none of {} layouts fits on {} GPUs of '{}' (first: {})", total, sc.gpus, c.name,
                            res.first_error);

@@ -1,4 +1,5 @@
-// The layout search: every valid (tp, pp, dp, cp, ep, vpp, micro-batch,
+// The layout search: every valid (tp, pp, dp, cp, ep classic or folded with
+// etp 1, vpp, micro-batch,
 // ZeRO stage, recomputation) for a model on N GPUs of a cluster at a global
 // batch, each simulated by simulateTraining on one shared network model (its
 // collective cache makes the thousands of layouts cheap), ranked by
@@ -21,6 +22,10 @@ struct SearchConfig {
   bool flash_attention = true;
   std::string algo;        // collective plan ("" = auto)
   int max_micro_batch = 16;
+  // The best `resimulate` by the closed-form estimate are simulated again as
+  // schedules (src/sim/schedule.hpp) and ranked by the schedule's time; 0:
+  // rank by the estimate alone.
+  int resimulate = 64;
 };
 
 struct SearchResult {
@@ -28,12 +33,15 @@ struct SearchResult {
   int64_t candidates = 0;        // layouts enumerated (valid products and divisibility)
   int64_t feasible = 0;          // of which fit in memory and simulated
   std::string first_error;       // why the first candidate failed (when none is feasible)
+  int64_t resimulated = 0;       // layouts re-simulated as schedules
+  double estimate_seconds = 0, schedule_seconds = 0;  // wall time of the two phases
 };
 
 // Enumerates the candidate layouts (cheap, no simulation).
 std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec& c, const SearchConfig& sc);
 
-// Simulates every candidate; `progress(done, total)` is called now and then
+// Estimates every candidate (closed form), then re-simulates the best
+// sc.resimulate as schedules; `progress(done, total)` is called now and then
 // from the calling thread (may be empty).
 Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, NetworkModel& net,
                                    const std::function<void(int64_t, int64_t)>& progress = {});

@@ -11,33 +11,8 @@
 namespace chorus::sim {
 namespace {
 
-struct Op {
-  bool fwd;
-  int64_t micro, chunk;
-};
-
-// Megatron-LM's per-device order (schedules.py): forward k runs chunk
-// (k mod p v) / p of micro-batch (k / p v) p + k mod p; warm-up forwards,
-// then one-forward-one-backward, then the cool-down backwards.
-std::vector<Op> deviceOrder(int64_t rank, int64_t p, int64_t v, int64_t mb) {
-  const int64_t total = mb * v;
-  auto micro = [&](int64_t k) { return (k / (p * v)) * p + k % p; };
-  auto chunk = [&](int64_t k, bool fwd) {
-    const int64_t c = (k % (p * v)) / p;
-    return fwd ? c : v - 1 - c;
-  };
-  int64_t warm = v == 1 ? std::min(p - rank - 1, mb) : std::min((p - rank - 1) * 2 + (v - 1) * p, total);
-  std::vector<Op> ops;
-  ops.reserve(static_cast<size_t>(2 * total));
-  int64_t f = 0, b = 0;
-  for (; f < warm; ++f) ops.push_back({true, micro(f), chunk(f, true)});
-  while (f < total) {
-    ops.push_back({true, micro(f), chunk(f, true)}), ++f;
-    ops.push_back({false, micro(b), chunk(b, false)}), ++b;
-  }
-  for (; b < total; ++b) ops.push_back({false, micro(b), chunk(b, false)});
-  return ops;
-}
+using Op = PipelineOp;
+std::vector<Op> deviceOrder(int64_t rank, int64_t p, int64_t v, int64_t mb) { return pipelineOrder(rank, p, v, mb); }
 
 struct Event {
   std::string name;
@@ -165,10 +140,48 @@ Result<ScheduleSummary> schedule(const TrainReport& r, Emit&& emit) {
 }  // namespace
 
 Result<ScheduleSummary> scheduleIteration(const TrainReport& r) {
+  if (!r.schedule_spec.chunks.empty()) {
+    CHORUS_ASSIGN_OR_RETURN(ScheduleResult sr, simulateSchedule(r.schedule_spec));
+    return ScheduleSummary{sr.makespan_s, sr.tasks};
+  }
   return schedule(r, [](const Event&) {});
 }
 
+// The simulated schedule's tasks, one track per stage and stream.
+Result<ScheduleSummary> writeSimulatedTrace(const TrainReport& r, std::ostream& out) {
+  CHORUS_ASSIGN_OR_RETURN(ScheduleResult sr, simulateSchedule(r.schedule_spec, true));
+  std::string buf;
+  buf.reserve(1 << 20);
+  buf += "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  auto add = [&](std::string_view ev) {
+    if (!first) buf += ",\n";
+    first = false;
+    buf += ev;
+    if (buf.size() > (8u << 20)) out << buf, buf.clear();
+  };
+  for (int64_t d = 0; d < r.config.pp; ++d)
+    for (int k = 0; k < kStreams; ++k) {
+      const int64_t tid = d * kStreams + k;
+      add(fmt::format(R"({{"ph": "M", "name": "thread_name", "pid": 0, "tid": {}, "args": {{"name": "stage {} {}"}}}})", tid,
+                      d, kStreamNames[k]));
+      add(fmt::format(R"({{"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": {}, "args": {{"sort_index": {}}}}})",
+                      tid, tid));
+    }
+  for (const ScheduleResult::Slice& e : sr.slices)
+    add(fmt::format(R"({{"ph": "X", "name": "{}", "pid": 0, "tid": {}, "ts": {:.3f}, "dur": {:.3f}}})", e.name,
+                    e.stage * kStreams + e.stream, e.ts * 1e6, e.dur * 1e6));
+  nlohmann::json meta = {{"iteration_time_s", r.iteration_s}, {"schedule_makespan_s", sr.makespan_s},
+                         {"estimate_s", r.estimate_s}, {"breakdown", r.breakdown}, {"tasks", sr.tasks},
+                         {"layers_per_task", sr.merged_layers}};
+  buf += fmt::format("\n], \"otherData\": {}}}\n", meta.dump());
+  out << buf;
+  if (!out) return systemError("trace: writing failed (disk full or path not writable?)");
+  return ScheduleSummary{sr.makespan_s, static_cast<int64_t>(sr.slices.size())};
+}
+
 Result<ScheduleSummary> writeTrainTrace(const TrainReport& r, std::ostream& out) {
+  if (!r.schedule_spec.chunks.empty()) return writeSimulatedTrace(r, out);
   std::string buf;
   buf.reserve(1 << 20);
   buf += "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";

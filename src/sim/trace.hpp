@@ -1,12 +1,10 @@
 // The simulated iteration on a timeline: a Chrome trace (chrome://tracing,
-// Perfetto) with one track per pipeline stage (compute: forward/backward
-// chunks, optimizer) and, per stage, one per communication stream (tensor
-// parallel, pipeline send, data parallel, expert/context parallel).  The
-// pipeline schedule is list-scheduled from Megatron's 1F1B order
-// (interleaved when vpp > 1) with each (stage, chunk) costed from its own
-// layers, embedding and logits (TrainReport::chunks, ::stages); its makespan
-// is reported beside the analytical iteration time, which costs every stage
-// as the pacing one.
+// Perfetto).  A report with a simulated schedule (TrainReport::schedule_spec,
+// src/sim/schedule.hpp) is drawn exactly as it was simulated: one track per
+// pipeline stage and stream (compute, tp, cp, ep, dp gather, dp reduce, pp
+// send), one slice per task.  A report without one (hand-made in tests) is
+// list-scheduled from Megatron's 1F1B order (interleaved when vpp > 1) with
+// each (stage, chunk) costed from TrainReport::chunks and ::stages.
 //
 // Also the breakdown plot: a small matplotlib script run by /usr/bin/python3
 // (optional: a clear error when python3 or matplotlib is missing).

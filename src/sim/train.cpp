@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "sim/bounds.hpp"
 #include "sim/compute.hpp"
 #include "sim/topology.hpp"
 
@@ -47,6 +48,52 @@ struct Gpu {
   }
   // An element-wise kernel moving `bytes` through HBM.
   [[nodiscard]] Seconds mem(double bytes) const { return c.mem(bytes); }
+};
+
+// Counts the work the per-op costs are asked for (what the tensor-core and
+// HBM bounds sum): every GEMM's FLOPs and its operands and output, each moved
+// through HBM once (1 B per element in fp8, else 2), and every element-wise
+// kernel's bytes; it forwards each call to the cost source unchanged.
+struct Meter {
+  const Gpu& g;
+  double fwd_flops = 0, fwd_bytes = 0, bwd_flops = 0, bwd_bytes = 0, ew_bytes = 0;
+  void count(double m, double n, double k, double batch, double* flops, double* bytes) const {
+    if (m <= 0 || n <= 0 || k <= 0) return;
+    *flops += 2 * m * n * k * batch;
+    *bytes += (g.fp8 ? 1 : kAct) * batch * (m * k + k * n + m * n);
+  }
+  Seconds gemm(double m, double n, double k, double batch = 1) {
+    count(m, n, k, batch, &fwd_flops, &fwd_bytes);
+    return g.gemm(m, n, k, batch);
+  }
+  Seconds dgrad(double m, double n, double k, double batch = 1) {
+    count(m, k, n, batch, &bwd_flops, &bwd_bytes);
+    return g.dgrad(m, n, k, batch);
+  }
+  Seconds wgrad(double m, double n, double k, double batch = 1) {
+    count(k, n, m, batch, &bwd_flops, &bwd_bytes);
+    return g.wgrad(m, n, k, batch);
+  }
+  Seconds mem(double bytes) {
+    ew_bytes += bytes;
+    return g.mem(bytes);
+  }
+  // The fused attention core: its two GEMMs' FLOPs per head (QK^T and PV;
+  // the backward's four, without FlashAttention's recomputed scores, so the
+  // bound stays a lower bound; causal: half the pairs) and Q, K, V and the
+  // output once through HBM.
+  Seconds attention(double heads, double sq, double skv, double d_qk, double d_v, bool causal, bool backward) {
+    const double flops = 2 * heads * sq * skv * (d_qk + d_v) * (causal ? 0.5 : 1) * (backward ? 2 : 1);
+    const double bytes = kAct * heads * (sq * (d_qk + d_v) + skv * (d_qk + d_v));
+    *(backward ? &bwd_flops : &fwd_flops) += flops;
+    *(backward ? &bwd_bytes : &fwd_bytes) += bytes;
+    return g.attention(heads, sq, skv, d_qk, d_v, causal, backward);
+  }
+};
+// The work of one layer's (or the logits') forward and backward on one GPU
+// per micro-batch: FLOPs and HBM bytes.
+struct Work {
+  double f_flops = 0, f_bytes = 0, b_flops = 0, b_bytes = 0;
 };
 
 struct LayerTimes {
@@ -95,8 +142,36 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     return invalidArgument("tp={} must divide heads={} (model '{}')", t, m.heads, m.name);
   if (m.layers < p * v)
     return invalidArgument("layers={} is fewer than pp x vpp = {} x {} stages (model '{}')", m.layers, p, v, m.name);
-  if (ep > 1 && (m.moe.experts == 0 || m.moe.experts % ep != 0 || (d * cp) % ep != 0))
-    return invalidArgument("ep={} must divide the experts ({}) and dp x cp = {}", ep, m.moe.experts, d * cp);
+  // Expert parallelism: classic (--etp unset) inside dp x cp with the experts
+  // split over the layer's tp; folded (Megatron-Core's MoE parallel folding,
+  // --etp E) over all tp x cp x dp GPUs of a stage, the expert layers laid
+  // out as etp x ep x expert-data-parallel (etp fastest).
+  if (cfg.etp < 0) return invalidArgument("--etp {} must be >= 1 (or unset: the experts split over tp)", cfg.etp);
+  if (ep > 1 && m.moe.experts == 0)
+    return invalidArgument("ep={}: model '{}' has no experts (moe.experts = 0)", ep, m.name);
+  if (m.moe.experts > 0 && m.moe.experts % ep != 0)
+    return invalidArgument("ep={} must divide the experts ({}) of model '{}'", ep, m.moe.experts, m.name);
+  const int64_t etp = cfg.etp > 0 ? cfg.etp : t;
+  if (cfg.etp > 0) {
+    if (m.moe.experts == 0) return invalidArgument("--etp {}: model '{}' has no experts", cfg.etp, m.name);
+    if ((t * cp * d) % etp != 0)
+      return invalidArgument("--etp {} must divide tp x cp x dp = {} x {} x {} = {} (MoE parallel folding)", etp, t, cp, d,
+                             t * cp * d);
+    if ((t * cp * d) % (ep * etp) != 0) {
+      int64_t near = ep;  // the largest valid ep below
+      while (near > 1 && ((t * cp * d) % (near * etp) != 0 || m.moe.experts % near != 0)) --near;
+      return invalidArgument("ep x etp = {} x {} = {} must divide tp x cp x dp = {} x {} x {} = {} (MoE parallel "
+                             "folding: the expert layers use the same GPUs); e.g. --ep {} --etp {}",
+                             ep, etp, ep * etp, t, cp, d, t * cp * d, near, etp);
+    }
+    if (m.moe.expert_ffn_hidden % etp != 0)
+      return invalidArgument("--etp {} must divide the experts' ffn width moe.expert_ffn_hidden = {} (model '{}')", etp,
+                             m.moe.expert_ffn_hidden, m.name);
+  } else if (ep > 1 && (d * cp) % ep != 0) {
+    return invalidArgument("ep={} must divide dp x cp = {} x {} = {} (experts split over tp; or fold expert parallelism "
+                           "across tp with --etp: ep x etp must divide tp x cp x dp = {})",
+                           ep, d, cp, d * cp, t * cp * d);
+  }
   if (cfg.seq % (cp * (cfg.sequence_parallel ? t : 1)) != 0)
     return invalidArgument("seq={} is not divisible by cp={} (x tp={} with sequence parallelism)", cfg.seq, cp, t);
   if (cfg.zero < 0 || cfg.zero > 3) return invalidArgument("--zero {} is not one of 0, 1, 2, 3", cfg.zero);
@@ -122,7 +197,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   if (v > 1 && mb % p != 0)
     return invalidArgument("interleaved schedule: micro-batches per pipeline ({}) must be a multiple of pp={}", mb, p);
 
-  const Gpu gpu{c.gpu, cfg.fp8};
+  const Gpu raw_gpu{c.gpu, cfg.fp8};
+  Meter gpu{raw_gpu};  // every per-op cost below goes through the meter
   const bool sp = cfg.sequence_parallel && t > 1;
   const bool moe = m.moe.experts > 0;
   const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
@@ -133,7 +209,48 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double T = static_cast<double>(t);
   const double mats = m.activation == Activation::SwiGlu ? 3 : 2;
   const double hsp = sp ? h / T : h;  // width of the replicated/sequence-split elementwise region
-  const int64_t layers_per_stage = (m.layers + p - 1) / p;
+  // The layers of each virtual stage k = chunk x p + stage, in order: the
+  // first L mod (p v) one more (DeepSpeed's uniform partition), or with
+  // --first-stage-layers / --last-stage-layers (Megatron's
+  // --decoder-first/last-pipeline-num-layers, what Llama 3 used to balance
+  // the first stage's in-flight activations and the last's logits) those
+  // counts on the first and last stage and the rest split uniformly.
+  const int64_t vs_count = p * v;
+  std::vector<int> vs_layers(static_cast<size_t>(vs_count)), vs_first(static_cast<size_t>(vs_count));
+  {
+    const int fl = cfg.first_stage_layers, ll = cfg.last_stage_layers;
+    if (fl < 0 || ll < 0)
+      return invalidArgument("--first-stage-layers {} / --last-stage-layers {}: must be >= 0 (0: the uniform split)", fl, ll);
+    if ((fl > 0 || ll > 0) && v > 1)
+      return invalidArgument("--first-stage-layers / --last-stage-layers need vpp = 1 (got vpp={})", v);
+    if ((fl > 0 || ll > 0) && p < 2 + (fl > 0 && ll > 0 ? 1 : 0))
+      return invalidArgument("--first-stage-layers {} / --last-stage-layers {} need pp >= {} (got pp={})", fl, ll,
+                             2 + (fl > 0 && ll > 0 ? 1 : 0), p);
+    const int64_t middle = vs_count - (fl > 0) - (ll > 0), rest = m.layers - fl - ll;
+    if (rest < middle)
+      return invalidArgument("--first-stage-layers {} + --last-stage-layers {} leave {} layers for {} other stages of "
+                             "model '{}' ({} layers; each stage needs at least one)", fl, ll, rest, middle, m.name, m.layers);
+    int next = 0;
+    for (int64_t k = 0; k < vs_count; ++k) {
+      int n = 0;
+      if (k == 0 && fl > 0) n = fl;
+      else if (k == vs_count - 1 && ll > 0) n = ll;
+      else {
+        const int64_t i = k - (fl > 0);  // index among the uniformly split stages
+        n = static_cast<int>(rest / middle + (i < rest % middle ? 1 : 0));
+      }
+      vs_layers[static_cast<size_t>(k)] = n, vs_first[static_cast<size_t>(k)] = next;
+      next += n;
+    }
+  }
+  // The pacing stage of the closed-form estimate: the last, with the largest
+  // stage's layer count (an upper bound on the slowest stage).
+  int64_t layers_per_stage = 0;
+  for (int64_t sd = 0; sd < p; ++sd) {
+    int64_t n = 0;
+    for (int64_t k = sd; k < vs_count; k += p) n += vs_layers[static_cast<size_t>(k)];
+    layers_per_stage = std::max(layers_per_stage, n);
+  }
   const int first_layer = static_cast<int>(m.layers - layers_per_stage);
 
   // ---- parameters and memory first: a layout that does not fit costs no pricing
@@ -143,12 +260,14 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     double params = vocab ? V * h / T : 0;
     for (int l = first; l < first + count; ++l) {
       double lp = m.layerParams(l);
-      if (moe && l >= m.moe.dense_layers) {
+      double share = lp / T;
+      if (moe && l >= m.moe.dense_layers) {  // this GPU's experts: experts / ep of them, each split etp ways
         const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
-        lp -= expert * m.moe.experts * (1.0 - 1.0 / static_cast<double>(ep));
+        share = (lp - expert * m.moe.experts) / T +
+                expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
       }
-      params += lp / T;
-      *widest = std::max(*widest, lp / T);
+      params += share;
+      *widest = std::max(*widest, share);
     }
     return params;
   };
@@ -156,19 +275,28 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   double widest_layer = 0;  // this GPU's share of its largest layer
   const double stage_params = paramsOf(first_layer, static_cast<int>(layers_per_stage), true, &widest_layer);
   const double dpc = static_cast<double>(d * cp);
-  const double opt_shard = cfg.zero >= 1 ? dpc : 1.0;
   TrainReport rep;
   rep.config = cfg;
-  const double w_div = cfg.zero >= 3 ? dpc : 1, g_div = cfg.zero >= 2 ? dpc : 1;
-  // ZeRO-3 (FSDP) gathers each layer's bf16 weights before using it and
-  // frees them after: the layer in use and the one prefetched are whole at
-  // once, and the layer whose gradient is being reduce-scattered holds it
-  // whole in fp32 (FSDP's default forward/backward prefetch of one layer).
-  const double gathered_w = cfg.zero >= 3 ? 2 * 2 * widest_layer : 0;
-  const double gathered_g = cfg.zero >= 3 ? 4 * widest_layer : 0;
-  rep.memory.weights_gib = toGib(Bytes(2 * stage_params / w_div + gathered_w));
-  rep.memory.grads_gib = toGib(Bytes(4 * stage_params / g_div + gathered_g));  // fp32 main gradients
-  rep.memory.optimizer_gib = toGib(Bytes(12 * stage_params / opt_shard));
+  // Expert parameters are replicated only over the expert-data-parallel
+  // group, the dp x cp / ep GPUs holding the same experts, so ZeRO shards
+  // their state that many ways, not dp x cp (Megatron's expert data-parallel
+  // group for the distributed optimizer).  This GPU's expert share of layers
+  // [first, first + count):
+  const double edp = T * dpc / static_cast<double>(ep * etp);
+  auto expertParamsOf = [&](int first, int count) {
+    if (!moe) return 0.0;
+    const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
+    double e = 0;
+    for (int l = first; l < first + count; ++l)
+      if (l >= m.moe.dense_layers) e += expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
+    return e;
+  };
+  // Bytes of `per_param` per parameter of `params` (of which `expert` are
+  // expert parameters), sharded over the data-parallel group from ZeRO stage `stage`.
+  auto sharded = [&](double per_param, double params, double expert, int stage) {
+    if (cfg.zero < stage) return per_param * params;
+    return per_param * ((params - expert) / dpc + expert / edp);
+  };
   // Activations per layer and micro-batch: Korthikanti et al. 2022's
   // accounting (eqs. 1-6: s b h (34 + 5 a s / h) for a GPT), term by term so
   // that it holds for GQA, SwiGLU, MoE, FlashAttention and no dropout.  Bytes
@@ -191,58 +319,92 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     case Recompute::Selective: per_layer = bs * (sp ? (R + S_split) / T : R + S_split / T); break;
     case Recompute::Full: per_layer = 2 * bs * h / (sp ? T : 1); break;
   }
-  // The first stage keeps pp micro-batches in flight (interleaving: x (1 + (p-1)/(p v))).
-  const double in_flight = static_cast<double>(std::min<int64_t>(p, mb)) * (1 + static_cast<double>(p - 1) / (p * v) * (v > 1));
-  double act = per_layer * static_cast<double>(layers_per_stage) * in_flight;
-  if (cfg.recompute == Recompute::Full)  // one layer's activations live again in its backward
-    act += bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
-  act += 4 * bs * V / T;  // logits and their gradient (fp32 loss) on the last stage
-  rep.memory.activations_gib = toGib(Bytes(act));
-  rep.memory_gib_per_gpu =
-      rep.memory.weights_gib + rep.memory.grads_gib + rep.memory.optimizer_gib + rep.memory.activations_gib;
+  // Every stage's memory from its own layers, its own in-flight
+  // micro-batches and its own vocabulary shard; the peak stage is reported.
+  // 1F1B: stage s holds the activations of min(p - s, m) micro-batches;
+  // interleaved: of its warm-up chunks plus one, (p - s - 1) 2 + (v - 1) p + 1
+  // (Megatron's schedule; at s = 0 Korthikanti's x (1 + (p-1)/(p v))).  The
+  // first stage holds the most micro-batches, the last the logits.
+  // ZeRO-3 (FSDP) gathers each layer's bf16 weights before using it and
+  // frees them after: the layer in use and the one prefetched are whole at
+  // once, and the layer whose gradient is being reduce-scattered holds it
+  // whole in fp32 (FSDP's default forward/backward prefetch of one layer).
+  const double full_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
+  rep.memory_gib_per_gpu = -1;
+  for (int64_t sd = 0; sd < p; ++sd) {
+    double params = 0, widest = 0, layers = 0, expert = 0;
+    for (int64_t k = sd; k < vs_count; k += p) {
+      params += paramsOf(vs_first[static_cast<size_t>(k)], vs_layers[static_cast<size_t>(k)], false, &widest);
+      expert += expertParamsOf(vs_first[static_cast<size_t>(k)], vs_layers[static_cast<size_t>(k)]);
+      layers += vs_layers[static_cast<size_t>(k)];
+    }
+    if (sd == 0 || sd == p - 1) params += V * h / T;  // the embedding or the logits shard (one when p = 1)
+    const double chunks_in_flight =
+        v == 1 ? static_cast<double>(std::min<int64_t>(p - sd, mb))
+               : static_cast<double>(std::min<int64_t>((p - sd - 1) * 2 + (v - 1) * p + 1, mb * v));
+    double act = per_layer * layers / static_cast<double>(v) * chunks_in_flight;
+    if (cfg.recompute == Recompute::Full) act += full_layer;  // one layer's activations live again in its backward
+    if (sd == p - 1) act += 4 * bs * V / T;                   // logits and their gradient (fp32 loss)
+    TrainReport::Memory mem;
+    mem.weights_gib = toGib(Bytes(sharded(2, params, expert, 3) + (cfg.zero >= 3 ? 2 * 2 * widest : 0)));
+    mem.grads_gib = toGib(Bytes(sharded(4, params, expert, 2) + (cfg.zero >= 3 ? 4 * widest : 0)));  // fp32 main gradients
+    mem.optimizer_gib = toGib(Bytes(sharded(12, params, expert, 1)));
+    mem.activations_gib = toGib(Bytes(act));
+    const double total = mem.weights_gib + mem.grads_gib + mem.optimizer_gib + mem.activations_gib;
+    if (total > rep.memory_gib_per_gpu) rep.memory_gib_per_gpu = total, rep.memory = mem, rep.memory_stage = sd;
+  }
   if (rep.memory_gib_per_gpu > toGib(c.gpu.hbm))
     return invalidArgument(
-        "layout tp={} pp={} dp={} cp={} ep={} micro-batch={} does not fit: {:.1f} GiB per GPU > {:.1f} GiB HBM of {} "
-        "(weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, activations {:.1f}); try --zero {}, --recompute "
+        "layout tp={} pp={} dp={} cp={} ep={} micro-batch={} does not fit: {:.1f} GiB per GPU (stage {}) > {:.1f} GiB "
+        "HBM of {} (weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, activations {:.1f}); try --zero {}, --recompute "
         "selective/full, a smaller micro-batch or more tp/pp",
-        t, p, d, cp, ep, b, rep.memory_gib_per_gpu, toGib(c.gpu.hbm), c.gpu.name, rep.memory.weights_gib,
+        t, p, d, cp, ep, b, rep.memory_gib_per_gpu, rep.memory_stage, toGib(c.gpu.hbm), c.gpu.name, rep.memory.weights_gib,
         rep.memory.grads_gib, rep.memory.optimizer_gib, rep.memory.activations_gib, std::min(cfg.zero + 1, 3));
 
   // ---- communication primitives on the placed groups (Megatron order tp, cp, dp, pp)
   const GroupSet tpg{t, 1, cfg.gpus / t};
   const GroupSet cpg{cp, t, cfg.gpus / cp};
-  const GroupSet epg{ep, t * cp, cfg.gpus / ep};
+  const GroupSet epg = cfg.etp > 0 ? GroupSet{ep, etp, cfg.gpus / ep} : GroupSet{ep, t * cp, cfg.gpus / ep};
   const GroupSet ppg{p, t * cp * d, cfg.gpus / p};
-  std::string worst_link;
-  double worst_link_t = -1;
-  auto coll = [&](plan::Collective k, double bytes, const GroupSet& g) -> Result<Seconds> {
+  // Per breakdown category, the link limiting its slowest collective (what
+  // the bottleneck line names: the category's own binding link).
+  std::map<std::string, std::pair<double, std::string>> dim_link;
+  auto note = [&](const std::string& dim, const CollectiveCost& cc) {
+    auto& [worst, link] = dim_link[dim];
+    if (link.empty() || cc.time.value() > worst) worst = cc.time.value(), link = cc.bottleneck;
+  };
+  auto coll = [&](plan::Collective k, double bytes, const GroupSet& g, const char* dim) -> Result<Seconds> {
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, net.collective(k, Bytes(bytes), g, cfg.algo));
-    if (cc.time.value() > worst_link_t) worst_link_t = cc.time.value(), worst_link = cc.bottleneck;
+    note(dim, cc);
     return cc.time;
   };
+  // Lower-bound link demands (src/sim/bounds.hpp), linear in the bytes: one
+  // unit demand per (collective, group), scaled by each use's bytes.
+  const LinkLedger ledger(c, cfg.gpus);
   const double act_bytes = bs * h * kAct;  // one layer boundary's activations
   Seconds tp_ag(0), tp_rs(0), tp_ar(0);
   if (t > 1) {
     if (sp) {
-      CHORUS_ASSIGN_OR_RETURN(tp_ag, coll(plan::Collective::AllGather, act_bytes, tpg));
-      CHORUS_ASSIGN_OR_RETURN(tp_rs, coll(plan::Collective::ReduceScatter, act_bytes, tpg));
+      CHORUS_ASSIGN_OR_RETURN(tp_ag, coll(plan::Collective::AllGather, act_bytes, tpg, "tp_comm_s"));
+      CHORUS_ASSIGN_OR_RETURN(tp_rs, coll(plan::Collective::ReduceScatter, act_bytes, tpg, "tp_comm_s"));
     } else {
-      CHORUS_ASSIGN_OR_RETURN(tp_ar, coll(plan::Collective::AllReduce, act_bytes, tpg));
+      CHORUS_ASSIGN_OR_RETURN(tp_ar, coll(plan::Collective::AllReduce, act_bytes, tpg, "tp_comm_s"));
     }
   }
+  const double cp_bytes = static_cast<double>(b) * s * m.kvWidth() / m.kvSplit(T) * kAct * cp;
   Seconds cp_fwd(0);  // ring attention: K and V blocks pass around the cp ring
   if (cp > 1) {
-    CHORUS_ASSIGN_OR_RETURN(cp_fwd, coll(plan::Collective::AllGather,
-                                         static_cast<double>(b) * s * m.kvWidth() / m.kvSplit(T) * kAct * cp, cpg));
+    CHORUS_ASSIGN_OR_RETURN(cp_fwd, coll(plan::Collective::AllGather, cp_bytes, cpg, "cp_comm_s"));
   }
+  const double a2a_bytes = bs * m.moe.top_k * h * kAct / T;
   Seconds ep_fwd(0);  // dispatch + combine all-to-all per MoE layer
   if (moe && ep > 1) {
-    CHORUS_ASSIGN_OR_RETURN(Seconds a2a, coll(plan::Collective::AllToAll, bs * m.moe.top_k * h * kAct / T, epg));
+    CHORUS_ASSIGN_OR_RETURN(Seconds a2a, coll(plan::Collective::AllToAll, a2a_bytes, epg, "ep_comm_s"));
     ep_fwd = a2a * 2;
   }
   Seconds ce(0);  // the vocab-parallel cross-entropy's allreduce (3 fp32 values per token)
   if (t > 1) {
-    CHORUS_ASSIGN_OR_RETURN(ce, coll(plan::Collective::AllReduce, 4 * bs, tpg));
+    CHORUS_ASSIGN_OR_RETURN(ce, coll(plan::Collective::AllReduce, 4 * bs, tpg, "tp_comm_s"));
   }
 
   // ---- compute of one layer ------------------------------------------------
@@ -280,12 +442,13 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       f += mm(bs, (mats - 1) * ff, h, 1, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(bs, h, ff, 1);
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
     } else {
-      const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / T;
+      const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp);
+      const double sf = static_cast<double>(m.moe.expert_ffn_hidden) / T;  // shared experts: split over tp
       const double local_experts = static_cast<double>(m.moe.experts) / static_cast<double>(ep);
-      const double tok = bs * m.moe.top_k * static_cast<double>(ep) / static_cast<double>(m.moe.experts);
+      const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts));
       f += mm(tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(tok, h, ef, local_experts);
       if (m.moe.shared_experts)
-        f += mm(bs, (mats - 1) * ef * m.moe.shared_experts, h, 1) + mm(bs, h, ef * m.moe.shared_experts, 1);
+        f += mm(bs, (mats - 1) * sf * m.moe.shared_experts, h, 1) + mm(bs, h, sf * m.moe.shared_experts, 1);
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
       f += mm(bs, m.moe.experts, h, 1);                              // router
     }
@@ -323,14 +486,41 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       *bwd += overlapped(tp_ar, lt.qkv_wgrad, smf) + overlapped(tp_ar, lt.fc1_wgrad, smf);
     }
   };
+  // The backward compute those asynchronous collectives hide under (no other
+  // collective on the same links can hide there too).
+  auto tpHidden = [&](const LayerTimes& lt) {
+    if (t == 1) return Seconds(0);
+    if (sp)
+      return std::min(tp_ag, lt.qkv_dgrad) + std::min(tp_rs, lt.qkv_wgrad) + std::min(tp_ag, lt.fc1_dgrad) +
+             std::min(tp_rs, lt.fc1_wgrad);
+    return std::min(tp_ar, lt.qkv_wgrad) + std::min(tp_ar, lt.fc1_wgrad);
+  };
 
   // layerTimes depends on a layer only through its kind (dense or MoE).
+  // Each kind's work (FLOPs, HBM bytes) is metered when it is first priced.
   std::optional<LayerTimes> dense_times, moe_times;
+  Work dense_work, moe_work;
   auto timesOf = [&](int l) -> const LayerTimes& {
-    std::optional<LayerTimes>& o = !moe || l < m.moe.dense_layers ? dense_times : moe_times;
-    if (!o) o = layerTimes(l);
+    const bool dense_kind = !moe || l < m.moe.dense_layers;
+    std::optional<LayerTimes>& o = dense_kind ? dense_times : moe_times;
+    if (!o) {
+      const Meter before = gpu;
+      o = layerTimes(l);
+      Work& w = dense_kind ? dense_work : moe_work;
+      w.f_flops = gpu.fwd_flops - before.fwd_flops;
+      w.b_flops = gpu.bwd_flops - before.bwd_flops;
+      const double ew = gpu.ew_bytes - before.ew_bytes;  // element-wise forward; its backward moves twice as much
+      w.f_bytes = gpu.fwd_bytes - before.fwd_bytes + ew;
+      w.b_bytes = gpu.bwd_bytes - before.bwd_bytes + 2 * ew;
+    }
     return *o;
   };
+  auto workOf = [&](int l) -> const Work& {
+    timesOf(l);
+    return !moe || l < m.moe.dense_layers ? dense_work : moe_work;
+  };
+  std::optional<Work> logit_work;  // the logits + loss, metered once
+  Seconds logit_fwd(0), logit_bwd(0), logit_wgrad_s(0);  // its compute per micro-batch (for the schedule)
 
   // ---- a run of layers on one GPU per micro-batch: a pipeline stage or a virtual-stage chunk
   // Layers [first, first + count), the logits + loss when `logits` (the last
@@ -363,9 +553,18 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     // its gradient allreduced (overlapping the weight-gradient GEMM), and the
     // cross-entropy allreduces 3 fp32 values per token (max, sum, target logit).
     if (logits) {
+      const Meter before = gpu;
       const Seconds logit_gemm = gpu.gemm(bs, V / T, h), logit_wgrad = gpu.wgrad(bs, V / T, h);
       rc.fwd += logit_gemm + gpu.mem(12 * bs * V / T);
+      const double fwd_ew = gpu.ew_bytes - before.ew_bytes;
       rc.bwd += gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(8 * bs * V / T);
+      logit_fwd = logit_gemm + raw_gpu.mem(12 * bs * V / T);
+      logit_bwd = raw_gpu.dgrad(bs, V / T, h) + logit_wgrad + raw_gpu.mem(8 * bs * V / T);
+      logit_wgrad_s = logit_wgrad;
+      if (!logit_work)
+        logit_work = Work{gpu.fwd_flops - before.fwd_flops, gpu.fwd_bytes - before.fwd_bytes + fwd_ew,
+                          gpu.bwd_flops - before.bwd_flops,
+                          gpu.bwd_bytes - before.bwd_bytes + (gpu.ew_bytes - before.ew_bytes - fwd_ew)};
       if (t > 1) {
         rc.tp_f += ce * 3;
         if (sp) {
@@ -406,9 +605,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   Seconds p2p(0);
   if (p > 1) {
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost pc, net.sendRecv(Bytes(act_bytes / T), ppg));
+    note("pp_comm_s", pc);
     p2p = pc.time;
     if (!sp && t > 1) {
-      CHORUS_ASSIGN_OR_RETURN(Seconds ag, coll(plan::Collective::AllGather, act_bytes, tpg));
+      CHORUS_ASSIGN_OR_RETURN(Seconds ag, coll(plan::Collective::AllGather, act_bytes, tpg, "pp_comm_s"));
       p2p += ag;
     }
   }
@@ -424,30 +624,74 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                           (p > 1 ? 1.0 : 0.0);
 
   // ---- data parallelism, optimizer ------------------------------------------
-  const double grad_bytes = stage_params * 2;  // bf16 gradients reduced
+  // Gradients are reduce-scattered layer by layer (bucket = layer) as the
+  // backward produces them and parameters all-gathered layer by layer ahead
+  // of the forward that uses them, so all but the first gathered and the last
+  // reduced layer can hide under compute (Megatron's overlap-grad-reduce /
+  // overlap-param-gather; FSDP's forward/backward prefetch).  Collectives
+  // that hide in the same window share its links: ZeRO-3's backward gathers
+  // the next layer while the previous layer's gradients are reduce-scattered,
+  // so both hide under one backward (as their sum), and the compute that
+  // asynchronous tp or ring-attention transfers already hide under is not
+  // available again to data-parallel transfers on the same link class.
+  //   ZeRO-0/1: one reduce-scatter in the last micro-batch's backward, one
+  //             all-gather in the first one's forward (the fp32 main gradients
+  //             accumulate unsharded);
+  //   ZeRO-2:   gradients are sharded, so every micro-batch's backward
+  //             reduce-scatters (DeepSpeed's stage 2);
+  //   ZeRO-3:   also a gather before every micro-batch's forward and backward.
+  const double stage_expert = expertParamsOf(first_layer, static_cast<int>(layers_per_stage));
+  //   Expert parameters reduce over their expert-data-parallel group
+  //   (tp x cp x dp / (ep x etp) GPUs, stride ep x etp folded, tp x ep
+  //   classic with cp = 1; classic with cp > 1 is not one strided group and
+  //   keeps the dense group), the rest over dp x cp.
+  const int64_t edp_n = (t * cp * d) / (ep * etp);
+  const bool edp_own = moe && ep > 1 && (cfg.etp > 0 || cp == 1);
+  const GroupSet edpg = cfg.etp > 0 ? GroupSet{edp_n, ep * etp, cfg.gpus / edp_n} : GroupSet{edp_n, t * ep, cfg.gpus / edp_n};
+  const double expert_bytes = edp_own ? stage_expert * 2 : 0;
+  const double grad_bytes = stage_params * 2 - expert_bytes;  // bf16 gradients reduced over dp x cp
   Seconds dp_comm(0), dp_rs(0), dp_ag(0);
   const GroupSet dcg{d * cp, t, cfg.gpus / (d * cp)};
+  // Both groups' collectives of `bytes` of this stage (dense over dp x cp, experts over their group).
+  auto dpColl = [&](plan::Collective k) -> Result<Seconds> {
+    CHORUS_ASSIGN_OR_RETURN(Seconds x, coll(k, grad_bytes, dcg, "dp_comm_s"));
+    if (expert_bytes > 0 && edp_n > 1) {
+      CHORUS_ASSIGN_OR_RETURN(Seconds e, coll(k, expert_bytes, edpg, "dp_comm_s"));
+      x += e;
+    }
+    return x;
+  };
   if (d * cp > 1) {
-    CHORUS_ASSIGN_OR_RETURN(Seconds rs, coll(plan::Collective::ReduceScatter, grad_bytes, dcg));
-    CHORUS_ASSIGN_OR_RETURN(Seconds ag, coll(plan::Collective::AllGather, grad_bytes, dcg));
-    // Gradient reduce-scatter overlaps the last micro-batch's backward, the
-    // parameter all-gather the first micro-batch's forward (Megatron's
-    // overlap-grad-reduce / overlap-param-gather).  ZeRO-3 gathers weights
-    // before every micro-batch's forward and backward, overlapped per layer.
-    dp_rs = overlapped(rs, stage_bwd, smf);
-    dp_ag = overlapped(ag, stage_fwd, smf);
+    CHORUS_ASSIGN_OR_RETURN(Seconds rs, dpColl(plan::Collective::ReduceScatter));
+    CHORUS_ASSIGN_OR_RETURN(Seconds ag, dpColl(plan::Collective::AllGather));
+    const LinkClass dp_links = ledger.collective(plan::Collective::AllGather, 1, dcg).dominant();
+    Seconds claimed_f(0), claimed_b(0);
+    if (t > 1 && ledger.collective(plan::Collective::AllGather, 1, tpg).dominant() == dp_links)
+      for (int l = first_layer; l < first_layer + layers_per_stage; ++l) claimed_b += tpHidden(timesOf(l));
+    if (cp > 1 && ledger.collective(plan::Collective::AllGather, 1, cpg).dominant() == dp_links) {
+      const Seconds hidden = pace.cp - cp_exposed;
+      const double fshare = stage_fwd.value() / std::max(1e-30, (stage_fwd + stage_bwd).value());
+      claimed_f += hidden * fshare, claimed_b += hidden * (1 - fshare);
+    }
+    const Seconds win_f = std::max(Seconds(0), stage_fwd - claimed_f);
+    const Seconds win_b = std::max(Seconds(0), stage_bwd + stage_recompute - claimed_b);
+    const double edge = 1.0 / static_cast<double>(layers_per_stage), inner = 1 - edge;
+    const Seconds fwd_gather = ag * edge + overlapped(ag * inner, win_f * inner, smf);
+    const Seconds bwd_reduce = overlapped(rs * inner, win_b * inner, smf) + rs * edge;
     if (cfg.zero == 3) {
-      const Seconds per_pass = dp_ag + overlapped(ag, stage_bwd, smf);
-      dp_comm = per_pass * mbf + dp_rs;
+      dp_ag = fwd_gather;
+      dp_rs = ag * edge + overlapped((ag + rs) * inner, win_b * inner, smf) + rs * edge;
+      dp_comm = (dp_ag + dp_rs) * mbf;
     } else {
-      dp_comm = dp_rs + dp_ag;
+      dp_ag = fwd_gather, dp_rs = bwd_reduce;
+      dp_comm = dp_ag + dp_rs * (cfg.zero == 2 ? mbf : 1.0);
     }
   }
   // The optimizer step (fused, memory bound) over the parameters this GPU
   // updates: gradient-norm read (fp32, 4 B), Adam (fp32 master, m, v read and
   // written and the fp32 gradient read: 28 B), the bf16 copy of the updated
   // weights (6 B); then every held fp32 gradient is zeroed (4 B).
-  const Seconds optimizer = gpu.mem(38 * stage_params / opt_shard) + gpu.mem(4 * stage_params / g_div);
+  const Seconds optimizer = gpu.mem(sharded(38, stage_params, stage_expert, 1)) + gpu.mem(sharded(4, stage_params, stage_expert, 2));
 
   // ---- totals -----------------------------------------------------------------
   rep.breakdown["compute_s"] = compute.value();
@@ -460,22 +704,248 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   rep.breakdown["optimizer_s"] = optimizer.value();
   double total = 0;
   for (const auto& [k, x] : rep.breakdown) total += x;
-  rep.iteration_s = total;
-  const double tokens = static_cast<double>(cfg.global_batch) * static_cast<double>(cfg.seq);
-  rep.tokens_per_s = tokens / total;
-  const double mf = modelFlopsPerIteration(m, cfg.global_batch, cfg.seq);
-  double hw = mf;
-  if (cfg.recompute == Recompute::Full) hw = mf * 4 / 3;
-  if (cfg.recompute == Recompute::Selective)
-    hw = mf + tokens * 4 * static_cast<double>(cfg.seq) * h * m.layers;  // scores + AV again
-  const double n = static_cast<double>(cfg.gpus);
-  rep.model_tflops_per_gpu = mf / total / n / 1e12;
-  rep.hardware_tflops_per_gpu = hw / total / n / 1e12;
-  rep.mfu = mf / total / n / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value();
-  double worst = -1;
-  for (const auto& [k, x] : rep.breakdown)
-    if (k != "compute_s" && x > worst) worst = x, rep.bottleneck = k;
-  rep.bottleneck_link = worst_link;
+  rep.iteration_s = rep.estimate_s = total;
+  rep.estimate_breakdown = rep.breakdown;
+
+  // ---- physical bounds (src/sim/bounds.hpp) --------------------------------
+  // Per pipeline stage, from its own layers (the split of the trace and the
+  // schedule: L layers in order over p v virtual stages, the first L mod (p v)
+  // one more): the FLOPs and HBM bytes its kernels execute, and the bytes its
+  // GPU puts on each link class, overlapped or not.  Each bound is the
+  // largest stage's; the iteration can be no shorter than any of them.
+  {
+    const double passes = cfg.recompute == Recompute::Full ? 3 : 2;  // forward, backward, recomputed forward
+    auto unit = [&](plan::Collective k, const GroupSet& g, bool on) { return on ? ledger.collective(k, 1, g) : LinkDemand{}; };
+    const LinkDemand u_tag = unit(plan::Collective::AllGather, tpg, t > 1),
+                     u_trs = unit(plan::Collective::ReduceScatter, tpg, t > 1),
+                     u_tar = unit(plan::Collective::AllReduce, tpg, t > 1),
+                     u_cp = unit(plan::Collective::AllGather, cpg, cp > 1),
+                     u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1),
+                     u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1),
+                     u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1),
+                     u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1),
+                     u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
+    // One layer's tensor-parallel traffic per micro-batch (tpComm's collectives).
+    LinkDemand tp_layer;
+    const double fwd_tp = cfg.recompute == Recompute::Full ? 2 : 1;  // the recomputed forward communicates again
+    if (sp) tp_layer = (u_tag.scaled(2 * fwd_tp + 4) += u_trs.scaled(2 * fwd_tp + 2)).scaled(act_bytes);
+    else tp_layer = u_tar.scaled((2 * fwd_tp + 2) * act_bytes);
+    const double core_flops = 2 * static_cast<double>(b) * heads_local * s * (s * static_cast<double>(cp)) *
+                              (m.qkHeadDim() + m.vHeadDim());  // what selective recomputation repeats
+    std::vector<double> st_flops(static_cast<size_t>(p), 0), st_bytes(static_cast<size_t>(p), 0),
+        st_params(static_cast<size_t>(p), 0), st_expert(static_cast<size_t>(p), 0);
+    std::vector<LinkDemand> st_link(static_cast<size_t>(p));
+    int next = 0;
+    for (int64_t k = 0; k < vs_count; ++k) {
+      const int count = vs_layers[static_cast<size_t>(k)];
+      const size_t sd = static_cast<size_t>(k % p);
+      double widest = 0;
+      st_params[sd] += paramsOf(next, count, false, &widest);
+      st_expert[sd] += expertParamsOf(next, count);
+      for (int l = next; l < next + count; ++l) {
+        const Work& w = workOf(l);
+        double rf = 0, rb = 0;
+        if (cfg.recompute == Recompute::Full) rf = w.f_flops, rb = w.f_bytes;
+        if (cfg.recompute == Recompute::Selective) rf = core_flops;
+        st_flops[sd] += mbf * (w.f_flops + w.b_flops + rf);
+        st_bytes[sd] += mbf * (w.f_bytes + w.b_bytes + rb);
+        st_link[sd] += tp_layer.scaled(mbf);
+        st_link[sd] += u_cp.scaled(cp_bytes * passes * mbf);
+        if (moe && l >= m.moe.dense_layers) st_link[sd] += u_ep.scaled(a2a_bytes * 2 * passes * mbf);
+      }
+      next += count;
+    }
+    const size_t last = static_cast<size_t>(p - 1);
+    if (logit_work) {
+      st_flops[last] += mbf * (logit_work->f_flops + logit_work->b_flops);
+      st_bytes[last] += mbf * (logit_work->f_bytes + logit_work->b_bytes);
+    }
+    if (t > 1) {
+      st_link[last] += (sp ? (u_tag.scaled(act_bytes) += u_trs.scaled(act_bytes)) : u_tar.scaled(act_bytes)).scaled(mbf);
+      st_link[last] += u_tar.scaled(4 * bs * 3 * mbf);  // cross-entropy
+      st_link[0] += (sp ? (u_trs.scaled(act_bytes) += u_tag.scaled(act_bytes)) : u_tar.scaled(act_bytes)).scaled(mbf);
+    }
+    st_params[0] += V * h / T;
+    if (p > 1) st_params[last] += V * h / T;
+    if (p > 1) {  // 2 (p v - 1) sends per micro-batch over the pipeline's p GPUs
+      const double sends = 2 * mbf * static_cast<double>(vs_count - 1) / static_cast<double>(p);
+      const LinkDemand pp_link = ledger.sendRecv(act_bytes / T, ppg, sends);
+      const LinkDemand regather = !sp && t > 1 ? u_tag.scaled(act_bytes * sends) : LinkDemand{};
+      for (LinkDemand& x : st_link) x += pp_link, x += regather;
+    }
+    const double dp_ag_runs = cfg.zero == 3 ? 2 * mbf : 1, dp_rs_runs = cfg.zero >= 2 ? mbf : 1;
+    Bounds& bd = rep.bounds;
+    double tensor = 0, hbm = 0;
+    std::array<double, kLinkClasses> links{};
+    for (size_t sd = 0; sd < static_cast<size_t>(p); ++sd) {
+      const double ex = edp_own ? st_expert[sd] : 0;  // expert gradients reduce over their own group
+      st_link[sd] += u_dag.scaled(2 * (st_params[sd] - ex) * dp_ag_runs) += u_eag.scaled(2 * ex * dp_ag_runs);
+      st_link[sd] += u_drs.scaled(2 * (st_params[sd] - ex) * dp_rs_runs) += u_ers.scaled(2 * ex * dp_rs_runs);
+      st_bytes[sd] += sharded(38, st_params[sd], st_expert[sd], 1) + sharded(4, st_params[sd], st_expert[sd], 2);  // optimizer
+      tensor = std::max(tensor, st_flops[sd] / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value());
+      hbm = std::max(hbm, st_bytes[sd] / c.gpu.hbm_bw.value());
+      for (size_t i = 0; i < links.size(); ++i) links[i] = std::max(links[i], st_link[sd].s[i]);
+    }
+    bd.seconds["tensor_cores"] = tensor;
+    bd.seconds["hbm"] = hbm;
+    for (int i = 0; i < kLinkClasses; ++i) {
+      const LinkClass lc = static_cast<LinkClass>(i);
+      const bool torus = c.network.topology == TopologyKind::Torus2d || c.network.topology == TopologyKind::Torus3d;
+      if (lc == LinkClass::Uplink && torus) continue;
+      bd.seconds[linkClassName(c, lc)] = links[static_cast<size_t>(i)];
+    }
+    double top = -1;
+    for (const auto& [k, x] : bd.seconds)
+      if (x > top) top = x, bd.binding = k;
+  }
+  // ---- the iteration as a simulated schedule (src/sim/schedule.hpp) -------
+  // Every layer of every virtual stage with its own compute (the same per-op
+  // costs as above), its collectives' times alone (the network model) and
+  // their link demands (the ledger); the schedule decides what overlaps.
+  auto buildSchedule = [&]() -> Status {
+    IterationSpec& sp_ = rep.schedule_spec;
+    sp_ = IterationSpec{};
+    sp_.pp = p, sp_.vpp = v, sp_.micro_batches = mb, sp_.zero = cfg.zero, sp_.comm_sm_fraction = smf;
+    sp_.options.async_tp = cfg.async_tp;
+    sp_.options.overlap_dp = cfg.overlap_dp;
+    auto unit = [&](plan::Collective k, const GroupSet& g, bool on) { return on ? ledger.collective(k, 1, g) : LinkDemand{}; };
+    const LinkDemand u_tag = unit(plan::Collective::AllGather, tpg, t > 1),
+                     u_trs = unit(plan::Collective::ReduceScatter, tpg, t > 1),
+                     u_tar = unit(plan::Collective::AllReduce, tpg, t > 1),
+                     u_cp = unit(plan::Collective::AllGather, cpg, cp > 1),
+                     u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1),
+                     u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1),
+                     u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1),
+                     u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1),
+                     u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
+    auto tr = [](Seconds time, const LinkDemand& unit_demand, double bytes) {
+      return Transfer{time.value(), unit_demand.scaled(bytes)};
+    };
+    Transfer tp_fwd_t, tp_bwd_t, tp_async_t;
+    if (t > 1) {
+      if (sp) {
+        tp_fwd_t = tr((tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
+        tp_bwd_t = tr(tp_ag * 2, u_tag, 2 * act_bytes);
+        tp_async_t = tr((tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
+      } else {
+        tp_fwd_t = tr(tp_ar * 2, u_tar, 2 * act_bytes);
+        tp_async_t = tr(tp_ar * 2, u_tar, 2 * act_bytes);
+      }
+    }
+    const bool full = cfg.recompute == Recompute::Full;
+    // A data-parallel collective of `params` (this GPU's share) per layer, priced alone.
+    auto dpTransfers = [&](double params, Transfer* ag_t, Transfer* rs_t, double expert = 0) -> Status {
+      if (d * cp == 1 || params <= 0) return {};
+      if (!edp_own) expert = 0;
+      const double dense = params - expert;
+      if (dense > 0) {
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * dense), dcg, cfg.algo));
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(2 * dense), dcg, cfg.algo));
+        *ag_t += tr(a.time, u_dag, 2 * dense);
+        *rs_t += tr(r.time, u_drs, 2 * dense);
+      }
+      if (expert > 0 && edp_n > 1) {
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * expert), edpg, cfg.algo));
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(2 * expert), edpg, cfg.algo));
+        *ag_t += tr(a.time, u_eag, 2 * expert);
+        *rs_t += tr(r.time, u_ers, 2 * expert);
+      }
+      return {};
+    };
+    sp_.chunks.resize(static_cast<size_t>(vs_count));
+    sp_.optimizer_s.assign(static_cast<size_t>(p), 0);
+    std::vector<double> params_of_stage(static_cast<size_t>(p), 0), expert_of_stage(static_cast<size_t>(p), 0);
+    int next = 0;
+    for (int64_t k = 0; k < vs_count; ++k) {
+      const int count = vs_layers[static_cast<size_t>(k)];
+      auto& layers = sp_.chunks[static_cast<size_t>(k)];
+      for (int l = next; l < next + count; ++l) {
+        const LayerTimes& lt = timesOf(l);
+        LayerPlan lp;
+        lp.fwd = lt.fwd.value(), lp.bwd = lt.bwd.value(), lp.attn_core_fwd = lt.attn_core_fwd.value();
+        if (full) lp.recompute = lt.fwd.value();
+        if (cfg.recompute == Recompute::Selective) lp.recompute = lt.attn_core_fwd.value();
+        if (t > 1)
+          lp.bwd_async = (sp ? lt.qkv_dgrad + lt.qkv_wgrad + lt.fc1_dgrad + lt.fc1_wgrad : lt.qkv_wgrad + lt.fc1_wgrad).value();
+        lp.tp_fwd = tp_fwd_t, lp.tp_bwd = tp_bwd_t, lp.tp_async = tp_async_t;
+        const bool moe_layer = moe && l >= m.moe.dense_layers;
+        if (cp > 1) lp.cp = tr(cp_fwd, u_cp, cp_bytes);
+        if (moe_layer && ep > 1) lp.ep = tr(ep_fwd, u_ep, 2 * a2a_bytes);
+        if (full) {  // the recomputed forward communicates again (exposed, before the backward)
+          lp.tp_recompute = tp_fwd_t;
+          lp.tp_recompute += lp.cp;
+          lp.tp_recompute += lp.ep;
+        }
+        double widest = 0;
+        const double lparams = paramsOf(l, 1, false, &widest);
+        params_of_stage[static_cast<size_t>(k % p)] += lparams;
+        expert_of_stage[static_cast<size_t>(k % p)] += expertParamsOf(l, 1);
+        CHORUS_RETURN_IF_ERROR(dpTransfers(lparams, &lp.dp_ag, &lp.dp_rs, expertParamsOf(l, 1)));
+        layers.push_back(lp);
+      }
+      next += count;
+    }
+    // The embedding (its tp reduction) on the first layer, the logits + loss on the last.
+    LayerPlan& first = sp_.chunks.front().front();
+    LayerPlan& last = sp_.chunks.back().back();
+    if (t > 1) {
+      first.tp_fwd += tr(sp ? tp_rs : tp_ar, sp ? u_trs : u_tar, act_bytes);
+      if (sp) first.tp_bwd += tr(tp_ag, u_tag, act_bytes);
+      last.tp_fwd += tr(ce * 3 + (sp ? tp_ag : Seconds(0)), u_tar.scaled(12 * bs) += (sp ? u_tag.scaled(act_bytes) : LinkDemand{}), 1);
+      last.tp_async += tr(sp ? tp_rs : tp_ar, sp ? u_trs : u_tar, act_bytes);
+      last.bwd_async += logit_wgrad_s.value();
+    }
+    last.fwd += logit_fwd.value(), last.bwd += logit_bwd.value();
+    params_of_stage[0] += V * h / T;
+    CHORUS_RETURN_IF_ERROR(dpTransfers(V * h / T, &first.dp_ag, &first.dp_rs));
+    if (p > 1) {
+      params_of_stage[static_cast<size_t>(p - 1)] += V * h / T;
+      CHORUS_RETURN_IF_ERROR(dpTransfers(V * h / T, &last.dp_ag, &last.dp_rs));
+    }
+    for (int64_t sd = 0; sd < p; ++sd) {
+      const double ps = params_of_stage[static_cast<size_t>(sd)], es = expert_of_stage[static_cast<size_t>(sd)];
+      sp_.optimizer_s[static_cast<size_t>(sd)] = (raw_gpu.mem(sharded(38, ps, es, 1)) + raw_gpu.mem(sharded(4, ps, es, 2))).value();
+    }
+    if (p > 1) {
+      sp_.p2p.s = p2p.value();
+      sp_.p2p.link = ledger.sendRecv(act_bytes / T, ppg, 1);
+      if (!sp && t > 1) sp_.p2p.link += u_tag.scaled(act_bytes);
+    }
+    return {};
+  };
+  if (cfg.schedule) {
+    CHORUS_RETURN_IF_ERROR(buildSchedule());
+    CHORUS_ASSIGN_OR_RETURN(ScheduleResult sr, simulateSchedule(rep.schedule_spec));
+    rep.iteration_s = sr.makespan_s;
+    rep.breakdown = sr.breakdown;
+    rep.schedule_tasks = sr.tasks;
+    rep.schedule_merged_layers = sr.merged_layers;
+  }
+  // Rates, MFU and the bottleneck from the final iteration time and breakdown.
+  auto settle = [&] {
+    const double total_s = rep.iteration_s;
+    const double tokens = static_cast<double>(cfg.global_batch) * static_cast<double>(cfg.seq);
+    rep.tokens_per_s = tokens / total_s;
+    const double mf = modelFlopsPerIteration(m, cfg.global_batch, cfg.seq);
+    double hw = mf;
+    if (cfg.recompute == Recompute::Full) hw = mf * 4 / 3;
+    if (cfg.recompute == Recompute::Selective)
+      hw = mf + tokens * 4 * static_cast<double>(cfg.seq) * h * m.layers;  // scores + AV again
+    const double n = static_cast<double>(cfg.gpus);
+    rep.model_tflops_per_gpu = mf / total_s / n / 1e12;
+    rep.hardware_tflops_per_gpu = hw / total_s / n / 1e12;
+    rep.mfu = mf / total_s / n / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value();
+    double worst = -1;
+    for (const auto& [k, x] : rep.breakdown)
+      if (k != "compute_s" && x > worst) worst = x, rep.bottleneck = k;
+    // The resource of the category named (issue 17, item 8): the link of that
+    // category's slowest collective, not of another category's.
+    if (auto it = dim_link.find(rep.bottleneck); it != dim_link.end()) rep.bottleneck_link = it->second.second;
+    else if (rep.bottleneck == "optimizer_s") rep.bottleneck_link = "hbm";
+    else if (rep.bottleneck == "bubble_s") rep.bottleneck_link = "pipeline fill and drain (compute)";
+    else rep.bottleneck_link = "none";
+  };
+  settle();
   TrainReport::Stage& st = rep.stage;
   st.fwd_s = stage_fwd.value();
   st.bwd_s = stage_bwd.value();
@@ -494,13 +964,13 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // one layer more (DeepSpeed's uniform partition; Megatron-LM asks for an even
   // split or explicit first/last stage counts).
   if (!cfg.stage_costs) return rep;
-  const int64_t vs_count = p * v;
   rep.chunks.resize(static_cast<size_t>(vs_count));
   rep.stages.resize(static_cast<size_t>(p));
-  std::vector<double> stage_chunk_fwd(static_cast<size_t>(p), 0), stage_chunk_bwd(static_cast<size_t>(p), 0);
+  std::vector<double> stage_chunk_fwd(static_cast<size_t>(p), 0), stage_chunk_bwd(static_cast<size_t>(p), 0),
+      tail_expert(static_cast<size_t>(p), 0);
   int next_layer = 0;
   for (int64_t k = 0; k < vs_count; ++k) {
-    const int count = static_cast<int>(m.layers / vs_count + (k < m.layers % vs_count ? 1 : 0));
+    const int count = vs_layers[static_cast<size_t>(k)];
     TrainReport::Chunk& ch = rep.chunks[static_cast<size_t>(k)];
     ch.first_layer = next_layer, ch.layers = count;
     ch.embedding = k == 0, ch.logits = k == vs_count - 1;
@@ -511,6 +981,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     const size_t sd = static_cast<size_t>(k % p);
     double widest = 0;
     rep.stages[sd].params += paramsOf(next_layer, count, false, &widest);
+    tail_expert[sd] += expertParamsOf(next_layer, count);
     stage_chunk_fwd[sd] += ch.fwd_s, stage_chunk_bwd[sd] += ch.bwd_s;
     next_layer += count;
   }
@@ -525,7 +996,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       tail.dp_rs_s = overlapped(rs.time, Seconds(stage_chunk_bwd[static_cast<size_t>(sd)]), smf).value();
       tail.dp_ag_s = overlapped(ag.time, Seconds(stage_chunk_fwd[static_cast<size_t>(sd)]), smf).value();
     }
-    tail.optimizer_s = (gpu.mem(38 * tail.params / opt_shard) + gpu.mem(4 * tail.params / g_div)).value();
+    const double te = tail_expert[static_cast<size_t>(sd)];
+    tail.optimizer_s = (gpu.mem(sharded(38, tail.params, te, 1)) + gpu.mem(sharded(4, tail.params, te, 2))).value();
   }
   return rep;
 }

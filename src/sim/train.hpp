@@ -11,8 +11,10 @@
 
 #include "common/status.hpp"
 #include "plan/plan.hpp"
+#include "sim/bounds.hpp"
 #include "sim/config.hpp"
 #include "sim/network.hpp"
+#include "sim/schedule.hpp"
 
 namespace chorus::sim {
 
@@ -30,20 +32,44 @@ struct TrainConfig {
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)
   bool fp8 = false;
   std::string algo;          // collective algorithm for every group ("" = auto)
+  // Layers of the first / last pipeline stage (0: the uniform split, the
+  // first L mod (pp vpp) virtual stages one more); Megatron's
+  // --decoder-first/last-pipeline-num-layers.
+  int first_stage_layers = 0, last_stage_layers = 0;
+  // Expert tensor parallelism (Megatron-Core's MoE parallel folding): 0, the
+  // experts split over tp and ep inside dp x cp; E >= 1, the expert layers
+  // laid out as etp E x ep x expert-data-parallel over tp x cp x dp.
+  int etp = 0;
   bool stage_costs = true;   // also cost every (stage, chunk) for the trace (TrainReport::chunks, ::stages)
+  // The iteration time from the simulated schedule (src/sim/schedule.hpp);
+  // false: the closed-form estimate only (what the search ranks by).
+  bool schedule = true;
+  bool async_tp = true;    // schedule: column-parallel backward collectives under the GEMMs (Megatron)
+  bool overlap_dp = true;  // schedule: ZeRO-0..2 gradient reduce / parameter gather overlapped per layer
 };
 
 struct TrainReport {
   TrainConfig config;
+  // iteration_s: the schedule's makespan (config.schedule) or the estimate.
   double iteration_s = 0, tokens_per_s = 0, model_tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
-  double memory_gib_per_gpu = 0;
+  double memory_gib_per_gpu = 0;  // the peak stage's
+  int64_t memory_stage = 0;       // which pipeline stage peaks
   struct Memory {
     double weights_gib = 0, grads_gib = 0, optimizer_gib = 0, activations_gib = 0;
   } memory;
   // Where the time goes; sums to iteration_s.
   std::map<std::string, double> breakdown;  // compute_s, bubble_s, tp_comm_s, pp_comm_s, dp_comm_s, ...
+  // The closed-form estimate (per-phase overlap formulas) and its breakdown.
+  double estimate_s = 0;
+  std::map<std::string, double> estimate_breakdown;
+  IterationSpec schedule_spec;  // what the schedule simulated (empty without config.schedule)
+  int64_t schedule_tasks = 0;
+  int schedule_merged_layers = 0;
   std::string bottleneck;                   // the largest non-compute entry
-  std::string bottleneck_link;              // the link limiting the most exposed collective
+  std::string bottleneck_link;              // the resource limiting that category (its slowest collective's link)
+  // Each resource's busy time over the iteration (src/sim/bounds.hpp): no
+  // iteration can be shorter than the largest, `bounds.binding`.
+  Bounds bounds;
   // The pacing (last) pipeline stage's costs, what --trace lays out on a
   // timeline: per micro-batch and GPU (all its virtual stages together).
   struct Stage {

@@ -330,6 +330,133 @@ TEST(SimTrain, ZeroThreeHoldsTheGatheredLayers) {
   }
 }
 
+// Memory per pipeline stage (issue 14, sec. 5): Llama-3 405B at tp 8 pp 16
+// dp 128, seq 8192, micro-batch 1, selective recomputation ran on 80 GB H100s
+// (Llama 3 paper, sec. 3.3.2), with one layer fewer on the first and the last
+// stage.  Activations per layer and micro-batch, bytes per token over tp 8:
+// (R + S) / 8 = (8h + 2(h + 2 kv) + 2h + 2 x 2f + 2f) / 8 = 520192 / 8 with
+// h = 16384, kv = 1024, f = 53248: x 8192 tokens = 532,676,608 B.  1F1B
+// stage s holds 16 - s micro-batches.  Uniform split (8 layers on stages
+// 0-13, 7 on 14-15): stage 0 holds 16 x 8 layers = 63.5 GiB of activations
+// and does not fit.  Llama's split (7, 8 x 14, 7): stage 0 holds 16 x 7,
+// stage 1 15 x 8 = 120 layer-micro-batches = 59.53 GiB, the peak; it fits.
+TEST(SimTrain, MemoryIsThePeakStagesWithItsOwnLayersAndMicroBatches) {
+  const plan::Registry reg = plan::Registry::builtin();
+  auto m = parseModel(R"({"name": "Llama-3 405B", "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8,
+    "ffn_hidden": 53248, "vocab": 128256, "activation": "swiglu", "dropout": false})", "llama3-405b.json");
+  ASSERT_TRUE(m.isOk());
+  ClusterSpec c = cluster("rail-optimized", 256, R"(, "leaf_nodes": 32)");
+  c.gpu.hbm = gib(80);
+  TrainConfig cfg;
+  cfg.gpus = 2048, cfg.tp = 8, cfg.pp = 16, cfg.dp = 16, cfg.global_batch = 256, cfg.micro_batch = 1, cfg.seq = 8192;
+  cfg.recompute = Recompute::Selective, cfg.zero = 1, cfg.schedule = false;
+  const double layer_mb = 532676608.0;
+  auto uniform = simulateTraining(*m, c, cfg, reg);
+  ASSERT_FALSE(uniform.isOk());
+  EXPECT_NE(uniform.status().message().find("(stage 0)"), std::string::npos) << uniform.status().message();
+  EXPECT_NE(uniform.status().message().find(fmt::format("activations {:.1f}", 16 * 8 * layer_mb / 1073741824.0)),
+            std::string::npos) << uniform.status().message();
+  cfg.first_stage_layers = 7, cfg.last_stage_layers = 7;
+  auto llama = simulateTraining(*m, c, cfg, reg);
+  ASSERT_TRUE(llama.isOk()) << llama.status().message();
+  EXPECT_EQ(llama->memory_stage, 1);
+  EXPECT_NEAR(llama->memory.activations_gib * 1073741824.0, 15 * 8 * layer_mb, 1);
+  EXPECT_LT(llama->memory_gib_per_gpu, 80);
+  ASSERT_EQ(llama->chunks.size(), 16u);
+  EXPECT_EQ(llama->chunks[0].layers, 7);
+  EXPECT_EQ(llama->chunks[1].layers, 8);
+  EXPECT_EQ(llama->chunks[15].layers, 7);
+  // Bad splits name the flag, the value and the rule.
+  cfg.first_stage_layers = 120;
+  auto bad = simulateTraining(*m, c, cfg, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("--first-stage-layers 120 + --last-stage-layers 7 leave -1 layers for 14"),
+            std::string::npos) << bad.status().message();
+  cfg.first_stage_layers = 7, cfg.vpp = 2;
+  bad = simulateTraining(*m, c, cfg, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("need vpp = 1"), std::string::npos) << bad.status().message();
+}
+
+// Expert parameters are replicated over dp x cp / ep GPUs only, so ZeRO-1
+// shards their 12 B of Adam state per parameter 16 / 4 = 4 ways, the rest
+// 16 ways.  One MoE layer (8 experts of 3 x 2048 x 2048, top 2), tp 1,
+// dp 16, ep 4: this GPU's experts 2 x 3 x 2048^2 = 25,165,824 parameters;
+// the rest (attention, router, norms, vocabulary) P - that.
+TEST(SimTrain, ExpertStateIsShardedOverTheExpertDataParallelGroup) {
+  const plan::Registry reg = plan::Registry::builtin();
+  ModelSpec m = gpt(1, 2048, 16);
+  m.moe.experts = 8, m.moe.top_k = 2, m.moe.expert_ffn_hidden = 2048;
+  m.activation = Activation::SwiGlu;
+  TrainConfig cfg;
+  cfg.gpus = 16, cfg.dp = 16, cfg.ep = 4, cfg.global_batch = 16, cfg.micro_batch = 1, cfg.zero = 1;
+  cfg.schedule = false;
+  auto r = simulateTraining(m, cluster("fat-tree", 2), cfg, reg);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  const double expert = 2 * 3 * 2048.0 * 2048;
+  const double all = m.layerParams(0) - 6 * 3 * 2048.0 * 2048 + 51200.0 * 2048;  // 2 of the 8 experts kept
+  EXPECT_NEAR(r->memory.weights_gib * 1073741824.0, 2 * all, 1);
+  EXPECT_NEAR(r->memory.optimizer_gib * 1073741824.0, 12 * ((all - expert) / 16 + expert / 4), 1);
+}
+
+// MoE parallel folding (--etp): expert parallelism across tp x cp x dp.
+// 32 experts, tp 2 x dp 16: ep 32 needs folding (classic ep lives in
+// dp x cp = 16); with etp 1 each GPU holds one whole expert, its state
+// sharded over 2 x 16 / 32 = 1 GPU; etp 2 x ep 16 is the classic layout
+// (same groups, same time); the expert FLOPs per GPU are the same either way.
+TEST(SimTrain, ExpertParallelismFoldsAcrossTensorParallelRanks) {
+  const plan::Registry reg = plan::Registry::builtin();
+  ModelSpec m = gpt(2, 2048, 16);
+  m.moe.experts = 32, m.moe.top_k = 2, m.moe.expert_ffn_hidden = 1024;
+  const ClusterSpec c = cluster("fat-tree", 4);
+  TrainConfig cfg;
+  cfg.gpus = 32, cfg.tp = 2, cfg.dp = 16, cfg.ep = 32, cfg.global_batch = 32, cfg.micro_batch = 1, cfg.zero = 1;
+  auto classic = simulateTraining(m, c, cfg, reg);
+  ASSERT_FALSE(classic.isOk());
+  EXPECT_NE(classic.status().message().find("ep=32 must divide dp x cp = 16 x 1 = 16"), std::string::npos)
+      << classic.status().message();
+  EXPECT_NE(classic.status().message().find("--etp"), std::string::npos);
+  cfg.etp = 1;
+  auto folded = simulateTraining(m, c, cfg, reg);
+  ASSERT_TRUE(folded.isOk()) << folded.status().message();
+  const double expert = 2 * 2048.0 * 1024;  // one whole expert per GPU and layer
+  const double dense = (m.layerParams(0) - 32 * expert) / 2;
+  EXPECT_NEAR(folded->memory.weights_gib * 1073741824.0, 2 * (2 * dense + 2 * expert + 51200.0 * 2048 / 2), 1);
+  EXPECT_NEAR(folded->memory.optimizer_gib * 1073741824.0,
+              12 * ((2 * dense + 51200.0 * 2048 / 2) / 16 + 2 * expert / 1), 1);
+  EXPECT_GT(folded->breakdown.at("ep_comm_s"), 0);
+  cfg.etp = 2;
+  auto bad = simulateTraining(m, c, cfg, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("ep x etp = 32 x 2 = 64 must divide tp x cp x dp = 2 x 1 x 16 = 32"),
+            std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("e.g. --ep 16 --etp 2"), std::string::npos) << bad.status().message();
+  // etp = tp with ep inside dp: the classic layout, priced the same.
+  cfg.ep = 16, cfg.etp = 2;
+  auto same = simulateTraining(m, c, cfg, reg);
+  cfg.etp = 0;
+  auto old = simulateTraining(m, c, cfg, reg);
+  ASSERT_TRUE(same.isOk() && old.isOk());
+  EXPECT_DOUBLE_EQ(same->iteration_s, old->iteration_s);
+  EXPECT_NEAR(same->bounds.seconds.at("tensor_cores"), folded->bounds.seconds.at("tensor_cores"),
+              1e-9 * folded->bounds.seconds.at("tensor_cores"));
+}
+
+// The bottleneck line names the link of the category it names (issue 17,
+// item 8): tp inside a node and data parallelism across nodes, tp the largest
+// exposed category: its link is an NVLink port, not the NIC the larger
+// data-parallel collectives cross.
+TEST(SimTrain, BottleneckLinkBelongsToItsCategory) {
+  const plan::Registry reg = plan::Registry::builtin();
+  TrainConfig cfg;
+  cfg.gpus = 32, cfg.tp = 8, cfg.dp = 4, cfg.global_batch = 128, cfg.micro_batch = 1, cfg.zero = 1;
+  cfg.recompute = Recompute::None;
+  auto r = simulateTraining(gpt(4, 8192, 64), cluster("fat-tree", 4), cfg, reg);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ASSERT_EQ(r->bottleneck, "tp_comm_s");
+  EXPECT_EQ(r->bottleneck_link.rfind("nvlink", 0), 0u) << r->bottleneck_link;
+}
+
 // Overlapped tensor-parallel backward collectives cost the SMs they occupy:
 // more SMs taken by the collective kernel, slower backward.
 TEST(SimTrain, OverlappedCommunicationCostsItsSms) {

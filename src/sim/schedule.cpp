@@ -1,0 +1,534 @@
+#include "sim/schedule.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <limits>
+
+namespace chorus::sim {
+
+LayerPlan& LayerPlan::operator+=(const LayerPlan& o) {
+  fwd += o.fwd, bwd += o.bwd, recompute += o.recompute, attn_core_fwd += o.attn_core_fwd, bwd_async += o.bwd_async;
+  tp_fwd += o.tp_fwd, tp_bwd += o.tp_bwd, tp_async += o.tp_async, tp_recompute += o.tp_recompute;
+  cp += o.cp, ep += o.ep, dp_ag += o.dp_ag, dp_rs += o.dp_rs;
+  return *this;
+}
+
+namespace {
+
+enum Dim : uint8_t { kCompute, kTp, kCp, kEp, kDp, kPp, kOptimizer, kBubble, kDims };
+constexpr const char* kDimNames[] = {"compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s",
+                                     "dp_comm_s", "pp_comm_s", "optimizer_s", "bubble_s"};
+enum Stream : int { sCompute, sTp, sCp, sEp, sDpAg, sDpRs, sPp };
+enum Kind : uint8_t { kF, kB, kR, kBGemm, kTpF, kTpB, kTpAsync, kTpR, kCpX, kEpX, kAg, kRs, kSendAct, kSendGrad, kOpt };
+constexpr const char* kKindNames[] = {"F",      "B",     "R",     "B gemm", "tp fwd",   "tp bwd",    "tp async", "tp recompute",
+                                      "cp k/v", "ep a2a", "gather", "reduce-scatter", "send act", "send grad", "optimizer"};
+
+struct Label {
+  Kind kind;
+  int32_t micro = -1;
+  int16_t chunk = -1, layer = -1;
+};
+
+struct Task {
+  int32_t rank = 0, peer = -1;
+  uint8_t stream = 0, dim = 0;
+  bool comm = false;
+  double work = 0;                    // compute: seconds at full speed; comm: seconds alone
+  std::array<double, kLinkClasses> u{};  // comm: share of each link class at full speed
+  Label label;
+  double start = -1, end = -1, done = 0;
+  int32_t binding = -1;
+};
+
+using Op = PipelineOp;
+
+class Sim {
+ public:
+  Sim(const IterationSpec& s, int64_t ranks) : spec_(s), ranks_(ranks), queues_(static_cast<size_t>(ranks * kStreams)) {}
+
+  // Adds a task (none when it has no work) after `deps`; returns its id or -1.
+  int32_t add(int64_t rank, int stream, Dim dim, double work, std::initializer_list<int32_t> deps, Label label,
+              const LinkDemand* link = nullptr, int64_t peer = -1) {
+    return addAfter(rank, stream, dim, work, std::vector<int32_t>(deps), label, link, peer);
+  }
+  int32_t addAfter(int64_t rank, int stream, Dim dim, double work, const std::vector<int32_t>& deps, Label label,
+                   const LinkDemand* link = nullptr, int64_t peer = -1) {
+    if (!(work > 0)) return -1;
+    Task t;
+    t.rank = static_cast<int32_t>(rank), t.peer = static_cast<int32_t>(peer);
+    t.stream = static_cast<uint8_t>(stream), t.dim = dim, t.comm = link != nullptr, t.work = work, t.label = label;
+    if (link)
+      for (size_t i = 0; i < t.u.size(); ++i) t.u[i] = link->s[i] / work;
+    const auto id = static_cast<int32_t>(tasks_.size());
+    tasks_.push_back(t);
+    queues_[static_cast<size_t>(rank * kStreams + stream)].push_back(id);
+    for (int32_t d : deps)
+      if (d >= 0) edges_.push_back({d, id});
+    return id;
+  }
+  void edge(int32_t from, int32_t to) {
+    if (from >= 0 && to >= 0) edges_.push_back({from, to});
+  }
+  Task& task(int32_t id) { return tasks_[static_cast<size_t>(id)]; }
+  [[nodiscard]] size_t size() const { return tasks_.size(); }
+
+  Status run();
+  void attribute(ScheduleResult* r) const;
+  void slices(ScheduleResult* r) const;
+  [[nodiscard]] double makespan() const { return makespan_; }
+
+ private:
+  void tryStart(size_t q);
+  void rates();
+
+  const IterationSpec& spec_;
+  int64_t ranks_;
+  std::vector<Task> tasks_;
+  std::vector<std::pair<int32_t, int32_t>> edges_;
+  std::vector<std::vector<int32_t>> queues_;
+  // run state
+  std::vector<int32_t> dep_off_, deps_, succ_off_, succ_, pending_;
+  std::vector<size_t> head_;
+  std::vector<char> busy_;
+  std::vector<int32_t> running_;
+  std::vector<double> rate_;  // per running slot
+  std::vector<int32_t> prev_in_queue_;
+  std::vector<double> residual_, load_;
+  std::vector<uint8_t> comm_dim_;  // per rank: a dimension in flight (kDims: none)
+  std::vector<size_t> comm_, touched_;  // rates() scratch
+  std::vector<double> fill_;
+  std::vector<char> frozen_;
+  std::vector<std::array<double, kDims>> slow_;  // per rank: compute slowed by collectives, by dimension
+  double now_ = 0, makespan_ = 0;
+};
+
+void Sim::tryStart(size_t q) {
+  if (busy_[q] || head_[q] >= queues_[q].size()) return;
+  const int32_t id = queues_[q][head_[q]];
+  if (pending_[static_cast<size_t>(id)] > 0) return;
+  Task& t = task(id);
+  t.start = now_;
+  double latest = -1;
+  auto consider = [&](int32_t d) {
+    if (d >= 0 && tasks_[static_cast<size_t>(d)].end > latest) latest = tasks_[static_cast<size_t>(d)].end, t.binding = d;
+  };
+  consider(prev_in_queue_[static_cast<size_t>(id)]);
+  for (int32_t k = dep_off_[static_cast<size_t>(id)]; k < dep_off_[static_cast<size_t>(id) + 1]; ++k)
+    consider(deps_[static_cast<size_t>(k)]);
+  busy_[q] = 1;
+  ++head_[q];
+  running_.push_back(id);
+}
+
+// Rates of the running tasks: collectives share each GPU's link classes
+// max-min fairly (progressive filling of their speed relative to alone);
+// compute runs at 1 - comm_sm_fraction while its GPU has a collective in flight.
+void Sim::rates() {
+  rate_.assign(running_.size(), 0);
+  std::fill(comm_dim_.begin(), comm_dim_.end(), static_cast<uint8_t>(kDims));
+  std::vector<size_t>& comm = comm_;
+  comm.clear();
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Task& t = tasks_[static_cast<size_t>(running_[i])];
+    if (!t.comm) continue;
+    comm.push_back(i);
+    comm_dim_[static_cast<size_t>(t.rank)] = t.dim;
+    if (t.peer >= 0) comm_dim_[static_cast<size_t>(t.peer)] = t.dim;
+  }
+  // progressive filling
+  std::vector<double>& f = fill_;
+  std::vector<char>& frozen = frozen_;
+  std::vector<size_t>& touched = touched_;
+  f.assign(comm.size(), 0), frozen.assign(comm.size(), 0), touched.clear();
+  auto res = [&](const Task& t, int side, size_t cls) {
+    return static_cast<size_t>((side == 0 ? t.rank : t.peer) * kLinkClasses) + cls;
+  };
+  for (size_t ci = 0; ci < comm.size(); ++ci) {
+    const Task& t = tasks_[static_cast<size_t>(running_[comm[ci]])];
+    for (int side = 0; side < (t.peer >= 0 ? 2 : 1); ++side)
+      for (size_t cls = 0; cls < kLinkClasses; ++cls)
+        if (t.u[cls] > 0) {
+          const size_t r = res(t, side, cls);
+          if (residual_[r] < 0) residual_[r] = 1, touched.push_back(r);
+        }
+  }
+  size_t left = comm.size();
+  while (left > 0) {
+    for (size_t r : touched) load_[r] = 0;
+    double delta = std::numeric_limits<double>::infinity();
+    for (size_t ci = 0; ci < comm.size(); ++ci) {
+      if (frozen[ci]) continue;
+      const Task& t = tasks_[static_cast<size_t>(running_[comm[ci]])];
+      delta = std::min(delta, 1 - f[ci]);
+      for (int side = 0; side < (t.peer >= 0 ? 2 : 1); ++side)
+        for (size_t cls = 0; cls < kLinkClasses; ++cls)
+          if (t.u[cls] > 0) load_[res(t, side, cls)] += t.u[cls];
+    }
+    for (size_t r : touched)
+      if (load_[r] > 0) delta = std::min(delta, std::max(0.0, residual_[r]) / load_[r]);
+    for (size_t r : touched) residual_[r] -= delta * load_[r];
+    for (size_t ci = 0; ci < comm.size(); ++ci) {
+      if (frozen[ci]) continue;
+      f[ci] += delta;
+      const Task& t = tasks_[static_cast<size_t>(running_[comm[ci]])];
+      bool sat = f[ci] >= 1 - 1e-12;
+      for (int side = 0; side < (t.peer >= 0 ? 2 : 1) && !sat; ++side)
+        for (size_t cls = 0; cls < kLinkClasses; ++cls)
+          if (t.u[cls] > 0 && residual_[res(t, side, cls)] <= 1e-12) sat = true;
+      if (sat) frozen[ci] = 1, --left;
+    }
+  }
+  for (size_t r : touched) residual_[r] = -1;
+  for (size_t ci = 0; ci < comm.size(); ++ci) {
+    const Task& t = tasks_[static_cast<size_t>(running_[comm[ci]])];
+    rate_[comm[ci]] = std::min(1.0, f[ci]) / t.work;  // fraction per second
+  }
+  const double smf = spec_.comm_sm_fraction;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Task& t = tasks_[static_cast<size_t>(running_[i])];
+    if (t.comm) continue;
+    rate_[i] = comm_dim_[static_cast<size_t>(t.rank)] != kDims ? 1 - smf : 1;  // seconds of work per second
+  }
+}
+
+Status Sim::run() {
+  const size_t n = tasks_.size();
+  // CSR of dependencies and successors.
+  dep_off_.assign(n + 1, 0), succ_off_.assign(n + 1, 0);
+  for (const auto& [a, b] : edges_) ++dep_off_[static_cast<size_t>(b) + 1], ++succ_off_[static_cast<size_t>(a) + 1];
+  for (size_t i = 0; i < n; ++i) dep_off_[i + 1] += dep_off_[i], succ_off_[i + 1] += succ_off_[i];
+  deps_.resize(edges_.size()), succ_.resize(edges_.size());
+  {
+    std::vector<int32_t> dp(dep_off_.begin(), dep_off_.end() - 1), sp(succ_off_.begin(), succ_off_.end() - 1);
+    for (const auto& [a, b] : edges_) {
+      deps_[static_cast<size_t>(dp[static_cast<size_t>(b)]++)] = a;
+      succ_[static_cast<size_t>(sp[static_cast<size_t>(a)]++)] = b;
+    }
+  }
+  pending_.resize(n);
+  for (size_t i = 0; i < n; ++i) pending_[i] = dep_off_[i + 1] - dep_off_[i];
+  prev_in_queue_.assign(n, -1);
+  for (const auto& q : queues_)
+    for (size_t i = 1; i < q.size(); ++i) prev_in_queue_[static_cast<size_t>(q[i])] = q[i - 1];
+  head_.assign(queues_.size(), 0), busy_.assign(queues_.size(), 0);
+  residual_.assign(static_cast<size_t>(ranks_ * kLinkClasses), -1), load_.assign(residual_.size(), 0);
+  comm_dim_.assign(static_cast<size_t>(ranks_), kDims);
+  slow_.assign(static_cast<size_t>(ranks_), {});
+  for (size_t q = 0; q < queues_.size(); ++q) tryStart(q);
+  size_t finished = 0;
+  std::vector<int32_t> ended;
+  while (!running_.empty()) {
+    rates();
+    double dt = std::numeric_limits<double>::infinity();
+    size_t first = 0;
+    for (size_t i = 0; i < running_.size(); ++i) {
+      const Task& t = tasks_[static_cast<size_t>(running_[i])];
+      const double left = t.comm ? 1 - t.done : t.work - t.done;
+      const double need = rate_[i] > 0 ? left / rate_[i] : std::numeric_limits<double>::infinity();
+      if (need < dt) dt = need, first = i;
+    }
+    if (!std::isfinite(dt)) return internalError("schedule: no running task can progress at t = {} s", now_);
+    now_ += dt;
+    ended.clear();
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Task& t = tasks_[static_cast<size_t>(running_[i])];
+      const double full = t.comm ? 1 : t.work;
+      if (!t.comm && rate_[i] < 1) {
+        slow_[static_cast<size_t>(t.rank)][comm_dim_[static_cast<size_t>(t.rank)]] += dt * (1 - rate_[i]);
+      }
+      t.done += rate_[i] * dt;
+      if (i == first || t.done >= full * (1 - 1e-12)) t.done = full, ended.push_back(running_[i]);
+    }
+    for (int32_t id : ended) {
+      Task& t = task(id);
+      t.end = now_;
+      makespan_ = std::max(makespan_, now_);
+      running_.erase(std::find(running_.begin(), running_.end(), id));
+      busy_[static_cast<size_t>(t.rank * kStreams + t.stream)] = 0;
+      ++finished;
+    }
+    for (int32_t id : ended) {
+      const Task& t = task(id);
+      for (int32_t k = succ_off_[static_cast<size_t>(id)]; k < succ_off_[static_cast<size_t>(id) + 1]; ++k) {
+        const int32_t s = succ_[static_cast<size_t>(k)];
+        if (--pending_[static_cast<size_t>(s)] == 0)
+          tryStart(static_cast<size_t>(tasks_[static_cast<size_t>(s)].rank * kStreams + tasks_[static_cast<size_t>(s)].stream));
+      }
+      tryStart(static_cast<size_t>(t.rank * kStreams + t.stream));
+    }
+  }
+  if (finished != n)
+    return internalError("schedule: deadlock, {} of {} tasks never started (pp={} vpp={} micro-batches={})", n - finished,
+                         n, spec_.pp, spec_.vpp, spec_.micro_batches);
+  return {};
+}
+
+// The pacing stage's timeline: compute, slowdown by collectives, and each
+// wait charged along the chain of what it waited for.
+void Sim::attribute(ScheduleResult* r) const {
+  int32_t last = 0;
+  for (size_t i = 0; i < tasks_.size(); ++i)
+    if (tasks_[i].end > tasks_[static_cast<size_t>(last)].end) last = static_cast<int32_t>(i);
+  const int64_t rank = tasks_[static_cast<size_t>(last)].rank;
+  std::array<double, kDims> b{};
+  auto blame = [&](int32_t id, double amount) {
+    for (int depth = 0; amount > 1e-15 && depth < 100000; ++depth) {
+      const int32_t d = tasks_[static_cast<size_t>(id)].binding;
+      if (d < 0) break;
+      const Task& w = tasks_[static_cast<size_t>(d)];
+      if (!w.comm) break;  // waited for compute (another stage's): the bubble
+      const double part = std::min(amount, w.end - w.start);
+      b[w.dim] += part;
+      amount -= part;
+      id = d;
+    }
+    if (amount > 0) b[kBubble] += amount;
+  };
+  double prev = 0;
+  for (int32_t id : queues_[static_cast<size_t>(rank * kStreams + sCompute)]) {
+    const Task& t = tasks_[static_cast<size_t>(id)];
+    blame(id, t.start - prev);
+    b[t.dim] += t.work;
+    prev = t.end;
+  }
+  for (int k = 0; k < kDims; ++k) b[static_cast<size_t>(k)] += slow_[static_cast<size_t>(rank)][static_cast<size_t>(k)];
+  if (makespan_ > prev) {  // the stage's trailing collectives
+    const Task& t = tasks_[static_cast<size_t>(last)];
+    if (t.comm) {
+      const double part = std::min(makespan_ - prev, t.end - t.start);
+      b[t.dim] += part;
+      if (makespan_ - prev > part) blame(last, makespan_ - prev - part);
+    } else {
+      b[kBubble] += makespan_ - prev;
+    }
+  }
+  for (int k = 0; k < kDims; ++k) r->breakdown[kDimNames[k]] = b[static_cast<size_t>(k)];
+}
+
+void Sim::slices(ScheduleResult* r) const {
+  r->slices.reserve(tasks_.size());
+  for (const Task& t : tasks_) {
+    const Label& l = t.label;
+    std::string name = kKindNames[l.kind];
+    if (l.micro >= 0) name += fmt::format(" mb{}", l.micro);
+    if (l.chunk >= 0) name += fmt::format(" c{}", l.chunk);
+    if (l.layer >= 0) name += fmt::format(" l{}", l.layer);
+    r->slices.push_back({std::move(name), t.rank, t.stream, t.start, t.end - t.start});
+  }
+}
+
+}  // namespace
+
+std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t mb) {
+  const int64_t total = mb * v;
+  auto micro = [&](int64_t k) { return (k / (p * v)) * p + k % p; };
+  auto chunk = [&](int64_t k, bool fwd) {
+    const int64_t c = (k % (p * v)) / p;
+    return fwd ? c : v - 1 - c;
+  };
+  // warm-up forwards, then one-forward-one-backward, then the cool-down backwards
+  const int64_t warm = v == 1 ? std::min(p - rank - 1, mb) : std::min((p - rank - 1) * 2 + (v - 1) * p, total);
+  std::vector<PipelineOp> ops;
+  ops.reserve(static_cast<size_t>(2 * total));
+  int64_t f = 0, b = 0;
+  for (; f < warm; ++f) ops.push_back({true, micro(f), chunk(f, true)});
+  while (f < total) {
+    ops.push_back({true, micro(f), chunk(f, true)}), ++f;
+    ops.push_back({false, micro(b), chunk(b, false)}), ++b;
+  }
+  for (; b < total; ++b) ops.push_back({false, micro(b), chunk(b, false)});
+  return ops;
+}
+
+Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_slices) {
+  const int64_t p = spec.pp, v = spec.vpp, mb = spec.micro_batches, vs_count = p * v;
+  if (p < 1 || v < 1 || mb < 1 || static_cast<int64_t>(spec.chunks.size()) != vs_count ||
+      static_cast<int64_t>(spec.optimizer_s.size()) != p)
+    return invalidArgument("schedule: pp={} vpp={} micro-batches={} with {} chunks and {} optimizer steps (need pp x vpp "
+                           "and pp)", p, v, mb, spec.chunks.size(), spec.optimizer_s.size());
+  if (v > 1 && mb % p != 0)
+    return invalidArgument("schedule: interleaved micro-batches ({}) must be a multiple of pp={}", mb, p);
+  // Merge consecutive layers of a chunk when the schedule would be too large.
+  int64_t layers = 0;
+  for (const auto& ch : spec.chunks) layers += static_cast<int64_t>(ch.size());
+  constexpr int64_t kTasksPerLayer = 16;
+  const int64_t estimate = layers * mb * kTasksPerLayer;
+  const int64_t group = std::max<int64_t>(1, (estimate + spec.options.max_tasks - 1) / spec.options.max_tasks);
+  std::vector<std::vector<LayerPlan>> chunks(static_cast<size_t>(vs_count));
+  for (int64_t k = 0; k < vs_count; ++k) {
+    const auto& src = spec.chunks[static_cast<size_t>(k)];
+    for (size_t i = 0; i < src.size(); ++i) {
+      if (i % static_cast<size_t>(group) == 0) chunks[static_cast<size_t>(k)].emplace_back();
+      chunks[static_cast<size_t>(k)].back() += src[i];
+    }
+  }
+  Sim sim(spec, p);
+  const ScheduleOptions& o = spec.options;
+  const bool z3 = spec.zero >= 3;
+  // Per (micro-batch, virtual stage): the task a neighbour's pass waits for.
+  std::vector<int32_t> sent_f(static_cast<size_t>(mb * vs_count), -1), sent_b(sent_f.size(), -1);
+  struct Late {
+    int32_t task;
+    size_t key;
+    bool fwd;
+  };
+  std::vector<Late> late;
+  for (int64_t d = 0; d < p; ++d) {
+    const std::vector<Op> ops = pipelineOrder(d, p, v, mb);
+    // The last backward of each chunk (ZeRO-0/1 reduce there) and the first forward (ZeRO-0..2 gather before it).
+    std::vector<int64_t> last_bwd(static_cast<size_t>(v), -1);
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (!ops[i].fwd) last_bwd[static_cast<size_t>(ops[i].chunk)] = static_cast<int64_t>(i);
+    std::vector<char> seen_fwd(static_cast<size_t>(v), 0);
+    // ZeRO-0..2: every layer's parameters gathered once (after last
+    // iteration's optimizer step), in the order the first forwards use them.
+    std::vector<std::vector<int32_t>> param_ag(static_cast<size_t>(v));
+    int32_t last_param_ag = -1;
+    if (!z3)
+      for (int64_t c = 0; c < v; ++c) {
+        const auto& ch = chunks[static_cast<size_t>(c * p + d)];
+        for (size_t j = 0; j < ch.size(); ++j) {
+          const int32_t g = sim.add(d, sDpAg, kDp, ch[j].dp_ag.s, {}, {kAg, -1, static_cast<int16_t>(c), static_cast<int16_t>(j)},
+                                    &ch[j].dp_ag.link);
+          param_ag[static_cast<size_t>(c)].push_back(g);
+          if (g >= 0) last_param_ag = g;
+        }
+      }
+    std::vector<int32_t> reduces;
+    int32_t last_compute = -1;
+    std::vector<int32_t> carry;  // the previous pass's last tasks: the next pass starts after its collectives
+    for (size_t oi = 0; oi < ops.size(); ++oi) {
+      const Op& op = ops[oi];
+      const int64_t vs = op.chunk * p + d;
+      const auto& ch = chunks[static_cast<size_t>(vs)];
+      const auto c16 = static_cast<int16_t>(op.chunk);
+      const auto m32 = static_cast<int32_t>(op.micro);
+      const size_t key = static_cast<size_t>(op.micro * vs_count + vs);
+      std::vector<int32_t> after = carry;
+      bool first_task = true;
+      auto track = [&](int32_t id) {  // the op's first task waits for the neighbour
+        if (id < 0) return id;
+        if (first_task) {
+          if (op.fwd && vs > 0) late.push_back({id, static_cast<size_t>(op.micro * vs_count + vs - 1), true});
+          if (!op.fwd && vs + 1 < vs_count) late.push_back({id, static_cast<size_t>(op.micro * vs_count + vs + 1), false});
+          first_task = false;
+        }
+        return id;
+      };
+      // Run `id` after `after`, then make it the frontier.
+      auto chain = [&](int32_t id) {
+        if (id >= 0) after.assign(1, id);
+      };
+      std::vector<int32_t> layer_end(ch.size(), -1);
+      if (op.fwd) {
+        const bool first_fwd = !seen_fwd[static_cast<size_t>(op.chunk)];
+        seen_fwd[static_cast<size_t>(op.chunk)] = 1;
+        for (size_t j = 0; j < ch.size(); ++j) {
+          const LayerPlan& lp = ch[j];
+          const auto l16 = static_cast<int16_t>(j);
+          if (z3) {
+            const int32_t free_dep = j >= static_cast<size_t>(o.prefetch) + 1 ? layer_end[j - static_cast<size_t>(o.prefetch) - 1] : -1;
+            const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, m32, c16, l16}, &lp.dp_ag.link);
+            if (g >= 0) after.push_back(g);
+          } else if (first_fwd) {
+            const int32_t g = o.overlap_dp ? param_ag[static_cast<size_t>(op.chunk)][j] : last_param_ag;
+            if (g >= 0) after.push_back(g);
+          }
+          const bool ring = lp.cp.s > 0;
+          const double core = ring ? std::min(lp.attn_core_fwd, lp.fwd) : 0;
+          chain(track(sim.addAfter(d, sCompute, kCompute, lp.fwd - core, after, {kF, m32, c16, l16})));
+          if (ring) {
+            const std::vector<int32_t> before = after;
+            const int32_t cc = track(sim.addAfter(d, sCompute, kCompute, core, before, {kF, m32, c16, l16}));
+            const int32_t cx = track(sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, m32, c16, l16}, &lp.cp.link));
+            after.clear();
+            for (int32_t x : {cc, cx})
+              if (x >= 0) after.push_back(x);
+            if (after.empty()) after = before;
+          }
+          if (!after.empty()) last_compute = after.front();
+          layer_end[j] = after.empty() ? -1 : after.front();
+          chain(track(sim.addAfter(d, sTp, kTp, lp.tp_fwd.s, after, {kTpF, m32, c16, l16}, &lp.tp_fwd.link)));
+          chain(track(sim.addAfter(d, sEp, kEp, lp.ep.s, after, {kEpX, m32, c16, l16}, &lp.ep.link)));
+        }
+        carry = after;
+        int32_t s = -1;
+        if (vs + 1 < vs_count)
+          s = sim.addAfter(d, sPp, kPp, spec.p2p.s, after, {kSendAct, m32, c16, -1}, &spec.p2p.link, (vs + 1) % p);
+        sent_f[key] = s >= 0 ? s : (after.empty() ? -1 : after.front());
+      } else {
+        const bool reduce_here = spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)];
+        for (size_t jj = ch.size(); jj-- > 0;) {
+          const LayerPlan& lp = ch[jj];
+          const auto l16 = static_cast<int16_t>(jj);
+          if (z3) {
+            const size_t ahead = jj + static_cast<size_t>(o.prefetch) + 1;
+            const int32_t free_dep = ahead < ch.size() ? layer_end[ahead] : -1;
+            const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, m32, c16, l16}, &lp.dp_ag.link);
+            if (g >= 0) after.push_back(g);
+          }
+          chain(track(sim.addAfter(d, sCompute, kCompute, lp.recompute, after, {kR, m32, c16, l16})));
+          chain(track(sim.addAfter(d, sTp, kTp, lp.tp_recompute.s, after, {kTpR, m32, c16, l16}, &lp.tp_recompute.link)));
+          chain(track(sim.addAfter(d, sTp, kTp, lp.tp_bwd.s, after, {kTpB, m32, c16, l16}, &lp.tp_bwd.link)));
+          const bool ring = lp.cp.s > 0;
+          const double core = ring ? std::min(2 * lp.attn_core_fwd, lp.bwd - lp.bwd_async) : 0;
+          chain(track(sim.addAfter(d, sCompute, kCompute, lp.bwd - lp.bwd_async - core, after, {kB, m32, c16, l16})));
+          if (ring) {
+            const std::vector<int32_t> before = after;
+            const int32_t cc = track(sim.addAfter(d, sCompute, kCompute, core, before, {kB, m32, c16, l16}));
+            const int32_t cx = track(sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, m32, c16, l16}, &lp.cp.link));
+            after.clear();
+            for (int32_t x : {cc, cx})
+              if (x >= 0) after.push_back(x);
+            if (after.empty()) after = before;
+          }
+          if (o.async_tp) {
+            const std::vector<int32_t> before = after;
+            const int32_t g = track(sim.addAfter(d, sCompute, kCompute, lp.bwd_async, before, {kBGemm, m32, c16, l16}));
+            const int32_t a = track(sim.addAfter(d, sTp, kTp, lp.tp_async.s, before, {kTpAsync, m32, c16, l16}, &lp.tp_async.link));
+            after.clear();
+            for (int32_t x : {g, a})
+              if (x >= 0) after.push_back(x);
+            if (after.empty()) after = before;
+            if (g >= 0) last_compute = g;
+          } else {
+            chain(track(sim.addAfter(d, sCompute, kCompute, lp.bwd_async, after, {kBGemm, m32, c16, l16})));
+            if (!after.empty()) last_compute = after.front();
+            chain(track(sim.addAfter(d, sTp, kTp, lp.tp_async.s, after, {kTpAsync, m32, c16, l16}, &lp.tp_async.link)));
+          }
+          chain(track(sim.addAfter(d, sEp, kEp, lp.ep.s, after, {kEpX, m32, c16, l16}, &lp.ep.link)));
+          layer_end[jj] = after.empty() ? -1 : after.front();
+          if (reduce_here && (o.overlap_dp || z3)) {
+            const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
+            if (r >= 0) reduces.push_back(r);
+          }
+        }
+        carry = after;
+        int32_t s = -1;
+        if (vs > 0) s = sim.addAfter(d, sPp, kPp, spec.p2p.s, after, {kSendGrad, m32, c16, -1}, &spec.p2p.link, (vs - 1) % p);
+        sent_b[key] = s >= 0 ? s : (after.empty() ? -1 : after.front());
+        if (reduce_here && !o.overlap_dp && !z3)  // every reduce-scatter after the compute
+          for (size_t jj = ch.size(); jj-- > 0;) {
+            const int32_t r = sim.addAfter(d, sDpRs, kDp, ch[jj].dp_rs.s, after, {kRs, m32, c16, static_cast<int16_t>(jj)},
+                                           &ch[jj].dp_rs.link);
+            if (r >= 0) reduces.push_back(r);
+          }
+      }
+    }
+    std::vector<int32_t> opt_deps = reduces;
+    opt_deps.push_back(last_compute);
+    sim.addAfter(d, sCompute, kOptimizer, spec.optimizer_s[static_cast<size_t>(d)], opt_deps, {kOpt, -1, -1, -1});
+  }
+  for (const Late& l : late) sim.edge(l.fwd ? sent_f[l.key] : sent_b[l.key], l.task);
+  CHORUS_RETURN_IF_ERROR(sim.run());
+  ScheduleResult r;
+  r.makespan_s = sim.makespan();
+  r.tasks = static_cast<int64_t>(sim.size());
+  r.merged_layers = static_cast<int>(group);
+  sim.attribute(&r);
+  if (keep_slices) sim.slices(&r);
+  return r;
+}
+
+}  // namespace chorus::sim

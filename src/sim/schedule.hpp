@@ -1,0 +1,118 @@
+// One training iteration as a simulated schedule (event-driven).
+//
+// A representative GPU of every pipeline stage runs a compute stream and
+// communication channels (tensor parallel, context parallel, expert
+// parallel, data-parallel gather, data-parallel reduce, pipeline send).
+// Each stream runs its tasks in issue order; a task also waits for the tasks
+// it depends on.  A compute task has a duration at full speed and runs at
+// 1 - comm_sm_fraction of it while any collective of its GPU is in flight
+// (NCCL's kernels take SMs).  A communication task is a collective or a
+// point-to-point transfer with its modelled time alone (the network model)
+// and the seconds it keeps each link class of its GPU busy (the bounds'
+// ledger): concurrent transfers of a GPU share its NVLink port, NIC ports
+// and uplinks max-min fairly (progressive filling, as the flow model shares
+// links), each at most at its own speed alone; a pipeline send loads the
+// sender's and the receiver's links.
+//
+// Dependencies follow the frameworks (each switchable):
+//  * per layer: forward compute, then its tensor-parallel collectives (on
+//    the critical path); backward: the row-parallel conjugates exposed, the
+//    column-parallel collectives asynchronous under the input- and
+//    weight-gradient GEMMs (Megatron's async tp), or all exposed;
+//  * ring attention's K/V exchange under the attention core; expert
+//    dispatch + combine around the MoE layer (exposed);
+//  * ZeRO-3 / FSDP: layer i+1's parameters gathered while layer i computes
+//    (forward and backward, one layer ahead), layer i's gradients
+//    reduce-scattered after its backward; ZeRO-1/2: gradients
+//    reduce-scattered per layer as the backward produces them (ZeRO-2 in
+//    every micro-batch, ZeRO-0/1 in the last), parameters gathered per layer
+//    ahead of the first forward (Megatron's overlap-grad-reduce /
+//    overlap-param-gather), or all after / before the compute;
+//  * pipeline: Megatron's 1F1B or interleaved (vpp > 1) order per stage,
+//    activations and gradients as send tasks;
+//  * the optimizer step after the stage's last reduce-scatter.
+// The makespan is the iteration time.  The breakdown is the pacing (last to
+// finish) stage's timeline: its compute, the slowdown of its compute by
+// overlapped collectives (charged to their dimension), and every wait of its
+// compute stream charged to what it waited for, followed back along the
+// critical chain (a collective: its dimension; another stage: the bubble,
+// or pp_comm_s for the transfer itself).  Docs: docs/simulator.md.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.hpp"
+#include "sim/bounds.hpp"
+
+namespace chorus::sim {
+
+// A collective or transfer as the schedule runs it.
+struct Transfer {
+  double s = 0;     // its modelled time alone
+  LinkDemand link;  // link-seconds it puts on each class of its GPU
+  Transfer& operator+=(const Transfer& o) {
+    s += o.s;
+    link += o.link;
+    return *this;
+  }
+};
+
+// One layer's work per micro-batch on one GPU (or several layers merged).
+struct LayerPlan {
+  double fwd = 0, bwd = 0, recompute = 0;  // compute seconds (bwd without recomputation)
+  double attn_core_fwd = 0;                // the part of fwd (and half of the bwd's twice as much) ring attention overlaps
+  double bwd_async = 0;                    // the backward GEMMs the asynchronous tp collectives run under
+  Transfer tp_fwd, tp_bwd, tp_async;       // exposed forward, exposed backward, asynchronous backward
+  Transfer tp_recompute;                   // the recomputed forward's collectives (full recomputation)
+  Transfer cp, ep;                         // per pass: ring attention's K/V, dispatch + combine
+  Transfer dp_ag, dp_rs;                   // its parameters' gather, its gradients' reduce-scatter
+  LayerPlan& operator+=(const LayerPlan& o);
+};
+
+struct ScheduleOptions {
+  bool async_tp = true;    // column-parallel backward collectives under the GEMMs (Megatron)
+  bool overlap_dp = true;  // ZeRO-1/2 per-layer overlap of reduce-scatter and param gather
+  int prefetch = 1;        // ZeRO-3: layers gathered ahead of the one computing
+  int64_t max_tasks = 400'000;  // layers are merged per chunk above this many tasks
+};
+
+struct IterationSpec {
+  int64_t pp = 1, vpp = 1, micro_batches = 1;
+  int zero = 1;
+  double comm_sm_fraction = 0.15;
+  std::vector<std::vector<LayerPlan>> chunks;  // pp x vpp virtual stages (chunk x pp + stage), their layers in order
+  std::vector<double> optimizer_s;             // per stage
+  Transfer p2p;                                // one activation or gradient between neighbouring stages
+  ScheduleOptions options;
+};
+
+struct ScheduleResult {
+  double makespan_s = 0;
+  std::map<std::string, double> breakdown;  // sums to makespan_s
+  int64_t tasks = 0;
+  int merged_layers = 1;  // layers per task group (1: every layer its own)
+  struct Slice {
+    std::string name;
+    int64_t stage = 0;
+    int stream = 0;  // index into kStreamNames
+    double ts = 0, dur = 0;
+  };
+  std::vector<Slice> slices;  // only when asked for
+};
+
+inline constexpr const char* kStreamNames[] = {"compute", "tp comm", "cp comm", "ep comm", "dp gather", "dp reduce", "pp send"};
+inline constexpr int kStreams = 7;
+
+// Megatron-LM's per-device order of forward and backward passes
+// (schedules.py): 1F1B, interleaved when v > 1.
+struct PipelineOp {
+  bool fwd;
+  int64_t micro, chunk;
+};
+std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t micro_batches);
+
+Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_slices = false);
+
+}  // namespace chorus::sim
