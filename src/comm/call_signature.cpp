@@ -35,7 +35,10 @@ Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq) {
     if (o.coll == Collective::SendRecv) continue;  // peers differ by design
     const bool reduces = plan::reduces(o.coll);
     const int32_t op = !reduces ? 0 : (o.op >= chorusNumOps ? static_cast<int32_t>(chorusNumOps) : o.op);
-    const uint64_t count = o.coll == Collective::AllToAllV ? 0 : o.count;
+    // The v-collectives' own counts differ by rank by design (an allgatherv's
+    // send count is the rank's block); what every rank must share is the
+    // allgatherv's counts array, mixed in below.
+    const uint64_t count = o.coll == Collective::AllToAllV || o.coll == Collective::AllGatherV ? 0 : o.count;
     if (first) {
       s.coll = static_cast<uint32_t>(o.coll);
       s.dtype = o.dtype;

@@ -847,8 +847,10 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   auto input = [&](int q) -> Result<const std::byte*> {
     if (q == rank_) return mine;
     CHORUS_ASSIGN_OR_RETURN(const std::byte* x, board_->await(q, k, cfg_.timeout));
-    if (const transport::CallSignature theirs = board_->signature(q, k); !(theirs == my_sig))
-      return boardMismatch(q, theirs, batch_sig_);
+    transport::CallSignature theirs;
+    if (!board_->signature(q, k, &theirs))  // cannot happen: the peer cannot reuse the slot before our k + 1
+      return internalError("rank {}: board slot of rank {} does not hold call {} after the await", rank_, q, k);
+    if (!(theirs == my_sig)) return boardMismatch(q, theirs, batch_sig_);
     return x;
   };
   if (op.coll == Collective::Broadcast) {
@@ -929,9 +931,11 @@ Status Communicator::verifyEarlierCalls() {
           continue;
         }
         u.peers[w] &= ~(uint64_t{1} << (q % 64));
-        if (c == u.call)
-          if (const transport::CallSignature theirs = board_->signature(q, u.call); !(theirs == comm::callSignature(u.sig)))
-            return boardMismatch(q, theirs, u.sig);
+        // A slot reused meanwhile (a later call, or a torn read while it is
+        // rewritten) can no longer be checked.
+        transport::CallSignature theirs;
+        if (c == u.call && board_->signature(q, u.call, &theirs) && !(theirs == comm::callSignature(u.sig)))
+          return boardMismatch(q, theirs, u.sig);
       }
     }
     if (pending || i != 0) {

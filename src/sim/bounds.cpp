@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "sim/nccl.hpp"
+
 namespace chorus::sim {
 
 std::string linkClassName(const ClusterSpec& c, LinkClass k) {
@@ -23,6 +25,10 @@ LinkClass LinkDemand::dominant() const {
 
 LinkLedger::LinkLedger(const ClusterSpec& c, int64_t job_gpus) : c_(c), gpus_(job_gpus), gpn_(c.node.gpus) {
   nvl_cap_ = (c.node.nvlink_bw * c.node.nvlink_efficiency).value();
+  // NVLS as the network model decides it (network.cpp): on, or by default on
+  // Hopper and Blackwell NVSwitch nodes.
+  const GpuArch arch = gpuArch(c.gpu);
+  nvls_ = c.node.nvls == 1 || (c.node.nvls == -1 && c.node.gpus > 1 && (arch == GpuArch::Hopper || arch == GpuArch::Blackwell));
   const double nic = (c.network.nic_bw * c.network.efficiency).value();
   switch (c.network.topology) {
     case TopologyKind::Torus2d: node_cap_ = 4 * nic; break;  // a node's 2 x dims links
@@ -62,7 +68,8 @@ double LinkLedger::domainBytes(plan::Collective k, double bytes, const GroupSet&
       // domain (reduce-scatter); an allreduce does both.
       case plan::Collective::AllGather:
       case plan::Collective::ReduceScatter: group_bytes = bytes * out; break;
-      case plan::Collective::AllReduce: group_bytes = 2 * bytes * out; break;
+      // With in-network reduction (IB SHARP) the reduced data crosses once.
+      case plan::Collective::AllReduce: group_bytes = (c_.network.sharp ? 1 : 2) * bytes * out; break;
       // Every member sends a distinct 1/n of its buffer to every other.
       case plan::Collective::AllToAll: group_bytes = km * bytes * out; break;
       default: group_bytes = 0; break;
@@ -84,7 +91,10 @@ LinkDemand LinkLedger::collective(plan::Collective k, double bytes, const GroupS
       case plan::Collective::AllGather:
       case plan::Collective::ReduceScatter:
       case plan::Collective::AllToAll: per_gpu = bytes * (n - 1) / n; break;
-      case plan::Collective::AllReduce: per_gpu = 2 * bytes * (n - 1) / n; break;
+      // In-switch reduction (NVLS) sends each GPU's data in once and the
+      // result out once: (n - 1)/n of the buffer each way is the least any
+      // plan moves; without it a reduce-scatter and an all-gather.
+      case plan::Collective::AllReduce: per_gpu = (nvls_ ? 1 : 2) * bytes * (n - 1) / n; break;
       default: break;
     }
     d.s[0] = per_gpu / nvl_cap_;

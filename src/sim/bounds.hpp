@@ -67,6 +67,7 @@ class LinkLedger {
   const ClusterSpec& c_;
   int64_t gpus_ = 0, gpn_ = 1, pod_gpus_ = 0;
   double nvl_cap_ = 0, node_cap_ = 0, pod_cap_ = 0;
+  bool nvls_ = false;  // in-switch reduction inside a node
 };
 
 // The resources' busy seconds over one iteration and the largest.

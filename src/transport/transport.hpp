@@ -153,9 +153,11 @@ class Board {
   // or aborted, this transport was aborted, or `timeout` passed since the
   // wait began (chorusTimeout, naming the peer).
   virtual Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) = 0;
-  // The signature the peer published with call k; valid once await(peer, k)
-  // has returned and until this rank publishes k + 1.
-  virtual CallSignature signature(int peer, uint64_t k) const = 0;
+  // The signature the peer published with call k, into *out: true when the
+  // peer's slot holds call k (read consistently even while the peer reuses
+  // the slot: then false).  Certain to succeed once await(peer, k) has
+  // returned and until this rank publishes k + 1.
+  virtual bool signature(int peer, uint64_t k, CallSignature* out) const = 0;
   // The call whose data the peer's slot of call k holds now (k, an earlier
   // call, or a later one that reused the slot; 0: none yet), without waiting.
   virtual uint64_t slotCall(int peer, uint64_t k) const = 0;

@@ -200,7 +200,7 @@ class ShmTransport final : public Transport, public Board {
   // Board
   std::byte* slot(uint64_t k) override { return own_board_[k % kBoardSlots].data; }
   void publish(uint64_t k, const CallSignature& sig) override;
-  CallSignature signature(int peer, uint64_t k) const override;
+  bool signature(int peer, uint64_t k, CallSignature* out) const override;
   uint64_t slotCall(int peer, uint64_t k) const override;
   void settle() override;
   Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) override;
@@ -993,7 +993,12 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
 
 void ShmTransport::publish(uint64_t k, const CallSignature& sig) {
   BoardSlot& slot = own_board_[k % kBoardSlots];
-  slot.sig = sig;
+  slot.sig_seq.store(2 * k + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // the odd mark before the words
+  uint64_t words[3];
+  std::memcpy(words, &sig, sizeof words);
+  for (int i = 0; i < 3; ++i) slot.sig[i].store(words[i], std::memory_order_relaxed);
+  slot.sig_seq.store(2 * k + 2, std::memory_order_release);
   slot.call.store(k, std::memory_order_release);
   board_unsettled_ = true;
   ++stats_.board_calls;
@@ -1018,9 +1023,17 @@ uint64_t ShmTransport::slotCall(int peer, uint64_t k) const {
   return p == nullptr ? 0 : p->board[k % kBoardSlots].call.load(std::memory_order_acquire);
 }
 
-CallSignature ShmTransport::signature(int peer, uint64_t k) const {
+bool ShmTransport::signature(int peer, uint64_t k, CallSignature* out) const {
   const Peer* p = findPeer(peer);
-  return p == nullptr ? CallSignature{} : p->board[k % kBoardSlots].sig;
+  if (p == nullptr) return false;
+  const BoardSlot& s = p->board[k % kBoardSlots];
+  const uint64_t before = s.sig_seq.load(std::memory_order_acquire);
+  if (before != 2 * k + 2) return false;
+  uint64_t words[3];
+  for (int i = 0; i < 3; ++i) words[i] = s.sig[i].load(std::memory_order_relaxed);
+  std::memcpy(static_cast<void*>(out), words, sizeof words);
+  std::atomic_thread_fence(std::memory_order_acquire);  // the words before the second look
+  return s.sig_seq.load(std::memory_order_relaxed) == before;
 }
 
 Result<const std::byte*> ShmTransport::await(int peer, uint64_t k, std::chrono::milliseconds timeout) {
