@@ -8,6 +8,8 @@
 #include <iostream>
 #include <unistd.h>
 
+#include "sim/cli_args.hpp"
+#include "sim/model_info.hpp"
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
 
@@ -53,7 +55,14 @@ int main(int argc, char** argv) {
 
   std::string cluster_path, model_path, collective = "allreduce", bytes_text = "1G", algo = "auto", network = "analytical", library = "nccl";
   int64_t gpus = 0;
-  bool json = false;
+  bool json = false, verbose = false;
+
+  int64_t model_seq = 4096;
+  auto* mo = app.add_subcommand("model", "describe a model: parameters, FLOPs and KV cache per token, layer shapes");
+  mo->add_option("--model", model_path, "chorus model JSON, a Hugging Face config.json, or a directory holding one")->required();
+  mo->add_option("--seq", model_seq, "context length for the FLOPs and KV figures (default 4096)");
+  mo->add_flag("--verbose", verbose, "also list the Hugging Face keys that were ignored");
+  mo->add_flag("--json", json, "print JSON");
   auto* col = app.add_subcommand("collective", "time one collective on the first N GPUs of a cluster");
   col->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   col->add_option("--gpus", gpus, "number of GPUs (ranks in GPU order)")->required();
@@ -68,7 +77,8 @@ int main(int argc, char** argv) {
   std::string recompute = "selective", micro = "1", trace_path, plot_path;
   bool no_sp = false, no_flash = false;
   auto* tr = app.add_subcommand("train", "time one training iteration");
-  tr->add_option("--model", model_path, "model JSON (configs/models/)")->required();
+  tr->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
+  tr->add_flag("--verbose", verbose, "list the Hugging Face config keys that were ignored (stderr)");
   tr->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   tr->add_option("--gpus", tc.gpus, "GPUs")->required();
   tr->add_option("--tp", tc.tp, "tensor parallel");
@@ -107,7 +117,8 @@ int main(int argc, char** argv) {
   SearchConfig sc;
   bool no_progress = false;
   auto* se = app.add_subcommand("search", "find the fastest parallel layouts for a model on N GPUs");
-  se->add_option("--model", model_path, "model JSON (configs/models/)")->required();
+  se->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
+  se->add_flag("--verbose", verbose, "list the Hugging Face config keys that were ignored (stderr)");
   se->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   se->add_option("--gpus", sc.gpus, "GPUs")->required();
   se->add_option("--global-batch", sc.global_batch, "sequences per iteration")->required();
@@ -127,7 +138,8 @@ int main(int argc, char** argv) {
   InferConfig ic;
   std::string lengths = "fixed";
   auto* in = app.add_subcommand("infer", "serve a request stream: aggregated vs disaggregated prefill/decode");
-  in->add_option("--model", model_path, "model JSON (configs/models/)")->required();
+  in->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
+  in->add_flag("--verbose", verbose, "list the Hugging Face config keys that were ignored (stderr)");
   in->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   in->add_option("--gpus", ic.gpus, "GPUs of the service")->required();
   in->add_option("--tp", ic.tp, "GPUs per replica (default: the smallest that fits)");
@@ -148,6 +160,36 @@ int main(int argc, char** argv) {
   in->add_flag("--json", json, "print JSON");
 
   CLI11_PARSE(app, argc, argv);
+
+  if (mo->parsed()) {
+    auto model = loadModel(model_path);
+    if (!model.isOk()) return fail(model.status());
+    auto info = describeModel(*model, model_seq);
+    if (!info.isOk()) return fail(info.status());
+    if (json) std::cout << toJson(*info).dump(2) << "\n";
+    else std::fputs(formatModelInfo(*info, verbose).c_str(), stdout);
+    return 0;
+  }
+  // Every numeric flag's range, before any file is read or anything priced.
+  if (col->parsed()) {
+    Status st = checkCollectiveArgs(gpus, 0);  // --bytes: chorus::parseSize below checks its grammar and range
+    if (!st.isOk()) return fail(st);
+  }
+  if (tr->parsed()) {
+    auto mb = parseMicroBatch(micro);
+    if (!mb.isOk()) return fail(mb.status());
+    tc.micro_batch = *mb;
+    Status st = checkTrainArgs(tc);
+    if (!st.isOk()) return fail(st);
+  }
+  if (se->parsed()) {
+    Status st = checkSearchArgs(sc);
+    if (!st.isOk()) return fail(st);
+  }
+  if (in->parsed()) {
+    Status st = checkInferConfig(ic);
+    if (!st.isOk()) return fail(st);
+  }
   const plan::Registry reg = plan::Registry::builtin();
   auto mode = parseNetMode(network);
   if (!mode.isOk()) return fail(mode.status());
@@ -200,6 +242,11 @@ int main(int argc, char** argv) {
 
   auto model = loadModel(model_path);
   if (!model.isOk()) return fail(model.status());
+  if (verbose && !model->ignored_keys.empty()) {
+    std::string keys;
+    for (const std::string& k : model->ignored_keys) keys += " " + k;
+    std::fprintf(stderr, "chorus-sim: %s: ignored keys:%s\n", model_path.c_str(), keys.c_str());
+  }
   auto topo = Topology::build(*cluster);
   if (!topo.isOk()) return fail(topo.status());
   NetworkModel net(*cluster, *topo, reg, *mode);
@@ -214,15 +261,6 @@ int main(int argc, char** argv) {
     tc.schedule = !estimate_only;
     tc.async_tp = !sync_tp;
     tc.overlap_dp = !no_overlap_dp;
-    if (micro == "auto") {
-      tc.micro_batch = 0;
-    } else {
-      try {
-        tc.micro_batch = std::stoll(micro);
-      } catch (...) {
-        return fail(invalidArgument("--micro-batch '{}' is not a number or auto", micro));
-      }
-    }
     auto r = simulateTraining(*model, tc, net);
     if (!r.isOk()) return fail(r.status());
     nlohmann::json j = toJson(*r);

@@ -1,5 +1,7 @@
 #include "sim/infer.hpp"
 
+#include "sim/cli_args.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -221,14 +223,26 @@ Result<LengthDist> parseLengthDist(std::string_view text) {
   return invalidArgument("--lengths '{}' is not one of fixed, uniform, exponential", text);
 }
 
+Status checkInferConfig(const InferConfig& cfg) {
+  constexpr int64_t kTokens = int64_t{1} << 30;
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--gpus", cfg.gpus, 1, int64_t{1} << 24, "GPUs of the service"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--tp", cfg.tp, 0, 1 << 20, "GPUs per replica; 0 = the smallest that fits"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--rate", cfg.rate, 1e-9, 1e9, "requests per second, positive"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--requests", cfg.requests, 1, 10000000, "requests simulated"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--input", cfg.input_len, 1, kTokens, "prompt tokens per request"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--output", cfg.output_len, 1, kTokens, "output tokens per request"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--ttft-slo", cfg.ttft_slo_s, 1e-9, 1e9, "seconds, positive"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--tpot-slo", cfg.tpot_slo_s, 1e-9, 1e9, "seconds, positive"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--max-batch", cfg.max_batch, 1, 1 << 24, "running requests per replica"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--prefill-tokens", cfg.prefill_tokens, 1, kTokens, "tokens per prefill batch"));
+  return checkRange<int>("--prefill-replicas", cfg.prefill_replicas, 0, 1 << 24, "disaggregated split; 0 = try all");
+}
+
 Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net) {
   const ClusterSpec& c = net.cluster();
-  if (cfg.gpus < 1 || cfg.gpus > c.gpus())
+  CHORUS_RETURN_IF_ERROR(checkInferConfig(cfg));
+  if (cfg.gpus > c.gpus())
     return invalidArgument("infer: --gpus {} is outside [1, {}] for cluster '{}'", cfg.gpus, c.gpus(), c.name);
-  if (cfg.rate <= 0 || cfg.requests < 1 || cfg.input_len < 1 || cfg.output_len < 1 || cfg.max_batch < 1 || cfg.prefill_tokens < 1)
-    return invalidArgument("infer: --rate {}, --requests {}, --input {}, --output {}, --max-batch {} and --prefill-tokens {} "
-                           "must all be positive", cfg.rate, cfg.requests, cfg.input_len, cfg.output_len, cfg.max_batch,
-                           cfg.prefill_tokens);
   InferReport rep;
   rep.config = cfg;
   // Replica size: the smallest power of two (inside one node) whose weights

@@ -55,6 +55,9 @@ struct InferReport {
   std::string best;  // "aggregated" or "disaggregated P:D"
 };
 
+// The ranges of every InferConfig value (flag names in the messages).
+Status checkInferConfig(const InferConfig& cfg);
+
 Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net);
 
 }  // namespace chorus::sim
