@@ -46,6 +46,17 @@ void printServe(const ServeStats& s) {
               s.throughput_rps, s.goodput_rps, 100 * s.slo_attainment);
 }
 
+// The metrics block as vLLM's benchmark_serving prints it (times in ms).
+void printServeDetail(const ServeStats& s, int64_t requests) {
+  std::printf("    requests %lld, duration %.2f s, %.3f req/s, output %.1f tok/s, total %.1f tok/s, %.1f tok/s per user, "
+              "goodput %.3f req/s, at most %lld running per replica\n",
+              static_cast<long long>(requests), s.duration_s, s.throughput_rps, s.tokens_per_s, s.total_tokens_per_s,
+              s.per_user_tokens_per_s, s.goodput_rps, static_cast<long long>(s.max_running));
+  for (auto [name, l] : {std::pair{"TTFT", s.ttft}, {"TPOT", s.tpot}, {"ITL", s.itl}, {"E2E", s.e2e}})
+    std::printf("    %-4s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f ms\n", name, 1e3 * l.mean, 1e3 * l.p50, 1e3 * l.p90,
+                1e3 * l.p99);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,14 +147,22 @@ int main(int argc, char** argv) {
   se->add_flag("--json", json, "print JSON");
 
   InferConfig ic;
-  std::string lengths = "fixed";
+  std::string lengths = "fixed", concurrency_text;
   auto* in = app.add_subcommand("infer", "serve a request stream: aggregated vs disaggregated prefill/decode");
   in->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
   in->add_flag("--verbose", verbose, "list the Hugging Face config keys that were ignored (stderr)");
   in->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   in->add_option("--gpus", ic.gpus, "GPUs of the service")->required();
   in->add_option("--tp", ic.tp, "GPUs per replica (default: the smallest that fits)");
-  in->add_option("--rate", ic.rate, "arrivals per second (Poisson)");
+  in->add_option("--rate", ic.rate, "arrivals per second (Poisson, open loop; default 10)");
+  in->add_option("--concurrency", concurrency_text,
+                 "closed loop: N users, each sending its next request when its previous one completes; a list "
+                 "(1,2,4,...) sweeps");
+  in->add_flag("--max-throughput", ic.max_throughput, "offline: every request at t = 0 (batch bounded by KV and --max-batch)");
+  in->add_flag("--chunked-prefill", ic.chunked_prefill,
+               "every step carries the decodes and prompt chunks within --prefill-tokens (vLLM V1); default: prefill first");
+  in->add_flag("--kv-fp8", ic.kv_fp8, "fp8 KV cache (1 byte per element)");
+  in->add_option("--e2e-slo", ic.e2e_slo_s, "end-to-end latency SLO for goodput (s; default none)");
   in->add_option("--requests", ic.requests, "requests simulated");
   in->add_option("--input", ic.input_len, "mean input (prompt) tokens");
   in->add_option("--output", ic.output_len, "mean output tokens");
@@ -156,7 +175,7 @@ int main(int argc, char** argv) {
   in->add_option("--seed", ic.seed, "random seed of the request stream");
   in->add_option("--network", network, "analytical or flow");
   in->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
-  in->add_flag("--fp8", ic.fp8, "fp8 GEMMs");
+  in->add_flag("--fp8", ic.fp8, "fp8 weights (1 byte each) and fp8 GEMMs");
   in->add_flag("--json", json, "print JSON");
 
   CLI11_PARSE(app, argc, argv);
@@ -186,7 +205,14 @@ int main(int argc, char** argv) {
     Status st = checkSearchArgs(sc);
     if (!st.isOk()) return fail(st);
   }
+  std::vector<int64_t> sweep;
   if (in->parsed()) {
+    if (!concurrency_text.empty()) {
+      auto c = parseConcurrency(concurrency_text);
+      if (!c.isOk()) return fail(c.status());
+      sweep = *c;
+      ic.concurrency = sweep.front();
+    }
     Status st = checkInferConfig(ic);
     if (!st.isOk()) return fail(st);
   }
@@ -329,17 +355,47 @@ int main(int argc, char** argv) {
     auto d = parseLengthDist(lengths);
     if (!d.isOk()) return fail(d.status());
     ic.dist = *d;
+    if (sweep.size() > 1) {  // a concurrency sweep: one closed-loop run per value
+      nlohmann::json runs = nlohmann::json::array();
+      if (!json)
+        std::printf("%s on %lld GPUs of %s, %lld in / %lld out tokens, closed loop\n"
+                    "  users  req/s  out tok/s  tok/s/user  TTFT p50/p99 ms   ITL p50/p99 ms  TPOT p50 ms  E2E p50 s\n",
+                    model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(),
+                    static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len));
+      for (int64_t n : sweep) {
+        InferConfig k = ic;
+        k.concurrency = n;
+        auto r = simulateInference(*model, k, net);
+        if (!r.isOk()) return fail(r.status());
+        const ServeStats& s = r->aggregated;
+        if (json) {
+          nlohmann::json j = toJson(*r);
+          runs.push_back(j);
+        } else {
+          std::printf("  %5lld %6.2f %10.1f %11.1f %8.1f/%-8.1f %7.2f/%-8.2f %10.2f %10.2f\n", static_cast<long long>(n),
+                      s.throughput_rps, s.tokens_per_s, s.per_user_tokens_per_s, 1e3 * s.ttft.p50, 1e3 * s.ttft.p99,
+                      1e3 * s.itl.p50, 1e3 * s.itl.p99, 1e3 * s.tpot.p50, s.e2e.p50);
+        }
+      }
+      if (json) std::cout << nlohmann::json{{"sweep", runs}}.dump(2) << "\n";
+      return 0;
+    }
     auto r = simulateInference(*model, ic, net);
     if (!r.isOk()) return fail(r.status());
     if (json) {
       std::cout << toJson(*r).dump(2) << "\n";
     } else {
-      std::printf("%s on %lld GPUs of %s: %d replicas of tp %d; %.1f req/s, %lld in / %lld out tokens; prefill %.1f ms per "
-                  "request, decode step %.1f ms (batch 1), KV %.1f MB per request\n",
-                  model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(), r->replicas, r->tp, ic.rate,
-                  static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len), 1e3 * r->prefill_s_per_request,
-                  1e3 * r->decode_step_s, r->kv_bytes_per_request / 1e6);
+      const std::string load = ic.max_throughput ? "offline (all at once)"
+                               : ic.concurrency > 0 ? fmt::format("{} users, closed loop", ic.concurrency)
+                                                    : fmt::format("{:.1f} req/s", ic.rate);
+      std::printf("%s on %lld GPUs of %s: %d replicas of tp %d; %s, %lld in / %lld out tokens; prefill %.1f ms per "
+                  "request, decode step %.1f ms (batch 1), KV %.1f MB per request, weights %.1f GB per GPU\n",
+                  model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(), r->replicas, r->tp,
+                  load.c_str(), static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len),
+                  1e3 * r->prefill_s_per_request, 1e3 * r->decode_step_s, r->kv_bytes_per_request / 1e6,
+                  r->weight_bytes_per_gpu / 1e9);
       printServe(r->aggregated);
+      printServeDetail(r->aggregated, ic.requests);
       if (!r->best_disaggregated.mode.empty()) printServe(r->best_disaggregated);
       std::printf("  best under SLOs (TTFT %.2f s, TPOT %.0f ms): %s\n", ic.ttft_slo_s, 1e3 * ic.tpot_slo_s, r->best.c_str());
     }

@@ -1,5 +1,6 @@
 #include "sim/cli_args.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 namespace chorus::sim {
@@ -31,6 +32,23 @@ Status checkSearchArgs(const SearchConfig& c) {
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--seq", c.seq, 1, kMaxTokens, "tokens per sequence"));
   CHORUS_RETURN_IF_ERROR(checkRange<int>("--top", c.top, 1, 1 << 20, "layouts to show"));
   return checkRange<int>("--max-micro-batch", c.max_micro_batch, 1, 1 << 20, "largest micro-batch tried");
+}
+
+Result<std::vector<int64_t>> parseConcurrency(std::string_view text) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    const size_t j = std::min(text.find(',', i), text.size());
+    const std::string_view item = text.substr(i, j - i);
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || p != item.data() + item.size())
+      return invalidArgument("--concurrency '{}': '{}' is not an integer (one value, or a list: 1,2,4,8)", text, item);
+    CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--concurrency", v, 1, 1 << 24, "users in the closed loop"));
+    out.push_back(v);
+    i = j + 1;
+  }
+  return out;
 }
 
 Result<int64_t> parseMicroBatch(std::string_view text) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <string_view>
+#include <vector>
 
 #include "common/status.hpp"
 #include "sim/infer.hpp"
@@ -24,6 +25,8 @@ Status checkRange(std::string_view flag, T v, T lo, T hi, std::string_view what)
 Status checkCollectiveArgs(int64_t gpus, double bytes);
 Status checkTrainArgs(const TrainConfig& c);
 Status checkSearchArgs(const SearchConfig& c);
+// --concurrency: "N" or a sweep "1,2,4,8"; every entry at least 1.
+Result<std::vector<int64_t>> parseConcurrency(std::string_view text);
 // --micro-batch: a positive integer, or "auto" (returned as 0).
 Result<int64_t> parseMicroBatch(std::string_view text);
 

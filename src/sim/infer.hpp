@@ -19,10 +19,24 @@ namespace chorus::sim {
 enum class LengthDist { Fixed, Uniform, Exponential };
 Result<LengthDist> parseLengthDist(std::string_view text);
 
+// How requests arrive, as serving benchmarks drive a server (vLLM's
+// benchmark_serving: --request-rate, --max-concurrency; offline: every request at once).
+enum class LoadMode { OpenLoop, ClosedLoop, Offline };
+
 struct InferConfig {
   int64_t gpus = 8;
   int tp = 0;                   // GPUs per replica; 0 = the smallest power of two (<= a node) that fits
-  double rate = 10;             // requests per second (Poisson)
+  double rate = 10;             // requests per second (Poisson), open loop
+  // Closed loop: `concurrency` users, each sending its next request when its
+  // previous one completes (0: open loop at `rate`).
+  int64_t concurrency = 0;
+  bool max_throughput = false;  // offline: every request arrives at t = 0
+  // Chunked prefill (vLLM V1, SGLang): every step carries the running
+  // requests' decode tokens and, within `prefill_tokens` in all, chunks of
+  // prompts; false: prefill-first batches of whole prompts, decode paused.
+  bool chunked_prefill = false;
+  bool kv_fp8 = false;          // fp8 KV cache (1 byte per element)
+  double e2e_slo_s = 0;         // end-to-end latency SLO for goodput (0: none)
   int64_t requests = 2000;
   int64_t input_len = 1024, output_len = 256;  // means
   LengthDist dist = LengthDist::Fixed;  // uniform: [0.5, 1.5] x mean; exponential: mean (at least 1)
@@ -30,18 +44,37 @@ struct InferConfig {
   int64_t max_batch = 256;          // running requests per replica
   int64_t prefill_tokens = 8192;    // tokens per prefill batch
   int prefill_replicas = 0;         // disaggregated: 0 = try every split
-  bool fp8 = false;
+  bool fp8 = false;             // fp8 weights (1 byte each) and fp8 GEMMs
   uint64_t seed = 1;
+  [[nodiscard]] LoadMode load() const {
+    return max_throughput ? LoadMode::Offline : concurrency > 0 ? LoadMode::ClosedLoop : LoadMode::OpenLoop;
+  }
 };
 
+// Mean, median and tail of one latency, in seconds.
+struct Latency {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
+};
+
+// The metrics as vLLM's benchmark_serving defines them: TTFT = first token -
+// arrival; TPOT = (last token - first token) / (output - 1) per request; ITL
+// = every gap between consecutive tokens of a request, pooled; E2E = last
+// token - arrival.  Throughputs over the run (first arrival to last token).
 struct ServeStats {
   std::string mode;  // "aggregated" or "disaggregated"
   int prefill_replicas = 0, decode_replicas = 0;  // aggregated: replicas in decode_replicas
   double ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0;
   double tpot_p50_s = 0, tpot_p90_s = 0, tpot_p99_s = 0;
-  double throughput_rps = 0, tokens_per_s = 0;
-  double slo_attainment = 0, goodput_rps = 0;  // requests meeting both SLOs (per second of the run)
+  Latency ttft, tpot, itl, e2e;
+  double throughput_rps = 0, tokens_per_s = 0;  // requests/s, output tokens/s
+  double total_tokens_per_s = 0;                // input + output tokens/s
+  // Output tokens/s one user sees while its answer streams: mean over
+  // requests of (output - 1) / (last token - first token).
+  double per_user_tokens_per_s = 0;
+  double slo_attainment = 0, goodput_rps = 0;  // requests meeting every SLO (per second of the run)
   double kv_transfer_mean_s = 0;
+  double duration_s = 0;
+  int64_t max_running = 0;  // most requests decoding at once on one replica
 };
 
 struct InferReport {
@@ -49,6 +82,7 @@ struct InferReport {
   int tp = 1, replicas = 1;
   double prefill_s_per_request = 0, decode_step_s = 0;  // at the mean length, batch 1
   double kv_bytes_per_request = 0, kv_capacity_tokens = 0;
+  double weight_bytes_per_gpu = 0, kv_capacity_bytes = 0;  // per GPU
   ServeStats aggregated;
   std::vector<ServeStats> splits;  // disaggregated, every split tried
   ServeStats best_disaggregated;
