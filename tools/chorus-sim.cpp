@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
   se->add_flag("--json", json, "print JSON");
 
   InferConfig ic;
-  std::string lengths = "fixed", concurrency_text;
+  std::string lengths = "fixed", concurrency_text, draft_path;
   auto* in = app.add_subcommand("infer", "serve a request stream: aggregated vs disaggregated prefill/decode");
   in->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
   in->add_flag("--verbose", verbose, "list the Hugging Face config keys that were ignored (stderr)");
@@ -163,6 +163,9 @@ int main(int argc, char** argv) {
                "every step carries the decodes and prompt chunks within --prefill-tokens (vLLM V1); default: prefill first");
   in->add_flag("--kv-fp8", ic.kv_fp8, "fp8 KV cache (1 byte per element)");
   in->add_option("--e2e-slo", ic.e2e_slo_s, "end-to-end latency SLO for goodput (s; default none)");
+  in->add_option("--spec-tokens", ic.spec_tokens, "speculative decoding: tokens drafted per step (default 0: off)");
+  in->add_option("--spec-acceptance", ic.spec_acceptance, "probability that a drafted token is accepted");
+  in->add_option("--draft-model", draft_path, "draft model (default: the model's MTP modules)");
   in->add_option("--requests", ic.requests, "requests simulated");
   in->add_option("--input", ic.input_len, "mean input (prompt) tokens");
   in->add_option("--output", ic.output_len, "mean output tokens");
@@ -354,6 +357,11 @@ int main(int argc, char** argv) {
   if (in->parsed()) {
     auto d = parseLengthDist(lengths);
     if (!d.isOk()) return fail(d.status());
+    if (!draft_path.empty()) {
+      auto dm = loadModel(draft_path);
+      if (!dm.isOk()) return fail(dm.status());
+      ic.draft_model = std::make_shared<const ModelSpec>(*dm);
+    }
     ic.dist = *d;
     if (sweep.size() > 1) {  // a concurrency sweep: one closed-loop run per value
       nlohmann::json runs = nlohmann::json::array();
@@ -394,6 +402,10 @@ int main(int argc, char** argv) {
                   load.c_str(), static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len),
                   1e3 * r->prefill_s_per_request, 1e3 * r->decode_step_s, r->kv_bytes_per_request / 1e6,
                   r->weight_bytes_per_gpu / 1e9);
+      if (ic.spec_tokens > 0)
+        std::printf("  speculative decoding: %d drafted tokens per step, acceptance %.2f: %.2f tokens per step expected, "
+                    "drafting %.1f ms per step (batch 1)\n",
+                    ic.spec_tokens, ic.spec_acceptance, r->expected_tokens_per_step, 1e3 * r->draft_step_s);
       printServe(r->aggregated);
       printServeDetail(r->aggregated, ic.requests);
       if (!r->best_disaggregated.mode.empty()) printServe(r->best_disaggregated);

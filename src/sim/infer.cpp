@@ -5,6 +5,7 @@
 #include <deque>
 #include <functional>
 #include <queue>
+#include <optional>
 #include <random>
 
 #include "sim/cli_args.hpp"
@@ -74,9 +75,11 @@ class Replica {
   // prefill) whose attention covers `pairs` (full layers) / `pairs_win`
   // (sliding layers) query-key pairs: one roofline over the whole step —
   // the weights are read once, the FLOPs of every token add up.
+  // `q` queries per decoding request (speculative decoding verifies K + 1):
+  // q x the GEMM and attention FLOPs, the cache read once.
   [[nodiscard]] double step(double batch, double context, double context_win, double chunk, double pairs,
-                            double pairs_win) const {
-    const double tokens = batch + chunk;
+                            double pairs_win, double q = 1) const {
+    const double tokens = batch * q + chunk;
     if (tokens <= 0) return 0;
     const double h = static_cast<double>(m_.hidden), T = tp_;
     const double kv = kvBytesFor(context, context_win);
@@ -88,7 +91,7 @@ class Replica {
     const double prefill_width = m_.qkHeadDim() + m_.vHeadDim();
     double attn = 0;
     for (int l = 0; l < m_.layers; ++l) {
-      attn += 2 * (m_.isWindowLayer(l) ? context_win : context) * m_.heads * width;
+      attn += 2 * q * (m_.isWindowLayer(l) ? context_win : context) * m_.heads * width;
       attn += 2 * (m_.isWindowLayer(l) ? pairs_win : pairs) * m_.heads * prefill_width;
     }
     const double flops = 2 * tokens * m_.activeMatmulParams() / T + attn / T;
@@ -180,6 +183,26 @@ struct Engine {
   std::function<void(Request*)> on_done;
   std::vector<double>* itl = nullptr;
   int64_t max_running = 0;
+  // Speculative decoding: the drafter's replica (nullptr: none), K and the acceptance rate.
+  const Replica* drafter = nullptr;
+  int spec_k = 0;
+  double spec_a = 0;
+  std::mt19937_64 spec_rng{1};
+  // Tokens a request gains in one verification step: 1 + the accepted run.
+  int64_t produced() {
+    if (spec_k == 0) return 1;
+    std::bernoulli_distribution accept(spec_a);
+    int64_t n = 1;
+    for (int i = 0; i < spec_k && accept(spec_rng); ++i) ++n;
+    return n;
+  }
+  // A decode (or mixed) step of the target, with the drafter's K steps before it.
+  [[nodiscard]] double decodeCost(double batch, double context, double context_win, double chunk, double pairs,
+                                  double pairs_win) const {
+    if (spec_k == 0 || batch == 0) return rep.step(batch, context, context_win, chunk, pairs, pairs_win);
+    return rep.step(batch, context, context_win, chunk, pairs, pairs_win, spec_k + 1) +
+           spec_k * drafter->decode(batch, context, context_win);
+  }
 
   using Arrival = std::pair<double, Request*>;
   std::priority_queue<Arrival, std::vector<Arrival>, std::greater<>> arrivals;
@@ -251,7 +274,7 @@ struct Engine {
           continue;
         }
         max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
-        now += rep.step(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win);
+        now += decodeCost(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win);
         advanceDecode(running, now, context, context_win, kv_now, kv_res);
         std::vector<Request*> started;
         for (auto [i, take] : parts) {
@@ -308,7 +331,7 @@ struct Engine {
         continue;
       }
       max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
-      now += rep.decode(static_cast<double>(running.size()), context, context_win);
+      now += decodeCost(static_cast<double>(running.size()), context, context_win, 0, 0, 0);
       advanceDecode(running, now, context, context_win, kv_now, kv_res);
     }
   }
@@ -318,14 +341,19 @@ struct Engine {
                      double& kv_res) {
     for (size_t i = 0; i < running.size();) {
       Request* r = running[i].r;
-      const double n = static_cast<double>(r->in + running[i].made);
-      ++running[i].made;
+      // One chunk of tokens streams out per step (benchmark_serving's ITL is per chunk).
+      const int64_t gain = std::min(produced(), r->out - running[i].made);
       token(r, now);
-      context += 1;
-      context_win += rep.capped(n + 1) - rep.capped(n);
-      kv_now += rep.kvBytesOf(n + 1) - rep.kvBytesOf(n);
+      for (int64_t k = 0; k < gain; ++k) {
+        const double n = static_cast<double>(r->in + running[i].made);
+        ++running[i].made;
+        context += 1;
+        context_win += rep.capped(n + 1) - rep.capped(n);
+        kv_now += rep.kvBytesOf(n + 1) - rep.kvBytesOf(n);
+      }
       if (running[i].made >= r->out) {
-        context -= n + 1, context_win -= rep.capped(n + 1), kv_now -= rep.kvBytesOf(n + 1);
+        const double n = static_cast<double>(r->in + running[i].made);
+        context -= n, context_win -= rep.capped(n), kv_now -= rep.kvBytesOf(n);
         kv_res -= rep.kvBytesOf(static_cast<double>(r->in + r->out));
         running[i] = running.back(), running.pop_back();
         finish(r, now);
@@ -397,6 +425,12 @@ Status checkInferConfig(const InferConfig& cfg) {
   CHORUS_RETURN_IF_ERROR(checkRange<double>("--e2e-slo", cfg.e2e_slo_s, 0, 1e9, "seconds; 0 = none"));
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--max-batch", cfg.max_batch, 1, 1 << 24, "running requests per replica"));
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--prefill-tokens", cfg.prefill_tokens, 1, kTokens, "tokens per prefill batch"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--spec-tokens", cfg.spec_tokens, 0, 16, "drafted tokens per step; 0 = none"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--spec-acceptance", cfg.spec_acceptance, 0, 1,
+                                            "probability that a drafted token is accepted"));
+  if (cfg.spec_tokens > 0 && cfg.spec_acceptance == 0)
+    return invalidArgument("--spec-tokens {} needs --spec-acceptance (the probability a drafted token is accepted, in (0, 1])",
+                           cfg.spec_tokens);
   if (cfg.max_throughput && cfg.concurrency > 0)
     return invalidArgument("--max-throughput and --concurrency {} are different load modes: give one", cfg.concurrency);
   return checkRange<int>("--prefill-replicas", cfg.prefill_replicas, 0, 1 << 24, "disaggregated split; 0 = try all");
@@ -409,12 +443,46 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     return invalidArgument("infer: --gpus {} is outside [1, {}] for cluster '{}'", cfg.gpus, c.gpus(), c.name);
   InferReport rep;
   rep.config = cfg;
+  // The drafter for speculative decoding: a draft model, or the model's own
+  // MTP module (one transformer layer like its last, sharing the embedding
+  // and head; its 2h x h input projection is left out) applied K times.
+  ModelSpec mtp;
+  const ModelSpec* draft = nullptr;
+  if (cfg.spec_tokens > 0) {
+    if (cfg.draft_model) {
+      draft = cfg.draft_model.get();
+    } else {
+      if (m.mtp_layers == 0)
+        return invalidArgument("infer: --spec-tokens {} without --draft-model needs multi-token-prediction modules, and "
+                               "model '{}' has none (num_nextn_predict_layers / mtp_layers)", cfg.spec_tokens, m.name);
+      mtp = m;
+      mtp.layers = m.mtp_layers;
+      mtp.moe.dense_layers = 0;
+      mtp.moe.dense_list.clear();
+      mtp.moe.sparse_step = 1;
+      mtp.window_layers.clear();
+      mtp.window = 0;
+      mtp.mtp_layers = 0;
+      mtp.name = m.name + " MTP";
+      draft = &mtp;
+    }
+  }
   // Replica size: the smallest power of two (inside one node) whose weights
   // leave room for KV cache, unless given.
   const double reserve = 0.9;  // of HBM usable (activations, allocator slack)
+  // What is left for the target's KV cache on one GPU: 90 % of HBM minus the
+  // weights; with a drafter, minus its weights (MTP: only its own layer), the
+  // rest shared with the drafter's cache in proportion to their bytes per token.
   auto kvCapacityBytes = [&](int tp) {
     const Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
-    return c.gpu.hbm.value() * reserve - r.weightBytesPerGpu();
+    double left = c.gpu.hbm.value() * reserve - r.weightBytesPerGpu();
+    if (draft) {
+      const Replica d(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+      double dw = d.weightBytesPerGpu();
+      if (draft == &mtp) dw -= static_cast<double>(m.vocab) * static_cast<double>(m.hidden) * (m.tie_embeddings ? 1 : 2) * kAct / tp;
+      left = (left - dw) * r.kvBytesPerToken() / (r.kvBytesPerToken() + d.kvBytesPerToken());
+    }
+    return left;
   };
   auto requestKv = [&](int tp, int64_t n) {
     const Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
@@ -458,9 +526,18 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     alpha = small.time.value() - beta * 1024;
   }
   const Replica replica(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+  std::optional<Replica> drafter;
+  if (draft) {
+    if (draft->heads % tp != 0)
+      return invalidArgument("infer: the draft model '{}' has {} heads, not divisible by --tp {}", draft->name, draft->heads, tp);
+    drafter.emplace(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+    const double a = cfg.spec_acceptance, K = cfg.spec_tokens;
+    rep.expected_tokens_per_step = a >= 1 ? K + 1 : (1 - std::pow(a, K + 1)) / (1 - a);
+  }
   const double in = static_cast<double>(cfg.input_len), w = static_cast<double>(m.window);
   rep.prefill_s_per_request = replica.prefill(in, in * in, sqWin(in, w));
   rep.decode_step_s = replica.decode(1, in, replica.capped(in));
+  if (drafter) rep.draft_step_s = cfg.spec_tokens * drafter->decode(1, in, drafter->capped(in));
   // KV bytes of one request's prompt (all of its replica's GPUs).
   rep.kv_bytes_per_request = replica.kvBytesOf(in) * m.kvCacheSplit(tp);
 
@@ -494,9 +571,14 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
                              rep.kv_capacity_bytes / 1e9);
   }
 
+  uint64_t engines = 0;
   auto engine = [&](bool prefill_here, bool decode_here) {
-    Engine e{replica, cfg, rep.kv_capacity_bytes, prefill_here, decode_here, {}, nullptr, 0, {}};
+    Engine e{replica, cfg, rep.kv_capacity_bytes, prefill_here, decode_here, {}, nullptr, 0};
     e.window = m.window;
+    if (drafter) {
+      e.drafter = &*drafter, e.spec_k = cfg.spec_tokens, e.spec_a = cfg.spec_acceptance;
+      e.spec_rng.seed(cfg.seed * 1000003 + ++engines);
+    }
     return e;
   };
   // Aggregated: every replica prefills and decodes.  Open loop and offline:

@@ -9,6 +9,7 @@
 // plans for the tensor-parallel allreduces and the KV transfer.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,16 @@ struct InferConfig {
   int64_t prefill_tokens = 8192;    // tokens per prefill batch
   int prefill_replicas = 0;         // disaggregated: 0 = try every split
   bool fp8 = false;             // fp8 weights (1 byte each) and fp8 GEMMs
+  // Speculative decoding: `spec_tokens` = K drafted tokens per step, each
+  // accepted with probability `spec_acceptance` (the first rejection ends the
+  // run; the target's step verifies all K and adds one token of its own, so a
+  // step yields 1..K+1 tokens, (1 - a^(K+1)) / (1 - a) on average: Leviathan
+  // et al. 2023).  Drafted by the model's MTP modules (DeepSeek-V3's
+  // num_nextn_predict_layers) unless `draft_model` is given; either is
+  // priced as K decode steps of the drafter on the same GPUs.
+  int spec_tokens = 0;
+  double spec_acceptance = 0;
+  std::shared_ptr<const ModelSpec> draft_model;
   uint64_t seed = 1;
   [[nodiscard]] LoadMode load() const {
     return max_throughput ? LoadMode::Offline : concurrency > 0 ? LoadMode::ClosedLoop : LoadMode::OpenLoop;
@@ -83,6 +94,8 @@ struct InferReport {
   double prefill_s_per_request = 0, decode_step_s = 0;  // at the mean length, batch 1
   double kv_bytes_per_request = 0, kv_capacity_tokens = 0;
   double weight_bytes_per_gpu = 0, kv_capacity_bytes = 0;  // per GPU
+  double draft_step_s = 0;          // speculative decoding: the drafter's K steps at batch 1
+  double expected_tokens_per_step = 1;
   ServeStats aggregated;
   std::vector<ServeStats> splits;  // disaggregated, every split tried
   ServeStats best_disaggregated;

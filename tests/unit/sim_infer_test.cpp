@@ -182,6 +182,42 @@ TEST(SimServe, SlidingLayersCacheTheWindow) {
   EXPECT_DOUBLE_EQ(r->kv_bytes_per_request, 21 * per_layer * 8192 + 21 * per_layer * 4096);
 }
 
+// Speculative decoding: a step yields 1 + the accepted run of K drafted
+// tokens, (1 - a^(K+1)) / (1 - a) on average; it pays the drafter's K steps
+// and a target step verifying K + 1 tokens per request.
+TEST(SimServe, SpeculativeDecodingYieldsTheExpectedTokensPerStep) {
+  OneNode node;
+  ModelSpec m = gpt(8, 4096, 32);
+  auto draft = std::make_shared<const ModelSpec>(gpt(2, 4096, 32));
+  InferConfig ic = base();
+  ic.concurrency = 1, ic.requests = 16, ic.input_len = 256, ic.output_len = 1025;
+  auto plain = simulateInference(m, ic, node.net);
+  ic.spec_tokens = 3, ic.spec_acceptance = 0.8, ic.draft_model = draft;
+  auto spec = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(plain.isOk() && spec.isOk()) << spec.status().message();
+  const double expected = (1 - std::pow(0.8, 4)) / (1 - 0.8);  // 2.952
+  EXPECT_DOUBLE_EQ(spec->expected_tokens_per_step, expected);
+  // ITL is per streamed chunk (one per step): tokens per step = ITL / TPOT.
+  const ServeStats& s = spec->aggregated;
+  EXPECT_NEAR(s.itl.mean / s.tpot.mean, expected, 0.05 * expected);
+  EXPECT_LT(s.tpot.mean, plain->aggregated.tpot.mean);
+  // Nothing accepted: one token per step, and slower than no speculation.
+  ic.spec_acceptance = 1e-9;
+  auto none = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(none.isOk());
+  EXPECT_NEAR(none->aggregated.itl.mean, none->aggregated.tpot.mean, 1e-9);
+  EXPECT_GT(none->aggregated.tpot.mean, plain->aggregated.tpot.mean);
+  // Without a draft model the model needs MTP modules; and K needs an acceptance.
+  ic.draft_model = nullptr, ic.spec_acceptance = 0.8;
+  auto no_mtp = simulateInference(m, ic, node.net);
+  ASSERT_FALSE(no_mtp.isOk());
+  EXPECT_NE(no_mtp.status().message().find("needs multi-token-prediction modules"), std::string::npos);
+  ic.spec_acceptance = 0;
+  EXPECT_NE(checkInferConfig(ic).message().find("--spec-tokens 3 needs --spec-acceptance"), std::string::npos);
+  ic.spec_acceptance = 1.5;
+  EXPECT_NE(checkInferConfig(ic).message().find("--spec-acceptance 1.5: must be in [0, 1]"), std::string::npos);
+}
+
 TEST(SimServe, BadInputIsRefused) {
   auto zero = parseConcurrency("0");
   ASSERT_FALSE(zero.isOk());
