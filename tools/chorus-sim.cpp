@@ -166,6 +166,9 @@ int main(int argc, char** argv) {
   in->add_option("--spec-tokens", ic.spec_tokens, "speculative decoding: tokens drafted per step (default 0: off)");
   in->add_option("--spec-acceptance", ic.spec_acceptance, "probability that a drafted token is accepted");
   in->add_option("--draft-model", draft_path, "draft model (default: the model's MTP modules)");
+  in->add_option("--trace", trace_path, "write the aggregated run's serving timeline as a Chrome trace (JSON)");
+  in->add_option("--plot", plot_path,
+                 "with a --concurrency sweep: draw tokens/s per user and TTFT against tokens/s per GPU into a PNG");
   in->add_option("--requests", ic.requests, "requests simulated");
   in->add_option("--input", ic.input_len, "mean input (prompt) tokens");
   in->add_option("--output", ic.output_len, "mean output tokens");
@@ -363,8 +366,14 @@ int main(int argc, char** argv) {
       ic.draft_model = std::make_shared<const ModelSpec>(*dm);
     }
     ic.dist = *d;
+    if (!plot_path.empty() && sweep.size() < 2)
+      return fail(invalidArgument("--plot '{}' draws a concurrency sweep: give --concurrency a list (1,2,4,...)", plot_path));
+    if (!trace_path.empty() && sweep.size() > 1)
+      return fail(invalidArgument("--trace '{}' records one run: give --concurrency one value", trace_path));
+    ic.record = !trace_path.empty();
     if (sweep.size() > 1) {  // a concurrency sweep: one closed-loop run per value
       nlohmann::json runs = nlohmann::json::array();
+      std::vector<std::pair<int64_t, InferReport>> points;
       if (!json)
         std::printf("%s on %lld GPUs of %s, %lld in / %lld out tokens, closed loop\n"
                     "  users  req/s  out tok/s  tok/s/user  TTFT p50/p99 ms   ITL p50/p99 ms  TPOT p50 ms  E2E p50 s\n",
@@ -376,6 +385,7 @@ int main(int argc, char** argv) {
         auto r = simulateInference(*model, k, net);
         if (!r.isOk()) return fail(r.status());
         const ServeStats& s = r->aggregated;
+        points.emplace_back(n, *r);
         if (json) {
           nlohmann::json j = toJson(*r);
           runs.push_back(j);
@@ -386,10 +396,24 @@ int main(int argc, char** argv) {
         }
       }
       if (json) std::cout << nlohmann::json{{"sweep", runs}}.dump(2) << "\n";
+      if (!plot_path.empty()) {
+        Status st = plotServeSweep(points, fmt::format("{} on {} GPUs, {}/{} tokens", model->name, ic.gpus,
+                                                       ic.input_len, ic.output_len), plot_path);
+        if (!st.isOk()) std::fprintf(stderr, "chorus-sim: plot skipped: %s\n", st.message().c_str());
+        else if (!json) std::fprintf(stderr, "plot: %s\n", plot_path.c_str());
+      }
       return 0;
     }
     auto r = simulateInference(*model, ic, net);
     if (!r.isOk()) return fail(r.status());
+    if (!trace_path.empty()) {
+      std::ofstream f(trace_path);
+      if (!f) return fail(systemError("--trace: cannot open '{}' for writing", trace_path));
+      Status st = writeServeTrace(*r, f);
+      if (!st.isOk()) return fail(st);
+      if (!json)
+        std::fprintf(stderr, "trace: %s (%zu steps, %zu requests)\n", trace_path.c_str(), r->steps.size(), r->requests.size());
+    }
     if (json) {
       std::cout << toJson(*r).dump(2) << "\n";
     } else {

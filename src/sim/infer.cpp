@@ -1,12 +1,17 @@
 #include "sim/infer.hpp"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
 #include <deque>
 #include <functional>
 #include <queue>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "sim/cli_args.hpp"
 
@@ -183,6 +188,12 @@ struct Engine {
   std::function<void(Request*)> on_done;
   std::vector<double>* itl = nullptr;
   int64_t max_running = 0;
+  std::vector<ServeStep>* steps = nullptr;  // --trace
+  int replica = 0;
+  void log(double start, double end, int64_t decodes, int64_t prefill) const {
+    if (steps && steps->size() < kMaxSteps) steps->push_back({replica, start, end - start, decodes, prefill});
+  }
+  static constexpr size_t kMaxSteps = 2000000;
   // Speculative decoding: the drafter's replica (nullptr: none), K and the acceptance rate.
   const Replica* drafter = nullptr;
   int spec_k = 0;
@@ -274,7 +285,9 @@ struct Engine {
           continue;
         }
         max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
+        const double t0 = now;
         now += decodeCost(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win);
+        log(t0, now, static_cast<int64_t>(running.size()), static_cast<int64_t>(chunk));
         advanceDecode(running, now, context, context_win, kv_now, kv_res);
         std::vector<Request*> started;
         for (auto [i, take] : parts) {
@@ -307,7 +320,9 @@ struct Engine {
             batch.push_back(r);
           }
           if (!batch.empty()) {
+            const double t0 = now;
             now += rep.prefill(tok, sq, sq_w);
+            log(t0, now, 0, static_cast<int64_t>(tok));
             for (Request* r : batch) {
               r->first = now;
               token(r, now);
@@ -331,7 +346,9 @@ struct Engine {
         continue;
       }
       max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
+      const double t0 = now;
       now += decodeCost(static_cast<double>(running.size()), context, context_win, 0, 0, 0);
+      log(t0, now, static_cast<int64_t>(running.size()), 0);
       advanceDecode(running, now, context, context_win, kv_now, kv_res);
     }
   }
@@ -597,6 +614,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
       for (size_t rr = 0; rr < R; ++rr) {
         Engine e = engine(true, true);
         e.itl = &itl;
+        if (cfg.record) e.steps = &rep.steps, e.replica = static_cast<int>(rr);
         e.on_done = [&](Request* done) {
           const size_t u = static_cast<size_t>(done->user);
           if (next[u] < per_user[u].size()) {
@@ -618,11 +636,18 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
       for (size_t rr = 0; rr < R; ++rr) {
         Engine e = engine(true, true);
         e.itl = &itl;
+        if (cfg.record) e.steps = &rep.steps, e.replica = static_cast<int>(rr);
         for (size_t i = rr; i < reqs.size(); i += R) e.add(&reqs[i]);
         e.run();
         max_running = std::max(max_running, e.max_running);
       }
     }
+    if (cfg.record)
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        const Request& q = reqs[i];
+        const int on = static_cast<int>(load == LoadMode::ClosedLoop ? static_cast<size_t>(q.user) % R : i % R);
+        rep.requests.push_back({on, q.arrival, q.first, q.done, q.in, q.out});
+      }
     rep.aggregated = summarise(reqs, cfg, std::move(itl));
     rep.aggregated.mode = "aggregated";
     rep.aggregated.decode_replicas = rep.replicas;
@@ -680,6 +705,93 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
   if (!rep.best_disaggregated.mode.empty() && rep.best_disaggregated.goodput_rps > rep.aggregated.goodput_rps * 1.01)
     rep.best = fmt::format("disaggregated {}:{}", rep.best_disaggregated.prefill_replicas, rep.best_disaggregated.decode_replicas);
   return rep;
+}
+
+Status writeServeTrace(const InferReport& r, std::ostream& out) {
+  // Chrome trace: pid = replica, tid 0 = its steps; requests as async spans.
+  nlohmann::json ev = nlohmann::json::array();
+  std::set<int> replicas;
+  for (const ServeStep& s : r.steps) {
+    replicas.insert(s.replica);
+    const std::string name = s.prefill_tokens > 0 && s.decodes > 0 ? "mixed" : s.prefill_tokens > 0 ? "prefill" : "decode";
+    ev.push_back({{"name", name}, {"ph", "X"}, {"pid", s.replica}, {"tid", 0}, {"ts", s.start_s * 1e6},
+                  {"dur", s.duration_s * 1e6}, {"args", {{"decodes", s.decodes}, {"prefill_tokens", s.prefill_tokens}}}});
+  }
+  for (size_t i = 0; i < r.requests.size(); ++i) {
+    const ServeRequest& q = r.requests[i];
+    const std::string id = std::to_string(i);
+    const nlohmann::json args = {{"input", q.input}, {"output", q.output}};
+    ev.push_back({{"name", "until first token"}, {"cat", "request"}, {"ph", "b"}, {"id", id}, {"pid", q.replica},
+                  {"tid", 1}, {"ts", q.arrival_s * 1e6}, {"args", args}});
+    ev.push_back({{"name", "until first token"}, {"cat", "request"}, {"ph", "e"}, {"id", id}, {"pid", q.replica},
+                  {"tid", 1}, {"ts", q.first_s * 1e6}});
+    ev.push_back({{"name", "decode"}, {"cat", "request"}, {"ph", "b"}, {"id", id}, {"pid", q.replica}, {"tid", 1},
+                  {"ts", q.first_s * 1e6}, {"args", args}});
+    ev.push_back({{"name", "decode"}, {"cat", "request"}, {"ph", "e"}, {"id", id}, {"pid", q.replica}, {"tid", 1},
+                  {"ts", q.done_s * 1e6}});
+  }
+  for (int p : replicas) {
+    ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", p}, {"args", {{"name", fmt::format("replica {}", p)}}}});
+    ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", p}, {"tid", 0}, {"args", {{"name", "engine steps"}}}});
+    ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", p}, {"tid", 1}, {"args", {{"name", "requests"}}}});
+  }
+  out << nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"},
+                        {"otherData", {{"steps_kept", r.steps.size()}, {"requests", r.requests.size()}}}}
+             .dump();
+  if (!out) return systemError("--trace: writing failed");
+  return {};
+}
+
+Status plotServeSweep(const std::vector<std::pair<int64_t, InferReport>>& runs, const std::string& title,
+                      const std::string& png) {
+  static constexpr const char* kScript = R"PY(
+import json, sys
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except Exception as e:
+    sys.stderr.write("matplotlib is not available (%s); install python3-matplotlib\n" % e)
+    sys.exit(3)
+d = json.load(sys.stdin)
+p = d["points"]
+x = [q["tok_s_gpu"] for q in p]
+fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.5))
+a.plot(x, [q["tok_s_user"] for q in p], "o-", color="#4878a8")
+b.plot(x, [q["ttft_p50"] for q in p], "o-", color="#4878a8", label="TTFT p50")
+b.plot(x, [q["ttft_p99"] for q in p], "s--", color="#c05050", label="TTFT p99")
+for q in p:
+    a.annotate(str(q["users"]), (q["tok_s_gpu"], q["tok_s_user"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    b.annotate(str(q["users"]), (q["tok_s_gpu"], q["ttft_p50"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+a.set_xlabel("output tokens/s per GPU"); a.set_ylabel("output tokens/s per user")
+b.set_xlabel("output tokens/s per GPU"); b.set_ylabel("seconds"); b.set_yscale("log"); b.legend()
+a.grid(alpha=0.3); b.grid(alpha=0.3)
+fig.suptitle(d["title"] + " (points: concurrent users)")
+fig.tight_layout()
+try:
+    fig.savefig(d["png"], dpi=120)
+except Exception as e:
+    sys.stderr.write("cannot write %s: %s\n" % (d["png"], e))
+    sys.exit(4)
+)PY";
+  nlohmann::json pts = nlohmann::json::array();
+  for (const auto& [n, r] : runs)
+    pts.push_back({{"users", n},
+                   {"tok_s_gpu", r.aggregated.tokens_per_s / static_cast<double>(r.config.gpus)},
+                   {"tok_s_user", r.aggregated.per_user_tokens_per_s},
+                   {"ttft_p50", r.aggregated.ttft.p50},
+                   {"ttft_p99", r.aggregated.ttft.p99}});
+  const std::string cmd = std::string("/usr/bin/python3 -c '") + kScript + "'";
+  FILE* f = popen(cmd.c_str(), "w");
+  if (!f) return systemError("--plot: cannot run /usr/bin/python3 (install python3 and python3-matplotlib)");
+  const std::string text = nlohmann::json{{"title", title}, {"png", png}, {"points", pts}}.dump();
+  std::fwrite(text.data(), 1, text.size(), f);
+  const int rc = pclose(f);
+  if (rc == -1 || !WIFEXITED(rc)) return systemError("--plot: /usr/bin/python3 did not finish");
+  if (WEXITSTATUS(rc) == 3) return systemError("--plot: matplotlib is not available (install python3-matplotlib)");
+  if (WEXITSTATUS(rc) == 4) return systemError("--plot: cannot write '{}' (does its folder exist and is it writable?)", png);
+  if (WEXITSTATUS(rc) != 0) return systemError("--plot: the plotting script failed (exit {})", WEXITSTATUS(rc));
+  return {};
 }
 
 }  // namespace chorus::sim

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,7 @@ struct InferConfig {
   int spec_tokens = 0;
   double spec_acceptance = 0;
   std::shared_ptr<const ModelSpec> draft_model;
+  bool record = false;  // keep the aggregated run's steps and requests (InferReport::steps, ::requests) for --trace
   uint64_t seed = 1;
   [[nodiscard]] LoadMode load() const {
     return max_throughput ? LoadMode::Offline : concurrency > 0 ? LoadMode::ClosedLoop : LoadMode::OpenLoop;
@@ -88,6 +90,19 @@ struct ServeStats {
   int64_t max_running = 0;  // most requests decoding at once on one replica
 };
 
+// One engine step of a replica (--trace).
+struct ServeStep {
+  int replica = 0;
+  double start_s = 0, duration_s = 0;
+  int64_t decodes = 0, prefill_tokens = 0;  // decoding requests; prompt tokens prefilled in the step
+};
+// One request's life (--trace): arrival, first token, last token, on a replica.
+struct ServeRequest {
+  int replica = 0;
+  double arrival_s = 0, first_s = 0, done_s = 0;
+  int64_t input = 0, output = 0;
+};
+
 struct InferReport {
   InferConfig config;
   int tp = 1, replicas = 1;
@@ -100,10 +115,20 @@ struct InferReport {
   std::vector<ServeStats> splits;  // disaggregated, every split tried
   ServeStats best_disaggregated;
   std::string best;  // "aggregated" or "disaggregated P:D"
+  std::vector<ServeStep> steps;        // with config.record: the aggregated run
+  std::vector<ServeRequest> requests;  // with config.record
 };
 
 // The ranges of every InferConfig value (flag names in the messages).
 Status checkInferConfig(const InferConfig& cfg);
+
+// --trace: the aggregated run as a Chrome trace (a track of steps per
+// replica, an async span per request: queued + prefill, then decode).
+Status writeServeTrace(const InferReport& r, std::ostream& out);
+// --plot with a concurrency sweep: per-user tokens/s and TTFT against output
+// tokens/s per GPU, one point per concurrency (needs python3 + matplotlib).
+Status plotServeSweep(const std::vector<std::pair<int64_t, InferReport>>& runs, const std::string& title,
+                      const std::string& png);
 
 Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net);
 

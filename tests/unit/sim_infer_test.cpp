@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <sstream>
 
 #include "sim/cli_args.hpp"
 #include "sim/infer.hpp"
@@ -216,6 +218,40 @@ TEST(SimServe, SpeculativeDecodingYieldsTheExpectedTokensPerStep) {
   EXPECT_NE(checkInferConfig(ic).message().find("--spec-tokens 3 needs --spec-acceptance"), std::string::npos);
   ic.spec_acceptance = 1.5;
   EXPECT_NE(checkInferConfig(ic).message().find("--spec-acceptance 1.5: must be in [0, 1]"), std::string::npos);
+}
+
+// --trace: the engine's steps never overlap on a replica, their decode
+// counts never exceed --max-batch, chunked steps stay within the token
+// budget, and every request is one arrival <= first token <= last token span.
+TEST(SimServe, TraceRecordsTheSteps) {
+  OneNode node;
+  InferConfig ic = base();
+  ic.gpus = 2, ic.requests = 40, ic.concurrency = 6, ic.max_batch = 4, ic.chunked_prefill = true, ic.prefill_tokens = 300;
+  ic.record = true;
+  auto r = simulateInference(gpt(8, 4096, 32), ic, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ASSERT_EQ(r->requests.size(), 40u);
+  ASSERT_FALSE(r->steps.empty());
+  std::map<int, double> end;
+  int64_t prefilled = 0;
+  for (const ServeStep& s : r->steps) {
+    EXPECT_GE(s.start_s, end[s.replica] - 1e-12);
+    EXPECT_GT(s.duration_s, 0);
+    EXPECT_LE(s.decodes, 4);
+    EXPECT_LE(s.decodes + s.prefill_tokens, 300);
+    end[s.replica] = s.start_s + s.duration_s;
+    prefilled += s.prefill_tokens;
+  }
+  EXPECT_EQ(end.size(), 2u);
+  EXPECT_EQ(prefilled, 40 * 512);  // every prompt token prefilled once
+  for (const ServeRequest& q : r->requests) {
+    EXPECT_LE(q.arrival_s, q.first_s);
+    EXPECT_LT(q.first_s, q.done_s);
+  }
+  std::ostringstream out;
+  ASSERT_TRUE(writeServeTrace(*r, out).isOk());
+  EXPECT_NE(out.str().find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(out.str().find("\"name\":\"mixed\""), std::string::npos);
 }
 
 TEST(SimServe, BadInputIsRefused) {
