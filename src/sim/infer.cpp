@@ -442,6 +442,7 @@ Status checkInferConfig(const InferConfig& cfg) {
   CHORUS_RETURN_IF_ERROR(checkRange<double>("--e2e-slo", cfg.e2e_slo_s, 0, 1e9, "seconds; 0 = none"));
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--max-batch", cfg.max_batch, 1, 1 << 24, "running requests per replica"));
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--prefill-tokens", cfg.prefill_tokens, 1, kTokens, "tokens per prefill batch"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--decode-tp", cfg.decode_tp, 0, 1 << 20, "GPUs per decode replica; 0 = --tp"));
   CHORUS_RETURN_IF_ERROR(checkRange<int>("--spec-tokens", cfg.spec_tokens, 0, 16, "drafted tokens per step; 0 = none"));
   CHORUS_RETURN_IF_ERROR(checkRange<double>("--spec-acceptance", cfg.spec_acceptance, 0, 1,
                                             "probability that a drafted token is accepted"));
@@ -653,48 +654,84 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     rep.aggregated.decode_replicas = rep.replicas;
     rep.aggregated.max_running = max_running;
   }
-  // Disaggregated (open loop and offline): P prefill replicas, D = replicas -
-  // P decode replicas; the KV cache of each request moves from its prefill
-  // GPUs to its decode GPUs (one shard per tensor-parallel rank, every rank at once).
+  // Disaggregated (open loop and offline): P prefill replicas of tp GPUs, D
+  // decode replicas of decode_tp GPUs on the rest; the KV cache of each
+  // request moves from its prefill GPUs to its decode GPUs (every shard at
+  // once, as pairs of GPUs g -> g + P tp).  The slower side sets the time:
+  // a prefill GPU sends its shard (MLA: the whole latent, to each of the
+  // decode_tp / tp GPUs that hold one), a decode GPU receives its own.  When
+  // the two tensor-parallel layouts differ, the decode GPU also rearranges
+  // what it received into its own heads' cache: a copy, read and written at
+  // the HBM rate.
+  const int dtp = cfg.decode_tp > 0 ? cfg.decode_tp : tp;
+  if (m.heads % dtp != 0)
+    return invalidArgument("infer: --decode-tp {} must divide the model's {} heads", dtp, m.heads);
+  if (dtp != tp && kvCapacityBytes(dtp) <= 0)
+    return invalidArgument("infer: --decode-tp {}: the weights of '{}' leave no room for KV cache on {}", dtp, m.name,
+                           c.gpu.name);
+  double d_alpha = alpha, d_beta = beta;
+  if (dtp != tp && dtp > 1) {
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllReduce, Bytes(1024), GroupSet{dtp, 1, 1}, ""));
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(plan::Collective::AllReduce, Bytes(64 << 20), GroupSet{dtp, 1, 1}, ""));
+    d_beta = (big.time - small.time).value() / ((64 << 20) - 1024);
+    d_alpha = small.time.value() - d_beta * 1024;
+  }
+  const Replica decoder(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta);
+  const double d_capacity = kvCapacityBytes(dtp);
   auto kvCost = [&](int p_reps) -> Result<std::pair<double, double>> {
     const int64_t stride = static_cast<int64_t>(p_reps) * tp;  // prefill GPU g sends to decode GPU g + stride
     if (stride >= cfg.gpus) return std::pair<double, double>{0, 0};
-    const GroupSet pairs{2, stride, std::min<int64_t>(tp, stride)};
+    const GroupSet pairs{2, stride, std::min<int64_t>(std::min(tp, dtp), stride)};
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost s1, net.sendRecv(Bytes(1024), pairs));
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost s2, net.sendRecv(Bytes(64 << 20), pairs));
     const double b = (s2.time - s1.time).value() / ((64 << 20) - 1024);
     return std::pair<double, double>{s1.time.value() - b * 1024, b};
   };
-  for (int p_reps = 1; p_reps < rep.replicas && load != LoadMode::ClosedLoop; ++p_reps) {
+  auto transferBytes = [&](double n) {  // the busier GPU's bytes for a prompt of n tokens
+    const double sent = replica.kvBytesOf(n) * (m.hasMla() ? std::max(1.0, double(dtp) / tp) : 1.0);
+    return std::max(sent, decoder.kvBytesOf(n));
+  };
+  for (int p_reps = 1; static_cast<int64_t>(p_reps) * tp < cfg.gpus && load != LoadMode::ClosedLoop; ++p_reps) {
     if (cfg.prefill_replicas > 0 && p_reps != cfg.prefill_replicas) continue;
+    const int64_t left = cfg.gpus - static_cast<int64_t>(p_reps) * tp;
+    if (left % dtp != 0) continue;  // the rest must make whole decode replicas
+    const size_t D = static_cast<size_t>(left / dtp);
     CHORUS_ASSIGN_OR_RETURN(auto ab, kvCost(p_reps));
     std::vector<Request> reqs = base;
     std::vector<double> itl;
+    for (const Request& r : reqs)
+      if (decoder.kvBytesOf(static_cast<double>(r.in + r.out)) > d_capacity)
+        return invalidArgument("infer: a request of {} + {} tokens does not fit a --decode-tp {} replica's KV cache "
+                               "({:.2f} GB per GPU)", r.in, r.out, dtp, d_capacity / 1e9);
     for (int pr = 0; pr < p_reps; ++pr) {
       Engine e = engine(true, false);
       for (size_t i = static_cast<size_t>(pr); i < reqs.size(); i += static_cast<size_t>(p_reps)) e.add(&reqs[i]);
       e.run();
     }
     for (Request& r : reqs) {
-      r.kv_s = ab.first + ab.second * replica.kvBytesOf(static_cast<double>(r.in));
+      const double n = static_cast<double>(r.in);
+      const double convert = dtp != tp ? 2 * decoder.kvBytesOf(n) / (c.gpu.hbm_bw.value() * c.gpu.hbm_efficiency) : 0;
+      r.kv_s = ab.first + ab.second * transferBytes(n) + convert;
       r.ready = r.first + r.kv_s;
     }
     std::vector<Request*> order;
     for (Request& r : reqs) order.push_back(&r);
     std::sort(order.begin(), order.end(), [](const Request* a, const Request* b) { return a->ready < b->ready; });
-    const size_t D = static_cast<size_t>(rep.replicas - p_reps);
     int64_t max_running = 0;
     for (size_t d = 0; d < D; ++d) {
       Engine e = engine(false, true);
-      e.itl = &itl;
-      for (size_t i = d; i < order.size(); i += D) e.add(order[i]);
-      e.run();
-      max_running = std::max(max_running, e.max_running);
+      Engine de{decoder, cfg, d_capacity, false, true, {}, &itl, 0};
+      de.window = m.window;
+      de.drafter = e.drafter, de.spec_k = e.spec_k, de.spec_a = e.spec_a, de.spec_rng = e.spec_rng;
+      for (size_t i = d; i < order.size(); i += D) de.add(order[i]);
+      de.run();
+      max_running = std::max(max_running, de.max_running);
     }
     ServeStats st = summarise(reqs, cfg, std::move(itl));
     st.mode = "disaggregated";
     st.prefill_replicas = p_reps;
-    st.decode_replicas = rep.replicas - p_reps;
+    st.decode_replicas = static_cast<int>(D);
+    st.decode_tp = dtp;
     st.max_running = max_running;
     rep.splits.push_back(st);
     if (rep.best_disaggregated.mode.empty() || st.goodput_rps > rep.best_disaggregated.goodput_rps) rep.best_disaggregated = st;

@@ -46,6 +46,7 @@ struct InferConfig {
   int64_t max_batch = 256;          // running requests per replica
   int64_t prefill_tokens = 8192;    // tokens per prefill batch
   int prefill_replicas = 0;         // disaggregated: 0 = try every split
+  int decode_tp = 0;                // disaggregated: GPUs per decode replica (0 = tp)
   bool fp8 = false;             // fp8 weights (1 byte each) and fp8 GEMMs
   // Speculative decoding: `spec_tokens` = K drafted tokens per step, each
   // accepted with probability `spec_acceptance` (the first rejection ends the
@@ -76,6 +77,7 @@ struct Latency {
 struct ServeStats {
   std::string mode;  // "aggregated" or "disaggregated"
   int prefill_replicas = 0, decode_replicas = 0;  // aggregated: replicas in decode_replicas
+  int decode_tp = 0;                              // disaggregated: GPUs per decode replica
   double ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0;
   double tpot_p50_s = 0, tpot_p90_s = 0, tpot_p99_s = 0;
   Latency ttft, tpot, itl, e2e;

@@ -254,6 +254,31 @@ TEST(SimServe, TraceRecordsTheSteps) {
   EXPECT_NE(out.str().find("\"name\":\"mixed\""), std::string::npos);
 }
 
+// Disaggregated with another tensor-parallel size for decode: the split
+// makes whole decode replicas of --decode-tp GPUs, and the KV transfer pays
+// the layout conversion (the decode GPU rewrites its shard: 2 x bytes at
+// 2039e9 x 0.8 B/s) on top of the wire.
+TEST(SimServe, DecodeTpOfItsOwnPaysTheLayoutConversion) {
+  OneNode node;
+  InferConfig ic = base();
+  ic.gpus = 8, ic.tp = 2, ic.decode_tp = 4, ic.prefill_replicas = 2, ic.rate = 5, ic.requests = 100;
+  auto r = simulateInference(gpt(16, 4096, 32), ic, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ASSERT_EQ(r->splits.size(), 1u);
+  EXPECT_EQ(r->splits[0].decode_tp, 4);
+  EXPECT_EQ(r->splits[0].decode_replicas, 1);
+  const double shard = 512.0 * 16 * (2 * 4096 / 4) * 2;  // one decode GPU's part of a prompt's cache
+  EXPECT_GT(r->splits[0].kv_transfer_mean_s, 2 * shard / (2039e9 * 0.8));
+  ic.decode_tp = 2;
+  auto same = simulateInference(gpt(16, 4096, 32), ic, node.net);
+  ASSERT_TRUE(same.isOk());
+  EXPECT_EQ(same->splits[0].decode_replicas, 2);
+  ic.decode_tp = 3;
+  auto bad = simulateInference(gpt(16, 4096, 32), ic, node.net);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("--decode-tp 3 must divide the model's 32 heads"), std::string::npos);
+}
+
 TEST(SimServe, BadInputIsRefused) {
   auto zero = parseConcurrency("0");
   ASSERT_FALSE(zero.isOk());
