@@ -180,6 +180,8 @@ int main(int argc, char** argv) {
   in->add_option("--prefill-tokens", ic.prefill_tokens, "tokens per prefill batch");
   in->add_option("--prefill-replicas", ic.prefill_replicas, "disaggregated split (default: try all)");
   in->add_option("--decode-tp", ic.decode_tp, "disaggregated: GPUs per decode replica (default: --tp)");
+  in->add_option("--ep", ic.ep, "MoE: replicas of N GPUs with the experts spread over all, attention over --tp (default 1: "
+                                "data-parallel attention)");
   in->add_option("--seed", ic.seed, "random seed of the request stream");
   in->add_option("--network", network, "analytical or flow");
   in->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
@@ -422,6 +424,9 @@ int main(int argc, char** argv) {
       const std::string load = ic.max_throughput ? "offline (all at once)"
                                : ic.concurrency > 0 ? fmt::format("{} users, closed loop", ic.concurrency)
                                                     : fmt::format("{:.1f} req/s", ic.rate);
+      if (r->ep > 1)
+        std::printf("expert parallel: replicas of %d GPUs, %d attention groups of tp %d; all-to-all latency %.1f us\n",
+                    r->ep, r->ep / r->tp, r->tp, 1e6 * r->a2a_latency_s);
       std::printf("%s on %lld GPUs of %s: %d replicas of tp %d; %s, %lld in / %lld out tokens; prefill %.1f ms per "
                   "request, decode step %.1f ms (batch 1), KV %.1f MB per request, weights %.1f GB per GPU\n",
                   model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(), r->replicas, r->tp,

@@ -41,6 +41,7 @@ class Replica {
   // squared lengths and `sq_win` the same capped by the window (2 x the
   // causal pairs a sliding layer attends, ~ 2 L W - W^2 for L > W).
   [[nodiscard]] double prefill(double tokens, double sq, double sq_win) const {
+    if (ep_ > 1) return step(0, 0, 0, tokens, sq / 2, sq_win / 2);  // the expert-parallel roofline step
     const double h = static_cast<double>(m_.hidden), T = tp_;
     const double heads_v = static_cast<double>(m_.heads) * m_.vHeadDim();
     const double mats = m_.ffnMats();
@@ -62,6 +63,13 @@ class Replica {
     double w = 0;
     for (int l = 0; l < m_.layers; ++l) {
       double lb = layerBytes(l);
+      if (ep_ > 1) {  // routed experts spread over ep GPUs, the rest split over tp
+        const double routed = routedBytes(l);
+        const double E = m_.moe.experts;
+        const double touched = m_.isMoeLayer(l) ? 1 - std::pow(1 - double(m_.moe.top_k) / E, tokens) : 0;
+        w += (lb - routed) / tp_ + routed / ep_ * touched;
+        continue;
+      }
       if (m_.isMoeLayer(l)) {
         const double E = m_.moe.experts;
         const double touched = E * (1 - std::pow(1 - double(m_.moe.top_k) / E, tokens));
@@ -99,15 +107,38 @@ class Replica {
       attn += 2 * q * (m_.isWindowLayer(l) ? context_win : context) * m_.heads * width;
       attn += 2 * (m_.isWindowLayer(l) ? pairs_win : pairs) * m_.heads * prefill_width;
     }
+    if (ep_ > 1) {
+      // DP attention: each of the ep / tp groups runs attention (and dense
+      // layers) for its share of the requests over its tp GPUs; every GPU
+      // runs its ep-th of the experts for all tokens routed there; each MoE
+      // layer dispatches each token to its top_k experts and combines the
+      // results (two all-to-alls over the ep GPUs, 16-bit hidden states).
+      const double a = static_cast<double>(ep_) / tp_;
+      const double routed = m_.moeLayers() * m_.moe.top_k * m_.expertParams();
+      const double flops = 2 * (tokens / a) * (m_.activeMatmulParams() - routed) / T + 2 * tokens * routed / ep_ + attn / a / T;
+      const double tc = flops / (peak() * g_.gemm_efficiency);
+      const double tm = (weightsRead(tokens) + kv / a) / (g_.hbm_bw.value() * g_.hbm_efficiency);
+      const double a2a = a2a_alpha_ + a2a_beta_ * (tokens / ep_) * m_.moe.top_k * h * kAct + g_.kernel_overhead.value();
+      return std::max(tc, tm) + m_.layers * (8 * g_.kernel_overhead.value() + 2 * allreduce(tokens / a * h * kAct)) +
+             m_.moeLayers() * 2 * a2a;
+    }
     const double flops = 2 * tokens * m_.activeMatmulParams() / T + attn / T;
     const double tc = flops / (peak() * g_.gemm_efficiency);
     const double tm = (weightsRead(tokens) + kv) / (g_.hbm_bw.value() * g_.hbm_efficiency);
     return std::max(tc, tm) + m_.layers * (8 * g_.kernel_overhead.value() + 2 * allreduce(tokens * h * kAct));
   }
+  // Expert parallelism over ep GPUs (a multiple of tp): the all-to-all's
+  // alpha + beta x bytes sent per GPU, from the plans.
+  void setExpertParallel(int ep, double a2a_alpha, double a2a_beta) { ep_ = ep, a2a_alpha_ = a2a_alpha, a2a_beta_ = a2a_beta; }
+  [[nodiscard]] int ep() const { return ep_; }
   [[nodiscard]] double weightBytesPerGpu() const {
     double b = static_cast<double>(m_.vocab) * static_cast<double>(m_.hidden) * (m_.tie_embeddings ? 1 : 2) * kAct;
-    for (int l = 0; l < m_.layers; ++l) b += layerBytes(l);
-    return b / tp_;
+    double routed = 0;
+    for (int l = 0; l < m_.layers; ++l) {
+      const double r = ep_ > 1 ? routedBytes(l) : 0;
+      b += layerBytes(l) - r, routed += r;
+    }
+    return b / tp_ + routed / ep_;
   }
   // KV-cache bytes per token on one GPU: the layers without a window, and
   // the sliding layers (which hold at most `window` tokens per request).
@@ -135,6 +166,9 @@ class Replica {
     const double e = m_.layerExpertParams(l);
     return (m_.layerParams(l) - e) * std::min(1.0, m_.weight_bytes) + e * std::min(1.0, m_.expertWeightBytes());
   }
+  [[nodiscard]] double routedBytes(int l) const {
+    return m_.isMoeLayer(l) ? m_.expertParams() * m_.moe.experts * expertBytes() : 0;
+  }
   [[nodiscard]] double expertBytes() const { return w8_ ? std::min(1.0, m_.expertWeightBytes()) : m_.expertWeightBytes(); }
   [[nodiscard]] double peak() const { return (fp8_ ? g_.peak8 : g_.peak16).value(); }
   [[nodiscard]] double gemm(double mm, double n, double k) const {
@@ -149,6 +183,8 @@ class Replica {
   const ModelSpec& m_;
   const GpuSpec& g_;
   int tp_;
+  int ep_ = 1;
+  double a2a_alpha_ = 0, a2a_beta_ = 0;
   bool fp8_, w8_;
   double kv_bytes_;
   double ar_alpha_, ar_beta_;
@@ -443,6 +479,7 @@ Status checkInferConfig(const InferConfig& cfg) {
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--max-batch", cfg.max_batch, 1, 1 << 24, "running requests per replica"));
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--prefill-tokens", cfg.prefill_tokens, 1, kTokens, "tokens per prefill batch"));
   CHORUS_RETURN_IF_ERROR(checkRange<int>("--decode-tp", cfg.decode_tp, 0, 1 << 20, "GPUs per decode replica; 0 = --tp"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--ep", cfg.ep, 0, 1 << 20, "GPUs the experts are spread over; 0 = none"));
   CHORUS_RETURN_IF_ERROR(checkRange<int>("--spec-tokens", cfg.spec_tokens, 0, 16, "drafted tokens per step; 0 = none"));
   CHORUS_RETURN_IF_ERROR(checkRange<double>("--spec-acceptance", cfg.spec_acceptance, 0, 1,
                                             "probability that a drafted token is accepted"));
@@ -491,8 +528,10 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
   // What is left for the target's KV cache on one GPU: 90 % of HBM minus the
   // weights; with a drafter, minus its weights (MTP: only its own layer), the
   // rest shared with the drafter's cache in proportion to their bytes per token.
+  const int ep = cfg.ep > 1 ? cfg.ep : 1;
   auto kvCapacityBytes = [&](int tp) {
-    const Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+    Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+    r.setExpertParallel(ep, 0, 0);
     double left = c.gpu.hbm.value() * reserve - r.weightBytesPerGpu();
     if (draft) {
       const Replica d(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
@@ -507,6 +546,16 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     return r.kvBytesOf(static_cast<double>(n));
   };
   int tp = cfg.tp;
+  if (ep > 1) {
+    // Expert-parallel replicas of ep GPUs: attention over tp of them (1: data-parallel attention).
+    if (tp == 0) tp = 1;
+    if (m.moe.experts == 0 || m.moe.experts % ep != 0)
+      return invalidArgument("infer: --ep {} must divide the model's experts ({})", ep, m.moe.experts);
+    if (ep % tp != 0 || cfg.gpus % ep != 0)
+      return invalidArgument("infer: --ep {} must be a multiple of --tp {} and divide --gpus {}", ep, tp, cfg.gpus);
+    if (cfg.decode_tp > 0 || cfg.spec_tokens > 0)
+      return invalidArgument("infer: --ep {} with --decode-tp or --spec-tokens is not modelled", ep);
+  }
   if (tp == 0) {
     for (int t = 1; t <= c.node.gpus; t *= 2)
       if (kvCapacityBytes(t) >= 4 * requestKv(t, cfg.input_len + cfg.output_len)) {
@@ -527,12 +576,15 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
                            Replica(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0).weightBytesPerGpu() / 1e9, c.gpu.name,
                            toGib(c.gpu.hbm));
   rep.tp = tp;
-  rep.replicas = static_cast<int>(cfg.gpus / tp);
+  rep.ep = ep;
+  rep.replicas = static_cast<int>(cfg.gpus / std::max(tp, ep));
+  const double groups = static_cast<double>(ep > 1 ? ep / tp : 1);  // attention groups per replica
   {
-    const Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+    Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+    r.setExpertParallel(ep, 0, 0);
     rep.weight_bytes_per_gpu = r.weightBytesPerGpu();
     rep.kv_capacity_bytes = kvCapacityBytes(tp);
-    rep.kv_capacity_tokens = rep.kv_capacity_bytes / r.kvBytesPerToken();
+    rep.kv_capacity_tokens = rep.kv_capacity_bytes * groups / r.kvBytesPerToken();
   }
   // The tensor-parallel allreduce as alpha + beta x bytes, from the plans on
   // the first replica's GPUs.
@@ -543,7 +595,14 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     beta = (big.time - small.time).value() / ((64 << 20) - 1024);
     alpha = small.time.value() - beta * 1024;
   }
-  const Replica replica(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+  Replica replica(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+  if (ep > 1) {  // the dispatch / combine all-to-all over the replica's ep GPUs
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllToAll, Bytes(1024), GroupSet{ep, 1, 1}, ""));
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(plan::Collective::AllToAll, Bytes(64 << 20), GroupSet{ep, 1, 1}, ""));
+    const double b = (big.time - small.time).value() / ((64 << 20) - 1024);
+    replica.setExpertParallel(ep, small.time.value() - b * 1024, b);
+    rep.a2a_latency_s = small.time.value() - b * 1024;
+  }
   std::optional<Replica> drafter;
   if (draft) {
     if (draft->heads % tp != 0)
@@ -591,7 +650,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
 
   uint64_t engines = 0;
   auto engine = [&](bool prefill_here, bool decode_here) {
-    Engine e{replica, cfg, rep.kv_capacity_bytes, prefill_here, decode_here, {}, nullptr, 0};
+    Engine e{replica, cfg, rep.kv_capacity_bytes * groups, prefill_here, decode_here, {}, nullptr, 0};
     e.window = m.window;
     if (drafter) {
       e.drafter = &*drafter, e.spec_k = cfg.spec_tokens, e.spec_a = cfg.spec_acceptance;
@@ -691,7 +750,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     const double sent = replica.kvBytesOf(n) * (m.hasMla() ? std::max(1.0, double(dtp) / tp) : 1.0);
     return std::max(sent, decoder.kvBytesOf(n));
   };
-  for (int p_reps = 1; static_cast<int64_t>(p_reps) * tp < cfg.gpus && load != LoadMode::ClosedLoop; ++p_reps) {
+  for (int p_reps = 1; static_cast<int64_t>(p_reps) * tp < cfg.gpus && load != LoadMode::ClosedLoop && ep == 1; ++p_reps) {
     if (cfg.prefill_replicas > 0 && p_reps != cfg.prefill_replicas) continue;
     const int64_t left = cfg.gpus - static_cast<int64_t>(p_reps) * tp;
     if (left % dtp != 0) continue;  // the rest must make whole decode replicas

@@ -47,6 +47,10 @@ struct InferConfig {
   int64_t prefill_tokens = 8192;    // tokens per prefill batch
   int prefill_replicas = 0;         // disaggregated: 0 = try every split
   int decode_tp = 0;                // disaggregated: GPUs per decode replica (0 = tp)
+  // MoE serving with expert parallelism: replicas of `ep` GPUs, experts
+  // spread over all of them, attention over `tp` of them (ep / tp
+  // data-parallel attention groups); 0 or 1: experts split over tp like the rest.
+  int ep = 0;
   bool fp8 = false;             // fp8 weights (1 byte each) and fp8 GEMMs
   // Speculative decoding: `spec_tokens` = K drafted tokens per step, each
   // accepted with probability `spec_acceptance` (the first rejection ends the
@@ -107,7 +111,8 @@ struct ServeRequest {
 
 struct InferReport {
   InferConfig config;
-  int tp = 1, replicas = 1;
+  int tp = 1, ep = 1, replicas = 1;
+  double a2a_latency_s = 0;  // --ep: the all-to-all's fixed cost over the replica's GPUs
   double prefill_s_per_request = 0, decode_step_s = 0;  // at the mean length, batch 1
   double kv_bytes_per_request = 0, kv_capacity_tokens = 0;
   double weight_bytes_per_gpu = 0, kv_capacity_bytes = 0;  // per GPU

@@ -279,6 +279,38 @@ TEST(SimServe, DecodeTpOfItsOwnPaysTheLayoutConversion) {
   EXPECT_NE(bad.status().message().find("--decode-tp 3 must divide the model's 32 heads"), std::string::npos);
 }
 
+// Expert-parallel serving: a replica of ep GPUs holds the routed experts
+// once (an ep-th on each GPU), the rest (attention, dense layers, shared
+// experts) on every attention group of tp GPUs; each MoE layer pays two
+// all-to-alls, so at batch 1 the step is dearer than tensor parallelism over
+// the same GPUs, and the KV cache of every group adds up.
+TEST(SimServe, ExpertParallelReplicasHoldTheExpertsOnce) {
+  OneNode node;
+  ModelSpec m = preset("Qwen3-30B-A3B");
+  InferConfig ic = base();
+  ic.gpus = 8, ic.tp = 1, ic.ep = 8;
+  auto ep = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(ep.isOk()) << ep.status().message();
+  EXPECT_EQ(ep->replicas, 1);
+  double routed = 0;
+  for (int l = 0; l < m.layers; ++l) routed += m.isMoeLayer(l) ? m.expertParams() * m.moe.experts : 0;
+  EXPECT_NEAR(ep->weight_bytes_per_gpu, (m.params() - routed) * 2 + routed * 2 / 8, 1);
+  EXPECT_GT(ep->a2a_latency_s, 0);
+  InferConfig t = base();
+  t.gpus = 8, t.tp = 8;
+  auto tp = simulateInference(m, t, node.net);
+  ASSERT_TRUE(tp.isOk());
+  EXPECT_GT(ep->kv_capacity_tokens, tp->kv_capacity_tokens);  // 8 groups' caches, not one split 4 ways
+  EXPECT_GT(ep->decode_step_s, m.moeLayers() * 2 * ep->a2a_latency_s);
+  ic.ep = 3;
+  auto bad = simulateInference(m, ic, node.net);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("--ep 3 must divide the model's experts (128)"), std::string::npos);
+  ic.ep = 8;
+  auto dense = simulateInference(gpt(4, 4096, 32), ic, node.net);
+  ASSERT_FALSE(dense.isOk());
+}
+
 TEST(SimServe, BadInputIsRefused) {
   auto zero = parseConcurrency("0");
   ASSERT_FALSE(zero.isOk());
