@@ -8,6 +8,8 @@
 #include <iostream>
 #include <unistd.h>
 
+#include "sim/cli_args.hpp"
+#include "sim/model_info.hpp"
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
 
@@ -39,9 +41,21 @@ void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) 
 void printServe(const ServeStats& s) {
   std::printf("  %-22s TTFT p50/p90/p99 %.3f/%.3f/%.3f s  TPOT p50/p90/p99 %.1f/%.1f/%.1f ms  %.2f req/s  goodput %.2f req/s (%.0f%% in SLO)\n",
               s.mode == "aggregated" ? "aggregated"
-                                     : fmt::format("disaggregated {}:{}", s.prefill_replicas, s.decode_replicas).c_str(),
+                                     : fmt::format("disaggregated {}:{}{}", s.prefill_replicas, s.decode_replicas,
+                                                   s.decode_tp > 0 ? fmt::format(" (decode tp {})", s.decode_tp) : "").c_str(),
               s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s, 1e3 * s.tpot_p50_s, 1e3 * s.tpot_p90_s, 1e3 * s.tpot_p99_s,
               s.throughput_rps, s.goodput_rps, 100 * s.slo_attainment);
+}
+
+// The metrics block as vLLM's benchmark_serving prints it (times in ms).
+void printServeDetail(const ServeStats& s, int64_t requests) {
+  std::printf("    requests %lld, duration %.2f s, %.3f req/s, output %.1f tok/s, total %.1f tok/s, %.1f tok/s per user, "
+              "goodput %.3f req/s, at most %lld running per replica\n",
+              static_cast<long long>(requests), s.duration_s, s.throughput_rps, s.tokens_per_s, s.total_tokens_per_s,
+              s.per_user_tokens_per_s, s.goodput_rps, static_cast<long long>(s.max_running));
+  for (auto [name, l] : {std::pair{"TTFT", s.ttft}, {"TPOT", s.tpot}, {"ITL", s.itl}, {"E2E", s.e2e}})
+    std::printf("    %-4s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f ms\n", name, 1e3 * l.mean, 1e3 * l.p50, 1e3 * l.p90,
+                1e3 * l.p99);
 }
 
 }  // namespace
@@ -53,7 +67,14 @@ int main(int argc, char** argv) {
 
   std::string cluster_path, model_path, collective = "allreduce", bytes_text = "1G", algo = "auto", network = "analytical", library = "nccl";
   int64_t gpus = 0;
-  bool json = false;
+  bool json = false, verbose = false;
+
+  int64_t model_seq = 4096;
+  auto* mo = app.add_subcommand("model", "describe a model: parameters, FLOPs and KV cache per token, layer shapes");
+  mo->add_option("--model", model_path, "chorus model JSON, a Hugging Face config.json, or a directory holding one")->required();
+  mo->add_option("--seq", model_seq, "context length for the FLOPs and KV figures (default 4096)");
+  mo->add_flag("--verbose", verbose, "also list the Hugging Face keys that were ignored");
+  mo->add_flag("--json", json, "print JSON");
   auto* col = app.add_subcommand("collective", "time one collective on the first N GPUs of a cluster");
   col->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   col->add_option("--gpus", gpus, "number of GPUs (ranks in GPU order)")->required();
@@ -68,7 +89,8 @@ int main(int argc, char** argv) {
   std::string recompute = "selective", micro = "1", trace_path, plot_path;
   bool no_sp = false, no_flash = false;
   auto* tr = app.add_subcommand("train", "time one training iteration");
-  tr->add_option("--model", model_path, "model JSON (configs/models/)")->required();
+  tr->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
+  tr->add_flag("--verbose", verbose, "list the Hugging Face config keys that were ignored (stderr)");
   tr->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   tr->add_option("--gpus", tc.gpus, "GPUs")->required();
   tr->add_option("--tp", tc.tp, "tensor parallel");
@@ -107,7 +129,8 @@ int main(int argc, char** argv) {
   SearchConfig sc;
   bool no_progress = false;
   auto* se = app.add_subcommand("search", "find the fastest parallel layouts for a model on N GPUs");
-  se->add_option("--model", model_path, "model JSON (configs/models/)")->required();
+  se->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
+  se->add_flag("--verbose", verbose, "list the Hugging Face config keys that were ignored (stderr)");
   se->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   se->add_option("--gpus", sc.gpus, "GPUs")->required();
   se->add_option("--global-batch", sc.global_batch, "sequences per iteration")->required();
@@ -125,13 +148,28 @@ int main(int argc, char** argv) {
   se->add_flag("--json", json, "print JSON");
 
   InferConfig ic;
-  std::string lengths = "fixed";
+  std::string lengths = "fixed", concurrency_text, draft_path;
   auto* in = app.add_subcommand("infer", "serve a request stream: aggregated vs disaggregated prefill/decode");
-  in->add_option("--model", model_path, "model JSON (configs/models/)")->required();
+  in->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
+  in->add_flag("--verbose", verbose, "list the Hugging Face config keys that were ignored (stderr)");
   in->add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)")->required();
   in->add_option("--gpus", ic.gpus, "GPUs of the service")->required();
   in->add_option("--tp", ic.tp, "GPUs per replica (default: the smallest that fits)");
-  in->add_option("--rate", ic.rate, "arrivals per second (Poisson)");
+  in->add_option("--rate", ic.rate, "arrivals per second (Poisson, open loop; default 10)");
+  in->add_option("--concurrency", concurrency_text,
+                 "closed loop: N users, each sending its next request when its previous one completes; a list "
+                 "(1,2,4,...) sweeps");
+  in->add_flag("--max-throughput", ic.max_throughput, "offline: every request at t = 0 (batch bounded by KV and --max-batch)");
+  in->add_flag("--chunked-prefill", ic.chunked_prefill,
+               "every step carries the decodes and prompt chunks within --prefill-tokens (vLLM V1); default: prefill first");
+  in->add_flag("--kv-fp8", ic.kv_fp8, "fp8 KV cache (1 byte per element)");
+  in->add_option("--e2e-slo", ic.e2e_slo_s, "end-to-end latency SLO for goodput (s; default none)");
+  in->add_option("--spec-tokens", ic.spec_tokens, "speculative decoding: tokens drafted per step (default 0: off)");
+  in->add_option("--spec-acceptance", ic.spec_acceptance, "probability that a drafted token is accepted");
+  in->add_option("--draft-model", draft_path, "draft model (default: the model's MTP modules)");
+  in->add_option("--trace", trace_path, "write the aggregated run's serving timeline as a Chrome trace (JSON)");
+  in->add_option("--plot", plot_path,
+                 "with a --concurrency sweep: draw tokens/s per user and TTFT against tokens/s per GPU into a PNG");
   in->add_option("--requests", ic.requests, "requests simulated");
   in->add_option("--input", ic.input_len, "mean input (prompt) tokens");
   in->add_option("--output", ic.output_len, "mean output tokens");
@@ -141,13 +179,53 @@ int main(int argc, char** argv) {
   in->add_option("--max-batch", ic.max_batch, "running requests per replica");
   in->add_option("--prefill-tokens", ic.prefill_tokens, "tokens per prefill batch");
   in->add_option("--prefill-replicas", ic.prefill_replicas, "disaggregated split (default: try all)");
+  in->add_option("--decode-tp", ic.decode_tp, "disaggregated: GPUs per decode replica (default: --tp)");
+  in->add_option("--ep", ic.ep, "MoE: replicas of N GPUs with the experts spread over all, attention over --tp (default 1: "
+                                "data-parallel attention)");
   in->add_option("--seed", ic.seed, "random seed of the request stream");
   in->add_option("--network", network, "analytical or flow");
   in->add_option("--library", library, "whose collectives: nccl (default), chorus or auto");
-  in->add_flag("--fp8", ic.fp8, "fp8 GEMMs");
+  in->add_flag("--fp8", ic.fp8, "fp8 weights (1 byte each) and fp8 GEMMs");
   in->add_flag("--json", json, "print JSON");
 
   CLI11_PARSE(app, argc, argv);
+
+  if (mo->parsed()) {
+    auto model = loadModel(model_path);
+    if (!model.isOk()) return fail(model.status());
+    auto info = describeModel(*model, model_seq);
+    if (!info.isOk()) return fail(info.status());
+    if (json) std::cout << toJson(*info).dump(2) << "\n";
+    else std::fputs(formatModelInfo(*info, verbose).c_str(), stdout);
+    return 0;
+  }
+  // Every numeric flag's range, before any file is read or anything priced.
+  if (col->parsed()) {
+    Status st = checkCollectiveArgs(gpus, 0);  // --bytes: chorus::parseSize below checks its grammar and range
+    if (!st.isOk()) return fail(st);
+  }
+  if (tr->parsed()) {
+    auto mb = parseMicroBatch(micro);
+    if (!mb.isOk()) return fail(mb.status());
+    tc.micro_batch = *mb;
+    Status st = checkTrainArgs(tc);
+    if (!st.isOk()) return fail(st);
+  }
+  if (se->parsed()) {
+    Status st = checkSearchArgs(sc);
+    if (!st.isOk()) return fail(st);
+  }
+  std::vector<int64_t> sweep;
+  if (in->parsed()) {
+    if (!concurrency_text.empty()) {
+      auto c = parseConcurrency(concurrency_text);
+      if (!c.isOk()) return fail(c.status());
+      sweep = *c;
+      ic.concurrency = sweep.front();
+    }
+    Status st = checkInferConfig(ic);
+    if (!st.isOk()) return fail(st);
+  }
   const plan::Registry reg = plan::Registry::builtin();
   auto mode = parseNetMode(network);
   if (!mode.isOk()) return fail(mode.status());
@@ -200,6 +278,11 @@ int main(int argc, char** argv) {
 
   auto model = loadModel(model_path);
   if (!model.isOk()) return fail(model.status());
+  if (verbose && !model->ignored_keys.empty()) {
+    std::string keys;
+    for (const std::string& k : model->ignored_keys) keys += " " + k;
+    std::fprintf(stderr, "chorus-sim: %s: ignored keys:%s\n", model_path.c_str(), keys.c_str());
+  }
   auto topo = Topology::build(*cluster);
   if (!topo.isOk()) return fail(topo.status());
   NetworkModel net(*cluster, *topo, reg, *mode);
@@ -214,15 +297,6 @@ int main(int argc, char** argv) {
     tc.schedule = !estimate_only;
     tc.async_tp = !sync_tp;
     tc.overlap_dp = !no_overlap_dp;
-    if (micro == "auto") {
-      tc.micro_batch = 0;
-    } else {
-      try {
-        tc.micro_batch = std::stoll(micro);
-      } catch (...) {
-        return fail(invalidArgument("--micro-batch '{}' is not a number or auto", micro));
-      }
-    }
     auto r = simulateTraining(*model, tc, net);
     if (!r.isOk()) return fail(r.status());
     nlohmann::json j = toJson(*r);
@@ -290,18 +364,81 @@ int main(int argc, char** argv) {
   if (in->parsed()) {
     auto d = parseLengthDist(lengths);
     if (!d.isOk()) return fail(d.status());
+    if (!draft_path.empty()) {
+      auto dm = loadModel(draft_path);
+      if (!dm.isOk()) return fail(dm.status());
+      ic.draft_model = std::make_shared<const ModelSpec>(*dm);
+    }
     ic.dist = *d;
+    if (!plot_path.empty() && sweep.size() < 2)
+      return fail(invalidArgument("--plot '{}' draws a concurrency sweep: give --concurrency a list (1,2,4,...)", plot_path));
+    if (!trace_path.empty() && sweep.size() > 1)
+      return fail(invalidArgument("--trace '{}' records one run: give --concurrency one value", trace_path));
+    ic.record = !trace_path.empty();
+    if (sweep.size() > 1) {  // a concurrency sweep: one closed-loop run per value
+      nlohmann::json runs = nlohmann::json::array();
+      std::vector<std::pair<int64_t, InferReport>> points;
+      if (!json)
+        std::printf("%s on %lld GPUs of %s, %lld in / %lld out tokens, closed loop\n"
+                    "  users  req/s  out tok/s  tok/s/user  TTFT p50/p99 ms   ITL p50/p99 ms  TPOT p50 ms  E2E p50 s\n",
+                    model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(),
+                    static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len));
+      for (int64_t n : sweep) {
+        InferConfig k = ic;
+        k.concurrency = n;
+        auto r = simulateInference(*model, k, net);
+        if (!r.isOk()) return fail(r.status());
+        const ServeStats& s = r->aggregated;
+        points.emplace_back(n, *r);
+        if (json) {
+          nlohmann::json j = toJson(*r);
+          runs.push_back(j);
+        } else {
+          std::printf("  %5lld %6.2f %10.1f %11.1f %8.1f/%-8.1f %7.2f/%-8.2f %10.2f %10.2f\n", static_cast<long long>(n),
+                      s.throughput_rps, s.tokens_per_s, s.per_user_tokens_per_s, 1e3 * s.ttft.p50, 1e3 * s.ttft.p99,
+                      1e3 * s.itl.p50, 1e3 * s.itl.p99, 1e3 * s.tpot.p50, s.e2e.p50);
+        }
+      }
+      if (json) std::cout << nlohmann::json{{"sweep", runs}}.dump(2) << "\n";
+      if (!plot_path.empty()) {
+        Status st = plotServeSweep(points, fmt::format("{} on {} GPUs, {}/{} tokens", model->name, ic.gpus,
+                                                       ic.input_len, ic.output_len), plot_path);
+        if (!st.isOk()) std::fprintf(stderr, "chorus-sim: plot skipped: %s\n", st.message().c_str());
+        else if (!json) std::fprintf(stderr, "plot: %s\n", plot_path.c_str());
+      }
+      return 0;
+    }
     auto r = simulateInference(*model, ic, net);
     if (!r.isOk()) return fail(r.status());
+    if (!trace_path.empty()) {
+      std::ofstream f(trace_path);
+      if (!f) return fail(systemError("--trace: cannot open '{}' for writing", trace_path));
+      Status st = writeServeTrace(*r, f);
+      if (!st.isOk()) return fail(st);
+      if (!json)
+        std::fprintf(stderr, "trace: %s (%zu steps, %zu requests)\n", trace_path.c_str(), r->steps.size(), r->requests.size());
+    }
     if (json) {
       std::cout << toJson(*r).dump(2) << "\n";
     } else {
-      std::printf("%s on %lld GPUs of %s: %d replicas of tp %d; %.1f req/s, %lld in / %lld out tokens; prefill %.1f ms per "
-                  "request, decode step %.1f ms (batch 1), KV %.1f MB per request\n",
-                  model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(), r->replicas, r->tp, ic.rate,
-                  static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len), 1e3 * r->prefill_s_per_request,
-                  1e3 * r->decode_step_s, r->kv_bytes_per_request / 1e6);
+      const std::string load = ic.max_throughput ? "offline (all at once)"
+                               : ic.concurrency > 0 ? fmt::format("{} users, closed loop", ic.concurrency)
+                                                    : fmt::format("{:.1f} req/s", ic.rate);
+      if (r->ep > 1)
+        std::printf("expert parallel: replicas of %d GPUs, %d attention groups of tp %d; all-to-all latency %.1f us\n",
+                    r->ep, r->ep / r->tp, r->tp, 1e6 * r->a2a_latency_s);
+      std::printf("%s on %lld GPUs of %s: %d replicas of tp %d; %s, %lld in / %lld out tokens; prefill %.1f ms per "
+                  "request, decode step %.1f ms (batch 1), KV %.1f MB per request, weights %.1f GB per GPU\n",
+                  model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(), r->replicas, r->tp,
+                  load.c_str(), static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len),
+                  1e3 * r->prefill_s_per_request, 1e3 * r->decode_step_s, r->kv_bytes_per_request / 1e6,
+                  r->weight_bytes_per_gpu / 1e9);
+      if (ic.spec_tokens > 0)
+        std::printf("  speculative decoding: %d drafted tokens per step, acceptance %.2f: %.2f tokens per step expected, "
+                    "drafting %.1f ms per step (batch 1)\n",
+                    ic.spec_tokens, ic.spec_acceptance, r->expected_tokens_per_step, 1e3 * r->draft_step_s);
       printServe(r->aggregated);
+      printServeDetail(r->aggregated, ic.requests);
       if (!r->best_disaggregated.mode.empty()) printServe(r->best_disaggregated);
       std::printf("  best under SLOs (TTFT %.2f s, TPOT %.0f ms): %s\n", ic.ttft_slo_s, 1e3 * ic.tpot_slo_s, r->best.c_str());
     }

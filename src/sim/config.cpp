@@ -1,5 +1,8 @@
 #include "sim/config.hpp"
 
+#include <cctype>
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -8,6 +11,22 @@ namespace chorus::sim {
 namespace {
 
 using nlohmann::json;
+
+size_t editDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) == std::tolower(static_cast<unsigned char>(b[j - 1]));
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (same ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
 
 // Walks a JSON object, collecting the first error with its full key path.
 class Reader {
@@ -55,6 +74,28 @@ class Reader {
     *out = static_cast<I>(v.get<int64_t>());
     return {};
   }
+  Status boolean(std::string_view k, bool* out) const {
+    if (!j_.contains(k)) return {};
+    const json& v = j_.at(std::string(k));
+    if (!v.is_boolean()) return invalidArgument("{}: key '{}' = {} must be true or false", where_, key(k), v.dump());
+    *out = v.get<bool>();
+    return {};
+  }
+  // Every key of this object must be one of `valid`; an unknown one is an
+  // error naming it and the nearest valid key (a misspelling would otherwise
+  // leave a default in place without a word).
+  Status onlyKeys(const std::vector<std::string_view>& valid) const {
+    for (const auto& [k, v] : j_.items()) {
+      if (std::find(valid.begin(), valid.end(), k) != valid.end()) continue;
+      const std::string near = nearestKey(k, valid);
+      std::string all;
+      for (std::string_view x : valid) all += (all.empty() ? "" : ", ") + std::string(x);
+      if (!near.empty())
+        return invalidArgument("{}: unknown key '{}' (did you mean '{}'?)", where_, key(k), key(near));
+      return invalidArgument("{}: unknown key '{}' (valid here: {})", where_, key(k), all);
+    }
+    return {};
+  }
   const json& raw() const { return j_; }
   const std::string& where() const { return where_; }
 
@@ -81,6 +122,16 @@ Result<std::string> readFile(const std::string& path) {
 
 }  // namespace
 
+std::string nearestKey(std::string_view key, const std::vector<std::string_view>& valid) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, (key.size() + 1) / 2) + 1;  // farther than half the key: no suggestion
+  for (std::string_view v : valid) {
+    const size_t d = editDistance(key, v);
+    if (d < best_d) best_d = d, best = std::string(v);
+  }
+  return best;
+}
+
 std::string_view topologyName(TopologyKind k) {
   switch (k) {
     case TopologyKind::FatTree: return "fat-tree";
@@ -97,10 +148,13 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   Reader top(j, std::string(where));
   ClusterSpec c;
   double d = 0;
+  CHORUS_RETURN_IF_ERROR(top.onlyKeys({"name", "nodes", "gpu", "node", "network"}));
   CHORUS_RETURN_IF_ERROR(top.str("name", &c.name));
   CHORUS_RETURN_IF_ERROR(top.integer("nodes", &c.nodes, 1, 1 << 20));
 
   CHORUS_ASSIGN_OR_RETURN(Reader g, top.object("gpu"));
+  CHORUS_RETURN_IF_ERROR(g.onlyKeys({"name", "peak_tflops", "fp8_tflops", "hbm_gib", "hbm_gbyte_s", "gemm_efficiency",
+                                     "gemm_half_size", "hbm_efficiency", "kernel_overhead_us", "comm_sm_fraction", "sms", "arch"}));
   CHORUS_RETURN_IF_ERROR(g.str("name", &c.gpu.name));
   CHORUS_RETURN_IF_ERROR(g.num("peak_tflops", &d, 1e-3, 1e6));
   c.gpu.peak16 = tflops(d);
@@ -121,6 +175,8 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   CHORUS_RETURN_IF_ERROR(g.integer("sms", &c.gpu.sms, 0, 1e5, false));
 
   CHORUS_ASSIGN_OR_RETURN(Reader nd, top.object("node"));
+  CHORUS_RETURN_IF_ERROR(nd.onlyKeys({"gpus", "nvlink_gbyte_s", "nvlink_latency_us", "nvlink_efficiency", "nvls",
+                                      "nvls_reduce_tflops"}));
   CHORUS_RETURN_IF_ERROR(nd.integer("gpus", &c.node.gpus, 1, 4096));
   CHORUS_RETURN_IF_ERROR(nd.num("nvlink_gbyte_s", &d, 1e-3, 1e6));
   c.node.nvlink_bw = gbytePerS(d);
@@ -129,6 +185,8 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   CHORUS_RETURN_IF_ERROR(nd.num("nvlink_efficiency", &c.node.nvlink_efficiency, 0.01, 1, false));
 
   CHORUS_ASSIGN_OR_RETURN(Reader nw, top.object("network"));
+  CHORUS_RETURN_IF_ERROR(nw.onlyKeys({"topology", "nics_per_node", "nic_gbit_s", "latency_us", "oversubscription",
+                                      "efficiency", "leaf_nodes", "group_nodes", "rendezvous_bytes", "dims", "sharp"}));
   std::string topo;
   CHORUS_RETURN_IF_ERROR(nw.str("topology", &topo));
   bool found = false;
@@ -188,34 +246,76 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   return c;
 }
 
-Result<ModelSpec> parseModel(std::string_view text, std::string_view where) {
+Result<ModelSpec> parseModel(std::string_view text, std::string_view where, std::string_view name) {
   CHORUS_ASSIGN_OR_RETURN(json j, parseJson(text, where));
+  if (j.contains("model_type") || j.contains("architectures")) return parseHfModel(text, where, name);
   Reader top(j, std::string(where));
   ModelSpec m;
+  m.source = "chorus";
+  CHORUS_RETURN_IF_ERROR(top.onlyKeys({"name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab",
+                                       "activation", "dropout", "tie_embeddings", "qkv_bias", "o_bias", "window",
+                                       "weight_bytes", "expert_weight_bytes", "mtp_layers", "mla", "moe"}));
   CHORUS_RETURN_IF_ERROR(top.str("name", &m.name));
   CHORUS_RETURN_IF_ERROR(top.integer("layers", &m.layers, 1, 1e5));
   CHORUS_RETURN_IF_ERROR(top.integer("hidden", &m.hidden, 1, 1e7));
   CHORUS_RETURN_IF_ERROR(top.integer("heads", &m.heads, 1, 1e5));
   m.kv_heads = m.heads;
   CHORUS_RETURN_IF_ERROR(top.integer("kv_heads", &m.kv_heads, 1, m.heads, false));
+  CHORUS_RETURN_IF_ERROR(top.integer("head_dim", &m.head_dim, 1, 1e5, false));
   CHORUS_RETURN_IF_ERROR(top.integer("ffn_hidden", &m.ffn_hidden, 1, 1e8));
   CHORUS_RETURN_IF_ERROR(top.integer("vocab", &m.vocab, 1, 1e8));
   std::string act = "gelu";
   CHORUS_RETURN_IF_ERROR(top.str("activation", &act, false));
   if (act == "gelu") m.activation = Activation::Gelu;
-  else if (act == "swiglu") m.activation = Activation::SwiGlu;
-  else return invalidArgument("{}: key 'activation' = \"{}\" is not one of gelu, swiglu", where, act);
-  if (top.has("dropout")) {
-    if (!top.raw().at("dropout").is_boolean())
-      return invalidArgument("{}: key 'dropout' = {} must be true or false", where, top.raw().at("dropout").dump());
-    m.dropout = top.raw().at("dropout").get<bool>();
-  }
-  if (m.hidden % m.heads != 0)
-    return invalidArgument("{}: key 'hidden' = {} is not a multiple of 'heads' = {}", where, m.hidden, m.heads);
+  else if (act == "swiglu" || act == "geglu") m.activation = Activation::SwiGlu;
+  else return invalidArgument("{}: key 'activation' = \"{}\" is not one of gelu, swiglu, geglu", where, act);
+  m.activation_name = act;
+  CHORUS_RETURN_IF_ERROR(top.boolean("dropout", &m.dropout));
+  CHORUS_RETURN_IF_ERROR(top.boolean("tie_embeddings", &m.tie_embeddings));
+  CHORUS_RETURN_IF_ERROR(top.boolean("qkv_bias", &m.qkv_bias));
+  CHORUS_RETURN_IF_ERROR(top.boolean("o_bias", &m.o_bias));
+  CHORUS_RETURN_IF_ERROR(top.num("weight_bytes", &m.weight_bytes, 0.0625, 8, false));
+  CHORUS_RETURN_IF_ERROR(top.num("expert_weight_bytes", &m.expert_weight_bytes, 0.0625, 8, false));
+  m.weight_format = m.weight_bytes == 2 ? "bf16" : m.weight_bytes == 1 ? "fp8" : fmt::format("{} B/param", m.weight_bytes);
+  CHORUS_RETURN_IF_ERROR(top.integer("mtp_layers", &m.mtp_layers, 0, 64, false));
+  if (m.head_dim == 0 && m.hidden % m.heads != 0)
+    return invalidArgument("{}: key 'hidden' = {} is not a multiple of 'heads' = {} (set 'head_dim' if the heads are "
+                           "not hidden / heads wide)", where, m.hidden, m.heads);
   if (m.heads % m.kv_heads != 0)
     return invalidArgument("{}: key 'heads' = {} is not a multiple of 'kv_heads' = {}", where, m.heads, m.kv_heads);
+  if (top.has("window")) {
+    CHORUS_ASSIGN_OR_RETURN(Reader w, top.object("window"));
+    CHORUS_RETURN_IF_ERROR(w.onlyKeys({"size", "layers", "pattern"}));
+    CHORUS_RETURN_IF_ERROR(w.integer("size", &m.window, 1, 1e9));
+    if (w.has("layers") && w.has("pattern"))
+      return invalidArgument("{}: 'window' takes 'layers' or 'pattern', not both", where);
+    if (w.has("layers")) {
+      const json& v = w.raw().at("layers");
+      if (!v.is_array()) return invalidArgument("{}: key 'window.layers' = {} must be an array of layer indices", where, v.dump());
+      m.window_layers.assign(static_cast<size_t>(m.layers), false);
+      for (const json& e : v) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= m.layers)
+          return invalidArgument("{}: key 'window.layers' has {}, not a layer index in [0, {}]", where, e.dump(), m.layers - 1);
+        m.window_layers[e.get<size_t>()] = true;
+      }
+    }
+    if (w.has("pattern")) {
+      const json& v = w.raw().at("pattern");
+      if (!v.is_array() || v.empty())
+        return invalidArgument("{}: key 'window.pattern' = {} must be a non-empty array of \"sliding\" / \"full\", repeated over the layers",
+                               where, v.dump());
+      std::vector<bool> pat;
+      for (const json& e : v) {
+        if (!e.is_string() || (e.get<std::string>() != "sliding" && e.get<std::string>() != "full"))
+          return invalidArgument("{}: key 'window.pattern' has {}, not \"sliding\" or \"full\"", where, e.dump());
+        pat.push_back(e.get<std::string>() == "sliding");
+      }
+      for (int l = 0; l < m.layers; ++l) m.window_layers.push_back(pat[static_cast<size_t>(l) % pat.size()]);
+    }
+  }
   if (top.has("mla")) {
     CHORUS_ASSIGN_OR_RETURN(Reader mla, top.object("mla"));
+    CHORUS_RETURN_IF_ERROR(mla.onlyKeys({"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"}));
     CHORUS_RETURN_IF_ERROR(mla.integer("q_lora_rank", &m.mla.q_lora_rank, 0, 1e6, false));
     CHORUS_RETURN_IF_ERROR(mla.integer("kv_lora_rank", &m.mla.kv_lora_rank, 1, 1e6));
     CHORUS_RETURN_IF_ERROR(mla.integer("qk_nope_head_dim", &m.mla.qk_nope_head_dim, 1, 1e5));
@@ -226,11 +326,32 @@ Result<ModelSpec> parseModel(std::string_view text, std::string_view where) {
   }
   if (top.has("moe")) {
     CHORUS_ASSIGN_OR_RETURN(Reader moe, top.object("moe"));
+    CHORUS_RETURN_IF_ERROR(moe.onlyKeys({"experts", "top_k", "expert_ffn_hidden", "shared_experts",
+                                         "shared_expert_ffn_hidden", "dense_layers", "sparse_step", "dense_layer_list",
+                                         "n_group", "topk_group"}));
     CHORUS_RETURN_IF_ERROR(moe.integer("experts", &m.moe.experts, 1, 1e5));
     CHORUS_RETURN_IF_ERROR(moe.integer("top_k", &m.moe.top_k, 1, m.moe.experts));
     CHORUS_RETURN_IF_ERROR(moe.integer("expert_ffn_hidden", &m.moe.expert_ffn_hidden, 1, 1e8));
     CHORUS_RETURN_IF_ERROR(moe.integer("shared_experts", &m.moe.shared_experts, 0, 1e3, false));
+    CHORUS_RETURN_IF_ERROR(moe.integer("shared_expert_ffn_hidden", &m.moe.shared_expert_ffn_hidden, 1, 1e8, false));
     CHORUS_RETURN_IF_ERROR(moe.integer("dense_layers", &m.moe.dense_layers, 0, m.layers, false));
+    CHORUS_RETURN_IF_ERROR(moe.integer("sparse_step", &m.moe.sparse_step, 1, m.layers, false));
+    CHORUS_RETURN_IF_ERROR(moe.integer("n_group", &m.moe.n_group, 0, m.moe.experts, false));
+    CHORUS_RETURN_IF_ERROR(moe.integer("topk_group", &m.moe.topk_group, 0, std::max(m.moe.n_group, 0), false));
+    if (m.moe.n_group > 0 && m.moe.experts % m.moe.n_group != 0)
+      return invalidArgument("{}: key 'moe.n_group' = {} does not divide 'moe.experts' = {}", where, m.moe.n_group, m.moe.experts);
+    if (moe.has("dense_layer_list")) {
+      const json& v = moe.raw().at("dense_layer_list");
+      if (!v.is_array()) return invalidArgument("{}: key 'moe.dense_layer_list' = {} must be an array of layer indices", where, v.dump());
+      for (const json& e : v) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= m.layers)
+          return invalidArgument("{}: key 'moe.dense_layer_list' has {}, not a layer index in [0, {}]", where, e.dump(), m.layers - 1);
+        m.moe.dense_list.push_back(e.get<int>());
+      }
+    }
+    if (m.moeLayers() == 0)
+      return invalidArgument("{}: 'moe' leaves no layer with experts (dense_layers = {}, sparse_step = {})", where,
+                             m.moe.dense_layers, m.moe.sparse_step);
   }
   return m;
 }
@@ -240,8 +361,41 @@ Result<ClusterSpec> loadCluster(const std::string& path) {
   return parseCluster(text, path);
 }
 Result<ModelSpec> loadModel(const std::string& path) {
-  CHORUS_ASSIGN_OR_RETURN(std::string text, readFile(path));
-  return parseModel(text, path);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string file = path;
+  std::string name;
+  if (fs::is_directory(path, ec)) {
+    file = (fs::path(path) / "config.json").string();
+    if (!fs::exists(file, ec))
+      return invalidArgument("--model '{}' is a directory without a config.json (a Hugging Face model directory "
+                             "holds one)", path);
+  }
+  // A Hugging Face config has no name: use its directory's (the repository's) name.
+  const fs::path parent = fs::absolute(fs::path(file), ec).parent_path();
+  if (fs::path(file).filename() == "config.json" && !parent.filename().empty()) name = parent.filename().string();
+  CHORUS_ASSIGN_OR_RETURN(std::string text, readFile(file));
+  return parseModel(text, file, name);
+}
+
+bool ModelSpec::isMoeLayer(int layer) const {
+  if (moe.experts == 0 || layer < moe.dense_layers) return false;
+  if (std::find(moe.dense_list.begin(), moe.dense_list.end(), layer) != moe.dense_list.end()) return false;
+  const int step = std::max(moe.sparse_step, 1);
+  return moe.step_from_zero ? layer % step == 0 : (layer + 1) % step == 0;
+}
+int ModelSpec::moeLayers() const {
+  int n = 0;
+  for (int l = 0; l < layers; ++l) n += isMoeLayer(l) ? 1 : 0;
+  return n;
+}
+bool ModelSpec::isWindowLayer(int layer) const {
+  if (window <= 0) return false;
+  if (window_layers.empty()) return true;
+  return layer >= 0 && static_cast<size_t>(layer) < window_layers.size() && window_layers[static_cast<size_t>(layer)];
+}
+double ModelSpec::attendedTokens(int layer, double ctx) const {
+  return isWindowLayer(layer) ? std::min(ctx, static_cast<double>(window)) : ctx;
 }
 
 double ModelSpec::qkHeadDim() const {
@@ -251,16 +405,21 @@ double ModelSpec::vHeadDim() const {
   return hasMla() ? static_cast<double>(mla.v_head_dim) : static_cast<double>(headDim());
 }
 
-// MHA/GQA: Q and O are h x h; K and V are h x (kv_heads * head_dim).  MLA:
+// MHA/GQA: Q is h x (heads * head_dim), K and V h x (kv_heads * head_dim), O
+// (heads * head_dim) x h (+ their biases where the model has them).  MLA:
 // Q = h x q_lora (+ its norm) then q_lora x heads*qk (or h x heads*qk); the
 // KV latent and rotary key h x (kv_lora + rope) (+ the latent's norm), then
 // kv_lora x heads*(nope + v); O is heads*v x h.
 double ModelSpec::attnParams() const {
-  return attnInParams() + static_cast<double>(heads) * vHeadDim() * static_cast<double>(hidden);
+  return attnInParams() + static_cast<double>(heads) * vHeadDim() * static_cast<double>(hidden) +
+         (o_bias ? static_cast<double>(hidden) : 0);
 }
 double ModelSpec::attnInParams() const {
   const double h = static_cast<double>(hidden), a = static_cast<double>(heads);
-  if (!hasMla()) return h * h + 2 * h * static_cast<double>(kv_heads) * static_cast<double>(headDim());
+  if (!hasMla()) {
+    const double q = a * static_cast<double>(headDim()), kv = 2.0 * static_cast<double>(kv_heads) * static_cast<double>(headDim());
+    return h * (q + kv) + (qkv_bias ? q + kv : 0);
+  }
   const double ql = static_cast<double>(mla.q_lora_rank), kl = static_cast<double>(mla.kv_lora_rank);
   const double q = ql > 0 ? h * ql + ql + ql * a * qkHeadDim() : h * a * qkHeadDim();
   const double kv = h * (kl + static_cast<double>(mla.qk_rope_head_dim)) + kl +
@@ -278,28 +437,61 @@ double ModelSpec::kvCacheElems() const {
 }
 double ModelSpec::kvCacheSplit(double tp) const { return hasMla() ? 1.0 : kvSplit(tp); }
 
+double ModelSpec::sharedFfn() const {
+  const int64_t w = moe.shared_expert_ffn_hidden > 0 ? moe.shared_expert_ffn_hidden : moe.expert_ffn_hidden;
+  return static_cast<double>(moe.shared_experts) * static_cast<double>(w);
+}
+double ModelSpec::ffnPerToken(int layer) const {
+  if (!isMoeLayer(layer)) return static_cast<double>(ffn_hidden);
+  return static_cast<double>(moe.expert_ffn_hidden) * moe.top_k + sharedFfn();
+}
+double ModelSpec::expertParams() const { return ffnMats() * static_cast<double>(hidden) * static_cast<double>(moe.expert_ffn_hidden); }
+
 // FFN: gelu has two h x f matrices, swiglu three.  Two layer norms of 2h each.
+// An MoE layer: its routed experts, its shared experts and the h x experts router.
 double ModelSpec::layerParams(int layer) const {
   const double h = static_cast<double>(hidden);
   const double attn = attnParams() + 4 * h;
-  const double mats = activation == Activation::SwiGlu ? 3 : 2;
-  if (moe.experts == 0 || layer < moe.dense_layers) return attn + mats * h * static_cast<double>(ffn_hidden);
-  const double expert = mats * h * static_cast<double>(moe.expert_ffn_hidden);
-  return attn + expert * (moe.experts + moe.shared_experts) + h * moe.experts;  // + router
+  if (!isMoeLayer(layer)) return attn + ffnMats() * h * static_cast<double>(ffn_hidden);
+  return attn + layerExpertParams(layer) + h * moe.experts;  // + router
+}
+double ModelSpec::layerExpertParams(int layer) const {
+  if (!isMoeLayer(layer)) return 0;
+  return expertParams() * moe.experts + ffnMats() * static_cast<double>(hidden) * sharedFfn();
+}
+double ModelSpec::embeddingParams() const {
+  return (tie_embeddings ? 1.0 : 2.0) * static_cast<double>(vocab) * static_cast<double>(hidden);
 }
 
 double ModelSpec::params() const {
-  double p = 2.0 * static_cast<double>(vocab) * static_cast<double>(hidden);  // untied input and output embeddings
+  double p = embeddingParams();  // input embedding and output head (once when tied)
   for (int l = 0; l < layers; ++l) p += layerParams(l);
   return p;
 }
 
 double ModelSpec::activeParams() const {
   if (moe.experts == 0) return params();
+  const double idle = expertParams() * (moe.experts - moe.top_k);
+  return params() - idle * moeLayers();
+}
+double ModelSpec::activeMatmulParams() const {
+  return activeParams() - (tie_embeddings ? 0.0 : static_cast<double>(vocab) * static_cast<double>(hidden));
+}
+double ModelSpec::mtpParams() const {
+  if (mtp_layers == 0) return 0;
   const double h = static_cast<double>(hidden);
-  const double mats = activation == Activation::SwiGlu ? 3 : 2;
-  const double idle = mats * h * static_cast<double>(moe.expert_ffn_hidden) * (moe.experts - moe.top_k);
-  return params() - idle * (layers - moe.dense_layers);
+  // One layer like the last (DeepSeek-V3: an MoE layer), the 2h -> h
+  // projection of [embedding; hidden state] and its two input norms.
+  return mtp_layers * (layerParams(layers) + 2 * h * h + 2 * h);
+}
+double ModelSpec::layerWeightBytes(int layer) const {
+  const double e = layerExpertParams(layer);
+  return (layerParams(layer) - e) * weight_bytes + e * expertWeightBytes();
+}
+double ModelSpec::weightBytes() const {
+  double b = embeddingParams() * 2;
+  for (int l = 0; l < layers; ++l) b += layerWeightBytes(l);
+  return b;
 }
 
 }  // namespace chorus::sim

@@ -7,6 +7,7 @@
 #include <array>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.hpp"
 #include "sim/units.hpp"
@@ -83,6 +84,9 @@ struct ClusterSpec {
   [[nodiscard]] int64_t gpus() const { return int64_t{nodes} * node.gpus; }
 };
 
+// Gelu: a plain two-matrix MLP (GPT).  SwiGlu: a gated three-matrix MLP
+// (gate, up, down), whatever its non-linearity (SiLU for Llama, Qwen,
+// DeepSeek, GPT-OSS; tanh-GELU for Gemma: ModelSpec::activation_name says which).
 enum class Activation { Gelu, SwiGlu };
 
 struct MoeSpec {
@@ -90,7 +94,20 @@ struct MoeSpec {
   int top_k = 1;
   int64_t expert_ffn_hidden = 0;
   int shared_experts = 0;  // always-active experts (DeepSeek)
+  // Width of one shared expert (0: expert_ffn_hidden).  Qwen2-MoE's single
+  // shared expert is 4 x its routed experts' width.
+  int64_t shared_expert_ffn_hidden = 0;
   int dense_layers = 0;    // leading layers with a dense FFN (DeepSeek: 3)
+  // Of the remaining layers, every sparse_step-th is MoE (Qwen2-MoE's
+  // decoder_sparse_step: layer l is MoE if (l + 1) % step == 0; DeepSeek's
+  // moe_layer_freq: if l % freq == 0); dense_list names further dense layers
+  // (Qwen's mlp_only_layers).
+  int sparse_step = 1;
+  bool step_from_zero = false;  // DeepSeek's rule (l % freq) instead of Qwen's ((l + 1) % step)
+  std::vector<int> dense_list;
+  // Group-limited routing (DeepSeek): experts in n_group groups, a token's
+  // top_k chosen inside its topk_group best groups.  0: unrestricted.
+  int n_group = 0, topk_group = 0;
 };
 
 // Multi-head latent attention (DeepSeek-V2/V3): K and V come from one
@@ -111,16 +128,45 @@ struct ModelSpec {
   int64_t hidden = 0;
   int heads = 0;
   int kv_heads = 0;
+  int64_t head_dim = 0;  // 0: hidden / heads (Qwen3, Gemma, GPT-OSS set their own)
   int64_t ffn_hidden = 0;
   int64_t vocab = 0;
   Activation activation = Activation::Gelu;
+  std::string activation_name;  // as the source file spelled it ("swiglu", "silu", "gelu_pytorch_tanh", ...)
   // Dropout after attention and MLP (GPT-3/Megatron: yes; Llama, Mixtral,
   // DeepSeek: no).  Decides the dropout masks kept for backward.
   bool dropout = true;
+  bool tie_embeddings = false;  // the output head reuses the input embedding (Gemma)
+  bool qkv_bias = false, o_bias = false;  // attention projection biases (Qwen2: q, k, v; GPT-OSS: all four)
+  // Sliding-window attention: layers with window_layers[l] (all layers when
+  // window_layers is empty) attend to the last `window` tokens only, and
+  // cache only those.  0: every layer attends to the whole context.
+  int64_t window = 0;
+  std::vector<bool> window_layers;
+  // Bytes per stored weight of the transformer layers' matrices (bf16 2, fp8
+  // 1, MXFP4 4.25 / 8); expert_weight_bytes for the routed and shared experts
+  // (0: weight_bytes).  Embeddings, head, norms and routers stay 16-bit.
+  double weight_bytes = 2;
+  double expert_weight_bytes = 0;
+  std::string weight_format = "bf16";
+  // Multi-token-prediction modules (DeepSeek-V3's num_nextn_predict_layers):
+  // each one transformer layer + a 2h x h projection + 2 norms, sharing the
+  // embedding and head; not counted in params() (the published totals leave
+  // them out), available as mtpParams() for speculative decoding.
+  int mtp_layers = 0;
+  std::string source;  // "chorus" or the Hugging Face model_type it was read from
+  std::vector<std::string> ignored_keys;  // keys of a Hugging Face config that do not matter here
   MoeSpec moe;
   MlaSpec mla;
-  [[nodiscard]] int64_t headDim() const { return hidden / heads; }
+  [[nodiscard]] int64_t headDim() const { return head_dim > 0 ? head_dim : hidden / heads; }
   [[nodiscard]] bool hasMla() const { return mla.kv_lora_rank > 0; }
+  // Whether layer l routes its tokens to experts (else it has a dense FFN of ffn_hidden).
+  [[nodiscard]] bool isMoeLayer(int layer) const;
+  [[nodiscard]] int moeLayers() const;
+  // Whether layer l attends within a sliding window.
+  [[nodiscard]] bool isWindowLayer(int layer) const;
+  // Context positions layer l attends to / caches at context length ctx.
+  [[nodiscard]] double attendedTokens(int layer, double ctx) const;
   // Per head: the query/key width the scores use and the value width.
   [[nodiscard]] double qkHeadDim() const;
   [[nodiscard]] double vHeadDim() const;
@@ -138,16 +184,50 @@ struct ModelSpec {
   // cache is split (MLA caches the latent, replicated on every tp GPU).
   [[nodiscard]] double kvCacheElems() const;
   [[nodiscard]] double kvCacheSplit(double tp) const;
+  // Gated or plain MLP: matrices per FFN (3 or 2).
+  [[nodiscard]] double ffnMats() const { return activation == Activation::SwiGlu ? 3 : 2; }
+  // FFN width a token passes through in layer l (MoE: top_k routed + the shared experts).
+  [[nodiscard]] double ffnPerToken(int layer) const;
+  // Width of all shared experts together (shared_experts x their width).
+  [[nodiscard]] double sharedFfn() const;
+  [[nodiscard]] double expertParams() const;  // one routed expert
   // Parameters of one transformer layer (attention + FFN/experts + norms).
   [[nodiscard]] double layerParams(int layer) const;
-  [[nodiscard]] double params() const;        // all parameters
-  [[nodiscard]] double activeParams() const;  // touched per token (MoE: top_k experts)
+  // Its parameters held as expert weights (routed + shared).
+  [[nodiscard]] double layerExpertParams(int layer) const;
+  [[nodiscard]] double embeddingParams() const;  // input embedding + output head (once if tied)
+  [[nodiscard]] double params() const;        // all parameters (without MTP modules)
+  // Touched per token (MoE: top_k experts), counting both embedding tables
+  // (Mistral's, Qwen's convention) ...
+  [[nodiscard]] double activeParams() const;
+  // ... and without the input embedding, a lookup, not a matrix multiply
+  // (OpenAI's gpt-oss and DeepSeek-V3's convention): what a token's GEMMs read.
+  [[nodiscard]] double activeMatmulParams() const;
+  [[nodiscard]] double mtpParams() const;  // the MTP modules' own parameters
+  // Bytes of the stored weights (weight_bytes per layer matrix, expert_weight_bytes
+  // per expert weight, 2 per embedding/head parameter).
+  [[nodiscard]] double weightBytes() const;
+  [[nodiscard]] double layerWeightBytes(int layer) const;
+  [[nodiscard]] double expertWeightBytes() const { return expert_weight_bytes > 0 ? expert_weight_bytes : weight_bytes; }
 };
 
-// Parses JSON text; `where` names the source in errors (a file name).
+// Parses JSON text; `where` names the source in errors (a file name).  A key
+// the format does not have is an error naming the nearest valid key.
 Result<ClusterSpec> parseCluster(std::string_view json, std::string_view where);
-Result<ModelSpec> parseModel(std::string_view json, std::string_view where);
+// chorus's own model format, or a Hugging Face config.json (detected by its
+// "model_type" or "architectures"); `name` is used when the file has none.
+Result<ModelSpec> parseModel(std::string_view json, std::string_view where, std::string_view name = "");
+// A Hugging Face config.json (model_type llama, mistral, mixtral, qwen2,
+// qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, gemma2,
+// gemma3 / gemma3_text); src/sim/hf_model.cpp.
+Result<ModelSpec> parseHfModel(std::string_view json, std::string_view where, std::string_view name = "");
+std::string_view hfSupportedModelTypes();
 Result<ClusterSpec> loadCluster(const std::string& path);
+// A chorus model file, a Hugging Face config.json, or a directory holding one.
 Result<ModelSpec> loadModel(const std::string& path);
+
+// The key of `valid` nearest to `key` by edit distance ("" when none is
+// within half the key's length).
+std::string nearestKey(std::string_view key, const std::vector<std::string_view>& valid);
 
 }  // namespace chorus::sim

@@ -1,14 +1,24 @@
 #include "sim/infer.hpp"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
 #include <deque>
+#include <functional>
+#include <queue>
+#include <optional>
 #include <random>
+#include <set>
+
+#include "sim/cli_args.hpp"
 
 namespace chorus::sim {
 namespace {
 
-constexpr double kAct = 2;  // bytes per 16-bit element
+constexpr double kAct = 2;  // bytes per 16-bit activation element
 
 struct Request {
   double arrival = 0;
@@ -16,67 +26,150 @@ struct Request {
   double first = -1, done = -1;  // first token, last token
   double ready = 0;              // disaggregated: KV arrived at the decode pool
   double kv_s = 0;
+  int64_t user = -1;             // closed loop: who sent it
+  double last_token = -1;        // time of its latest token (ITL)
 };
 
 // Phase costs of one replica of tp GPUs (roofline; see docs/simulator.md).
 class Replica {
  public:
-  Replica(const ModelSpec& m, const ClusterSpec& c, int tp, bool fp8, Seconds ar_alpha, double ar_beta)
-      : m_(m), g_(c.gpu), tp_(tp), fp8_(fp8), ar_alpha_(ar_alpha.value()), ar_beta_(ar_beta) {}
+  Replica(const ModelSpec& m, const ClusterSpec& c, int tp, bool fp8, bool kv_fp8, Seconds ar_alpha, double ar_beta)
+      : m_(m), g_(c.gpu), tp_(tp), fp8_(fp8 || m.weight_bytes <= 1), w8_(fp8), kv_bytes_(kv_fp8 ? 1 : kAct),
+        ar_alpha_(ar_alpha.value()), ar_beta_(ar_beta) {}
 
-  // Prefill of requests with `tokens` input tokens in all and sum of squared
-  // lengths `sq` (attention is quadratic per request).
-  [[nodiscard]] double prefill(double tokens, double sq) const {
+  // Prefill of requests with `tokens` input tokens in all; `sq` = sum of
+  // squared lengths and `sq_win` the same capped by the window (2 x the
+  // causal pairs a sliding layer attends, ~ 2 L W - W^2 for L > W).
+  [[nodiscard]] double prefill(double tokens, double sq, double sq_win) const {
+    if (ep_ > 1) return step(0, 0, 0, tokens, sq / 2, sq_win / 2);  // the expert-parallel roofline step
     const double h = static_cast<double>(m_.hidden), T = tp_;
     const double heads_v = static_cast<double>(m_.heads) * m_.vHeadDim();
-    const double mats = m_.activation == Activation::SwiGlu ? 3 : 2;
+    const double mats = m_.ffnMats();
     double t = 0;
     for (int l = 0; l < m_.layers; ++l) {
-      const bool dense = m_.moe.experts == 0 || l < m_.moe.dense_layers;
-      const double ff = dense ? static_cast<double>(m_.ffn_hidden)
-                              : static_cast<double>(m_.moe.expert_ffn_hidden) * (m_.moe.top_k + m_.moe.shared_experts);
+      const double ff = m_.ffnPerToken(l);
       t += gemm(tokens, m_.attnInParams() / h / T, h) + gemm(tokens, h, heads_v / T) +
            gemm(tokens, (mats - 1) * ff / T, h) + gemm(tokens, h, ff / T);
       // Causal attention (FlashAttention): 2 x sq/2 x heads x (qk + v) FLOPs per layer.
-      const double core = sq * static_cast<double>(m_.heads) * (m_.qkHeadDim() + m_.vHeadDim());
+      const double core = (m_.isWindowLayer(l) ? sq_win : sq) * static_cast<double>(m_.heads) * (m_.qkHeadDim() + m_.vHeadDim());
       t += core / T / (peak() * g_.gemm_efficiency) + 6 * g_.kernel_overhead.value();
       t += 2 * allreduce(tokens * h * kAct);
     }
     return t;
   }
-  // One decode step of `batch` requests holding `context` tokens of KV in all.
-  [[nodiscard]] double decode(double batch, double context) const {
-    if (batch <= 0) return 0;
-    const double h = static_cast<double>(m_.hidden), T = tp_;
-    double weights = 0;  // bytes read per GPU
+  // Weight bytes one GPU reads in a step whose tokens route to experts at
+  // random: an MoE layer reads only the experts some token chose.
+  [[nodiscard]] double weightsRead(double tokens) const {
+    double w = 0;
     for (int l = 0; l < m_.layers; ++l) {
-      double lp = m_.layerParams(l);
-      if (m_.moe.experts > 0 && l >= m_.moe.dense_layers) {  // only the experts some token routes to are read
-        const double mats = m_.activation == Activation::SwiGlu ? 3 : 2;
-        const double expert = mats * h * static_cast<double>(m_.moe.expert_ffn_hidden);
-        const double touched = m_.moe.experts * (1 - std::pow(1 - double(m_.moe.top_k) / m_.moe.experts, batch));
-        lp -= expert * (m_.moe.experts - touched);
+      double lb = layerBytes(l);
+      if (ep_ > 1) {  // routed experts spread over ep GPUs, the rest split over tp
+        const double routed = routedBytes(l);
+        const double E = m_.moe.experts;
+        const double touched = m_.isMoeLayer(l) ? 1 - std::pow(1 - double(m_.moe.top_k) / E, tokens) : 0;
+        w += (lb - routed) / tp_ + routed / ep_ * touched;
+        continue;
       }
-      weights += lp / T * kAct;
+      if (m_.isMoeLayer(l)) {
+        const double E = m_.moe.experts;
+        const double touched = E * (1 - std::pow(1 - double(m_.moe.top_k) / E, tokens));
+        lb -= m_.expertParams() * expertBytes() * (E - touched);
+      }
+      w += lb / tp_;
     }
-    weights += static_cast<double>(m_.vocab) * h / T * kAct;
-    const double kv = context * kvBytesPerToken();
+    return w + static_cast<double>(m_.vocab) * static_cast<double>(m_.hidden) / tp_ * kAct;  // the head
+  }
+  // One decode step of `batch` requests holding `context` tokens of KV in all
+  // (`context_win`: the same with each request capped at the window).
+  [[nodiscard]] double decode(double batch, double context, double context_win) const {
+    return step(batch, context, context_win, 0, 0, 0);
+  }
+  // A step of `batch` decode tokens plus `chunk` prompt tokens (chunked
+  // prefill) whose attention covers `pairs` (full layers) / `pairs_win`
+  // (sliding layers) query-key pairs: one roofline over the whole step —
+  // the weights are read once, the FLOPs of every token add up.
+  // `q` queries per decoding request (speculative decoding verifies K + 1):
+  // q x the GEMM and attention FLOPs, the cache read once.
+  [[nodiscard]] double step(double batch, double context, double context_win, double chunk, double pairs,
+                            double pairs_win, double q = 1) const {
+    const double tokens = batch * q + chunk;
+    if (tokens <= 0) return 0;
+    const double h = static_cast<double>(m_.hidden), T = tp_;
+    const double kv = kvBytesFor(context, context_win);
     // Attention over the cache per layer: MHA/GQA 2 x context x heads x (qk + v);
     // MLA decodes in the latent (the up-projections absorbed into Q and O),
     // so each head scores kv_lora + rope wide and gathers kv_lora wide.
     const double width = m_.hasMla() ? static_cast<double>(2 * m_.mla.kv_lora_rank + m_.mla.qk_rope_head_dim)
                                      : m_.qkHeadDim() + m_.vHeadDim();
-    const double flops = 2 * batch * m_.activeParams() / T + 2 * context * m_.heads * width * m_.layers / T;
+    const double prefill_width = m_.qkHeadDim() + m_.vHeadDim();
+    double attn = 0;
+    for (int l = 0; l < m_.layers; ++l) {
+      attn += 2 * q * (m_.isWindowLayer(l) ? context_win : context) * m_.heads * width;
+      attn += 2 * (m_.isWindowLayer(l) ? pairs_win : pairs) * m_.heads * prefill_width;
+    }
+    if (ep_ > 1) {
+      // DP attention: each of the ep / tp groups runs attention (and dense
+      // layers) for its share of the requests over its tp GPUs; every GPU
+      // runs its ep-th of the experts for all tokens routed there; each MoE
+      // layer dispatches each token to its top_k experts and combines the
+      // results (two all-to-alls over the ep GPUs, 16-bit hidden states).
+      const double a = static_cast<double>(ep_) / tp_;
+      const double routed = m_.moeLayers() * m_.moe.top_k * m_.expertParams();
+      const double flops = 2 * (tokens / a) * (m_.activeMatmulParams() - routed) / T + 2 * tokens * routed / ep_ + attn / a / T;
+      const double tc = flops / (peak() * g_.gemm_efficiency);
+      const double tm = (weightsRead(tokens) + kv / a) / (g_.hbm_bw.value() * g_.hbm_efficiency);
+      const double a2a = a2a_alpha_ + a2a_beta_ * (tokens / ep_) * m_.moe.top_k * h * kAct + g_.kernel_overhead.value();
+      return std::max(tc, tm) + m_.layers * (8 * g_.kernel_overhead.value() + 2 * allreduce(tokens / a * h * kAct)) +
+             m_.moeLayers() * 2 * a2a;
+    }
+    const double flops = 2 * tokens * m_.activeMatmulParams() / T + attn / T;
     const double tc = flops / (peak() * g_.gemm_efficiency);
-    const double tm = (weights + kv) / (g_.hbm_bw.value() * g_.hbm_efficiency);
-    return std::max(tc, tm) + m_.layers * (8 * g_.kernel_overhead.value() + 2 * allreduce(batch * h * kAct));
+    const double tm = (weightsRead(tokens) + kv) / (g_.hbm_bw.value() * g_.hbm_efficiency);
+    return std::max(tc, tm) + m_.layers * (8 * g_.kernel_overhead.value() + 2 * allreduce(tokens * h * kAct));
   }
-  [[nodiscard]] double weightBytesPerGpu() const { return m_.params() * kAct / tp_; }
-  [[nodiscard]] double kvBytesPerToken() const {  // per GPU
-    return m_.layers * m_.kvCacheElems() / m_.kvCacheSplit(tp_) * kAct;
+  // Expert parallelism over ep GPUs (a multiple of tp): the all-to-all's
+  // alpha + beta x bytes sent per GPU, from the plans.
+  void setExpertParallel(int ep, double a2a_alpha, double a2a_beta) { ep_ = ep, a2a_alpha_ = a2a_alpha, a2a_beta_ = a2a_beta; }
+  [[nodiscard]] int ep() const { return ep_; }
+  [[nodiscard]] double weightBytesPerGpu() const {
+    double b = static_cast<double>(m_.vocab) * static_cast<double>(m_.hidden) * (m_.tie_embeddings ? 1 : 2) * kAct;
+    double routed = 0;
+    for (int l = 0; l < m_.layers; ++l) {
+      const double r = ep_ > 1 ? routedBytes(l) : 0;
+      b += layerBytes(l) - r, routed += r;
+    }
+    return b / tp_ + routed / ep_;
   }
+  // KV-cache bytes per token on one GPU: the layers without a window, and
+  // the sliding layers (which hold at most `window` tokens per request).
+  [[nodiscard]] double kvFullPerToken() const { return perLayerKv() * (m_.layers - windowLayers()); }
+  [[nodiscard]] double kvWinPerToken() const { return perLayerKv() * windowLayers(); }
+  [[nodiscard]] double kvBytesFor(double context, double context_win) const {
+    return kvFullPerToken() * context + kvWinPerToken() * context_win;
+  }
+  // One request of n tokens.
+  [[nodiscard]] double kvBytesOf(double n) const { return kvBytesFor(n, capped(n)); }
+  [[nodiscard]] double capped(double n) const { return m_.window > 0 ? std::min(n, static_cast<double>(m_.window)) : n; }
+  [[nodiscard]] double kvBytesPerToken() const { return kvFullPerToken() + kvWinPerToken(); }
+  [[nodiscard]] double kvElemBytes() const { return kv_bytes_; }
 
  private:
+  [[nodiscard]] double perLayerKv() const { return m_.kvCacheElems() / m_.kvCacheSplit(tp_) * kv_bytes_; }
+  [[nodiscard]] int windowLayers() const {
+    int n = 0;
+    for (int l = 0; l < m_.layers; ++l) n += m_.isWindowLayer(l) ? 1 : 0;
+    return n;
+  }
+  // Bytes of layer l's weights: the model's own format, or 1 byte each with --fp8.
+  [[nodiscard]] double layerBytes(int l) const {
+    if (!w8_) return m_.layerWeightBytes(l);
+    const double e = m_.layerExpertParams(l);
+    return (m_.layerParams(l) - e) * std::min(1.0, m_.weight_bytes) + e * std::min(1.0, m_.expertWeightBytes());
+  }
+  [[nodiscard]] double routedBytes(int l) const {
+    return m_.isMoeLayer(l) ? m_.expertParams() * m_.moe.experts * expertBytes() : 0;
+  }
+  [[nodiscard]] double expertBytes() const { return w8_ ? std::min(1.0, m_.expertWeightBytes()) : m_.expertWeightBytes(); }
   [[nodiscard]] double peak() const { return (fp8_ ? g_.peak8 : g_.peak16).value(); }
   [[nodiscard]] double gemm(double mm, double n, double k) const {
     const double size = mm * n * k;
@@ -90,7 +183,10 @@ class Replica {
   const ModelSpec& m_;
   const GpuSpec& g_;
   int tp_;
-  bool fp8_;
+  int ep_ = 1;
+  double a2a_alpha_ = 0, a2a_beta_ = 0;
+  bool fp8_, w8_;
+  double kv_bytes_;
   double ar_alpha_, ar_beta_;
 };
 
@@ -101,111 +197,257 @@ double percentile(std::vector<double> v, double q) {
   return v[i];
 }
 
+Latency latency(const std::vector<double>& v) {
+  Latency l;
+  if (v.empty()) return l;
+  double sum = 0;
+  for (double x : v) sum += x;
+  l.mean = sum / static_cast<double>(v.size());
+  l.p50 = percentile(v, 0.50), l.p90 = percentile(v, 0.90), l.p99 = percentile(v, 0.99);
+  return l;
+}
+
+// Squared length capped by a window w (see Replica::prefill).
+double sqWin(double n, double w) { return w <= 0 || n <= w ? n * n : 2 * n * w - w * w; }
+
 // Continuous batching on one replica.  `prefill_here`: the replica prefills
 // (aggregated); otherwise requests arrive prefilled at r.ready (decode pool).
 // `decode_here`: the replica decodes after prefilling (aggregated); a prefill
-// pool replica only prefills.
-void runReplica(const Replica& rep, std::vector<Request*>& reqs, bool prefill_here, bool decode_here,
-                const InferConfig& cfg, double kv_capacity_tokens) {
-  std::sort(reqs.begin(), reqs.end(), [&](const Request* a, const Request* b) {
-    return (prefill_here ? a->arrival : a->ready) < (prefill_here ? b->arrival : b->ready);
-  });
-  auto avail = [&](const Request* r) { return prefill_here ? r->arrival : r->ready; };
-  std::deque<Request*> waiting;
-  std::vector<Request*> running;
-  std::vector<int64_t> made;  // tokens generated per running request
-  size_t next = 0;
-  double now = 0, context = 0;
-  while (next < reqs.size() || !waiting.empty() || !running.empty()) {
-    while (next < reqs.size() && avail(reqs[next]) <= now) waiting.push_back(reqs[next++]);
-    if (waiting.empty() && running.empty()) {
-      now = avail(reqs[next]);
-      continue;
-    }
-    if (!waiting.empty() && (!decode_here || static_cast<int64_t>(running.size()) < cfg.max_batch)) {
-      if (prefill_here) {  // a prefill batch up to the token budget (at least one request)
-        double tok = 0, sq = 0;
-        std::vector<Request*> batch;
-        while (!waiting.empty() && (batch.empty() || tok + static_cast<double>(waiting.front()->in) <= static_cast<double>(cfg.prefill_tokens)) &&
-               (!decode_here || static_cast<int64_t>(running.size() + batch.size()) < cfg.max_batch) &&
-               (!decode_here || context + tok + static_cast<double>(waiting.front()->in + waiting.front()->out) <= kv_capacity_tokens || running.empty())) {
-          Request* r = waiting.front();
+// pool replica only prefills.  Arrivals come from a queue ordered by time;
+// `on_done(r)` may add a request to it (closed loop: the user's next one).
+// `itl` collects every gap between two tokens of a request.
+struct Engine {
+  const Replica& rep;
+  const InferConfig& cfg;
+  double kv_capacity;  // bytes per GPU
+  bool prefill_here, decode_here;
+  std::function<void(Request*)> on_done;
+  std::vector<double>* itl = nullptr;
+  int64_t max_running = 0;
+  std::vector<ServeStep>* steps = nullptr;  // --trace
+  int replica = 0;
+  void log(double start, double end, int64_t decodes, int64_t prefill) const {
+    if (steps && steps->size() < kMaxSteps) steps->push_back({replica, start, end - start, decodes, prefill});
+  }
+  static constexpr size_t kMaxSteps = 2000000;
+  // Speculative decoding: the drafter's replica (nullptr: none), K and the acceptance rate.
+  const Replica* drafter = nullptr;
+  int spec_k = 0;
+  double spec_a = 0;
+  std::mt19937_64 spec_rng{1};
+  // Tokens a request gains in one verification step: 1 + the accepted run.
+  int64_t produced() {
+    if (spec_k == 0) return 1;
+    std::bernoulli_distribution accept(spec_a);
+    int64_t n = 1;
+    for (int i = 0; i < spec_k && accept(spec_rng); ++i) ++n;
+    return n;
+  }
+  // A decode (or mixed) step of the target, with the drafter's K steps before it.
+  [[nodiscard]] double decodeCost(double batch, double context, double context_win, double chunk, double pairs,
+                                  double pairs_win) const {
+    if (spec_k == 0 || batch == 0) return rep.step(batch, context, context_win, chunk, pairs, pairs_win);
+    return rep.step(batch, context, context_win, chunk, pairs, pairs_win, spec_k + 1) +
+           spec_k * drafter->decode(batch, context, context_win);
+  }
+
+  using Arrival = std::pair<double, Request*>;
+  std::priority_queue<Arrival, std::vector<Arrival>, std::greater<>> arrivals;
+  void add(Request* r) { arrivals.push({prefill_here ? r->arrival : r->ready, r}); }
+
+  void token(Request* r, double now) {
+    if (itl && r->last_token >= 0) itl->push_back(now - r->last_token);
+    r->last_token = now;
+  }
+  void finish(Request* r, double now) {
+    r->done = now;
+    if (on_done) on_done(r);
+  }
+
+  void run() {
+    std::deque<Request*> waiting;
+    struct Running {
+      Request* r;
+      int64_t made;  // tokens generated (decode) or prompt tokens done (prefilling)
+    };
+    std::vector<Running> running;     // decoding
+    std::deque<Running> prefilling;   // chunked prefill in progress
+    // kv_res: the whole (input + output) cache of every admitted request,
+    // reserved at admission, so the cache never outgrows the memory (no
+    // preemption is modelled).
+    double now = 0, context = 0, context_win = 0, kv_now = 0, kv_res = 0;
+    auto full = [&](const Request* r) { return rep.kvBytesOf(static_cast<double>(r->in + r->out)); };
+    auto admitKv = [&](const Request* r) { return kv_res + full(r) <= kv_capacity; };
+    auto startDecode = [&](Request* r) {  // r has its first token (made = 1)
+      if (!decode_here || r->out <= 1) {
+        if (decode_here) kv_res -= full(r), finish(r, r->first);
+        return;
+      }
+      running.push_back({r, 1});
+      const double n = static_cast<double>(r->in + 1);
+      context += n, context_win += rep.capped(n), kv_now += rep.kvBytesOf(n);
+    };
+    while (!arrivals.empty() || !waiting.empty() || !running.empty() || !prefilling.empty()) {
+      while (!arrivals.empty() && arrivals.top().first <= now) waiting.push_back(arrivals.top().second), arrivals.pop();
+      if (waiting.empty() && running.empty() && prefilling.empty()) {
+        now = arrivals.top().first;
+        continue;
+      }
+      const auto slots = [&] { return static_cast<int64_t>(running.size() + prefilling.size()); };
+      if (prefill_here && cfg.chunked_prefill && decode_here) {
+        // One step: every decoding request's next token, then prompt chunks
+        // (in-progress ones first) within the token budget.
+        double budget = static_cast<double>(cfg.prefill_tokens) - static_cast<double>(running.size());
+        while (!waiting.empty() && slots() < cfg.max_batch && admitKv(waiting.front())) {
+          prefilling.push_back({waiting.front(), 0});
+          kv_res += full(waiting.front());
           waiting.pop_front();
-          tok += static_cast<double>(r->in);
-          sq += static_cast<double>(r->in) * static_cast<double>(r->in);
-          batch.push_back(r);
         }
-        if (!batch.empty()) {
-          now += rep.prefill(tok, sq);
-          for (Request* r : batch) {
-            r->first = now;
-            if (!decode_here || r->out <= 1) {
-              if (decode_here) r->done = now;
-              continue;
-            }
-            running.push_back(r);
-            made.push_back(1);
-            context += static_cast<double>(r->in + 1);
-          }
+        double chunk = 0, pairs = 0, pairs_win = 0;
+        std::vector<std::pair<size_t, int64_t>> parts;  // prefilling index, tokens this step
+        for (size_t i = 0; i < prefilling.size() && budget >= 1; ++i) {
+          const int64_t left = prefilling[i].r->in - prefilling[i].made;
+          const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(budget));
+          const double a = static_cast<double>(prefilling[i].made), b = a + static_cast<double>(take);
+          chunk += static_cast<double>(take);
+          pairs += (b * b - a * a) / 2;  // causal pairs of positions [a, b)
+          const double w = static_cast<double>(m_window());
+          pairs_win += (sqWin(b, w) - sqWin(a, w)) / 2;
+          budget -= static_cast<double>(take);
+          parts.push_back({i, take});
+        }
+        if (running.empty() && chunk == 0) {
+          if (!arrivals.empty()) now = std::max(now, arrivals.top().first);
           continue;
         }
-      } else {  // decode pool: admit arrived requests while KV fits
-        while (!waiting.empty() && static_cast<int64_t>(running.size()) < cfg.max_batch &&
-               (context + static_cast<double>(waiting.front()->in + waiting.front()->out) <= kv_capacity_tokens || running.empty())) {
-          Request* r = waiting.front();
-          waiting.pop_front();
-          if (r->out <= 1) {
-            r->done = r->first;
+        max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
+        const double t0 = now;
+        now += decodeCost(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win);
+        log(t0, now, static_cast<int64_t>(running.size()), static_cast<int64_t>(chunk));
+        advanceDecode(running, now, context, context_win, kv_now, kv_res);
+        std::vector<Request*> started;
+        for (auto [i, take] : parts) {
+          prefilling[i].made += take;
+          if (prefilling[i].made >= prefilling[i].r->in) started.push_back(prefilling[i].r);
+        }
+        prefilling.erase(std::remove_if(prefilling.begin(), prefilling.end(),
+                                        [](const Running& p) { return p.made >= p.r->in; }),
+                         prefilling.end());
+        for (Request* r : started) {
+          r->first = now;
+          token(r, now);
+          startDecode(r);
+        }
+        continue;
+      }
+      if (!waiting.empty() && (!decode_here || static_cast<int64_t>(running.size()) < cfg.max_batch)) {
+        if (prefill_here) {  // a prefill batch up to the token budget (at least one request)
+          double tok = 0, sq = 0, sq_w = 0;
+          std::vector<Request*> batch;
+          while (!waiting.empty() &&
+                 (batch.empty() || tok + static_cast<double>(waiting.front()->in) <= static_cast<double>(cfg.prefill_tokens)) &&
+                 (!decode_here || static_cast<int64_t>(running.size() + batch.size()) < cfg.max_batch) &&
+                 (!decode_here || admitKv(waiting.front()))) {
+            Request* r = waiting.front();
+            waiting.pop_front();
+            const double n = static_cast<double>(r->in);
+            tok += n, sq += n * n, sq_w += sqWin(n, static_cast<double>(m_window()));
+            if (decode_here) kv_res += full(r);
+            batch.push_back(r);
+          }
+          if (!batch.empty()) {
+            const double t0 = now;
+            now += rep.prefill(tok, sq, sq_w);
+            log(t0, now, 0, static_cast<int64_t>(tok));
+            for (Request* r : batch) {
+              r->first = now;
+              token(r, now);
+              startDecode(r);
+            }
             continue;
           }
-          running.push_back(r);
-          made.push_back(1);
-          context += static_cast<double>(r->in + 1);
+        } else {  // decode pool: admit arrived requests while KV fits
+          while (!waiting.empty() && static_cast<int64_t>(running.size()) < cfg.max_batch && admitKv(waiting.front())) {
+            Request* r = waiting.front();
+            waiting.pop_front();
+            kv_res += full(r);
+            r->last_token = r->first;
+            startDecode(r);
+          }
         }
       }
+      if (running.empty()) {
+        if (!waiting.empty() && !prefill_here) continue;
+        if (!arrivals.empty() && waiting.empty()) now = std::max(now, arrivals.top().first);
+        continue;
+      }
+      max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
+      const double t0 = now;
+      now += decodeCost(static_cast<double>(running.size()), context, context_win, 0, 0, 0);
+      log(t0, now, static_cast<int64_t>(running.size()), 0);
+      advanceDecode(running, now, context, context_win, kv_now, kv_res);
     }
-    if (running.empty()) {
-      if (!waiting.empty() && !prefill_here) continue;
-      if (next < reqs.size() && waiting.empty()) now = std::max(now, avail(reqs[next]));
-      continue;
-    }
-    now += rep.decode(static_cast<double>(running.size()), context);
+  }
+
+  template <typename R>
+  void advanceDecode(std::vector<R>& running, double now, double& context, double& context_win, double& kv_now,
+                     double& kv_res) {
     for (size_t i = 0; i < running.size();) {
-      ++made[i];
-      context += 1;
-      if (made[i] >= running[i]->out) {
-        running[i]->done = now;
-        context -= static_cast<double>(running[i]->in + made[i]);
+      Request* r = running[i].r;
+      // One chunk of tokens streams out per step (benchmark_serving's ITL is per chunk).
+      const int64_t gain = std::min(produced(), r->out - running[i].made);
+      token(r, now);
+      for (int64_t k = 0; k < gain; ++k) {
+        const double n = static_cast<double>(r->in + running[i].made);
+        ++running[i].made;
+        context += 1;
+        context_win += rep.capped(n + 1) - rep.capped(n);
+        kv_now += rep.kvBytesOf(n + 1) - rep.kvBytesOf(n);
+      }
+      if (running[i].made >= r->out) {
+        const double n = static_cast<double>(r->in + running[i].made);
+        context -= n, context_win -= rep.capped(n), kv_now -= rep.kvBytesOf(n);
+        kv_res -= rep.kvBytesOf(static_cast<double>(r->in + r->out));
         running[i] = running.back(), running.pop_back();
-        made[i] = made.back(), made.pop_back();
+        finish(r, now);
       } else {
         ++i;
       }
     }
   }
-}
+  int64_t window = 0;
+  [[nodiscard]] int64_t m_window() const { return window; }
+};
 
-ServeStats summarise(const std::vector<Request>& reqs, const InferConfig& cfg) {
+ServeStats summarise(const std::vector<Request>& reqs, const InferConfig& cfg, std::vector<double> itl) {
   ServeStats s;
-  std::vector<double> ttft, tpot;
-  double first_arrival = 1e300, last_done = 0, tokens = 0, kv = 0;
-  int64_t good = 0;
+  std::vector<double> ttft, tpot, e2e;
+  double first_arrival = 1e300, last_done = 0, tokens = 0, in_tokens = 0, kv = 0, per_user = 0;
+  int64_t good = 0, streams = 0;
   for (const Request& r : reqs) {
     first_arrival = std::min(first_arrival, r.arrival);
     last_done = std::max(last_done, r.done);
     const double a = r.first - r.arrival;
     const double b = r.out > 1 ? (r.done - r.first) / static_cast<double>(r.out - 1) : 0;
+    const double e = r.done - r.arrival;
     ttft.push_back(a);
     tpot.push_back(b);
+    e2e.push_back(e);
+    if (r.out > 1 && r.done > r.first) per_user += static_cast<double>(r.out - 1) / (r.done - r.first), ++streams;
     tokens += static_cast<double>(r.out);
+    in_tokens += static_cast<double>(r.in);
     kv += r.kv_s;
-    if (a <= cfg.ttft_slo_s && b <= cfg.tpot_slo_s) ++good;
+    if (a <= cfg.ttft_slo_s && b <= cfg.tpot_slo_s && (cfg.e2e_slo_s <= 0 || e <= cfg.e2e_slo_s)) ++good;
   }
   const double span = std::max(1e-12, last_done - first_arrival);
-  s.ttft_p50_s = percentile(ttft, 0.50), s.ttft_p90_s = percentile(ttft, 0.90), s.ttft_p99_s = percentile(ttft, 0.99);
-  s.tpot_p50_s = percentile(tpot, 0.50), s.tpot_p90_s = percentile(tpot, 0.90), s.tpot_p99_s = percentile(tpot, 0.99);
+  s.ttft = latency(ttft), s.tpot = latency(tpot), s.e2e = latency(e2e), s.itl = latency(itl);
+  s.ttft_p50_s = s.ttft.p50, s.ttft_p90_s = s.ttft.p90, s.ttft_p99_s = s.ttft.p99;
+  s.tpot_p50_s = s.tpot.p50, s.tpot_p90_s = s.tpot.p90, s.tpot_p99_s = s.tpot.p99;
+  s.duration_s = span;
   s.throughput_rps = static_cast<double>(reqs.size()) / span;
   s.tokens_per_s = tokens / span;
+  s.total_tokens_per_s = (tokens + in_tokens) / span;
+  s.per_user_tokens_per_s = streams > 0 ? per_user / static_cast<double>(streams) : 0;
   s.slo_attainment = reqs.empty() ? 0 : static_cast<double>(good) / static_cast<double>(reqs.size());
   s.goodput_rps = static_cast<double>(good) / span;
   s.kv_transfer_mean_s = reqs.empty() ? 0 : kv / static_cast<double>(reqs.size());
@@ -221,43 +463,129 @@ Result<LengthDist> parseLengthDist(std::string_view text) {
   return invalidArgument("--lengths '{}' is not one of fixed, uniform, exponential", text);
 }
 
+Status checkInferConfig(const InferConfig& cfg) {
+  constexpr int64_t kTokens = int64_t{1} << 30;
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--gpus", cfg.gpus, 1, int64_t{1} << 24, "GPUs of the service"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--tp", cfg.tp, 0, 1 << 20, "GPUs per replica; 0 = the smallest that fits"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--rate", cfg.rate, 1e-9, 1e9, "requests per second, positive"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--concurrency", cfg.concurrency, 0, 1 << 24,
+                                             "users in a closed loop, at least 1; absent = open loop at --rate"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--requests", cfg.requests, 1, 10000000, "requests simulated"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--input", cfg.input_len, 1, kTokens, "prompt tokens per request"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--output", cfg.output_len, 1, kTokens, "output tokens per request"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--ttft-slo", cfg.ttft_slo_s, 1e-9, 1e9, "seconds, positive"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--tpot-slo", cfg.tpot_slo_s, 1e-9, 1e9, "seconds, positive"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--e2e-slo", cfg.e2e_slo_s, 0, 1e9, "seconds; 0 = none"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--max-batch", cfg.max_batch, 1, 1 << 24, "running requests per replica"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--prefill-tokens", cfg.prefill_tokens, 1, kTokens, "tokens per prefill batch"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--decode-tp", cfg.decode_tp, 0, 1 << 20, "GPUs per decode replica; 0 = --tp"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--ep", cfg.ep, 0, 1 << 20, "GPUs the experts are spread over; 0 = none"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--spec-tokens", cfg.spec_tokens, 0, 16, "drafted tokens per step; 0 = none"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--spec-acceptance", cfg.spec_acceptance, 0, 1,
+                                            "probability that a drafted token is accepted"));
+  if (cfg.spec_tokens > 0 && cfg.spec_acceptance == 0)
+    return invalidArgument("--spec-tokens {} needs --spec-acceptance (the probability a drafted token is accepted, in (0, 1])",
+                           cfg.spec_tokens);
+  if (cfg.max_throughput && cfg.concurrency > 0)
+    return invalidArgument("--max-throughput and --concurrency {} are different load modes: give one", cfg.concurrency);
+  return checkRange<int>("--prefill-replicas", cfg.prefill_replicas, 0, 1 << 24, "disaggregated split; 0 = try all");
+}
+
 Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net) {
   const ClusterSpec& c = net.cluster();
-  if (cfg.gpus < 1 || cfg.gpus > c.gpus())
+  CHORUS_RETURN_IF_ERROR(checkInferConfig(cfg));
+  if (cfg.gpus > c.gpus())
     return invalidArgument("infer: --gpus {} is outside [1, {}] for cluster '{}'", cfg.gpus, c.gpus(), c.name);
-  if (cfg.rate <= 0 || cfg.requests < 1 || cfg.input_len < 1 || cfg.output_len < 1 || cfg.max_batch < 1 || cfg.prefill_tokens < 1)
-    return invalidArgument("infer: --rate {}, --requests {}, --input {}, --output {}, --max-batch {} and --prefill-tokens {} "
-                           "must all be positive", cfg.rate, cfg.requests, cfg.input_len, cfg.output_len, cfg.max_batch,
-                           cfg.prefill_tokens);
   InferReport rep;
   rep.config = cfg;
+  // The drafter for speculative decoding: a draft model, or the model's own
+  // MTP module (one transformer layer like its last, sharing the embedding
+  // and head; its 2h x h input projection is left out) applied K times.
+  ModelSpec mtp;
+  const ModelSpec* draft = nullptr;
+  if (cfg.spec_tokens > 0) {
+    if (cfg.draft_model) {
+      draft = cfg.draft_model.get();
+    } else {
+      if (m.mtp_layers == 0)
+        return invalidArgument("infer: --spec-tokens {} without --draft-model needs multi-token-prediction modules, and "
+                               "model '{}' has none (num_nextn_predict_layers / mtp_layers)", cfg.spec_tokens, m.name);
+      mtp = m;
+      mtp.layers = m.mtp_layers;
+      mtp.moe.dense_layers = 0;
+      mtp.moe.dense_list.clear();
+      mtp.moe.sparse_step = 1;
+      mtp.window_layers.clear();
+      mtp.window = 0;
+      mtp.mtp_layers = 0;
+      mtp.name = m.name + " MTP";
+      draft = &mtp;
+    }
+  }
   // Replica size: the smallest power of two (inside one node) whose weights
   // leave room for KV cache, unless given.
   const double reserve = 0.9;  // of HBM usable (activations, allocator slack)
-  auto kvCapacity = [&](int tp) {
-    const Replica r(m, c, tp, cfg.fp8, Seconds(0), 0);
-    return (c.gpu.hbm.value() * reserve - r.weightBytesPerGpu()) / r.kvBytesPerToken();
+  // What is left for the target's KV cache on one GPU: 90 % of HBM minus the
+  // weights; with a drafter, minus its weights (MTP: only its own layer), the
+  // rest shared with the drafter's cache in proportion to their bytes per token.
+  const int ep = cfg.ep > 1 ? cfg.ep : 1;
+  auto kvCapacityBytes = [&](int tp) {
+    Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+    r.setExpertParallel(ep, 0, 0);
+    double left = c.gpu.hbm.value() * reserve - r.weightBytesPerGpu();
+    if (draft) {
+      const Replica d(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+      double dw = d.weightBytesPerGpu();
+      if (draft == &mtp) dw -= static_cast<double>(m.vocab) * static_cast<double>(m.hidden) * (m.tie_embeddings ? 1 : 2) * kAct / tp;
+      left = (left - dw) * r.kvBytesPerToken() / (r.kvBytesPerToken() + d.kvBytesPerToken());
+    }
+    return left;
+  };
+  auto requestKv = [&](int tp, int64_t n) {
+    const Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+    return r.kvBytesOf(static_cast<double>(n));
   };
   int tp = cfg.tp;
+  if (ep > 1) {
+    // Expert-parallel replicas of ep GPUs: attention over tp of them (1: data-parallel attention).
+    if (tp == 0) tp = 1;
+    if (m.moe.experts == 0 || m.moe.experts % ep != 0)
+      return invalidArgument("infer: --ep {} must divide the model's experts ({})", ep, m.moe.experts);
+    if (ep % tp != 0 || cfg.gpus % ep != 0)
+      return invalidArgument("infer: --ep {} must be a multiple of --tp {} and divide --gpus {}", ep, tp, cfg.gpus);
+    if (cfg.decode_tp > 0 || cfg.spec_tokens > 0)
+      return invalidArgument("infer: --ep {} with --decode-tp or --spec-tokens is not modelled", ep);
+  }
   if (tp == 0) {
     for (int t = 1; t <= c.node.gpus; t *= 2)
-      if (kvCapacity(t) >= static_cast<double>(cfg.input_len + cfg.output_len) * 4) {
+      if (kvCapacityBytes(t) >= 4 * requestKv(t, cfg.input_len + cfg.output_len)) {
         tp = t;
         break;
       }
     if (tp == 0)
-      return invalidArgument("infer: model '{}' ({:.0f} GB of 16-bit weights) does not fit a {}-GPU node of '{}' with "
+      return invalidArgument("infer: model '{}' ({:.0f} GB of weights) does not fit a {}-GPU node of '{}' with "
                              "room for KV cache; use a larger --tp across nodes or a bigger GPU",
-                             m.name, m.params() * kAct / 1e9, c.node.gpus, c.name);
+                             m.name, Replica(m, c, 1, cfg.fp8, cfg.kv_fp8, Seconds(0), 0).weightBytesPerGpu() / 1e9,
+                             c.node.gpus, c.name);
   }
   if (tp < 1 || cfg.gpus % tp != 0 || m.heads % tp != 0)
     return invalidArgument("infer: --tp {} must divide --gpus {} and the model's {} heads", tp, cfg.gpus, m.heads);
-  if (kvCapacity(tp) < static_cast<double>(cfg.input_len + cfg.output_len))
-    return invalidArgument("infer: with tp={} the weights of '{}' leave no room for one request's KV cache on {} "
-                           "({:.0f} GiB HBM); use a larger --tp", tp, m.name, c.gpu.name, toGib(c.gpu.hbm));
+  if (kvCapacityBytes(tp) <= 0)
+    return invalidArgument("infer: with tp={} the weights of '{}' ({:.1f} GB per GPU) exceed 90% of {}'s {:.0f} GiB HBM; "
+                           "use a larger --tp or --fp8", tp, m.name,
+                           Replica(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0).weightBytesPerGpu() / 1e9, c.gpu.name,
+                           toGib(c.gpu.hbm));
   rep.tp = tp;
-  rep.replicas = static_cast<int>(cfg.gpus / tp);
-  rep.kv_capacity_tokens = kvCapacity(tp);
+  rep.ep = ep;
+  rep.replicas = static_cast<int>(cfg.gpus / std::max(tp, ep));
+  const double groups = static_cast<double>(ep > 1 ? ep / tp : 1);  // attention groups per replica
+  {
+    Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+    r.setExpertParallel(ep, 0, 0);
+    rep.weight_bytes_per_gpu = r.weightBytesPerGpu();
+    rep.kv_capacity_bytes = kvCapacityBytes(tp);
+    rep.kv_capacity_tokens = rep.kv_capacity_bytes * groups / r.kvBytesPerToken();
+  }
   // The tensor-parallel allreduce as alpha + beta x bytes, from the plans on
   // the first replica's GPUs.
   double alpha = 0, beta = 0;
@@ -267,11 +595,28 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     beta = (big.time - small.time).value() / ((64 << 20) - 1024);
     alpha = small.time.value() - beta * 1024;
   }
-  const Replica replica(m, c, tp, cfg.fp8, Seconds(alpha), beta);
-  rep.prefill_s_per_request = replica.prefill(static_cast<double>(cfg.input_len), double(cfg.input_len) * double(cfg.input_len));
-  rep.decode_step_s = replica.decode(1, static_cast<double>(cfg.input_len));
-  // KV bytes of one request (all of its replica's GPUs): 2 (K, V) x layers x kv width x 2 B per token.
-  rep.kv_bytes_per_request = replica.kvBytesPerToken() * m.kvCacheSplit(tp) * static_cast<double>(cfg.input_len);
+  Replica replica(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+  if (ep > 1) {  // the dispatch / combine all-to-all over the replica's ep GPUs
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllToAll, Bytes(1024), GroupSet{ep, 1, 1}, ""));
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(plan::Collective::AllToAll, Bytes(64 << 20), GroupSet{ep, 1, 1}, ""));
+    const double b = (big.time - small.time).value() / ((64 << 20) - 1024);
+    replica.setExpertParallel(ep, small.time.value() - b * 1024, b);
+    rep.a2a_latency_s = small.time.value() - b * 1024;
+  }
+  std::optional<Replica> drafter;
+  if (draft) {
+    if (draft->heads % tp != 0)
+      return invalidArgument("infer: the draft model '{}' has {} heads, not divisible by --tp {}", draft->name, draft->heads, tp);
+    drafter.emplace(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+    const double a = cfg.spec_acceptance, K = cfg.spec_tokens;
+    rep.expected_tokens_per_step = a >= 1 ? K + 1 : (1 - std::pow(a, K + 1)) / (1 - a);
+  }
+  const double in = static_cast<double>(cfg.input_len), w = static_cast<double>(m.window);
+  rep.prefill_s_per_request = replica.prefill(in, in * in, sqWin(in, w));
+  rep.decode_step_s = replica.decode(1, in, replica.capped(in));
+  if (drafter) rep.draft_step_s = cfg.spec_tokens * drafter->decode(1, in, drafter->capped(in));
+  // KV bytes of one request's prompt (all of its replica's GPUs).
+  rep.kv_bytes_per_request = replica.kvBytesOf(in) * m.kvCacheSplit(tp);
 
   // The request stream.
   std::mt19937_64 rng(cfg.seed);
@@ -284,72 +629,265 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     }
     return mean;
   };
+  const LoadMode load = cfg.load();
   std::vector<Request> base(static_cast<size_t>(cfg.requests));
   double t = 0;
-  for (Request& r : base) {
-    t += gap(rng);
-    r.arrival = t;
+  for (size_t i = 0; i < base.size(); ++i) {
+    Request& r = base[i];
+    if (load == LoadMode::OpenLoop) t += gap(rng);
+    r.arrival = t;  // closed loop: set when the user's previous request completes
     r.in = length(cfg.input_len);
     r.out = length(cfg.output_len);
+    if (load == LoadMode::ClosedLoop) r.user = static_cast<int64_t>(i) % cfg.concurrency;
+    // A request whose cache cannot fit the replica at all would never run.
+    if (replica.kvBytesOf(static_cast<double>(r.in + r.out)) > rep.kv_capacity_bytes)
+      return invalidArgument("infer: request {} with {} input + {} output tokens needs {:.2f} GB of KV cache per GPU, but "
+                             "a tp={} replica of '{}' has {:.2f} GB left after the weights; use a larger --tp, "
+                             "--kv-fp8 or shorter --input/--output", i, r.in, r.out,
+                             replica.kvBytesOf(static_cast<double>(r.in + r.out)) / 1e9, tp, m.name,
+                             rep.kv_capacity_bytes / 1e9);
   }
 
-  // Aggregated: every replica prefills and decodes; requests round-robin.
+  uint64_t engines = 0;
+  auto engine = [&](bool prefill_here, bool decode_here) {
+    Engine e{replica, cfg, rep.kv_capacity_bytes * groups, prefill_here, decode_here, {}, nullptr, 0};
+    e.window = m.window;
+    if (drafter) {
+      e.drafter = &*drafter, e.spec_k = cfg.spec_tokens, e.spec_a = cfg.spec_acceptance;
+      e.spec_rng.seed(cfg.seed * 1000003 + ++engines);
+    }
+    return e;
+  };
+  // Aggregated: every replica prefills and decodes.  Open loop and offline:
+  // requests round-robin; closed loop: user u's requests go to replica u mod R,
+  // each sent when the previous one completes.
   {
     std::vector<Request> reqs = base;
-    std::vector<std::vector<Request*>> per(static_cast<size_t>(rep.replicas));
-    for (size_t i = 0; i < reqs.size(); ++i) per[i % per.size()].push_back(&reqs[i]);
-    for (auto& v : per) runReplica(replica, v, true, true, cfg, rep.kv_capacity_tokens);
-    rep.aggregated = summarise(reqs, cfg);
+    std::vector<double> itl;
+    const size_t R = static_cast<size_t>(rep.replicas);
+    int64_t max_running = 0;
+    if (load == LoadMode::ClosedLoop) {
+      // Per user, its requests in order.
+      std::vector<std::vector<Request*>> per_user(static_cast<size_t>(cfg.concurrency));
+      for (Request& r : reqs) per_user[static_cast<size_t>(r.user)].push_back(&r);
+      std::vector<size_t> next(per_user.size(), 0);
+      for (size_t rr = 0; rr < R; ++rr) {
+        Engine e = engine(true, true);
+        e.itl = &itl;
+        if (cfg.record) e.steps = &rep.steps, e.replica = static_cast<int>(rr);
+        e.on_done = [&](Request* done) {
+          const size_t u = static_cast<size_t>(done->user);
+          if (next[u] < per_user[u].size()) {
+            Request* n = per_user[u][next[u]++];
+            n->arrival = done->done;
+            e.add(n);
+          }
+        };
+        for (size_t u = rr; u < per_user.size(); u += R)
+          if (!per_user[u].empty()) {
+            per_user[u][0]->arrival = 0;
+            next[u] = 1;
+            e.add(per_user[u][0]);
+          }
+        e.run();
+        max_running = std::max(max_running, e.max_running);
+      }
+    } else {
+      for (size_t rr = 0; rr < R; ++rr) {
+        Engine e = engine(true, true);
+        e.itl = &itl;
+        if (cfg.record) e.steps = &rep.steps, e.replica = static_cast<int>(rr);
+        for (size_t i = rr; i < reqs.size(); i += R) e.add(&reqs[i]);
+        e.run();
+        max_running = std::max(max_running, e.max_running);
+      }
+    }
+    if (cfg.record)
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        const Request& q = reqs[i];
+        const int on = static_cast<int>(load == LoadMode::ClosedLoop ? static_cast<size_t>(q.user) % R : i % R);
+        rep.requests.push_back({on, q.arrival, q.first, q.done, q.in, q.out});
+      }
+    rep.aggregated = summarise(reqs, cfg, std::move(itl));
     rep.aggregated.mode = "aggregated";
     rep.aggregated.decode_replicas = rep.replicas;
+    rep.aggregated.max_running = max_running;
   }
-  // Disaggregated: P prefill replicas, D = replicas - P decode replicas; the
-  // KV cache of each request moves from its prefill GPUs to its decode GPUs
-  // (one shard per tensor-parallel rank, every rank at once).
-  double kv_alpha = 0, kv_beta = 0;
-  bool have_kv = false;
+  // Disaggregated (open loop and offline): P prefill replicas of tp GPUs, D
+  // decode replicas of decode_tp GPUs on the rest; the KV cache of each
+  // request moves from its prefill GPUs to its decode GPUs (every shard at
+  // once, as pairs of GPUs g -> g + P tp).  The slower side sets the time:
+  // a prefill GPU sends its shard (MLA: the whole latent, to each of the
+  // decode_tp / tp GPUs that hold one), a decode GPU receives its own.  When
+  // the two tensor-parallel layouts differ, the decode GPU also rearranges
+  // what it received into its own heads' cache: a copy, read and written at
+  // the HBM rate.
+  const int dtp = cfg.decode_tp > 0 ? cfg.decode_tp : tp;
+  if (m.heads % dtp != 0)
+    return invalidArgument("infer: --decode-tp {} must divide the model's {} heads", dtp, m.heads);
+  if (dtp != tp && kvCapacityBytes(dtp) <= 0)
+    return invalidArgument("infer: --decode-tp {}: the weights of '{}' leave no room for KV cache on {}", dtp, m.name,
+                           c.gpu.name);
+  double d_alpha = alpha, d_beta = beta;
+  if (dtp != tp && dtp > 1) {
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllReduce, Bytes(1024), GroupSet{dtp, 1, 1}, ""));
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(plan::Collective::AllReduce, Bytes(64 << 20), GroupSet{dtp, 1, 1}, ""));
+    d_beta = (big.time - small.time).value() / ((64 << 20) - 1024);
+    d_alpha = small.time.value() - d_beta * 1024;
+  }
+  const Replica decoder(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta);
+  const double d_capacity = kvCapacityBytes(dtp);
   auto kvCost = [&](int p_reps) -> Result<std::pair<double, double>> {
     const int64_t stride = static_cast<int64_t>(p_reps) * tp;  // prefill GPU g sends to decode GPU g + stride
     if (stride >= cfg.gpus) return std::pair<double, double>{0, 0};
-    const GroupSet pairs{2, stride, std::min<int64_t>(tp, stride)};
+    const GroupSet pairs{2, stride, std::min<int64_t>(std::min(tp, dtp), stride)};
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost s1, net.sendRecv(Bytes(1024), pairs));
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost s2, net.sendRecv(Bytes(64 << 20), pairs));
     const double b = (s2.time - s1.time).value() / ((64 << 20) - 1024);
     return std::pair<double, double>{s1.time.value() - b * 1024, b};
   };
-  for (int p_reps = 1; p_reps < rep.replicas; ++p_reps) {
+  auto transferBytes = [&](double n) {  // the busier GPU's bytes for a prompt of n tokens
+    const double sent = replica.kvBytesOf(n) * (m.hasMla() ? std::max(1.0, double(dtp) / tp) : 1.0);
+    return std::max(sent, decoder.kvBytesOf(n));
+  };
+  for (int p_reps = 1; static_cast<int64_t>(p_reps) * tp < cfg.gpus && load != LoadMode::ClosedLoop && ep == 1; ++p_reps) {
     if (cfg.prefill_replicas > 0 && p_reps != cfg.prefill_replicas) continue;
+    const int64_t left = cfg.gpus - static_cast<int64_t>(p_reps) * tp;
+    if (left % dtp != 0) continue;  // the rest must make whole decode replicas
+    const size_t D = static_cast<size_t>(left / dtp);
     CHORUS_ASSIGN_OR_RETURN(auto ab, kvCost(p_reps));
-    kv_alpha = ab.first, kv_beta = ab.second, have_kv = true;
     std::vector<Request> reqs = base;
-    std::vector<std::vector<Request*>> pre(static_cast<size_t>(p_reps));
-    for (size_t i = 0; i < reqs.size(); ++i) pre[i % pre.size()].push_back(&reqs[i]);
-    for (auto& v : pre) runReplica(replica, v, true, false, cfg, rep.kv_capacity_tokens);
-    const double per_gpu_shard = replica.kvBytesPerToken();
+    std::vector<double> itl;
+    for (const Request& r : reqs)
+      if (decoder.kvBytesOf(static_cast<double>(r.in + r.out)) > d_capacity)
+        return invalidArgument("infer: a request of {} + {} tokens does not fit a --decode-tp {} replica's KV cache "
+                               "({:.2f} GB per GPU)", r.in, r.out, dtp, d_capacity / 1e9);
+    for (int pr = 0; pr < p_reps; ++pr) {
+      Engine e = engine(true, false);
+      for (size_t i = static_cast<size_t>(pr); i < reqs.size(); i += static_cast<size_t>(p_reps)) e.add(&reqs[i]);
+      e.run();
+    }
     for (Request& r : reqs) {
-      r.kv_s = kv_alpha + kv_beta * per_gpu_shard * static_cast<double>(r.in);
+      const double n = static_cast<double>(r.in);
+      const double convert = dtp != tp ? 2 * decoder.kvBytesOf(n) / (c.gpu.hbm_bw.value() * c.gpu.hbm_efficiency) : 0;
+      r.kv_s = ab.first + ab.second * transferBytes(n) + convert;
       r.ready = r.first + r.kv_s;
     }
     std::vector<Request*> order;
     for (Request& r : reqs) order.push_back(&r);
     std::sort(order.begin(), order.end(), [](const Request* a, const Request* b) { return a->ready < b->ready; });
-    std::vector<std::vector<Request*>> dec(static_cast<size_t>(rep.replicas - p_reps));
-    for (size_t i = 0; i < order.size(); ++i) dec[i % dec.size()].push_back(order[i]);
-    for (auto& v : dec) runReplica(replica, v, false, true, cfg, rep.kv_capacity_tokens);
-    ServeStats st = summarise(reqs, cfg);
+    int64_t max_running = 0;
+    for (size_t d = 0; d < D; ++d) {
+      Engine e = engine(false, true);
+      Engine de{decoder, cfg, d_capacity, false, true, {}, &itl, 0};
+      de.window = m.window;
+      de.drafter = e.drafter, de.spec_k = e.spec_k, de.spec_a = e.spec_a, de.spec_rng = e.spec_rng;
+      for (size_t i = d; i < order.size(); i += D) de.add(order[i]);
+      de.run();
+      max_running = std::max(max_running, de.max_running);
+    }
+    ServeStats st = summarise(reqs, cfg, std::move(itl));
     st.mode = "disaggregated";
     st.prefill_replicas = p_reps;
-    st.decode_replicas = rep.replicas - p_reps;
+    st.decode_replicas = static_cast<int>(D);
+    st.decode_tp = dtp;
+    st.max_running = max_running;
     rep.splits.push_back(st);
     if (rep.best_disaggregated.mode.empty() || st.goodput_rps > rep.best_disaggregated.goodput_rps) rep.best_disaggregated = st;
   }
-  (void)have_kv;
   rep.best = "aggregated";
   // Disaggregation must win by more than 1 % (run-to-run noise of the
   // finite request stream) to be called better: it costs a second pool.
   if (!rep.best_disaggregated.mode.empty() && rep.best_disaggregated.goodput_rps > rep.aggregated.goodput_rps * 1.01)
     rep.best = fmt::format("disaggregated {}:{}", rep.best_disaggregated.prefill_replicas, rep.best_disaggregated.decode_replicas);
   return rep;
+}
+
+Status writeServeTrace(const InferReport& r, std::ostream& out) {
+  // Chrome trace: pid = replica, tid 0 = its steps; requests as async spans.
+  nlohmann::json ev = nlohmann::json::array();
+  std::set<int> replicas;
+  for (const ServeStep& s : r.steps) {
+    replicas.insert(s.replica);
+    const std::string name = s.prefill_tokens > 0 && s.decodes > 0 ? "mixed" : s.prefill_tokens > 0 ? "prefill" : "decode";
+    ev.push_back({{"name", name}, {"ph", "X"}, {"pid", s.replica}, {"tid", 0}, {"ts", s.start_s * 1e6},
+                  {"dur", s.duration_s * 1e6}, {"args", {{"decodes", s.decodes}, {"prefill_tokens", s.prefill_tokens}}}});
+  }
+  for (size_t i = 0; i < r.requests.size(); ++i) {
+    const ServeRequest& q = r.requests[i];
+    const std::string id = std::to_string(i);
+    const nlohmann::json args = {{"input", q.input}, {"output", q.output}};
+    ev.push_back({{"name", "until first token"}, {"cat", "request"}, {"ph", "b"}, {"id", id}, {"pid", q.replica},
+                  {"tid", 1}, {"ts", q.arrival_s * 1e6}, {"args", args}});
+    ev.push_back({{"name", "until first token"}, {"cat", "request"}, {"ph", "e"}, {"id", id}, {"pid", q.replica},
+                  {"tid", 1}, {"ts", q.first_s * 1e6}});
+    ev.push_back({{"name", "decode"}, {"cat", "request"}, {"ph", "b"}, {"id", id}, {"pid", q.replica}, {"tid", 1},
+                  {"ts", q.first_s * 1e6}, {"args", args}});
+    ev.push_back({{"name", "decode"}, {"cat", "request"}, {"ph", "e"}, {"id", id}, {"pid", q.replica}, {"tid", 1},
+                  {"ts", q.done_s * 1e6}});
+  }
+  for (int p : replicas) {
+    ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", p}, {"args", {{"name", fmt::format("replica {}", p)}}}});
+    ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", p}, {"tid", 0}, {"args", {{"name", "engine steps"}}}});
+    ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", p}, {"tid", 1}, {"args", {{"name", "requests"}}}});
+  }
+  out << nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ms"},
+                        {"otherData", {{"steps_kept", r.steps.size()}, {"requests", r.requests.size()}}}}
+             .dump();
+  if (!out) return systemError("--trace: writing failed");
+  return {};
+}
+
+Status plotServeSweep(const std::vector<std::pair<int64_t, InferReport>>& runs, const std::string& title,
+                      const std::string& png) {
+  static constexpr const char* kScript = R"PY(
+import json, sys
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except Exception as e:
+    sys.stderr.write("matplotlib is not available (%s); install python3-matplotlib\n" % e)
+    sys.exit(3)
+d = json.load(sys.stdin)
+p = d["points"]
+x = [q["tok_s_gpu"] for q in p]
+fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.5))
+a.plot(x, [q["tok_s_user"] for q in p], "o-", color="#4878a8")
+b.plot(x, [q["ttft_p50"] for q in p], "o-", color="#4878a8", label="TTFT p50")
+b.plot(x, [q["ttft_p99"] for q in p], "s--", color="#c05050", label="TTFT p99")
+for q in p:
+    a.annotate(str(q["users"]), (q["tok_s_gpu"], q["tok_s_user"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    b.annotate(str(q["users"]), (q["tok_s_gpu"], q["ttft_p50"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+a.set_xlabel("output tokens/s per GPU"); a.set_ylabel("output tokens/s per user")
+b.set_xlabel("output tokens/s per GPU"); b.set_ylabel("seconds"); b.set_yscale("log"); b.legend()
+a.grid(alpha=0.3); b.grid(alpha=0.3)
+fig.suptitle(d["title"] + " (points: concurrent users)")
+fig.tight_layout()
+try:
+    fig.savefig(d["png"], dpi=120)
+except Exception as e:
+    sys.stderr.write("cannot write %s: %s\n" % (d["png"], e))
+    sys.exit(4)
+)PY";
+  nlohmann::json pts = nlohmann::json::array();
+  for (const auto& [n, r] : runs)
+    pts.push_back({{"users", n},
+                   {"tok_s_gpu", r.aggregated.tokens_per_s / static_cast<double>(r.config.gpus)},
+                   {"tok_s_user", r.aggregated.per_user_tokens_per_s},
+                   {"ttft_p50", r.aggregated.ttft.p50},
+                   {"ttft_p99", r.aggregated.ttft.p99}});
+  const std::string cmd = std::string("/usr/bin/python3 -c '") + kScript + "'";
+  FILE* f = popen(cmd.c_str(), "w");
+  if (!f) return systemError("--plot: cannot run /usr/bin/python3 (install python3 and python3-matplotlib)");
+  const std::string text = nlohmann::json{{"title", title}, {"png", png}, {"points", pts}}.dump();
+  std::fwrite(text.data(), 1, text.size(), f);
+  const int rc = pclose(f);
+  if (rc == -1 || !WIFEXITED(rc)) return systemError("--plot: /usr/bin/python3 did not finish");
+  if (WEXITSTATUS(rc) == 3) return systemError("--plot: matplotlib is not available (install python3-matplotlib)");
+  if (WEXITSTATUS(rc) == 4) return systemError("--plot: cannot write '{}' (does its folder exist and is it writable?)", png);
+  if (WEXITSTATUS(rc) != 0) return systemError("--plot: the plotting script failed (exit {})", WEXITSTATUS(rc));
+  return {};
 }
 
 }  // namespace chorus::sim

@@ -83,12 +83,27 @@ nlohmann::json toJson(const SearchResult& r) {
           {"estimate_seconds", r.estimate_seconds}, {"schedule_seconds", r.schedule_seconds}, {"top", top}};
 }
 
+nlohmann::json toJson(const Latency& l) {
+  return {{"mean_s", l.mean}, {"p50_s", l.p50}, {"p90_s", l.p90}, {"p99_s", l.p99}};
+}
+
 nlohmann::json toJson(const ServeStats& s) {
   return {{"mode", s.mode},
           {"prefill_replicas", s.prefill_replicas},
           {"decode_replicas", s.decode_replicas},
+          {"decode_tp", s.decode_tp},
           {"ttft_s", {{"p50", s.ttft_p50_s}, {"p90", s.ttft_p90_s}, {"p99", s.ttft_p99_s}}},
           {"tpot_s", {{"p50", s.tpot_p50_s}, {"p90", s.tpot_p90_s}, {"p99", s.tpot_p99_s}}},
+          {"ttft", toJson(s.ttft)},
+          {"tpot", toJson(s.tpot)},
+          {"itl", toJson(s.itl)},
+          {"e2e", toJson(s.e2e)},
+          {"duration_s", s.duration_s},
+          {"request_throughput_rps", s.throughput_rps},
+          {"output_tokens_per_s", s.tokens_per_s},
+          {"total_tokens_per_s", s.total_tokens_per_s},
+          {"output_tokens_per_s_per_user", s.per_user_tokens_per_s},
+          {"max_running_per_replica", s.max_running},
           {"throughput_rps", s.throughput_rps},
           {"tokens_per_s", s.tokens_per_s},
           {"slo_attainment", s.slo_attainment},
@@ -102,7 +117,15 @@ nlohmann::json toJson(const InferReport& r) {
   const InferConfig& c = r.config;
   return {{"config", {{"gpus", c.gpus}, {"tp", r.tp}, {"replicas", r.replicas}, {"rate_rps", c.rate},
                       {"requests", c.requests}, {"input_len", c.input_len}, {"output_len", c.output_len},
-                      {"ttft_slo_s", c.ttft_slo_s}, {"tpot_slo_s", c.tpot_slo_s}}},
+                      {"ttft_slo_s", c.ttft_slo_s}, {"tpot_slo_s", c.tpot_slo_s}, {"e2e_slo_s", c.e2e_slo_s},
+                      {"concurrency", c.concurrency}, {"max_throughput", c.max_throughput},
+                      {"chunked_prefill", c.chunked_prefill}, {"prefill_tokens", c.prefill_tokens},
+                      {"max_batch", c.max_batch}, {"fp8_weights", c.fp8}, {"kv_fp8", c.kv_fp8}}},
+          {"weight_bytes_per_gpu", r.weight_bytes_per_gpu},
+          {"speculative", {{"tokens", c.spec_tokens}, {"acceptance", c.spec_acceptance},
+                           {"draft_model", c.draft_model ? nlohmann::json(c.draft_model->name) : nlohmann::json()},
+                           {"expected_tokens_per_step", r.expected_tokens_per_step}, {"draft_step_s", r.draft_step_s}}},
+          {"kv_capacity_bytes_per_gpu", r.kv_capacity_bytes},
           {"prefill_s_per_request", r.prefill_s_per_request},
           {"decode_step_s", r.decode_step_s},
           {"kv_bytes_per_request", r.kv_bytes_per_request},

@@ -28,6 +28,7 @@ Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, 
 nlohmann::json toJson(const CollectiveReport& r);
 nlohmann::json toJson(const TrainReport& r);
 nlohmann::json toJson(const SearchResult& r);
+nlohmann::json toJson(const Latency& l);
 nlohmann::json toJson(const ServeStats& s);
 nlohmann::json toJson(const InferReport& r);
 // One line naming a layout: "tp 8 pp 16 dp 128 cp 1 ep 1 vpp 1 mb 1 zero 1 selective".

@@ -20,10 +20,7 @@ double layerFlopsPerToken(const ModelSpec& m, int layer, double seq) {
   const double mats = m.activation == Activation::SwiGlu ? 3 : 2;
   // q, k, v, o projections; scores (qk wide) and AV (v wide) per head
   double f = 2 * m.attnParams() + 2 * seq * a * (m.qkHeadDim() + m.vHeadDim());
-  if (m.moe.experts == 0 || layer < m.moe.dense_layers)
-    f += 2 * mats * h * static_cast<double>(m.ffn_hidden);
-  else
-    f += 2 * mats * h * static_cast<double>(m.moe.expert_ffn_hidden) * (m.moe.top_k + m.moe.shared_experts);
+  f += 2 * mats * h * m.ffnPerToken(layer);
   return f;
 }
 
@@ -261,7 +258,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     for (int l = first; l < first + count; ++l) {
       double lp = m.layerParams(l);
       double share = lp / T;
-      if (moe && l >= m.moe.dense_layers) {  // this GPU's experts: experts / ep of them, each split etp ways
+      if (m.isMoeLayer(l)) {  // this GPU's experts: experts / ep of them, each split etp ways
         const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
         share = (lp - expert * m.moe.experts) / T +
                 expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
@@ -288,7 +285,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
     double e = 0;
     for (int l = first; l < first + count; ++l)
-      if (l >= m.moe.dense_layers) e += expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
+      if (m.isMoeLayer(l)) e += expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
     return e;
   };
   // Bytes of `per_param` per parameter of `params` (of which `expert` are
@@ -308,8 +305,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // softmax output 2 a s, with dropout also its mask and output (5 a s).
   const double a = static_cast<double>(m.heads);
   const bool moe_model = m.moe.experts > 0;
-  const double f_tok = moe_model ? static_cast<double>(m.moe.expert_ffn_hidden) * (m.moe.top_k + m.moe.shared_experts)
-                                 : static_cast<double>(m.ffn_hidden);
+  const double f_tok = moe_model ? m.ffnPerToken(m.layers - 1) : static_cast<double>(m.ffn_hidden);
   const double scores = cfg.flash_attention ? 0 : (m.dropout ? 5 : 2) * a * (s * cp);
   const double R = 8 * h + (m.dropout ? 2 * h : 0);
   const double S_split = 2 * m.qkvWidth() + 2 * heads_v + 2 * (mats - 1) * f_tok + 2 * f_tok;
@@ -436,7 +432,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     core += core_ew;
     f += core - core_ew;
     ew += core_ew;
-    const bool dense = !moe || layer < m.moe.dense_layers;
+    const bool dense = !m.isMoeLayer(layer);
     if (dense) {
       const double ff = static_cast<double>(m.ffn_hidden) / T;
       f += mm(bs, (mats - 1) * ff, h, 1, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(bs, h, ff, 1);
@@ -448,7 +444,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts));
       f += mm(tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(tok, h, ef, local_experts);
       if (m.moe.shared_experts)
-        f += mm(bs, (mats - 1) * sf * m.moe.shared_experts, h, 1) + mm(bs, h, sf * m.moe.shared_experts, 1);
+        f += mm(bs, (mats - 1) * m.sharedFfn() / T, h, 1) + mm(bs, h, m.sharedFfn() / T, 1);
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
       f += mm(bs, m.moe.experts, h, 1);                              // router
     }
@@ -501,7 +497,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   std::optional<LayerTimes> dense_times, moe_times;
   Work dense_work, moe_work;
   auto timesOf = [&](int l) -> const LayerTimes& {
-    const bool dense_kind = !moe || l < m.moe.dense_layers;
+    const bool dense_kind = !m.isMoeLayer(l);
     std::optional<LayerTimes>& o = dense_kind ? dense_times : moe_times;
     if (!o) {
       const Meter before = gpu;
@@ -517,7 +513,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   };
   auto workOf = [&](int l) -> const Work& {
     timesOf(l);
-    return !moe || l < m.moe.dense_layers ? dense_work : moe_work;
+    return !m.isMoeLayer(l) ? dense_work : moe_work;
   };
   std::optional<Work> logit_work;  // the logits + loss, metered once
   Seconds logit_fwd(0), logit_bwd(0), logit_wgrad_s(0);  // its compute per micro-batch (for the schedule)
@@ -535,7 +531,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const LayerTimes& lt = timesOf(l);
       rc.fwd += lt.fwd;
       rc.bwd += lt.bwd;
-      const bool moe_layer = moe && l >= m.moe.dense_layers;
+      const bool moe_layer = m.isMoeLayer(l);
       if (cfg.recompute == Recompute::Full) rc.recompute += lt.fwd;
       if (cfg.recompute == Recompute::Selective) rc.recompute += lt.attn_core_fwd;
       Seconds f(0), bw(0);
@@ -751,7 +747,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         st_bytes[sd] += mbf * (w.f_bytes + w.b_bytes + rb);
         st_link[sd] += tp_layer.scaled(mbf);
         st_link[sd] += u_cp.scaled(cp_bytes * passes * mbf);
-        if (moe && l >= m.moe.dense_layers) st_link[sd] += u_ep.scaled(a2a_bytes * 2 * passes * mbf);
+        if (m.isMoeLayer(l)) st_link[sd] += u_ep.scaled(a2a_bytes * 2 * passes * mbf);
       }
       next += count;
     }
@@ -868,7 +864,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         if (t > 1)
           lp.bwd_async = (sp ? lt.qkv_dgrad + lt.qkv_wgrad + lt.fc1_dgrad + lt.fc1_wgrad : lt.qkv_wgrad + lt.fc1_wgrad).value();
         lp.tp_fwd = tp_fwd_t, lp.tp_bwd = tp_bwd_t, lp.tp_async = tp_async_t;
-        const bool moe_layer = moe && l >= m.moe.dense_layers;
+        const bool moe_layer = m.isMoeLayer(l);
         if (cp > 1) lp.cp = tr(cp_fwd, u_cp, cp_bytes);
         if (moe_layer && ep > 1) lp.ep = tr(ep_fwd, u_ep, 2 * a2a_bytes);
         if (full) {  // the recomputed forward communicates again (exposed, before the backward)

@@ -1,0 +1,64 @@
+#include "sim/cli_args.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+namespace chorus::sim {
+
+namespace {
+constexpr int64_t kMaxGpus = int64_t{1} << 24;
+constexpr int64_t kMaxTokens = int64_t{1} << 30;
+}  // namespace
+
+Status checkCollectiveArgs(int64_t gpus, double bytes) {
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--gpus", gpus, 1, kMaxGpus, "GPUs taking part"));
+  return checkRange<double>("--bytes", bytes, 0, std::ldexp(1.0, 50), "bytes per rank, at most 1 PiB");
+}
+
+Status checkTrainArgs(const TrainConfig& c) {
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--gpus", c.gpus, 1, kMaxGpus, "GPUs of the job"));
+  for (auto [flag, v] : {std::pair{"--tp", c.tp}, {"--pp", c.pp}, {"--dp", c.dp}, {"--cp", c.cp}, {"--ep", c.ep},
+                         {"--vpp", c.vpp}})
+    CHORUS_RETURN_IF_ERROR(checkRange<int>(flag, v, 1, 1 << 24, "a parallel degree"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--global-batch", c.global_batch, 1, kMaxTokens, "sequences per iteration"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--micro-batch", c.micro_batch, 0, kMaxTokens, "sequences per micro-batch; auto = 0"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--seq", c.seq, 1, kMaxTokens, "tokens per sequence"));
+  return checkRange<int>("--zero", c.zero, 0, 3, "ZeRO stage");
+}
+
+Status checkSearchArgs(const SearchConfig& c) {
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--gpus", c.gpus, 1, kMaxGpus, "GPUs of the job"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--global-batch", c.global_batch, 1, kMaxTokens, "sequences per iteration"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--seq", c.seq, 1, kMaxTokens, "tokens per sequence"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--top", c.top, 1, 1 << 20, "layouts to show"));
+  return checkRange<int>("--max-micro-batch", c.max_micro_batch, 1, 1 << 20, "largest micro-batch tried");
+}
+
+Result<std::vector<int64_t>> parseConcurrency(std::string_view text) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    const size_t j = std::min(text.find(',', i), text.size());
+    const std::string_view item = text.substr(i, j - i);
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || p != item.data() + item.size())
+      return invalidArgument("--concurrency '{}': '{}' is not an integer (one value, or a list: 1,2,4,8)", text, item);
+    CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--concurrency", v, 1, 1 << 24, "users in the closed loop"));
+    out.push_back(v);
+    i = j + 1;
+  }
+  return out;
+}
+
+Result<int64_t> parseMicroBatch(std::string_view text) {
+  if (text == "auto") return int64_t{0};
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size())
+    return invalidArgument("--micro-batch '{}': not an integer or auto", text);
+  CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--micro-batch", v, 1, kMaxTokens, "sequences per micro-batch, or auto"));
+  return v;
+}
+
+}  // namespace chorus::sim

@@ -1,0 +1,347 @@
+// Inference serving as benchmarks drive it: fp8 weights and KV cache in
+// bytes, closed-loop concurrency, offline max throughput, chunked prefill,
+// vLLM-style metrics, and the errors for impossible inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "sim/cli_args.hpp"
+#include "sim/infer.hpp"
+#include "sim/topology.hpp"
+#include "support/sim_fixtures.hpp"
+
+namespace chorus::sim {
+namespace {
+
+using fixtures::cluster;
+using fixtures::gpt;
+
+Topology topologyOf(const ClusterSpec& c) {
+  auto t = Topology::build(c);
+  EXPECT_TRUE(t.isOk()) << t.status().message();
+  return std::move(t).value();
+}
+// One DGX-A100-like node (80 GiB, 2039 GB/s, 312 / 624 fp8 TFLOPS).
+struct OneNode {
+  plan::Registry reg = plan::Registry::builtin();
+  ClusterSpec c = cluster("fat-tree", 1);
+  Topology topo = topologyOf(c);
+  NetworkModel net{c, topo, reg};
+};
+
+ModelSpec preset(const std::string& dir) {
+  auto m = loadModel(std::string(CHORUS_SOURCE_DIR) + "/configs/models/" + dir);
+  EXPECT_TRUE(m.isOk()) << m.status().message();
+  return m.isOk() ? *m : ModelSpec{};
+}
+
+InferConfig base() {
+  InferConfig ic;
+  ic.gpus = 1, ic.tp = 1, ic.requests = 64, ic.input_len = 512, ic.output_len = 32, ic.rate = 1;
+  return ic;
+}
+
+// Decode at batch 1 is bound by reading the weights: with fp8 weights every
+// layer weight is 1 byte (the 16-bit head stays 2), so the step reads
+// (params - 2 V h) x 1 + V h x 2 bytes + the KV cache, at 2039e9 x 0.8 B/s,
+// plus 8 kernels of 4 us per layer.  (It used to read 2 bytes per weight
+// whatever --fp8 said.)
+TEST(SimServe, Fp8WeightsAreReadAsOneByte) {
+  OneNode node;
+  const ModelSpec m = gpt(4, 4096, 32);
+  InferConfig ic = base();
+  ic.input_len = 1024;
+  auto bf16 = simulateInference(m, ic, node.net);
+  ic.fp8 = true;
+  auto fp8 = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(bf16.isOk() && fp8.isOk());
+  const double vh = 51200.0 * 4096, kv = 1024.0 * 2 * 4 * 4096 * 2;
+  EXPECT_NEAR(bf16->decode_step_s, ((m.params() - vh) * 2 + kv) / (2039e9 * 0.8) + 4 * 8 * 4e-6, 1e-12);
+  EXPECT_NEAR(fp8->decode_step_s, ((m.params() - 2 * vh) * 1 + vh * 2 + kv) / (2039e9 * 0.8) + 4 * 8 * 4e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(fp8->weight_bytes_per_gpu, (m.params() - 2 * vh) + 2 * vh * 2);
+  // A Llama-3.1-70B replica of 2 GPUs: 35 GB per GPU in fp8 instead of 70.6.
+  InferConfig two = base();
+  two.gpus = 2, two.tp = 2;
+  const ModelSpec l70 = preset("Llama-3.1-70B");
+  auto a = simulateInference(l70, two, node.net);
+  two.fp8 = true;
+  auto b = simulateInference(l70, two, node.net);
+  ASSERT_TRUE(a.isOk() && b.isOk()) << (a.isOk() ? b.status().message() : a.status().message());
+  EXPECT_DOUBLE_EQ(a->weight_bytes_per_gpu, l70.params() * 2 / 2);
+  EXPECT_DOUBLE_EQ(b->weight_bytes_per_gpu, (l70.params() - l70.embeddingParams() + l70.embeddingParams() * 2) / 2);
+  EXPECT_LT(b->decode_step_s, 0.6 * a->decode_step_s);
+  // Never faster than reading the weights once at full HBM bandwidth.
+  EXPECT_GT(b->decode_step_s, (l70.params() - l70.embeddingParams()) / 2 / 2039e9);
+  // A model stored in fp8 (DeepSeek-V3's quantization_config) is read as such without --fp8.
+  ModelSpec v3 = preset("DeepSeek-V3");
+  EXPECT_DOUBLE_EQ(v3.weight_bytes, 1);
+}
+
+// Closed loop, as benchmark_serving --max-concurrency: every user has one
+// request in flight, so N = throughput x mean end-to-end latency (Little's
+// law, no think time).  At one user TTFT is one lone prefill and ITL = TPOT.
+TEST(SimServe, ClosedLoopFollowsLittlesLaw) {
+  OneNode node;
+  const ModelSpec m = gpt(16, 4096, 32);
+  InferConfig ic = base();
+  ic.requests = 256, ic.input_len = 512, ic.output_len = 64;
+  for (int64_t n : {1, 4, 16}) {
+    ic.concurrency = n;
+    auto r = simulateInference(m, ic, node.net);
+    ASSERT_TRUE(r.isOk()) << r.status().message();
+    const ServeStats& s = r->aggregated;
+    EXPECT_NEAR(s.throughput_rps * s.e2e.mean, static_cast<double>(n), 0.02 * static_cast<double>(n)) << n;
+    EXPECT_EQ(s.max_running, n);
+    EXPECT_TRUE(r->splits.empty());  // disaggregation is open-loop only
+    EXPECT_NEAR(s.tokens_per_s, s.throughput_rps * 64, 1e-9 * s.tokens_per_s);
+    if (n == 1) {
+      EXPECT_NEAR(s.ttft.p50, r->prefill_s_per_request, 1e-12);  // time since the arrival, in doubles
+      EXPECT_NEAR(s.itl.mean, s.tpot.mean, 1e-12);
+      EXPECT_NEAR(s.e2e.mean, s.ttft.mean + 63 * s.tpot.mean, 1e-9);
+      EXPECT_NEAR(s.per_user_tokens_per_s, 1 / s.tpot.mean, 1e-6 / s.tpot.mean);
+    }
+  }
+  // More users: more throughput, slower tokens for each.
+  ic.concurrency = 1;
+  auto one = simulateInference(m, ic, node.net);
+  ic.concurrency = 16;
+  auto many = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(one.isOk() && many.isOk());
+  EXPECT_GT(many->aggregated.tokens_per_s, 4 * one->aggregated.tokens_per_s);
+  EXPECT_LT(many->aggregated.per_user_tokens_per_s, one->aggregated.per_user_tokens_per_s);
+}
+
+// Offline: every request at t = 0; the running batch is bounded by
+// --max-batch and by the KV cache (each admitted request's whole cache is
+// reserved: 16 layers x 2 x 4096 x 2 B x 9216 tokens = 2.42 GB here).
+TEST(SimServe, OfflineBatchIsBoundedByKvAndMaxBatch) {
+  OneNode node;
+  const ModelSpec m = gpt(16, 4096, 32);
+  InferConfig ic = base();
+  ic.max_throughput = true, ic.requests = 200, ic.input_len = 8192, ic.output_len = 1024;
+  auto r = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  const double per_request = 16.0 * 2 * 4096 * 2 * 9216;
+  EXPECT_DOUBLE_EQ(r->kv_capacity_bytes, 80.0 * (1 << 30) * 0.9 - m.params() * 2);
+  const int64_t fit = static_cast<int64_t>(std::floor(r->kv_capacity_bytes / per_request));
+  EXPECT_EQ(r->aggregated.max_running, fit);
+  ic.max_batch = 8;
+  auto capped = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(capped.isOk());
+  EXPECT_EQ(capped->aggregated.max_running, 8);
+  EXPECT_LT(capped->aggregated.tokens_per_s, r->aggregated.tokens_per_s);
+  // Offline throughput is at least a light open-loop load's.
+  InferConfig light = base();
+  light.requests = 200, light.input_len = 8192, light.output_len = 1024, light.rate = 0.2;
+  auto open = simulateInference(m, light, node.net);
+  ASSERT_TRUE(open.isOk());
+  EXPECT_GT(r->aggregated.tokens_per_s, open->aggregated.tokens_per_s);
+}
+
+// Chunked prefill: decodes keep going while prompts are prefilled in chunks
+// of the token budget, so the longest gap between two tokens of a request is
+// one mixed step, not a whole prefill batch (Sarathi-Serve's point).
+TEST(SimServe, ChunkedPrefillBoundsTheDecodeStall) {
+  OneNode node;
+  const ModelSpec m = gpt(16, 4096, 32);
+  InferConfig ic = base();
+  ic.requests = 128, ic.concurrency = 16, ic.input_len = 4096, ic.output_len = 128, ic.dist = LengthDist::Uniform;
+  auto first = simulateInference(m, ic, node.net);
+  ic.chunked_prefill = true, ic.prefill_tokens = 512;
+  auto chunked = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(first.isOk() && chunked.isOk()) << chunked.status().message();
+  EXPECT_LT(chunked->aggregated.itl.p99, 0.5 * first->aggregated.itl.p99);
+  // Every request still gets its tokens: output tokens / s x duration = all output tokens.
+  for (const auto* r : {&*first, &*chunked})
+    EXPECT_NEAR(r->aggregated.tokens_per_s * r->aggregated.duration_s / 128, 128, 10);  // uniform lengths: mean ~128
+}
+
+TEST(SimServe, Fp8KvCacheHalvesTheBytes) {
+  OneNode node;
+  const ModelSpec m = gpt(4, 4096, 32);
+  InferConfig ic = base();
+  auto a = simulateInference(m, ic, node.net);
+  ic.kv_fp8 = true;
+  auto b = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(a.isOk() && b.isOk());
+  EXPECT_DOUBLE_EQ(b->kv_capacity_tokens, 2 * a->kv_capacity_tokens);
+  EXPECT_DOUBLE_EQ(b->kv_bytes_per_request, a->kv_bytes_per_request / 2);
+  EXPECT_DOUBLE_EQ(a->kv_bytes_per_request, 512.0 * 2 * 4 * 4096 * 2);
+}
+
+// Sliding layers hold at most the window: Gemma-2's 8192-token prompt
+// caches 8192 tokens in its 21 global layers and 4096 in its 21 sliding ones
+// (2 x 8 KV heads x 256 x 2 B per token and layer).
+TEST(SimServe, SlidingLayersCacheTheWindow) {
+  OneNode node;
+  InferConfig ic = base();
+  ic.input_len = 8192, ic.output_len = 16, ic.requests = 8;
+  auto r = simulateInference(preset("gemma-2-9b"), ic, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  const double per_layer = 2.0 * 8 * 256 * 2;
+  EXPECT_DOUBLE_EQ(r->kv_bytes_per_request, 21 * per_layer * 8192 + 21 * per_layer * 4096);
+}
+
+// Speculative decoding: a step yields 1 + the accepted run of K drafted
+// tokens, (1 - a^(K+1)) / (1 - a) on average; it pays the drafter's K steps
+// and a target step verifying K + 1 tokens per request.
+TEST(SimServe, SpeculativeDecodingYieldsTheExpectedTokensPerStep) {
+  OneNode node;
+  ModelSpec m = gpt(8, 4096, 32);
+  auto draft = std::make_shared<const ModelSpec>(gpt(2, 4096, 32));
+  InferConfig ic = base();
+  ic.concurrency = 1, ic.requests = 16, ic.input_len = 256, ic.output_len = 1025;
+  auto plain = simulateInference(m, ic, node.net);
+  ic.spec_tokens = 3, ic.spec_acceptance = 0.8, ic.draft_model = draft;
+  auto spec = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(plain.isOk() && spec.isOk()) << spec.status().message();
+  const double expected = (1 - std::pow(0.8, 4)) / (1 - 0.8);  // 2.952
+  EXPECT_DOUBLE_EQ(spec->expected_tokens_per_step, expected);
+  // ITL is per streamed chunk (one per step): tokens per step = ITL / TPOT.
+  const ServeStats& s = spec->aggregated;
+  EXPECT_NEAR(s.itl.mean / s.tpot.mean, expected, 0.05 * expected);
+  EXPECT_LT(s.tpot.mean, plain->aggregated.tpot.mean);
+  // Nothing accepted: one token per step, and slower than no speculation.
+  ic.spec_acceptance = 1e-9;
+  auto none = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(none.isOk());
+  EXPECT_NEAR(none->aggregated.itl.mean, none->aggregated.tpot.mean, 1e-9);
+  EXPECT_GT(none->aggregated.tpot.mean, plain->aggregated.tpot.mean);
+  // Without a draft model the model needs MTP modules; and K needs an acceptance.
+  ic.draft_model = nullptr, ic.spec_acceptance = 0.8;
+  auto no_mtp = simulateInference(m, ic, node.net);
+  ASSERT_FALSE(no_mtp.isOk());
+  EXPECT_NE(no_mtp.status().message().find("needs multi-token-prediction modules"), std::string::npos);
+  ic.spec_acceptance = 0;
+  EXPECT_NE(checkInferConfig(ic).message().find("--spec-tokens 3 needs --spec-acceptance"), std::string::npos);
+  ic.spec_acceptance = 1.5;
+  EXPECT_NE(checkInferConfig(ic).message().find("--spec-acceptance 1.5: must be in [0, 1]"), std::string::npos);
+}
+
+// --trace: the engine's steps never overlap on a replica, their decode
+// counts never exceed --max-batch, chunked steps stay within the token
+// budget, and every request is one arrival <= first token <= last token span.
+TEST(SimServe, TraceRecordsTheSteps) {
+  OneNode node;
+  InferConfig ic = base();
+  ic.gpus = 2, ic.requests = 40, ic.concurrency = 6, ic.max_batch = 4, ic.chunked_prefill = true, ic.prefill_tokens = 300;
+  ic.record = true;
+  auto r = simulateInference(gpt(8, 4096, 32), ic, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ASSERT_EQ(r->requests.size(), 40u);
+  ASSERT_FALSE(r->steps.empty());
+  std::map<int, double> end;
+  int64_t prefilled = 0;
+  for (const ServeStep& s : r->steps) {
+    EXPECT_GE(s.start_s, end[s.replica] - 1e-12);
+    EXPECT_GT(s.duration_s, 0);
+    EXPECT_LE(s.decodes, 4);
+    EXPECT_LE(s.decodes + s.prefill_tokens, 300);
+    end[s.replica] = s.start_s + s.duration_s;
+    prefilled += s.prefill_tokens;
+  }
+  EXPECT_EQ(end.size(), 2u);
+  EXPECT_EQ(prefilled, 40 * 512);  // every prompt token prefilled once
+  for (const ServeRequest& q : r->requests) {
+    EXPECT_LE(q.arrival_s, q.first_s);
+    EXPECT_LT(q.first_s, q.done_s);
+  }
+  std::ostringstream out;
+  ASSERT_TRUE(writeServeTrace(*r, out).isOk());
+  EXPECT_NE(out.str().find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(out.str().find("\"name\":\"mixed\""), std::string::npos);
+}
+
+// Disaggregated with another tensor-parallel size for decode: the split
+// makes whole decode replicas of --decode-tp GPUs, and the KV transfer pays
+// the layout conversion (the decode GPU rewrites its shard: 2 x bytes at
+// 2039e9 x 0.8 B/s) on top of the wire.
+TEST(SimServe, DecodeTpOfItsOwnPaysTheLayoutConversion) {
+  OneNode node;
+  InferConfig ic = base();
+  ic.gpus = 8, ic.tp = 2, ic.decode_tp = 4, ic.prefill_replicas = 2, ic.rate = 5, ic.requests = 100;
+  auto r = simulateInference(gpt(16, 4096, 32), ic, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ASSERT_EQ(r->splits.size(), 1u);
+  EXPECT_EQ(r->splits[0].decode_tp, 4);
+  EXPECT_EQ(r->splits[0].decode_replicas, 1);
+  const double shard = 512.0 * 16 * (2 * 4096 / 4) * 2;  // one decode GPU's part of a prompt's cache
+  EXPECT_GT(r->splits[0].kv_transfer_mean_s, 2 * shard / (2039e9 * 0.8));
+  ic.decode_tp = 2;
+  auto same = simulateInference(gpt(16, 4096, 32), ic, node.net);
+  ASSERT_TRUE(same.isOk());
+  EXPECT_EQ(same->splits[0].decode_replicas, 2);
+  ic.decode_tp = 3;
+  auto bad = simulateInference(gpt(16, 4096, 32), ic, node.net);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("--decode-tp 3 must divide the model's 32 heads"), std::string::npos);
+}
+
+// Expert-parallel serving: a replica of ep GPUs holds the routed experts
+// once (an ep-th on each GPU), the rest (attention, dense layers, shared
+// experts) on every attention group of tp GPUs; each MoE layer pays two
+// all-to-alls, so at batch 1 the step is dearer than tensor parallelism over
+// the same GPUs, and the KV cache of every group adds up.
+TEST(SimServe, ExpertParallelReplicasHoldTheExpertsOnce) {
+  OneNode node;
+  ModelSpec m = preset("Qwen3-30B-A3B");
+  InferConfig ic = base();
+  ic.gpus = 8, ic.tp = 1, ic.ep = 8;
+  auto ep = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(ep.isOk()) << ep.status().message();
+  EXPECT_EQ(ep->replicas, 1);
+  double routed = 0;
+  for (int l = 0; l < m.layers; ++l) routed += m.isMoeLayer(l) ? m.expertParams() * m.moe.experts : 0;
+  EXPECT_NEAR(ep->weight_bytes_per_gpu, (m.params() - routed) * 2 + routed * 2 / 8, 1);
+  EXPECT_GT(ep->a2a_latency_s, 0);
+  InferConfig t = base();
+  t.gpus = 8, t.tp = 8;
+  auto tp = simulateInference(m, t, node.net);
+  ASSERT_TRUE(tp.isOk());
+  EXPECT_GT(ep->kv_capacity_tokens, tp->kv_capacity_tokens);  // 8 groups' caches, not one split 4 ways
+  EXPECT_GT(ep->decode_step_s, m.moeLayers() * 2 * ep->a2a_latency_s);
+  ic.ep = 3;
+  auto bad = simulateInference(m, ic, node.net);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("--ep 3 must divide the model's experts (128)"), std::string::npos);
+  ic.ep = 8;
+  auto dense = simulateInference(gpt(4, 4096, 32), ic, node.net);
+  ASSERT_FALSE(dense.isOk());
+}
+
+TEST(SimServe, BadInputIsRefused) {
+  auto zero = parseConcurrency("0");
+  ASSERT_FALSE(zero.isOk());
+  EXPECT_NE(zero.status().message().find("--concurrency 0: must be in [1, "), std::string::npos) << zero.status().message();
+  auto bad = parseConcurrency("1,x,4");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("'x' is not an integer"), std::string::npos);
+  auto sweep = parseConcurrency("1,2,4,8");
+  ASSERT_TRUE(sweep.isOk());
+  EXPECT_EQ(sweep->size(), 4u);
+  EXPECT_EQ((*sweep)[3], 8);
+
+  InferConfig both = base();
+  both.max_throughput = true, both.concurrency = 4;
+  ASSERT_FALSE(checkInferConfig(both).isOk());
+  EXPECT_NE(checkInferConfig(both).message().find("--max-throughput and --concurrency 4"), std::string::npos);
+
+  // One request whose cache cannot fit the replica's memory at all.
+  OneNode node;
+  InferConfig huge = base();
+  huge.input_len = 300000, huge.output_len = 1000;
+  auto r = simulateInference(gpt(16, 4096, 32), huge, node.net);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("with 300000 input + 1000 output tokens needs 78.91 GB of KV cache per GPU"),
+            std::string::npos) << r.status().message();
+  // Weights that do not fit.
+  InferConfig one = base();
+  auto w = simulateInference(preset("Llama-3.1-70B"), one, node.net);
+  ASSERT_FALSE(w.isOk());
+  EXPECT_NE(w.status().message().find("exceed 90% of"), std::string::npos) << w.status().message();
+}
+
+}  // namespace
+}  // namespace chorus::sim
