@@ -209,6 +209,28 @@ ChorusWork::ChorusWork(int rank, c10d::OpType type, const std::vector<at::Tensor
       defaultTimeout_(defaultTimeout),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
+c10::intrusive_ptr<c10::ivalue::Future> ChorusWork::getFuture() {
+  std::lock_guard<std::mutex> l(futureMu_);
+  futureHandedOut_ = true;
+  return future_;
+}
+
+bool ChorusWork::completeIfNoFuture(std::exception_ptr error) {
+  {
+    // Held while completing, so that a getFuture() racing with it returns
+    // the completed future (whose later callbacks run on their caller).
+    std::lock_guard<std::mutex> l(futureMu_);
+    if (futureHandedOut_) return false;
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+  finish(error);
+  return true;
+}
+
 void ChorusWork::complete(std::exception_ptr error) {
   // The future first: DDP chains its bucket callbacks on it.
   if (error) {
@@ -393,6 +415,7 @@ ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& st
   check(chorusCommInitRank(&comm, size, id, rank), nullptr, "chorusCommInitRank");
   comm_ = std::make_shared<CommHandle>(comm);
   ledger_ = std::make_unique<SendLedger>(store, "chorus/p2p/" + groupNonce(id) + "/", rank, size);
+  completer_ = std::make_unique<Completer>();
   init();
   worker_ = std::thread([this] { workerLoop(); });
 }
@@ -403,15 +426,58 @@ ProcessGroupChorus::~ProcessGroupChorus() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (!worker_.joinable()) return;
-  // The worker runs (or fails) what is still queued.  It may need the GIL to
-  // free a tensor that Python also references, and Python may be dropping
-  // the group right now while holding the GIL: release it for the join.
+  // The worker runs (or fails) what is still queued, then the completer
+  // completes what it was handed.  Either may need the GIL (to free a tensor
+  // that Python also references, or to run a Python callback), and Python
+  // may be dropping the group right now while holding the GIL: release it.
+  auto drain = [this] {
+    if (worker_.joinable()) worker_.join();
+    completer_.reset();
+  };
   if (PyGILState_Check() != 0) {
     pybind11::gil_scoped_release nogil;
-    worker_.join();
+    drain();
   } else {
-    worker_.join();
+    drain();
+  }
+}
+
+// ---------------------------------------------------------------- Completer
+
+Completer::~Completer() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+    threads.swap(threads_);
+  }
+  cv_.notify_all();
+  for (auto& t : threads) t.join();
+}
+
+void Completer::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.push_back(std::move(fn));
+    // Every queued completion needs a thread of its own that is free now.
+    if (idle_ < static_cast<int>(queue_.size())) threads_.emplace_back([this] { loop(); });
+  }
+  cv_.notify_one();
+}
+
+void Completer::loop() {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    ++idle_;
+    cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+    --idle_;
+    if (queue_.empty()) return;  // stopping and drained
+    std::function<void()> fn = std::move(queue_.front());
+    queue_.pop_front();
+    l.unlock();
+    fn();  // ChorusWork::complete: Future callbacks report their own errors
+    fn = nullptr;
+    l.lock();
   }
 }
 
@@ -467,7 +533,10 @@ void ProcessGroupChorus::run(Item& item) {
   }
   running_ = nullptr;
   for (auto& op : item.ops) op.second = nullptr;  // drop the tasks' tensors before waking waiters
-  for (auto& op : item.ops) op.first->complete(error);
+  for (auto& op : item.ops) {
+    if (op.first->completeIfNoFuture(error)) continue;
+    completer_->post([work = op.first, error] { work->complete(error); });
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,

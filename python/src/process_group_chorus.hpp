@@ -71,13 +71,17 @@ class ChorusWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
   // Completes with the output tensors (DDP's reducer and communication hooks
   // chain on it) or with the op's error.
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   // The peer a recv (from a given or any source) received from, once it has
   // completed; throws for other ops, as torch's own backends do.
   int sourceRank() const override;
 
-  // Worker thread only, once.
+  // Completes the future, then the work.  Once, on any thread.
   void complete(std::exception_ptr error);
+  // Worker thread: complete() now if no one has the future yet (so no
+  // callback can run on the worker) and return true; else return false, and
+  // the caller must complete() it on another thread.
+  bool completeIfNoFuture(std::exception_ptr error);
   // Worker thread only, before complete().
   void setSourceRank(int rank) { sourceRank_.store(rank); }
   // The op's timeout (its per-call option, else the group's).
@@ -88,7 +92,34 @@ class ChorusWork : public c10d::Work {
   std::shared_ptr<CommHandle> comm_;
   std::chrono::milliseconds defaultTimeout_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex futureMu_;
+  bool futureHandedOut_ = false;  // guarded by futureMu_
   std::atomic<int> sourceRank_{-1};
+};
+
+// Completes works whose future someone holds.  A future's callbacks run on
+// the thread that completes it, and a callback may issue another op of the
+// group and wait for it (PowerSGD's hook does, twice per bucket): on the
+// worker that would wait for the worker itself.  So those completions run
+// here, each on an idle thread, a new one when every thread is busy (a
+// callback blocked on a later op holds its thread until that op, which
+// another thread completes, is done).
+class Completer {
+ public:
+  Completer() = default;
+  ~Completer();  // runs what is queued, then joins
+  Completer(const Completer&) = delete;
+  Completer& operator=(const Completer&) = delete;
+  void post(std::function<void()> fn);
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by mu_
+  int idle_ = 0;                             // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  std::vector<std::thread> threads_;         // guarded by mu_
 };
 
 // The Store side of receive-from-any-source (see the .cpp for why this design).
@@ -220,6 +251,7 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
   std::shared_ptr<CommHandle> comm_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<SendLedger> ledger_;  // used by the worker thread only
+  std::unique_ptr<Completer> completer_;
   ChorusWork* running_ = nullptr;       // worker thread only: the work whose task runs
 
   // One queue entry: one op, or a coalesced batch run as one chorus group.

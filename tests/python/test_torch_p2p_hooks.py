@@ -12,7 +12,8 @@ communication hooks (issue 17 item 16), on 2 and 4 processes.
 - a barrier with BarrierOptions.timeout = 1 s that one rank skips raises long
   before the group's 120 s timeout would.
 - DDP with allreduce_hook, fp16_compress_hook and PowerSGD: the parameters
-  after 20 steps equal gloo's with the same hook.
+  after 20 steps equal gloo's with the same hook (before: PowerSGD hung, its
+  callback waiting on the worker thread for an op queued behind itself).
 """
 
 from __future__ import annotations
