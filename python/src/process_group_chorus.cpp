@@ -622,7 +622,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Ten
 }
 
 // As gloo does it: every rank's coalesced indices and values are gathered
-// (uneven sizes: allgather_v), and every rank sums them in rank order, so
+// (padded to the largest nnz: on main at the time of writing, chorus's
+// always-on signature check rejects an allgather_v whose ranks send
+// different counts), and every rank sums them in rank order, so
 // every rank computes the same tensor.  The result replaces the input
 // (copy_, which takes the sum's number of non-zeros).
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::sparseAllreduce(const at::Tensor& t,
@@ -664,38 +666,38 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::sparseAllreduce(const at::Ten
             fail("allreduce (sparse): rank " + std::to_string(r) + "'s tensor has sizes " +
                  c10::str(at::IntArrayRef(sizes.data() + r * size.size(), size.size())) + ", this rank's " +
                  c10::str(in.sizes()));
-        // 2. Indices and values of every rank, in rank order.
-        int64_t row = 1;  // elements per value (the dense part)
-        for (int64_t d = sparseDim; d < dim; ++d) row *= size[static_cast<size_t>(d)];
-        std::vector<size_t> icnt(un), idsp(un), vcnt(un), vdsp(un);
-        size_t itot = 0, vtot = 0;
-        for (size_t r = 0; r < un; ++r) {
-          const auto nnz = static_cast<size_t>(metas[3 * r + 2]);
-          icnt[r] = static_cast<size_t>(sparseDim) * nnz;
-          vcnt[r] = nnz * static_cast<size_t>(row);
-          idsp[r] = itot;
-          vdsp[r] = vtot;
-          itot += icnt[r];
-          vtot += vcnt[r];
-        }
-        at::Tensor allIdx = at::empty({static_cast<int64_t>(itot)}, idx.options());
-        at::Tensor allVal = at::empty({static_cast<int64_t>(vtot)}, val.options());
-        check(chorusAllGatherV(idx.data_ptr(), static_cast<size_t>(idx.numel()), allIdx.data_ptr(), icnt.data(),
-                               idsp.data(), chorusInt64, c, nullptr),
-              c, "allreduce (sparse: indices)");
-        check(chorusAllGatherV(val.data_ptr(), static_cast<size_t>(val.numel()), allVal.data_ptr(), vcnt.data(),
-                               vdsp.data(), vtype, c, nullptr),
-              c, "allreduce (sparse: values)");
-        // 3. The sum, the same on every rank.
-        std::vector<at::Tensor> is, vs;
+        // 2. Indices and values of every rank, in rank order, padded to the
+        // largest nnz so that one allgather of equal counts carries them.
+        int64_t maxNnz = 0;
+        for (size_t r = 0; r < un; ++r) maxNnz = std::max(maxNnz, metas[3 * r + 2]);
         std::vector<int64_t> vshape(val.sizes().begin(), val.sizes().end());
-        for (size_t r = 0; r < un; ++r) {
-          const auto nnz = metas[3 * r + 2];
-          is.push_back(allIdx.narrow(0, static_cast<int64_t>(idsp[r]), static_cast<int64_t>(icnt[r]))
-                           .view({sparseDim, nnz}));
-          vshape[0] = nnz;
-          vs.push_back(allVal.narrow(0, static_cast<int64_t>(vdsp[r]), static_cast<int64_t>(vcnt[r])).view(vshape));
+        std::vector<at::Tensor> is, vs;
+        if (maxNnz > 0) {
+          at::Tensor idxPad = at::zeros({sparseDim, maxNnz}, idx.options());
+          idxPad.narrow(1, 0, in._nnz()).copy_(idx);
+          vshape[0] = maxNnz;
+          at::Tensor valPad = at::zeros(vshape, val.options());
+          valPad.narrow(0, 0, in._nnz()).copy_(val);
+          at::Tensor allIdx = at::empty({n, sparseDim, maxNnz}, idx.options());
+          std::vector<int64_t> allShape{n};
+          allShape.insert(allShape.end(), vshape.begin(), vshape.end());
+          at::Tensor allVal = at::empty(allShape, val.options());
+          check(chorusAllGather(idxPad.data_ptr(), allIdx.data_ptr(), static_cast<size_t>(idxPad.numel()),
+                                chorusInt64, c, nullptr),
+                c, "allreduce (sparse: indices)");
+          check(chorusAllGather(valPad.data_ptr(), allVal.data_ptr(), static_cast<size_t>(valPad.numel()), vtype, c,
+                                nullptr),
+                c, "allreduce (sparse: values)");
+          for (size_t r = 0; r < un; ++r) {
+            const int64_t nnz = metas[3 * r + 2];
+            is.push_back(allIdx[static_cast<int64_t>(r)].narrow(1, 0, nnz));
+            vs.push_back(allVal[static_cast<int64_t>(r)].narrow(0, 0, nnz));
+          }
+        } else {
+          is.push_back(idx);
+          vs.push_back(val);
         }
+        // 3. The sum, the same on every rank.
         at::Tensor sum = at::sparse_coo_tensor(at::cat(is, 1), at::cat(vs, 0), in.sizes(), in.options()).coalesce();
         tensor.copy_(sum);
       },
