@@ -9,17 +9,23 @@ Importing this module registers the backend; then, with any init_method
 
 The backend is a c10d ProcessGroup (C++, torch 1.13) over chorus: CPU tensors
 of int8/uint8/bool/int32/int64/float16/bfloat16/float32/float64, the ops
-allreduce (SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM), allreduce_coalesced,
-broadcast, reduce, allgather, _allgather_base, allgather_coalesced, gather,
-scatter, reduce_scatter, _reduce_scatter_base, alltoall_base, alltoall, send,
-recv and barrier.  Operations run in issue order on one background thread per
-group; ``Work.wait()`` raises RuntimeError with chorus's message when an
-operation fails (e.g. a peer died), and aborts the group when the group's
-timeout expires.  It rendezvouses through the Store that init_process_group
-hands it: no extra port or environment variable.
+allreduce (SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM; sparse COO tensors: SUM,
+as gloo), allreduce_coalesced, broadcast, reduce, allgather, _allgather_base,
+allgather_coalesced, gather, scatter, reduce_scatter, _reduce_scatter_base,
+alltoall_base, alltoall, send, recv (from a given or any source), barrier and
+batch_isend_irecv (one chorus group: completes in any order).  Operations run
+in issue order on one background thread per group; ``Work.wait()`` raises
+RuntimeError with chorus's message when an operation fails (e.g. a peer died),
+and aborts the group when the op's timeout (a per-call option such as
+``BarrierOptions.timeout``, else the group's) expires; ``Work.get_future()``
+completes with the outputs (DDP communication hooks chain on it) and
+``Work._source_rank()`` names a receive's sender.  It rendezvouses through the
+Store that init_process_group hands it: no extra port or environment variable.
+A receive from any source finds its sender through counts that every rank's
+sends publish in that Store from a background thread (docs/python.md).
 
-Not supported: recv from any source (chorus matches messages per peer),
-message tags (messages between two ranks match in issue order), BAND/BOR/BXOR.
+Not supported: message tags (messages between two ranks match in issue
+order), BAND/BOR/BXOR, monitored_barrier (torch implements it for gloo only).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/chrono.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -19,6 +21,46 @@ namespace chorus_torch {
 namespace {
 
 constexpr const char* kUniqueIdKey = "chorus/unique_id";
+
+// The profiler's name of each op, "chorus:" and the name gloo uses after
+// "gloo:" (torch's tests look events up by "<backend>:<op>"; as gloo's, the
+// coalesced ops are recorded as the op they coalesce).
+const char* profilingTitle(c10d::OpType t) {
+  switch (t) {
+    case c10d::OpType::BROADCAST: return "chorus:broadcast";
+    case c10d::OpType::ALLREDUCE: return "chorus:all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "chorus:all_reduce";
+    case c10d::OpType::REDUCE: return "chorus:reduce";
+    case c10d::OpType::ALLGATHER: return "chorus:all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "chorus:all_gather_into_tensor";
+    case c10d::OpType::ALLGATHER_COALESCED: return "chorus:all_gather";
+    case c10d::OpType::GATHER: return "chorus:gather";
+    case c10d::OpType::SCATTER: return "chorus:scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "chorus:reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "chorus:reduce_scatter_tensor";
+    case c10d::OpType::ALLTOALL_BASE: return "chorus:all_to_all";
+    case c10d::OpType::ALLTOALL: return "chorus:all_to_all";
+    case c10d::OpType::SEND: return "chorus:send";
+    case c10d::OpType::RECV: return "chorus:recv";
+    case c10d::OpType::RECVANYSOURCE: return "chorus:recvAnySource";
+    case c10d::OpType::BARRIER: return "chorus:barrier";
+    default: return nullptr;
+  }
+}
+
+// A short name for this group's instance of the ledger keys: a hash of the
+// unique id, which every rank of the group holds and no earlier group shares
+// (a re-created group in the same store must not read stale counts).
+std::string groupNonce(const chorusUniqueId& id) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (char ch : id.internal) {
+    h ^= static_cast<uint8_t>(ch);
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("chorus backend: " + what); }
 
@@ -72,6 +114,13 @@ void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, size
            c10::toString(t.scalar_type()) + " does not match the input's " + std::to_string(like.numel()) + " x " +
            c10::toString(like.scalar_type()));
   }
+}
+
+void checkPeer(int peer, int rank, int size, const char* op) {
+  if (peer < 0 || peer >= size)
+    fail(std::string(op) + ": peer rank " + std::to_string(peer) + " is out of range for a group of " +
+         std::to_string(size) + " ranks (0.." + std::to_string(size - 1) + ")");
+  if (peer == rank) fail(std::string(op) + ": peer rank " + std::to_string(peer) + " is this rank");
 }
 
 at::Tensor flatten(const std::vector<at::Tensor>& list) {
@@ -151,13 +200,36 @@ void CommHandle::abort() {
 
 // ---------------------------------------------------------------- ChorusWork
 
-ChorusWork::ChorusWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
-                       std::shared_ptr<CommHandle> comm, std::chrono::milliseconds defaultTimeout)
-    : c10d::Work(rank, type),
+ChorusWork::ChorusWork(int rank, c10d::OpType type, const std::vector<at::Tensor>& inputs,
+                       std::vector<at::Tensor> outputs, std::shared_ptr<CommHandle> comm,
+                       std::chrono::milliseconds defaultTimeout)
+    : c10d::Work(rank, type, profilingTitle(type), c10::optional<std::vector<at::Tensor>>(inputs)),
       outputs_(std::move(outputs)),
       comm_(std::move(comm)),
       defaultTimeout_(defaultTimeout),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+c10::intrusive_ptr<c10::ivalue::Future> ChorusWork::getFuture() {
+  std::lock_guard<std::mutex> l(futureMu_);
+  futureHandedOut_ = true;
+  return future_;
+}
+
+bool ChorusWork::completeIfNoFuture(std::exception_ptr error) {
+  {
+    // Held while completing, so that a getFuture() racing with it returns
+    // the completed future (whose later callbacks run on their caller).
+    std::lock_guard<std::mutex> l(futureMu_);
+    if (futureHandedOut_) return false;
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+  finish(error);
+  return true;
+}
 
 void ChorusWork::complete(std::exception_ptr error) {
   // The future first: DDP chains its bucket callbacks on it.
@@ -167,6 +239,14 @@ void ChorusWork::complete(std::exception_ptr error) {
     future_->markCompleted(c10::IValue(outputs_));
   }
   finish(error);
+}
+
+int ChorusWork::sourceRank() const {
+  if (opType_ != c10d::OpType::RECV && opType_ != c10d::OpType::RECVANYSOURCE)
+    fail("sourceRank() (Work._source_rank()) is defined for recv work only, not " + c10d::opTypeToString(opType_));
+  const int r = sourceRank_.load();
+  if (r < 0) fail("sourceRank() (Work._source_rank()): the recv has not completed; call wait() first");
+  return r;
 }
 
 bool ChorusWork::wait(std::chrono::milliseconds timeout) {
@@ -186,6 +266,132 @@ bool ChorusWork::wait(std::chrono::milliseconds timeout) {
     if (exception_) std::rethrow_exception(exception_);
   }
   return true;
+}
+
+// ---------------------------------------------------------------- SendLedger
+//
+// Why the Store.  chorus matches each receive to one named peer and has no
+// probe, so "receive the next message from whichever peer sends" needs a
+// channel that any rank can write and this rank can read without naming the
+// writer.  Inside chorus that would be a transport-level receive matched
+// against the first arrival from a set of peers (what gloo's transport
+// does); the backend alone has the c10d Store.  The alternatives considered:
+//  - posting a receive to every peer and cancelling the losers: chorus
+//    cannot cancel a posted receive, and a communicator runs one operation at
+//    a time, so the posts would run one after another, not race;
+//  - a header message before every payload (a probe built from messages):
+//    still needs a wait on several peers at once, the thing chorus lacks;
+//  - a synchronous Store write per send: correct, but it puts a Store round
+//    trip (tens of microseconds over TCP) on every send's latency.
+// So senders count, a background thread publishes the counts, and only a
+// receive from any source reads them.  Cost on the send path: a mutex-guarded
+// increment; Store traffic: at most one write per destination per
+// kPublishIntervalMs of sending.  The receive finds a peer within about one
+// publish interval plus a Store round trip of its send.
+
+SendLedger::SendLedger(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int size)
+    : store_(std::move(store)),
+      prefix_(std::move(prefix)),
+      rank_(rank),
+      size_(size),
+      received_(static_cast<size_t>(size)),
+      seen_(static_cast<size_t>(size)),
+      sent_(static_cast<size_t>(size)),
+      published_(static_cast<size_t>(size)) {}
+
+SendLedger::~SendLedger() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (publisher_.joinable()) publisher_.join();
+}
+
+std::string SendLedger::key(int dst, int src) const {
+  return prefix_ + std::to_string(dst) + "/" + std::to_string(src);
+}
+
+void SendLedger::sent(int dst) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++sent_[static_cast<size_t>(dst)];
+    dirty_ = true;
+  }
+  // Started by the first send, so that groups that never send have no thread.
+  if (!publisher_.joinable()) {
+    publisher_ = std::thread([this] { publishLoop(); });
+  } else {
+    cv_.notify_one();  // no system call unless the publisher sleeps
+  }
+}
+
+void SendLedger::publishLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    cv_.wait(l, [&] { return stop_ || dirty_; });
+    if (stop_) return;
+    dirty_ = false;
+    std::vector<uint64_t> now = sent_;
+    l.unlock();
+    for (size_t d = 0; d < now.size(); ++d) {
+      if (now[d] == published_[d]) continue;
+      const std::string k = key(static_cast<int>(d), rank_);
+      const std::string v = std::to_string(now[d]);
+      try {
+        store_->set(k, std::vector<uint8_t>(v.begin(), v.end()));
+      } catch (const std::exception& e) {
+        // The receivers' timeouts report it: no count advances any more.
+        l.lock();
+        error_ = "writing '" + k + "' to the store failed: " + e.what();
+        return;
+      }
+      published_[d] = now[d];
+    }
+    l.lock();
+    // A burst of sends costs one write per destination per interval.
+    cv_.wait_for(l, std::chrono::milliseconds(kPublishIntervalMs), [&] { return stop_; });
+  }
+}
+
+int SendLedger::pendingPeer(std::chrono::milliseconds timeout, const CommHandle& comm) {
+  if (size_ < 2) fail("recv from any source: the group has one rank, no peer can send to it");
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::microseconds pause(20);
+  for (;;) {
+    for (int i = 0; i < size_; ++i) {
+      const int p = (nextPeer_ + i) % size_;
+      if (p == rank_) continue;
+      const auto up = static_cast<size_t>(p);
+      if (seen_[up] <= received_[up]) {
+        const std::string k = key(rank_, p);
+        if (store_->check({k})) {
+          std::vector<uint8_t> v = store_->get(k);
+          seen_[up] = std::stoull(std::string(v.begin(), v.end()));
+        }
+      }
+      if (seen_[up] > received_[up]) {
+        nextPeer_ = (p + 1) % size_;  // the next any-source receive asks the others first
+        return p;
+      }
+    }
+    if (comm.aborted()) fail("recv from any source on rank " + std::to_string(rank_) + ": the group was aborted");
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (waited >= timeout) {
+      std::string counts;
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        counts += (counts.empty() ? "" : ", ") + std::string("rank ") + std::to_string(p) + ": " +
+                  std::to_string(received_[static_cast<size_t>(p)]) + " received / " +
+                  std::to_string(seen_[static_cast<size_t>(p)]) + " sent";
+      }
+      fail("recv from any source on rank " + std::to_string(rank_) + ": no peer has sent it a message within " +
+           std::to_string(timeout.count()) + " ms (timeout; " + counts + ")");
+    }
+    std::this_thread::sleep_for(
+        std::min<std::chrono::microseconds>(pause, std::chrono::duration_cast<std::chrono::microseconds>(timeout - waited)));
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::microseconds(2000));
+  }
 }
 
 // ---------------------------------------------------------------- ProcessGroupChorus
@@ -208,6 +414,8 @@ ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& st
   chorusComm_t comm = nullptr;
   check(chorusCommInitRank(&comm, size, id, rank), nullptr, "chorusCommInitRank");
   comm_ = std::make_shared<CommHandle>(comm);
+  ledger_ = std::make_unique<SendLedger>(store, "chorus/p2p/" + groupNonce(id) + "/", rank, size);
+  completer_ = std::make_unique<Completer>();
   init();
   worker_ = std::thread([this] { workerLoop(); });
 }
@@ -218,15 +426,58 @@ ProcessGroupChorus::~ProcessGroupChorus() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (!worker_.joinable()) return;
-  // The worker runs (or fails) what is still queued.  It may need the GIL to
-  // free a tensor that Python also references, and Python may be dropping
-  // the group right now while holding the GIL: release it for the join.
+  // The worker runs (or fails) what is still queued, then the completer
+  // completes what it was handed.  Either may need the GIL (to free a tensor
+  // that Python also references, or to run a Python callback), and Python
+  // may be dropping the group right now while holding the GIL: release it.
+  auto drain = [this] {
+    if (worker_.joinable()) worker_.join();
+    completer_.reset();
+  };
   if (PyGILState_Check() != 0) {
     pybind11::gil_scoped_release nogil;
-    worker_.join();
+    drain();
   } else {
-    worker_.join();
+    drain();
+  }
+}
+
+// ---------------------------------------------------------------- Completer
+
+Completer::~Completer() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+    threads.swap(threads_);
+  }
+  cv_.notify_all();
+  for (auto& t : threads) t.join();
+}
+
+void Completer::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.push_back(std::move(fn));
+    // Every queued completion needs a thread of its own that is free now.
+    if (idle_ < static_cast<int>(queue_.size())) threads_.emplace_back([this] { loop(); });
+  }
+  cv_.notify_one();
+}
+
+void Completer::loop() {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    ++idle_;
+    cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+    --idle_;
+    if (queue_.empty()) return;  // stopping and drained
+    std::function<void()> fn = std::move(queue_.front());
+    queue_.pop_front();
+    l.unlock();
+    fn();  // ChorusWork::complete: Future callbacks report their own errors
+    fn = nullptr;
+    l.lock();
   }
 }
 
@@ -236,7 +487,7 @@ void ProcessGroupChorus::abort() {
 
 void ProcessGroupChorus::workerLoop() {
   for (;;) {
-    std::pair<c10::intrusive_ptr<ChorusWork>, Task> item;
+    Item item;
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
@@ -244,26 +495,98 @@ void ProcessGroupChorus::workerLoop() {
       item = std::move(queue_.front());
       queue_.pop_front();
     }
-    std::exception_ptr error;
+    run(item);
+  }
+}
+
+void ProcessGroupChorus::run(Item& item) {
+  std::exception_ptr error;
+  if (!item.grouped) {
+    running_ = item.ops[0].first.get();
     try {
-      item.second();
+      item.ops[0].second();
     } catch (...) {
       error = std::current_exception();
     }
-    item.second = nullptr;  // drop the task's tensors before waking waiters
-    item.first->complete(error);
+  } else {
+    // Inside a group the calls only record; chorusGroupEnd runs them all.
+    // A call that fails to record still ends the group (this thread's group
+    // state must not stay open), and then the whole batch fails.
+    check(chorusGroupStart(), comm_->get(), "batch_isend_irecv (group start)");
+    for (auto& op : item.ops) {
+      running_ = op.first.get();
+      try {
+        op.second();
+      } catch (...) {
+        error = std::current_exception();
+        break;
+      }
+    }
+    const chorusResult_t r = chorusGroupEnd();
+    if (!error && r != chorusSuccess) {
+      try {
+        check(r, comm_->get(), "batch_isend_irecv");
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+  }
+  running_ = nullptr;
+  for (auto& op : item.ops) op.second = nullptr;  // drop the tasks' tensors before waking waiters
+  for (auto& op : item.ops) {
+    if (op.first->completeIfNoFuture(error)) continue;
+    completer_->post([work = op.first, error] { work->complete(error); });
   }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                           Task task) {
-  auto work = c10::make_intrusive<ChorusWork>(rank_, type, std::move(outputs), comm_, timeout_);
+                                                           Task task, std::chrono::milliseconds timeout,
+                                                           const std::vector<at::Tensor>* inputs) {
+  if (timeout != c10d::kUnsetTimeout && timeout.count() <= 0)
+    fail(c10d::opTypeToString(type) + ": timeout " + std::to_string(timeout.count()) +
+         " ms: a per-call timeout must be positive (or unset, for the group's " + std::to_string(timeout_.count()) +
+         " ms)");
+  const std::vector<at::Tensor> profiled = inputs != nullptr ? *inputs : outputs;  // before outputs moves
+  auto work = c10::make_intrusive<ChorusWork>(rank_, type, profiled, std::move(outputs), comm_,
+                                              timeout == c10d::kUnsetTimeout ? timeout_ : timeout);
   {
     std::lock_guard<std::mutex> l(mu_);
-    queue_.emplace_back(work, std::move(task));
+    if (coalescing_) {
+      // Only sends and receives record without running: a collective's task
+      // also unpacks its result after the call, which in a group would read
+      // it before it arrived.
+      if (type != c10d::OpType::SEND && type != c10d::OpType::RECV)
+        fail(c10d::opTypeToString(type) +
+             " while coalescing (batch_isend_irecv): only send and recv from a given source can be batched");
+      coalesced_.ops.emplace_back(work, std::move(task));
+      return work;
+    }
+    Item item;
+    item.ops.emplace_back(work, std::move(task));
+    queue_.push_back(std::move(item));
   }
   cv_.notify_one();
   return work;
+}
+
+void ProcessGroupChorus::startCoalescing() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (coalescing_) fail("_start_coalescing: already coalescing (call _end_coalescing first)");
+  coalescing_ = true;
+  coalesced_ = Item();
+  coalesced_.grouped = true;
+}
+
+void ProcessGroupChorus::endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& /*reqs*/) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!coalescing_) fail("_end_coalescing without _start_coalescing");
+    coalescing_ = false;
+    if (coalesced_.ops.empty()) return;
+    queue_.push_back(std::move(coalesced_));
+    coalesced_ = Item();
+  }
+  cv_.notify_one();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::broadcast(std::vector<at::Tensor>& tensors,
@@ -271,24 +594,114 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::broadcast(std::vector<at::Ten
   at::Tensor t = single(tensors, "broadcast");
   const int root = static_cast<int>(opts.rootRank);
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::BROADCAST, tensors, [t, root, c] {
-    check(chorusBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "broadcast"), root, c,
-                          nullptr),
-          c, "broadcast");
-  });
+  return enqueue(
+      c10d::OpType::BROADCAST, tensors,
+      [t, root, c] {
+        check(chorusBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "broadcast"), root, c,
+                              nullptr),
+              c, "broadcast");
+      },
+      opts.timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].is_sparse()) return sparseAllreduce(tensors[0], opts);
   at::Tensor t = single(tensors, "allreduce");
   c10d::ReduceOp op = opts.reduceOp;
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::ALLREDUCE, tensors, [t, op, c] {
-    RedOp rop(op, t.scalar_type(), c);
-    check(chorusAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "allreduce"), rop.get(),
-                          c, nullptr),
-          c, "allreduce");
-  });
+  return enqueue(
+      c10d::OpType::ALLREDUCE, tensors,
+      [t, op, c] {
+        RedOp rop(op, t.scalar_type(), c);
+        check(chorusAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "allreduce"),
+                              rop.get(), c, nullptr),
+              c, "allreduce");
+      },
+      opts.timeout);
+}
+
+// As gloo does it: every rank's coalesced indices and values are gathered
+// (padded to the largest nnz: on main at the time of writing, chorus's
+// always-on signature check rejects an allgather_v whose ranks send
+// different counts), and every rank sums them in rank order, so
+// every rank computes the same tensor.  The result replaces the input
+// (copy_, which takes the sum's number of non-zeros).
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::sparseAllreduce(const at::Tensor& t,
+                                                                   const c10d::AllreduceOptions& opts) {
+  if (!t.device().is_cpu())
+    fail("allreduce: sparse tensor on " + t.device().str() + "; the chorus backend works on CPU tensors");
+  if (t.layout() != at::kSparse)
+    fail("allreduce: sparse layout " + c10::str(t.layout()) + " is not supported (COO tensors only)");
+  if (opts.reduceOp.op_ != c10d::ReduceOp::SUM)
+    fail("allreduce of a sparse tensor: ReduceOp " + std::to_string(static_cast<int>(opts.reduceOp.op_)) +
+         " is not supported; only SUM is defined for sparse tensors (as in gloo)");
+  const chorusDataType_t vtype = toChorus(t.scalar_type(), "allreduce (sparse values)");
+  at::Tensor tensor = t;
+  chorusComm_t c = comm_->get();
+  const int n = size_;
+  return enqueue(
+      c10d::OpType::ALLREDUCE, {t},
+      [tensor, vtype, c, n]() mutable {
+        const auto un = static_cast<size_t>(n);
+        at::Tensor in = tensor.coalesce();
+        at::Tensor idx = in._indices().contiguous();  // [sparse_dim, nnz], int64
+        at::Tensor val = in._values().contiguous();   // [nnz, dense sizes...]
+        const int64_t dim = in.dim(), sparseDim = in.sparse_dim();
+        // 1. The ranks must agree on the shape.
+        int64_t meta[3] = {dim, sparseDim, in._nnz()};
+        std::vector<int64_t> metas(3 * un);
+        check(chorusAllGather(meta, metas.data(), 3, chorusInt64, c, nullptr), c, "allreduce (sparse: shapes)");
+        for (size_t r = 0; r < un; ++r)
+          if (metas[3 * r] != dim || metas[3 * r + 1] != sparseDim)
+            fail("allreduce (sparse): rank " + std::to_string(r) + " has a " + std::to_string(metas[3 * r]) +
+                 "-d tensor with " + std::to_string(metas[3 * r + 1]) + " sparse dims, this rank a " +
+                 std::to_string(dim) + "-d one with " + std::to_string(sparseDim));
+        std::vector<int64_t> size(in.sizes().begin(), in.sizes().end());
+        std::vector<int64_t> sizes(static_cast<size_t>(dim) * un);
+        check(chorusAllGather(size.data(), sizes.data(), static_cast<size_t>(dim), chorusInt64, c, nullptr), c,
+              "allreduce (sparse: sizes)");
+        for (size_t r = 0; r < un; ++r)
+          if (!std::equal(size.begin(), size.end(), sizes.begin() + static_cast<ptrdiff_t>(r * size.size())))
+            fail("allreduce (sparse): rank " + std::to_string(r) + "'s tensor has sizes " +
+                 c10::str(at::IntArrayRef(sizes.data() + r * size.size(), size.size())) + ", this rank's " +
+                 c10::str(in.sizes()));
+        // 2. Indices and values of every rank, in rank order, padded to the
+        // largest nnz so that one allgather of equal counts carries them.
+        int64_t maxNnz = 0;
+        for (size_t r = 0; r < un; ++r) maxNnz = std::max(maxNnz, metas[3 * r + 2]);
+        std::vector<int64_t> vshape(val.sizes().begin(), val.sizes().end());
+        std::vector<at::Tensor> is, vs;
+        if (maxNnz > 0) {
+          at::Tensor idxPad = at::zeros({sparseDim, maxNnz}, idx.options());
+          idxPad.narrow(1, 0, in._nnz()).copy_(idx);
+          vshape[0] = maxNnz;
+          at::Tensor valPad = at::zeros(vshape, val.options());
+          valPad.narrow(0, 0, in._nnz()).copy_(val);
+          at::Tensor allIdx = at::empty({n, sparseDim, maxNnz}, idx.options());
+          std::vector<int64_t> allShape{n};
+          allShape.insert(allShape.end(), vshape.begin(), vshape.end());
+          at::Tensor allVal = at::empty(allShape, val.options());
+          check(chorusAllGather(idxPad.data_ptr(), allIdx.data_ptr(), static_cast<size_t>(idxPad.numel()),
+                                chorusInt64, c, nullptr),
+                c, "allreduce (sparse: indices)");
+          check(chorusAllGather(valPad.data_ptr(), allVal.data_ptr(), static_cast<size_t>(valPad.numel()), vtype, c,
+                                nullptr),
+                c, "allreduce (sparse: values)");
+          for (size_t r = 0; r < un; ++r) {
+            const int64_t nnz = metas[3 * r + 2];
+            is.push_back(allIdx[static_cast<int64_t>(r)].narrow(1, 0, nnz));
+            vs.push_back(allVal[static_cast<int64_t>(r)].narrow(0, 0, nnz));
+          }
+        } else {
+          is.push_back(idx);
+          vs.push_back(val);
+        }
+        // 3. The sum, the same on every rank.
+        at::Tensor sum = at::sparse_coo_tensor(at::cat(is, 1), at::cat(vs, 0), in.sizes(), in.options()).coalesce();
+        tensor.copy_(sum);
+      },
+      opts.timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -302,15 +715,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_coalesced(std::vect
   }
   c10d::ReduceOp op = opts.reduceOp;
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [tensors, op, c]() mutable {
-    // One collective on a packed copy: far cheaper than one per small tensor.
-    at::Tensor flat = flatten(tensors);
-    RedOp rop(op, flat.scalar_type(), c);
-    check(chorusAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(),
-                          toChorus(flat.scalar_type(), "allreduce_coalesced"), rop.get(), c, nullptr),
-          c, "allreduce_coalesced");
-    unflatten(flat, tensors);
-  });
+  return enqueue(
+      c10d::OpType::ALLREDUCE_COALESCED, tensors,
+      [tensors, op, c]() mutable {
+        // One collective on a packed copy: far cheaper than one per small tensor.
+        at::Tensor flat = flatten(tensors);
+        RedOp rop(op, flat.scalar_type(), c);
+        check(chorusAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(),
+                              toChorus(flat.scalar_type(), "allreduce_coalesced"), rop.get(), c, nullptr),
+              c, "allreduce_coalesced");
+        unflatten(flat, tensors);
+      },
+      opts.timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor>& tensors,
@@ -319,34 +735,40 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor
   c10d::ReduceOp op = opts.reduceOp;
   const int root = static_cast<int>(opts.rootRank);
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::REDUCE, tensors, [t, op, root, c] {
-    RedOp rop(op, t.scalar_type(), c);
-    check(chorusReduce(t.data_ptr(), t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "reduce"), rop.get(), root,
-                       c, nullptr),
-          c, "reduce");
-  });
+  return enqueue(
+      c10d::OpType::REDUCE, tensors,
+      [t, op, root, c] {
+        RedOp rop(op, t.scalar_type(), c);
+        check(chorusReduce(t.data_ptr(), t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "reduce"), rop.get(),
+                           root, c, nullptr),
+              c, "reduce");
+      },
+      opts.timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                              std::vector<at::Tensor>& inputs,
-                                                             const c10d::AllgatherOptions&) {
+                                                             const c10d::AllgatherOptions& opts) {
   at::Tensor in = single(inputs, "allgather");
   if (outputs.size() != 1) fail("allgather: expected one output list, got " + std::to_string(outputs.size()));
   checkList(outputs[0], in, static_cast<size_t>(size_), "allgather");
   std::vector<at::Tensor> outs = outputs[0];
   chorusComm_t c = comm_->get();
   const int n = size_;
-  return enqueue(c10d::OpType::ALLGATHER, outs, [in, outs, n, c]() mutable {
-    at::Tensor flat = at::empty({in.numel() * n}, in.options());
-    check(chorusAllGather(in.data_ptr(), flat.data_ptr(), in.numel(), toChorus(in.scalar_type(), "allgather"), c,
-                          nullptr),
-          c, "allgather");
-    unflatten(flat, outs);
-  });
+  return enqueue(
+      c10d::OpType::ALLGATHER, outs,
+      [in, outs, n, c]() mutable {
+        at::Tensor flat = at::empty({in.numel() * n}, in.options());
+        check(chorusAllGather(in.data_ptr(), flat.data_ptr(), in.numel(), toChorus(in.scalar_type(), "allgather"),
+                              c, nullptr),
+              c, "allgather");
+        unflatten(flat, outs);
+      },
+      opts.timeout, &inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                                   const c10d::AllgatherOptions&) {
+                                                                   const c10d::AllgatherOptions& opts) {
   checkTensor(input, "_allgather_base");
   checkTensor(output, "_allgather_base");
   if (output.scalar_type() != input.scalar_type()) fail("_allgather_base: output and input have different dtypes");
@@ -356,16 +778,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_allgather_base(at::Tensor& o
     fail(e);
   at::Tensor in = input, out = output;
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, {output}, [in, out, c] {
-    check(chorusAllGather(in.data_ptr(), out.data_ptr(), in.numel(), toChorus(in.scalar_type(), "_allgather_base"),
-                          c, nullptr),
-          c, "_allgather_base");
-  });
+  const std::vector<at::Tensor> profiled{input};
+  return enqueue(
+      c10d::OpType::_ALLGATHER_BASE, {output},
+      [in, out, c] {
+        check(chorusAllGather(in.data_ptr(), out.data_ptr(), in.numel(),
+                              toChorus(in.scalar_type(), "_allgather_base"), c, nullptr),
+              c, "_allgather_base");
+      },
+      opts.timeout, &profiled);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions&) {
+    const c10d::AllgatherOptions& opts) {
   if (outputLists.size() != static_cast<size_t>(size_))
     fail("allgather_coalesced: expected " + std::to_string(size_) + " output lists, got " +
          std::to_string(outputLists.size()));
@@ -386,15 +812,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allgather_coalesced(
   for (const auto& list : outputLists) all.insert(all.end(), list.begin(), list.end());
   chorusComm_t c = comm_->get();
   const int n = size_;
-  return enqueue(c10d::OpType::ALLGATHER_COALESCED, all, [inputs, all, n, c]() mutable {
-    // Rank r's packed inputs land at r * packed, in the order of `all`.
-    at::Tensor packed = flatten(inputs);
-    at::Tensor flat = at::empty({packed.numel() * n}, packed.options());
-    check(chorusAllGather(packed.data_ptr(), flat.data_ptr(), packed.numel(),
-                          toChorus(packed.scalar_type(), "allgather_coalesced"), c, nullptr),
-          c, "allgather_coalesced");
-    unflatten(flat, all);
-  });
+  return enqueue(
+      c10d::OpType::ALLGATHER_COALESCED, all,
+      [inputs, all, n, c]() mutable {
+        // Rank r's packed inputs land at r * packed, in the order of `all`.
+        at::Tensor packed = flatten(inputs);
+        at::Tensor flat = at::empty({packed.numel() * n}, packed.options());
+        check(chorusAllGather(packed.data_ptr(), flat.data_ptr(), packed.numel(),
+                              toChorus(packed.scalar_type(), "allgather_coalesced"), c, nullptr),
+              c, "allgather_coalesced");
+        unflatten(flat, all);
+      },
+      opts.timeout, &inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -413,13 +842,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::gather(std::vector<std::vecto
   chorusComm_t c = comm_->get();
   const int n = size_;
   const bool isRoot = rank_ == root;
-  return enqueue(c10d::OpType::GATHER, outs, [in, outs, n, c, root, isRoot]() mutable {
-    at::Tensor flat = isRoot ? at::empty({in.numel() * n}, in.options()) : at::Tensor();
-    check(chorusGather(in.data_ptr(), isRoot ? flat.data_ptr() : nullptr, in.numel(),
-                       toChorus(in.scalar_type(), "gather"), root, c, nullptr),
-          c, "gather");
-    if (isRoot) unflatten(flat, outs);
-  });
+  return enqueue(
+      c10d::OpType::GATHER, outs,
+      [in, outs, n, c, root, isRoot]() mutable {
+        at::Tensor flat = isRoot ? at::empty({in.numel() * n}, in.options()) : at::Tensor();
+        check(chorusGather(in.data_ptr(), isRoot ? flat.data_ptr() : nullptr, in.numel(),
+                           toChorus(in.scalar_type(), "gather"), root, c, nullptr),
+              c, "gather");
+        if (isRoot) unflatten(flat, outs);
+      },
+      opts.timeout, &inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::scatter(std::vector<at::Tensor>& outputs,
@@ -437,12 +869,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::scatter(std::vector<at::Tenso
   }
   chorusComm_t c = comm_->get();
   const bool isRoot = rank_ == root;
-  return enqueue(c10d::OpType::SCATTER, outputs, [out, ins, c, root, isRoot] {
-    at::Tensor flat = isRoot ? flatten(ins) : at::Tensor();
-    check(chorusScatter(isRoot ? flat.data_ptr() : nullptr, out.data_ptr(), out.numel(),
-                        toChorus(out.scalar_type(), "scatter"), root, c, nullptr),
-          c, "scatter");
-  });
+  return enqueue(
+      c10d::OpType::SCATTER, outputs,
+      [out, ins, c, root, isRoot] {
+        at::Tensor flat = isRoot ? flatten(ins) : at::Tensor();
+        check(chorusScatter(isRoot ? flat.data_ptr() : nullptr, out.data_ptr(), out.numel(),
+                            toChorus(out.scalar_type(), "scatter"), root, c, nullptr),
+              c, "scatter");
+      },
+      opts.timeout, &ins);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -454,13 +889,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(std::vector<at
   std::vector<at::Tensor> ins = inputs[0];
   c10d::ReduceOp op = opts.reduceOp;
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::REDUCE_SCATTER, outputs, [out, ins, op, c] {
-    at::Tensor flat = flatten(ins);
-    RedOp rop(op, out.scalar_type(), c);
-    check(chorusReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(),
-                              toChorus(out.scalar_type(), "reduce_scatter"), rop.get(), c, nullptr),
-          c, "reduce_scatter");
-  });
+  return enqueue(
+      c10d::OpType::REDUCE_SCATTER, outputs,
+      [out, ins, op, c] {
+        at::Tensor flat = flatten(ins);
+        RedOp rop(op, out.scalar_type(), c);
+        check(chorusReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(),
+                                  toChorus(out.scalar_type(), "reduce_scatter"), rop.get(), c, nullptr),
+              c, "reduce_scatter");
+      },
+      opts.timeout, &ins);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -475,18 +913,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(at::Tens
   at::Tensor in = input, out = output;
   c10d::ReduceOp op = opts.reduceOp;
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [in, out, op, c] {
-    RedOp rop(op, out.scalar_type(), c);
-    check(chorusReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(),
-                              toChorus(out.scalar_type(), "_reduce_scatter_base"), rop.get(), c, nullptr),
-          c, "_reduce_scatter_base");
-  });
+  const std::vector<at::Tensor> profiled{input};
+  return enqueue(
+      c10d::OpType::_REDUCE_SCATTER_BASE, {output},
+      [in, out, op, c] {
+        RedOp rop(op, out.scalar_type(), c);
+        check(chorusReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(),
+                                  toChorus(out.scalar_type(), "_reduce_scatter_base"), rop.get(), c, nullptr),
+              c, "_reduce_scatter_base");
+      },
+      opts.timeout, &profiled);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                  std::vector<int64_t>& outputSplitSizes,
                                                                  std::vector<int64_t>& inputSplitSizes,
-                                                                 const c10d::AllToAllOptions&) {
+                                                                 const c10d::AllToAllOptions& opts) {
   checkTensor(input, "alltoall_base");
   checkTensor(output, "alltoall_base");
   if (input.scalar_type() != output.scalar_type()) fail("alltoall_base: input and output dtypes differ");
@@ -498,11 +940,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& out
       fail("alltoall_base: without split sizes input and output must have the same numel, a multiple of "
            "world_size " + std::to_string(size_) + " (input " + std::to_string(in.numel()) + ", output " +
            std::to_string(out.numel()) + ")");
-    return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [in, out, n, c] {
-      check(chorusAllToAll(in.data_ptr(), out.data_ptr(), in.numel() / n, toChorus(in.scalar_type(), "alltoall_base"),
-                           c, nullptr),
-            c, "alltoall_base");
-    });
+    const std::vector<at::Tensor> profiled{input};
+    return enqueue(
+        c10d::OpType::ALLTOALL_BASE, {output},
+        [in, out, n, c] {
+          check(chorusAllToAll(in.data_ptr(), out.data_ptr(), in.numel() / n,
+                               toChorus(in.scalar_type(), "alltoall_base"), c, nullptr),
+                c, "alltoall_base");
+        },
+        opts.timeout, &profiled);
   }
   // Split sizes count rows (dim 0); chorus counts elements.
   auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
@@ -531,16 +977,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall_base(at::Tensor& out
   };
   std::vector<size_t> sc = counts(in, inputSplitSizes, "input"), rc = counts(out, outputSplitSizes, "output");
   std::vector<size_t> sd = displs(sc), rd = displs(rc);
-  return enqueue(c10d::OpType::ALLTOALL_BASE, {output}, [in, out, sc, sd, rc, rd, c] {
-    check(chorusAllToAllV(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(),
-                          toChorus(in.scalar_type(), "alltoall_base"), c, nullptr),
-          c, "alltoall_base");
-  });
+  const std::vector<at::Tensor> profiled{input};
+  return enqueue(
+      c10d::OpType::ALLTOALL_BASE, {output},
+      [in, out, sc, sd, rc, rd, c] {
+        check(chorusAllToAllV(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(),
+                              toChorus(in.scalar_type(), "alltoall_base"), c, nullptr),
+              c, "alltoall_base");
+      },
+      opts.timeout, &profiled);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall(std::vector<at::Tensor>& outputs,
                                                             std::vector<at::Tensor>& inputs,
-                                                            const c10d::AllToAllOptions&) {
+                                                            const c10d::AllToAllOptions& opts) {
   const auto n = static_cast<size_t>(size_);
   if (inputs.size() != n || outputs.size() != n)
     fail("alltoall: expected " + std::to_string(n) + " input and output tensors, got " +
@@ -561,39 +1011,67 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::alltoall(std::vector<at::Tens
   }
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::ALLTOALL, outputs, [ins, outs, sc, sd, rc, rd, ro, c]() mutable {
-    at::Tensor flatIn = flatten(ins);
-    at::Tensor flatOut = at::empty({static_cast<int64_t>(ro)}, flatIn.options());
-    check(chorusAllToAllV(flatIn.data_ptr(), sc.data(), sd.data(), flatOut.data_ptr(), rc.data(), rd.data(),
-                          toChorus(flatIn.scalar_type(), "alltoall"), c, nullptr),
-          c, "alltoall");
-    unflatten(flatOut, outs);
-  });
+  return enqueue(
+      c10d::OpType::ALLTOALL, outputs,
+      [ins, outs, sc, sd, rc, rd, ro, c]() mutable {
+        at::Tensor flatIn = flatten(ins);
+        at::Tensor flatOut = at::empty({static_cast<int64_t>(ro)}, flatIn.options());
+        check(chorusAllToAllV(flatIn.data_ptr(), sc.data(), sd.data(), flatOut.data_ptr(), rc.data(), rd.data(),
+                              toChorus(flatIn.scalar_type(), "alltoall"), c, nullptr),
+              c, "alltoall");
+        unflatten(flatOut, outs);
+      },
+      opts.timeout, &ins);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::send(std::vector<at::Tensor>& tensors, int dstRank, int /*tag*/) {
   // chorus matches point-to-point messages by order per peer pair; tags are
   // not carried, so two sends to one peer arrive in the order issued.
   at::Tensor t = single(tensors, "send");
+  checkPeer(dstRank, rank_, size_, "send");
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::SEND, tensors, [t, dstRank, c] {
+  return enqueue(c10d::OpType::SEND, tensors, [this, t, dstRank, c] {
+    // Counted before the send: a large send may wait for its receiver, which
+    // may be a receive from any source that waits for this count.
+    ledger_->sent(dstRank);
     check(chorusSend(t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "send"), dstRank, c, nullptr), c, "send");
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>& tensors, int srcRank, int /*tag*/) {
   at::Tensor t = single(tensors, "recv");
+  checkPeer(srcRank, rank_, size_, "recv");
   chorusComm_t c = comm_->get();
-  return enqueue(c10d::OpType::RECV, tensors, [t, srcRank, c] {
+  return enqueue(c10d::OpType::RECV, tensors, [this, t, srcRank, c] {
     check(chorusRecv(t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "recv"), srcRank, c, nullptr), c, "recv");
+    ledger_->received(srcRank);
+    running_->setSourceRank(srcRank);
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions&) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>& tensors, int /*tag*/) {
+  at::Tensor t = single(tensors, "recv (any source)");
+  chorusComm_t c = comm_->get();
+  return enqueue(c10d::OpType::RECVANYSOURCE, tensors, [this, t, c] {
+    // The Store names a peer whose message is pending (SendLedger); the
+    // receive from it then matches that message, chorus keeping each pair's
+    // messages in order.
+    const int src = ledger_->pendingPeer(running_->timeout(), *comm_);
+    check(chorusRecv(t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "recv"), src, c, nullptr), c,
+          "recv (any source)");
+    ledger_->received(src);
+    running_->setSourceRank(src);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::barrier(const c10d::BarrierOptions& opts) {
   chorusComm_t c = comm_->get();
   // The FIFO worker runs this after every earlier operation of the group,
-  // so the barrier also orders them, as gloo's does.
-  return enqueue(c10d::OpType::BARRIER, {}, [c] { check(chorusBarrier(c, nullptr), c, "barrier"); });
+  // so the barrier also orders them, as gloo's does.  opts.timeout (set from
+  // Python through BarrierOptions) bounds this call's wait instead of the
+  // group's timeout.
+  return enqueue(
+      c10d::OpType::BARRIER, {}, [c] { check(chorusBarrier(c, nullptr), c, "barrier"); }, opts.timeout);
 }
 
 }  // namespace chorus_torch
