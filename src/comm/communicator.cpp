@@ -718,11 +718,6 @@ Status Communicator::execute(std::span<OpDesc> ops) {
                                  : fmt::format("rank {}: in {}: ", rank_, describeEntry(stuck)));
   }
   for (uint64_t s = first_seq; s < op_seq_; ++s) flight_.finish(s, st.isOk());
-  // A peer that broke off in this call (its connection closed mid-message)
-  // may have said why.
-  if (st.code() == chorusRemoteError && op_seq_ > first_seq)
-    if (std::string why = peerVerdict(first_seq); !why.empty())
-      st = makeError(chorusMismatch, "{} (another rank found why: {})", st.message(), why);
   // A mismatch found here is the verdict for ranks that only time out in
   // the same call (explainTimeout reads it): this rank may be gone by then.
   if (st.code() == chorusMismatch && op_seq_ > first_seq)
