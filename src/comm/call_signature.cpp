@@ -60,28 +60,36 @@ Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq) {
   return s;
 }
 
-transport::CallSignature callSignature(const Signature& s) {
-  transport::CallSignature c;
-  c.hash = s.hash;
-  c.count = s.count;
-  c.root = s.root;
-  c.coll = static_cast<uint8_t>(s.coll);
-  c.dtype = static_cast<uint8_t>(s.dtype);
-  c.op = static_cast<uint8_t>(s.op);
-  c.nops = static_cast<uint8_t>(std::min<uint32_t>(s.nops, 255));
-  return c;
+// Board word: kind 5 bits | dtype 5 | op 5 | root 12 (saturating) | count 13
+// (saturating: a board call's count is at most 4096) | board call 8 | hash 16.
+namespace {
+constexpr int kBRoot = 15, kBCount = 27, kBCall = 40, kBHash = 48;
+uint64_t sat(uint64_t v, int bits) { return std::min<uint64_t>(v, (uint64_t{1} << bits) - 1); }
+}  // namespace
+
+transport::CallSignature callSignature(const Signature& s, uint64_t k) {
+  const uint64_t rest =
+      mix64(s.hash ^ mix64(s.count) ^ (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 17) ^ s.nops);
+  uint64_t w = (static_cast<uint64_t>(s.coll) & 31) | ((static_cast<uint64_t>(s.dtype) & 31) << 5) |
+               ((static_cast<uint64_t>(s.op) & 31) << 10);
+  w |= sat(static_cast<uint64_t>(static_cast<uint32_t>(s.root)), 12) << kBRoot;
+  w |= sat(s.count, 13) << kBCount;
+  w |= (k & 0xff) << kBCall;
+  w |= (rest >> 48) << kBHash;
+  return transport::CallSignature{w};
 }
 
 Signature fromCallSignature(const transport::CallSignature& c, uint64_t seq) {
+  const uint64_t w = c.word;
   Signature s;
   s.seq = seq;
-  s.hash = c.hash;
-  s.count = c.count;
-  s.root = c.root;
-  s.coll = c.coll;
-  s.dtype = c.dtype;
-  s.op = c.op;
-  s.nops = c.nops;
+  s.coll = static_cast<uint32_t>(w & 31);
+  s.dtype = static_cast<int32_t>((w >> 5) & 31);
+  s.op = static_cast<int32_t>((w >> 10) & 31);
+  s.root = static_cast<int32_t>((w >> kBRoot) & 4095);
+  s.count = (w >> kBCount) & 8191;
+  s.hash = w >> kBHash;
+  s.nops = 1;
   return s;
 }
 

@@ -35,7 +35,10 @@ struct Signature {
 };
 
 Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq);
-transport::CallSignature callSignature(const Signature& s);
+// The board word of batch s as board call k, and a Signature read back from
+// one (count and root exact up to 8191 and 4095, saturated beyond; the hash
+// keeps 16 bits of the rest), with sequence number seq.
+transport::CallSignature callSignature(const Signature& s, uint64_t k);
 Signature fromCallSignature(const transport::CallSignature& c, uint64_t seq);
 
 // "allreduce #5 count=100 dtype=float32 op=0", and the fields in which a

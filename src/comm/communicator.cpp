@@ -838,14 +838,14 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   CHORUS_RETURN_IF_ERROR(publishCall(inp, bytes, publishes_data));
   const uint64_t k = board_calls_;
   const std::byte* mine = board_->slot(k);
-  const transport::CallSignature my_sig = comm::callSignature(batch_sig_);
+  const transport::CallSignature my_sig = comm::callSignature(batch_sig_, k);
   auto input = [&](int q) -> Result<const std::byte*> {
     if (q == rank_) return mine;
     CHORUS_ASSIGN_OR_RETURN(const std::byte* x, board_->await(q, k, cfg_.timeout));
     transport::CallSignature theirs;
     if (!board_->signature(q, k, &theirs))  // cannot happen: the peer cannot reuse the slot before our k + 1
       return internalError("rank {}: board slot of rank {} does not hold call {} after the await", rank_, q, k);
-    if (!(theirs == my_sig)) return boardMismatch(q, theirs, batch_sig_);
+    if (!(theirs == my_sig)) return boardMismatch(q, theirs, my_sig, batch_sig_);
     return x;
   };
   if (op.coll == Collective::Broadcast) {
@@ -900,7 +900,7 @@ Status Communicator::publishCall(const std::byte* inp, size_t bytes, bool data) 
     board_seen_all_ = k - lag;
   }
   if (data) boardCopy(board_->slot(k), inp, bytes);
-  board_->publish(k, comm::callSignature(batch_sig_));
+  board_->publish(k, comm::callSignature(batch_sig_, k));
   board_calls_ = k;
   // A call that reads no peer's slot (a broadcast's root, a call whose data
   // goes elsewhere) checks the peers' signatures of it later: at the start
@@ -929,8 +929,9 @@ Status Communicator::verifyEarlierCalls() {
         // A slot reused meanwhile (a later call, or a torn read while it is
         // rewritten) can no longer be checked.
         transport::CallSignature theirs;
-        if (c == u.call && board_->signature(q, u.call, &theirs) && !(theirs == comm::callSignature(u.sig)))
-          return boardMismatch(q, theirs, u.sig);
+        if (const transport::CallSignature mine = comm::callSignature(u.sig, u.call);
+            c == u.call && board_->signature(q, u.call, &theirs) && !(theirs == mine))
+          return boardMismatch(q, theirs, mine, u.sig);
       }
     }
     if (pending || i != 0) {
@@ -963,12 +964,19 @@ void Communicator::deferVerification(uint64_t k) {
 
 // A peer published another call's signature on the board: chorusMismatch
 // naming both ranks' calls and the fields that differ.
-Status Communicator::boardMismatch(int peer, const transport::CallSignature& theirs, const Signature& mine) const {
+Status Communicator::boardMismatch(int peer, const transport::CallSignature& theirs,
+                                   const transport::CallSignature& mine_word, const Signature& mine_full) const {
+  // The fields compared as both words hold them, so only real differences
+  // show; this rank's call described in full.
+  const Signature mine = comm::fromCallSignature(mine_word, mine_full.seq);
   const Signature other = comm::fromCallSignature(theirs, mine.seq);
+  const bool saturated = other.count == 8191 || other.root == 4095;
   return makeError(chorusMismatch,
-                   "rank {}: collective mismatch: rank {} called {}; rank {} called {} (differs in {}) (are all ranks "
-                   "calling the same collectives in the same order with the same count, dtype, op and root?)",
-                   rank_, rank_, describe(mine), peer, describe(other), differing(other, mine));
+                   "rank {}: collective mismatch: rank {} called {}; rank {} called {}{} (differs in {}) (are all "
+                   "ranks calling the same collectives in the same order with the same count, dtype, op and root?)",
+                   rank_, rank_, describe(mine_full), peer, describe(other),
+                   saturated ? " (a board word holds counts up to 8191 and roots up to 4095)" : "",
+                   differing(other, mine));
 }
 
 // The batch's operations in the trace: one record each, with the batch's

@@ -165,7 +165,8 @@ class Communicator {
   // Publishes this call on the board (every collective call of a one-host
   // communicator does), with `bytes` of `inp` when `data`.
   Status publishCall(const std::byte* inp, size_t bytes, bool data);
-  Status boardMismatch(int peer, const transport::CallSignature& theirs, const comm::Signature& mine) const;
+  Status boardMismatch(int peer, const transport::CallSignature& theirs, const transport::CallSignature& mine,
+                       const comm::Signature& mine_full) const;
   // Calls of this rank whose peers' board signatures it has not compared yet
   // (it read no slot of theirs): checked at the start of later calls.
   struct Unverified {

@@ -30,18 +30,16 @@
 
 namespace chorus::transport {
 
-// What a collective call is, as every rank of it must agree (the batch's
-// first collective, and a hash over all of them).  The board carries it
-// whole; messages carry wireSignature()'s 64-bit digest of it.
+// What a collective call is, as every rank of it must agree, in the one
+// 64-bit word a board slot carries next to its call number
+// (comm/call_signature.cpp packs it: the kind, dtype and op exactly, count
+// and root exactly up to what a board call can have, the low bits of the
+// board call number, and a hash of the rest).  One word, so publishing a call
+// is three stores to the line its readers poll: data, signature, call number.
 struct CallSignature {
-  uint64_t hash = 0;   // over every collective of the batch (kind, count, dtype, op, root, v-counts)
-  uint64_t count = 0;  // the first collective's
-  int32_t root = 0;
-  uint8_t coll = 0, dtype = 0, op = 0;
-  uint8_t nops = 0;  // collectives in the batch (saturating at 255)
+  uint64_t word = 0;
   bool operator==(const CallSignature&) const = default;
 };
-static_assert(sizeof(CallSignature) == 24);
 
 // The text for a message of call `got` matched with a receive of call `want`
 // ("rank 1 sent ... while this rank is in ..."'s middle part).  The
@@ -154,9 +152,9 @@ class Board {
   // wait began (chorusTimeout, naming the peer).
   virtual Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) = 0;
   // The signature the peer published with call k, into *out: true when the
-  // peer's slot holds call k (read consistently even while the peer reuses
-  // the slot: then false).  Certain to succeed once await(peer, k) has
-  // returned and until this rank publishes k + 1.
+  // peer's slot holds call k (a slot the peer has begun to reuse gives false:
+  // the word carries the call number's low bits).  Certain to succeed once
+  // await(peer, k) has returned and until this rank publishes k + 1.
   virtual bool signature(int peer, uint64_t k, CallSignature* out) const = 0;
   // The call whose data the peer's slot of call k holds now (k, an earlier
   // call, or a later one that reused the slot; 0: none yet), without waiting.

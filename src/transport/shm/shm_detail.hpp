@@ -115,11 +115,7 @@ struct SlotControl {
 // polling `call` has the data in the same cache-line transfer.
 struct alignas(kCacheLine) BoardSlot {
   std::atomic<uint64_t> call;  // the call whose data `data` holds (0: none yet)
-  // `sig` under a sequence lock: 2k + 1 while call k's is being written,
-  // 2k + 2 once written (a reader that checks an earlier call late may race
-  // the owner's reuse of the slot).
-  std::atomic<uint64_t> sig_seq;
-  std::atomic<uint64_t> sig[3];  // that call's CallSignature, word by word, written before `call`
+  std::atomic<uint64_t> sig;  // that call's CallSignature word, written before `call`
   std::byte data[kBoardSlotBytes];
 };
 inline constexpr size_t kBoardRegion = (kBoardSlots * sizeof(BoardSlot) + kPage - 1) / kPage * kPage;

@@ -993,12 +993,7 @@ void ShmTransport::wait(std::chrono::microseconds timeout) {
 
 void ShmTransport::publish(uint64_t k, const CallSignature& sig) {
   BoardSlot& slot = own_board_[k % kBoardSlots];
-  slot.sig_seq.store(2 * k + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);  // the odd mark before the words
-  uint64_t words[3];
-  std::memcpy(words, &sig, sizeof words);
-  for (int i = 0; i < 3; ++i) slot.sig[i].store(words[i], std::memory_order_relaxed);
-  slot.sig_seq.store(2 * k + 2, std::memory_order_release);
+  slot.sig.store(sig.word, std::memory_order_relaxed);
   slot.call.store(k, std::memory_order_release);
   board_unsettled_ = true;
   ++stats_.board_calls;
@@ -1027,13 +1022,10 @@ bool ShmTransport::signature(int peer, uint64_t k, CallSignature* out) const {
   const Peer* p = findPeer(peer);
   if (p == nullptr) return false;
   const BoardSlot& s = p->board[k % kBoardSlots];
-  const uint64_t before = s.sig_seq.load(std::memory_order_acquire);
-  if (before != 2 * k + 2) return false;
-  uint64_t words[3];
-  for (int i = 0; i < 3; ++i) words[i] = s.sig[i].load(std::memory_order_relaxed);
-  std::memcpy(static_cast<void*>(out), words, sizeof words);
-  std::atomic_thread_fence(std::memory_order_acquire);  // the words before the second look
-  return s.sig_seq.load(std::memory_order_relaxed) == before;
+  if (s.call.load(std::memory_order_acquire) != k) return false;
+  // A reuse writes the word before the call number: its call bits tell.
+  out->word = s.sig.load(std::memory_order_acquire);
+  return ((out->word >> 40) & 0xff) == (k & 0xff);
 }
 
 Result<const std::byte*> ShmTransport::await(int peer, uint64_t k, std::chrono::milliseconds timeout) {
