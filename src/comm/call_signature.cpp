@@ -68,15 +68,19 @@ uint64_t sat(uint64_t v, int bits) { return std::min<uint64_t>(v, (uint64_t{1} <
 }  // namespace
 
 transport::CallSignature callSignature(const Signature& s, uint64_t k) {
+  return transport::CallSignature{boardAt(boardBase(s), k)};
+}
+
+uint64_t boardBase(const Signature& s) {
   const uint64_t rest =
       mix64(s.hash ^ mix64(s.count) ^ (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 17) ^ s.nops);
   uint64_t w = (static_cast<uint64_t>(s.coll) & 31) | ((static_cast<uint64_t>(s.dtype) & 31) << 5) |
                ((static_cast<uint64_t>(s.op) & 31) << 10);
   w |= sat(static_cast<uint64_t>(static_cast<uint32_t>(s.root)), 12) << kBRoot;
   w |= sat(s.count, 13) << kBCount;
-  w |= (k & 0xff) << kBCall;
   w |= (rest >> 48) << kBHash;
-  return transport::CallSignature{w};
+  static_assert(kBCall == 40);
+  return w;
 }
 
 Signature fromCallSignature(const transport::CallSignature& c, uint64_t seq) {
@@ -166,20 +170,20 @@ std::string wireText(uint64_t want, uint64_t got) {
 }
 }  // namespace
 
-uint64_t wireSignature(const Signature& s) {
-  const uint64_t rest = mix64(s.hash ^ mix64(s.count) ^ (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 17) ^
-                              mix64(s.seq + 0x9e3779b97f4a7c15ull) ^ s.nops);
+uint64_t wireBase(const Signature& s) {
+  const uint64_t rest =
+      mix64(s.hash ^ mix64(s.count) ^ (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 17) ^ s.nops);
   uint64_t w = static_cast<uint64_t>(s.coll) & ((1u << kCollBits) - 1);
   w |= (static_cast<uint64_t>(s.dtype) & ((1u << kDtypeBits) - 1)) << kDtypeShift;
   w |= (static_cast<uint64_t>(s.op) & ((1u << kOpBits) - 1)) << kOpShift;
-  w |= (s.seq & ((uint64_t{1} << kSeqBits) - 1)) << kSeqShift;
   w |= (rest & 0x7fffffffull) << kHashShift;  // bit 63 stays clear: it marks point-to-point messages
-  static_assert(kHashShift + 32 == 64);
+  static_assert(kHashShift + 32 == 64 && kSeqShift == 16 && kSeqBits == 16);
   static_assert(transport::kWireSeqMask == ((uint64_t{1} << kSeqBits) - 1) << kSeqShift);
   static_assert(kPointToPointWire & transport::kWirePointToPoint);
-  if (w == 0 || w == kPointToPointWire) w ^= uint64_t{1} << kHashShift;  // keep the reserved words free
   return w;
 }
+
+uint64_t wireSignature(const Signature& s) { return wireAt(wireBase(s), s.seq); }
 
 void installWireMismatchText() { transport::setWireMismatchText(&wireText); }
 

@@ -51,6 +51,17 @@ std::string differing(const Signature& a, const Signature& b);
 // group, the full sequence number).  Point-to-point messages carry
 // kPointToPointWire.  Never 0 (the transports' default for unsigned messages).
 uint64_t wireSignature(const Signature& s);
+// The same in two steps, so a loop of equal calls hashes once: the word
+// without its sequence bits, then those.
+uint64_t wireBase(const Signature& s);
+inline uint64_t wireAt(uint64_t base, uint64_t seq) {
+  uint64_t w = base | ((seq & 0xffff) << 16);
+  if (w == 0) w = uint64_t{1} << 32;  // 0 is the transports' unsigned default
+  return w;
+}
+// The board word without and with its board-call bits.
+uint64_t boardBase(const Signature& s);
+inline uint64_t boardAt(uint64_t base, uint64_t k) { return base | ((k & 0xff) << 40); }
 inline constexpr uint64_t kPointToPointWire = (uint64_t{1} << 63) | static_cast<uint64_t>(plan::Collective::SendRecv);
 
 // Installs the describer of message mismatches into the transports (once).

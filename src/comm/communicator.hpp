@@ -172,6 +172,7 @@ class Communicator {
   struct Unverified {
     uint64_t call = 0;
     comm::Signature sig;
+    uint64_t board_word = 0;
     std::vector<uint64_t> peers;  // bit q: peer q still to check
   };
   std::vector<Unverified> board_unverified_;  // a ring of kBoardSlots, allocated at the first use
@@ -212,6 +213,15 @@ class Communicator {
   // The running batch's signature and its message word (call_signature.hpp).
   comm::Signature batch_sig_;
   uint64_t batch_wire_ = 0;
+  uint64_t wire_base_ = 0, board_base_ = 0;  // batch_sig_'s words without their call bits
+  struct {
+    bool valid = false;
+    plan::Collective coll{};
+    size_t count = 0;
+    chorusDataType_t dtype{};
+    chorusRedOp_t op{};
+    int root = 0;
+  } last_shape_;  // the single collective batch_sig_ was hashed for
   std::unique_ptr<exec::Executor> executor_;
   plan::Registry registry_;
   std::unique_ptr<tune::Tuner> tuner_;
