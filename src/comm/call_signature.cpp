@@ -12,10 +12,11 @@ namespace chorus::comm {
 
 using plan::Collective;
 
-namespace {
 bool rooted(Collective c) {
   return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather || c == Collective::Scatter;
 }
+
+namespace {
 uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
@@ -66,10 +67,6 @@ namespace {
 constexpr int kBRoot = 15, kBCount = 27, kBCall = 40, kBHash = 48;
 uint64_t sat(uint64_t v, int bits) { return std::min<uint64_t>(v, (uint64_t{1} << bits) - 1); }
 }  // namespace
-
-transport::CallSignature callSignature(const Signature& s, uint64_t k) {
-  return transport::CallSignature{boardAt(boardBase(s), k)};
-}
 
 uint64_t boardBase(const Signature& s) {
   const uint64_t rest =
@@ -182,8 +179,6 @@ uint64_t wireBase(const Signature& s) {
   static_assert(kPointToPointWire & transport::kWirePointToPoint);
   return w;
 }
-
-uint64_t wireSignature(const Signature& s) { return wireAt(wireBase(s), s.seq); }
 
 void installWireMismatchText() { transport::setWireMismatchText(&wireText); }
 

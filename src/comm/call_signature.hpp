@@ -35,10 +35,11 @@ struct Signature {
 };
 
 Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq);
-// The board word of batch s as board call k, and a Signature read back from
-// one (count and root exact up to 8191 and 4095, saturated beyond; the hash
-// keeps 16 bits of the rest), with sequence number seq.
-transport::CallSignature callSignature(const Signature& s, uint64_t k);
+// Whether the collective has a root (broadcast, reduce, gather, scatter).
+bool rooted(plan::Collective c);
+// A Signature read back from a board word (boardBase below): count and root
+// exact up to 8191 and 4095, saturated beyond; the hash keeps 16 bits of the
+// rest; with sequence number seq.
 Signature fromCallSignature(const transport::CallSignature& c, uint64_t seq);
 
 // "allreduce #5 count=100 dtype=float32 op=0", and the fields in which a
@@ -47,12 +48,10 @@ std::string describe(const Signature& s);
 std::string differing(const Signature& a, const Signature& b);
 
 // The message word: collective, dtype and op exactly, the low 16 bits of the
-// sequence number, and 32 bits of a hash of the rest (count, root, the whole
-// group, the full sequence number).  Point-to-point messages carry
-// kPointToPointWire.  Never 0 (the transports' default for unsigned messages).
-uint64_t wireSignature(const Signature& s);
-// The same in two steps, so a loop of equal calls hashes once: the word
-// without its sequence bits, then those.
+// sequence number, and 31 bits of a hash of the rest (count, root, the whole
+// group).  Point-to-point messages carry kPointToPointWire.  Never 0 (the
+// transports' default for unsigned messages).  In two steps, so a loop of
+// equal calls hashes once: the word without its sequence bits, then those.
 uint64_t wireBase(const Signature& s);
 inline uint64_t wireAt(uint64_t base, uint64_t seq) {
   uint64_t w = base | ((seq & 0xffff) << 16);

@@ -362,11 +362,16 @@ void Communicator::watchdogLoop() {
   }
 }
 
+namespace {
+// Where a rank that found a mismatch in operation seq leaves its message.
+std::string verdictKey(uint64_t seq) { return fmt::format("verdict/{}", seq); }
+}  // namespace
+
 // The mismatch another rank reported for operation seq or, having finished
 // it (a root that only sent), for one of its next two; "" when none did.
 std::string Communicator::peerVerdict(uint64_t seq) {
   for (uint64_t s = seq; s < seq + 3; ++s)
-    if (auto v = store_->get(fmt::format("verdict/{}", s), std::chrono::milliseconds(1)); v.isOk())
+    if (auto v = store_->get(verdictKey(s), std::chrono::milliseconds(1)); v.isOk())
       return bootstrap::toString(v.value());
   return {};
 }
@@ -404,29 +409,33 @@ Status Communicator::explainTimeout(const Status& st, const FlightEntry& stuck) 
       const FlightEntry& e = which == 0 ? s.current : s.last;
       const FlightEntry* m = mineOf(e.seq);
       if (m == nullptr) continue;
-      const auto coll = static_cast<Collective>(m->coll);
-      const bool rooted = coll == Collective::Broadcast || coll == Collective::Reduce || coll == Collective::Gather ||
-                          coll == Collective::Scatter;
-      std::string f;
-      auto add = [&](const char* name) { f += f.empty() ? name : fmt::format(", {}", name); };
-      if (e.coll != m->coll) add("collective");
-      if (e.count != m->count) add("count");
-      if (e.dtype != m->dtype) add("dtype");
-      if (rooted && e.coll == m->coll && e.root != m->root) add("root");
-      if (!f.empty())
+      // As signatures (the flight record has no op): the root counts where
+      // both are in the same rooted collective.
+      const bool roots = e.coll == m->coll && comm::rooted(static_cast<Collective>(m->coll));
+      auto asSignature = [&](const FlightEntry& x) {
+        Signature g;
+        g.seq = x.seq;
+        g.coll = x.coll;
+        g.dtype = x.dtype;
+        g.count = x.count;
+        g.root = roots ? x.root : 0;
+        return g;
+      };
+      const Signature theirs = asSignature(e), mine = asSignature(*m);
+      if (!(theirs == mine))
         diffs += fmt::format("; rank {} {} {} root={} where this rank {} {} root={} (differs in {})", r,
                              which == 0 ? "is in" : "completed", describeEntry(e), e.root,
-                             m->state == FlightEntry::Done ? "completed" : "is in", describeEntry(*m), m->root, f);
+                             m->state == FlightEntry::Done ? "completed" : "is in", describeEntry(*m), m->root,
+                             differing(theirs, mine));
     }
   }
-  const std::string verdict_key = fmt::format("verdict/{}", stuck.seq);
   if (!diffs.empty()) {
     Status v = makeError(chorusMismatch,
                          "rank {}: collective mismatch, found when {} timed out after {} ms{} (are all ranks calling "
                          "the same collectives with the same count, dtype, op and root?)",
                          rank_, describeEntry(stuck), cfg_.timeout.count(), diffs);
     // For the ranks whose probe this rank no longer answers once it is gone.
-    (void)store_->set(verdict_key, bootstrap::toBytes(std::string_view(v.message())));
+    (void)store_->set(verdictKey(stuck.seq), bootstrap::toBytes(std::string_view(v.message())));
     return v;
   }
   if (std::string why = peerVerdict(stuck.seq); !why.empty())
@@ -740,7 +749,7 @@ Status Communicator::execute(std::span<OpDesc> ops) {
   // A mismatch found here is the verdict for ranks that only time out in
   // the same call (explainTimeout reads it): this rank may be gone by then.
   if (st.code() == chorusMismatch && op_seq_ > first_seq)
-    (void)store_->set(fmt::format("verdict/{}", first_seq), bootstrap::toBytes(std::string_view(st.message())));
+    (void)store_->set(verdictKey(first_seq), bootstrap::toBytes(std::string_view(st.message())));
   if (breaks) {
     st = fail(st);
     dumpFlight();
@@ -847,11 +856,6 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   const size_t bytes = plan::boardBytes(sh);  // the input
   const std::byte* inp = job.buffers[static_cast<size_t>(plan::Buf::Input)];
   std::byte* outp = job.buffers[static_cast<size_t>(plan::Buf::Output)];
-  // This call rewrites the slot of call k - kBoardSlots: every peer must be
-  // past that call, i.e. have published k - kBoardSlots + 1.  After a
-  // symmetric call this rank has seen far more already; a run of broadcasts
-  // (whose ranks await only the root) waits here, so the root runs at most
-  // kBoardSlots - 1 calls ahead of its slowest reader.
   // A broadcast's non-roots publish only the call number and signature.
   const bool publishes_data = op.coll != Collective::Broadcast || rank_ == op.root;
   CHORUS_RETURN_IF_ERROR(publishCall(inp, bytes, publishes_data));
@@ -921,9 +925,6 @@ Status Communicator::publishCall(const std::byte* inp, size_t bytes, bool data) 
   if (data) boardCopy(board_->slot(k), inp, bytes);
   board_->publish(k, transport::CallSignature{comm::boardAt(board_base_, k)});
   board_calls_ = k;
-  // A call that reads no peer's slot (a broadcast's root, a call whose data
-  // goes elsewhere) checks the peers' signatures of it later: at the start
-  // of the next calls, while their slots still hold it.
   return {};
 }
 

@@ -13,9 +13,11 @@ std::atomic<WireMismatchText> g_text{nullptr};
 
 void setWireMismatchText(WireMismatchText f) { g_text.store(f, std::memory_order_release); }
 
-std::string wireMismatchText(uint64_t want, uint64_t got) {
-  if (WireMismatchText f = g_text.load(std::memory_order_acquire)) return f(want, got);
-  return fmt::format("a message of call signature {:#018x} where the receive expects {:#018x}", got, want);
+Status signatureMismatch(int rank, int peer, uint64_t want, uint64_t got) {
+  WireMismatchText f = g_text.load(std::memory_order_acquire);
+  const std::string text =
+      f ? f(want, got) : fmt::format("a message of call signature {:#018x} where the receive expects {:#018x}", got, want);
+  return makeError(chorusMismatch, "rank {}: collective mismatch: rank {} sent {}", rank, peer, text);
 }
 
 }  // namespace chorus::transport

@@ -71,7 +71,9 @@ inline constexpr uint64_t kWirePointToPoint = uint64_t{1} << 63;
   return current != arrived && (current & kWireSeqMask) == (arrived & kWireSeqMask);
 }
 void setWireMismatchText(WireMismatchText f);
-std::string wireMismatchText(uint64_t want, uint64_t got);
+// chorusMismatch for `rank`, which met a message of call `got` from `peer`
+// where it is in call `want`.  Every transport reports it so.
+Status signatureMismatch(int rank, int peer, uint64_t want, uint64_t got);
 
 // Where and how a received message lands.
 struct RecvTarget {

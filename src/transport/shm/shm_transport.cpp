@@ -712,8 +712,7 @@ void ShmTransport::checkUnclaimed(Peer& p) {
   uint64_t sig;
   std::memcpy(&sig, p.in_data + ((p.in_head + 8) & p.in_mask), 8);
   if (sameCallOtherSignature(current_sig_, sig))
-    p.dead = makeError(chorusMismatch, "rank {}: collective mismatch: rank {} sent {}", rank_, p.rank,
-                       wireMismatchText(current_sig_, sig));
+    p.dead = signatureMismatch(rank_, p.rank, current_sig_, sig);
 }
 
 bool ShmTransport::progressRecv(Peer& p) {
@@ -764,8 +763,7 @@ bool ShmTransport::progressRecv(Peer& p) {
       progressed = true;
       if (sig != op.req->sig || len != op.target.bytes) {
         op.req->fail(sig != op.req->sig
-                         ? makeError(chorusMismatch, "rank {}: collective mismatch: rank {} sent {}", rank_, p.rank,
-                                     wireMismatchText(op.req->sig, sig))
+                         ? signatureMismatch(rank_, p.rank, op.req->sig, sig)
                          : makeError(chorusMismatch,
                                      "shm transport, rank {}: message from rank {} has {} bytes but the posted receive "
                                      "expects {} (do both ranks run the same collective with the same count and type?)",

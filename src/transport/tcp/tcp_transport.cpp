@@ -514,8 +514,7 @@ class TcpTransport final : public Transport {
     std::memcpy(&h, p.stage.data(), sizeof h);
     if (h.magic != tcp::kFrameMagic || (h.flags != 0 && h.flags != tcp::kFlagRts)) return {};
     if (!sameCallOtherSignature(current_sig_, h.sig)) return {};
-    return makeError(chorusMismatch, "rank {}: collective mismatch: rank {} sent {}", rank_, p.rank,
-                     wireMismatchText(current_sig_, h.sig));
+    return signatureMismatch(rank_, p.rank, current_sig_, h.sig);
   }
 
   // A request of another collective call than the last: check what the peers
@@ -865,8 +864,7 @@ class TcpTransport final : public Transport {
   // A message of another call (its signature differs) or another length.
   Status mismatchStatus(const Peer& p, const Op* op, uint64_t len, uint64_t sig) const {
     if (sig != op->req->sig)
-      return makeError(chorusMismatch, "rank {}: collective mismatch: rank {} sent {}", rank_, p.rank,
-                       wireMismatchText(op->req->sig, sig));
+      return signatureMismatch(rank_, p.rank, op->req->sig, sig);
     return makeError(chorusMismatch,
                      "message from rank {} has {} bytes but the receive expects {} (are all ranks calling the "
                      "same collective with the same count?)",
