@@ -400,9 +400,9 @@ TEST(TraceReport, DuplicateRanksAreRefused) {
   EXPECT_FALSE(groupTraces(std::move(files)).isOk());
 }
 
-TEST(TraceReport, OverlappingTransfersOfALinkCountOnce) {
-  // Four 1 MiB chunks 0 -> 1, all posted at once and delivered one after the
-  // other, 1 ms apart: the link moved 4 MiB in 4 ms, not in 1+2+3+4 ms.
+// Two ranks on hosts A and B, each with one 4 MiB broadcast from 0 to 4 ms;
+// the tests add its steps.
+std::vector<TraceFile> twoRankBroadcast() {
   std::vector<TraceFile> files = {rankFile(0, 2, "A", 0), rankFile(1, 2, "B", 0)};
   OpRecord o;
   o.coll = static_cast<uint8_t>(plan::Collective::Broadcast);
@@ -411,6 +411,13 @@ TEST(TraceReport, OverlappingTransfersOfALinkCountOnce) {
   o.end_ns = 4'000'000;
   files[0].ops.push_back(o);
   files[1].ops.push_back(o);
+  return files;
+}
+
+TEST(TraceReport, OverlappingTransfersOfALinkCountOnce) {
+  // Four 1 MiB chunks 0 -> 1, all posted at once and delivered one after the
+  // other, 1 ms apart: the link moved 4 MiB in 4 ms, not in 1+2+3+4 ms.
+  std::vector<TraceFile> files = twoRankBroadcast();
   for (int k = 0; k < 4; ++k) {
     const int64_t end = 1'000'000 * (k + 1);
     files[0].steps.push_back({0, static_cast<uint8_t>(StepKind::Send), 1, 1 << 20, 0, end});
@@ -454,14 +461,7 @@ TEST(TraceMerge, OneTimelineWithFlows) {
 // chrome://tracing misdraw others): overlapping transfers go to lanes of
 // their own, and every flow binds to a lane holding its send or receive.
 TEST(TraceMerge, SlicesOnATrackNest) {
-  std::vector<TraceFile> files = {rankFile(0, 2, "A", 0), rankFile(1, 2, "B", 0)};
-  OpRecord o;
-  o.coll = static_cast<uint8_t>(plan::Collective::Broadcast);
-  o.bytes = 4 << 20;
-  o.start_ns = 0;
-  o.end_ns = 4'000'000;
-  files[0].ops.push_back(o);
-  files[1].ops.push_back(o);
+  std::vector<TraceFile> files = twoRankBroadcast();
   for (int k = 0; k < 6; ++k) {  // each overlaps the next without nesting
     const int64_t start = 500'000 * k, end = start + 1'000'000;
     files[0].steps.push_back({0, static_cast<uint8_t>(StepKind::Send), 1, 1 << 20, start, end});
