@@ -439,7 +439,6 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
     } else {
       const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp);
-      const double sf = static_cast<double>(m.moe.expert_ffn_hidden) / T;  // shared experts: split over tp
       const double local_experts = static_cast<double>(m.moe.experts) / static_cast<double>(ep);
       const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts));
       f += mm(tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(tok, h, ef, local_experts);
@@ -703,6 +702,19 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   rep.iteration_s = rep.estimate_s = total;
   rep.estimate_breakdown = rep.breakdown;
 
+  // Each group's collectives per byte on every link class (the ledger), for
+  // the bounds and the schedule below.
+  auto unit = [&](plan::Collective k, const GroupSet& g, bool on) { return on ? ledger.collective(k, 1, g) : LinkDemand{}; };
+  const LinkDemand u_tag = unit(plan::Collective::AllGather, tpg, t > 1),
+                   u_trs = unit(plan::Collective::ReduceScatter, tpg, t > 1),
+                   u_tar = unit(plan::Collective::AllReduce, tpg, t > 1),
+                   u_cp = unit(plan::Collective::AllGather, cpg, cp > 1),
+                   u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1),
+                   u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1),
+                   u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1),
+                   u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1),
+                   u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
+
   // ---- physical bounds (src/sim/bounds.hpp) --------------------------------
   // Per pipeline stage, from its own layers (the split of the trace and the
   // schedule: L layers in order over p v virtual stages, the first L mod (p v)
@@ -711,16 +723,6 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // largest stage's; the iteration can be no shorter than any of them.
   {
     const double passes = cfg.recompute == Recompute::Full ? 3 : 2;  // forward, backward, recomputed forward
-    auto unit = [&](plan::Collective k, const GroupSet& g, bool on) { return on ? ledger.collective(k, 1, g) : LinkDemand{}; };
-    const LinkDemand u_tag = unit(plan::Collective::AllGather, tpg, t > 1),
-                     u_trs = unit(plan::Collective::ReduceScatter, tpg, t > 1),
-                     u_tar = unit(plan::Collective::AllReduce, tpg, t > 1),
-                     u_cp = unit(plan::Collective::AllGather, cpg, cp > 1),
-                     u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1),
-                     u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1),
-                     u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1),
-                     u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1),
-                     u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
     // One layer's tensor-parallel traffic per micro-batch (tpComm's collectives).
     LinkDemand tp_layer;
     const double fwd_tp = cfg.recompute == Recompute::Full ? 2 : 1;  // the recomputed forward communicates again
@@ -804,16 +806,6 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     sp_.pp = p, sp_.vpp = v, sp_.micro_batches = mb, sp_.zero = cfg.zero, sp_.comm_sm_fraction = smf;
     sp_.options.async_tp = cfg.async_tp;
     sp_.options.overlap_dp = cfg.overlap_dp;
-    auto unit = [&](plan::Collective k, const GroupSet& g, bool on) { return on ? ledger.collective(k, 1, g) : LinkDemand{}; };
-    const LinkDemand u_tag = unit(plan::Collective::AllGather, tpg, t > 1),
-                     u_trs = unit(plan::Collective::ReduceScatter, tpg, t > 1),
-                     u_tar = unit(plan::Collective::AllReduce, tpg, t > 1),
-                     u_cp = unit(plan::Collective::AllGather, cpg, cp > 1),
-                     u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1),
-                     u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1),
-                     u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1),
-                     u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1),
-                     u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
     auto tr = [](Seconds time, const LinkDemand& unit_demand, double bytes) {
       return Transfer{time.value(), unit_demand.scaled(bytes)};
     };
