@@ -209,8 +209,9 @@ TEST(Launcher, BindToCorePinsRankROnTheRthAllowedCpu) {
   Job free_job(1, "grep Cpus_allowed_list /proc/self/status");
   ASSERT_EQ(free_job.run().exit_code, 0);
   ASSERT_EQ(free_job.out.lines().size(), 1u);
-  if (cpus.size() > 1)  // unbound, the rank may use every CPU we may
+  if (cpus.size() > 1) {  // unbound, the rank may use every CPU we may
     EXPECT_NE(free_job.out.lines()[0], "[0] Cpus_allowed_list:\t" + std::to_string(cpus[0]));
+  }
 }
 
 TEST(Launcher, FirstFailingRankSetsTheStatusAndTheOthersAreStopped) {
