@@ -10,6 +10,7 @@
 
 #include "sim/cli_args.hpp"
 #include "sim/model_info.hpp"
+#include "sim/placement.hpp"
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
 
@@ -27,6 +28,7 @@ void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) 
   std::printf("%s on %lld GPUs of %s: %.3f s/iteration, %.0f tokens/s, MFU %.1f%%, %.1f GiB/GPU, bottleneck %s (%s)\n",
               m.name.c_str(), static_cast<long long>(r.config.gpus), c.name.c_str(), r.iteration_s, r.tokens_per_s,
               100 * r.mfu, r.memory_gib_per_gpu, r.bottleneck.c_str(), r.bottleneck_link.c_str());
+  std::printf("  placement: %s\n", r.placement.c_str());
   if (r.config.schedule)
     std::printf("  simulated schedule: %lld tasks (%d layer%s per task); closed-form estimate %.3f s\n",
                 static_cast<long long>(r.schedule_tasks), r.schedule_merged_layers,
@@ -66,8 +68,11 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default();  // --help shows every default
 
   std::string cluster_path, model_path, collective = "allreduce", bytes_text = "1G", algo = "auto", network = "analytical", library = "nccl";
-  int64_t gpus = 0;
+  int64_t gpus = 0, gpus_per_domain = 0;
   bool json = false, verbose = false;
+  const char* per_domain_help =
+      "GPUs of each NVLink domain the job uses (e.g. 64 of an NVL72 rack's 72); 0: the largest count that keeps "
+      "every tp, cp, dp and expert-parallel block inside one domain";
 
   int64_t model_seq = 4096;
   auto* mo = app.add_subcommand("model", "describe a model: parameters, FLOPs and KV cache per token, layer shapes");
@@ -102,6 +107,7 @@ int main(int argc, char** argv) {
                  "expert tensor parallel: fold expert parallelism across tp x cp x dp (MoE parallel folding); "
                  "default: the experts split over tp");
   tr->add_option("--vpp", tc.vpp, "virtual pipeline stages per GPU (interleaved 1F1B)");
+  tr->add_option("--gpus-per-domain", gpus_per_domain, per_domain_help);
   tr->add_option("--first-stage-layers", tc.first_stage_layers,
                  "layers of the first pipeline stage (default 0: the uniform split)");
   tr->add_option("--last-stage-layers", tc.last_stage_layers,
@@ -136,6 +142,7 @@ int main(int argc, char** argv) {
   se->add_option("--global-batch", sc.global_batch, "sequences per iteration")->required();
   se->add_option("--seq", sc.seq, "sequence length");
   se->add_option("--top", sc.top, "layouts to show");
+  se->add_option("--gpus-per-domain", sc.gpus_per_domain, per_domain_help);
   se->add_option("--max-micro-batch", sc.max_micro_batch, "largest micro-batch tried (powers of two)");
   se->add_option("--resimulate", sc.resimulate,
                  "re-simulate the best K layouts of the closed-form estimate as schedules and rank them by it (0: "
@@ -283,9 +290,16 @@ int main(int argc, char** argv) {
     for (const std::string& k : model->ignored_keys) keys += " " + k;
     std::fprintf(stderr, "chorus-sim: %s: ignored keys:%s\n", model_path.c_str(), keys.c_str());
   }
-  auto topo = Topology::build(*cluster);
+  // Training: the cluster as the layout's placement sees it (sim/placement.hpp).
+  ClusterSpec job_cluster = *cluster;
+  if (tr->parsed()) {
+    auto placed = placedCluster(*cluster, gpus_per_domain != 0 ? gpus_per_domain : alignedDomainUse(*cluster, tc), tc.gpus);
+    if (!placed.isOk()) return fail(placed.status());
+    job_cluster = std::move(*placed);
+  }
+  auto topo = Topology::build(job_cluster);
   if (!topo.isOk()) return fail(topo.status());
-  NetworkModel net(*cluster, *topo, reg, *mode);
+  NetworkModel net(job_cluster, *topo, reg, *mode);
   net.setLibrary(*lib);
 
   if (tr->parsed()) {
@@ -357,6 +371,7 @@ int main(int argc, char** argv) {
         std::printf("%2d. %-62s %8.3f s (estimate %.3f s)  MFU %5.1f%%  %5.1f GiB  binding %s  bottleneck %s\n", i++,
                     layoutName(t.config).c_str(), t.iteration_s, t.estimate_s, 100 * t.mfu, t.memory_gib_per_gpu,
                     t.bounds.binding.c_str(), t.bottleneck.c_str());
+      if (!r->top.empty()) std::printf("placement of 1.: %s\n", r->top.front().placement.c_str());
     }
     return 0;
   }

@@ -55,6 +55,9 @@ struct NodeSpec {
   // node's NVSwitch reduction throughput (fp32 adds/s; 0 = by generation).
   int nvls = -1;
   double nvls_reduce_tflops = 0;
+  // Set by placedCluster (sim/placement.hpp), not by cluster files: the
+  // physical domain size when a job uses only `gpus` of each domain (0: all).
+  int64_t domain_gpus = 0;
 };
 
 struct NetworkSpec {

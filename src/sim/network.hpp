@@ -67,6 +67,7 @@ class NetworkModel {
       : c_(c), t_(t), reg_(reg), mode_(mode) {}
   [[nodiscard]] const ClusterSpec& cluster() const { return c_; }
   [[nodiscard]] NetMode mode() const { return mode_; }
+  [[nodiscard]] const plan::Registry& registry() const { return reg_; }
 
   // Prices collective `coll` of `bytes` (nccl-tests convention: allreduce,
   // broadcast, reduce: the buffer; allgather, gather: the output; reduce-

@@ -62,6 +62,7 @@ nlohmann::json toJson(const TrainReport& r) {
       {"memory", {{"weights_gib", r.memory.weights_gib}, {"grads_gib", r.memory.grads_gib},
                   {"optimizer_gib", r.memory.optimizer_gib}, {"activations_gib", r.memory.activations_gib}}},
       {"breakdown", r.breakdown},
+      {"placement", r.placement},
       {"bottleneck", r.bottleneck},
       {"bottleneck_link", r.bottleneck_link},
       {"bounds", r.bounds.seconds},

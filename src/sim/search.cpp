@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "sim/placement.hpp"
 
 namespace chorus::sim {
 namespace {
@@ -16,6 +21,39 @@ std::vector<int64_t> divisors(int64_t n) {
   std::sort(d.begin(), d.end());
   return d;
 }
+
+// The network models of the placements the layouts ask for: `base` for the
+// cluster as given, one more per other GPUs-per-domain count.
+class PlacedNets {
+ public:
+  PlacedNets(NetworkModel& base, int64_t fixed) : base_(base), fixed_(fixed) {}
+  Result<NetworkModel*> forLayout(const TrainConfig& k) {
+    const ClusterSpec& c = base_.cluster();
+    const int64_t use = fixed_ > 0 ? fixed_ : alignedDomainUse(c, k);
+    if (use == c.node.gpus) return &base_;
+    std::unique_ptr<Placed>& p = nets_[use];
+    if (!p) {
+      CHORUS_ASSIGN_OR_RETURN(ClusterSpec pc, placedCluster(c, use, k.gpus));
+      p = std::make_unique<Placed>();
+      p->c = std::move(pc);
+      CHORUS_ASSIGN_OR_RETURN(Topology t, Topology::build(p->c));
+      p->t.emplace(std::move(t));
+      p->net.emplace(p->c, *p->t, base_.registry(), base_.mode());
+      p->net->setLibrary(base_.library());
+    }
+    return &*p->net;
+  }
+
+ private:
+  struct Placed {
+    ClusterSpec c;
+    std::optional<Topology> t;
+    std::optional<NetworkModel> net;
+  };
+  NetworkModel& base_;
+  int64_t fixed_;
+  std::map<int64_t, std::unique_ptr<Placed>> nets_;
+};
 
 }  // namespace
 
@@ -88,6 +126,8 @@ Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, N
     return invalidArgument("search: --gpus {} is outside [1, {}] for cluster '{}'", sc.gpus, c.gpus(), c.name);
   if (sc.top < 1) return invalidArgument("search: --top {} must be >= 1", sc.top);
   if (sc.resimulate < 0) return invalidArgument("search: --resimulate {} must be >= 0", sc.resimulate);
+  if (sc.gpus_per_domain != 0) CHORUS_RETURN_IF_ERROR(placedCluster(c, sc.gpus_per_domain, sc.gpus).status());
+  PlacedNets nets(net, sc.gpus_per_domain);
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<TrainConfig> cands = enumerateLayouts(m, c, sc);
   SearchResult res;
@@ -102,7 +142,9 @@ Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, N
   const int keep = std::max(sc.top, sc.resimulate);
   for (int64_t i = 0; i < total; ++i) {
     if (progress && i % step == 0) progress(i, total);
-    Result<TrainReport> r = simulateTraining(m, cands[static_cast<size_t>(i)], net);
+    const TrainConfig& k = cands[static_cast<size_t>(i)];
+    Result<NetworkModel*> kn = nets.forLayout(k);
+    Result<TrainReport> r = kn.isOk() ? simulateTraining(m, k, **kn) : Result<TrainReport>(kn.status());
     if (!r.isOk()) {
       if (res.first_error.empty()) res.first_error = r.status().message();
       continue;
@@ -125,7 +167,8 @@ Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, N
     for (size_t i = 0; i < n; ++i) {
       TrainConfig k = res.top[i].config;
       k.schedule = true;
-      Result<TrainReport> r = simulateTraining(m, k, net);
+      CHORUS_ASSIGN_OR_RETURN(NetworkModel * kn, nets.forLayout(k));
+      Result<TrainReport> r = simulateTraining(m, k, *kn);
       if (!r.isOk()) return r.status();  // it was feasible a moment ago: a bug, not a layout to skip
       r->schedule_spec = IterationSpec{};  // the search keeps the numbers, not the task graph
       sim.push_back(std::move(*r));

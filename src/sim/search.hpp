@@ -1,9 +1,9 @@
 // The layout search: every valid (tp, pp, dp, cp, ep classic or folded with
 // etp 1, vpp, micro-batch,
 // ZeRO stage, recomputation) for a model on N GPUs of a cluster at a global
-// batch, each simulated by simulateTraining on one shared network model (its
-// collective cache makes the thousands of layouts cheap), ranked by
-// iteration time.
+// batch, each simulated by simulateTraining on a network model shared by
+// every layout with the same placement (its collective cache makes the
+// thousands of layouts cheap), ranked by iteration time.
 #pragma once
 
 #include <functional>
@@ -26,6 +26,9 @@ struct SearchConfig {
   // schedules (src/sim/schedule.hpp) and ranked by the schedule's time; 0:
   // rank by the estimate alone.
   int resimulate = 64;
+  // GPUs of each NVLink domain the job uses (sim/placement.hpp); 0: each
+  // layout's aligned default (alignedDomainUse).
+  int64_t gpus_per_domain = 0;
 };
 
 struct SearchResult {

@@ -6,6 +6,7 @@
 
 #include "sim/bounds.hpp"
 #include "sim/compute.hpp"
+#include "sim/placement.hpp"
 #include "sim/topology.hpp"
 
 namespace chorus::sim {
@@ -274,6 +275,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double dpc = static_cast<double>(d * cp);
   TrainReport rep;
   rep.config = cfg;
+  rep.placement = describePlacement(c, cfg.gpus);
   // Expert parameters are replicated only over the expert-data-parallel
   // group, the dp x cp / ep GPUs holding the same experts, so ZeRO shards
   // their state that many ways, not dp x cp (Megatron's expert data-parallel

@@ -65,6 +65,7 @@ struct TrainReport {
   IterationSpec schedule_spec;  // what the schedule simulated (empty without config.schedule)
   int64_t schedule_tasks = 0;
   int schedule_merged_layers = 0;
+  std::string placement;                    // where the job's GPUs sit (describePlacement)
   std::string bottleneck;                   // the largest non-compute entry
   std::string bottleneck_link;              // the resource limiting that category (its slowest collective's link)
   // Each resource's busy time over the iteration (src/sim/bounds.hpp): no

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "sim/placement.hpp"
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
 #include "support/sim_fixtures.hpp"
@@ -34,6 +35,73 @@ struct OneNode {
   Topology topo = topologyOf(c);
   NetworkModel net{c, topo, reg};
 };
+
+// ---- placement in NVLink domains --------------------------------------------
+
+// 4 racks of 72 GPUs with one 400 Gb/s NIC per GPU (NVL72-like).
+ClusterSpec racks72() {
+  return cluster("rail-optimized", 4, ", \"leaf_nodes\": 4", 72, 72);
+}
+
+TEST(SimPlacement, GroupsStayInsideADomain) {
+  const ClusterSpec c = racks72();
+  TrainConfig k;
+  k.gpus = 256, k.tp = 1, k.pp = 4, k.dp = 64, k.ep = 64;
+  EXPECT_EQ(alignedDomainUse(c, k), 64);  // one 64-GPU expert group per rack, 8 GPUs spare
+  k.ep = 32, k.pp = 8, k.dp = 32;
+  EXPECT_EQ(alignedDomainUse(c, k), 64);  // two expert groups of 32 per rack
+  k.ep = 1, k.tp = 8, k.dp = 8, k.pp = 4;
+  EXPECT_EQ(alignedDomainUse(c, k), 64);  // the tp x dp block of 64
+  k.dp = 32, k.pp = 1;
+  EXPECT_EQ(alignedDomainUse(c, k), 72);  // only the tp block of 8 fits: nine per rack
+  k.tp = 4, k.dp = 4, k.pp = 16;          // blocks 4 and 16: 64 of 72
+  EXPECT_EQ(alignedDomainUse(c, k), 64);
+  k.gpus = 288, k.pp = 18;                 // the whole cluster: nothing to spare
+  EXPECT_EQ(alignedDomainUse(c, k), 72);
+  EXPECT_EQ(alignedDomainUse(cluster("fat-tree", 32), k), 8);
+
+  auto p = placedCluster(c, 64, 256);
+  ASSERT_TRUE(p.isOk()) << p.status().message();
+  EXPECT_EQ(p->node.gpus, 64);
+  EXPECT_EQ(p->node.domain_gpus, 72);
+  EXPECT_EQ(p->network.nics_per_node, 64);
+  EXPECT_EQ(describePlacement(*p, 256), "64 of 72 GPUs in each of 4 NVLink domains");
+  for (int64_t bad : {0, -1, 73}) {
+    auto e = placedCluster(c, bad, 256);
+    ASSERT_FALSE(e.isOk());
+    EXPECT_NE(e.status().message().find("must be in [1, 72]"), std::string::npos) << e.status().message();
+  }
+  auto few = placedCluster(c, 60, 256);  // 4 x 60 = 240 < 256
+  ASSERT_FALSE(few.isOk());
+  EXPECT_NE(few.status().message().find("240 GPUs, fewer than the job's 256"), std::string::npos)
+      << few.status().message();
+}
+
+// A 64-way expert group packed into 72-GPU racks straddles two of them and
+// its all-to-all crosses NICs; aligned to 64 per rack it stays on NVLink.
+TEST(SimPlacement, AnExpertGroupThatStraddlesRacksPaysForItsNics) {
+  const plan::Registry reg = plan::Registry::builtin();
+  ModelSpec moe = gpt(8, 2048, 16);
+  moe.moe.experts = 64, moe.moe.top_k = 4, moe.moe.expert_ffn_hidden = 1024;
+  TrainConfig k;
+  k.gpus = 256, k.tp = 1, k.pp = 4, k.dp = 64, k.ep = 64;
+  k.global_batch = 512, k.micro_batch = 1, k.seq = 2048, k.recompute = Recompute::None;
+  k.schedule = false, k.stage_costs = false;
+  auto run = [&](int64_t use) {
+    auto c = placedCluster(racks72(), use, k.gpus);
+    EXPECT_TRUE(c.isOk()) << c.status().message();
+    auto r = simulateTraining(moe, *c, k, reg);
+    EXPECT_TRUE(r.isOk()) << r.status().message();
+    return *r;
+  };
+  const TrainReport aligned = run(64), packed = run(72);
+  EXPECT_EQ(aligned.placement, "64 of 72 GPUs in each of 4 NVLink domains");
+  EXPECT_EQ(packed.placement, "72 GPUs in each of 4 NVLink domains");
+  EXPECT_LT(aligned.breakdown.at("ep_comm_s"), packed.breakdown.at("ep_comm_s") / 4);
+  EXPECT_LT(aligned.iteration_s, packed.iteration_s);
+  EXPECT_EQ(packed.bottleneck, "ep_comm_s");
+  EXPECT_NE(packed.bottleneck_link.find("nic"), std::string::npos) << packed.bottleneck_link;
+}
 
 // ---- flow-level network ------------------------------------------------------
 
