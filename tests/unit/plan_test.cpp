@@ -140,7 +140,9 @@ TEST(Plan, LocalityAwareAlgorithmsVerifyOnHostLayouts) {
     const Collective c = algo->collective();
     const std::string key = fmt::format("{}:{}", collectiveName(c), algo->name());
     if (algo->name() != "direct" && algo->name() != "hierarchical") continue;
-    for (int n = 1; n <= 64; ++n) {
+    // Every rank count to 16, then a sample of larger ones (primes, powers
+    // of two and their neighbours); 31 and 64 with every count and chunk.
+    for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64}) {
       const bool big = n > 16 && n != 31 && n != 64;
       for (const std::vector<int>& hosts : hostLayouts(n)) {
         std::set<int> distinct(hosts.begin(), hosts.end());
@@ -173,7 +175,7 @@ TEST(Plan, LocalityAwareAlgorithmsVerifyOnHostLayouts) {
     VerifyCase vc = makeCase(c, 4, 7, 0, false, 0);
     EXPECT_FALSE(algo->supports(vc.shape)) << key;
   }
-  EXPECT_GT(verified["allreduce:direct"], 300);
+  EXPECT_GT(verified["allreduce:direct"], 250);
   EXPECT_GT(verified["allreduce:hierarchical"], 500);
   EXPECT_GT(verified["allgather:hierarchical"], 500);
   EXPECT_GT(verified["alltoall:hierarchical"], 500);
