@@ -448,6 +448,14 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         f += mm(bs, (mats - 1) * m.sharedFfn() / T, h, 1) + mm(bs, h, m.sharedFfn() / T, 1);
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
       f += mm(bs, m.moe.experts, h, 1);                              // router
+      // Token permutation around the experts (Megatron-Core's all-to-all
+      // dispatcher): the permute before the dispatch writes one copy per
+      // routed token, the unpermute after the combine reads them back into
+      // their tokens; with expert parallelism the received tokens are sorted
+      // by local expert and back (a read and a write of every copy each).
+      const double copies = a2a_bytes, tokens = bs * h * kAct / T;
+      ew += gpu.mem(tokens + copies) + gpu.mem(copies + tokens);
+      if (ep > 1) ew += gpu.mem(2 * copies) + gpu.mem(2 * copies);
     }
     // Two layer norms (read + write) and two dropout + residual adds (read x,
     // mask, residual; write) over the (sequence-split) hidden state.
