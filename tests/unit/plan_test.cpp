@@ -99,6 +99,12 @@ TEST(Plan, LargeRankCounts) {
 // ranks dealt round-robin over hosts, and uneven layouts, which an algorithm
 // must either prove or refuse (supports() false).  Without a layout they
 // refuse, so the simulator (which sets none) never picks them.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 std::vector<std::vector<int>> hostLayouts(int n) {
   std::vector<std::vector<int>> ls;
   ls.push_back(std::vector<int>(n, 42));  // one host
@@ -140,9 +146,13 @@ TEST(Plan, LocalityAwareAlgorithmsVerifyOnHostLayouts) {
     const Collective c = algo->collective();
     const std::string key = fmt::format("{}:{}", collectiveName(c), algo->name());
     if (algo->name() != "direct" && algo->name() != "hierarchical") continue;
-    // Every rank count to 16, then a sample of larger ones (primes, powers
-    // of two and their neighbours); 31 and 64 with every count and chunk.
-    for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64}) {
+    for (int n = 1; n <= 64; ++n) {
+      // Under the sanitizers, every rank count to 16 and a sample of the
+      // larger ones (primes, powers of two and their neighbours): 27 s
+      // became 103 s under ASan (docs/hardening.md); the default build
+      // verifies all of them.
+      if (kSanitized && n > 16 && n != 17 && n != 24 && n != 31 && n != 32 && n != 33 && n != 48 && n != 63 && n != 64)
+        continue;
       const bool big = n > 16 && n != 31 && n != 64;
       for (const std::vector<int>& hosts : hostLayouts(n)) {
         std::set<int> distinct(hosts.begin(), hosts.end());
