@@ -108,6 +108,12 @@ int main(int argc, char** argv) {
                  "default: the experts split over tp");
   tr->add_option("--vpp", tc.vpp, "virtual pipeline stages per GPU (interleaved 1F1B)");
   tr->add_option("--gpus-per-domain", gpus_per_domain, per_domain_help);
+  std::string moe_dispatch = "alltoall";
+  tr->add_option("--moe-dispatch", moe_dispatch,
+                 "alltoall (every routed copy in one all-to-all each way, Megatron-Core's dispatcher) or hierarchical "
+                 "(once per destination node over the NICs, then NVLink; node-limited routing; DeepEP's normal kernels)");
+  tr->add_flag("--fp8-dispatch", tc.fp8_dispatch, "dispatch tokens in fp8 (1 B + a scale per 128), combine in bf16");
+  tr->add_option("--moe-imbalance", tc.moe_imbalance, "the busiest expert's tokens over the mean (>= 1; 1: balanced)");
   tr->add_option("--first-stage-layers", tc.first_stage_layers,
                  "layers of the first pipeline stage (default 0: the uniform split)");
   tr->add_option("--last-stage-layers", tc.last_stage_layers,
@@ -311,6 +317,9 @@ int main(int argc, char** argv) {
     tc.schedule = !estimate_only;
     tc.async_tp = !sync_tp;
     tc.overlap_dp = !no_overlap_dp;
+    if (moe_dispatch == "alltoall") tc.moe_dispatch = TrainConfig::MoeDispatch::AllToAll;
+    else if (moe_dispatch == "hierarchical") tc.moe_dispatch = TrainConfig::MoeDispatch::Hierarchical;
+    else return fail(invalidArgument("--moe-dispatch '{}': one of alltoall, hierarchical", moe_dispatch));
     auto r = simulateTraining(*model, tc, net);
     if (!r.isOk()) return fail(r.status());
     nlohmann::json j = toJson(*r);

@@ -170,6 +170,16 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                            "across tp with --etp: ep x etp must divide tp x cp x dp = {})",
                            ep, d, cp, d * cp, t * cp * d);
   }
+  if (!(cfg.moe_imbalance >= 1) || !std::isfinite(cfg.moe_imbalance))
+    return invalidArgument("--moe-imbalance {}: must be >= 1 (the busiest expert's tokens over the mean)", cfg.moe_imbalance);
+  if (m.moe.experts > 0 && cfg.moe_imbalance > static_cast<double>(m.moe.experts) / m.moe.top_k)
+    return invalidArgument("--moe-imbalance {}: at most experts / top_k = {} / {} = {} (every token on one expert)",
+                           cfg.moe_imbalance, m.moe.experts, m.moe.top_k,
+                           static_cast<double>(m.moe.experts) / m.moe.top_k);
+  if (m.moe.experts == 0 && (cfg.moe_imbalance != 1 || cfg.fp8_dispatch ||
+                             cfg.moe_dispatch != TrainConfig::MoeDispatch::AllToAll))
+    return invalidArgument("--moe-imbalance, --fp8-dispatch and --moe-dispatch apply to MoE models; '{}' has no experts",
+                           m.name);
   if (cfg.seq % (cp * (cfg.sequence_parallel ? t : 1)) != 0)
     return invalidArgument("seq={} is not divisible by cp={} (x tp={} with sequence parallelism)", cfg.seq, cp, t);
   if (cfg.zero < 0 || cfg.zero > 3) return invalidArgument("--zero {} is not one of 0, 1, 2, 3", cfg.zero);
@@ -394,11 +404,77 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   if (cp > 1) {
     CHORUS_ASSIGN_OR_RETURN(cp_fwd, coll(plan::Collective::AllGather, cp_bytes, cpg, "cp_comm_s"));
   }
-  const double a2a_bytes = bs * m.moe.top_k * h * kAct / T;
-  Seconds ep_fwd(0);  // dispatch + combine all-to-all per MoE layer
+  // ---- expert dispatch and combine, per MoE layer and micro-batch, one way ---
+  // The GPU holding the busiest expert receives (L - 1 + F) / L of the mean
+  // (its L local experts at the mean load but one at F times it): it paces
+  // the all-to-all and the grouped GEMM.
+  const double local_n = moe ? static_cast<double>(m.moe.experts) / static_cast<double>(ep) : 1;
+  const double imb = (local_n - 1 + cfg.moe_imbalance) / local_n;
+  const double copies_elems = bs * m.moe.top_k * h / T * imb;  // routed copies this GPU sends (and receives)
+  const double a2a_bytes = copies_elems * kAct;                // the combine, bf16
+  const double dispatch_bytes = copies_elems * (cfg.fp8_dispatch ? 1 + 4.0 / 128 : kAct);
+  Seconds ep_fwd(0);  // dispatch + combine
+  // Hierarchical: the expert group's members on one node (e_node, at the
+  // group's stride) and its nodes (n_nodes, one GPU each at the same local
+  // rank: a rail); each token crosses to each distinct remote node it is
+  // routed to once, then one NVLink hop per copy inside the node.
+  const bool hier = moe && ep > 1 && cfg.moe_dispatch == TrainConfig::MoeDispatch::Hierarchical;
+  GroupSet rail_g, node_g;
+  double rail_share = 0, node_share = 0;  // bytes over the NICs / NVLink per byte of routed copies
+  if (hier) {
+    const int64_t st = epg.stride, gpn = c.node.gpus;
+    const int64_t e_node = st <= gpn && gpn % st == 0 ? std::min<int64_t>(ep, gpn / st) : 1;
+    if (e_node < 1 || ep % e_node != 0 || (e_node < ep && e_node * st != gpn))
+      return invalidArgument("--moe-dispatch hierarchical: the expert group (ep {} at stride {}) must fill whole {}-GPU "
+                             "nodes or lie in one", ep, st, gpn);
+    const int64_t n_nodes = ep / e_node;
+    node_g = GroupSet{e_node, st, cfg.gpus / e_node};
+    rail_g = GroupSet{n_nodes, gpn, cfg.gpus / n_nodes};
+    // Distinct nodes a token's top_k experts lie on, routing uniform (the
+    // benchmarks force-balance it).  Node-limited routing picks the experts
+    // inside the token's topk_group best of n_group groups: a group spanning
+    // several nodes confines the picks to those groups' nodes; several
+    // groups per node, a node is hit when one of its groups is picked.
+    const double E = m.moe.experts, k = m.moe.top_k, nn = static_cast<double>(n_nodes);
+    auto untouched = [](double pool, double out, double kk) {  // P(none of kk picks among `out` of `pool`)
+      double pr = 1;
+      for (int i = 0; i < static_cast<int>(kk); ++i) pr *= std::max(0.0, (pool - out - i) / (pool - i));
+      return pr;
+    };
+    double nodes_hit = nn * (1 - untouched(E, E / nn, k));
+    const int64_t ng = m.moe.n_group, tg = m.moe.topk_group;
+    if (ng > 0 && tg > 0 && tg < ng) {
+      if (n_nodes % ng == 0) {
+        const double spans = static_cast<double>(n_nodes / ng);
+        nodes_hit = static_cast<double>(tg) * spans * (1 - untouched(static_cast<double>(tg) * E / ng, E / nn, k));
+      } else if (ng % n_nodes == 0) {
+        nodes_hit = nn * (1 - untouched(static_cast<double>(ng), static_cast<double>(ng / n_nodes), static_cast<double>(tg)));
+      }
+    }
+    const double remote = nodes_hit * static_cast<double>(n_nodes - 1) / static_cast<double>(n_nodes);
+    // Per byte of routed copies (top_k copies per token): the NICs carry
+    // `remote` copies per token, NVLink the copies for the node's other GPUs.
+    rail_share = remote / k;
+    node_share = static_cast<double>(e_node - 1) / static_cast<double>(e_node);
+  }
+  auto epOneWay = [&](double bytes) -> Result<Seconds> {
+    if (!hier) return coll(plan::Collective::AllToAll, bytes, epg, "ep_comm_s");
+    Seconds across(0), inside(0);
+    // all-to-all "bytes" count what a member sends in all, its own share included
+    if (rail_g.size > 1) {
+      const double n = static_cast<double>(rail_g.size);
+      CHORUS_ASSIGN_OR_RETURN(across, coll(plan::Collective::AllToAll, bytes * rail_share * n / (n - 1), rail_g, "ep_comm_s"));
+    }
+    if (node_g.size > 1) {
+      const double n = static_cast<double>(node_g.size);
+      CHORUS_ASSIGN_OR_RETURN(inside, coll(plan::Collective::AllToAll, bytes * node_share * n / (n - 1), node_g, "ep_comm_s"));
+    }
+    return std::max(across, inside);  // pipelined: NVLink forwarding behind the RDMA chunks
+  };
   if (moe && ep > 1) {
-    CHORUS_ASSIGN_OR_RETURN(Seconds a2a, coll(plan::Collective::AllToAll, a2a_bytes, epg, "ep_comm_s"));
-    ep_fwd = a2a * 2;
+    CHORUS_ASSIGN_OR_RETURN(Seconds dsp, epOneWay(dispatch_bytes));
+    CHORUS_ASSIGN_OR_RETURN(Seconds cmb, epOneWay(a2a_bytes));
+    ep_fwd = dsp + cmb;
   }
   Seconds ce(0);  // the vocab-parallel cross-entropy's allreduce (3 fp32 values per token)
   if (t > 1) {
@@ -442,7 +518,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     } else {
       const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp);
       const double local_experts = static_cast<double>(m.moe.experts) / static_cast<double>(ep);
-      const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts));
+      const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts)) * imb;
       f += mm(tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(tok, h, ef, local_experts);
       if (m.moe.shared_experts)
         f += mm(bs, (mats - 1) * m.sharedFfn() / T, h, 1) + mm(bs, h, m.sharedFfn() / T, 1);
@@ -719,11 +795,20 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                    u_trs = unit(plan::Collective::ReduceScatter, tpg, t > 1),
                    u_tar = unit(plan::Collective::AllReduce, tpg, t > 1),
                    u_cp = unit(plan::Collective::AllGather, cpg, cp > 1),
-                   u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1),
+                   u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1 && !hier),
+                   u_rail = unit(plan::Collective::AllToAll, rail_g, hier && rail_g.size > 1),
+                   u_node = unit(plan::Collective::AllToAll, node_g, hier && node_g.size > 1),
                    u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1),
                    u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1),
                    u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1),
                    u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
+  // One MoE layer's dispatch and combine per micro-batch and pass.
+  const LinkDemand ep_demand =
+      hier ? (u_rail.scaled((dispatch_bytes + a2a_bytes) * rail_share * static_cast<double>(rail_g.size) /
+                            std::max<double>(1, static_cast<double>(rail_g.size - 1))) +=
+              u_node.scaled((dispatch_bytes + a2a_bytes) * node_share * static_cast<double>(node_g.size) /
+                            std::max<double>(1, static_cast<double>(node_g.size - 1))))
+           : u_ep.scaled(dispatch_bytes + a2a_bytes);
 
   // ---- physical bounds (src/sim/bounds.hpp) --------------------------------
   // Per pipeline stage, from its own layers (the split of the trace and the
@@ -759,7 +844,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         st_bytes[sd] += mbf * (w.f_bytes + w.b_bytes + rb);
         st_link[sd] += tp_layer.scaled(mbf);
         st_link[sd] += u_cp.scaled(cp_bytes * passes * mbf);
-        if (m.isMoeLayer(l)) st_link[sd] += u_ep.scaled(a2a_bytes * 2 * passes * mbf);
+        if (m.isMoeLayer(l)) st_link[sd] += ep_demand.scaled(passes * mbf);
       }
       next += count;
     }
@@ -868,7 +953,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         lp.tp_fwd = tp_fwd_t, lp.tp_bwd = tp_bwd_t, lp.tp_async = tp_async_t;
         const bool moe_layer = m.isMoeLayer(l);
         if (cp > 1) lp.cp = tr(cp_fwd, u_cp, cp_bytes);
-        if (moe_layer && ep > 1) lp.ep = tr(ep_fwd, u_ep, 2 * a2a_bytes);
+        if (moe_layer && ep > 1) lp.ep = tr(ep_fwd, ep_demand, 1);
         if (full) {  // the recomputed forward communicates again (exposed, before the backward)
           lp.tp_recompute = tp_fwd_t;
           lp.tp_recompute += lp.cp;

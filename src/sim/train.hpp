@@ -40,6 +40,15 @@ struct TrainConfig {
   // experts split over tp and ep inside dp x cp; E >= 1, the expert layers
   // laid out as etp E x ep x expert-data-parallel over tp x cp x dp.
   int etp = 0;
+  // MoE dispatch and combine (docs/simulator.md "Expert dispatch"):
+  // AllToAll, one all-to-all of every routed copy each way (Megatron-Core's
+  // all-to-all dispatcher); Hierarchical, each token sent once per
+  // destination node over the NICs (to the GPU of the same local rank) and
+  // fanned out to its experts' GPUs over NVLink (DeepEP's normal kernels),
+  // with the model's node-limited routing (moe.n_group / topk_group).
+  enum class MoeDispatch { AllToAll, Hierarchical } moe_dispatch = MoeDispatch::AllToAll;
+  bool fp8_dispatch = false;   // dispatch in fp8 (1 B + a 4-byte scale per 128 elements), combine in bf16
+  double moe_imbalance = 1;    // the busiest expert's tokens over the mean (>= 1)
   bool stage_costs = true;   // also cost every (stage, chunk) for the trace (TrainReport::chunks, ::stages)
   // The iteration time from the simulated schedule (src/sim/schedule.hpp);
   // false: the closed-form estimate only (what the search ranks by).

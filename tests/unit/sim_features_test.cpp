@@ -103,6 +103,91 @@ TEST(SimPlacement, AnExpertGroupThatStraddlesRacksPaysForItsNics) {
   EXPECT_NE(packed.bottleneck_link.find("nic"), std::string::npos) << packed.bottleneck_link;
 }
 
+// ---- expert dispatch -----------------------------------------------------------
+
+struct MoeCase {
+  plan::Registry reg = plan::Registry::builtin();
+  ClusterSpec c = cluster("fat-tree", 4);  // 32 GPUs, 8 per node
+  ModelSpec m = [] {
+    ModelSpec x = gpt(8, 2048, 16);
+    x.moe.experts = 32, x.moe.top_k = 4, x.moe.expert_ffn_hidden = 1024;
+    return x;
+  }();
+  TrainConfig k = [] {
+    TrainConfig x;
+    x.gpus = 32, x.tp = 1, x.pp = 1, x.dp = 32, x.ep = 32;  // the expert group spans the 4 nodes
+    x.global_batch = 64, x.micro_batch = 1, x.seq = 2048, x.recompute = Recompute::None;
+    x.schedule = false, x.stage_costs = false;
+    return x;
+  }();
+  Result<TrainReport> run(const ModelSpec& model, const TrainConfig& cfg) { return simulateTraining(model, c, cfg, reg); }
+  double ep(const TrainConfig& cfg) {
+    auto r = run(m, cfg);
+    EXPECT_TRUE(r.isOk()) << r.status().message();
+    return r.isOk() ? r->breakdown.at("ep_comm_s") : 0;
+  }
+};
+
+TEST(SimMoeDispatch, ImbalanceSlowsTheBusiestRankAndIsRangeChecked) {
+  MoeCase x;
+  TrainConfig k = x.k;
+  const double balanced = x.ep(k);
+  k.moe_imbalance = 2;  // one local expert (32 / 32) at twice the mean: the rank receives twice the copies
+  EXPECT_GT(x.ep(k), 1.5 * balanced);
+  auto r1 = x.run(x.m, x.k), r2 = x.run(x.m, k);
+  ASSERT_TRUE(r1.isOk() && r2.isOk());
+  EXPECT_GT(r2->breakdown.at("compute_s"), r1->breakdown.at("compute_s"));  // its grouped GEMM too
+  for (double bad : {0.5, 0.0, 9.0}) {  // 9 > experts / top_k = 8
+    k.moe_imbalance = bad;
+    auto e = x.run(x.m, k);
+    ASSERT_FALSE(e.isOk()) << bad;
+    EXPECT_NE(e.status().message().find("--moe-imbalance"), std::string::npos) << e.status().message();
+  }
+  TrainConfig dense = x.k;
+  dense.ep = 1, dense.moe_imbalance = 2;
+  auto e = x.run(gpt(8, 2048, 16), dense);
+  ASSERT_FALSE(e.isOk());
+  EXPECT_NE(e.status().message().find("has no experts"), std::string::npos) << e.status().message();
+}
+
+TEST(SimMoeDispatch, Fp8DispatchHalvesOneDirection) {
+  MoeCase x;
+  TrainConfig k = x.k;
+  const double bf16 = x.ep(k);
+  k.fp8_dispatch = true;
+  const double fp8 = x.ep(k);
+  EXPECT_LT(fp8, 0.85 * bf16);  // the dispatch at about half the bytes,
+  EXPECT_GT(fp8, 0.70 * bf16);  // the combine unchanged
+}
+
+TEST(SimMoeDispatch, HierarchicalSendsEachTokenOncePerNode) {
+  MoeCase x;
+  TrainConfig k = x.k;
+  auto flat = x.run(x.m, k);
+  k.moe_dispatch = TrainConfig::MoeDispatch::Hierarchical;
+  auto hier = x.run(x.m, k);
+  ModelSpec limited = x.m;  // node-limited routing: 4 groups (one per node), each token inside one
+  limited.moe.n_group = 4, limited.moe.topk_group = 1;
+  auto lim = x.run(limited, k);
+  ASSERT_TRUE(flat.isOk() && hier.isOk() && lim.isOk());
+  // 4 copies per token, 3 of 4 nodes remote: flat sends 3 copies over the NICs,
+  // hierarchical one per distinct remote node (4 (1 - C(24,4)/C(32,4)) x 3/4 = 2.05), node-limited 3/4.
+  const double fn = flat->bounds.seconds.at("nic_port"), hn = hier->bounds.seconds.at("nic_port"),
+               ln = lim->bounds.seconds.at("nic_port");
+  EXPECT_LT(hn, 0.8 * fn);
+  EXPECT_LT(ln, 0.5 * hn);
+  EXPECT_LT(hier->breakdown.at("ep_comm_s"), flat->breakdown.at("ep_comm_s"));
+  EXPECT_LT(lim->breakdown.at("ep_comm_s"), hier->breakdown.at("ep_comm_s"));
+  // An expert group that does not fill whole nodes cannot be split that way.
+  ModelSpec odd = x.m;
+  odd.moe.experts = 24;
+  TrainConfig bad = k;
+  bad.gpus = 24, bad.dp = 24, bad.ep = 12, bad.global_batch = 48;
+  auto e = x.run(odd, bad);
+  ASSERT_FALSE(e.isOk());
+  EXPECT_NE(e.status().message().find("must fill whole"), std::string::npos) << e.status().message();
+}
+
 // ---- flow-level network ------------------------------------------------------
 
 // Equal flows on dedicated links finish together: the flow model reproduces
