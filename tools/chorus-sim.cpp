@@ -109,11 +109,14 @@ int main(int argc, char** argv) {
   tr->add_option("--vpp", tc.vpp, "virtual pipeline stages per GPU (interleaved 1F1B)");
   tr->add_option("--gpus-per-domain", gpus_per_domain, per_domain_help);
   std::string moe_dispatch = "alltoall";
-  tr->add_option("--moe-dispatch", moe_dispatch,
-                 "alltoall (every routed copy in one all-to-all each way, Megatron-Core's dispatcher) or hierarchical "
-                 "(once per destination node over the NICs, then NVLink; node-limited routing; DeepEP's normal kernels)");
-  tr->add_flag("--fp8-dispatch", tc.fp8_dispatch, "dispatch tokens in fp8 (1 B + a scale per 128), combine in bf16");
-  tr->add_option("--moe-imbalance", tc.moe_imbalance, "the busiest expert's tokens over the mean (>= 1; 1: balanced)");
+  const char* dispatch_help =
+      "alltoall (every routed copy in one all-to-all each way, Megatron-Core's dispatcher) or hierarchical (once per "
+      "destination node over the NICs, then NVLink; node-limited routing; DeepEP's normal kernels)";
+  const char* fp8_dispatch_help = "dispatch tokens in fp8 (1 B + a scale per 128), combine in bf16";
+  const char* imbalance_help = "the busiest expert's tokens over the mean (>= 1; 1: balanced)";
+  tr->add_option("--moe-dispatch", moe_dispatch, dispatch_help);
+  tr->add_flag("--fp8-dispatch", tc.fp8_dispatch, fp8_dispatch_help);
+  tr->add_option("--moe-imbalance", tc.moe_imbalance, imbalance_help);
   tr->add_option("--first-stage-layers", tc.first_stage_layers,
                  "layers of the first pipeline stage (default 0: the uniform split)");
   tr->add_option("--last-stage-layers", tc.last_stage_layers,
@@ -149,6 +152,9 @@ int main(int argc, char** argv) {
   se->add_option("--seq", sc.seq, "sequence length");
   se->add_option("--top", sc.top, "layouts to show");
   se->add_option("--gpus-per-domain", sc.gpus_per_domain, per_domain_help);
+  se->add_option("--moe-dispatch", moe_dispatch, dispatch_help);
+  se->add_flag("--fp8-dispatch", sc.fp8_dispatch, fp8_dispatch_help);
+  se->add_option("--moe-imbalance", sc.moe_imbalance, imbalance_help);
   se->add_option("--max-micro-batch", sc.max_micro_batch, "largest micro-batch tried (powers of two)");
   se->add_option("--resimulate", sc.resimulate,
                  "re-simulate the best K layouts of the closed-form estimate as schedules and rank them by it (0: "
@@ -317,9 +323,9 @@ int main(int argc, char** argv) {
     tc.schedule = !estimate_only;
     tc.async_tp = !sync_tp;
     tc.overlap_dp = !no_overlap_dp;
-    if (moe_dispatch == "alltoall") tc.moe_dispatch = TrainConfig::MoeDispatch::AllToAll;
-    else if (moe_dispatch == "hierarchical") tc.moe_dispatch = TrainConfig::MoeDispatch::Hierarchical;
-    else return fail(invalidArgument("--moe-dispatch '{}': one of alltoall, hierarchical", moe_dispatch));
+    auto md = parseMoeDispatch(moe_dispatch);
+    if (!md.isOk()) return fail(md.status());
+    tc.moe_dispatch = *md;
     auto r = simulateTraining(*model, tc, net);
     if (!r.isOk()) return fail(r.status());
     nlohmann::json j = toJson(*r);
@@ -357,6 +363,9 @@ int main(int argc, char** argv) {
                    static_cast<long long>(total));
       if (done == total) std::fprintf(stderr, "\n");
     };
+    auto md = parseMoeDispatch(moe_dispatch);
+    if (!md.isOk()) return fail(md.status());
+    sc.moe_dispatch = *md;
     auto r = searchLayouts(*model, sc, net, progress);
     if (!r.isOk()) return fail(r.status());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -105,6 +105,11 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
                   k.sequence_parallel = true;
                   k.flash_attention = sc.flash_attention;
                   k.fp8 = sc.fp8;
+                  if (m.moe.experts > 0) {
+                    k.moe_dispatch = sc.moe_dispatch;
+                    k.fp8_dispatch = sc.fp8_dispatch;
+                    k.moe_imbalance = sc.moe_imbalance;
+                  }
                   k.algo = sc.algo;
                   k.stage_costs = false;  // only the trace draws them
                   k.schedule = false;     // ranked by the closed-form estimate; the best are re-simulated

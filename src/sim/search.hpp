@@ -29,6 +29,10 @@ struct SearchConfig {
   // GPUs of each NVLink domain the job uses (sim/placement.hpp); 0: each
   // layout's aligned default (alignedDomainUse).
   int64_t gpus_per_domain = 0;
+  // MoE models: how every layout dispatches (TrainConfig's fields).
+  TrainConfig::MoeDispatch moe_dispatch = TrainConfig::MoeDispatch::AllToAll;
+  bool fp8_dispatch = false;
+  double moe_imbalance = 1;
 };
 
 struct SearchResult {

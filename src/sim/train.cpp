@@ -111,6 +111,12 @@ Seconds overlapped(Seconds comm, Seconds work, double sm_fraction) {
 
 }  // namespace
 
+Result<TrainConfig::MoeDispatch> parseMoeDispatch(std::string_view text) {
+  if (text == "alltoall") return TrainConfig::MoeDispatch::AllToAll;
+  if (text == "hierarchical") return TrainConfig::MoeDispatch::Hierarchical;
+  return invalidArgument("--moe-dispatch '{}': one of alltoall, hierarchical", text);
+}
+
 double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq) {
   const double tokens = static_cast<double>(global_batch) * static_cast<double>(seq);
   double per_token = 2 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab);  // logits

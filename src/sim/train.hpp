@@ -57,6 +57,9 @@ struct TrainConfig {
   bool overlap_dp = true;  // schedule: ZeRO-0..2 gradient reduce / parameter gather overlapped per layer
 };
 
+// "alltoall" or "hierarchical" (--moe-dispatch).
+Result<TrainConfig::MoeDispatch> parseMoeDispatch(std::string_view text);
+
 struct TrainReport {
   TrainConfig config;
   // iteration_s: the schedule's makespan (config.schedule) or the estimate.
