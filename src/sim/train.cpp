@@ -499,8 +499,21 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       bw += x + w;
       return gpu.gemm(mm_m, mm_n, mm_k, batch);
     };
+    // fp8 (TransformerEngine): each fp8 GEMM's input is cast to fp8 with its
+    // transpose for the weight gradient (read 2 B, write 1 + 1 B per
+    // element), and backward its output gradient likewise.  Not the router,
+    // the attention core or the logits (bf16 in Megatron's fp8 recipes).
+    Seconds q8_fwd(0), q8_bwd(0);
+    auto q8 = [&](double mm_m, double mm_n, double mm_k, double batch) {
+      if (!cfg.fp8) return;
+      const double fb = 4 * mm_m * mm_k * batch, bb = 4 * mm_m * mm_n * batch;
+      q8_fwd += raw_gpu.mem(fb), q8_bwd += raw_gpu.mem(bb);
+      gpu.fwd_bytes += fb, gpu.bwd_bytes += bb;  // metered as what they are, not as forward element-wise bytes
+    };
     f += mm(bs, m.attnInParams() / h / T, h, 1, &lt.qkv_dgrad, &lt.qkv_wgrad);  // qkv (MLA: with its latents)
+    q8(bs, m.attnInParams() / h / T, h, 1);
     f += mm(bs, h, heads_v / T, 1);                                               // output projection
+    q8(bs, h, heads_v / T, 1);
     // The core over all keys (ring attention): with FlashAttention one fused
     // causal kernel forward and one backward (sim/compute.hpp), else the
     // scores and AV as batched GEMMs.
@@ -520,14 +533,18 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     if (dense) {
       const double ff = static_cast<double>(m.ffn_hidden) / T;
       f += mm(bs, (mats - 1) * ff, h, 1, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(bs, h, ff, 1);
+      q8(bs, (mats - 1) * ff, h, 1), q8(bs, h, ff, 1);
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
     } else {
       const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp);
       const double local_experts = static_cast<double>(m.moe.experts) / static_cast<double>(ep);
       const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts)) * imb;
       f += mm(tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(tok, h, ef, local_experts);
-      if (m.moe.shared_experts)
+      q8(tok, (mats - 1) * ef, h, local_experts), q8(tok, h, ef, local_experts);
+      if (m.moe.shared_experts) {
         f += mm(bs, (mats - 1) * m.sharedFfn() / T, h, 1) + mm(bs, h, m.sharedFfn() / T, 1);
+        q8(bs, (mats - 1) * m.sharedFfn() / T, h, 1), q8(bs, h, m.sharedFfn() / T, 1);
+      }
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
       f += mm(bs, m.moe.experts, h, 1);                              // router
       // Token permutation around the experts (Megatron-Core's all-to-all
@@ -542,9 +559,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     // Two layer norms (read + write) and two dropout + residual adds (read x,
     // mask, residual; write) over the (sequence-split) hidden state.
     ew += gpu.mem(2 * 4 * bs * hsp) + gpu.mem(2 * (m.dropout ? 7 : 6) * bs * hsp);  // no dropout: no mask byte
-    lt.fwd = f + ew;
+    lt.fwd = f + ew + q8_fwd;
     lt.attn_core_fwd = core;
-    lt.bwd = bw + ew * 2;  // element-wise backward kernels move about twice the forward's bytes
+    lt.bwd = bw + ew * 2 + q8_bwd;  // element-wise backward kernels move about twice the forward's bytes
     return lt;
   };
 
