@@ -864,11 +864,10 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   const transport::CallSignature my_sig{comm::boardAt(board_base_, k)};
   auto input = [&](int q) -> Result<const std::byte*> {
     if (q == rank_) return mine;
-    CHORUS_ASSIGN_OR_RETURN(const std::byte* x, board_->await(q, k, cfg_.timeout));
-    transport::CallSignature theirs;
-    if (!board_->signature(q, k, &theirs))  // cannot happen: the peer cannot reuse the slot before our k + 1
-      return internalError("rank {}: board slot of rank {} does not hold call {} after the await", rank_, q, k);
-    if (!(theirs == my_sig)) return boardMismatch(q, theirs, my_sig, batch_sig_);
+    transport::CallSignature theirs;  // read with the slot (its call bits are k's: the peer cannot reuse it before our k + 1)
+    CHORUS_ASSIGN_OR_RETURN(const std::byte* x, board_->await(q, k, cfg_.timeout, &theirs));
+    if (!(theirs == my_sig)) [[unlikely]]
+      return boardMismatch(q, theirs, my_sig, batch_sig_);
     return x;
   };
   if (op.coll == Collective::Broadcast) {

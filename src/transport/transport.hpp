@@ -151,8 +151,11 @@ class Board {
   virtual void settle() = 0;
   // Peer's slot of call k once the peer has published k or later.  Fails when the peer died
   // or aborted, this transport was aborted, or `timeout` passed since the
-  // wait began (chorusTimeout, naming the peer).
-  virtual Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) = 0;
+  // wait began (chorusTimeout, naming the peer).  With `sig`, also the
+  // signature the peer published with call k (what signature() reads, in
+  // the same visit of the slot).
+  virtual Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout,
+                                         CallSignature* sig = nullptr) = 0;
   // The signature the peer published with call k, into *out: true when the
   // peer's slot holds call k (a slot the peer has begun to reuse gives false:
   // the word carries the call number's low bits).  Certain to succeed once

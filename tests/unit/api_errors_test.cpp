@@ -488,7 +488,8 @@ TEST(ApiInit, BadArguments) {
 // within the (shortened) timeout rather than hang.
 TEST(ApiInit, MismatchedRankCounts) {
   setenv("CHORUS_TIMEOUT_MS", "5000", 1);
-  for (auto [n0, n1] : {std::pair{2, 3}, std::pair{3, 2}}) {
+  for (auto [n0, n1_] : {std::pair{2, 3}, std::pair{3, 2}}) {
+    const int n1 = n1_;  // a copy the thread's lambda can capture (clang 14 cannot capture a structured binding)
     SCOPED_TRACE(testing::Message() << "rank 0 nranks=" << n0 << ", rank 1 nranks=" << n1);
     chorusUniqueId id;
     ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);

@@ -203,15 +203,16 @@ class ShmTransport final : public Transport, public Board {
   bool signature(int peer, uint64_t k, CallSignature* out) const override;
   uint64_t slotCall(int peer, uint64_t k) const override;
   void settle() override;
-  Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout) override;
+  Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout,
+                                 CallSignature* sig) override;
 
   [[nodiscard]] const ShmStats& stats() const { return stats_; }
 
  private:
   Peer* findPeer(int rank) {
-    auto it = std::lower_bound(peer_ranks_.begin(), peer_ranks_.end(), rank);
-    if (it == peer_ranks_.end() || *it != rank) return nullptr;
-    return &peers_[it - peer_ranks_.begin()];
+    if (rank < 0 || static_cast<size_t>(rank) >= peer_index_.size() || peer_index_[static_cast<size_t>(rank)] < 0)
+      return nullptr;
+    return &peers_[static_cast<size_t>(peer_index_[static_cast<size_t>(rank)])];
   }
   const Peer* findPeer(int rank) const { return const_cast<ShmTransport*>(this)->findPeer(rank); }
   Status abortStatus() {
@@ -252,6 +253,7 @@ class ShmTransport final : public Transport, public Board {
   bool board_unsettled_ = false;  // published, but not yet settle()d
   std::atomic<uint64_t> settle_fence_{0};
   std::vector<int> peer_ranks_;  // sorted; peers_[i] serves peer_ranks_[i] and our slot i
+  std::vector<int32_t> peer_index_;  // rank -> i (-1: not a peer): findPeer in O(1) on every board read
   std::vector<Peer> peers_;
   std::vector<std::byte> bounce_;
   std::chrono::microseconds spin_{50};
@@ -341,7 +343,9 @@ Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
   own_board_ = boardSlots(own_.data());
   for (size_t k = 0; k < kBoardSlots; ++k) new (&own_board_[k]) BoardSlot{};
   peers_.resize(nslots);
+  peer_index_.assign(peer_ranks_.empty() ? 0 : static_cast<size_t>(std::max(peer_ranks_.back(), 0)) + 1, -1);
   for (size_t i = 0; i < nslots; ++i) {
+    if (peer_ranks_[i] >= 0) peer_index_[static_cast<size_t>(peer_ranks_[i])] = static_cast<int32_t>(i);
     SlotControl* sc = new (slotControl(own_.data(), ring_bytes, i)) SlotControl{};
     sc->sender_rank = peer_ranks_[i];
     Peer& p = peers_[i];
@@ -1026,23 +1030,30 @@ bool ShmTransport::signature(int peer, uint64_t k, CallSignature* out) const {
   return ((out->word >> 40) & 0xff) == (k & 0xff);
 }
 
-Result<const std::byte*> ShmTransport::await(int peer, uint64_t k, std::chrono::milliseconds timeout) {
+Result<const std::byte*> ShmTransport::await(int peer, uint64_t k, std::chrono::milliseconds timeout,
+                                             CallSignature* sig) {
   const Peer* p = findPeer(peer);
   if (p == nullptr) return internalError("shm board, rank {}: rank {} is not a peer of this transport", rank_, peer);
   const BoardSlot& s = p->board[k % kBoardSlots];
   auto ready = [&](std::memory_order mo) { return s.call.load(mo) >= k; };
-  if (ready(std::memory_order_acquire)) return s.data;
+  // The word was stored before the call number (publish): after the acquire
+  // load that saw k it is k's (the peer cannot reuse the slot before our k + 1).
+  auto found = [&]() -> const std::byte* {
+    if (sig != nullptr) sig->word = s.sig.load(std::memory_order_relaxed);
+    return s.data;
+  };
+  if (ready(std::memory_order_acquire)) return found();
   // The same phases as wait(): pure polls, polls that yield the core
   // (spinFor), then sleeps on our doorbell, which the peer's settle() rings.
   Clock::time_point start;
-  if (spinFor([&] { return ready(std::memory_order_acquire); }, 64, timeout, &start)) return s.data;
+  if (spinFor([&] { return ready(std::memory_order_acquire); }, 64, timeout, &start)) return found();
   const auto deadline = start + timeout;
   // About to sleep: the peers must see our publish first (they may be
   // asleep waiting for it, as we are about to be for theirs).
   settle();
   auto last_liveness = start;
   while (true) {
-    if (ready(std::memory_order_acquire)) return s.data;
+    if (ready(std::memory_order_acquire)) return found();
     if (aborted_.load(std::memory_order_acquire)) return abortStatus();
     if (p->peer_page0->aborted.load(std::memory_order_acquire) != 0) return abortedOr(*p, Status());
     const auto now = Clock::now();
