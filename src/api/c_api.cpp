@@ -109,9 +109,20 @@ class CommRef {
   Status st_;
 };
 
-Status checkDtype(const char* fn, chorusDataType_t d) {
-  if (!kernels::isValidDtype(static_cast<int>(d)))
-    return invalidArgument("{}: datatype={} is not a chorusDataType_t (valid: 0..{})", fn, static_cast<int>(d),
+// The int a C caller passed for an enum parameter, read as bits: a value
+// outside the enumerators' range is undefined behaviour when loaded as a C++
+// enum without a fixed type (UBSan's -fsanitize=enum), and any int may arrive.
+template <typename E>
+int rawEnum(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+Status checkDtype(const char* fn, const chorusDataType_t& d) {
+  if (!kernels::isValidDtype(rawEnum(d)))
+    return invalidArgument("{}: datatype={} is not a chorusDataType_t (valid: 0..{})", fn, rawEnum(d),
                            chorusNumTypes - 1);
   return {};
 }
@@ -178,7 +189,7 @@ CHORUS_EXPORT chorusResult_t chorusGetVersion(int* version) {
 }
 
 CHORUS_EXPORT const char* chorusGetErrorString(chorusResult_t r) {
-  switch (r) {
+  switch (rawEnum(r)) {
     case chorusSuccess: return "no error";
     case chorusSystemError: return "system error (an OS call failed)";
     case chorusInternalError: return "internal error (a bug in chorus)";
@@ -391,9 +402,8 @@ CHORUS_EXPORT chorusResult_t chorusRedOpCreatePreMulSum(chorusRedOp_t* op, void*
   CHORUS_CHECK(op ? Status() : invalidArgument("chorusRedOpCreatePreMulSum: op is NULL"));
   CHORUS_CHECK(scalar ? Status() : invalidArgument("chorusRedOpCreatePreMulSum: scalar is NULL"));
   CHORUS_CHECK(checkDtype("chorusRedOpCreatePreMulSum", datatype));
-  if (residence != chorusScalarDevice && residence != chorusScalarHostImmediate)
-    return report(invalidArgument("chorusRedOpCreatePreMulSum: residence={} is not a chorusScalarResidence_t",
-                                  static_cast<int>(residence)), c);
+  if (const int rv = rawEnum(residence); rv != chorusScalarDevice && rv != chorusScalarHostImmediate)
+    return report(invalidArgument("chorusRedOpCreatePreMulSum: residence={} is not a chorusScalarResidence_t", rv), c);
   kernels::Scalar s;
   s.dtype = datatype;
   std::memcpy(s.bytes, scalar, kernels::dtypeSize(datatype));
