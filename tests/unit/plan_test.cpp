@@ -99,8 +99,11 @@ TEST(Plan, LargeRankCounts) {
 // ranks dealt round-robin over hosts, and uneven layouts, which an algorithm
 // must either prove or refuse (supports() false).  Without a layout they
 // refuse, so the simulator (which sets none) never picks them.
+// gcc defines __SANITIZE_*__; clang answers __has_feature.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+constexpr bool kSanitized = __has_feature(address_sanitizer) || __has_feature(thread_sanitizer);
 #else
 constexpr bool kSanitized = false;
 #endif
