@@ -426,7 +426,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // routed to once, then one NVLink hop per copy inside the node.
   const bool hier = moe && ep > 1 && cfg.moe_dispatch == TrainConfig::MoeDispatch::Hierarchical;
   GroupSet rail_g, node_g;
-  double rail_share = 0, node_share = 0;  // bytes over the NICs / NVLink per byte of routed copies
+  // Per byte of routed copies, what a member of the rail / node group sends
+  // in its all-to-all (whose byte count includes the member's own share).
+  double rail_share = 0, node_share = 0;
   if (hier) {
     const int64_t st = epg.stride, gpn = c.node.gpus;
     const int64_t e_node = st <= gpn && gpn % st == 0 ? std::min<int64_t>(ep, gpn / st) : 1;
@@ -458,22 +460,19 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       }
     }
     const double remote = nodes_hit * static_cast<double>(n_nodes - 1) / static_cast<double>(n_nodes);
-    // Per byte of routed copies (top_k copies per token): the NICs carry
-    // `remote` copies per token, NVLink the copies for the node's other GPUs.
-    rail_share = remote / k;
-    node_share = static_cast<double>(e_node - 1) / static_cast<double>(e_node);
+    // The NICs carry `remote` of a token's top_k copies, NVLink the copies
+    // for the node's other GPUs ((e - 1) / e of them), each scaled by n / (n - 1).
+    rail_share = n_nodes > 1 ? remote / k * nn / (nn - 1) : 0;
+    node_share = e_node > 1 ? 1 : 0;
   }
   auto epOneWay = [&](double bytes) -> Result<Seconds> {
     if (!hier) return coll(plan::Collective::AllToAll, bytes, epg, "ep_comm_s");
     Seconds across(0), inside(0);
-    // all-to-all "bytes" count what a member sends in all, its own share included
-    if (rail_g.size > 1) {
-      const double n = static_cast<double>(rail_g.size);
-      CHORUS_ASSIGN_OR_RETURN(across, coll(plan::Collective::AllToAll, bytes * rail_share * n / (n - 1), rail_g, "ep_comm_s"));
+    if (rail_share > 0) {
+      CHORUS_ASSIGN_OR_RETURN(across, coll(plan::Collective::AllToAll, bytes * rail_share, rail_g, "ep_comm_s"));
     }
-    if (node_g.size > 1) {
-      const double n = static_cast<double>(node_g.size);
-      CHORUS_ASSIGN_OR_RETURN(inside, coll(plan::Collective::AllToAll, bytes * node_share * n / (n - 1), node_g, "ep_comm_s"));
+    if (node_share > 0) {
+      CHORUS_ASSIGN_OR_RETURN(inside, coll(plan::Collective::AllToAll, bytes * node_share, node_g, "ep_comm_s"));
     }
     return std::max(across, inside);  // pipelined: NVLink forwarding behind the RDMA chunks
   };
@@ -827,10 +826,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                    u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
   // One MoE layer's dispatch and combine per micro-batch and pass.
   const LinkDemand ep_demand =
-      hier ? (u_rail.scaled((dispatch_bytes + a2a_bytes) * rail_share * static_cast<double>(rail_g.size) /
-                            std::max<double>(1, static_cast<double>(rail_g.size - 1))) +=
-              u_node.scaled((dispatch_bytes + a2a_bytes) * node_share * static_cast<double>(node_g.size) /
-                            std::max<double>(1, static_cast<double>(node_g.size - 1))))
+      hier ? (u_rail.scaled((dispatch_bytes + a2a_bytes) * rail_share) +=
+              u_node.scaled((dispatch_bytes + a2a_bytes) * node_share))
            : u_ep.scaled(dispatch_bytes + a2a_bytes);
 
   // ---- physical bounds (src/sim/bounds.hpp) --------------------------------
