@@ -58,6 +58,8 @@ struct NodeSpec {
   // Set by placedCluster (sim/placement.hpp), not by cluster files: the
   // physical domain size when a job uses only `gpus` of each domain (0: all).
   int64_t domain_gpus = 0;
+  // The physical NVLink domain's GPUs (the placed job's `gpus` or more).
+  [[nodiscard]] int64_t domainSize() const { return domain_gpus > 0 ? domain_gpus : gpus; }
 };
 
 struct NetworkSpec {

@@ -9,7 +9,7 @@
 namespace chorus::sim {
 
 int64_t alignedDomainUse(const ClusterSpec& c, const TrainConfig& k) {
-  const int64_t g = c.node.domain_gpus > 0 ? c.node.domain_gpus : c.node.gpus;
+  const int64_t g = c.node.domainSize();
   const int64_t t = k.tp, cp = k.cp, d = k.dp;
   // The blocks of consecutive ranks each group occupies in Megatron's order.
   std::vector<int64_t> blocks{t, t * cp, t * cp * d};
@@ -26,7 +26,7 @@ int64_t alignedDomainUse(const ClusterSpec& c, const TrainConfig& k) {
 }
 
 Result<ClusterSpec> placedCluster(const ClusterSpec& c, int64_t used, int64_t job_gpus) {
-  const int64_t g = c.node.domain_gpus > 0 ? c.node.domain_gpus : c.node.gpus;
+  const int64_t g = c.node.domainSize();
   if (used < 1 || used > g)
     return invalidArgument("--gpus-per-domain {}: must be in [1, {}] (the GPUs of one NVLink domain of '{}')", used, g,
                            c.name);
@@ -45,7 +45,7 @@ Result<ClusterSpec> placedCluster(const ClusterSpec& c, int64_t used, int64_t jo
 }
 
 std::string describePlacement(const ClusterSpec& placed, int64_t job_gpus) {
-  const int64_t used = placed.node.gpus, g = placed.node.domain_gpus > 0 ? placed.node.domain_gpus : used;
+  const int64_t used = placed.node.gpus, g = placed.node.domainSize();
   const int64_t domains = (job_gpus + used - 1) / used;
   const std::string of = used == g ? fmt::format("{} GPUs", used) : fmt::format("{} of {} GPUs", used, g);
   return fmt::format("{} in each of {} NVLink domain{}", of, domains, domains == 1 ? "" : "s");
