@@ -15,7 +15,7 @@
 #   asan     ASan + UBSan build (preset `asan`), unit and integration tests
 #   tsan     TSan build (preset `tsan`), the unit tests of threaded code
 #   fuzz     clang libFuzzer build (preset `fuzz`), each target for
-#            $CHORUS_FUZZ_SECONDS (default 20) seconds
+#            $CHORUS_FUZZ_SECONDS (default 20) seconds, $CHORUS_JOBS at a time
 # Each phase prints its wall time, and a summary at the end gives each phase's
 # status, time and ctest count.  Exits non-zero if any phase failed (all
 # selected phases run).  Build directory of the default phase:
@@ -71,26 +71,37 @@ phase_tsan() {
     tee build-tsan/ctest.log
 }
 
-# Short, bounded runs from an empty corpus with a fixed seed; a crash, leak,
-# sanitizer report or timeout (-timeout, per input) fails the phase.  The
-# crashing input is left in build-fuzz/artifacts/ to reproduce with
-# `build-fuzz/tests/fuzz/<target> <file>`.
+# Short, bounded runs from an empty corpus with a fixed seed, $jobs targets at
+# a time (libFuzzer runs on one thread); a crash, leak, sanitizer report or
+# timeout (-timeout, per input) fails the phase.  The crashing input is left
+# in build-fuzz/artifacts/ to reproduce with `build-fuzz/tests/fuzz/<target> <file>`.
+fuzz_one() {
+  local target=$1 name corpus rc=0
+  name=$(basename "$target")
+  corpus=build-fuzz/corpus/$name
+  rm -rf "$corpus" && mkdir -p "$corpus"
+  "$target" -max_total_time="$fuzz_seconds" -seed=1 -max_len=16384 -timeout=25 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/"$name"- "$corpus" >build-fuzz/"$name".log 2>&1 ||
+    rc=$?
+  echo "$rc" >build-fuzz/"$name".rc
+}
+
 phase_fuzz() {
   cmake --preset fuzz && cmake --build --preset fuzz -j "$jobs" --target chorus_fuzz || return 1
   mkdir -p build-fuzz/artifacts
-  local status=0 target name corpus rc
-  local ntargets=0 nclean=0
-  for target in build-fuzz/tests/fuzz/*_fuzz; do
-    ntargets=$((ntargets + 1))
+  local targets=(build-fuzz/tests/fuzz/*_fuzz) target name rc i
+  [[ -x ${targets[0]} ]] || { echo "fuzz: no targets in build-fuzz/tests/fuzz" | tee build-fuzz/summary.log >&2; return 1; }
+  rm -f build-fuzz/*_fuzz.rc
+  for ((i = 0; i < ${#targets[@]}; i += jobs)); do
+    for target in "${targets[@]:i:jobs}"; do fuzz_one "$target" & done
+    wait
+  done
+  local status=0 nclean=0
+  for target in "${targets[@]}"; do
     name=$(basename "$target")
-    corpus=build-fuzz/corpus/$name
-    rm -rf "$corpus" && mkdir -p "$corpus"
-    rc=0
-    "$target" -max_total_time="$fuzz_seconds" -seed=1 -max_len=16384 -timeout=25 -rss_limit_mb=2048 \
-      -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/"$name"- "$corpus" >build-fuzz/"$name".log 2>&1 ||
-      rc=$?
+    rc=$(cat build-fuzz/"$name".rc 2>/dev/null || echo '?')
     echo "fuzz $name: $(grep -m1 -o 'number_of_executed_units: *[0-9]*' build-fuzz/"$name".log || echo '?') in ${fuzz_seconds}s, status $rc"
-    if [[ $rc -ne 0 ]]; then
+    if [[ $rc != 0 ]]; then
       grep -E -A30 '^==[0-9]+==|SUMMARY|ERROR: libFuzzer' build-fuzz/"$name".log | head -60 >&2
       echo "fuzz $name FAILED: log build-fuzz/$name.log, input in build-fuzz/artifacts/" >&2
       status=1
@@ -98,8 +109,7 @@ phase_fuzz() {
       nclean=$((nclean + 1))
     fi
   done
-  [[ $ntargets -gt 0 ]] || { echo "fuzz: no targets in build-fuzz/tests/fuzz" >&2; status=1; }
-  echo "fuzz: $nclean of $ntargets targets clean after ${fuzz_seconds}s each" | tee build-fuzz/summary.log
+  echo "fuzz: $nclean of ${#targets[@]} targets clean after ${fuzz_seconds}s each" | tee build-fuzz/summary.log
   return "$status"
 }
 

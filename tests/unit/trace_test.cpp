@@ -493,9 +493,11 @@ TEST(TraceMerge, SlicesOnATrackNest) {
     if (key.first == 0 && key.second >= 1000 && key.second < 2000) ++send_tracks;
   }
   EXPECT_EQ(send_tracks, 2);  // six sends, at most two at a time
-  for (const auto& e : j["traceEvents"])
-    if (e["ph"] == "s" || e["ph"] == "f")
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "s" || e["ph"] == "f") {
       EXPECT_TRUE(tracks.count({e["pid"].get<int>(), e["tid"].get<int>()})) << e.dump();
+    }
+  }
 }
 
 }  // namespace
