@@ -840,6 +840,37 @@ void boardCopy(std::byte* dst, const std::byte* src, size_t n) {
 }
 }  // namespace
 
+// Board call k = board_calls_ + 1: waits until every peer is past call
+// k - kBoardSlots + 1 (see runBoard), copies `bytes` of `inp` into the slot
+// when `data`, and publishes it with the batch's signature.  The waits and
+// the earlier calls' checks are out of line (publishCallSlow): in a loop of
+// symmetric calls neither is needed, and the call costs a copy and a store.
+inline Status Communicator::publishCall(const std::byte* inp, size_t bytes, bool data) {
+  const uint64_t k = board_calls_ + 1;
+  if (unverified_count_ != 0 || board_seen_all_ + kBoardLag < k) [[unlikely]]
+    CHORUS_RETURN_IF_ERROR(publishCallSlow(k));
+  if (data) boardCopy(board_->slot(k), inp, bytes);
+  board_->publish(k, transport::CallSignature{comm::boardAt(board_base_, k)});
+  board_calls_ = k;
+  return {};
+}
+
+Status Communicator::publishCallSlow(uint64_t k) {
+  if (unverified_count_ != 0) CHORUS_RETURN_IF_ERROR(verifyEarlierCalls());
+  // This call rewrites the slot of call k - kBoardSlots: every peer must be
+  // past that call, i.e. have published k - kBoardSlots + 1.  After a
+  // symmetric board call this rank has seen far more already; a run of
+  // broadcasts (whose ranks await only the root) or of calls that move their
+  // data elsewhere waits here, so no rank runs more than kBoardSlots - 1
+  // calls ahead of its slowest peer's publishes.
+  if (board_seen_all_ + kBoardLag < k) {
+    for (int q = 0; q < nranks_; ++q)
+      if (q != rank_) CHORUS_RETURN_IF_ERROR(board_->await(q, k - kBoardLag, cfg_.timeout).status());
+    board_seen_all_ = k - kBoardLag;
+  }
+  return {};
+}
+
 // The one-shot plan through the board: the plan's sends and receives become
 // one write of this rank's input into its slot and reads of the peers' slots
 // in place; the reductions are the plan's, in rank order, so the result is
@@ -862,31 +893,43 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   const uint64_t k = board_calls_;
   const std::byte* mine = board_->slot(k);
   const transport::CallSignature my_sig{comm::boardAt(board_base_, k)};
-  auto input = [&](int q) -> Result<const std::byte*> {
+  // Peer q's slot, or nullptr with `failed` set (a plain pointer: the
+  // reduction loop below stays free of Result's variant).
+  Status failed;
+  auto input = [&](int q) __attribute__((always_inline)) -> const std::byte* {
     if (q == rank_) return mine;
     transport::CallSignature theirs;  // read with the slot (its call bits are k's: the peer cannot reuse it before our k + 1)
-    CHORUS_ASSIGN_OR_RETURN(const std::byte* x, board_->await(q, k, cfg_.timeout, &theirs));
-    if (!(theirs == my_sig)) [[unlikely]]
-      return boardMismatch(q, theirs, my_sig, batch_sig_);
-    return x;
+    Result<const std::byte*> x = board_->await(q, k, cfg_.timeout, &theirs);
+    if (!x.isOk()) [[unlikely]] {
+      failed = x.status();
+      return nullptr;
+    }
+    if (!(theirs == my_sig)) [[unlikely]] {
+      failed = boardMismatch(q, theirs, my_sig, batch_sig_);
+      return nullptr;
+    }
+    return *x;
   };
   if (op.coll == Collective::Broadcast) {
     if (rank_ == op.root) {
       if (outp != inp) boardCopy(outp, inp, bytes);
       deferVerification(k);  // the root reads nobody's slot
     } else {
-      CHORUS_ASSIGN_OR_RETURN(const std::byte* x, input(op.root));
+      const std::byte* x = input(op.root);
+      if (x == nullptr) [[unlikely]] return failed;
       boardCopy(outp, x, bytes);
     }
   } else if (plan::reduces(op.coll)) {
     // AllReduce: the whole inputs; ReduceScatter: block r of each.  In rank
     // order, as the plan.
     const size_t at = op.coll == Collective::AllReduce ? 0 : r * N * es;
-    CHORUS_ASSIGN_OR_RETURN(const std::byte* a, input(0));
-    CHORUS_ASSIGN_OR_RETURN(const std::byte* b, input(1));
+    const std::byte* a = input(0);
+    const std::byte* b = a == nullptr ? nullptr : input(1);
+    if (b == nullptr) [[unlikely]] return failed;
     (*job.reducer)(outp, a + at, b + at, N);
     for (int q = 2; q < nranks_; ++q) {
-      CHORUS_ASSIGN_OR_RETURN(const std::byte* x, input(q));
+      const std::byte* x = input(q);
+      if (x == nullptr) [[unlikely]] return failed;
       (*job.reducer)(outp, outp, x + at, N);
     }
   } else {
@@ -894,36 +937,13 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
     // of peer q's input is.
     const size_t from = op.coll == Collective::AllGather ? 0 : r * N * es;
     for (int q = 0; q < nranks_; ++q) {
-      CHORUS_ASSIGN_OR_RETURN(const std::byte* x, input(q));
+      const std::byte* x = input(q);
+      if (x == nullptr) [[unlikely]] return failed;
       boardCopy(outp + static_cast<size_t>(q) * N * es, x + from, N * es);
     }
   }
   if (op.coll != Collective::Broadcast) board_seen_all_ = k;  // every peer's k was awaited above
   board_->settle();
-  return {};
-}
-
-// Board call k = board_calls_ + 1: waits until every peer is past call
-// k - kBoardSlots + 1 (see runBoard), copies `bytes` of `inp` into the slot
-// when `data`, and publishes it with the batch's signature.
-Status Communicator::publishCall(const std::byte* inp, size_t bytes, bool data) {
-  const uint64_t k = board_calls_ + 1;
-  if (unverified_count_ != 0) CHORUS_RETURN_IF_ERROR(verifyEarlierCalls());
-  // This call rewrites the slot of call k - kBoardSlots: every peer must be
-  // past that call, i.e. have published k - kBoardSlots + 1.  After a
-  // symmetric board call this rank has seen far more already; a run of
-  // broadcasts (whose ranks await only the root) or of calls that move their
-  // data elsewhere waits here, so no rank runs more than kBoardSlots - 1
-  // calls ahead of its slowest peer's publishes.
-  constexpr uint64_t lag = transport::kBoardSlots - 1;
-  if (board_seen_all_ + lag < k) {
-    for (int q = 0; q < nranks_; ++q)
-      if (q != rank_) CHORUS_RETURN_IF_ERROR(board_->await(q, k - lag, cfg_.timeout).status());
-    board_seen_all_ = k - lag;
-  }
-  if (data) boardCopy(board_->slot(k), inp, bytes);
-  board_->publish(k, transport::CallSignature{comm::boardAt(board_base_, k)});
-  board_calls_ = k;
   return {};
 }
 

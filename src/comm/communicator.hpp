@@ -165,6 +165,9 @@ class Communicator {
   // Publishes this call on the board (every collective call of a one-host
   // communicator does), with `bytes` of `inp` when `data`.
   Status publishCall(const std::byte* inp, size_t bytes, bool data);
+  Status publishCallSlow(uint64_t k);
+  // How many calls a rank may run ahead of its slowest peer's publishes.
+  static constexpr uint64_t kBoardLag = transport::kBoardSlots - 1;
   Status boardMismatch(int peer, const transport::CallSignature& theirs, const transport::CallSignature& mine,
                        const comm::Signature& mine_full) const;
   // Calls of this rank whose peers' board signatures it has not compared yet
