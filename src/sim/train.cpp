@@ -325,8 +325,14 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const bool moe_model = m.moe.experts > 0;
   const double f_tok = moe_model ? m.ffnPerToken(m.layers - 1) : static_cast<double>(m.ffn_hidden);
   const double scores = cfg.flash_attention ? 0 : (m.dropout ? 5 : 2) * a * (s * cp);
-  const double R = 8 * h + (m.dropout ? 2 * h : 0);
-  const double S_split = 2 * m.qkvWidth() + 2 * heads_v + 2 * (mats - 1) * f_tok + 2 * f_tok;
+  // Under fp8 (TransformerEngine) a GEMM keeps the fp8 cast of its input for
+  // the weight gradient, 1 B per element: the two GEMM inputs of R (4h ->
+  // 2h), the projection input (2h -> h) and the activation output that FC2
+  // reads (2f -> f).  Layer-norm inputs, Q, K, V and the FC1 output (the
+  // inputs of non-GEMM ops) stay 16-bit.
+  const double gb = cfg.fp8 ? 1 : 2;  // bytes per saved GEMM-input element
+  const double R = 4 * h + 2 * gb * h + (m.dropout ? 2 * h : 0);
+  const double S_split = 2 * m.qkvWidth() + gb * heads_v + 2 * (mats - 1) * f_tok + gb * f_tok;
   double per_layer = 0;
   switch (cfg.recompute) {
     case Recompute::None: per_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T); break;
