@@ -77,6 +77,32 @@ TEST(SimPlacement, GroupsStayInsideADomain) {
       << few.status().message();
 }
 
+// Under fp8 a GEMM keeps its input's fp8 cast for the weight gradient: per
+// token and layer the QKV and FC1 inputs (2h each), the projection input (2h)
+// and the FC2 input (2f) halve: 7h of a GPT's 34h.  Full recomputation keeps
+// the layer inputs (16-bit) and one layer's activations, live again in its
+// backward: one layer's 7h.
+TEST(SimMemory, Fp8KeepsGemmInputsAtOneByte) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 1);
+  const ModelSpec m = gpt(8, 2048, 16);
+  TrainConfig k;
+  k.gpus = 8, k.tp = 1, k.pp = 1, k.dp = 8;
+  k.global_batch = 64, k.micro_batch = 1, k.seq = 2048, k.recompute = Recompute::None;
+  k.schedule = false, k.stage_costs = false;
+  auto act = [&](bool fp8, Recompute rc) {
+    TrainConfig x = k;
+    x.fp8 = fp8, x.recompute = rc;
+    auto r = simulateTraining(m, c, x, reg);
+    EXPECT_TRUE(r.isOk()) << r.status().message();
+    return r.isOk() ? r->memory.activations_gib * 1024.0 * 1024 * 1024 : 0.0;
+  };
+  const double saved = 8.0 * 2048 * 7 * 2048;  // layers x tokens x 7h bytes
+  EXPECT_NEAR(act(false, Recompute::None) - act(true, Recompute::None), saved, saved * 1e-9);
+  EXPECT_NEAR(act(false, Recompute::Selective) - act(true, Recompute::Selective), saved, saved * 1e-9);
+  EXPECT_NEAR(act(false, Recompute::Full) - act(true, Recompute::Full), saved / 8, saved * 1e-9);
+}
+
 // A 64-way expert group packed into 72-GPU racks straddles two of them and
 // its all-to-all crosses NICs; aligned to 64 per rack it stays on NVLink.
 TEST(SimPlacement, AnExpertGroupThatStraddlesRacksPaysForItsNics) {
