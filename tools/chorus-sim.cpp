@@ -125,6 +125,9 @@ int main(int argc, char** argv) {
   tr->add_option("--micro-batch", micro, "sequences per micro-batch, or auto");
   tr->add_option("--seq", tc.seq, "sequence length");
   tr->add_option("--recompute", recompute, "none, selective, full");
+  tr->add_option("--recompute-layers", tc.recompute_layers,
+                 "with --recompute full: only the first N layers of every (virtual) pipeline stage, the rest "
+                 "not at all (Megatron's --recompute-method block --recompute-num-layers; default 0: every layer)");
   tr->add_option("--zero", tc.zero, "ZeRO stage 0..3");
   tr->add_option("--algo", tc.algo, "collective plan for every group (default auto)");
   tr->add_option("--network", network, "analytical or flow");

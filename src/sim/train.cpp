@@ -257,6 +257,31 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       next += n;
     }
   }
+  // Which layers recompute their forward in the backward: every layer under
+  // --recompute full, or with --recompute-layers N the first N of every
+  // virtual stage (Megatron's block method; the others keep everything).
+  if (cfg.recompute_layers < 0)
+    return invalidArgument("--recompute-layers {}: must be >= 0 (0: every layer)", cfg.recompute_layers);
+  if (cfg.recompute_layers > 0 && cfg.recompute != Recompute::Full)
+    return invalidArgument("--recompute-layers {} needs --recompute full (Megatron's --recompute-num-layers applies to "
+                           "full recomputation only; got --recompute {})",
+                           cfg.recompute_layers, cfg.recompute == Recompute::None ? "none" : "selective");
+  std::vector<char> layer_full(static_cast<size_t>(m.layers), cfg.recompute == Recompute::Full ? 1 : 0);
+  if (cfg.recompute_layers > 0) {
+    int longest = 0;
+    for (int64_t k = 0; k < vs_count; ++k) {
+      const int first = vs_first[static_cast<size_t>(k)], count = vs_layers[static_cast<size_t>(k)];
+      longest = std::max(longest, count);
+      for (int l = first; l < first + count; ++l) layer_full[static_cast<size_t>(l)] = l - first < cfg.recompute_layers;
+    }
+    if (cfg.recompute_layers > longest)
+      return invalidArgument("--recompute-layers {}: more than the {} layers of the largest (virtual) pipeline stage "
+                             "of this layout ({} layers over pp {} x vpp {})",
+                             cfg.recompute_layers, longest, m.layers, p, v);
+  }
+  auto fullAt = [&](int l) { return layer_full[static_cast<size_t>(l)] != 0; };
+  const bool any_full = std::find(layer_full.begin(), layer_full.end(), 1) != layer_full.end();
+
   // The pacing stage of the closed-form estimate: the last, with the largest
   // stage's layer count (an upper bound on the slowest stage).
   int64_t layers_per_stage = 0;
@@ -339,6 +364,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     case Recompute::Selective: per_layer = bs * (sp ? (R + S_split) / T : R + S_split / T); break;
     case Recompute::Full: per_layer = 2 * bs * h / (sp ? T : 1); break;
   }
+  // A layer that is not recomputed (--recompute-layers) keeps everything.
+  const double kept_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
   // Every stage's memory from its own layers, its own in-flight
   // micro-batches and its own vocabulary shard; the peak stage is reported.
   // 1F1B: stage s holds the activations of min(p - s, m) micro-batches;
@@ -352,18 +379,20 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double full_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
   rep.memory_gib_per_gpu = -1;
   for (int64_t sd = 0; sd < p; ++sd) {
-    double params = 0, widest = 0, layers = 0, expert = 0;
+    double params = 0, widest = 0, layer_act = 0, expert = 0;  // layer_act: the stage's layers' activations per chunk
     for (int64_t k = sd; k < vs_count; k += p) {
-      params += paramsOf(vs_first[static_cast<size_t>(k)], vs_layers[static_cast<size_t>(k)], false, &widest);
-      expert += expertParamsOf(vs_first[static_cast<size_t>(k)], vs_layers[static_cast<size_t>(k)]);
-      layers += vs_layers[static_cast<size_t>(k)];
+      const int first = vs_first[static_cast<size_t>(k)], count = vs_layers[static_cast<size_t>(k)];
+      params += paramsOf(first, count, false, &widest);
+      expert += expertParamsOf(first, count);
+      for (int l = first; l < first + count; ++l)
+        layer_act += cfg.recompute_layers > 0 && !fullAt(l) ? kept_layer : per_layer;
     }
     if (sd == 0 || sd == p - 1) params += V * h / T;  // the embedding or the logits shard (one when p = 1)
     const double chunks_in_flight =
         v == 1 ? static_cast<double>(std::min<int64_t>(p - sd, mb))
                : static_cast<double>(std::min<int64_t>((p - sd - 1) * 2 + (v - 1) * p + 1, mb * v));
-    double act = per_layer * layers / static_cast<double>(v) * chunks_in_flight;
-    if (cfg.recompute == Recompute::Full) act += full_layer;  // one layer's activations live again in its backward
+    double act = layer_act / static_cast<double>(v) * chunks_in_flight;
+    if (any_full) act += full_layer;  // one layer's activations live again in its backward
     if (sd == p - 1) act += 4 * bs * V / T;                   // logits and their gradient (fp32 loss)
     TrainReport::Memory mem;
     mem.weights_gib = toGib(Bytes(sharded(2, params, expert, 3) + (cfg.zero >= 3 ? 2 * 2 * widest : 0)));
@@ -644,16 +673,16 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const LayerTimes& lt = timesOf(l);
       rc.fwd += lt.fwd;
       rc.bwd += lt.bwd;
-      const bool moe_layer = m.isMoeLayer(l);
-      if (cfg.recompute == Recompute::Full) rc.recompute += lt.fwd;
+      const bool moe_layer = m.isMoeLayer(l), full = fullAt(l);
+      if (full) rc.recompute += lt.fwd;
       if (cfg.recompute == Recompute::Selective) rc.recompute += lt.attn_core_fwd;
       Seconds f(0), bw(0);
       tpComm(lt, &f, &bw);
       rc.tp_f += f;
       rc.tp_b += bw;
-      if (cfg.recompute == Recompute::Full) rc.tp_b += f;  // the recomputed forward communicates again
+      if (full) rc.tp_b += f;  // the recomputed forward communicates again
       // Forward, backward, and the recomputed forward's communication.
-      const double comm_passes = cfg.recompute == Recompute::Full ? 3 : 2;
+      const double comm_passes = full ? 3 : 2;
       rc.cp += cp_fwd * comm_passes;
       if (moe_layer) rc.ep += ep_fwd * comm_passes;
     }
@@ -843,12 +872,14 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // GPU puts on each link class, overlapped or not.  Each bound is the
   // largest stage's; the iteration can be no shorter than any of them.
   {
-    const double passes = cfg.recompute == Recompute::Full ? 3 : 2;  // forward, backward, recomputed forward
-    // One layer's tensor-parallel traffic per micro-batch (tpComm's collectives).
-    LinkDemand tp_layer;
-    const double fwd_tp = cfg.recompute == Recompute::Full ? 2 : 1;  // the recomputed forward communicates again
-    if (sp) tp_layer = (u_tag.scaled(2 * fwd_tp + 4) += u_trs.scaled(2 * fwd_tp + 2)).scaled(act_bytes);
-    else tp_layer = u_tar.scaled((2 * fwd_tp + 2) * act_bytes);
+    // One layer's tensor-parallel traffic per micro-batch (tpComm's collectives);
+    // a recomputed forward communicates again.
+    auto tpLayer = [&](bool full) {
+      const double fwd_tp = full ? 2 : 1;
+      return sp ? (u_tag.scaled(2 * fwd_tp + 4) += u_trs.scaled(2 * fwd_tp + 2)).scaled(act_bytes)
+                : u_tar.scaled((2 * fwd_tp + 2) * act_bytes);
+    };
+    const LinkDemand tp_layer_full = tpLayer(true), tp_layer_kept = tpLayer(false);
     const double core_flops = 2 * static_cast<double>(b) * heads_local * s * (s * static_cast<double>(cp)) *
                               (m.qkHeadDim() + m.vHeadDim());  // what selective recomputation repeats
     std::vector<double> st_flops(static_cast<size_t>(p), 0), st_bytes(static_cast<size_t>(p), 0),
@@ -863,12 +894,14 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       st_expert[sd] += expertParamsOf(next, count);
       for (int l = next; l < next + count; ++l) {
         const Work& w = workOf(l);
+        const bool full = fullAt(l);
+        const double passes = full ? 3 : 2;  // forward, backward, recomputed forward
         double rf = 0, rb = 0;
-        if (cfg.recompute == Recompute::Full) rf = w.f_flops, rb = w.f_bytes;
+        if (full) rf = w.f_flops, rb = w.f_bytes;
         if (cfg.recompute == Recompute::Selective) rf = core_flops;
         st_flops[sd] += mbf * (w.f_flops + w.b_flops + rf);
         st_bytes[sd] += mbf * (w.f_bytes + w.b_bytes + rb);
-        st_link[sd] += tp_layer.scaled(mbf);
+        st_link[sd] += (full ? tp_layer_full : tp_layer_kept).scaled(mbf);
         st_link[sd] += u_cp.scaled(cp_bytes * passes * mbf);
         if (m.isMoeLayer(l)) st_link[sd] += ep_demand.scaled(passes * mbf);
       }
@@ -950,7 +983,6 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         tp_async_t = tr(tp_ar * 2, u_tar, 2 * act_bytes);
       }
     }
-    const bool full = cfg.recompute == Recompute::Full;
     // A data-parallel collective of `params` (this GPU's share) per layer, priced alone.
     auto dpTransfers = [&](double params, Transfer* ag_t, Transfer* rs_t, double expert = 0) -> Status {
       if (d * cp == 1 || params <= 0) return {};
@@ -981,6 +1013,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         const LayerTimes& lt = timesOf(l);
         LayerPlan lp;
         lp.fwd = lt.fwd.value(), lp.bwd = lt.bwd.value(), lp.attn_core_fwd = lt.attn_core_fwd.value();
+        const bool full = fullAt(l);
         if (full) lp.recompute = lt.fwd.value();
         if (cfg.recompute == Recompute::Selective) lp.recompute = lt.attn_core_fwd.value();
         if (t > 1)
@@ -1046,7 +1079,11 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     rep.tokens_per_s = tokens / total_s;
     const double mf = modelFlopsPerIteration(m, cfg.global_batch, cfg.seq);
     double hw = mf;
-    if (cfg.recompute == Recompute::Full) hw = mf * 4 / 3;
+    if (any_full) {  // each recomputed layer's forward again: a third of its model FLOPs
+      const double share = static_cast<double>(std::count(layer_full.begin(), layer_full.end(), 1)) /
+                           static_cast<double>(m.layers);
+      hw = mf * (1 + share / 3);
+    }
     if (cfg.recompute == Recompute::Selective)
       hw = mf + tokens * 4 * static_cast<double>(cfg.seq) * h * m.layers;  // scores + AV again
     const double n = static_cast<double>(cfg.gpus);

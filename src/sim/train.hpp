@@ -27,6 +27,10 @@ struct TrainConfig {
   int64_t micro_batch = 1;  // 0 = auto: the largest that fits (at most 16)
   int64_t seq = 2048;
   Recompute recompute = Recompute::Selective;
+  // With recompute Full: recompute only the first N layers of every virtual
+  // stage (Megatron's --recompute-method block --recompute-num-layers N);
+  // the rest keep all their activations.  0: every layer.
+  int recompute_layers = 0;
   int zero = 1;              // 0..3 (ZeRO-1 = Megatron's distributed optimizer)
   bool sequence_parallel = true;
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)

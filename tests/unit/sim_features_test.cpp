@@ -103,6 +103,54 @@ TEST(SimMemory, Fp8KeepsGemmInputsAtOneByte) {
   EXPECT_NEAR(act(false, Recompute::Full) - act(true, Recompute::Full), saved / 8, saved * 1e-9);
 }
 
+// --recompute-layers N (Megatron's block method): the first N layers of every
+// virtual stage recompute, the others keep everything.  Every layer is full
+// recomputation; memory and time lie between none and full, time growing
+// with N; the range and the mode are checked.
+TEST(SimMemory, RecomputeLayersIsBlockRecomputation) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 2);
+  const ModelSpec m = gpt(8, 2048, 16);
+  TrainConfig k;
+  k.gpus = 16, k.tp = 2, k.pp = 1, k.dp = 8;  // one stage of 8 layers
+  k.global_batch = 64, k.micro_batch = 1, k.seq = 2048;
+  auto run = [&](Recompute rc, int n, int pp = 1, int vpp = 1) {
+    TrainConfig x = k;
+    x.recompute = rc, x.recompute_layers = n, x.pp = pp, x.vpp = vpp, x.dp = 8 / pp;
+    return simulateTraining(m, c, x, reg);
+  };
+  auto none = run(Recompute::None, 0), full = run(Recompute::Full, 0), all = run(Recompute::Full, 8),
+       half = run(Recompute::Full, 4);
+  for (auto* r : {&none, &full, &all, &half}) ASSERT_TRUE(r->isOk()) << r->status().message();
+  EXPECT_DOUBLE_EQ(all->iteration_s, full->iteration_s);
+  EXPECT_DOUBLE_EQ(all->memory_gib_per_gpu, full->memory_gib_per_gpu);
+  EXPECT_LT(none->iteration_s, half->iteration_s);
+  EXPECT_LT(half->iteration_s, full->iteration_s);
+  // Activations: none = 8 kept + logits; full = 8 ckpt + kept (the layer live again in its backward) +
+  // logits; half = 4 ckpt + 4 kept + kept + logits, where a checkpoint is the layer input, 2 B x s h / tp
+  // (sequence-parallel).  So kept = (none - full + 8 ckpt) / 7 and half = (none + full) / 2 + kept / 2.
+  const double ckpt = 2.0 * 2048 * 2048 / 2 / (1024.0 * 1024 * 1024);
+  const double kept = (none->memory.activations_gib - full->memory.activations_gib + 8 * ckpt) / 7;
+  EXPECT_NEAR(half->memory.activations_gib,
+              (none->memory.activations_gib + full->memory.activations_gib) / 2 + kept / 2, 1e-9);
+  // Every virtual stage's first layer: pp 2 x vpp 2 has 4 of them.
+  auto four = run(Recompute::Full, 1, 2, 2), two_each = run(Recompute::Full, 2, 2, 2);
+  ASSERT_TRUE(four.isOk()) << four.status().message();
+  ASSERT_TRUE(two_each.isOk()) << two_each.status().message();
+  EXPECT_LT(four->iteration_s, two_each->iteration_s);
+  for (auto [rc, n, what] : {std::tuple{Recompute::Full, -1, "must be >= 0"},
+                             std::tuple{Recompute::Selective, 1, "needs --recompute full"},
+                             std::tuple{Recompute::None, 2, "needs --recompute full"},
+                             std::tuple{Recompute::Full, 9, "more than the 8 layers of the largest"}}) {
+    auto e = run(rc, n);
+    ASSERT_FALSE(e.isOk()) << n;
+    EXPECT_NE(e.status().message().find(what), std::string::npos) << e.status().message();
+  }
+  auto e = run(Recompute::Full, 3, 2, 2);  // virtual stages of 2 layers
+  ASSERT_FALSE(e.isOk());
+  EXPECT_NE(e.status().message().find("more than the 2 layers"), std::string::npos) << e.status().message();
+}
+
 // A 64-way expert group packed into 72-GPU racks straddles two of them and
 // its all-to-all crosses NICs; aligned to 64 per rack it stays on NVLink.
 TEST(SimPlacement, AnExpertGroupThatStraddlesRacksPaysForItsNics) {
