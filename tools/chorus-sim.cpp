@@ -125,6 +125,9 @@ int main(int argc, char** argv) {
   tr->add_option("--micro-batch", micro, "sequences per micro-batch, or auto");
   tr->add_option("--seq", tc.seq, "sequence length");
   tr->add_option("--recompute", recompute, "none, selective, full");
+  tr->add_option("--mtp-layers", tc.mtp_layers,
+                 "multi-token prediction depths trained with the model, on the last pipeline stage (Megatron's "
+                 "--mtp-num-layers; DeepSeek-V3: 1)");
   tr->add_option("--recompute-layers", tc.recompute_layers,
                  "with --recompute full: only the first N layers of every (virtual) pipeline stage, the rest "
                  "not at all (Megatron's --recompute-method block --recompute-num-layers; default 0: every layer)");

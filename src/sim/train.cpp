@@ -256,7 +256,14 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       vs_layers[static_cast<size_t>(k)] = n, vs_first[static_cast<size_t>(k)] = next;
       next += n;
     }
+    // MTP depths run after the last decoder layer, on the last virtual stage
+    // (Megatron places them there): layers L .. L + D - 1, shaped as the last.
+    if (cfg.mtp_layers < 0 || cfg.mtp_layers > 8)
+      return invalidArgument("--mtp-layers {}: must be in [0, 8] (multi-token prediction depths; DeepSeek-V3 uses 1)",
+                             cfg.mtp_layers);
+    vs_layers[static_cast<size_t>(vs_count - 1)] += cfg.mtp_layers;
   }
+  const int all_layers = m.layers + cfg.mtp_layers;  // decoder layers and MTP depths
   // Which layers recompute their forward in the backward: every layer under
   // --recompute full, or with --recompute-layers N the first N of every
   // virtual stage (Megatron's block method; the others keep everything).
@@ -266,7 +273,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     return invalidArgument("--recompute-layers {} needs --recompute full (Megatron's --recompute-num-layers applies to "
                            "full recomputation only; got --recompute {})",
                            cfg.recompute_layers, cfg.recompute == Recompute::None ? "none" : "selective");
-  std::vector<char> layer_full(static_cast<size_t>(m.layers), cfg.recompute == Recompute::Full ? 1 : 0);
+  std::vector<char> layer_full(static_cast<size_t>(all_layers), cfg.recompute == Recompute::Full ? 1 : 0);
   if (cfg.recompute_layers > 0) {
     int longest = 0;
     for (int64_t k = 0; k < vs_count; ++k) {
@@ -290,7 +297,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     for (int64_t k = sd; k < vs_count; k += p) n += vs_layers[static_cast<size_t>(k)];
     layers_per_stage = std::max(layers_per_stage, n);
   }
-  const int first_layer = static_cast<int>(m.layers - layers_per_stage);
+  const int first_layer = static_cast<int>(all_layers - layers_per_stage);
 
   // ---- parameters and memory first: a layout that does not fit costs no pricing
   // This GPU's share of the parameters of layers [first, first + count) and,
@@ -388,12 +395,13 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         layer_act += cfg.recompute_layers > 0 && !fullAt(l) ? kept_layer : per_layer;
     }
     if (sd == 0 || sd == p - 1) params += V * h / T;  // the embedding or the logits shard (one when p = 1)
+    if (sd == p - 1) params += cfg.mtp_layers * (2 * h * h / T + 2 * h);  // each MTP depth's projection and norms
     const double chunks_in_flight =
         v == 1 ? static_cast<double>(std::min<int64_t>(p - sd, mb))
                : static_cast<double>(std::min<int64_t>((p - sd - 1) * 2 + (v - 1) * p + 1, mb * v));
     double act = layer_act / static_cast<double>(v) * chunks_in_flight;
     if (any_full) act += full_layer;  // one layer's activations live again in its backward
-    if (sd == p - 1) act += 4 * bs * V / T;                   // logits and their gradient (fp32 loss)
+    if (sd == p - 1) act += 4 * bs * V / T * (1 + cfg.mtp_layers);  // logits and their gradient (fp32 loss), per head
     TrainReport::Memory mem;
     mem.weights_gib = toGib(Bytes(sharded(2, params, expert, 3) + (cfg.zero >= 3 ? 2 * 2 * widest : 0)));
     mem.grads_gib = toGib(Bytes(sharded(4, params, expert, 2) + (cfg.zero >= 3 ? 4 * widest : 0)));  // fp32 main gradients
@@ -691,25 +699,49 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     // its gradient allreduced (overlapping the weight-gradient GEMM), and the
     // cross-entropy allreduces 3 fp32 values per token (max, sum, target logit).
     if (logits) {
+      // Multi-token prediction (--mtp-layers D, DeepSeek-V3's MTP as Megatron
+      // runs it on the last stage): each depth adds a layer (in this range:
+      // the last virtual stage holds them), the projection of the normed
+      // hidden state and next-token embedding, 2h -> h, and its own logits
+      // and loss through the shared output head.
+      const double heads = 1.0 + cfg.mtp_layers;
       const Meter before = gpu;
       const Seconds logit_gemm = gpu.gemm(bs, V / T, h), logit_wgrad = gpu.wgrad(bs, V / T, h);
-      rc.fwd += logit_gemm + gpu.mem(12 * bs * V / T);
+      const Seconds head_f = logit_gemm + gpu.mem(12 * bs * V / T);
       const double fwd_ew = gpu.ew_bytes - before.ew_bytes;
-      rc.bwd += gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(8 * bs * V / T);
-      logit_fwd = logit_gemm + raw_gpu.mem(12 * bs * V / T);
-      logit_bwd = raw_gpu.dgrad(bs, V / T, h) + logit_wgrad + raw_gpu.mem(8 * bs * V / T);
-      logit_wgrad_s = logit_wgrad;
+      const Seconds head_b = gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(8 * bs * V / T);
+      const Work head{gpu.fwd_flops - before.fwd_flops, gpu.fwd_bytes - before.fwd_bytes + fwd_ew,
+                      gpu.bwd_flops - before.bwd_flops,
+                      gpu.bwd_bytes - before.bwd_bytes + (gpu.ew_bytes - before.ew_bytes - fwd_ew)};
+      Seconds proj_f(0), proj_b(0), proj_raw_f(0), proj_raw_b(0);
+      Work proj;
+      if (cfg.mtp_layers > 0) {
+        const Meter pb = gpu;
+        proj_f = gpu.gemm(bs, h / T, 2 * h) + gpu.mem(2 * 2 * kAct * bs * hsp);  // + the two RMSNorms
+        const double pew = gpu.ew_bytes - pb.ew_bytes;
+        proj_b = gpu.dgrad(bs, h / T, 2 * h) + gpu.wgrad(bs, h / T, 2 * h) + gpu.mem(2 * 2 * 2 * kAct * bs * hsp);
+        proj = Work{gpu.fwd_flops - pb.fwd_flops, gpu.fwd_bytes - pb.fwd_bytes + pew, gpu.bwd_flops - pb.bwd_flops,
+                    gpu.bwd_bytes - pb.bwd_bytes + (gpu.ew_bytes - pb.ew_bytes - pew)};
+        proj_raw_f = raw_gpu.gemm(bs, h / T, 2 * h) + raw_gpu.mem(2 * 2 * kAct * bs * hsp);
+        proj_raw_b = raw_gpu.dgrad(bs, h / T, 2 * h) + raw_gpu.wgrad(bs, h / T, 2 * h) +
+                     raw_gpu.mem(2 * 2 * 2 * kAct * bs * hsp);
+      }
+      const double depth = cfg.mtp_layers;
+      rc.fwd += head_f * heads + proj_f * depth;
+      rc.bwd += head_b * heads + proj_b * depth;
+      logit_fwd = (logit_gemm + raw_gpu.mem(12 * bs * V / T)) * heads + proj_raw_f * depth;
+      logit_bwd = (raw_gpu.dgrad(bs, V / T, h) + logit_wgrad + raw_gpu.mem(8 * bs * V / T)) * heads + proj_raw_b * depth;
+      logit_wgrad_s = logit_wgrad * heads;
       if (!logit_work)
-        logit_work = Work{gpu.fwd_flops - before.fwd_flops, gpu.fwd_bytes - before.fwd_bytes + fwd_ew,
-                          gpu.bwd_flops - before.bwd_flops,
-                          gpu.bwd_bytes - before.bwd_bytes + (gpu.ew_bytes - before.ew_bytes - fwd_ew)};
+        logit_work = Work{head.f_flops * heads + proj.f_flops * depth, head.f_bytes * heads + proj.f_bytes * depth,
+                          head.b_flops * heads + proj.b_flops * depth, head.b_bytes * heads + proj.b_bytes * depth};
       if (t > 1) {
-        rc.tp_f += ce * 3;
+        rc.tp_f += ce * 3 * heads;
         if (sp) {
-          rc.tp_f += tp_ag;
-          rc.tp_b += overlapped(tp_rs, logit_wgrad, smf);
+          rc.tp_f += tp_ag * heads;
+          rc.tp_b += overlapped(tp_rs, logit_wgrad, smf) * heads;
         } else {
-          rc.tp_b += overlapped(tp_ar, logit_wgrad, smf);
+          rc.tp_b += overlapped(tp_ar, logit_wgrad, smf) * heads;
         }
       }
     }
@@ -913,8 +945,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       st_bytes[last] += mbf * (logit_work->f_bytes + logit_work->b_bytes);
     }
     if (t > 1) {
-      st_link[last] += (sp ? (u_tag.scaled(act_bytes) += u_trs.scaled(act_bytes)) : u_tar.scaled(act_bytes)).scaled(mbf);
-      st_link[last] += u_tar.scaled(4 * bs * 3 * mbf);  // cross-entropy
+      const double heads = 1.0 + cfg.mtp_layers;  // the output head's traffic once per head
+      st_link[last] += (sp ? (u_tag.scaled(act_bytes) += u_trs.scaled(act_bytes)) : u_tar.scaled(act_bytes)).scaled(mbf * heads);
+      st_link[last] += u_tar.scaled(4 * bs * 3 * mbf * heads);  // cross-entropy
       st_link[0] += (sp ? (u_trs.scaled(act_bytes) += u_tag.scaled(act_bytes)) : u_tar.scaled(act_bytes)).scaled(mbf);
     }
     st_params[0] += V * h / T;
@@ -1042,8 +1075,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     if (t > 1) {
       first.tp_fwd += tr(sp ? tp_rs : tp_ar, sp ? u_trs : u_tar, act_bytes);
       if (sp) first.tp_bwd += tr(tp_ag, u_tag, act_bytes);
-      last.tp_fwd += tr(ce * 3 + (sp ? tp_ag : Seconds(0)), u_tar.scaled(12 * bs) += (sp ? u_tag.scaled(act_bytes) : LinkDemand{}), 1);
-      last.tp_async += tr(sp ? tp_rs : tp_ar, sp ? u_trs : u_tar, act_bytes);
+      const double heads = 1.0 + cfg.mtp_layers;
+      last.tp_fwd += tr((ce * 3 + (sp ? tp_ag : Seconds(0))) * heads,
+                        u_tar.scaled(12 * bs) += (sp ? u_tag.scaled(act_bytes) : LinkDemand{}), heads);
+      last.tp_async += tr((sp ? tp_rs : tp_ar) * heads, sp ? u_trs : u_tar, act_bytes * heads);
       last.bwd_async += logit_wgrad_s.value();
     }
     last.fwd += logit_fwd.value(), last.bwd += logit_bwd.value();
@@ -1081,7 +1116,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     double hw = mf;
     if (any_full) {  // each recomputed layer's forward again: a third of its model FLOPs
       const double share = static_cast<double>(std::count(layer_full.begin(), layer_full.end(), 1)) /
-                           static_cast<double>(m.layers);
+                           static_cast<double>(all_layers);
       hw = mf * (1 + share / 3);
     }
     if (cfg.recompute == Recompute::Selective)

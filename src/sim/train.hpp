@@ -31,6 +31,10 @@ struct TrainConfig {
   // stage (Megatron's --recompute-method block --recompute-num-layers N);
   // the rest keep all their activations.  0: every layer.
   int recompute_layers = 0;
+  // Multi-token prediction depths trained with the model (Megatron's
+  // --mtp-num-layers): each a layer shaped as the last, a 2h -> h projection
+  // and its own logits and loss, on the last pipeline stage.  0: none.
+  int mtp_layers = 0;
   int zero = 1;              // 0..3 (ZeRO-1 = Megatron's distributed optimizer)
   bool sequence_parallel = true;
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)

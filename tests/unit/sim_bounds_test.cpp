@@ -192,6 +192,7 @@ TEST(SimBounds, NoPredictionBeatsABound) {
       k.zero = pick({0, 1, 2, 3});
       k.recompute = static_cast<Recompute>(pick({0, 1, 2}));
       k.recompute_layers = k.recompute == Recompute::Full ? pick({0, 0, 1, 2}) : 0;  // block recomputation
+      k.mtp_layers = pick({0, 0, 0, 1});  // multi-token prediction on the last stage
       k.sequence_parallel = pick({0, 1}) != 0;
       k.flash_attention = pick({0, 1, 1}) != 0;
       k.fp8 = pick({0, 0, 1}) != 0;

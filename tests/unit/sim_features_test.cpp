@@ -151,6 +151,39 @@ TEST(SimMemory, RecomputeLayersIsBlockRecomputation) {
   EXPECT_NE(e.status().message().find("more than the 2 layers"), std::string::npos) << e.status().message();
 }
 
+// --mtp-layers D: each depth is a layer shaped as the last plus a 2h -> h
+// projection and one more logits + loss on the last stage.  Against the same
+// model with D more layers, the FLOPs differ by exactly D projections and D
+// heads (fwd + bwd: 6 x tokens x h x (V + 2h)); the depth is range-checked.
+TEST(SimMtp, EachDepthIsALayerAProjectionAndAHead) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 1);
+  TrainConfig k;
+  k.gpus = 8, k.tp = 1, k.pp = 1, k.dp = 8;
+  k.global_batch = 16, k.micro_batch = 1, k.seq = 1024, k.recompute = Recompute::None;
+  k.schedule = false, k.stage_costs = false;
+  auto run = [&](int layers, int mtp) {
+    TrainConfig x = k;
+    x.mtp_layers = mtp;
+    return simulateTraining(gpt(layers, 1024, 8), c, x, reg);
+  };
+  auto base = run(8, 0), deeper = run(9, 0), mtp = run(8, 1);
+  for (auto* r : {&base, &deeper, &mtp}) ASSERT_TRUE(r->isOk()) << r->status().message();
+  EXPECT_GT(mtp->iteration_s, deeper->iteration_s);
+  EXPECT_GT(deeper->iteration_s, base->iteration_s);
+  const double mb = 2, tokens = 1024, h = 1024, V = 51200;  // 16 sequences over dp 8: 2 micro-batches
+  const double extra_flops = mb * 6 * tokens * h * (V + 2 * h);
+  const double peak = c.gpu.peak16.value();
+  EXPECT_NEAR((mtp->bounds.seconds.at("tensor_cores") - deeper->bounds.seconds.at("tensor_cores")) * peak, extra_flops,
+              extra_flops * 1e-9);
+  EXPECT_GT(mtp->memory_gib_per_gpu, deeper->memory_gib_per_gpu);  // + the projection, a second head's logits
+  for (int bad : {-1, 9}) {
+    auto e = run(8, bad);
+    ASSERT_FALSE(e.isOk()) << bad;
+    EXPECT_NE(e.status().message().find("--mtp-layers"), std::string::npos) << e.status().message();
+  }
+}
+
 // A 64-way expert group packed into 72-GPU racks straddles two of them and
 // its all-to-all crosses NICs; aligned to 64 per rack it stays on NVLink.
 TEST(SimPlacement, AnExpertGroupThatStraddlesRacksPaysForItsNics) {
