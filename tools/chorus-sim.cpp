@@ -52,9 +52,10 @@ void printServe(const ServeStats& s) {
 // The metrics block as vLLM's benchmark_serving prints it (times in ms).
 void printServeDetail(const ServeStats& s, int64_t requests) {
   std::printf("    requests %lld, duration %.2f s, %.3f req/s, output %.1f tok/s, total %.1f tok/s, %.1f tok/s per user, "
-              "goodput %.3f req/s, at most %lld running per replica\n",
+              "goodput %.3f req/s, at most %lld running per replica%s\n",
               static_cast<long long>(requests), s.duration_s, s.throughput_rps, s.tokens_per_s, s.total_tokens_per_s,
-              s.per_user_tokens_per_s, s.goodput_rps, static_cast<long long>(s.max_running));
+              s.per_user_tokens_per_s, s.goodput_rps, static_cast<long long>(s.max_running),
+              s.preemptions > 0 ? fmt::format(", {} preemptions", s.preemptions).c_str() : "");
   for (auto [name, l] : {std::pair{"TTFT", s.ttft}, {"TPOT", s.tpot}, {"ITL", s.itl}, {"E2E", s.e2e}})
     std::printf("    %-4s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f ms\n", name, 1e3 * l.mean, 1e3 * l.p50, 1e3 * l.p90,
                 1e3 * l.p99);
@@ -173,7 +174,7 @@ int main(int argc, char** argv) {
   se->add_flag("--json", json, "print JSON");
 
   InferConfig ic;
-  std::string lengths = "fixed", concurrency_text, draft_path;
+  std::string lengths = "fixed", concurrency_text, draft_path, kv_alloc = "reserve";
   auto* in = app.add_subcommand("infer", "serve a request stream: aggregated vs disaggregated prefill/decode");
   in->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
   in->add_flag("--verbose", verbose, "list the Hugging Face config keys that were ignored (stderr)");
@@ -188,6 +189,9 @@ int main(int argc, char** argv) {
   in->add_flag("--chunked-prefill", ic.chunked_prefill,
                "every step carries the decodes and prompt chunks within --prefill-tokens (vLLM V1); default: prefill first");
   in->add_flag("--kv-fp8", ic.kv_fp8, "fp8 KV cache (1 byte per element)");
+  in->add_option("--kv-alloc", kv_alloc,
+                 "reserve: a request's whole cache at admission (TensorRT-LLM's GUARANTEED_NO_EVICT); paged: as it "
+                 "grows, the newest requests preempted and recomputed when it runs out (vLLM)");
   in->add_option("--e2e-slo", ic.e2e_slo_s, "end-to-end latency SLO for goodput (s; default none)");
   in->add_option("--spec-tokens", ic.spec_tokens, "speculative decoding: tokens drafted per step (default 0: off)");
   in->add_option("--spec-acceptance", ic.spec_acceptance, "probability that a drafted token is accepted");
@@ -403,6 +407,9 @@ int main(int argc, char** argv) {
   if (in->parsed()) {
     auto d = parseLengthDist(lengths);
     if (!d.isOk()) return fail(d.status());
+    if (kv_alloc != "reserve" && kv_alloc != "paged")
+      return fail(invalidArgument("--kv-alloc '{}' is not one of reserve, paged", kv_alloc));
+    ic.kv_paged = kv_alloc == "paged";
     if (!draft_path.empty()) {
       auto dm = loadModel(draft_path);
       if (!dm.isOk()) return fail(dm.status());

@@ -28,6 +28,8 @@ struct Request {
   double kv_s = 0;
   int64_t user = -1;             // closed loop: who sent it
   double last_token = -1;        // time of its latest token (ITL)
+  int64_t resume = 0;            // --kv-alloc paged: output tokens made before a preemption (recomputed on return)
+  int64_t order = 0;             // admission order on its replica (the newest is preempted first)
 };
 
 // Phase costs of one replica of tp GPUs (roofline; see docs/simulator.md).
@@ -131,6 +133,8 @@ class Replica {
   // alpha + beta x bytes sent per GPU, from the plans.
   void setExpertParallel(int ep, double a2a_alpha, double a2a_beta) { ep_ = ep, a2a_alpha_ = a2a_alpha, a2a_beta_ = a2a_beta; }
   [[nodiscard]] int ep() const { return ep_; }
+  [[nodiscard]] double a2aAlpha() const { return a2a_alpha_; }
+  [[nodiscard]] double a2aBeta() const { return a2a_beta_; }
   [[nodiscard]] double weightBytesPerGpu() const {
     double b = static_cast<double>(m_.vocab) * static_cast<double>(m_.hidden) * (m_.tie_embeddings ? 1 : 2) * kAct;
     double routed = 0;
@@ -224,6 +228,13 @@ struct Engine {
   std::function<void(Request*)> on_done;
   std::vector<double>* itl = nullptr;
   int64_t max_running = 0;
+  // --kv-alloc paged (aggregated replicas): KV allocated as a request's
+  // context grows, not reserved whole at admission; when a step's growth
+  // does not fit, the newest decoding requests are preempted (vLLM's
+  // recompute preemption: their cache freed, back to the front of the queue,
+  // prompt and generated tokens prefilled again on return).
+  bool paged = false;
+  int64_t preemptions = 0;
   std::vector<ServeStep>* steps = nullptr;  // --trace
   int replica = 0;
   void log(double start, double end, int64_t decodes, int64_t prefill) const {
@@ -272,20 +283,60 @@ struct Engine {
     };
     std::vector<Running> running;     // decoding
     std::deque<Running> prefilling;   // chunked prefill in progress
-    // kv_res: the whole (input + output) cache of every admitted request,
-    // reserved at admission, so the cache never outgrows the memory (no
-    // preemption is modelled).
+    // kv_res: the cache this replica has given out.  Reserved (TensorRT-LLM's
+    // GUARANTEED_NO_EVICT, the default): the whole (input + output) cache of
+    // every admitted request, at admission, so it never outgrows the memory.
+    // Paged: the prompt's at admission, then each token's as it is made.
     double now = 0, context = 0, context_win = 0, kv_now = 0, kv_res = 0;
+    int64_t admitted = 0;
     auto full = [&](const Request* r) { return rep.kvBytesOf(static_cast<double>(r->in + r->out)); };
-    auto admitKv = [&](const Request* r) { return kv_res + full(r) <= kv_capacity; };
-    auto startDecode = [&](Request* r) {  // r has its first token (made = 1)
-      if (!decode_here || r->out <= 1) {
-        if (decode_here) kv_res -= full(r), finish(r, r->first);
+    auto prompt = [](const Request* r) { return r->in + r->resume; };  // tokens its prefill processes
+    auto need = [&](const Request* r) { return paged ? rep.kvBytesOf(static_cast<double>(prompt(r) + 1)) : full(r); };
+    auto admitKv = [&](const Request* r) { return kv_res + need(r) <= kv_capacity; };
+    auto admit = [&](Request* r) {
+      kv_res += paged ? rep.kvBytesOf(static_cast<double>(prompt(r))) : full(r);
+      r->order = admitted++;
+    };
+    auto startDecode = [&](Request* r) {  // r has its next token: its first, or the one after a recomputed prefill
+      const int64_t made = r->resume + 1;
+      if (!decode_here || made >= r->out) {
+        if (decode_here) kv_res -= paged ? rep.kvBytesOf(static_cast<double>(prompt(r))) : full(r), finish(r, r->resume > 0 ? now : r->first);
         return;
       }
-      running.push_back({r, 1});
-      const double n = static_cast<double>(r->in + 1);
+      running.push_back({r, made});
+      const double n = static_cast<double>(r->in + made);
       context += n, context_win += rep.capped(n), kv_now += rep.kvBytesOf(n);
+      if (paged) kv_res += rep.kvBytesOf(n) - rep.kvBytesOf(static_cast<double>(prompt(r)));
+    };
+    // Paged: frees the newest decoding requests until this step's growth (up
+    // to 1 + K tokens each) fits; true when it preempted (the step then admits
+    // nobody, as vLLM's scheduler does).  At least one request keeps running.
+    auto makeRoom = [&]() {
+      if (!paged) return false;
+      const int64_t step = 1 + spec_k;
+      auto growth = [&] {
+        double g = 0;
+        for (const Running& x : running) {
+          const double n = static_cast<double>(x.r->in + x.made);
+          g += rep.kvBytesOf(n + static_cast<double>(std::min(step, x.r->out - x.made))) - rep.kvBytesOf(n);
+        }
+        return g;
+      };
+      bool any = false;
+      while (running.size() > 1 && kv_res + growth() > kv_capacity) {
+        size_t v = 0;
+        for (size_t i = 1; i < running.size(); ++i)
+          if (running[i].r->order > running[v].r->order) v = i;
+        Request* r = running[v].r;
+        const double n = static_cast<double>(r->in + running[v].made);
+        context -= n, context_win -= rep.capped(n), kv_now -= rep.kvBytesOf(n), kv_res -= rep.kvBytesOf(n);
+        r->resume = running[v].made;
+        running[v] = running.back(), running.pop_back();
+        waiting.push_front(r);
+        ++preemptions;
+        any = true;
+      }
+      return any;
     };
     while (!arrivals.empty() || !waiting.empty() || !running.empty() || !prefilling.empty()) {
       while (!arrivals.empty() && arrivals.top().first <= now) waiting.push_back(arrivals.top().second), arrivals.pop();
@@ -298,15 +349,16 @@ struct Engine {
         // One step: every decoding request's next token, then prompt chunks
         // (in-progress ones first) within the token budget.
         double budget = static_cast<double>(cfg.prefill_tokens) - static_cast<double>(running.size());
-        while (!waiting.empty() && slots() < cfg.max_batch && admitKv(waiting.front())) {
+        const bool preempted = makeRoom();
+        while (!preempted && !waiting.empty() && slots() < cfg.max_batch && admitKv(waiting.front())) {
           prefilling.push_back({waiting.front(), 0});
-          kv_res += full(waiting.front());
+          admit(waiting.front());
           waiting.pop_front();
         }
         double chunk = 0, pairs = 0, pairs_win = 0;
         std::vector<std::pair<size_t, int64_t>> parts;  // prefilling index, tokens this step
         for (size_t i = 0; i < prefilling.size() && budget >= 1; ++i) {
-          const int64_t left = prefilling[i].r->in - prefilling[i].made;
+          const int64_t left = prompt(prefilling[i].r) - prefilling[i].made;
           const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(budget));
           const double a = static_cast<double>(prefilling[i].made), b = a + static_cast<double>(take);
           chunk += static_cast<double>(take);
@@ -328,31 +380,32 @@ struct Engine {
         std::vector<Request*> started;
         for (auto [i, take] : parts) {
           prefilling[i].made += take;
-          if (prefilling[i].made >= prefilling[i].r->in) started.push_back(prefilling[i].r);
+          if (prefilling[i].made >= prompt(prefilling[i].r)) started.push_back(prefilling[i].r);
         }
         prefilling.erase(std::remove_if(prefilling.begin(), prefilling.end(),
-                                        [](const Running& p) { return p.made >= p.r->in; }),
+                                        [&](const Running& p) { return p.made >= prompt(p.r); }),
                          prefilling.end());
         for (Request* r : started) {
-          r->first = now;
+          if (r->first < 0) r->first = now;
           token(r, now);
           startDecode(r);
         }
         continue;
       }
-      if (!waiting.empty() && (!decode_here || static_cast<int64_t>(running.size()) < cfg.max_batch)) {
+      const bool preempted = prefill_here && decode_here && makeRoom();
+      if (!preempted && !waiting.empty() && (!decode_here || static_cast<int64_t>(running.size()) < cfg.max_batch)) {
         if (prefill_here) {  // a prefill batch up to the token budget (at least one request)
           double tok = 0, sq = 0, sq_w = 0;
           std::vector<Request*> batch;
           while (!waiting.empty() &&
-                 (batch.empty() || tok + static_cast<double>(waiting.front()->in) <= static_cast<double>(cfg.prefill_tokens)) &&
+                 (batch.empty() || tok + static_cast<double>(prompt(waiting.front())) <= static_cast<double>(cfg.prefill_tokens)) &&
                  (!decode_here || static_cast<int64_t>(running.size() + batch.size()) < cfg.max_batch) &&
                  (!decode_here || admitKv(waiting.front()))) {
             Request* r = waiting.front();
             waiting.pop_front();
-            const double n = static_cast<double>(r->in);
+            const double n = static_cast<double>(prompt(r));
             tok += n, sq += n * n, sq_w += sqWin(n, static_cast<double>(m_window()));
-            if (decode_here) kv_res += full(r);
+            if (decode_here) admit(r);
             batch.push_back(r);
           }
           if (!batch.empty()) {
@@ -360,7 +413,7 @@ struct Engine {
             now += rep.prefill(tok, sq, sq_w);
             log(t0, now, 0, static_cast<int64_t>(tok));
             for (Request* r : batch) {
-              r->first = now;
+              if (r->first < 0) r->first = now;
               token(r, now);
               startDecode(r);
             }
@@ -370,7 +423,7 @@ struct Engine {
           while (!waiting.empty() && static_cast<int64_t>(running.size()) < cfg.max_batch && admitKv(waiting.front())) {
             Request* r = waiting.front();
             waiting.pop_front();
-            kv_res += full(r);
+            admit(r);
             r->last_token = r->first;
             startDecode(r);
           }
@@ -403,6 +456,7 @@ struct Engine {
         context += 1;
         context_win += rep.capped(n + 1) - rep.capped(n);
         kv_now += rep.kvBytesOf(n + 1) - rep.kvBytesOf(n);
+        if (paged) kv_res += rep.kvBytesOf(n + 1) - rep.kvBytesOf(n);
       }
       if (running[i].made >= r->out) {
         const double n = static_cast<double>(r->in + running[i].made);
@@ -534,7 +588,8 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     r.setExpertParallel(ep, 0, 0);
     double left = c.gpu.hbm.value() * reserve - r.weightBytesPerGpu();
     if (draft) {
-      const Replica d(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+      Replica d(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+      if (draft == &mtp) d.setExpertParallel(ep, 0, 0);  // the MTP layer's experts are spread as the model's
       double dw = d.weightBytesPerGpu();
       if (draft == &mtp) dw -= static_cast<double>(m.vocab) * static_cast<double>(m.hidden) * (m.tie_embeddings ? 1 : 2) * kAct / tp;
       left = (left - dw) * r.kvBytesPerToken() / (r.kvBytesPerToken() + d.kvBytesPerToken());
@@ -553,8 +608,12 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
       return invalidArgument("infer: --ep {} must divide the model's experts ({})", ep, m.moe.experts);
     if (ep % tp != 0 || cfg.gpus % ep != 0)
       return invalidArgument("infer: --ep {} must be a multiple of --tp {} and divide --gpus {}", ep, tp, cfg.gpus);
-    if (cfg.decode_tp > 0 || cfg.spec_tokens > 0)
-      return invalidArgument("infer: --ep {} with --decode-tp or --spec-tokens is not modelled", ep);
+    if (cfg.decode_tp > 0)
+      return invalidArgument("infer: --ep {} with --decode-tp {}: disaggregated serving of expert-parallel replicas is "
+                             "not modelled (expert-parallel replicas are priced aggregated)", ep, cfg.decode_tp);
+    if (cfg.spec_tokens > 0 && cfg.draft_model)
+      return invalidArgument("infer: --ep {} with a --draft-model: a separate draft model beside expert-parallel "
+                             "replicas is not modelled (the model's own MTP module is: omit --draft-model)", ep);
   }
   if (tp == 0) {
     for (int t = 1; t <= c.node.gpus; t *= 2)
@@ -608,6 +667,10 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     if (draft->heads % tp != 0)
       return invalidArgument("infer: the draft model '{}' has {} heads, not divisible by --tp {}", draft->name, draft->heads, tp);
     drafter.emplace(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+    // The MTP module's layer is an MoE layer like the model's: under --ep its
+    // experts are spread over the same GPUs and every drafted step pays the
+    // same dispatch and combine.
+    if (ep > 1 && draft == &mtp) drafter->setExpertParallel(ep, replica.a2aAlpha(), replica.a2aBeta());
     const double a = cfg.spec_acceptance, K = cfg.spec_tokens;
     rep.expected_tokens_per_step = a >= 1 ? K + 1 : (1 - std::pow(a, K + 1)) / (1 - a);
   }
@@ -652,6 +715,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
   auto engine = [&](bool prefill_here, bool decode_here) {
     Engine e{replica, cfg, rep.kv_capacity_bytes * groups, prefill_here, decode_here, {}, nullptr, 0};
     e.window = m.window;
+    e.paged = cfg.kv_paged && prefill_here && decode_here;  // a decode pool keeps what it received
     if (drafter) {
       e.drafter = &*drafter, e.spec_k = cfg.spec_tokens, e.spec_a = cfg.spec_acceptance;
       e.spec_rng.seed(cfg.seed * 1000003 + ++engines);
@@ -665,7 +729,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     std::vector<Request> reqs = base;
     std::vector<double> itl;
     const size_t R = static_cast<size_t>(rep.replicas);
-    int64_t max_running = 0;
+    int64_t max_running = 0, preemptions = 0;
     if (load == LoadMode::ClosedLoop) {
       // Per user, its requests in order.
       std::vector<std::vector<Request*>> per_user(static_cast<size_t>(cfg.concurrency));
@@ -691,6 +755,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
           }
         e.run();
         max_running = std::max(max_running, e.max_running);
+        preemptions += e.preemptions;
       }
     } else {
       for (size_t rr = 0; rr < R; ++rr) {
@@ -700,6 +765,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
         for (size_t i = rr; i < reqs.size(); i += R) e.add(&reqs[i]);
         e.run();
         max_running = std::max(max_running, e.max_running);
+        preemptions += e.preemptions;
       }
     }
     if (cfg.record)
@@ -712,6 +778,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     rep.aggregated.mode = "aggregated";
     rep.aggregated.decode_replicas = rep.replicas;
     rep.aggregated.max_running = max_running;
+    rep.aggregated.preemptions = preemptions;
   }
   // Disaggregated (open loop and offline): P prefill replicas of tp GPUs, D
   // decode replicas of decode_tp GPUs on the rest; the KV cache of each

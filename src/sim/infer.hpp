@@ -38,6 +38,7 @@ struct InferConfig {
   // prompts; false: prefill-first batches of whole prompts, decode paused.
   bool chunked_prefill = false;
   bool kv_fp8 = false;          // fp8 KV cache (1 byte per element)
+  bool kv_paged = false;        // KV allocated as tokens grow, newest preempted when full (vLLM); false: reserved whole at admission (TensorRT-LLM's GUARANTEED_NO_EVICT)
   double e2e_slo_s = 0;         // end-to-end latency SLO for goodput (0: none)
   int64_t requests = 2000;
   int64_t input_len = 1024, output_len = 256;  // means
@@ -94,6 +95,7 @@ struct ServeStats {
   double kv_transfer_mean_s = 0;
   double duration_s = 0;
   int64_t max_running = 0;  // most requests decoding at once on one replica
+  int64_t preemptions = 0;  // --kv-alloc paged: requests preempted (recomputed) for lack of KV cache
 };
 
 // One engine step of a replica (--trace).

@@ -108,6 +108,7 @@ nlohmann::json toJson(const ServeStats& s) {
           {"total_tokens_per_s", s.total_tokens_per_s},
           {"output_tokens_per_s_per_user", s.per_user_tokens_per_s},
           {"max_running_per_replica", s.max_running},
+          {"preemptions", s.preemptions},
           {"throughput_rps", s.throughput_rps},
           {"tokens_per_s", s.tokens_per_s},
           {"slo_attainment", s.slo_attainment},

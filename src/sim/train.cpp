@@ -371,8 +371,6 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     case Recompute::Selective: per_layer = bs * (sp ? (R + S_split) / T : R + S_split / T); break;
     case Recompute::Full: per_layer = 2 * bs * h / (sp ? T : 1); break;
   }
-  // A layer that is not recomputed (--recompute-layers) keeps everything.
-  const double kept_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
   // Every stage's memory from its own layers, its own in-flight
   // micro-batches and its own vocabulary shard; the peak stage is reported.
   // 1F1B: stage s holds the activations of min(p - s, m) micro-batches;
@@ -392,7 +390,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       params += paramsOf(first, count, false, &widest);
       expert += expertParamsOf(first, count);
       for (int l = first; l < first + count; ++l)
-        layer_act += cfg.recompute_layers > 0 && !fullAt(l) ? kept_layer : per_layer;
+        layer_act += cfg.recompute_layers > 0 && !fullAt(l) ? full_layer : per_layer;  // not recomputed: keeps everything
     }
     if (sd == 0 || sd == p - 1) params += V * h / T;  // the embedding or the logits shard (one when p = 1)
     if (sd == p - 1) params += cfg.mtp_layers * (2 * h * h / T + 2 * h);  // each MTP depth's projection and norms

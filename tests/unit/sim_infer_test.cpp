@@ -311,6 +311,73 @@ TEST(SimServe, ExpertParallelReplicasHoldTheExpertsOnce) {
   ASSERT_FALSE(dense.isOk());
 }
 
+// Speculative decoding with the model's MTP module on expert-parallel
+// replicas: the MTP layer is an MoE layer, its experts spread over the same
+// ep GPUs, so each drafted token pays its dispatch and combine; a separate
+// draft model and disaggregation beside ep are refused by name.
+TEST(SimServe, MtpDraftsOnExpertParallelReplicas) {
+  OneNode node;
+  ModelSpec m = preset("Qwen3-30B-A3B");
+  m.mtp_layers = 1;
+  InferConfig ic = base();
+  ic.gpus = 8, ic.tp = 1, ic.ep = 8;
+  ic.concurrency = 1, ic.requests = 8, ic.input_len = 256, ic.output_len = 257;
+  auto plain = simulateInference(m, ic, node.net);
+  ic.spec_tokens = 2, ic.spec_acceptance = 0.7;
+  auto spec = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(plain.isOk()) << plain.status().message();
+  ASSERT_TRUE(spec.isOk()) << spec.status().message();
+  EXPECT_GT(spec->draft_step_s, 2 * 2 * spec->a2a_latency_s);  // 2 drafted tokens x (dispatch + combine)
+  EXPECT_LT(spec->kv_capacity_tokens, plain->kv_capacity_tokens);  // the MTP layer's weights and cache
+  EXPECT_DOUBLE_EQ(spec->expected_tokens_per_step, 1 + 0.7 + 0.7 * 0.7);
+  InferConfig d = ic;
+  d.draft_model = std::make_shared<const ModelSpec>(gpt(2, 2048, 32));
+  auto draft = simulateInference(m, d, node.net);
+  ASSERT_FALSE(draft.isOk());
+  EXPECT_NE(draft.status().message().find("a separate draft model beside expert-parallel"), std::string::npos)
+      << draft.status().message();
+  InferConfig g = ic;
+  g.spec_tokens = 0, g.decode_tp = 4;
+  auto disagg = simulateInference(m, g, node.net);
+  ASSERT_FALSE(disagg.isOk());
+  EXPECT_NE(disagg.status().message().find("--ep 8 with --decode-tp 4"), std::string::npos) << disagg.status().message();
+}
+
+// --kv-alloc paged: a request holds its prompt's cache at admission and grows
+// it token by token, so more requests run than whole reservations allow; when
+// the growth no longer fits, the newest are preempted and recomputed, and
+// every request still completes.  Without memory pressure both policies run
+// the same schedule.
+TEST(SimServe, PagedKvAdmitsMoreAndPreemptsTheNewest) {
+  OneNode node;
+  const ModelSpec m = gpt(16, 4096, 32);
+  InferConfig ic = base();
+  ic.max_throughput = true, ic.requests = 192, ic.input_len = 512, ic.output_len = 2048, ic.max_batch = 256;
+  auto reserve = simulateInference(m, ic, node.net);
+  ic.kv_paged = true;
+  auto paged = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(reserve.isOk()) << reserve.status().message();
+  ASSERT_TRUE(paged.isOk()) << paged.status().message();
+  // Whole reservations: capacity / (512 + 2048) tokens' cache each.
+  const double per_token = 2.0 * 16 * 4096 * 2;
+  const int64_t fit = static_cast<int64_t>(reserve->kv_capacity_bytes / (per_token * (512 + 2048)));
+  EXPECT_EQ(reserve->aggregated.max_running, fit);
+  EXPECT_EQ(reserve->aggregated.preemptions, 0);
+  EXPECT_GT(paged->aggregated.max_running, fit);
+  EXPECT_GT(paged->aggregated.preemptions, 0);
+  EXPECT_NEAR(paged->aggregated.tokens_per_s * paged->aggregated.duration_s, 192.0 * 2048, 1);  // every token made
+  EXPECT_NEAR(reserve->aggregated.tokens_per_s * reserve->aggregated.duration_s, 192.0 * 2048, 1);
+  // Short requests that all fit at once: the same steps either way.
+  InferConfig small = base();
+  small.max_throughput = true, small.requests = 32, small.max_batch = 32;
+  auto a = simulateInference(m, small, node.net);
+  small.kv_paged = true;
+  auto b = simulateInference(m, small, node.net);
+  ASSERT_TRUE(a.isOk() && b.isOk());
+  EXPECT_DOUBLE_EQ(a->aggregated.duration_s, b->aggregated.duration_s);
+  EXPECT_EQ(b->aggregated.preemptions, 0);
+}
+
 TEST(SimServe, BadInputIsRefused) {
   auto zero = parseConcurrency("0");
   ASSERT_FALSE(zero.isOk());
