@@ -592,9 +592,11 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       // routed token, the unpermute after the combine reads them back into
       // their tokens; with expert parallelism the received tokens are sorted
       // by local expert and back (a read and a write of every copy each).
-      const double copies = a2a_bytes, tokens = bs * h * kAct / T;
-      ew += gpu.mem(tokens + copies) + gpu.mem(copies + tokens);
-      if (ep > 1) ew += gpu.mem(2 * copies) + gpu.mem(2 * copies);
+      // The permutes run on the sender's own tokens (the mean load); the
+      // sorts on what the busiest expert's GPU receives (x imb).
+      const double received = a2a_bytes, sent = a2a_bytes / imb, tokens = bs * h * kAct / T;
+      ew += gpu.mem(tokens + sent) + gpu.mem(sent + tokens);
+      if (ep > 1) ew += gpu.mem(2 * received) + gpu.mem(2 * received);
     }
     // Two layer norms (read + write) and two dropout + residual adds (read x,
     // mask, residual; write) over the (sequence-split) hidden state.
