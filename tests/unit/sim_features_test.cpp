@@ -77,6 +77,16 @@ TEST(SimPlacement, GroupsStayInsideADomain) {
       << few.status().message();
 }
 
+// Eight GPUs of one node, data-parallel, micro-batch 1, no recomputation,
+// the closed form only.
+TrainConfig dp8(int64_t global_batch, int64_t seq) {
+  TrainConfig k;
+  k.gpus = 8, k.tp = 1, k.pp = 1, k.dp = 8;
+  k.global_batch = global_batch, k.micro_batch = 1, k.seq = seq, k.recompute = Recompute::None;
+  k.schedule = false, k.stage_costs = false;
+  return k;
+}
+
 // Under fp8 a GEMM keeps its input's fp8 cast for the weight gradient: per
 // token and layer the QKV and FC1 inputs (2h each), the projection input (2h)
 // and the FC2 input (2f) halve: 7h of a GPT's 34h.  Full recomputation keeps
@@ -86,10 +96,7 @@ TEST(SimMemory, Fp8KeepsGemmInputsAtOneByte) {
   const plan::Registry reg = plan::Registry::builtin();
   const ClusterSpec c = cluster("fat-tree", 1);
   const ModelSpec m = gpt(8, 2048, 16);
-  TrainConfig k;
-  k.gpus = 8, k.tp = 1, k.pp = 1, k.dp = 8;
-  k.global_batch = 64, k.micro_batch = 1, k.seq = 2048, k.recompute = Recompute::None;
-  k.schedule = false, k.stage_costs = false;
+  const TrainConfig k = dp8(64, 2048);
   auto act = [&](bool fp8, Recompute rc) {
     TrainConfig x = k;
     x.fp8 = fp8, x.recompute = rc;
@@ -158,10 +165,7 @@ TEST(SimMemory, RecomputeLayersIsBlockRecomputation) {
 TEST(SimMtp, EachDepthIsALayerAProjectionAndAHead) {
   const plan::Registry reg = plan::Registry::builtin();
   const ClusterSpec c = cluster("fat-tree", 1);
-  TrainConfig k;
-  k.gpus = 8, k.tp = 1, k.pp = 1, k.dp = 8;
-  k.global_batch = 16, k.micro_batch = 1, k.seq = 1024, k.recompute = Recompute::None;
-  k.schedule = false, k.stage_costs = false;
+  const TrainConfig k = dp8(16, 1024);
   auto run = [&](int layers, int mtp) {
     TrainConfig x = k;
     x.mtp_layers = mtp;
