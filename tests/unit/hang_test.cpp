@@ -52,6 +52,19 @@ std::vector<std::string> rank3StaysOut() {
   return msgs;
 }
 
+// A job without a single collective: every rank inits and destroys at once.
+// Rank 0 hosts the store and leaves init's last barrier last; if any rank
+// still had a store connection to open after that barrier (the watchdog's
+// used to), rank 0's destroy could close the store under it and that rank's
+// init failed ("authentication failed ... closed the connection").  Every
+// init and destroy must succeed, many times over.
+TEST(Hang, InitThenImmediateDestroyNeverLosesTheStore) {
+  for (int round = 0; round < 60; ++round) {
+    auto msgs = runRanks(4, [](int, chorusComm_t) { return std::string(); });
+    ASSERT_EQ(failures(msgs), "") << "round " << round;
+  }
+}
+
 TEST(Hang, TimeoutNamesWhoWaitsWhere) {
   auto msgs = rank3StaysOut();
   // Every waiting rank failed; at least one (the first to time out) explains.
