@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   col->add_flag("--json", json, "print JSON");
 
   TrainConfig tc;
-  std::string recompute = "selective", micro = "1", trace_path, plot_path;
+  std::string recompute = "selective", micro = "1", trace_path, plot_path, pp_schedule = "1f1b";
   bool no_sp = false, no_flash = false;
   auto* tr = app.add_subcommand("train", "time one training iteration");
   tr->add_option("--model", model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
@@ -126,6 +126,9 @@ int main(int argc, char** argv) {
   tr->add_option("--micro-batch", micro, "sequences per micro-batch, or auto");
   tr->add_option("--seq", tc.seq, "sequence length");
   tr->add_option("--recompute", recompute, "none, selective, full");
+  tr->add_option("--pp-schedule", pp_schedule,
+                 "pipeline order: 1f1b (Megatron's; interleaved with --vpp > 1) or zb-h1 (zero-bubble: weight "
+                 "gradients split off the backward and deferred into the drain, same peak memory; vpp 1)");
   tr->add_option("--mtp-layers", tc.mtp_layers,
                  "multi-token prediction depths trained with the model, on the last pipeline stage (Megatron's "
                  "--mtp-num-layers; DeepSeek-V3: 1)");
@@ -328,6 +331,9 @@ int main(int argc, char** argv) {
     auto rc = parseRecompute(recompute);
     if (!rc.isOk()) return fail(rc.status());
     tc.recompute = *rc;
+    if (pp_schedule != "1f1b" && pp_schedule != "zb-h1")
+      return fail(invalidArgument("--pp-schedule '{}' is not one of 1f1b, zb-h1", pp_schedule));
+    tc.zero_bubble = pp_schedule == "zb-h1";
     tc.sequence_parallel = !no_sp;
     tc.flash_attention = !no_flash;
     tc.schedule = !estimate_only;

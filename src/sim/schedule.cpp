@@ -9,6 +9,7 @@ namespace chorus::sim {
 
 LayerPlan& LayerPlan::operator+=(const LayerPlan& o) {
   fwd += o.fwd, bwd += o.bwd, recompute += o.recompute, attn_core_fwd += o.attn_core_fwd, bwd_async += o.bwd_async;
+  wgrad += o.wgrad, wgrad_async += o.wgrad_async;
   tp_fwd += o.tp_fwd, tp_bwd += o.tp_bwd, tp_async += o.tp_async, tp_recompute += o.tp_recompute;
   cp += o.cp, ep += o.ep, dp_ag += o.dp_ag, dp_rs += o.dp_rs;
   return *this;
@@ -20,9 +21,9 @@ enum Dim : uint8_t { kCompute, kTp, kCp, kEp, kDp, kPp, kOptimizer, kBubble, kDi
 constexpr const char* kDimNames[] = {"compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s",
                                      "dp_comm_s", "pp_comm_s", "optimizer_s", "bubble_s"};
 enum Stream : int { sCompute, sTp, sCp, sEp, sDpAg, sDpRs, sPp };
-enum Kind : uint8_t { kF, kB, kR, kBGemm, kTpF, kTpB, kTpAsync, kTpR, kCpX, kEpX, kAg, kRs, kSendAct, kSendGrad, kOpt };
+enum Kind : uint8_t { kF, kB, kR, kBGemm, kTpF, kTpB, kTpAsync, kTpR, kCpX, kEpX, kAg, kRs, kSendAct, kSendGrad, kOpt, kW };
 constexpr const char* kKindNames[] = {"F",      "B",     "R",     "B gemm", "tp fwd",   "tp bwd",    "tp async", "tp recompute",
-                                      "cp k/v", "ep a2a", "gather", "reduce-scatter", "send act", "send grad", "optimizer"};
+                                      "cp k/v", "ep a2a", "gather", "reduce-scatter", "send act", "send grad", "optimizer", "W"};
 
 struct Label {
   Kind kind;
@@ -320,7 +321,7 @@ void Sim::slices(ScheduleResult* r) const {
 
 }  // namespace
 
-std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t mb) {
+std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t mb, bool zero_bubble) {
   const int64_t total = mb * v;
   auto micro = [&](int64_t k) { return (k / (p * v)) * p + k % p; };
   auto chunk = [&](int64_t k, bool fwd) {
@@ -338,7 +339,19 @@ std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_
     ops.push_back({false, micro(b), chunk(b, false)}), ++b;
   }
   for (; b < total; ++b) ops.push_back({false, micro(b), chunk(b, false)});
-  return ops;
+  if (!zero_bubble || v != 1) return ops;
+  std::vector<PipelineOp> zb;
+  zb.reserve(ops.size() + static_cast<size_t>(total));
+  std::vector<PipelineOp> pending;  // B done, W not yet (oldest first)
+  size_t first = 0;
+  for (const PipelineOp& op : ops) {
+    zb.push_back(op);
+    if (op.fwd) continue;
+    pending.push_back({false, op.micro, op.chunk, true});
+    if (static_cast<int64_t>(pending.size() - first) > rank) zb.push_back(pending[first++]);
+  }
+  for (; first < pending.size(); ++first) zb.push_back(pending[first]);
+  return zb;
 }
 
 Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_slices) {
@@ -349,6 +362,8 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
                            "and pp)", p, v, mb, spec.chunks.size(), spec.optimizer_s.size());
   if (v > 1 && mb % p != 0)
     return invalidArgument("schedule: interleaved micro-batches ({}) must be a multiple of pp={}", mb, p);
+  if (spec.options.zero_bubble && v != 1)
+    return invalidArgument("schedule: zero-bubble (ZB-H1) needs vpp = 1 (got {})", v);
   // Merge consecutive layers of a chunk when the schedule would be too large.
   int64_t layers = 0;
   for (const auto& ch : spec.chunks) layers += static_cast<int64_t>(ch.size());
@@ -375,11 +390,12 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
   };
   std::vector<Late> late;
   for (int64_t d = 0; d < p; ++d) {
-    const std::vector<Op> ops = pipelineOrder(d, p, v, mb);
+    const std::vector<Op> ops = pipelineOrder(d, p, v, mb, o.zero_bubble);
     // The last backward of each chunk (ZeRO-0/1 reduce there) and the first forward (ZeRO-0..2 gather before it).
+    // Zero-bubble: the gradients are whole after the W pass, so the reduces follow the Ws.
     std::vector<int64_t> last_bwd(static_cast<size_t>(v), -1);
     for (size_t i = 0; i < ops.size(); ++i)
-      if (!ops[i].fwd) last_bwd[static_cast<size_t>(ops[i].chunk)] = static_cast<int64_t>(i);
+      if (!ops[i].fwd && ops[i].wgrad == o.zero_bubble) last_bwd[static_cast<size_t>(ops[i].chunk)] = static_cast<int64_t>(i);
     std::vector<char> seen_fwd(static_cast<size_t>(v), 0);
     // ZeRO-0..2: every layer's parameters gathered once (after last
     // iteration's optimizer step), in the order the first forwards use them.
@@ -457,8 +473,35 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
         if (vs + 1 < vs_count)
           s = sim.addAfter(d, sPp, kPp, spec.p2p.s, after, {kSendAct, m32, c16, -1}, &spec.p2p.link, (vs + 1) % p);
         sent_f[key] = s >= 0 ? s : (after.empty() ? -1 : after.front());
-      } else {
+      } else if (op.wgrad) {
+        // Zero-bubble W pass: the weight-gradient GEMMs of the layers, last
+        // layer first, on the compute stream after its B (stream order); the
+        // B's own collectives may still run.  The gradients are whole after
+        // it, so the data-parallel reduce follows it.
         const bool reduce_here = spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)];
+        std::vector<int32_t> w_after;
+        for (size_t jj = ch.size(); jj-- > 0;) {
+          const LayerPlan& lp = ch[jj];
+          const auto l16 = static_cast<int16_t>(jj);
+          const int32_t w = sim.addAfter(d, sCompute, kCompute, lp.wgrad, w_after, {kW, m32, c16, l16});
+          if (w >= 0) w_after.assign(1, w), last_compute = w;
+          if (reduce_here && (o.overlap_dp || z3)) {
+            const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, w_after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
+            if (r >= 0) reduces.push_back(r);
+          }
+        }
+        if (reduce_here && !o.overlap_dp && !z3)
+          for (size_t jj = ch.size(); jj-- > 0;) {
+            const int32_t r = sim.addAfter(d, sDpRs, kDp, ch[jj].dp_rs.s, w_after, {kRs, m32, c16, static_cast<int16_t>(jj)},
+                                           &ch[jj].dp_rs.link);
+            if (r >= 0) reduces.push_back(r);
+          }
+        if (!w_after.empty()) carry.push_back(w_after.front());
+      } else {
+        // Under zero-bubble the B pass leaves its weight gradients to the W pass (and so its reduces).
+        const bool zb = o.zero_bubble;
+        const bool reduce_here =
+            !zb && (spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)]);
         for (size_t jj = ch.size(); jj-- > 0;) {
           const LayerPlan& lp = ch[jj];
           const auto l16 = static_cast<int16_t>(jj);
@@ -472,8 +515,10 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
           chain(track(sim.addAfter(d, sTp, kTp, lp.tp_recompute.s, after, {kTpR, m32, c16, l16}, &lp.tp_recompute.link)));
           chain(track(sim.addAfter(d, sTp, kTp, lp.tp_bwd.s, after, {kTpB, m32, c16, l16}, &lp.tp_bwd.link)));
           const bool ring = lp.cp.s > 0;
-          const double core = ring ? std::min(2 * lp.attn_core_fwd, lp.bwd - lp.bwd_async) : 0;
-          chain(track(sim.addAfter(d, sCompute, kCompute, lp.bwd - lp.bwd_async - core, after, {kB, m32, c16, l16})));
+          const double b_async = zb ? lp.bwd_async - lp.wgrad_async : lp.bwd_async;  // the async GEMMs this pass runs
+          const double b_main = (zb ? lp.bwd - lp.wgrad : lp.bwd) - b_async;
+          const double core = ring ? std::min(2 * lp.attn_core_fwd, b_main) : 0;
+          chain(track(sim.addAfter(d, sCompute, kCompute, b_main - core, after, {kB, m32, c16, l16})));
           if (ring) {
             const std::vector<int32_t> before = after;
             const int32_t cc = track(sim.addAfter(d, sCompute, kCompute, core, before, {kB, m32, c16, l16}));
@@ -485,7 +530,7 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
           }
           if (o.async_tp) {
             const std::vector<int32_t> before = after;
-            const int32_t g = track(sim.addAfter(d, sCompute, kCompute, lp.bwd_async, before, {kBGemm, m32, c16, l16}));
+            const int32_t g = track(sim.addAfter(d, sCompute, kCompute, b_async, before, {kBGemm, m32, c16, l16}));
             const int32_t a = track(sim.addAfter(d, sTp, kTp, lp.tp_async.s, before, {kTpAsync, m32, c16, l16}, &lp.tp_async.link));
             after.clear();
             for (int32_t x : {g, a})
@@ -493,7 +538,7 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
             if (after.empty()) after = before;
             if (g >= 0) last_compute = g;
           } else {
-            chain(track(sim.addAfter(d, sCompute, kCompute, lp.bwd_async, after, {kBGemm, m32, c16, l16})));
+            chain(track(sim.addAfter(d, sCompute, kCompute, b_async, after, {kBGemm, m32, c16, l16})));
             if (!after.empty()) last_compute = after.front();
             chain(track(sim.addAfter(d, sTp, kTp, lp.tp_async.s, after, {kTpAsync, m32, c16, l16}, &lp.tp_async.link)));
           }

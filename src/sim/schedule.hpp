@@ -29,7 +29,9 @@
 //    ahead of the first forward (Megatron's overlap-grad-reduce /
 //    overlap-param-gather), or all after / before the compute;
 //  * pipeline: Megatron's 1F1B or interleaved (vpp > 1) order per stage,
-//    activations and gradients as send tasks;
+//    or zero-bubble ZB-H1 (the backward split into B, the input gradient,
+//    and W, the weight gradients, each stage i deferring i W passes to fill
+//    the cool-down: Qi et al. 2024), activations and gradients as send tasks;
 //  * the optimizer step after the stage's last reduce-scatter.
 // The makespan is the iteration time.  The breakdown is the pacing (last to
 // finish) stage's timeline: its compute, the slowdown of its compute by
@@ -64,6 +66,8 @@ struct LayerPlan {
   double fwd = 0, bwd = 0, recompute = 0;  // compute seconds (bwd without recomputation)
   double attn_core_fwd = 0;                // the part of fwd (and half of the bwd's twice as much) ring attention overlaps
   double bwd_async = 0;                    // the backward GEMMs the asynchronous tp collectives run under
+  double wgrad = 0;                        // the part of bwd that is weight-gradient GEMMs (zero-bubble's W pass)
+  double wgrad_async = 0;                  // the part of bwd_async that is weight-gradient GEMMs
   Transfer tp_fwd, tp_bwd, tp_async;       // exposed forward, exposed backward, asynchronous backward
   Transfer tp_recompute;                   // the recomputed forward's collectives (full recomputation)
   Transfer cp, ep;                         // per pass: ring attention's K/V, dispatch + combine
@@ -75,6 +79,7 @@ struct ScheduleOptions {
   bool async_tp = true;    // column-parallel backward collectives under the GEMMs (Megatron)
   bool overlap_dp = true;  // ZeRO-1/2 per-layer overlap of reduce-scatter and param gather
   int prefetch = 1;        // ZeRO-3: layers gathered ahead of the one computing
+  bool zero_bubble = false;  // ZB-H1 order (vpp 1): W passes split off the backward and deferred
   int64_t max_tasks = 400'000;  // layers are merged per chunk above this many tasks
 };
 
@@ -110,8 +115,15 @@ inline constexpr int kStreams = 7;
 struct PipelineOp {
   bool fwd;
   int64_t micro, chunk;
+  bool wgrad = false;  // zero-bubble: the W pass (weight gradients) of a backward
 };
-std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t micro_batches);
+// One stage's order: 1F1B (interleaved when v > 1), or with `zero_bubble`
+// (v = 1) ZB-H1: the same F/B order with each B followed by the W of the
+// micro-batch `rank` backwards earlier (stage i keeps i W passes pending, so
+// every stage holds p micro-batches in flight, as 1F1B's first stage does),
+// the pending ones after the last B.  With F, B and W of equal length this
+// leaves a bubble of (p - 1) (F + B - W), a third of 1F1B's.
+std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t micro_batches, bool zero_bubble = false);
 
 Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_slices = false);
 

@@ -96,6 +96,7 @@ struct Work {
 
 struct LayerTimes {
   Seconds fwd, bwd, attn_core_fwd;  // attn_core: what selective recomputation repeats
+  Seconds wgrad;  // every weight-gradient GEMM of the backward (zero-bubble's W pass)
   Seconds qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad;  // the column-parallel backward GEMMs that tp
                                                        // communication overlaps
 };
@@ -267,6 +268,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // Which layers recompute their forward in the backward: every layer under
   // --recompute full, or with --recompute-layers N the first N of every
   // virtual stage (Megatron's block method; the others keep everything).
+  if (cfg.zero_bubble && (v != 1 || p < 2))
+    return invalidArgument("--pp-schedule zb-h1 needs pp >= 2 and vpp = 1 (ZB-H1 is a 1F1B schedule; got pp={} vpp={})", p, v);
   if (cfg.recompute_layers < 0)
     return invalidArgument("--recompute-layers {}: must be >= 0 (0: every layer)", cfg.recompute_layers);
   if (cfg.recompute_layers > 0 && cfg.recompute != Recompute::Full)
@@ -394,8 +397,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     }
     if (sd == 0 || sd == p - 1) params += V * h / T;  // the embedding or the logits shard (one when p = 1)
     if (sd == p - 1) params += cfg.mtp_layers * (2 * h * h / T + 2 * h);  // each MTP depth's projection and norms
+    // ZB-H1 (v = 1): every stage holds p micro-batches, its warm-up ones and
+    // those whose W is still pending (the first stage's 1F1B count).
     const double chunks_in_flight =
-        v == 1 ? static_cast<double>(std::min<int64_t>(p - sd, mb))
+        v == 1 ? static_cast<double>(std::min<int64_t>(cfg.zero_bubble ? p : p - sd, mb))
                : static_cast<double>(std::min<int64_t>((p - sd - 1) * 2 + (v - 1) * p + 1, mb * v));
     double act = layer_act / static_cast<double>(v) * chunks_in_flight;
     if (any_full) act += full_layer;  // one layer's activations live again in its backward
@@ -537,6 +542,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       if (dg) *dg = x;
       if (wg) *wg = w;
       bw += x + w;
+      lt.wgrad += w;
       return gpu.gemm(mm_m, mm_n, mm_k, batch);
     };
     // fp8 (TransformerEngine): each fp8 GEMM's input is cast to fp8 with its
@@ -673,6 +679,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // stage), the embedding's tensor-parallel reduction when `embedding` (the first).
   struct RangeCost {
     Seconds fwd = Seconds(0), bwd = Seconds(0), recompute = Seconds(0);
+    Seconds wgrad = Seconds(0);  // the weight-gradient GEMMs within bwd
     Seconds tp_f = Seconds(0), tp_b = Seconds(0), cp = Seconds(0), ep = Seconds(0);
   };
   auto priceRange = [&](int first, int count, bool embedding, bool logits) {
@@ -681,6 +688,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const LayerTimes& lt = timesOf(l);
       rc.fwd += lt.fwd;
       rc.bwd += lt.bwd;
+      rc.wgrad += lt.wgrad;
       const bool moe_layer = m.isMoeLayer(l), full = fullAt(l);
       if (full) rc.recompute += lt.fwd;
       if (cfg.recompute == Recompute::Selective) rc.recompute += lt.attn_core_fwd;
@@ -729,6 +737,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const double depth = cfg.mtp_layers;
       rc.fwd += head_f * heads + proj_f * depth;
       rc.bwd += head_b * heads + proj_b * depth;
+      rc.wgrad += logit_wgrad * heads;
       logit_fwd = (logit_gemm + raw_gpu.mem(12 * bs * V / T)) * heads + proj_raw_f * depth;
       logit_bwd = (raw_gpu.dgrad(bs, V / T, h) + logit_wgrad + raw_gpu.mem(8 * bs * V / T)) * heads + proj_raw_b * depth;
       logit_wgrad_s = logit_wgrad * heads;
@@ -789,7 +798,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double mbf = static_cast<double>(mb);
   const double bubble_units = static_cast<double>(p - 1) / static_cast<double>(v);
   const Seconds compute = per_mb * mbf;
-  const Seconds bubble = (per_mb + per_mb_comm) * bubble_units;
+  // ZB-H1: the fill and drain cost F + B - W per stage instead of F + B + W.
+  const Seconds bubble = cfg.zero_bubble ? std::max(Seconds(0), per_mb + per_mb_comm - pace.wgrad * 2) * bubble_units
+                                         : (per_mb + per_mb_comm) * bubble_units;
   const Seconds pp_comm = p2p * (2.0 * (mbf * static_cast<double>(v) + static_cast<double>(p - 1)) / static_cast<double>(v)) *
                           (p > 1 ? 1.0 : 0.0);
 
@@ -819,19 +830,26 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const bool edp_own = moe && ep > 1 && (cfg.etp > 0 || cp == 1);
   const GroupSet edpg = cfg.etp > 0 ? GroupSet{edp_n, ep * etp, cfg.gpus / edp_n} : GroupSet{edp_n, t * ep, cfg.gpus / edp_n};
   const double expert_bytes = edp_own ? stage_expert * 2 : 0;
+  // Data-parallel traffic exists when dp x cp > 1, or when only the experts
+  // are replicated: folded over tp (--etp) with ep x etp < tp x cp x dp, the
+  // expert-data-parallel group has edp_n > 1 members even at dp x cp = 1.
+  const bool dense_dp = d * cp > 1, expert_dp = edp_own && edp_n > 1, any_dp = dense_dp || expert_dp;
   const double grad_bytes = stage_params * 2 - expert_bytes;  // bf16 gradients reduced over dp x cp
   Seconds dp_comm(0), dp_rs(0), dp_ag(0);
   const GroupSet dcg{d * cp, t, cfg.gpus / (d * cp)};
   // Both groups' collectives of `bytes` of this stage (dense over dp x cp, experts over their group).
   auto dpColl = [&](plan::Collective k) -> Result<Seconds> {
-    CHORUS_ASSIGN_OR_RETURN(Seconds x, coll(k, grad_bytes, dcg, "dp_comm_s"));
+    Seconds x(0);
+    if (dense_dp) {
+      CHORUS_ASSIGN_OR_RETURN(x, coll(k, grad_bytes, dcg, "dp_comm_s"));
+    }
     if (expert_bytes > 0 && edp_n > 1) {
       CHORUS_ASSIGN_OR_RETURN(Seconds e, coll(k, expert_bytes, edpg, "dp_comm_s"));
       x += e;
     }
     return x;
   };
-  if (d * cp > 1) {
+  if (any_dp) {
     CHORUS_ASSIGN_OR_RETURN(Seconds rs, dpColl(plan::Collective::ReduceScatter));
     CHORUS_ASSIGN_OR_RETURN(Seconds ag, dpColl(plan::Collective::AllGather));
     const LinkClass dp_links = ledger.collective(plan::Collective::AllGather, 1, dcg).dominant();
@@ -1002,6 +1020,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     sp_.pp = p, sp_.vpp = v, sp_.micro_batches = mb, sp_.zero = cfg.zero, sp_.comm_sm_fraction = smf;
     sp_.options.async_tp = cfg.async_tp;
     sp_.options.overlap_dp = cfg.overlap_dp;
+    sp_.options.zero_bubble = cfg.zero_bubble;
     auto tr = [](Seconds time, const LinkDemand& unit_demand, double bytes) {
       return Transfer{time.value(), unit_demand.scaled(bytes)};
     };
@@ -1018,10 +1037,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     }
     // A data-parallel collective of `params` (this GPU's share) per layer, priced alone.
     auto dpTransfers = [&](double params, Transfer* ag_t, Transfer* rs_t, double expert = 0) -> Status {
-      if (d * cp == 1 || params <= 0) return {};
+      if (!any_dp || params <= 0) return {};
       if (!edp_own) expert = 0;
       const double dense = params - expert;
-      if (dense > 0) {
+      if (dense > 0 && dense_dp) {
         CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * dense), dcg, cfg.algo));
         CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(2 * dense), dcg, cfg.algo));
         *ag_t += tr(a.time, u_dag, 2 * dense);
@@ -1051,6 +1070,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         if (cfg.recompute == Recompute::Selective) lp.recompute = lt.attn_core_fwd.value();
         if (t > 1)
           lp.bwd_async = (sp ? lt.qkv_dgrad + lt.qkv_wgrad + lt.fc1_dgrad + lt.fc1_wgrad : lt.qkv_wgrad + lt.fc1_wgrad).value();
+        lp.wgrad = lt.wgrad.value();
+        if (t > 1) lp.wgrad_async = (lt.qkv_wgrad + lt.fc1_wgrad).value();
         lp.tp_fwd = tp_fwd_t, lp.tp_bwd = tp_bwd_t, lp.tp_async = tp_async_t;
         const bool moe_layer = m.isMoeLayer(l);
         if (cp > 1) lp.cp = tr(cp_fwd, u_cp, cp_bytes);
@@ -1080,7 +1101,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                         u_tar.scaled(12 * bs) += (sp ? u_tag.scaled(act_bytes) : LinkDemand{}), heads);
       last.tp_async += tr((sp ? tp_rs : tp_ar) * heads, sp ? u_trs : u_tar, act_bytes * heads);
       last.bwd_async += logit_wgrad_s.value();
+      last.wgrad_async += logit_wgrad_s.value();
     }
+    last.wgrad += logit_wgrad_s.value();
     last.fwd += logit_fwd.value(), last.bwd += logit_bwd.value();
     params_of_stage[0] += V * h / T;
     CHORUS_RETURN_IF_ERROR(dpTransfers(V * h / T, &first.dp_ag, &first.dp_rs));
@@ -1145,8 +1168,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   st.tp_bwd_s = tp_b.value();
   st.other_comm_s = (ep_stage + cp_exposed).value();
   st.p2p_s = p > 1 ? p2p.value() : 0;
-  st.dp_rs_s = (d * cp > 1) ? dp_rs.value() : 0;
-  st.dp_ag_s = (d * cp > 1) ? dp_ag.value() : 0;
+  st.dp_rs_s = any_dp ? dp_rs.value() : 0;
+  st.dp_ag_s = any_dp ? dp_ag.value() : 0;
   st.optimizer_s = optimizer.value();
   st.micro_batches = mb;
 

@@ -35,6 +35,10 @@ struct TrainConfig {
   // --mtp-num-layers): each a layer shaped as the last, a 2h -> h projection
   // and its own logits and loss, on the last pipeline stage.  0: none.
   int mtp_layers = 0;
+  // Pipeline order: false = Megatron's 1F1B (interleaved with vpp > 1);
+  // true = ZB-H1 (zero-bubble, Qi et al. 2024; vpp 1): the backward split into
+  // B and W passes, W deferred to fill the drain, the same peak memory.
+  bool zero_bubble = false;
   int zero = 1;              // 0..3 (ZeRO-1 = Megatron's distributed optimizer)
   bool sequence_parallel = true;
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)

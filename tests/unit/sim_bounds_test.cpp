@@ -193,6 +193,7 @@ TEST(SimBounds, NoPredictionBeatsABound) {
       k.recompute = static_cast<Recompute>(pick({0, 1, 2}));
       k.recompute_layers = k.recompute == Recompute::Full ? pick({0, 0, 1, 2}) : 0;  // block recomputation
       k.mtp_layers = pick({0, 0, 0, 1});  // multi-token prediction on the last stage
+      k.zero_bubble = k.pp > 1 && k.vpp == 1 && pick({0, 0, 1}) != 0;  // ZB-H1
       k.sequence_parallel = pick({0, 1}) != 0;
       k.flash_attention = pick({0, 1, 1}) != 0;
       k.fp8 = pick({0, 0, 1}) != 0;
@@ -208,8 +209,8 @@ TEST(SimBounds, NoPredictionBeatsABound) {
           << " s < bound " << r->bounds.binding << " " << r->bounds.max() << " s";
       EXPECT_GE(r->iteration_s, r->bounds.max() * (1 - 1e-12))
           << topo << " " << layoutName(k) << " sp " << k.sequence_parallel << " fp8 " << k.fp8 << " experts "
-          << m.moe.experts << ": " << r->iteration_s << " s < bound " << r->bounds.binding << " "
-          << r->bounds.max() << " s";
+          << m.moe.experts << " mtp " << k.mtp_layers << " zb " << k.zero_bubble << ": " << r->iteration_s
+          << " s < bound " << r->bounds.binding << " " << r->bounds.max() << " s";
     }
   }
   EXPECT_GE(checked, 1000);

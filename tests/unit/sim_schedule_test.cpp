@@ -52,6 +52,49 @@ TEST(SimSchedule, PipelineMakespans) {
   }
 }
 
+// ZB-H1 with F = B = W = 1 s (the backward 2 s of which 1 s weight
+// gradients), 4 stages, 8 micro-batches: the bubble is (p - 1)(F + B - W) =
+// 3 s instead of 1F1B's 9 s (Qi et al. 2024): 8 x 3 + 3 + 0.5 = 27.5 s.  The
+// order keeps i W passes pending on stage i and every W after its own B;
+// interleaving is refused.
+TEST(SimSchedule, ZeroBubbleH1LeavesAThirdOfTheBubble) {
+  IterationSpec sp;
+  sp.pp = 4, sp.vpp = 1, sp.micro_batches = 8;
+  LayerPlan lp;
+  lp.fwd = 1, lp.bwd = 2, lp.wgrad = 1;
+  sp.chunks.assign(4, {lp});
+  sp.optimizer_s.assign(4, 0.5);
+  sp.comm_sm_fraction = 0;
+  sp.options.zero_bubble = true;
+  auto r = simulateSchedule(sp);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  EXPECT_NEAR(r->makespan_s, 27.5, 1e-9);
+  EXPECT_NEAR(r->breakdown.at("compute_s"), 24, 1e-9);
+  EXPECT_NEAR(r->breakdown.at("bubble_s"), 3, 1e-9);
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    const auto ops = pipelineOrder(rank, 4, 1, 8, true);
+    ASSERT_EQ(ops.size(), 24u);
+    int64_t pending = 0, most = 0;
+    std::vector<char> b_done(8, 0);
+    for (const PipelineOp& op : ops) {
+      if (op.fwd) continue;
+      if (!op.wgrad) {
+        b_done[static_cast<size_t>(op.micro)] = 1, ++pending;
+      } else {
+        EXPECT_TRUE(b_done[static_cast<size_t>(op.micro)]) << "rank " << rank << ": W before its B";
+        --pending;
+      }
+      most = std::max(most, pending);
+    }
+    EXPECT_EQ(most, rank + 1) << "rank " << rank;  // i deferred W passes plus the one just done
+  }
+  sp.vpp = 2;
+  sp.chunks.assign(8, {lp});
+  auto bad = simulateSchedule(sp);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("zero-bubble (ZB-H1) needs vpp = 1"), std::string::npos);
+}
+
 // ZeRO-3 on one stage, two layers, F = B = 0.5 s, every gather and
 // reduce-scatter 1 s alone and each filling the NIC.  Forward: gathers 0
 // and 1 back to back [0, 1], [1, 2] (layer 1 prefetched while layer 0
