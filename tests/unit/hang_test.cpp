@@ -2,6 +2,7 @@
 // that says who waits where — the "which rank hangs?" answer.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -115,17 +116,26 @@ TEST(Hang, RecorderSnapshotsAreWholeEntriesWhileItIsWritten) {
   FlightRecorder rec;
   constexpr uint64_t kOps = 200000;
   std::atomic<uint64_t> written{0};
+  std::atomic<int64_t> snapshots{0};
   std::thread writer([&] {
     for (uint64_t seq = 1; seq <= kOps; ++seq) {
       rec.start(seq, 0, 7, 3 * seq, static_cast<int32_t>(seq % 7));
       rec.finish(seq, true);
       written.store(seq, std::memory_order_release);
+      // Halfway, let the reader in (on 2 busy cores it may not have run yet:
+      // the whole write takes ~10 ms), for at most 5 s.
+      if (seq == kOps / 2) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (snapshots.load(std::memory_order_acquire) < 20 && std::chrono::steady_clock::now() < until)
+          std::this_thread::yield();
+      }
     }
   });
   int64_t checked = 0;
   std::string torn;  // the first inconsistency seen (asserted after the join)
   while (torn.empty() && written.load(std::memory_order_acquire) < kOps) {
     const std::vector<FlightEntry> snap = rec.snapshot();
+    snapshots.fetch_add(1, std::memory_order_release);
     for (size_t k = 0; k < snap.size() && torn.empty(); ++k) {
       const FlightEntry& e = snap[k];
       if (e.count != 3 * e.seq || e.root != static_cast<int32_t>(e.seq % 7) || e.dtype != 7 ||
