@@ -293,14 +293,16 @@ struct Engine {
     auto prompt = [](const Request* r) { return r->in + r->resume; };  // tokens its prefill processes
     auto need = [&](const Request* r) { return paged ? rep.kvBytesOf(static_cast<double>(prompt(r) + 1)) : full(r); };
     auto admitKv = [&](const Request* r) { return kv_res + need(r) <= kv_capacity; };
+    // What admission gives a request: its whole cache (reserved) or its prompt's (paged).
+    auto given = [&](const Request* r) { return paged ? rep.kvBytesOf(static_cast<double>(prompt(r))) : full(r); };
     auto admit = [&](Request* r) {
-      kv_res += paged ? rep.kvBytesOf(static_cast<double>(prompt(r))) : full(r);
+      kv_res += given(r);
       r->order = admitted++;
     };
     auto startDecode = [&](Request* r) {  // r has its next token: its first, or the one after a recomputed prefill
       const int64_t made = r->resume + 1;
       if (!decode_here || made >= r->out) {
-        if (decode_here) kv_res -= paged ? rep.kvBytesOf(static_cast<double>(prompt(r))) : full(r), finish(r, r->resume > 0 ? now : r->first);
+        if (decode_here) kv_res -= given(r), finish(r, r->resume > 0 ? now : r->first);
         return;
       }
       running.push_back({r, made});
@@ -328,8 +330,8 @@ struct Engine {
         for (size_t i = 1; i < running.size(); ++i)
           if (running[i].r->order > running[v].r->order) v = i;
         Request* r = running[v].r;
-        const double n = static_cast<double>(r->in + running[v].made);
-        context -= n, context_win -= rep.capped(n), kv_now -= rep.kvBytesOf(n), kv_res -= rep.kvBytesOf(n);
+        const double n = static_cast<double>(r->in + running[v].made), held = rep.kvBytesOf(n);
+        context -= n, context_win -= rep.capped(n), kv_now -= held, kv_res -= held;
         r->resume = running[v].made;
         running[v] = running.back(), running.pop_back();
         waiting.push_front(r);
@@ -455,8 +457,9 @@ struct Engine {
         ++running[i].made;
         context += 1;
         context_win += rep.capped(n + 1) - rep.capped(n);
-        kv_now += rep.kvBytesOf(n + 1) - rep.kvBytesOf(n);
-        if (paged) kv_res += rep.kvBytesOf(n + 1) - rep.kvBytesOf(n);
+        const double grown = rep.kvBytesOf(n + 1) - rep.kvBytesOf(n);
+        kv_now += grown;
+        if (paged) kv_res += grown;
       }
       if (running[i].made >= r->out) {
         const double n = static_cast<double>(r->in + running[i].made);
