@@ -237,8 +237,8 @@ struct Engine {
   int64_t preemptions = 0;
   std::vector<ServeStep>* steps = nullptr;  // --trace
   int replica = 0;
-  void log(double start, double end, int64_t decodes, int64_t prefill) const {
-    if (steps && steps->size() < kMaxSteps) steps->push_back({replica, start, end - start, decodes, prefill});
+  void log(double start, double end, int64_t decodes, int64_t prefill, int64_t pending = 0) const {
+    if (steps && steps->size() < kMaxSteps) steps->push_back({replica, start, end - start, decodes, prefill, pending});
   }
   static constexpr size_t kMaxSteps = 2000000;
   // Speculative decoding: the drafter's replica (nullptr: none), K and the acceptance rate.
@@ -350,8 +350,9 @@ struct Engine {
       if (prefill_here && cfg.chunked_prefill && decode_here) {
         // One step: every decoding request's next token, then prompt chunks
         // (in-progress ones first) within the token budget.
-        double budget = static_cast<double>(cfg.prefill_tokens) - static_cast<double>(running.size());
+        // The budget counts the decodes that run in the step: those left after any preemption.
         const bool preempted = makeRoom();
+        double budget = static_cast<double>(cfg.prefill_tokens) - static_cast<double>(running.size());
         while (!preempted && !waiting.empty() && slots() < cfg.max_batch && admitKv(waiting.front())) {
           prefilling.push_back({waiting.front(), 0});
           admit(waiting.front());
@@ -377,13 +378,16 @@ struct Engine {
         max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
         const double t0 = now;
         now += decodeCost(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win);
-        log(t0, now, static_cast<int64_t>(running.size()), static_cast<int64_t>(chunk));
+        const auto decodes = static_cast<int64_t>(running.size());
         advanceDecode(running, now, context, context_win, kv_now, kv_res);
         std::vector<Request*> started;
         for (auto [i, take] : parts) {
           prefilling[i].made += take;
           if (prefilling[i].made >= prompt(prefilling[i].r)) started.push_back(prefilling[i].r);
         }
+        int64_t pending = 0;
+        for (const Running& p : prefilling) pending += prompt(p.r) - p.made;
+        log(t0, now, decodes, static_cast<int64_t>(chunk), pending);
         prefilling.erase(std::remove_if(prefilling.begin(), prefilling.end(),
                                         [&](const Running& p) { return p.made >= prompt(p.r); }),
                          prefilling.end());
@@ -881,7 +885,7 @@ Status writeServeTrace(const InferReport& r, std::ostream& out) {
     replicas.insert(s.replica);
     const std::string name = s.prefill_tokens > 0 && s.decodes > 0 ? "mixed" : s.prefill_tokens > 0 ? "prefill" : "decode";
     ev.push_back({{"name", name}, {"ph", "X"}, {"pid", s.replica}, {"tid", 0}, {"ts", s.start_s * 1e6},
-                  {"dur", s.duration_s * 1e6}, {"args", {{"decodes", s.decodes}, {"prefill_tokens", s.prefill_tokens}}}});
+                  {"dur", s.duration_s * 1e6}, {"args", {{"decodes", s.decodes}, {"prefill_tokens", s.prefill_tokens}, {"prefill_pending", s.prefill_pending}}}});
   }
   for (size_t i = 0; i < r.requests.size(); ++i) {
     const ServeRequest& q = r.requests[i];

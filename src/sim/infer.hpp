@@ -103,6 +103,7 @@ struct ServeStep {
   int replica = 0;
   double start_s = 0, duration_s = 0;
   int64_t decodes = 0, prefill_tokens = 0;  // decoding requests; prompt tokens prefilled in the step
+  int64_t prefill_pending = 0;              // chunked prefill: prompt tokens of started prompts left after the step
 };
 // One request's life (--trace): arrival, first token, last token, on a replica.
 struct ServeRequest {

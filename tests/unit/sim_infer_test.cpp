@@ -378,6 +378,34 @@ TEST(SimServe, PagedKvAdmitsMoreAndPreemptsTheNewest) {
   EXPECT_EQ(b->aggregated.preemptions, 0);
 }
 
+// Paged KV with chunked prefill: a step that preempts gives its prompt chunks
+// the budget left by the decodes that still run in it (it used to subtract
+// the decodes it was about to preempt), so a step with prompt work pending
+// after it always fills its whole token budget.
+TEST(SimServe, ChunkedPrefillAfterPreemptionFillsTheBudget) {
+  OneNode node;
+  const ModelSpec m = gpt(16, 4096, 32);
+  InferConfig ic = base();
+  ic.max_throughput = true, ic.requests = 192, ic.input_len = 3000, ic.output_len = 2048, ic.max_batch = 256;
+  ic.kv_paged = true, ic.chunked_prefill = true, ic.prefill_tokens = 2048, ic.record = true;
+  auto r = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ASSERT_GT(r->aggregated.preemptions, 0);
+  ASSERT_FALSE(r->steps.empty());
+  int64_t pending_steps = 0;
+  for (const ServeStep& s : r->steps) {
+    EXPECT_LE(s.decodes + s.prefill_tokens, ic.prefill_tokens) << "step at " << s.start_s;
+    if (s.prefill_pending > 0) {
+      ++pending_steps;
+      EXPECT_EQ(s.decodes + s.prefill_tokens, ic.prefill_tokens)
+          << "step at " << s.start_s << " s: " << s.decodes << " decodes + " << s.prefill_tokens << " prompt tokens with "
+          << s.prefill_pending << " pending";
+    }
+  }
+  EXPECT_GT(pending_steps, 0);
+  EXPECT_NEAR(r->aggregated.tokens_per_s * r->aggregated.duration_s, 192.0 * 2048, 1);  // every token made
+}
+
 TEST(SimServe, BadInputIsRefused) {
   auto zero = parseConcurrency("0");
   ASSERT_FALSE(zero.isOk());
