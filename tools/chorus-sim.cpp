@@ -115,9 +115,14 @@ int main(int argc, char** argv) {
       "destination node over the NICs, then NVLink; node-limited routing; DeepEP's normal kernels)";
   const char* fp8_dispatch_help = "dispatch tokens in fp8 (1 B + a scale per 128), combine in bf16";
   const char* imbalance_help = "the busiest expert's tokens over the mean (>= 1; 1: balanced)";
+  const char* a2a_overlap_help =
+      "combined 1F1B (Megatron-Core's --overlap-moe-expert-parallel-comm): a forward and a backward of two "
+      "micro-batches as one step, each one's expert all-to-all under the other's compute; needs ep >= 2, pp 1 or "
+      "vpp >= 2, no full recomputation";
   tr->add_option("--moe-dispatch", moe_dispatch, dispatch_help);
   tr->add_flag("--fp8-dispatch", tc.fp8_dispatch, fp8_dispatch_help);
   tr->add_option("--moe-imbalance", tc.moe_imbalance, imbalance_help);
+  tr->add_flag("--moe-a2a-overlap", tc.moe_a2a_overlap, a2a_overlap_help);
   tr->add_option("--first-stage-layers", tc.first_stage_layers,
                  "layers of the first pipeline stage (default 0: the uniform split)");
   tr->add_option("--last-stage-layers", tc.last_stage_layers,
@@ -165,6 +170,8 @@ int main(int argc, char** argv) {
   se->add_option("--moe-dispatch", moe_dispatch, dispatch_help);
   se->add_flag("--fp8-dispatch", sc.fp8_dispatch, fp8_dispatch_help);
   se->add_option("--moe-imbalance", sc.moe_imbalance, imbalance_help);
+  se->add_flag("--moe-a2a-overlap", sc.moe_a2a_overlap,
+               std::string(a2a_overlap_help) + " (search: on every expert-parallel layout that allows it)");
   se->add_option("--max-micro-batch", sc.max_micro_batch, "largest micro-batch tried (powers of two)");
   se->add_option("--resimulate", sc.resimulate,
                  "re-simulate the best K layouts of the closed-form estimate as schedules and rank them by it (0: "

@@ -46,7 +46,7 @@ nlohmann::json toJson(const TrainReport& r) {
                   {"first_stage_layers", c.first_stage_layers}, {"last_stage_layers", c.last_stage_layers},
                   {"sequence_parallel", c.sequence_parallel}, {"flash_attention", c.flash_attention}, {"fp8", c.fp8},
                   {"moe_dispatch", c.moe_dispatch == TrainConfig::MoeDispatch::Hierarchical ? "hierarchical" : "alltoall"},
-                  {"fp8_dispatch", c.fp8_dispatch}, {"moe_imbalance", c.moe_imbalance}}},
+                  {"fp8_dispatch", c.fp8_dispatch}, {"moe_imbalance", c.moe_imbalance}, {"moe_a2a_overlap", c.moe_a2a_overlap}}},
       {"iteration_time_s", r.iteration_s},
       {"estimate_s", r.estimate_s},
       {"estimate_breakdown", r.estimate_breakdown},

@@ -321,7 +321,7 @@ void Sim::slices(ScheduleResult* r) const {
 
 }  // namespace
 
-std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t mb, bool zero_bubble) {
+std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t mb, bool zero_bubble, bool combine) {
   const int64_t total = mb * v;
   auto micro = [&](int64_t k) { return (k / (p * v)) * p + k % p; };
   auto chunk = [&](int64_t k, bool fwd) {
@@ -329,13 +329,14 @@ std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_
     return fwd ? c : v - 1 - c;
   };
   // warm-up forwards, then one-forward-one-backward, then the cool-down backwards
-  const int64_t warm = v == 1 ? std::min(p - rank - 1, mb) : std::min((p - rank - 1) * 2 + (v - 1) * p, total);
+  // (combined 1F1B: one more, so that a forward is ready to pair with every backward of the steady state)
+  const int64_t warm = std::min((v == 1 ? p - rank - 1 : (p - rank - 1) * 2 + (v - 1) * p) + (combine ? 1 : 0), total);
   std::vector<PipelineOp> ops;
   ops.reserve(static_cast<size_t>(2 * total));
   int64_t f = 0, b = 0;
   for (; f < warm; ++f) ops.push_back({true, micro(f), chunk(f, true)});
   while (f < total) {
-    ops.push_back({true, micro(f), chunk(f, true)}), ++f;
+    ops.push_back({true, micro(f), chunk(f, true), false, combine}), ++f;
     ops.push_back({false, micro(b), chunk(b, false)}), ++b;
   }
   for (; b < total; ++b) ops.push_back({false, micro(b), chunk(b, false)});
@@ -364,6 +365,8 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     return invalidArgument("schedule: interleaved micro-batches ({}) must be a multiple of pp={}", mb, p);
   if (spec.options.zero_bubble && v != 1)
     return invalidArgument("schedule: zero-bubble (ZB-H1) needs vpp = 1 (got {})", v);
+  if (spec.options.zero_bubble && spec.options.a2a_overlap)
+    return invalidArgument("schedule: zero-bubble (ZB-H1) and the combined 1F1B of a2a overlap are two different orders");
   // Merge consecutive layers of a chunk when the schedule would be too large.
   int64_t layers = 0;
   for (const auto& ch : spec.chunks) layers += static_cast<int64_t>(ch.size());
@@ -390,7 +393,7 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
   };
   std::vector<Late> late;
   for (int64_t d = 0; d < p; ++d) {
-    const std::vector<Op> ops = pipelineOrder(d, p, v, mb, o.zero_bubble);
+    const std::vector<Op> ops = pipelineOrder(d, p, v, mb, o.zero_bubble, o.a2a_overlap);
     // The last backward of each chunk (ZeRO-0/1 reduce there) and the first forward (ZeRO-0..2 gather before it).
     // Zero-bubble: the gradients are whole after the W pass, so the reduces follow the Ws.
     std::vector<int64_t> last_bwd(static_cast<size_t>(v), -1);
@@ -414,152 +417,208 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     std::vector<int32_t> reduces;
     int32_t last_compute = -1;
     std::vector<int32_t> carry;  // the previous pass's last tasks: the next pass starts after its collectives
-    for (size_t oi = 0; oi < ops.size(); ++oi) {
+    // One pass (a forward or a backward of one micro-batch through one
+    // virtual stage) is issued layer by layer, so that a combined forward and
+    // backward (options.a2a_overlap) can alternate their layers on the streams.
+    struct Pass {
+      const Op* op = nullptr;
+      size_t oi = 0;
+      int64_t vs = 0;
+      const std::vector<LayerPlan>* ch = nullptr;
+      int16_t c16 = 0;
+      int32_t m32 = 0;
+      size_t key = 0;
+      std::vector<int32_t> after;  // the frontier: the next task of this pass runs after these
+      bool first_task = true;      // its first task waits for the neighbouring stage
+      std::vector<int32_t> layer_end;
+      size_t issued = 0;           // layers issued so far
+      bool first_fwd = false, reduce_here = false;
+      [[nodiscard]] bool more() const { return issued < ch->size(); }
+    };
+    auto begin = [&](size_t oi) {
+      Pass ps;
       const Op& op = ops[oi];
-      const int64_t vs = op.chunk * p + d;
-      const auto& ch = chunks[static_cast<size_t>(vs)];
-      const auto c16 = static_cast<int16_t>(op.chunk);
-      const auto m32 = static_cast<int32_t>(op.micro);
-      const size_t key = static_cast<size_t>(op.micro * vs_count + vs);
-      std::vector<int32_t> after = carry;
-      bool first_task = true;
-      auto track = [&](int32_t id) {  // the op's first task waits for the neighbour
-        if (id < 0) return id;
-        if (first_task) {
-          if (op.fwd && vs > 0) late.push_back({id, static_cast<size_t>(op.micro * vs_count + vs - 1), true});
-          if (!op.fwd && vs + 1 < vs_count) late.push_back({id, static_cast<size_t>(op.micro * vs_count + vs + 1), false});
-          first_task = false;
-        }
-        return id;
-      };
-      // Run `id` after `after`, then make it the frontier.
-      auto chain = [&](int32_t id) {
-        if (id >= 0) after.assign(1, id);
-      };
-      std::vector<int32_t> layer_end(ch.size(), -1);
+      ps.op = &op, ps.oi = oi, ps.vs = op.chunk * p + d;
+      ps.ch = &chunks[static_cast<size_t>(ps.vs)];
+      ps.c16 = static_cast<int16_t>(op.chunk), ps.m32 = static_cast<int32_t>(op.micro);
+      ps.key = static_cast<size_t>(op.micro * vs_count + ps.vs);
+      ps.after = carry;
+      ps.layer_end.assign(ps.ch->size(), -1);
       if (op.fwd) {
-        const bool first_fwd = !seen_fwd[static_cast<size_t>(op.chunk)];
+        ps.first_fwd = !seen_fwd[static_cast<size_t>(op.chunk)];
         seen_fwd[static_cast<size_t>(op.chunk)] = 1;
-        for (size_t j = 0; j < ch.size(); ++j) {
-          const LayerPlan& lp = ch[j];
-          const auto l16 = static_cast<int16_t>(j);
-          if (z3) {
-            const int32_t free_dep = j >= static_cast<size_t>(o.prefetch) + 1 ? layer_end[j - static_cast<size_t>(o.prefetch) - 1] : -1;
-            const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, m32, c16, l16}, &lp.dp_ag.link);
-            if (g >= 0) after.push_back(g);
-          } else if (first_fwd) {
-            const int32_t g = o.overlap_dp ? param_ag[static_cast<size_t>(op.chunk)][j] : last_param_ag;
-            if (g >= 0) after.push_back(g);
-          }
-          const bool ring = lp.cp.s > 0;
-          const double core = ring ? std::min(lp.attn_core_fwd, lp.fwd) : 0;
-          chain(track(sim.addAfter(d, sCompute, kCompute, lp.fwd - core, after, {kF, m32, c16, l16})));
-          if (ring) {
-            const std::vector<int32_t> before = after;
-            const int32_t cc = track(sim.addAfter(d, sCompute, kCompute, core, before, {kF, m32, c16, l16}));
-            const int32_t cx = track(sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, m32, c16, l16}, &lp.cp.link));
-            after.clear();
-            for (int32_t x : {cc, cx})
-              if (x >= 0) after.push_back(x);
-            if (after.empty()) after = before;
-          }
-          if (!after.empty()) last_compute = after.front();
-          layer_end[j] = after.empty() ? -1 : after.front();
-          chain(track(sim.addAfter(d, sTp, kTp, lp.tp_fwd.s, after, {kTpF, m32, c16, l16}, &lp.tp_fwd.link)));
-          chain(track(sim.addAfter(d, sEp, kEp, lp.ep.s, after, {kEpX, m32, c16, l16}, &lp.ep.link)));
-        }
-        carry = after;
-        int32_t s = -1;
-        if (vs + 1 < vs_count)
-          s = sim.addAfter(d, sPp, kPp, spec.p2p.s, after, {kSendAct, m32, c16, -1}, &spec.p2p.link, (vs + 1) % p);
-        sent_f[key] = s >= 0 ? s : (after.empty() ? -1 : after.front());
-      } else if (op.wgrad) {
-        // Zero-bubble W pass: the weight-gradient GEMMs of the layers, last
-        // layer first, on the compute stream after its B (stream order); the
-        // B's own collectives may still run.  The gradients are whole after
-        // it, so the data-parallel reduce follows it.
-        const bool reduce_here = spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)];
-        std::vector<int32_t> w_after;
-        for (size_t jj = ch.size(); jj-- > 0;) {
-          const LayerPlan& lp = ch[jj];
-          const auto l16 = static_cast<int16_t>(jj);
-          const int32_t w = sim.addAfter(d, sCompute, kCompute, lp.wgrad, w_after, {kW, m32, c16, l16});
-          if (w >= 0) w_after.assign(1, w), last_compute = w;
-          if (reduce_here && (o.overlap_dp || z3)) {
-            const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, w_after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
-            if (r >= 0) reduces.push_back(r);
-          }
-        }
-        if (reduce_here && !o.overlap_dp && !z3)
-          for (size_t jj = ch.size(); jj-- > 0;) {
-            const int32_t r = sim.addAfter(d, sDpRs, kDp, ch[jj].dp_rs.s, w_after, {kRs, m32, c16, static_cast<int16_t>(jj)},
-                                           &ch[jj].dp_rs.link);
-            if (r >= 0) reduces.push_back(r);
-          }
-        if (!w_after.empty()) carry.push_back(w_after.front());
       } else {
         // Under zero-bubble the B pass leaves its weight gradients to the W pass (and so its reduces).
-        const bool zb = o.zero_bubble;
-        const bool reduce_here =
-            !zb && (spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)]);
-        for (size_t jj = ch.size(); jj-- > 0;) {
-          const LayerPlan& lp = ch[jj];
-          const auto l16 = static_cast<int16_t>(jj);
-          if (z3) {
-            const size_t ahead = jj + static_cast<size_t>(o.prefetch) + 1;
-            const int32_t free_dep = ahead < ch.size() ? layer_end[ahead] : -1;
-            const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, m32, c16, l16}, &lp.dp_ag.link);
-            if (g >= 0) after.push_back(g);
-          }
-          chain(track(sim.addAfter(d, sCompute, kCompute, lp.recompute, after, {kR, m32, c16, l16})));
-          chain(track(sim.addAfter(d, sTp, kTp, lp.tp_recompute.s, after, {kTpR, m32, c16, l16}, &lp.tp_recompute.link)));
-          chain(track(sim.addAfter(d, sTp, kTp, lp.tp_bwd.s, after, {kTpB, m32, c16, l16}, &lp.tp_bwd.link)));
-          const bool ring = lp.cp.s > 0;
-          const double b_async = zb ? lp.bwd_async - lp.wgrad_async : lp.bwd_async;  // the async GEMMs this pass runs
-          const double b_main = (zb ? lp.bwd - lp.wgrad : lp.bwd) - b_async;
-          const double core = ring ? std::min(2 * lp.attn_core_fwd, b_main) : 0;
-          chain(track(sim.addAfter(d, sCompute, kCompute, b_main - core, after, {kB, m32, c16, l16})));
-          if (ring) {
-            const std::vector<int32_t> before = after;
-            const int32_t cc = track(sim.addAfter(d, sCompute, kCompute, core, before, {kB, m32, c16, l16}));
-            const int32_t cx = track(sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, m32, c16, l16}, &lp.cp.link));
-            after.clear();
-            for (int32_t x : {cc, cx})
-              if (x >= 0) after.push_back(x);
-            if (after.empty()) after = before;
-          }
-          if (o.async_tp) {
-            const std::vector<int32_t> before = after;
-            const int32_t g = track(sim.addAfter(d, sCompute, kCompute, b_async, before, {kBGemm, m32, c16, l16}));
-            const int32_t a = track(sim.addAfter(d, sTp, kTp, lp.tp_async.s, before, {kTpAsync, m32, c16, l16}, &lp.tp_async.link));
-            after.clear();
-            for (int32_t x : {g, a})
-              if (x >= 0) after.push_back(x);
-            if (after.empty()) after = before;
-            if (g >= 0) last_compute = g;
-          } else {
-            chain(track(sim.addAfter(d, sCompute, kCompute, b_async, after, {kBGemm, m32, c16, l16})));
-            if (!after.empty()) last_compute = after.front();
-            chain(track(sim.addAfter(d, sTp, kTp, lp.tp_async.s, after, {kTpAsync, m32, c16, l16}, &lp.tp_async.link)));
-          }
-          chain(track(sim.addAfter(d, sEp, kEp, lp.ep.s, after, {kEpX, m32, c16, l16}, &lp.ep.link)));
-          layer_end[jj] = after.empty() ? -1 : after.front();
-          if (reduce_here && (o.overlap_dp || z3)) {
-            const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
-            if (r >= 0) reduces.push_back(r);
-          }
-        }
-        carry = after;
-        int32_t s = -1;
-        if (vs > 0) s = sim.addAfter(d, sPp, kPp, spec.p2p.s, after, {kSendGrad, m32, c16, -1}, &spec.p2p.link, (vs - 1) % p);
-        sent_b[key] = s >= 0 ? s : (after.empty() ? -1 : after.front());
-        if (reduce_here && !o.overlap_dp && !z3)  // every reduce-scatter after the compute
-          for (size_t jj = ch.size(); jj-- > 0;) {
-            const int32_t r = sim.addAfter(d, sDpRs, kDp, ch[jj].dp_rs.s, after, {kRs, m32, c16, static_cast<int16_t>(jj)},
-                                           &ch[jj].dp_rs.link);
-            if (r >= 0) reduces.push_back(r);
-          }
+        ps.reduce_here = !o.zero_bubble &&
+                         (spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)]);
       }
+      return ps;
+    };
+    auto track = [&](Pass& ps, int32_t id) {  // the pass's first task waits for the neighbour
+      if (id < 0) return id;
+      if (ps.first_task) {
+        if (ps.op->fwd && ps.vs > 0) late.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs - 1), true});
+        if (!ps.op->fwd && ps.vs + 1 < vs_count)
+          late.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs + 1), false});
+        ps.first_task = false;
+      }
+      return id;
+    };
+    // Run `id` after the frontier, then make it the frontier.
+    auto chain = [](Pass& ps, int32_t id) {
+      if (id >= 0) ps.after.assign(1, id);
+    };
+    // Two tasks side by side after the frontier; the frontier becomes both.
+    auto fork = [](Pass& ps, int32_t a, int32_t b, const std::vector<int32_t>& before) {
+      ps.after.clear();
+      for (int32_t x : {a, b})
+        if (x >= 0) ps.after.push_back(x);
+      if (ps.after.empty()) ps.after = before;
+    };
+    auto stepF = [&](Pass& ps) {
+      const size_t j = ps.issued++;
+      const LayerPlan& lp = (*ps.ch)[j];
+      const auto l16 = static_cast<int16_t>(j);
+      const Label lab{kF, ps.m32, ps.c16, l16};
+      if (z3) {
+        const int32_t free_dep = j >= static_cast<size_t>(o.prefetch) + 1 ? ps.layer_end[j - static_cast<size_t>(o.prefetch) - 1] : -1;
+        const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, ps.m32, ps.c16, l16}, &lp.dp_ag.link);
+        if (g >= 0) ps.after.push_back(g);
+      } else if (ps.first_fwd) {
+        const int32_t g = o.overlap_dp ? param_ag[static_cast<size_t>(ps.op->chunk)][j] : last_param_ag;
+        if (g >= 0) ps.after.push_back(g);
+      }
+      const bool ring = lp.cp.s > 0;
+      const double core = ring ? std::min(lp.attn_core_fwd, lp.fwd) : 0;
+      chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, lp.fwd - core, ps.after, lab)));
+      if (ring) {
+        const std::vector<int32_t> before = ps.after;
+        const int32_t cc = track(ps, sim.addAfter(d, sCompute, kCompute, core, before, lab));
+        const int32_t cx = track(ps, sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, ps.m32, ps.c16, l16}, &lp.cp.link));
+        fork(ps, cc, cx, before);
+      }
+      if (!ps.after.empty()) last_compute = ps.after.front();
+      ps.layer_end[j] = ps.after.empty() ? -1 : ps.after.front();
+      chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_fwd.s, ps.after, {kTpF, ps.m32, ps.c16, l16}, &lp.tp_fwd.link)));
+      chain(ps, track(ps, sim.addAfter(d, sEp, kEp, lp.ep.s, ps.after, {kEpX, ps.m32, ps.c16, l16}, &lp.ep.link)));
+    };
+    auto finishF = [&](Pass& ps) {
+      int32_t s = -1;
+      if (ps.vs + 1 < vs_count)
+        s = sim.addAfter(d, sPp, kPp, spec.p2p.s, ps.after, {kSendAct, ps.m32, ps.c16, -1}, &spec.p2p.link, (ps.vs + 1) % p);
+      sent_f[ps.key] = s >= 0 ? s : (ps.after.empty() ? -1 : ps.after.front());
+    };
+    auto stepB = [&](Pass& ps) {
+      const size_t jj = ps.ch->size() - 1 - ps.issued++;
+      const LayerPlan& lp = (*ps.ch)[jj];
+      const auto l16 = static_cast<int16_t>(jj);
+      const bool zb = o.zero_bubble;
+      const int32_t m32 = ps.m32;
+      const int16_t c16 = ps.c16;
+      if (z3) {
+        const size_t ahead = jj + static_cast<size_t>(o.prefetch) + 1;
+        const int32_t free_dep = ahead < ps.ch->size() ? ps.layer_end[ahead] : -1;
+        const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, m32, c16, l16}, &lp.dp_ag.link);
+        if (g >= 0) ps.after.push_back(g);
+      }
+      chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, lp.recompute, ps.after, {kR, m32, c16, l16})));
+      chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_recompute.s, ps.after, {kTpR, m32, c16, l16}, &lp.tp_recompute.link)));
+      chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_bwd.s, ps.after, {kTpB, m32, c16, l16}, &lp.tp_bwd.link)));
+      const bool ring = lp.cp.s > 0;
+      const double b_async = zb ? lp.bwd_async - lp.wgrad_async : lp.bwd_async;  // the async GEMMs this pass runs
+      const double b_main = (zb ? lp.bwd - lp.wgrad : lp.bwd) - b_async;
+      const double core = ring ? std::min(2 * lp.attn_core_fwd, b_main) : 0;
+      chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, b_main - core, ps.after, {kB, m32, c16, l16})));
+      if (ring) {
+        const std::vector<int32_t> before = ps.after;
+        const int32_t cc = track(ps, sim.addAfter(d, sCompute, kCompute, core, before, {kB, m32, c16, l16}));
+        const int32_t cx = track(ps, sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, m32, c16, l16}, &lp.cp.link));
+        fork(ps, cc, cx, before);
+      }
+      if (o.async_tp) {
+        const std::vector<int32_t> before = ps.after;
+        const int32_t g = track(ps, sim.addAfter(d, sCompute, kCompute, b_async, before, {kBGemm, m32, c16, l16}));
+        const int32_t a = track(ps, sim.addAfter(d, sTp, kTp, lp.tp_async.s, before, {kTpAsync, m32, c16, l16}, &lp.tp_async.link));
+        fork(ps, g, a, before);
+        if (g >= 0) last_compute = g;
+      } else {
+        chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, b_async, ps.after, {kBGemm, m32, c16, l16})));
+        if (!ps.after.empty()) last_compute = ps.after.front();
+        chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_async.s, ps.after, {kTpAsync, m32, c16, l16}, &lp.tp_async.link)));
+      }
+      chain(ps, track(ps, sim.addAfter(d, sEp, kEp, lp.ep.s, ps.after, {kEpX, m32, c16, l16}, &lp.ep.link)));
+      ps.layer_end[jj] = ps.after.empty() ? -1 : ps.after.front();
+      if (ps.reduce_here && (o.overlap_dp || z3)) {
+        const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, ps.after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
+        if (r >= 0) reduces.push_back(r);
+      }
+    };
+    auto finishB = [&](Pass& ps) {
+      int32_t s = -1;
+      if (ps.vs > 0)
+        s = sim.addAfter(d, sPp, kPp, spec.p2p.s, ps.after, {kSendGrad, ps.m32, ps.c16, -1}, &spec.p2p.link, (ps.vs - 1) % p);
+      sent_b[ps.key] = s >= 0 ? s : (ps.after.empty() ? -1 : ps.after.front());
+      if (ps.reduce_here && !o.overlap_dp && !z3)  // every reduce-scatter after the compute
+        for (size_t jj = ps.ch->size(); jj-- > 0;) {
+          const int32_t r = sim.addAfter(d, sDpRs, kDp, (*ps.ch)[jj].dp_rs.s, ps.after,
+                                         {kRs, ps.m32, ps.c16, static_cast<int16_t>(jj)}, &(*ps.ch)[jj].dp_rs.link);
+          if (r >= 0) reduces.push_back(r);
+        }
+    };
+    // Zero-bubble W pass: the weight-gradient GEMMs of the layers, last layer
+    // first, on the compute stream after its B (stream order); the B's own
+    // collectives may still run.  The gradients are whole after it, so the
+    // data-parallel reduce follows it.
+    auto passW = [&](size_t oi) {
+      const Op& op = ops[oi];
+      const auto& ch = chunks[static_cast<size_t>(op.chunk * p + d)];
+      const auto c16 = static_cast<int16_t>(op.chunk);
+      const auto m32 = static_cast<int32_t>(op.micro);
+      const bool reduce_here = spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)];
+      std::vector<int32_t> w_after;
+      for (size_t jj = ch.size(); jj-- > 0;) {
+        const LayerPlan& lp = ch[jj];
+        const auto l16 = static_cast<int16_t>(jj);
+        const int32_t w = sim.addAfter(d, sCompute, kCompute, lp.wgrad, w_after, {kW, m32, c16, l16});
+        if (w >= 0) w_after.assign(1, w), last_compute = w;
+        if (reduce_here && (o.overlap_dp || z3)) {
+          const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, w_after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
+          if (r >= 0) reduces.push_back(r);
+        }
+      }
+      if (reduce_here && !o.overlap_dp && !z3)
+        for (size_t jj = ch.size(); jj-- > 0;) {
+          const int32_t r = sim.addAfter(d, sDpRs, kDp, ch[jj].dp_rs.s, w_after, {kRs, m32, c16, static_cast<int16_t>(jj)},
+                                         &ch[jj].dp_rs.link);
+          if (r >= 0) reduces.push_back(r);
+        }
+      if (!w_after.empty()) carry.push_back(w_after.front());
+    };
+    for (size_t oi = 0; oi < ops.size(); ++oi) {
+      const Op& op = ops[oi];
+      if (op.wgrad) {
+        passW(oi);
+        continue;
+      }
+      if (op.fwd && op.combined && oi + 1 < ops.size() && !ops[oi + 1].fwd) {
+        // A forward and the next backward as one step, their layers alternating
+        // on every stream: each pass's expert dispatch and combine (and its
+        // other collectives) run under the other pass's compute.
+        Pass f = begin(oi), b = begin(oi + 1);
+        while (f.more() || b.more()) {
+          if (f.more()) stepF(f);
+          if (b.more()) stepB(b);
+        }
+        finishF(f), finishB(b);
+        carry = f.after;
+        carry.insert(carry.end(), b.after.begin(), b.after.end());
+        ++oi;
+        continue;
+      }
+      Pass ps = begin(oi);
+      while (ps.more()) op.fwd ? stepF(ps) : stepB(ps);
+      op.fwd ? finishF(ps) : finishB(ps);
+      carry = ps.after;
     }
     std::vector<int32_t> opt_deps = reduces;
     opt_deps.push_back(last_compute);

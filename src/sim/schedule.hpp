@@ -20,7 +20,8 @@
 //    column-parallel collectives asynchronous under the input- and
 //    weight-gradient GEMMs (Megatron's async tp), or all exposed;
 //  * ring attention's K/V exchange under the attention core; expert
-//    dispatch + combine around the MoE layer (exposed);
+//    dispatch + combine around the MoE layer (exposed, or under the compute
+//    of another micro-batch's pass with a2a_overlap: Megatron's combined 1F1B);
 //  * ZeRO-3 / FSDP: layer i+1's parameters gathered while layer i computes
 //    (forward and backward, one layer ahead), layer i's gradients
 //    reduce-scattered after its backward; ZeRO-1/2: gradients
@@ -80,6 +81,11 @@ struct ScheduleOptions {
   bool overlap_dp = true;  // ZeRO-1/2 per-layer overlap of reduce-scatter and param gather
   int prefetch = 1;        // ZeRO-3: layers gathered ahead of the one computing
   bool zero_bubble = false;  // ZB-H1 order (vpp 1): W passes split off the backward and deferred
+  // Megatron-Core's --overlap-moe-expert-parallel-comm: in the steady state a
+  // forward and a backward of two micro-batches run as one step, their layers
+  // alternating, so each one's expert all-to-all (and other collectives) runs
+  // under the other's compute; one more micro-batch in flight.
+  bool a2a_overlap = false;
   int64_t max_tasks = 400'000;  // layers are merged per chunk above this many tasks
 };
 
@@ -116,6 +122,7 @@ struct PipelineOp {
   bool fwd;
   int64_t micro, chunk;
   bool wgrad = false;  // zero-bubble: the W pass (weight gradients) of a backward
+  bool combined = false;  // a forward run as one step with the backward after it (a2a overlap)
 };
 // One stage's order: 1F1B (interleaved when v > 1), or with `zero_bubble`
 // (v = 1) ZB-H1: the same F/B order with each B followed by the W of the
@@ -123,7 +130,12 @@ struct PipelineOp {
 // every stage holds p micro-batches in flight, as 1F1B's first stage does),
 // the pending ones after the last B.  With F, B and W of equal length this
 // leaves a bubble of (p - 1) (F + B - W), a third of 1F1B's.
-std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t micro_batches, bool zero_bubble = false);
+// With `combine` (Megatron-Core's --overlap-moe-expert-parallel-comm): one
+// more warm-up forward, then every steady-state forward is `combined` with
+// the backward after it (Megatron's combined 1F1B, without pipelining or
+// interleaved).
+std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t micro_batches, bool zero_bubble = false,
+                                      bool combine = false);
 
 Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_slices = false);
 

@@ -109,6 +109,7 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
                     k.moe_dispatch = sc.moe_dispatch;
                     k.fp8_dispatch = sc.fp8_dispatch;
                     k.moe_imbalance = sc.moe_imbalance;
+                    k.moe_a2a_overlap = sc.moe_a2a_overlap && ep > 1 && (pp == 1 || vpp > 1) && r != Recompute::Full;
                   }
                   k.algo = sc.algo;
                   k.stage_costs = false;  // only the trace draws them

@@ -32,6 +32,7 @@ struct SearchConfig {
   // MoE models: how every layout dispatches (TrainConfig's fields).
   TrainConfig::MoeDispatch moe_dispatch = TrainConfig::MoeDispatch::AllToAll;
   bool fp8_dispatch = false;
+  bool moe_a2a_overlap = false;  // on every layout Megatron allows it on (ep >= 2, pp 1 or vpp >= 2, not full recompute)
   double moe_imbalance = 1;
 };
 

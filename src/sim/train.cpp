@@ -270,6 +270,19 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // virtual stage (Megatron's block method; the others keep everything).
   if (cfg.zero_bubble && (v != 1 || p < 2))
     return invalidArgument("--pp-schedule zb-h1 needs pp >= 2 and vpp = 1 (ZB-H1 is a 1F1B schedule; got pp={} vpp={})", p, v);
+  if (cfg.moe_a2a_overlap) {
+    if (!moe || ep < 2)
+      return invalidArgument("--moe-a2a-overlap needs expert parallelism (a MoE model and --ep >= 2; got {} with ep={})",
+                             moe ? "a MoE model" : "a dense model", ep);
+    if (cfg.zero_bubble)
+      return invalidArgument("--moe-a2a-overlap and --pp-schedule zb-h1 are two different pipeline orders; pick one");
+    if (p > 1 && v == 1)
+      return invalidArgument("--moe-a2a-overlap with pp={} needs --vpp >= 2 (Megatron-Core combines a forward and a "
+                             "backward only without pipelining or in the interleaved schedule)", p);
+    if (cfg.recompute == Recompute::Full)
+      return invalidArgument("--moe-a2a-overlap with --recompute full: Megatron-Core refuses full recomputation with "
+                             "the combined 1F1B; use --recompute selective or none");
+  }
   if (cfg.recompute_layers < 0)
     return invalidArgument("--recompute-layers {}: must be >= 0 (0: every layer)", cfg.recompute_layers);
   if (cfg.recompute_layers > 0 && cfg.recompute != Recompute::Full)
@@ -399,9 +412,11 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     if (sd == p - 1) params += cfg.mtp_layers * (2 * h * h / T + 2 * h);  // each MTP depth's projection and norms
     // ZB-H1 (v = 1): every stage holds p micro-batches, its warm-up ones and
     // those whose W is still pending (the first stage's 1F1B count).
+    // The combined 1F1B of --moe-a2a-overlap warms up one more.
+    const int64_t extra = cfg.moe_a2a_overlap ? 1 : 0;
     const double chunks_in_flight =
-        v == 1 ? static_cast<double>(std::min<int64_t>(cfg.zero_bubble ? p : p - sd, mb))
-               : static_cast<double>(std::min<int64_t>((p - sd - 1) * 2 + (v - 1) * p + 1, mb * v));
+        v == 1 ? static_cast<double>(std::min<int64_t>((cfg.zero_bubble ? p : p - sd) + extra, mb))
+               : static_cast<double>(std::min<int64_t>((p - sd - 1) * 2 + (v - 1) * p + 1 + extra, mb * v));
     double act = layer_act / static_cast<double>(v) * chunks_in_flight;
     if (any_full) act += full_layer;  // one layer's activations live again in its backward
     if (sd == p - 1) act += 4 * bs * V / T * (1 + cfg.mtp_layers);  // logits and their gradient (fp32 loss), per head
@@ -774,7 +789,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // last stage (an upper bound on the slowest stage; the trace costs each).
   const RangeCost pace = priceRange(first_layer, static_cast<int>(layers_per_stage), p == 1, true);
   const Seconds stage_fwd = pace.fwd, stage_bwd = pace.bwd, stage_recompute = pace.recompute;
-  const Seconds tp_f = pace.tp_f, tp_b = pace.tp_b, ep_stage = pace.ep;
+  const Seconds tp_f = pace.tp_f, tp_b = pace.tp_b;
+  // --moe-a2a-overlap: a pass's dispatch and combine run under the compute of
+  // the pass it is combined with (the other micro-batch's backward or forward).
+  const Seconds ep_stage = cfg.moe_a2a_overlap ? overlapped(pace.ep, stage_fwd + stage_bwd + stage_recompute, smf) : pace.ep;
   const Seconds cp_exposed = cpExposed(pace);
 
   // Pipeline point-to-point: one activation (split over tp: the sequence
@@ -1021,6 +1039,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     sp_.options.async_tp = cfg.async_tp;
     sp_.options.overlap_dp = cfg.overlap_dp;
     sp_.options.zero_bubble = cfg.zero_bubble;
+    sp_.options.a2a_overlap = cfg.moe_a2a_overlap;
     auto tr = [](Seconds time, const LinkDemand& unit_demand, double bytes) {
       return Transfer{time.value(), unit_demand.scaled(bytes)};
     };

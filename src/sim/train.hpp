@@ -61,6 +61,13 @@ struct TrainConfig {
   enum class MoeDispatch { AllToAll, Hierarchical } moe_dispatch = MoeDispatch::AllToAll;
   bool fp8_dispatch = false;   // dispatch in fp8 (1 B + a 4-byte scale per 128 elements), combine in bf16
   double moe_imbalance = 1;    // the busiest expert's tokens over the mean (>= 1)
+  // Megatron-Core's --overlap-moe-expert-parallel-comm (batch-level overlap,
+  // "combined 1F1B"): in the steady state a forward and a backward of two
+  // micro-batches run as one step, their layers alternating, so each one's
+  // expert dispatch and combine run under the other's compute; one more
+  // micro-batch in flight per stage.  Needs ep > 1, pp 1 or vpp > 1, and not
+  // full recomputation (Megatron's conditions).
+  bool moe_a2a_overlap = false;
   bool stage_costs = true;   // also cost every (stage, chunk) for the trace (TrainReport::chunks, ::stages)
   // The iteration time from the simulated schedule (src/sim/schedule.hpp);
   // false: the closed-form estimate only (what the search ranks by).

@@ -219,6 +219,47 @@ TEST(SimZeroBubble, SmallerBubbleSameWork) {
   }
 }
 
+// --moe-a2a-overlap on a real MoE layout: the exposed all-to-all shrinks,
+// the compute is the same, every bound still holds, one more micro-batch is
+// in flight; the layouts Megatron refuses are refused by name.
+TEST(SimMoeDispatch, CombinedOneFOneBHidesTheAllToAllAndKeepsTheBounds) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 4);
+  ModelSpec moe = gpt(8, 2048, 16);
+  moe.moe.experts = 16, moe.moe.top_k = 2, moe.moe.expert_ffn_hidden = 2048;
+  TrainConfig k;
+  k.gpus = 32, k.tp = 2, k.pp = 2, k.vpp = 2, k.dp = 8, k.ep = 8;
+  k.global_batch = 64, k.micro_batch = 1, k.seq = 2048, k.recompute = Recompute::Selective;
+  auto off = simulateTraining(moe, c, k, reg);
+  k.moe_a2a_overlap = true;
+  auto on = simulateTraining(moe, c, k, reg);
+  ASSERT_TRUE(off.isOk()) << off.status().message();
+  ASSERT_TRUE(on.isOk()) << on.status().message();
+  EXPECT_LT(on->iteration_s, off->iteration_s);
+  EXPECT_LT(on->breakdown.at("ep_comm_s"), off->breakdown.at("ep_comm_s"));
+  EXPECT_LT(on->estimate_s, off->estimate_s);
+  EXPECT_NEAR(on->breakdown.at("compute_s"), off->breakdown.at("compute_s"), 1e-6 * off->breakdown.at("compute_s"));
+  EXPECT_GE(on->iteration_s, on->bounds.max() * (1 - 1e-12)) << on->bounds.binding;
+  EXPECT_GT(on->memory.activations_gib, off->memory.activations_gib);
+  struct Bad {
+    const char* what;
+    TrainConfig k;
+    bool dense;
+  };
+  TrainConfig no_vpp = k, full = k, zb = k, no_ep = k;
+  no_vpp.vpp = 1;
+  full.recompute = Recompute::Full;
+  zb.vpp = 1, zb.zero_bubble = true;
+  no_ep.ep = 1;
+  for (const Bad& b : {Bad{"needs --vpp >= 2", no_vpp, false}, Bad{"Megatron-Core refuses full recomputation", full, false},
+                       Bad{"two different pipeline orders", zb, false}, Bad{"with ep=1", no_ep, false},
+                       Bad{"a dense model", no_ep, true}}) {
+    auto r = simulateTraining(b.dense ? gpt(8, 2048, 16) : moe, c, b.k, reg);
+    ASSERT_FALSE(r.isOk()) << b.what;
+    EXPECT_NE(r.status().message().find(b.what), std::string::npos) << r.status().message();
+  }
+}
+
 // Experts folded over tp (--etp 1) with ep x etp < tp: at dp = 1 the
 // experts are still replicated over an expert-data-parallel group (tp / ep
 // = 2 GPUs here), whose gradients must be reduced: the schedule prices that
