@@ -131,6 +131,13 @@ int main(int argc, char** argv) {
   tr->add_option("--micro-batch", micro, "sequences per micro-batch, or auto");
   tr->add_option("--seq", tc.seq, "sequence length");
   tr->add_option("--recompute", recompute, "none, selective, full");
+  std::string recompute_modules, grad_dtype = "fp32";
+  tr->add_option("--grad-dtype", grad_dtype,
+                 "the gradient buffer: fp32 (main gradients, Megatron's --accumulate-allreduce-grads-in-fp32) or bf16 "
+                 "(Megatron-Bridge's grad_reduce_in_fp32 = false)");
+  tr->add_option("--recompute-modules", recompute_modules,
+                 "with --recompute selective: what it recomputes (Megatron-Core's --recompute-modules), any of core_attn, "
+                 "layernorm, mla_up_proj, mlp, moe_act, shared_experts, comma-separated (default core_attn)");
   tr->add_option("--pp-schedule", pp_schedule,
                  "pipeline order: 1f1b (Megatron's; interleaved with --vpp > 1) or zb-h1 (zero-bubble: weight "
                  "gradients split off the backward and deferred into the drain, same peak memory; vpp 1)");
@@ -338,6 +345,17 @@ int main(int argc, char** argv) {
     auto rc = parseRecompute(recompute);
     if (!rc.isOk()) return fail(rc.status());
     tc.recompute = *rc;
+    if (grad_dtype != "fp32" && grad_dtype != "bf16")
+      return fail(invalidArgument("--grad-dtype '{}' is not one of fp32, bf16", grad_dtype));
+    tc.grad_bytes = grad_dtype == "bf16" ? 2 : 4;
+    if (!recompute_modules.empty()) {
+      if (tc.recompute != Recompute::Selective)
+        return fail(invalidArgument("--recompute-modules {} needs --recompute selective (got --recompute {})",
+                                    recompute_modules, recompute));
+      auto mods = parseRecomputeModules(recompute_modules);
+      if (!mods.isOk()) return fail(mods.status());
+      tc.recompute_modules = *mods;
+    }
     if (pp_schedule != "1f1b" && pp_schedule != "zb-h1")
       return fail(invalidArgument("--pp-schedule '{}' is not one of 1f1b, zb-h1", pp_schedule));
     tc.zero_bubble = pp_schedule == "zb-h1";

@@ -95,7 +95,9 @@ struct Work {
 };
 
 struct LayerTimes {
-  Seconds fwd, bwd, attn_core_fwd;  // attn_core: what selective recomputation repeats
+  Seconds fwd, bwd, attn_core_fwd;  // attn_core: the attention core's forward
+  Seconds recompute_sel;            // what selective recomputation's modules repeat in the backward
+  double recompute_flops = 0, recompute_bytes = 0;  // its GEMM FLOPs (beyond the attention core's) and HBM bytes
   Seconds wgrad;  // every weight-gradient GEMM of the backward (zero-bubble's W pass)
   Seconds qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad;  // the column-parallel backward GEMMs that tp
                                                        // communication overlaps
@@ -111,6 +113,41 @@ Seconds overlapped(Seconds comm, Seconds work, double sm_fraction) {
 }
 
 }  // namespace
+
+std::string RecomputeModules::describe() const {
+  std::string out;
+  for (auto [on, name] : {std::pair{core_attn, "core_attn"}, {layernorm, "layernorm"}, {mla_up_proj, "mla_up_proj"},
+                          {mlp, "mlp"}, {moe_act, "moe_act"}, {shared_experts, "shared_experts"}})
+    if (on) out += (out.empty() ? "" : ",") + std::string(name);
+  return out.empty() ? "none" : out;
+}
+
+Result<RecomputeModules> parseRecomputeModules(std::string_view text) {
+  RecomputeModules r;
+  r.core_attn = false;
+  size_t n = 0, i = 0;
+  while (i < text.size()) {
+    const size_t j = text.find_first_of(", ", i);
+    const std::string_view w = text.substr(i, j == std::string_view::npos ? std::string_view::npos : j - i);
+    i = j == std::string_view::npos ? text.size() : j + 1;
+    if (w.empty()) continue;
+    ++n;
+    if (w == "core_attn") r.core_attn = true;
+    else if (w == "layernorm") r.layernorm = true;
+    else if (w == "mla_up_proj") r.mla_up_proj = true;
+    else if (w == "mlp") r.mlp = true;
+    else if (w == "moe_act") r.moe_act = true;
+    else if (w == "shared_experts") r.shared_experts = true;
+    else if (w == "moe")
+      return invalidArgument("--recompute-modules: 'moe' (recomputing the whole MoE layer, its dispatch and combine "
+                             "included) is not modelled; moe_act and shared_experts are");
+    else
+      return invalidArgument("--recompute-modules: '{}' is not one of core_attn, layernorm, mla_up_proj, mlp, moe_act, "
+                             "shared_experts", w);
+  }
+  if (n == 0) return invalidArgument("--recompute-modules '{}': name at least one module", text);
+  return r;
+}
 
 Result<TrainConfig::MoeDispatch> parseMoeDispatch(std::string_view text) {
   if (text == "alltoall") return TrainConfig::MoeDispatch::AllToAll;
@@ -270,6 +307,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // virtual stage (Megatron's block method; the others keep everything).
   if (cfg.zero_bubble && (v != 1 || p < 2))
     return invalidArgument("--pp-schedule zb-h1 needs pp >= 2 and vpp = 1 (ZB-H1 is a 1F1B schedule; got pp={} vpp={})", p, v);
+  if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
+    return invalidArgument("gradient buffer of {} bytes per parameter: 2 (bf16) or 4 (fp32)", cfg.grad_bytes);
   if (cfg.moe_a2a_overlap) {
     if (!moe || ep < 2)
       return invalidArgument("--moe-a2a-overlap needs expert parallelism (a MoE model and --ep >= 2; got {} with ep={})",
@@ -362,31 +401,50 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   };
   // Activations per layer and micro-batch: Korthikanti et al. 2022's
   // accounting (eqs. 1-6: s b h (34 + 5 a s / h) for a GPT), term by term so
-  // that it holds for GQA, SwiGLU, MoE, FlashAttention and no dropout.  Bytes
-  // per token: kept whole on every tp rank without SP (R): the two layer-norm
-  // inputs and the two GEMM inputs they feed (8h), the two dropout masks (2h);
-  // split over tp (S): Q, K, V (2(h + 2 kv)), the projection input (2h), the
-  // FC1 output (2 (mats-1) f), the activation output (2 f) (MoE: top_k routed
-  // plus shared experts per token), and without FlashAttention the scores:
-  // softmax output 2 a s, with dropout also its mask and output (5 a s).
+  // that it holds for GQA, MLA, SwiGLU, MoE, FlashAttention and no dropout.
+  // Bytes per token: kept whole on every tp rank without SP (R): the two
+  // layer-norm inputs and the two GEMM inputs they feed (8h), the two dropout
+  // masks (2h); split over tp (S): Q, K, V (2(h + 2 kv)), MLA's latents (the
+  // up-projections' inputs), the projection input (2h), the FC1 output
+  // (2 (mats-1) f), the activation output (2 f); an MoE layer keeps its
+  // routed copies (top_k h, the experts' FC1 input), its routed experts' and
+  // shared experts' FC1 and activation outputs (top_k f_e and f_s per token)
+  // and the router's fp32 probabilities (4 E); without FlashAttention the
+  // scores: softmax output 2 a s, with dropout also its mask and output (5 a s).
+  // Selective recomputation drops what its modules recompute (RecomputeModules).
   const double a = static_cast<double>(m.heads);
-  const bool moe_model = m.moe.experts > 0;
-  const double f_tok = moe_model ? m.ffnPerToken(m.layers - 1) : static_cast<double>(m.ffn_hidden);
   const double scores = cfg.flash_attention ? 0 : (m.dropout ? 5 : 2) * a * (s * cp);
   // Under fp8 (TransformerEngine) a GEMM keeps the fp8 cast of its input for
   // the weight gradient, 1 B per element: the two GEMM inputs of R (4h ->
-  // 2h), the projection input (2h -> h) and the activation output that FC2
-  // reads (2f -> f).  Layer-norm inputs, Q, K, V and the FC1 output (the
-  // inputs of non-GEMM ops) stay 16-bit.
+  // 2h), MLA's latents, the projection input (2h -> h), the experts' routed
+  // copies and the activation outputs that FC2 reads (2f -> f).  Layer-norm
+  // inputs, Q, K, V and the FC1 outputs (the inputs of non-GEMM ops) stay 16-bit.
   const double gb = cfg.fp8 ? 1 : 2;  // bytes per saved GEMM-input element
-  const double R = 4 * h + 2 * gb * h + (m.dropout ? 2 * h : 0);
-  const double S_split = 2 * m.qkvWidth() + gb * heads_v + 2 * (mats - 1) * f_tok + gb * f_tok;
-  double per_layer = 0;
-  switch (cfg.recompute) {
-    case Recompute::None: per_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T); break;
-    case Recompute::Selective: per_layer = bs * (sp ? (R + S_split) / T : R + S_split / T); break;
-    case Recompute::Full: per_layer = 2 * bs * h / (sp ? T : 1); break;
-  }
+  RecomputeModules keep_all;
+  keep_all.core_attn = false;
+  const RecomputeModules& rmods = cfg.recompute == Recompute::Selective ? cfg.recompute_modules : keep_all;
+  const double latents = m.hasMla() ? gb * static_cast<double>(m.mla.q_lora_rank + m.mla.kv_lora_rank) +
+                                          2 * static_cast<double>(m.mla.qk_rope_head_dim)
+                                    : 0;
+  // One layer's activations per micro-batch when it recomputes the modules of `r`.
+  auto layerAct = [&](int l, const RecomputeModules& r) {
+    const int shape = std::min(l, m.layers - 1);  // MTP depths are shaped as the last layer
+    const double Rl = 4 * h + (r.layernorm ? 0 : 2 * gb * h) + (m.dropout ? 2 * h : 0);
+    double S = gb * heads_v + latents + (r.mla_up_proj && m.hasMla() ? 0 : 2 * m.qkvWidth());
+    if (!m.isMoeLayer(shape)) {
+      const double f = static_cast<double>(m.ffn_hidden);
+      S += r.mlp ? 0 : 2 * (mats - 1) * f + gb * f;
+    } else {
+      const double k = static_cast<double>(m.moe.top_k), routed = k * static_cast<double>(m.moe.expert_ffn_hidden);
+      const double sf = m.sharedFfn();
+      S += gb * k * h + 2 * (mats - 1) * routed + (r.moe_act ? 0 : gb * routed);
+      S += r.shared_experts ? 0 : 2 * (mats - 1) * sf + gb * sf;
+      S += 4 * static_cast<double>(m.moe.experts);
+    }
+    const double sc = r.core_attn ? 0 : scores;
+    return bs * (sp ? (Rl + S + sc) / T : Rl + (S + sc) / T);
+  };
+  const double checkpoint = 2 * bs * h / (sp ? T : 1);  // full recomputation keeps only the layer's input
   // Every stage's memory from its own layers, its own in-flight
   // micro-batches and its own vocabulary shard; the peak stage is reported.
   // 1F1B: stage s holds the activations of min(p - s, m) micro-batches;
@@ -397,7 +455,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // frees them after: the layer in use and the one prefetched are whole at
   // once, and the layer whose gradient is being reduce-scattered holds it
   // whole in fp32 (FSDP's default forward/backward prefetch of one layer).
-  const double full_layer = bs * (sp ? (R + S_split + scores) / T : R + (S_split + scores) / T);
+  double full_layer = 0;  // the largest layer's activations, all kept
+  for (int l = 0; l < all_layers; ++l) full_layer = std::max(full_layer, layerAct(l, keep_all));
   rep.memory_gib_per_gpu = -1;
   for (int64_t sd = 0; sd < p; ++sd) {
     double params = 0, widest = 0, layer_act = 0, expert = 0;  // layer_act: the stage's layers' activations per chunk
@@ -406,7 +465,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       params += paramsOf(first, count, false, &widest);
       expert += expertParamsOf(first, count);
       for (int l = first; l < first + count; ++l)
-        layer_act += cfg.recompute_layers > 0 && !fullAt(l) ? full_layer : per_layer;  // not recomputed: keeps everything
+        layer_act += !fullAt(l) ? layerAct(l, rmods) : checkpoint;  // block recomputation: the others keep everything
     }
     if (sd == 0 || sd == p - 1) params += V * h / T;  // the embedding or the logits shard (one when p = 1)
     if (sd == p - 1) params += cfg.mtp_layers * (2 * h * h / T + 2 * h);  // each MTP depth's projection and norms
@@ -422,7 +481,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     if (sd == p - 1) act += 4 * bs * V / T * (1 + cfg.mtp_layers);  // logits and their gradient (fp32 loss), per head
     TrainReport::Memory mem;
     mem.weights_gib = toGib(Bytes(sharded(2, params, expert, 3) + (cfg.zero >= 3 ? 2 * 2 * widest : 0)));
-    mem.grads_gib = toGib(Bytes(sharded(4, params, expert, 2) + (cfg.zero >= 3 ? 4 * widest : 0)));  // fp32 main gradients
+    const double gbytes = static_cast<double>(cfg.grad_bytes);  // fp32 main gradients, or bf16 (--grad-dtype)
+    mem.grads_gib = toGib(Bytes(sharded(gbytes, params, expert, 2) + (cfg.zero >= 3 ? gbytes * widest : 0)));
     mem.optimizer_gib = toGib(Bytes(sharded(12, params, expert, 1)));
     mem.activations_gib = toGib(Bytes(act));
     const double total = mem.weights_gib + mem.grads_gib + mem.optimizer_gib + mem.activations_gib;
@@ -624,6 +684,44 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     ew += gpu.mem(2 * 4 * bs * hsp) + gpu.mem(2 * (m.dropout ? 7 : 6) * bs * hsp);  // no dropout: no mask byte
     lt.fwd = f + ew + q8_fwd;
     lt.attn_core_fwd = core;
+    // Selective recomputation: each module's forward again, unmetered by the
+    // forward's meter (the bounds add recompute_flops / _bytes).
+    {
+      auto rgemm = [&](double mm_m, double mm_n, double mm_k, double batch = 1) {
+        if (mm_m <= 0 || mm_n <= 0 || mm_k <= 0) return Seconds(0);
+        lt.recompute_flops += 2 * mm_m * mm_n * mm_k * batch;
+        lt.recompute_bytes += (cfg.fp8 ? 1 : kAct) * batch * (mm_m * mm_k + mm_k * mm_n + mm_m * mm_n);
+        Seconds x = raw_gpu.gemm(mm_m, mm_n, mm_k, batch);
+        if (cfg.fp8) x += raw_gpu.mem(4 * mm_m * mm_k * batch), lt.recompute_bytes += 4 * mm_m * mm_k * batch;  // its input's cast
+        return x;
+      };
+      auto rmem = [&](double bytes) {
+        lt.recompute_bytes += bytes;
+        return raw_gpu.mem(bytes);
+      };
+      const double act_bytes_per = mats == 3 ? 6 : 4;  // the activation kernel's bytes per output element (2 B)
+      Seconds r(0);
+      if (rmods.core_attn) r += core;
+      if (rmods.layernorm) r += rmem(2 * 4 * bs * hsp);
+      if (rmods.mla_up_proj && m.hasMla()) {
+        const double a_l = static_cast<double>(heads_local);
+        if (m.mla.q_lora_rank > 0) r += rgemm(bs, a_l * m.qkHeadDim(), static_cast<double>(m.mla.q_lora_rank));
+        r += rgemm(bs, a_l * static_cast<double>(m.mla.qk_nope_head_dim + m.mla.v_head_dim),
+                   static_cast<double>(m.mla.kv_lora_rank));
+        r += rmem(kAct * 2 * bs * a_l * static_cast<double>(m.mla.qk_rope_head_dim));  // rotary on q and k
+      }
+      if (dense && rmods.mlp) {
+        const double ff = static_cast<double>(m.ffn_hidden) / T;
+        r += rgemm(bs, (mats - 1) * ff, h) + rmem(act_bytes_per * bs * ff * kAct / 2);
+      }
+      if (!dense && rmods.moe_act)
+        r += rmem(act_bytes_per * bs * m.moe.top_k * static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp));
+      if (!dense && rmods.shared_experts && m.moe.shared_experts) {
+        const double sf = m.sharedFfn() / T;
+        r += rgemm(bs, (mats - 1) * sf, h) + rmem(act_bytes_per * bs * sf * kAct / 2);
+      }
+      lt.recompute_sel = r;
+    }
     lt.bwd = bw + ew * 2 + q8_bwd;  // element-wise backward kernels move about twice the forward's bytes
     return lt;
   };
@@ -706,7 +804,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       rc.wgrad += lt.wgrad;
       const bool moe_layer = m.isMoeLayer(l), full = fullAt(l);
       if (full) rc.recompute += lt.fwd;
-      if (cfg.recompute == Recompute::Selective) rc.recompute += lt.attn_core_fwd;
+      if (cfg.recompute == Recompute::Selective) rc.recompute += lt.recompute_sel;
       Seconds f(0), bw(0);
       tpComm(lt, &f, &bw);
       rc.tp_f += f;
@@ -966,7 +1064,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         const double passes = full ? 3 : 2;  // forward, backward, recomputed forward
         double rf = 0, rb = 0;
         if (full) rf = w.f_flops, rb = w.f_bytes;
-        if (cfg.recompute == Recompute::Selective) rf = core_flops;
+        if (cfg.recompute == Recompute::Selective) {
+          const LayerTimes& lt = timesOf(l);
+          rf = (rmods.core_attn ? core_flops : 0) + lt.recompute_flops, rb = lt.recompute_bytes;
+        }
         st_flops[sd] += mbf * (w.f_flops + w.b_flops + rf);
         st_bytes[sd] += mbf * (w.f_bytes + w.b_bytes + rb);
         st_link[sd] += (full ? tp_layer_full : tp_layer_kept).scaled(mbf);
@@ -1086,7 +1187,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         lp.fwd = lt.fwd.value(), lp.bwd = lt.bwd.value(), lp.attn_core_fwd = lt.attn_core_fwd.value();
         const bool full = fullAt(l);
         if (full) lp.recompute = lt.fwd.value();
-        if (cfg.recompute == Recompute::Selective) lp.recompute = lt.attn_core_fwd.value();
+        if (cfg.recompute == Recompute::Selective) lp.recompute = lt.recompute_sel.value();
         if (t > 1)
           lp.bwd_async = (sp ? lt.qkv_dgrad + lt.qkv_wgrad + lt.fc1_dgrad + lt.fc1_wgrad : lt.qkv_wgrad + lt.fc1_wgrad).value();
         lp.wgrad = lt.wgrad.value();
@@ -1161,8 +1262,22 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                            static_cast<double>(all_layers);
       hw = mf * (1 + share / 3);
     }
-    if (cfg.recompute == Recompute::Selective)
-      hw = mf + tokens * 4 * static_cast<double>(cfg.seq) * h * m.layers;  // scores + AV again
+    if (cfg.recompute == Recompute::Selective) {
+      hw = mf;
+      if (rmods.core_attn) hw += tokens * 4 * static_cast<double>(cfg.seq) * h * m.layers;  // scores + AV again
+      // The recomputed modules' GEMMs, per token of every layer.
+      const double a_all = static_cast<double>(m.heads);
+      for (int l = 0; l < m.layers; ++l) {
+        double per = 0;
+        if (rmods.mla_up_proj && m.hasMla())
+          per += 2 * (static_cast<double>(m.mla.q_lora_rank) * a_all * m.qkHeadDim() +
+                      static_cast<double>(m.mla.kv_lora_rank) * a_all *
+                          static_cast<double>(m.mla.qk_nope_head_dim + m.mla.v_head_dim));
+        if (!m.isMoeLayer(l) && rmods.mlp) per += 2 * (mats - 1) * h * static_cast<double>(m.ffn_hidden);
+        if (m.isMoeLayer(l) && rmods.shared_experts) per += 2 * (mats - 1) * h * m.sharedFfn();
+        hw += tokens * per;
+      }
+    }
     const double n = static_cast<double>(cfg.gpus);
     rep.model_tflops_per_gpu = mf / total_s / n / 1e12;
     rep.hardware_tflops_per_gpu = hw / total_s / n / 1e12;

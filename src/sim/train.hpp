@@ -20,6 +20,24 @@ namespace chorus::sim {
 
 enum class Recompute { None, Selective, Full };
 
+// What selective recomputation recomputes (Megatron-Core's
+// --recompute-modules, with --recompute-granularity selective): each module
+// drops activations from memory and repeats its forward in the backward.
+//   core_attn       the attention core (without FlashAttention its s x s scores)
+//   layernorm       the two layer norms (their outputs, the QKV and MLP inputs)
+//   mla_up_proj     MLA's up-projections and rotary parts (Q, K, V; the latents stay)
+//   mlp             a dense layer's MLP (FC1 and activation outputs)
+//   moe_act         the experts' activation function (its outputs, FC2's input)
+//   shared_experts  the shared experts' MLP
+// Megatron's default is core_attn alone; its `moe` (the whole MoE layer) is
+// not modelled.
+struct RecomputeModules {
+  bool core_attn = true, layernorm = false, mla_up_proj = false, mlp = false, moe_act = false, shared_experts = false;
+  [[nodiscard]] std::string describe() const;
+};
+// "layernorm,moe_act" (commas or spaces); an unknown name is an error naming the valid ones.
+Result<RecomputeModules> parseRecomputeModules(std::string_view text);
+
 struct TrainConfig {
   int64_t gpus = 0;
   int tp = 1, pp = 1, dp = 1, cp = 1, ep = 1, vpp = 1;
@@ -27,6 +45,7 @@ struct TrainConfig {
   int64_t micro_batch = 1;  // 0 = auto: the largest that fits (at most 16)
   int64_t seq = 2048;
   Recompute recompute = Recompute::Selective;
+  RecomputeModules recompute_modules;  // with Recompute::Selective (--recompute-modules)
   // With recompute Full: recompute only the first N layers of every virtual
   // stage (Megatron's --recompute-method block --recompute-num-layers N);
   // the rest keep all their activations.  0: every layer.
@@ -40,6 +59,11 @@ struct TrainConfig {
   // B and W passes, W deferred to fill the drain, the same peak memory.
   bool zero_bubble = false;
   int zero = 1;              // 0..3 (ZeRO-1 = Megatron's distributed optimizer)
+  // The gradient buffer's bytes per parameter: 4, fp32 main gradients
+  // (Megatron's --accumulate-allreduce-grads-in-fp32, Megatron-Bridge's
+  // grad_reduce_in_fp32, the default here), or 2, bf16 (what the
+  // Megatron-Bridge performance recipes run).  --grad-dtype.
+  int grad_bytes = 4;
   bool sequence_parallel = true;
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)
   bool fp8 = false;

@@ -192,6 +192,11 @@ TEST(SimBounds, NoPredictionBeatsABound) {
       k.zero = pick({0, 1, 2, 3});
       k.recompute = static_cast<Recompute>(pick({0, 1, 2}));
       k.recompute_layers = k.recompute == Recompute::Full ? pick({0, 0, 1, 2}) : 0;  // block recomputation
+      if (k.recompute == Recompute::Selective && pick({0, 1}) != 0) {  // Megatron's --recompute-modules
+        RecomputeModules& rm = k.recompute_modules;
+        rm.core_attn = pick({0, 1}) != 0, rm.layernorm = pick({0, 1}) != 0, rm.mlp = pick({0, 1}) != 0;
+        rm.moe_act = pick({0, 1}) != 0, rm.shared_experts = pick({0, 1}) != 0, rm.mla_up_proj = pick({0, 1}) != 0;
+      }
       k.mtp_layers = pick({0, 0, 0, 1});  // multi-token prediction on the last stage
       k.zero_bubble = k.pp > 1 && k.vpp == 1 && pick({0, 0, 1}) != 0;  // ZB-H1
       k.sequence_parallel = pick({0, 1}) != 0;

@@ -110,6 +110,87 @@ TEST(SimMemory, Fp8KeepsGemmInputsAtOneByte) {
   EXPECT_NEAR(act(false, Recompute::Full) - act(true, Recompute::Full), saved / 8, saved * 1e-9);
 }
 
+// --recompute-modules (Megatron-Core's selective modules): each drops exactly
+// its activations (per layer and token: layernorm its two outputs, 2 x 2h;
+// mlp a dense layer's FC1 and activation outputs, 2 (mats-1) f + 2 f;
+// moe_act the routed activation outputs, 2 top_k f_e; shared_experts the
+// shared MLP's, 2 (mats-1) f_s + 2 f_s) and repeats its forward (the
+// hardware FLOPs grow by exactly the recomputed GEMMs).  An MoE layer keeps
+// its routed copies, the experts' FC1 input: one more routed expert per token
+// costs 2h + 2 (mats-1) f_e + 2 f_e bytes.  Bad module names are refused.
+TEST(SimMemory, RecomputeModulesDropWhatTheyRecompute) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 1);
+  ModelSpec dense = gpt(8, 2048, 16);
+  ModelSpec moe = dense;
+  moe.moe.experts = 8, moe.moe.top_k = 2, moe.moe.expert_ffn_hidden = 1024, moe.moe.shared_experts = 1;
+  moe.moe.shared_expert_ffn_hidden = 2048;
+  const double tok = 2048, h = 2048, L = 8, mats = dense.ffnMats();
+  auto run = [&](const ModelSpec& m, Recompute rc, const char* mods) {
+    TrainConfig x = dp8(64, 2048);
+    if (m.moe.experts) x.ep = 8;
+    x.recompute = rc;
+    if (mods) {
+      auto r = parseRecomputeModules(mods);
+      EXPECT_TRUE(r.isOk()) << r.status().message();
+      if (r.isOk()) x.recompute_modules = *r;
+    }
+    auto r = simulateTraining(m, c, x, reg);
+    EXPECT_TRUE(r.isOk()) << r.status().message();
+    return r;
+  };
+  auto act = [](const Result<TrainReport>& r) { return r.isOk() ? r->memory.activations_gib * 1024.0 * 1024 * 1024 : 0.0; };
+  auto hwFlops = [&](const Result<TrainReport>& r) {
+    return r.isOk() ? r->hardware_tflops_per_gpu * 1e12 * r->iteration_s * 8 : 0.0;
+  };
+  auto none = run(dense, Recompute::None, nullptr);
+  auto ln = run(dense, Recompute::Selective, "layernorm");
+  auto mlp = run(dense, Recompute::Selective, "layernorm,mlp");
+  EXPECT_NEAR(act(none) - act(ln), L * tok * 2 * 2 * h, 1);
+  const double f = 4 * h;
+  EXPECT_NEAR(act(ln) - act(mlp), L * tok * (2 * (mats - 1) * f + 2 * f), 1);
+  EXPECT_GT(ln->iteration_s, none->iteration_s);  // the layer norms again
+  const double tokens = 64 * 2048;
+  EXPECT_NEAR(hwFlops(mlp) - hwFlops(none), tokens * L * 2 * (mats - 1) * h * f, 1e-6 * hwFlops(none));
+  auto moe_none = run(moe, Recompute::None, nullptr);
+  auto moe_act = run(moe, Recompute::Selective, "moe_act");
+  auto shared = run(moe, Recompute::Selective, "moe_act,shared_experts");
+  EXPECT_NEAR(act(moe_none) - act(moe_act), L * tok * 2 * 2 * 1024, 1);
+  EXPECT_NEAR(act(moe_act) - act(shared), L * tok * (2 * (mats - 1) * 2048 + 2 * 2048), 1);
+  ModelSpec wider = moe;
+  wider.moe.top_k = 3;
+  auto three = run(wider, Recompute::None, nullptr);
+  EXPECT_NEAR(act(three) - act(moe_none), L * tok * (2 * h + 2 * (mats - 1) * 1024 + 2 * 1024), 1);
+  for (auto [text, what] : {std::pair{"moe", "is not modelled"}, std::pair{"layernorm,attn", "'attn' is not one of"},
+                            std::pair{",", "name at least one module"}}) {
+    auto e = parseRecomputeModules(text);
+    ASSERT_FALSE(e.isOk()) << text;
+    EXPECT_NE(e.status().message().find(what), std::string::npos) << e.status().message();
+  }
+  auto both = parseRecomputeModules("core_attn mla_up_proj");
+  ASSERT_TRUE(both.isOk());
+  EXPECT_EQ(both->describe(), "core_attn,mla_up_proj");
+}
+
+// --grad-dtype bf16 (Megatron-Bridge's grad_reduce_in_fp32 = false): the
+// gradient buffer holds 2 B per parameter instead of 4; nothing else moves.
+TEST(SimMemory, Bf16GradientBufferHalvesTheGradients) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 1);
+  TrainConfig k = dp8(64, 2048);
+  auto fp32 = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  k.grad_bytes = 2;
+  auto bf16 = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  ASSERT_TRUE(fp32.isOk() && bf16.isOk());
+  EXPECT_NEAR(bf16->memory.grads_gib * 2, fp32->memory.grads_gib, 1e-12);
+  EXPECT_DOUBLE_EQ(bf16->memory.optimizer_gib, fp32->memory.optimizer_gib);
+  EXPECT_DOUBLE_EQ(bf16->iteration_s, fp32->iteration_s);
+  k.grad_bytes = 3;
+  auto bad = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("2 (bf16) or 4 (fp32)"), std::string::npos) << bad.status().message();
+}
+
 // --recompute-layers N (Megatron's block method): the first N layers of every
 // virtual stage recompute, the others keep everything.  Every layer is full
 // recomputation; memory and time lie between none and full, time growing
