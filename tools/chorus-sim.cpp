@@ -44,7 +44,9 @@ void printServe(const ServeStats& s) {
   std::printf("  %-22s TTFT p50/p90/p99 %.3f/%.3f/%.3f s  TPOT p50/p90/p99 %.1f/%.1f/%.1f ms  %.2f req/s  goodput %.2f req/s (%.0f%% in SLO)\n",
               s.mode == "aggregated" ? "aggregated"
                                      : fmt::format("disaggregated {}:{}{}", s.prefill_replicas, s.decode_replicas,
-                                                   s.decode_tp > 0 ? fmt::format(" (decode tp {})", s.decode_tp) : "").c_str(),
+                                                   s.decode_ep > 0   ? fmt::format(" (decode ep {}, tp {})", s.decode_ep, s.decode_tp)
+                                                   : s.decode_tp > 0 ? fmt::format(" (decode tp {})", s.decode_tp)
+                                                                     : "").c_str(),
               s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s, 1e3 * s.tpot_p50_s, 1e3 * s.tpot_p90_s, 1e3 * s.tpot_p99_s,
               s.throughput_rps, s.goodput_rps, 100 * s.slo_attainment);
 }
@@ -225,7 +227,10 @@ int main(int argc, char** argv) {
   in->add_option("--max-batch", ic.max_batch, "running requests per replica");
   in->add_option("--prefill-tokens", ic.prefill_tokens, "tokens per prefill batch");
   in->add_option("--prefill-replicas", ic.prefill_replicas, "disaggregated split (default: try all)");
-  in->add_option("--decode-tp", ic.decode_tp, "disaggregated: GPUs per decode replica (default: --tp)");
+  in->add_option("--decode-tp", ic.decode_tp,
+                 "disaggregated: GPUs per decode replica (default: --tp); with --ep, its attention group");
+  in->add_option("--decode-ep", ic.decode_ep,
+                 "disaggregated with --ep: GPUs per decode replica, its experts spread over them (default: --ep)");
   in->add_option("--ep", ic.ep, "MoE: replicas of N GPUs with the experts spread over all, attention over --tp (default 1: "
                                 "data-parallel attention)");
   in->add_option("--seed", ic.seed, "random seed of the request stream");

@@ -541,6 +541,9 @@ Status checkInferConfig(const InferConfig& cfg) {
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--prefill-tokens", cfg.prefill_tokens, 1, kTokens, "tokens per prefill batch"));
   CHORUS_RETURN_IF_ERROR(checkRange<int>("--decode-tp", cfg.decode_tp, 0, 1 << 20, "GPUs per decode replica; 0 = --tp"));
   CHORUS_RETURN_IF_ERROR(checkRange<int>("--ep", cfg.ep, 0, 1 << 20, "GPUs the experts are spread over; 0 = none"));
+  CHORUS_RETURN_IF_ERROR(checkRange<int>("--decode-ep", cfg.decode_ep, 0, 1 << 20, "GPUs per decode replica's experts; 0 = --ep"));
+  if (cfg.decode_ep > 0 && cfg.ep <= 1)
+    return invalidArgument("--decode-ep {} needs --ep (expert-parallel replicas; the decode pool's expert group)", cfg.decode_ep);
   CHORUS_RETURN_IF_ERROR(checkRange<int>("--spec-tokens", cfg.spec_tokens, 0, 16, "drafted tokens per step; 0 = none"));
   CHORUS_RETURN_IF_ERROR(checkRange<double>("--spec-acceptance", cfg.spec_acceptance, 0, 1,
                                             "probability that a drafted token is accepted"));
@@ -590,13 +593,14 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
   // weights; with a drafter, minus its weights (MTP: only its own layer), the
   // rest shared with the drafter's cache in proportion to their bytes per token.
   const int ep = cfg.ep > 1 ? cfg.ep : 1;
-  auto kvCapacityBytes = [&](int tp) {
+  auto kvCapacityBytes = [&](int tp, int experts_over = 0) {
+    const int e = experts_over > 0 ? experts_over : ep;
     Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
-    r.setExpertParallel(ep, 0, 0);
+    r.setExpertParallel(e, 0, 0);
     double left = c.gpu.hbm.value() * reserve - r.weightBytesPerGpu();
     if (draft) {
       Replica d(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
-      if (draft == &mtp) d.setExpertParallel(ep, 0, 0);  // the MTP layer's experts are spread as the model's
+      if (draft == &mtp) d.setExpertParallel(e, 0, 0);  // the MTP layer's experts are spread as the model's
       double dw = d.weightBytesPerGpu();
       if (draft == &mtp) dw -= static_cast<double>(m.vocab) * static_cast<double>(m.hidden) * (m.tie_embeddings ? 1 : 2) * kAct / tp;
       left = (left - dw) * r.kvBytesPerToken() / (r.kvBytesPerToken() + d.kvBytesPerToken());
@@ -615,9 +619,11 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
       return invalidArgument("infer: --ep {} must divide the model's experts ({})", ep, m.moe.experts);
     if (ep % tp != 0 || cfg.gpus % ep != 0)
       return invalidArgument("infer: --ep {} must be a multiple of --tp {} and divide --gpus {}", ep, tp, cfg.gpus);
-    if (cfg.decode_tp > 0)
-      return invalidArgument("infer: --ep {} with --decode-tp {}: disaggregated serving of expert-parallel replicas is "
-                             "not modelled (expert-parallel replicas are priced aggregated)", ep, cfg.decode_tp);
+    // Disaggregated: decode replicas of decode_ep GPUs, attention over decode_tp of them.
+    const int dep = cfg.decode_ep > 0 ? cfg.decode_ep : ep, dtp_e = cfg.decode_tp > 0 ? cfg.decode_tp : tp;
+    if (m.moe.experts % dep != 0 || dep % dtp_e != 0)
+      return invalidArgument("infer: --decode-ep {} must divide the model's experts ({}) and be a multiple of the decode "
+                             "attention group (--decode-tp {})", dep, m.moe.experts, dtp_e);
     if (cfg.spec_tokens > 0 && cfg.draft_model)
       return invalidArgument("infer: --ep {} with a --draft-model: a separate draft model beside expert-parallel "
                              "replicas is not modelled (the model's own MTP module is: omit --draft-model)", ep);
@@ -796,12 +802,19 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
   // the two tensor-parallel layouts differ, the decode GPU also rearranges
   // what it received into its own heads' cache: a copy, read and written at
   // the HBM rate.
+  // With --ep, prefill replicas are ep GPUs (attention over tp of them) and
+  // decode replicas decode_ep GPUs (attention over decode_tp), each paying
+  // its own expert group's dispatch and combine; a request's cache moves from
+  // its prefill attention group to one decode attention group.
   const int dtp = cfg.decode_tp > 0 ? cfg.decode_tp : tp;
+  const int dep = ep > 1 ? (cfg.decode_ep > 0 ? cfg.decode_ep : ep) : 1;
+  const int p_width = std::max(tp, ep), d_width = std::max(dtp, dep);  // GPUs per prefill / decode replica
+  const double d_groups = static_cast<double>(dep > 1 ? dep / dtp : 1);
   if (m.heads % dtp != 0)
     return invalidArgument("infer: --decode-tp {} must divide the model's {} heads", dtp, m.heads);
-  if (dtp != tp && kvCapacityBytes(dtp) <= 0)
-    return invalidArgument("infer: --decode-tp {}: the weights of '{}' leave no room for KV cache on {}", dtp, m.name,
-                           c.gpu.name);
+  if ((dtp != tp || dep != ep) && kvCapacityBytes(dtp, dep) <= 0)
+    return invalidArgument("infer: --decode-tp {}{}: the weights of '{}' leave no room for KV cache on {}", dtp,
+                           dep > 1 ? fmt::format(" --decode-ep {}", dep) : "", m.name, c.gpu.name);
   double d_alpha = alpha, d_beta = beta;
   if (dtp != tp && dtp > 1) {
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllReduce, Bytes(1024), GroupSet{dtp, 1, 1}, ""));
@@ -809,10 +822,20 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     d_beta = (big.time - small.time).value() / ((64 << 20) - 1024);
     d_alpha = small.time.value() - d_beta * 1024;
   }
-  const Replica decoder(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta);
-  const double d_capacity = kvCapacityBytes(dtp);
+  Replica decoder(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta);
+  if (dep > 1) {  // the decode replica's own dispatch / combine over its dep GPUs
+    if (dep == ep) {
+      decoder.setExpertParallel(dep, replica.a2aAlpha(), replica.a2aBeta());
+    } else {
+      CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllToAll, Bytes(1024), GroupSet{dep, 1, 1}, ""));
+      CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(plan::Collective::AllToAll, Bytes(64 << 20), GroupSet{dep, 1, 1}, ""));
+      const double b = (big.time - small.time).value() / ((64 << 20) - 1024);
+      decoder.setExpertParallel(dep, small.time.value() - b * 1024, b);
+    }
+  }
+  const double d_capacity = kvCapacityBytes(dtp, dep);
   auto kvCost = [&](int p_reps) -> Result<std::pair<double, double>> {
-    const int64_t stride = static_cast<int64_t>(p_reps) * tp;  // prefill GPU g sends to decode GPU g + stride
+    const int64_t stride = static_cast<int64_t>(p_reps) * p_width;  // prefill GPU g sends to decode GPU g + stride
     if (stride >= cfg.gpus) return std::pair<double, double>{0, 0};
     const GroupSet pairs{2, stride, std::min<int64_t>(std::min(tp, dtp), stride)};
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost s1, net.sendRecv(Bytes(1024), pairs));
@@ -824,11 +847,15 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     const double sent = replica.kvBytesOf(n) * (m.hasMla() ? std::max(1.0, double(dtp) / tp) : 1.0);
     return std::max(sent, decoder.kvBytesOf(n));
   };
-  for (int p_reps = 1; static_cast<int64_t>(p_reps) * tp < cfg.gpus && load != LoadMode::ClosedLoop && ep == 1; ++p_reps) {
+  // (A drafter beside expert-parallel pools is not priced disaggregated: its
+  // experts' all-to-all would be the prefill pool's; those runs report the
+  // aggregated mode only.)
+  const bool disagg = load != LoadMode::ClosedLoop && !(ep > 1 && drafter);
+  for (int p_reps = 1; static_cast<int64_t>(p_reps) * p_width < cfg.gpus && disagg; ++p_reps) {
     if (cfg.prefill_replicas > 0 && p_reps != cfg.prefill_replicas) continue;
-    const int64_t left = cfg.gpus - static_cast<int64_t>(p_reps) * tp;
-    if (left % dtp != 0) continue;  // the rest must make whole decode replicas
-    const size_t D = static_cast<size_t>(left / dtp);
+    const int64_t left = cfg.gpus - static_cast<int64_t>(p_reps) * p_width;
+    if (left % d_width != 0) continue;  // the rest must make whole decode replicas
+    const size_t D = static_cast<size_t>(left / d_width);
     CHORUS_ASSIGN_OR_RETURN(auto ab, kvCost(p_reps));
     std::vector<Request> reqs = base;
     std::vector<double> itl;
@@ -853,7 +880,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     int64_t max_running = 0;
     for (size_t d = 0; d < D; ++d) {
       Engine e = engine(false, true);
-      Engine de{decoder, cfg, d_capacity, false, true, {}, &itl, 0};
+      Engine de{decoder, cfg, d_capacity * d_groups, false, true, {}, &itl, 0};
       de.window = m.window;
       de.drafter = e.drafter, de.spec_k = e.spec_k, de.spec_a = e.spec_a, de.spec_rng = e.spec_rng;
       for (size_t i = d; i < order.size(); i += D) de.add(order[i]);
@@ -865,6 +892,7 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     st.prefill_replicas = p_reps;
     st.decode_replicas = static_cast<int>(D);
     st.decode_tp = dtp;
+    st.decode_ep = dep > 1 ? dep : 0;
     st.max_running = max_running;
     rep.splits.push_back(st);
     if (rep.best_disaggregated.mode.empty() || st.goodput_rps > rep.best_disaggregated.goodput_rps) rep.best_disaggregated = st;

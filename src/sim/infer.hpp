@@ -47,7 +47,8 @@ struct InferConfig {
   int64_t max_batch = 256;          // running requests per replica
   int64_t prefill_tokens = 8192;    // tokens per prefill batch
   int prefill_replicas = 0;         // disaggregated: 0 = try every split
-  int decode_tp = 0;                // disaggregated: GPUs per decode replica (0 = tp)
+  int decode_tp = 0;                // disaggregated: GPUs per decode replica (0 = tp); with --ep its attention group
+  int decode_ep = 0;                // disaggregated with --ep: GPUs per decode replica's expert group (0 = ep)
   // MoE serving with expert parallelism: replicas of `ep` GPUs, experts
   // spread over all of them, attention over `tp` of them (ep / tp
   // data-parallel attention groups); 0 or 1: experts split over tp like the rest.
@@ -82,7 +83,8 @@ struct Latency {
 struct ServeStats {
   std::string mode;  // "aggregated" or "disaggregated"
   int prefill_replicas = 0, decode_replicas = 0;  // aggregated: replicas in decode_replicas
-  int decode_tp = 0;                              // disaggregated: GPUs per decode replica
+  int decode_tp = 0;                              // disaggregated: GPUs per decode replica (its attention group under ep)
+  int decode_ep = 0;                              // disaggregated expert-parallel: GPUs per decode replica
   double ttft_p50_s = 0, ttft_p90_s = 0, ttft_p99_s = 0;
   double tpot_p50_s = 0, tpot_p90_s = 0, tpot_p99_s = 0;
   Latency ttft, tpot, itl, e2e;

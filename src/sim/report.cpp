@@ -96,6 +96,7 @@ nlohmann::json toJson(const ServeStats& s) {
           {"prefill_replicas", s.prefill_replicas},
           {"decode_replicas", s.decode_replicas},
           {"decode_tp", s.decode_tp},
+          {"decode_ep", s.decode_ep},
           {"ttft_s", {{"p50", s.ttft_p50_s}, {"p90", s.ttft_p90_s}, {"p99", s.ttft_p99_s}}},
           {"tpot_s", {{"p50", s.tpot_p50_s}, {"p90", s.tpot_p90_s}, {"p99", s.tpot_p99_s}}},
           {"ttft", toJson(s.ttft)},

@@ -337,10 +337,53 @@ TEST(SimServe, MtpDraftsOnExpertParallelReplicas) {
   EXPECT_NE(draft.status().message().find("a separate draft model beside expert-parallel"), std::string::npos)
       << draft.status().message();
   InferConfig g = ic;
-  g.spec_tokens = 0, g.decode_tp = 4;
+  g.spec_tokens = 0, g.decode_ep = 6;
   auto disagg = simulateInference(m, g, node.net);
   ASSERT_FALSE(disagg.isOk());
-  EXPECT_NE(disagg.status().message().find("--ep 8 with --decode-tp 4"), std::string::npos) << disagg.status().message();
+  EXPECT_NE(disagg.status().message().find("--decode-ep 6 must divide the model's experts (128)"), std::string::npos)
+      << disagg.status().message();
+}
+
+// Disaggregated expert-parallel serving: prefill replicas of ep GPUs, decode
+// replicas of decode_ep GPUs on the rest, each pool priced as its own expert
+// group (at one request at a time the decode pool's inter-token latency is that
+// of an aggregated replica of decode_ep GPUs, its all-to-all across two nodes), and
+// every request's cache moved between the pools.
+TEST(SimServe, DisaggregatedExpertParallelPools) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 4);
+  const Topology topo = topologyOf(c);
+  NetworkModel net{c, topo, reg};
+  const ModelSpec m = preset("Qwen3-30B-A3B");
+  InferConfig ic = base();
+  ic.gpus = 32, ic.tp = 1, ic.ep = 8, ic.decode_ep = 16, ic.prefill_replicas = 2;
+  ic.rate = 0.2, ic.requests = 40, ic.input_len = 512, ic.output_len = 64;
+  auto wide = simulateInference(m, ic, net);
+  ASSERT_TRUE(wide.isOk()) << wide.status().message();
+  ASSERT_EQ(wide->splits.size(), 1u);
+  const ServeStats& w = wide->splits[0];
+  EXPECT_EQ(w.prefill_replicas, 2);
+  EXPECT_EQ(w.decode_replicas, 1);  // (32 - 2 x 8) / 16
+  EXPECT_EQ(w.decode_ep, 16);
+  EXPECT_GT(w.kv_transfer_mean_s, 0);
+  ic.decode_ep = 0;  // the decode pool as the prefill's: two replicas of 8, each inside a node
+  auto node = simulateInference(m, ic, net);
+  ASSERT_TRUE(node.isOk()) << node.status().message();
+  ASSERT_EQ(node->splits.size(), 1u);
+  EXPECT_EQ(node->splits[0].decode_replicas, 2);
+  EXPECT_EQ(node->splits[0].decode_ep, 8);
+  EXPECT_NE(w.tpot_p50_s, node->splits[0].tpot_p50_s);
+  InferConfig agg = ic;  // one aggregated replica of 16 GPUs, requests one at a time
+  agg.gpus = 16, agg.ep = 16, agg.decode_ep = 0, agg.prefill_replicas = 0;
+  auto sixteen = simulateInference(m, agg, net);
+  ASSERT_TRUE(sixteen.isOk()) << sixteen.status().message();
+  // Inter-token latency (TPOT would also spread the cache transfer over the output).
+  EXPECT_NEAR(w.itl.p50, sixteen->aggregated.itl.p50, 1e-5 * w.itl.p50);
+  EXPECT_GT(w.tpot_p50_s, sixteen->aggregated.tpot_p50_s);
+  ic.ep = 0, ic.decode_ep = 16;
+  auto bad = simulateInference(m, ic, net);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("--decode-ep 16 needs --ep"), std::string::npos) << bad.status().message();
 }
 
 // --kv-alloc paged: a request holds its prompt's cache at admission and grows
