@@ -133,7 +133,10 @@ int main(int argc, char** argv) {
   tr->add_option("--micro-batch", micro, "sequences per micro-batch, or auto");
   tr->add_option("--seq", tc.seq, "sequence length");
   tr->add_option("--recompute", recompute, "none, selective, full");
-  std::string recompute_modules, grad_dtype = "fp32";
+  std::string recompute_modules, grad_dtype = "fp32", moments = "fp32";
+  tr->add_option("--optimizer-moments", moments,
+                 "Adam's two moments: fp32 or bf16 (DeepSeek-V3's low-precision optimizer states; Megatron's "
+                 "--exp-avg-dtype / --exp-avg-sq-dtype bf16); the fp32 master weights stay");
   tr->add_option("--grad-dtype", grad_dtype,
                  "the gradient buffer: fp32 (main gradients, Megatron's --accumulate-allreduce-grads-in-fp32) or bf16 "
                  "(Megatron-Bridge's grad_reduce_in_fp32 = false)");
@@ -141,8 +144,10 @@ int main(int argc, char** argv) {
                  "with --recompute selective: what it recomputes (Megatron-Core's --recompute-modules), any of core_attn, "
                  "layernorm, mla_up_proj, mlp, moe_act, shared_experts, comma-separated (default core_attn)");
   tr->add_option("--pp-schedule", pp_schedule,
-                 "pipeline order: 1f1b (Megatron's; interleaved with --vpp > 1) or zb-h1 (zero-bubble: weight "
-                 "gradients split off the backward and deferred into the drain, same peak memory; vpp 1)");
+                 "pipeline order: 1f1b (Megatron's; interleaved with --vpp > 1), zb-h1 (zero-bubble: weight "
+                 "gradients split off the backward and deferred into the drain, same peak memory; vpp 1) or dualpipe "
+                 "(DeepSeek-V3's: stages r and pp-1-r on every rank, micro-batches from both ends, forward/backward "
+                 "pairs combined; two parameter copies; even pp, vpp 1, an even number of micro-batches >= 2 pp)");
   tr->add_option("--mtp-layers", tc.mtp_layers,
                  "multi-token prediction depths trained with the model, on the last pipeline stage (Megatron's "
                  "--mtp-num-layers; DeepSeek-V3: 1)");
@@ -353,6 +358,9 @@ int main(int argc, char** argv) {
     if (grad_dtype != "fp32" && grad_dtype != "bf16")
       return fail(invalidArgument("--grad-dtype '{}' is not one of fp32, bf16", grad_dtype));
     tc.grad_bytes = grad_dtype == "bf16" ? 2 : 4;
+    if (moments != "fp32" && moments != "bf16")
+      return fail(invalidArgument("--optimizer-moments '{}' is not one of fp32, bf16", moments));
+    tc.moment_bytes = moments == "bf16" ? 2 : 4;
     if (!recompute_modules.empty()) {
       if (tc.recompute != Recompute::Selective)
         return fail(invalidArgument("--recompute-modules {} needs --recompute selective (got --recompute {})",
@@ -361,9 +369,10 @@ int main(int argc, char** argv) {
       if (!mods.isOk()) return fail(mods.status());
       tc.recompute_modules = *mods;
     }
-    if (pp_schedule != "1f1b" && pp_schedule != "zb-h1")
-      return fail(invalidArgument("--pp-schedule '{}' is not one of 1f1b, zb-h1", pp_schedule));
+    if (pp_schedule != "1f1b" && pp_schedule != "zb-h1" && pp_schedule != "dualpipe")
+      return fail(invalidArgument("--pp-schedule '{}' is not one of 1f1b, zb-h1, dualpipe", pp_schedule));
     tc.zero_bubble = pp_schedule == "zb-h1";
+    tc.dualpipe = pp_schedule == "dualpipe";
     tc.sequence_parallel = !no_sp;
     tc.flash_attention = !no_flash;
     tc.schedule = !estimate_only;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <fmt/format.h>
 #include <limits>
 
@@ -348,11 +349,52 @@ std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_
   for (const PipelineOp& op : ops) {
     zb.push_back(op);
     if (op.fwd) continue;
+    zb.back().split = true;
     pending.push_back({false, op.micro, op.chunk, true});
     if (static_cast<int64_t>(pending.size() - first) > rank) zb.push_back(pending[first++]);
   }
   for (; first < pending.size(); ++first) zb.push_back(pending[first]);
   return zb;
+}
+
+std::vector<PipelineOp> dualPipeOrder(int64_t rank, int64_t p, int64_t m) {
+  const int64_t h = p / 2, q = std::min(rank, p - 1 - rank), half = m / 2;
+  const int64_t c0 = rank < h ? 0 : 1, c1 = 1 - c0;  // chunk 0: the copy entering nearest this rank
+  std::array<int64_t, 2> nf{0, 0}, nb{0, 0};
+  std::deque<PipelineOp> pending_w;  // split backwards whose W has not run, oldest first
+  std::vector<PipelineOp> ops;
+  ops.reserve(static_cast<size_t>(3 * m));
+  auto F = [&](int64_t c, bool combined) {
+    PipelineOp op{true, c * half + nf[static_cast<size_t>(c)]++, c};
+    op.combined = combined;
+    ops.push_back(op);
+  };
+  auto B = [&](int64_t c, bool split) {
+    PipelineOp op{false, c * half + nb[static_cast<size_t>(c)]++, c};
+    op.split = split;
+    ops.push_back(op);
+    if (split) pending_w.push_back({false, op.micro, c, true});
+  };
+  auto W = [&] {
+    if (pending_w.empty()) return;
+    ops.push_back(pending_w.front());
+    pending_w.pop_front();
+  };
+  for (int64_t i = 0; i < 2 * (h - q - 1); ++i) F(c0, false);
+  for (int64_t i = 0; i < q + 1; ++i) F(c0, false), F(c1, false);
+  for (int64_t i = 0; i < h - q - 1; ++i) B(c1, true), W(), F(c1, false);
+  for (int64_t i = 0; i < half - p + q + 1; ++i) F(c0, true), B(c1, false), F(c1, true), B(c0, false);
+  for (int64_t i = 0; i < h - q - 1; ++i) B(c1, false), F(c1, true), B(c0, false);
+  bool split = false;  // the second half of these backwards leave their W for the drain
+  for (int64_t i = 0; i < q + 1; ++i) {
+    if (i == (q + 1) / 2 && q % 2 == 1) split = true;
+    B(c1, split);
+    if (i == (q + 1) / 2 && q % 2 == 0) split = true;
+    B(c0, split);
+  }
+  for (int64_t i = 0; i < h - q - 1; ++i) W(), B(c0, true);
+  while (!pending_w.empty()) W();
+  return ops;
 }
 
 Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_slices) {
@@ -361,7 +403,13 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
       static_cast<int64_t>(spec.optimizer_s.size()) != p)
     return invalidArgument("schedule: pp={} vpp={} micro-batches={} with {} chunks and {} optimizer steps (need pp x vpp "
                            "and pp)", p, v, mb, spec.chunks.size(), spec.optimizer_s.size());
-  if (v > 1 && mb % p != 0)
+  const bool dp2 = spec.options.dualpipe;
+  if (dp2 && (v != 2 || p < 2 || p % 2 != 0 || mb % 2 != 0 || mb < 2 * p || spec.options.zero_bubble ||
+              spec.options.a2a_overlap))
+    return invalidArgument("schedule: DualPipe needs two chunks (the copies), an even pp >= 2, an even number of "
+                           "micro-batches >= 2 pp, and neither ZB-H1 nor the combined 1F1B (pp={} vpp={} micro-batches={})",
+                           p, v, mb);
+  if (v > 1 && !dp2 && mb % p != 0)
     return invalidArgument("schedule: interleaved micro-batches ({}) must be a multiple of pp={}", mb, p);
   if (spec.options.zero_bubble && v != 1)
     return invalidArgument("schedule: zero-bubble (ZB-H1) needs vpp = 1 (got {})", v);
@@ -392,13 +440,20 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     bool fwd;
   };
   std::vector<Late> late;
+  // Neighbouring virtual stages: interleaved, chunk c's last stage feeds
+  // chunk c + 1's first; DualPipe's copies are separate pipelines, the
+  // second laid out from rank p - 1 down.
+  auto hasPrev = [&](int64_t vs) { return dp2 ? vs % p > 0 : vs > 0; };
+  auto hasNext = [&](int64_t vs) { return dp2 ? vs % p < p - 1 : vs + 1 < vs_count; };
+  auto rankOf = [&](int64_t vs) { return dp2 && vs / p == 1 ? p - 1 - vs % p : vs % p; };
+  auto vsOf = [&](int64_t chunk, int64_t rank) { return chunk * p + stageOnRank(chunk, rank, p, dp2); };
   for (int64_t d = 0; d < p; ++d) {
-    const std::vector<Op> ops = pipelineOrder(d, p, v, mb, o.zero_bubble, o.a2a_overlap);
+    const std::vector<Op> ops = dp2 ? dualPipeOrder(d, p, mb) : pipelineOrder(d, p, v, mb, o.zero_bubble, o.a2a_overlap);
     // The last backward of each chunk (ZeRO-0/1 reduce there) and the first forward (ZeRO-0..2 gather before it).
     // Zero-bubble: the gradients are whole after the W pass, so the reduces follow the Ws.
     std::vector<int64_t> last_bwd(static_cast<size_t>(v), -1);
     for (size_t i = 0; i < ops.size(); ++i)
-      if (!ops[i].fwd && ops[i].wgrad == o.zero_bubble) last_bwd[static_cast<size_t>(ops[i].chunk)] = static_cast<int64_t>(i);
+      if (!ops[i].fwd && (ops[i].wgrad || !ops[i].split)) last_bwd[static_cast<size_t>(ops[i].chunk)] = static_cast<int64_t>(i);
     std::vector<char> seen_fwd(static_cast<size_t>(v), 0);
     // ZeRO-0..2: every layer's parameters gathered once (after last
     // iteration's optimizer step), in the order the first forwards use them.
@@ -406,7 +461,7 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     int32_t last_param_ag = -1;
     if (!z3)
       for (int64_t c = 0; c < v; ++c) {
-        const auto& ch = chunks[static_cast<size_t>(c * p + d)];
+        const auto& ch = chunks[static_cast<size_t>(vsOf(c, d))];
         for (size_t j = 0; j < ch.size(); ++j) {
           const int32_t g = sim.add(d, sDpAg, kDp, ch[j].dp_ag.s, {}, {kAg, -1, static_cast<int16_t>(c), static_cast<int16_t>(j)},
                                     &ch[j].dp_ag.link);
@@ -430,6 +485,8 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
       size_t key = 0;
       std::vector<int32_t> after;  // the frontier: the next task of this pass runs after these
       bool first_task = true;      // its first task waits for the neighbouring stage
+      int32_t first_id = -1;       // that task
+      std::vector<Late> waits;     // what it waits for (the neighbour's send)
       std::vector<int32_t> layer_end;
       size_t issued = 0;           // layers issued so far
       bool first_fwd = false, reduce_here = false;
@@ -438,7 +495,7 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     auto begin = [&](size_t oi) {
       Pass ps;
       const Op& op = ops[oi];
-      ps.op = &op, ps.oi = oi, ps.vs = op.chunk * p + d;
+      ps.op = &op, ps.oi = oi, ps.vs = vsOf(op.chunk, d);
       ps.ch = &chunks[static_cast<size_t>(ps.vs)];
       ps.c16 = static_cast<int16_t>(op.chunk), ps.m32 = static_cast<int32_t>(op.micro);
       ps.key = static_cast<size_t>(op.micro * vs_count + ps.vs);
@@ -449,7 +506,7 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
         seen_fwd[static_cast<size_t>(op.chunk)] = 1;
       } else {
         // Under zero-bubble the B pass leaves its weight gradients to the W pass (and so its reduces).
-        ps.reduce_here = !o.zero_bubble &&
+        ps.reduce_here = !op.split &&
                          (spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)]);
       }
       return ps;
@@ -457,9 +514,11 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     auto track = [&](Pass& ps, int32_t id) {  // the pass's first task waits for the neighbour
       if (id < 0) return id;
       if (ps.first_task) {
-        if (ps.op->fwd && ps.vs > 0) late.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs - 1), true});
-        if (!ps.op->fwd && ps.vs + 1 < vs_count)
-          late.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs + 1), false});
+        if (ps.op->fwd && hasPrev(ps.vs)) ps.waits.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs - 1), true});
+        if (!ps.op->fwd && hasNext(ps.vs))
+          ps.waits.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs + 1), false});
+        late.insert(late.end(), ps.waits.begin(), ps.waits.end());
+        ps.first_id = id;
         ps.first_task = false;
       }
       return id;
@@ -504,15 +563,15 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     };
     auto finishF = [&](Pass& ps) {
       int32_t s = -1;
-      if (ps.vs + 1 < vs_count)
-        s = sim.addAfter(d, sPp, kPp, spec.p2p.s, ps.after, {kSendAct, ps.m32, ps.c16, -1}, &spec.p2p.link, (ps.vs + 1) % p);
+      if (hasNext(ps.vs))
+        s = sim.addAfter(d, sPp, kPp, spec.p2p.s, ps.after, {kSendAct, ps.m32, ps.c16, -1}, &spec.p2p.link, rankOf(ps.vs + 1));
       sent_f[ps.key] = s >= 0 ? s : (ps.after.empty() ? -1 : ps.after.front());
     };
     auto stepB = [&](Pass& ps) {
       const size_t jj = ps.ch->size() - 1 - ps.issued++;
       const LayerPlan& lp = (*ps.ch)[jj];
       const auto l16 = static_cast<int16_t>(jj);
-      const bool zb = o.zero_bubble;
+      const bool zb = ps.op->split;  // its weight gradients left to a W pass
       const int32_t m32 = ps.m32;
       const int16_t c16 = ps.c16;
       if (z3) {
@@ -555,8 +614,8 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     };
     auto finishB = [&](Pass& ps) {
       int32_t s = -1;
-      if (ps.vs > 0)
-        s = sim.addAfter(d, sPp, kPp, spec.p2p.s, ps.after, {kSendGrad, ps.m32, ps.c16, -1}, &spec.p2p.link, (ps.vs - 1) % p);
+      if (hasPrev(ps.vs))
+        s = sim.addAfter(d, sPp, kPp, spec.p2p.s, ps.after, {kSendGrad, ps.m32, ps.c16, -1}, &spec.p2p.link, rankOf(ps.vs - 1));
       sent_b[ps.key] = s >= 0 ? s : (ps.after.empty() ? -1 : ps.after.front());
       if (ps.reduce_here && !o.overlap_dp && !z3)  // every reduce-scatter after the compute
         for (size_t jj = ps.ch->size(); jj-- > 0;) {
@@ -571,7 +630,7 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     // data-parallel reduce follows it.
     auto passW = [&](size_t oi) {
       const Op& op = ops[oi];
-      const auto& ch = chunks[static_cast<size_t>(op.chunk * p + d)];
+      const auto& ch = chunks[static_cast<size_t>(vsOf(op.chunk, d))];
       const auto c16 = static_cast<int16_t>(op.chunk);
       const auto m32 = static_cast<int32_t>(op.micro);
       const bool reduce_here = spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)];
@@ -610,6 +669,12 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
           if (b.more()) stepB(b);
         }
         finishF(f), finishB(b);
+        // The step starts when both its inputs have arrived (the framework
+        // receives the activation and the gradient together before it).
+        for (const Late& w : b.waits)
+          if (f.first_id >= 0) late.push_back({f.first_id, w.key, w.fwd});
+        for (const Late& w : f.waits)
+          if (b.first_id >= 0) late.push_back({b.first_id, w.key, w.fwd});
         carry = f.after;
         carry.insert(carry.end(), b.after.begin(), b.after.end());
         ++oi;

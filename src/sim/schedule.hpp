@@ -86,6 +86,12 @@ struct ScheduleOptions {
   // alternating, so each one's expert all-to-all (and other collectives) runs
   // under the other's compute; one more micro-batch in flight.
   bool a2a_overlap = false;
+  // DualPipe (DeepSeek-V3 report sec. 3.2.1): every rank holds two stages,
+  // stage r of the model's first copy (micro-batches entering at rank 0) and
+  // stage p-1-r of its second (entering at rank p-1); chunks are the two
+  // copies (vpp 2, chunk c x pp + stage), half the micro-batches through
+  // each; forward/backward pairs combined, some backwards split into B and W.
+  bool dualpipe = false;
   int64_t max_tasks = 400'000;  // layers are merged per chunk above this many tasks
 };
 
@@ -122,7 +128,8 @@ struct PipelineOp {
   bool fwd;
   int64_t micro, chunk;
   bool wgrad = false;  // zero-bubble: the W pass (weight gradients) of a backward
-  bool combined = false;  // a forward run as one step with the backward after it (a2a overlap)
+  bool combined = false;  // a forward run as one step with the backward after it (a2a overlap, DualPipe)
+  bool split = false;     // a backward that leaves its weight gradients to a later W pass
 };
 // One stage's order: 1F1B (interleaved when v > 1), or with `zero_bubble`
 // (v = 1) ZB-H1: the same F/B order with each B followed by the W of the
@@ -136,6 +143,20 @@ struct PipelineOp {
 // interleaved).
 std::vector<PipelineOp> pipelineOrder(int64_t rank, int64_t p, int64_t v, int64_t micro_batches, bool zero_bubble = false,
                                       bool combine = false);
+// DualPipe's order on `rank` of p (even) for m micro-batches (even, >= 2p),
+// m/2 through each copy: ops carry the copy as `chunk` and micro-batches
+// copy x m/2 + j.  With q = min(rank, p-1-rank), h = p/2, and "chunk 0" the
+// copy that enters nearest the rank (the first copy on the first half):
+// 2(h-q-1) forwards of chunk 0; q+1 x (F0, F1); h-q-1 x (B1 split, W, F1);
+// m/2-p+q+1 x (F0 with B1, F1 with B0, each pair combined); h-q-1 x (B1, F1
+// with B0); q+1 x (B1, B0), split from the middle on; h-q-1 x (W, B0 split);
+// q+1 x W.  W passes run their backwards' weight gradients oldest first.
+std::vector<PipelineOp> dualPipeOrder(int64_t rank, int64_t p, int64_t micro_batches);
+// The stage of `chunk` (copy) that `rank` holds, and the rank that holds
+// `stage` of `chunk`, under DualPipe (else the interleaved layout).
+inline int64_t stageOnRank(int64_t chunk, int64_t rank, int64_t p, bool dualpipe) {
+  return dualpipe && chunk == 1 ? p - 1 - rank : rank;
+}
 
 Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_slices = false);
 

@@ -307,6 +307,24 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // virtual stage (Megatron's block method; the others keep everything).
   if (cfg.zero_bubble && (v != 1 || p < 2))
     return invalidArgument("--pp-schedule zb-h1 needs pp >= 2 and vpp = 1 (ZB-H1 is a 1F1B schedule; got pp={} vpp={})", p, v);
+  if (cfg.dualpipe) {
+    if (cfg.zero_bubble) return invalidArgument("--pp-schedule: DualPipe and ZB-H1 are two different orders");
+    if (p < 2 || p % 2 != 0 || v != 1)
+      return invalidArgument("--pp-schedule dualpipe needs an even pp >= 2 and vpp = 1 (each rank holds stages r and "
+                             "pp-1-r; got pp={} vpp={})", p, v);
+    if (mb % 2 != 0 || mb < 2 * p)
+      return invalidArgument("--pp-schedule dualpipe needs an even number of micro-batches per pipeline, at least 2 x "
+                             "pp = {} (half enter at each end; got {})", 2 * p, mb);
+    if (cfg.moe_a2a_overlap)
+      return invalidArgument("--pp-schedule dualpipe pairs forwards and backwards itself; drop --moe-a2a-overlap");
+  }
+  if (cfg.moment_bytes != 2 && cfg.moment_bytes != 4)
+    return invalidArgument("Adam moments of {} bytes each: 2 (bf16) or 4 (fp32)", cfg.moment_bytes);
+  // Optimizer state per parameter (fp32 master + the two moments) and the
+  // step's HBM bytes per updated parameter (gradient-norm read 4, master
+  // read and written 8, moments read and written 4 x moment, gradient read
+  // 4, bf16 weight copy 6): 12 and 38 with fp32 moments.
+  const double opt_state = 4 + 2.0 * cfg.moment_bytes, opt_step = 22 + 4.0 * cfg.moment_bytes;
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     return invalidArgument("gradient buffer of {} bytes per parameter: 2 (bf16) or 4 (fp32)", cfg.grad_bytes);
   if (cfg.moe_a2a_overlap) {
@@ -457,33 +475,59 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // whole in fp32 (FSDP's default forward/backward prefetch of one layer).
   double full_layer = 0;  // the largest layer's activations, all kept
   for (int l = 0; l < all_layers; ++l) full_layer = std::max(full_layer, layerAct(l, keep_all));
-  rep.memory_gib_per_gpu = -1;
+  // Each stage's parameters and its layers' activations per micro-batch (all its chunks).
+  struct StageMem {
+    double params = 0, widest = 0, expert = 0, act = 0;
+  };
+  std::vector<StageMem> stm(static_cast<size_t>(p));
   for (int64_t sd = 0; sd < p; ++sd) {
-    double params = 0, widest = 0, layer_act = 0, expert = 0;  // layer_act: the stage's layers' activations per chunk
+    StageMem& x = stm[static_cast<size_t>(sd)];
     for (int64_t k = sd; k < vs_count; k += p) {
       const int first = vs_first[static_cast<size_t>(k)], count = vs_layers[static_cast<size_t>(k)];
-      params += paramsOf(first, count, false, &widest);
-      expert += expertParamsOf(first, count);
+      x.params += paramsOf(first, count, false, &x.widest);
+      x.expert += expertParamsOf(first, count);
       for (int l = first; l < first + count; ++l)
-        layer_act += !fullAt(l) ? layerAct(l, rmods) : checkpoint;  // block recomputation: the others keep everything
+        x.act += !fullAt(l) ? layerAct(l, rmods) : checkpoint;  // block recomputation: the others keep everything
     }
-    if (sd == 0 || sd == p - 1) params += V * h / T;  // the embedding or the logits shard (one when p = 1)
-    if (sd == p - 1) params += cfg.mtp_layers * (2 * h * h / T + 2 * h);  // each MTP depth's projection and norms
-    // ZB-H1 (v = 1): every stage holds p micro-batches, its warm-up ones and
-    // those whose W is still pending (the first stage's 1F1B count).
-    // The combined 1F1B of --moe-a2a-overlap warms up one more.
-    const int64_t extra = cfg.moe_a2a_overlap ? 1 : 0;
-    const double chunks_in_flight =
-        v == 1 ? static_cast<double>(std::min<int64_t>((cfg.zero_bubble ? p : p - sd) + extra, mb))
-               : static_cast<double>(std::min<int64_t>((p - sd - 1) * 2 + (v - 1) * p + 1 + extra, mb * v));
-    double act = layer_act / static_cast<double>(v) * chunks_in_flight;
+    if (sd == 0 || sd == p - 1) x.params += V * h / T;  // the embedding or the logits shard (one when p = 1)
+    if (sd == p - 1) x.params += cfg.mtp_layers * (2 * h * h / T + 2 * h);  // each MTP depth's projection and norms
+  }
+  const double logits_act = 4 * bs * V / T * (1 + cfg.mtp_layers);  // logits and their gradient (fp32 loss), per head
+  rep.memory_gib_per_gpu = -1;
+  for (int64_t sd = 0; sd < p; ++sd) {
+    const StageMem& x = stm[static_cast<size_t>(sd)];
+    double params = x.params, widest = x.widest, expert = x.expert, act = 0;
+    if (cfg.dualpipe) {
+      // Stages sd and p-1-sd, both copies whole; the activations of the
+      // forwards whose backward (or, split, its W) has not run, at the
+      // order's peak (DeepSeek's table: p + 1 micro-batches' worth).
+      const StageMem& y = stm[static_cast<size_t>(p - 1 - sd)];
+      params += y.params, expert += y.expert, widest = std::max(widest, y.widest);
+      std::array<double, 2> open{0, 0};
+      const std::array<double, 2> per{stm[static_cast<size_t>(stageOnRank(0, sd, p, true))].act,
+                                      stm[static_cast<size_t>(stageOnRank(1, sd, p, true))].act};
+      for (const PipelineOp& op : dualPipeOrder(sd, p, mb)) {
+        open[static_cast<size_t>(op.chunk)] += op.fwd ? 1 : (op.wgrad || !op.split) ? -1 : 0;
+        act = std::max(act, open[0] * per[0] + open[1] * per[1]);
+      }
+      if (sd == 0 || sd == p - 1) act += logits_act;  // each end rank holds a copy's last stage
+    } else {
+      // ZB-H1 (v = 1): every stage holds p micro-batches, its warm-up ones and
+      // those whose W is still pending (the first stage's 1F1B count).
+      // The combined 1F1B of --moe-a2a-overlap warms up one more.
+      const int64_t extra = cfg.moe_a2a_overlap ? 1 : 0;
+      const double chunks_in_flight =
+          v == 1 ? static_cast<double>(std::min<int64_t>((cfg.zero_bubble ? p : p - sd) + extra, mb))
+                 : static_cast<double>(std::min<int64_t>((p - sd - 1) * 2 + (v - 1) * p + 1 + extra, mb * v));
+      act = x.act / static_cast<double>(v) * chunks_in_flight;
+      if (sd == p - 1) act += logits_act;
+    }
     if (any_full) act += full_layer;  // one layer's activations live again in its backward
-    if (sd == p - 1) act += 4 * bs * V / T * (1 + cfg.mtp_layers);  // logits and their gradient (fp32 loss), per head
     TrainReport::Memory mem;
     mem.weights_gib = toGib(Bytes(sharded(2, params, expert, 3) + (cfg.zero >= 3 ? 2 * 2 * widest : 0)));
     const double gbytes = static_cast<double>(cfg.grad_bytes);  // fp32 main gradients, or bf16 (--grad-dtype)
     mem.grads_gib = toGib(Bytes(sharded(gbytes, params, expert, 2) + (cfg.zero >= 3 ? gbytes * widest : 0)));
-    mem.optimizer_gib = toGib(Bytes(sharded(12, params, expert, 1)));
+    mem.optimizer_gib = toGib(Bytes(sharded(opt_state, params, expert, 1)));
     mem.activations_gib = toGib(Bytes(act));
     const double total = mem.weights_gib + mem.grads_gib + mem.optimizer_gib + mem.activations_gib;
     if (total > rep.memory_gib_per_gpu) rep.memory_gib_per_gpu = total, rep.memory = mem, rep.memory_stage = sd;
@@ -890,7 +934,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const Seconds tp_f = pace.tp_f, tp_b = pace.tp_b;
   // --moe-a2a-overlap: a pass's dispatch and combine run under the compute of
   // the pass it is combined with (the other micro-batch's backward or forward).
-  const Seconds ep_stage = cfg.moe_a2a_overlap ? overlapped(pace.ep, stage_fwd + stage_bwd + stage_recompute, smf) : pace.ep;
+  const Seconds ep_stage = cfg.moe_a2a_overlap || cfg.dualpipe
+                               ? overlapped(pace.ep, stage_fwd + stage_bwd + stage_recompute, smf)
+                               : pace.ep;
   const Seconds cp_exposed = cpExposed(pace);
 
   // Pipeline point-to-point: one activation (split over tp: the sequence
@@ -915,8 +961,12 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double bubble_units = static_cast<double>(p - 1) / static_cast<double>(v);
   const Seconds compute = per_mb * mbf;
   // ZB-H1: the fill and drain cost F + B - W per stage instead of F + B + W.
-  const Seconds bubble = cfg.zero_bubble ? std::max(Seconds(0), per_mb + per_mb_comm - pace.wgrad * 2) * bubble_units
-                                         : (per_mb + per_mb_comm) * bubble_units;
+  // DualPipe: (p/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report, Table 2), F&B one combined pair.
+  const Seconds bubble =
+      cfg.zero_bubble ? std::max(Seconds(0), per_mb + per_mb_comm - pace.wgrad * 2) * bubble_units
+      : cfg.dualpipe  ? std::max(Seconds(0), per_mb + per_mb_comm + stage_bwd - pace.wgrad * 3) *
+                           (static_cast<double>(p / 2 - 1) / static_cast<double>(p - 1)) * bubble_units
+                      : (per_mb + per_mb_comm) * bubble_units;
   const Seconds pp_comm = p2p * (2.0 * (mbf * static_cast<double>(v) + static_cast<double>(p - 1)) / static_cast<double>(v)) *
                           (p > 1 ? 1.0 : 0.0);
 
@@ -995,7 +1045,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // updates: gradient-norm read (fp32, 4 B), Adam (fp32 master, m, v read and
   // written and the fp32 gradient read: 28 B), the bf16 copy of the updated
   // weights (6 B); then every held fp32 gradient is zeroed (4 B).
-  const Seconds optimizer = gpu.mem(sharded(38, stage_params, stage_expert, 1)) + gpu.mem(sharded(4, stage_params, stage_expert, 2));
+  const Seconds optimizer = gpu.mem(sharded(opt_step, stage_params, stage_expert, 1)) + gpu.mem(sharded(4, stage_params, stage_expert, 2));
 
   // ---- totals -----------------------------------------------------------------
   rep.breakdown["compute_s"] = compute.value();
@@ -1095,7 +1145,19 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const LinkDemand regather = !sp && t > 1 ? u_tag.scaled(act_bytes * sends) : LinkDemand{};
       for (LinkDemand& x : st_link) x += pp_link, x += regather;
     }
-    const double dp_ag_runs = cfg.zero == 3 ? 2 * mbf : 1, dp_rs_runs = cfg.zero >= 2 ? mbf : 1;
+    if (cfg.dualpipe) {  // rank r runs half the micro-batches on stage r and half on stage p-1-r, and holds both
+      const auto f0 = st_flops, b0 = st_bytes, p0 = st_params, e0 = st_expert;
+      const auto l0 = st_link;
+      for (size_t r = 0; r < static_cast<size_t>(p); ++r) {
+        const size_t o = static_cast<size_t>(p) - 1 - r;
+        st_flops[r] = (f0[r] + f0[o]) / 2, st_bytes[r] = (b0[r] + b0[o]) / 2;
+        st_params[r] = p0[r] + p0[o], st_expert[r] = e0[r] + e0[o];
+        st_link[r] = l0[r].scaled(0.5) += l0[o].scaled(0.5);
+      }
+    }
+    // Per micro-batch (ZeRO-2/3) a copy runs only its half under DualPipe.
+    const double per_copy = cfg.dualpipe ? mbf / 2 : mbf;
+    const double dp_ag_runs = cfg.zero == 3 ? 2 * per_copy : 1, dp_rs_runs = cfg.zero >= 2 ? per_copy : 1;
     Bounds& bd = rep.bounds;
     double tensor = 0, hbm = 0;
     std::array<double, kLinkClasses> links{};
@@ -1103,7 +1165,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const double ex = edp_own ? st_expert[sd] : 0;  // expert gradients reduce over their own group
       st_link[sd] += u_dag.scaled(2 * (st_params[sd] - ex) * dp_ag_runs) += u_eag.scaled(2 * ex * dp_ag_runs);
       st_link[sd] += u_drs.scaled(2 * (st_params[sd] - ex) * dp_rs_runs) += u_ers.scaled(2 * ex * dp_rs_runs);
-      st_bytes[sd] += sharded(38, st_params[sd], st_expert[sd], 1) + sharded(4, st_params[sd], st_expert[sd], 2);  // optimizer
+      st_bytes[sd] += sharded(opt_step, st_params[sd], st_expert[sd], 1) + sharded(4, st_params[sd], st_expert[sd], 2);  // optimizer
       tensor = std::max(tensor, st_flops[sd] / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value());
       hbm = std::max(hbm, st_bytes[sd] / c.gpu.hbm_bw.value());
       for (size_t i = 0; i < links.size(); ++i) links[i] = std::max(links[i], st_link[sd].s[i]);
@@ -1231,9 +1293,20 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       params_of_stage[static_cast<size_t>(p - 1)] += V * h / T;
       CHORUS_RETURN_IF_ERROR(dpTransfers(V * h / T, &last.dp_ag, &last.dp_rs));
     }
+    if (cfg.dualpipe) {  // the second copy: the same stages, laid out from rank p - 1 down
+      sp_.vpp = 2;
+      sp_.options.dualpipe = true;
+      sp_.chunks.reserve(static_cast<size_t>(2 * p));
+      for (int64_t k = 0; k < p; ++k) sp_.chunks.push_back(sp_.chunks[static_cast<size_t>(k)]);
+      const auto ps0 = params_of_stage, es0 = expert_of_stage;
+      for (size_t r = 0; r < static_cast<size_t>(p); ++r) {
+        params_of_stage[r] = ps0[r] + ps0[static_cast<size_t>(p) - 1 - r];
+        expert_of_stage[r] = es0[r] + es0[static_cast<size_t>(p) - 1 - r];
+      }
+    }
     for (int64_t sd = 0; sd < p; ++sd) {
       const double ps = params_of_stage[static_cast<size_t>(sd)], es = expert_of_stage[static_cast<size_t>(sd)];
-      sp_.optimizer_s[static_cast<size_t>(sd)] = (raw_gpu.mem(sharded(38, ps, es, 1)) + raw_gpu.mem(sharded(4, ps, es, 2))).value();
+      sp_.optimizer_s[static_cast<size_t>(sd)] = (raw_gpu.mem(sharded(opt_step, ps, es, 1)) + raw_gpu.mem(sharded(4, ps, es, 2))).value();
     }
     if (p > 1) {
       sp_.p2p.s = p2p.value();
@@ -1345,7 +1418,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       tail.dp_ag_s = overlapped(ag.time, Seconds(stage_chunk_fwd[static_cast<size_t>(sd)]), smf).value();
     }
     const double te = tail_expert[static_cast<size_t>(sd)];
-    tail.optimizer_s = (gpu.mem(sharded(38, tail.params, te, 1)) + gpu.mem(sharded(4, tail.params, te, 2))).value();
+    tail.optimizer_s = (gpu.mem(sharded(opt_step, tail.params, te, 1)) + gpu.mem(sharded(4, tail.params, te, 2))).value();
   }
   return rep;
 }

@@ -58,12 +58,24 @@ struct TrainConfig {
   // true = ZB-H1 (zero-bubble, Qi et al. 2024; vpp 1): the backward split into
   // B and W passes, W deferred to fill the drain, the same peak memory.
   bool zero_bubble = false;
+  // DualPipe (DeepSeek-V3 report sec. 3.2.1; pp even, vpp 1, an even number
+  // of micro-batches >= 2 pp): every rank holds stage r and stage p-1-r,
+  // half the micro-batches enter at each end, forward/backward pairs of the
+  // two directions run combined (each one's collectives under the other's
+  // compute), part of the backwards split off their weight gradients.  Two
+  // copies of the parameters, their gradients and optimizer state.
+  bool dualpipe = false;
   int zero = 1;              // 0..3 (ZeRO-1 = Megatron's distributed optimizer)
   // The gradient buffer's bytes per parameter: 4, fp32 main gradients
   // (Megatron's --accumulate-allreduce-grads-in-fp32, Megatron-Bridge's
   // grad_reduce_in_fp32, the default here), or 2, bf16 (what the
   // Megatron-Bridge performance recipes run).  --grad-dtype.
   int grad_bytes = 4;
+  // Adam's two moments: 4 B each (fp32) or 2 (bf16: DeepSeek-V3's
+  // low-precision optimizer states, Megatron's --use-precision-aware-optimizer
+  // --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16); the fp32 master weights
+  // stay.  --optimizer-moments.
+  int moment_bytes = 4;
   bool sequence_parallel = true;
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)
   bool fp8 = false;

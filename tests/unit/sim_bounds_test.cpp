@@ -143,7 +143,7 @@ TEST(SimBounds, NoPredictionBeatsABound) {
     return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)];
   };
   const char* topologies[] = {"fat-tree", "rail-optimized", "dragonfly", "torus2d"};
-  int checked = 0, attempts = 0, combined = 0;
+  int checked = 0, attempts = 0, combined = 0, dual = 0;
   std::string worst;
   double worst_ratio = 1e9;
   while (checked < 1000 && attempts < 20000) {
@@ -205,6 +205,11 @@ TEST(SimBounds, NoPredictionBeatsABound) {
       // Megatron's combined 1F1B where it allows it (ep >= 2, pp 1 or interleaved, no full recomputation).
       k.moe_a2a_overlap = k.ep > 1 && (k.pp == 1 || k.vpp > 1) && !k.zero_bubble && k.recompute != Recompute::Full &&
                           pick({0, 1}) != 0;
+      // DualPipe where it can run (even pp, vpp 1, an even number of micro-batches >= 2 pp).
+      const int64_t micro = k.global_batch / std::max<int64_t>(1, static_cast<int64_t>(k.dp) * k.micro_batch);
+      k.dualpipe = k.pp % 2 == 0 && k.vpp == 1 && !k.zero_bubble && !k.moe_a2a_overlap && micro % 2 == 0 &&
+                   micro >= 2 * k.pp && pick({0, 0, 1}) != 0;
+      dual += k.dualpipe ? 1 : 0;
       k.stage_costs = false;
       auto r = simulateTraining(m, k, net);
       if (!r.isOk()) continue;  // an invalid or oversized draw
@@ -218,13 +223,14 @@ TEST(SimBounds, NoPredictionBeatsABound) {
           << " s < bound " << r->bounds.binding << " " << r->bounds.max() << " s";
       EXPECT_GE(r->iteration_s, r->bounds.max() * (1 - 1e-12))
           << topo << " " << layoutName(k) << " sp " << k.sequence_parallel << " fp8 " << k.fp8 << " experts "
-          << m.moe.experts << " mtp " << k.mtp_layers << " zb " << k.zero_bubble << " a2a overlap " << k.moe_a2a_overlap
+          << m.moe.experts << " mtp " << k.mtp_layers << " zb " << k.zero_bubble << " a2a overlap " << k.moe_a2a_overlap << " dualpipe " << k.dualpipe
           << ": " << r->iteration_s
           << " s < bound " << r->bounds.binding << " " << r->bounds.max() << " s";
     }
   }
   EXPECT_GE(checked, 1000);
   EXPECT_GE(combined, 20);  // draws with the combined 1F1B of --moe-a2a-overlap
+  EXPECT_GE(dual, 20);      // draws with DualPipe (tried; some do not fit)
   std::printf("checked %d predictions (%d with the combined 1F1B); tightest iteration / bound = %.3f (%s)\n", checked,
               combined, worst_ratio, worst.c_str());
 }

@@ -174,6 +174,7 @@ TEST(SimMemory, RecomputeModulesDropWhatTheyRecompute) {
 
 // --grad-dtype bf16 (Megatron-Bridge's grad_reduce_in_fp32 = false): the
 // gradient buffer holds 2 B per parameter instead of 4; nothing else moves.
+// --optimizer-moments bf16: Adam's moments at 2 B each.
 TEST(SimMemory, Bf16GradientBufferHalvesTheGradients) {
   const plan::Registry reg = plan::Registry::builtin();
   const ClusterSpec c = cluster("fat-tree", 1);
@@ -185,6 +186,13 @@ TEST(SimMemory, Bf16GradientBufferHalvesTheGradients) {
   EXPECT_NEAR(bf16->memory.grads_gib * 2, fp32->memory.grads_gib, 1e-12);
   EXPECT_DOUBLE_EQ(bf16->memory.optimizer_gib, fp32->memory.optimizer_gib);
   EXPECT_DOUBLE_EQ(bf16->iteration_s, fp32->iteration_s);
+  // bf16 Adam moments (--optimizer-moments bf16): 4 + 2 x 2 = 8 B of optimizer state per parameter, not 12.
+  k.moment_bytes = 2;
+  auto moments = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  ASSERT_TRUE(moments.isOk());
+  EXPECT_NEAR(moments->memory.optimizer_gib * 12, fp32->memory.optimizer_gib * 8, 1e-12);
+  EXPECT_LE(moments->bounds.seconds.at("hbm"), fp32->bounds.seconds.at("hbm"));  // the step moves fewer bytes
+  k.moment_bytes = 4;
   k.grad_bytes = 3;
   auto bad = simulateTraining(gpt(8, 2048, 16), c, k, reg);
   ASSERT_FALSE(bad.isOk());
@@ -338,6 +346,51 @@ TEST(SimMoeDispatch, CombinedOneFOneBHidesTheAllToAllAndKeepsTheBounds) {
     auto r = simulateTraining(b.dense ? gpt(8, 2048, 16) : moe, c, b.k, reg);
     ASSERT_FALSE(r.isOk()) << b.what;
     EXPECT_NE(r.status().message().find(b.what), std::string::npos) << r.status().message();
+  }
+}
+
+// --pp-schedule dualpipe on a real MoE layout: every rank holds two stages
+// (twice the parameters, gradients and optimizer state of 1F1B's stage),
+// the same work spread evenly, a smaller bubble and the expert all-to-alls under the
+// paired passes' compute; every bound holds; the layouts DualPipe cannot
+// run are refused by name.
+TEST(SimDualPipe, TwoCopiesSmallerBubbleHiddenAllToAll) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 4);
+  ModelSpec moe = gpt(8, 2048, 16);
+  moe.moe.experts = 16, moe.moe.top_k = 2, moe.moe.expert_ffn_hidden = 2048;
+  TrainConfig k;
+  k.gpus = 32, k.tp = 1, k.pp = 4, k.dp = 8, k.ep = 8;
+  k.global_batch = 128, k.micro_batch = 1, k.seq = 2048, k.recompute = Recompute::None;
+  auto one = simulateTraining(moe, c, k, reg);
+  k.dualpipe = true;
+  auto dual = simulateTraining(moe, c, k, reg);
+  ASSERT_TRUE(one.isOk()) << one.status().message();
+  ASSERT_TRUE(dual.isOk()) << dual.status().message();
+  EXPECT_LT(dual->iteration_s, one->iteration_s);
+  EXPECT_LT(dual->breakdown.at("bubble_s"), one->breakdown.at("bubble_s"));
+  EXPECT_LT(dual->breakdown.at("ep_comm_s"), one->breakdown.at("ep_comm_s"));
+  // The same work, spread evenly: each rank holds a stage from each half, so the busiest rank's tensor-core time
+  // (1F1B's last stage, with the logits) is no larger.
+  EXPECT_LE(dual->bounds.seconds.at("tensor_cores"), one->bounds.seconds.at("tensor_cores") * (1 + 1e-12));
+  EXPECT_GE(dual->iteration_s, dual->bounds.max() * (1 - 1e-12)) << dual->bounds.binding;
+  EXPECT_GT(dual->memory.weights_gib, 1.5 * one->memory.weights_gib);
+  EXPECT_EQ(dual->schedule_spec.vpp, 2);
+  struct Bad {
+    const char* what;
+    TrainConfig k;
+  };
+  TrainConfig odd = k, vpp = k, few = k, a2a = k;
+  odd.pp = 2, odd.dp = 16, odd.global_batch = 48;  // 3 micro-batches per pipeline
+  vpp.vpp = 2;
+  few.global_batch = 48;  // 6 micro-batches < 2 x pp
+  a2a.moe_a2a_overlap = true;
+  for (const Bad& bd : {Bad{"an even number of micro-batches per pipeline, at least 2 x pp = 4", odd},
+                        Bad{"needs an even pp >= 2 and vpp = 1", vpp}, Bad{"at least 2 x pp = 8", few},
+                        Bad{"drop --moe-a2a-overlap", a2a}}) {
+    auto r = simulateTraining(moe, c, bd.k, reg);
+    ASSERT_FALSE(r.isOk()) << bd.what;
+    EXPECT_NE(r.status().message().find(bd.what), std::string::npos) << r.status().message();
   }
 }
 

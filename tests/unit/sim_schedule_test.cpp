@@ -95,6 +95,67 @@ TEST(SimSchedule, ZeroBubbleH1LeavesAThirdOfTheBubble) {
   EXPECT_NE(bad.status().message().find("zero-bubble (ZB-H1) needs vpp = 1"), std::string::npos);
 }
 
+// DualPipe (DeepSeek-V3 report sec. 3.2.1): on every rank each copy's
+// micro-batches run forward and backward once each, in order, every split
+// backward's W after it; with F = 1 s, B = 2 s of which W = 1 s, the
+// simulated bubble is the report's (p/2 - 1)(F&B + B - 3W) = 2 (p/2 - 1) s
+// (F&B = F + B: no communication to hide), against 1F1B's 3 (p - 1) s.  A
+// combined pair starts when both its inputs have arrived.
+TEST(SimSchedule, DualPipeHasTheReportsBubble) {
+  for (int64_t p : {2, 4, 8})
+    for (int64_t m : {2 * p, 4 * p}) {
+      for (int64_t rank = 0; rank < p; ++rank) {
+        std::vector<int> f(static_cast<size_t>(m), 0), b(static_cast<size_t>(m), 0), w(static_cast<size_t>(m), 0);
+        std::vector<char> split(static_cast<size_t>(m), 0);
+        std::vector<int64_t> last_f(2, -1), last_b(2, -1);
+        for (const PipelineOp& op : dualPipeOrder(rank, p, m)) {
+          const auto j = static_cast<size_t>(op.micro);
+          ASSERT_EQ(op.micro / (m / 2), op.chunk) << "micro-batch of the other copy";
+          if (op.fwd) {
+            EXPECT_GT(op.micro, last_f[static_cast<size_t>(op.chunk)]);  // in order
+            last_f[static_cast<size_t>(op.chunk)] = op.micro, ++f[j];
+          } else if (op.wgrad) {
+            EXPECT_TRUE(b[j] && split[j]) << "W before its B, rank " << rank;
+            ++w[j];
+          } else {
+            EXPECT_TRUE(f[j]) << "B before its F, rank " << rank;
+            EXPECT_GT(op.micro, last_b[static_cast<size_t>(op.chunk)]);
+            last_b[static_cast<size_t>(op.chunk)] = op.micro, ++b[j], split[j] = op.split;
+          }
+        }
+        for (size_t j = 0; j < static_cast<size_t>(m); ++j) {
+          EXPECT_EQ(f[j], 1) << "p " << p << " m " << m << " rank " << rank << " micro " << j;
+          EXPECT_EQ(b[j], 1);
+          EXPECT_EQ(w[j], split[j] ? 1 : 0);
+        }
+      }
+      IterationSpec sp;
+      sp.pp = p, sp.vpp = 2, sp.micro_batches = m, sp.comm_sm_fraction = 0;
+      LayerPlan lp;
+      lp.fwd = 1, lp.bwd = 2, lp.wgrad = 1;
+      sp.chunks.assign(static_cast<size_t>(2 * p), {lp});
+      sp.optimizer_s.assign(static_cast<size_t>(p), 0);
+      sp.options.dualpipe = true;
+      auto dual = simulateSchedule(sp);
+      ASSERT_TRUE(dual.isOk()) << dual.status().message();
+      EXPECT_NEAR(dual->makespan_s, 3.0 * static_cast<double>(m) + 2.0 * static_cast<double>(p / 2 - 1), 1e-9)
+          << "p " << p << " m " << m;
+      IterationSpec one = sp;
+      one.vpp = 1, one.chunks.resize(static_cast<size_t>(p)), one.options.dualpipe = false;
+      auto plain = simulateSchedule(one);
+      ASSERT_TRUE(plain.isOk());
+      EXPECT_NEAR(plain->makespan_s, 3.0 * static_cast<double>(m + p - 1), 1e-9);
+    }
+  IterationSpec bad;
+  bad.pp = 3, bad.vpp = 2, bad.micro_batches = 6;
+  bad.chunks.assign(6, {LayerPlan{}});
+  bad.optimizer_s.assign(3, 0);
+  bad.options.dualpipe = true;
+  auto r = simulateSchedule(bad);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("DualPipe needs"), std::string::npos) << r.status().message();
+}
+
 // ZeRO-3 on one stage, two layers, F = B = 0.5 s, every gather and
 // reduce-scatter 1 s alone and each filling the NIC.  Forward: gathers 0
 // and 1 back to back [0, 1], [1, 2] (layer 1 prefetched while layer 0
