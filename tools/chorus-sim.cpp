@@ -133,7 +133,10 @@ int main(int argc, char** argv) {
   tr->add_option("--micro-batch", micro, "sequences per micro-batch, or auto");
   tr->add_option("--seq", tc.seq, "sequence length");
   tr->add_option("--recompute", recompute, "none, selective, full");
-  std::string recompute_modules, grad_dtype = "fp32", moments = "fp32";
+  std::string recompute_modules, grad_dtype = "fp32", moments = "fp32", rank_order = "tp-cp-ep-dp-pp";
+  tr->add_option("--rank-order", rank_order,
+                 "how ranks are numbered, innermost first: tp-cp-ep-dp-pp (Megatron's default) or tp-cp-ep-pp-dp "
+                 "(Megatron's --use-tp-pp-dp-mapping: pipeline neighbours adjacent; without ep, cp or dp of 1)");
   tr->add_option("--optimizer-moments", moments,
                  "Adam's two moments: fp32 or bf16 (DeepSeek-V3's low-precision optimizer states; Megatron's "
                  "--exp-avg-dtype / --exp-avg-sq-dtype bf16); the fp32 master weights stay");
@@ -342,6 +345,9 @@ int main(int argc, char** argv) {
   // Training: the cluster as the layout's placement sees it (sim/placement.hpp).
   ClusterSpec job_cluster = *cluster;
   if (tr->parsed()) {
+    if (rank_order != "tp-cp-ep-dp-pp" && rank_order != "tp-cp-ep-pp-dp")
+      return fail(invalidArgument("--rank-order '{}' is not one of tp-cp-ep-dp-pp, tp-cp-ep-pp-dp", rank_order));
+    tc.pp_before_dp = rank_order == "tp-cp-ep-pp-dp";  // the placement below follows it
     auto placed = placedCluster(*cluster, gpus_per_domain != 0 ? gpus_per_domain : alignedDomainUse(*cluster, tc), tc.gpus);
     if (!placed.isOk()) return fail(placed.status());
     job_cluster = std::move(*placed);

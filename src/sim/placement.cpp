@@ -12,7 +12,7 @@ int64_t alignedDomainUse(const ClusterSpec& c, const TrainConfig& k) {
   const int64_t g = c.node.domainSize();
   const int64_t t = k.tp, cp = k.cp, d = k.dp;
   // The blocks of consecutive ranks each group occupies in Megatron's order.
-  std::vector<int64_t> blocks{t, t * cp, t * cp * d};
+  std::vector<int64_t> blocks{t, t * cp, k.pp_before_dp ? t * cp * k.pp : t * cp * d};
   if (k.ep > 1) blocks.push_back(k.etp > 0 ? int64_t{k.etp} * k.ep : t * cp * k.ep);
   int64_t unit = 1;
   for (int64_t b : blocks)

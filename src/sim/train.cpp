@@ -307,6 +307,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // virtual stage (Megatron's block method; the others keep everything).
   if (cfg.zero_bubble && (v != 1 || p < 2))
     return invalidArgument("--pp-schedule zb-h1 needs pp >= 2 and vpp = 1 (ZB-H1 is a 1F1B schedule; got pp={} vpp={})", p, v);
+  if (cfg.pp_before_dp && (ep > 1 || (cp > 1 && d > 1)))
+    return invalidArgument("--rank-order tp-cp-ep-pp-dp is modelled without expert parallelism and with cp or dp of 1 "
+                           "(got ep={} cp={} dp={}): its data-parallel and expert groups would not be one strided set of "
+                           "ranks; use the default tp-cp-ep-dp-pp", ep, cp, d);
   if (cfg.dualpipe) {
     if (cfg.zero_bubble) return invalidArgument("--pp-schedule: DualPipe and ZB-H1 are two different orders");
     if (p < 2 || p % 2 != 0 || v != 1)
@@ -396,7 +400,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double dpc = static_cast<double>(d * cp);
   TrainReport rep;
   rep.config = cfg;
-  rep.placement = describePlacement(c, cfg.gpus);
+  rep.placement = describePlacement(c, cfg.gpus) + (cfg.pp_before_dp ? ", ranks in order tp-cp-ep-pp-dp" : "");
   // Expert parameters are replicated only over the expert-data-parallel
   // group, the dp x cp / ep GPUs holding the same experts, so ZeRO shards
   // their state that many ways, not dp x cp (Megatron's expert data-parallel
@@ -544,7 +548,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const GroupSet tpg{t, 1, cfg.gpus / t};
   const GroupSet cpg{cp, t, cfg.gpus / cp};
   const GroupSet epg = cfg.etp > 0 ? GroupSet{ep, etp, cfg.gpus / ep} : GroupSet{ep, t * cp, cfg.gpus / ep};
-  const GroupSet ppg{p, t * cp * d, cfg.gpus / p};
+  // Megatron's order tp, cp, (ep,) dp, pp; or tp, cp, pp, dp (--rank-order).
+  const int64_t pp_stride = cfg.pp_before_dp ? t * cp : t * cp * d, dp_stride = cfg.pp_before_dp ? t * cp * p : t * cp;
+  const GroupSet ppg{p, pp_stride, cfg.gpus / p};
   // Per breakdown category, the link limiting its slowest collective (what
   // the bottleneck line names: the category's own binding link).
   std::map<std::string, std::pair<double, std::string>> dim_link;
@@ -1002,7 +1008,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const bool dense_dp = d * cp > 1, expert_dp = edp_own && edp_n > 1, any_dp = dense_dp || expert_dp;
   const double grad_bytes = stage_params * 2 - expert_bytes;  // bf16 gradients reduced over dp x cp
   Seconds dp_comm(0), dp_rs(0), dp_ag(0);
-  const GroupSet dcg{d * cp, t, cfg.gpus / (d * cp)};
+  // dp x cp: one block of t x cp x d ranks at stride t in Megatron's order;
+  // with pp before dp (cp or dp of 1, checked) the dp replicas sit pp apart.
+  const GroupSet dcg = cfg.pp_before_dp && d > 1 ? GroupSet{d, dp_stride, cfg.gpus / d} : GroupSet{d * cp, t, cfg.gpus / (d * cp)};
   // Both groups' collectives of `bytes` of this stage (dense over dp x cp, experts over their group).
   auto dpColl = [&](plan::Collective k) -> Result<Seconds> {
     Seconds x(0);

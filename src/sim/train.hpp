@@ -88,6 +88,12 @@ struct TrainConfig {
   // experts split over tp and ep inside dp x cp; E >= 1, the expert layers
   // laid out as etp E x ep x expert-data-parallel over tp x cp x dp.
   int etp = 0;
+  // Rank order (Megatron's --order / --use-tp-pp-dp-mapping): false,
+  // tp-cp-ep-dp-pp (Megatron's default: pipeline stages farthest apart);
+  // true, tp-cp-ep-pp-dp (pipeline stages adjacent, data-parallel replicas
+  // farthest apart).  The second is modelled where every group stays one
+  // strided set of ranks: no expert parallelism, and cp or dp of 1.
+  bool pp_before_dp = false;
   // MoE dispatch and combine (docs/simulator.md "Expert dispatch"):
   // AllToAll, one all-to-all of every routed copy each way (Megatron-Core's
   // all-to-all dispatcher); Hierarchical, each token sent once per

@@ -210,6 +210,8 @@ TEST(SimBounds, NoPredictionBeatsABound) {
       k.dualpipe = k.pp % 2 == 0 && k.vpp == 1 && !k.zero_bubble && !k.moe_a2a_overlap && micro % 2 == 0 &&
                    micro >= 2 * k.pp && pick({0, 0, 1}) != 0;
       dual += k.dualpipe ? 1 : 0;
+      // Megatron's other rank order where it is modelled (no ep; cp or dp of 1).
+      k.pp_before_dp = k.ep == 1 && (k.cp == 1 || k.dp == 1) && pick({0, 0, 1}) != 0;
       k.stage_costs = false;
       auto r = simulateTraining(m, k, net);
       if (!r.isOk()) continue;  // an invalid or oversized draw
@@ -223,7 +225,7 @@ TEST(SimBounds, NoPredictionBeatsABound) {
           << " s < bound " << r->bounds.binding << " " << r->bounds.max() << " s";
       EXPECT_GE(r->iteration_s, r->bounds.max() * (1 - 1e-12))
           << topo << " " << layoutName(k) << " sp " << k.sequence_parallel << " fp8 " << k.fp8 << " experts "
-          << m.moe.experts << " mtp " << k.mtp_layers << " zb " << k.zero_bubble << " a2a overlap " << k.moe_a2a_overlap << " dualpipe " << k.dualpipe
+          << m.moe.experts << " mtp " << k.mtp_layers << " zb " << k.zero_bubble << " a2a overlap " << k.moe_a2a_overlap << " dualpipe " << k.dualpipe << " pp before dp " << k.pp_before_dp
           << ": " << r->iteration_s
           << " s < bound " << r->bounds.binding << " " << r->bounds.max() << " s";
     }

@@ -394,6 +394,37 @@ TEST(SimDualPipe, TwoCopiesSmallerBubbleHiddenAllToAll) {
   }
 }
 
+// --rank-order tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping): pipeline
+// neighbours adjacent, data-parallel replicas pp apart.  With tp 4 on 8-GPU
+// nodes, two pipeline stages share a node, so half the pipeline sends stay on
+// NVLink, and the data-parallel reduce crosses nodes at stride tp x pp; the
+// bounds hold either way; expert parallelism or cp and dp both above 1 are
+// refused by name.
+TEST(SimPlacement, RankOrderMovesThePipelineAndDataParallelGroups) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 8);
+  TrainConfig k;
+  k.gpus = 64, k.tp = 4, k.pp = 4, k.dp = 4;
+  k.global_batch = 64, k.micro_batch = 1, k.seq = 2048, k.recompute = Recompute::Selective;
+  auto dp_inner = simulateTraining(gpt(16, 4096, 32), c, k, reg);
+  k.pp_before_dp = true;
+  auto pp_inner = simulateTraining(gpt(16, 4096, 32), c, k, reg);
+  ASSERT_TRUE(dp_inner.isOk()) << dp_inner.status().message();
+  ASSERT_TRUE(pp_inner.isOk()) << pp_inner.status().message();
+  EXPECT_NE(dp_inner->iteration_s, pp_inner->iteration_s);
+  EXPECT_LT(pp_inner->breakdown.at("pp_comm_s"), dp_inner->breakdown.at("pp_comm_s"));
+  EXPECT_GE(pp_inner->iteration_s, pp_inner->bounds.max() * (1 - 1e-12));
+  EXPECT_NE(pp_inner->placement.find("tp-cp-ep-pp-dp"), std::string::npos) << pp_inner->placement;
+  ModelSpec moe = gpt(16, 4096, 32);
+  moe.moe.experts = 8, moe.moe.top_k = 2, moe.moe.expert_ffn_hidden = 4096;
+  TrainConfig e = k;
+  e.ep = 2;
+  auto bad = simulateTraining(moe, c, e, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("--rank-order tp-cp-ep-pp-dp is modelled without expert parallelism"),
+            std::string::npos) << bad.status().message();
+}
+
 // Experts folded over tp (--etp 1) with ep x etp < tp: at dp = 1 the
 // experts are still replicated over an expert-data-parallel group (tp / ep
 // = 2 GPUs here), whose gradients must be reduced: the schedule prices that
