@@ -182,6 +182,11 @@ Result<ScheduleSummary> writeSimulatedTrace(const TrainReport& r, std::ostream& 
 
 Result<ScheduleSummary> writeTrainTrace(const TrainReport& r, std::ostream& out) {
   if (!r.schedule_spec.chunks.empty()) return writeSimulatedTrace(r, out);
+  // The estimate's own trace lays out Megatron's 1F1B / interleaved order only.
+  if (r.config.zero_bubble || r.config.dualpipe || r.config.moe_a2a_overlap)
+    return invalidArgument("--trace with --estimate draws the 1F1B and interleaved orders only; drop --estimate to trace "
+                           "the simulated {} schedule", r.config.dualpipe ? "DualPipe"
+                                                        : r.config.zero_bubble ? "ZB-H1" : "combined 1F1B");
   std::string buf;
   buf.reserve(1 << 20);
   buf += "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
