@@ -79,6 +79,13 @@ TEST(SimPlacement, GroupsStayInsideADomain) {
 
 // Eight GPUs of one node, data-parallel, micro-batch 1, no recomputation,
 // the closed form only.
+// A small MoE GPT: 8 layers of h 2048, 16 experts of width 2048, top 2.
+ModelSpec moe16() {
+  ModelSpec m = gpt(8, 2048, 16);
+  m.moe.experts = 16, m.moe.top_k = 2, m.moe.expert_ffn_hidden = 2048;
+  return m;
+}
+
 TrainConfig dp8(int64_t global_batch, int64_t seq) {
   TrainConfig k;
   k.gpus = 8, k.tp = 1, k.pp = 1, k.dp = 8;
@@ -314,8 +321,7 @@ TEST(SimZeroBubble, SmallerBubbleSameWork) {
 TEST(SimMoeDispatch, CombinedOneFOneBHidesTheAllToAllAndKeepsTheBounds) {
   const plan::Registry reg = plan::Registry::builtin();
   const ClusterSpec c = cluster("fat-tree", 4);
-  ModelSpec moe = gpt(8, 2048, 16);
-  moe.moe.experts = 16, moe.moe.top_k = 2, moe.moe.expert_ffn_hidden = 2048;
+  const ModelSpec moe = moe16();
   TrainConfig k;
   k.gpus = 32, k.tp = 2, k.pp = 2, k.vpp = 2, k.dp = 8, k.ep = 8;
   k.global_batch = 64, k.micro_batch = 1, k.seq = 2048, k.recompute = Recompute::Selective;
@@ -357,8 +363,7 @@ TEST(SimMoeDispatch, CombinedOneFOneBHidesTheAllToAllAndKeepsTheBounds) {
 TEST(SimDualPipe, TwoCopiesSmallerBubbleHiddenAllToAll) {
   const plan::Registry reg = plan::Registry::builtin();
   const ClusterSpec c = cluster("fat-tree", 4);
-  ModelSpec moe = gpt(8, 2048, 16);
-  moe.moe.experts = 16, moe.moe.top_k = 2, moe.moe.expert_ffn_hidden = 2048;
+  const ModelSpec moe = moe16();
   TrainConfig k;
   k.gpus = 32, k.tp = 1, k.pp = 4, k.dp = 8, k.ep = 8;
   k.global_batch = 128, k.micro_batch = 1, k.seq = 2048, k.recompute = Recompute::None;
