@@ -14,6 +14,7 @@
 #include <set>
 
 #include "sim/cli_args.hpp"
+#include "sim/compute.hpp"
 
 namespace chorus::sim {
 namespace {
@@ -37,7 +38,7 @@ class Replica {
  public:
   Replica(const ModelSpec& m, const ClusterSpec& c, int tp, bool fp8, bool kv_fp8, Seconds ar_alpha, double ar_beta)
       : m_(m), g_(c.gpu), tp_(tp), fp8_(fp8 || m.weight_bytes <= 1), w8_(fp8), kv_bytes_(kv_fp8 ? 1 : kAct),
-        ar_alpha_(ar_alpha.value()), ar_beta_(ar_beta) {}
+        ar_alpha_(ar_alpha.value()), ar_beta_(ar_beta), compute_(c.gpu, fp8_) {}
 
   // Prefill of requests with `tokens` input tokens in all; `sq` = sum of
   // squared lengths and `sq_win` the same capped by the window (2 x the
@@ -48,13 +49,31 @@ class Replica {
     const double heads_v = static_cast<double>(m_.heads) * m_.vHeadDim();
     const double mats = m_.ffnMats();
     double t = 0;
+    // The GEMMs and the fused attention core as the training model prices
+    // them (src/sim/compute.hpp: by shape from the GPU's data file), when the
+    // GPU has one; else the cluster's single efficiency curve.
+    const bool per_op = compute_.spec() != nullptr;
     for (int l = 0; l < m_.layers; ++l) {
       const double ff = m_.ffnPerToken(l);
-      t += gemm(tokens, m_.attnInParams() / h / T, h) + gemm(tokens, h, heads_v / T) +
-           gemm(tokens, (mats - 1) * ff / T, h) + gemm(tokens, h, ff / T);
+      if (per_op) {
+        t += (compute_.gemm(tokens, m_.attnInParams() / h / T, h) + compute_.gemm(tokens, h, heads_v / T) +
+              compute_.gemm(tokens, (mats - 1) * ff / T, h) + compute_.gemm(tokens, h, ff / T)).value();
+      } else {
+        t += gemm(tokens, m_.attnInParams() / h / T, h) + gemm(tokens, h, heads_v / T) +
+             gemm(tokens, (mats - 1) * ff / T, h) + gemm(tokens, h, ff / T);
+      }
       // Causal attention (FlashAttention): 2 x sq/2 x heads x (qk + v) FLOPs per layer.
-      const double core = (m_.isWindowLayer(l) ? sq_win : sq) * static_cast<double>(m_.heads) * (m_.qkHeadDim() + m_.vHeadDim());
-      t += core / T / (peak() * g_.gemm_efficiency) + 6 * g_.kernel_overhead.value();
+      const double pairs2 = m_.isWindowLayer(l) ? sq_win : sq;  // 2 x the (query, key) pairs
+      const double core = pairs2 * static_cast<double>(m_.heads) * (m_.qkHeadDim() + m_.vHeadDim());
+      if (per_op && tokens > 0 && pairs2 > 0) {
+        // The batch's prompts as equal problems of L = pairs2 / tokens
+        // queries and keys (the same FLOPs, causal), at that length's efficiency.
+        const double L = pairs2 / tokens, problems = static_cast<double>(m_.heads) / T * tokens / L;
+        t += compute_.attention(problems, L, L, m_.qkHeadDim(), m_.vHeadDim(), true).value();
+        t += 5 * g_.kernel_overhead.value();  // two norms, the activation, two residual adds
+      } else {
+        t += core / T / (peak() * g_.gemm_efficiency) + 6 * g_.kernel_overhead.value();
+      }
       t += 2 * allreduce(tokens * h * kAct);
     }
     return t;
@@ -192,6 +211,7 @@ class Replica {
   bool fp8_, w8_;
   double kv_bytes_;
   double ar_alpha_, ar_beta_;
+  Compute compute_;  // per-operator costs (prefill)
 };
 
 double percentile(std::vector<double> v, double q) {
