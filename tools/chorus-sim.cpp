@@ -127,6 +127,10 @@ int main(int argc, char** argv) {
   tr->add_flag("--moe-a2a-overlap", tc.moe_a2a_overlap, a2a_overlap_help);
   tr->add_option("--first-stage-layers", tc.first_stage_layers,
                  "layers of the first pipeline stage (default 0: the uniform split)");
+  tr->add_option("--pp-layout", tc.pp_layout,
+                 "Megatron's --pipeline-model-parallel-layout: the pp x vpp virtual stages separated by '|', each of E "
+                 "(embedding, first), t (layer), m (MTP depth, last), L (loss, last); (...)*N repeats; e.g. "
+                 "\"Et|(tt|)*30mL\"");
   tr->add_option("--last-stage-layers", tc.last_stage_layers,
                  "layers of the last pipeline stage (default 0: the uniform split)");
   tr->add_option("--global-batch", tc.global_batch, "sequences per iteration")->required();

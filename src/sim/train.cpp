@@ -149,6 +149,89 @@ Result<RecomputeModules> parseRecomputeModules(std::string_view text) {
   return r;
 }
 
+namespace {
+// Expands "(...)*N" and "x*N" in a pipeline layout; `pos` moves past what was read.
+Result<std::string> expandLayout(std::string_view t, size_t& pos, int depth) {
+  if (depth > 8) return invalidArgument("--pp-layout: parentheses nested deeper than 8");
+  std::string out;
+  while (pos < t.size() && t[pos] != ')') {
+    std::string item;
+    const size_t at = pos;
+    const char ch = t[pos];
+    if (ch == '(') {
+      ++pos;
+      CHORUS_ASSIGN_OR_RETURN(item, expandLayout(t, pos, depth + 1));
+      if (pos >= t.size() || t[pos] != ')') return invalidArgument("--pp-layout: '(' at {} is not closed", at);
+      ++pos;
+    } else if (ch == 'E' || ch == 't' || ch == 'm' || ch == 'L' || ch == '|') {
+      item = std::string(1, ch), ++pos;
+    } else if (ch == ' ') {
+      ++pos;
+      continue;
+    } else {
+      return invalidArgument("--pp-layout: '{}' at {} is not one of E, t, m, L, |, (, ), *N", ch, at);
+    }
+    if (pos < t.size() && t[pos] == '*') {
+      size_t end = ++pos;
+      while (end < t.size() && t[end] >= '0' && t[end] <= '9') ++end;
+      if (end == pos || end - pos > 6) return invalidArgument("--pp-layout: '*' at {} needs a count (1 to 999999)", pos - 1);
+      const int n = std::stoi(std::string(t.substr(pos, end - pos)));
+      pos = end;
+      if (n < 1 || static_cast<double>(item.size()) * n + static_cast<double>(out.size()) > 1e6)
+        return invalidArgument("--pp-layout: repeat count {} at {} must be >= 1 and keep the layout under 1e6 symbols", n,
+                               pos);
+      std::string rep;
+      for (int i = 0; i < n; ++i) rep += item;
+      item = std::move(rep);
+    }
+    out += item;
+  }
+  return out;
+}
+}  // namespace
+
+Result<std::vector<LayoutStage>> parsePipelineLayout(std::string_view text) {
+  size_t pos = 0;
+  CHORUS_ASSIGN_OR_RETURN(std::string flat, expandLayout(text, pos, 0));
+  if (pos != text.size()) return invalidArgument("--pp-layout: ')' at {} has no '('", pos);
+  std::vector<LayoutStage> stages(1);
+  for (char ch : flat) {
+    LayoutStage& st = stages.back();
+    switch (ch) {
+      case '|': stages.emplace_back(); break;
+      case 'E':
+        if (stages.size() != 1 || st.layers > 0 || st.mtp > 0 || st.embedding)
+          return invalidArgument("--pp-layout '{}': E (the embedding) must open the first stage, once", text);
+        st.embedding = true;
+        break;
+      case 't':
+        if (st.mtp > 0 || st.loss) return invalidArgument("--pp-layout '{}': a decoder layer after an MTP depth or the loss", text);
+        ++st.layers;
+        break;
+      case 'm':
+        if (st.loss) return invalidArgument("--pp-layout '{}': an MTP depth after the loss", text);
+        ++st.mtp;
+        break;
+      case 'L':
+        if (st.loss) return invalidArgument("--pp-layout '{}': L (the loss) twice", text);
+        st.loss = true;
+        break;
+      default: break;
+    }
+  }
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i].loss && i + 1 != stages.size())
+      return invalidArgument("--pp-layout '{}': L (the loss) must end the last stage (found in stage {} of {})", text, i,
+                             stages.size());
+    if (stages[i].mtp > 0 && i + 1 != stages.size())
+      return invalidArgument("--pp-layout '{}': MTP depths (m) belong to the last stage (found in stage {} of {})", text, i,
+                             stages.size());
+  }
+  if (!stages.front().embedding || !stages.back().loss)
+    return invalidArgument("--pp-layout '{}': the first stage must start with E and the last end with L", text);
+  return stages;
+}
+
 Result<TrainConfig::MoeDispatch> parseMoeDispatch(std::string_view text) {
   if (text == "alltoall") return TrainConfig::MoeDispatch::AllToAll;
   if (text == "hierarchical") return TrainConfig::MoeDispatch::Hierarchical;
@@ -269,7 +352,26 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // counts on the first and last stage and the rest split uniformly.
   const int64_t vs_count = p * v;
   std::vector<int> vs_layers(static_cast<size_t>(vs_count)), vs_first(static_cast<size_t>(vs_count));
-  {
+  if (!cfg.pp_layout.empty()) {  // Megatron's explicit layout
+    if (cfg.first_stage_layers > 0 || cfg.last_stage_layers > 0)
+      return invalidArgument("--pp-layout and --first-stage-layers / --last-stage-layers both place layers; give one");
+    CHORUS_ASSIGN_OR_RETURN(std::vector<LayoutStage> lay, parsePipelineLayout(cfg.pp_layout));
+    int decoder = 0;
+    for (const LayoutStage& st : lay) decoder += st.layers;
+    if (static_cast<int64_t>(lay.size()) != vs_count || decoder != m.layers || lay.back().mtp != cfg.mtp_layers)
+      return invalidArgument("--pp-layout '{}' has {} stages, {} decoder layers and {} MTP depths; the layout needs pp x vpp "
+                             "= {} stages, the model's {} layers and --mtp-layers {}", cfg.pp_layout, lay.size(), decoder,
+                             lay.back().mtp, vs_count, m.layers, cfg.mtp_layers);
+    if (cfg.mtp_layers < 0 || cfg.mtp_layers > 8)
+      return invalidArgument("--mtp-layers {}: must be in [0, 8] (multi-token prediction depths; DeepSeek-V3 uses 1)",
+                             cfg.mtp_layers);
+    int next = 0;
+    for (int64_t k = 0; k < vs_count; ++k) {
+      const LayoutStage& st = lay[static_cast<size_t>(k)];
+      vs_layers[static_cast<size_t>(k)] = st.layers + st.mtp, vs_first[static_cast<size_t>(k)] = next;
+      next += st.layers + st.mtp;
+    }
+  } else {
     const int fl = cfg.first_stage_layers, ll = cfg.last_stage_layers;
     if (fl < 0 || ll < 0)
       return invalidArgument("--first-stage-layers {} / --last-stage-layers {}: must be >= 0 (0: the uniform split)", fl, ll);
@@ -1280,6 +1382,15 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       }
       next += count;
     }
+    // A virtual stage without a layer (--pp-layout: Megatron's embedding- or
+    // loss-only stages) still passes every micro-batch on: one task of no
+    // measurable work (1 ns) that waits for its input and sends it on.
+    for (auto& ch : sp_.chunks)
+      if (ch.empty()) {
+        LayerPlan pass;
+        pass.fwd = pass.bwd = 1e-9;
+        ch.push_back(pass);
+      }
     // The embedding (its tp reduction) on the first layer, the logits + loss on the last.
     LayerPlan& first = sp_.chunks.front().front();
     LayerPlan& last = sp_.chunks.back().back();

@@ -84,6 +84,12 @@ struct TrainConfig {
   // first L mod (pp vpp) virtual stages one more); Megatron's
   // --decoder-first/last-pipeline-num-layers.
   int first_stage_layers = 0, last_stage_layers = 0;
+  // Megatron's --pipeline-model-parallel-layout: the virtual stages in order
+  // (chunk x pp + stage), separated by '|', each a run of E (the embedding,
+  // first stage only), t (a decoder layer), m (an MTP depth, last stage) and
+  // L (the loss, last stage); "(...)*N" and "t*N" repeat.  DeepSeek-V3 on
+  // H100: "Et|(tt|)*30mL".  Empty: the uniform split.
+  std::string pp_layout;
   // Expert tensor parallelism (Megatron-Core's MoE parallel folding): 0, the
   // experts split over tp and ep inside dp x cp; E >= 1, the expert layers
   // laid out as etp E x ep x expert-data-parallel over tp x cp x dp.
@@ -117,6 +123,15 @@ struct TrainConfig {
   bool async_tp = true;    // schedule: column-parallel backward collectives under the GEMMs (Megatron)
   bool overlap_dp = true;  // schedule: ZeRO-0..2 gradient reduce / parameter gather overlapped per layer
 };
+
+// A --pp-layout, expanded and split into stages: each stage's decoder
+// layers (t) and MTP depths (m); whether it holds the embedding (E) and the
+// loss (L).  Errors name the position and the rule.
+struct LayoutStage {
+  int layers = 0, mtp = 0;
+  bool embedding = false, loss = false;
+};
+Result<std::vector<LayoutStage>> parsePipelineLayout(std::string_view text);
 
 // "alltoall" or "hierarchical" (--moe-dispatch).
 Result<TrainConfig::MoeDispatch> parseMoeDispatch(std::string_view text);

@@ -430,6 +430,53 @@ TEST(SimPlacement, RankOrderMovesThePipelineAndDataParallelGroups) {
             std::string::npos) << bad.status().message();
 }
 
+// --pp-layout (Megatron's --pipeline-model-parallel-layout): the virtual
+// stages as written, repeats expanded, a loss-only stage kept as a stage that
+// passes micro-batches on (its logits and loss, no layer); every bound holds;
+// malformed layouts are refused with the position and the rule.
+TEST(SimPipelineLayout, StagesAsWrittenAndErrorsByPosition) {
+  auto lay = parsePipelineLayout("Et|(tt|)*3mL");
+  ASSERT_TRUE(lay.isOk()) << lay.status().message();
+  ASSERT_EQ(lay->size(), 5u);
+  EXPECT_TRUE((*lay)[0].embedding);
+  EXPECT_EQ((*lay)[0].layers, 1);
+  EXPECT_EQ((*lay)[2].layers, 2);
+  EXPECT_EQ((*lay)[4].layers, 0);
+  EXPECT_EQ((*lay)[4].mtp, 1);
+  EXPECT_TRUE((*lay)[4].loss);
+  for (auto [text, what] : {std::pair{"Et|(tt|*3L", "'(' at 3 is not closed"}, std::pair{"Et|tx|L", "'x' at 4"},
+                            std::pair{"tE|tL", "E (the embedding) must open the first stage"},
+                            std::pair{"Et|m|tL", "MTP depths (m) belong to the last stage"},
+                            std::pair{"Et|t*|L", "'*' at 4 needs a count"}, std::pair{"Et|tt", "end with L"}}) {
+    auto e = parsePipelineLayout(text);
+    ASSERT_FALSE(e.isOk()) << text;
+    EXPECT_NE(e.status().message().find(what), std::string::npos) << e.status().message();
+  }
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 2);
+  TrainConfig k;
+  k.gpus = 16, k.tp = 2, k.pp = 2, k.vpp = 2, k.dp = 4;
+  k.global_batch = 16, k.micro_batch = 1, k.seq = 2048, k.recompute = Recompute::None;
+  auto uniform = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  k.pp_layout = "Et|tttt|ttt|L";  // the last virtual stage holds only the logits and the loss
+  auto laid = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  ASSERT_TRUE(uniform.isOk()) << uniform.status().message();
+  ASSERT_TRUE(laid.isOk()) << laid.status().message();
+  EXPECT_NE(laid->iteration_s, uniform->iteration_s);
+  EXPECT_GE(laid->iteration_s, laid->bounds.max() * (1 - 1e-12));
+  ASSERT_EQ(laid->schedule_spec.chunks.size(), 4u);
+  EXPECT_EQ(laid->schedule_spec.chunks[3].size(), 1u);  // the loss-only stage's pass
+  EXPECT_EQ(laid->schedule_spec.chunks[1].size(), 4u);
+  k.pp_layout = "Et|ttt|ttt|L";  // 7 layers for an 8-layer model
+  auto short7 = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  ASSERT_FALSE(short7.isOk());
+  EXPECT_NE(short7.status().message().find("has 4 stages, 7 decoder layers"), std::string::npos) << short7.status().message();
+  k.pp_layout = "Et|tttt|ttt|L", k.first_stage_layers = 1;
+  auto both = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  ASSERT_FALSE(both.isOk());
+  EXPECT_NE(both.status().message().find("give one"), std::string::npos) << both.status().message();
+}
+
 // Experts folded over tp (--etp 1) with ep x etp < tp: at dp = 1 the
 // experts are still replicated over an expert-data-parallel group (tp / ep
 // = 2 GPUs here), whose gradients must be reduced: the schedule prices that
