@@ -265,8 +265,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                            c.nodes, c.node.gpus);
   if (m.heads % t != 0 || m.kv_heads % std::min<int64_t>(t, m.kv_heads) != 0)
     return invalidArgument("tp={} must divide heads={} (model '{}')", t, m.heads, m.name);
-  if (m.layers < p * v)
-    return invalidArgument("layers={} is fewer than pp x vpp = {} x {} stages (model '{}')", m.layers, p, v, m.name);
+  if (m.layers < p * v && cfg.pp_layout.empty())
+    return invalidArgument("layers={} is fewer than pp x vpp = {} x {} stages (model '{}'); a --pp-layout may leave "
+                           "stages without a layer", m.layers, p, v, m.name);
   // Expert parallelism: classic (--etp unset) inside dp x cp with the experts
   // split over the layer's tp; folded (Megatron-Core's MoE parallel folding,
   // --etp E) over all tp x cp x dp GPUs of a stage, the expert layers laid
