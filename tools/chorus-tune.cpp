@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
                "correction; write the tuning profile"};
   app.option_defaults()->always_capture_default();  // --help shows every default
   std::string np_text = "2", collectives = "allreduce,allgather,reducescatter,alltoall,broadcast", max_text = "64M";
-  int reps = 7, correction_reps = 3;
+  int reps = 7, correction_reps = 3, passes = 4;
+  double agree = 0.10;
   std::string out = chorus::tune::CostProfile::defaultPath();
   bool no_tcp = false, append = false;
   app.add_option("--np", np_text, "rank counts to calibrate, e.g. 2,4 (one job each, run in turn; when not already a "
@@ -64,12 +65,21 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 21));
   app.add_flag("--append", append, "keep the profile at --output and add only this job's corrections");
+  app.add_option("--passes", passes, "measure the figures until two passes in a row agree, at most this many (1: one "
+                                     "pass, no check); the profile records the passes and any figure that still moved")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 20));
+  app.add_option("--agree", agree, "how close two passes must be on every figure (relative)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1.0));
   CLI11_PARSE(app, argc, argv);
 
   chorus::tools::TuneOptions o;
   o.reps = reps;
   o.tcp = !no_tcp;
   o.correction_reps = correction_reps;
+  o.max_passes = passes;
+  o.agree = agree;
   o.collectives.clear();
   if (collectives != "none") {
     std::stringstream ss(collectives);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 #include <chrono>
+#include <ctime>
 #include <cstdlib>
 #include <vector>
 
@@ -404,6 +405,47 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
   return {};
 }
 
+std::vector<std::string> disagreeingFigures(const tune::CostProfile& a, const tune::CostProfile& b, bool tcp,
+                                            double agree) {
+  std::vector<std::pair<std::string, std::pair<double, double>>> figs = {
+      {"op_overhead_us", {a.op_overhead_s * 1e6, b.op_overhead_s * 1e6}},
+      {"shm.alpha_us", {a.shm.alpha_s * 1e6, b.shm.alpha_s * 1e6}},
+      {"shm.overhead_us", {a.shm.overhead_s * 1e6, b.shm.overhead_s * 1e6}},
+      {"shm.bandwidth_gbps", {1e-9 / a.shm.beta_s_per_byte, 1e-9 / b.shm.beta_s_per_byte}},
+      {"board_call_us", {a.board_call_s * 1e6, b.board_call_s * 1e6}},
+      {"reduce_gbps.float32", {1e-9 / a.gamma_s_per_byte[chorusFloat32], 1e-9 / b.gamma_s_per_byte[chorusFloat32]}},
+  };
+  if (a.shm.beta_large_s_per_byte > 0 && b.shm.beta_large_s_per_byte > 0)
+    figs.push_back({"shm.bandwidth_large_gbps", {1e-9 / a.shm.beta_large_s_per_byte, 1e-9 / b.shm.beta_large_s_per_byte}});
+  if (a.board_beta_s_per_byte > 0 && b.board_beta_s_per_byte > 0)
+    figs.push_back({"board_bandwidth_gbps", {1e-9 / a.board_beta_s_per_byte, 1e-9 / b.board_beta_s_per_byte}});
+  if (a.reduce_mem_s_per_byte > 0 && b.reduce_mem_s_per_byte > 0)
+    figs.push_back({"reduce_mem_gbps", {1e-9 / a.reduce_mem_s_per_byte, 1e-9 / b.reduce_mem_s_per_byte}});
+  if (tcp) {
+    figs.push_back({"tcp.alpha_us", {a.tcp.alpha_s * 1e6, b.tcp.alpha_s * 1e6}});
+    figs.push_back({"tcp.bandwidth_gbps", {1e-9 / a.tcp.beta_s_per_byte, 1e-9 / b.tcp.beta_s_per_byte}});
+  }
+  std::vector<std::string> out;
+  for (const auto& [name, v] : figs) {
+    const double lo = std::min(v.first, v.second), hi = std::max(v.first, v.second);
+    if (!(lo > 0) || hi / lo - 1 > agree)
+      out.push_back(fmt::format("{} {:.4g} -> {:.4g} ({:+.0f} %)", name, v.first, v.second,
+                                v.first > 0 ? 100 * (v.second / v.first - 1) : 0.0));
+  }
+  return out;
+}
+
+namespace {
+std::string utcNow() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+}  // namespace
+
 Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
   // --append: the figures come from the existing profile; only corrections are measured.
   const bool figures = !o.base;
@@ -411,18 +453,52 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
   p.source = "chorus-tune";
   CHORUS_ASSIGN_OR_RETURN(chorusComm_t made, initFromEnv());
   OwnedComm shm(made);
-  int n = 0;
+  int n = 0, rank = 0;
   chorusCommCount(shm.get(), &n);
+  chorusCommUserRank(shm.get(), &rank);
   if (n < 2) return invalidUsage("chorus-tune needs at least 2 ranks (run it with --np 2)");
-  if (figures) CHORUS_RETURN_IF_ERROR(measureFigures(shm.get(), o, &p));
-  CHORUS_RETURN_IF_ERROR(addCorrections(shm.get(), p, o, false));
+  std::optional<OwnedComm> tcp;
   if (o.tcp) {
-    CHORUS_ASSIGN_OR_RETURN(OwnedComm tcp, tcpTwin(shm.get()));
-    if (figures) {
-      CHORUS_ASSIGN_OR_RETURN(p.tcp, measureLink(tcp.get(), o, p.op_overhead_s));
+    CHORUS_ASSIGN_OR_RETURN(OwnedComm t, tcpTwin(shm.get()));
+    tcp.emplace(std::move(t));
+  }
+  if (figures) {
+    // Passes until two in a row agree on every figure on every rank (the
+    // ranks decide together: each pass is collective).
+    p.measured_at = utcNow();
+    std::optional<tune::CostProfile> prev;
+    for (int pass = 1; pass <= std::max(1, o.max_passes); ++pass) {
+      tune::CostProfile cur = p;
+      CHORUS_RETURN_IF_ERROR(measureFigures(shm.get(), o, &cur));
+      if (tcp) {
+        CHORUS_ASSIGN_OR_RETURN(cur.tcp, measureLink(tcp->get(), o, cur.op_overhead_s));
+      }
+      p.passes = pass;
+      std::vector<std::string> moved = prev ? disagreeingFigures(*prev, cur, o.tcp, o.agree) : std::vector<std::string>{};
+      double any = prev && !moved.empty() ? 1 : 0;
+      CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&any, &any, 1, chorusFloat64, chorusMax, shm.get(), nullptr), shm.get(),
+                                   "the passes' agreement"));
+      const int keep_passes = p.passes;
+      const std::string when = p.measured_at;
+      p = cur, p.passes = keep_passes, p.measured_at = when;
+      p.unstable = any > 0 ? moved : std::vector<std::string>{};
+      if (o.max_passes <= 1 || (prev && any == 0)) break;
+      prev = std::move(cur);
     }
-    CHORUS_RETURN_IF_ERROR(addCorrections(tcp.get(), p, o, true));
-    CHORUS_RETURN_IF_ERROR(tcp.finish());
+    if (rank == 0 && o.max_passes > 1) {
+      if (!p.unstable.empty() || p.passes < 2)
+        fmt::print(stderr, "chorus-tune: unstable machine: after {} passes the figures still moved more than {:.0f} %{}{}\n",
+                   p.passes, 100 * o.agree, p.unstable.empty() ? " (on another rank)" : ": ",
+                   fmt::join(p.unstable, ", "));
+      else
+        fmt::print(stderr, "chorus-tune: the figures of passes {} and {} agree within {:.0f} %\n", p.passes - 1, p.passes,
+                   100 * o.agree);
+    }
+  }
+  CHORUS_RETURN_IF_ERROR(addCorrections(shm.get(), p, o, false));
+  if (tcp) {
+    CHORUS_RETURN_IF_ERROR(addCorrections(tcp->get(), p, o, true));
+    CHORUS_RETURN_IF_ERROR(tcp->finish());
   }
   CHORUS_RETURN_IF_ERROR(shm.finish());
   return p;

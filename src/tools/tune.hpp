@@ -29,6 +29,12 @@ struct TuneOptions {
   std::vector<std::string> collectives = {"allreduce", "allgather", "reducescatter", "alltoall", "broadcast"};
   uint64_t max_bytes = 64u << 20;
   int correction_reps = 3;
+  // The α-β-γ figures are measured in passes until two in a row agree
+  // within `agree` (relative) on every figure, at most `max_passes`; the
+  // profile records the passes and, when they never agreed, which figures
+  // moved (the machine was unstable).  1: one pass, no check.
+  int max_passes = 4;
+  double agree = 0.10;
   // Keep this profile's figures and only add the corrections of this job's
   // rank count (chorus-tune --np 2,4 runs one job per count).
   std::optional<tune::CostProfile> base;
@@ -37,5 +43,10 @@ struct TuneOptions {
 // Collective over the job the process belongs to (chorusCommInitFromEnv).
 // Returns the profile on every rank.
 Result<tune::CostProfile> measureProfile(const TuneOptions& o);
+
+// The figures of two passes that differ by more than `agree` (relative to
+// the smaller), as "name a -> b (+x %)"; empty when every figure agrees.
+std::vector<std::string> disagreeingFigures(const tune::CostProfile& a, const tune::CostProfile& b, bool tcp,
+                                            double agree);
 
 }  // namespace chorus::tools

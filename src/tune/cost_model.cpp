@@ -177,6 +177,25 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
       return invalidArgument("tuning profile: 'cores' must be a positive integer");
     p.cores = j["cores"].get<int>();
   }
+  if (j.contains("measured_at")) {
+    if (!j["measured_at"].is_string() || j["measured_at"].get<std::string>().size() > 64)
+      return invalidArgument("tuning profile: 'measured_at' must be a string of at most 64 characters");
+    p.measured_at = j["measured_at"].get<std::string>();
+  }
+  if (j.contains("passes")) {
+    if (!j["passes"].is_number_integer() || j["passes"].get<int>() < 0 || j["passes"].get<int>() > 100)
+      return invalidArgument("tuning profile: 'passes' must be an integer in [0, 100]");
+    p.passes = j["passes"].get<int>();
+  }
+  if (j.contains("unstable")) {
+    const auto& u = j["unstable"];
+    if (!u.is_array() || u.size() > 64) return invalidArgument("tuning profile: 'unstable' must be an array of at most 64 strings");
+    for (const auto& e : u) {
+      if (!e.is_string() || e.get<std::string>().size() > 200)
+        return invalidArgument("tuning profile: 'unstable' entries must be strings of at most 200 characters");
+      p.unstable.push_back(e.get<std::string>());
+    }
+  }
   return p;
 }
 
@@ -208,6 +227,9 @@ std::string CostProfile::toJson() const {
     }
   }
   j["cores"] = cores;
+  if (!measured_at.empty()) j["measured_at"] = measured_at;
+  if (passes > 0) j["passes"] = passes;
+  if (passes > 0) j["unstable"] = unstable;
   return j.dump(2) + "\n";
 }
 

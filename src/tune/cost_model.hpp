@@ -94,6 +94,12 @@ struct CostProfile {
   // chorus-tune's measured corrections (empty: the model alone).
   std::vector<Correction> corrections;
   std::string source = "built-in defaults";
+  // chorus-tune's record of the run: when (UTC, ISO 8601), how many passes of
+  // the figures it took until two agreed, and the figures that still moved
+  // when they never did (empty: they agreed).
+  std::string measured_at;
+  int passes = 0;
+  std::vector<std::string> unstable;
 
   // The factor for a call (1 when nothing was calibrated for it).
   [[nodiscard]] double correctionFor(plan::Collective c, std::string_view algo, int nranks, LinkClass link,

@@ -14,7 +14,7 @@ every algorithm, and their use by the library's tuner.
 
 Usage: tune_test.py CHORUS_TUNE CHORUS_RUN CHORUS_BENCH
 """
-import json, math, os, subprocess, sys, tempfile
+import json, math, os, re, subprocess, sys, tempfile
 
 TUNE, RUN, BENCH = sys.argv[1:4]
 failures = []
@@ -52,6 +52,18 @@ with tempfile.TemporaryDirectory() as d:
     check(0 < j["board_call_us"] < 1000 and abs(j["board_call_us"] - 0.2) > 1e-9,
           f"the profile has the board's measured call cost, not the built-in 0.2 us ({j.get('board_call_us')})")
     check(j.get("board_bandwidth_gbps", 0) > 0, f"the profile has the board's measured read rate ({j.get('board_bandwidth_gbps')})")
+    # When it ran, and how many passes of the figures it took until two agreed within 10 % (at most 4); the figures
+    # that still moved when they never did.
+    check(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", j.get("measured_at", "")) is not None,
+          f"the profile records when it was measured ({j.get('measured_at')})")
+    check(1 <= j.get("passes", 0) <= 4, f"the figures took 1 to 4 passes ({j.get('passes')})")
+    unstable = j.get("unstable")
+    check(isinstance(unstable, list) and all(isinstance(u, str) and "->" in u for u in unstable),
+          f"'unstable' lists the figures that moved ({unstable})")
+    check(j["passes"] == 4 or not unstable, "figures are listed as unstable only when the passes never agreed")
+    agreed = "agree within 10 %" in p.stderr
+    check(agreed != bool(unstable) or j["passes"] < 2 or "on another rank" in p.stderr,
+          f"chorus-tune says whether the passes agreed ({p.stderr.strip()[-300:]})")
     cs = j.get("corrections", [])
     sizes = [16 * 4**k for k in range(6) if 16 * 4**k <= 4096]
     for n in (2, 3):
@@ -79,6 +91,8 @@ with tempfile.TemporaryDirectory() as d:
     def close(a, b):  # the figures go through 1/x on the way in and out
         if isinstance(a, dict):
             return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+        if isinstance(a, (str, list)):
+            return a == b
         return math.isclose(a, b, rel_tol=1e-9)
     check(all(close(before[k], after[k]) for k in before if k != "corrections"), "--append keeps the measured figures")
     ring2 = [c for c in after["corrections"] if c["nranks"] == 2 and c["algo"] == "ring" and c["collective"] == "allreduce"
@@ -100,9 +114,25 @@ with tempfile.TemporaryDirectory() as d:
     # Bad input.
     for args, what in ((["--np", "1"], "--np 1"), (["--np", "2,x"], "--np 2,x"),
                        (["--collectives", "sendrecv"], "--collectives sendrecv"),
-                       (["--max-bytes", "8"], "--max-bytes 8")):
+                       (["--max-bytes", "8"], "--max-bytes 8"), (["--passes", "0"], "--passes 0"),
+                       (["--agree", "0"], "--agree 0")):
         p = run([TUNE, "-o", os.path.join(d, "never.json")] + args)
-        check(p.returncode != 0 and "chorus-tune" in p.stderr, f"{what} is refused with a message ({p.stderr.strip()[:120]})")
+        check(p.returncode != 0 and ("chorus-tune" in p.stderr or what.split()[0] in p.stderr),
+              f"{what} is refused with a message naming it ({p.stderr.strip()[:120]})")
+    # One pass: no agreement check, nothing listed.
+    one = os.path.join(d, "one.json")
+    p = run([TUNE, "--np", "2", "-o", one, "--reps", "3", "--collectives", "none", "--no-tcp", "--passes", "1"])
+    check(p.returncode == 0, f"chorus-tune --passes 1 exits 0: {p.stderr[-400:]}")
+    with open(one) as f:
+        o1 = json.load(f)
+    check(o1.get("passes") == 1 and o1.get("unstable") == [], f"--passes 1: one pass, none listed ({o1.get('passes')})")
+    # A bad record in a profile is refused, naming the key.
+    bad_rec = os.path.join(d, "bad_record.json")
+    with open(bad_rec, "w") as f:
+        json.dump({"passes": "four"}, f)
+    p = run([RUN, "-n", "2", BENCH, "allreduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0"],
+            env={"CHORUS_TUNE_FILE": bad_rec})
+    check(p.returncode != 0 and "'passes'" in p.stderr, f"a profile whose 'passes' is not an integer is refused ({p.stderr.strip()[-160:]})")
     p = run([RUN, "-n", "2", TUNE, "-o", os.path.join(d, "missing.json"), "--append"])
     check(p.returncode != 0 and "--append" in p.stderr, "--append without a profile is refused")
     bad = os.path.join(d, "bad.json")

@@ -5,6 +5,7 @@
 #include "plan/plan.hpp"
 #include "tune/cost_model.hpp"
 #include "tune/tuner.hpp"
+#include "tools/tune.hpp"
 
 namespace chorus::tune {
 namespace {
@@ -273,6 +274,39 @@ TEST(Tuner, FollowsTheMeasuredCorrectionsWhenTheyReorderThePlans) {
   auto plain = modelSeconds(*reg.find(Collective::AllReduce, "direct"), sh, chorusFloat32, p, hosts);
   ASSERT_TRUE(direct.isOk() && plain.isOk());
   EXPECT_NEAR(*direct, 50.0 * *plain, 1e-12);
+}
+
+// chorus-tune's record of a run: when, how many passes of the figures, and
+// the figures that still moved; two passes disagree on a figure when it
+// moved by more than the tolerance (TCP's only when TCP was measured); a bad
+// record in a profile is refused naming the key.
+TEST(CostModel, ProfileRecordsItsRunAndWhichFiguresMoved) {
+  CostProfile p;
+  p.measured_at = "2026-12-02T05:00:00Z", p.passes = 3, p.unstable = {"shm.alpha_us 1 -> 2 (+100 %)"};
+  auto back = CostProfile::fromJson(p.toJson());
+  ASSERT_TRUE(back.isOk()) << back.status().message();
+  EXPECT_EQ(back->measured_at, p.measured_at);
+  EXPECT_EQ(back->passes, 3);
+  EXPECT_EQ(back->unstable, p.unstable);
+  for (auto [json, key] : {std::pair{R"({"passes": 101})", "'passes'"}, std::pair{R"({"passes": "4"})", "'passes'"},
+                           std::pair{R"({"unstable": [1]})", "'unstable'"}, std::pair{R"({"measured_at": 5})", "'measured_at'"}}) {
+    auto bad = CostProfile::fromJson(json);
+    ASSERT_FALSE(bad.isOk()) << json;
+    EXPECT_NE(bad.status().message().find(key), std::string::npos) << bad.status().message();
+  }
+  CostProfile a;
+  CostProfile b = a;
+  b.shm.alpha_s *= 1.05, b.op_overhead_s *= 0.95;
+  EXPECT_TRUE(tools::disagreeingFigures(a, b, true, 0.10).empty());
+  b.shm.alpha_s = a.shm.alpha_s * 1.2;
+  auto moved = tools::disagreeingFigures(a, b, true, 0.10);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0].rfind("shm.alpha_us ", 0), 0u) << moved[0];
+  EXPECT_NE(moved[0].find("(+20 %)"), std::string::npos) << moved[0];
+  b = a;
+  b.tcp.beta_s_per_byte = a.tcp.beta_s_per_byte * 2;  // half the TCP bandwidth
+  EXPECT_TRUE(tools::disagreeingFigures(a, b, false, 0.10).empty());
+  ASSERT_EQ(tools::disagreeingFigures(a, b, true, 0.10).size(), 1u);
 }
 
 TEST(CostModel, ProfileJsonCarriesCorrectionsAndRejectsBadOnes) {
