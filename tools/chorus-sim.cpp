@@ -191,6 +191,9 @@ int main(int argc, char** argv) {
   se->add_option("--moe-dispatch", moe_dispatch, dispatch_help);
   se->add_flag("--fp8-dispatch", sc.fp8_dispatch, fp8_dispatch_help);
   se->add_option("--moe-imbalance", sc.moe_imbalance, imbalance_help);
+  std::string pp_schedules = "1f1b";
+  se->add_option("--pp-schedules", pp_schedules,
+                 "pipeline schedules to try on every layout that can run them: 1f1b, zb-h1, dualpipe (comma-separated)");
   se->add_flag("--moe-a2a-overlap", sc.moe_a2a_overlap,
                std::string(a2a_overlap_help) + " (search: on every expert-parallel layout that allows it)");
   se->add_option("--max-micro-batch", sc.max_micro_batch, "largest micro-batch tried (powers of two)");
@@ -418,6 +421,9 @@ int main(int argc, char** argv) {
   }
 
   if (se->parsed()) {
+    auto schedules = parsePpSchedules(pp_schedules);
+    if (!schedules.isOk()) return fail(schedules.status());
+    sc.pp_schedules = *schedules;
     const bool bar = !no_progress && isatty(STDERR_FILENO);
     const auto t0 = std::chrono::steady_clock::now();
     auto progress = [&](int64_t done, int64_t total) {

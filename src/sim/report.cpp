@@ -74,10 +74,11 @@ nlohmann::json toJson(const TrainReport& r) {
 
 std::string layoutName(const TrainConfig& c) {
   const char* rc[] = {"none", "selective", "full"};
-  return fmt::format("tp {} pp {} dp {} cp {} ep {}{} vpp {} mb {} zero {} recompute {}{}", c.tp, c.pp, c.dp, c.cp, c.ep,
+  return fmt::format("tp {} pp {} dp {} cp {} ep {}{} vpp {} mb {} zero {} recompute {}{}{}", c.tp, c.pp, c.dp, c.cp, c.ep,
                      c.etp > 0 ? fmt::format(" etp {}", c.etp) : "", c.vpp, c.micro_batch, c.zero,
                      rc[static_cast<int>(c.recompute)],
-                     c.recompute_layers > 0 ? fmt::format(" ({} layers per stage)", c.recompute_layers) : "");
+                     c.recompute_layers > 0 ? fmt::format(" ({} layers per stage)", c.recompute_layers) : "",
+                     c.dualpipe ? " dualpipe" : c.zero_bubble ? " zb-h1" : c.moe_a2a_overlap ? " a2a-overlap" : "");
 }
 
 nlohmann::json toJson(const SearchResult& r) {

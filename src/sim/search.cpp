@@ -57,6 +57,24 @@ class PlacedNets {
 
 }  // namespace
 
+Result<std::vector<std::string>> parsePpSchedules(std::string_view text) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    const size_t j = std::min(text.find(',', i), text.size());
+    const std::string w(text.substr(i, j - i));
+    i = j + 1;
+    if (w.empty()) continue;
+    if (w != "1f1b" && w != "zb-h1" && w != "dualpipe")
+      return invalidArgument("--pp-schedules: '{}' is not one of 1f1b, zb-h1, dualpipe", w);
+    if (std::find(out.begin(), out.end(), w) != out.end())
+      return invalidArgument("--pp-schedules: '{}' given twice", w);
+    out.push_back(w);
+  }
+  if (out.empty()) return invalidArgument("--pp-schedules '{}': name at least one of 1f1b, zb-h1, dualpipe", text);
+  return out;
+}
+
 std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec& c, const SearchConfig& sc) {
   std::vector<TrainConfig> out;
   const int64_t n = sc.gpus;
@@ -114,7 +132,18 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
                   k.algo = sc.algo;
                   k.stage_costs = false;  // only the trace draws them
                   k.schedule = false;     // ranked by the closed-form estimate; the best are re-simulated
-                  out.push_back(std::move(k));
+                  // Each listed pipeline schedule this layout can run.
+                  for (const std::string& sched : sc.pp_schedules) {
+                    TrainConfig x = k;
+                    if (sched == "zb-h1") {
+                      if (vpp != 1 || pp < 2 || x.moe_a2a_overlap) continue;
+                      x.zero_bubble = true;
+                    } else if (sched == "dualpipe") {
+                      if (vpp != 1 || pp < 2 || pp % 2 != 0 || mb % 2 != 0 || mb < 2 * pp) continue;
+                      x.dualpipe = true, x.moe_a2a_overlap = false;  // DualPipe pairs the passes itself
+                    }
+                    out.push_back(std::move(x));
+                  }
                 }
               }
             }

@@ -34,7 +34,14 @@ struct SearchConfig {
   bool fp8_dispatch = false;
   bool moe_a2a_overlap = false;  // on every layout Megatron allows it on (ep >= 2, pp 1 or vpp >= 2, not full recompute)
   double moe_imbalance = 1;
+  // Pipeline schedules to try on every layout that can run them: "1f1b"
+  // (1F1B, interleaved with vpp > 1), "zb-h1" (vpp 1, pp >= 2), "dualpipe"
+  // (vpp 1, even pp, an even number of micro-batches >= 2 pp).
+  std::vector<std::string> pp_schedules = {"1f1b"};
 };
+
+// "1f1b,zb-h1,dualpipe" (--pp-schedules): each at most once, at least one.
+Result<std::vector<std::string>> parsePpSchedules(std::string_view text);
 
 struct SearchResult {
   std::vector<TrainReport> top;  // fastest first

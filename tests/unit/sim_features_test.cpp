@@ -756,6 +756,51 @@ TEST(SimSearch, CandidatesAreValidAndTheBestIsTheFastest) {
   EXPECT_GE(r->top[0].iteration_s, best_schedule);
 }
 
+// --pp-schedules: the search tries each listed pipeline schedule on the
+// layouts that can run it (ZB-H1: vpp 1, pp >= 2; DualPipe: also an even pp
+// and an even number of micro-batches >= 2 pp), and ranks them together.
+TEST(SimSearch, TriesEachListedPipelineScheduleWhereItRuns) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 4);
+  const ModelSpec m = gpt(8, 4096, 32);
+  SearchConfig sc;
+  sc.gpus = 32, sc.global_batch = 64, sc.seq = 2048, sc.top = 3, sc.resimulate = 16;
+  const size_t plain = enumerateLayouts(m, c, sc).size();
+  auto list = parsePpSchedules("1f1b,zb-h1,dualpipe");
+  ASSERT_TRUE(list.isOk());
+  sc.pp_schedules = *list;
+  const std::vector<TrainConfig> cands = enumerateLayouts(m, c, sc);
+  size_t zb = 0, dual = 0;
+  for (const TrainConfig& k : cands) {
+    if (k.zero_bubble) {
+      ++zb;
+      EXPECT_TRUE(k.vpp == 1 && k.pp >= 2) << layoutName(k);
+    }
+    if (k.dualpipe) {
+      ++dual;
+      const int64_t mb = k.global_batch / (int64_t{k.dp} * k.micro_batch);
+      EXPECT_TRUE(k.vpp == 1 && k.pp % 2 == 0 && mb % 2 == 0 && mb >= 2 * k.pp) << layoutName(k);
+    }
+    EXPECT_FALSE(k.zero_bubble && k.dualpipe);
+  }
+  EXPECT_GT(zb, 0u);
+  EXPECT_GT(dual, 0u);
+  EXPECT_EQ(cands.size(), plain + zb + dual);
+  auto topo = Topology::build(c);
+  ASSERT_TRUE(topo.isOk());
+  NetworkModel net(c, *topo, reg);
+  auto r = searchLayouts(m, sc, net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  ASSERT_FALSE(r->top.empty());
+  for (size_t i = 1; i < r->top.size(); ++i) EXPECT_LE(r->top[i - 1].iteration_s, r->top[i].iteration_s);
+  for (auto [text, what] : {std::pair{"1f1b,zb", "'zb' is not one of"}, std::pair{"dualpipe,dualpipe", "given twice"},
+                            std::pair{",", "name at least one"}}) {
+    auto e = parsePpSchedules(text);
+    ASSERT_FALSE(e.isOk()) << text;
+    EXPECT_NE(e.status().message().find(what), std::string::npos) << e.status().message();
+  }
+}
+
 TEST(SimSearch, NothingFitsIsAClearError) {
   OneNode node;
   NetworkModel& net = node.net;
