@@ -531,8 +531,14 @@ TEST(ApiInit, ARankThatNeverStartsIsNamed) {
   chorusComm_t c[2] = {nullptr, nullptr};
   chorusResult_t rc[2];
   std::string msg[2];
+  // Rank 1 gives up first (700 ms), while rank 0's rendezvous store still
+  // serves it: with the same timeout, rank 0 (the store's host) could leave
+  // first and close the store under rank 1's pending request, which then
+  // fails as a closed connection instead of a timeout (seen under TSan).
   std::thread t([&] {
-    rc[1] = chorusCommInitRank(&c[1], 3, id, 1);
+    chorusConfig_t cfg = CHORUS_CONFIG_INITIALIZER;
+    cfg.timeoutMs = 700;
+    rc[1] = chorusCommInitRankConfig(&c[1], 3, id, 1, &cfg);
     msg[1] = chorusGetLastError(nullptr);
   });
   rc[0] = chorusCommInitRank(&c[0], 3, id, 0);  // rank 2 never calls
