@@ -678,22 +678,25 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     rep.kv_capacity_bytes = kvCapacityBytes(tp);
     rep.kv_capacity_tokens = rep.kv_capacity_bytes * groups / r.kvBytesPerToken();
   }
-  // The tensor-parallel allreduce as alpha + beta x bytes, from the plans on
-  // the first replica's GPUs.
+  // A collective over `n` GPUs of one replica as alpha + beta x bytes, from
+  // the plans' times at 1 KiB and 64 MiB.
+  auto fit = [&](plan::Collective k, int n) -> Result<std::pair<double, double>> {
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(k, Bytes(1024), GroupSet{n, 1, 1}, ""));
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(k, Bytes(64 << 20), GroupSet{n, 1, 1}, ""));
+    const double b = (big.time - small.time).value() / ((64 << 20) - 1024);
+    return std::pair<double, double>{small.time.value() - b * 1024, b};
+  };
+  // The tensor-parallel allreduce on the first replica's GPUs.
   double alpha = 0, beta = 0;
   if (tp > 1) {
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllReduce, Bytes(1024), GroupSet{tp, 1, 1}, ""));
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(plan::Collective::AllReduce, Bytes(64 << 20), GroupSet{tp, 1, 1}, ""));
-    beta = (big.time - small.time).value() / ((64 << 20) - 1024);
-    alpha = small.time.value() - beta * 1024;
+    CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllReduce, tp));
+    alpha = ab.first, beta = ab.second;
   }
   Replica replica(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
   if (ep > 1) {  // the dispatch / combine all-to-all over the replica's ep GPUs
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllToAll, Bytes(1024), GroupSet{ep, 1, 1}, ""));
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(plan::Collective::AllToAll, Bytes(64 << 20), GroupSet{ep, 1, 1}, ""));
-    const double b = (big.time - small.time).value() / ((64 << 20) - 1024);
-    replica.setExpertParallel(ep, small.time.value() - b * 1024, b);
-    rep.a2a_latency_s = small.time.value() - b * 1024;
+    CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllToAll, ep));
+    replica.setExpertParallel(ep, ab.first, ab.second);
+    rep.a2a_latency_s = ab.first;
   }
   std::optional<Replica> drafter;
   if (draft) {
@@ -837,20 +840,16 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
                            dep > 1 ? fmt::format(" --decode-ep {}", dep) : "", m.name, c.gpu.name);
   double d_alpha = alpha, d_beta = beta;
   if (dtp != tp && dtp > 1) {
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllReduce, Bytes(1024), GroupSet{dtp, 1, 1}, ""));
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(plan::Collective::AllReduce, Bytes(64 << 20), GroupSet{dtp, 1, 1}, ""));
-    d_beta = (big.time - small.time).value() / ((64 << 20) - 1024);
-    d_alpha = small.time.value() - d_beta * 1024;
+    CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllReduce, dtp));
+    d_alpha = ab.first, d_beta = ab.second;
   }
   Replica decoder(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta);
   if (dep > 1) {  // the decode replica's own dispatch / combine over its dep GPUs
     if (dep == ep) {
       decoder.setExpertParallel(dep, replica.a2aAlpha(), replica.a2aBeta());
     } else {
-      CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(plan::Collective::AllToAll, Bytes(1024), GroupSet{dep, 1, 1}, ""));
-      CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(plan::Collective::AllToAll, Bytes(64 << 20), GroupSet{dep, 1, 1}, ""));
-      const double b = (big.time - small.time).value() / ((64 << 20) - 1024);
-      decoder.setExpertParallel(dep, small.time.value() - b * 1024, b);
+      CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllToAll, dep));
+      decoder.setExpertParallel(dep, ab.first, ab.second);
     }
   }
   const double d_capacity = kvCapacityBytes(dtp, dep);
