@@ -353,6 +353,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // counts on the first and last stage and the rest split uniformly.
   const int64_t vs_count = p * v;
   std::vector<int> vs_layers(static_cast<size_t>(vs_count)), vs_first(static_cast<size_t>(vs_count));
+  if (cfg.mtp_layers < 0 || cfg.mtp_layers > 8)
+    return invalidArgument("--mtp-layers {}: must be in [0, 8] (multi-token prediction depths; DeepSeek-V3 uses 1)",
+                           cfg.mtp_layers);
   if (!cfg.pp_layout.empty()) {  // Megatron's explicit layout
     if (cfg.first_stage_layers > 0 || cfg.last_stage_layers > 0)
       return invalidArgument("--pp-layout and --first-stage-layers / --last-stage-layers both place layers; give one");
@@ -363,9 +366,6 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       return invalidArgument("--pp-layout '{}' has {} stages, {} decoder layers and {} MTP depths; the layout needs pp x vpp "
                              "= {} stages, the model's {} layers and --mtp-layers {}", cfg.pp_layout, lay.size(), decoder,
                              lay.back().mtp, vs_count, m.layers, cfg.mtp_layers);
-    if (cfg.mtp_layers < 0 || cfg.mtp_layers > 8)
-      return invalidArgument("--mtp-layers {}: must be in [0, 8] (multi-token prediction depths; DeepSeek-V3 uses 1)",
-                             cfg.mtp_layers);
     int next = 0;
     for (int64_t k = 0; k < vs_count; ++k) {
       const LayoutStage& st = lay[static_cast<size_t>(k)];
@@ -399,9 +399,6 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     }
     // MTP depths run after the last decoder layer, on the last virtual stage
     // (Megatron places them there): layers L .. L + D - 1, shaped as the last.
-    if (cfg.mtp_layers < 0 || cfg.mtp_layers > 8)
-      return invalidArgument("--mtp-layers {}: must be in [0, 8] (multi-token prediction depths; DeepSeek-V3 uses 1)",
-                             cfg.mtp_layers);
     vs_layers[static_cast<size_t>(vs_count - 1)] += cfg.mtp_layers;
   }
   const int all_layers = m.layers + cfg.mtp_layers;  // decoder layers and MTP depths
