@@ -639,11 +639,6 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
       return invalidArgument("infer: --ep {} must divide the model's experts ({})", ep, m.moe.experts);
     if (ep % tp != 0 || cfg.gpus % ep != 0)
       return invalidArgument("infer: --ep {} must be a multiple of --tp {} and divide --gpus {}", ep, tp, cfg.gpus);
-    // Disaggregated: decode replicas of decode_ep GPUs, attention over decode_tp of them.
-    const int dep = cfg.decode_ep > 0 ? cfg.decode_ep : ep, dtp_e = cfg.decode_tp > 0 ? cfg.decode_tp : tp;
-    if (m.moe.experts % dep != 0 || dep % dtp_e != 0)
-      return invalidArgument("infer: --decode-ep {} must divide the model's experts ({}) and be a multiple of the decode "
-                             "attention group (--decode-tp {})", dep, m.moe.experts, dtp_e);
     if (cfg.spec_tokens > 0 && cfg.draft_model)
       return invalidArgument("infer: --ep {} with a --draft-model: a separate draft model beside expert-parallel "
                              "replicas is not modelled (the model's own MTP module is: omit --draft-model)", ep);
@@ -833,6 +828,9 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
   const int dep = ep > 1 ? (cfg.decode_ep > 0 ? cfg.decode_ep : ep) : 1;
   const int p_width = std::max(tp, ep), d_width = std::max(dtp, dep);  // GPUs per prefill / decode replica
   const double d_groups = static_cast<double>(dep > 1 ? dep / dtp : 1);
+  if (dep > 1 && (m.moe.experts % dep != 0 || dep % dtp != 0))
+    return invalidArgument("infer: --decode-ep {} must divide the model's experts ({}) and be a multiple of the decode "
+                           "attention group (--decode-tp {})", dep, m.moe.experts, dtp);
   if (m.heads % dtp != 0)
     return invalidArgument("infer: --decode-tp {} must divide the model's {} heads", dtp, m.heads);
   if ((dtp != tp || dep != ep) && kvCapacityBytes(dtp, dep) <= 0)
