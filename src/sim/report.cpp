@@ -69,6 +69,14 @@ nlohmann::json toJson(const TrainReport& r) {
       {"bottleneck_link", r.bottleneck_link},
       {"bounds", r.bounds.seconds},
       {"binding", r.bounds.binding}};
+  if (r.moe_block.forward_s > 0) {
+    const TrainReport::MoeBlock& b = r.moe_block;
+    j["moe_block"] = {{"forward_s", b.forward_s},         {"backward_s", b.backward_s},
+                      {"router_s", b.router_s},           {"permute_s", b.permute_s},
+                      {"experts_fwd_s", b.experts_fwd_s}, {"experts_bwd_s", b.experts_bwd_s},
+                      {"shared_fwd_s", b.shared_fwd_s},   {"shared_bwd_s", b.shared_bwd_s},
+                      {"dispatch_s", b.dispatch_s},       {"combine_s", b.combine_s}};
+  }
   return j;
 }
 

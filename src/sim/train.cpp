@@ -55,6 +55,7 @@ struct Gpu {
 struct Meter {
   const Gpu& g;
   double fwd_flops = 0, fwd_bytes = 0, bwd_flops = 0, bwd_bytes = 0, ew_bytes = 0;
+  double perm_bytes = 0;  // the part of ew_bytes that permutes tokens: its backward moves the same bytes once
   void count(double m, double n, double k, double batch, double* flops, double* bytes) const {
     if (m <= 0 || n <= 0 || k <= 0) return;
     *flops += 2 * m * n * k * batch;
@@ -75,6 +76,13 @@ struct Meter {
   Seconds mem(double bytes) {
     ew_bytes += bytes;
     return g.mem(bytes);
+  }
+  // A token permutation (a gather or scatter of rows): its gradient is the
+  // inverse permutation, the same bytes once, not the twice-as-many of other
+  // element-wise kernels' backwards.
+  Seconds permute(double bytes) {
+    perm_bytes += bytes;
+    return mem(bytes);
   }
   // The fused attention core: its two GEMMs' FLOPs per head (QK^T and PV;
   // the backward's four, without FlashAttention's recomputed scores, so the
@@ -99,6 +107,7 @@ struct LayerTimes {
   Seconds recompute_sel;            // what selective recomputation's modules repeat in the backward
   double recompute_flops = 0, recompute_bytes = 0;  // its GEMM FLOPs (beyond the attention core's) and HBM bytes
   Seconds wgrad;  // every weight-gradient GEMM of the backward (zero-bubble's W pass)
+  TrainReport::MoeBlock moe;  // a MoE layer's block, without its collectives (filled in by the caller)
   Seconds qkv_dgrad, qkv_wgrad, fc1_dgrad, fc1_wgrad;  // the column-parallel backward GEMMs that tp
                                                        // communication overlaps
 };
@@ -690,7 +699,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double copies_elems = bs * m.moe.top_k * h / T * imb;  // routed copies this GPU sends (and receives)
   const double a2a_bytes = copies_elems * kAct;                // the combine, bf16
   const double dispatch_bytes = copies_elems * (cfg.fp8_dispatch ? 1 + 4.0 / 128 : kAct);
-  Seconds ep_fwd(0);  // dispatch + combine
+  Seconds ep_fwd(0), ep_dispatch(0), ep_combine(0);  // dispatch + combine, and each
   // Hierarchical: the expert group's members on one node (e_node, at the
   // group's stride) and its nodes (n_nodes, one GPU each at the same local
   // rank: a rail); each token crosses to each distinct remote node it is
@@ -700,6 +709,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // Per byte of routed copies, what a member of the rail / node group sends
   // in its all-to-all (whose byte count includes the member's own share).
   double rail_share = 0, node_share = 0;
+  double gpu_copies = 1;  // per routed copy, the copies DeepEP delivers (one per distinct GPU hit)
   if (hier) {
     const int64_t st = epg.stride, gpn = c.node.gpus;
     const int64_t e_node = st <= gpn && gpn % st == 0 ? std::min<int64_t>(ep, gpn / st) : 1;
@@ -720,21 +730,33 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       for (int i = 0; i < static_cast<int>(kk); ++i) pr *= std::max(0.0, (pool - out - i) / (pool - i));
       return pr;
     };
-    double nodes_hit = nn * (1 - untouched(E, E / nn, k));
-    const int64_t ng = m.moe.n_group, tg = m.moe.topk_group;
-    if (ng > 0 && tg > 0 && tg < ng) {
-      if (n_nodes % ng == 0) {
-        const double spans = static_cast<double>(n_nodes / ng);
-        nodes_hit = static_cast<double>(tg) * spans * (1 - untouched(static_cast<double>(tg) * E / ng, E / nn, k));
-      } else if (ng % n_nodes == 0) {
-        nodes_hit = nn * (1 - untouched(static_cast<double>(ng), static_cast<double>(ng / n_nodes), static_cast<double>(tg)));
+    // Distinct units (nodes, or GPUs) of `units` equal shares of the experts
+    // that a token's top_k picks land on.
+    auto unitsHit = [&](int64_t units) {
+      const double u = static_cast<double>(units);
+      double hit = u * (1 - untouched(E, E / u, k));
+      const int64_t ng = m.moe.n_group, tg = m.moe.topk_group;
+      if (ng > 0 && tg > 0 && tg < ng) {
+        if (units % ng == 0) {
+          const double spans = static_cast<double>(units / ng);
+          hit = static_cast<double>(tg) * spans * (1 - untouched(static_cast<double>(tg) * E / ng, E / u, k));
+        } else if (ng % units == 0) {
+          hit = u * (1 - untouched(static_cast<double>(ng), static_cast<double>(ng / units), static_cast<double>(tg)));
+        }
       }
-    }
+      return hit;
+    };
+    const double nodes_hit = unitsHit(n_nodes);
     const double remote = nodes_hit * static_cast<double>(n_nodes - 1) / static_cast<double>(n_nodes);
-    // The NICs carry `remote` of a token's top_k copies, NVLink the copies
-    // for the node's other GPUs ((e - 1) / e of them), each scaled by n / (n - 1).
+    // The NICs carry `remote` of a token's top_k copies, scaled by n / (n - 1)
+    // (the all-to-all's byte count includes the member's own share).  Inside
+    // the node DeepEP forwards a token once to each GPU that holds one of its
+    // experts (the GPU's local experts share that copy; the combine sums them
+    // before sending back: DeepEP's README, "dispatch ... to ranks"), so
+    // NVLink carries the distinct GPUs hit, not the top_k copies.
     rail_share = n_nodes > 1 ? remote / k * nn / (nn - 1) : 0;
-    node_share = e_node > 1 ? 1 : 0;
+    gpu_copies = std::min(1.0, unitsHit(ep) / k);
+    node_share = e_node > 1 ? gpu_copies : 0;
   }
   auto epOneWay = [&](double bytes) -> Result<Seconds> {
     if (!hier) return coll(plan::Collective::AllToAll, bytes, epg, "ep_comm_s");
@@ -750,7 +772,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   if (moe && ep > 1) {
     CHORUS_ASSIGN_OR_RETURN(Seconds dsp, epOneWay(dispatch_bytes));
     CHORUS_ASSIGN_OR_RETURN(Seconds cmb, epOneWay(a2a_bytes));
-    ep_fwd = dsp + cmb;
+    ep_fwd = dsp + cmb, ep_dispatch = dsp, ep_combine = cmb;
   }
   Seconds ce(0);  // the vocab-parallel cross-entropy's allreduce (3 fp32 values per token)
   if (t > 1) {
@@ -761,6 +783,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   auto layerTimes = [&](int layer) {
     LayerTimes lt;
     Seconds f(0), bw(0), ew(0);  // GEMMs forward, GEMMs backward, element-wise forward
+    Seconds perm(0);             // the token permutations within ew (their backward moves the bytes once)
     // A GEMM of the layer: forward and its two backward GEMMs.
     auto mm = [&](double mm_m, double mm_n, double mm_k, double batch, Seconds* dg = nullptr, Seconds* wg = nullptr) {
       const Seconds x = gpu.dgrad(mm_m, mm_n, mm_k, batch), w = gpu.wgrad(mm_m, mm_n, mm_k, batch);
@@ -807,17 +830,29 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       q8(bs, (mats - 1) * ff, h, 1), q8(bs, h, ff, 1);
       ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
     } else {
+      // The block's parts, measured as differences of the running sums.
+      const Seconds f0 = f, bw0 = bw, ew0 = ew, q8f0 = q8_fwd, q8b0 = q8_bwd;
+      auto partSince = [&](Seconds pf, Seconds pbw, Seconds pew, Seconds pq8f, Seconds pq8b, double* fwd, double* bwd) {
+        *fwd += (f - pf + ew - pew + q8_fwd - pq8f).value();
+        if (bwd) *bwd += (bw - pbw + (ew - pew) * 2 + q8_bwd - pq8b).value();
+      };
       const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp);
       const double local_experts = static_cast<double>(m.moe.experts) / static_cast<double>(ep);
       const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts)) * imb;
       f += mm(tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(tok, h, ef, local_experts);
       q8(tok, (mats - 1) * ef, h, local_experts), q8(tok, h, ef, local_experts);
+      ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
+      partSince(f0, bw0, ew0, q8f0, q8b0, &lt.moe.experts_fwd_s, &lt.moe.experts_bwd_s);
       if (m.moe.shared_experts) {
+        const Seconds f1 = f, bw1 = bw, ew1 = ew, q8f1 = q8_fwd, q8b1 = q8_bwd;
         f += mm(bs, (mats - 1) * m.sharedFfn() / T, h, 1) + mm(bs, h, m.sharedFfn() / T, 1);
         q8(bs, (mats - 1) * m.sharedFfn() / T, h, 1), q8(bs, h, m.sharedFfn() / T, 1);
+        partSince(f1, bw1, ew1, q8f1, q8b1, &lt.moe.shared_fwd_s, &lt.moe.shared_bwd_s);
       }
-      ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
-      f += mm(bs, m.moe.experts, h, 1);                              // router
+      const Seconds f2 = f;
+      f += mm(bs, m.moe.experts, h, 1);  // router
+      lt.moe.router_s = (f - f2).value();
+      const Seconds ew3 = ew;
       // Token permutation around the experts (Megatron-Core's all-to-all
       // dispatcher): the permute before the dispatch writes one copy per
       // routed token, the unpermute after the combine reads them back into
@@ -826,8 +861,19 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       // The permutes run on the sender's own tokens (the mean load); the
       // sorts on what the busiest expert's GPU receives (x imb).
       const double received = a2a_bytes, sent = a2a_bytes / imb, tokens = bs * h * kAct / T;
-      ew += gpu.mem(tokens + sent) + gpu.mem(sent + tokens);
-      if (ep > 1) ew += gpu.mem(2 * received) + gpu.mem(2 * received);
+      if (hier) {
+        // DeepEP reads the tokens in its dispatch kernel (no permute before
+        // it) and delivers one copy per GPU hit: a permute of what arrived
+        // into one copy per local expert, and its reverse before the combine.
+        perm += gpu.permute(received * gpu_copies + received) + gpu.permute(received + received * gpu_copies);
+      } else {
+        perm += gpu.permute(tokens + sent) + gpu.permute(sent + tokens);
+        if (ep > 1) perm += gpu.permute(2 * received) + gpu.permute(2 * received);
+      }
+      ew += perm;
+      lt.moe.permute_s = (ew - ew3).value();
+      partSince(f0, bw0, ew0, q8f0, q8b0, &lt.moe.forward_s, &lt.moe.backward_s);
+      lt.moe.backward_s -= perm.value();
     }
     // Two layer norms (read + write) and two dropout + residual adds (read x,
     // mask, residual; write) over the (sequence-split) hidden state.
@@ -872,7 +918,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       }
       lt.recompute_sel = r;
     }
-    lt.bwd = bw + ew * 2 + q8_bwd;  // element-wise backward kernels move about twice the forward's bytes
+    lt.bwd = bw + ew * 2 - perm + q8_bwd;  // element-wise backward kernels move about twice the forward's bytes
     return lt;
   };
 
@@ -925,8 +971,9 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       w.f_flops = gpu.fwd_flops - before.fwd_flops;
       w.b_flops = gpu.bwd_flops - before.bwd_flops;
       const double ew = gpu.ew_bytes - before.ew_bytes;  // element-wise forward; its backward moves twice as much
+      const double perm = gpu.perm_bytes - before.perm_bytes;  // but a permutation's backward moves the same once
       w.f_bytes = gpu.fwd_bytes - before.fwd_bytes + ew;
-      w.b_bytes = gpu.bwd_bytes - before.bwd_bytes + 2 * ew;
+      w.b_bytes = gpu.bwd_bytes - before.bwd_bytes + 2 * ew - perm;
     }
     return *o;
   };
@@ -1484,6 +1531,13 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     else rep.bottleneck_link = "none";
   };
   settle();
+  if (moe_times) {  // one MoE block as a layer benchmark times it: its compute, its collectives exposed
+    TrainReport::MoeBlock& mb = rep.moe_block;
+    mb = moe_times->moe;
+    mb.dispatch_s = ep_dispatch.value(), mb.combine_s = ep_combine.value();
+    mb.forward_s += mb.dispatch_s + mb.combine_s;
+    mb.backward_s += mb.dispatch_s + mb.combine_s;
+  }
   TrainReport::Stage& st = rep.stage;
   st.fwd_s = stage_fwd.value();
   st.bwd_s = stage_bwd.value();

@@ -190,6 +190,17 @@ struct TrainReport {
     double dp_rs_s = 0, dp_ag_s = 0, optimizer_s = 0;
   };
   std::vector<StageTail> stages;  // pp
+  // One MoE block (router, permutation, dispatch, the experts' grouped GEMMs
+  // and activation, shared experts, combine: what Megatron-Core's MoELayer
+  // runs, without the attention and norms around it) per micro-batch on the
+  // GPU with the busiest expert, its collectives exposed: what Megatron-LM's
+  // MoE layer benchmark (tests/functional_tests/.../moe_perf) times with CUDA
+  // events.  Zero without MoE layers.
+  struct MoeBlock {
+    double forward_s = 0, backward_s = 0;
+    double router_s = 0, permute_s = 0, experts_fwd_s = 0, experts_bwd_s = 0, shared_fwd_s = 0, shared_bwd_s = 0;
+    double dispatch_s = 0, combine_s = 0;  // one way each (the backward runs both again)
+  } moe_block;
 };
 
 // Validates the layout (products, divisibility) and simulates one iteration.

@@ -608,6 +608,44 @@ TEST(SimMoeDispatch, HierarchicalSendsEachTokenOncePerNode) {
   EXPECT_NE(e.status().message().find("must fill whole"), std::string::npos) << e.status().message();
 }
 
+// Inside a node DeepEP delivers a token once per GPU that holds one of its
+// experts (the GPU's local experts share that copy), and permutes no tokens
+// before the dispatch: with 32 experts on the 8 GPUs of one node, 4 per GPU,
+// and group-limited routing (8 groups of 4 = one GPU each, top-4 groups), a
+// token's 8 copies reach 4 (1 - C(12,8)/C(16,8)) = 3.85 GPUs, so NVLink
+// carries 0.48 of the all-to-all dispatcher's bytes.  Megatron-LM's MoE layer
+// benchmark measures this case (bench/validation/moe_layer.py).
+TEST(SimMoeDispatch, DeepEpSendsOneCopyPerGpuInsideANode) {
+  MoeCase x;
+  x.c = cluster("fat-tree", 1);
+  ModelSpec m = x.m;
+  m.moe.experts = 32, m.moe.top_k = 8, m.moe.n_group = 8, m.moe.topk_group = 4;
+  TrainConfig k = x.k;
+  k.gpus = 8, k.dp = 8, k.ep = 8, k.global_batch = 8;
+  auto flat = x.run(m, k);
+  k.moe_dispatch = TrainConfig::MoeDispatch::Hierarchical;
+  auto deepep = x.run(m, k);
+  ASSERT_TRUE(flat.isOk() && deepep.isOk()) << flat.status().message() << deepep.status().message();
+  const double share = 4 * (1 - 495.0 / 12870) / 8;
+  const TrainReport::MoeBlock &a = flat->moe_block, &b = deepep->moe_block;
+  // The dispatch's bandwidth term scales with the bytes (its latency does not).
+  EXPECT_NEAR(b.dispatch_s / a.dispatch_s, share, 0.05);
+  EXPECT_LT(b.permute_s, 0.6 * a.permute_s);
+  EXPECT_DOUBLE_EQ(b.experts_fwd_s, a.experts_fwd_s);  // the experts compute the same tokens
+  // The block is its parts: forward = experts + router + permutes + dispatch + combine.
+  for (const TrainReport::MoeBlock* blk : {&a, &b}) {
+    EXPECT_NEAR(blk->forward_s,
+                blk->experts_fwd_s + blk->shared_fwd_s + blk->router_s + blk->permute_s + blk->dispatch_s + blk->combine_s,
+                1e-9);
+    EXPECT_GT(blk->backward_s, 1.8 * blk->experts_fwd_s);  // dgrad + wgrad
+  }
+  EXPECT_EQ(simulateTraining(gpt(8, 2048, 16), x.c, [&] {
+              TrainConfig d = k;
+              d.ep = 1, d.moe_dispatch = TrainConfig::MoeDispatch::AllToAll;
+              return d;
+            }(), x.reg)->moe_block.forward_s, 0.0);  // no MoE layer: no block
+}
+
 // ---- flow-level network ------------------------------------------------------
 
 // Equal flows on dedicated links finish together: the flow model reproduces
