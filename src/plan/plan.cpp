@@ -7,10 +7,6 @@
 namespace chorus::plan {
 
 namespace {
-constexpr std::array<std::string_view, kNumCollectives> kNames = {
-    "allreduce", "broadcast", "reduce", "allgather", "reducescatter", "alltoall",
-    "allgatherv", "alltoallv", "gather", "scatter", "sendrecv", "barrier"};
-
 uint64_t extent(std::span<const size_t> counts, std::span<const size_t> displs) {
   uint64_t e = 0;
   for (size_t i = 0; i < counts.size() && i < displs.size(); ++i)
@@ -19,11 +15,9 @@ uint64_t extent(std::span<const size_t> counts, std::span<const size_t> displs) 
 }
 }  // namespace
 
-std::string_view collectiveName(Collective c) { return kNames[static_cast<size_t>(c)]; }
-
 bool parseCollective(std::string_view name, Collective* out) {
-  for (size_t i = 0; i < kNames.size(); ++i) {
-    if (kNames[i] == name) {
+  for (int i = 0; i < kNumCollectives; ++i) {
+    if (kCollectiveFacts[i].name == name) {
       *out = static_cast<Collective>(i);
       return true;
     }

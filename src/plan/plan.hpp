@@ -46,11 +46,68 @@ enum class Collective : uint8_t {
   Barrier,
 };
 constexpr int kNumCollectives = 12;
-std::string_view collectiveName(Collective c);  // "allreduce", "reducescatter", ...
+
+// The facts of each collective, in one table that the communicator, the
+// bench, the trace reports, the tuner and the simulator all read (names,
+// buffer sizes, nccl-tests' algbw and busbw conventions).  A call's `count`
+// follows NCCL: the per-rank block for allgather, reducescatter, alltoall,
+// gather and scatter; the whole vector otherwise.
+enum class BusBw : uint8_t {
+  TwiceNm1OverN,  // 2(n-1)/n: allreduce
+  Nm1OverN,       // (n-1)/n: allgather, reducescatter, alltoall(v), allgatherv, gather, scatter
+  One,            // broadcast, reduce, sendrecv
+  Zero,           // barrier: no data
+};
+struct CollectiveFacts {
+  std::string_view name;  // on command lines, in CHORUS_ALGO, traces and JSON: "allreduce", ...
+  bool reduces;           // combines values: takes a reduction op
+  bool rooted;            // takes a root
+  bool in_place;          // has an in-place form
+  bool variable;          // per-rank counts and displacements (the v-variants)
+  // Input / output elements in units of `count`: x nranks when set (at the
+  // root only for scatter's input and gather's output), else x 1.
+  bool input_per_rank, output_per_rank;
+  // nccl-tests' algbw numerator S: count x elem, or count x elem x nranks.
+  bool alg_per_rank;
+  BusBw busbw;
+};
+inline constexpr CollectiveFacts kCollectiveFacts[kNumCollectives] = {
+    // name           reduces rooted in_place variable in/rank out/rank alg/rank busbw
+    {"allreduce",     true,   false, true,    false,   false,   false,   false,   BusBw::TwiceNm1OverN},
+    {"broadcast",     false,  true,  true,    false,   false,   false,   false,   BusBw::One},
+    {"reduce",        true,   true,  true,    false,   false,   false,   false,   BusBw::One},
+    {"allgather",     false,  false, true,    false,   false,   true,    true,    BusBw::Nm1OverN},
+    {"reducescatter", true,   false, true,    false,   true,    false,   true,    BusBw::Nm1OverN},
+    {"alltoall",      false,  false, true,    false,   true,    true,    true,    BusBw::Nm1OverN},
+    {"allgatherv",    false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN},
+    {"alltoallv",     false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN},
+    {"gather",        false,  true,  true,    false,   false,   true,    true,    BusBw::Nm1OverN},
+    {"scatter",       false,  true,  true,    false,   true,    false,   true,    BusBw::Nm1OverN},
+    {"sendrecv",      false,  false, false,   false,   false,   false,   false,   BusBw::One},
+    {"barrier",       false,  false, false,   false,   false,   false,   false,   BusBw::Zero},
+};
+constexpr const CollectiveFacts& facts(Collective c) { return kCollectiveFacts[static_cast<size_t>(c)]; }
+static_assert(kCollectiveFacts[static_cast<int>(Collective::AllReduce)].name == "allreduce" &&
+              kCollectiveFacts[static_cast<int>(Collective::AllGatherV)].name == "allgatherv" &&
+              kCollectiveFacts[static_cast<int>(Collective::SendRecv)].name == "sendrecv" &&
+              kCollectiveFacts[static_cast<int>(Collective::Barrier)].name == "barrier" &&
+              static_cast<int>(Collective::Barrier) + 1 == kNumCollectives,
+              "kCollectiveFacts follows the order of enum Collective");
+constexpr std::string_view collectiveName(Collective c) { return facts(c).name; }
 bool parseCollective(std::string_view name, Collective* out);
 // Whether the collective combines values (needs a reduction op).
-constexpr bool reduces(Collective c) {
-  return c == Collective::AllReduce || c == Collective::Reduce || c == Collective::ReduceScatter;
+constexpr bool reduces(Collective c) { return facts(c).reduces; }
+// nccl-tests' busbw = algbw x this factor (doc/PERFORMANCE.md): an ideal
+// implementation's busbw equals the link bandwidth whatever the rank count.
+constexpr double busBwFactor(Collective c, int64_t nranks) {
+  const double n = static_cast<double>(nranks), f = nranks > 1 ? (n - 1) / n : 0;
+  switch (facts(c).busbw) {
+    case BusBw::TwiceNm1OverN: return 2 * f;
+    case BusBw::Nm1OverN: return f;
+    case BusBw::One: return 1;
+    case BusBw::Zero: return 0;
+  }
+  return 0;
 }
 
 // Buffers a step can address.  Values from kFirstUserBuf on name further user

@@ -10,18 +10,7 @@ namespace chorus::sim {
 
 using plan::Collective;
 
-double busBandwidthFactor(Collective coll, int64_t n) {
-  const double f = n > 1 ? static_cast<double>(n - 1) / static_cast<double>(n) : 0;
-  switch (coll) {
-    case Collective::AllReduce: return 2 * f;
-    case Collective::AllGather:
-    case Collective::ReduceScatter:
-    case Collective::AllToAll:
-    case Collective::Gather:
-    case Collective::Scatter: return f;
-    default: return 1;
-  }
-}
+double busBandwidthFactor(Collective coll, int64_t n) { return plan::busBwFactor(coll, n); }
 
 Result<NetMode> parseNetMode(std::string_view text) {
   if (text == "analytical") return NetMode::Analytical;

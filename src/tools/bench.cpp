@@ -11,31 +11,12 @@
 namespace chorus::tools::bench {
 namespace {
 
-struct CollectiveInfo {
-  Collective c;
-  std::string_view name;
-  bool op;
-  bool root;
-  bool in_place;
-};
-constexpr std::array<CollectiveInfo, 10> kCollectives = {{
-    {Collective::AllReduce, "allreduce", true, false, true},
-    {Collective::Broadcast, "broadcast", false, true, true},
-    {Collective::Reduce, "reduce", true, true, true},
-    {Collective::AllGather, "allgather", false, false, true},
-    {Collective::ReduceScatter, "reducescatter", true, false, true},
-    {Collective::AllToAll, "alltoall", false, false, true},
-    {Collective::Gather, "gather", false, true, true},
-    {Collective::Scatter, "scatter", false, true, true},
-    {Collective::SendRecv, "sendrecv", false, false, false},
-    {Collective::Barrier, "barrier", false, false, false},
-}};
+// The collectives chorus-bench runs: every kind of plan::kCollectiveFacts but
+// the v-variants (nccl-tests has none: their counts are not one size).
 constexpr std::array<Collective, 10> kAll = {
     Collective::AllReduce, Collective::Broadcast, Collective::Reduce,   Collective::AllGather, Collective::ReduceScatter,
     Collective::AllToAll,  Collective::Gather,    Collective::Scatter, Collective::SendRecv,  Collective::Barrier,
 };
-
-const CollectiveInfo& info(Collective c) { return kCollectives[static_cast<size_t>(c)]; }
 
 constexpr std::array<std::string_view, chorusNumOps> kOpNames = {"sum", "prod", "max", "min", "avg"};
 
@@ -107,16 +88,15 @@ double intAsDouble(uint64_t wrapped, chorusDataType_t d) {
 }  // namespace
 
 std::span<const Collective> allCollectives() { return kAll; }
-std::string_view collectiveName(Collective c) { return info(c).name; }
-bool takesOp(Collective c) { return info(c).op; }
-bool takesRoot(Collective c) { return info(c).root; }
-bool hasInPlace(Collective c) { return info(c).in_place; }
+bool takesOp(Collective c) { return plan::facts(c).reduces; }
+bool takesRoot(Collective c) { return plan::facts(c).rooted; }
+bool hasInPlace(Collective c) { return plan::facts(c).in_place; }
 
 Result<Collective> parseCollective(std::string_view name) {
-  for (const CollectiveInfo& i : kCollectives)
-    if (i.name == name) return i.c;
+  for (Collective c : kAll)
+    if (plan::collectiveName(c) == name) return c;
   std::string names;
-  for (const CollectiveInfo& i : kCollectives) names += fmt::format("{}{}", names.empty() ? "" : "|", i.name);
+  for (Collective c : kAll) names += fmt::format("{}{}", names.empty() ? "" : "|", plan::collectiveName(c));
   return invalidArgument("unknown collective '{}' (expected one of {})", name, names);
 }
 
@@ -150,58 +130,23 @@ Result<std::vector<uint64_t>> sizeSweep(const SweepOptions& o) {
 }
 
 Shape shapeFor(Collective c, uint64_t bytes, size_t elem_size, int nranks) {
+  const plan::CollectiveFacts& f = plan::facts(c);
+  if (f.busbw == plan::BusBw::Zero || f.variable) return {};  // barrier (no data); the v-variants are not benched
   const size_t count = static_cast<size_t>(bytes / elem_size);
   const size_t n = static_cast<size_t>(nranks);
   const size_t align = 16 / elem_size;  // per-rank blocks are whole 16-byte units
-  const size_t base = (count / n) & ~(align - 1);
-  Shape s;
-  switch (c) {
-    case Collective::AllReduce:
-    case Collective::Broadcast:
-    case Collective::Reduce:
-    case Collective::SendRecv: s = {0, count, count, count}; break;
-    case Collective::AllGather:
-    case Collective::Gather: s = {0, base, base, base * n}; break;
-    case Collective::ReduceScatter:
-    case Collective::Scatter: s = {0, base, base * n, base}; break;
-    case Collective::AllToAll: s = {0, base, base * n, base * n}; break;
-    case Collective::Barrier: s = {0, 0, 0, 0}; break;
-  }
+  // The call's count: the whole vector, or the per-rank block (nccl-tests'
+  // getCollByteCount) of the gather, scatter and all-to-all types.
+  const size_t c0 = f.alg_per_rank ? (count / n) & ~(align - 1) : count;
+  Shape s{0, c0, f.input_per_rank ? c0 * n : c0, f.output_per_rank ? c0 * n : c0};
   s.bytes = std::max(s.send_count, s.recv_count) * elem_size;
   return s;
 }
 
-double busBwFactor(Collective c, int nranks) {
-  const double n = nranks;
-  switch (c) {
-    case Collective::AllReduce: return 2 * (n - 1) / n;
-    case Collective::AllGather:
-    case Collective::ReduceScatter:
-    case Collective::AllToAll:
-    case Collective::Gather:
-    case Collective::Scatter: return (n - 1) / n;
-    case Collective::Broadcast:
-    case Collective::Reduce:
-    case Collective::SendRecv: return 1;
-    case Collective::Barrier: return 0;
-  }
-  return 0;
-}
-
 uint64_t algBytes(Collective c, const Shape& s, size_t elem_size, int nranks) {
-  switch (c) {
-    case Collective::AllReduce:
-    case Collective::Broadcast:
-    case Collective::Reduce:
-    case Collective::SendRecv: return s.count * elem_size;
-    case Collective::AllGather:
-    case Collective::ReduceScatter:
-    case Collective::AllToAll:
-    case Collective::Gather:
-    case Collective::Scatter: return s.count * elem_size * static_cast<uint64_t>(nranks);
-    case Collective::Barrier: return 0;
-  }
-  return 0;
+  const plan::CollectiveFacts& f = plan::facts(c);
+  if (f.busbw == plan::BusBw::Zero) return 0;
+  return s.count * elem_size * (f.alg_per_rank ? static_cast<uint64_t>(nranks) : 1);
 }
 
 Bandwidth bandwidth(Collective c, const Shape& s, size_t elem_size, int nranks, double seconds) {
@@ -284,19 +229,8 @@ bool Pattern::matches(double got, double expected) const {
 }
 
 size_t outputCount(Collective c, const Shape& s) {
-  switch (c) {
-    case Collective::AllReduce:
-    case Collective::Broadcast:
-    case Collective::Reduce:
-    case Collective::SendRecv:
-    case Collective::ReduceScatter:
-    case Collective::Scatter: return s.count;
-    case Collective::AllGather:
-    case Collective::Gather:
-    case Collective::AllToAll: return s.recv_count;
-    case Collective::Barrier: return 0;
-  }
-  return 0;
+  // The receive buffer holds the per-rank block n times, or the whole vector.
+  return plan::facts(c).output_per_rank ? s.recv_count : s.count;
 }
 
 std::optional<double> expectedOutput(Collective c, const Pattern& p, const Shape& s, int root, int rank, size_t k) {
@@ -317,7 +251,9 @@ std::optional<double> expectedOutput(Collective c, const Pattern& p, const Shape
       return p.input(static_cast<int>(k / count), k % count);
     case Collective::Scatter: return p.input(root, r * count + k);
     case Collective::SendRecv: return p.input((rank + n - 1) % n, k);
-    case Collective::Barrier: return std::nullopt;
+    case Collective::Barrier:
+    case Collective::AllGatherV:  // not benched (allCollectives())
+    case Collective::AllToAllV: return std::nullopt;
   }
   return std::nullopt;
 }

@@ -25,25 +25,17 @@
 #include <vector>
 
 #include "common/status.hpp"
+#include "plan/plan.hpp"
 
 namespace chorus::tools::bench {
 
-enum class Collective {
-  AllReduce,
-  Broadcast,
-  Reduce,
-  AllGather,
-  ReduceScatter,
-  AllToAll,
-  Gather,
-  Scatter,
-  SendRecv,
-  Barrier,
-};
+// The collectives are plan's: their names, buffer shapes and nccl-tests'
+// busbw factors are plan::kCollectiveFacts.
+using plan::busBwFactor;
+using plan::Collective;
+using plan::collectiveName;
 
 std::span<const Collective> allCollectives();
-// The name on the command line, in CHORUS_ALGO and in the JSON rows: "allreduce", ...
-std::string_view collectiveName(Collective c);
 Result<Collective> parseCollective(std::string_view name);
 [[nodiscard]] bool takesOp(Collective c);       // allreduce, reduce, reducescatter
 [[nodiscard]] bool takesRoot(Collective c);     // broadcast, reduce, gather, scatter
@@ -71,9 +63,6 @@ struct Shape {
 };
 Shape shapeFor(Collective c, uint64_t bytes, size_t elem_size, int nranks);
 
-// nccl-tests' factors: allreduce 2(n-1)/n; allgather, reducescatter, alltoall,
-// gather, scatter (n-1)/n; broadcast, reduce, sendrecv 1; barrier 0.
-double busBwFactor(Collective c, int nranks);
 // S of algbw = S / t: count * elem for allreduce, broadcast, reduce, sendrecv;
 // count * elem * n for allgather, reducescatter, alltoall, gather, scatter.
 uint64_t algBytes(Collective c, const Shape& s, size_t elem_size, int nranks);

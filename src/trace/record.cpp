@@ -61,46 +61,20 @@ class Reader {
 }  // namespace
 
 uint64_t algBytes(uint8_t coll, uint64_t count, size_t elem_size, int nranks, std::span<const size_t> vcounts) {
-  using plan::Collective;
-  switch (static_cast<Collective>(coll)) {
-    case Collective::AllReduce:
-    case Collective::Broadcast:
-    case Collective::Reduce:
-    case Collective::SendRecv: return count * elem_size;
-    case Collective::AllGather:
-    case Collective::ReduceScatter:
-    case Collective::AllToAll:
-    case Collective::Gather:
-    case Collective::Scatter: return count * elem_size * static_cast<uint64_t>(nranks);
-    case Collective::AllGatherV:
-    case Collective::AllToAllV: {
-      uint64_t sum = 0;
-      for (size_t c : vcounts) sum += c;
-      return sum * elem_size;
-    }
-    case Collective::Barrier: return 0;
+  if (coll >= plan::kNumCollectives) return 0;  // from a trace file: not a collective
+  const plan::CollectiveFacts& f = plan::facts(static_cast<plan::Collective>(coll));
+  if (f.busbw == plan::BusBw::Zero) return 0;
+  if (f.variable) {
+    uint64_t sum = 0;
+    for (size_t c : vcounts) sum += c;
+    return sum * elem_size;
   }
-  return 0;
+  return count * elem_size * (f.alg_per_rank ? static_cast<uint64_t>(nranks) : 1);
 }
 
 double busBwFactor(uint8_t coll, int nranks) {
-  using plan::Collective;
-  const double n = nranks;
-  switch (static_cast<Collective>(coll)) {
-    case Collective::AllReduce: return 2 * (n - 1) / n;
-    case Collective::AllGather:
-    case Collective::ReduceScatter:
-    case Collective::AllToAll:
-    case Collective::AllGatherV:
-    case Collective::AllToAllV:
-    case Collective::Gather:
-    case Collective::Scatter: return (n - 1) / n;
-    case Collective::Broadcast:
-    case Collective::Reduce:
-    case Collective::SendRecv: return 1;
-    case Collective::Barrier: return 0;
-  }
-  return 0;
+  // `coll` comes from a trace file: a value outside the enum has no factor.
+  return coll < plan::kNumCollectives ? plan::busBwFactor(static_cast<plan::Collective>(coll), nranks) : 0;
 }
 
 Result<std::unique_ptr<Recorder>> Recorder::open(const std::string& dir, const Header& h) {

@@ -9,6 +9,9 @@
 
 #include "plan/plan.hpp"
 #include "plan/verify.hpp"
+#include "sim/network.hpp"
+#include "tools/bench.hpp"
+#include "trace/record.hpp"
 
 namespace chorus::plan {
 namespace {
@@ -252,6 +255,47 @@ TEST(Plan, DependenciesOrderAliasedBuffers) {
     EXPECT_NE(s.dst.buf, Buf::Input);
     EXPECT_NE(s.src.buf, Buf::Input);
   }
+}
+
+}  // namespace
+}  // namespace chorus::plan
+
+// One vocabulary (issue 18 part 4): the bench, the trace reports and the
+// simulator read the collectives' names and busbw factors from
+// plan::kCollectiveFacts, so they agree for every collective and rank count,
+// and each factor is nccl-tests' (doc/PERFORMANCE.md).
+namespace chorus::plan {
+namespace {
+TEST(CollectiveFacts, EveryConsumerReadsTheSameTable) {
+  for (int i = 0; i < kNumCollectives; ++i) {
+    const auto c = static_cast<Collective>(i);
+    Collective parsed{};
+    ASSERT_TRUE(parseCollective(collectiveName(c), &parsed)) << collectiveName(c);
+    EXPECT_EQ(parsed, c);
+    for (int n : {1, 2, 3, 8, 72}) {
+      const double f = busBwFactor(c, n);
+      EXPECT_DOUBLE_EQ(trace::busBwFactor(static_cast<uint8_t>(i), n), f) << collectiveName(c) << " n " << n;
+      EXPECT_DOUBLE_EQ(sim::busBandwidthFactor(c, n), f) << collectiveName(c) << " n " << n;
+      EXPECT_DOUBLE_EQ(tools::bench::busBwFactor(c, n), f) << collectiveName(c) << " n " << n;
+      const double m = n > 1 ? (n - 1.0) / n : 0;
+      const double want = c == Collective::AllReduce ? 2 * m
+                          : c == Collective::Broadcast || c == Collective::Reduce || c == Collective::SendRecv ? 1
+                          : c == Collective::Barrier ? 0
+                                                     : m;
+      EXPECT_DOUBLE_EQ(f, want) << collectiveName(c) << " n " << n;
+    }
+  }
+  EXPECT_EQ(trace::busBwFactor(kNumCollectives, 8), 0.0);  // a value from a file that is no collective
+  EXPECT_EQ(trace::algBytes(200, 1024, 4, 8), 0u);
+  // The bench runs every collective but the v-variants, and parses back what it prints.
+  EXPECT_EQ(tools::bench::allCollectives().size(), static_cast<size_t>(kNumCollectives - 2));
+  for (Collective c : tools::bench::allCollectives()) {
+    auto p = tools::bench::parseCollective(collectiveName(c));
+    ASSERT_TRUE(p.isOk());
+    EXPECT_EQ(*p, c);
+    EXPECT_EQ(tools::bench::takesOp(c), reduces(c));
+  }
+  EXPECT_FALSE(tools::bench::parseCollective("allgatherv").isOk());
 }
 
 }  // namespace
