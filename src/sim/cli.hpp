@@ -1,0 +1,50 @@
+// chorus-sim's commands (tools/chorus-sim.cpp is their thin main): each
+// takes the parsed command line, checks every value's range before any file
+// is read, runs src/sim and prints (text or --json).  The return value is
+// the process's exit status: 0, or 1 after a message on stderr naming what
+// was wrong.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "sim/infer.hpp"
+#include "sim/search.hpp"
+#include "sim/train.hpp"
+
+namespace chorus::sim {
+
+// Every option of every command, as the command line gives it (strings where
+// the command parses and checks them itself).
+struct CliOptions {
+  // shared
+  std::string cluster_path, model_path, network = "analytical", library = "nccl";
+  bool json = false, verbose = false;
+  int64_t gpus_per_domain = 0;
+  // model
+  int64_t model_seq = 4096;
+  // collective
+  std::string collective = "allreduce", bytes_text = "1G", algo = "auto";
+  int64_t gpus = 0;
+  // train
+  TrainConfig tc;
+  std::string recompute = "selective", micro = "1", trace_path, plot_path, pp_schedule = "1f1b",
+              moe_dispatch = "alltoall", recompute_modules, grad_dtype = "fp32", moments = "fp32",
+              rank_order = "tp-cp-ep-dp-pp";
+  bool no_sp = false, no_flash = false, estimate_only = false, sync_tp = false, no_overlap_dp = false;
+  // search
+  SearchConfig sc;
+  std::string pp_schedules = "1f1b";
+  bool no_progress = false;
+  // infer
+  InferConfig ic;
+  std::string lengths = "fixed", concurrency_text, draft_path, kv_alloc = "reserve";
+};
+
+int runModelCommand(const CliOptions& o);
+int runCollectiveCommand(const CliOptions& o);
+int runTrainCommand(CliOptions o);
+int runSearchCommand(CliOptions o);
+int runInferCommand(CliOptions o);
+
+}  // namespace chorus::sim
