@@ -1148,12 +1148,19 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const int64_t edp_n = (t * cp * d) / (ep * etp);
   const bool edp_own = moe && ep > 1 && (cfg.etp > 0 || cp == 1);
   const GroupSet edpg = cfg.etp > 0 ? GroupSet{edp_n, ep * etp, cfg.gpus / edp_n} : GroupSet{edp_n, t * ep, cfg.gpus / edp_n};
-  const double expert_bytes = edp_own ? stage_expert * 2 : 0;
+  // Parameters travel in bf16 (the distributed optimizer's all-gather), the
+  // gradients in the gradient buffer's dtype (--grad-dtype: Megatron's DDP
+  // reduce-scatters its fp32 main-gradient buffer with
+  // --accumulate-allreduce-grads-in-fp32, the bf16 one with
+  // grad_reduce_in_fp32 = false).
+  const double grad_wire = static_cast<double>(cfg.grad_bytes);
+  auto wireBytes = [&](plan::Collective k) { return k == plan::Collective::ReduceScatter ? grad_wire : 2.0; };
+  const double expert_params = edp_own ? stage_expert : 0;
   // Data-parallel traffic exists when dp x cp > 1, or when only the experts
   // are replicated: folded over tp (--etp) with ep x etp < tp x cp x dp, the
   // expert-data-parallel group has edp_n > 1 members even at dp x cp = 1.
   const bool dense_dp = d * cp > 1, expert_dp = edp_own && edp_n > 1, any_dp = dense_dp || expert_dp;
-  const double grad_bytes = stage_params * 2 - expert_bytes;  // bf16 gradients reduced over dp x cp
+  const double dense_params = stage_params - expert_params;  // reduced over dp x cp
   Seconds dp_comm(0), dp_rs(0), dp_ag(0);
   // dp x cp: one block of t x cp x d ranks at stride t in Megatron's order;
   // with pp before dp (cp or dp of 1, checked) the dp replicas sit pp apart.
@@ -1162,10 +1169,10 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   auto dpColl = [&](plan::Collective k) -> Result<Seconds> {
     Seconds x(0);
     if (dense_dp) {
-      CHORUS_ASSIGN_OR_RETURN(x, coll(k, grad_bytes, dcg, "dp_comm_s"));
+      CHORUS_ASSIGN_OR_RETURN(x, coll(k, dense_params * wireBytes(k), dcg, "dp_comm_s"));
     }
-    if (expert_bytes > 0 && edp_n > 1) {
-      CHORUS_ASSIGN_OR_RETURN(Seconds e, coll(k, expert_bytes, edpg, "dp_comm_s"));
+    if (expert_params > 0 && edp_n > 1) {
+      CHORUS_ASSIGN_OR_RETURN(Seconds e, coll(k, expert_params * wireBytes(k), edpg, "dp_comm_s"));
       x += e;
     }
     return x;
@@ -1319,7 +1326,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     for (size_t sd = 0; sd < static_cast<size_t>(p); ++sd) {
       const double ex = edp_own ? st_expert[sd] : 0;  // expert gradients reduce over their own group
       st_link[sd] += u_dag.scaled(2 * (st_params[sd] - ex) * dp_ag_runs) += u_eag.scaled(2 * ex * dp_ag_runs);
-      st_link[sd] += u_drs.scaled(2 * (st_params[sd] - ex) * dp_rs_runs) += u_ers.scaled(2 * ex * dp_rs_runs);
+      st_link[sd] += u_drs.scaled(grad_wire * (st_params[sd] - ex) * dp_rs_runs) += u_ers.scaled(grad_wire * ex * dp_rs_runs);
       st_bytes[sd] += sharded(opt_step, st_params[sd], st_expert[sd], 1) + sharded(4, st_params[sd], st_expert[sd], 2);  // optimizer
       tensor = std::max(tensor, st_flops[sd] / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value());
       hbm = std::max(hbm, st_bytes[sd] / c.gpu.hbm_bw.value());
@@ -1379,15 +1386,15 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const double dense = params - expert;
       if (dense > 0 && dense_dp) {
         CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * dense), dcg, cfg.algo));
-        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(2 * dense), dcg, cfg.algo));
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * dense), dcg, cfg.algo));
         *ag_t += tr(a.time, u_dag, 2 * dense);
-        *rs_t += tr(r.time, u_drs, 2 * dense);
+        *rs_t += tr(r.time, u_drs, grad_wire * dense);
       }
       if (expert > 0 && edp_n > 1) {
         CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * expert), edpg, cfg.algo));
-        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(2 * expert), edpg, cfg.algo));
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * expert), edpg, cfg.algo));
         *ag_t += tr(a.time, u_eag, 2 * expert);
-        *rs_t += tr(r.time, u_ers, 2 * expert);
+        *rs_t += tr(r.time, u_ers, grad_wire * expert);
       }
       return {};
     };
