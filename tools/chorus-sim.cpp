@@ -43,6 +43,9 @@ CLI::App* addCollective(CLI::App& app, CliOptions& o) {
   col->add_option("--algo", o.algo, "auto, a chorus plan name, or an NCCL algorithm (ring, tree, nvls, nvlstree, collnet, pat; optionally /LL, /LL128, /Simple; nccl:NAME under any library)");
   col->add_option("--network", o.network, "analytical or flow");
   col->add_option("--library", o.library, "nccl (NCCL's algorithms and protocols, as its tuner picks), chorus (chorus's plans) or auto");
+  col->add_option("--compress", o.compress,
+                  "allreduce, reducescatter, allgather of fp32 data on a narrower wire: none, bf16, fp8 or fp8:BLOCK "
+                  "(e4m3 with an fp32 scale per BLOCK elements, 32-1024, default 128); fp32 accumulation");
   col->add_flag("--json", o.json, "print JSON");
   return col;
 }
@@ -111,6 +114,10 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
   tr->add_flag("--no-sequence-parallel", o.no_sp, "plain tensor parallelism (allreduce per block)");
   tr->add_flag("--no-flash-attention", o.no_flash, "materialise the s x s attention scores");
   tr->add_flag("--fp8", o.tc.fp8, "fp8 GEMMs");
+  tr->add_option("--compress", o.compress,
+                 "the data-parallel gradient reduce-scatter on a narrower wire than the gradient buffer: none, bf16 "
+                 "(with the fp32 buffer) or fp8 / fp8:BLOCK (e4m3, an fp32 scale per BLOCK elements); fp32 "
+                 "accumulation, each gradient quantized once");
   tr->add_flag("--estimate", o.estimate_only, "the closed-form estimate only (no simulated schedule)");
   tr->add_flag("--no-async-tp", o.sync_tp, "schedule: every tensor-parallel collective on the critical path");
   tr->add_flag("--no-overlap-dp", o.no_overlap_dp,

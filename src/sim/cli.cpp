@@ -144,6 +144,8 @@ int runCollectiveCommand(const CliOptions& o) {
     Status st = checkCollectiveArgs(gpus, 0);  // --bytes: chorus::parseSize below checks its grammar and range
     if (!st.isOk()) return fail(st);
   }
+  auto compress = parseCompression(o.compress);
+  if (!compress.isOk()) return fail(compress.status());
   auto setup = openCluster(o);
   if (!setup.isOk()) return fail(setup.status());
   const Setup& s = **setup;
@@ -168,7 +170,7 @@ int runCollectiveCommand(const CliOptions& o) {
   }
   nlohmann::json rows = nlohmann::json::array();
   for (double b : sizes) {
-    auto r = simulateCollective(*cluster, gpus, collective, b, algo, reg, *mode, *lib);
+    auto r = simulateCollective(*cluster, gpus, collective, b, algo, reg, *mode, *lib, *compress);
     if (!r.isOk()) return fail(r.status());
     if (json) {
       nlohmann::json j = toJson(*r);
@@ -201,6 +203,9 @@ int runTrainCommand(CliOptions o) {
   const bool json = o.json, no_sp = o.no_sp, no_flash = o.no_flash, estimate_only = o.estimate_only,
              sync_tp = o.sync_tp, no_overlap_dp = o.no_overlap_dp;
   {
+    auto compress = parseCompression(o.compress);
+    if (!compress.isOk()) return fail(compress.status());
+    tc.grad_compress = *compress;
     auto mb = parseMicroBatch(micro);
     if (!mb.isOk()) return fail(mb.status());
     tc.micro_batch = *mb;

@@ -25,6 +25,7 @@ struct CliOptions {
   int64_t model_seq = 4096;
   // collective
   std::string collective = "allreduce", bytes_text = "1G", algo = "auto";
+  std::string compress = "none";  // collective and train: bf16, fp8 or fp8:BLOCK (sim/compress.hpp)
   int64_t gpus = 0;
   // train
   TrainConfig tc;

@@ -4,9 +4,67 @@
 
 namespace chorus::sim {
 
+namespace {
+
+// The flat compressed plan over one group: the direct reduce-scatter (an
+// all-to-all of the wire bytes) and/or the all-gather of the quantized shards.
+Result<CollectiveCost> flatCompressed(NetworkModel& net, plan::Collective coll, double wire, const GroupSet& g,
+                                      std::string_view algo) {
+  CollectiveCost out;
+  if (coll != plan::Collective::AllGather) {
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost rs, net.collective(plan::Collective::AllToAll, Bytes(wire), g, algo));
+    out = rs;
+    out.algo = "direct reduce-scatter (" + rs.algo + ")";
+  }
+  if (coll != plan::Collective::ReduceScatter) {
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost ag, net.collective(plan::Collective::AllGather, Bytes(wire), g, algo));
+    if (ag.time > out.time) out.bottleneck = ag.bottleneck;
+    out.time += ag.time;
+    out.latency += ag.latency;
+    out.algo = (out.algo.empty() ? "" : out.algo + " + ") + "all-gather (" + ag.algo + ")";
+  }
+  return out;
+}
+
+void add(CollectiveCost* to, const CollectiveCost& c, const std::string& what) {
+  if (c.time > to->time) to->bottleneck = c.bottleneck;
+  to->time += c.time;
+  to->latency += c.latency;
+  to->algo += (to->algo.empty() ? "" : " + ") + what + " (" + c.algo + ")";
+}
+
+}  // namespace
+
+Result<CollectiveCost> compressedCost(NetworkModel& net, plan::Collective coll, double wire, double data,
+                                      const GroupSet& g, std::string_view algo) {
+  // Members per node (the group's stride dividing the node) and nodes.
+  const int64_t gpn = net.cluster().node.gpus, st = g.stride;
+  const int64_t e = st <= gpn && gpn % st == 0 ? std::min<int64_t>(g.size, gpn / st) : 1;
+  if (e <= 1 || e >= g.size || g.size % e != 0) return flatCompressed(net, coll, wire, g, algo);
+  // Two levels: inside the node the data move uncompressed over NVLink (a
+  // reduce-scatter of fp32 partial sums, no quantization), across nodes each
+  // rail of e-th shards runs the flat compressed plan on 1/e of the data, and
+  // the node all-gathers the result: still one quantization per
+  // reduce-scatter and one per all-gather of an element.
+  const GroupSet node{e, st, g.groups * (g.size / e), g.offset};
+  const GroupSet rail{g.size / e, st * e, g.groups * e, g.offset};
+  CollectiveCost out;
+  if (coll != plan::Collective::AllGather) {
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost rs, net.collective(plan::Collective::ReduceScatter, Bytes(data), node, algo));
+    add(&out, rs, "node reduce-scatter");
+  }
+  CHORUS_ASSIGN_OR_RETURN(CollectiveCost x, flatCompressed(net, coll, wire / static_cast<double>(e), rail, algo));
+  add(&out, x, "across nodes: " + std::string("compressed"));
+  if (coll != plan::Collective::ReduceScatter) {
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost ag, net.collective(plan::Collective::AllGather, Bytes(data), node, algo));
+    add(&out, ag, "node all-gather");
+  }
+  return out;
+}
+
 Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, std::string_view collective, double bytes,
                                             std::string_view algo, const plan::Registry& reg, NetMode mode,
-                                            Library lib) {
+                                            Library lib, const Compression& compress) {
   plan::Collective coll;
   if (!plan::parseCollective(collective, &coll))
     return invalidArgument("--collective '{}' is not a collective (allreduce, allgather, reducescatter, broadcast, "
@@ -16,8 +74,32 @@ Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, 
   CHORUS_ASSIGN_OR_RETURN(Topology topo, Topology::build(c));
   NetworkModel net(c, topo, reg, mode);
   net.setLibrary(lib);
-  CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, net.collective(coll, Bytes(bytes), GroupSet{gpus, 1, 1}, algo));
+  // Compressed: fp32 data (nccl-tests' default type) on a narrower wire.
+  constexpr double kDataBytes = 4;
+  CHORUS_RETURN_IF_ERROR(checkCompression(compress, coll, kDataBytes));
+  const double ratio = compress.on() ? compress.wireBytes() / kDataBytes : 1;
+  const GroupSet all{gpus, 1, 1};
+  CollectiveCost cc;
+  if (!compress.on()) {
+    CHORUS_ASSIGN_OR_RETURN(cc, net.collective(coll, Bytes(bytes), all, algo));
+  } else {
+    // The compressed plans (sim/compress.hpp): no reduction may happen in the
+    // network or along a chain of hops (each would dequantize and quantize
+    // again), so the reduce-scatter is direct -- every rank sends each owner
+    // its quantized contribution, an all-to-all of the wire bytes -- and the
+    // all-gather moves the quantized reduced shards.
+    CHORUS_ASSIGN_OR_RETURN(cc, compressedCost(net, coll, bytes * ratio, bytes, all, algo));
+  }
+  Seconds quantize(0);
+  if (compress.on())
+    quantize = Bytes(quantizeHbmBytes(coll, bytes, ratio, gpus)) / (c.gpu.hbm_bw * c.gpu.hbm_efficiency) +
+               c.gpu.kernel_overhead * quantizeKernels(coll);
+  cc.time += quantize;
   CollectiveReport r;
+  r.compress = compress.describe();
+  r.wire_bytes = bytes * ratio;
+  r.quantize_us = toUs(quantize);
+  r.quantizations = compress.on() ? quantizations(coll) : 0;
   r.collective = std::string(collective);
   r.algo = cc.algo;
   r.bottleneck = cc.bottleneck;
@@ -33,7 +115,9 @@ Result<CollectiveReport> simulateCollective(const ClusterSpec& c, int64_t gpus, 
 nlohmann::json toJson(const CollectiveReport& r) {
   return {{"collective", r.collective}, {"gpus", r.gpus},           {"bytes", r.bytes},
           {"algo", r.algo},             {"time_us", r.time_us},     {"latency_us", r.latency_us},
-          {"algbw_gbps", r.algbw_gbps}, {"busbw_gbps", r.busbw_gbps}, {"bottleneck", r.bottleneck}};
+          {"algbw_gbps", r.algbw_gbps}, {"busbw_gbps", r.busbw_gbps}, {"bottleneck", r.bottleneck},
+          {"compress", r.compress},     {"wire_bytes", r.wire_bytes}, {"quantize_us", r.quantize_us},
+          {"quantizations", r.quantizations}};
 }
 
 nlohmann::json toJson(const TrainReport& r) {

@@ -1,5 +1,7 @@
 #include "sim/train.hpp"
 
+#include "sim/report.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -440,6 +442,8 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   const double opt_state = 4 + 2.0 * cfg.moment_bytes, opt_step = 22 + 4.0 * cfg.moment_bytes;
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     return invalidArgument("gradient buffer of {} bytes per parameter: 2 (bf16) or 4 (fp32)", cfg.grad_bytes);
+  CHORUS_RETURN_IF_ERROR(checkCompression(cfg.grad_compress, plan::Collective::ReduceScatter,
+                                          static_cast<double>(cfg.grad_bytes), "--compress"));
   if (cfg.moe_a2a_overlap) {
     if (!moe || ep < 2)
       return invalidArgument("--moe-a2a-overlap needs expert parallelism (a MoE model and --ep >= 2; got {} with ep={})",
@@ -1153,8 +1157,25 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // reduce-scatters its fp32 main-gradient buffer with
   // --accumulate-allreduce-grads-in-fp32, the bf16 one with
   // grad_reduce_in_fp32 = false).
-  const double grad_wire = static_cast<double>(cfg.grad_bytes);
+  // With --compress the reduce-scatter carries the compressed format and the
+  // GPU quantizes and dequantizes around it (sim/compress.hpp).
+  const double grad_data = static_cast<double>(cfg.grad_bytes);
+  const double grad_wire = cfg.grad_compress.on() ? cfg.grad_compress.wireBytes() : grad_data;
   auto wireBytes = [&](plan::Collective k) { return k == plan::Collective::ReduceScatter ? grad_wire : 2.0; };
+  // A data-parallel collective; compressed, the gradients' reduce-scatter is
+  // the direct one of sim/compress.hpp (an all-to-all of the wire bytes: no
+  // reduction along hops or in the network).
+  auto gradColl = [&](plan::Collective k, double bytes, const GroupSet& g) -> Result<Seconds> {
+    if (k != plan::Collective::ReduceScatter || !cfg.grad_compress.on()) return coll(k, bytes, g, "dp_comm_s");
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, compressedCost(net, k, bytes, bytes / grad_wire * grad_data, g, cfg.algo));
+    note("dp_comm_s", cc);
+    return cc.time;
+  };
+  auto quantizeTime = [&](double params, int64_t n) {
+    if (!cfg.grad_compress.on() || params <= 0) return Seconds(0);
+    const double bytes = quantizeHbmBytes(plan::Collective::ReduceScatter, params * grad_data, grad_wire / grad_data, n);
+    return raw_gpu.mem(bytes) + c.gpu.kernel_overhead * (quantizeKernels(plan::Collective::ReduceScatter) - 1);
+  };
   const double expert_params = edp_own ? stage_expert : 0;
   // Data-parallel traffic exists when dp x cp > 1, or when only the experts
   // are replicated: folded over tp (--etp) with ep x etp < tp x cp x dp, the
@@ -1169,10 +1190,12 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   auto dpColl = [&](plan::Collective k) -> Result<Seconds> {
     Seconds x(0);
     if (dense_dp) {
-      CHORUS_ASSIGN_OR_RETURN(x, coll(k, dense_params * wireBytes(k), dcg, "dp_comm_s"));
+      CHORUS_ASSIGN_OR_RETURN(x, gradColl(k, dense_params * wireBytes(k), dcg));
+      if (k == plan::Collective::ReduceScatter) x += quantizeTime(dense_params, dcg.size);
     }
     if (expert_params > 0 && edp_n > 1) {
-      CHORUS_ASSIGN_OR_RETURN(Seconds e, coll(k, expert_params * wireBytes(k), edpg, "dp_comm_s"));
+      CHORUS_ASSIGN_OR_RETURN(Seconds e, gradColl(k, expert_params * wireBytes(k), edpg));
+      if (k == plan::Collective::ReduceScatter) e += quantizeTime(expert_params, edpg.size);
       x += e;
     }
     return x;
@@ -1386,15 +1409,19 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       const double dense = params - expert;
       if (dense > 0 && dense_dp) {
         CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * dense), dcg, cfg.algo));
-        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * dense), dcg, cfg.algo));
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, cfg.grad_compress.on()
+                                                      ? compressedCost(net, plan::Collective::ReduceScatter, grad_wire * dense, grad_data * dense, dcg, cfg.algo)
+                                                      : net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * dense), dcg, cfg.algo));
         *ag_t += tr(a.time, u_dag, 2 * dense);
-        *rs_t += tr(r.time, u_drs, grad_wire * dense);
+        *rs_t += tr(r.time + quantizeTime(dense, dcg.size), u_drs, grad_wire * dense);
       }
       if (expert > 0 && edp_n > 1) {
         CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * expert), edpg, cfg.algo));
-        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * expert), edpg, cfg.algo));
+        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, cfg.grad_compress.on()
+                                                      ? compressedCost(net, plan::Collective::ReduceScatter, grad_wire * expert, grad_data * expert, edpg, cfg.algo)
+                                                      : net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * expert), edpg, cfg.algo));
         *ag_t += tr(a.time, u_eag, 2 * expert);
-        *rs_t += tr(r.time, u_ers, grad_wire * expert);
+        *rs_t += tr(r.time + quantizeTime(expert, edpg.size), u_ers, grad_wire * expert);
       }
       return {};
     };

@@ -5,6 +5,8 @@
 // the modelled network.  Assumptions and their sources: docs/simulator.md.
 #pragma once
 
+#include "sim/compress.hpp"
+
 #include <map>
 #include <string>
 #include <vector>
@@ -71,6 +73,9 @@ struct TrainConfig {
   // grad_reduce_in_fp32, the default here), or 2, bf16 (what the
   // Megatron-Bridge performance recipes run).  --grad-dtype.
   int grad_bytes = 4;
+  // The data-parallel gradient reduce-scatter on a narrower wire (--compress
+  // bf16|fp8[:block], sim/compress.hpp): fp32 accumulation, one quantization.
+  Compression grad_compress;
   // Adam's two moments: 4 B each (fp32) or 2 (bf16: DeepSeek-V3's
   // low-precision optimizer states, Megatron's --use-precision-aware-optimizer
   // --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16); the fp32 master weights

@@ -650,6 +650,79 @@ TEST(SimMoeDispatch, DeepEpSendsOneCopyPerGpuInsideANode) {
             }(), x.reg)->moe_block.forward_s, 0.0);  // no MoE layer: no block
 }
 
+// ---- compressed reductions (sim/compress.hpp) ------------------------------------
+
+TEST(SimCompress, ParsesTheWireAndRefusesWhatItCannotCompress) {
+  auto bf16 = parseCompression("bf16"), fp8 = parseCompression("fp8"), fp8b = parseCompression("fp8:32");
+  ASSERT_TRUE(bf16.isOk() && fp8.isOk() && fp8b.isOk());
+  EXPECT_DOUBLE_EQ(bf16->wireBytes(), 2);
+  EXPECT_DOUBLE_EQ(fp8->wireBytes(), 1 + 4.0 / 128);
+  EXPECT_DOUBLE_EQ(fp8b->wireBytes(), 1 + 4.0 / 32);
+  EXPECT_FALSE(parseCompression("none")->on());
+  for (const char* bad : {"fp8:16", "fp8:2000", "fp8:x", "fp8x", "int8"}) {
+    auto e = parseCompression(bad);
+    ASSERT_FALSE(e.isOk()) << bad;
+    EXPECT_NE(e.status().message().find("--compress"), std::string::npos) << e.status().message();
+  }
+  Status prod = checkCompression(*fp8, plan::Collective::Broadcast, 4);
+  ASSERT_FALSE(prod.isOk());
+  EXPECT_NE(prod.message().find("allreduce, reducescatter and allgather"), std::string::npos) << prod.message();
+  Status same = checkCompression(*bf16, plan::Collective::AllReduce, 2);  // bf16 data on a bf16 wire
+  ASSERT_FALSE(same.isOk());
+  EXPECT_NE(same.message().find("narrower"), std::string::npos) << same.message();
+  EXPECT_TRUE(checkCompression(*fp8, plan::Collective::AllReduce, 2).isOk());
+  EXPECT_EQ(quantizations(plan::Collective::AllReduce), 2);
+  EXPECT_EQ(quantizations(plan::Collective::ReduceScatter), 1);
+  EXPECT_EQ(quantizations(plan::Collective::AllGather), 1);
+}
+
+// Eight single-GPU nodes, one 22.5 GB/s NIC port each: the allreduce is
+// bound by the port, and a compressed plan moves the same per-rank traffic
+// times wire / data bytes (fp8: 1.03 of 4 B), plus its quantize passes over
+// HBM (about S (2 + 3r) bytes at 2039 GB/s x 0.8).
+TEST(SimCompress, ACompressedAllreduceMovesTheWireBytes) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 8, "", 1, 1);
+  const double S = 1073741824.0;
+  auto none = simulateCollective(c, 8, "allreduce", S, "", reg);
+  auto bf16 = simulateCollective(c, 8, "allreduce", S, "", reg, NetMode::Analytical, Library::Chorus, *parseCompression("bf16"));
+  auto fp8 = simulateCollective(c, 8, "allreduce", S, "", reg, NetMode::Analytical, Library::Chorus, *parseCompression("fp8"));
+  ASSERT_TRUE(none.isOk() && bf16.isOk() && fp8.isOk()) << none.status().message() << bf16.status().message()
+                                                        << fp8.status().message();
+  EXPECT_DOUBLE_EQ(fp8->wire_bytes, S * (1 + 4.0 / 128) / 4);
+  EXPECT_EQ(fp8->quantizations, 2);
+  EXPECT_EQ(none->quantizations, 0);
+  EXPECT_GT(fp8->quantize_us, 0);
+  EXPECT_LT(bf16->time_us, 0.6 * none->time_us);
+  EXPECT_GT(bf16->time_us, 0.45 * none->time_us);
+  EXPECT_LT(fp8->time_us, 0.35 * none->time_us);
+  EXPECT_GT(fp8->time_us, 0.25 * none->time_us);
+  EXPECT_NEAR(fp8->busbw_gbps * fp8->time_us, none->busbw_gbps * none->time_us, 1e-6 * none->busbw_gbps * none->time_us);  // data bytes
+  auto bcast = simulateCollective(c, 8, "broadcast", S, "", reg, NetMode::Analytical, Library::Chorus, *parseCompression("fp8"));
+  EXPECT_FALSE(bcast.isOk());
+}
+
+// train --compress: the data-parallel gradients' reduce-scatter carries the
+// wire format (fp8: 1.03 B per parameter instead of the fp32 buffer's 4); the
+// parameters' all-gather stays bf16 (2 B).  dp 8 over eight single-GPU nodes:
+// the NIC-port bound is (2 + wire) x P x 7/8 / 22.5 GB/s.
+TEST(SimCompress, TrainReduceScattersTheGradientsOnTheWire) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 8, "", 1, 1);
+  TrainConfig k = dp8(64, 2048);
+  auto none = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  k.grad_compress = *parseCompression("fp8");
+  auto fp8 = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  ASSERT_TRUE(none.isOk() && fp8.isOk()) << none.status().message() << fp8.status().message();
+  EXPECT_NEAR(fp8->bounds.seconds.at("nic_port") / none->bounds.seconds.at("nic_port"), (2 + 1 + 4.0 / 128) / (2 + 4),
+              1e-9);
+  EXPECT_LT(fp8->breakdown.at("dp_comm_s"), none->breakdown.at("dp_comm_s"));
+  k.grad_bytes = 2, k.grad_compress = *parseCompression("bf16");  // a bf16 buffer on a bf16 wire: nothing to gain
+  auto same = simulateTraining(gpt(8, 2048, 16), c, k, reg);
+  ASSERT_FALSE(same.isOk());
+  EXPECT_NE(same.status().message().find("--compress bf16"), std::string::npos) << same.status().message();
+}
+
 // ---- flow-level network ------------------------------------------------------
 
 // Equal flows on dedicated links finish together: the flow model reproduces
