@@ -23,6 +23,7 @@
 #include <optional>
 #include <tuple>
 
+#include "api/config.hpp"
 #include "common/env.hpp"
 #include "common/size.hpp"
 #include "kernels/dtype.hpp"
@@ -211,10 +212,11 @@ int main(int argc, char** argv) {
                              "(nccl-tests drives -t x -g GPUs from one process); ask the launcher for more ranks "
                              "instead (chorus-run -n N, torchrun --nproc_per_node N, mpirun -n N)",
                              threads, gpus));
-  if (timeout_s > 0) {
-    const std::string ms = std::to_string(static_cast<int64_t>(std::ceil(timeout_s * 1000)));
-    ::setenv("CHORUS_TIMEOUT_MS", ms.c_str(), 1);  // before init, which reads it
-  }
+  // The job's configuration (CHORUS_*), with chorus-bench's options over it.
+  auto job_cfg = chorus::api::configFromEnv();
+  if (!job_cfg.isOk()) return fail(fmt::format("chorus-bench: {}", job_cfg.status().message()));
+  chorus::Config cfg = job_cfg.value();
+  if (timeout_s > 0) cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(timeout_s * 1000)));
 
   if (algo == "all") {
     chorus::plan::Collective pc;
@@ -223,27 +225,26 @@ int main(int argc, char** argv) {
       for (const chorus::plan::Algorithm* a : registry.forCollective(pc)) o.algos.emplace_back(a->name());
     if (o.algos.empty()) return fail(fmt::format("chorus-bench: --algo all: {} has no algorithms to choose from", collective));
   } else if (!algo.empty()) {
-    std::string forced = bench::withAlgo(chorus::env::getString("CHORUS_ALGO"), o.collective, algo);
-    ::setenv("CHORUS_ALGO", forced.c_str(), 1);  // before init, which reads it
+    cfg.tune.algo_spec = bench::withAlgo(cfg.tune.algo_spec, o.collective, algo);
     o.forced_algo = algo;
   }
   int unsupported = 0;
   o.unsupported = &unsupported;
 
+  o.algo_spec = cfg.tune.algo_spec;
+
   // Two communicators over the same ranks: the benchmark's own barriers and
-  // reductions run on the first, made with CHORUS_TRACE unset, so a trace
+  // reductions run on the first, made without tracing, so a trace
   // (chorus-trace report) holds only the measured calls of the second.
   chorusComm_t book = nullptr, comm = nullptr;
   {
-    const std::optional<std::string> trace = chorus::env::raw("CHORUS_TRACE");
-    if (trace) ::unsetenv("CHORUS_TRACE");
-    chorusResult_t r = chorusCommInitFromEnv(&book);
-    if (trace) ::setenv("CHORUS_TRACE", trace->c_str(), 1);
-    if (r != chorusSuccess)
+    chorus::Config book_cfg = cfg;
+    book_cfg.trace.dir.clear();
+    if (chorusResult_t r = chorus::api::commInitFromEnv(&book, book_cfg); r != chorusSuccess)
       return fail(fmt::format("chorus-bench: chorusCommInitFromEnv failed: {}: {}", chorusGetErrorString(r),
                               chorusGetLastError(nullptr)));
   }
-  if (chorusResult_t r = chorusCommInitFromEnv(&comm); r != chorusSuccess)
+  if (chorusResult_t r = chorus::api::commInitFromEnv(&comm, cfg); r != chorusSuccess)
     return fail(fmt::format("chorus-bench: chorusCommInitFromEnv failed: {}: {}", chorusGetErrorString(r),
                             chorusGetLastError(nullptr)));
   o.bookkeeping = book;

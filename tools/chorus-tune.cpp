@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "api/config.hpp"
 #include "common/env.hpp"
 #include "common/size.hpp"
 #include "plan/plan.hpp"
@@ -45,7 +46,14 @@ int main(int argc, char** argv) {
   std::string np_text = "2", collectives = "allreduce,allgather,reducescatter,alltoall,broadcast", max_text = "64M";
   int reps = 7, correction_reps = 3, passes = 4;
   double agree = 0.10;
-  std::string out = chorus::tune::CostProfile::defaultPath();
+  // The job's configuration: its tuning profile is the default output, and
+  // the measuring communicators are made from it.
+  auto cfg = chorus::api::configFromEnv();
+  if (!cfg.isOk()) {
+    fmt::print(stderr, "chorus-tune: {}\n", cfg.status().message());
+    return 2;
+  }
+  std::string out = cfg->tune.profile_path;
   bool no_tcp = false, append = false;
   app.add_option("--np", np_text, "rank counts to calibrate, e.g. 2,4 (one job each, run in turn; when not already a "
                                   "rank of a job)")
@@ -144,6 +152,7 @@ int main(int argc, char** argv) {
     base->source = "chorus-tune";
     o.base = std::move(base.value());
   }
+  o.config = cfg.value();
   auto p = chorus::tools::measureProfile(o);
   if (!p.isOk()) {
     fmt::print(stderr, "{}\n", p.status().message());

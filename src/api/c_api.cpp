@@ -15,9 +15,10 @@
 #include <thread>
 #include <unordered_set>
 
+#include "api/config.hpp"
 #include "bootstrap/bootstrap.hpp"
+#include "clock/offset.hpp"
 #include "comm/communicator.hpp"
-#include "common/env.hpp"
 #include "common/log.hpp"
 #include "kernels/dtype.hpp"
 
@@ -214,11 +215,12 @@ CHORUS_EXPORT const char* chorusGetLastError(chorusComm_t comm) {
 
 CHORUS_EXPORT chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId) {
   if (uniqueId == nullptr) return report(invalidArgument("chorusGetUniqueId: uniqueId is NULL"));
-  auto id = bootstrap::makeUniqueId();
+  auto id = bootstrap::makeUniqueId(api::envSocketIfname());
   if (!id.isOk()) return report(id.status());
   *uniqueId = id->encode();
   return chorusSuccess;
 }
+
 
 namespace {
 chorusResult_t registerComm(chorusComm_t* out, std::unique_ptr<Communicator> impl) {
@@ -232,33 +234,23 @@ chorusResult_t registerComm(chorusComm_t* out, std::unique_ptr<Communicator> imp
 
 // hint: appended to a failure to start or reach the rendezvous store (what
 // the environment init derived the address from, and how to override it).
-chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueId& id, int rank,
-                        const chorusConfig_t* user = nullptr, bool from_env = false, std::string_view hint = {}) {
-  auto cfg = CommConfig::fromEnv();
-  if (!cfg.isOk()) return report(cfg.status());
-  if (user != nullptr) {
-    if (user->size != sizeof(chorusConfig_t) || user->magic != CHORUS_CONFIG_MAGIC)
-      return report(invalidArgument("chorusCommInitRankConfig: config is not initialised (size={} magic={:#x}); "
-                                    "start from CHORUS_CONFIG_INITIALIZER",
-                                    user->size, user->magic));
-    if (user->timeoutMs != -1) {
-      if (user->timeoutMs <= 0)
-        return report(invalidArgument("chorusCommInitRankConfig: config.timeoutMs={} must be > 0 (or -1)", user->timeoutMs));
-      cfg->timeout = std::chrono::milliseconds(user->timeoutMs);
-    }
-    if (user->checkMode != -1) {
-      if (user->checkMode != 0 && user->checkMode != 1)
-        return report(invalidArgument("chorusCommInitRankConfig: config.checkMode={} must be 0, 1 or -1", user->checkMode));
-      cfg->check = user->checkMode == 1;
-    }
-  }
+// The process-wide parts of a configuration (the log level, the testing clock
+// offset): each init applies its own, so the last init's hold.
+void applyProcessWide(const Config& cfg) {
+  log::setLevel(cfg.log.level);
+  clock::setInjectedOffsetNs(cfg.trace.clock_offset_ns);
+}
+
+chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueId& id, int rank, const Config& cfg,
+                        bool from_env = false, std::string_view hint = {}) {
+  applyProcessWide(cfg);
   // The n-th environment init of this process rendezvous under its own
   // prefix on rank 0's one store (Communicator::init).
   static std::atomic<int> env_inits{0};
   std::string prefix = "w/";
   if (from_env)
     if (int gen = env_inits.fetch_add(1); gen > 0) prefix = fmt::format("w{}/", gen);
-  auto c = Communicator::init(nranks, rank, id, cfg.value(), prefix, from_env);
+  auto c = Communicator::init(nranks, rank, id, cfg, prefix, from_env);
   if (!c.isOk()) {
     if (!hint.empty() && c.status().message().find("rendezvous store") != std::string::npos)
       return report(Status(c.status().code(), fmt::format("{} ({})", c.status().message(), hint)));
@@ -266,47 +258,49 @@ chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueI
   }
   return registerComm(comm, std::move(c.value()));
 }
-}  // namespace
 
-CHORUS_EXPORT chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank) {
-  if (comm == nullptr) return report(invalidArgument("chorusCommInitRank: comm is NULL"));
-  *comm = nullptr;
-  if (nranks < 1) return report(invalidArgument("chorusCommInitRank: nranks={} must be >= 1", nranks));
-  if (rank < 0 || rank >= nranks)
-    return report(invalidArgument("chorusCommInitRank: rank={} is out of range for nranks={} (0..{})", rank, nranks, nranks - 1));
-  auto id = bootstrap::UniqueId::decode(commId);
-  if (!id.isOk()) return report(id.status().withContext("chorusCommInitRank: "));
-  return initRank(comm, nranks, id.value(), rank);
+// chorusConfig_t's fields over cfg (-1: cfg's, from the environment).
+Status applyUserConfig(const chorusConfig_t& user, Config& cfg) {
+  if (user.size != sizeof(chorusConfig_t) || user.magic != CHORUS_CONFIG_MAGIC)
+    return invalidArgument("chorusCommInitRankConfig: config is not initialised (size={} magic={:#x}); "
+                           "start from CHORUS_CONFIG_INITIALIZER",
+                           user.size, user.magic);
+  if (user.timeoutMs != -1) {
+    if (user.timeoutMs <= 0)
+      return invalidArgument("chorusCommInitRankConfig: config.timeoutMs={} must be > 0 (or -1)", user.timeoutMs);
+    cfg.timeout = std::chrono::milliseconds(user.timeoutMs);
+  }
+  if (user.checkMode != -1) {
+    if (user.checkMode != 0 && user.checkMode != 1)
+      return invalidArgument("chorusCommInitRankConfig: config.checkMode={} must be 0, 1 or -1", user.checkMode);
+    cfg.check = user.checkMode == 1;
+  }
+  return {};
 }
 
-CHORUS_EXPORT chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank,
-                                                      const chorusConfig_t* config) {
-  if (comm == nullptr) return report(invalidArgument("chorusCommInitRankConfig: comm is NULL"));
+// The arguments of chorusCommInitRank[Config] (fn), checked; the decoded id.
+Result<bootstrap::UniqueId> checkInitArgs(const char* fn, chorusComm_t* comm, int nranks, const chorusUniqueId& commId,
+                                          int rank) {
+  if (comm == nullptr) return invalidArgument("{}: comm is NULL", fn);
   *comm = nullptr;
-  if (config == nullptr) return report(invalidArgument("chorusCommInitRankConfig: config is NULL"));
-  if (nranks < 1) return report(invalidArgument("chorusCommInitRankConfig: nranks={} must be >= 1", nranks));
+  if (nranks < 1) return invalidArgument("{}: nranks={} must be >= 1", fn, nranks);
   if (rank < 0 || rank >= nranks)
-    return report(invalidArgument("chorusCommInitRankConfig: rank={} is out of range for nranks={} (0..{})", rank,
-                                  nranks, nranks - 1));
+    return invalidArgument("{}: rank={} is out of range for nranks={} (0..{})", fn, rank, nranks, nranks - 1);
   auto id = bootstrap::UniqueId::decode(commId);
-  if (!id.isOk()) return report(id.status().withContext("chorusCommInitRankConfig: "));
-  return initRank(comm, nranks, id.value(), rank, config);
+  if (!id.isOk()) return id.status().withContext(fmt::format("{}: ", fn));
+  return id;
 }
 
-CHORUS_EXPORT chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
+// The job of the environment (readEnvJob), initialised with cfg.
+chorusResult_t initFromEnv(chorusComm_t* comm, const Config& cfg) {
   if (comm == nullptr) return report(invalidArgument("chorusCommInitFromEnv: comm is NULL"));
   *comm = nullptr;
+  applyProcessWide(cfg);  // before the warning below
+  // readEnvJob also enforces CHORUS_REQUIRE_SECRET.
   auto job = bootstrap::readEnvJob();
   if (!job.isOk()) return report(job.status().withContext("chorusCommInitFromEnv: "));
-  if (!job->secret.present) {
-    auto req = env::getBool("CHORUS_REQUIRE_SECRET");
-    if (!req.isOk()) return report(req.status());
-    if (req.value())
-      return report(invalidUsage("chorusCommInitFromEnv: no job secret (CHORUS_SECRET) and CHORUS_REQUIRE_SECRET=1; "
-                                 "launch with chorus-run or set CHORUS_SECRET on every rank"));
-    if (job->rank == 0)
-      log::warn("no CHORUS_SECRET: this {} job runs unauthenticated (set CHORUS_SECRET or use chorus-run)", job->source);
-  }
+  if (!job->secret.present && job->rank == 0)
+    log::warn("no CHORUS_SECRET: this {} job runs unauthenticated (set CHORUS_SECRET or use chorus-run)", job->source);
   auto addr = net::resolve(job->master_addr, job->master_port);
   if (!addr.isOk()) return report(addr.status().withContext("chorusCommInitFromEnv: master address: "));
   bootstrap::UniqueId id{addr.value(), job->secret};
@@ -314,17 +308,67 @@ CHORUS_EXPORT chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
       "{} job: the store address {} is {}, its port {} is {}; set CHORUS_MASTER_ADDR and CHORUS_MASTER_PORT on every "
       "rank to a host and free port of rank 0",
       job->source, job->master_addr, job->addr_origin, job->master_port, job->port_origin);
-  return initRank(comm, job->world_size, id, job->rank, nullptr, /*from_env=*/true, hint);
+  return initRank(comm, job->world_size, id, job->rank, cfg, /*from_env=*/true, hint);
+}
+}  // namespace
+
+CHORUS_EXPORT chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank) {
+  auto id = checkInitArgs("chorusCommInitRank", comm, nranks, commId, rank);
+  if (!id.isOk()) return report(id.status());
+  auto cfg = api::configFromEnv();
+  if (!cfg.isOk()) return report(cfg.status());
+  return initRank(comm, nranks, id.value(), rank, cfg.value());
 }
 
-CHORUS_EXPORT chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {
+chorusResult_t chorus::api::commInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank,
+                                         const Config& cfg) {
+  auto id = checkInitArgs("chorusCommInitRank", comm, nranks, commId, rank);
+  if (!id.isOk()) return report(id.status());
+  return initRank(comm, nranks, id.value(), rank, cfg);
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank,
+                                                      const chorusConfig_t* config) {
+  if (comm == nullptr) return report(invalidArgument("chorusCommInitRankConfig: comm is NULL"));
+  *comm = nullptr;
+  if (config == nullptr) return report(invalidArgument("chorusCommInitRankConfig: config is NULL"));
+  auto id = checkInitArgs("chorusCommInitRankConfig", comm, nranks, commId, rank);
+  if (!id.isOk()) return report(id.status());
+  auto cfg = api::configFromEnv();
+  if (!cfg.isOk()) return report(cfg.status());
+  if (Status st = applyUserConfig(*config, cfg.value()); !st.isOk()) return report(st);
+  return initRank(comm, nranks, id.value(), rank, cfg.value());
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommInitFromEnv(chorusComm_t* comm) {
+  if (comm == nullptr) return report(invalidArgument("chorusCommInitFromEnv: comm is NULL"));
+  *comm = nullptr;
+  auto cfg = api::configFromEnv();
+  if (!cfg.isOk()) return report(cfg.status());
+  return initFromEnv(comm, cfg.value());
+}
+
+chorusResult_t chorus::api::commInitFromEnv(chorusComm_t* comm, const Config& cfg) { return initFromEnv(comm, cfg); }
+
+namespace {
+chorusResult_t split(chorusComm_t comm, int color, int key, const Config* cfg, chorusComm_t* newcomm) {
   CHORUS_COMM_PROLOGUE("chorusCommSplit");
   CHORUS_CHECK(newcomm ? Status() : invalidArgument("chorusCommSplit: newcomm is NULL"));
   *newcomm = nullptr;
-  auto r = ref->split(color, key);
+  auto r = ref->split(color, key, cfg);
   if (!r.isOk()) return report(r.status(), c);
   if (!r.value()) return chorusSuccess;
   return registerComm(newcomm, std::move(r.value()));
+}
+}  // namespace
+
+CHORUS_EXPORT chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int key, chorusComm_t* newcomm) {
+  return split(comm, color, key, nullptr, newcomm);
+}
+
+chorusResult_t chorus::api::commSplit(chorusComm_t comm, int color, int key, const Config& cfg,
+                                      chorusComm_t* newcomm) {
+  return split(comm, color, key, &cfg, newcomm);
 }
 
 CHORUS_EXPORT chorusResult_t chorusCommShrink(chorusComm_t comm, int flags, chorusComm_t* newcomm) {
@@ -339,9 +383,9 @@ CHORUS_EXPORT chorusResult_t chorusCommShrink(chorusComm_t comm, int flags, chor
     if (!handles().live.count(comm))
       return report(invalidUsage("chorusCommShrink: comm {} is not a live communicator", static_cast<void*>(comm)));
   }
-  auto window = env::getInt("CHORUS_SHRINK_WINDOW_MS");
-  if (!window.isOk()) return report(window.status());
-  auto r = comm->impl->shrink(std::chrono::milliseconds(window.value()));
+  // The window of the communicator's configuration (CHORUS_SHRINK_WINDOW_MS
+  // when it was made).
+  auto r = comm->impl->shrink(comm->impl->config().shrink.window);
   if (!r.isOk()) return report(r.status(), comm);
   return registerComm(newcomm, std::move(r.value()));
 }

@@ -208,9 +208,8 @@ Result<UniqueId> UniqueId::decode(const chorusUniqueId& id) {
   return out;
 }
 
-Result<UniqueId> makeUniqueId() {
+Result<UniqueId> makeUniqueId(const std::string& ifname) {
   net::SockAddr addr;
-  std::string ifname = env::getString("CHORUS_SOCKET_IFNAME");
   if (!ifname.empty()) {
     CHORUS_ASSIGN_OR_RETURN(addr, net::interfaceAddress(ifname));
   } else if (auto a = firstUpIpv4()) {
@@ -435,14 +434,14 @@ std::vector<int> hostIndices(std::span<const HostIdentity> ids, bool apart) {
   return host_of;
 }
 
-HostIdentity localHostIdentity() {
+HostIdentity localHostIdentity(std::string_view host_id) {
   HostIdentity id;
   // gethostname may not terminate a truncated name; the last byte stays 0.
   if (::gethostname(id.hostname, sizeof id.hostname - 1) != 0) id.hostname[0] = '\0';
   id.hostname[sizeof id.hostname - 1] = '\0';
   // CHORUS_HOST_ID splits one machine into several "hosts" (tests).
-  if (auto v = env::raw("CHORUS_HOST_ID"); v && !v->empty()) {
-    const std::string named = fmt::format("{}#{}", *v, id.hostname);  // the id first: never truncated away
+  if (!host_id.empty()) {
+    const std::string named = fmt::format("{}#{}", host_id, id.hostname);  // the id first: never truncated away
     std::memset(id.hostname, 0, sizeof id.hostname);
     std::memcpy(id.hostname, named.data(), std::min(named.size(), sizeof id.hostname - 1));
   }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bootstrap/auth.hpp"
@@ -29,13 +30,13 @@ struct UniqueId {
   static Result<UniqueId> decode(const chorusUniqueId& id);
 };
 
-// What rank 0 runs for chorusGetUniqueId: chooses the address (the interface of
-// CHORUS_SOCKET_IFNAME, else a non-loopback address of this host, else
+// What rank 0 runs for chorusGetUniqueId: chooses the address (interface
+// ifname's, Config::net.socket_ifname, when not empty, else a non-loopback address of this host, else
 // loopback), starts nothing yet, and draws a fresh secret.  The store server is
 // started by rank 0's chorusCommInitRank on exactly that address and port, so
 // getUniqueId reserves a free port by binding it and keeps the listening
 // socket for the server to adopt (see takeReservedListener).
-Result<UniqueId> makeUniqueId();
+Result<UniqueId> makeUniqueId(const std::string& ifname);
 // The listener reserved by makeUniqueId for this address, if this process made it.
 std::optional<net::Fd> takeReservedListener(const net::SockAddr& addr);
 
@@ -85,7 +86,9 @@ struct HostIdentity {
 
   bool operator==(const HostIdentity& o) const;
 };
-HostIdentity localHostIdentity();
+// host_id (Config::net.host_id, CHORUS_HOST_ID), when not empty, makes this
+// process a host of its own among the processes of one machine (tests).
+HostIdentity localHostIdentity(std::string_view host_id);
 // Host index of every rank: the lowest rank with an equal identity; with
 // `apart` (CHORUS_TRANSPORT=tcp) every rank is a host of its own.
 std::vector<int> hostIndices(std::span<const HostIdentity> ids, bool apart);

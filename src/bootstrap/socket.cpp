@@ -17,7 +17,6 @@
 #include <cstring>
 #include <thread>
 
-#include "common/env.hpp"
 
 namespace chorus::net {
 namespace {
@@ -177,8 +176,7 @@ Result<SockAddr> localAddressFor(const SockAddr& remote) {
   return local;
 }
 
-Result<SockAddr> chooseBindAddress(const SockAddr& master) {
-  std::string ifname = env::getString("CHORUS_SOCKET_IFNAME");
+Result<SockAddr> chooseBindAddress(const SockAddr& master, const std::string& ifname) {
   if (!ifname.empty()) return interfaceAddress(ifname);
   if (isLoopback(master)) {
     SockAddr a = master;

@@ -62,9 +62,10 @@ Result<SockAddr> resolve(const std::string& host, uint16_t port);
 Result<SockAddr> interfaceAddress(const std::string& ifname);
 // The local address the kernel would use to reach `remote` (UDP connect trick).
 Result<SockAddr> localAddressFor(const SockAddr& remote);
-// The address to bind listeners to: CHORUS_SOCKET_IFNAME's if set, else the
-// one routing to `master` (or loopback when master is loopback).
-Result<SockAddr> chooseBindAddress(const SockAddr& master);
+// The address to bind listeners to: interface ifname's if not empty
+// (Config::net.socket_ifname, CHORUS_SOCKET_IFNAME), else the one routing to
+// `master` (or loopback when master is loopback).
+Result<SockAddr> chooseBindAddress(const SockAddr& master, const std::string& ifname);
 
 // A listening TCP socket bound to addr (port 0 = ephemeral); CLOEXEC, REUSEADDR.
 Result<Fd> listenOn(const SockAddr& addr, int backlog = 128);

@@ -3,19 +3,19 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
-#include "common/env.hpp"
 
 namespace chorus::clock {
 
-int64_t injectedOffsetNs() {
-  static const int64_t v = [] {
-    auto r = env::getInt("CHORUS_CLOCK_OFFSET_NS");
-    return r.isOk() ? r.value() : int64_t{0};
-  }();
-  return v;
-}
+namespace {
+// Relaxed: one load per timestamp, as the function-local static it replaces.
+std::atomic<int64_t> g_injected_ns{0};
+}  // namespace
+
+int64_t injectedOffsetNs() { return g_injected_ns.load(std::memory_order_relaxed); }
+void setInjectedOffsetNs(int64_t ns) { g_injected_ns.store(ns, std::memory_order_relaxed); }
 
 int64_t traceNowNs() {
   timespec ts;

@@ -26,8 +26,10 @@ namespace chorus::clock {
 
 // CLOCK_MONOTONIC in nanoseconds plus the injected CHORUS_CLOCK_OFFSET_NS.
 int64_t traceNowNs();
-// The injected offset (read once per process).
+// The injected offset: process-wide, set by each init from its config
+// (Config::trace.clock_offset_ns); 0 until then.
 int64_t injectedOffsetNs();
+void setInjectedOffsetNs(int64_t ns);
 
 struct Exchange {
   int64_t t1 = 0, t2 = 0, t3 = 0, t4 = 0;

@@ -13,7 +13,6 @@
 
 #include "clock/offset.hpp"
 #include "comm/call_signature.hpp"
-#include "common/env.hpp"
 #include "common/log.hpp"
 #include "kernels/dtype.hpp"
 #include "transport/shm/shm.hpp"
@@ -78,42 +77,6 @@ kernels::BinOp binOpOf(chorusRedOp_t op) {
 
 }  // namespace
 
-Result<CommConfig> CommConfig::fromEnv() {
-  CommConfig c;
-  CHORUS_ASSIGN_OR_RETURN(int64_t t, env::getInt("CHORUS_TIMEOUT_MS"));
-  if (t <= 0) return invalidArgument("CHORUS_TIMEOUT_MS={} must be positive", t);
-  c.timeout = std::chrono::milliseconds(t);
-  std::string tr = env::getString("CHORUS_TRANSPORT");
-  if (tr != "auto" && tr != "tcp" && tr != "shm")
-    return invalidArgument("CHORUS_TRANSPORT='{}' is not one of auto, tcp", tr);
-  c.force_tcp = tr == "tcp";
-  CHORUS_ASSIGN_OR_RETURN(int64_t socks, env::getInt("CHORUS_TCP_SOCKETS"));
-  if (socks < 1 || socks > 16) return invalidArgument("CHORUS_TCP_SOCKETS={} must be in 1..16", socks);
-  c.tcp_sockets = static_cast<int>(socks);
-  CHORUS_ASSIGN_OR_RETURN(int64_t rdv, env::getInt("CHORUS_TCP_RENDEZVOUS_BYTES"));
-  if (rdv < 0) return invalidArgument("CHORUS_TCP_RENDEZVOUS_BYTES={} must be >= 0", rdv);
-  c.tcp_rendezvous_bytes = static_cast<uint64_t>(rdv);
-  CHORUS_ASSIGN_OR_RETURN(c.shm_cma, env::getBool("CHORUS_SHM_CMA"));
-  CHORUS_ASSIGN_OR_RETURN(int64_t hb, env::getInt("CHORUS_HEARTBEAT_MS"));
-  if (hb < 0 || hb > 3600000) return invalidArgument("CHORUS_HEARTBEAT_MS={} must be in 0..3600000", hb);
-  c.heartbeat_ms = static_cast<int>(hb);
-  CHORUS_ASSIGN_OR_RETURN(int64_t ring, env::getInt("CHORUS_SHM_RING_BYTES"));
-  if (ring < 4096 || (ring & (ring - 1)) != 0)
-    return invalidArgument("CHORUS_SHM_RING_BYTES={} must be a power of two >= 4096", ring);
-  c.shm_ring_bytes = static_cast<size_t>(ring);
-  c.algo_spec = env::getString("CHORUS_ALGO");
-  CHORUS_ASSIGN_OR_RETURN(int64_t chunk, env::getInt("CHORUS_CHUNK_BYTES"));
-  if (chunk < 0) return invalidArgument("CHORUS_CHUNK_BYTES={} must be >= 0", chunk);
-  c.chunk_bytes = static_cast<uint64_t>(chunk);
-  CHORUS_ASSIGN_OR_RETURN(c.check, env::getBool("CHORUS_CHECK"));
-  c.trace_dir = env::getString("CHORUS_TRACE");
-  CHORUS_ASSIGN_OR_RETURN(int64_t sync_s, env::getInt("CHORUS_CLOCK_SYNC_S"));
-  if (sync_s < 0 || sync_s > 86400) return invalidArgument("CHORUS_CLOCK_SYNC_S={} must be in 0..86400", sync_s);
-  c.clock_sync_s = static_cast<int>(sync_s);
-  CHORUS_RETURN_IF_ERROR(env::getInt("CHORUS_CLOCK_OFFSET_NS").status());
-  return c;
-}
-
 size_t Communicator::CacheHash::operator()(const CacheKey& k) const {
   size_t h = std::hash<uint64_t>{}(k.count);
   auto mix = [&](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
@@ -140,7 +103,7 @@ SharedServers& sharedServers() {
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> Communicator::init(int nranks, int rank, const bootstrap::UniqueId& id,
-                                                         const CommConfig& cfg, std::string_view prefix,
+                                                         const Config& cfg, std::string_view prefix,
                                                          bool shared_server) {
   std::shared_ptr<bootstrap::StoreServer> server;
   if (rank == 0) {
@@ -172,7 +135,7 @@ Result<std::unique_ptr<Communicator>> Communicator::init(int nranks, int rank, c
   return c;
 }
 
-Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
+Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
                            std::shared_ptr<bootstrap::Store> base, std::string prefix,
                            std::shared_ptr<bootstrap::StoreServer> server) {
   id_ = id;
@@ -184,7 +147,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   registry_ = plan::Registry::builtin();
   // The flight recorder's dump directory must exist when a failure comes;
   // made now (as CHORUS_TRACE's), or the init fails naming it.
-  if (const std::string dir = env::getString("CHORUS_FLIGHT_DIR"); !dir.empty()) {
+  if (const std::string& dir = cfg.flight.dir; !dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec || !std::filesystem::is_directory(dir))
@@ -196,7 +159,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   me.nranks = nranks_;
   me.rank = rank_;
   me.pid = static_cast<int32_t>(getpid());
-  me.host = bootstrap::localHostIdentity();
+  me.host = bootstrap::localHostIdentity(cfg.net.host_id);
   CHORUS_RETURN_IF_ERROR(store_->set(fmt::format("info/{}", rank_), bootstrap::toBytes(me)));
   std::vector<RankInfo> infos(nranks_);
   const auto join_start = std::chrono::steady_clock::now();
@@ -233,7 +196,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   std::vector<int> local, remote;
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_) continue;
-    (infos[r].host == me.host && !cfg.force_tcp ? local : remote).push_back(r);
+    (infos[r].host == me.host && !cfg.net.force_tcp ? local : remote).push_back(r);
   }
   std::vector<transport::Transport*> routes(nranks_, nullptr);
   const std::string job_tag = fmt::format("{:016x}", hash64(id.secret.toHex() + id.root.toString() + prefix_));
@@ -243,8 +206,10 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
     s.peers = local;
     int lowest = std::min(rank_, local.front());
     s.segment_prefix = fmt::format("/chorus-{}-{}", job_tag, lowest);
-    s.ring_bytes = cfg.shm_ring_bytes;
-    s.allow_cma = cfg.shm_cma;
+    s.ring_bytes = cfg.shm.ring_bytes;
+    s.allow_cma = cfg.shm.cma;
+    s.cma_bytes = cfg.shm.cma_bytes;
+    s.spin = cfg.spin;
     s.timeout = cfg.timeout;
     bootstrap::PrefixStore host_store(base, prefix_ + fmt::format("h{}/", lowest));
     auto t = transport::createShmTransport(s, host_store);
@@ -260,10 +225,11 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
     s.peers = remote;
     s.comm_id = hash64(job_tag + "tcp");
     s.secret = id.secret;
-    CHORUS_ASSIGN_OR_RETURN(s.bind_addr, net::chooseBindAddress(id.root));
-    s.sockets_per_peer = cfg.tcp_sockets;
-    s.rendezvous_bytes = cfg.tcp_rendezvous_bytes;
-    s.heartbeat_ms = cfg.heartbeat_ms;
+    CHORUS_ASSIGN_OR_RETURN(s.bind_addr, net::chooseBindAddress(id.root, cfg.net.socket_ifname));
+    s.sockets_per_peer = cfg.tcp.sockets;
+    s.rendezvous_bytes = cfg.tcp.rendezvous_bytes;
+    s.heartbeat_ms = cfg.tcp.heartbeat_ms;
+    s.spin = cfg.spin;
     s.timeout = cfg.timeout;
     auto t = transport::createTcpTransport(s, *store_);
     if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: TCP transport: ", rank_));
@@ -275,13 +241,13 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const CommConfig& cfg,
   std::vector<bootstrap::HostIdentity> hosts;
   hosts.reserve(infos.size());
   for (const RankInfo& o : infos) hosts.push_back(o.host);
-  topo.host_of = bootstrap::hostIndices(hosts, cfg.force_tcp);
+  topo.host_of = bootstrap::hostIndices(hosts, cfg.net.force_tcp);
   for (const bootstrap::HostIdentity& h : hosts) topo.one_machine = topo.one_machine && h == me.host;
-  CHORUS_ASSIGN_OR_RETURN(tune::CostProfile profile, tune::CostProfile::load());
-  auto tuner = tune::Tuner::create(registry_, topo, cfg.algo_spec, cfg.chunk_bytes, std::move(profile));
+  CHORUS_ASSIGN_OR_RETURN(tune::CostProfile profile, tune::CostProfile::load(cfg.tune.profile_path));
+  auto tuner = tune::Tuner::create(registry_, topo, cfg.tune.algo_spec, cfg.tune.chunk_bytes, std::move(profile));
   if (!tuner.isOk()) return tuner.status();
   tuner_ = std::make_unique<tune::Tuner>(std::move(tuner.value()));
-  if (!cfg.trace_dir.empty()) {
+  if (!cfg.trace.dir.empty()) {
     // Ranks in different network namespaces of one machine are different
     // hosts to chorus (TCP between them): their trace names the namespace.
     bool netns_apart = false;
@@ -314,7 +280,7 @@ Status Communicator::openTrace(uint64_t comm_id, const std::string& host) {
   clock_gettime(CLOCK_REALTIME, &ts);
   h.open_unix_ns = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
   h.host = host;
-  auto r = trace::Recorder::open(cfg_.trace_dir, h);
+  auto r = trace::Recorder::open(cfg_.trace.dir, h);
   if (!r.isOk()) return r.status().withContext(fmt::format("rank {}: ", rank_));
   trace_ = std::move(r.value());
   executor_->setRecorder(trace_.get());
@@ -353,8 +319,8 @@ Status Communicator::startWatchdog() {
 void Communicator::watchdogLoop() {
   // With tracing, the same thread re-estimates the clock offset every
   // CHORUS_CLOCK_SYNC_S between probes.
-  const bool resync = trace_ != nullptr && cfg_.clock_sync_s > 0;
-  const auto period = resync ? std::chrono::milliseconds(cfg_.clock_sync_s * 1000LL) : std::chrono::hours(24);
+  const bool resync = trace_ != nullptr && cfg_.trace.clock_sync_s > 0;
+  const auto period = resync ? std::chrono::milliseconds(cfg_.trace.clock_sync_s * 1000LL) : std::chrono::hours(24);
   for (uint64_t k = 0;; ++k) {
     for (;;) {
       auto probe = watch_store_->get(fmt::format("probe/{}", k), period);
@@ -451,7 +417,7 @@ Status Communicator::explainTimeout(const Status& st, const FlightEntry& stuck) 
 }
 
 void Communicator::dumpFlight() const {
-  const std::string dir = env::getString("CHORUS_FLIGHT_DIR");
+  const std::string& dir = cfg_.flight.dir;
   if (dir.empty()) return;
   const std::string path = fmt::format("{}/flight-rank{}-pid{}.json", dir, rank_, getpid());
   if (FILE* f = std::fopen(path.c_str(), "w")) {
@@ -1212,11 +1178,11 @@ Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, si
 Status Communicator::setAlgorithms(std::string_view spec) {
   std::unique_lock l(q_mu_);
   q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
-  auto t = tune::Tuner::create(registry_, tuner_->topology(), spec, cfg_.chunk_bytes, tuner_->profile());
+  auto t = tune::Tuner::create(registry_, tuner_->topology(), spec, cfg_.tune.chunk_bytes, tuner_->profile());
   if (!t.isOk()) return t.status();
   *tuner_ = std::move(t.value());
   last_.valid = false;  // the memo holds the previous choice
-  cfg_.algo_spec = std::string(spec);  // communicators split from this one inherit it
+  cfg_.tune.algo_spec = std::string(spec);  // communicators split from this one inherit it
   return {};
 }
 
@@ -1267,7 +1233,7 @@ Result<std::unique_ptr<Communicator>> Communicator::shrink(std::chrono::millisec
 
 // ---- split --------------------------------------------------------------------
 
-Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
+Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key, const Config* cfg) {
   std::vector<int32_t> all(3 * static_cast<size_t>(nranks_));
   int32_t mine[3] = {color < 0 ? -1 : color, key, rank_};
   OpDesc op;
@@ -1293,7 +1259,8 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
   c->nranks_ = static_cast<int>(members.size());
   for (size_t i = 0; i < members.size(); ++i)
     if (members[i].second == rank_) c->rank_ = static_cast<int>(i);
-  CHORUS_RETURN_IF_ERROR(c->setup(id_, cfg_, base_store_, prefix_ + fmt::format("s{}c{}/", seq, color), server_));
+  CHORUS_RETURN_IF_ERROR(c->setup(id_, cfg != nullptr ? *cfg : cfg_, base_store_,
+                                  prefix_ + fmt::format("s{}c{}/", seq, color), server_));
   CHORUS_RETURN_IF_ERROR(syncAll(*store_, done));
   return c;
 }

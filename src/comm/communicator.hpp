@@ -26,6 +26,7 @@
 #include "bootstrap/store.hpp"
 #include "comm/call_signature.hpp"
 #include "comm/flight.hpp"
+#include "common/config.hpp"
 #include "common/status.hpp"
 #include "exec/executor.hpp"
 #include "exec/stream.hpp"
@@ -59,22 +60,6 @@ struct PreMulSumOp {
   bool live = false;
 };
 
-struct CommConfig {
-  std::chrono::milliseconds timeout{600000};
-  bool force_tcp = false;
-  int tcp_sockets = 1;
-  uint64_t tcp_rendezvous_bytes = 262144;  // CHORUS_TCP_RENDEZVOUS_BYTES
-  int heartbeat_ms = 1000;
-  bool shm_cma = true;
-  size_t shm_ring_bytes = 1 << 20;
-  std::string algo_spec;
-  uint64_t chunk_bytes = 0;
-  bool check = false;  // CHORUS_CHECK: exchange signatures before every collective
-  std::string trace_dir;      // CHORUS_TRACE: "" = off
-  int clock_sync_s = 60;      // CHORUS_CLOCK_SYNC_S (with tracing)
-  static Result<CommConfig> fromEnv();
-};
-
 class Communicator {
  public:
   // Collective over all nranks ranks.  Rank 0 runs the store server for
@@ -87,19 +72,21 @@ class Communicator {
   // every rank meets the n-th of the others) without a rank meeting a store
   // that is shutting down.
   static Result<std::unique_ptr<Communicator>> init(int nranks, int rank, const bootstrap::UniqueId& id,
-                                                    const CommConfig& cfg, std::string_view prefix = "w/",
+                                                    const Config& cfg, std::string_view prefix = "w/",
                                                     bool shared_server = false);
   ~Communicator();
 
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return nranks_; }
+  [[nodiscard]] const Config& config() const { return cfg_; }
 
   // Runs ops as one unit: now on this thread (stream == nullptr) or queued on stream.
   Status submit(std::vector<OpDesc> ops, exec::Stream* stream);
   Status submitOne(OpDesc& op, exec::Stream* stream);
 
   // Collective over this communicator.  color < 0: *out = nullptr.
-  Result<std::unique_ptr<Communicator>> split(int color, int key);
+  // cfg: the new communicator's configuration; nullptr = this one's.
+  Result<std::unique_ptr<Communicator>> split(int color, int key, const Config* cfg = nullptr);
   // Collective over the surviving ranks: a new communicator of the ranks that
   // joined the agreement (see chorusCommShrink).
   Result<std::unique_ptr<Communicator>> shrink(std::chrono::milliseconds window);
@@ -145,7 +132,7 @@ class Communicator {
   };
 
   Communicator() = default;
-  Status setup(const bootstrap::UniqueId& id, const CommConfig& cfg, std::shared_ptr<bootstrap::Store> base,
+  Status setup(const bootstrap::UniqueId& id, const Config& cfg, std::shared_ptr<bootstrap::Store> base,
                std::string prefix, std::shared_ptr<bootstrap::StoreServer> server);
   Status syncAll(bootstrap::Store& store, std::string_view name);
   // Answers other ranks' "where are you?" probes (see explainTimeout).
@@ -190,7 +177,7 @@ class Communicator {
   void traceOps(std::span<const OpDesc> ops, size_t n, int64_t start_ns, bool ok);
 
   int rank_ = 0, nranks_ = 1;
-  CommConfig cfg_;
+  Config cfg_;
   bootstrap::UniqueId id_;
   std::string prefix_;
   std::shared_ptr<bootstrap::StoreServer> server_;  // rank 0 of the root communicator

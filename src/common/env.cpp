@@ -41,18 +41,18 @@ constexpr Knob kKnobs[] = {
 };
 // clang-format on
 
-const Knob* find(std::string_view name) {
+}  // namespace
+
+std::span<const Knob> knobs() { return kKnobs; }
+
+const Knob* findKnob(std::string_view name) {
   for (const Knob& k : kKnobs)
     if (k.name == name) return &k;
   return nullptr;
 }
 
-}  // namespace
-
-std::span<const Knob> knobs() { return kKnobs; }
-
 std::optional<std::string> raw(std::string_view name) {
-  [[maybe_unused]] const Knob* k = find(name);
+  [[maybe_unused]] const Knob* k = findKnob(name);
   assert(k && "knob missing from the table in env.cpp");
   const char* v = std::getenv(std::string(name).c_str());
   if (v == nullptr) return std::nullopt;
@@ -61,7 +61,7 @@ std::optional<std::string> raw(std::string_view name) {
 
 std::string getString(std::string_view name) {
   if (auto v = raw(name)) return *v;
-  const Knob* k = find(name);
+  const Knob* k = findKnob(name);
   return k ? std::string(k->default_value) : std::string();
 }
 

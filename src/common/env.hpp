@@ -24,6 +24,13 @@ struct Knob {
 
 // All knobs, in documentation order.
 std::span<const Knob> knobs();
+// The table's entry for name, or nullptr.
+const Knob* findKnob(std::string_view name);
+
+// The readers below are for the API layer (api/config.cpp) and bootstrap's
+// job-environment reader only: the rest of the library receives chorus::Config
+// (common/config.hpp).  tests/check_env_reads.sh fails the build's tests when
+// another file calls them.
 
 // Raw value: the environment's, else nullopt (the default is not applied).
 std::optional<std::string> raw(std::string_view name);

@@ -2,24 +2,20 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
-#include "common/env.hpp"
 
 namespace chorus::log {
 
-Level level() {
-  // Read once: the level is a process-wide setting, not per communicator.
-  static const Level lvl = [] {
-    std::string s = env::getString("CHORUS_DEBUG");
-    if (s == "NONE") return Level::None;
-    if (s == "INFO") return Level::Info;
-    if (s == "TRACE") return Level::Trace;
-    return Level::Warn;
-  }();
-  return lvl;
-}
+namespace {
+// Relaxed: a log line racing a level change may use either level.
+std::atomic<Level> g_level{Level::Warn};
+}  // namespace
+
+Level level() { return g_level.load(std::memory_order_relaxed); }
+void setLevel(Level lvl) { g_level.store(lvl, std::memory_order_relaxed); }
 
 void write(Level lvl, std::string_view msg) {
   static constexpr const char* kNames[] = {"", "WARN", "INFO", "TRACE"};

@@ -1,4 +1,5 @@
-// Minimal leveled logging to stderr, controlled by CHORUS_DEBUG.
+// Minimal leveled logging to stderr.  The level is process-wide: CHORUS_DEBUG,
+// which the API layer reads (api/config.cpp) and sets here; Warn until then.
 #pragma once
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@ namespace chorus::log {
 enum class Level { None = 0, Warn = 1, Info = 2, Trace = 3 };
 
 Level level();
+void setLevel(Level lvl);
 void write(Level lvl, std::string_view msg);
 
 template <typename... Args>

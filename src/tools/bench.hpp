@@ -172,9 +172,13 @@ struct BenchOptions {
   // chorusCommSetAlgo; sizes an algorithm does not handle are skipped).
   // Empty: the algorithms CHORUS_ALGO or the tuner choose.
   std::vector<std::string> algos;
+  // The communicator's algorithm overrides (its Config::tune.algo_spec,
+  // CHORUS_ALGO's syntax): named in the header, and kept for the other
+  // collectives when --algo all forces one.
+  std::string algo_spec;
   bool in_place = true;            // also measure the in-place placement
   std::vector<Row>* rows = nullptr;  // when set, every measured row is appended here (every rank)
-  // --algo NAME (one algorithm, already forced through CHORUS_ALGO): a size
+  // --algo NAME (one algorithm, already forced in algo_spec): a size
   // it cannot run is reported with the reason and not measured (the tuner
   // would run another plan), and counted in *unsupported.
   std::string forced_algo;

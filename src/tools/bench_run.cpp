@@ -149,7 +149,7 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
     json.open(o.json_path, std::ios::out | std::ios::trunc);
     if (!json) return systemError("chorus-bench: cannot open --json file '{}' for writing", o.json_path);
   }
-  const std::string chorus_algo = env::getString("CHORUS_ALGO");
+  const std::string& chorus_algo = o.algo_spec;
   const std::string algo = o.algos.empty() ? algoFor(chorus_algo, c) : "all";
   auto print = [&](const std::string& s) {
     if (rank != 0) return;

@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "api/config.hpp"
 #include "bootstrap/bootstrap.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/reduce.hpp"
@@ -118,34 +119,22 @@ Result<tune::LinkCost> measureLink(chorusComm_t comm, const TuneOptions& o, doub
   return l;
 }
 
-Result<chorusComm_t> initFromEnv();
+Result<chorusComm_t> initFromEnv(const Config& cfg);
 
-// Sets an environment variable for the scope, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+// The configuration of the job's TCP-only communicator (CHORUS_TRANSPORT=tcp).
+Config tcpConfig(const Config& job) {
+  Config c = job;
+  c.net.force_tcp = true;
+  return c;
+}
 
 // The communicator's link class, from every rank's host identity (as the
 // communicator groups ranks for shared memory; CHORUS_TRANSPORT=tcp puts every
 // rank on a host of its own).
-Result<tune::LinkClass> linkClass(chorusComm_t comm, bool force_tcp) {
+Result<tune::LinkClass> linkClass(chorusComm_t comm, bool force_tcp, const Config& cfg) {
   int n = 1;
   chorusCommCount(comm, &n);
-  const bootstrap::HostIdentity me = bootstrap::localHostIdentity();
+  const bootstrap::HostIdentity me = bootstrap::localHostIdentity(cfg.net.host_id);
   std::vector<bootstrap::HostIdentity> all(static_cast<size_t>(n));
   CHORUS_RETURN_IF_ERROR(check(chorusAllGather(&me, all.data(), sizeof me, chorusUint8, comm, nullptr), comm,
                                "gathering host identities"));
@@ -172,14 +161,14 @@ Result<std::vector<tune::Correction>> measureCorrections(chorusComm_t parent, co
     if (!f) return systemError("chorus-tune: cannot write the temporary profile {}", path);
   }
   // A communicator split off the parent (same transports, no new rendezvous)
-  // reads its profile, the temporary one, when it is set up.
+  // with the parent's configuration but for its profile, the temporary one,
+  // which it reads when it is set up.
   int rank = 0;
   chorusCommUserRank(parent, &rank);
+  Config cfg = tcp ? tcpConfig(o.config) : o.config;
+  cfg.tune.profile_path = path;
   chorusComm_t comm = nullptr;
-  chorusResult_t made = [&] {
-    ScopedEnv file("CHORUS_TUNE_FILE", path);
-    return chorusCommSplit(parent, 0, rank, &comm);
-  }();
+  const chorusResult_t made = api::commSplit(parent, 0, rank, cfg, &comm);
   std::error_code ec;
   std::filesystem::remove(path, ec);
   CHORUS_RETURN_IF_ERROR(check(made, parent, "splitting a calibration communicator"));
@@ -189,7 +178,7 @@ Result<std::vector<tune::Correction>> measureCorrections(chorusComm_t parent, co
   } closer{comm};
   int n = 1;
   chorusCommCount(comm, &n);
-  CHORUS_ASSIGN_OR_RETURN(tune::LinkClass link, linkClass(comm, tcp));
+  CHORUS_ASSIGN_OR_RETURN(tune::LinkClass link, linkClass(comm, tcp, o.config));
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
   if (!sink) return systemError("chorus-tune: cannot open /dev/null");
 
@@ -223,6 +212,7 @@ Result<std::vector<tune::Correction>> measureCorrections(chorusComm_t parent, co
         bo.check = rep == 0;
         bo.algos = algos;
         bo.in_place = false;
+        bo.algo_spec = cfg.tune.algo_spec;
         std::vector<bench::Row> rows;
         bo.rows = &rows;
         CHORUS_ASSIGN_OR_RETURN(uint64_t wrong, bench::runBench(bo, comm, sink.get()));
@@ -288,7 +278,7 @@ class OwnedComm {
 // The TCP-only communicator of the same ranks: a fresh unique id from rank 0,
 // broadcast over comm.  (A second chorusCommInitFromEnv would rendezvous on
 // the job's master port again, where rank 0's first store may still answer.)
-Result<OwnedComm> tcpTwin(chorusComm_t comm) {
+Result<OwnedComm> tcpTwin(chorusComm_t comm, const Config& job) {
   int n = 0, rank = 0;
   chorusCommCount(comm, &n);
   chorusCommUserRank(comm, &rank);
@@ -296,16 +286,15 @@ Result<OwnedComm> tcpTwin(chorusComm_t comm) {
   if (rank == 0) CHORUS_RETURN_IF_ERROR(check(chorusGetUniqueId(&id), comm, "drawing a unique id for TCP"));
   CHORUS_RETURN_IF_ERROR(check(chorusBroadcast(&id, &id, sizeof id, chorusUint8, 0, comm, nullptr), comm,
                                "sending the TCP unique id"));
-  ScopedEnv transport("CHORUS_TRANSPORT", "tcp");
   chorusComm_t tc = nullptr;
-  if (chorusResult_t r = chorusCommInitRank(&tc, n, id, rank); r != chorusSuccess)
+  if (chorusResult_t r = api::commInitRank(&tc, n, id, rank, tcpConfig(job)); r != chorusSuccess)
     return makeError(r, "chorus-tune: the TCP communicator: {}", chorusGetLastError(nullptr));
   return OwnedComm(tc);
 }
 
-Result<chorusComm_t> initFromEnv() {
+Result<chorusComm_t> initFromEnv(const Config& cfg) {
   chorusComm_t comm = nullptr;
-  chorusResult_t r = chorusCommInitFromEnv(&comm);
+  chorusResult_t r = api::commInitFromEnv(&comm, cfg);
   if (r != chorusSuccess) return makeError(r, "chorus-tune: chorusCommInitFromEnv: {}", chorusGetLastError(nullptr));
   return comm;
 }
@@ -451,7 +440,7 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
   const bool figures = !o.base;
   tune::CostProfile p = o.base.value_or(tune::CostProfile{});
   p.source = "chorus-tune";
-  CHORUS_ASSIGN_OR_RETURN(chorusComm_t made, initFromEnv());
+  CHORUS_ASSIGN_OR_RETURN(chorusComm_t made, initFromEnv(o.config));
   OwnedComm shm(made);
   int n = 0, rank = 0;
   chorusCommCount(shm.get(), &n);
@@ -459,7 +448,7 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
   if (n < 2) return invalidUsage("chorus-tune needs at least 2 ranks (run it with --np 2)");
   std::optional<OwnedComm> tcp;
   if (o.tcp) {
-    CHORUS_ASSIGN_OR_RETURN(OwnedComm t, tcpTwin(shm.get()));
+    CHORUS_ASSIGN_OR_RETURN(OwnedComm t, tcpTwin(shm.get(), o.config));
     tcp.emplace(std::move(t));
   }
   if (figures) {

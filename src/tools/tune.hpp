@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/config.hpp"
 #include "common/status.hpp"
 #include "tune/cost_model.hpp"
 
@@ -38,6 +39,9 @@ struct TuneOptions {
   // Keep this profile's figures and only add the corrections of this job's
   // rank count (chorus-tune --np 2,4 runs one job per count).
   std::optional<tune::CostProfile> base;
+  // The job's configuration (chorus-tune: api::configFromEnv()); the TCP and
+  // calibration communicators are made from variants of it.
+  Config config;
 };
 
 // Collective over the job the process belongs to (chorusCommInitFromEnv).

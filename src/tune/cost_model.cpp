@@ -12,7 +12,6 @@
 
 #include <unistd.h>
 
-#include "common/env.hpp"
 #include "kernels/dtype.hpp"
 
 namespace chorus::tune {
@@ -233,14 +232,8 @@ std::string CostProfile::toJson() const {
   return j.dump(2) + "\n";
 }
 
-std::string CostProfile::defaultPath() {
-  if (auto f = env::raw("CHORUS_TUNE_FILE"); f && !f->empty()) return *f;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "/tmp") + "/.cache/chorus/profile.json";
-}
-
-Result<CostProfile> CostProfile::load() {
-  const std::string path = defaultPath();
+Result<CostProfile> CostProfile::load(const std::string& path) {
+  if (path.empty()) return CostProfile{};
   std::ifstream in(path);
   if (!in) return CostProfile{};
   std::stringstream ss;

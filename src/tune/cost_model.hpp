@@ -111,10 +111,10 @@ struct CostProfile {
   // Parses a profile written by chorus-tune; errors name the key.
   static Result<CostProfile> fromJson(const std::string& text);
   [[nodiscard]] std::string toJson() const;
-  // CHORUS_TUNE_FILE, else ~/.cache/chorus/profile.json, else the defaults.
+  // The profile at path (Config::tune.profile_path: CHORUS_TUNE_FILE, else
+  // ~/.cache/chorus/profile.json), else the defaults: "" or a missing file.
   // A file that exists but does not parse is an error naming it.
-  static Result<CostProfile> load();
-  static std::string defaultPath();
+  static Result<CostProfile> load(const std::string& path);
 };
 
 // host_of[r]: an identifier of rank r's host (ranks with equal ids share memory).

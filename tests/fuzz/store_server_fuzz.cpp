@@ -33,6 +33,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
+#include "common/log.hpp"
 
 namespace {
 
@@ -55,7 +56,7 @@ void drain(int fd) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  ::setenv("CHORUS_DEBUG", "NONE", 1);  // refused connections are logged as warnings otherwise
+  chorus::log::setLevel(chorus::log::Level::None);  // refused connections are logged as warnings otherwise
   return 0;
 }
 

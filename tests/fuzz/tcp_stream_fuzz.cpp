@@ -48,6 +48,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/memory_store.hpp"
+#include "common/log.hpp"
 #include "kernels/reduce.hpp"
 #include "transport/tcp/tcp.hpp"
 #include "transport/tcp/tcp_wire.hpp"
@@ -134,7 +135,7 @@ Stats stats;
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  ::setenv("CHORUS_DEBUG", "NONE", 1);  // rejected hellos are logged as warnings otherwise
+  chorus::log::setLevel(chorus::log::Level::None);  // rejected hellos are logged as warnings otherwise
   return 0;
 }
 

@@ -4,9 +4,14 @@
 
 #include <thread>
 
+#include "api/config.hpp"
+
 namespace chorus::testing {
 
-std::vector<std::string> runRanks(int nranks, const std::function<std::string(int, chorusComm_t)>& body) {
+namespace {
+// cfg nullptr: chorusCommInitRank (the environment's configuration).
+std::vector<std::string> run(int nranks, const Config* cfg,
+                             const std::function<std::string(int, chorusComm_t)>& body) {
   std::vector<std::string> msgs(nranks);
   chorusUniqueId id;
   if (chorusGetUniqueId(&id) != chorusSuccess) {
@@ -17,7 +22,9 @@ std::vector<std::string> runRanks(int nranks, const std::function<std::string(in
   for (int r = 0; r < nranks; ++r) {
     threads.emplace_back([&, r] {
       chorusComm_t comm = nullptr;
-      if (chorusCommInitRank(&comm, nranks, id, r) != chorusSuccess) {
+      const chorusResult_t made =
+          cfg != nullptr ? api::commInitRank(&comm, nranks, id, r, *cfg) : chorusCommInitRank(&comm, nranks, id, r);
+      if (made != chorusSuccess) {
         msgs[r] = fmt::format("rank {}: init: {}", r, chorusGetLastError(nullptr));
         return;
       }
@@ -28,6 +35,16 @@ std::vector<std::string> runRanks(int nranks, const std::function<std::string(in
   }
   for (auto& t : threads) t.join();
   return msgs;
+}
+}  // namespace
+
+std::vector<std::string> runRanks(int nranks, const std::function<std::string(int, chorusComm_t)>& body) {
+  return run(nranks, nullptr, body);
+}
+
+std::vector<std::string> runRanks(int nranks, const Config& cfg,
+                                  const std::function<std::string(int, chorusComm_t)>& body) {
+  return run(nranks, &cfg, body);
 }
 
 std::string failures(const std::vector<std::string>& msgs) {

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "api/config.hpp"
+
 namespace {
 
 constexpr auto kBadType99 = static_cast<chorusDataType_t>(99);
@@ -487,7 +489,8 @@ TEST(ApiInit, BadArguments) {
 // Two ranks disagree on nranks.  Both must fail, naming the two values, and
 // within the (shortened) timeout rather than hang.
 TEST(ApiInit, MismatchedRankCounts) {
-  setenv("CHORUS_TIMEOUT_MS", "5000", 1);
+  chorus::Config cfg;
+  cfg.timeout = std::chrono::milliseconds(5000);
   for (auto [n0, n1_] : {std::pair{2, 3}, std::pair{3, 2}}) {
     const int n1 = n1_;  // a copy the thread's lambda can capture (clang 14 cannot capture a structured binding)
     SCOPED_TRACE(testing::Message() << "rank 0 nranks=" << n0 << ", rank 1 nranks=" << n1);
@@ -498,10 +501,10 @@ TEST(ApiInit, MismatchedRankCounts) {
     std::string msg[2];
     const auto start = std::chrono::steady_clock::now();
     std::thread t([&] {
-      rc[1] = chorusCommInitRank(&c[1], n1, id, 1);
+      rc[1] = chorus::api::commInitRank(&c[1], n1, id, 1, cfg);
       msg[1] = chorusGetLastError(nullptr);
     });
-    rc[0] = chorusCommInitRank(&c[0], n0, id, 0);
+    rc[0] = chorus::api::commInitRank(&c[0], n0, id, 0, cfg);
     msg[0] = chorusGetLastError(nullptr);
     t.join();
     const auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -519,13 +522,13 @@ TEST(ApiInit, MismatchedRankCounts) {
     EXPECT_TRUE(rc[0] == chorusInvalidUsage || rc[0] == chorusMismatch) << rc[0] << ": " << msg[0];
     EXPECT_LT(secs, 10.0) << "rank 0: " << msg[0] << "\nrank 1: " << msg[1];
   }
-  unsetenv("CHORUS_TIMEOUT_MS");
 }
 
 // A rank that never starts: the others time out naming how many joined, the
 // missing rank and the store's address, not a store key.
 TEST(ApiInit, ARankThatNeverStartsIsNamed) {
-  setenv("CHORUS_TIMEOUT_MS", "1500", 1);
+  chorus::Config rank0_cfg;
+  rank0_cfg.timeout = std::chrono::milliseconds(1500);
   chorusUniqueId id;
   ASSERT_EQ(chorusGetUniqueId(&id), chorusSuccess);
   chorusComm_t c[2] = {nullptr, nullptr};
@@ -541,10 +544,9 @@ TEST(ApiInit, ARankThatNeverStartsIsNamed) {
     rc[1] = chorusCommInitRankConfig(&c[1], 3, id, 1, &cfg);
     msg[1] = chorusGetLastError(nullptr);
   });
-  rc[0] = chorusCommInitRank(&c[0], 3, id, 0);  // rank 2 never calls
+  rc[0] = chorus::api::commInitRank(&c[0], 3, id, 0, rank0_cfg);  // rank 2 never calls
   msg[0] = chorusGetLastError(nullptr);
   t.join();
-  unsetenv("CHORUS_TIMEOUT_MS");
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(rc[r], chorusTimeout) << msg[r];
     if (c[r]) chorusCommDestroy(c[r]);

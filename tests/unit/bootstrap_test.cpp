@@ -37,6 +37,7 @@ class EnvTest : public ::testing::Test {
     for (auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
   }
   static void set(const char* k, const char* v) { setenv(k, v, 1); }
+  static void unset(const char* k) { unsetenv(k); }
 
  private:
   std::map<std::string, std::string> saved_;
@@ -110,9 +111,8 @@ TEST(UniqueIdCodec, RejectsCorruption) {
   EXPECT_TRUE(corrupt(40, 0x55).isOk());
 }
 
-TEST_F(EnvTest, MakeUniqueIdReservesAListenerTheServerAdopts) {
-  set("CHORUS_SOCKET_IFNAME", "lo");
-  auto id = makeUniqueId();
+TEST(UniqueIdTest, MakeUniqueIdReservesAListenerTheServerAdopts) {
+  auto id = makeUniqueId("lo");
   ASSERT_TRUE(id.isOk()) << id.status().message();
   EXPECT_EQ(id->root.family(), AF_INET);
   EXPECT_NE(id->root.port(), 0);
@@ -128,13 +128,11 @@ TEST_F(EnvTest, MakeUniqueIdReservesAListenerTheServerAdopts) {
   auto c = connectStore(decoded->root, decoded->secret, 5s);
   ASSERT_TRUE(c.isOk()) << c.status().message();
   EXPECT_EQ(*(*c)->add("n", 1), 1);
-  // Without the interface knob the id still gets some usable address.
-  unsetenv("CHORUS_SOCKET_IFNAME");
-  auto any = makeUniqueId();
+  // Without an interface the id still gets some usable address.
+  auto any = makeUniqueId("");
   ASSERT_TRUE(any.isOk()) << any.status().message();
   EXPECT_TRUE(takeReservedListener(any->root).has_value());
-  set("CHORUS_SOCKET_IFNAME", "nosuchif0");
-  auto bad = makeUniqueId();
+  auto bad = makeUniqueId("nosuchif0");
   EXPECT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("nosuchif0"), std::string::npos);
 }
@@ -186,8 +184,8 @@ TEST_F(EnvTest, Torchrun) {
   EXPECT_NE(top.status().message().find("MASTER_PORT=65535"), std::string::npos) << top.status().message();
   set("CHORUS_MASTER_PORT", "4000");  // exactly this port, not + 1
   EXPECT_EQ(readEnvJob()->master_port, 4000);
-  unsetenv("CHORUS_MASTER_PORT");
-  unsetenv("MASTER_PORT");
+  unset("CHORUS_MASTER_PORT");
+  unset("MASTER_PORT");
   auto missing = readEnvJob();
   ASSERT_FALSE(missing.isOk());
   EXPECT_NE(missing.status().message().find("MASTER_PORT"), std::string::npos) << missing.status().message();
@@ -214,7 +212,7 @@ TEST_F(EnvTest, OpenMpiDerivesTheMasterFromItsOwnVariables) {
   EXPECT_EQ(readEnvJob()->master_port, port);
   set("OMPI_MCA_ess_base_jobid", "1608450050");  // another job, another port
   EXPECT_NE(readEnvJob()->master_port, port);
-  unsetenv("OMPI_MCA_ess_base_jobid");
+  unset("OMPI_MCA_ess_base_jobid");
   set("PMIX_NAMESPACE", "prterun-node1-4242@1");  // Open MPI 5
   ASSERT_TRUE(readEnvJob().isOk());
 
@@ -273,7 +271,7 @@ TEST_F(EnvTest, MalformedValuesNameTheVariable) {
   ASSERT_FALSE(j.isOk());
   EXPECT_NE(j.status().message().find("CHORUS_MASTER_PORT"), std::string::npos);
   set("CHORUS_MASTER_PORT", "1");
-  unsetenv("CHORUS_WORLD_SIZE");
+  unset("CHORUS_WORLD_SIZE");
   j = readEnvJob();
   ASSERT_FALSE(j.isOk());
   EXPECT_NE(j.status().message().find("CHORUS_WORLD_SIZE"), std::string::npos);
@@ -318,8 +316,11 @@ TEST(SlurmNodeList, FirstHost) {
 }
 
 TEST(HostIdentity, StableAndComparable) {
-  HostIdentity a = localHostIdentity(), b = localHostIdentity();
+  HostIdentity a = localHostIdentity(""), b = localHostIdentity("");
   EXPECT_TRUE(a == b);
+  // A host id (CHORUS_HOST_ID) makes a host of its own on the same machine.
+  EXPECT_FALSE(localHostIdentity("h1") == a);
+  EXPECT_TRUE(localHostIdentity("h1") == localHostIdentity("h1"));
   EXPECT_NE(a.hostname[0], '\0');
   EXPECT_NE(a.netns_inode, 0u);
   EXPECT_NE(a.ipcns_inode, 0u);

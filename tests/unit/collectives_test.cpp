@@ -42,13 +42,20 @@ TEST_P(RankCount, LargeCountsFloat) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, RankCount, ::testing::Values(1, 2, 3, 4, 5, 7, 8));
 
+// A configuration forcing algorithms (CHORUS_ALGO's syntax) and, with tcp,
+// TCP between every pair of ranks (CHORUS_TRANSPORT=tcp).
+Config configWith(const std::string& algo_spec, bool tcp) {
+  Config cfg;
+  cfg.tune.algo_spec = algo_spec;
+  cfg.net.force_tcp = tcp;
+  return cfg;
+}
+
 class TcpRankCount : public ::testing::TestWithParam<int> {};
 TEST_P(TcpRankCount, ForcedTcp) {
   const int n = GetParam();
-  setenv("CHORUS_TRANSPORT", "tcp", 1);
   auto cases = standardCases(n, {0, 7, 100003}, /*all_dtypes=*/false);
-  auto msgs = runRanks(n, [&](int r, chorusComm_t c) { return runAll(r, c, cases); });
-  unsetenv("CHORUS_TRANSPORT");
+  auto msgs = runRanks(n, configWith("", true), [&](int r, chorusComm_t c) { return runAll(r, c, cases); });
   EXPECT_EQ(failures(msgs), "");
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, TcpRankCount, ::testing::Values(2, 3, 5));
@@ -68,13 +75,12 @@ struct AlgoCase {
 class AllReduceAlgorithm : public ::testing::TestWithParam<AlgoCase> {};
 TEST_P(AllReduceAlgorithm, MatchesReference) {
   const AlgoCase p = GetParam();
-  setenv("CHORUS_ALGO", fmt::format("allreduce:{}", p.algo).c_str(), 1);
-  if (p.tcp) setenv("CHORUS_TRANSPORT", "tcp", 1);
   std::vector<Case> cases;
   for (const Case& c : standardCases(p.nranks, {0, 1, 7, 4099, 300007}, /*all_dtypes=*/true))
     if (c.coll == Coll::AllReduce && (c.count < 1000 || (c.dtype == chorusFloat32 && c.op == chorusSum)))
       cases.push_back(c);
-  auto msgs = runRanks(p.nranks, [&](int r, chorusComm_t c) -> std::string {
+  auto msgs = runRanks(p.nranks, configWith(fmt::format("allreduce:{}", p.algo), p.tcp),
+                       [&](int r, chorusComm_t c) -> std::string {
     for (size_t count : {7, 300007}) {
       char algo[64] = {};
       double us = 0;
@@ -84,8 +90,6 @@ TEST_P(AllReduceAlgorithm, MatchesReference) {
     }
     return runAll(r, c, cases);
   });
-  unsetenv("CHORUS_ALGO");
-  unsetenv("CHORUS_TRANSPORT");
   EXPECT_EQ(failures(msgs), "");
 }
 INSTANTIATE_TEST_SUITE_P(
@@ -98,14 +102,13 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The hierarchical allgather and alltoall, every rank its own host (TCP).
 TEST(Collectives, HierarchicalAllGatherAndAllToAll) {
-  setenv("CHORUS_ALGO", "allgather:hierarchical,alltoall:hierarchical", 1);
-  setenv("CHORUS_TRANSPORT", "tcp", 1);
   const int n = 3;
   std::vector<Case> cases;
   for (const Case& c : standardCases(n, {0, 1, 7, 100003}, /*all_dtypes=*/true))
     if ((c.coll == Coll::AllGather || c.coll == Coll::AllToAll) && (c.count < 1000 || c.dtype == chorusFloat32))
       cases.push_back(c);
-  auto msgs = runRanks(n, [&](int r, chorusComm_t c) -> std::string {
+  auto msgs = runRanks(n, configWith("allgather:hierarchical,alltoall:hierarchical", true),
+                       [&](int r, chorusComm_t c) -> std::string {
     for (const char* coll : {"allgather", "alltoall"}) {
       char algo[64] = {};
       double us = 0;
@@ -115,8 +118,6 @@ TEST(Collectives, HierarchicalAllGatherAndAllToAll) {
     }
     return runAll(r, c, cases);
   });
-  unsetenv("CHORUS_ALGO");
-  unsetenv("CHORUS_TRANSPORT");
   EXPECT_EQ(failures(msgs), "");
 }
 
@@ -124,15 +125,13 @@ TEST(Collectives, HierarchicalAllGatherAndAllToAll) {
 // message per round, the rotation into the output; in place and out of place,
 // n = 3, 5 (the last round sends n - 2^k < 2^k blocks), 8 and 13.
 TEST(Collectives, BruckAllGather) {
-  setenv("CHORUS_ALGO", "allgather:bruck", 1);
   for (bool tcp : {false, true})
     for (int n : {3, 5, 8, 13}) {
       if (tcp && n > 5) continue;
-      if (tcp) setenv("CHORUS_TRANSPORT", "tcp", 1);
       std::vector<Case> cases;
       for (const Case& c : standardCases(n, {0, 1, 7, 100003}, /*all_dtypes=*/true))
         if (c.coll == Coll::AllGather && (c.count < 1000 || c.dtype == chorusFloat32)) cases.push_back(c);
-      auto msgs = runRanks(n, [&](int r, chorusComm_t c) -> std::string {
+      auto msgs = runRanks(n, configWith("allgather:bruck", tcp), [&](int r, chorusComm_t c) -> std::string {
         char algo[64] = {};
         double us = 0;
         if (chorusCommPredict(c, "allgather", 100003, chorusFloat32, 0, algo, sizeof algo, &us) != chorusSuccess)
@@ -140,28 +139,25 @@ TEST(Collectives, BruckAllGather) {
         if (std::string(algo) != "bruck") return fmt::format("rank {}: allgather ran {}", r, algo);
         return runAll(r, c, cases);
       });
-      unsetenv("CHORUS_TRANSPORT");
       EXPECT_EQ(failures(msgs), "") << n << " ranks" << (tcp ? " over tcp" : "");
     }
-  unsetenv("CHORUS_ALGO");
 }
 
 // The one-shot allgather, reduce-scatter, all-to-all and broadcast, forced, on shm (the
 // board within its size, the executor above it) and on tcp, against the
 // reference: in place and out of place, ragged and zero counts.
 TEST(Collectives, OneShotFamily) {
-  setenv("CHORUS_ALGO", "allgather:oneshot;reducescatter:oneshot;alltoall:oneshot;broadcast:oneshot", 1);
   for (bool tcp : {false, true})
     for (int n : {2, 3, 5}) {
       if (tcp && n != 3) continue;
-      if (tcp) setenv("CHORUS_TRANSPORT", "tcp", 1);
       std::vector<Case> cases;
       for (const Case& c : standardCases(n, {0, 1, 7, 201, 100003}, /*all_dtypes=*/true))
         if ((c.coll == Coll::AllGather || c.coll == Coll::ReduceScatter || c.coll == Coll::AllToAll ||
              c.coll == Coll::Broadcast) &&
             (c.count < 1000 || c.dtype == chorusFloat32))
           cases.push_back(c);
-      auto msgs = runRanks(n, [&](int r, chorusComm_t c) -> std::string {
+      auto msgs = runRanks(n, configWith("allgather:oneshot;reducescatter:oneshot;alltoall:oneshot;broadcast:oneshot", tcp),
+                           [&](int r, chorusComm_t c) -> std::string {
         for (const char* coll : {"allgather", "reducescatter", "alltoall", "broadcast"}) {
           char algo[64] = {};
           double us = 0;
@@ -171,10 +167,8 @@ TEST(Collectives, OneShotFamily) {
         }
         return runAll(r, c, cases);
       });
-      unsetenv("CHORUS_TRANSPORT");
       EXPECT_EQ(failures(msgs), "") << n << " ranks" << (tcp ? " over tcp" : "");
     }
-  unsetenv("CHORUS_ALGO");
 }
 
 TEST(Collectives, ManyRanks) {

@@ -39,14 +39,23 @@ static_assert(!chorus::Element<bool> && !chorus::Element<int16_t> && !chorus::El
 
 // Runs body(comm) on n threads, each with its own communicator from one
 // UniqueId.  Returns the joined failure messages ("" = all ok).
-std::string runComms(int n, const std::function<std::string(Communicator&)>& body) {
+// cfg: every communicator made with it (chorusCommInitRankConfig, adopted);
+// nullptr: Communicator::initRank.
+std::string runComms(int n, const std::function<std::string(Communicator&)>& body,
+                     const chorusConfig_t* cfg = nullptr) {
   auto id = chorus::UniqueId::create();
   if (!id.ok()) return "UniqueId::create: " + id.status().toString();
   std::vector<std::string> msgs(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
-      auto comm = Communicator::initRank(n, *id, r);
+      auto comm = [&]() -> chorus::Result<Communicator> {
+        if (cfg == nullptr) return Communicator::initRank(n, *id, r);
+        chorusComm_t c = nullptr;
+        if (chorusResult_t res = chorusCommInitRankConfig(&c, n, id->native(), r, cfg); res != chorusSuccess)
+          return Status::fromC(res);
+        return Communicator::adopt(c);
+      }();
       if (!comm.ok()) {
         msgs[r] = "init: " + comm.status().toString();
         return;
@@ -338,7 +347,8 @@ TEST(CppApi, Split) {
 // whole CHORUS_TIMEOUT_MS (600 s by default).  Enable once split keeps the
 // store alive (e.g. a parent-wide "left" count before split returns).
 TEST(CppApi, SplitThenImmediateDestroy) {
-  setenv("CHORUS_TIMEOUT_MS", "5000", 1);
+  chorusConfig_t cfg = CHORUS_CONFIG_INITIALIZER;
+  cfg.timeoutMs = 5000;
   for (int iter = 0; iter < 20; ++iter) {
     auto err = runComms(4, [&](Communicator& comm) -> std::string {
       auto sub = comm.split(comm.rank() % 2, 0);
@@ -346,10 +356,9 @@ TEST(CppApi, SplitThenImmediateDestroy) {
       std::vector<int> x(3, 1);
       CHECK_OK(sub->allReduce(std::span(x), RedOp::Sum).wait());
       return "";
-    });
+    }, &cfg);
     EXPECT_EQ(err, "") << "iteration " << iter;
   }
-  unsetenv("CHORUS_TIMEOUT_MS");
 }
 
 TEST(CppApi, MoveSemantics) {

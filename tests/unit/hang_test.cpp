@@ -25,13 +25,13 @@ namespace {
 // Four ranks with a 1.5 s timeout run allreduce #0; ranks 0-2 then enter
 // allreduce #1, which rank 3 never joins.  Per rank: "<code> <message>" of
 // allreduce #1 ("" for rank 3), or "first allreduce failed".
-std::vector<std::string> rank3StaysOut() {
-  setenv("CHORUS_TIMEOUT_MS", "1500", 1);
+std::vector<std::string> rank3StaysOut(Config cfg = {}) {
+  cfg.timeout = std::chrono::milliseconds(1500);
   std::mutex mu;
   std::condition_variable cv;
   int finished = 0;
   const int n = 4;
-  auto msgs = runRanks(n, [&](int r, chorusComm_t comm) -> std::string {
+  auto msgs = runRanks(n, cfg, [&](int r, chorusComm_t comm) -> std::string {
     std::vector<float> x(1000, 1.0f);
     if (chorusAllReduce(x.data(), x.data(), x.size(), chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess)
       return "first allreduce failed";
@@ -49,7 +49,6 @@ std::vector<std::string> rank3StaysOut() {
     cv.wait_for(l, std::chrono::seconds(30), [&] { return finished == n - 1; });
     return out;
   });
-  unsetenv("CHORUS_TIMEOUT_MS");
   return msgs;
 }
 
@@ -215,9 +214,9 @@ TEST(Hang, ARankThatGaveUpIsReportedInItsOperation) {
 TEST(Hang, ReportAfterARealTimeout) {
   const std::string dir = ::testing::TempDir() + "/chorus-flight-real-" + std::to_string(getpid()) + "/sub";
   std::filesystem::remove_all(dir);
-  setenv("CHORUS_FLIGHT_DIR", dir.c_str(), 1);
-  auto msgs = rank3StaysOut();
-  unsetenv("CHORUS_FLIGHT_DIR");
+  Config cfg;
+  cfg.flight.dir = dir;
+  auto msgs = rank3StaysOut(cfg);
   for (const std::string& m : msgs) EXPECT_NE(m, "first allreduce failed");
   ASSERT_TRUE(std::filesystem::is_directory(dir)) << "CHORUS_FLIGHT_DIR was not created";
   auto report = hangReport(dir);
@@ -230,9 +229,9 @@ TEST(Hang, ReportAfterARealTimeout) {
 
 // A CHORUS_FLIGHT_DIR that cannot be created fails the init, naming it.
 TEST(Hang, UncreatableFlightDirFailsTheInit) {
-  setenv("CHORUS_FLIGHT_DIR", "/proc/chorus-no-such-dir/x", 1);
-  auto msgs = runRanks(1, [&](int, chorusComm_t) -> std::string { return "init succeeded"; });
-  unsetenv("CHORUS_FLIGHT_DIR");
+  Config cfg;
+  cfg.flight.dir = "/proc/chorus-no-such-dir/x";
+  auto msgs = runRanks(1, cfg, [&](int, chorusComm_t) -> std::string { return "init succeeded"; });
   ASSERT_EQ(msgs.size(), 1u);
   EXPECT_NE(msgs[0].find("CHORUS_FLIGHT_DIR"), std::string::npos) << msgs[0];
   EXPECT_NE(msgs[0].find("/proc/chorus-no-such-dir/x"), std::string::npos) << msgs[0];

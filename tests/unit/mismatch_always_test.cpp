@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
-#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <numeric>
@@ -20,22 +19,6 @@
 
 namespace chorus::testing {
 namespace {
-
-struct EnvGuard {
-  EnvGuard(const char* k, const char* v) : key(k) {
-    if (const char* old = std::getenv(k)) saved = old, had = true;
-    setenv(k, v, 1);
-  }
-  ~EnvGuard() {
-    if (had)
-      setenv(key, saved.c_str(), 1);
-    else
-      unsetenv(key);
-  }
-  const char* key;
-  std::string saved;
-  bool had = false;
-};
 
 enum class Kind { AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Reduce, Gather, Scatter, AllGatherV, AllToAllV };
 const char* kindName(Kind k) {
@@ -80,10 +63,11 @@ chorusResult_t issue(const Call& c, int n, chorusComm_t comm, std::vector<double
   return chorusInternalError;
 }
 
-std::string judge(int r, int n, chorusComm_t comm, const Call& base, const Call& odd_call, int odd, const char* field);
+std::string judge(int r, int n, chorusComm_t comm, const Call& base, const Call& odd_call, int odd, const char* field,
+                  bool tcp);
 
 // Runs the scenario on n ranks; "" when every rank reported the mismatch.
-std::string scenario(int n, const Call& base, const Call& odd_call, int odd, const char* field) {
+std::string scenario(const Config& cfg, int n, const Call& base, const Call& odd_call, int odd, const char* field) {
   // Every rank keeps its communicator until all have their verdict, as the
   // ranks of a job that reports errors would (a rank that is gone can only
   // be reported as gone).
@@ -96,8 +80,8 @@ std::string scenario(int n, const Call& base, const Call& odd_call, int odd, con
     cv.notify_all();
     cv.wait_for(l, std::chrono::seconds(60), [&] { return done == n; });
   };
-  auto msgs = runRanks(n, [&](int r, chorusComm_t comm) -> std::string {
-    std::string verdict = judge(r, n, comm, base, odd_call, odd, field);
+  auto msgs = runRanks(n, cfg, [&](int r, chorusComm_t comm) -> std::string {
+    std::string verdict = judge(r, n, comm, base, odd_call, odd, field, cfg.net.force_tcp);
     wait_all();
     return verdict;
   });
@@ -109,7 +93,9 @@ std::string scenario(int n, const Call& base, const Call& odd_call, int odd, con
   return failures(msgs);
 }
 
-std::string judge(int r, int n, chorusComm_t comm, const Call& base, const Call& odd_call, int odd, const char* field) {
+// tcp: the communicator runs over TCP only (Config::net.force_tcp).
+std::string judge(int r, int n, chorusComm_t comm, const Call& base, const Call& odd_call, int odd, const char* field,
+                  bool tcp) {
   {
     std::vector<double> a, b;
     const std::string me = "rank " + std::to_string(r) + ": ";
@@ -133,7 +119,7 @@ std::string judge(int r, int n, chorusComm_t comm, const Call& base, const Call&
     // (asking the store for the peer's verdict could block on a dead store
     // host).  Accepted only when a rank that found the mismatch says so
     // (checked in scenario()).
-    if (res == chorusRemoteError && std::getenv("CHORUS_TRANSPORT") != nullptr &&
+    if (res == chorusRemoteError && tcp &&
         msg.find("closed") != std::string::npos)
       return "closed:" + msg;
     if (res != chorusMismatch) return me + "got " + std::to_string(res) + " instead of chorusMismatch: " + msg;
@@ -156,8 +142,17 @@ struct Path {
   bool tcp;
 };
 
+// The tests' configuration: a 20 s timeout, TCP between all ranks or not.
+Config configFor(const Path& path) {
+  Config cfg;
+  cfg.timeout = std::chrono::milliseconds(20000);
+  cfg.net.force_tcp = path.tcp;
+  return cfg;
+}
+
 // Every collective with each field changed on one rank.
 void everyCollective(int n, const Path& path) {
+  const Config cfg = configFor(path);
   std::vector<std::string> errors;
   for (int ki = 0; ki <= static_cast<int>(Kind::AllToAllV); ++ki) {
     const auto kind = static_cast<Kind>(ki);
@@ -165,8 +160,8 @@ void everyCollective(int n, const Path& path) {
       if (count == 0) continue;
       Call base{kind, count, chorusFloat32, chorusSum, 0};
       const int odd = n - 1;
-      auto check = [&](const Call& other, const char* field) {
-        std::string e = scenario(n, base, other, odd, field);
+      auto check = [&](const Call& other, const char* field, const Config& with) {
+        std::string e = scenario(with, n, base, other, odd, field);
         if (!e.empty())
           errors.push_back(std::string(path.name) + " n=" + std::to_string(n) + " " + kindName(kind) +
                            " count=" + std::to_string(count) + " (" + field + "): " + e);
@@ -178,28 +173,29 @@ void everyCollective(int n, const Path& path) {
       if (kind != Kind::AllToAllV) {
         Call c = base;
         c.count = count + (count == path.small ? 3 : count / 2);
-        check(c, "count");
+        check(c, "count", cfg);
       }
       Call d = base;
       d.dtype = chorusInt32;  // same element size: only the signature can tell
-      check(d, "dtype");
+      check(d, "dtype", cfg);
       if (reduces(kind)) {
         Call o = base;
         o.op = chorusMax;
-        check(o, "op");
+        check(o, "op", cfg);
       }
       if (rooted(kind)) {
         // Ranks that disagree on a root may all only receive (a reduce's or
         // gather's two self-declared roots): no message tells, and the
         // timeout's probe of every rank's flight record finds it.
-        EnvGuard quick("CHORUS_TIMEOUT_MS", "1500");
+        Config quick = cfg;
+        quick.timeout = std::chrono::milliseconds(1500);
         Call rt = base;
         rt.root = 1;
-        check(rt, "root");
+        check(rt, "root", quick);
       }
       Call k = base;
       k.kind = kind == Kind::AllReduce ? Kind::AllGather : Kind::AllReduce;
-      check(k, "collective");
+      check(k, "collective", cfg);
     }
   }
   // One rank small (the board), the others large (the rings or TCP).
@@ -207,7 +203,7 @@ void everyCollective(int n, const Path& path) {
     Call base{Kind::AllReduce, path.large, chorusFloat32, chorusSum, 0};
     Call odd = base;
     odd.count = path.small;
-    if (std::string e = scenario(n, base, odd, 0, "count"); !e.empty())
+    if (std::string e = scenario(cfg, n, base, odd, 0, "count"); !e.empty())
       errors.push_back(std::string(path.name) + " n=" + std::to_string(n) + " small vs large: " + e);
   }
   std::string all;
@@ -218,33 +214,27 @@ void everyCollective(int n, const Path& path) {
 // 100 floats (400 B) go through the board; 300,000 (1.2 MB) through the
 // rings, by cross-memory attach where the receiver copies.
 TEST(MismatchAlwaysOn, SharedMemoryEveryCollective) {
-  EnvGuard timeout("CHORUS_TIMEOUT_MS", "20000");
   for (int n : {2, 3}) everyCollective(n, Path{"shm", 100, 300000, false});
 }
 
 TEST(MismatchAlwaysOn, SharedMemoryManyRanks) {
-  EnvGuard timeout("CHORUS_TIMEOUT_MS", "20000");
   for (int n : {5, 8}) everyCollective(n, Path{"shm", 64, 20000, false});
 }
 
 TEST(MismatchAlwaysOn, TcpEveryCollective) {
-  EnvGuard timeout("CHORUS_TIMEOUT_MS", "20000");
-  EnvGuard transport("CHORUS_TRANSPORT", "tcp");
   // 100 floats: eager frames; 100,000 (400 KB): rendezvous (CTS) frames.
   for (int n : {2, 3}) everyCollective(n, Path{"tcp", 100, 100000, true});
 }
 
 TEST(MismatchAlwaysOn, TcpManyRanks) {
-  EnvGuard timeout("CHORUS_TIMEOUT_MS", "20000");
-  EnvGuard transport("CHORUS_TRANSPORT", "tcp");
   everyCollective(8, Path{"tcp", 64, 0, true});
 }
 
 // The message names both ranks' calls and the field (the issue's case: 100
 // floats against 1,000 on the board, and an allreduce against an allgather).
 TEST(MismatchAlwaysOn, BoardMessageNamesRanksAndFields) {
-  EnvGuard timeout("CHORUS_TIMEOUT_MS", "20000");
-  auto msgs = runRanks(2, [&](int r, chorusComm_t comm) -> std::string {
+  const Config cfg = configFor(Path{"shm", 0, 0, false});
+  auto msgs = runRanks(2, cfg, [&](int r, chorusComm_t comm) -> std::string {
     std::vector<float> x(4096, 1.0f), y(4096);
     if (chorusAllReduce(x.data(), x.data(), 4, chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess)
       return "warm-up failed";
@@ -257,7 +247,7 @@ TEST(MismatchAlwaysOn, BoardMessageNamesRanksAndFields) {
     return "";
   });
   EXPECT_EQ(failures(msgs), "");
-  msgs = runRanks(2, [&](int r, chorusComm_t comm) -> std::string {
+  msgs = runRanks(2, cfg, [&](int r, chorusComm_t comm) -> std::string {
     std::vector<float> x(4096, 1.0f), y(4096);
     if (chorusAllReduce(x.data(), x.data(), 4, chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess)
       return "warm-up failed";

@@ -2,23 +2,23 @@
 // chorusMismatch naming the ranks and fields — never a hang or corruption.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
+#include <chrono>
 
 #include "support/rank_threads.hpp"
 
 namespace chorus::testing {
 namespace {
 
-struct EnvGuard {
-  EnvGuard(const char* k, const char* v) : key(k) { setenv(k, v, 1); }
-  ~EnvGuard() { unsetenv(key); }
-  const char* key;
-};
+// CHORUS_CHECK=1.
+Config checked() {
+  Config cfg;
+  cfg.check = true;
+  return cfg;
+}
 
 TEST(Mismatch, CountMismatchWithChecksNamesRankAndField) {
-  EnvGuard check("CHORUS_CHECK", "1");
   const int n = 4;
-  auto msgs = runRanks(n, [&](int r, chorusComm_t comm) -> std::string {
+  auto msgs = runRanks(n, checked(), [&](int r, chorusComm_t comm) -> std::string {
     std::vector<float> x(4096, 1.0f);
     // A matching call first, so the mismatch is not the always-checked first one.
     if (chorusAllReduce(x.data(), x.data(), 16, chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess)
@@ -51,8 +51,7 @@ TEST(Mismatch, FirstCallIsAlwaysChecked) {
 }
 
 TEST(Mismatch, DtypeOpAndRootDifferences) {
-  EnvGuard check("CHORUS_CHECK", "1");
-  auto msgs = runRanks(2, [&](int r, chorusComm_t comm) -> std::string {
+  auto msgs = runRanks(2, checked(), [&](int r, chorusComm_t comm) -> std::string {
     std::vector<double> x(64, 1.0);
     std::string out;
     chorusResult_t a = chorusAllReduce(x.data(), x.data(), 8, r ? chorusFloat64 : chorusInt64, chorusSum, comm, nullptr);
@@ -67,9 +66,10 @@ TEST(Mismatch, DtypeOpAndRootDifferences) {
 // transports' length check on the receiving side; every rank returns an
 // error within the timeout instead of hanging or overrunning a buffer.
 TEST(Mismatch, UncheckedCountMismatchFailsNotHangs) {
-  EnvGuard timeout("CHORUS_TIMEOUT_MS", "3000");
+  Config cfg;
+  cfg.timeout = std::chrono::milliseconds(3000);
   const int n = 3;
-  auto msgs = runRanks(n, [&](int r, chorusComm_t comm) -> std::string {
+  auto msgs = runRanks(n, cfg, [&](int r, chorusComm_t comm) -> std::string {
     std::vector<float> x(1 << 20, 1.0f);
     if (chorusAllReduce(x.data(), x.data(), 8, chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess) return std::string("first failed: ") + chorusGetLastError(comm);
     const size_t count = r == 1 ? 300000 : 200000;

@@ -2,7 +2,7 @@
 // with chorusCommShrink, and finish the job on the smaller communicator.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
+#include <chrono>
 
 #include "support/rank_threads.hpp"
 
@@ -10,10 +10,11 @@ namespace chorus::testing {
 namespace {
 
 TEST(Shrink, SurvivorsFinishTheJob) {
-  setenv("CHORUS_SHRINK_WINDOW_MS", "1500", 1);
-  setenv("CHORUS_TIMEOUT_MS", "20000", 1);
+  Config cfg;
+  cfg.shrink.window = std::chrono::milliseconds(1500);
+  cfg.timeout = std::chrono::milliseconds(20000);
   const int n = 4, gone = 2;
-  auto msgs = runRanks(n, [&](int r, chorusComm_t comm) -> std::string {
+  auto msgs = runRanks(n, cfg, [&](int r, chorusComm_t comm) -> std::string {
     std::vector<float> x(100000, 1.0f);
     if (chorusAllReduce(x.data(), x.data(), x.size(), chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess)
       return "first allreduce failed";
@@ -43,8 +44,6 @@ TEST(Shrink, SurvivorsFinishTheJob) {
     chorusCommDestroy(small);
     return "";
   });
-  unsetenv("CHORUS_SHRINK_WINDOW_MS");
-  unsetenv("CHORUS_TIMEOUT_MS");
   EXPECT_EQ(failures(msgs), "");
 }
 

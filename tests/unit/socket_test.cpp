@@ -192,17 +192,12 @@ TEST(Socket, InterfaceAddressOfLoopbackAndMissing) {
 }
 
 TEST(Socket, ChooseBindAddressHonoursIfname) {
-  const char* old = getenv("CHORUS_SOCKET_IFNAME");
-  std::string saved = old ? old : "";
-  setenv("CHORUS_SOCKET_IFNAME", "lo", 1);
   auto master = resolve("10.255.255.1", 1);
-  auto a = chooseBindAddress(*master);
+  auto a = chooseBindAddress(*master, "lo");
   ASSERT_TRUE(a.isOk()) << a.status().message();
   EXPECT_EQ(a->toString(), "127.0.0.1:0");
-  setenv("CHORUS_SOCKET_IFNAME", "nosuchif0", 1);
-  EXPECT_FALSE(chooseBindAddress(*master).isOk());
-  if (old) setenv("CHORUS_SOCKET_IFNAME", saved.c_str(), 1); else unsetenv("CHORUS_SOCKET_IFNAME");
-  auto loop = chooseBindAddress(*resolve("127.0.0.1", 9));
+  EXPECT_FALSE(chooseBindAddress(*master, "nosuchif0").isOk());
+  auto loop = chooseBindAddress(*resolve("127.0.0.1", 9), "");
   ASSERT_TRUE(loop.isOk());
   EXPECT_EQ(loop->toString(), "127.0.0.1:0");
 }

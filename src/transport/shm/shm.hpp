@@ -30,8 +30,12 @@ struct ShmSetup {
   int rank = 0;                 // this rank in the communicator
   std::vector<int> peers;       // communicator ranks served by this transport (on this host), excluding rank
   std::string segment_prefix;   // unique per job and communicator, e.g. "/chorus-<jobhash>-c3"
-  size_t ring_bytes = 1 << 20;  // per ordered pair; power of two
+  size_t ring_bytes = 1 << 20;  // per ordered pair; power of two in [4096, 4 GiB]
   bool allow_cma = true;
+  // Smallest message sent by cross-memory attach instead of through the ring
+  // (0 is taken as 1).
+  size_t cma_bytes = 1 << 20;
+  std::chrono::microseconds spin{50};  // a wait polls this long before it blocks (Config::spin)
   std::chrono::milliseconds timeout{600000};  // for the setup exchange
 };
 

@@ -24,7 +24,6 @@
 #include <mutex>
 #include <new>
 
-#include "common/env.hpp"
 #include "common/log.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport/shm/shm_detail.hpp"
@@ -287,27 +286,22 @@ Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
       std::binary_search(peer_ranks_.begin(), peer_ranks_.end(), rank_))
     return invalidArgument("shm transport, rank {}: the peer list must be distinct ranks other than {} itself",
                            rank_, rank_);
-  size_t ring_bytes = setup.ring_bytes;
-  if (ring_bytes == 0) {
-    CHORUS_ASSIGN_OR_RETURN(int64_t knob, env::getInt("CHORUS_SHM_RING_BYTES"));
-    ring_bytes = static_cast<size_t>(knob);
-  }
+  // The knob (CHORUS_SHM_RING_BYTES) is validated with the same rule where
+  // it is read (api/config.cpp); this checks the argument of direct callers.
+  const size_t ring_bytes = setup.ring_bytes;
   if (ring_bytes < kPage || (ring_bytes & (ring_bytes - 1)) != 0 || ring_bytes > (size_t{1} << 32))
-    return invalidArgument("shm transport, rank {}: ring size {} bytes must be a power of two in [4096, 4 GiB] "
-                           "(check CHORUS_SHM_RING_BYTES)", rank_, ring_bytes);
+    return invalidArgument("shm transport, rank {}: ring size {} bytes must be a power of two in [4096, 4 GiB]",
+                           rank_, ring_bytes);
   if (setup.segment_prefix.empty() || setup.segment_prefix.size() > 200 ||
       setup.segment_prefix.find('/', 1) != std::string::npos)
     return invalidArgument("shm transport, rank {}: segment prefix '{}' must be 1..200 characters with no '/' "
                            "after the first", rank_, setup.segment_prefix);
-  CHORUS_ASSIGN_OR_RETURN(int64_t spin_us, env::getInt("CHORUS_SPIN_US"));
-  CHORUS_ASSIGN_OR_RETURN(bool cma_knob, env::getBool("CHORUS_SHM_CMA"));
-  allow_cma_ = setup.allow_cma && cma_knob;
-  CHORUS_ASSIGN_OR_RETURN(int64_t cma_bytes, env::getInt("CHORUS_SHM_CMA_BYTES"));
-  cma_threshold_ = static_cast<size_t>(std::max<int64_t>(cma_bytes, 1));
+  allow_cma_ = setup.allow_cma;
+  cma_threshold_ = std::max<size_t>(setup.cma_bytes, 1);
   cpu_set_t cpus;
   size_t ncores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? static_cast<size_t>(CPU_COUNT(&cpus)) : 1;
   oversubscribed_ = peer_ranks_.size() + 1 > ncores;
-  spin_ = std::chrono::microseconds(std::max<int64_t>(spin_us, 0));
+  spin_ = std::max(setup.spin, std::chrono::microseconds(0));
 
   // Create our segment; a name left by a killed earlier run is unlinked once.
   std::string name = setup.segment_prefix[0] == '/' ? setup.segment_prefix : "/" + setup.segment_prefix;

@@ -38,6 +38,7 @@ struct TcpSetup {
   // eager.  Values below tcp::kMinRendezvousBytes are raised to it.
   uint64_t rendezvous_bytes = 262144;
   int heartbeat_ms = 1000;  // keepalive period; a silent dead peer is noticed within ~3x (0: off)
+  std::chrono::microseconds spin{50};  // a wait polls this long before it blocks (Config::spin)
   std::chrono::milliseconds timeout{600000};  // for connection setup
 };
 

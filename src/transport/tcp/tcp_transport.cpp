@@ -58,7 +58,6 @@
 #include <cstring>
 #include <mutex>
 
-#include "common/env.hpp"
 #include "common/log.hpp"
 #include "transport/tcp/tcp.hpp"
 #include "transport/tcp/tcp_setup.hpp"
@@ -262,9 +261,8 @@ class TcpTransport final : public Transport {
       if (::recv(sk.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT) <= 0) break;
   }
 
-  Status init(std::vector<tcp::PeerLink> links) {
-    CHORUS_ASSIGN_OR_RETURN(int64_t spin_us, env::getInt("CHORUS_SPIN_US"));
-    spin_ = std::chrono::microseconds(std::max<int64_t>(spin_us, 0));
+  Status init(std::vector<tcp::PeerLink> links, std::chrono::microseconds spin) {
+    spin_ = std::max(spin, std::chrono::microseconds(0));
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) return errnoError("epoll_create1 (tcp transport)", errno);
     wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -1149,7 +1147,7 @@ class TcpTransport final : public Transport {
   std::vector<std::byte> bounce_;
   std::vector<std::unique_ptr<Op[]>> op_chunks_;
   std::vector<Op*> free_ops_;
-  std::chrono::microseconds spin_{50};  // CHORUS_SPIN_US: wait() polls this long before it sleeps
+  std::chrono::microseconds spin_{50};  // TcpSetup::spin: wait() polls this long before it sleeps
   net::Fd epoll_;       // wait(): sockets with posted work, and the eventfd
   net::Fd hint_epoll_;  // poll(): every socket's input, to skip idle ones
   net::Fd wake_fd_;
@@ -1166,7 +1164,7 @@ Result<std::unique_ptr<Transport>> createTcpTransport(const TcpSetup& setup, boo
   CHORUS_ASSIGN_OR_RETURN(std::vector<tcp::PeerLink> links, tcp::establishLinks(setup, store));
   auto t = std::make_unique<TcpTransport>(setup.rank, setup.sockets_per_peer, setup.heartbeat_ms,
                                           setup.rendezvous_bytes);
-  CHORUS_RETURN_IF_ERROR(t->init(std::move(links)));
+  CHORUS_RETURN_IF_ERROR(t->init(std::move(links), setup.spin));
   return std::unique_ptr<Transport>(std::move(t));
 }
 

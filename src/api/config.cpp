@@ -1,0 +1,140 @@
+// CHORUS_* knobs -> chorus::Config, each knob read and validated here once.
+//
+// A value that is set (even to "") is parsed as given; an unset knob takes the
+// default of the knob table (env.cpp), so the table stays the one place of
+// names, defaults and meanings.  Messages say what is accepted.
+#include "api/config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <limits>
+
+#include "common/env.hpp"
+
+namespace chorus::api {
+namespace {
+
+class Reader {
+ public:
+  explicit Reader(const Lookup& lookup) : lookup_(lookup) {}
+
+  // The value as set, else the table's default.
+  std::string str(std::string_view name) const {
+    if (auto v = lookup_(name)) return *v;
+    const env::Knob* k = env::findKnob(name);
+    return k ? std::string(k->default_value) : std::string();
+  }
+
+  // An integer in [lo, hi]; `accepted` describes the range for the message.
+  Result<int64_t> integer(std::string_view name, int64_t lo, int64_t hi, std::string_view accepted) const {
+    const std::string s = str(name);
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || p != s.data() + s.size())
+      return invalidArgument("{}='{}' is not an integer (accepted: {})", name, s, accepted);
+    if (v < lo || v > hi) return invalidArgument("{}={} is out of range (accepted: {})", name, v, accepted);
+    return v;
+  }
+
+  // 1/true/yes/on or 0/false/no/off (any case); "" is false.
+  Result<bool> boolean(std::string_view name) const {
+    std::string s = str(name);
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+    if (s == "0" || s == "false" || s == "no" || s == "off" || s.empty()) return false;
+    return invalidArgument("{}='{}' is not a boolean (accepted: 0, 1, false, true, no, yes, off, on)", name, s);
+  }
+
+ private:
+  const Lookup& lookup_;
+};
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+}  // namespace
+
+Result<Config> parseConfig(const Lookup& lookup) {
+  const Reader r(lookup);
+  Config c;
+
+  CHORUS_ASSIGN_OR_RETURN(int64_t timeout, r.integer("CHORUS_TIMEOUT_MS", 1, kInt64Max, "a positive number of ms"));
+  c.timeout = std::chrono::milliseconds(timeout);
+  CHORUS_ASSIGN_OR_RETURN(c.check, r.boolean("CHORUS_CHECK"));
+
+  c.net.socket_ifname = r.str("CHORUS_SOCKET_IFNAME");
+  c.net.host_id = r.str("CHORUS_HOST_ID");
+  // "shm" is taken as "auto": shared memory needs ranks on one host anyway.
+  const std::string transport = r.str("CHORUS_TRANSPORT");
+  if (transport != "auto" && transport != "tcp" && transport != "shm")
+    return invalidArgument("CHORUS_TRANSPORT='{}' is not a transport (accepted: auto, tcp, shm)", transport);
+  c.net.force_tcp = transport == "tcp";
+
+  CHORUS_ASSIGN_OR_RETURN(int64_t spin_us, r.integer("CHORUS_SPIN_US", 0, kIntMax, "an integer >= 0 (microseconds)"));
+  c.spin = std::chrono::microseconds(spin_us);
+
+  CHORUS_ASSIGN_OR_RETURN(int64_t ring, r.integer("CHORUS_SHM_RING_BYTES", 4096, int64_t{1} << 32,
+                                                  "a power of two in 4096..4294967296"));
+  if ((ring & (ring - 1)) != 0)
+    return invalidArgument("CHORUS_SHM_RING_BYTES={} is not a power of two (accepted: a power of two in "
+                           "4096..4294967296)", ring);
+  c.shm.ring_bytes = static_cast<size_t>(ring);
+  CHORUS_ASSIGN_OR_RETURN(c.shm.cma, r.boolean("CHORUS_SHM_CMA"));
+  CHORUS_ASSIGN_OR_RETURN(int64_t cma_bytes, r.integer("CHORUS_SHM_CMA_BYTES", 0, kInt64Max, "an integer >= 0"));
+  c.shm.cma_bytes = static_cast<size_t>(cma_bytes);
+
+  CHORUS_ASSIGN_OR_RETURN(int64_t socks, r.integer("CHORUS_TCP_SOCKETS", 1, 16, "1..16"));
+  c.tcp.sockets = static_cast<int>(socks);
+  CHORUS_ASSIGN_OR_RETURN(int64_t rdv, r.integer("CHORUS_TCP_RENDEZVOUS_BYTES", 0, kInt64Max, "an integer >= 0"));
+  c.tcp.rendezvous_bytes = static_cast<uint64_t>(rdv);
+  CHORUS_ASSIGN_OR_RETURN(int64_t hb, r.integer("CHORUS_HEARTBEAT_MS", 0, 3600000, "0..3600000, 0: off"));
+  c.tcp.heartbeat_ms = static_cast<int>(hb);
+
+  c.tune.algo_spec = r.str("CHORUS_ALGO");  // parsed by the tuner, which names the knob's entry at fault
+  CHORUS_ASSIGN_OR_RETURN(int64_t chunk, r.integer("CHORUS_CHUNK_BYTES", 0, kInt64Max, "an integer >= 0, 0: the tuner's choice"));
+  c.tune.chunk_bytes = static_cast<uint64_t>(chunk);
+  if (std::string f = r.str("CHORUS_TUNE_FILE"); !f.empty()) {
+    c.tune.profile_path = std::move(f);
+  } else {
+    const std::optional<std::string> home = lookup("HOME");
+    c.tune.profile_path = (home ? *home : std::string("/tmp")) + "/.cache/chorus/profile.json";
+  }
+
+  c.flight.dir = r.str("CHORUS_FLIGHT_DIR");
+  CHORUS_ASSIGN_OR_RETURN(int64_t window, r.integer("CHORUS_SHRINK_WINDOW_MS", 0, kIntMax, "an integer >= 0 (ms)"));
+  c.shrink.window = std::chrono::milliseconds(window);
+
+  c.trace.dir = r.str("CHORUS_TRACE");
+  CHORUS_ASSIGN_OR_RETURN(int64_t sync_s, r.integer("CHORUS_CLOCK_SYNC_S", 0, 86400, "0..86400, 0: at init only"));
+  c.trace.clock_sync_s = static_cast<int>(sync_s);
+  CHORUS_ASSIGN_OR_RETURN(c.trace.clock_offset_ns, r.integer("CHORUS_CLOCK_OFFSET_NS",
+                                                             std::numeric_limits<int64_t>::min(), kInt64Max,
+                                                             "an integer (nanoseconds)"));
+
+  // Unknown levels were (and are) the default: a logging knob does not fail
+  // an init.
+  const std::string level = r.str("CHORUS_DEBUG");
+  c.log.level = level == "NONE"    ? log::Level::None
+                : level == "INFO"  ? log::Level::Info
+                : level == "TRACE" ? log::Level::Trace
+                                   : log::Level::Warn;
+  return c;
+}
+
+namespace {
+std::optional<std::string> fromEnvironment(std::string_view name) {
+  if (name.starts_with("CHORUS_")) return env::raw(name);  // asserts that the table has it
+  return env::getAny(std::string(name).c_str());
+}
+}  // namespace
+
+Result<Config> configFromEnv() { return parseConfig(fromEnvironment); }
+
+std::string envSocketIfname() {
+  const Lookup lookup = fromEnvironment;
+  return Reader(lookup).str("CHORUS_SOCKET_IFNAME");
+}
+
+}  // namespace chorus::api

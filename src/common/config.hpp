@@ -1,0 +1,76 @@
+// The library's complete configuration, one struct.
+//
+// The environment (the CHORUS_* knobs of env::knobs()) is read in one place,
+// the API layer (api/config.hpp: configFromEnv), where every knob is validated
+// once; everything below receives this struct, or the part of it it needs, as
+// an argument.  So a test or a tool configures a communicator by building a
+// Config (api::commInitRank), not by setting process-wide variables, and no
+// layer can read a knob with a rule of its own.
+//
+// The defaults here are the knob table's defaults (env.cpp); the config test
+// checks that parsing an empty environment gives Config{} (but for
+// tune.profile_path, which the environment's HOME supplies).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/log.hpp"
+
+namespace chorus {
+
+struct Config {
+  std::chrono::milliseconds timeout{600000};  // CHORUS_TIMEOUT_MS: every operation and init
+  bool check = false;                         // CHORUS_CHECK: signature exchange before every collective
+
+  struct Net {
+    std::string socket_ifname;  // CHORUS_SOCKET_IFNAME: "" = the interface routing to the master
+    std::string host_id;        // CHORUS_HOST_ID: "" = the machine's identity alone
+    bool force_tcp = false;     // CHORUS_TRANSPORT=tcp
+  } net;
+
+  // Shared by the shm and TCP transports' waits.
+  std::chrono::microseconds spin{50};  // CHORUS_SPIN_US
+
+  struct Shm {
+    size_t ring_bytes = size_t{1} << 20;  // CHORUS_SHM_RING_BYTES: power of two in [4096, 4 GiB]
+    bool cma = true;                      // CHORUS_SHM_CMA
+    size_t cma_bytes = size_t{1} << 20;   // CHORUS_SHM_CMA_BYTES
+  } shm;
+
+  struct Tcp {
+    int sockets = 1;                     // CHORUS_TCP_SOCKETS: 1..16
+    uint64_t rendezvous_bytes = 262144;  // CHORUS_TCP_RENDEZVOUS_BYTES
+    int heartbeat_ms = 1000;             // CHORUS_HEARTBEAT_MS: 0..3600000 (0: off)
+  } tcp;
+
+  struct Tune {
+    std::string algo_spec;     // CHORUS_ALGO
+    uint64_t chunk_bytes = 0;  // CHORUS_CHUNK_BYTES: 0 = the tuner's choice
+    // The profile the tuner loads (CHORUS_TUNE_FILE, else
+    // $HOME/.cache/chorus/profile.json); "" = none, the built-in defaults.
+    std::string profile_path;
+  } tune;
+
+  struct Flight {
+    std::string dir;  // CHORUS_FLIGHT_DIR: "" = no dumps
+  } flight;
+
+  struct Shrink {
+    std::chrono::milliseconds window{2000};  // CHORUS_SHRINK_WINDOW_MS
+  } shrink;
+
+  struct Trace {
+    std::string dir;            // CHORUS_TRACE: "" = off
+    int clock_sync_s = 60;      // CHORUS_CLOCK_SYNC_S: 0..86400
+    int64_t clock_offset_ns = 0;  // CHORUS_CLOCK_OFFSET_NS (testing; process-wide, set by each init)
+  } trace;
+
+  struct Log {
+    log::Level level = log::Level::Warn;  // CHORUS_DEBUG (process-wide, set by each init)
+  } log;
+};
+
+}  // namespace chorus
