@@ -33,26 +33,8 @@ inline constexpr uint64_t kSegmentMagic = 0x3167'6573'6d68'7363ULL;  // "cshmseg
 inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint64_t kProbeValue = 0x6368'6f72'7573'434dULL;  // read by peers' CMA probe
 
-// Tuning, measured between two processes (fork) on the 2-core EPYC VM this
-// was written on (one-way and bidirectional, 64 KiB..64 MiB, best of 3):
-//  - The ring path runs at 11-20 GB/s when the two vCPUs share a cache, but
-//    falls to ~2.5 GB/s when they do not (every ring line is a dirty
-//    cross-core transfer plus an invalidation); process_vm_readv is one
-//    kernel copy and holds 8-13 GB/s (in cache) / 5-6 GB/s (64 MiB) either
-//    way, so messages from kCmaThreshold up go by CMA.  At 64 KiB CMA's fixed
-//    cost (descriptor, wake, syscall, ack: ~2 us) is already small.
-//  - Bounce buffers of 64 KiB..512 KiB and copy pieces of 1..4 MiB were within
-//    the noise (+-10%); CMA reduce is bound by memory bandwidth (~3-3.5 GB/s
-//    at 16-64 MiB, reading accum and writing dst).
-//  - The ring publishes its counters every kRingPiece/2..kRingPiece bytes so
-//    sender and receiver copy concurrently; 1 MiB rings and 32-64 KiB pieces
-//    measured best in a raw two-process ring (4 KiB..4 MiB x 8..64 KiB).
-//  - 2026-11-29, same VM: from 64 KiB to 1 MiB the ring is 1.5-3x faster than
-//    CMA after all (2-rank allreduce, interleaved runs: 128 KiB 42 vs 111 us,
-//    512 KiB 74 vs 130-206 us, 2 MiB 333 vs 590-680 us): a CMA sender waits
-//    for the receiver's ack before its buffer is free, and process_vm_readv
-//    pins every page, while the ring lets both sides copy at once.  The
-//    default threshold is now 1 MiB (CHORUS_SHM_CMA_BYTES overrides).
+// The measurements behind these constants (ring vs CMA, piece and bounce
+// sizes) are in docs/performance.md, "Shared-memory transport constants".
 inline constexpr size_t kCmaThreshold = 1 << 20;
 inline constexpr size_t kRingPiece = 64 << 10;
 inline constexpr size_t kCmaCopyPiece = 1 << 20;  // one process_vm_readv straight into dst
