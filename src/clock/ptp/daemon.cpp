@@ -115,8 +115,19 @@ class Daemon {
       if (r > 0 && stop_fd >= 0 && (fds[2].revents & POLLIN)) break;
       // One socket carries both classes over Layer 2: read it once.
       const int nfds = fds[1].fd == fds[0].fd ? 1 : 2;
-      for (int i = 0; i < nfds && r > 0; ++i)
-        if (fds[i].revents & (POLLIN | POLLERR)) receiveAll(fds[i].fd);
+      for (int i = 0; i < nfds && r > 0; ++i) {
+        // POLLERR: transmit stamps nobody waits for; unread, they would wake
+        // every ppoll at once (a busy loop that took a core from the network).
+        if (fds[i].revents & POLLERR) {
+          auto dropped = transport_->discardErrorQueue(fds[i].fd);
+          if (!dropped.isOk()) {
+            PortEvents fev;
+            port_->fault(now(), dropped.status().message(), fev);
+            drain(fev);
+          }
+        }
+        if (fds[i].revents & POLLIN) receiveAll(fds[i].fd);
+      }
       port_->tick(now(), ev);
       drain(ev);
     }
