@@ -83,6 +83,7 @@ class Daemon {
     pc.log_announce_interval = o_.log_announce_interval;
     pc.log_min_delay_req_interval = o_.log_min_delay_req_interval;
     pc.announce_receipt_timeout = o_.announce_receipt_timeout;
+    pc.delay_filter_length = std::max<size_t>(o_.delay_filter_length, 1);
     pc.slave_only = o_.role == Role::Slave;
     pc.master_only = o_.role == Role::Master;
     pc.random_seed = o_.random_seed != 0 ? o_.random_seed : static_cast<uint32_t>(monotonicNs() ^ pc.clock_identity[7]);

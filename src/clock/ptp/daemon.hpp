@@ -40,6 +40,7 @@ struct PtpOptions {
   int64_t inject_offset_ns = 0;    // virtual clock: start this far from CLOCK_REALTIME
   double inject_drift_ppb = 0;     // virtual clock: run this much fast
   int tx_timestamp_timeout_ms = 10;
+  size_t delay_filter_length = 10;  // moving median of the path delay (ptp4l's delay_filter_length)
   std::string json_log;   // "" none, "-" stdout, else a file path (truncated)
   double duration_s = 0;  // 0: until stopped
   uint32_t random_seed = 0;  // 0: from the clock identity and time
