@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--spike-factor", o.servo.outlier_factor,
                  "locked PI: a sample above this x the recent median |offset| only moves the integral (0: off)");
   app.add_option("--delay-filter-length", o.delay_filter_length,
-                 "samples in the moving median of the path delay (ptp4l's delay_filter_length)")
+                 "samples in the moving median of the path delay (ptp4l's delay_filter_length, whose default is 10)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--step-threshold-ns", o.servo.step_threshold_ns, "step when |offset| exceeds this once locked (0: never)");
   app.add_option("--first-step-threshold-ns", o.servo.first_step_threshold_ns, "step at lock if |offset| exceeds this");
