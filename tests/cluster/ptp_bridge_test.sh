@@ -49,9 +49,9 @@
 #
 # CHORUS_PTP_BRIDGE_MASTER_CHECK=report (what ctest sets) prints a failed
 # ptp4l-following-chorus comparison as a KNOWN ISSUE instead of failing: in
-# 1 of 11 runs of this layout (and in both runs of an earlier layout) ptp4l
-# read a chorus master 15-22 us off for a whole phase, a fault not found yet
-# (docs/ptp.md, "Bridged network").
+# 1 of 13 runs with the master alone in its phase (and in both runs of an
+# earlier, all-at-once layout) ptp4l read a chorus master 15-22 us off for a
+# whole phase, a fault not found yet (docs/ptp.md, "Bridged network").
 # Run by hand the script is strict.
 #
 # Knobs for experiments (not set in CI): CHORUS_PTP_BRIDGE_SLAVE_ARGS adds
