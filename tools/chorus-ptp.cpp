@@ -51,6 +51,15 @@ int main(int argc, char** argv) {
   app.add_option("--servo", servo, "pi or linreg")->check(CLI::IsMember({"pi", "linreg"}));
   app.add_option("--pi-kp", o.servo.kp_per_sample, "PI proportional gain per sample");
   app.add_option("--pi-ki", o.servo.ki_per_sample, "PI integral gain per sample");
+  app.add_option("--pi-kp-locked", o.servo.kp_locked_per_sample,
+                 "PI proportional gain per sample once locked (the gain decays to it; 0 with --pi-ki-locked 0: "
+                 "keep --pi-kp)");
+  app.add_option("--pi-ki-locked", o.servo.ki_locked_per_sample, "PI integral gain per sample once locked");
+  app.add_option("--spike-factor", o.servo.outlier_factor,
+                 "locked PI: a sample above this x the recent median |offset| only moves the integral (0: off)");
+  app.add_option("--delay-filter-length", o.delay_filter_length,
+                 "samples in the moving median of the path delay (ptp4l's delay_filter_length, whose default is 10)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--step-threshold-ns", o.servo.step_threshold_ns, "step when |offset| exceeds this once locked (0: never)");
   app.add_option("--first-step-threshold-ns", o.servo.first_step_threshold_ns, "step at lock if |offset| exceeds this");
   app.add_option("--inject-offset-ns", o.inject_offset_ns, "start the virtual clock this far from CLOCK_REALTIME");

@@ -83,6 +83,7 @@ class Daemon {
     pc.log_announce_interval = o_.log_announce_interval;
     pc.log_min_delay_req_interval = o_.log_min_delay_req_interval;
     pc.announce_receipt_timeout = o_.announce_receipt_timeout;
+    pc.delay_filter_length = std::max<size_t>(o_.delay_filter_length, 1);
     pc.slave_only = o_.role == Role::Slave;
     pc.master_only = o_.role == Role::Master;
     pc.random_seed = o_.random_seed != 0 ? o_.random_seed : static_cast<uint32_t>(monotonicNs() ^ pc.clock_identity[7]);
@@ -115,8 +116,19 @@ class Daemon {
       if (r > 0 && stop_fd >= 0 && (fds[2].revents & POLLIN)) break;
       // One socket carries both classes over Layer 2: read it once.
       const int nfds = fds[1].fd == fds[0].fd ? 1 : 2;
-      for (int i = 0; i < nfds && r > 0; ++i)
-        if (fds[i].revents & (POLLIN | POLLERR)) receiveAll(fds[i].fd);
+      for (int i = 0; i < nfds && r > 0; ++i) {
+        // POLLERR: transmit stamps nobody waits for; unread, they would wake
+        // every ppoll at once (a busy loop that took a core from the network).
+        if (fds[i].revents & POLLERR) {
+          auto dropped = transport_->discardErrorQueue(fds[i].fd);
+          if (!dropped.isOk()) {
+            PortEvents fev;
+            port_->fault(now(), dropped.status().message(), fev);
+            drain(fev);
+          }
+        }
+        if (fds[i].revents & POLLIN) receiveAll(fds[i].fd);
+      }
       port_->tick(now(), ev);
       drain(ev);
     }

@@ -40,6 +40,13 @@ struct PtpOptions {
   int64_t inject_offset_ns = 0;    // virtual clock: start this far from CLOCK_REALTIME
   double inject_drift_ppb = 0;     // virtual clock: run this much fast
   int tx_timestamp_timeout_ms = 10;
+  // Moving median of the path delay.  ptp4l's delay_filter_length is 10; 64
+  // (4 s at 16 Delay_Reqs/s) because a bridge under load jitters the raw
+  // delay by microseconds and a median of 10 then wanders by ~2 us (SD; the
+  // difference of two co-located slaves' delays had SD 2.5 us), which goes
+  // straight into every offset.  The cost: a real path change is followed
+  // after half a window.
+  size_t delay_filter_length = 64;
   std::string json_log;   // "" none, "-" stdout, else a file path (truncated)
   double duration_s = 0;  // 0: until stopped
   uint32_t random_seed = 0;  // 0: from the clock identity and time

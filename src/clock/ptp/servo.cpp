@@ -69,20 +69,58 @@ class PiServo final : public Servo {
       return out;
     }
     const double e = static_cast<double>(offset_ns);
-    freq_ = clamp(freq_ - ki_ * e);
     out.state = ServoState::Locked;
-    out.freq_ppb = clamp(freq_ - kp_ * e);
+    const bool spike = isSpike(e);
+    recent_abs_.push_back(std::fabs(e));
+    if (recent_abs_.size() > kRecent) recent_abs_.pop_front();
+    if (spike) {
+      // Hold the frequency: one delayed timestamp must not kick the clock.
+      out.freq_ppb = freq_;
+      return out;
+    }
+    // Gains decay from the acquisition ones to the locked ones.
+    double kp = kp_, ki = ki_;
+    if (c_.kp_locked_per_sample > 0 && c_.gain_decay_samples > 0) {
+      const double w = std::exp(-static_cast<double>(locked_samples_) / c_.gain_decay_samples);
+      kp = (c_.kp_locked_per_sample + (c_.kp_per_sample - c_.kp_locked_per_sample) * w) / c_.interval_s;
+      ki = (c_.ki_locked_per_sample + (c_.ki_per_sample - c_.ki_locked_per_sample) * w) / c_.interval_s;
+    }
+    ++locked_samples_;
+    freq_ = clamp(freq_ - ki * e);
+    out.freq_ppb = clamp(freq_ - kp * e);
     return out;
   }
 
   void reset() override {
     state_ = ServoState::Unlocked;
     window_.clear();
+    recent_abs_.clear();
+    locked_samples_ = 0;
+    spike_run_ = 0;
   }
   [[nodiscard]] double frequencyPpb() const override { return freq_; }
 
  private:
   double clamp(double f) const { return std::clamp(f, -c_.max_freq_ppb, c_.max_freq_ppb); }
+
+  // A spike: |e| far above the recent median |offset| (needs 8 samples of
+  // history), at most outlier_max_run in a row.
+  bool isSpike(double e) {
+    if (c_.outlier_factor <= 0 || recent_abs_.size() < 8) return false;
+    std::vector<double> v(recent_abs_.begin(), recent_abs_.end());
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    const double limit = std::max(c_.outlier_factor * v[v.size() / 2], 1000.0);
+    if (std::fabs(e) > limit && spike_run_ < c_.outlier_max_run) {
+      ++spike_run_;
+      return true;
+    }
+    spike_run_ = 0;
+    return false;
+  }
+  static constexpr size_t kRecent = 32;
+  std::deque<double> recent_abs_;
+  int64_t locked_samples_ = 0;
+  int spike_run_ = 0;
 
   ServoConfig c_;
   double kp_;  // ppb per ns of offset
@@ -195,6 +233,13 @@ Result<std::unique_ptr<Servo>> makeServo(const ServoConfig& c) {
   if (!(c.kp_per_sample > 0 && c.kp_per_sample < 2) || !(c.ki_per_sample >= 0 && c.ki_per_sample < 1))
     return invalidArgument("ptp servo: gains kp={} ki={} per sample are outside the stable range (0,2) x [0,1)",
                            c.kp_per_sample, c.ki_per_sample);
+  if (!(c.kp_locked_per_sample >= 0 && c.kp_locked_per_sample < 2) ||
+      !(c.ki_locked_per_sample >= 0 && c.ki_locked_per_sample < 1) || !(c.gain_decay_samples >= 0) ||
+      !(c.outlier_factor >= 0) || c.outlier_max_run < 0)
+    return invalidArgument("ptp servo: locked gains kp={} ki={} (stable range (0,2) x [0,1)), gain decay {} samples, "
+                           "spike factor {} and run {} must not be negative",
+                           c.kp_locked_per_sample, c.ki_locked_per_sample, c.gain_decay_samples, c.outlier_factor,
+                           c.outlier_max_run);
   if (c.kind == ServoKind::Pi) return std::unique_ptr<Servo>(std::make_unique<PiServo>(c));
   return std::unique_ptr<Servo>(std::make_unique<LinRegServo>(c));
 }

@@ -46,6 +46,21 @@ struct ServoConfig {
   // 2e-5 per sample at 16 Hz: quieter but ~50x slower to settle.)
   double kp_per_sample = 0.1;
   double ki_per_sample = 0.005;
+  // Once locked the gains move from the ones above to these, by
+  // exp(-n / gain_decay_samples) after n locked samples (kp_locked 0: keep
+  // the gains above).  0.02 / 0.0002 (damping ~0.7, ~70-sample time constant)
+  // leave ~0.1 x the per-sample noise in the clock instead of ~0.25 x: on a
+  // bridge whose path delay jitters by microseconds the fast gains follow the
+  // jitter (docs/ptp.md, "Bridged network").
+  double kp_locked_per_sample = 0.02;
+  double ki_locked_per_sample = 0.0002;
+  double gain_decay_samples = 48;
+  // Spike filter when locked: a sample whose |offset| exceeds outlier_factor x
+  // the median |offset| of the last 32 samples (and 1 us) only moves the
+  // clock by the integral term; more than outlier_max_run in a row are taken
+  // (a real change).  0 disables it.  ptp4l has no such filter.
+  double outlier_factor = 4;
+  int outlier_max_run = 4;
   // Seconds of samples fitted (least squares) for the first frequency
   // estimate; at least two samples are always used.
   double estimate_window_s = 1.0;

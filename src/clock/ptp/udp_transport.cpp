@@ -102,7 +102,11 @@ Status openSocket(const std::string& iface, int ifindex, uint16_t port, int ts_f
     return errnoError("chorus-ptp: IP_MULTICAST_LOOP", errno);
   // Software timestamps on receive and transmit; the transmit ones come back
   // on the error queue without the packet (TSONLY), tagged with a per-socket
-  // counter (OPT_ID) that pairs each with its send.
+  // counter (OPT_ID) that pairs each with its send.  Only the event socket
+  // stamps (ts_flags 0 for the general one, as ptp4l): a transmit stamp of
+  // each Follow_Up, Delay_Resp and Announce would sit unread on the general
+  // socket's error queue, whose POLLERR then never clears.
+  if (ts_flags == 0) return Status::ok();
   if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &ts_flags, sizeof ts_flags) < 0)
     return errnoError(fmt::format("chorus-ptp: SO_TIMESTAMPING on {} (ethtool -T {} lists what "
                                   "the driver supports)",
@@ -171,6 +175,30 @@ Result<std::optional<int64_t>> waitTxTimestamp(int fd, uint32_t id, int timeout_
   }
 }
 
+// Reads and drops whatever waits on fd's error queue: transmit stamps of
+// sends nobody waits for (a general message over Layer 2, an event message
+// whose wait timed out).  Returns how many were dropped.
+Result<int> drainErrorQueue(int fd) {
+  int dropped = 0;
+  for (int budget = 256; budget > 0; --budget) {
+    alignas(cmsghdr) char control[512];
+    char junk[1600];
+    iovec iov{junk, sizeof junk};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    if (::recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EINTR) continue;
+      return errnoError("chorus-ptp: recvmsg(MSG_ERRQUEUE)", errno);
+    }
+    ++dropped;
+  }
+  return dropped;
+}
+
 ClockIdentity identityOf(int fd, const std::string& iface, Status* st) {
   ifreq req{};
   std::snprintf(req.ifr_name, sizeof req.ifr_name, "%s", iface.c_str());
@@ -215,7 +243,7 @@ Result<std::unique_ptr<UdpTransport>> UdpTransport::open(const std::string& ifac
   const int flags = hw ? kHardwareTimestamping : kSoftwareTimestamping;
   t->ts_index_ = hw ? 2 : 0;
   CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpEventPort, flags, &t->event_fd_));
-  CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpGeneralPort, flags, &t->general_fd_));
+  CHORUS_RETURN_IF_ERROR(openSocket(iface, static_cast<int>(ifindex), kPtpGeneralPort, 0, &t->general_fd_));
   Status st;
   t->identity_ = identityOf(t->event_fd_, iface, &st);
   CHORUS_RETURN_IF_ERROR(st);
@@ -240,6 +268,9 @@ Result<std::optional<int64_t>> UdpTransport::send(std::span<const uint8_t> bytes
   if (!event) return std::optional<int64_t>{};
   return waitTxTimestamp(fd, tx_counter_++, tx_timeout_ms_, ts_index_);
 }
+
+Result<int> UdpTransport::discardErrorQueue(int fd) { return drainErrorQueue(fd); }
+Result<int> L2Transport::discardErrorQueue(int fd) { return drainErrorQueue(fd); }
 
 Result<std::optional<Datagram>> UdpTransport::receive(int fd) {
   Datagram d;

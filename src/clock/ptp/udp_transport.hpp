@@ -54,6 +54,9 @@ class NetTransport {
   virtual Result<std::optional<int64_t>> send(std::span<const uint8_t> bytes, bool event) = 0;
   // One message from `fd` (non-blocking), nullopt when none is queued.
   virtual Result<std::optional<Datagram>> receive(int fd) = 0;
+  // Drops the transmit stamps nobody waits for from fd's error queue (poll
+  // reports POLLERR while it holds any); returns how many.
+  virtual Result<int> discardErrorQueue(int fd) = 0;
 };
 
 // Software timestamps (CLOCK_REALTIME, any interface) or hardware ones (the
@@ -70,7 +73,7 @@ Result<std::unique_ptr<NetTransport>> openTransport(Network net, const std::stri
 class UdpTransport final : public NetTransport {
  public:
   // Opens both sockets on `iface` (SO_BINDTODEVICE, IP_ADD_MEMBERSHIP on it,
-  // multicast TTL 1, no loopback) and enables software timestamping.
+  // multicast TTL 1, no loopback) and enables timestamping on the event one.
   // `tx_timestamp_timeout_ms` bounds the wait for a transmit timestamp.
   static Result<std::unique_ptr<UdpTransport>> open(const std::string& iface, int tx_timestamp_timeout_ms,
                                                     Timestamping ts = Timestamping::Software);
@@ -84,6 +87,7 @@ class UdpTransport final : public NetTransport {
   // To the multicast group (event port for event messages).
   Result<std::optional<int64_t>> send(std::span<const uint8_t> bytes, bool event) override;
   Result<std::optional<Datagram>> receive(int fd) override;
+  Result<int> discardErrorQueue(int fd) override;
 
  private:
   UdpTransport() = default;
@@ -112,6 +116,7 @@ class L2Transport final : public NetTransport {
   [[nodiscard]] const ClockIdentity& clockIdentity() const override { return identity_; }
   Result<std::optional<int64_t>> send(std::span<const uint8_t> bytes, bool event) override;
   Result<std::optional<Datagram>> receive(int fd) override;
+  Result<int> discardErrorQueue(int fd) override;
 
  private:
   L2Transport() = default;
