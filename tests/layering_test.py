@@ -89,6 +89,8 @@ def check_includes(src: Path) -> list[str]:
 
 def check_library(lib: Path) -> list[str]:
     bad: list[str] = []
+    if not lib.exists():
+        return [f"{lib}: no such library (build the 'chorus' target before this test)"]
     dyn = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
     for line in dyn.splitlines():
         sym = line.split()[-1]
