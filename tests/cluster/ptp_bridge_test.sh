@@ -37,7 +37,11 @@
 #   0.1-1 ms delays of a loaded VM that ptp4l's 1-in-16 sample mostly skips.)
 #
 # Asserts each <= (1 + margin) x the baseline's: for the paired comparison
-# median |offset| and RMS, margin CHORUS_PTP_BRIDGE_PAIRED_MARGIN (0.2); for
+# the RMS with margin CHORUS_PTP_BRIDGE_PAIRED_MARGIN (0.2) and the median
+# |offset| with CHORUS_PTP_BRIDGE_PAIRED_MEDIAN_MARGIN (0.5: a median of the
+# ~60 Syncs ptp4l prints moves more than the RMS between runs -- paired
+# ratios 0.69-1.09 in the helper's runs, 1.28 in one CI run whose RMS ratio
+# was 1.02; RMS ratios stay within 0.93-1.02); for
 # the unpaired one median |offset| and the RMS of the 95 % smallest |offset|
 # ("rms95": 3 of 60 left out), margin CHORUS_PTP_BRIDGE_MARGIN (0.5) -- its
 # two phases see different load on a shared machine, and one burst of
@@ -74,6 +78,7 @@ seconds=${CHORUS_PTP_SECONDS:-60}
 warmup=${CHORUS_PTP_BRIDGE_WARMUP:-12}
 margin=${CHORUS_PTP_BRIDGE_MARGIN:-0.5}
 paired_margin=${CHORUS_PTP_BRIDGE_PAIRED_MARGIN:-0.2}
+paired_median_margin=${CHORUS_PTP_BRIDGE_PAIRED_MEDIAN_MARGIN:-0.5}
 log_sync=-4
 
 test_name=ptp_bridge_test
@@ -199,10 +204,11 @@ if [[ ${CHORUS_PTP_BRIDGE_CONTROL:-0} != 1 ]]; then
     { echo "$test_name: FAILED: chorus-ptp never became MASTER" >&2; cat "$work/chorus_master.log" >&2; exit 1; }
 fi
 
-python3 - "$work" "$warmup" "$seconds" "$margin" "$paired_margin" "${CHORUS_PTP_BRIDGE_MASTER_CHECK:-strict}" <<'EOF'
+python3 - "$work" "$warmup" "$seconds" "$margin" "$paired_margin" "${CHORUS_PTP_BRIDGE_MASTER_CHECK:-strict}" "$paired_median_margin" <<'EOF'
 import bisect, json, math, re, sys
 work, warmup, seconds, margin = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 paired_margin, master_check = float(sys.argv[5]), sys.argv[6]
+paired_median_margin = float(sys.argv[7])
 def t0(name):  # (CLOCK_MONOTONIC, CLOCK_REALTIME) at the start of the follower's phase
     mono, real = open(f"{work}/{name}.t0").read().split()
     return float(mono), float(real)
@@ -236,7 +242,8 @@ def with_delay(lines):
         s["path_delay_ns"] = round(sum(d for _, _, d in lines) / len(lines), 1)
     return s
 
-out = {"seconds": seconds, "warmup_s": warmup, "margin": margin, "paired_margin": paired_margin}
+out = {"seconds": seconds, "warmup_s": warmup, "margin": margin, "paired_margin": paired_margin,
+       "paired_median_margin": paired_median_margin}
 lines = {name: ptp4l(name) for name in ("base_h1", "base_h2", "p4l_of_chorus")}
 for name, l in lines.items():
     out[name] = with_delay(l)
@@ -287,7 +294,8 @@ if master_check == "report" and len(errors) > master_errors_before:
     for e in errors[master_errors_before:]:
         print(f"ptp_bridge_test: KNOWN ISSUE (not failing, CHORUS_PTP_BRIDGE_MASTER_CHECK=report): {e}")
     del errors[master_errors_before:]
-check("chorus_of_p4l_paired", "base_h2_paired", 30, paired_margin, ("median_abs_ns", "rms_ns"))
+check("chorus_of_p4l_paired", "base_h2_paired", 30, paired_median_margin, ("median_abs_ns",))
+check("chorus_of_p4l_paired", "base_h2_paired", 30, paired_margin, ("rms_ns",))
 every = out.get("chorus_of_p4l_every_sync")
 if every is None or every["n"] < 300:
     errors.append(f"chorus-ptp slave has too few Syncs in the window: {every}")
