@@ -119,6 +119,14 @@ Status buildNetwork(const CliOptions& o, Setup& s, const TrainConfig* layout) {
   return {};
 }
 
+// All of it, in that order, for a command without a training layout (search, infer).
+Result<std::unique_ptr<Setup>> openModelAndNetwork(const CliOptions& o) {
+  CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<Setup> s, openCluster(o));
+  CHORUS_RETURN_IF_ERROR(loadModelFile(o, *s));
+  CHORUS_RETURN_IF_ERROR(buildNetwork(o, *s, nullptr));
+  return s;
+}
+
 }  // namespace
 
 int runModelCommand(const CliOptions& o) {
@@ -286,11 +294,9 @@ int runSearchCommand(CliOptions o) {
     Status st = checkSearchArgs(sc);
     if (!st.isOk()) return fail(st);
   }
-  auto setup = openCluster(o);
+  auto setup = openModelAndNetwork(o);
   if (!setup.isOk()) return fail(setup.status());
   Setup& s = **setup;
-  if (Status st = loadModelFile(o, s); !st.isOk()) return fail(st);
-  if (Status st = buildNetwork(o, s, nullptr); !st.isOk()) return fail(st);
   const std::optional<ModelSpec>& model = s.model;
   const std::optional<ClusterSpec>& cluster = s.cluster;
   NetworkModel& net = *s.net;
@@ -354,11 +360,9 @@ int runInferCommand(CliOptions o) {
     Status st = checkInferConfig(ic);
     if (!st.isOk()) return fail(st);
   }
-  auto setup = openCluster(o);
+  auto setup = openModelAndNetwork(o);
   if (!setup.isOk()) return fail(setup.status());
   Setup& s = **setup;
-  if (Status st = loadModelFile(o, s); !st.isOk()) return fail(st);
-  if (Status st = buildNetwork(o, s, nullptr); !st.isOk()) return fail(st);
   const std::optional<ModelSpec>& model = s.model;
   const std::optional<ClusterSpec>& cluster = s.cluster;
   NetworkModel& net = *s.net;

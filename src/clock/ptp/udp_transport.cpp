@@ -131,6 +131,25 @@ std::optional<int64_t> kernelTimestamp(msghdr& msg, int index) {
   return std::nullopt;
 }
 
+// One message of a socket's error queue (a transmit timestamp): its control
+// data, and the looped-back packet's bytes, which are not needed.
+struct ErrQueueMessage {
+  alignas(cmsghdr) char control[512];
+  char junk[1600];
+  iovec iov{junk, sizeof junk};
+  msghdr msg{};
+  ErrQueueMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  ErrQueueMessage(const ErrQueueMessage&) = delete;
+  ErrQueueMessage& operator=(const ErrQueueMessage&) = delete;
+  // recvmsg(MSG_ERRQUEUE), not blocking: bytes read, or -1 with errno.
+  ssize_t read(int fd) { return ::recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT); }
+};
+
 // Waits up to timeout_ms for the transmit timestamp of the send numbered id
 // (SOF_TIMESTAMPING_OPT_ID) on fd's error queue; older ones (of a send whose
 // wait timed out) are skipped.  The extended error comes as IP_RECVERR on a
@@ -146,15 +165,9 @@ Result<std::optional<int64_t>> waitTxTimestamp(int fd, uint32_t id, int timeout_
       if (monotonicNs() >= deadline) return std::optional<int64_t>{};
       continue;
     }
-    alignas(cmsghdr) char control[512];
-    char junk[1600];
-    iovec iov{junk, sizeof junk};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t got = ::recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT);
+    ErrQueueMessage eq;
+    msghdr& msg = eq.msg;
+    const ssize_t got = eq.read(fd);
     if (got < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
       return errnoError("chorus-ptp: recvmsg(MSG_ERRQUEUE)", errno);
@@ -181,15 +194,8 @@ Result<std::optional<int64_t>> waitTxTimestamp(int fd, uint32_t id, int timeout_
 Result<int> drainErrorQueue(int fd) {
   int dropped = 0;
   for (int budget = 256; budget > 0; --budget) {
-    alignas(cmsghdr) char control[512];
-    char junk[1600];
-    iovec iov{junk, sizeof junk};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    if (::recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) {
+    ErrQueueMessage eq;
+    if (eq.read(fd) < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
       return errnoError("chorus-ptp: recvmsg(MSG_ERRQUEUE)", errno);
