@@ -263,26 +263,14 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
   return simulateTraining(m, cfg, net);
 }
 
-Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg, NetworkModel& net) {
-  const ClusterSpec& c = net.cluster();
-  const int64_t t = cfg.tp, p = cfg.pp, d = cfg.dp, cp = cfg.cp, ep = cfg.ep, v = cfg.vpp;
-  if (t < 1 || p < 1 || d < 1 || cp < 1 || ep < 1 || v < 1)
-    return invalidArgument("layout tp={} pp={} dp={} cp={} ep={} vpp={}: every degree must be >= 1", t, p, d, cp, ep, v);
-  if (t * p * d * cp != cfg.gpus)
-    return invalidArgument("layout tp={} x pp={} x dp={} x cp={} = {} but --gpus = {} (they must be equal)", t, p, d, cp,
-                           t * p * d * cp, cfg.gpus);
-  if (cfg.gpus > c.gpus())
-    return invalidArgument("--gpus {} exceeds cluster '{}' with {} GPUs ({} nodes x {})", cfg.gpus, c.name, c.gpus(),
-                           c.nodes, c.node.gpus);
-  if (m.heads % t != 0 || m.kv_heads % std::min<int64_t>(t, m.kv_heads) != 0)
-    return invalidArgument("tp={} must divide heads={} (model '{}')", t, m.heads, m.name);
-  if (m.layers < p * v && cfg.pp_layout.empty())
-    return invalidArgument("layers={} is fewer than pp x vpp = {} x {} stages (model '{}'); a --pp-layout may leave "
-                           "stages without a layer", m.layers, p, v, m.name);
-  // Expert parallelism: classic (--etp unset) inside dp x cp with the experts
-  // split over the layer's tp; folded (Megatron-Core's MoE parallel folding,
-  // --etp E) over all tp x cp x dp GPUs of a stage, the expert layers laid
-  // out as etp x ep x expert-data-parallel (etp fastest).
+namespace {
+
+// Expert parallelism: classic (--etp unset) inside dp x cp with the experts
+// split over the layer's tp; folded (Megatron-Core's MoE parallel folding,
+// --etp E) over all tp x cp x dp GPUs of a stage, the expert layers laid
+// out as etp x ep x expert-data-parallel (etp fastest).
+Status checkExpertLayout(const ModelSpec& m, const TrainConfig& cfg) {
+  const int64_t t = cfg.tp, d = cfg.dp, cp = cfg.cp, ep = cfg.ep;
   if (cfg.etp < 0) return invalidArgument("--etp {} must be >= 1 (or unset: the experts split over tp)", cfg.etp);
   if (ep > 1 && m.moe.experts == 0)
     return invalidArgument("ep={}: model '{}' has no experts (moe.experts = 0)", ep, m.name);
@@ -319,51 +307,286 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                              cfg.moe_dispatch != TrainConfig::MoeDispatch::AllToAll))
     return invalidArgument("--moe-imbalance, --fp8-dispatch and --moe-dispatch apply to MoE models; '{}' has no experts",
                            m.name);
+  return {};
+}
+
+// The layout's degrees against the model and the cluster (before any pricing).
+Status checkLayout(const ModelSpec& m, const ClusterSpec& c, const TrainConfig& cfg) {
+  const int64_t t = cfg.tp, p = cfg.pp, d = cfg.dp, cp = cfg.cp, ep = cfg.ep, v = cfg.vpp;
+  if (t < 1 || p < 1 || d < 1 || cp < 1 || ep < 1 || v < 1)
+    return invalidArgument("layout tp={} pp={} dp={} cp={} ep={} vpp={}: every degree must be >= 1", t, p, d, cp, ep, v);
+  if (t * p * d * cp != cfg.gpus)
+    return invalidArgument("layout tp={} x pp={} x dp={} x cp={} = {} but --gpus = {} (they must be equal)", t, p, d, cp,
+                           t * p * d * cp, cfg.gpus);
+  if (cfg.gpus > c.gpus())
+    return invalidArgument("--gpus {} exceeds cluster '{}' with {} GPUs ({} nodes x {})", cfg.gpus, c.name, c.gpus(),
+                           c.nodes, c.node.gpus);
+  if (m.heads % t != 0 || m.kv_heads % std::min<int64_t>(t, m.kv_heads) != 0)
+    return invalidArgument("tp={} must divide heads={} (model '{}')", t, m.heads, m.name);
+  if (m.layers < p * v && cfg.pp_layout.empty())
+    return invalidArgument("layers={} is fewer than pp x vpp = {} x {} stages (model '{}'); a --pp-layout may leave "
+                           "stages without a layer", m.layers, p, v, m.name);
+  CHORUS_RETURN_IF_ERROR(checkExpertLayout(m, cfg));
   if (cfg.seq % (cp * (cfg.sequence_parallel ? t : 1)) != 0)
     return invalidArgument("seq={} is not divisible by cp={} (x tp={} with sequence parallelism)", cfg.seq, cp, t);
   if (cfg.zero < 0 || cfg.zero > 3) return invalidArgument("--zero {} is not one of 0, 1, 2, 3", cfg.zero);
-  if (cfg.micro_batch == 0) {  // auto: the fastest micro-batch that fits and divides the batch share
-    Result<TrainReport> best = invalidArgument("no micro-batch fits (try more recomputation or parallelism)");
-    for (int64_t b = 1; b <= 16; b *= 2) {
-      if (cfg.global_batch % (d * b) != 0) break;
-      TrainConfig k = cfg;
-      k.micro_batch = b;
-      Result<TrainReport> r = simulateTraining(m, k, net);
-      if (!r.isOk()) {
-        if (!best.isOk()) best = std::move(r);  // keep the first error: it names what did not fit
-        break;
-      }
-      if (!best.isOk() || r->iteration_s < best->iteration_s) best = std::move(r);
-    }
-    return best;
+  return {};
+}
+
+// The compute and communication of a run of layers on one GPU per
+// micro-batch: a pipeline stage or a virtual-stage chunk.
+struct RangeCost {
+  Seconds fwd = Seconds(0), bwd = Seconds(0), recompute = Seconds(0);
+  Seconds wgrad = Seconds(0);  // the weight-gradient GEMMs within bwd
+  Seconds tp_f = Seconds(0), tp_b = Seconds(0), cp = Seconds(0), ep = Seconds(0);
+};
+
+// One layer's running sums while it is priced (Trainer::layerTimes' parts add to them).
+struct LayerSums {
+  LayerTimes lt;
+  Seconds f = Seconds(0), bw = Seconds(0), ew = Seconds(0);  // GEMMs forward, GEMMs backward, element-wise forward
+  Seconds perm = Seconds(0);  // the token permutations within ew (their backward moves the bytes once)
+  Seconds q8_fwd = Seconds(0), q8_bwd = Seconds(0);  // fp8 casts
+};
+
+// Per pipeline stage, what the physical bounds sum: the FLOPs and HBM bytes
+// its kernels execute, its parameters, and the bytes its GPU puts on each link class.
+struct StageLoad {
+  std::vector<double> flops, bytes, params, expert;
+  std::vector<LinkDemand> link;
+};
+
+// One training iteration on one layout, priced in phases (run() calls them in
+// order; each reads what the earlier ones set).  The names follow the
+// formulas of docs/simulator.md and Korthikanti et al. 2022: t, p, d, cp, ep,
+// v the degrees, b the micro-batch, s the local sequence, h the hidden size,
+// V the vocabulary, T = t as a double.
+class Trainer {
+ public:
+  Trainer(const ModelSpec& model, const TrainConfig& config, NetworkModel& network);
+  Result<TrainReport> run();
+
+ private:
+  // ---- phases, in run()'s order
+  Status checkMicroBatch();
+  Status placeLayers();
+  Status checkSchedule();
+  Status markRecompute();
+  void findPacingStage();
+  Status fitMemory();
+  Status priceCollectives();
+  Status priceExpertDispatch();
+  Status estimatePipeline();
+  Status priceDataParallel();
+  void sumEstimate();
+  void linkUnits();
+  StageLoad stageLoads();
+  void bounds();
+  Status buildSchedule();
+  void settle();
+  void reportBlockAndStage();
+  Status stageCosts();
+
+  // ---- parameters and memory
+  double paramsOf(int first, int count, bool vocab, double* widest) const;
+  double expertParamsOf(int first, int count) const;
+  double sharded(double per_param, double params, double expert, int stage) const;
+  double layerAct(int l, const RecomputeModules& r) const;
+  [[nodiscard]] bool fullAt(int l) const { return layer_full[static_cast<size_t>(l)] != 0; }
+
+  // ---- collectives
+  void note(const std::string& dim, const CollectiveCost& cc);
+  Result<Seconds> coll(plan::Collective k, double bytes, const GroupSet& g, const char* dim);
+  Result<Seconds> epOneWay(double bytes);
+  void tpComm(const LayerTimes& lt, Seconds* fwd, Seconds* bwd) const;
+  Seconds tpHidden(const LayerTimes& lt) const;
+  [[nodiscard]] double wireBytes(plan::Collective k) const {
+    return k == plan::Collective::ReduceScatter ? grad_wire : 2.0;
   }
-  const int64_t b = cfg.micro_batch;
+  Result<Seconds> gradColl(plan::Collective k, double bytes, const GroupSet& g);
+  Seconds quantizeTime(double params, int64_t n) const;
+  Result<Seconds> dpColl(plan::Collective k);
+
+  // ---- compute of one layer
+  Seconds mm(LayerSums& x, double mm_m, double mm_n, double mm_k, double batch, Seconds* dg = nullptr,
+             Seconds* wg = nullptr);
+  void q8(LayerSums& x, double mm_m, double mm_n, double mm_k, double batch);
+  Seconds attentionBlock(LayerSums& x);
+  void denseFfn(LayerSums& x);
+  void moeBlock(LayerSums& x);
+  Seconds selectiveRecompute(bool dense, Seconds core, LayerTimes& lt) const;
+  LayerTimes layerTimes(int layer);
+  const LayerTimes& timesOf(int l);
+  const Work& workOf(int l);
+  RangeCost priceRange(int first, int count, bool embedding, bool logits);
+  void priceLogits(RangeCost& rc);
+  Seconds cpExposed(const RangeCost& rc) const;
+
+  // ---- the schedule
+  Status dpTransfers(double params, Transfer* ag_t, Transfer* rs_t, double expert = 0);
+  LayerPlan planLayer(int l, const Transfer& tp_fwd_t, const Transfer& tp_bwd_t, const Transfer& tp_async_t);
+
+  // ---- inputs and the layout
+  const ModelSpec& m;
+  const TrainConfig& cfg;
+  NetworkModel& net;
+  const ClusterSpec& c;
+  const int64_t t, p, d, cp, ep, v, etp, b;
+  int64_t mb = 0;  // micro-batches per iteration per pipeline
+  const Gpu raw_gpu;
+  Meter gpu{raw_gpu};  // every per-op cost goes through the meter
+  const bool sp, moe;
+  const double h, V;
+  const double s;        // local sequence
+  const double bs;       // local tokens
+  const double heads_v;  // width of the attention output
+  const double heads_local;
+  const double T;
+  const double mats;
+  const double hsp;  // width of the replicated/sequence-split elementwise region
+  const double smf;  // the SM share a collective kernel takes from concurrent compute
+  const LinkLedger ledger;
+  TrainReport rep;
+
+  // ---- layers over (virtual) pipeline stages, recomputation
+  int64_t vs_count = 0;
+  std::vector<int> vs_layers, vs_first;
+  int all_layers = 0;  // decoder layers and MTP depths
+  std::vector<char> layer_full;
+  bool any_full = false;
+  int64_t layers_per_stage = 0;
+  int first_layer = 0;
+  double opt_state = 0, opt_step = 0;  // optimizer bytes per parameter: held, and moved by the step
+
+  // ---- parameters and memory
+  double stage_params = 0, dpc = 0, edp = 0;
+  double gb = 2;  // bytes per saved GEMM-input element
+  RecomputeModules keep_all;
+  const RecomputeModules* rmods = &keep_all;
+  double latents = 0, scores = 0;
+
+  // ---- collectives of one layer and micro-batch
+  GroupSet tpg, cpg, epg, ppg;
+  int64_t pp_stride = 0, dp_stride = 0;
+  // Per breakdown category, the link limiting its slowest collective (what
+  // the bottleneck line names: the category's own binding link).
+  std::map<std::string, std::pair<double, std::string>> dim_link;
+  double act_bytes = 0;  // one layer boundary's activations
+  Seconds tp_ag = Seconds(0), tp_rs = Seconds(0), tp_ar = Seconds(0);
+  double cp_bytes = 0;
+  Seconds cp_fwd = Seconds(0);  // ring attention: K and V blocks pass around the cp ring
+  double imb = 1, a2a_bytes = 0, dispatch_bytes = 0;
+  Seconds ep_fwd = Seconds(0), ep_dispatch = Seconds(0), ep_combine = Seconds(0);  // dispatch + combine, and each
+  bool hier = false;
+  GroupSet rail_g, node_g;
+  double rail_share = 0, node_share = 0;
+  double gpu_copies = 1;  // per routed copy, the copies DeepEP delivers (one per distinct GPU hit)
+  Seconds ce = Seconds(0);  // the vocab-parallel cross-entropy's allreduce (3 fp32 values per token)
+
+  // ---- layer costs, by kind (layerTimes depends on a layer only through it)
+  std::optional<LayerTimes> dense_times, moe_times;
+  Work dense_work, moe_work;
+  std::optional<Work> logit_work;  // the logits + loss, metered once
+  Seconds logit_fwd = Seconds(0), logit_bwd = Seconds(0), logit_wgrad_s = Seconds(0);  // per micro-batch
+
+  // ---- the closed-form estimate
+  RangeCost pace;
+  Seconds stage_fwd = Seconds(0), stage_bwd = Seconds(0), stage_recompute = Seconds(0);
+  Seconds tp_f = Seconds(0), tp_b = Seconds(0), ep_stage = Seconds(0), cp_exposed = Seconds(0);
+  Seconds p2p = Seconds(0), tp_stage = Seconds(0), compute = Seconds(0), bubble = Seconds(0), pp_comm = Seconds(0);
+  double mbf = 0;
+
+  // ---- data parallelism, optimizer
+  double stage_expert = 0;
+  int64_t edp_n = 1;
+  bool edp_own = false, dense_dp = false, any_dp = false;
+  GroupSet edpg, dcg;
+  double grad_data = 0, grad_wire = 0, expert_params = 0, dense_params = 0;
+  Seconds dp_comm = Seconds(0), dp_rs = Seconds(0), dp_ag = Seconds(0), optimizer = Seconds(0);
+
+  // ---- each group's collectives per byte on every link class (the ledger)
+  LinkDemand u_tag, u_trs, u_tar, u_cp, u_ep, u_rail, u_node, u_dag, u_drs, u_eag, u_ers;
+  LinkDemand ep_demand;  // one MoE layer's dispatch and combine per micro-batch and pass
+};
+
+Trainer::Trainer(const ModelSpec& model, const TrainConfig& config, NetworkModel& network)
+    : m(model),
+      cfg(config),
+      net(network),
+      c(network.cluster()),
+      t(config.tp),
+      p(config.pp),
+      d(config.dp),
+      cp(config.cp),
+      ep(config.ep),
+      v(config.vpp),
+      etp(config.etp > 0 ? config.etp : config.tp),
+      b(config.micro_batch),
+      raw_gpu{c.gpu, config.fp8},
+      sp(config.sequence_parallel && config.tp > 1),
+      moe(model.moe.experts > 0),
+      h(static_cast<double>(model.hidden)),
+      V(static_cast<double>(model.vocab)),
+      s(static_cast<double>(config.seq) / static_cast<double>(config.cp)),
+      bs(static_cast<double>(config.micro_batch) * s),
+      heads_v(static_cast<double>(model.heads) * model.vHeadDim()),
+      heads_local(static_cast<double>(model.heads) / static_cast<double>(config.tp)),
+      T(static_cast<double>(config.tp)),
+      mats(model.activation == Activation::SwiGlu ? 3 : 2),
+      hsp(sp ? h / T : h),
+      smf(c.gpu.comm_sm_fraction),
+      ledger(c, config.gpus) {
+  keep_all.core_attn = false;
+}
+
+Result<TrainReport> Trainer::run() {
+  CHORUS_RETURN_IF_ERROR(checkMicroBatch());
+  CHORUS_RETURN_IF_ERROR(placeLayers());
+  CHORUS_RETURN_IF_ERROR(checkSchedule());
+  CHORUS_RETURN_IF_ERROR(markRecompute());
+  findPacingStage();
+  CHORUS_RETURN_IF_ERROR(fitMemory());  // a layout that does not fit costs no pricing
+  CHORUS_RETURN_IF_ERROR(priceCollectives());
+  CHORUS_RETURN_IF_ERROR(estimatePipeline());
+  CHORUS_RETURN_IF_ERROR(priceDataParallel());
+  sumEstimate();
+  linkUnits();
+  bounds();
+  if (cfg.schedule) {  // the iteration as a simulated schedule (src/sim/schedule.hpp)
+    CHORUS_RETURN_IF_ERROR(buildSchedule());
+    CHORUS_ASSIGN_OR_RETURN(ScheduleResult sr, simulateSchedule(rep.schedule_spec));
+    rep.iteration_s = sr.makespan_s;
+    rep.breakdown = sr.breakdown;
+    rep.schedule_tasks = sr.tasks;
+    rep.schedule_merged_layers = sr.merged_layers;
+  }
+  settle();
+  reportBlockAndStage();
+  if (cfg.stage_costs) CHORUS_RETURN_IF_ERROR(stageCosts());
+  return std::move(rep);
+}
+
+Status Trainer::checkMicroBatch() {
   if (b < 1 || cfg.global_batch % (d * b) != 0)
     return invalidArgument("global batch {} is not divisible by dp x micro-batch = {} x {}", cfg.global_batch, d, b);
-  const int64_t mb = cfg.global_batch / (d * b);  // micro-batches per iteration per pipeline
+  mb = cfg.global_batch / (d * b);
+  mbf = static_cast<double>(mb);
   if (v > 1 && mb % p != 0)
     return invalidArgument("interleaved schedule: micro-batches per pipeline ({}) must be a multiple of pp={}", mb, p);
+  return {};
+}
 
-  const Gpu raw_gpu{c.gpu, cfg.fp8};
-  Meter gpu{raw_gpu};  // every per-op cost below goes through the meter
-  const bool sp = cfg.sequence_parallel && t > 1;
-  const bool moe = m.moe.experts > 0;
-  const double h = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab);
-  const double s = static_cast<double>(cfg.seq) / static_cast<double>(cp);  // local sequence
-  const double bs = static_cast<double>(b) * s;                             // local tokens
-  const double heads_v = static_cast<double>(m.heads) * m.vHeadDim();  // width of the attention output
-  const double heads_local = static_cast<double>(m.heads) / static_cast<double>(t);
-  const double T = static_cast<double>(t);
-  const double mats = m.activation == Activation::SwiGlu ? 3 : 2;
-  const double hsp = sp ? h / T : h;  // width of the replicated/sequence-split elementwise region
-  // The layers of each virtual stage k = chunk x p + stage, in order: the
-  // first L mod (p v) one more (DeepSpeed's uniform partition), or with
-  // --first-stage-layers / --last-stage-layers (Megatron's
-  // --decoder-first/last-pipeline-num-layers, what Llama 3 used to balance
-  // the first stage's in-flight activations and the last's logits) those
-  // counts on the first and last stage and the rest split uniformly.
-  const int64_t vs_count = p * v;
-  std::vector<int> vs_layers(static_cast<size_t>(vs_count)), vs_first(static_cast<size_t>(vs_count));
+// The layers of each virtual stage k = chunk x p + stage, in order: the first
+// L mod (p v) one more (DeepSpeed's uniform partition), or with
+// --first-stage-layers / --last-stage-layers (Megatron's
+// --decoder-first/last-pipeline-num-layers, what Llama 3 used to balance the
+// first stage's in-flight activations and the last's logits) those counts on
+// the first and last stage and the rest split uniformly, or Megatron's
+// explicit --pp-layout.
+Status Trainer::placeLayers() {
+  vs_count = p * v;
+  vs_layers.assign(static_cast<size_t>(vs_count), 0);
+  vs_first.assign(static_cast<size_t>(vs_count), 0);
   if (cfg.mtp_layers < 0 || cfg.mtp_layers > 8)
     return invalidArgument("--mtp-layers {}: must be in [0, 8] (multi-token prediction depths; DeepSeek-V3 uses 1)",
                            cfg.mtp_layers);
@@ -412,10 +635,13 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     // (Megatron places them there): layers L .. L + D - 1, shaped as the last.
     vs_layers[static_cast<size_t>(vs_count - 1)] += cfg.mtp_layers;
   }
-  const int all_layers = m.layers + cfg.mtp_layers;  // decoder layers and MTP depths
-  // Which layers recompute their forward in the backward: every layer under
-  // --recompute full, or with --recompute-layers N the first N of every
-  // virtual stage (Megatron's block method; the others keep everything).
+  all_layers = m.layers + cfg.mtp_layers;
+  return {};
+}
+
+// The pipeline order, the optimizer's and gradients' dtypes and the options
+// that depend on them.
+Status Trainer::checkSchedule() {
   if (cfg.zero_bubble && (v != 1 || p < 2))
     return invalidArgument("--pp-schedule zb-h1 needs pp >= 2 and vpp = 1 (ZB-H1 is a 1F1B schedule; got pp={} vpp={})", p, v);
   if (cfg.pp_before_dp && (ep > 1 || (cp > 1 && d > 1)))
@@ -439,7 +665,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // step's HBM bytes per updated parameter (gradient-norm read 4, master
   // read and written 8, moments read and written 4 x moment, gradient read
   // 4, bf16 weight copy 6): 12 and 38 with fp32 moments.
-  const double opt_state = 4 + 2.0 * cfg.moment_bytes, opt_step = 22 + 4.0 * cfg.moment_bytes;
+  opt_state = 4 + 2.0 * cfg.moment_bytes, opt_step = 22 + 4.0 * cfg.moment_bytes;
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     return invalidArgument("gradient buffer of {} bytes per parameter: 2 (bf16) or 4 (fp32)", cfg.grad_bytes);
   CHORUS_RETURN_IF_ERROR(checkCompression(cfg.grad_compress, plan::Collective::ReduceScatter,
@@ -457,13 +683,20 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       return invalidArgument("--moe-a2a-overlap with --recompute full: Megatron-Core refuses full recomputation with "
                              "the combined 1F1B; use --recompute selective or none");
   }
+  return {};
+}
+
+// Which layers recompute their forward in the backward: every layer under
+// --recompute full, or with --recompute-layers N the first N of every
+// virtual stage (Megatron's block method; the others keep everything).
+Status Trainer::markRecompute() {
   if (cfg.recompute_layers < 0)
     return invalidArgument("--recompute-layers {}: must be >= 0 (0: every layer)", cfg.recompute_layers);
   if (cfg.recompute_layers > 0 && cfg.recompute != Recompute::Full)
     return invalidArgument("--recompute-layers {} needs --recompute full (Megatron's --recompute-num-layers applies to "
                            "full recomputation only; got --recompute {})",
                            cfg.recompute_layers, cfg.recompute == Recompute::None ? "none" : "selective");
-  std::vector<char> layer_full(static_cast<size_t>(all_layers), cfg.recompute == Recompute::Full ? 1 : 0);
+  layer_full.assign(static_cast<size_t>(all_layers), cfg.recompute == Recompute::Full ? 1 : 0);
   if (cfg.recompute_layers > 0) {
     int longest = 0;
     for (int64_t k = 0; k < vs_count; ++k) {
@@ -476,112 +709,115 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
                              "of this layout ({} layers over pp {} x vpp {})",
                              cfg.recompute_layers, longest, m.layers, p, v);
   }
-  auto fullAt = [&](int l) { return layer_full[static_cast<size_t>(l)] != 0; };
-  const bool any_full = std::find(layer_full.begin(), layer_full.end(), 1) != layer_full.end();
+  any_full = std::find(layer_full.begin(), layer_full.end(), 1) != layer_full.end();
+  rmods = cfg.recompute == Recompute::Selective ? &cfg.recompute_modules : &keep_all;
+  return {};
+}
 
-  // The pacing stage of the closed-form estimate: the last, with the largest
-  // stage's layer count (an upper bound on the slowest stage).
-  int64_t layers_per_stage = 0;
+// The pacing stage of the closed-form estimate: the last, with the largest
+// stage's layer count (an upper bound on the slowest stage) and the logits.
+void Trainer::findPacingStage() {
   for (int64_t sd = 0; sd < p; ++sd) {
     int64_t n = 0;
     for (int64_t k = sd; k < vs_count; k += p) n += vs_layers[static_cast<size_t>(k)];
     layers_per_stage = std::max(layers_per_stage, n);
   }
-  const int first_layer = static_cast<int>(all_layers - layers_per_stage);
-
-  // ---- parameters and memory first: a layout that does not fit costs no pricing
-  // This GPU's share of the parameters of layers [first, first + count) and,
-  // with `vocab`, of the embedding or logits shard; *widest: its largest layer.
-  auto paramsOf = [&](int first, int count, bool vocab, double* widest) {
-    double params = vocab ? V * h / T : 0;
-    for (int l = first; l < first + count; ++l) {
-      double lp = m.layerParams(l);
-      double share = lp / T;
-      if (m.isMoeLayer(l)) {  // this GPU's experts: experts / ep of them, each split etp ways
-        const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
-        share = (lp - expert * m.moe.experts) / T +
-                expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
-      }
-      params += share;
-      *widest = std::max(*widest, share);
-    }
-    return params;
-  };
-  // The pacing stage: the last, with the fullest share of layers and the logits.
+  first_layer = static_cast<int>(all_layers - layers_per_stage);
   double widest_layer = 0;  // this GPU's share of its largest layer
-  const double stage_params = paramsOf(first_layer, static_cast<int>(layers_per_stage), true, &widest_layer);
-  const double dpc = static_cast<double>(d * cp);
-  TrainReport rep;
-  rep.config = cfg;
-  rep.placement = describePlacement(c, cfg.gpus) + (cfg.pp_before_dp ? ", ranks in order tp-cp-ep-pp-dp" : "");
+  stage_params = paramsOf(first_layer, static_cast<int>(layers_per_stage), true, &widest_layer);
+  dpc = static_cast<double>(d * cp);
   // Expert parameters are replicated only over the expert-data-parallel
   // group, the dp x cp / ep GPUs holding the same experts, so ZeRO shards
   // their state that many ways, not dp x cp (Megatron's expert data-parallel
-  // group for the distributed optimizer).  This GPU's expert share of layers
-  // [first, first + count):
-  const double edp = T * dpc / static_cast<double>(ep * etp);
-  auto expertParamsOf = [&](int first, int count) {
-    if (!moe) return 0.0;
-    const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
-    double e = 0;
-    for (int l = first; l < first + count; ++l)
-      if (m.isMoeLayer(l)) e += expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
-    return e;
-  };
-  // Bytes of `per_param` per parameter of `params` (of which `expert` are
-  // expert parameters), sharded over the data-parallel group from ZeRO stage `stage`.
-  auto sharded = [&](double per_param, double params, double expert, int stage) {
-    if (cfg.zero < stage) return per_param * params;
-    return per_param * ((params - expert) / dpc + expert / edp);
-  };
-  // Activations per layer and micro-batch: Korthikanti et al. 2022's
-  // accounting (eqs. 1-6: s b h (34 + 5 a s / h) for a GPT), term by term so
-  // that it holds for GQA, MLA, SwiGLU, MoE, FlashAttention and no dropout.
-  // Bytes per token: kept whole on every tp rank without SP (R): the two
-  // layer-norm inputs and the two GEMM inputs they feed (8h), the two dropout
-  // masks (2h); split over tp (S): Q, K, V (2(h + 2 kv)), MLA's latents (the
-  // up-projections' inputs), the projection input (2h), the FC1 output
-  // (2 (mats-1) f), the activation output (2 f); an MoE layer keeps its
-  // routed copies (top_k h, the experts' FC1 input), its routed experts' and
-  // shared experts' FC1 and activation outputs (top_k f_e and f_s per token)
-  // and the router's fp32 probabilities (4 E); without FlashAttention the
-  // scores: softmax output 2 a s, with dropout also its mask and output (5 a s).
-  // Selective recomputation drops what its modules recompute (RecomputeModules).
+  // group for the distributed optimizer).
+  edp = T * dpc / static_cast<double>(ep * etp);
+}
+
+// This GPU's share of the parameters of layers [first, first + count) and,
+// with `vocab`, of the embedding or logits shard; *widest: its largest layer.
+double Trainer::paramsOf(int first, int count, bool vocab, double* widest) const {
+  double params = vocab ? V * h / T : 0;
+  for (int l = first; l < first + count; ++l) {
+    double lp = m.layerParams(l);
+    double share = lp / T;
+    if (m.isMoeLayer(l)) {  // this GPU's experts: experts / ep of them, each split etp ways
+      const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
+      share = (lp - expert * m.moe.experts) / T +
+              expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
+    }
+    params += share;
+    *widest = std::max(*widest, share);
+  }
+  return params;
+}
+
+// This GPU's expert share of layers [first, first + count).
+double Trainer::expertParamsOf(int first, int count) const {
+  if (!moe) return 0.0;
+  const double expert = mats * h * static_cast<double>(m.moe.expert_ffn_hidden);
+  double e = 0;
+  for (int l = first; l < first + count; ++l)
+    if (m.isMoeLayer(l)) e += expert * m.moe.experts / static_cast<double>(ep) / static_cast<double>(etp);
+  return e;
+}
+
+// Bytes of `per_param` per parameter of `params` (of which `expert` are
+// expert parameters), sharded over the data-parallel group from ZeRO stage `stage`.
+double Trainer::sharded(double per_param, double params, double expert, int stage) const {
+  if (cfg.zero < stage) return per_param * params;
+  return per_param * ((params - expert) / dpc + expert / edp);
+}
+
+// Activations per layer and micro-batch: Korthikanti et al. 2022's
+// accounting (eqs. 1-6: s b h (34 + 5 a s / h) for a GPT), term by term so
+// that it holds for GQA, MLA, SwiGLU, MoE, FlashAttention and no dropout.
+// Bytes per token: kept whole on every tp rank without SP (R): the two
+// layer-norm inputs and the two GEMM inputs they feed (8h), the two dropout
+// masks (2h); split over tp (S): Q, K, V (2(h + 2 kv)), MLA's latents (the
+// up-projections' inputs), the projection input (2h), the FC1 output
+// (2 (mats-1) f), the activation output (2 f); an MoE layer keeps its
+// routed copies (top_k h, the experts' FC1 input), its routed experts' and
+// shared experts' FC1 and activation outputs (top_k f_e and f_s per token)
+// and the router's fp32 probabilities (4 E); without FlashAttention the
+// scores: softmax output 2 a s, with dropout also its mask and output (5 a s).
+// Selective recomputation drops what its modules recompute (RecomputeModules).
+// One layer's activations per micro-batch when it recomputes the modules of `r`.
+double Trainer::layerAct(int l, const RecomputeModules& r) const {
+  const int shape = std::min(l, m.layers - 1);  // MTP depths are shaped as the last layer
+  const double Rl = 4 * h + (r.layernorm ? 0 : 2 * gb * h) + (m.dropout ? 2 * h : 0);
+  double S = gb * heads_v + latents + (r.mla_up_proj && m.hasMla() ? 0 : 2 * m.qkvWidth());
+  if (!m.isMoeLayer(shape)) {
+    const double f = static_cast<double>(m.ffn_hidden);
+    S += r.mlp ? 0 : 2 * (mats - 1) * f + gb * f;
+  } else {
+    const double k = static_cast<double>(m.moe.top_k), routed = k * static_cast<double>(m.moe.expert_ffn_hidden);
+    const double sf = m.sharedFfn();
+    S += gb * k * h + 2 * (mats - 1) * routed + (r.moe_act ? 0 : gb * routed);
+    S += r.shared_experts ? 0 : 2 * (mats - 1) * sf + gb * sf;
+    S += 4 * static_cast<double>(m.moe.experts);
+  }
+  const double sc = r.core_attn ? 0 : scores;
+  return bs * (sp ? (Rl + S + sc) / T : Rl + (S + sc) / T);
+}
+
+// Every stage's memory from its own layers, its own in-flight micro-batches
+// and its own vocabulary shard; the peak stage is reported, and a layout
+// that exceeds the GPU's HBM is refused with what to change.
+Status Trainer::fitMemory() {
+  rep.config = cfg;
+  rep.placement = describePlacement(c, cfg.gpus) + (cfg.pp_before_dp ? ", ranks in order tp-cp-ep-pp-dp" : "");
   const double a = static_cast<double>(m.heads);
-  const double scores = cfg.flash_attention ? 0 : (m.dropout ? 5 : 2) * a * (s * cp);
+  scores = cfg.flash_attention ? 0 : (m.dropout ? 5 : 2) * a * (s * cp);
   // Under fp8 (TransformerEngine) a GEMM keeps the fp8 cast of its input for
   // the weight gradient, 1 B per element: the two GEMM inputs of R (4h ->
   // 2h), MLA's latents, the projection input (2h -> h), the experts' routed
   // copies and the activation outputs that FC2 reads (2f -> f).  Layer-norm
   // inputs, Q, K, V and the FC1 outputs (the inputs of non-GEMM ops) stay 16-bit.
-  const double gb = cfg.fp8 ? 1 : 2;  // bytes per saved GEMM-input element
-  RecomputeModules keep_all;
-  keep_all.core_attn = false;
-  const RecomputeModules& rmods = cfg.recompute == Recompute::Selective ? cfg.recompute_modules : keep_all;
-  const double latents = m.hasMla() ? gb * static_cast<double>(m.mla.q_lora_rank + m.mla.kv_lora_rank) +
-                                          2 * static_cast<double>(m.mla.qk_rope_head_dim)
-                                    : 0;
-  // One layer's activations per micro-batch when it recomputes the modules of `r`.
-  auto layerAct = [&](int l, const RecomputeModules& r) {
-    const int shape = std::min(l, m.layers - 1);  // MTP depths are shaped as the last layer
-    const double Rl = 4 * h + (r.layernorm ? 0 : 2 * gb * h) + (m.dropout ? 2 * h : 0);
-    double S = gb * heads_v + latents + (r.mla_up_proj && m.hasMla() ? 0 : 2 * m.qkvWidth());
-    if (!m.isMoeLayer(shape)) {
-      const double f = static_cast<double>(m.ffn_hidden);
-      S += r.mlp ? 0 : 2 * (mats - 1) * f + gb * f;
-    } else {
-      const double k = static_cast<double>(m.moe.top_k), routed = k * static_cast<double>(m.moe.expert_ffn_hidden);
-      const double sf = m.sharedFfn();
-      S += gb * k * h + 2 * (mats - 1) * routed + (r.moe_act ? 0 : gb * routed);
-      S += r.shared_experts ? 0 : 2 * (mats - 1) * sf + gb * sf;
-      S += 4 * static_cast<double>(m.moe.experts);
-    }
-    const double sc = r.core_attn ? 0 : scores;
-    return bs * (sp ? (Rl + S + sc) / T : Rl + (S + sc) / T);
-  };
+  gb = cfg.fp8 ? 1 : 2;
+  latents = m.hasMla() ? gb * static_cast<double>(m.mla.q_lora_rank + m.mla.kv_lora_rank) +
+                             2 * static_cast<double>(m.mla.qk_rope_head_dim)
+                       : 0;
   const double checkpoint = 2 * bs * h / (sp ? T : 1);  // full recomputation keeps only the layer's input
-  // Every stage's memory from its own layers, its own in-flight
-  // micro-batches and its own vocabulary shard; the peak stage is reported.
   // 1F1B: stage s holds the activations of min(p - s, m) micro-batches;
   // interleaved: of its warm-up chunks plus one, (p - s - 1) 2 + (v - 1) p + 1
   // (Megatron's schedule; at s = 0 Korthikanti's x (1 + (p-1)/(p v))).  The
@@ -604,7 +840,7 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       x.params += paramsOf(first, count, false, &x.widest);
       x.expert += expertParamsOf(first, count);
       for (int l = first; l < first + count; ++l)
-        x.act += !fullAt(l) ? layerAct(l, rmods) : checkpoint;  // block recomputation: the others keep everything
+        x.act += !fullAt(l) ? layerAct(l, *rmods) : checkpoint;  // block recomputation: the others keep everything
     }
     if (sd == 0 || sd == p - 1) x.params += V * h / T;  // the embedding or the logits shard (one when p = 1)
     if (sd == p - 1) x.params += cfg.mtp_layers * (2 * h * h / T + 2 * h);  // each MTP depth's projection and norms
@@ -656,31 +892,29 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
         "selective/full, a smaller micro-batch or more tp/pp",
         t, p, d, cp, ep, b, rep.memory_gib_per_gpu, rep.memory_stage, toGib(c.gpu.hbm), c.gpu.name, rep.memory.weights_gib,
         rep.memory.grads_gib, rep.memory.optimizer_gib, rep.memory.activations_gib, std::min(cfg.zero + 1, 3));
+  return {};
+}
 
-  // ---- communication primitives on the placed groups (Megatron order tp, cp, dp, pp)
-  const GroupSet tpg{t, 1, cfg.gpus / t};
-  const GroupSet cpg{cp, t, cfg.gpus / cp};
-  const GroupSet epg = cfg.etp > 0 ? GroupSet{ep, etp, cfg.gpus / ep} : GroupSet{ep, t * cp, cfg.gpus / ep};
-  // Megatron's order tp, cp, (ep,) dp, pp; or tp, cp, pp, dp (--rank-order).
-  const int64_t pp_stride = cfg.pp_before_dp ? t * cp : t * cp * d, dp_stride = cfg.pp_before_dp ? t * cp * p : t * cp;
-  const GroupSet ppg{p, pp_stride, cfg.gpus / p};
-  // Per breakdown category, the link limiting its slowest collective (what
-  // the bottleneck line names: the category's own binding link).
-  std::map<std::string, std::pair<double, std::string>> dim_link;
-  auto note = [&](const std::string& dim, const CollectiveCost& cc) {
-    auto& [worst, link] = dim_link[dim];
-    if (link.empty() || cc.time.value() > worst) worst = cc.time.value(), link = cc.bottleneck;
-  };
-  auto coll = [&](plan::Collective k, double bytes, const GroupSet& g, const char* dim) -> Result<Seconds> {
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, net.collective(k, Bytes(bytes), g, cfg.algo));
-    note(dim, cc);
-    return cc.time;
-  };
-  // Lower-bound link demands (src/sim/bounds.hpp), linear in the bytes: one
-  // unit demand per (collective, group), scaled by each use's bytes.
-  const LinkLedger ledger(c, cfg.gpus);
-  const double act_bytes = bs * h * kAct;  // one layer boundary's activations
-  Seconds tp_ag(0), tp_rs(0), tp_ar(0);
+void Trainer::note(const std::string& dim, const CollectiveCost& cc) {
+  auto& [worst, link] = dim_link[dim];
+  if (link.empty() || cc.time.value() > worst) worst = cc.time.value(), link = cc.bottleneck;
+}
+
+Result<Seconds> Trainer::coll(plan::Collective k, double bytes, const GroupSet& g, const char* dim) {
+  CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, net.collective(k, Bytes(bytes), g, cfg.algo));
+  note(dim, cc);
+  return cc.time;
+}
+
+// The communication primitives of one layer and micro-batch on the placed
+// groups (Megatron's order tp, cp, (ep,) dp, pp; or tp, cp, pp, dp with --rank-order).
+Status Trainer::priceCollectives() {
+  tpg = GroupSet{t, 1, cfg.gpus / t};
+  cpg = GroupSet{cp, t, cfg.gpus / cp};
+  epg = cfg.etp > 0 ? GroupSet{ep, etp, cfg.gpus / ep} : GroupSet{ep, t * cp, cfg.gpus / ep};
+  pp_stride = cfg.pp_before_dp ? t * cp : t * cp * d, dp_stride = cfg.pp_before_dp ? t * cp * p : t * cp;
+  ppg = GroupSet{p, pp_stride, cfg.gpus / p};
+  act_bytes = bs * h * kAct;
   if (t > 1) {
     if (sp) {
       CHORUS_ASSIGN_OR_RETURN(tp_ag, coll(plan::Collective::AllGather, act_bytes, tpg, "tp_comm_s"));
@@ -689,31 +923,34 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
       CHORUS_ASSIGN_OR_RETURN(tp_ar, coll(plan::Collective::AllReduce, act_bytes, tpg, "tp_comm_s"));
     }
   }
-  const double cp_bytes = static_cast<double>(b) * s * m.kvWidth() / m.kvSplit(T) * kAct * cp;
-  Seconds cp_fwd(0);  // ring attention: K and V blocks pass around the cp ring
+  cp_bytes = static_cast<double>(b) * s * m.kvWidth() / m.kvSplit(T) * kAct * cp;
   if (cp > 1) {
     CHORUS_ASSIGN_OR_RETURN(cp_fwd, coll(plan::Collective::AllGather, cp_bytes, cpg, "cp_comm_s"));
   }
-  // ---- expert dispatch and combine, per MoE layer and micro-batch, one way ---
-  // The GPU holding the busiest expert receives (L - 1 + F) / L of the mean
-  // (its L local experts at the mean load but one at F times it): it paces
-  // the all-to-all and the grouped GEMM.
+  CHORUS_RETURN_IF_ERROR(priceExpertDispatch());
+  if (t > 1) {
+    CHORUS_ASSIGN_OR_RETURN(ce, coll(plan::Collective::AllReduce, 4 * bs, tpg, "tp_comm_s"));
+  }
+  return {};
+}
+
+// Expert dispatch and combine, per MoE layer and micro-batch, one way.  The
+// GPU holding the busiest expert receives (L - 1 + F) / L of the mean (its L
+// local experts at the mean load but one at F times it): it paces the
+// all-to-all and the grouped GEMM.
+Status Trainer::priceExpertDispatch() {
   const double local_n = moe ? static_cast<double>(m.moe.experts) / static_cast<double>(ep) : 1;
-  const double imb = (local_n - 1 + cfg.moe_imbalance) / local_n;
+  imb = (local_n - 1 + cfg.moe_imbalance) / local_n;
   const double copies_elems = bs * m.moe.top_k * h / T * imb;  // routed copies this GPU sends (and receives)
-  const double a2a_bytes = copies_elems * kAct;                // the combine, bf16
-  const double dispatch_bytes = copies_elems * (cfg.fp8_dispatch ? 1 + 4.0 / 128 : kAct);
-  Seconds ep_fwd(0), ep_dispatch(0), ep_combine(0);  // dispatch + combine, and each
+  a2a_bytes = copies_elems * kAct;                             // the combine, bf16
+  dispatch_bytes = copies_elems * (cfg.fp8_dispatch ? 1 + 4.0 / 128 : kAct);
   // Hierarchical: the expert group's members on one node (e_node, at the
   // group's stride) and its nodes (n_nodes, one GPU each at the same local
   // rank: a rail); each token crosses to each distinct remote node it is
   // routed to once, then one NVLink hop per copy inside the node.
-  const bool hier = moe && ep > 1 && cfg.moe_dispatch == TrainConfig::MoeDispatch::Hierarchical;
-  GroupSet rail_g, node_g;
+  hier = moe && ep > 1 && cfg.moe_dispatch == TrainConfig::MoeDispatch::Hierarchical;
   // Per byte of routed copies, what a member of the rail / node group sends
   // in its all-to-all (whose byte count includes the member's own share).
-  double rail_share = 0, node_share = 0;
-  double gpu_copies = 1;  // per routed copy, the copies DeepEP delivers (one per distinct GPU hit)
   if (hier) {
     const int64_t st = epg.stride, gpn = c.node.gpus;
     const int64_t e_node = st <= gpn && gpn % st == 0 ? std::min<int64_t>(ep, gpn / st) : 1;
@@ -762,345 +999,360 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     gpu_copies = std::min(1.0, unitsHit(ep) / k);
     node_share = e_node > 1 ? gpu_copies : 0;
   }
-  auto epOneWay = [&](double bytes) -> Result<Seconds> {
-    if (!hier) return coll(plan::Collective::AllToAll, bytes, epg, "ep_comm_s");
-    Seconds across(0), inside(0);
-    if (rail_share > 0) {
-      CHORUS_ASSIGN_OR_RETURN(across, coll(plan::Collective::AllToAll, bytes * rail_share, rail_g, "ep_comm_s"));
-    }
-    if (node_share > 0) {
-      CHORUS_ASSIGN_OR_RETURN(inside, coll(plan::Collective::AllToAll, bytes * node_share, node_g, "ep_comm_s"));
-    }
-    return std::max(across, inside);  // pipelined: NVLink forwarding behind the RDMA chunks
-  };
   if (moe && ep > 1) {
     CHORUS_ASSIGN_OR_RETURN(Seconds dsp, epOneWay(dispatch_bytes));
     CHORUS_ASSIGN_OR_RETURN(Seconds cmb, epOneWay(a2a_bytes));
     ep_fwd = dsp + cmb, ep_dispatch = dsp, ep_combine = cmb;
   }
-  Seconds ce(0);  // the vocab-parallel cross-entropy's allreduce (3 fp32 values per token)
-  if (t > 1) {
-    CHORUS_ASSIGN_OR_RETURN(ce, coll(plan::Collective::AllReduce, 4 * bs, tpg, "tp_comm_s"));
+  return {};
+}
+
+Result<Seconds> Trainer::epOneWay(double bytes) {
+  if (!hier) return coll(plan::Collective::AllToAll, bytes, epg, "ep_comm_s");
+  Seconds across(0), inside(0);
+  if (rail_share > 0) {
+    CHORUS_ASSIGN_OR_RETURN(across, coll(plan::Collective::AllToAll, bytes * rail_share, rail_g, "ep_comm_s"));
   }
+  if (node_share > 0) {
+    CHORUS_ASSIGN_OR_RETURN(inside, coll(plan::Collective::AllToAll, bytes * node_share, node_g, "ep_comm_s"));
+  }
+  return std::max(across, inside);  // pipelined: NVLink forwarding behind the RDMA chunks
+}
 
-  // ---- compute of one layer ------------------------------------------------
-  auto layerTimes = [&](int layer) {
-    LayerTimes lt;
-    Seconds f(0), bw(0), ew(0);  // GEMMs forward, GEMMs backward, element-wise forward
-    Seconds perm(0);             // the token permutations within ew (their backward moves the bytes once)
-    // A GEMM of the layer: forward and its two backward GEMMs.
-    auto mm = [&](double mm_m, double mm_n, double mm_k, double batch, Seconds* dg = nullptr, Seconds* wg = nullptr) {
-      const Seconds x = gpu.dgrad(mm_m, mm_n, mm_k, batch), w = gpu.wgrad(mm_m, mm_n, mm_k, batch);
-      if (dg) *dg = x;
-      if (wg) *wg = w;
-      bw += x + w;
-      lt.wgrad += w;
-      return gpu.gemm(mm_m, mm_n, mm_k, batch);
-    };
-    // fp8 (TransformerEngine): each fp8 GEMM's input is cast to fp8 with its
-    // transpose for the weight gradient (read 2 B, write 1 + 1 B per
-    // element), and backward its output gradient likewise.  Not the router,
-    // the attention core or the logits (bf16 in Megatron's fp8 recipes).
-    Seconds q8_fwd(0), q8_bwd(0);
-    auto q8 = [&](double mm_m, double mm_n, double mm_k, double batch) {
-      if (!cfg.fp8) return;
-      const double fb = 4 * mm_m * mm_k * batch, bb = 4 * mm_m * mm_n * batch;
-      q8_fwd += raw_gpu.mem(fb), q8_bwd += raw_gpu.mem(bb);
-      gpu.fwd_bytes += fb, gpu.bwd_bytes += bb;  // metered as what they are, not as forward element-wise bytes
-    };
-    f += mm(bs, m.attnInParams() / h / T, h, 1, &lt.qkv_dgrad, &lt.qkv_wgrad);  // qkv (MLA: with its latents)
-    q8(bs, m.attnInParams() / h / T, h, 1);
-    f += mm(bs, h, heads_v / T, 1);                                               // output projection
-    q8(bs, h, heads_v / T, 1);
-    // The core over all keys (ring attention): with FlashAttention one fused
-    // causal kernel forward and one backward (sim/compute.hpp), else the
-    // scores and AV as batched GEMMs.
-    Seconds core = cfg.flash_attention
-                       ? gpu.attention(b * heads_local, s, s * cp, m.qkHeadDim(), m.vHeadDim(), true, false)
-                       : mm(s, s * cp, m.qkHeadDim(), b * heads_local) + mm(s, m.vHeadDim(), s * cp, b * heads_local);
-    if (cfg.flash_attention) bw += gpu.attention(b * heads_local, s, s * cp, m.qkHeadDim(), m.vHeadDim(), true, true);
-    Seconds core_ew(0);
-    if (!cfg.flash_attention) {  // scale, mask, softmax, dropout over the b a/t s x s scores
-      core_ew += gpu.mem(9.0 * b * heads_local * s * s * cp);
-      core_ew += gpu.mem(2 * kAct * bs * heads_v / T);  // the context's [b np s hn] -> [s b h] permute copy
-    }
-    core += core_ew;
-    f += core - core_ew;
-    ew += core_ew;
-    const bool dense = !m.isMoeLayer(layer);
-    if (dense) {
-      const double ff = static_cast<double>(m.ffn_hidden) / T;
-      f += mm(bs, (mats - 1) * ff, h, 1, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(bs, h, ff, 1);
-      q8(bs, (mats - 1) * ff, h, 1), q8(bs, h, ff, 1);
-      ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
-    } else {
-      // The block's parts, measured as differences of the running sums.
-      const Seconds f0 = f, bw0 = bw, ew0 = ew, q8f0 = q8_fwd, q8b0 = q8_bwd;
-      auto partSince = [&](Seconds pf, Seconds pbw, Seconds pew, Seconds pq8f, Seconds pq8b, double* fwd, double* bwd) {
-        *fwd += (f - pf + ew - pew + q8_fwd - pq8f).value();
-        if (bwd) *bwd += (bw - pbw + (ew - pew) * 2 + q8_bwd - pq8b).value();
-      };
-      const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp);
-      const double local_experts = static_cast<double>(m.moe.experts) / static_cast<double>(ep);
-      const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts)) * imb;
-      f += mm(tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(tok, h, ef, local_experts);
-      q8(tok, (mats - 1) * ef, h, local_experts), q8(tok, h, ef, local_experts);
-      ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
-      partSince(f0, bw0, ew0, q8f0, q8b0, &lt.moe.experts_fwd_s, &lt.moe.experts_bwd_s);
-      if (m.moe.shared_experts) {
-        const Seconds f1 = f, bw1 = bw, ew1 = ew, q8f1 = q8_fwd, q8b1 = q8_bwd;
-        f += mm(bs, (mats - 1) * m.sharedFfn() / T, h, 1) + mm(bs, h, m.sharedFfn() / T, 1);
-        q8(bs, (mats - 1) * m.sharedFfn() / T, h, 1), q8(bs, h, m.sharedFfn() / T, 1);
-        partSince(f1, bw1, ew1, q8f1, q8b1, &lt.moe.shared_fwd_s, &lt.moe.shared_bwd_s);
-      }
-      const Seconds f2 = f;
-      f += mm(bs, m.moe.experts, h, 1);  // router
-      lt.moe.router_s = (f - f2).value();
-      const Seconds ew3 = ew;
-      // Token permutation around the experts (Megatron-Core's all-to-all
-      // dispatcher): the permute before the dispatch writes one copy per
-      // routed token, the unpermute after the combine reads them back into
-      // their tokens; with expert parallelism the received tokens are sorted
-      // by local expert and back (a read and a write of every copy each).
-      // The permutes run on the sender's own tokens (the mean load); the
-      // sorts on what the busiest expert's GPU receives (x imb).
-      const double received = a2a_bytes, sent = a2a_bytes / imb, tokens = bs * h * kAct / T;
-      if (hier) {
-        // DeepEP reads the tokens in its dispatch kernel (no permute before
-        // it) and delivers one copy per GPU hit: a permute of what arrived
-        // into one copy per local expert, and its reverse before the combine.
-        perm += gpu.permute(received * gpu_copies + received) + gpu.permute(received + received * gpu_copies);
-      } else {
-        perm += gpu.permute(tokens + sent) + gpu.permute(sent + tokens);
-        if (ep > 1) perm += gpu.permute(2 * received) + gpu.permute(2 * received);
-      }
-      ew += perm;
-      lt.moe.permute_s = (ew - ew3).value();
-      partSince(f0, bw0, ew0, q8f0, q8b0, &lt.moe.forward_s, &lt.moe.backward_s);
-      lt.moe.backward_s -= perm.value();
-    }
-    // Two layer norms (read + write) and two dropout + residual adds (read x,
-    // mask, residual; write) over the (sequence-split) hidden state.
-    ew += gpu.mem(2 * 4 * bs * hsp) + gpu.mem(2 * (m.dropout ? 7 : 6) * bs * hsp);  // no dropout: no mask byte
-    lt.fwd = f + ew + q8_fwd;
-    lt.attn_core_fwd = core;
-    // Selective recomputation: each module's forward again, unmetered by the
-    // forward's meter (the bounds add recompute_flops / _bytes).
-    {
-      auto rgemm = [&](double mm_m, double mm_n, double mm_k, double batch = 1) {
-        if (mm_m <= 0 || mm_n <= 0 || mm_k <= 0) return Seconds(0);
-        lt.recompute_flops += 2 * mm_m * mm_n * mm_k * batch;
-        lt.recompute_bytes += (cfg.fp8 ? 1 : kAct) * batch * (mm_m * mm_k + mm_k * mm_n + mm_m * mm_n);
-        Seconds x = raw_gpu.gemm(mm_m, mm_n, mm_k, batch);
-        if (cfg.fp8) x += raw_gpu.mem(4 * mm_m * mm_k * batch), lt.recompute_bytes += 4 * mm_m * mm_k * batch;  // its input's cast
-        return x;
-      };
-      auto rmem = [&](double bytes) {
-        lt.recompute_bytes += bytes;
-        return raw_gpu.mem(bytes);
-      };
-      const double act_bytes_per = mats == 3 ? 6 : 4;  // the activation kernel's bytes per output element (2 B)
-      Seconds r(0);
-      if (rmods.core_attn) r += core;
-      if (rmods.layernorm) r += rmem(2 * 4 * bs * hsp);
-      if (rmods.mla_up_proj && m.hasMla()) {
-        const double a_l = static_cast<double>(heads_local);
-        if (m.mla.q_lora_rank > 0) r += rgemm(bs, a_l * m.qkHeadDim(), static_cast<double>(m.mla.q_lora_rank));
-        r += rgemm(bs, a_l * static_cast<double>(m.mla.qk_nope_head_dim + m.mla.v_head_dim),
-                   static_cast<double>(m.mla.kv_lora_rank));
-        r += rmem(kAct * 2 * bs * a_l * static_cast<double>(m.mla.qk_rope_head_dim));  // rotary on q and k
-      }
-      if (dense && rmods.mlp) {
-        const double ff = static_cast<double>(m.ffn_hidden) / T;
-        r += rgemm(bs, (mats - 1) * ff, h) + rmem(act_bytes_per * bs * ff * kAct / 2);
-      }
-      if (!dense && rmods.moe_act)
-        r += rmem(act_bytes_per * bs * m.moe.top_k * static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp));
-      if (!dense && rmods.shared_experts && m.moe.shared_experts) {
-        const double sf = m.sharedFfn() / T;
-        r += rgemm(bs, (mats - 1) * sf, h) + rmem(act_bytes_per * bs * sf * kAct / 2);
-      }
-      lt.recompute_sel = r;
-    }
-    lt.bwd = bw + ew * 2 - perm + q8_bwd;  // element-wise backward kernels move about twice the forward's bytes
-    return lt;
+// Tensor-parallel communication of one layer (Megatron-LM's f/g operators).
+//  forward:  SP: all-gather before QKV and FC1, reduce-scatter after the
+//            output projection and FC2; no SP: allreduce after each.
+//  backward: the row-parallel linears' conjugates are exposed (SP: two
+//            all-gathers of the output gradient).  The column-parallel
+//            linears run their collectives asynchronously (Megatron's
+//            async tensor-parallel backward): without SP the input-gradient
+//            allreduce overlaps the weight-gradient GEMM; with SP the
+//            input, of which only the sequence shard was saved, is all-gathered
+//            again while the input-gradient GEMM runs (Korthikanti et al.
+//            2022, sec. 4.2.2), and the input gradient's reduce-scatter
+//            overlaps the weight-gradient GEMM.
+void Trainer::tpComm(const LayerTimes& lt, Seconds* fwd, Seconds* bwd) const {
+  if (t == 1) return;
+  if (sp) {
+    *fwd += (tp_ag + tp_rs) * 2;
+    *bwd += tp_ag * 2;
+    *bwd += overlapped(tp_ag, lt.qkv_dgrad, smf) + overlapped(tp_rs, lt.qkv_wgrad, smf);
+    *bwd += overlapped(tp_ag, lt.fc1_dgrad, smf) + overlapped(tp_rs, lt.fc1_wgrad, smf);
+  } else {
+    *fwd += tp_ar * 2;
+    *bwd += overlapped(tp_ar, lt.qkv_wgrad, smf) + overlapped(tp_ar, lt.fc1_wgrad, smf);
+  }
+}
+
+// The backward compute those asynchronous collectives hide under (no other
+// collective on the same links can hide there too).
+Seconds Trainer::tpHidden(const LayerTimes& lt) const {
+  if (t == 1) return Seconds(0);
+  if (sp)
+    return std::min(tp_ag, lt.qkv_dgrad) + std::min(tp_rs, lt.qkv_wgrad) + std::min(tp_ag, lt.fc1_dgrad) +
+           std::min(tp_rs, lt.fc1_wgrad);
+  return std::min(tp_ar, lt.qkv_wgrad) + std::min(tp_ar, lt.fc1_wgrad);
+}
+
+// A GEMM of the layer: its forward time, with its two backward GEMMs added to
+// the layer's backward (*dg, *wg: each of them, for the overlap of tp collectives).
+Seconds Trainer::mm(LayerSums& x, double mm_m, double mm_n, double mm_k, double batch, Seconds* dg, Seconds* wg) {
+  const Seconds dx = gpu.dgrad(mm_m, mm_n, mm_k, batch), w = gpu.wgrad(mm_m, mm_n, mm_k, batch);
+  if (dg) *dg = dx;
+  if (wg) *wg = w;
+  x.bw += dx + w;
+  x.lt.wgrad += w;
+  return gpu.gemm(mm_m, mm_n, mm_k, batch);
+}
+
+// fp8 (TransformerEngine): each fp8 GEMM's input is cast to fp8 with its
+// transpose for the weight gradient (read 2 B, write 1 + 1 B per element),
+// and backward its output gradient likewise.  Not the router, the attention
+// core or the logits (bf16 in Megatron's fp8 recipes).
+void Trainer::q8(LayerSums& x, double mm_m, double mm_n, double mm_k, double batch) {
+  if (!cfg.fp8) return;
+  const double fb = 4 * mm_m * mm_k * batch, bb = 4 * mm_m * mm_n * batch;
+  x.q8_fwd += raw_gpu.mem(fb), x.q8_bwd += raw_gpu.mem(bb);
+  gpu.fwd_bytes += fb, gpu.bwd_bytes += bb;  // metered as what they are, not as forward element-wise bytes
+}
+
+// The attention block's projections and core; returns the core's forward
+// (its element-wise part included).
+Seconds Trainer::attentionBlock(LayerSums& x) {
+  LayerTimes& lt = x.lt;
+  x.f += mm(x, bs, m.attnInParams() / h / T, h, 1, &lt.qkv_dgrad, &lt.qkv_wgrad);  // qkv (MLA: with its latents)
+  q8(x, bs, m.attnInParams() / h / T, h, 1);
+  x.f += mm(x, bs, h, heads_v / T, 1);  // output projection
+  q8(x, bs, h, heads_v / T, 1);
+  // The core over all keys (ring attention): with FlashAttention one fused
+  // causal kernel forward and one backward (sim/compute.hpp), else the
+  // scores and AV as batched GEMMs.
+  Seconds core = cfg.flash_attention
+                     ? gpu.attention(b * heads_local, s, s * cp, m.qkHeadDim(), m.vHeadDim(), true, false)
+                     : mm(x, s, s * cp, m.qkHeadDim(), b * heads_local) + mm(x, s, m.vHeadDim(), s * cp, b * heads_local);
+  if (cfg.flash_attention) x.bw += gpu.attention(b * heads_local, s, s * cp, m.qkHeadDim(), m.vHeadDim(), true, true);
+  Seconds core_ew(0);
+  if (!cfg.flash_attention) {  // scale, mask, softmax, dropout over the b a/t s x s scores
+    core_ew += gpu.mem(9.0 * b * heads_local * s * s * cp);
+    core_ew += gpu.mem(2 * kAct * bs * heads_v / T);  // the context's [b np s hn] -> [s b h] permute copy
+  }
+  core += core_ew;
+  x.f += core - core_ew;
+  x.ew += core_ew;
+  return core;
+}
+
+void Trainer::denseFfn(LayerSums& x) {
+  const double ff = static_cast<double>(m.ffn_hidden) / T;
+  x.f += mm(x, bs, (mats - 1) * ff, h, 1, &x.lt.fc1_dgrad, &x.lt.fc1_wgrad) + mm(x, bs, h, ff, 1);
+  q8(x, bs, (mats - 1) * ff, h, 1), q8(x, bs, h, ff, 1);
+  x.ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
+}
+
+// A MoE block: the experts' grouped GEMMs (paced by the busiest expert's
+// GPU), shared experts, router and the token permutations; its parts are
+// measured as differences of the running sums (TrainReport::MoeBlock).
+void Trainer::moeBlock(LayerSums& x) {
+  LayerTimes& lt = x.lt;
+  const LayerSums start = x;
+  auto partSince = [&x](const LayerSums& from, double* fwd, double* bwd) {
+    *fwd += (x.f - from.f + x.ew - from.ew + x.q8_fwd - from.q8_fwd).value();
+    if (bwd) *bwd += (x.bw - from.bw + (x.ew - from.ew) * 2 + x.q8_bwd - from.q8_bwd).value();
   };
+  const double ef = static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp);
+  const double local_experts = static_cast<double>(m.moe.experts) / static_cast<double>(ep);
+  const double tok = bs * m.moe.top_k * static_cast<double>(ep * etp) / (T * static_cast<double>(m.moe.experts)) * imb;
+  x.f += mm(x, tok, (mats - 1) * ef, h, local_experts, &lt.fc1_dgrad, &lt.fc1_wgrad) + mm(x, tok, h, ef, local_experts);
+  q8(x, tok, (mats - 1) * ef, h, local_experts), q8(x, tok, h, ef, local_experts);
+  x.ew += gpu.mem((mats == 3 ? 6 : 4) * bs * m.moe.top_k * ef);  // activation
+  partSince(start, &lt.moe.experts_fwd_s, &lt.moe.experts_bwd_s);
+  if (m.moe.shared_experts) {
+    const LayerSums before_shared = x;
+    x.f += mm(x, bs, (mats - 1) * m.sharedFfn() / T, h, 1) + mm(x, bs, h, m.sharedFfn() / T, 1);
+    q8(x, bs, (mats - 1) * m.sharedFfn() / T, h, 1), q8(x, bs, h, m.sharedFfn() / T, 1);
+    partSince(before_shared, &lt.moe.shared_fwd_s, &lt.moe.shared_bwd_s);
+  }
+  const Seconds f2 = x.f;
+  x.f += mm(x, bs, m.moe.experts, h, 1);  // router
+  lt.moe.router_s = (x.f - f2).value();
+  const Seconds ew3 = x.ew;
+  // Token permutation around the experts (Megatron-Core's all-to-all
+  // dispatcher): the permute before the dispatch writes one copy per
+  // routed token, the unpermute after the combine reads them back into
+  // their tokens; with expert parallelism the received tokens are sorted
+  // by local expert and back (a read and a write of every copy each).
+  // The permutes run on the sender's own tokens (the mean load); the
+  // sorts on what the busiest expert's GPU receives (x imb).
+  const double received = a2a_bytes, sent = a2a_bytes / imb, tokens = bs * h * kAct / T;
+  if (hier) {
+    // DeepEP reads the tokens in its dispatch kernel (no permute before
+    // it) and delivers one copy per GPU hit: a permute of what arrived
+    // into one copy per local expert, and its reverse before the combine.
+    x.perm += gpu.permute(received * gpu_copies + received) + gpu.permute(received + received * gpu_copies);
+  } else {
+    x.perm += gpu.permute(tokens + sent) + gpu.permute(sent + tokens);
+    if (ep > 1) x.perm += gpu.permute(2 * received) + gpu.permute(2 * received);
+  }
+  x.ew += x.perm;
+  lt.moe.permute_s = (x.ew - ew3).value();
+  partSince(start, &lt.moe.forward_s, &lt.moe.backward_s);
+  lt.moe.backward_s -= x.perm.value();
+}
 
-  // Tensor-parallel communication of one layer (Megatron-LM's f/g operators).
-  //  forward:  SP: all-gather before QKV and FC1, reduce-scatter after the
-  //            output projection and FC2; no SP: allreduce after each.
-  //  backward: the row-parallel linears' conjugates are exposed (SP: two
-  //            all-gathers of the output gradient).  The column-parallel
-  //            linears run their collectives asynchronously (Megatron's
-  //            async tensor-parallel backward): without SP the input-gradient
-  //            allreduce overlaps the weight-gradient GEMM; with SP the
-  //            input, of which only the sequence shard was saved, is all-gathered
-  //            again while the input-gradient GEMM runs (Korthikanti et al.
-  //            2022, sec. 4.2.2), and the input gradient's reduce-scatter
-  //            overlaps the weight-gradient GEMM.
-  const double smf = c.gpu.comm_sm_fraction;
-  auto tpComm = [&](const LayerTimes& lt, Seconds* fwd, Seconds* bwd) {
-    if (t == 1) return;
+// Selective recomputation: each module's forward again, unmetered by the
+// forward's meter (the bounds add lt.recompute_flops / _bytes).
+Seconds Trainer::selectiveRecompute(bool dense, Seconds core, LayerTimes& lt) const {
+  auto rgemm = [&](double mm_m, double mm_n, double mm_k, double batch = 1) {
+    if (mm_m <= 0 || mm_n <= 0 || mm_k <= 0) return Seconds(0);
+    lt.recompute_flops += 2 * mm_m * mm_n * mm_k * batch;
+    lt.recompute_bytes += (cfg.fp8 ? 1 : kAct) * batch * (mm_m * mm_k + mm_k * mm_n + mm_m * mm_n);
+    Seconds x = raw_gpu.gemm(mm_m, mm_n, mm_k, batch);
+    if (cfg.fp8) x += raw_gpu.mem(4 * mm_m * mm_k * batch), lt.recompute_bytes += 4 * mm_m * mm_k * batch;  // its input's cast
+    return x;
+  };
+  auto rmem = [&](double bytes) {
+    lt.recompute_bytes += bytes;
+    return raw_gpu.mem(bytes);
+  };
+  const RecomputeModules& rm = *rmods;
+  const double act_bytes_per = mats == 3 ? 6 : 4;  // the activation kernel's bytes per output element (2 B)
+  Seconds r(0);
+  if (rm.core_attn) r += core;
+  if (rm.layernorm) r += rmem(2 * 4 * bs * hsp);
+  if (rm.mla_up_proj && m.hasMla()) {
+    const double a_l = static_cast<double>(heads_local);
+    if (m.mla.q_lora_rank > 0) r += rgemm(bs, a_l * m.qkHeadDim(), static_cast<double>(m.mla.q_lora_rank));
+    r += rgemm(bs, a_l * static_cast<double>(m.mla.qk_nope_head_dim + m.mla.v_head_dim),
+               static_cast<double>(m.mla.kv_lora_rank));
+    r += rmem(kAct * 2 * bs * a_l * static_cast<double>(m.mla.qk_rope_head_dim));  // rotary on q and k
+  }
+  if (dense && rm.mlp) {
+    const double ff = static_cast<double>(m.ffn_hidden) / T;
+    r += rgemm(bs, (mats - 1) * ff, h) + rmem(act_bytes_per * bs * ff * kAct / 2);
+  }
+  if (!dense && rm.moe_act)
+    r += rmem(act_bytes_per * bs * m.moe.top_k * static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp));
+  if (!dense && rm.shared_experts && m.moe.shared_experts) {
+    const double sf = m.sharedFfn() / T;
+    r += rgemm(bs, (mats - 1) * sf, h) + rmem(act_bytes_per * bs * sf * kAct / 2);
+  }
+  return r;
+}
+
+// The compute of one layer per micro-batch on one GPU.
+LayerTimes Trainer::layerTimes(int layer) {
+  LayerSums x;
+  const Seconds core = attentionBlock(x);
+  const bool dense = !m.isMoeLayer(layer);
+  if (dense) denseFfn(x);
+  else moeBlock(x);
+  // Two layer norms (read + write) and two dropout + residual adds (read x,
+  // mask, residual; write) over the (sequence-split) hidden state.
+  x.ew += gpu.mem(2 * 4 * bs * hsp) + gpu.mem(2 * (m.dropout ? 7 : 6) * bs * hsp);  // no dropout: no mask byte
+  LayerTimes& lt = x.lt;
+  lt.fwd = x.f + x.ew + x.q8_fwd;
+  lt.attn_core_fwd = core;
+  lt.recompute_sel = selectiveRecompute(dense, core, lt);
+  lt.bwd = x.bw + x.ew * 2 - x.perm + x.q8_bwd;  // element-wise backward kernels move about twice the forward's bytes
+  return lt;
+}
+
+// layerTimes depends on a layer only through its kind (dense or MoE).  Each
+// kind's work (FLOPs, HBM bytes) is metered when it is first priced.
+const LayerTimes& Trainer::timesOf(int l) {
+  const bool dense_kind = !m.isMoeLayer(l);
+  std::optional<LayerTimes>& o = dense_kind ? dense_times : moe_times;
+  if (!o) {
+    const Meter before = gpu;
+    o = layerTimes(l);
+    Work& w = dense_kind ? dense_work : moe_work;
+    w.f_flops = gpu.fwd_flops - before.fwd_flops;
+    w.b_flops = gpu.bwd_flops - before.bwd_flops;
+    const double ew = gpu.ew_bytes - before.ew_bytes;        // element-wise forward; its backward moves twice as much
+    const double perm = gpu.perm_bytes - before.perm_bytes;  // but a permutation's backward moves the same once
+    w.f_bytes = gpu.fwd_bytes - before.fwd_bytes + ew;
+    w.b_bytes = gpu.bwd_bytes - before.bwd_bytes + 2 * ew - perm;
+  }
+  return *o;
+}
+
+const Work& Trainer::workOf(int l) {
+  timesOf(l);
+  return !m.isMoeLayer(l) ? dense_work : moe_work;
+}
+
+// Layers [first, first + count) on one GPU per micro-batch, the logits + loss
+// when `logits` (the last stage), the embedding's tensor-parallel reduction
+// when `embedding` (the first).
+RangeCost Trainer::priceRange(int first, int count, bool embedding, bool logits) {
+  RangeCost rc;
+  for (int l = first; l < first + count; ++l) {
+    const LayerTimes& lt = timesOf(l);
+    rc.fwd += lt.fwd;
+    rc.bwd += lt.bwd;
+    rc.wgrad += lt.wgrad;
+    const bool moe_layer = m.isMoeLayer(l), full = fullAt(l);
+    if (full) rc.recompute += lt.fwd;
+    if (cfg.recompute == Recompute::Selective) rc.recompute += lt.recompute_sel;
+    Seconds f(0), bw(0);
+    tpComm(lt, &f, &bw);
+    rc.tp_f += f;
+    rc.tp_b += bw;
+    if (full) rc.tp_b += f;  // the recomputed forward communicates again
+    // Forward, backward, and the recomputed forward's communication.
+    const double comm_passes = full ? 3 : 2;
+    rc.cp += cp_fwd * comm_passes;
+    if (moe_layer) rc.ep += ep_fwd * comm_passes;
+  }
+  if (logits) priceLogits(rc);
+  // The vocab-parallel embedding's partial lookups are summed (allreduce,
+  // or reduce-scatter into the sequence shards) on the first stage; its
+  // gradient comes back by an all-gather (SP).
+  if (embedding && t > 1) {
+    rc.tp_f += sp ? tp_rs : tp_ar;
+    if (sp) rc.tp_b += tp_ag;
+  }
+  return rc;
+}
+
+// Logits (GEMM + vocab-parallel cross-entropy) on the last stage.  With tp
+// the logits' input is all-gathered (SP; its gradient reduce-scattered) or
+// its gradient allreduced (overlapping the weight-gradient GEMM), and the
+// cross-entropy allreduces 3 fp32 values per token (max, sum, target logit).
+// Multi-token prediction (--mtp-layers D, DeepSeek-V3's MTP as Megatron runs
+// it on the last stage): each depth adds a layer (in the range: the last
+// virtual stage holds them), the projection of the normed hidden state and
+// next-token embedding, 2h -> h, and its own logits and loss through the
+// shared output head.
+void Trainer::priceLogits(RangeCost& rc) {
+  const double heads = 1.0 + cfg.mtp_layers;
+  const Meter before = gpu;
+  const Seconds logit_gemm = gpu.gemm(bs, V / T, h), logit_wgrad = gpu.wgrad(bs, V / T, h);
+  const Seconds head_f = logit_gemm + gpu.mem(12 * bs * V / T);
+  const double fwd_ew = gpu.ew_bytes - before.ew_bytes;
+  const Seconds head_b = gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(8 * bs * V / T);
+  const Work head{gpu.fwd_flops - before.fwd_flops, gpu.fwd_bytes - before.fwd_bytes + fwd_ew,
+                  gpu.bwd_flops - before.bwd_flops,
+                  gpu.bwd_bytes - before.bwd_bytes + (gpu.ew_bytes - before.ew_bytes - fwd_ew)};
+  Seconds proj_f(0), proj_b(0), proj_raw_f(0), proj_raw_b(0);
+  Work proj;
+  if (cfg.mtp_layers > 0) {
+    const Meter pb = gpu;
+    proj_f = gpu.gemm(bs, h / T, 2 * h) + gpu.mem(2 * 2 * kAct * bs * hsp);  // + the two RMSNorms
+    const double pew = gpu.ew_bytes - pb.ew_bytes;
+    proj_b = gpu.dgrad(bs, h / T, 2 * h) + gpu.wgrad(bs, h / T, 2 * h) + gpu.mem(2 * 2 * 2 * kAct * bs * hsp);
+    proj = Work{gpu.fwd_flops - pb.fwd_flops, gpu.fwd_bytes - pb.fwd_bytes + pew, gpu.bwd_flops - pb.bwd_flops,
+                gpu.bwd_bytes - pb.bwd_bytes + (gpu.ew_bytes - pb.ew_bytes - pew)};
+    proj_raw_f = raw_gpu.gemm(bs, h / T, 2 * h) + raw_gpu.mem(2 * 2 * kAct * bs * hsp);
+    proj_raw_b = raw_gpu.dgrad(bs, h / T, 2 * h) + raw_gpu.wgrad(bs, h / T, 2 * h) +
+                 raw_gpu.mem(2 * 2 * 2 * kAct * bs * hsp);
+  }
+  const double depth = cfg.mtp_layers;
+  rc.fwd += head_f * heads + proj_f * depth;
+  rc.bwd += head_b * heads + proj_b * depth;
+  rc.wgrad += logit_wgrad * heads;
+  logit_fwd = (logit_gemm + raw_gpu.mem(12 * bs * V / T)) * heads + proj_raw_f * depth;
+  logit_bwd = (raw_gpu.dgrad(bs, V / T, h) + logit_wgrad + raw_gpu.mem(8 * bs * V / T)) * heads + proj_raw_b * depth;
+  logit_wgrad_s = logit_wgrad * heads;
+  if (!logit_work)
+    logit_work = Work{head.f_flops * heads + proj.f_flops * depth, head.f_bytes * heads + proj.f_bytes * depth,
+                      head.b_flops * heads + proj.b_flops * depth, head.b_bytes * heads + proj.b_bytes * depth};
+  if (t > 1) {
+    rc.tp_f += ce * 3 * heads;
     if (sp) {
-      *fwd += (tp_ag + tp_rs) * 2;
-      *bwd += tp_ag * 2;
-      *bwd += overlapped(tp_ag, lt.qkv_dgrad, smf) + overlapped(tp_rs, lt.qkv_wgrad, smf);
-      *bwd += overlapped(tp_ag, lt.fc1_dgrad, smf) + overlapped(tp_rs, lt.fc1_wgrad, smf);
+      rc.tp_f += tp_ag * heads;
+      rc.tp_b += overlapped(tp_rs, logit_wgrad, smf) * heads;
     } else {
-      *fwd += tp_ar * 2;
-      *bwd += overlapped(tp_ar, lt.qkv_wgrad, smf) + overlapped(tp_ar, lt.fc1_wgrad, smf);
+      rc.tp_b += overlapped(tp_ar, logit_wgrad, smf) * heads;
     }
-  };
-  // The backward compute those asynchronous collectives hide under (no other
-  // collective on the same links can hide there too).
-  auto tpHidden = [&](const LayerTimes& lt) {
-    if (t == 1) return Seconds(0);
-    if (sp)
-      return std::min(tp_ag, lt.qkv_dgrad) + std::min(tp_rs, lt.qkv_wgrad) + std::min(tp_ag, lt.fc1_dgrad) +
-             std::min(tp_rs, lt.fc1_wgrad);
-    return std::min(tp_ar, lt.qkv_wgrad) + std::min(tp_ar, lt.fc1_wgrad);
-  };
+  }
+}
 
-  // layerTimes depends on a layer only through its kind (dense or MoE).
-  // Each kind's work (FLOPs, HBM bytes) is metered when it is first priced.
-  std::optional<LayerTimes> dense_times, moe_times;
-  Work dense_work, moe_work;
-  auto timesOf = [&](int l) -> const LayerTimes& {
-    const bool dense_kind = !m.isMoeLayer(l);
-    std::optional<LayerTimes>& o = dense_kind ? dense_times : moe_times;
-    if (!o) {
-      const Meter before = gpu;
-      o = layerTimes(l);
-      Work& w = dense_kind ? dense_work : moe_work;
-      w.f_flops = gpu.fwd_flops - before.fwd_flops;
-      w.b_flops = gpu.bwd_flops - before.bwd_flops;
-      const double ew = gpu.ew_bytes - before.ew_bytes;  // element-wise forward; its backward moves twice as much
-      const double perm = gpu.perm_bytes - before.perm_bytes;  // but a permutation's backward moves the same once
-      w.f_bytes = gpu.fwd_bytes - before.fwd_bytes + ew;
-      w.b_bytes = gpu.bwd_bytes - before.bwd_bytes + 2 * ew - perm;
-    }
-    return *o;
-  };
-  auto workOf = [&](int l) -> const Work& {
-    timesOf(l);
-    return !m.isMoeLayer(l) ? dense_work : moe_work;
-  };
-  std::optional<Work> logit_work;  // the logits + loss, metered once
-  Seconds logit_fwd(0), logit_bwd(0), logit_wgrad_s(0);  // its compute per micro-batch (for the schedule)
+// Ring attention overlaps its transfers with the attention blocks.
+Seconds Trainer::cpExposed(const RangeCost& rc) const {
+  return cp > 1 ? Seconds(std::max(0.0, (rc.cp - (rc.fwd + rc.bwd) * 0.1).value())) : Seconds(0);
+}
 
-  // ---- a run of layers on one GPU per micro-batch: a pipeline stage or a virtual-stage chunk
-  // Layers [first, first + count), the logits + loss when `logits` (the last
-  // stage), the embedding's tensor-parallel reduction when `embedding` (the first).
-  struct RangeCost {
-    Seconds fwd = Seconds(0), bwd = Seconds(0), recompute = Seconds(0);
-    Seconds wgrad = Seconds(0);  // the weight-gradient GEMMs within bwd
-    Seconds tp_f = Seconds(0), tp_b = Seconds(0), cp = Seconds(0), ep = Seconds(0);
-  };
-  auto priceRange = [&](int first, int count, bool embedding, bool logits) {
-    RangeCost rc;
-    for (int l = first; l < first + count; ++l) {
-      const LayerTimes& lt = timesOf(l);
-      rc.fwd += lt.fwd;
-      rc.bwd += lt.bwd;
-      rc.wgrad += lt.wgrad;
-      const bool moe_layer = m.isMoeLayer(l), full = fullAt(l);
-      if (full) rc.recompute += lt.fwd;
-      if (cfg.recompute == Recompute::Selective) rc.recompute += lt.recompute_sel;
-      Seconds f(0), bw(0);
-      tpComm(lt, &f, &bw);
-      rc.tp_f += f;
-      rc.tp_b += bw;
-      if (full) rc.tp_b += f;  // the recomputed forward communicates again
-      // Forward, backward, and the recomputed forward's communication.
-      const double comm_passes = full ? 3 : 2;
-      rc.cp += cp_fwd * comm_passes;
-      if (moe_layer) rc.ep += ep_fwd * comm_passes;
-    }
-    // Logits (GEMM + vocab-parallel cross-entropy) on the last stage.  With tp
-    // the logits' input is all-gathered (SP; its gradient reduce-scattered) or
-    // its gradient allreduced (overlapping the weight-gradient GEMM), and the
-    // cross-entropy allreduces 3 fp32 values per token (max, sum, target logit).
-    if (logits) {
-      // Multi-token prediction (--mtp-layers D, DeepSeek-V3's MTP as Megatron
-      // runs it on the last stage): each depth adds a layer (in this range:
-      // the last virtual stage holds them), the projection of the normed
-      // hidden state and next-token embedding, 2h -> h, and its own logits
-      // and loss through the shared output head.
-      const double heads = 1.0 + cfg.mtp_layers;
-      const Meter before = gpu;
-      const Seconds logit_gemm = gpu.gemm(bs, V / T, h), logit_wgrad = gpu.wgrad(bs, V / T, h);
-      const Seconds head_f = logit_gemm + gpu.mem(12 * bs * V / T);
-      const double fwd_ew = gpu.ew_bytes - before.ew_bytes;
-      const Seconds head_b = gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(8 * bs * V / T);
-      const Work head{gpu.fwd_flops - before.fwd_flops, gpu.fwd_bytes - before.fwd_bytes + fwd_ew,
-                      gpu.bwd_flops - before.bwd_flops,
-                      gpu.bwd_bytes - before.bwd_bytes + (gpu.ew_bytes - before.ew_bytes - fwd_ew)};
-      Seconds proj_f(0), proj_b(0), proj_raw_f(0), proj_raw_b(0);
-      Work proj;
-      if (cfg.mtp_layers > 0) {
-        const Meter pb = gpu;
-        proj_f = gpu.gemm(bs, h / T, 2 * h) + gpu.mem(2 * 2 * kAct * bs * hsp);  // + the two RMSNorms
-        const double pew = gpu.ew_bytes - pb.ew_bytes;
-        proj_b = gpu.dgrad(bs, h / T, 2 * h) + gpu.wgrad(bs, h / T, 2 * h) + gpu.mem(2 * 2 * 2 * kAct * bs * hsp);
-        proj = Work{gpu.fwd_flops - pb.fwd_flops, gpu.fwd_bytes - pb.fwd_bytes + pew, gpu.bwd_flops - pb.bwd_flops,
-                    gpu.bwd_bytes - pb.bwd_bytes + (gpu.ew_bytes - pb.ew_bytes - pew)};
-        proj_raw_f = raw_gpu.gemm(bs, h / T, 2 * h) + raw_gpu.mem(2 * 2 * kAct * bs * hsp);
-        proj_raw_b = raw_gpu.dgrad(bs, h / T, 2 * h) + raw_gpu.wgrad(bs, h / T, 2 * h) +
-                     raw_gpu.mem(2 * 2 * 2 * kAct * bs * hsp);
-      }
-      const double depth = cfg.mtp_layers;
-      rc.fwd += head_f * heads + proj_f * depth;
-      rc.bwd += head_b * heads + proj_b * depth;
-      rc.wgrad += logit_wgrad * heads;
-      logit_fwd = (logit_gemm + raw_gpu.mem(12 * bs * V / T)) * heads + proj_raw_f * depth;
-      logit_bwd = (raw_gpu.dgrad(bs, V / T, h) + logit_wgrad + raw_gpu.mem(8 * bs * V / T)) * heads + proj_raw_b * depth;
-      logit_wgrad_s = logit_wgrad * heads;
-      if (!logit_work)
-        logit_work = Work{head.f_flops * heads + proj.f_flops * depth, head.f_bytes * heads + proj.f_bytes * depth,
-                          head.b_flops * heads + proj.b_flops * depth, head.b_bytes * heads + proj.b_bytes * depth};
-      if (t > 1) {
-        rc.tp_f += ce * 3 * heads;
-        if (sp) {
-          rc.tp_f += tp_ag * heads;
-          rc.tp_b += overlapped(tp_rs, logit_wgrad, smf) * heads;
-        } else {
-          rc.tp_b += overlapped(tp_ar, logit_wgrad, smf) * heads;
-        }
-      }
-    }
-    // The vocab-parallel embedding's partial lookups are summed (allreduce,
-    // or reduce-scatter into the sequence shards) on the first stage; its
-    // gradient comes back by an all-gather (SP).
-    if (embedding && t > 1) {
-      rc.tp_f += sp ? tp_rs : tp_ar;
-      if (sp) rc.tp_b += tp_ag;
-    }
-    return rc;
-  };
-  // Ring attention overlaps its transfers with the attention blocks.
-  auto cpExposed = [&](const RangeCost& rc) {
-    return cp > 1 ? Seconds(std::max(0.0, (rc.cp - (rc.fwd + rc.bwd) * 0.1).value())) : Seconds(0);
-  };
-
-  // ---- the pacing pipeline stage: the last (it also computes the logits) --
+// The closed-form pipeline: the pacing stage's compute and exposed
+// communication per micro-batch, the fill-and-drain bubble and the pipeline's
+// point-to-point sends.
+Status Trainer::estimatePipeline() {
   // Uneven splits (Llama-3 405B's 126 layers on 16 stages) give some stages
   // one more layer; the analytical model charges the fullest share to the
   // last stage (an upper bound on the slowest stage; the trace costs each).
-  const RangeCost pace = priceRange(first_layer, static_cast<int>(layers_per_stage), p == 1, true);
-  const Seconds stage_fwd = pace.fwd, stage_bwd = pace.bwd, stage_recompute = pace.recompute;
-  const Seconds tp_f = pace.tp_f, tp_b = pace.tp_b;
+  pace = priceRange(first_layer, static_cast<int>(layers_per_stage), p == 1, true);
+  stage_fwd = pace.fwd, stage_bwd = pace.bwd, stage_recompute = pace.recompute;
+  tp_f = pace.tp_f, tp_b = pace.tp_b;
   // --moe-a2a-overlap: a pass's dispatch and combine run under the compute of
   // the pass it is combined with (the other micro-batch's backward or forward).
-  const Seconds ep_stage = cfg.moe_a2a_overlap || cfg.dualpipe
-                               ? overlapped(pace.ep, stage_fwd + stage_bwd + stage_recompute, smf)
-                               : pace.ep;
-  const Seconds cp_exposed = cpExposed(pace);
+  ep_stage = cfg.moe_a2a_overlap || cfg.dualpipe ? overlapped(pace.ep, stage_fwd + stage_bwd + stage_recompute, smf)
+                                                 : pace.ep;
+  cp_exposed = cpExposed(pace);
 
   // Pipeline point-to-point: one activation (split over tp: the sequence
   // shard with SP; without it Megatron's scatter/gather optimisation sends
   // 1/t of the tensor and all-gathers it over NVLink on arrival) per
   // micro-batch and virtual-stage boundary, forward and backward.
-  Seconds p2p(0);
   if (p > 1) {
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost pc, net.sendRecv(Bytes(act_bytes / T), ppg));
     note("pp_comm_s", pc);
@@ -1111,95 +1363,101 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     }
   }
 
-  const Seconds tp_stage = tp_f + tp_b;
+  tp_stage = tp_f + tp_b;
   const Seconds per_mb = stage_fwd + stage_bwd + stage_recompute;
   const Seconds per_mb_comm = tp_stage + ep_stage + cp_exposed;
-  const double mbf = static_cast<double>(mb);
   const double bubble_units = static_cast<double>(p - 1) / static_cast<double>(v);
-  const Seconds compute = per_mb * mbf;
+  compute = per_mb * mbf;
   // ZB-H1: the fill and drain cost F + B - W per stage instead of F + B + W.
   // DualPipe: (p/2 - 1)(F&B + B - 3W) (DeepSeek-V3 report, Table 2), F&B one combined pair.
-  const Seconds bubble =
-      cfg.zero_bubble ? std::max(Seconds(0), per_mb + per_mb_comm - pace.wgrad * 2) * bubble_units
-      : cfg.dualpipe  ? std::max(Seconds(0), per_mb + per_mb_comm + stage_bwd - pace.wgrad * 3) *
-                           (static_cast<double>(p / 2 - 1) / static_cast<double>(p - 1)) * bubble_units
-                      : (per_mb + per_mb_comm) * bubble_units;
-  const Seconds pp_comm = p2p * (2.0 * (mbf * static_cast<double>(v) + static_cast<double>(p - 1)) / static_cast<double>(v)) *
-                          (p > 1 ? 1.0 : 0.0);
+  bubble = cfg.zero_bubble ? std::max(Seconds(0), per_mb + per_mb_comm - pace.wgrad * 2) * bubble_units
+           : cfg.dualpipe  ? std::max(Seconds(0), per_mb + per_mb_comm + stage_bwd - pace.wgrad * 3) *
+                                (static_cast<double>(p / 2 - 1) / static_cast<double>(p - 1)) * bubble_units
+                           : (per_mb + per_mb_comm) * bubble_units;
+  pp_comm = p2p * (2.0 * (mbf * static_cast<double>(v) + static_cast<double>(p - 1)) / static_cast<double>(v)) *
+            (p > 1 ? 1.0 : 0.0);
+  return {};
+}
 
-  // ---- data parallelism, optimizer ------------------------------------------
-  // Gradients are reduce-scattered layer by layer (bucket = layer) as the
-  // backward produces them and parameters all-gathered layer by layer ahead
-  // of the forward that uses them, so all but the first gathered and the last
-  // reduced layer can hide under compute (Megatron's overlap-grad-reduce /
-  // overlap-param-gather; FSDP's forward/backward prefetch).  Collectives
-  // that hide in the same window share its links: ZeRO-3's backward gathers
-  // the next layer while the previous layer's gradients are reduce-scattered,
-  // so both hide under one backward (as their sum), and the compute that
-  // asynchronous tp or ring-attention transfers already hide under is not
-  // available again to data-parallel transfers on the same link class.
-  //   ZeRO-0/1: one reduce-scatter in the last micro-batch's backward, one
-  //             all-gather in the first one's forward (the fp32 main gradients
-  //             accumulate unsharded);
-  //   ZeRO-2:   gradients are sharded, so every micro-batch's backward
-  //             reduce-scatters (DeepSpeed's stage 2);
-  //   ZeRO-3:   also a gather before every micro-batch's forward and backward.
-  const double stage_expert = expertParamsOf(first_layer, static_cast<int>(layers_per_stage));
-  //   Expert parameters reduce over their expert-data-parallel group
-  //   (tp x cp x dp / (ep x etp) GPUs, stride ep x etp folded, tp x ep
-  //   classic with cp = 1; classic with cp > 1 is not one strided group and
-  //   keeps the dense group), the rest over dp x cp.
-  const int64_t edp_n = (t * cp * d) / (ep * etp);
-  const bool edp_own = moe && ep > 1 && (cfg.etp > 0 || cp == 1);
-  const GroupSet edpg = cfg.etp > 0 ? GroupSet{edp_n, ep * etp, cfg.gpus / edp_n} : GroupSet{edp_n, t * ep, cfg.gpus / edp_n};
+// A data-parallel collective; compressed, the gradients' reduce-scatter is
+// the direct one of sim/compress.hpp (an all-to-all of the wire bytes: no
+// reduction along hops or in the network).
+Result<Seconds> Trainer::gradColl(plan::Collective k, double bytes, const GroupSet& g) {
+  if (k != plan::Collective::ReduceScatter || !cfg.grad_compress.on()) return coll(k, bytes, g, "dp_comm_s");
+  CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, compressedCost(net, k, bytes, bytes / grad_wire * grad_data, g, cfg.algo));
+  note("dp_comm_s", cc);
+  return cc.time;
+}
+
+// The GPU's quantize and dequantize work around a compressed reduce-scatter
+// of `params` gradients over `n` ranks.
+Seconds Trainer::quantizeTime(double params, int64_t n) const {
+  if (!cfg.grad_compress.on() || params <= 0) return Seconds(0);
+  const double bytes = quantizeHbmBytes(plan::Collective::ReduceScatter, params * grad_data, grad_wire / grad_data, n);
+  return raw_gpu.mem(bytes) + c.gpu.kernel_overhead * (quantizeKernels(plan::Collective::ReduceScatter) - 1);
+}
+
+// Both groups' collectives of this stage's parameters (dense over dp x cp,
+// experts over their expert-data-parallel group).
+Result<Seconds> Trainer::dpColl(plan::Collective k) {
+  Seconds x(0);
+  if (dense_dp) {
+    CHORUS_ASSIGN_OR_RETURN(x, gradColl(k, dense_params * wireBytes(k), dcg));
+    if (k == plan::Collective::ReduceScatter) x += quantizeTime(dense_params, dcg.size);
+  }
+  if (expert_params > 0 && edp_n > 1) {
+    CHORUS_ASSIGN_OR_RETURN(Seconds e, gradColl(k, expert_params * wireBytes(k), edpg));
+    if (k == plan::Collective::ReduceScatter) e += quantizeTime(expert_params, edpg.size);
+    x += e;
+  }
+  return x;
+}
+
+// Data parallelism and the optimizer.  Gradients are reduce-scattered layer
+// by layer (bucket = layer) as the backward produces them and parameters
+// all-gathered layer by layer ahead of the forward that uses them, so all but
+// the first gathered and the last reduced layer can hide under compute
+// (Megatron's overlap-grad-reduce / overlap-param-gather; FSDP's
+// forward/backward prefetch).  Collectives that hide in the same window share
+// its links: ZeRO-3's backward gathers the next layer while the previous
+// layer's gradients are reduce-scattered, so both hide under one backward (as
+// their sum), and the compute that asynchronous tp or ring-attention
+// transfers already hide under is not available again to data-parallel
+// transfers on the same link class.
+//   ZeRO-0/1: one reduce-scatter in the last micro-batch's backward, one
+//             all-gather in the first one's forward (the fp32 main gradients
+//             accumulate unsharded);
+//   ZeRO-2:   gradients are sharded, so every micro-batch's backward
+//             reduce-scatters (DeepSpeed's stage 2);
+//   ZeRO-3:   also a gather before every micro-batch's forward and backward.
+Status Trainer::priceDataParallel() {
+  stage_expert = expertParamsOf(first_layer, static_cast<int>(layers_per_stage));
+  // Expert parameters reduce over their expert-data-parallel group (tp x cp x
+  // dp / (ep x etp) GPUs, stride ep x etp folded, tp x ep classic with cp = 1;
+  // classic with cp > 1 is not one strided group and keeps the dense group),
+  // the rest over dp x cp.
+  edp_n = (t * cp * d) / (ep * etp);
+  edp_own = moe && ep > 1 && (cfg.etp > 0 || cp == 1);
+  edpg = cfg.etp > 0 ? GroupSet{edp_n, ep * etp, cfg.gpus / edp_n} : GroupSet{edp_n, t * ep, cfg.gpus / edp_n};
   // Parameters travel in bf16 (the distributed optimizer's all-gather), the
   // gradients in the gradient buffer's dtype (--grad-dtype: Megatron's DDP
   // reduce-scatters its fp32 main-gradient buffer with
   // --accumulate-allreduce-grads-in-fp32, the bf16 one with
-  // grad_reduce_in_fp32 = false).
-  // With --compress the reduce-scatter carries the compressed format and the
-  // GPU quantizes and dequantizes around it (sim/compress.hpp).
-  const double grad_data = static_cast<double>(cfg.grad_bytes);
-  const double grad_wire = cfg.grad_compress.on() ? cfg.grad_compress.wireBytes() : grad_data;
-  auto wireBytes = [&](plan::Collective k) { return k == plan::Collective::ReduceScatter ? grad_wire : 2.0; };
-  // A data-parallel collective; compressed, the gradients' reduce-scatter is
-  // the direct one of sim/compress.hpp (an all-to-all of the wire bytes: no
-  // reduction along hops or in the network).
-  auto gradColl = [&](plan::Collective k, double bytes, const GroupSet& g) -> Result<Seconds> {
-    if (k != plan::Collective::ReduceScatter || !cfg.grad_compress.on()) return coll(k, bytes, g, "dp_comm_s");
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, compressedCost(net, k, bytes, bytes / grad_wire * grad_data, g, cfg.algo));
-    note("dp_comm_s", cc);
-    return cc.time;
-  };
-  auto quantizeTime = [&](double params, int64_t n) {
-    if (!cfg.grad_compress.on() || params <= 0) return Seconds(0);
-    const double bytes = quantizeHbmBytes(plan::Collective::ReduceScatter, params * grad_data, grad_wire / grad_data, n);
-    return raw_gpu.mem(bytes) + c.gpu.kernel_overhead * (quantizeKernels(plan::Collective::ReduceScatter) - 1);
-  };
-  const double expert_params = edp_own ? stage_expert : 0;
+  // grad_reduce_in_fp32 = false).  With --compress the reduce-scatter carries
+  // the compressed format and the GPU quantizes and dequantizes around it
+  // (sim/compress.hpp).
+  grad_data = static_cast<double>(cfg.grad_bytes);
+  grad_wire = cfg.grad_compress.on() ? cfg.grad_compress.wireBytes() : grad_data;
+  expert_params = edp_own ? stage_expert : 0;
   // Data-parallel traffic exists when dp x cp > 1, or when only the experts
   // are replicated: folded over tp (--etp) with ep x etp < tp x cp x dp, the
   // expert-data-parallel group has edp_n > 1 members even at dp x cp = 1.
-  const bool dense_dp = d * cp > 1, expert_dp = edp_own && edp_n > 1, any_dp = dense_dp || expert_dp;
-  const double dense_params = stage_params - expert_params;  // reduced over dp x cp
-  Seconds dp_comm(0), dp_rs(0), dp_ag(0);
+  dense_dp = d * cp > 1;
+  any_dp = dense_dp || (edp_own && edp_n > 1);
+  dense_params = stage_params - expert_params;  // reduced over dp x cp
   // dp x cp: one block of t x cp x d ranks at stride t in Megatron's order;
   // with pp before dp (cp or dp of 1, checked) the dp replicas sit pp apart.
-  const GroupSet dcg = cfg.pp_before_dp && d > 1 ? GroupSet{d, dp_stride, cfg.gpus / d} : GroupSet{d * cp, t, cfg.gpus / (d * cp)};
-  // Both groups' collectives of `bytes` of this stage (dense over dp x cp, experts over their group).
-  auto dpColl = [&](plan::Collective k) -> Result<Seconds> {
-    Seconds x(0);
-    if (dense_dp) {
-      CHORUS_ASSIGN_OR_RETURN(x, gradColl(k, dense_params * wireBytes(k), dcg));
-      if (k == plan::Collective::ReduceScatter) x += quantizeTime(dense_params, dcg.size);
-    }
-    if (expert_params > 0 && edp_n > 1) {
-      CHORUS_ASSIGN_OR_RETURN(Seconds e, gradColl(k, expert_params * wireBytes(k), edpg));
-      if (k == plan::Collective::ReduceScatter) e += quantizeTime(expert_params, edpg.size);
-      x += e;
-    }
-    return x;
-  };
+  dcg = cfg.pp_before_dp && d > 1 ? GroupSet{d, dp_stride, cfg.gpus / d} : GroupSet{d * cp, t, cfg.gpus / (d * cp)};
   if (any_dp) {
     CHORUS_ASSIGN_OR_RETURN(Seconds rs, dpColl(plan::Collective::ReduceScatter));
     CHORUS_ASSIGN_OR_RETURN(Seconds ag, dpColl(plan::Collective::AllGather));
@@ -1230,9 +1488,11 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   // updates: gradient-norm read (fp32, 4 B), Adam (fp32 master, m, v read and
   // written and the fp32 gradient read: 28 B), the bf16 copy of the updated
   // weights (6 B); then every held fp32 gradient is zeroed (4 B).
-  const Seconds optimizer = gpu.mem(sharded(opt_step, stage_params, stage_expert, 1)) + gpu.mem(sharded(4, stage_params, stage_expert, 2));
+  optimizer = gpu.mem(sharded(opt_step, stage_params, stage_expert, 1)) + gpu.mem(sharded(4, stage_params, stage_expert, 2));
+  return {};
+}
 
-  // ---- totals -----------------------------------------------------------------
+void Trainer::sumEstimate() {
   rep.breakdown["compute_s"] = compute.value();
   rep.breakdown["bubble_s"] = bubble.value();
   rep.breakdown["tp_comm_s"] = (tp_stage * mbf).value();
@@ -1245,332 +1505,339 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   for (const auto& [k, x] : rep.breakdown) total += x;
   rep.iteration_s = rep.estimate_s = total;
   rep.estimate_breakdown = rep.breakdown;
+}
 
-  // Each group's collectives per byte on every link class (the ledger), for
-  // the bounds and the schedule below.
+// Each group's collectives per byte on every link class (the ledger), for
+// the bounds and the schedule.
+void Trainer::linkUnits() {
   auto unit = [&](plan::Collective k, const GroupSet& g, bool on) { return on ? ledger.collective(k, 1, g) : LinkDemand{}; };
-  const LinkDemand u_tag = unit(plan::Collective::AllGather, tpg, t > 1),
-                   u_trs = unit(plan::Collective::ReduceScatter, tpg, t > 1),
-                   u_tar = unit(plan::Collective::AllReduce, tpg, t > 1),
-                   u_cp = unit(plan::Collective::AllGather, cpg, cp > 1),
-                   u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1 && !hier),
-                   u_rail = unit(plan::Collective::AllToAll, rail_g, hier && rail_g.size > 1),
-                   u_node = unit(plan::Collective::AllToAll, node_g, hier && node_g.size > 1),
-                   u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1),
-                   u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1),
-                   u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1),
-                   u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
-  // One MoE layer's dispatch and combine per micro-batch and pass.
-  const LinkDemand ep_demand =
-      hier ? (u_rail.scaled((dispatch_bytes + a2a_bytes) * rail_share) +=
-              u_node.scaled((dispatch_bytes + a2a_bytes) * node_share))
-           : u_ep.scaled(dispatch_bytes + a2a_bytes);
+  u_tag = unit(plan::Collective::AllGather, tpg, t > 1);
+  u_trs = unit(plan::Collective::ReduceScatter, tpg, t > 1);
+  u_tar = unit(plan::Collective::AllReduce, tpg, t > 1);
+  u_cp = unit(plan::Collective::AllGather, cpg, cp > 1);
+  u_ep = unit(plan::Collective::AllToAll, epg, moe && ep > 1 && !hier);
+  u_rail = unit(plan::Collective::AllToAll, rail_g, hier && rail_g.size > 1);
+  u_node = unit(plan::Collective::AllToAll, node_g, hier && node_g.size > 1);
+  u_dag = unit(plan::Collective::AllGather, dcg, d * cp > 1);
+  u_drs = unit(plan::Collective::ReduceScatter, dcg, d * cp > 1);
+  u_eag = unit(plan::Collective::AllGather, edpg, edp_own && edp_n > 1);
+  u_ers = unit(plan::Collective::ReduceScatter, edpg, edp_own && edp_n > 1);
+  ep_demand = hier ? (u_rail.scaled((dispatch_bytes + a2a_bytes) * rail_share) +=
+                      u_node.scaled((dispatch_bytes + a2a_bytes) * node_share))
+                   : u_ep.scaled(dispatch_bytes + a2a_bytes);
+}
 
-  // ---- physical bounds (src/sim/bounds.hpp) --------------------------------
-  // Per pipeline stage, from its own layers (the split of the trace and the
-  // schedule: L layers in order over p v virtual stages, the first L mod (p v)
-  // one more): the FLOPs and HBM bytes its kernels execute, and the bytes its
-  // GPU puts on each link class, overlapped or not.  Each bound is the
-  // largest stage's; the iteration can be no shorter than any of them.
-  {
-    // One layer's tensor-parallel traffic per micro-batch (tpComm's collectives);
-    // a recomputed forward communicates again.
-    auto tpLayer = [&](bool full) {
-      const double fwd_tp = full ? 2 : 1;
-      return sp ? (u_tag.scaled(2 * fwd_tp + 4) += u_trs.scaled(2 * fwd_tp + 2)).scaled(act_bytes)
-                : u_tar.scaled((2 * fwd_tp + 2) * act_bytes);
-    };
-    const LinkDemand tp_layer_full = tpLayer(true), tp_layer_kept = tpLayer(false);
-    const double core_flops = 2 * static_cast<double>(b) * heads_local * s * (s * static_cast<double>(cp)) *
-                              (m.qkHeadDim() + m.vHeadDim());  // what selective recomputation repeats
-    std::vector<double> st_flops(static_cast<size_t>(p), 0), st_bytes(static_cast<size_t>(p), 0),
-        st_params(static_cast<size_t>(p), 0), st_expert(static_cast<size_t>(p), 0);
-    std::vector<LinkDemand> st_link(static_cast<size_t>(p));
-    int next = 0;
-    for (int64_t k = 0; k < vs_count; ++k) {
-      const int count = vs_layers[static_cast<size_t>(k)];
-      const size_t sd = static_cast<size_t>(k % p);
-      double widest = 0;
-      st_params[sd] += paramsOf(next, count, false, &widest);
-      st_expert[sd] += expertParamsOf(next, count);
-      for (int l = next; l < next + count; ++l) {
-        const Work& w = workOf(l);
-        const bool full = fullAt(l);
-        const double passes = full ? 3 : 2;  // forward, backward, recomputed forward
-        double rf = 0, rb = 0;
-        if (full) rf = w.f_flops, rb = w.f_bytes;
-        if (cfg.recompute == Recompute::Selective) {
-          const LayerTimes& lt = timesOf(l);
-          rf = (rmods.core_attn ? core_flops : 0) + lt.recompute_flops, rb = lt.recompute_bytes;
-        }
-        st_flops[sd] += mbf * (w.f_flops + w.b_flops + rf);
-        st_bytes[sd] += mbf * (w.f_bytes + w.b_bytes + rb);
-        st_link[sd] += (full ? tp_layer_full : tp_layer_kept).scaled(mbf);
-        st_link[sd] += u_cp.scaled(cp_bytes * passes * mbf);
-        if (m.isMoeLayer(l)) st_link[sd] += ep_demand.scaled(passes * mbf);
-      }
-      next += count;
-    }
-    const size_t last = static_cast<size_t>(p - 1);
-    if (logit_work) {
-      st_flops[last] += mbf * (logit_work->f_flops + logit_work->b_flops);
-      st_bytes[last] += mbf * (logit_work->f_bytes + logit_work->b_bytes);
-    }
-    if (t > 1) {
-      const double heads = 1.0 + cfg.mtp_layers;  // the output head's traffic once per head
-      st_link[last] += (sp ? (u_tag.scaled(act_bytes) += u_trs.scaled(act_bytes)) : u_tar.scaled(act_bytes)).scaled(mbf * heads);
-      st_link[last] += u_tar.scaled(4 * bs * 3 * mbf * heads);  // cross-entropy
-      st_link[0] += (sp ? (u_trs.scaled(act_bytes) += u_tag.scaled(act_bytes)) : u_tar.scaled(act_bytes)).scaled(mbf);
-    }
-    st_params[0] += V * h / T;
-    if (p > 1) st_params[last] += V * h / T;
-    if (p > 1) {  // 2 (p v - 1) sends per micro-batch over the pipeline's p GPUs
-      const double sends = 2 * mbf * static_cast<double>(vs_count - 1) / static_cast<double>(p);
-      const LinkDemand pp_link = ledger.sendRecv(act_bytes / T, ppg, sends);
-      const LinkDemand regather = !sp && t > 1 ? u_tag.scaled(act_bytes * sends) : LinkDemand{};
-      for (LinkDemand& x : st_link) x += pp_link, x += regather;
-    }
-    if (cfg.dualpipe) {  // rank r runs half the micro-batches on stage r and half on stage p-1-r, and holds both
-      const auto f0 = st_flops, b0 = st_bytes, p0 = st_params, e0 = st_expert;
-      const auto l0 = st_link;
-      for (size_t r = 0; r < static_cast<size_t>(p); ++r) {
-        const size_t o = static_cast<size_t>(p) - 1 - r;
-        st_flops[r] = (f0[r] + f0[o]) / 2, st_bytes[r] = (b0[r] + b0[o]) / 2;
-        st_params[r] = p0[r] + p0[o], st_expert[r] = e0[r] + e0[o];
-        st_link[r] = l0[r].scaled(0.5) += l0[o].scaled(0.5);
-      }
-    }
-    // Per micro-batch (ZeRO-2/3) a copy runs only its half under DualPipe.
-    const double per_copy = cfg.dualpipe ? mbf / 2 : mbf;
-    const double dp_ag_runs = cfg.zero == 3 ? 2 * per_copy : 1, dp_rs_runs = cfg.zero >= 2 ? per_copy : 1;
-    Bounds& bd = rep.bounds;
-    double tensor = 0, hbm = 0;
-    std::array<double, kLinkClasses> links{};
-    for (size_t sd = 0; sd < static_cast<size_t>(p); ++sd) {
-      const double ex = edp_own ? st_expert[sd] : 0;  // expert gradients reduce over their own group
-      st_link[sd] += u_dag.scaled(2 * (st_params[sd] - ex) * dp_ag_runs) += u_eag.scaled(2 * ex * dp_ag_runs);
-      st_link[sd] += u_drs.scaled(grad_wire * (st_params[sd] - ex) * dp_rs_runs) += u_ers.scaled(grad_wire * ex * dp_rs_runs);
-      st_bytes[sd] += sharded(opt_step, st_params[sd], st_expert[sd], 1) + sharded(4, st_params[sd], st_expert[sd], 2);  // optimizer
-      tensor = std::max(tensor, st_flops[sd] / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value());
-      hbm = std::max(hbm, st_bytes[sd] / c.gpu.hbm_bw.value());
-      for (size_t i = 0; i < links.size(); ++i) links[i] = std::max(links[i], st_link[sd].s[i]);
-    }
-    bd.seconds["tensor_cores"] = tensor;
-    bd.seconds["hbm"] = hbm;
-    for (int i = 0; i < kLinkClasses; ++i) {
-      const LinkClass lc = static_cast<LinkClass>(i);
-      const bool torus = c.network.topology == TopologyKind::Torus2d || c.network.topology == TopologyKind::Torus3d;
-      if (lc == LinkClass::Uplink && torus) continue;
-      bd.seconds[linkClassName(c, lc)] = links[static_cast<size_t>(i)];
-    }
-    // The closed-form estimate prices each collective on links of its own,
-    // not shared with the collectives of other groups running at the same
-    // time; where that puts it below a resource's busy time, the difference is
-    // that contention (the schedule simulates it).  No estimate beats a bound.
-    if (const double floor_s = bd.max(); rep.estimate_s < floor_s) {
-      rep.estimate_breakdown["contention_s"] = floor_s - rep.estimate_s;
-      rep.estimate_s = floor_s;
-      if (!cfg.schedule) rep.iteration_s = floor_s, rep.breakdown = rep.estimate_breakdown;
-    }
-    double top = -1;
-    for (const auto& [k, x] : bd.seconds)
-      if (x > top) top = x, bd.binding = k;
-  }
-  // ---- the iteration as a simulated schedule (src/sim/schedule.hpp) -------
-  // Every layer of every virtual stage with its own compute (the same per-op
-  // costs as above), its collectives' times alone (the network model) and
-  // their link demands (the ledger); the schedule decides what overlaps.
-  auto buildSchedule = [&]() -> Status {
-    IterationSpec& sp_ = rep.schedule_spec;
-    sp_ = IterationSpec{};
-    sp_.pp = p, sp_.vpp = v, sp_.micro_batches = mb, sp_.zero = cfg.zero, sp_.comm_sm_fraction = smf;
-    sp_.options.async_tp = cfg.async_tp;
-    sp_.options.overlap_dp = cfg.overlap_dp;
-    sp_.options.zero_bubble = cfg.zero_bubble;
-    sp_.options.a2a_overlap = cfg.moe_a2a_overlap;
-    auto tr = [](Seconds time, const LinkDemand& unit_demand, double bytes) {
-      return Transfer{time.value(), unit_demand.scaled(bytes)};
-    };
-    Transfer tp_fwd_t, tp_bwd_t, tp_async_t;
-    if (t > 1) {
-      if (sp) {
-        tp_fwd_t = tr((tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
-        tp_bwd_t = tr(tp_ag * 2, u_tag, 2 * act_bytes);
-        tp_async_t = tr((tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
-      } else {
-        tp_fwd_t = tr(tp_ar * 2, u_tar, 2 * act_bytes);
-        tp_async_t = tr(tp_ar * 2, u_tar, 2 * act_bytes);
-      }
-    }
-    // A data-parallel collective of `params` (this GPU's share) per layer, priced alone.
-    auto dpTransfers = [&](double params, Transfer* ag_t, Transfer* rs_t, double expert = 0) -> Status {
-      if (!any_dp || params <= 0) return {};
-      if (!edp_own) expert = 0;
-      const double dense = params - expert;
-      if (dense > 0 && dense_dp) {
-        CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * dense), dcg, cfg.algo));
-        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, cfg.grad_compress.on()
-                                                      ? compressedCost(net, plan::Collective::ReduceScatter, grad_wire * dense, grad_data * dense, dcg, cfg.algo)
-                                                      : net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * dense), dcg, cfg.algo));
-        *ag_t += tr(a.time, u_dag, 2 * dense);
-        *rs_t += tr(r.time + quantizeTime(dense, dcg.size), u_drs, grad_wire * dense);
-      }
-      if (expert > 0 && edp_n > 1) {
-        CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * expert), edpg, cfg.algo));
-        CHORUS_ASSIGN_OR_RETURN(CollectiveCost r, cfg.grad_compress.on()
-                                                      ? compressedCost(net, plan::Collective::ReduceScatter, grad_wire * expert, grad_data * expert, edpg, cfg.algo)
-                                                      : net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * expert), edpg, cfg.algo));
-        *ag_t += tr(a.time, u_eag, 2 * expert);
-        *rs_t += tr(r.time + quantizeTime(expert, edpg.size), u_ers, grad_wire * expert);
-      }
-      return {};
-    };
-    sp_.chunks.resize(static_cast<size_t>(vs_count));
-    sp_.optimizer_s.assign(static_cast<size_t>(p), 0);
-    std::vector<double> params_of_stage(static_cast<size_t>(p), 0), expert_of_stage(static_cast<size_t>(p), 0);
-    int next = 0;
-    for (int64_t k = 0; k < vs_count; ++k) {
-      const int count = vs_layers[static_cast<size_t>(k)];
-      auto& layers = sp_.chunks[static_cast<size_t>(k)];
-      for (int l = next; l < next + count; ++l) {
+// Per pipeline stage, from its own layers (the split of the trace and the
+// schedule): the FLOPs and HBM bytes its kernels execute, its parameters and
+// the bytes its GPU puts on each link class, overlapped or not, before the
+// data-parallel collectives and the optimizer (bounds() adds them).
+StageLoad Trainer::stageLoads() {
+  // One layer's tensor-parallel traffic per micro-batch (tpComm's collectives);
+  // a recomputed forward communicates again.
+  auto tpLayer = [&](bool full) {
+    const double fwd_tp = full ? 2 : 1;
+    return sp ? (u_tag.scaled(2 * fwd_tp + 4) += u_trs.scaled(2 * fwd_tp + 2)).scaled(act_bytes)
+              : u_tar.scaled((2 * fwd_tp + 2) * act_bytes);
+  };
+  const LinkDemand tp_layer_full = tpLayer(true), tp_layer_kept = tpLayer(false);
+  const double core_flops = 2 * static_cast<double>(b) * heads_local * s * (s * static_cast<double>(cp)) *
+                            (m.qkHeadDim() + m.vHeadDim());  // what selective recomputation repeats
+  const size_t np = static_cast<size_t>(p);
+  StageLoad x{std::vector<double>(np, 0), std::vector<double>(np, 0), std::vector<double>(np, 0),
+              std::vector<double>(np, 0), std::vector<LinkDemand>(np)};
+  int next = 0;
+  for (int64_t k = 0; k < vs_count; ++k) {
+    const int count = vs_layers[static_cast<size_t>(k)];
+    const size_t sd = static_cast<size_t>(k % p);
+    double widest = 0;
+    x.params[sd] += paramsOf(next, count, false, &widest);
+    x.expert[sd] += expertParamsOf(next, count);
+    for (int l = next; l < next + count; ++l) {
+      const Work& w = workOf(l);
+      const bool full = fullAt(l);
+      const double passes = full ? 3 : 2;  // forward, backward, recomputed forward
+      double rf = 0, rb = 0;
+      if (full) rf = w.f_flops, rb = w.f_bytes;
+      if (cfg.recompute == Recompute::Selective) {
         const LayerTimes& lt = timesOf(l);
-        LayerPlan lp;
-        lp.fwd = lt.fwd.value(), lp.bwd = lt.bwd.value(), lp.attn_core_fwd = lt.attn_core_fwd.value();
-        const bool full = fullAt(l);
-        if (full) lp.recompute = lt.fwd.value();
-        if (cfg.recompute == Recompute::Selective) lp.recompute = lt.recompute_sel.value();
-        if (t > 1)
-          lp.bwd_async = (sp ? lt.qkv_dgrad + lt.qkv_wgrad + lt.fc1_dgrad + lt.fc1_wgrad : lt.qkv_wgrad + lt.fc1_wgrad).value();
-        lp.wgrad = lt.wgrad.value();
-        if (t > 1) lp.wgrad_async = (lt.qkv_wgrad + lt.fc1_wgrad).value();
-        lp.tp_fwd = tp_fwd_t, lp.tp_bwd = tp_bwd_t, lp.tp_async = tp_async_t;
-        const bool moe_layer = m.isMoeLayer(l);
-        if (cp > 1) lp.cp = tr(cp_fwd, u_cp, cp_bytes);
-        if (moe_layer && ep > 1) lp.ep = tr(ep_fwd, ep_demand, 1);
-        if (full) {  // the recomputed forward communicates again (exposed, before the backward)
-          lp.tp_recompute = tp_fwd_t;
-          lp.tp_recompute += lp.cp;
-          lp.tp_recompute += lp.ep;
-        }
-        double widest = 0;
-        const double lparams = paramsOf(l, 1, false, &widest);
-        params_of_stage[static_cast<size_t>(k % p)] += lparams;
-        expert_of_stage[static_cast<size_t>(k % p)] += expertParamsOf(l, 1);
-        CHORUS_RETURN_IF_ERROR(dpTransfers(lparams, &lp.dp_ag, &lp.dp_rs, expertParamsOf(l, 1)));
-        layers.push_back(lp);
+        rf = (rmods->core_attn ? core_flops : 0) + lt.recompute_flops, rb = lt.recompute_bytes;
       }
-      next += count;
+      x.flops[sd] += mbf * (w.f_flops + w.b_flops + rf);
+      x.bytes[sd] += mbf * (w.f_bytes + w.b_bytes + rb);
+      x.link[sd] += (full ? tp_layer_full : tp_layer_kept).scaled(mbf);
+      x.link[sd] += u_cp.scaled(cp_bytes * passes * mbf);
+      if (m.isMoeLayer(l)) x.link[sd] += ep_demand.scaled(passes * mbf);
     }
-    // A virtual stage without a layer (--pp-layout: Megatron's embedding- or
-    // loss-only stages) still passes every micro-batch on: one task of no
-    // measurable work (1 ns) that waits for its input and sends it on.
-    for (auto& ch : sp_.chunks)
-      if (ch.empty()) {
-        LayerPlan pass;
-        pass.fwd = pass.bwd = 1e-9;
-        ch.push_back(pass);
-      }
-    // The embedding (its tp reduction) on the first layer, the logits + loss on the last.
-    LayerPlan& first = sp_.chunks.front().front();
-    LayerPlan& last = sp_.chunks.back().back();
-    if (t > 1) {
-      first.tp_fwd += tr(sp ? tp_rs : tp_ar, sp ? u_trs : u_tar, act_bytes);
-      if (sp) first.tp_bwd += tr(tp_ag, u_tag, act_bytes);
-      const double heads = 1.0 + cfg.mtp_layers;
-      last.tp_fwd += tr((ce * 3 + (sp ? tp_ag : Seconds(0))) * heads,
-                        u_tar.scaled(12 * bs) += (sp ? u_tag.scaled(act_bytes) : LinkDemand{}), heads);
-      last.tp_async += tr((sp ? tp_rs : tp_ar) * heads, sp ? u_trs : u_tar, act_bytes * heads);
-      last.bwd_async += logit_wgrad_s.value();
-      last.wgrad_async += logit_wgrad_s.value();
+    next += count;
+  }
+  const size_t last = np - 1;
+  if (logit_work) {
+    x.flops[last] += mbf * (logit_work->f_flops + logit_work->b_flops);
+    x.bytes[last] += mbf * (logit_work->f_bytes + logit_work->b_bytes);
+  }
+  if (t > 1) {
+    const double heads = 1.0 + cfg.mtp_layers;  // the output head's traffic once per head
+    x.link[last] += (sp ? (u_tag.scaled(act_bytes) += u_trs.scaled(act_bytes)) : u_tar.scaled(act_bytes)).scaled(mbf * heads);
+    x.link[last] += u_tar.scaled(4 * bs * 3 * mbf * heads);  // cross-entropy
+    x.link[0] += (sp ? (u_trs.scaled(act_bytes) += u_tag.scaled(act_bytes)) : u_tar.scaled(act_bytes)).scaled(mbf);
+  }
+  x.params[0] += V * h / T;
+  if (p > 1) x.params[last] += V * h / T;
+  if (p > 1) {  // 2 (p v - 1) sends per micro-batch over the pipeline's p GPUs
+    const double sends = 2 * mbf * static_cast<double>(vs_count - 1) / static_cast<double>(p);
+    const LinkDemand pp_link = ledger.sendRecv(act_bytes / T, ppg, sends);
+    const LinkDemand regather = !sp && t > 1 ? u_tag.scaled(act_bytes * sends) : LinkDemand{};
+    for (LinkDemand& y : x.link) y += pp_link, y += regather;
+  }
+  if (cfg.dualpipe) {  // rank r runs half the micro-batches on stage r and half on stage p-1-r, and holds both
+    const StageLoad one = x;
+    for (size_t r = 0; r < np; ++r) {
+      const size_t o = np - 1 - r;
+      x.flops[r] = (one.flops[r] + one.flops[o]) / 2, x.bytes[r] = (one.bytes[r] + one.bytes[o]) / 2;
+      x.params[r] = one.params[r] + one.params[o], x.expert[r] = one.expert[r] + one.expert[o];
+      x.link[r] = one.link[r].scaled(0.5) += one.link[o].scaled(0.5);
     }
-    last.wgrad += logit_wgrad_s.value();
-    last.fwd += logit_fwd.value(), last.bwd += logit_bwd.value();
-    params_of_stage[0] += V * h / T;
-    CHORUS_RETURN_IF_ERROR(dpTransfers(V * h / T, &first.dp_ag, &first.dp_rs));
-    if (p > 1) {
-      params_of_stage[static_cast<size_t>(p - 1)] += V * h / T;
-      CHORUS_RETURN_IF_ERROR(dpTransfers(V * h / T, &last.dp_ag, &last.dp_rs));
-    }
-    if (cfg.dualpipe) {  // the second copy: the same stages, laid out from rank p - 1 down
-      sp_.vpp = 2;
-      sp_.options.dualpipe = true;
-      sp_.chunks.reserve(static_cast<size_t>(2 * p));
-      for (int64_t k = 0; k < p; ++k) sp_.chunks.push_back(sp_.chunks[static_cast<size_t>(k)]);
-      const auto ps0 = params_of_stage, es0 = expert_of_stage;
-      for (size_t r = 0; r < static_cast<size_t>(p); ++r) {
-        params_of_stage[r] = ps0[r] + ps0[static_cast<size_t>(p) - 1 - r];
-        expert_of_stage[r] = es0[r] + es0[static_cast<size_t>(p) - 1 - r];
-      }
-    }
-    for (int64_t sd = 0; sd < p; ++sd) {
-      const double ps = params_of_stage[static_cast<size_t>(sd)], es = expert_of_stage[static_cast<size_t>(sd)];
-      sp_.optimizer_s[static_cast<size_t>(sd)] = (raw_gpu.mem(sharded(opt_step, ps, es, 1)) + raw_gpu.mem(sharded(4, ps, es, 2))).value();
-    }
-    if (p > 1) {
-      sp_.p2p.s = p2p.value();
-      sp_.p2p.link = ledger.sendRecv(act_bytes / T, ppg, 1);
-      if (!sp && t > 1) sp_.p2p.link += u_tag.scaled(act_bytes);
-    }
+  }
+  return x;
+}
+
+// The physical bounds (src/sim/bounds.hpp): each is the largest stage's; the
+// iteration can be no shorter than any of them.
+void Trainer::bounds() {
+  StageLoad x = stageLoads();
+  // Per micro-batch (ZeRO-2/3) a copy runs only its half under DualPipe.
+  const double per_copy = cfg.dualpipe ? mbf / 2 : mbf;
+  const double dp_ag_runs = cfg.zero == 3 ? 2 * per_copy : 1, dp_rs_runs = cfg.zero >= 2 ? per_copy : 1;
+  Bounds& bd = rep.bounds;
+  double tensor = 0, hbm = 0;
+  std::array<double, kLinkClasses> links{};
+  for (size_t sd = 0; sd < static_cast<size_t>(p); ++sd) {
+    const double ex = edp_own ? x.expert[sd] : 0;  // expert gradients reduce over their own group
+    x.link[sd] += u_dag.scaled(2 * (x.params[sd] - ex) * dp_ag_runs) += u_eag.scaled(2 * ex * dp_ag_runs);
+    x.link[sd] += u_drs.scaled(grad_wire * (x.params[sd] - ex) * dp_rs_runs) += u_ers.scaled(grad_wire * ex * dp_rs_runs);
+    x.bytes[sd] += sharded(opt_step, x.params[sd], x.expert[sd], 1) + sharded(4, x.params[sd], x.expert[sd], 2);  // optimizer
+    tensor = std::max(tensor, x.flops[sd] / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value());
+    hbm = std::max(hbm, x.bytes[sd] / c.gpu.hbm_bw.value());
+    for (size_t i = 0; i < links.size(); ++i) links[i] = std::max(links[i], x.link[sd].s[i]);
+  }
+  bd.seconds["tensor_cores"] = tensor;
+  bd.seconds["hbm"] = hbm;
+  for (int i = 0; i < kLinkClasses; ++i) {
+    const LinkClass lc = static_cast<LinkClass>(i);
+    const bool torus = c.network.topology == TopologyKind::Torus2d || c.network.topology == TopologyKind::Torus3d;
+    if (lc == LinkClass::Uplink && torus) continue;
+    bd.seconds[linkClassName(c, lc)] = links[static_cast<size_t>(i)];
+  }
+  // The closed-form estimate prices each collective on links of its own,
+  // not shared with the collectives of other groups running at the same
+  // time; where that puts it below a resource's busy time, the difference is
+  // that contention (the schedule simulates it).  No estimate beats a bound.
+  if (const double floor_s = bd.max(); rep.estimate_s < floor_s) {
+    rep.estimate_breakdown["contention_s"] = floor_s - rep.estimate_s;
+    rep.estimate_s = floor_s;
+    if (!cfg.schedule) rep.iteration_s = floor_s, rep.breakdown = rep.estimate_breakdown;
+  }
+  double top = -1;
+  for (const auto& [k, y] : bd.seconds)
+    if (y > top) top = y, bd.binding = k;
+}
+
+Transfer transferOf(Seconds time, const LinkDemand& unit_demand, double bytes) {
+  return Transfer{time.value(), unit_demand.scaled(bytes)};
+}
+
+// A data-parallel collective of `params` (this GPU's share) per layer, priced alone.
+Status Trainer::dpTransfers(double params, Transfer* ag_t, Transfer* rs_t, double expert) {
+  if (!any_dp || params <= 0) return {};
+  if (!edp_own) expert = 0;
+  auto add = [&](double n_params, const GroupSet& g, const LinkDemand& u_ag, const LinkDemand& u_rs) -> Status {
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * n_params), g, cfg.algo));
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost r,
+                            cfg.grad_compress.on()
+                                ? compressedCost(net, plan::Collective::ReduceScatter, grad_wire * n_params,
+                                                 grad_data * n_params, g, cfg.algo)
+                                : net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * n_params), g, cfg.algo));
+    *ag_t += transferOf(a.time, u_ag, 2 * n_params);
+    *rs_t += transferOf(r.time + quantizeTime(n_params, g.size), u_rs, grad_wire * n_params);
     return {};
   };
-  if (cfg.schedule) {
-    CHORUS_RETURN_IF_ERROR(buildSchedule());
-    CHORUS_ASSIGN_OR_RETURN(ScheduleResult sr, simulateSchedule(rep.schedule_spec));
-    rep.iteration_s = sr.makespan_s;
-    rep.breakdown = sr.breakdown;
-    rep.schedule_tasks = sr.tasks;
-    rep.schedule_merged_layers = sr.merged_layers;
+  const double dense = params - expert;
+  if (dense > 0 && dense_dp) CHORUS_RETURN_IF_ERROR(add(dense, dcg, u_dag, u_drs));
+  if (expert > 0 && edp_n > 1) CHORUS_RETURN_IF_ERROR(add(expert, edpg, u_eag, u_ers));
+  return {};
+}
+
+// Layer l of the schedule: its compute (the same per-op costs as the
+// estimate), its collectives' times alone (the network model) and their
+// link demands (the ledger).
+LayerPlan Trainer::planLayer(int l, const Transfer& tp_fwd_t, const Transfer& tp_bwd_t, const Transfer& tp_async_t) {
+  const LayerTimes& lt = timesOf(l);
+  LayerPlan lp;
+  lp.fwd = lt.fwd.value(), lp.bwd = lt.bwd.value(), lp.attn_core_fwd = lt.attn_core_fwd.value();
+  const bool full = fullAt(l);
+  if (full) lp.recompute = lt.fwd.value();
+  if (cfg.recompute == Recompute::Selective) lp.recompute = lt.recompute_sel.value();
+  if (t > 1)
+    lp.bwd_async = (sp ? lt.qkv_dgrad + lt.qkv_wgrad + lt.fc1_dgrad + lt.fc1_wgrad : lt.qkv_wgrad + lt.fc1_wgrad).value();
+  lp.wgrad = lt.wgrad.value();
+  if (t > 1) lp.wgrad_async = (lt.qkv_wgrad + lt.fc1_wgrad).value();
+  lp.tp_fwd = tp_fwd_t, lp.tp_bwd = tp_bwd_t, lp.tp_async = tp_async_t;
+  if (cp > 1) lp.cp = transferOf(cp_fwd, u_cp, cp_bytes);
+  if (m.isMoeLayer(l) && ep > 1) lp.ep = transferOf(ep_fwd, ep_demand, 1);
+  if (full) {  // the recomputed forward communicates again (exposed, before the backward)
+    lp.tp_recompute = tp_fwd_t;
+    lp.tp_recompute += lp.cp;
+    lp.tp_recompute += lp.ep;
   }
-  // Rates, MFU and the bottleneck from the final iteration time and breakdown.
-  auto settle = [&] {
-    const double total_s = rep.iteration_s;
-    const double tokens = static_cast<double>(cfg.global_batch) * static_cast<double>(cfg.seq);
-    rep.tokens_per_s = tokens / total_s;
-    const double mf = modelFlopsPerIteration(m, cfg.global_batch, cfg.seq);
-    double hw = mf;
-    if (any_full) {  // each recomputed layer's forward again: a third of its model FLOPs
-      const double share = static_cast<double>(std::count(layer_full.begin(), layer_full.end(), 1)) /
-                           static_cast<double>(all_layers);
-      hw = mf * (1 + share / 3);
+  return lp;
+}
+
+// The iteration as a schedule on shared resources: every layer of every
+// virtual stage as planLayer prices it; the schedule decides what overlaps.
+Status Trainer::buildSchedule() {
+  IterationSpec& spec = rep.schedule_spec;
+  spec = IterationSpec{};
+  spec.pp = p, spec.vpp = v, spec.micro_batches = mb, spec.zero = cfg.zero, spec.comm_sm_fraction = smf;
+  spec.options.async_tp = cfg.async_tp;
+  spec.options.overlap_dp = cfg.overlap_dp;
+  spec.options.zero_bubble = cfg.zero_bubble;
+  spec.options.a2a_overlap = cfg.moe_a2a_overlap;
+  Transfer tp_fwd_t, tp_bwd_t, tp_async_t;
+  if (t > 1) {
+    if (sp) {
+      tp_fwd_t = transferOf((tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
+      tp_bwd_t = transferOf(tp_ag * 2, u_tag, 2 * act_bytes);
+      tp_async_t = transferOf((tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
+    } else {
+      tp_fwd_t = transferOf(tp_ar * 2, u_tar, 2 * act_bytes);
+      tp_async_t = transferOf(tp_ar * 2, u_tar, 2 * act_bytes);
     }
-    if (cfg.recompute == Recompute::Selective) {
-      hw = mf;
-      if (rmods.core_attn) hw += tokens * 4 * static_cast<double>(cfg.seq) * h * m.layers;  // scores + AV again
-      // The recomputed modules' GEMMs, per token of every layer.
-      const double a_all = static_cast<double>(m.heads);
-      for (int l = 0; l < m.layers; ++l) {
-        double per = 0;
-        if (rmods.mla_up_proj && m.hasMla())
-          per += 2 * (static_cast<double>(m.mla.q_lora_rank) * a_all * m.qkHeadDim() +
-                      static_cast<double>(m.mla.kv_lora_rank) * a_all *
-                          static_cast<double>(m.mla.qk_nope_head_dim + m.mla.v_head_dim));
-        if (!m.isMoeLayer(l) && rmods.mlp) per += 2 * (mats - 1) * h * static_cast<double>(m.ffn_hidden);
-        if (m.isMoeLayer(l) && rmods.shared_experts) per += 2 * (mats - 1) * h * m.sharedFfn();
-        hw += tokens * per;
-      }
+  }
+  spec.chunks.resize(static_cast<size_t>(vs_count));
+  spec.optimizer_s.assign(static_cast<size_t>(p), 0);
+  std::vector<double> params_of_stage(static_cast<size_t>(p), 0), expert_of_stage(static_cast<size_t>(p), 0);
+  int next = 0;
+  for (int64_t k = 0; k < vs_count; ++k) {
+    const int count = vs_layers[static_cast<size_t>(k)];
+    auto& layers = spec.chunks[static_cast<size_t>(k)];
+    for (int l = next; l < next + count; ++l) {
+      LayerPlan lp = planLayer(l, tp_fwd_t, tp_bwd_t, tp_async_t);
+      double widest = 0;
+      const double lparams = paramsOf(l, 1, false, &widest);
+      params_of_stage[static_cast<size_t>(k % p)] += lparams;
+      expert_of_stage[static_cast<size_t>(k % p)] += expertParamsOf(l, 1);
+      CHORUS_RETURN_IF_ERROR(dpTransfers(lparams, &lp.dp_ag, &lp.dp_rs, expertParamsOf(l, 1)));
+      layers.push_back(lp);
     }
-    const double n = static_cast<double>(cfg.gpus);
-    rep.model_tflops_per_gpu = mf / total_s / n / 1e12;
-    rep.hardware_tflops_per_gpu = hw / total_s / n / 1e12;
-    rep.mfu = mf / total_s / n / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value();
-    double worst = -1;
-    for (const auto& [k, x] : rep.breakdown)
-      if (k != "compute_s" && x > worst) worst = x, rep.bottleneck = k;
-    // The resource of the category named (issue 17, item 8): the link of that
-    // category's slowest collective, not of another category's.
-    if (auto it = dim_link.find(rep.bottleneck); it != dim_link.end()) rep.bottleneck_link = it->second.second;
-    else if (rep.bottleneck == "optimizer_s") rep.bottleneck_link = "hbm";
-    else if (rep.bottleneck == "contention_s") rep.bottleneck_link = rep.bounds.binding + " (shared by concurrent collectives)";
-    else if (rep.bottleneck == "bubble_s") rep.bottleneck_link = "pipeline fill and drain (compute)";
-    else rep.bottleneck_link = "none";
-  };
-  settle();
-  if (moe_times) {  // one MoE block as a layer benchmark times it: its compute, its collectives exposed
-    TrainReport::MoeBlock& mb = rep.moe_block;
-    mb = moe_times->moe;
-    mb.dispatch_s = ep_dispatch.value(), mb.combine_s = ep_combine.value();
-    mb.forward_s += mb.dispatch_s + mb.combine_s;
-    mb.backward_s += mb.dispatch_s + mb.combine_s;
+    next += count;
+  }
+  // A virtual stage without a layer (--pp-layout: Megatron's embedding- or
+  // loss-only stages) still passes every micro-batch on: one task of no
+  // measurable work (1 ns) that waits for its input and sends it on.
+  for (auto& ch : spec.chunks)
+    if (ch.empty()) {
+      LayerPlan pass;
+      pass.fwd = pass.bwd = 1e-9;
+      ch.push_back(pass);
+    }
+  // The embedding (its tp reduction) on the first layer, the logits + loss on the last.
+  LayerPlan& first = spec.chunks.front().front();
+  LayerPlan& last = spec.chunks.back().back();
+  if (t > 1) {
+    first.tp_fwd += transferOf(sp ? tp_rs : tp_ar, sp ? u_trs : u_tar, act_bytes);
+    if (sp) first.tp_bwd += transferOf(tp_ag, u_tag, act_bytes);
+    const double heads = 1.0 + cfg.mtp_layers;
+    last.tp_fwd += transferOf((ce * 3 + (sp ? tp_ag : Seconds(0))) * heads,
+                              u_tar.scaled(12 * bs) += (sp ? u_tag.scaled(act_bytes) : LinkDemand{}), heads);
+    last.tp_async += transferOf((sp ? tp_rs : tp_ar) * heads, sp ? u_trs : u_tar, act_bytes * heads);
+    last.bwd_async += logit_wgrad_s.value();
+    last.wgrad_async += logit_wgrad_s.value();
+  }
+  last.wgrad += logit_wgrad_s.value();
+  last.fwd += logit_fwd.value(), last.bwd += logit_bwd.value();
+  params_of_stage[0] += V * h / T;
+  CHORUS_RETURN_IF_ERROR(dpTransfers(V * h / T, &first.dp_ag, &first.dp_rs));
+  if (p > 1) {
+    params_of_stage[static_cast<size_t>(p - 1)] += V * h / T;
+    CHORUS_RETURN_IF_ERROR(dpTransfers(V * h / T, &last.dp_ag, &last.dp_rs));
+  }
+  if (cfg.dualpipe) {  // the second copy: the same stages, laid out from rank p - 1 down
+    spec.vpp = 2;
+    spec.options.dualpipe = true;
+    spec.chunks.reserve(static_cast<size_t>(2 * p));
+    for (int64_t k = 0; k < p; ++k) spec.chunks.push_back(spec.chunks[static_cast<size_t>(k)]);
+    const auto ps0 = params_of_stage, es0 = expert_of_stage;
+    for (size_t r = 0; r < static_cast<size_t>(p); ++r) {
+      params_of_stage[r] = ps0[r] + ps0[static_cast<size_t>(p) - 1 - r];
+      expert_of_stage[r] = es0[r] + es0[static_cast<size_t>(p) - 1 - r];
+    }
+  }
+  for (int64_t sd = 0; sd < p; ++sd) {
+    const double ps = params_of_stage[static_cast<size_t>(sd)], es = expert_of_stage[static_cast<size_t>(sd)];
+    spec.optimizer_s[static_cast<size_t>(sd)] =
+        (raw_gpu.mem(sharded(opt_step, ps, es, 1)) + raw_gpu.mem(sharded(4, ps, es, 2))).value();
+  }
+  if (p > 1) {
+    spec.p2p.s = p2p.value();
+    spec.p2p.link = ledger.sendRecv(act_bytes / T, ppg, 1);
+    if (!sp && t > 1) spec.p2p.link += u_tag.scaled(act_bytes);
+  }
+  return {};
+}
+
+// Rates, MFU and the bottleneck from the final iteration time and breakdown.
+void Trainer::settle() {
+  const double total_s = rep.iteration_s;
+  const double tokens = static_cast<double>(cfg.global_batch) * static_cast<double>(cfg.seq);
+  rep.tokens_per_s = tokens / total_s;
+  const double mf = modelFlopsPerIteration(m, cfg.global_batch, cfg.seq);
+  double hw = mf;
+  if (any_full) {  // each recomputed layer's forward again: a third of its model FLOPs
+    const double share = static_cast<double>(std::count(layer_full.begin(), layer_full.end(), 1)) /
+                         static_cast<double>(all_layers);
+    hw = mf * (1 + share / 3);
+  }
+  if (cfg.recompute == Recompute::Selective) {
+    hw = mf;
+    if (rmods->core_attn) hw += tokens * 4 * static_cast<double>(cfg.seq) * h * m.layers;  // scores + AV again
+    // The recomputed modules' GEMMs, per token of every layer.
+    const double a_all = static_cast<double>(m.heads);
+    for (int l = 0; l < m.layers; ++l) {
+      double per = 0;
+      if (rmods->mla_up_proj && m.hasMla())
+        per += 2 * (static_cast<double>(m.mla.q_lora_rank) * a_all * m.qkHeadDim() +
+                    static_cast<double>(m.mla.kv_lora_rank) * a_all *
+                        static_cast<double>(m.mla.qk_nope_head_dim + m.mla.v_head_dim));
+      if (!m.isMoeLayer(l) && rmods->mlp) per += 2 * (mats - 1) * h * static_cast<double>(m.ffn_hidden);
+      if (m.isMoeLayer(l) && rmods->shared_experts) per += 2 * (mats - 1) * h * m.sharedFfn();
+      hw += tokens * per;
+    }
+  }
+  const double n = static_cast<double>(cfg.gpus);
+  rep.model_tflops_per_gpu = mf / total_s / n / 1e12;
+  rep.hardware_tflops_per_gpu = hw / total_s / n / 1e12;
+  rep.mfu = mf / total_s / n / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value();
+  double worst = -1;
+  for (const auto& [k, x] : rep.breakdown)
+    if (k != "compute_s" && x > worst) worst = x, rep.bottleneck = k;
+  // The resource of the category named (issue 17, item 8): the link of that
+  // category's slowest collective, not of another category's.
+  if (auto it = dim_link.find(rep.bottleneck); it != dim_link.end()) rep.bottleneck_link = it->second.second;
+  else if (rep.bottleneck == "optimizer_s") rep.bottleneck_link = "hbm";
+  else if (rep.bottleneck == "contention_s") rep.bottleneck_link = rep.bounds.binding + " (shared by concurrent collectives)";
+  else if (rep.bottleneck == "bubble_s") rep.bottleneck_link = "pipeline fill and drain (compute)";
+  else rep.bottleneck_link = "none";
+}
+
+// One MoE block as a layer benchmark times it (its compute, its collectives
+// exposed), and the pacing stage's parts.
+void Trainer::reportBlockAndStage() {
+  if (moe_times) {
+    TrainReport::MoeBlock& blk = rep.moe_block;
+    blk = moe_times->moe;
+    blk.dispatch_s = ep_dispatch.value(), blk.combine_s = ep_combine.value();
+    blk.forward_s += blk.dispatch_s + blk.combine_s;
+    blk.backward_s += blk.dispatch_s + blk.combine_s;
   }
   TrainReport::Stage& st = rep.stage;
   st.fwd_s = stage_fwd.value();
@@ -1584,12 +1851,11 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
   st.dp_ag_s = any_dp ? dp_ag.value() : 0;
   st.optimizer_s = optimizer.value();
   st.micro_batches = mb;
+}
 
-  // ---- every (stage, chunk) from its own content, for the trace ----------------
-  // The layers split in order over the p v virtual stages, the first L mod (p v)
-  // one layer more (DeepSpeed's uniform partition; Megatron-LM asks for an even
-  // split or explicit first/last stage counts).
-  if (!cfg.stage_costs) return rep;
+// Every (stage, chunk) from its own content, for the trace: the layers split
+// in order over the p v virtual stages as placeLayers laid them out.
+Status Trainer::stageCosts() {
   rep.chunks.resize(static_cast<size_t>(vs_count));
   rep.stages.resize(static_cast<size_t>(p));
   std::vector<double> stage_chunk_fwd(static_cast<size_t>(p), 0), stage_chunk_bwd(static_cast<size_t>(p), 0),
@@ -1625,7 +1891,29 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg,
     const double te = tail_expert[static_cast<size_t>(sd)];
     tail.optimizer_s = (gpu.mem(sharded(opt_step, tail.params, te, 1)) + gpu.mem(sharded(4, tail.params, te, 2))).value();
   }
-  return rep;
+  return {};
+}
+
+}  // namespace
+
+Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg, NetworkModel& net) {
+  CHORUS_RETURN_IF_ERROR(checkLayout(m, net.cluster(), cfg));
+  if (cfg.micro_batch == 0) {  // auto: the fastest micro-batch that fits and divides the batch share
+    Result<TrainReport> best = invalidArgument("no micro-batch fits (try more recomputation or parallelism)");
+    for (int64_t b = 1; b <= 16; b *= 2) {
+      if (cfg.global_batch % (cfg.dp * b) != 0) break;
+      TrainConfig k = cfg;
+      k.micro_batch = b;
+      Result<TrainReport> r = simulateTraining(m, k, net);
+      if (!r.isOk()) {
+        if (!best.isOk()) best = std::move(r);  // keep the first error: it names what did not fit
+        break;
+      }
+      if (!best.isOk() || r->iteration_s < best->iteration_s) best = std::move(r);
+    }
+    return best;
+  }
+  return Trainer(m, cfg, net).run();
 }
 
 }  // namespace chorus::sim
