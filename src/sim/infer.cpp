@@ -575,65 +575,135 @@ Status checkInferConfig(const InferConfig& cfg) {
   return checkRange<int>("--prefill-replicas", cfg.prefill_replicas, 0, 1 << 24, "disaggregated split; 0 = try all");
 }
 
-Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net) {
-  const ClusterSpec& c = net.cluster();
+namespace {
+
+// One inference service on one cluster, simulated in phases (run() calls them
+// in order): the drafter, the replica size, the replicas' phase costs, the
+// request stream, the aggregated run and every disaggregated split.
+class Service {
+ public:
+  Service(const ModelSpec& model, const InferConfig& config, NetworkModel& network)
+      : m(model), cfg(config), net(network), c(network.cluster()), ep(config.ep > 1 ? config.ep : 1), load(config.load()) {}
+  Result<InferReport> run();
+
+ private:
+  Status pickDrafter();
+  Status sizeReplica();
+  Status priceReplicas();
+  Status makeRequests();
+  void runAggregated();
+  void runAggregatedClosedLoop(std::vector<Request>& reqs, std::vector<double>& itl, int64_t* max_running,
+                               int64_t* preemptions);
+  Status prepareDecodePool();
+  Status runSplit(int p_reps);
+  void chooseBest();
+
+  double kvCapacityBytes(int tp_, int experts_over = 0) const;
+  double requestKv(int tp_, int64_t n) const;
+  Result<std::pair<double, double>> fit(plan::Collective k, int n);
+  Result<std::pair<double, double>> kvCost(int p_reps);
+  double transferBytes(double n) const;
+  Engine engine(bool prefill_here, bool decode_here);
+
+  const ModelSpec& m;
+  const InferConfig& cfg;
+  NetworkModel& net;
+  const ClusterSpec& c;
+  const int ep;
+  const LoadMode load;
+  InferReport rep;
+  ModelSpec mtp;                     // the model's own MTP module as a drafter
+  const ModelSpec* draft = nullptr;  // the drafter's model, if speculative decoding
+  int tp = 0;
+  double groups = 1;  // attention groups per replica
+  double alpha = 0, beta = 0;  // the tensor-parallel allreduce as alpha + beta x bytes
+  std::optional<Replica> replica, drafter, decoder;
+  std::vector<Request> base;  // the request stream
+  uint64_t engines = 0;
+  // Disaggregated: the decode pool's layout.
+  int dtp = 0, dep = 1, p_width = 0, d_width = 0;
+  double d_groups = 1, d_capacity = 0;
+};
+
+Result<InferReport> Service::run() {
   CHORUS_RETURN_IF_ERROR(checkInferConfig(cfg));
   if (cfg.gpus > c.gpus())
     return invalidArgument("infer: --gpus {} is outside [1, {}] for cluster '{}'", cfg.gpus, c.gpus(), c.name);
-  InferReport rep;
   rep.config = cfg;
-  // The drafter for speculative decoding: a draft model, or the model's own
-  // MTP module (one transformer layer like its last, sharing the embedding
-  // and head; its 2h x h input projection is left out) applied K times.
-  ModelSpec mtp;
-  const ModelSpec* draft = nullptr;
-  if (cfg.spec_tokens > 0) {
-    if (cfg.draft_model) {
-      draft = cfg.draft_model.get();
-    } else {
-      if (m.mtp_layers == 0)
-        return invalidArgument("infer: --spec-tokens {} without --draft-model needs multi-token-prediction modules, and "
-                               "model '{}' has none (num_nextn_predict_layers / mtp_layers)", cfg.spec_tokens, m.name);
-      mtp = m;
-      mtp.layers = m.mtp_layers;
-      mtp.moe.dense_layers = 0;
-      mtp.moe.dense_list.clear();
-      mtp.moe.sparse_step = 1;
-      mtp.window_layers.clear();
-      mtp.window = 0;
-      mtp.mtp_layers = 0;
-      mtp.name = m.name + " MTP";
-      draft = &mtp;
-    }
+  CHORUS_RETURN_IF_ERROR(pickDrafter());
+  CHORUS_RETURN_IF_ERROR(sizeReplica());
+  CHORUS_RETURN_IF_ERROR(priceReplicas());
+  CHORUS_RETURN_IF_ERROR(makeRequests());
+  runAggregated();
+  CHORUS_RETURN_IF_ERROR(prepareDecodePool());
+  // (A drafter beside expert-parallel pools is not priced disaggregated: its
+  // experts' all-to-all would be the prefill pool's; those runs report the
+  // aggregated mode only.)
+  const bool disagg = load != LoadMode::ClosedLoop && !(ep > 1 && drafter);
+  for (int p_reps = 1; static_cast<int64_t>(p_reps) * p_width < cfg.gpus && disagg; ++p_reps) {
+    if (cfg.prefill_replicas > 0 && p_reps != cfg.prefill_replicas) continue;
+    CHORUS_RETURN_IF_ERROR(runSplit(p_reps));
   }
-  // Replica size: the smallest power of two (inside one node) whose weights
-  // leave room for KV cache, unless given.
-  const double reserve = 0.9;  // of HBM usable (activations, allocator slack)
-  // What is left for the target's KV cache on one GPU: 90 % of HBM minus the
-  // weights; with a drafter, minus its weights (MTP: only its own layer), the
-  // rest shared with the drafter's cache in proportion to their bytes per token.
-  const int ep = cfg.ep > 1 ? cfg.ep : 1;
-  auto kvCapacityBytes = [&](int tp, int experts_over = 0) {
-    const int e = experts_over > 0 ? experts_over : ep;
-    Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
-    r.setExpertParallel(e, 0, 0);
-    double left = c.gpu.hbm.value() * reserve - r.weightBytesPerGpu();
-    if (draft) {
-      Replica d(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
-      if (draft == &mtp) d.setExpertParallel(e, 0, 0);  // the MTP layer's experts are spread as the model's
-      double dw = d.weightBytesPerGpu();
-      if (draft == &mtp) dw -= static_cast<double>(m.vocab) * static_cast<double>(m.hidden) * (m.tie_embeddings ? 1 : 2) * kAct / tp;
-      left = (left - dw) * r.kvBytesPerToken() / (r.kvBytesPerToken() + d.kvBytesPerToken());
-    }
-    return left;
-  };
-  auto requestKv = [&](int tp, int64_t n) {
-    const Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
-    return r.kvBytesOf(static_cast<double>(n));
-  };
-  int tp = cfg.tp;
+  chooseBest();
+  return std::move(rep);
+}
+
+// The drafter for speculative decoding: a draft model, or the model's own
+// MTP module (one transformer layer like its last, sharing the embedding and
+// head; its 2h x h input projection is left out) applied K times.
+Status Service::pickDrafter() {
+  if (cfg.spec_tokens == 0) return {};
+  if (cfg.draft_model) {
+    draft = cfg.draft_model.get();
+    return {};
+  }
+  if (m.mtp_layers == 0)
+    return invalidArgument("infer: --spec-tokens {} without --draft-model needs multi-token-prediction modules, and "
+                           "model '{}' has none (num_nextn_predict_layers / mtp_layers)", cfg.spec_tokens, m.name);
+  mtp = m;
+  mtp.layers = m.mtp_layers;
+  mtp.moe.dense_layers = 0;
+  mtp.moe.dense_list.clear();
+  mtp.moe.sparse_step = 1;
+  mtp.window_layers.clear();
+  mtp.window = 0;
+  mtp.mtp_layers = 0;
+  mtp.name = m.name + " MTP";
+  draft = &mtp;
+  return {};
+}
+
+// What is left for the target's KV cache on one GPU: 90 % of HBM (the rest:
+// activations, allocator slack) minus the weights; with a drafter, minus its
+// weights (MTP: only its own layer), the rest shared with the drafter's
+// cache in proportion to their bytes per token.
+double Service::kvCapacityBytes(int tp_, int experts_over) const {
+  const double reserve = 0.9;
+  const int e = experts_over > 0 ? experts_over : ep;
+  Replica r(m, c, tp_, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+  r.setExpertParallel(e, 0, 0);
+  double left = c.gpu.hbm.value() * reserve - r.weightBytesPerGpu();
+  if (draft) {
+    Replica d(*draft, c, tp_, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+    if (draft == &mtp) d.setExpertParallel(e, 0, 0);  // the MTP layer's experts are spread as the model's
+    double dw = d.weightBytesPerGpu();
+    if (draft == &mtp) dw -= static_cast<double>(m.vocab) * static_cast<double>(m.hidden) * (m.tie_embeddings ? 1 : 2) * kAct / tp_;
+    left = (left - dw) * r.kvBytesPerToken() / (r.kvBytesPerToken() + d.kvBytesPerToken());
+  }
+  return left;
+}
+
+double Service::requestKv(int tp_, int64_t n) const {
+  const Replica r(m, c, tp_, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+  return r.kvBytesOf(static_cast<double>(n));
+}
+
+// Replica size: the smallest power of two (inside one node) whose weights
+// leave room for KV cache, unless given; with --ep, replicas of ep GPUs with
+// attention over tp of them (1: data-parallel attention).
+Status Service::sizeReplica() {
+  tp = cfg.tp;
   if (ep > 1) {
-    // Expert-parallel replicas of ep GPUs: attention over tp of them (1: data-parallel attention).
     if (tp == 0) tp = 1;
     if (m.moe.experts == 0 || m.moe.experts % ep != 0)
       return invalidArgument("infer: --ep {} must divide the model's experts ({})", ep, m.moe.experts);
@@ -665,35 +735,38 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
   rep.tp = tp;
   rep.ep = ep;
   rep.replicas = static_cast<int>(cfg.gpus / std::max(tp, ep));
-  const double groups = static_cast<double>(ep > 1 ? ep / tp : 1);  // attention groups per replica
-  {
-    Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
-    r.setExpertParallel(ep, 0, 0);
-    rep.weight_bytes_per_gpu = r.weightBytesPerGpu();
-    rep.kv_capacity_bytes = kvCapacityBytes(tp);
-    rep.kv_capacity_tokens = rep.kv_capacity_bytes * groups / r.kvBytesPerToken();
-  }
-  // A collective over `n` GPUs of one replica as alpha + beta x bytes, from
-  // the plans' times at 1 KiB and 64 MiB.
-  auto fit = [&](plan::Collective k, int n) -> Result<std::pair<double, double>> {
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(k, Bytes(1024), GroupSet{n, 1, 1}, ""));
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(k, Bytes(64 << 20), GroupSet{n, 1, 1}, ""));
-    const double b = (big.time - small.time).value() / ((64 << 20) - 1024);
-    return std::pair<double, double>{small.time.value() - b * 1024, b};
-  };
-  // The tensor-parallel allreduce on the first replica's GPUs.
-  double alpha = 0, beta = 0;
+  groups = static_cast<double>(ep > 1 ? ep / tp : 1);
+  Replica r(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(0), 0);
+  r.setExpertParallel(ep, 0, 0);
+  rep.weight_bytes_per_gpu = r.weightBytesPerGpu();
+  rep.kv_capacity_bytes = kvCapacityBytes(tp);
+  rep.kv_capacity_tokens = rep.kv_capacity_bytes * groups / r.kvBytesPerToken();
+  return {};
+}
+
+// A collective over `n` GPUs of one replica as alpha + beta x bytes, from the
+// plans' times at 1 KiB and 64 MiB.
+Result<std::pair<double, double>> Service::fit(plan::Collective k, int n) {
+  CHORUS_ASSIGN_OR_RETURN(CollectiveCost small, net.collective(k, Bytes(1024), GroupSet{n, 1, 1}, ""));
+  CHORUS_ASSIGN_OR_RETURN(CollectiveCost big, net.collective(k, Bytes(64 << 20), GroupSet{n, 1, 1}, ""));
+  const double b = (big.time - small.time).value() / ((64 << 20) - 1024);
+  return std::pair<double, double>{small.time.value() - b * 1024, b};
+}
+
+// The replica's phase costs with its collectives (the tensor-parallel
+// allreduce on the first replica's GPUs; with --ep the dispatch / combine
+// all-to-all over its ep GPUs), the drafter's, and the figures at the mean length.
+Status Service::priceReplicas() {
   if (tp > 1) {
     CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllReduce, tp));
     alpha = ab.first, beta = ab.second;
   }
-  Replica replica(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
-  if (ep > 1) {  // the dispatch / combine all-to-all over the replica's ep GPUs
+  replica.emplace(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+  if (ep > 1) {
     CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllToAll, ep));
-    replica.setExpertParallel(ep, ab.first, ab.second);
+    replica->setExpertParallel(ep, ab.first, ab.second);
     rep.a2a_latency_s = ab.first;
   }
-  std::optional<Replica> drafter;
   if (draft) {
     if (draft->heads % tp != 0)
       return invalidArgument("infer: the draft model '{}' has {} heads, not divisible by --tp {}", draft->name, draft->heads, tp);
@@ -701,18 +774,22 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     // The MTP module's layer is an MoE layer like the model's: under --ep its
     // experts are spread over the same GPUs and every drafted step pays the
     // same dispatch and combine.
-    if (ep > 1 && draft == &mtp) drafter->setExpertParallel(ep, replica.a2aAlpha(), replica.a2aBeta());
+    if (ep > 1 && draft == &mtp) drafter->setExpertParallel(ep, replica->a2aAlpha(), replica->a2aBeta());
     const double a = cfg.spec_acceptance, K = cfg.spec_tokens;
     rep.expected_tokens_per_step = a >= 1 ? K + 1 : (1 - std::pow(a, K + 1)) / (1 - a);
   }
   const double in = static_cast<double>(cfg.input_len), w = static_cast<double>(m.window);
-  rep.prefill_s_per_request = replica.prefill(in, in * in, sqWin(in, w));
-  rep.decode_step_s = replica.decode(1, in, replica.capped(in));
+  rep.prefill_s_per_request = replica->prefill(in, in * in, sqWin(in, w));
+  rep.decode_step_s = replica->decode(1, in, replica->capped(in));
   if (drafter) rep.draft_step_s = cfg.spec_tokens * drafter->decode(1, in, drafter->capped(in));
   // KV bytes of one request's prompt (all of its replica's GPUs).
-  rep.kv_bytes_per_request = replica.kvBytesOf(in) * m.kvCacheSplit(tp);
+  rep.kv_bytes_per_request = replica->kvBytesOf(in) * m.kvCacheSplit(tp);
+  return {};
+}
 
-  // The request stream.
+// The request stream: arrivals (open loop: Poisson at --rate; closed loop:
+// set when the user's previous request completes) and lengths.
+Status Service::makeRequests() {
   std::mt19937_64 rng(cfg.seed);
   std::exponential_distribution<double> gap(cfg.rate);
   auto length = [&](int64_t mean) -> int64_t {
@@ -723,111 +800,120 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     }
     return mean;
   };
-  const LoadMode load = cfg.load();
-  std::vector<Request> base(static_cast<size_t>(cfg.requests));
+  base.resize(static_cast<size_t>(cfg.requests));
   double t = 0;
   for (size_t i = 0; i < base.size(); ++i) {
     Request& r = base[i];
     if (load == LoadMode::OpenLoop) t += gap(rng);
-    r.arrival = t;  // closed loop: set when the user's previous request completes
+    r.arrival = t;
     r.in = length(cfg.input_len);
     r.out = length(cfg.output_len);
     if (load == LoadMode::ClosedLoop) r.user = static_cast<int64_t>(i) % cfg.concurrency;
     // A request whose cache cannot fit the replica at all would never run.
-    if (replica.kvBytesOf(static_cast<double>(r.in + r.out)) > rep.kv_capacity_bytes)
+    if (replica->kvBytesOf(static_cast<double>(r.in + r.out)) > rep.kv_capacity_bytes)
       return invalidArgument("infer: request {} with {} input + {} output tokens needs {:.2f} GB of KV cache per GPU, but "
                              "a tp={} replica of '{}' has {:.2f} GB left after the weights; use a larger --tp, "
                              "--kv-fp8 or shorter --input/--output", i, r.in, r.out,
-                             replica.kvBytesOf(static_cast<double>(r.in + r.out)) / 1e9, tp, m.name,
+                             replica->kvBytesOf(static_cast<double>(r.in + r.out)) / 1e9, tp, m.name,
                              rep.kv_capacity_bytes / 1e9);
   }
+  return {};
+}
 
-  uint64_t engines = 0;
-  auto engine = [&](bool prefill_here, bool decode_here) {
-    Engine e{replica, cfg, rep.kv_capacity_bytes * groups, prefill_here, decode_here, {}, nullptr, 0};
-    e.window = m.window;
-    e.paged = cfg.kv_paged && prefill_here && decode_here;  // a decode pool keeps what it received
-    if (drafter) {
-      e.drafter = &*drafter, e.spec_k = cfg.spec_tokens, e.spec_a = cfg.spec_acceptance;
-      e.spec_rng.seed(cfg.seed * 1000003 + ++engines);
-    }
-    return e;
-  };
-  // Aggregated: every replica prefills and decodes.  Open loop and offline:
-  // requests round-robin; closed loop: user u's requests go to replica u mod R,
-  // each sent when the previous one completes.
-  {
-    std::vector<Request> reqs = base;
-    std::vector<double> itl;
-    const size_t R = static_cast<size_t>(rep.replicas);
-    int64_t max_running = 0, preemptions = 0;
-    if (load == LoadMode::ClosedLoop) {
-      // Per user, its requests in order.
-      std::vector<std::vector<Request*>> per_user(static_cast<size_t>(cfg.concurrency));
-      for (Request& r : reqs) per_user[static_cast<size_t>(r.user)].push_back(&r);
-      std::vector<size_t> next(per_user.size(), 0);
-      for (size_t rr = 0; rr < R; ++rr) {
-        Engine e = engine(true, true);
-        e.itl = &itl;
-        if (cfg.record) e.steps = &rep.steps, e.replica = static_cast<int>(rr);
-        e.on_done = [&](Request* done) {
-          const size_t u = static_cast<size_t>(done->user);
-          if (next[u] < per_user[u].size()) {
-            Request* n = per_user[u][next[u]++];
-            n->arrival = done->done;
-            e.add(n);
-          }
-        };
-        for (size_t u = rr; u < per_user.size(); u += R)
-          if (!per_user[u].empty()) {
-            per_user[u][0]->arrival = 0;
-            next[u] = 1;
-            e.add(per_user[u][0]);
-          }
-        e.run();
-        max_running = std::max(max_running, e.max_running);
-        preemptions += e.preemptions;
-      }
-    } else {
-      for (size_t rr = 0; rr < R; ++rr) {
-        Engine e = engine(true, true);
-        e.itl = &itl;
-        if (cfg.record) e.steps = &rep.steps, e.replica = static_cast<int>(rr);
-        for (size_t i = rr; i < reqs.size(); i += R) e.add(&reqs[i]);
-        e.run();
-        max_running = std::max(max_running, e.max_running);
-        preemptions += e.preemptions;
-      }
-    }
-    if (cfg.record)
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        const Request& q = reqs[i];
-        const int on = static_cast<int>(load == LoadMode::ClosedLoop ? static_cast<size_t>(q.user) % R : i % R);
-        rep.requests.push_back({on, q.arrival, q.first, q.done, q.in, q.out});
-      }
-    rep.aggregated = summarise(reqs, cfg, std::move(itl));
-    rep.aggregated.mode = "aggregated";
-    rep.aggregated.decode_replicas = rep.replicas;
-    rep.aggregated.max_running = max_running;
-    rep.aggregated.preemptions = preemptions;
+Engine Service::engine(bool prefill_here, bool decode_here) {
+  Engine e{*replica, cfg, rep.kv_capacity_bytes * groups, prefill_here, decode_here, {}, nullptr, 0};
+  e.window = m.window;
+  e.paged = cfg.kv_paged && prefill_here && decode_here;  // a decode pool keeps what it received
+  if (drafter) {
+    e.drafter = &*drafter, e.spec_k = cfg.spec_tokens, e.spec_a = cfg.spec_acceptance;
+    e.spec_rng.seed(cfg.seed * 1000003 + ++engines);
   }
-  // Disaggregated (open loop and offline): P prefill replicas of tp GPUs, D
-  // decode replicas of decode_tp GPUs on the rest; the KV cache of each
-  // request moves from its prefill GPUs to its decode GPUs (every shard at
-  // once, as pairs of GPUs g -> g + P tp).  The slower side sets the time:
-  // a prefill GPU sends its shard (MLA: the whole latent, to each of the
-  // decode_tp / tp GPUs that hold one), a decode GPU receives its own.  When
-  // the two tensor-parallel layouts differ, the decode GPU also rearranges
-  // what it received into its own heads' cache: a copy, read and written at
-  // the HBM rate.
-  // With --ep, prefill replicas are ep GPUs (attention over tp of them) and
-  // decode replicas decode_ep GPUs (attention over decode_tp), each paying
-  // its own expert group's dispatch and combine; a request's cache moves from
-  // its prefill attention group to one decode attention group.
-  const int dtp = cfg.decode_tp > 0 ? cfg.decode_tp : tp;
-  const int dep = ep > 1 ? (cfg.decode_ep > 0 ? cfg.decode_ep : ep) : 1;
-  const int p_width = std::max(tp, ep), d_width = std::max(dtp, dep);  // GPUs per prefill / decode replica
-  const double d_groups = static_cast<double>(dep > 1 ? dep / dtp : 1);
+  return e;
+}
+
+// Closed loop: user u's requests go to replica u mod R, each sent when the
+// previous one completes.
+void Service::runAggregatedClosedLoop(std::vector<Request>& reqs, std::vector<double>& itl, int64_t* max_running,
+                                      int64_t* preemptions) {
+  const size_t R = static_cast<size_t>(rep.replicas);
+  std::vector<std::vector<Request*>> per_user(static_cast<size_t>(cfg.concurrency));  // per user, its requests in order
+  for (Request& r : reqs) per_user[static_cast<size_t>(r.user)].push_back(&r);
+  std::vector<size_t> next(per_user.size(), 0);
+  for (size_t rr = 0; rr < R; ++rr) {
+    Engine e = engine(true, true);
+    e.itl = &itl;
+    if (cfg.record) e.steps = &rep.steps, e.replica = static_cast<int>(rr);
+    e.on_done = [&](Request* done) {
+      const size_t u = static_cast<size_t>(done->user);
+      if (next[u] < per_user[u].size()) {
+        Request* n = per_user[u][next[u]++];
+        n->arrival = done->done;
+        e.add(n);
+      }
+    };
+    for (size_t u = rr; u < per_user.size(); u += R)
+      if (!per_user[u].empty()) {
+        per_user[u][0]->arrival = 0;
+        next[u] = 1;
+        e.add(per_user[u][0]);
+      }
+    e.run();
+    *max_running = std::max(*max_running, e.max_running);
+    *preemptions += e.preemptions;
+  }
+}
+
+// Aggregated: every replica prefills and decodes.  Open loop and offline:
+// requests round-robin; closed loop: runAggregatedClosedLoop.
+void Service::runAggregated() {
+  std::vector<Request> reqs = base;
+  std::vector<double> itl;
+  const size_t R = static_cast<size_t>(rep.replicas);
+  int64_t max_running = 0, preemptions = 0;
+  if (load == LoadMode::ClosedLoop) {
+    runAggregatedClosedLoop(reqs, itl, &max_running, &preemptions);
+  } else {
+    for (size_t rr = 0; rr < R; ++rr) {
+      Engine e = engine(true, true);
+      e.itl = &itl;
+      if (cfg.record) e.steps = &rep.steps, e.replica = static_cast<int>(rr);
+      for (size_t i = rr; i < reqs.size(); i += R) e.add(&reqs[i]);
+      e.run();
+      max_running = std::max(max_running, e.max_running);
+      preemptions += e.preemptions;
+    }
+  }
+  if (cfg.record)
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Request& q = reqs[i];
+      const int on = static_cast<int>(load == LoadMode::ClosedLoop ? static_cast<size_t>(q.user) % R : i % R);
+      rep.requests.push_back({on, q.arrival, q.first, q.done, q.in, q.out});
+    }
+  rep.aggregated = summarise(reqs, cfg, std::move(itl));
+  rep.aggregated.mode = "aggregated";
+  rep.aggregated.decode_replicas = rep.replicas;
+  rep.aggregated.max_running = max_running;
+  rep.aggregated.preemptions = preemptions;
+}
+
+// Disaggregated (open loop and offline): P prefill replicas of tp GPUs, D
+// decode replicas of decode_tp GPUs on the rest; the KV cache of each
+// request moves from its prefill GPUs to its decode GPUs (every shard at
+// once, as pairs of GPUs g -> g + P tp).  The slower side sets the time:
+// a prefill GPU sends its shard (MLA: the whole latent, to each of the
+// decode_tp / tp GPUs that hold one), a decode GPU receives its own.  When
+// the two tensor-parallel layouts differ, the decode GPU also rearranges
+// what it received into its own heads' cache: a copy, read and written at
+// the HBM rate.
+// With --ep, prefill replicas are ep GPUs (attention over tp of them) and
+// decode replicas decode_ep GPUs (attention over decode_tp), each paying
+// its own expert group's dispatch and combine; a request's cache moves from
+// its prefill attention group to one decode attention group.
+Status Service::prepareDecodePool() {
+  dtp = cfg.decode_tp > 0 ? cfg.decode_tp : tp;
+  dep = ep > 1 ? (cfg.decode_ep > 0 ? cfg.decode_ep : ep) : 1;
+  p_width = std::max(tp, ep), d_width = std::max(dtp, dep);  // GPUs per prefill / decode replica
+  d_groups = static_cast<double>(dep > 1 ? dep / dtp : 1);
   if (dep > 1 && (m.moe.experts % dep != 0 || dep % dtp != 0))
     return invalidArgument("infer: --decode-ep {} must divide the model's experts ({}) and be a multiple of the decode "
                            "attention group (--decode-tp {})", dep, m.moe.experts, dtp);
@@ -841,85 +927,96 @@ Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg
     CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllReduce, dtp));
     d_alpha = ab.first, d_beta = ab.second;
   }
-  Replica decoder(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta);
+  decoder.emplace(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta);
   if (dep > 1) {  // the decode replica's own dispatch / combine over its dep GPUs
     if (dep == ep) {
-      decoder.setExpertParallel(dep, replica.a2aAlpha(), replica.a2aBeta());
+      decoder->setExpertParallel(dep, replica->a2aAlpha(), replica->a2aBeta());
     } else {
       CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllToAll, dep));
-      decoder.setExpertParallel(dep, ab.first, ab.second);
+      decoder->setExpertParallel(dep, ab.first, ab.second);
     }
   }
-  const double d_capacity = kvCapacityBytes(dtp, dep);
-  auto kvCost = [&](int p_reps) -> Result<std::pair<double, double>> {
-    const int64_t stride = static_cast<int64_t>(p_reps) * p_width;  // prefill GPU g sends to decode GPU g + stride
-    if (stride >= cfg.gpus) return std::pair<double, double>{0, 0};
-    const GroupSet pairs{2, stride, std::min<int64_t>(std::min(tp, dtp), stride)};
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost s1, net.sendRecv(Bytes(1024), pairs));
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost s2, net.sendRecv(Bytes(64 << 20), pairs));
-    const double b = (s2.time - s1.time).value() / ((64 << 20) - 1024);
-    return std::pair<double, double>{s1.time.value() - b * 1024, b};
-  };
-  auto transferBytes = [&](double n) {  // the busier GPU's bytes for a prompt of n tokens
-    const double sent = replica.kvBytesOf(n) * (m.hasMla() ? std::max(1.0, double(dtp) / tp) : 1.0);
-    return std::max(sent, decoder.kvBytesOf(n));
-  };
-  // (A drafter beside expert-parallel pools is not priced disaggregated: its
-  // experts' all-to-all would be the prefill pool's; those runs report the
-  // aggregated mode only.)
-  const bool disagg = load != LoadMode::ClosedLoop && !(ep > 1 && drafter);
-  for (int p_reps = 1; static_cast<int64_t>(p_reps) * p_width < cfg.gpus && disagg; ++p_reps) {
-    if (cfg.prefill_replicas > 0 && p_reps != cfg.prefill_replicas) continue;
-    const int64_t left = cfg.gpus - static_cast<int64_t>(p_reps) * p_width;
-    if (left % d_width != 0) continue;  // the rest must make whole decode replicas
-    const size_t D = static_cast<size_t>(left / d_width);
-    CHORUS_ASSIGN_OR_RETURN(auto ab, kvCost(p_reps));
-    std::vector<Request> reqs = base;
-    std::vector<double> itl;
-    for (const Request& r : reqs)
-      if (decoder.kvBytesOf(static_cast<double>(r.in + r.out)) > d_capacity)
-        return invalidArgument("infer: a request of {} + {} tokens does not fit a --decode-tp {} replica's KV cache "
-                               "({:.2f} GB per GPU)", r.in, r.out, dtp, d_capacity / 1e9);
-    for (int pr = 0; pr < p_reps; ++pr) {
-      Engine e = engine(true, false);
-      for (size_t i = static_cast<size_t>(pr); i < reqs.size(); i += static_cast<size_t>(p_reps)) e.add(&reqs[i]);
-      e.run();
-    }
-    for (Request& r : reqs) {
-      const double n = static_cast<double>(r.in);
-      const double convert = dtp != tp ? 2 * decoder.kvBytesOf(n) / (c.gpu.hbm_bw.value() * c.gpu.hbm_efficiency) : 0;
-      r.kv_s = ab.first + ab.second * transferBytes(n) + convert;
-      r.ready = r.first + r.kv_s;
-    }
-    std::vector<Request*> order;
-    for (Request& r : reqs) order.push_back(&r);
-    std::sort(order.begin(), order.end(), [](const Request* a, const Request* b) { return a->ready < b->ready; });
-    int64_t max_running = 0;
-    for (size_t d = 0; d < D; ++d) {
-      Engine e = engine(false, true);
-      Engine de{decoder, cfg, d_capacity * d_groups, false, true, {}, &itl, 0};
-      de.window = m.window;
-      de.drafter = e.drafter, de.spec_k = e.spec_k, de.spec_a = e.spec_a, de.spec_rng = e.spec_rng;
-      for (size_t i = d; i < order.size(); i += D) de.add(order[i]);
-      de.run();
-      max_running = std::max(max_running, de.max_running);
-    }
-    ServeStats st = summarise(reqs, cfg, std::move(itl));
-    st.mode = "disaggregated";
-    st.prefill_replicas = p_reps;
-    st.decode_replicas = static_cast<int>(D);
-    st.decode_tp = dtp;
-    st.decode_ep = dep > 1 ? dep : 0;
-    st.max_running = max_running;
-    rep.splits.push_back(st);
-    if (rep.best_disaggregated.mode.empty() || st.goodput_rps > rep.best_disaggregated.goodput_rps) rep.best_disaggregated = st;
+  d_capacity = kvCapacityBytes(dtp, dep);
+  return {};
+}
+
+// The KV transfer of a split with `p_reps` prefill replicas as alpha + beta x bytes.
+Result<std::pair<double, double>> Service::kvCost(int p_reps) {
+  const int64_t stride = static_cast<int64_t>(p_reps) * p_width;  // prefill GPU g sends to decode GPU g + stride
+  if (stride >= cfg.gpus) return std::pair<double, double>{0, 0};
+  const GroupSet pairs{2, stride, std::min<int64_t>(std::min(tp, dtp), stride)};
+  CHORUS_ASSIGN_OR_RETURN(CollectiveCost s1, net.sendRecv(Bytes(1024), pairs));
+  CHORUS_ASSIGN_OR_RETURN(CollectiveCost s2, net.sendRecv(Bytes(64 << 20), pairs));
+  const double b = (s2.time - s1.time).value() / ((64 << 20) - 1024);
+  return std::pair<double, double>{s1.time.value() - b * 1024, b};
+}
+
+// The busier GPU's bytes for a prompt of n tokens.
+double Service::transferBytes(double n) const {
+  const double sent = replica->kvBytesOf(n) * (m.hasMla() ? std::max(1.0, double(dtp) / tp) : 1.0);
+  return std::max(sent, decoder->kvBytesOf(n));
+}
+
+// One disaggregated split: `p_reps` prefill replicas, the rest decode replicas.
+Status Service::runSplit(int p_reps) {
+  const int64_t left = cfg.gpus - static_cast<int64_t>(p_reps) * p_width;
+  if (left % d_width != 0) return {};  // the rest must make whole decode replicas
+  const size_t D = static_cast<size_t>(left / d_width);
+  CHORUS_ASSIGN_OR_RETURN(auto ab, kvCost(p_reps));
+  std::vector<Request> reqs = base;
+  std::vector<double> itl;
+  for (const Request& r : reqs)
+    if (decoder->kvBytesOf(static_cast<double>(r.in + r.out)) > d_capacity)
+      return invalidArgument("infer: a request of {} + {} tokens does not fit a --decode-tp {} replica's KV cache "
+                             "({:.2f} GB per GPU)", r.in, r.out, dtp, d_capacity / 1e9);
+  for (int pr = 0; pr < p_reps; ++pr) {
+    Engine e = engine(true, false);
+    for (size_t i = static_cast<size_t>(pr); i < reqs.size(); i += static_cast<size_t>(p_reps)) e.add(&reqs[i]);
+    e.run();
   }
+  for (Request& r : reqs) {
+    const double n = static_cast<double>(r.in);
+    const double convert = dtp != tp ? 2 * decoder->kvBytesOf(n) / (c.gpu.hbm_bw.value() * c.gpu.hbm_efficiency) : 0;
+    r.kv_s = ab.first + ab.second * transferBytes(n) + convert;
+    r.ready = r.first + r.kv_s;
+  }
+  std::vector<Request*> order;
+  for (Request& r : reqs) order.push_back(&r);
+  std::sort(order.begin(), order.end(), [](const Request* a, const Request* b) { return a->ready < b->ready; });
+  int64_t max_running = 0;
+  for (size_t d = 0; d < D; ++d) {
+    Engine e = engine(false, true);
+    Engine de{*decoder, cfg, d_capacity * d_groups, false, true, {}, &itl, 0};
+    de.window = m.window;
+    de.drafter = e.drafter, de.spec_k = e.spec_k, de.spec_a = e.spec_a, de.spec_rng = e.spec_rng;
+    for (size_t i = d; i < order.size(); i += D) de.add(order[i]);
+    de.run();
+    max_running = std::max(max_running, de.max_running);
+  }
+  ServeStats st = summarise(reqs, cfg, std::move(itl));
+  st.mode = "disaggregated";
+  st.prefill_replicas = p_reps;
+  st.decode_replicas = static_cast<int>(D);
+  st.decode_tp = dtp;
+  st.decode_ep = dep > 1 ? dep : 0;
+  st.max_running = max_running;
+  rep.splits.push_back(st);
+  if (rep.best_disaggregated.mode.empty() || st.goodput_rps > rep.best_disaggregated.goodput_rps) rep.best_disaggregated = st;
+  return {};
+}
+
+// Disaggregation must win by more than 1 % (run-to-run noise of the finite
+// request stream) to be called better: it costs a second pool.
+void Service::chooseBest() {
   rep.best = "aggregated";
-  // Disaggregation must win by more than 1 % (run-to-run noise of the
-  // finite request stream) to be called better: it costs a second pool.
   if (!rep.best_disaggregated.mode.empty() && rep.best_disaggregated.goodput_rps > rep.aggregated.goodput_rps * 1.01)
     rep.best = fmt::format("disaggregated {}:{}", rep.best_disaggregated.prefill_replicas, rep.best_disaggregated.decode_replicas);
-  return rep;
+}
+
+}  // namespace
+
+Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net) {
+  return Service(m, cfg, net).run();
 }
 
 Status writeServeTrace(const InferReport& r, std::ostream& out) {
