@@ -397,7 +397,9 @@ std::vector<PipelineOp> dualPipeOrder(int64_t rank, int64_t p, int64_t m) {
   return ops;
 }
 
-Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_slices) {
+namespace {
+
+Status checkSpec(const IterationSpec& spec) {
   const int64_t p = spec.pp, v = spec.vpp, mb = spec.micro_batches, vs_count = p * v;
   if (p < 1 || v < 1 || mb < 1 || static_cast<int64_t>(spec.chunks.size()) != vs_count ||
       static_cast<int64_t>(spec.optimizer_s.size()) != p)
@@ -415,13 +417,119 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
     return invalidArgument("schedule: zero-bubble (ZB-H1) needs vpp = 1 (got {})", v);
   if (spec.options.zero_bubble && spec.options.a2a_overlap)
     return invalidArgument("schedule: zero-bubble (ZB-H1) and the combined 1F1B of a2a overlap are two different orders");
-  // Merge consecutive layers of a chunk when the schedule would be too large.
+  return {};
+}
+
+// A send a pass's first task waits for: the neighbour's send of micro-batch
+// and virtual stage `key`, forward (activation) or backward (gradient).
+struct Late {
+  int32_t task;
+  size_t key;
+  bool fwd;
+};
+
+// What one rank's passes share while its tasks are issued.
+struct RankState {
+  int64_t d = 0;
+  std::vector<Op> ops;
+  // The last backward of each chunk (ZeRO-0/1 reduce there) and whether its
+  // first forward was seen (ZeRO-0..2 gather before it).
+  std::vector<int64_t> last_bwd;
+  std::vector<char> seen_fwd;
+  // ZeRO-0..2: every layer's parameter gather, per chunk.
+  std::vector<std::vector<int32_t>> param_ag;
+  int32_t last_param_ag = -1;
+  std::vector<int32_t> reduces;
+  int32_t last_compute = -1;
+  std::vector<int32_t> carry;  // the previous pass's last tasks: the next pass starts after its collectives
+};
+
+// One pass (a forward or a backward of one micro-batch through one virtual
+// stage) is issued layer by layer, so that a combined forward and backward
+// (options.a2a_overlap) can alternate their layers on the streams.
+struct Pass {
+  const Op* op = nullptr;
+  size_t oi = 0;
+  int64_t vs = 0;
+  const std::vector<LayerPlan>* ch = nullptr;
+  int16_t c16 = 0;
+  int32_t m32 = 0;
+  size_t key = 0;
+  std::vector<int32_t> after;  // the frontier: the next task of this pass runs after these
+  bool first_task = true;      // its first task waits for the neighbouring stage
+  int32_t first_id = -1;       // that task
+  std::vector<Late> waits;     // what it waits for (the neighbour's send)
+  std::vector<int32_t> layer_end;
+  size_t issued = 0;           // layers issued so far
+  bool first_fwd = false, reduce_here = false;
+  [[nodiscard]] bool more() const { return issued < ch->size(); }
+};
+
+// Run `id` after the frontier, then make it the frontier.
+void chain(Pass& ps, int32_t id) {
+  if (id >= 0) ps.after.assign(1, id);
+}
+
+// Two tasks side by side after the frontier; the frontier becomes both.
+void fork(Pass& ps, int32_t a, int32_t b, const std::vector<int32_t>& before) {
+  ps.after.clear();
+  for (int32_t x : {a, b})
+    if (x >= 0) ps.after.push_back(x);
+  if (ps.after.empty()) ps.after = before;
+}
+
+// Issues every rank's tasks in its pipeline order into one Sim.
+class Builder {
+ public:
+  explicit Builder(const IterationSpec& s)
+      : spec(s), p(s.pp), v(s.vpp), mb(s.micro_batches), vs_count(s.pp * s.vpp), dp2(s.options.dualpipe), o(s.options),
+        z3(s.zero >= 3), sim(s, s.pp), sent_f(static_cast<size_t>(mb * vs_count), -1), sent_b(sent_f.size(), -1) {
+    mergeLayers();
+  }
+  void buildRank(int64_t d);
+  Result<ScheduleResult> finish(bool keep_slices);
+
+ private:
+  void mergeLayers();
+  void gatherParams(RankState& rs);
+  Pass begin(RankState& rs, size_t oi);
+  int32_t track(Pass& ps, int32_t id);
+  void stepF(RankState& rs, Pass& ps);
+  void finishF(const RankState& rs, Pass& ps);
+  void stepB(RankState& rs, Pass& ps);
+  void finishB(RankState& rs, Pass& ps);
+  void passW(RankState& rs, size_t oi);
+  void combined(RankState& rs, size_t oi);
+
+  // Neighbouring virtual stages: interleaved, chunk c's last stage feeds
+  // chunk c + 1's first; DualPipe's copies are separate pipelines, the
+  // second laid out from rank p - 1 down.
+  [[nodiscard]] bool hasPrev(int64_t vs) const { return dp2 ? vs % p > 0 : vs > 0; }
+  [[nodiscard]] bool hasNext(int64_t vs) const { return dp2 ? vs % p < p - 1 : vs + 1 < vs_count; }
+  [[nodiscard]] int64_t rankOf(int64_t vs) const { return dp2 && vs / p == 1 ? p - 1 - vs % p : vs % p; }
+  [[nodiscard]] int64_t vsOf(int64_t chunk, int64_t rank) const { return chunk * p + stageOnRank(chunk, rank, p, dp2); }
+
+  const IterationSpec& spec;
+  const int64_t p, v, mb, vs_count;
+  const bool dp2;
+  const ScheduleOptions& o;
+  const bool z3;
+  int64_t group = 1;  // consecutive layers merged into one
+  std::vector<std::vector<LayerPlan>> chunks;
+  Sim sim;
+  // Per (micro-batch, virtual stage): the task a neighbour's pass waits for.
+  std::vector<int32_t> sent_f, sent_b;
+  std::vector<Late> late;
+};
+
+// Merge consecutive layers of a chunk when the schedule would be too large.
+void Builder::mergeLayers() {
   int64_t layers = 0;
   for (const auto& ch : spec.chunks) layers += static_cast<int64_t>(ch.size());
   constexpr int64_t kTasksPerLayer = 16;
   const int64_t estimate = layers * mb * kTasksPerLayer;
-  const int64_t group = std::max<int64_t>(1, (estimate + spec.options.max_tasks - 1) / spec.options.max_tasks);
-  std::vector<std::vector<LayerPlan>> chunks(static_cast<size_t>(vs_count));
+  group = std::max<int64_t>(1, (estimate + spec.options.max_tasks - 1) / spec.options.max_tasks);
+  chunks.resize(static_cast<size_t>(vs_count));
   for (int64_t k = 0; k < vs_count; ++k) {
     const auto& src = spec.chunks[static_cast<size_t>(k)];
     for (size_t i = 0; i < src.size(); ++i) {
@@ -429,266 +537,246 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
       chunks[static_cast<size_t>(k)].back() += src[i];
     }
   }
-  Sim sim(spec, p);
-  const ScheduleOptions& o = spec.options;
-  const bool z3 = spec.zero >= 3;
-  // Per (micro-batch, virtual stage): the task a neighbour's pass waits for.
-  std::vector<int32_t> sent_f(static_cast<size_t>(mb * vs_count), -1), sent_b(sent_f.size(), -1);
-  struct Late {
-    int32_t task;
-    size_t key;
-    bool fwd;
-  };
-  std::vector<Late> late;
-  // Neighbouring virtual stages: interleaved, chunk c's last stage feeds
-  // chunk c + 1's first; DualPipe's copies are separate pipelines, the
-  // second laid out from rank p - 1 down.
-  auto hasPrev = [&](int64_t vs) { return dp2 ? vs % p > 0 : vs > 0; };
-  auto hasNext = [&](int64_t vs) { return dp2 ? vs % p < p - 1 : vs + 1 < vs_count; };
-  auto rankOf = [&](int64_t vs) { return dp2 && vs / p == 1 ? p - 1 - vs % p : vs % p; };
-  auto vsOf = [&](int64_t chunk, int64_t rank) { return chunk * p + stageOnRank(chunk, rank, p, dp2); };
-  for (int64_t d = 0; d < p; ++d) {
-    const std::vector<Op> ops = dp2 ? dualPipeOrder(d, p, mb) : pipelineOrder(d, p, v, mb, o.zero_bubble, o.a2a_overlap);
-    // The last backward of each chunk (ZeRO-0/1 reduce there) and the first forward (ZeRO-0..2 gather before it).
-    // Zero-bubble: the gradients are whole after the W pass, so the reduces follow the Ws.
-    std::vector<int64_t> last_bwd(static_cast<size_t>(v), -1);
-    for (size_t i = 0; i < ops.size(); ++i)
-      if (!ops[i].fwd && (ops[i].wgrad || !ops[i].split)) last_bwd[static_cast<size_t>(ops[i].chunk)] = static_cast<int64_t>(i);
-    std::vector<char> seen_fwd(static_cast<size_t>(v), 0);
-    // ZeRO-0..2: every layer's parameters gathered once (after last
-    // iteration's optimizer step), in the order the first forwards use them.
-    std::vector<std::vector<int32_t>> param_ag(static_cast<size_t>(v));
-    int32_t last_param_ag = -1;
-    if (!z3)
-      for (int64_t c = 0; c < v; ++c) {
-        const auto& ch = chunks[static_cast<size_t>(vsOf(c, d))];
-        for (size_t j = 0; j < ch.size(); ++j) {
-          const int32_t g = sim.add(d, sDpAg, kDp, ch[j].dp_ag.s, {}, {kAg, -1, static_cast<int16_t>(c), static_cast<int16_t>(j)},
-                                    &ch[j].dp_ag.link);
-          param_ag[static_cast<size_t>(c)].push_back(g);
-          if (g >= 0) last_param_ag = g;
-        }
-      }
-    std::vector<int32_t> reduces;
-    int32_t last_compute = -1;
-    std::vector<int32_t> carry;  // the previous pass's last tasks: the next pass starts after its collectives
-    // One pass (a forward or a backward of one micro-batch through one
-    // virtual stage) is issued layer by layer, so that a combined forward and
-    // backward (options.a2a_overlap) can alternate their layers on the streams.
-    struct Pass {
-      const Op* op = nullptr;
-      size_t oi = 0;
-      int64_t vs = 0;
-      const std::vector<LayerPlan>* ch = nullptr;
-      int16_t c16 = 0;
-      int32_t m32 = 0;
-      size_t key = 0;
-      std::vector<int32_t> after;  // the frontier: the next task of this pass runs after these
-      bool first_task = true;      // its first task waits for the neighbouring stage
-      int32_t first_id = -1;       // that task
-      std::vector<Late> waits;     // what it waits for (the neighbour's send)
-      std::vector<int32_t> layer_end;
-      size_t issued = 0;           // layers issued so far
-      bool first_fwd = false, reduce_here = false;
-      [[nodiscard]] bool more() const { return issued < ch->size(); }
-    };
-    auto begin = [&](size_t oi) {
-      Pass ps;
-      const Op& op = ops[oi];
-      ps.op = &op, ps.oi = oi, ps.vs = vsOf(op.chunk, d);
-      ps.ch = &chunks[static_cast<size_t>(ps.vs)];
-      ps.c16 = static_cast<int16_t>(op.chunk), ps.m32 = static_cast<int32_t>(op.micro);
-      ps.key = static_cast<size_t>(op.micro * vs_count + ps.vs);
-      ps.after = carry;
-      ps.layer_end.assign(ps.ch->size(), -1);
-      if (op.fwd) {
-        ps.first_fwd = !seen_fwd[static_cast<size_t>(op.chunk)];
-        seen_fwd[static_cast<size_t>(op.chunk)] = 1;
-      } else {
-        // Under zero-bubble the B pass leaves its weight gradients to the W pass (and so its reduces).
-        ps.reduce_here = !op.split &&
-                         (spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)]);
-      }
-      return ps;
-    };
-    auto track = [&](Pass& ps, int32_t id) {  // the pass's first task waits for the neighbour
-      if (id < 0) return id;
-      if (ps.first_task) {
-        if (ps.op->fwd && hasPrev(ps.vs)) ps.waits.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs - 1), true});
-        if (!ps.op->fwd && hasNext(ps.vs))
-          ps.waits.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs + 1), false});
-        late.insert(late.end(), ps.waits.begin(), ps.waits.end());
-        ps.first_id = id;
-        ps.first_task = false;
-      }
-      return id;
-    };
-    // Run `id` after the frontier, then make it the frontier.
-    auto chain = [](Pass& ps, int32_t id) {
-      if (id >= 0) ps.after.assign(1, id);
-    };
-    // Two tasks side by side after the frontier; the frontier becomes both.
-    auto fork = [](Pass& ps, int32_t a, int32_t b, const std::vector<int32_t>& before) {
-      ps.after.clear();
-      for (int32_t x : {a, b})
-        if (x >= 0) ps.after.push_back(x);
-      if (ps.after.empty()) ps.after = before;
-    };
-    auto stepF = [&](Pass& ps) {
-      const size_t j = ps.issued++;
-      const LayerPlan& lp = (*ps.ch)[j];
-      const auto l16 = static_cast<int16_t>(j);
-      const Label lab{kF, ps.m32, ps.c16, l16};
-      if (z3) {
-        const int32_t free_dep = j >= static_cast<size_t>(o.prefetch) + 1 ? ps.layer_end[j - static_cast<size_t>(o.prefetch) - 1] : -1;
-        const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, ps.m32, ps.c16, l16}, &lp.dp_ag.link);
-        if (g >= 0) ps.after.push_back(g);
-      } else if (ps.first_fwd) {
-        const int32_t g = o.overlap_dp ? param_ag[static_cast<size_t>(ps.op->chunk)][j] : last_param_ag;
-        if (g >= 0) ps.after.push_back(g);
-      }
-      const bool ring = lp.cp.s > 0;
-      const double core = ring ? std::min(lp.attn_core_fwd, lp.fwd) : 0;
-      chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, lp.fwd - core, ps.after, lab)));
-      if (ring) {
-        const std::vector<int32_t> before = ps.after;
-        const int32_t cc = track(ps, sim.addAfter(d, sCompute, kCompute, core, before, lab));
-        const int32_t cx = track(ps, sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, ps.m32, ps.c16, l16}, &lp.cp.link));
-        fork(ps, cc, cx, before);
-      }
-      if (!ps.after.empty()) last_compute = ps.after.front();
-      ps.layer_end[j] = ps.after.empty() ? -1 : ps.after.front();
-      chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_fwd.s, ps.after, {kTpF, ps.m32, ps.c16, l16}, &lp.tp_fwd.link)));
-      chain(ps, track(ps, sim.addAfter(d, sEp, kEp, lp.ep.s, ps.after, {kEpX, ps.m32, ps.c16, l16}, &lp.ep.link)));
-    };
-    auto finishF = [&](Pass& ps) {
-      int32_t s = -1;
-      if (hasNext(ps.vs))
-        s = sim.addAfter(d, sPp, kPp, spec.p2p.s, ps.after, {kSendAct, ps.m32, ps.c16, -1}, &spec.p2p.link, rankOf(ps.vs + 1));
-      sent_f[ps.key] = s >= 0 ? s : (ps.after.empty() ? -1 : ps.after.front());
-    };
-    auto stepB = [&](Pass& ps) {
-      const size_t jj = ps.ch->size() - 1 - ps.issued++;
-      const LayerPlan& lp = (*ps.ch)[jj];
-      const auto l16 = static_cast<int16_t>(jj);
-      const bool zb = ps.op->split;  // its weight gradients left to a W pass
-      const int32_t m32 = ps.m32;
-      const int16_t c16 = ps.c16;
-      if (z3) {
-        const size_t ahead = jj + static_cast<size_t>(o.prefetch) + 1;
-        const int32_t free_dep = ahead < ps.ch->size() ? ps.layer_end[ahead] : -1;
-        const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, m32, c16, l16}, &lp.dp_ag.link);
-        if (g >= 0) ps.after.push_back(g);
-      }
-      chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, lp.recompute, ps.after, {kR, m32, c16, l16})));
-      chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_recompute.s, ps.after, {kTpR, m32, c16, l16}, &lp.tp_recompute.link)));
-      chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_bwd.s, ps.after, {kTpB, m32, c16, l16}, &lp.tp_bwd.link)));
-      const bool ring = lp.cp.s > 0;
-      const double b_async = zb ? lp.bwd_async - lp.wgrad_async : lp.bwd_async;  // the async GEMMs this pass runs
-      const double b_main = (zb ? lp.bwd - lp.wgrad : lp.bwd) - b_async;
-      const double core = ring ? std::min(2 * lp.attn_core_fwd, b_main) : 0;
-      chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, b_main - core, ps.after, {kB, m32, c16, l16})));
-      if (ring) {
-        const std::vector<int32_t> before = ps.after;
-        const int32_t cc = track(ps, sim.addAfter(d, sCompute, kCompute, core, before, {kB, m32, c16, l16}));
-        const int32_t cx = track(ps, sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, m32, c16, l16}, &lp.cp.link));
-        fork(ps, cc, cx, before);
-      }
-      if (o.async_tp) {
-        const std::vector<int32_t> before = ps.after;
-        const int32_t g = track(ps, sim.addAfter(d, sCompute, kCompute, b_async, before, {kBGemm, m32, c16, l16}));
-        const int32_t a = track(ps, sim.addAfter(d, sTp, kTp, lp.tp_async.s, before, {kTpAsync, m32, c16, l16}, &lp.tp_async.link));
-        fork(ps, g, a, before);
-        if (g >= 0) last_compute = g;
-      } else {
-        chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, b_async, ps.after, {kBGemm, m32, c16, l16})));
-        if (!ps.after.empty()) last_compute = ps.after.front();
-        chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_async.s, ps.after, {kTpAsync, m32, c16, l16}, &lp.tp_async.link)));
-      }
-      chain(ps, track(ps, sim.addAfter(d, sEp, kEp, lp.ep.s, ps.after, {kEpX, m32, c16, l16}, &lp.ep.link)));
-      ps.layer_end[jj] = ps.after.empty() ? -1 : ps.after.front();
-      if (ps.reduce_here && (o.overlap_dp || z3)) {
-        const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, ps.after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
-        if (r >= 0) reduces.push_back(r);
-      }
-    };
-    auto finishB = [&](Pass& ps) {
-      int32_t s = -1;
-      if (hasPrev(ps.vs))
-        s = sim.addAfter(d, sPp, kPp, spec.p2p.s, ps.after, {kSendGrad, ps.m32, ps.c16, -1}, &spec.p2p.link, rankOf(ps.vs - 1));
-      sent_b[ps.key] = s >= 0 ? s : (ps.after.empty() ? -1 : ps.after.front());
-      if (ps.reduce_here && !o.overlap_dp && !z3)  // every reduce-scatter after the compute
-        for (size_t jj = ps.ch->size(); jj-- > 0;) {
-          const int32_t r = sim.addAfter(d, sDpRs, kDp, (*ps.ch)[jj].dp_rs.s, ps.after,
-                                         {kRs, ps.m32, ps.c16, static_cast<int16_t>(jj)}, &(*ps.ch)[jj].dp_rs.link);
-          if (r >= 0) reduces.push_back(r);
-        }
-    };
-    // Zero-bubble W pass: the weight-gradient GEMMs of the layers, last layer
-    // first, on the compute stream after its B (stream order); the B's own
-    // collectives may still run.  The gradients are whole after it, so the
-    // data-parallel reduce follows it.
-    auto passW = [&](size_t oi) {
-      const Op& op = ops[oi];
-      const auto& ch = chunks[static_cast<size_t>(vsOf(op.chunk, d))];
-      const auto c16 = static_cast<int16_t>(op.chunk);
-      const auto m32 = static_cast<int32_t>(op.micro);
-      const bool reduce_here = spec.zero >= 2 || static_cast<int64_t>(oi) == last_bwd[static_cast<size_t>(op.chunk)];
-      std::vector<int32_t> w_after;
-      for (size_t jj = ch.size(); jj-- > 0;) {
-        const LayerPlan& lp = ch[jj];
-        const auto l16 = static_cast<int16_t>(jj);
-        const int32_t w = sim.addAfter(d, sCompute, kCompute, lp.wgrad, w_after, {kW, m32, c16, l16});
-        if (w >= 0) w_after.assign(1, w), last_compute = w;
-        if (reduce_here && (o.overlap_dp || z3)) {
-          const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, w_after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
-          if (r >= 0) reduces.push_back(r);
-        }
-      }
-      if (reduce_here && !o.overlap_dp && !z3)
-        for (size_t jj = ch.size(); jj-- > 0;) {
-          const int32_t r = sim.addAfter(d, sDpRs, kDp, ch[jj].dp_rs.s, w_after, {kRs, m32, c16, static_cast<int16_t>(jj)},
-                                         &ch[jj].dp_rs.link);
-          if (r >= 0) reduces.push_back(r);
-        }
-      if (!w_after.empty()) carry.push_back(w_after.front());
-    };
-    for (size_t oi = 0; oi < ops.size(); ++oi) {
-      const Op& op = ops[oi];
-      if (op.wgrad) {
-        passW(oi);
-        continue;
-      }
-      if (op.fwd && op.combined && oi + 1 < ops.size() && !ops[oi + 1].fwd) {
-        // A forward and the next backward as one step, their layers alternating
-        // on every stream: each pass's expert dispatch and combine (and its
-        // other collectives) run under the other pass's compute.
-        Pass f = begin(oi), b = begin(oi + 1);
-        while (f.more() || b.more()) {
-          if (f.more()) stepF(f);
-          if (b.more()) stepB(b);
-        }
-        finishF(f), finishB(b);
-        // The step starts when both its inputs have arrived (the framework
-        // receives the activation and the gradient together before it).
-        for (const Late& w : b.waits)
-          if (f.first_id >= 0) late.push_back({f.first_id, w.key, w.fwd});
-        for (const Late& w : f.waits)
-          if (b.first_id >= 0) late.push_back({b.first_id, w.key, w.fwd});
-        carry = f.after;
-        carry.insert(carry.end(), b.after.begin(), b.after.end());
-        ++oi;
-        continue;
-      }
-      Pass ps = begin(oi);
-      while (ps.more()) op.fwd ? stepF(ps) : stepB(ps);
-      op.fwd ? finishF(ps) : finishB(ps);
-      carry = ps.after;
+}
+
+// ZeRO-0..2: every layer's parameters gathered once (after last iteration's
+// optimizer step), in the order the first forwards use them.
+void Builder::gatherParams(RankState& rs) {
+  rs.param_ag.assign(static_cast<size_t>(v), {});
+  if (z3) return;
+  for (int64_t c = 0; c < v; ++c) {
+    const auto& ch = chunks[static_cast<size_t>(vsOf(c, rs.d))];
+    for (size_t j = 0; j < ch.size(); ++j) {
+      const int32_t g = sim.add(rs.d, sDpAg, kDp, ch[j].dp_ag.s, {}, {kAg, -1, static_cast<int16_t>(c), static_cast<int16_t>(j)},
+                                &ch[j].dp_ag.link);
+      rs.param_ag[static_cast<size_t>(c)].push_back(g);
+      if (g >= 0) rs.last_param_ag = g;
     }
-    std::vector<int32_t> opt_deps = reduces;
-    opt_deps.push_back(last_compute);
-    sim.addAfter(d, sCompute, kOptimizer, spec.optimizer_s[static_cast<size_t>(d)], opt_deps, {kOpt, -1, -1, -1});
   }
+}
+
+Pass Builder::begin(RankState& rs, size_t oi) {
+  Pass ps;
+  const Op& op = rs.ops[oi];
+  ps.op = &op, ps.oi = oi, ps.vs = vsOf(op.chunk, rs.d);
+  ps.ch = &chunks[static_cast<size_t>(ps.vs)];
+  ps.c16 = static_cast<int16_t>(op.chunk), ps.m32 = static_cast<int32_t>(op.micro);
+  ps.key = static_cast<size_t>(op.micro * vs_count + ps.vs);
+  ps.after = rs.carry;
+  ps.layer_end.assign(ps.ch->size(), -1);
+  if (op.fwd) {
+    ps.first_fwd = !rs.seen_fwd[static_cast<size_t>(op.chunk)];
+    rs.seen_fwd[static_cast<size_t>(op.chunk)] = 1;
+  } else {
+    // Under zero-bubble the B pass leaves its weight gradients to the W pass (and so its reduces).
+    ps.reduce_here = !op.split &&
+                     (spec.zero >= 2 || static_cast<int64_t>(oi) == rs.last_bwd[static_cast<size_t>(op.chunk)]);
+  }
+  return ps;
+}
+
+// The pass's first task waits for the neighbour.
+int32_t Builder::track(Pass& ps, int32_t id) {
+  if (id < 0) return id;
+  if (ps.first_task) {
+    if (ps.op->fwd && hasPrev(ps.vs)) ps.waits.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs - 1), true});
+    if (!ps.op->fwd && hasNext(ps.vs))
+      ps.waits.push_back({id, static_cast<size_t>(ps.op->micro * vs_count + ps.vs + 1), false});
+    late.insert(late.end(), ps.waits.begin(), ps.waits.end());
+    ps.first_id = id;
+    ps.first_task = false;
+  }
+  return id;
+}
+
+// One layer of a forward pass: its parameter gather (ZeRO-3, or the first
+// forward's), compute (the attention core beside the ring's transfers under
+// context parallelism), tensor-parallel and expert collectives.
+void Builder::stepF(RankState& rs, Pass& ps) {
+  const int64_t d = rs.d;
+  const size_t j = ps.issued++;
+  const LayerPlan& lp = (*ps.ch)[j];
+  const auto l16 = static_cast<int16_t>(j);
+  const Label lab{kF, ps.m32, ps.c16, l16};
+  if (z3) {
+    const int32_t free_dep = j >= static_cast<size_t>(o.prefetch) + 1 ? ps.layer_end[j - static_cast<size_t>(o.prefetch) - 1] : -1;
+    const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, ps.m32, ps.c16, l16}, &lp.dp_ag.link);
+    if (g >= 0) ps.after.push_back(g);
+  } else if (ps.first_fwd) {
+    const int32_t g = o.overlap_dp ? rs.param_ag[static_cast<size_t>(ps.op->chunk)][j] : rs.last_param_ag;
+    if (g >= 0) ps.after.push_back(g);
+  }
+  const bool ring = lp.cp.s > 0;
+  const double core = ring ? std::min(lp.attn_core_fwd, lp.fwd) : 0;
+  chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, lp.fwd - core, ps.after, lab)));
+  if (ring) {
+    const std::vector<int32_t> before = ps.after;
+    const int32_t cc = track(ps, sim.addAfter(d, sCompute, kCompute, core, before, lab));
+    const int32_t cx = track(ps, sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, ps.m32, ps.c16, l16}, &lp.cp.link));
+    fork(ps, cc, cx, before);
+  }
+  if (!ps.after.empty()) rs.last_compute = ps.after.front();
+  ps.layer_end[j] = ps.after.empty() ? -1 : ps.after.front();
+  chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_fwd.s, ps.after, {kTpF, ps.m32, ps.c16, l16}, &lp.tp_fwd.link)));
+  chain(ps, track(ps, sim.addAfter(d, sEp, kEp, lp.ep.s, ps.after, {kEpX, ps.m32, ps.c16, l16}, &lp.ep.link)));
+}
+
+void Builder::finishF(const RankState& rs, Pass& ps) {
+  int32_t s = -1;
+  if (hasNext(ps.vs))
+    s = sim.addAfter(rs.d, sPp, kPp, spec.p2p.s, ps.after, {kSendAct, ps.m32, ps.c16, -1}, &spec.p2p.link, rankOf(ps.vs + 1));
+  sent_f[ps.key] = s >= 0 ? s : (ps.after.empty() ? -1 : ps.after.front());
+}
+
+// One layer of a backward pass, last layer first: its gather (ZeRO-3),
+// recomputation, tensor-parallel collectives, the backward compute (split
+// around the ring and the asynchronous tp GEMMs), the expert collective and,
+// where the gradients are whole, the data-parallel reduce.
+void Builder::stepB(RankState& rs, Pass& ps) {
+  const int64_t d = rs.d;
+  const size_t jj = ps.ch->size() - 1 - ps.issued++;
+  const LayerPlan& lp = (*ps.ch)[jj];
+  const auto l16 = static_cast<int16_t>(jj);
+  const bool zb = ps.op->split;  // its weight gradients left to a W pass
+  const int32_t m32 = ps.m32;
+  const int16_t c16 = ps.c16;
+  if (z3) {
+    const size_t ahead = jj + static_cast<size_t>(o.prefetch) + 1;
+    const int32_t free_dep = ahead < ps.ch->size() ? ps.layer_end[ahead] : -1;
+    const int32_t g = sim.add(d, sDpAg, kDp, lp.dp_ag.s, {free_dep}, {kAg, m32, c16, l16}, &lp.dp_ag.link);
+    if (g >= 0) ps.after.push_back(g);
+  }
+  chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, lp.recompute, ps.after, {kR, m32, c16, l16})));
+  chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_recompute.s, ps.after, {kTpR, m32, c16, l16}, &lp.tp_recompute.link)));
+  chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_bwd.s, ps.after, {kTpB, m32, c16, l16}, &lp.tp_bwd.link)));
+  const bool ring = lp.cp.s > 0;
+  const double b_async = zb ? lp.bwd_async - lp.wgrad_async : lp.bwd_async;  // the async GEMMs this pass runs
+  const double b_main = (zb ? lp.bwd - lp.wgrad : lp.bwd) - b_async;
+  const double core = ring ? std::min(2 * lp.attn_core_fwd, b_main) : 0;
+  chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, b_main - core, ps.after, {kB, m32, c16, l16})));
+  if (ring) {
+    const std::vector<int32_t> before = ps.after;
+    const int32_t cc = track(ps, sim.addAfter(d, sCompute, kCompute, core, before, {kB, m32, c16, l16}));
+    const int32_t cx = track(ps, sim.addAfter(d, sCp, kCp, lp.cp.s, before, {kCpX, m32, c16, l16}, &lp.cp.link));
+    fork(ps, cc, cx, before);
+  }
+  if (o.async_tp) {
+    const std::vector<int32_t> before = ps.after;
+    const int32_t g = track(ps, sim.addAfter(d, sCompute, kCompute, b_async, before, {kBGemm, m32, c16, l16}));
+    const int32_t a = track(ps, sim.addAfter(d, sTp, kTp, lp.tp_async.s, before, {kTpAsync, m32, c16, l16}, &lp.tp_async.link));
+    fork(ps, g, a, before);
+    if (g >= 0) rs.last_compute = g;
+  } else {
+    chain(ps, track(ps, sim.addAfter(d, sCompute, kCompute, b_async, ps.after, {kBGemm, m32, c16, l16})));
+    if (!ps.after.empty()) rs.last_compute = ps.after.front();
+    chain(ps, track(ps, sim.addAfter(d, sTp, kTp, lp.tp_async.s, ps.after, {kTpAsync, m32, c16, l16}, &lp.tp_async.link)));
+  }
+  chain(ps, track(ps, sim.addAfter(d, sEp, kEp, lp.ep.s, ps.after, {kEpX, m32, c16, l16}, &lp.ep.link)));
+  ps.layer_end[jj] = ps.after.empty() ? -1 : ps.after.front();
+  if (ps.reduce_here && (o.overlap_dp || z3)) {
+    const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, ps.after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
+    if (r >= 0) rs.reduces.push_back(r);
+  }
+}
+
+void Builder::finishB(RankState& rs, Pass& ps) {
+  int32_t s = -1;
+  if (hasPrev(ps.vs))
+    s = sim.addAfter(rs.d, sPp, kPp, spec.p2p.s, ps.after, {kSendGrad, ps.m32, ps.c16, -1}, &spec.p2p.link, rankOf(ps.vs - 1));
+  sent_b[ps.key] = s >= 0 ? s : (ps.after.empty() ? -1 : ps.after.front());
+  if (ps.reduce_here && !o.overlap_dp && !z3)  // every reduce-scatter after the compute
+    for (size_t jj = ps.ch->size(); jj-- > 0;) {
+      const int32_t r = sim.addAfter(rs.d, sDpRs, kDp, (*ps.ch)[jj].dp_rs.s, ps.after,
+                                     {kRs, ps.m32, ps.c16, static_cast<int16_t>(jj)}, &(*ps.ch)[jj].dp_rs.link);
+      if (r >= 0) rs.reduces.push_back(r);
+    }
+}
+
+// Zero-bubble W pass: the weight-gradient GEMMs of the layers, last layer
+// first, on the compute stream after its B (stream order); the B's own
+// collectives may still run.  The gradients are whole after it, so the
+// data-parallel reduce follows it.
+void Builder::passW(RankState& rs, size_t oi) {
+  const int64_t d = rs.d;
+  const Op& op = rs.ops[oi];
+  const auto& ch = chunks[static_cast<size_t>(vsOf(op.chunk, d))];
+  const auto c16 = static_cast<int16_t>(op.chunk);
+  const auto m32 = static_cast<int32_t>(op.micro);
+  const bool reduce_here = spec.zero >= 2 || static_cast<int64_t>(oi) == rs.last_bwd[static_cast<size_t>(op.chunk)];
+  std::vector<int32_t> w_after;
+  for (size_t jj = ch.size(); jj-- > 0;) {
+    const LayerPlan& lp = ch[jj];
+    const auto l16 = static_cast<int16_t>(jj);
+    const int32_t w = sim.addAfter(d, sCompute, kCompute, lp.wgrad, w_after, {kW, m32, c16, l16});
+    if (w >= 0) w_after.assign(1, w), rs.last_compute = w;
+    if (reduce_here && (o.overlap_dp || z3)) {
+      const int32_t r = sim.addAfter(d, sDpRs, kDp, lp.dp_rs.s, w_after, {kRs, m32, c16, l16}, &lp.dp_rs.link);
+      if (r >= 0) rs.reduces.push_back(r);
+    }
+  }
+  if (reduce_here && !o.overlap_dp && !z3)
+    for (size_t jj = ch.size(); jj-- > 0;) {
+      const int32_t r = sim.addAfter(d, sDpRs, kDp, ch[jj].dp_rs.s, w_after, {kRs, m32, c16, static_cast<int16_t>(jj)},
+                                     &ch[jj].dp_rs.link);
+      if (r >= 0) rs.reduces.push_back(r);
+    }
+  if (!w_after.empty()) rs.carry.push_back(w_after.front());
+}
+
+// A forward and the next backward as one step, their layers alternating on
+// every stream: each pass's expert dispatch and combine (and its other
+// collectives) run under the other pass's compute.
+void Builder::combined(RankState& rs, size_t oi) {
+  Pass f = begin(rs, oi), b = begin(rs, oi + 1);
+  while (f.more() || b.more()) {
+    if (f.more()) stepF(rs, f);
+    if (b.more()) stepB(rs, b);
+  }
+  finishF(rs, f), finishB(rs, b);
+  // The step starts when both its inputs have arrived (the framework
+  // receives the activation and the gradient together before it).
+  for (const Late& w : b.waits)
+    if (f.first_id >= 0) late.push_back({f.first_id, w.key, w.fwd});
+  for (const Late& w : f.waits)
+    if (b.first_id >= 0) late.push_back({b.first_id, w.key, w.fwd});
+  rs.carry = f.after;
+  rs.carry.insert(rs.carry.end(), b.after.begin(), b.after.end());
+}
+
+// Rank d's passes in its pipeline order, then its optimizer step after its
+// reduces and its last compute.
+void Builder::buildRank(int64_t d) {
+  RankState rs;
+  rs.d = d;
+  rs.ops = dp2 ? dualPipeOrder(d, p, mb) : pipelineOrder(d, p, v, mb, o.zero_bubble, o.a2a_overlap);
+  // Zero-bubble: the gradients are whole after the W pass, so the reduces follow the Ws.
+  rs.last_bwd.assign(static_cast<size_t>(v), -1);
+  for (size_t i = 0; i < rs.ops.size(); ++i)
+    if (!rs.ops[i].fwd && (rs.ops[i].wgrad || !rs.ops[i].split)) rs.last_bwd[static_cast<size_t>(rs.ops[i].chunk)] = static_cast<int64_t>(i);
+  rs.seen_fwd.assign(static_cast<size_t>(v), 0);
+  gatherParams(rs);
+  for (size_t oi = 0; oi < rs.ops.size(); ++oi) {
+    const Op& op = rs.ops[oi];
+    if (op.wgrad) {
+      passW(rs, oi);
+      continue;
+    }
+    if (op.fwd && op.combined && oi + 1 < rs.ops.size() && !rs.ops[oi + 1].fwd) {
+      combined(rs, oi);
+      ++oi;
+      continue;
+    }
+    Pass ps = begin(rs, oi);
+    while (ps.more()) op.fwd ? stepF(rs, ps) : stepB(rs, ps);
+    op.fwd ? finishF(rs, ps) : finishB(rs, ps);
+    rs.carry = ps.after;
+  }
+  std::vector<int32_t> opt_deps = rs.reduces;
+  opt_deps.push_back(rs.last_compute);
+  sim.addAfter(d, sCompute, kOptimizer, spec.optimizer_s[static_cast<size_t>(d)], opt_deps, {kOpt, -1, -1, -1});
+}
+
+Result<ScheduleResult> Builder::finish(bool keep_slices) {
   for (const Late& l : late) sim.edge(l.fwd ? sent_f[l.key] : sent_b[l.key], l.task);
   CHORUS_RETURN_IF_ERROR(sim.run());
   ScheduleResult r;
@@ -698,6 +786,15 @@ Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_sli
   sim.attribute(&r);
   if (keep_slices) sim.slices(&r);
   return r;
+}
+
+}  // namespace
+
+Result<ScheduleResult> simulateSchedule(const IterationSpec& spec, bool keep_slices) {
+  CHORUS_RETURN_IF_ERROR(checkSpec(spec));
+  Builder b(spec);
+  for (int64_t d = 0; d < spec.pp; ++d) b.buildRank(d);
+  return b.finish(keep_slices);
 }
 
 }  // namespace chorus::sim
