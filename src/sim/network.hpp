@@ -149,6 +149,7 @@ class NetworkModel {
   // NetMode::Flow for groups small enough to expand: every rank's program run
   // as the executor runs it, without round barriers (program_flow.cpp).
   Result<CollectiveCost> programFlow(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g);
+  class ProgramFlow;  // one run of programFlow (program_flow.cpp)
   // `hop`: the largest latency of the rounds (priced by the caller's fill).
   RoundCost steadyState(const std::vector<plan::Round>& rs, const GroupSet& g, uint64_t elem_bytes, Seconds hop);
 

@@ -31,7 +31,6 @@
 namespace chorus::sim {
 
 using plan::StepOp;
-
 namespace {
 
 struct Flow {
@@ -41,289 +40,362 @@ struct Flow {
   Seconds lat;
 };
 
+// Per ordered pair: the next message to start and whether one is on the wire.
+struct PairStream {
+  size_t next = 0;
+  bool busy = false;
+};
+
 }  // namespace
 
-Result<CollectiveCost> NetworkModel::programFlow(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g) {
-  const int n = static_cast<int>(g.size);
-  const int64_t ranks = g.size * g.groups;
+// One collective's programs run as events: steps become ready as their
+// dependencies finish, sends become flows whose rates are shared max-min
+// fairly, receives finish when posted and delivered.
+class NetworkModel::ProgramFlow {
+ public:
+  ProgramFlow(const NetworkModel& net, const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g)
+      : net_(net), a_(a), g_(g), n_(static_cast<int>(g.size)), ranks_(g.size * g.groups),
+        cap_(net.flowCapacities()), hbm_(net.c_.gpu.hbm_bw.value() * net.c_.gpu.hbm_efficiency),
+        eb_(static_cast<double>(sh.elem_size)), rendezvous_(net.c_.network.rendezvous_bytes) {
+    expand(sh);
+  }
+  Status matchMessages();
+  Result<CollectiveCost> run();
+
+ private:
+  // At equal times: finishes, then deliveries, then grants, then newly ready steps.
+  enum Kind : int { StepDone = 0, Deliver = 1, Grant = 2, Ready = 3 };
+  using Event = std::tuple<double, int, uint32_t>;  // (time, kind, step)
+  using Pair = std::pair<int64_t, int64_t>;
+
+  void expand(const plan::Shape& sh);
   // Rank q of the simulation is member q % n of group q / n; every group runs
   // the same programs.
-  std::vector<plan::Program> progs(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) plan::expand(a, sh, r, &progs[static_cast<size_t>(r)]);
-  std::vector<uint32_t> base(static_cast<size_t>(ranks) + 1, 0);
-  for (int64_t q = 0; q < ranks; ++q)
-    base[static_cast<size_t>(q) + 1] = base[static_cast<size_t>(q)] + static_cast<uint32_t>(progs[static_cast<size_t>(q % n)].size());
-  const uint32_t total = base.back();
-  auto progOf = [&](int64_t q) -> const plan::Program& { return progs[static_cast<size_t>(q % n)]; };
-  auto gpuOf = [&](int64_t q) { return g.gpuOf(q / n, q % n); };
-  auto peerOf = [&](int64_t q, int peer) { return q - q % n + peer; };
-  std::vector<int64_t> owner(total);
-  for (int64_t q = 0; q < ranks; ++q)
-    for (uint32_t i = base[static_cast<size_t>(q)]; i < base[static_cast<size_t>(q) + 1]; ++i) owner[i] = q;
-  auto stepOf = [&](uint32_t gid) -> const plan::Step& {
-    const int64_t q = owner[gid];
-    return progOf(q).steps[gid - base[static_cast<size_t>(q)]];
-  };
+  [[nodiscard]] const plan::Program& progOf(int64_t q) const { return progs_[static_cast<size_t>(q % n_)]; }
+  [[nodiscard]] int64_t gpuOf(int64_t q) const { return g_.gpuOf(q / n_, q % n_); }
+  [[nodiscard]] int64_t peerOf(int64_t q, int peer) const { return q - q % n_ + peer; }
+  [[nodiscard]] const plan::Step& stepOf(uint32_t gid) const {
+    const int64_t q = owner_[gid];
+    return progOf(q).steps[gid - base_[static_cast<size_t>(q)]];
+  }
+  [[nodiscard]] bool crossNode(uint32_t send) const {
+    const int64_t q = owner_[send];
+    return net_.t_.nodeOf(gpuOf(q)) != net_.t_.nodeOf(gpuOf(peerOf(q, stepOf(send).peer)));
+  }
+  [[nodiscard]] double bytesOf(const plan::Step& s) const {
+    return eb_ * static_cast<double>(s.op == StepOp::Send ? s.src.count : s.dst.count);
+  }
+  [[nodiscard]] bool needsGrant(uint32_t send, double bytes) const {
+    return bytes >= rendezvous_ && rendezvous_ > 0 && crossNode(send) && !granted_[send];
+  }
+  double onCpu(int64_t q, double at, double seconds);
+  void tryFinishRecv(uint32_t r);
+  void post(uint32_t gid);
+  void postReady(uint32_t gid);
+  void tryStart(int64_t q, int64_t p);
+  void complete(uint32_t gid);
+  void rates();
+  bool deliverSent();
+  void handle(const Event& e);
+  [[nodiscard]] CollectiveCost cost() const;
 
+  const NetworkModel& net_;
+  const plan::Algorithm& a_;
+  const GroupSet& g_;
+  const int n_;
+  const int64_t ranks_;
+  const std::vector<double> cap_;  // by flow link
+  const double hbm_, eb_, rendezvous_;
+  std::vector<plan::Program> progs_;
+  std::vector<uint32_t> base_;  // rank q's steps are base_[q] .. base_[q + 1]
+  uint32_t total_ = 0;
+  std::vector<int64_t> owner_;
   // Matching: the k-th send from q to p pairs with p's k-th receive from q.
-  std::map<std::pair<int64_t, int64_t>, std::vector<uint32_t>> sends, recvs;
-  std::vector<uint32_t> match(total, UINT32_MAX), pending(total, 0);
-  for (int64_t q = 0; q < ranks; ++q) {
+  std::map<Pair, std::vector<uint32_t>> sends_, recvs_;
+  std::vector<uint32_t> match_, pending_;
+
+  std::vector<int64_t> routes_;
+  std::vector<Flow> flows_;  // active
+  std::map<Pair, PairStream> streams_;
+  std::vector<char> posted_, arrived_, granted_, ready_;
+  std::vector<double> cpu_free_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  double now_ = 0, finish_ = 0;
+  uint32_t done_ = 0;
+  int64_t bottleneck_ = -1;             // of the current rates
+  std::map<int64_t, double> limited_;  // seconds each link was the bottleneck
+  Seconds max_lat_ = Seconds(0);
+  // Posted so far, in program order per peer and direction.
+  std::map<Pair, size_t> send_posted_, recv_posted_;
+  // Scratch of rates().
+  std::vector<double> residual_;
+  std::vector<int64_t> count_, touched_;
+};
+
+void NetworkModel::ProgramFlow::expand(const plan::Shape& sh) {
+  progs_.resize(static_cast<size_t>(n_));
+  for (int r = 0; r < n_; ++r) plan::expand(a_, sh, r, &progs_[static_cast<size_t>(r)]);
+  base_.assign(static_cast<size_t>(ranks_) + 1, 0);
+  for (int64_t q = 0; q < ranks_; ++q)
+    base_[static_cast<size_t>(q) + 1] = base_[static_cast<size_t>(q)] + static_cast<uint32_t>(progOf(q).size());
+  total_ = base_.back();
+  owner_.resize(total_);
+  for (int64_t q = 0; q < ranks_; ++q)
+    for (uint32_t i = base_[static_cast<size_t>(q)]; i < base_[static_cast<size_t>(q) + 1]; ++i) owner_[i] = q;
+  match_.assign(total_, UINT32_MAX);
+  pending_.assign(total_, 0);
+  posted_.assign(total_, 0), arrived_.assign(total_, 0), granted_.assign(total_, 0), ready_.assign(total_, 0);
+  cpu_free_.assign(static_cast<size_t>(ranks_), 0.0);
+  residual_.assign(cap_.size(), 0.0);
+  count_.assign(cap_.size(), 0);
+}
+
+// Pairs every send with its receive and counts each step's dependencies
+// (with the executor's receive gate: a receive after a send in program order
+// waits for that send to be posted).
+Status NetworkModel::ProgramFlow::matchMessages() {
+  for (int64_t q = 0; q < ranks_; ++q) {
     const plan::Program& p = progOf(q);
     bool after_send = false;
     for (uint32_t i = 0; i < p.size(); ++i) {
-      const uint32_t gid = base[static_cast<size_t>(q)] + i;
+      const uint32_t gid = base_[static_cast<size_t>(q)] + i;
       const plan::Step& s = p.steps[i];
-      pending[gid] = static_cast<uint32_t>(p.depsOf(i).size());
+      pending_[gid] = static_cast<uint32_t>(p.depsOf(i).size());
       if (s.op == StepOp::Send) {
-        sends[{q, peerOf(q, s.peer)}].push_back(gid);
+        sends_[{q, peerOf(q, s.peer)}].push_back(gid);
         after_send = true;
       } else if (s.op == StepOp::Recv || s.op == StepOp::RecvReduce) {
-        recvs[{peerOf(q, s.peer), q}].push_back(gid);
-        if (after_send) ++pending[gid];  // the receive gate
+        recvs_[{peerOf(q, s.peer), q}].push_back(gid);
+        if (after_send) ++pending_[gid];  // the receive gate
       }
     }
   }
-  for (auto& [pair, ss] : sends) {
-    const auto& rs = recvs[pair];
+  for (auto& [pair, ss] : sends_) {
+    const auto& rs = recvs_[pair];
     if (rs.size() != ss.size())
       return internalError("{} '{}': rank {} sends {} messages to rank {}, which receives {}",
-                           plan::collectiveName(a.collective()), a.name(), pair.first % n, ss.size(), pair.second % n,
+                           plan::collectiveName(a_.collective()), a_.name(), pair.first % n_, ss.size(), pair.second % n_,
                            rs.size());
-    for (size_t k = 0; k < ss.size(); ++k) match[ss[k]] = rs[k], match[rs[k]] = ss[k];
+    for (size_t k = 0; k < ss.size(); ++k) match_[ss[k]] = rs[k], match_[rs[k]] = ss[k];
   }
+  return {};
+}
 
-  const std::vector<double> cap = flowCapacities();
-  const size_t nl = cap.size();
-  const double hbm = c_.gpu.hbm_bw.value() * c_.gpu.hbm_efficiency;
-  const double eb = static_cast<double>(sh.elem_size);
-  const double rendezvous = c_.network.rendezvous_bytes;
+// Runs local work on q's core from `at`; returns when it ends.
+double NetworkModel::ProgramFlow::onCpu(int64_t q, double at, double seconds) {
+  double& f = cpu_free_[static_cast<size_t>(q)];
+  f = std::max(f, at) + seconds;
+  return f;
+}
 
-  std::vector<int64_t> routes;
-  std::vector<Flow> flows;  // active
-  // Per ordered pair: the next message to start and whether one is on the wire.
-  struct Stream {
-    size_t next = 0;
-    bool busy = false;
-  };
-  std::map<std::pair<int64_t, int64_t>, Stream> streams;
-  std::vector<char> posted(total, 0), arrived(total, 0), granted(total, 0);
-  std::vector<double> cpu_free(static_cast<size_t>(ranks), 0.0);
-  // Timed events: (time, kind, step).
-  // At equal times: finishes, then deliveries, then grants, then newly ready steps.
-  enum Kind : int { StepDone = 0, Deliver = 1, Grant = 2, Ready = 3 };
-  using Event = std::tuple<double, int, uint32_t>;
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
-  double now = 0, finish = 0;
-  uint32_t done = 0;
-  int64_t bottleneck = -1;  // of the current rates
-  std::map<int64_t, double> limited;  // seconds each link was the bottleneck
-  Seconds max_lat(0);
+// A receive that is posted and whose message is here finishes after its copy
+// or reduction.
+void NetworkModel::ProgramFlow::tryFinishRecv(uint32_t r) {
+  if (!posted_[r] || !arrived_[r]) return;
+  const plan::Step& s = stepOf(r);
+  const double work = s.op == StepOp::RecvReduce ? 3 * bytesOf(s) / hbm_ : 0.0;
+  events_.push({work > 0 ? onCpu(owner_[r], now_, work) : now_, StepDone, r});
+}
 
-  auto crossNode = [&](uint32_t send) {
-    const int64_t q = owner[send];
-    return t_.nodeOf(gpuOf(q)) != t_.nodeOf(gpuOf(peerOf(q, stepOf(send).peer)));
-  };
-  auto bytesOf = [&](const plan::Step& s) {
-    return eb * static_cast<double>(s.op == StepOp::Send ? s.src.count : s.dst.count);
-  };
-  // Runs local work on q's core from `at`; returns when it ends.
-  auto onCpu = [&](int64_t q, double at, double seconds) {
-    double& f = cpu_free[static_cast<size_t>(q)];
-    f = std::max(f, at) + seconds;
-    return f;
-  };
-  std::function<void(int64_t, int64_t)> tryStart;
-  // A receive that is posted and whose message is here finishes after its
-  // copy or reduction.
-  auto tryFinishRecv = [&](uint32_t r) {
-    if (!posted[r] || !arrived[r]) return;
-    const plan::Step& s = stepOf(r);
-    const double work = s.op == StepOp::RecvReduce ? 3 * bytesOf(s) / hbm : 0.0;
-    events.push({work > 0 ? onCpu(owner[r], now, work) : now, StepDone, r});
-  };
-  auto post = [&](uint32_t gid) {
-    posted[gid] = 1;
-    const plan::Step& s = stepOf(gid);
-    const int64_t q = owner[gid];
-    if (s.op == StepOp::Send) {
-      // The receive gate: receives after this send, up to the next send.
-      const plan::Program& p = progOf(q);
-      for (uint32_t i = gid - base[static_cast<size_t>(q)] + 1; i < p.size(); ++i) {
-        const plan::Step& t = p.steps[i];
-        if (t.op == StepOp::Send) break;
-        if (t.op != StepOp::Recv && t.op != StepOp::RecvReduce) continue;
-        const uint32_t r = base[static_cast<size_t>(q)] + i;
-        if (--pending[r] == 0) events.push({now, Ready, r});
-      }
-      tryStart(q, peerOf(q, s.peer));
-    } else {
-      const uint32_t snd = match[gid];
-      if (bytesOf(s) >= rendezvous && rendezvous > 0 && crossNode(snd) && !granted[snd]) {
-        // The grant crosses back to the sender.
-        Seconds lat = t_.route(gpuOf(q), gpuOf(owner[snd]), [](int64_t) {});
-        events.push({now + lat.value(), Grant, snd});
-      }
-      tryFinishRecv(gid);
-    }
-  };
-  // Posts, in program order per peer and direction, every ready step.
-  std::map<std::pair<int64_t, int64_t>, size_t> send_posted, recv_posted;
-  std::vector<char> ready(total, 0);
-  auto postReady = [&](uint32_t gid) {
-    const plan::Step& s = stepOf(gid);
-    const int64_t q = owner[gid];
-    if (s.op == StepOp::Copy || s.op == StepOp::Reduce) {
-      const double work = (s.op == StepOp::Copy ? 2 : 3) * eb * static_cast<double>(s.dst.count) / hbm;
-      events.push({onCpu(q, now, work), StepDone, gid});
-      return;
-    }
-    const bool snd = s.op == StepOp::Send;
-    const std::pair<int64_t, int64_t> key = snd ? std::pair{q, peerOf(q, s.peer)} : std::pair{peerOf(q, s.peer), q};
-    auto& order = snd ? sends[key] : recvs[key];
-    size_t& k = (snd ? send_posted : recv_posted)[key];
-    while (k < order.size() && ready[order[k]]) post(order[k++]);
-  };
-  tryStart = [&](int64_t q, int64_t p) {
-    Stream& st = streams[{q, p}];
-    const auto& order = sends[{q, p}];
-    if (st.busy || st.next >= order.size()) return;
-    const uint32_t gid = order[st.next];
-    if (!posted[gid]) return;
-    const plan::Step& s = stepOf(gid);
-    const double bytes = bytesOf(s);
-    if (bytes >= rendezvous && rendezvous > 0 && crossNode(gid) && !granted[gid]) return;
-    ++st.next;
-    st.busy = true;
-    Flow f{.step = gid, .left = bytes, .route_begin = static_cast<int64_t>(routes.size()), .route_end = 0};
-    f.lat = flowRoute(gpuOf(q), gpuOf(p), routes);
-    f.route_end = static_cast<int64_t>(routes.size());
-    flows.push_back(f);
-  };
-  auto complete = [&](uint32_t gid) {
-    ++done;
-    finish = std::max(finish, now);
-    const int64_t q = owner[gid];
+void NetworkModel::ProgramFlow::post(uint32_t gid) {
+  posted_[gid] = 1;
+  const plan::Step& s = stepOf(gid);
+  const int64_t q = owner_[gid];
+  if (s.op == StepOp::Send) {
+    // The receive gate: receives after this send, up to the next send.
     const plan::Program& p = progOf(q);
-    for (uint32_t succ : p.succOf(gid - base[static_cast<size_t>(q)])) {
-      const uint32_t sg = base[static_cast<size_t>(q)] + succ;
-      if (--pending[sg] == 0) events.push({now, Ready, sg});
+    for (uint32_t i = gid - base_[static_cast<size_t>(q)] + 1; i < p.size(); ++i) {
+      const plan::Step& t = p.steps[i];
+      if (t.op == StepOp::Send) break;
+      if (t.op != StepOp::Recv && t.op != StepOp::RecvReduce) continue;
+      const uint32_t r = base_[static_cast<size_t>(q)] + i;
+      if (--pending_[r] == 0) events_.push({now_, Ready, r});
     }
-  };
+    tryStart(q, peerOf(q, s.peer));
+  } else {
+    const uint32_t snd = match_[gid];
+    if (needsGrant(snd, bytesOf(s))) {  // the grant crosses back to the sender
+      Seconds lat = net_.t_.route(gpuOf(q), gpuOf(owner_[snd]), [](int64_t) {});
+      events_.push({now_ + lat.value(), Grant, snd});
+    }
+    tryFinishRecv(gid);
+  }
+}
 
-  for (uint32_t gid = 0; gid < total; ++gid)
-    if (pending[gid] == 0) events.push({0.0, Ready, gid});
-  // Max-min fair rates of the active flows (progressive filling).
-  std::vector<double> residual(nl);
-  std::vector<int64_t> count(nl, 0);
-  std::vector<int64_t> touched;
-  auto rates = [&]() {
-    touched.clear();
-    for (const Flow& f : flows)
-      for (int64_t i = f.route_begin; i < f.route_end; ++i) {
-        const size_t l = static_cast<size_t>(routes[static_cast<size_t>(i)]);
-        if (count[l]++ == 0) touched.push_back(static_cast<int64_t>(l)), residual[l] = cap[l];
-      }
-    std::vector<char> frozen(flows.size(), 0);
-    size_t left = flows.size();
-    bool first = true;
-    bottleneck = -1;
-    while (left > 0) {
-      double share = std::numeric_limits<double>::infinity();
-      int64_t worst = -1;
-      for (int64_t l : touched) {
-        const size_t ul = static_cast<size_t>(l);
-        if (count[ul] > 0 && residual[ul] / static_cast<double>(count[ul]) < share)
-          share = residual[ul] / static_cast<double>(count[ul]), worst = l;
-      }
-      if (worst < 0) break;
-      if (first) bottleneck = worst, first = false;
-      for (size_t i = 0; i < flows.size(); ++i) {
-        if (frozen[i]) continue;
-        Flow& f = flows[i];
-        bool on = false;
-        for (int64_t k = f.route_begin; k < f.route_end && !on; ++k) on = routes[static_cast<size_t>(k)] == worst;
-        if (!on) continue;
-        frozen[i] = 1, --left;
-        f.rate = share;
-        for (int64_t k = f.route_begin; k < f.route_end; ++k) {
-          const size_t m = static_cast<size_t>(routes[static_cast<size_t>(k)]);
-          residual[m] = std::max(0.0, residual[m] - share);
-          --count[m];
-        }
+// Posts, in program order per peer and direction, every ready step.
+void NetworkModel::ProgramFlow::postReady(uint32_t gid) {
+  const plan::Step& s = stepOf(gid);
+  const int64_t q = owner_[gid];
+  if (s.op == StepOp::Copy || s.op == StepOp::Reduce) {
+    const double work = (s.op == StepOp::Copy ? 2 : 3) * eb_ * static_cast<double>(s.dst.count) / hbm_;
+    events_.push({onCpu(q, now_, work), StepDone, gid});
+    return;
+  }
+  const bool snd = s.op == StepOp::Send;
+  const Pair key = snd ? Pair{q, peerOf(q, s.peer)} : Pair{peerOf(q, s.peer), q};
+  auto& order = snd ? sends_[key] : recvs_[key];
+  size_t& k = (snd ? send_posted_ : recv_posted_)[key];
+  while (k < order.size() && ready_[order[k]]) post(order[k++]);
+}
+
+// Starts q's next message to p when the pair's stream is free, the send is
+// posted and, for a rendezvous message, its grant has arrived.
+void NetworkModel::ProgramFlow::tryStart(int64_t q, int64_t p) {
+  PairStream& st = streams_[{q, p}];
+  const auto& order = sends_[{q, p}];
+  if (st.busy || st.next >= order.size()) return;
+  const uint32_t gid = order[st.next];
+  if (!posted_[gid]) return;
+  const double bytes = bytesOf(stepOf(gid));
+  if (needsGrant(gid, bytes)) return;
+  ++st.next;
+  st.busy = true;
+  Flow f{.step = gid, .left = bytes, .route_begin = static_cast<int64_t>(routes_.size()), .route_end = 0};
+  f.lat = net_.flowRoute(gpuOf(q), gpuOf(p), routes_);
+  f.route_end = static_cast<int64_t>(routes_.size());
+  flows_.push_back(f);
+}
+
+void NetworkModel::ProgramFlow::complete(uint32_t gid) {
+  ++done_;
+  finish_ = std::max(finish_, now_);
+  const int64_t q = owner_[gid];
+  const plan::Program& p = progOf(q);
+  for (uint32_t succ : p.succOf(gid - base_[static_cast<size_t>(q)])) {
+    const uint32_t sg = base_[static_cast<size_t>(q)] + succ;
+    if (--pending_[sg] == 0) events_.push({now_, Ready, sg});
+  }
+}
+
+// Max-min fair rates of the active flows (progressive filling).
+void NetworkModel::ProgramFlow::rates() {
+  touched_.clear();
+  for (const Flow& f : flows_)
+    for (int64_t i = f.route_begin; i < f.route_end; ++i) {
+      const size_t l = static_cast<size_t>(routes_[static_cast<size_t>(i)]);
+      if (count_[l]++ == 0) touched_.push_back(static_cast<int64_t>(l)), residual_[l] = cap_[l];
+    }
+  std::vector<char> frozen(flows_.size(), 0);
+  size_t left = flows_.size();
+  bool first = true;
+  bottleneck_ = -1;
+  while (left > 0) {
+    double share = std::numeric_limits<double>::infinity();
+    int64_t worst = -1;
+    for (int64_t l : touched_) {
+      const size_t ul = static_cast<size_t>(l);
+      if (count_[ul] > 0 && residual_[ul] / static_cast<double>(count_[ul]) < share)
+        share = residual_[ul] / static_cast<double>(count_[ul]), worst = l;
+    }
+    if (worst < 0) break;
+    if (first) bottleneck_ = worst, first = false;
+    for (size_t i = 0; i < flows_.size(); ++i) {
+      if (frozen[i]) continue;
+      Flow& f = flows_[i];
+      bool on = false;
+      for (int64_t k = f.route_begin; k < f.route_end && !on; ++k) on = routes_[static_cast<size_t>(k)] == worst;
+      if (!on) continue;
+      frozen[i] = 1, --left;
+      f.rate = share;
+      for (int64_t k = f.route_begin; k < f.route_end; ++k) {
+        const size_t m = static_cast<size_t>(routes_[static_cast<size_t>(k)]);
+        residual_[m] = std::max(0.0, residual_[m] - share);
+        --count_[m];
       }
     }
-    for (size_t i = 0; i < flows.size(); ++i)
-      if (!frozen[i]) flows[i].rate = std::numeric_limits<double>::infinity();  // a route without links
-    for (int64_t l : touched) count[static_cast<size_t>(l)] = 0;
-  };
+  }
+  for (size_t i = 0; i < flows_.size(); ++i)
+    if (!frozen[i]) flows_[i].rate = std::numeric_limits<double>::infinity();  // a route without links
+  for (int64_t l : touched_) count_[static_cast<size_t>(l)] = 0;
+}
 
+// Flows whose last byte has left: deliver after the route's latency.
+// Returns whether any was.
+bool NetworkModel::ProgramFlow::deliverSent() {
+  bool any = false;
+  for (size_t i = 0; i < flows_.size();) {
+    Flow& f = flows_[i];
+    if (f.left > 1e-6 * std::max(1.0, bytesOf(stepOf(f.step))) && std::isfinite(f.rate)) {
+      ++i;
+      continue;
+    }
+    const uint32_t s = f.step;
+    max_lat_ = std::max(max_lat_, f.lat);
+    events_.push({now_ + f.lat.value(), Deliver, match_[s]});
+    events_.push({now_, StepDone, s});  // the send's buffer is free
+    const int64_t q = owner_[s];
+    streams_[{q, peerOf(q, stepOf(s).peer)}].busy = false;
+    flows_[i] = flows_.back();
+    flows_.pop_back();
+    any = true;
+    tryStart(q, peerOf(q, stepOf(s).peer));
+  }
+  return any;
+}
+
+void NetworkModel::ProgramFlow::handle(const Event& e) {
+  const auto [at, kind, gid] = e;
+  switch (kind) {
+    case StepDone: complete(gid); break;
+    case Deliver: arrived_[gid] = 1, tryFinishRecv(gid); break;
+    case Grant: {
+      granted_[gid] = 1;
+      const int64_t q = owner_[gid];
+      tryStart(q, peerOf(q, stepOf(gid).peer));
+      break;
+    }
+    case Ready:
+      ready_[gid] = 1;
+      postReady(gid);
+  }
+}
+
+Result<CollectiveCost> NetworkModel::ProgramFlow::run() {
+  for (uint32_t gid = 0; gid < total_; ++gid)
+    if (pending_[gid] == 0) events_.push({0.0, Ready, gid});
   bool dirty = true;
-  while (done < total) {
+  while (done_ < total_) {
     if (dirty) rates(), dirty = false;
     double next_flow = std::numeric_limits<double>::infinity();
-    for (const Flow& f : flows) next_flow = std::min(next_flow, now + (f.rate > 0 ? f.left / f.rate : next_flow));
-    const double next_event = events.empty() ? std::numeric_limits<double>::infinity() : std::get<0>(events.top());
+    for (const Flow& f : flows_) next_flow = std::min(next_flow, now_ + (f.rate > 0 ? f.left / f.rate : next_flow));
+    const double next_event = events_.empty() ? std::numeric_limits<double>::infinity() : std::get<0>(events_.top());
     const double t = std::min(next_flow, next_event);
     if (!std::isfinite(t))
       return internalError("{} '{}' stalls in the program simulation after {} of {} steps (a plan that cannot finish)",
-                           plan::collectiveName(a.collective()), a.name(), done, total);
-    for (Flow& f : flows) f.left = std::isfinite(f.rate) ? f.left - f.rate * (t - now) : 0.0;
-    if (!flows.empty() && bottleneck >= 0) limited[bottleneck] += t - now;
-    now = t;
+                           plan::collectiveName(a_.collective()), a_.name(), done_, total_);
+    for (Flow& f : flows_) f.left = std::isfinite(f.rate) ? f.left - f.rate * (t - now_) : 0.0;
+    if (!flows_.empty() && bottleneck_ >= 0) limited_[bottleneck_] += t - now_;
+    now_ = t;
     if (next_flow <= next_event) {
-      // Flows whose last byte has left: deliver after the route's latency.
-      for (size_t i = 0; i < flows.size();) {
-        Flow& f = flows[i];
-        if (f.left > 1e-6 * std::max(1.0, bytesOf(stepOf(f.step))) && std::isfinite(f.rate)) {
-          ++i;
-          continue;
-        }
-        const uint32_t s = f.step;
-        max_lat = std::max(max_lat, f.lat);
-        events.push({now + f.lat.value(), Deliver, match[s]});
-        events.push({now, StepDone, s});  // the send's buffer is free
-        const int64_t q = owner[s];
-        streams[{q, peerOf(q, stepOf(s).peer)}].busy = false;
-        flows[i] = flows.back();
-        flows.pop_back();
-        dirty = true;
-        tryStart(q, peerOf(q, stepOf(s).peer));
-      }
+      dirty = deliverSent() || dirty;
       continue;
     }
-    const auto [at, kind, gid] = events.top();
-    events.pop();
-    switch (kind) {
-      case StepDone: complete(gid); break;
-      case Deliver: arrived[gid] = 1, tryFinishRecv(gid); break;
-      case Grant: {
-        granted[gid] = 1;
-        const int64_t q = owner[gid];
-        const size_t before = flows.size();
-        tryStart(q, peerOf(q, stepOf(gid).peer));
-        dirty = dirty || flows.size() != before;
-        break;
-      }
-      case Ready:
-        ready[gid] = 1;
-        {
-          const size_t before = flows.size();
-          postReady(gid);
-          dirty = dirty || flows.size() != before;
-        }
-    }
+    const Event e = events_.top();
+    events_.pop();
+    const size_t before = flows_.size();
+    handle(e);
+    dirty = dirty || flows_.size() != before;
   }
+  return cost();
+}
+
+CollectiveCost NetworkModel::ProgramFlow::cost() const {
   CollectiveCost cost;
-  cost.algo = std::string(a.name());
-  cost.time = Seconds(finish);
-  cost.latency = max_lat;
+  cost.algo = std::string(a_.name());
+  cost.time = Seconds(finish_);
+  cost.latency = max_lat_;
   int64_t worst = -1;
-  for (const auto& [l, secs] : limited)
-    if (worst < 0 || secs > limited[worst]) worst = l;
-  if (worst >= 0) worst = topologyLinkOf(worst);
-  cost.bottleneck = worst >= 0 && max_lat.value() * 2 < finish ? t_.linkName(worst) : "latency";
+  for (const auto& [l, secs] : limited_)
+    if (worst < 0 || secs > limited_.at(worst)) worst = l;
+  if (worst >= 0) worst = net_.topologyLinkOf(worst);
+  cost.bottleneck = worst >= 0 && max_lat_.value() * 2 < finish_ ? net_.t_.linkName(worst) : "latency";
   return cost;
+}
+
+Result<CollectiveCost> NetworkModel::programFlow(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g) {
+  ProgramFlow run(*this, a, sh, g);
+  CHORUS_RETURN_IF_ERROR(run.matchMessages());
+  return run.run();
 }
 
 }  // namespace chorus::sim
