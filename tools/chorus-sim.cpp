@@ -113,6 +113,10 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
   tr->add_option("--plot", o.plot_path, "draw the breakdown into a PNG (needs /usr/bin/python3 with matplotlib)");
   tr->add_flag("--no-sequence-parallel", o.no_sp, "plain tensor parallelism (allreduce per block)");
   tr->add_flag("--no-flash-attention", o.no_flash, "materialise the s x s attention scores");
+  tr->add_option("--attention-kernel", o.tc.attention_kernel,
+                 "the fused attention kernel whose measured curves price the core: a name in the GPU's data file "
+                 "(configs/gpus/; Hopper: fa3, its default, or fa2 = FlashAttention-2 as PyTorch SDPA and pre-2024 "
+                 "stacks run it); default: the generation's own");
   tr->add_flag("--fp8", o.tc.fp8, "fp8 GEMMs");
   tr->add_option("--compress", o.compress,
                  "the data-parallel gradient reduce-scatter on a narrower wire than the gradient buffer: none, bf16 "

@@ -58,6 +58,22 @@ double attnEfficiency(const std::vector<AttentionPoint>& all, double d, bool cau
   return at(pts.back());
 }
 
+Result<AttentionKernel> attentionKernel(const json& a, std::string_view where) {
+  AttentionKernel k;
+  for (auto [key, out] : {std::pair{"name", &k.name}, std::pair{"kernel", &k.kernel}}) {
+    if (!a.contains(key) || !a.at(key).is_string() || a.at(key).get<std::string>().empty() ||
+        a.at(key).get<std::string>().size() > 64)
+      return invalidArgument("{}: key '{}' must be a string of 1..64 characters", where, key);
+    *out = a.at(key).get<std::string>();
+  }
+  CHORUS_ASSIGN_OR_RETURN(k.fwd, points(a, where, "forward"));
+  CHORUS_ASSIGN_OR_RETURN(k.bwd, points(a, where, "backward"));
+  double d = 0;
+  CHORUS_RETURN_IF_ERROR(need(a, fmt::format("{} (attention)", where), "fixed_us", &d, 0, 1e4));
+  k.fixed = us(d);
+  return k;
+}
+
 }  // namespace
 
 Result<ComputeSpec> parseComputeSpec(std::string_view text, std::string_view where) {
@@ -92,12 +108,45 @@ Result<ComputeSpec> parseComputeSpec(std::string_view text, std::string_view whe
     s.gemm_fixed = us(d);
   }
   if (!j.contains("attention") || !j.at("attention").is_object()) return invalidArgument("{}: missing object 'attention'", where);
-  const json& a = j.at("attention");
-  CHORUS_ASSIGN_OR_RETURN(s.attn_fwd, points(a, where, "forward"));
-  CHORUS_ASSIGN_OR_RETURN(s.attn_bwd, points(a, where, "backward"));
-  CHORUS_RETURN_IF_ERROR(need(a, fmt::format("{} (attention)", where), "fixed_us", &d, 0, 1e4));
-  s.attn_fixed = us(d);
+  CHORUS_ASSIGN_OR_RETURN(AttentionKernel def, attentionKernel(j.at("attention"), where));
+  s.attention.push_back(std::move(def));
+  if (j.contains("attention_kernels")) {
+    const json& alt = j.at("attention_kernels");
+    if (!alt.is_object()) return invalidArgument("{}: key 'attention_kernels' must be an object of kernels by name", where);
+    for (const auto& [key, k] : alt.items()) {
+      if (!k.is_object()) return invalidArgument("{}: attention_kernels.{} must be an object", where, key);
+      CHORUS_ASSIGN_OR_RETURN(AttentionKernel ak, attentionKernel(k, fmt::format("{} (attention_kernels.{})", where, key)));
+      if (ak.name != key) return invalidArgument("{}: attention_kernels.{} is named '{}'", where, key, ak.name);
+      if (s.attentionKernel(ak.name)) return invalidArgument("{}: attention kernel '{}' twice", where, ak.name);
+      s.attention.push_back(std::move(ak));
+    }
+  }
   return s;
+}
+
+const AttentionKernel* ComputeSpec::attentionKernel(std::string_view name) const {
+  if (attention.empty()) return nullptr;
+  if (name.empty()) return &attention.front();
+  for (const AttentionKernel& k : attention)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string ComputeSpec::attentionKernelNames() const {
+  std::string out;
+  for (const AttentionKernel& k : attention) out += (out.empty() ? "" : ", ") + k.name;
+  return out;
+}
+
+Status checkAttentionKernel(const GpuSpec& g, std::string_view name, std::string_view flag) {
+  if (name.empty()) return {};
+  const ComputeSpec* s = computeSpecFor(g);
+  if (!s) return invalidArgument("{} {}: GPU '{}' has no per-operator data file (configs/gpus/), so no attention kernels "
+                                 "to choose from", flag, name, g.name);
+  if (!s->attentionKernel(name))
+    return invalidArgument("{} '{}': GPU '{}' ({}) has curves for {} (the first is its default)", flag, name, g.name,
+                           s->file, s->attentionKernelNames());
+  return {};
 }
 
 const ComputeSpec* computeSpecFor(const GpuSpec& g) {
@@ -171,7 +220,7 @@ Seconds Compute::gemm(double m, double n, double k, double batch) const {
 Seconds Compute::attention(double heads, double sq, double skv, double d_qk, double d_v, bool causal, double window,
                            bool backward) const {
   if (heads <= 0 || sq <= 0 || skv <= 0) return Seconds(0);
-  if (!s_) {  // two batched GEMMs (scores, then scores x V), as before the compute model
+  if (!s_ || !attn_) {  // two batched GEMMs (scores, then scores x V), as before the compute model
     const Seconds f = gemm(sq, skv, d_qk, heads) + gemm(sq, d_v, skv, heads);
     return backward ? f * 2 : f;
   }
@@ -182,12 +231,12 @@ Seconds Compute::attention(double heads, double sq, double skv, double d_qk, dou
   const double frac = causal && window <= 0 ? 0.5 : 1.0;
   const double fwd_flops = 2 * heads * sq * keys * (d_qk + d_v) * frac;
   const double flops = backward ? 2.5 * fwd_flops : fwd_flops;  // FlashAttention's accounting (5 vs 2 matmuls)
-  const double eff = attnEfficiency(backward ? s_->attn_bwd : s_->attn_fwd, 0.5 * (d_qk + d_v), causal && window <= 0, keys);
+  const double eff = attnEfficiency(backward ? attn_->bwd : attn_->fwd, 0.5 * (d_qk + d_v), causal && window <= 0, keys);
   const Seconds tc = Flops(flops) / (g_.peak16 * eff);
   // Q, K, V and O (and their gradients backward) cross HBM once.
   const double bytes = 2 * heads * (sq * (d_qk + d_v) + skv * (d_qk + d_v)) * (backward ? 2 : 1);
   const Seconds tm = Bytes(bytes) / (g_.hbm_bw * g_.hbm_efficiency);
-  return std::max(tc, tm) + s_->attn_fixed;
+  return std::max(tc, tm) + attn_->fixed;
 }
 
 }  // namespace chorus::sim

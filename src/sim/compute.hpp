@@ -30,6 +30,14 @@ struct AttentionPoint {
   double seq_half = 0;    // key length at which it is half that
 };
 
+// A fused attention kernel's efficiency curves on one generation.
+struct AttentionKernel {
+  std::string name;    // what --attention-kernel calls it: "fa2", "fa3"
+  std::string kernel;  // the library, as its paper names it
+  std::vector<AttentionPoint> fwd, bwd;
+  Seconds fixed;
+};
+
 // One generation's coefficients (configs/gpus/*.json).
 struct ComputeSpec {
   std::string arch, file;
@@ -40,8 +48,12 @@ struct ComputeSpec {
   double eff16 = 0, eff8 = 0;                    // large-GEMM fraction of the bf16 / fp8 peak
   double k_half16 = 0, k_half8 = 0;              // K (per split) at which the main loop runs at half speed
   Seconds gemm_fixed;                            // per GEMM kernel: launch, prologue, epilogue
-  std::vector<AttentionPoint> attn_fwd, attn_bwd;
-  Seconds attn_fixed;
+  // The attention kernels the file has curves for; the first is the
+  // generation's default (the fastest public one).
+  std::vector<AttentionKernel> attention;
+  // The kernel called `name` ("" = the default), or nullptr.
+  [[nodiscard]] const AttentionKernel* attentionKernel(std::string_view name) const;
+  [[nodiscard]] std::string attentionKernelNames() const;  // "fa3, fa2"
 };
 
 // The compiled-in data files: (file name, JSON text).
@@ -50,10 +62,16 @@ Result<ComputeSpec> parseComputeSpec(std::string_view json, std::string_view whe
 // The data file for the cluster's GPU generation (gpu.arch or its name), or
 // nullptr when there is none.
 const ComputeSpec* computeSpecFor(const GpuSpec& g);
+// `name` ("" = the default) names an attention kernel of the GPU's data file;
+// the error lists the ones it has.
+Status checkAttentionKernel(const GpuSpec& g, std::string_view name, std::string_view flag = "--attention-kernel");
 
 class Compute {
  public:
-  Compute(const GpuSpec& g, bool fp8) : g_(g), s_(computeSpecFor(g)), fp8_(fp8) {}
+  // `attention_kernel`: the fused attention kernel's name in the GPU's data
+  // file ("" = its default; checkAttentionKernel validates a name first).
+  Compute(const GpuSpec& g, bool fp8, std::string_view attention_kernel = "")
+      : g_(g), s_(computeSpecFor(g)), fp8_(fp8), attn_(s_ ? s_->attentionKernel(attention_kernel) : nullptr) {}
   [[nodiscard]] const ComputeSpec* spec() const { return s_; }
 
   // Output m x n, reduction k, `batch` independent problems of that shape
@@ -79,6 +97,7 @@ class Compute {
   const GpuSpec& g_;
   const ComputeSpec* s_;
   bool fp8_;
+  const AttentionKernel* attn_;
 };
 
 }  // namespace chorus::sim

@@ -34,7 +34,8 @@ double layerFlopsPerToken(const ModelSpec& m, int layer, double seq) {
 struct Gpu {
   const GpuSpec& g;
   bool fp8;
-  Compute c{g, fp8};
+  std::string_view attention_kernel;  // "" = the generation's default
+  Compute c{g, fp8, attention_kernel};
   // Forward GEMM: output m x n, reduction k.
   [[nodiscard]] Seconds gemm(double m, double n, double k, double batch = 1) const { return c.gemm(m, n, k, batch); }
   // Its backward: the input gradient (m x k, reduction n) and the weight
@@ -330,7 +331,10 @@ Status checkLayout(const ModelSpec& m, const ClusterSpec& c, const TrainConfig& 
   if (cfg.seq % (cp * (cfg.sequence_parallel ? t : 1)) != 0)
     return invalidArgument("seq={} is not divisible by cp={} (x tp={} with sequence parallelism)", cfg.seq, cp, t);
   if (cfg.zero < 0 || cfg.zero > 3) return invalidArgument("--zero {} is not one of 0, 1, 2, 3", cfg.zero);
-  return {};
+  if (!cfg.attention_kernel.empty() && !cfg.flash_attention)
+    return invalidArgument("--attention-kernel {} prices a fused attention kernel; --no-flash-attention materialises the "
+                           "scores instead: give one", cfg.attention_kernel);
+  return checkAttentionKernel(c.gpu, cfg.attention_kernel);
 }
 
 // The compute and communication of a run of layers on one GPU per
@@ -522,7 +526,7 @@ Trainer::Trainer(const ModelSpec& model, const TrainConfig& config, NetworkModel
       v(config.vpp),
       etp(config.etp > 0 ? config.etp : config.tp),
       b(config.micro_batch),
-      raw_gpu{c.gpu, config.fp8},
+      raw_gpu{c.gpu, config.fp8, config.attention_kernel},
       sp(config.sequence_parallel && config.tp > 1),
       moe(model.moe.experts > 0),
       h(static_cast<double>(model.hidden)),

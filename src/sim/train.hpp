@@ -83,6 +83,10 @@ struct TrainConfig {
   int moment_bytes = 4;
   bool sequence_parallel = true;
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)
+  // --attention-kernel: whose fused attention curves price the core (a name in
+  // the GPU's data file, configs/gpus/*.json: fa3, fa2 on Hopper); "" = the
+  // generation's default.
+  std::string attention_kernel;
   bool fp8 = false;
   std::string algo;          // collective algorithm for every group ("" = auto)
   // Layers of the first / last pipeline stage (0: the uniform split, the

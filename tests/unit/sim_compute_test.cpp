@@ -105,5 +105,43 @@ TEST(SimCompute, AttentionByHeadDimLengthAndMask) {
   EXPECT_LE(fl / ca.attention(16, 4096, 4096, 128, 128, false).value(), 312e12);
 }
 
+// --attention-kernel: Hopper's file has FlashAttention-2 curves beside its
+// default FlashAttention-3 (FA3 paper Fig. 5/6, the FlashAttention-2 bars);
+// an unknown name is refused naming the kernels the file has.
+TEST(SimCompute, AttentionKernelChoosesItsCurves) {
+  const GpuSpec h = gpu("H100-SXM5", 989, 3350);
+  const Compute fa3(h, false), fa2(h, false, "fa2"), named3(h, false, "fa3");
+  auto tf = [](const Compute& c, double s, bool causal, bool backward = false) {
+    const double heads = 16384 / s * 16;
+    const double fl = 4 * heads * s * s * 128 * (causal ? 0.5 : 1) * (backward ? 2.5 : 1);
+    return fl / c.attention(heads, s, s, 128, 128, causal, 0, backward).value() / 1e12;
+  };
+  // Fig. 5, FlashAttention-2 hd128: non-causal 309 at 512 and 370 at 16k, causal 335 at 16k;
+  // Fig. 6 backward non-causal 322 at 16k.
+  EXPECT_NEAR(tf(fa2, 16384, false) / 370, 1, 0.03);
+  EXPECT_NEAR(tf(fa2, 512, false) / 309, 1, 0.05);
+  EXPECT_NEAR(tf(fa2, 16384, true) / 335, 1, 0.03);
+  EXPECT_NEAR(tf(fa2, 16384, false, true) / 322, 1, 0.03);
+  EXPECT_GT(tf(fa3, 4096, true), 1.5 * tf(fa2, 4096, true));
+  EXPECT_EQ(tf(named3, 4096, true), tf(fa3, 4096, true));  // "fa3" is the default, by name
+  EXPECT_TRUE(checkAttentionKernel(h, "").isOk());
+  EXPECT_TRUE(checkAttentionKernel(h, "fa2").isOk());
+  const Status bad = checkAttentionKernel(h, "fa1");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.message().find("fa3, fa2"), std::string::npos) << bad.message();
+  EXPECT_FALSE(checkAttentionKernel(gpu("A100-SXM4", 312, 2039), "fa3").isOk());  // Ampere has FlashAttention-2 only
+  EXPECT_FALSE(checkAttentionKernel(gpu("TPUv4-like", 275, 1200), "fa2").isOk());  // no data file
+  // A file whose alternative kernel is filed under another name is refused.
+  auto text = std::string(R"({"arch": "x", "sms": 1, "attention": )") +
+              R"({"name": "a", "kernel": "A", "fixed_us": 1, "forward": [{"head_dim": 128, "causal": false, "efficiency": 0.5, "seq_half": 1}],)" +
+              R"( "backward": [{"head_dim": 128, "causal": false, "efficiency": 0.5, "seq_half": 1}]},)" +
+              R"( "attention_kernels": {"b": {"name": "c", "kernel": "C", "fixed_us": 1,)" +
+              R"( "forward": [{"head_dim": 128, "causal": false, "efficiency": 0.5, "seq_half": 1}],)" +
+              R"( "backward": [{"head_dim": 128, "causal": false, "efficiency": 0.5, "seq_half": 1}]}}})";
+  auto s = parseComputeSpec(text, "x.json");
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.status().message().find("attention_kernels.b is named 'c'"), std::string::npos) << s.status().message();
+}
+
 }  // namespace
 }  // namespace chorus::sim

@@ -210,6 +210,33 @@ TEST(SimMemory, Bf16GradientBufferHalvesTheGradients) {
   EXPECT_NE(bad.status().message().find("2 (bf16) or 4 (fp32)"), std::string::npos) << bad.status().message();
 }
 
+// --attention-kernel fa2 on H100: the attention core at FlashAttention-2's
+// curves, slower than the default FlashAttention-3 and nothing else changed;
+// a name the GPU's data file lacks, or a kernel with --no-flash-attention, is refused.
+TEST(SimTrain, AttentionKernelPricesOnlyTheCore) {
+  const plan::Registry reg = plan::Registry::builtin();
+  auto c = loadCluster(std::string(CHORUS_SOURCE_DIR) + "/configs/clusters/h100-rail.json");
+  ASSERT_TRUE(c.isOk()) << c.status().message();
+  TrainConfig k = dp8(64, 4096);
+  auto fa3 = simulateTraining(gpt(8, 2048, 16), *c, k, reg);
+  k.attention_kernel = "fa2";
+  auto fa2 = simulateTraining(gpt(8, 2048, 16), *c, k, reg);
+  ASSERT_TRUE(fa3.isOk() && fa2.isOk()) << (fa3.isOk() ? fa2.status().message() : fa3.status().message());
+  EXPECT_GT(fa2->iteration_s, fa3->iteration_s);
+  EXPECT_GT(fa2->stage.fwd_s, fa3->stage.fwd_s);
+  EXPECT_DOUBLE_EQ(fa2->memory_gib_per_gpu, fa3->memory_gib_per_gpu);
+  EXPECT_DOUBLE_EQ(fa2->bounds.seconds.at("tensor_cores"), fa3->bounds.seconds.at("tensor_cores"));  // the same FLOPs
+  k.attention_kernel = "fa1";
+  auto bad = simulateTraining(gpt(8, 2048, 16), *c, k, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("fa3, fa2"), std::string::npos) << bad.status().message();
+  k.attention_kernel = "fa2";
+  k.flash_attention = false;
+  bad = simulateTraining(gpt(8, 2048, 16), *c, k, reg);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("--no-flash-attention"), std::string::npos) << bad.status().message();
+}
+
 // --recompute-layers N (Megatron's block method): the first N layers of every
 // virtual stage recompute, the others keep everything.  Every layer is full
 // recomputation; memory and time lie between none and full, time growing
