@@ -311,11 +311,10 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
 
 // ---- report -------------------------------------------------------------------
 
-Report analyse(const CommTrace& t) {
-  Report rep;
-  rep.comm_id = t.comm_id;
-  rep.nranks = t.nranks;
-  rep.missing_ranks = t.missing();
+namespace {
+
+// The hosts and each rank's clock estimates.
+void describeRanks(const CommTrace& t, Report& rep) {
   std::set<std::string> hosts;
   for (const RankTrace& r : t.ranks)
     if (r.file.header.nranks) hosts.insert(r.file.header.host);
@@ -335,27 +334,26 @@ Report analyse(const CommTrace& t) {
                                           static_cast<double>(span));
     rep.clocks.push_back(ci);
   }
-  const int n = t.nranks;
-  if (!rep.missing_ranks.empty() || n == 0) {
-    rep.verdict = fmt::format("Traces of rank(s) {} are missing: no cross-rank analysis (was the job run with "
-                              "CHORUS_TRACE on every rank, and did it finish?).",
-                              rankList(rep.missing_ranks));
-    return rep;
-  }
+}
 
-  // ---- collectives: calls present on every rank, by (kind, size).
+// One collective call seen on every rank.
+struct Call {
+  std::vector<int64_t> arrive, end;
+  // Each rank's time outside the communicator before this call: from the
+  // end of its previous operation to this start (its own clock; -1: first).
+  std::vector<int64_t> gap;
+  const OpRecord* op0;
+};
+using CallGroups = std::map<std::pair<uint8_t, uint64_t>, std::vector<Call>>;  // by (kind, size)
+
+// The collective calls that succeeded on every rank, grouped by (kind, size).
+CallGroups groupCalls(const CommTrace& t) {
+  const int n = t.nranks;
   std::vector<std::map<uint64_t, const OpRecord*>> ops(n);
   for (int r = 0; r < n; ++r)
     for (const OpRecord& o : t.ranks[r].file.ops)
       if (!(o.seq & (kP2PBit | kCheckBit))) ops[r][o.seq] = &o;
-  struct Call {
-    std::vector<int64_t> arrive, end;
-    // Each rank's time outside the communicator before this call: from the
-    // end of its previous operation to this start (its own clock; -1: first).
-    std::vector<int64_t> gap;
-    const OpRecord* op0;
-  };
-  std::map<std::pair<uint8_t, uint64_t>, std::vector<Call>> groups;
+  CallGroups groups;
   for (auto& [seq, o0] : ops[0]) {
     Call c;
     c.op0 = o0;
@@ -372,93 +370,120 @@ Report analyse(const CommTrace& t) {
     }
     if (all) groups[{o0->coll, o0->bytes}].push_back(std::move(c));
   }
-  const double late_threshold_us = std::max(100.0, 5 * rep.clock_bound_us);
-  std::vector<double> excess_sum(static_cast<size_t>(n), 0);
-  std::vector<int> last_count(static_cast<size_t>(n), 0);
-  int total_calls = 0, gap_calls = 0;
-  for (auto& [key, calls] : groups) {
-    CollectiveStats s;
-    s.coll = collName(key.first);
-    s.bytes = key.second;
-    s.calls = static_cast<int>(calls.size());
-    std::map<uint16_t, int> algo_votes;
-    std::vector<double> times, skews, preds, lates;
-    std::vector<int> last_votes(static_cast<size_t>(n), 0);
-    double wait_sum = 0, in_sum = 0;
-    for (const Call& c : calls) {
-      const int64_t last_arrival = *std::max_element(c.arrive.begin(), c.arrive.end());
-      const int64_t first_arrival = *std::min_element(c.arrive.begin(), c.arrive.end());
-      const int64_t last_end = *std::max_element(c.end.begin(), c.end.end());
-      times.push_back(static_cast<double>(std::max<int64_t>(last_end - last_arrival, 0)) / 1e3);
-      skews.push_back(static_cast<double>(last_arrival - first_arrival) / 1e3);
-      const int last = static_cast<int>(std::max_element(c.arrive.begin(), c.arrive.end()) - c.arrive.begin());
-      ++last_votes[static_cast<size_t>(last)];
-      std::vector<double> a(c.arrive.begin(), c.arrive.end());
-      const double late = (static_cast<double>(last_arrival) - median(a)) / 1e3;
-      lates.push_back(late);
-      ++last_count[static_cast<size_t>(last)];
-      ++total_calls;
-      if (std::find(c.gap.begin(), c.gap.end(), -1) == c.gap.end()) {
-        std::vector<double> g(c.gap.begin(), c.gap.end());
-        const double med = median(g);
-        for (int r = 0; r < n; ++r) excess_sum[static_cast<size_t>(r)] += (static_cast<double>(c.gap[r]) - med) / 1e3;
-        ++gap_calls;
-      }
-      for (int r = 0; r < n; ++r) {
-        wait_sum += static_cast<double>(last_arrival - c.arrive[r]);
-        in_sum += static_cast<double>(std::max<int64_t>(c.end[r] - c.arrive[r], 0));
-      }
-      ++algo_votes[c.op0->algo];
-      if (c.op0->predicted_ns >= 0) preds.push_back(static_cast<double>(c.op0->predicted_ns) / 1e3);
+  return groups;
+}
+
+// Per rank, over all calls: how often it arrived last and how much longer
+// than the median rank it was away before the calls.
+struct ArrivalTally {
+  explicit ArrivalTally(int n) : excess_sum(static_cast<size_t>(n), 0), last_count(static_cast<size_t>(n), 0) {}
+  std::vector<double> excess_sum;
+  std::vector<int> last_count;
+  int total_calls = 0;
+  int gap_calls = 0;  // calls with a gap on every rank (none is the rank's first)
+};
+
+CollectiveStats collectiveStats(const CommTrace& t, std::pair<uint8_t, uint64_t> key, const std::vector<Call>& calls,
+                                ArrivalTally& tally) {
+  const int n = t.nranks;
+  CollectiveStats s;
+  s.coll = collName(key.first);
+  s.bytes = key.second;
+  s.calls = static_cast<int>(calls.size());
+  std::map<uint16_t, int> algo_votes;
+  std::vector<double> times, skews, preds, lates;
+  std::vector<int> last_votes(static_cast<size_t>(n), 0);
+  double wait_sum = 0, in_sum = 0;
+  for (const Call& c : calls) {
+    const int64_t last_arrival = *std::max_element(c.arrive.begin(), c.arrive.end());
+    const int64_t first_arrival = *std::min_element(c.arrive.begin(), c.arrive.end());
+    const int64_t last_end = *std::max_element(c.end.begin(), c.end.end());
+    times.push_back(static_cast<double>(std::max<int64_t>(last_end - last_arrival, 0)) / 1e3);
+    skews.push_back(static_cast<double>(last_arrival - first_arrival) / 1e3);
+    const int last = static_cast<int>(std::max_element(c.arrive.begin(), c.arrive.end()) - c.arrive.begin());
+    ++last_votes[static_cast<size_t>(last)];
+    std::vector<double> a(c.arrive.begin(), c.arrive.end());
+    const double late = (static_cast<double>(last_arrival) - median(a)) / 1e3;
+    lates.push_back(late);
+    ++tally.last_count[static_cast<size_t>(last)];
+    ++tally.total_calls;
+    if (std::find(c.gap.begin(), c.gap.end(), -1) == c.gap.end()) {
+      std::vector<double> g(c.gap.begin(), c.gap.end());
+      const double med = median(g);
+      for (int r = 0; r < n; ++r)
+        tally.excess_sum[static_cast<size_t>(r)] += (static_cast<double>(c.gap[r]) - med) / 1e3;
+      ++tally.gap_calls;
     }
-    uint16_t best_algo = 0;
-    int best_votes = -1;
-    for (auto [a, v] : algo_votes)
-      if (v > best_votes) best_algo = a, best_votes = v;
-    s.algo = best_algo < t.ranks[0].file.algos.size() ? t.ranks[0].file.algos[best_algo] : "";
-    s.time_us = median(times);
-    if (s.time_us > 0) {
-      s.algbw_gbps = static_cast<double>(s.bytes) / (s.time_us * 1e3);
-      s.busbw_gbps = s.algbw_gbps * busBwFactor(key.first, n);
+    for (int r = 0; r < n; ++r) {
+      wait_sum += static_cast<double>(last_arrival - c.arrive[r]);
+      in_sum += static_cast<double>(std::max<int64_t>(c.end[r] - c.arrive[r], 0));
     }
-    s.predicted_us = preds.empty() ? -1 : median(preds);
-    s.skew_us = median(skews);
-    s.skew_max_us = *std::max_element(skews.begin(), skews.end());
-    s.last_rank = static_cast<int>(std::max_element(last_votes.begin(), last_votes.end()) - last_votes.begin());
-    s.last_share = static_cast<double>(last_votes[static_cast<size_t>(s.last_rank)]) / static_cast<double>(s.calls);
-    s.last_late_us = median(lates);
-    s.wait_share = in_sum > 0 ? wait_sum / in_sum : 0;
-    rep.collectives.push_back(s);
+    ++algo_votes[c.op0->algo];
+    if (c.op0->predicted_ns >= 0) preds.push_back(static_cast<double>(c.op0->predicted_ns) / 1e3);
   }
-  // The straggler: the rank that spends the most time outside the
-  // communicator between calls, compared with the median rank.  Arriving last
-  // alone does not make one: a rank that finished the previous call last
-  // (behind a slow link) also arrives last at the next.
+  uint16_t best_algo = 0;
+  int best_votes = -1;
+  for (auto [a, v] : algo_votes)
+    if (v > best_votes) best_algo = a, best_votes = v;
+  s.algo = best_algo < t.ranks[0].file.algos.size() ? t.ranks[0].file.algos[best_algo] : "";
+  s.time_us = median(times);
+  if (s.time_us > 0) {
+    s.algbw_gbps = static_cast<double>(s.bytes) / (s.time_us * 1e3);
+    s.busbw_gbps = s.algbw_gbps * busBwFactor(key.first, n);
+  }
+  s.predicted_us = preds.empty() ? -1 : median(preds);
+  s.skew_us = median(skews);
+  s.skew_max_us = *std::max_element(skews.begin(), skews.end());
+  s.last_rank = static_cast<int>(std::max_element(last_votes.begin(), last_votes.end()) - last_votes.begin());
+  s.last_share = static_cast<double>(last_votes[static_cast<size_t>(s.last_rank)]) / static_cast<double>(s.calls);
+  s.last_late_us = median(lates);
+  s.wait_share = in_sum > 0 ? wait_sum / in_sum : 0;
+  return s;
+}
+
+// The straggler: the rank that spends the most time outside the
+// communicator between calls, compared with the median rank.  Arriving last
+// alone does not make one: a rank that finished the previous call last
+// (behind a slow link) also arrives last at the next.
+void findStraggler(const CommTrace& t, const ArrivalTally& tally, Report& rep) {
+  const int n = t.nranks;
+  const double late_threshold_us = std::max(100.0, 5 * rep.clock_bound_us);
   for (int r = 0; r < n; ++r) {
     RankStats rs;
     rs.rank = r;
     rs.host = t.hostOf(r);
-    rs.excess_gap_us = gap_calls ? excess_sum[static_cast<size_t>(r)] / gap_calls : 0;
-    rs.last_share = total_calls ? static_cast<double>(last_count[static_cast<size_t>(r)]) / total_calls : 0;
+    rs.excess_gap_us = tally.gap_calls ? tally.excess_sum[static_cast<size_t>(r)] / tally.gap_calls : 0;
+    rs.last_share =
+        tally.total_calls ? static_cast<double>(tally.last_count[static_cast<size_t>(r)]) / tally.total_calls : 0;
     rep.rank_stats.push_back(rs);
   }
-  if (gap_calls > 0) {
-    std::vector<double> sorted = excess_sum;
+  if (tally.gap_calls > 0) {
+    std::vector<double> sorted = tally.excess_sum;
     std::sort(sorted.rbegin(), sorted.rend());
-    const int cand = static_cast<int>(std::max_element(excess_sum.begin(), excess_sum.end()) - excess_sum.begin());
-    const double mean = excess_sum[static_cast<size_t>(cand)] / gap_calls;
+    const int cand = static_cast<int>(std::max_element(tally.excess_sum.begin(), tally.excess_sum.end()) -
+                                      tally.excess_sum.begin());
+    const double mean = tally.excess_sum[static_cast<size_t>(cand)] / tally.gap_calls;
     const double second = n > 1 ? std::max(sorted[1], 0.0) : 0.0;
     if (mean > late_threshold_us && sorted[0] >= 2 * second) {
       rep.straggler = cand;
       rep.straggler_late_us = mean;
     }
   }
+}
 
-  // ---- links.
+// What the link analysis leaves for the host analysis and the verdict.
+struct LinkTally {
+  std::map<std::pair<int, int>, std::vector<std::pair<int64_t, int64_t>>> busy;  // transfers in flight, per link
+  std::map<std::pair<int, int>, bool> has_large;  // links that carried a message >= kLargeMessage
+  double same_med = 0, cross_med = 0;             // median link rate, same host and across hosts
+};
+
+LinkTally analyseLinks(const CommTrace& t, Report& rep) {
+  LinkTally tally;
+  auto& busy = tally.busy;
+  auto& has_large = tally.has_large;
   const std::vector<Transfer> xs = matchTransfers(t);
   std::map<std::pair<int, int>, LinkStats> links;
-  std::map<std::pair<int, int>, std::vector<std::pair<int64_t, int64_t>>> busy;
-  std::map<std::pair<int, int>, bool> has_large;
   for (const Transfer& x : xs)
     if (x.bytes >= kLargeMessage) has_large[{x.src, x.dst}] = true;
   for (const Transfer& x : xs) {
@@ -482,10 +507,11 @@ Report analyse(const CommTrace& t) {
     l.gbps = l.busy_us > 0 ? static_cast<double>(l.bytes) / (l.busy_us * 1e3) : 0;
     if (has_large.count(k)) (l.same_host ? same_rates : cross_rates).push_back(l.gbps);
   }
-  const double same_med = median(same_rates), cross_med = median(cross_rates);
+  tally.same_med = median(same_rates);
+  tally.cross_med = median(cross_rates);
   for (auto& [k, l] : links) {
     // Links that carried only small messages measure latency: not compared.
-    l.class_median_gbps = has_large.count(k) ? (l.same_host ? same_med : cross_med) : 0;
+    l.class_median_gbps = has_large.count(k) ? (l.same_host ? tally.same_med : tally.cross_med) : 0;
     rep.links.push_back(l);
   }
   auto ratio = [](const LinkStats& l) { return l.class_median_gbps > 0 ? l.gbps / l.class_median_gbps : 1.0; };
@@ -494,55 +520,58 @@ Report analyse(const CommTrace& t) {
     rep.slow_src = rep.links.front().src;
     rep.slow_dst = rep.links.front().dst;
   }
+  return tally;
+}
 
-  // ---- hosts: each host's cross-host links, outbound and inbound.
-  if (rep.hosts >= 2) {
-    std::map<std::string, std::vector<int>> ranks_of;
-    for (int r = 0; r < n; ++r) ranks_of[t.hostOf(r)].push_back(r);
-    for (int dir = 0; dir < 2; ++dir) {
-      std::vector<HostLinkStats> hs;
-      for (auto& [h, rs] : ranks_of) {
-        HostLinkStats s;
-        s.host = h;
-        s.ranks = rs;
-        s.outbound = dir == 0;
-        std::vector<std::pair<int64_t, int64_t>> spans;
-        for (const LinkStats& l : rep.links) {
-          if (l.same_host || !has_large.count({l.src, l.dst})) continue;
-          if ((s.outbound ? l.src_host : l.dst_host) != h) continue;
-          s.bytes += l.bytes;
-          const auto& b = busy[{l.src, l.dst}];
-          spans.insert(spans.end(), b.begin(), b.end());
-        }
-        s.busy_us = unionUs(spans);
-        s.gbps = s.busy_us > 0 ? static_cast<double>(s.bytes) / (s.busy_us * 1e3) : 0;
-        if (s.bytes > 0) hs.push_back(s);
+// Each host's cross-host links, outbound and inbound, against the other hosts.
+void analyseHosts(const CommTrace& t, const LinkTally& links, Report& rep) {
+  std::map<std::string, std::vector<int>> ranks_of;
+  for (int r = 0; r < t.nranks; ++r) ranks_of[t.hostOf(r)].push_back(r);
+  for (int dir = 0; dir < 2; ++dir) {
+    std::vector<HostLinkStats> hs;
+    for (auto& [h, rs] : ranks_of) {
+      HostLinkStats s;
+      s.host = h;
+      s.ranks = rs;
+      s.outbound = dir == 0;
+      std::vector<std::pair<int64_t, int64_t>> spans;
+      for (const LinkStats& l : rep.links) {
+        if (l.same_host || !links.has_large.count({l.src, l.dst})) continue;
+        if ((s.outbound ? l.src_host : l.dst_host) != h) continue;
+        s.bytes += l.bytes;
+        if (auto b = links.busy.find({l.src, l.dst}); b != links.busy.end())
+          spans.insert(spans.end(), b->second.begin(), b->second.end());
       }
-      // Each host against the median of the others.
-      for (HostLinkStats& s : hs) {
-        std::vector<double> others;
-        for (const HostLinkStats& o : hs)
-          if (&o != &s) others.push_back(o.gbps);
-        s.median_gbps = median(others);
-      }
-      rep.host_links.insert(rep.host_links.end(), hs.begin(), hs.end());
+      s.busy_us = unionUs(spans);
+      s.gbps = s.busy_us > 0 ? static_cast<double>(s.bytes) / (s.busy_us * 1e3) : 0;
+      if (s.bytes > 0) hs.push_back(s);
     }
-    auto hratio = [](const HostLinkStats& h) { return h.median_gbps > 0 ? h.gbps / h.median_gbps : 1.0; };
-    std::sort(rep.host_links.begin(), rep.host_links.end(),
-              [&](const HostLinkStats& a, const HostLinkStats& b) { return hratio(a) < hratio(b); });
-    if (!rep.host_links.empty() && hratio(rep.host_links.front()) < 0.5) {
-      const HostLinkStats& h = rep.host_links.front();
-      rep.slow_host = h.host;
-      rep.slow_host_outbound = h.outbound;
-      if (rep.host_links.size() > 1) {
-        const HostLinkStats& h2 = rep.host_links[1];
-        if (h2.outbound != h.outbound && hratio(h2) <= hratio(h) * 1.1) rep.slow_host_alt = h2.host;
-      }
+    // Each host against the median of the others.
+    for (HostLinkStats& s : hs) {
+      std::vector<double> others;
+      for (const HostLinkStats& o : hs)
+        if (&o != &s) others.push_back(o.gbps);
+      s.median_gbps = median(others);
+    }
+    rep.host_links.insert(rep.host_links.end(), hs.begin(), hs.end());
+  }
+  auto hratio = [](const HostLinkStats& h) { return h.median_gbps > 0 ? h.gbps / h.median_gbps : 1.0; };
+  std::sort(rep.host_links.begin(), rep.host_links.end(),
+            [&](const HostLinkStats& a, const HostLinkStats& b) { return hratio(a) < hratio(b); });
+  if (!rep.host_links.empty() && hratio(rep.host_links.front()) < 0.5) {
+    const HostLinkStats& h = rep.host_links.front();
+    rep.slow_host = h.host;
+    rep.slow_host_outbound = h.outbound;
+    if (rep.host_links.size() > 1) {
+      const HostLinkStats& h2 = rep.host_links[1];
+      if (h2.outbound != h.outbound && hratio(h2) <= hratio(h) * 1.1) rep.slow_host_alt = h2.host;
     }
   }
+}
 
-  // ---- the verdict.
-  std::string v = fmt::format("{} ranks on {} host(s), {} collective call(s) traced.", n, rep.hosts, total_calls);
+std::string verdict(const CommTrace& t, const Report& rep, int total_calls, const LinkTally& links) {
+  std::string v = fmt::format("{} ranks on {} host(s), {} collective call(s) traced.", t.nranks, rep.hosts,
+                              total_calls);
   const CollectiveStats* top = nullptr;
   double top_total = -1;
   for (const CollectiveStats& s : rep.collectives) {
@@ -585,11 +614,34 @@ Report analyse(const CommTrace& t) {
                      l.src, l.dst, l.src_host, l.dst_host, l.gbps, l.class_median_gbps);
   } else if (rep.slow_host.empty() && !rep.links.empty()) {
     v += " Links are even";
-    if (same_med > 0) v += fmt::format(": same host {:.2f} GB/s", same_med);
-    if (cross_med > 0) v += fmt::format("{} across hosts {:.3f} GB/s", same_med > 0 ? "," : ":", cross_med);
+    if (links.same_med > 0) v += fmt::format(": same host {:.2f} GB/s", links.same_med);
+    if (links.cross_med > 0)
+      v += fmt::format("{} across hosts {:.3f} GB/s", links.same_med > 0 ? "," : ":", links.cross_med);
     v += " (median per link while busy).";
   }
-  rep.verdict = v;
+  return v;
+}
+
+}  // namespace
+
+Report analyse(const CommTrace& t) {
+  Report rep;
+  rep.comm_id = t.comm_id;
+  rep.nranks = t.nranks;
+  rep.missing_ranks = t.missing();
+  describeRanks(t, rep);
+  if (!rep.missing_ranks.empty() || t.nranks == 0) {
+    rep.verdict = fmt::format("Traces of rank(s) {} are missing: no cross-rank analysis (was the job run with "
+                              "CHORUS_TRACE on every rank, and did it finish?).",
+                              rankList(rep.missing_ranks));
+    return rep;
+  }
+  ArrivalTally arrivals(t.nranks);
+  for (const auto& [key, calls] : groupCalls(t)) rep.collectives.push_back(collectiveStats(t, key, calls, arrivals));
+  findStraggler(t, arrivals, rep);
+  const LinkTally links = analyseLinks(t, rep);
+  if (rep.hosts >= 2) analyseHosts(t, links, rep);
+  rep.verdict = verdict(t, rep, arrivals.total_calls, links);
   return rep;
 }
 

@@ -219,6 +219,13 @@ class ShmTransport final : public Transport, public Board {
     return abort_status_;
   }
 
+  // init()'s steps.
+  Status configure(const ShmSetup& setup);
+  Result<SegmentRecord> createSegment(const ShmSetup& setup);
+  Status mapPeer(Peer& p, bootstrap::Store& store, std::chrono::milliseconds timeout, std::vector<std::string>* names);
+  uint32_t probeCma(const Peer& p, uint64_t probe_addr) const;
+  Status setupBarrier(bootstrap::Store& store, std::chrono::milliseconds timeout);
+
   bool progressSend(Peer& p);
   void publishHint(Peer& p);
   void checkUnclaimed(Peer& p);
@@ -278,6 +285,35 @@ class ShmTransport final : public Transport, public Board {
 // ---------------------------------------------------------------- setup ----
 
 Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
+  CHORUS_RETURN_IF_ERROR(configure(setup));
+  CHORUS_ASSIGN_OR_RETURN(const SegmentRecord rec, createSegment(setup));
+  CHORUS_RETURN_IF_ERROR(store.set(fmt::format("shm/{}", rank_), bootstrap::toBytes(rec)));
+
+  // Map every peer's segment and find our ring in it.
+  std::vector<std::string> peer_names;
+  for (Peer& p : peers_) CHORUS_RETURN_IF_ERROR(mapPeer(p, store, setup.timeout, &peer_names));
+
+  CHORUS_RETURN_IF_ERROR(setupBarrier(store, setup.timeout));
+  // Every rank of the set has mapped every segment now, so any of them may
+  // remove every name: the names go even if some ranks are killed right here.
+  shm_unlink(own_name_.c_str());
+  own_name_.clear();
+  for (const std::string& n : peer_names) shm_unlink(n.c_str());
+
+  for (Peer& p : peers_) {
+    p.cma_send = allow_cma_ && p.out->cma_ok.load(std::memory_order_acquire) != 0;
+    stats_.cma_peers += p.cma_send ? 1 : 0;
+    if (p.pid != pid_) {
+      p.pidfd = static_cast<int>(syscall(SYS_pidfd_open, p.pid, 0));  // -1: fall back to kill(pid, 0)
+    }
+  }
+  if (allow_cma_ && !peers_.empty()) bounce_.resize(kBounceBytes);  // for CMA reduce-receives
+  seen_bell_ = page0_->bell.load(std::memory_order_acquire);
+  last_liveness_ = Clock::now();
+  return {};
+}
+
+Status ShmTransport::configure(const ShmSetup& setup) {
   rank_ = setup.rank;
   pid_ = getpid();
   peer_ranks_ = setup.peers;
@@ -302,8 +338,14 @@ Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
   size_t ncores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? static_cast<size_t>(CPU_COUNT(&cpus)) : 1;
   oversubscribed_ = peer_ranks_.size() + 1 > ncores;
   spin_ = std::max(setup.spin, std::chrono::microseconds(0));
+  return {};
+}
 
-  // Create our segment; a name left by a killed earlier run is unlinked once.
+// Creates, sizes and lays out our segment; returns the record that tells the
+// peers where it is.
+Result<SegmentRecord> ShmTransport::createSegment(const ShmSetup& setup) {
+  const size_t ring_bytes = setup.ring_bytes;
+  // A name left by a killed earlier run is unlinked once.
   std::string name = setup.segment_prefix[0] == '/' ? setup.segment_prefix : "/" + setup.segment_prefix;
   name += fmt::format("-r{}", rank_);
   const size_t nslots = peer_ranks_.size();
@@ -356,96 +398,81 @@ Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
   rec.probe_addr = reinterpret_cast<uint64_t>(&probe_);
   rec.total_bytes = total;
   std::snprintf(rec.name, sizeof rec.name, "%s", name.c_str());
-  CHORUS_RETURN_IF_ERROR(store.set(fmt::format("shm/{}", rank_), bootstrap::toBytes(rec)));
+  return rec;
+}
 
-  // Map every peer's segment and find our ring in it.
-  std::vector<std::string> peer_names;
-  for (Peer& p : peers_) {
-    CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes b, store.get(fmt::format("shm/{}", p.rank), setup.timeout));
-    SegmentRecord pr{};
-    if (b.size() != sizeof pr)
-      return internalError("shm transport, rank {}: store record of peer rank {} has {} bytes, expected {} "
-                           "(mixed chorus versions?)", rank_, p.rank, b.size(), sizeof pr);
-    std::memcpy(&pr, b.data(), sizeof pr);
-    pr.name[sizeof pr.name - 1] = '\0';
-    peer_names.emplace_back(pr.name);
-    int pfd = shm_open(pr.name, O_RDWR, 0);
-    if (pfd < 0)
-      return errnoError(fmt::format("shm transport, rank {}: opening peer rank {}'s segment {} (is that rank on "
-                                    "another host or in another IPC namespace?)", rank_, p.rank, pr.name), errno);
-    struct stat st {};
-    if (fstat(pfd, &st) != 0 || static_cast<uint64_t>(st.st_size) != pr.total_bytes) {
-      close(pfd);
-      return internalError("shm transport, rank {}: peer rank {}'s segment {} has size {}, expected {}", rank_,
-                           p.rank, pr.name, static_cast<int64_t>(st.st_size), pr.total_bytes);
-    }
-    void* paddr = mmap(nullptr, pr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
-    int perr = errno;
+// Maps p's segment (its name goes to *names, to be unlinked after the
+// barrier), finds our ring in it and tells p whether we can read its memory.
+Status ShmTransport::mapPeer(Peer& p, bootstrap::Store& store, std::chrono::milliseconds timeout,
+                             std::vector<std::string>* names) {
+  CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes b, store.get(fmt::format("shm/{}", p.rank), timeout));
+  SegmentRecord pr{};
+  if (b.size() != sizeof pr)
+    return internalError("shm transport, rank {}: store record of peer rank {} has {} bytes, expected {} "
+                         "(mixed chorus versions?)", rank_, p.rank, b.size(), sizeof pr);
+  std::memcpy(&pr, b.data(), sizeof pr);
+  pr.name[sizeof pr.name - 1] = '\0';
+  names->emplace_back(pr.name);
+  int pfd = shm_open(pr.name, O_RDWR, 0);
+  if (pfd < 0)
+    return errnoError(fmt::format("shm transport, rank {}: opening peer rank {}'s segment {} (is that rank on "
+                                  "another host or in another IPC namespace?)", rank_, p.rank, pr.name), errno);
+  struct stat st {};
+  if (fstat(pfd, &st) != 0 || static_cast<uint64_t>(st.st_size) != pr.total_bytes) {
     close(pfd);
-    if (paddr == MAP_FAILED)
-      return errnoError(fmt::format("shm transport, rank {}: mmap of peer rank {}'s segment {}", rank_, p.rank,
-                                    pr.name), perr);
-    p.seg = Mapping(paddr, pr.total_bytes);
-    p.peer_page0 = p.seg.page0();
-    const SegmentHeader& h = p.peer_page0->header;
-    if (h.magic != kSegmentMagic || h.version != kLayoutVersion || h.owner_rank != p.rank)
-      return internalError("shm transport, rank {}: segment {} of peer rank {} has a foreign layout (magic {:#x}, "
-                           "version {}, owner {})", rank_, pr.name, p.rank, h.magic, h.version, h.owner_rank);
-    p.pid = h.owner_pid;
-    p.board = boardSlots(p.seg.data());
-    size_t slot = h.nslots;
-    for (size_t i = 0; i < h.nslots; ++i)
-      if (slotControl(p.seg.data(), h.ring_bytes, i)->sender_rank == rank_) slot = i;
-    if (slot == h.nslots)
-      return invalidArgument("shm transport, rank {}: peer rank {} does not list rank {} among its local peers "
-                             "(do all ranks agree on which ranks share this host?)", rank_, p.rank, rank_);
-    p.out = slotControl(p.seg.data(), h.ring_bytes, slot);
-    p.out_data = slotData(p.seg.data(), h.ring_bytes, slot);
-    p.out_mask = h.ring_bytes - 1;
-
-    // CMA probe: can we (the receiver of this peer's messages) read its memory?
-    uint32_t cma_ok = 0;
-    if (allow_cma_) {
-      uint64_t v = 0;
-      iovec local{&v, sizeof v};
-      iovec remote{reinterpret_cast<void*>(pr.probe_addr), sizeof v};
-      ssize_t n = process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
-      if (n == static_cast<ssize_t>(sizeof v) && v == kProbeValue) {
-        cma_ok = 1;
-      } else {
-        log::info("shm transport, rank {}: cross-memory attach to peer rank {} (pid {}) unavailable ({}); large "
-                  "messages from it go through the ring", rank_, p.rank, p.pid, n < 0 ? strerror(errno) : "short");
-      }
-    }
-    p.in->cma_ok.store(cma_ok, std::memory_order_release);
+    return internalError("shm transport, rank {}: peer rank {}'s segment {} has size {}, expected {}", rank_,
+                         p.rank, pr.name, static_cast<int64_t>(st.st_size), pr.total_bytes);
   }
+  void* paddr = mmap(nullptr, pr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+  int perr = errno;
+  close(pfd);
+  if (paddr == MAP_FAILED)
+    return errnoError(fmt::format("shm transport, rank {}: mmap of peer rank {}'s segment {}", rank_, p.rank,
+                                  pr.name), perr);
+  p.seg = Mapping(paddr, pr.total_bytes);
+  p.peer_page0 = p.seg.page0();
+  const SegmentHeader& h = p.peer_page0->header;
+  if (h.magic != kSegmentMagic || h.version != kLayoutVersion || h.owner_rank != p.rank)
+    return internalError("shm transport, rank {}: segment {} of peer rank {} has a foreign layout (magic {:#x}, "
+                         "version {}, owner {})", rank_, pr.name, p.rank, h.magic, h.version, h.owner_rank);
+  p.pid = h.owner_pid;
+  p.board = boardSlots(p.seg.data());
+  size_t slot = h.nslots;
+  for (size_t i = 0; i < h.nslots; ++i)
+    if (slotControl(p.seg.data(), h.ring_bytes, i)->sender_rank == rank_) slot = i;
+  if (slot == h.nslots)
+    return invalidArgument("shm transport, rank {}: peer rank {} does not list rank {} among its local peers "
+                           "(do all ranks agree on which ranks share this host?)", rank_, p.rank, rank_);
+  p.out = slotControl(p.seg.data(), h.ring_bytes, slot);
+  p.out_data = slotData(p.seg.data(), h.ring_bytes, slot);
+  p.out_mask = h.ring_bytes - 1;
+  p.in->cma_ok.store(probeCma(p, pr.probe_addr), std::memory_order_release);
+  return {};
+}
 
-  // Barrier: after it every peer has mapped our segment (so the name can go)
-  // and has written its cma_ok flags (so we can read them).  Keyed by the
-  // lowest rank of the set so that other hosts' sets do not share a counter.
+// CMA probe: can we (the receiver of p's messages) read its memory?  1: yes.
+uint32_t ShmTransport::probeCma(const Peer& p, uint64_t probe_addr) const {
+  if (!allow_cma_) return 0;
+  uint64_t v = 0;
+  iovec local{&v, sizeof v};
+  iovec remote{reinterpret_cast<void*>(probe_addr), sizeof v};
+  ssize_t n = process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
+  if (n == static_cast<ssize_t>(sizeof v) && v == kProbeValue) return 1;
+  log::info("shm transport, rank {}: cross-memory attach to peer rank {} (pid {}) unavailable ({}); large "
+            "messages from it go through the ring", rank_, p.rank, p.pid, n < 0 ? strerror(errno) : "short");
+  return 0;
+}
+
+// After it every peer has mapped our segment (so the name can go) and has
+// written its cma_ok flags (so we can read them).  Keyed by the lowest rank of
+// the set so that other hosts' sets do not share a counter.
+Status ShmTransport::setupBarrier(bootstrap::Store& store, std::chrono::milliseconds timeout) {
   const int nset = static_cast<int>(peers_.size()) + 1;
   const int lowest = peer_ranks_.empty() ? rank_ : std::min(rank_, peer_ranks_.front());
   const std::string bkey = fmt::format("shm/barrier/{}", lowest);
   CHORUS_ASSIGN_OR_RETURN(int64_t arrived, store.add(bkey, 1));
   if (arrived == nset) CHORUS_RETURN_IF_ERROR(store.set(bkey + "/done", bootstrap::toBytes(std::string_view("1"))));
-  CHORUS_RETURN_IF_ERROR(store.get(bkey + "/done", setup.timeout).status());
-  // Every rank of the set has mapped every segment now, so any of them may
-  // remove every name: the names go even if some ranks are killed right here.
-  shm_unlink(own_name_.c_str());
-  own_name_.clear();
-  for (const std::string& n : peer_names) shm_unlink(n.c_str());
-
-  for (Peer& p : peers_) {
-    p.cma_send = allow_cma_ && p.out->cma_ok.load(std::memory_order_acquire) != 0;
-    stats_.cma_peers += p.cma_send ? 1 : 0;
-    if (p.pid != pid_) {
-      p.pidfd = static_cast<int>(syscall(SYS_pidfd_open, p.pid, 0));  // -1: fall back to kill(pid, 0)
-    }
-  }
-  if (allow_cma_ && !peers_.empty()) bounce_.resize(kBounceBytes);  // for CMA reduce-receives
-  seen_bell_ = page0_->bell.load(std::memory_order_acquire);
-  last_liveness_ = Clock::now();
-  return {};
+  return store.get(bkey + "/done", timeout).status();
 }
 
 // ------------------------------------------------------------ posting ------

@@ -254,889 +254,63 @@ class TcpTransport final : public Transport {
       for (Sock& sk : p.socks) drainUnread(sk);
   }
 
-  static void drainUnread(const Sock& sk) {
-    if (!sk.fd.valid()) return;
-    std::array<std::byte, 64 * 1024> sink;
-    for (int i = 0; i < 1024; ++i)  // bounded: at most 64 MiB
-      if (::recv(sk.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT) <= 0) break;
-  }
-
-  Status init(std::vector<tcp::PeerLink> links, std::chrono::microseconds spin) {
-    spin_ = std::max(spin, std::chrono::microseconds(0));
-    epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
-    if (!epoll_.valid()) return errnoError("epoll_create1 (tcp transport)", errno);
-    wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!wake_fd_.valid()) return errnoError("eventfd (tcp transport)", errno);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = kWakeTag;
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev) != 0)
-      return errnoError("epoll_ctl (tcp transport eventfd)", errno);
-
-    hint_epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
-    if (!hint_epoll_.valid()) return errnoError("epoll_create1 (tcp transport)", errno);
-
-    peers_.resize(links.size());
-    int max_rank = 0;
-    for (const auto& l : links) max_rank = std::max(max_rank, l.rank);
-    index_of_.assign(static_cast<size_t>(max_rank) + 1, -1);
-    for (size_t i = 0; i < links.size(); ++i) {
-      Peer& p = peers_[i];
-      p.rank = links[i].rank;
-      p.addr = links[i].addr;
-      index_of_[static_cast<size_t>(p.rank)] = static_cast<int>(i);
-      p.stage.resize(kHeaderBytes + kSmallBytes);
-      p.pushback.resize(kSmallBytes);
-      p.socks.resize(links[i].socks.size());
-      for (size_t k = 0; k < p.socks.size(); ++k) {
-        Sock& s = p.socks[k];
-        s.fd = std::move(links[i].socks[k]);
-        s.index = static_cast<int>(k);
-        CHORUS_RETURN_IF_ERROR(net::setNonBlocking(s.fd.get(), true));
-        CHORUS_RETURN_IF_ERROR(net::setNoDelay(s.fd.get()));
-        tuneBuffers(s.fd.get());
-        setHeartbeat(s.fd.get(), heartbeat_ms_);
-        // The hint set watches every socket's input all the time; only poll()
-        // reads it, so data nobody asked for yet just stays reported there.
-        epoll_event hint{};
-        hint.events = EPOLLIN;
-        hint.data.u64 = (uint64_t{i} << 32) | k;
-        if (::epoll_ctl(hint_epoll_.get(), EPOLL_CTL_ADD, s.fd.get(), &hint) != 0)
-          return errnoError("epoll_ctl (tcp transport hint set)", errno);
-      }
-    }
-    return {};
-  }
+  Status init(std::vector<tcp::PeerLink> links, std::chrono::microseconds spin);
 
   [[nodiscard]] std::string_view name() const override { return "tcp"; }
 
-  Status postSend(int peer, const void* src, size_t bytes, Request* req) override {
-    CHORUS_ASSIGN_OR_RETURN(Peer * p, peerForPost(peer, req, "send"));
-    if (bytes > tcp::kMaxFrameBytes)
-      return rejectPost(
-          req, invalidArgument("tcp send of {} bytes to rank {} exceeds the 2^48-byte message limit", bytes, peer));
-    if (bytes > 0 && src == nullptr)
-      return rejectPost(req, invalidArgument("tcp send of {} bytes to rank {} from a null buffer", bytes, peer));
-    Op* op = allocOp();
-    op->req = req;
-    op->src = static_cast<const std::byte*>(src);
-    op->len = bytes;
-    op->seq = p->send_seq++;
-    op->rdv = rdv_bytes_ != 0 && bytes >= rdv_bytes_;
-    op->hdr = FrameHeader{tcp::kFrameMagic, op->rdv ? tcp::kFlagRts : 0, bytes, req->sig};
-    op->hdr2 = FrameHeader{tcp::kFrameMagic, tcp::kFlagData, bytes, req->sig};
-    op->pending = 0;
-    markPosted(req);
-    noteCall(req->sig);
-    for (Sock& s : p->socks) {
-      uint64_t total = tcp::shareBytes(bytes, nsockets_, s.index) + headerBytes(op, s.index);
-      if (total == 0) continue;
-      ++op->pending;
-      s.tx.push(Entry{op, bytes, 0, total});
-    }
-    return {};
-  }
-
-  Status postRecv(int peer, const RecvTarget& target, Request* req) override {
-    CHORUS_ASSIGN_OR_RETURN(Peer * p, peerForPost(peer, req, "receive"));
-    if (target.bytes > 0 && target.dst == nullptr)
-      return rejectPost(req,
-                        invalidArgument("tcp receive of {} bytes from rank {} into a null buffer", target.bytes, peer));
-    if (target.reducer != nullptr) {
-      if (!target.reducer->valid())
-        return rejectPost(req, invalidArgument("tcp receive from rank {}: the reducer is not initialised", peer));
-      size_t es = target.reducer->elemSize();
-      if (es == 0 || es > sizeof(Sock::carry) || target.bytes % es != 0)
-        return rejectPost(req, invalidArgument("tcp reducing receive from rank {}: {} bytes is not a whole number of "
-                                               "{}-byte elements",
-                                               peer, target.bytes, es));
-    }
-    Op* op = allocOp();
-    op->req = req;
-    op->dst = target.dst;
-    op->reducer = target.reducer;
-    op->accum = target.accum != nullptr ? target.accum : target.dst;
-    op->len = target.bytes;
-    op->pending = 0;
-    op->seq = p->recv_seq++;
-    // Clear to send at once: the grant travels while the sender gets there.
-    if (rdv_bytes_ != 0 && op->len >= rdv_bytes_) p->grant_want = std::max(p->grant_want, op->seq + 1);
-    markPosted(req);
-    p->unmatched.push(op);
-    noteCall(req->sig);
-    return {};
-  }
-
-  Result<bool> poll() override {
-    if (aborted_.load(std::memory_order_acquire)) return applyAbort();
-    bool progressed = false;
-    Status first_error;
-    if (heartbeat_ms_ > 0) checkLiveness(first_error);
-    takeReadHint();
-    for (int pass = 0; pass < kMaxPasses; ++pass) {
-      bool moved = false;
-      for (Peer& p : peers_) {
-        if (p.failed || !p.busy()) continue;
-        Status s = progressPeer(p, moved);
-        if (!s.isOk()) {
-          failPeer(p, s);
-          moved = true;
-          if (first_error.isOk()) first_error = s;
-        }
-      }
-      if (!moved) break;
-      progressed = true;
-    }
-    if (!first_error.isOk()) return first_error;
-    return progressed;
-  }
-
-  void wait(std::chrono::microseconds timeout) override {
-    if (aborted_.load(std::memory_order_acquire)) return;
-    // Interest follows the posted work: a socket with nothing to do is not in
-    // the set, so unread data for a receive not yet posted (or a peer that
-    // hung up while idle) cannot turn waiting into spinning.
-    for (Peer& p : peers_) {
-      if (p.failed) continue;
-      // Pushed-back bytes are readable without the socket: poll() can move them now.
-      if (p.pushback_len > 0 && (p.frameWanted() || !p.socks[0].rx.empty())) return;
-      for (Sock& s : p.socks) {
-        uint32_t want = 0;
-        if (hasWritable(p, s)) want |= EPOLLOUT;
-        if (!s.rx.empty() || (s.index == 0 && p.frameWanted())) want |= EPOLLIN;
-        if (want == s.epoll_mask) continue;
-        epoll_event ev{};
-        ev.events = want;
-        ev.data.u64 = 0;
-        int op = s.epoll_mask == 0 ? EPOLL_CTL_ADD : (want == 0 ? EPOLL_CTL_DEL : EPOLL_CTL_MOD);
-        if (::epoll_ctl(epoll_.get(), op, s.fd.get(), &ev) != 0) {
-          // Cannot happen for a valid socket; spinning is a safe degradation.
-          log::warn("tcp transport rank {}: epoll_ctl for rank {}: {}", rank_, p.rank, describeErrno(errno));
-          return;
-        }
-        s.epoll_mask = want;
-      }
-    }
-    std::array<epoll_event, 32> events;
-    auto drainWake = [&](int n) {
-      for (int i = 0; i < n; ++i)
-        if (events[static_cast<size_t>(i)].data.u64 == kWakeTag) {
-          uint64_t v;
-          [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
-        }
-    };
-    // Poll before sleeping, as the shared-memory transport does: a peer that
-    // answers within CHORUS_SPIN_US is caught without a sleep and a wake-up
-    // (loopback 8-byte allreduce: ~20-30 us when both sides sleep on epoll,
-    // Open MPI's busy-polling TCP BTL ~8 us).  Each try is a non-blocking
-    // epoll_wait; the core is yielded every few tries, so a peer queued
-    // behind us on this core gets it.  A short wait (the executor taking turns
-    // between transports) does not spin: the other transport's wait does.
-    if (spin_.count() > 0 && timeout >= std::chrono::milliseconds(1)) {
-      const auto spin_end = std::chrono::steady_clock::now() + spin_;
-      for (uint32_t i = 1;; ++i) {
-        const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), 0);
-        if (n != 0) {
-          drainWake(n);
-          return;
-        }
-        if ((i & 3) == 0) {
-          if (std::chrono::steady_clock::now() >= spin_end) break;
-          sched_yield();
-        }
-      }
-    }
-    timespec ts{};
-    auto us = std::max<int64_t>(timeout.count(), 0);
-    ts.tv_sec = us / 1000000;
-    ts.tv_nsec = (us % 1000000) * 1000;
-    int n = ::epoll_pwait2(epoll_.get(), events.data(), static_cast<int>(events.size()), &ts, nullptr);
-    if (n < 0 && errno == ENOSYS) {  // kernels before 5.11: millisecond resolution, rounded up
-      int ms = static_cast<int>(std::min<int64_t>((us + 999) / 1000, INT_MAX));
-      n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), ms);
-    }
-    drainWake(n);
-  }
-
-  void wake() override {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t r = ::write(wake_fd_.get(), &one, sizeof one);
-  }
-
-  void abort(const Status& why) override {
-    {
-      std::lock_guard lock(abort_mu_);
-      if (!aborted_.load(std::memory_order_relaxed))
-        abort_status_ = why.isOk() ? internalError("tcp transport aborted without a reason") : why;
-    }
-    aborted_.store(true, std::memory_order_release);
-    wake();
-  }
+  Status postSend(int peer, const void* src, size_t bytes, Request* req) override;
+  Status postRecv(int peer, const RecvTarget& target, Request* req) override;
+  Result<bool> poll() override;
+  void wait(std::chrono::microseconds timeout) override;
+  void wake() override;
+  void abort(const Status& why) override;
 
  private:
   static constexpr uint64_t kWakeTag = ~uint64_t{0};
 
   // ---- posting ----
 
-  Result<Peer*> peerForPost(int peer, Request* req, std::string_view what) {
-    if (aborted_.load(std::memory_order_acquire)) {
-      std::lock_guard lock(abort_mu_);
-      return rejectPost(req, abort_status_);
-    }
-    int idx = peer >= 0 && static_cast<size_t>(peer) < index_of_.size() ? index_of_[static_cast<size_t>(peer)] : -1;
-    if (idx < 0)
-      return rejectPost(
-          req, invalidArgument("tcp {} on rank {}: rank {} is not a peer of this transport", what, rank_, peer));
-    Peer& p = peers_[static_cast<size_t>(idx)];
-    if (p.failed) return rejectPost(req, p.error);
-    return &p;
-  }
-
-  static Status rejectPost(Request* req, Status why) {
-    if (req != nullptr) req->fail(why);
-    return why;
-  }
-
-  static void markPosted(Request* req) {
-    req->status = Status();
-    req->state.store(Request::Posted, std::memory_order_release);
-  }
-
-  // A staged message header no posted receive claims: if it belongs to the
-  // call being run (same call number) but has another signature, the ranks
-  // disagree on the call (typically its root: both sides only send) and
-  // nobody would ever receive it.
-  Status unclaimedCheck(const Peer& p) const {
-    if (current_sig_ == 0 || p.rdv_wait || !p.unmatched.empty() || p.stage_len < kHeaderBytes) return {};
-    FrameHeader h;
-    std::memcpy(&h, p.stage.data(), sizeof h);
-    if (h.magic != tcp::kFrameMagic || (h.flags != 0 && h.flags != tcp::kFlagRts)) return {};
-    if (!sameCallOtherSignature(current_sig_, h.sig)) return {};
-    return signatureMismatch(rank_, p.rank, current_sig_, h.sig);
-  }
-
-  // A request of another collective call than the last: check what the peers
-  // have staged against it.
-  void noteCall(uint64_t sig) {
-    if (sig == 0 || (sig & kWirePointToPoint) != 0 || sig == current_sig_) return;
-    current_sig_ = sig;
-    for (Peer& q : peers_)
-      if (!q.failed)
-        if (Status st = unclaimedCheck(q); !st.isOk()) failPeer(q, st);
-  }
-  uint64_t current_sig_ = 0;
-
-  Op* allocOp() {
-    if (free_ops_.empty()) {
-      constexpr size_t kChunk = 64;
-      op_chunks_.push_back(std::make_unique<Op[]>(kChunk));
-      for (size_t i = 0; i < kChunk; ++i) free_ops_.push_back(&op_chunks_.back()[i]);
-    }
-    Op* op = free_ops_.back();
-    free_ops_.pop_back();
-    *op = Op{};
-    return op;
-  }
-
+  Result<Peer*> peerForPost(int peer, Request* req, std::string_view what);
+  static Status rejectPost(Request* req, Status why);
+  static void markPosted(Request* req);
+  Status unclaimedCheck(const Peer& p) const;
+  void noteCall(uint64_t sig);
+  Op* allocOp();
   void releaseOp(Op* op) { free_ops_.push_back(op); }
-
-  // One socket finished its part of op.
-  void partDone(Op* op) {
-    if (--op->pending > 0) return;
-    op->req->complete();
-    releaseOp(op);
-  }
+  void partDone(Op* op);
 
   // ---- progress ----
 
-  // Marks which sockets are worth a read this poll().
-  void takeReadHint() {
-    int awaiting = 0;
-    for (Peer& p : peers_) {
-      if (p.failed) continue;
-      for (Sock& s : p.socks) {
-        s.readable = true;
-        if (!s.rx.empty() || (s.index == 0 && p.frameWanted())) ++awaiting;
-      }
-    }
-    if (awaiting < kHintMinSockets) return;
-    for (Peer& p : peers_)
-      for (Sock& s : p.socks) s.readable = false;
-    std::array<epoll_event, 64> events;
-    int n = ::epoll_wait(hint_epoll_.get(), events.data(), static_cast<int>(events.size()), 0);
-    if (n < 0 || n == static_cast<int>(events.size())) {
-      // No hint (or maybe not all of it): try every socket, as with few.
-      for (Peer& p : peers_)
-        for (Sock& s : p.socks) s.readable = true;
-      return;
-    }
-    for (int i = 0; i < n; ++i) {
-      uint64_t tag = events[static_cast<size_t>(i)].data.u64;
-      Peer& p = peers_[static_cast<size_t>(tag >> 32)];
-      if (!p.failed) p.socks[static_cast<size_t>(tag & 0xffffffffu)].readable = true;
-    }
-  }
-
-  Status progressPeer(Peer& p, bool& moved) {
-    for (Sock& s : p.socks) {
-      while (hasWritable(p, s)) {
-        CHORUS_ASSIGN_OR_RETURN(int r, writeSome(p, s));
-        if (r > 0) moved = true;
-        if (r <= 1) break;  // 0: would block, 1: partial write (buffer full)
-      }
-    }
-    for (Sock& s : p.socks) {
-      if (!s.readable && !(s.index == 0 && p.pushback_len > 0)) continue;
-      for (;;) {
-        int r = 0;
-        if (!s.rx.empty()) {
-          CHORUS_ASSIGN_OR_RETURN(r, readEntry(p, s));
-        } else if (s.index == 0 && p.frameWanted()) {
-          CHORUS_ASSIGN_OR_RETURN(r, readFrame(p));
-        } else {
-          break;
-        }
-        if (r > 0) moved = true;
-        if (r <= 1) break;
-      }
-    }
-    return {};
-  }
-
-  // Stream bytes of op's part on socket `index` that are headers.
-  static uint64_t headerBytes(const Op* op, int index) {
-    return index != 0 ? 0 : (op->rdv ? 2 * kHeaderBytes : kHeaderBytes);
-  }
-
-  // How far e's stream may be written now: all of it, or for a rendezvous
-  // send not yet granted, only socket 0's RTS header.
-  static uint64_t sendLimit(const Peer& p, const Entry& e, int index) {
-    if (!e.op->rdv || e.op->seq < p.granted) return e.total;
-    return index == 0 ? kHeaderBytes : 0;
-  }
-
-  // Socket 0's outgoing stream is between frames, where a CTS header may go.
-  static bool atBoundary(const Sock& s) {
-    if (s.tx.empty()) return true;
-    const Entry& e = s.tx[0];
-    return e.done == 0 || (e.op->rdv && e.done == kHeaderBytes);
-  }
-
-  static bool hasWritable(const Peer& p, const Sock& s) {
-    if (s.index == 0 && (p.ctl_active || (p.grant_want > p.grant_sent && atBoundary(s)))) return true;
-    return !s.tx.empty() && s.tx[0].done < sendLimit(p, s.tx[0], s.index);
-  }
-
-  // Writes as much of socket s's queue as one sendmsg takes (a pending CTS
-  // header first).  Returns 0 when it would block or nothing may be written,
-  // 1 after a partial write, 2 when everything offered went.
-  Result<int> writeSome(Peer& p, Sock& s) {
-    std::array<iovec, kMaxIov> iov;
-    int cnt = 0;
-    size_t offered = 0;
-    if (s.index == 0 && !p.ctl_active && p.grant_want > p.grant_sent && atBoundary(s)) {
-      p.ctl = FrameHeader{tcp::kFrameMagic, tcp::kFlagCts, p.grant_want};
-      p.grant_sent = p.grant_want;
-      p.ctl_active = true;
-      p.ctl_done = 0;
-    }
-    if (s.index == 0 && p.ctl_active) {
-      iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&p.ctl) + p.ctl_done, kHeaderBytes - p.ctl_done};
-      offered += kHeaderBytes - p.ctl_done;
-    }
-    for (size_t i = 0; i < s.tx.size() && cnt + 2 < kMaxIov; ++i) {
-      Entry& e = s.tx[i];
-      const uint64_t limit = sendLimit(p, e, s.index);
-      const uint64_t hb = headerBytes(e.op, s.index);
-      uint64_t off = e.done;
-      if (off >= limit) break;  // waits for its grant; later messages stay behind it
-      if (s.index == 0) {
-        if (off < kHeaderBytes) {
-          iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&e.op->hdr) + off, kHeaderBytes - off};
-          offered += kHeaderBytes - off;
-          off = kHeaderBytes;
-        }
-        if (off < hb && off < limit) {
-          const uint64_t o2 = off - kHeaderBytes;
-          iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&e.op->hdr2) + o2, kHeaderBytes - o2};
-          offered += kHeaderBytes - o2;
-          off = hb;
-        }
-      }
-      if (limit < e.total) break;  // only the RTS header may go
-      off -= hb;
-      uint64_t share = e.total - hb;
-      while (off < share && cnt < kMaxIov) {
-        tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, off);
-        iov[static_cast<size_t>(cnt++)] = {const_cast<std::byte*>(e.op->src + run.msg_off), run.bytes};
-        offered += run.bytes;
-        off += run.bytes;
-      }
-    }
-    if (cnt == 0) return 0;
-    msghdr msg{};
-    msg.msg_iov = iov.data();
-    msg.msg_iovlen = static_cast<size_t>(cnt);
-    ssize_t n;
-    do {
-      n = ::sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0) {
-      int err = errno;
-      if (err == EAGAIN || err == EWOULDBLOCK) return 0;
-      return connectionError(p, s, err);
-    }
-    auto left = static_cast<uint64_t>(n);
-    if (s.index == 0 && p.ctl_active) {
-      size_t take = static_cast<size_t>(std::min<uint64_t>(left, kHeaderBytes - p.ctl_done));
-      p.ctl_done += take;
-      left -= take;
-      if (p.ctl_done == kHeaderBytes) p.ctl_active = false;
-    }
-    while (left > 0) {
-      Entry& e = s.tx.front();
-      uint64_t take = std::min(left, e.total - e.done);
-      e.done += take;
-      left -= take;
-      if (e.done == e.total) {
-        Op* op = e.op;
-        s.tx.pop();
-        partDone(op);
-      }
-    }
-    // A zero-payload entry (an empty message's header) counts as offered bytes.
-    return static_cast<size_t>(n) < offered ? 1 : 2;
-  }
-
-  // Reads socket 0's next frame header (and a small message's payload with
-  // it): a CTS (consumed at once), the kFlagData header a matched RTS waits
-  // for, or the header of the next message for the oldest posted receive.
-  // With no receive posted (a send waits for a grant) a message header stays
-  // staged until one is.  Same return convention as writeSome.
-  Result<int> readFrame(Peer& p) {
-    Op* op = !p.rdv_wait && !p.unmatched.empty() ? p.unmatched.front() : nullptr;
-    size_t want = kHeaderBytes + (op != nullptr && op->len <= kSmallBytes ? op->len : 0);
-    if (p.stage_len >= want && op == nullptr) {  // a message header waits for its receive
-      CHORUS_RETURN_IF_ERROR(unclaimedCheck(p));
-      return 0;
-    }
-    iovec iov{p.stage.data() + p.stage_len, want - p.stage_len};
-    CHORUS_ASSIGN_OR_RETURN(size_t n, readv(p, p.socks[0], &iov, 1));
-    if (n == 0 && p.stage_len < want) return 0;
-    p.stage_len += n;
-    bool full = p.stage_len == want;
-    if (p.stage_len < kHeaderBytes) return 1;
-    FrameHeader h;
-    std::memcpy(&h, p.stage.data(), sizeof h);
-    if (!p.header_parsed) {
-      if (h.magic == tcp::kFrameMagic && h.flags == tcp::kFlagAbort && h.length <= tcp::kMaxAbortReason) {
-        // The peer aborted: the reason follows (usually in the same segment).
-        std::string reason(reinterpret_cast<const char*>(p.stage.data()) + kHeaderBytes,
-                           std::min<size_t>(p.stage_len - kHeaderBytes, h.length));
-        while (reason.size() < h.length) {
-          char more[tcp::kMaxAbortReason];
-          ssize_t got = ::recv(p.socks[0].fd.get(), more, h.length - reason.size(), MSG_DONTWAIT);
-          if (got <= 0) break;
-          reason.append(more, static_cast<size_t>(got));
-        }
-        for (char& ch : reason)
-          if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text: no control characters
-        // A mismatch keeps its code: every rank of the call then reports one.
-        return makeError(h.sig == chorusMismatch ? chorusMismatch : chorusRemoteError,
-                         "tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr,
-                         reason.empty() ? std::string("no reason given") : std::string(abortRootCause(reason)));
-      }
-      const bool known = h.flags == 0 || h.flags == tcp::kFlagRts || h.flags == tcp::kFlagCts ||
-                         h.flags == tcp::kFlagData;
-      if (h.magic != tcp::kFrameMagic || !known || h.length > tcp::kMaxFrameBytes)
-        return corrupt(p, h, "");
-      if (h.flags == tcp::kFlagCts) {
-        // A grant: cumulative, so it must grow.
-        if (h.length <= p.granted) return corrupt(p, h, " (a clear-to-send that does not raise the grant)");
-        p.granted = h.length;
-        consumeHeader(p);
-        return 2;
-      }
-      if (p.rdv_wait) {
-        if (h.flags != tcp::kFlagData || h.length != p.rdv_len)
-          return corrupt(p, h, fmt::format(" (expected the payload of the announced {}-byte message)", p.rdv_len));
-        consumeHeader(p);
-        p.rdv_wait = false;
-        uint64_t total = tcp::shareBytes(p.rdv_len, nsockets_, 0);
-        p.socks[0].rx.push(Entry{p.rdv_op, p.rdv_len, 0, total});
-        p.rdv_op = nullptr;
-        return 2;
-      }
-      if (h.flags == tcp::kFlagData) return corrupt(p, h, " (a payload header no announcement preceded)");
-      if (h.flags == tcp::kFlagRts && h.length < tcp::kMinRendezvousBytes)
-        return corrupt(p, h, " (a rendezvous announcement for a small message)");
-      if (op == nullptr) {  // stays staged until its receive is posted
-        CHORUS_RETURN_IF_ERROR(unclaimedCheck(p));
-        return 1;
-      }
-      if (h.flags == tcp::kFlagRts) {
-        matchRendezvous(p, op, h.length, h.sig);
-        return 2;
-      }
-      p.header_parsed = true;
-      if (h.length != op->len || h.sig != op->req->sig) {
-        mismatch(p, op, h.length, h.sig);
-        return 2;
-      }
-    }
-    if (!full) return 1;
-    p.unmatched.pop();
-    p.stage_len = 0;
-    p.header_parsed = false;
-    if (op->len <= kSmallBytes) {
-      deliver(op, 0, p.stage.data() + kHeaderBytes, op->len);
-      op->pending = 1;
-      partDone(op);
-      return 2;
-    }
-    for (Sock& s : p.socks) {
-      uint64_t total = tcp::shareBytes(op->len, nsockets_, s.index);
-      if (total == 0) continue;
-      ++op->pending;
-      s.rx.push(Entry{op, op->len, 0, total});
-    }
-    return 2;
-  }
-
-  Status corrupt(const Peer& p, const FrameHeader& h, std::string_view why) const {
-    return remoteError(
-        "connection to rank {} ({}) is corrupt: frame header magic {:#x} flags {:#x} length {}{} "
-        "(a different chorus version, or not a chorus peer?)",
-        p.rank, p.addr, h.magic, h.flags, h.length, why);
-  }
-
-  // The staged header was a control header (no payload): bytes staged after
-  // it belong to the next frame and are pushed back.
-  void consumeHeader(Peer& p) {
-    unread(p, p.stage.data() + kHeaderBytes, p.stage_len - kHeaderBytes);
-    p.stage_len = 0;
-    p.header_parsed = false;
-  }
-
-  // Returns the last `n` staged bytes (at src) to the front of socket 0's stream.
-  void unread(Peer& p, const std::byte* src, size_t n) {
-    if (n == 0) return;
-    if (p.pushback_len > 0) {
-      // Everything staged since the stage was last emptied came from the
-      // pushback buffer, contiguously, so these bytes are just before its offset.
-      p.pushback_off -= n;
-      p.pushback_len += n;
-    } else {
-      std::memmove(p.pushback.data(), src, n);
-      p.pushback_off = 0;
-      p.pushback_len = n;
-    }
-  }
-
-  // An RTS for the oldest posted receive `op`: match it (or fail it with a
-  // mismatch and discard the payload), grant it if not yet granted, and wait
-  // for its kFlagData header on socket 0; the other sockets' shares follow
-  // their earlier messages directly.
-  void matchRendezvous(Peer& p, Op* op, uint64_t len, uint64_t sig) {
-    consumeHeader(p);
-    p.unmatched.pop();
-    p.grant_want = std::max(p.grant_want, op->seq + 1);
-    if (len != op->len || sig != op->req->sig) {
-      op->req->fail(mismatchStatus(p, op, len, sig));
-      releaseOp(op);
-      op = nullptr;
-    }
-    p.rdv_wait = true;
-    p.rdv_op = op;
-    p.rdv_len = len;
-    for (Sock& s : p.socks) {
-      uint64_t total = tcp::shareBytes(len, nsockets_, s.index);
-      if (total == 0) continue;
-      if (op != nullptr) ++op->pending;
-      if (s.index != 0) s.rx.push(Entry{op, len, 0, total});
-    }
-  }
-
-  // The arriving message (len bytes) does not fit the posted receive: fail
-  // it and queue the payload for discarding, keeping the stream in step.
-  // A message of another call (its signature differs) or another length.
-  Status mismatchStatus(const Peer& p, const Op* op, uint64_t len, uint64_t sig) const {
-    if (sig != op->req->sig)
-      return signatureMismatch(rank_, p.rank, op->req->sig, sig);
-    return makeError(chorusMismatch,
-                     "message from rank {} has {} bytes but the receive expects {} (are all ranks calling the "
-                     "same collective with the same count?)",
-                     p.rank, len, op->len);
-  }
-
-  void mismatch(Peer& p, Op* op, uint64_t len, uint64_t sig) {
-    p.unmatched.pop();
-    op->req->fail(mismatchStatus(p, op, len, sig));
-    releaseOp(op);
-    size_t extra = p.stage_len - kHeaderBytes;  // payload bytes already staged
-    uint64_t share0 = tcp::shareBytes(len, nsockets_, 0);
-    if (extra > share0) {
-      // Only a small message can be shorter than what we staged, so these
-      // bytes start the next frame.
-      size_t over = extra - static_cast<size_t>(share0);
-      unread(p, p.stage.data() + kHeaderBytes + share0, over);
-    }
-    for (Sock& s : p.socks) {
-      uint64_t total = tcp::shareBytes(len, nsockets_, s.index);
-      uint64_t done = s.index == 0 ? std::min<uint64_t>(extra, total) : 0;
-      if (total > done) s.rx.push(Entry{nullptr, len, done, total});
-    }
-    p.stage_len = 0;
-    p.header_parsed = false;
-  }
-
-  // Reads into socket s's head receive entry.  Same return convention as writeSome.
-  Result<int> readEntry(Peer& p, Sock& s) {
-    Entry& e = s.rx.front();
-    Op* op = e.op;
-    size_t n;
-    size_t asked;
-    if (op != nullptr && op->reducer == nullptr) {
-      std::array<iovec, kMaxIov> iov;
-      int cnt = 0;
-      asked = 0;
-      for (uint64_t off = e.done; off < e.total && cnt < kMaxIov;) {
-        tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, off);
-        iov[static_cast<size_t>(cnt++)] = {op->dst + run.msg_off, run.bytes};
-        asked += run.bytes;
-        off += run.bytes;
-      }
-      CHORUS_ASSIGN_OR_RETURN(n, readv(p, s, iov.data(), cnt));
-      e.done += n;
-    } else {
-      // Reduce or discard through the bounce buffer, after the carried bytes.
-      std::memcpy(bounce_.data(), s.carry.data(), s.carry_len);
-      asked = static_cast<size_t>(std::min<uint64_t>(bounce_.size() - s.carry_len, e.total - e.done));
-      iovec iov{bounce_.data() + s.carry_len, asked};
-      CHORUS_ASSIGN_OR_RETURN(n, readv(p, s, &iov, 1));
-      if (op != nullptr && n > 0) {
-        size_t es = op->reducer->elemSize();
-        size_t avail = s.carry_len + n;
-        size_t whole = avail / es * es;
-        uint64_t stream_off = e.done - s.carry_len;
-        for (size_t used = 0; used < whole;) {
-          tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, stream_off + used);
-          size_t take = static_cast<size_t>(std::min<uint64_t>(run.bytes, whole - used));
-          deliver(op, run.msg_off, bounce_.data() + used, take);
-          used += take;
-        }
-        s.carry_len = avail - whole;
-        std::memcpy(s.carry.data(), bounce_.data() + whole, s.carry_len);
-      }
-      e.done += n;
-    }
-    if (n == 0) return 0;
-    if (e.done == e.total) {
-      s.carry_len = 0;
-      s.rx.pop();
-      if (op != nullptr) partDone(op);
-    }
-    return n < asked ? 1 : 2;
-  }
-
-  // Lands `bytes` of op's message at offset `off` (whole elements when reducing).
-  static void deliver(Op* op, uint64_t off, const std::byte* src, size_t bytes) {
-    if (bytes == 0) return;
-    if (op->reducer == nullptr) {
-      std::memcpy(op->dst + off, src, bytes);
-    } else {
-      (*op->reducer)(op->dst + off, op->accum + off, src, bytes / op->reducer->elemSize());
-    }
-  }
-
-  // readv that first replays pushed-back bytes on socket 0.  Returns the
-  // bytes read; 0 means it would block; a closed or broken connection is an error.
-  Result<size_t> readv(Peer& p, Sock& s, iovec* iov, int cnt) {
-    if (s.index == 0 && p.pushback_len > 0) {
-      size_t total = 0;
-      for (int i = 0; i < cnt && p.pushback_len > 0; ++i) {
-        size_t take = std::min(iov[i].iov_len, p.pushback_len);
-        std::memcpy(iov[i].iov_base, p.pushback.data() + p.pushback_off, take);
-        p.pushback_off += take;
-        p.pushback_len -= take;
-        total += take;
-      }
-      return total;
-    }
-    ssize_t n;
-    do {
-      n = ::readv(s.fd.get(), iov, cnt);
-    } while (n < 0 && errno == EINTR);
-    if (n > 0) return static_cast<size_t>(n);
-    if (n == 0) {
-      size_t asked = 0;
-      for (int i = 0; i < cnt; ++i) asked += iov[i].iov_len;
-      if (asked == 0) return size_t{0};
-      if (Status why = pendingAbort(p); !why.isOk()) return why;
-      return remoteError(
-          "connection to rank {} ({}) closed: the peer closed socket {} while this rank expected data "
-          "(did rank {} exit, fail or abort?)",
-          p.rank, p.addr, s.index, p.rank);
-    }
-    int err = errno;
-    if (err == EAGAIN || err == EWOULDBLOCK) return size_t{0};
-    return connectionError(p, s, err);
-  }
-
-  // When a connection breaks, the peer may have said why just before: an
-  // abort frame waiting, unread, at a message boundary of socket 0.
-  // The peer's abort, when its frame is the next thing on socket 0 (its
-  // code kept for a mismatch, so every rank of the call reports one).
-  Status pendingAbort(const Peer& p) const {
-    uint64_t code = 0;
-    std::string why = pendingAbortReason(p, &code);
-    if (why.empty()) return {};
-    return makeError(code == chorusMismatch ? chorusMismatch : chorusRemoteError,
-                     "tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr, abortRootCause(why));
-  }
-
-  std::string pendingAbortReason(const Peer& p, uint64_t* code) const {
-    if (p.socks.empty() || !p.socks[0].fd.valid() || p.stage_len != 0 || !p.socks[0].rx.empty()) return {};
-    // Grants (CTS headers) not read yet may come first.
-    constexpr size_t kSkip = 8;
-    std::array<char, (kSkip + 1) * sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
-    const ssize_t got = ::recv(p.socks[0].fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
-    if (got <= 0) return {};
-    const auto n = static_cast<size_t>(got);
-    size_t at = 0;
-    FrameHeader h;
-    for (;;) {
-      if (n - at < sizeof h) return {};
-      std::memcpy(&h, buf.data() + at, sizeof h);
-      if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagCts || at == kSkip * sizeof h) break;
-      at += sizeof h;
-    }
-    if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagAbort || h.length > tcp::kMaxAbortReason) return {};
-    at += sizeof h;
-    *code = h.sig;
-    std::string reason(buf.data() + at, std::min<size_t>(h.length, n - at));
-    for (char& ch : reason)
-      if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text
-    return reason;
-  }
-
-  Status connectionError(const Peer& p, const Sock& s, int err) const {
-    if (Status why = pendingAbort(p); !why.isOk()) return why;
-    if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ETIMEDOUT || err == EHOSTUNREACH)
-      return remoteError("connection to rank {} ({}) closed: socket {}: {} (did rank {} exit, fail or abort?)", p.rank,
-                         p.addr, s.index, describeErrno(err), p.rank);
-    return makeError(chorusRemoteError, "connection to rank {} ({}) failed: socket {}: {}", p.rank, p.addr, s.index,
-                     describeErrno(err));
-  }
+  void takeReadHint();
+  Status progressPeer(Peer& p, bool& moved);
+  static uint64_t headerBytes(const Op* op, int index);
+  static uint64_t sendLimit(const Peer& p, const Entry& e, int index);
+  static bool atBoundary(const Sock& s);
+  static bool hasWritable(const Peer& p, const Sock& s);
+  Result<int> writeSome(Peer& p, Sock& s);
+  Result<int> readFrame(Peer& p);
+  Status corrupt(const Peer& p, const FrameHeader& h, std::string_view why) const;
+  void consumeHeader(Peer& p);
+  void unread(Peer& p, const std::byte* src, size_t n);
+  void matchRendezvous(Peer& p, Op* op, uint64_t len, uint64_t sig);
+  Status mismatchStatus(const Peer& p, const Op* op, uint64_t len, uint64_t sig) const;
+  void mismatch(Peer& p, Op* op, uint64_t len, uint64_t sig);
+  Result<int> readEntry(Peer& p, Sock& s);
+  static void deliver(Op* op, uint64_t off, const std::byte* src, size_t bytes);
+  Result<size_t> readv(Peer& p, Sock& s, iovec* iov, int cnt);
+  Status pendingAbort(const Peer& p) const;
+  std::string pendingAbortReason(const Peer& p, uint64_t* code) const;
+  Status connectionError(const Peer& p, const Sock& s, int err) const;
 
   // ---- failure ----
 
-  // Every min(heartbeat / 4, 100 ms), from poll(): fails the peers whose
-  // connections look dead (peerLooksDead).
-  void checkLiveness(Status& first_error) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now < next_liveness_check_) return;
-    next_liveness_check_ = now + std::chrono::milliseconds(std::clamp(heartbeat_ms_ / 4, 1, 100));
-    for (Peer& p : peers_) {
-      if (p.failed) continue;
-      for (Sock& s : p.socks) {
-        unsigned silent_ms = 0;
-        if (!s.fd.valid() || !peerLooksDead(s.fd.get(), 3 * heartbeat_ms_, &silent_ms)) continue;
-        Status why = remoteError(
-            "rank {} ({}) has acknowledged nothing for {} ms while data waits for it (3 x CHORUS_HEARTBEAT_MS = {} "
-            "ms): its host is unreachable or dead",
-            p.rank, p.addr, silent_ms, 3 * heartbeat_ms_);
-        failPeer(p, why);
-        if (first_error.isOk()) first_error = why;
-        break;
-      }
-    }
-  }
+  void checkLiveness(Status& first_error);
+  void failPeer(Peer& p, const Status& why);
+  void sendAbortFrame(Peer& p, const Status& why);
+  Status applyAbort();
+  static void drainUnread(const Sock& sk);
 
-  // Fails every request of p with why, closes its sockets and makes later
-  // posts to p fail.
-  void failPeer(Peer& p, const Status& why) {
-    p.failed = true;
-    p.error = why;
-    auto failOp = [&](Op* op) {
-      if (op == nullptr || op->req == nullptr) return;  // a discard entry, or failed via another socket
-      op->req->fail(why);
-      op->req = nullptr;
-      releaseOp(op);
-    };
-    for (size_t i = 0; i < p.unmatched.size(); ++i) failOp(p.unmatched[i]);
-    p.unmatched.clear();
-    failOp(p.rdv_op);
-    p.rdv_op = nullptr;
-    p.rdv_wait = false;
-    p.ctl_active = false;
-    p.grant_sent = p.grant_want;
-    for (Sock& s : p.socks) {
-      for (size_t i = 0; i < s.tx.size(); ++i) failOp(s.tx[i].op);
-      for (size_t i = 0; i < s.rx.size(); ++i) failOp(s.rx[i].op);
-      s.tx.clear();
-      s.rx.clear();
-      s.carry_len = 0;
-      // Leave both wait sets and tell the peer at once (FIN), but keep the
-      // descriptor until the transport goes: closing it with unread data
-      // would reset the connection, and the peer's kernel would then drop
-      // what it has not delivered yet, e.g. our abort frame that says why.
-      if (s.fd.valid()) {
-        if (s.epoll_mask != 0) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, s.fd.get(), nullptr);
-        (void)::epoll_ctl(hint_epoll_.get(), EPOLL_CTL_DEL, s.fd.get(), nullptr);
-        ::shutdown(s.fd.get(), SHUT_WR);
-        drainUnread(s);
-      }
-      s.epoll_mask = 0;
-    }
-    p.stage_len = 0;
-    p.header_parsed = false;
-    p.pushback_len = 0;
-  }
-
-  // Best effort: tells the peer why, so that the root cause reaches every
-  // rank instead of "connection closed".  Only at a message boundary of
-  // socket 0 (a frame cannot be cut into), and without blocking.
-  void sendAbortFrame(Peer& p, const Status& why) {
-    if (p.socks.empty() || !p.socks[0].fd.valid()) return;
-    Sock& s0 = p.socks[0];
-    if (p.ctl_active || !atBoundary(s0)) return;
-    const std::string& text = why.message();
-    const size_t n = std::min<size_t>(text.size(), tcp::kMaxAbortReason);
-    FrameHeader h;
-    h.flags = tcp::kFlagAbort;
-    h.length = n;
-    h.sig = static_cast<uint64_t>(why.code());
-    std::array<std::byte, sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
-    std::memcpy(buf.data(), &h, sizeof h);
-    std::memcpy(buf.data() + sizeof h, text.data(), n);
-    [[maybe_unused]] ssize_t w = ::send(s0.fd.get(), buf.data(), sizeof h + n, MSG_DONTWAIT | MSG_NOSIGNAL);
-  }
-
-  Status applyAbort() {
-    Status why;
-    {
-      std::lock_guard lock(abort_mu_);
-      why = abort_status_;
-    }
-    if (!abort_applied_) {
-      abort_applied_ = true;
-      for (Peer& p : peers_) {
-        if (!p.failed) {
-          sendAbortFrame(p, why);
-          failPeer(p, why);
-        }
-        // Peers learn now (FIN after the abort frame), not when this process
-        // exits.  Only the write side: closing with unread data would send a
-        // reset, which makes the peer's kernel drop the abort frame unread
-        // (the destructor drains first).
-        for (Sock& sk : p.socks)
-          if (sk.fd.valid()) ::shutdown(sk.fd.get(), SHUT_WR);
-      }
-    }
-    return why;
-  }
-
+  uint64_t current_sig_ = 0;  // the collective call of the latest request (noteCall)
   const int rank_;
   const int nsockets_;
   const int heartbeat_ms_;
@@ -1157,6 +331,886 @@ class TcpTransport final : public Transport {
   Status abort_status_;  // guarded by abort_mu_
   bool abort_applied_ = false;
 };
+
+// The members are defined `inline`, as they were while the class body held
+// them: GCC gives functions declared inline a larger inlining budget, and the
+// progress loop relies on hasWritable, readv, deliver and the like being
+// inlined into it (the object code is the same as with in-class definitions).
+
+inline Status TcpTransport::init(std::vector<tcp::PeerLink> links, std::chrono::microseconds spin) {
+  spin_ = std::max(spin, std::chrono::microseconds(0));
+  epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_.valid()) return errnoError("epoll_create1 (tcp transport)", errno);
+  wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_.valid()) return errnoError("eventfd (tcp transport)", errno);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeTag;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev) != 0)
+    return errnoError("epoll_ctl (tcp transport eventfd)", errno);
+
+  hint_epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!hint_epoll_.valid()) return errnoError("epoll_create1 (tcp transport)", errno);
+
+  peers_.resize(links.size());
+  int max_rank = 0;
+  for (const auto& l : links) max_rank = std::max(max_rank, l.rank);
+  index_of_.assign(static_cast<size_t>(max_rank) + 1, -1);
+  for (size_t i = 0; i < links.size(); ++i) {
+    Peer& p = peers_[i];
+    p.rank = links[i].rank;
+    p.addr = links[i].addr;
+    index_of_[static_cast<size_t>(p.rank)] = static_cast<int>(i);
+    p.stage.resize(kHeaderBytes + kSmallBytes);
+    p.pushback.resize(kSmallBytes);
+    p.socks.resize(links[i].socks.size());
+    for (size_t k = 0; k < p.socks.size(); ++k) {
+      Sock& s = p.socks[k];
+      s.fd = std::move(links[i].socks[k]);
+      s.index = static_cast<int>(k);
+      CHORUS_RETURN_IF_ERROR(net::setNonBlocking(s.fd.get(), true));
+      CHORUS_RETURN_IF_ERROR(net::setNoDelay(s.fd.get()));
+      tuneBuffers(s.fd.get());
+      setHeartbeat(s.fd.get(), heartbeat_ms_);
+      // The hint set watches every socket's input all the time; only poll()
+      // reads it, so data nobody asked for yet just stays reported there.
+      epoll_event hint{};
+      hint.events = EPOLLIN;
+      hint.data.u64 = (uint64_t{i} << 32) | k;
+      if (::epoll_ctl(hint_epoll_.get(), EPOLL_CTL_ADD, s.fd.get(), &hint) != 0)
+        return errnoError("epoll_ctl (tcp transport hint set)", errno);
+    }
+  }
+  return {};
+}
+
+inline Status TcpTransport::postSend(int peer, const void* src, size_t bytes, Request* req) {
+  CHORUS_ASSIGN_OR_RETURN(Peer * p, peerForPost(peer, req, "send"));
+  if (bytes > tcp::kMaxFrameBytes)
+    return rejectPost(
+        req, invalidArgument("tcp send of {} bytes to rank {} exceeds the 2^48-byte message limit", bytes, peer));
+  if (bytes > 0 && src == nullptr)
+    return rejectPost(req, invalidArgument("tcp send of {} bytes to rank {} from a null buffer", bytes, peer));
+  Op* op = allocOp();
+  op->req = req;
+  op->src = static_cast<const std::byte*>(src);
+  op->len = bytes;
+  op->seq = p->send_seq++;
+  op->rdv = rdv_bytes_ != 0 && bytes >= rdv_bytes_;
+  op->hdr = FrameHeader{tcp::kFrameMagic, op->rdv ? tcp::kFlagRts : 0, bytes, req->sig};
+  op->hdr2 = FrameHeader{tcp::kFrameMagic, tcp::kFlagData, bytes, req->sig};
+  op->pending = 0;
+  markPosted(req);
+  noteCall(req->sig);
+  for (Sock& s : p->socks) {
+    uint64_t total = tcp::shareBytes(bytes, nsockets_, s.index) + headerBytes(op, s.index);
+    if (total == 0) continue;
+    ++op->pending;
+    s.tx.push(Entry{op, bytes, 0, total});
+  }
+  return {};
+}
+
+inline Status TcpTransport::postRecv(int peer, const RecvTarget& target, Request* req) {
+  CHORUS_ASSIGN_OR_RETURN(Peer * p, peerForPost(peer, req, "receive"));
+  if (target.bytes > 0 && target.dst == nullptr)
+    return rejectPost(req,
+                      invalidArgument("tcp receive of {} bytes from rank {} into a null buffer", target.bytes, peer));
+  if (target.reducer != nullptr) {
+    if (!target.reducer->valid())
+      return rejectPost(req, invalidArgument("tcp receive from rank {}: the reducer is not initialised", peer));
+    size_t es = target.reducer->elemSize();
+    if (es == 0 || es > sizeof(Sock::carry) || target.bytes % es != 0)
+      return rejectPost(req, invalidArgument("tcp reducing receive from rank {}: {} bytes is not a whole number of "
+                                             "{}-byte elements",
+                                             peer, target.bytes, es));
+  }
+  Op* op = allocOp();
+  op->req = req;
+  op->dst = target.dst;
+  op->reducer = target.reducer;
+  op->accum = target.accum != nullptr ? target.accum : target.dst;
+  op->len = target.bytes;
+  op->pending = 0;
+  op->seq = p->recv_seq++;
+  // Clear to send at once: the grant travels while the sender gets there.
+  if (rdv_bytes_ != 0 && op->len >= rdv_bytes_) p->grant_want = std::max(p->grant_want, op->seq + 1);
+  markPosted(req);
+  p->unmatched.push(op);
+  noteCall(req->sig);
+  return {};
+}
+
+inline Result<bool> TcpTransport::poll() {
+  if (aborted_.load(std::memory_order_acquire)) return applyAbort();
+  bool progressed = false;
+  Status first_error;
+  if (heartbeat_ms_ > 0) checkLiveness(first_error);
+  takeReadHint();
+  for (int pass = 0; pass < kMaxPasses; ++pass) {
+    bool moved = false;
+    for (Peer& p : peers_) {
+      if (p.failed || !p.busy()) continue;
+      Status s = progressPeer(p, moved);
+      if (!s.isOk()) {
+        failPeer(p, s);
+        moved = true;
+        if (first_error.isOk()) first_error = s;
+      }
+    }
+    if (!moved) break;
+    progressed = true;
+  }
+  if (!first_error.isOk()) return first_error;
+  return progressed;
+}
+
+inline void TcpTransport::wait(std::chrono::microseconds timeout) {
+  if (aborted_.load(std::memory_order_acquire)) return;
+  // Interest follows the posted work: a socket with nothing to do is not in
+  // the set, so unread data for a receive not yet posted (or a peer that
+  // hung up while idle) cannot turn waiting into spinning.
+  for (Peer& p : peers_) {
+    if (p.failed) continue;
+    // Pushed-back bytes are readable without the socket: poll() can move them now.
+    if (p.pushback_len > 0 && (p.frameWanted() || !p.socks[0].rx.empty())) return;
+    for (Sock& s : p.socks) {
+      uint32_t want = 0;
+      if (hasWritable(p, s)) want |= EPOLLOUT;
+      if (!s.rx.empty() || (s.index == 0 && p.frameWanted())) want |= EPOLLIN;
+      if (want == s.epoll_mask) continue;
+      epoll_event ev{};
+      ev.events = want;
+      ev.data.u64 = 0;
+      int op = s.epoll_mask == 0 ? EPOLL_CTL_ADD : (want == 0 ? EPOLL_CTL_DEL : EPOLL_CTL_MOD);
+      if (::epoll_ctl(epoll_.get(), op, s.fd.get(), &ev) != 0) {
+        // Cannot happen for a valid socket; spinning is a safe degradation.
+        log::warn("tcp transport rank {}: epoll_ctl for rank {}: {}", rank_, p.rank, describeErrno(errno));
+        return;
+      }
+      s.epoll_mask = want;
+    }
+  }
+  std::array<epoll_event, 32> events;
+  auto drainWake = [&](int n) {
+    for (int i = 0; i < n; ++i)
+      if (events[static_cast<size_t>(i)].data.u64 == kWakeTag) {
+        uint64_t v;
+        [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
+      }
+  };
+  // Poll before sleeping, as the shared-memory transport does: a peer that
+  // answers within CHORUS_SPIN_US is caught without a sleep and a wake-up
+  // (loopback 8-byte allreduce: ~20-30 us when both sides sleep on epoll,
+  // Open MPI's busy-polling TCP BTL ~8 us).  Each try is a non-blocking
+  // epoll_wait; the core is yielded every few tries, so a peer queued
+  // behind us on this core gets it.  A short wait (the executor taking turns
+  // between transports) does not spin: the other transport's wait does.
+  if (spin_.count() > 0 && timeout >= std::chrono::milliseconds(1)) {
+    const auto spin_end = std::chrono::steady_clock::now() + spin_;
+    for (uint32_t i = 1;; ++i) {
+      const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), 0);
+      if (n != 0) {
+        drainWake(n);
+        return;
+      }
+      if ((i & 3) == 0) {
+        if (std::chrono::steady_clock::now() >= spin_end) break;
+        sched_yield();
+      }
+    }
+  }
+  timespec ts{};
+  auto us = std::max<int64_t>(timeout.count(), 0);
+  ts.tv_sec = us / 1000000;
+  ts.tv_nsec = (us % 1000000) * 1000;
+  int n = ::epoll_pwait2(epoll_.get(), events.data(), static_cast<int>(events.size()), &ts, nullptr);
+  if (n < 0 && errno == ENOSYS) {  // kernels before 5.11: millisecond resolution, rounded up
+    int ms = static_cast<int>(std::min<int64_t>((us + 999) / 1000, INT_MAX));
+    n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), ms);
+  }
+  drainWake(n);
+}
+
+inline void TcpTransport::wake() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t r = ::write(wake_fd_.get(), &one, sizeof one);
+}
+
+inline void TcpTransport::abort(const Status& why) {
+  {
+    std::lock_guard lock(abort_mu_);
+    if (!aborted_.load(std::memory_order_relaxed))
+      abort_status_ = why.isOk() ? internalError("tcp transport aborted without a reason") : why;
+  }
+  aborted_.store(true, std::memory_order_release);
+  wake();
+}
+
+// ---- posting ----
+
+inline Result<Peer*> TcpTransport::peerForPost(int peer, Request* req, std::string_view what) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    std::lock_guard lock(abort_mu_);
+    return rejectPost(req, abort_status_);
+  }
+  int idx = peer >= 0 && static_cast<size_t>(peer) < index_of_.size() ? index_of_[static_cast<size_t>(peer)] : -1;
+  if (idx < 0)
+    return rejectPost(
+        req, invalidArgument("tcp {} on rank {}: rank {} is not a peer of this transport", what, rank_, peer));
+  Peer& p = peers_[static_cast<size_t>(idx)];
+  if (p.failed) return rejectPost(req, p.error);
+  return &p;
+}
+
+inline Status TcpTransport::rejectPost(Request* req, Status why) {
+  if (req != nullptr) req->fail(why);
+  return why;
+}
+
+inline void TcpTransport::markPosted(Request* req) {
+  req->status = Status();
+  req->state.store(Request::Posted, std::memory_order_release);
+}
+
+// A staged message header no posted receive claims: if it belongs to the
+// call being run (same call number) but has another signature, the ranks
+// disagree on the call (typically its root: both sides only send) and
+// nobody would ever receive it.
+inline Status TcpTransport::unclaimedCheck(const Peer& p) const {
+  if (current_sig_ == 0 || p.rdv_wait || !p.unmatched.empty() || p.stage_len < kHeaderBytes) return {};
+  FrameHeader h;
+  std::memcpy(&h, p.stage.data(), sizeof h);
+  if (h.magic != tcp::kFrameMagic || (h.flags != 0 && h.flags != tcp::kFlagRts)) return {};
+  if (!sameCallOtherSignature(current_sig_, h.sig)) return {};
+  return signatureMismatch(rank_, p.rank, current_sig_, h.sig);
+}
+
+// A request of another collective call than the last: check what the peers
+// have staged against it.
+inline void TcpTransport::noteCall(uint64_t sig) {
+  if (sig == 0 || (sig & kWirePointToPoint) != 0 || sig == current_sig_) return;
+  current_sig_ = sig;
+  for (Peer& q : peers_)
+    if (!q.failed)
+      if (Status st = unclaimedCheck(q); !st.isOk()) failPeer(q, st);
+}
+
+inline Op* TcpTransport::allocOp() {
+  if (free_ops_.empty()) {
+    constexpr size_t kChunk = 64;
+    op_chunks_.push_back(std::make_unique<Op[]>(kChunk));
+    for (size_t i = 0; i < kChunk; ++i) free_ops_.push_back(&op_chunks_.back()[i]);
+  }
+  Op* op = free_ops_.back();
+  free_ops_.pop_back();
+  *op = Op{};
+  return op;
+}
+
+// One socket finished its part of op.
+inline void TcpTransport::partDone(Op* op) {
+  if (--op->pending > 0) return;
+  op->req->complete();
+  releaseOp(op);
+}
+
+// ---- progress ----
+
+// Marks which sockets are worth a read this poll().
+inline void TcpTransport::takeReadHint() {
+  int awaiting = 0;
+  for (Peer& p : peers_) {
+    if (p.failed) continue;
+    for (Sock& s : p.socks) {
+      s.readable = true;
+      if (!s.rx.empty() || (s.index == 0 && p.frameWanted())) ++awaiting;
+    }
+  }
+  if (awaiting < kHintMinSockets) return;
+  for (Peer& p : peers_)
+    for (Sock& s : p.socks) s.readable = false;
+  std::array<epoll_event, 64> events;
+  int n = ::epoll_wait(hint_epoll_.get(), events.data(), static_cast<int>(events.size()), 0);
+  if (n < 0 || n == static_cast<int>(events.size())) {
+    // No hint (or maybe not all of it): try every socket, as with few.
+    for (Peer& p : peers_)
+      for (Sock& s : p.socks) s.readable = true;
+    return;
+  }
+  for (int i = 0; i < n; ++i) {
+    uint64_t tag = events[static_cast<size_t>(i)].data.u64;
+    Peer& p = peers_[static_cast<size_t>(tag >> 32)];
+    if (!p.failed) p.socks[static_cast<size_t>(tag & 0xffffffffu)].readable = true;
+  }
+}
+
+inline Status TcpTransport::progressPeer(Peer& p, bool& moved) {
+  for (Sock& s : p.socks) {
+    while (hasWritable(p, s)) {
+      CHORUS_ASSIGN_OR_RETURN(int r, writeSome(p, s));
+      if (r > 0) moved = true;
+      if (r <= 1) break;  // 0: would block, 1: partial write (buffer full)
+    }
+  }
+  for (Sock& s : p.socks) {
+    if (!s.readable && !(s.index == 0 && p.pushback_len > 0)) continue;
+    for (;;) {
+      int r = 0;
+      if (!s.rx.empty()) {
+        CHORUS_ASSIGN_OR_RETURN(r, readEntry(p, s));
+      } else if (s.index == 0 && p.frameWanted()) {
+        CHORUS_ASSIGN_OR_RETURN(r, readFrame(p));
+      } else {
+        break;
+      }
+      if (r > 0) moved = true;
+      if (r <= 1) break;
+    }
+  }
+  return {};
+}
+
+// Stream bytes of op's part on socket `index` that are headers.
+inline uint64_t TcpTransport::headerBytes(const Op* op, int index) {
+  return index != 0 ? 0 : (op->rdv ? 2 * kHeaderBytes : kHeaderBytes);
+}
+
+// How far e's stream may be written now: all of it, or for a rendezvous
+// send not yet granted, only socket 0's RTS header.
+inline uint64_t TcpTransport::sendLimit(const Peer& p, const Entry& e, int index) {
+  if (!e.op->rdv || e.op->seq < p.granted) return e.total;
+  return index == 0 ? kHeaderBytes : 0;
+}
+
+// Socket 0's outgoing stream is between frames, where a CTS header may go.
+inline bool TcpTransport::atBoundary(const Sock& s) {
+  if (s.tx.empty()) return true;
+  const Entry& e = s.tx[0];
+  return e.done == 0 || (e.op->rdv && e.done == kHeaderBytes);
+}
+
+inline bool TcpTransport::hasWritable(const Peer& p, const Sock& s) {
+  if (s.index == 0 && (p.ctl_active || (p.grant_want > p.grant_sent && atBoundary(s)))) return true;
+  return !s.tx.empty() && s.tx[0].done < sendLimit(p, s.tx[0], s.index);
+}
+
+// Writes as much of socket s's queue as one sendmsg takes (a pending CTS
+// header first).  Returns 0 when it would block or nothing may be written,
+// 1 after a partial write, 2 when everything offered went.
+inline Result<int> TcpTransport::writeSome(Peer& p, Sock& s) {
+  std::array<iovec, kMaxIov> iov;
+  int cnt = 0;
+  size_t offered = 0;
+  if (s.index == 0 && !p.ctl_active && p.grant_want > p.grant_sent && atBoundary(s)) {
+    p.ctl = FrameHeader{tcp::kFrameMagic, tcp::kFlagCts, p.grant_want};
+    p.grant_sent = p.grant_want;
+    p.ctl_active = true;
+    p.ctl_done = 0;
+  }
+  if (s.index == 0 && p.ctl_active) {
+    iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&p.ctl) + p.ctl_done, kHeaderBytes - p.ctl_done};
+    offered += kHeaderBytes - p.ctl_done;
+  }
+  for (size_t i = 0; i < s.tx.size() && cnt + 2 < kMaxIov; ++i) {
+    Entry& e = s.tx[i];
+    const uint64_t limit = sendLimit(p, e, s.index);
+    const uint64_t hb = headerBytes(e.op, s.index);
+    uint64_t off = e.done;
+    if (off >= limit) break;  // waits for its grant; later messages stay behind it
+    if (s.index == 0) {
+      if (off < kHeaderBytes) {
+        iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&e.op->hdr) + off, kHeaderBytes - off};
+        offered += kHeaderBytes - off;
+        off = kHeaderBytes;
+      }
+      if (off < hb && off < limit) {
+        const uint64_t o2 = off - kHeaderBytes;
+        iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&e.op->hdr2) + o2, kHeaderBytes - o2};
+        offered += kHeaderBytes - o2;
+        off = hb;
+      }
+    }
+    if (limit < e.total) break;  // only the RTS header may go
+    off -= hb;
+    uint64_t share = e.total - hb;
+    while (off < share && cnt < kMaxIov) {
+      tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, off);
+      iov[static_cast<size_t>(cnt++)] = {const_cast<std::byte*>(e.op->src + run.msg_off), run.bytes};
+      offered += run.bytes;
+      off += run.bytes;
+    }
+  }
+  if (cnt == 0) return 0;
+  msghdr msg{};
+  msg.msg_iov = iov.data();
+  msg.msg_iovlen = static_cast<size_t>(cnt);
+  ssize_t n;
+  do {
+    n = ::sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    int err = errno;
+    if (err == EAGAIN || err == EWOULDBLOCK) return 0;
+    return connectionError(p, s, err);
+  }
+  auto left = static_cast<uint64_t>(n);
+  if (s.index == 0 && p.ctl_active) {
+    size_t take = static_cast<size_t>(std::min<uint64_t>(left, kHeaderBytes - p.ctl_done));
+    p.ctl_done += take;
+    left -= take;
+    if (p.ctl_done == kHeaderBytes) p.ctl_active = false;
+  }
+  while (left > 0) {
+    Entry& e = s.tx.front();
+    uint64_t take = std::min(left, e.total - e.done);
+    e.done += take;
+    left -= take;
+    if (e.done == e.total) {
+      Op* op = e.op;
+      s.tx.pop();
+      partDone(op);
+    }
+  }
+  // A zero-payload entry (an empty message's header) counts as offered bytes.
+  return static_cast<size_t>(n) < offered ? 1 : 2;
+}
+
+// Reads socket 0's next frame header (and a small message's payload with
+// it): a CTS (consumed at once), the kFlagData header a matched RTS waits
+// for, or the header of the next message for the oldest posted receive.
+// With no receive posted (a send waits for a grant) a message header stays
+// staged until one is.  Same return convention as writeSome.
+inline Result<int> TcpTransport::readFrame(Peer& p) {
+  Op* op = !p.rdv_wait && !p.unmatched.empty() ? p.unmatched.front() : nullptr;
+  size_t want = kHeaderBytes + (op != nullptr && op->len <= kSmallBytes ? op->len : 0);
+  if (p.stage_len >= want && op == nullptr) {  // a message header waits for its receive
+    CHORUS_RETURN_IF_ERROR(unclaimedCheck(p));
+    return 0;
+  }
+  iovec iov{p.stage.data() + p.stage_len, want - p.stage_len};
+  CHORUS_ASSIGN_OR_RETURN(size_t n, readv(p, p.socks[0], &iov, 1));
+  if (n == 0 && p.stage_len < want) return 0;
+  p.stage_len += n;
+  bool full = p.stage_len == want;
+  if (p.stage_len < kHeaderBytes) return 1;
+  FrameHeader h;
+  std::memcpy(&h, p.stage.data(), sizeof h);
+  if (!p.header_parsed) {
+    if (h.magic == tcp::kFrameMagic && h.flags == tcp::kFlagAbort && h.length <= tcp::kMaxAbortReason) {
+      // The peer aborted: the reason follows (usually in the same segment).
+      std::string reason(reinterpret_cast<const char*>(p.stage.data()) + kHeaderBytes,
+                         std::min<size_t>(p.stage_len - kHeaderBytes, h.length));
+      while (reason.size() < h.length) {
+        char more[tcp::kMaxAbortReason];
+        ssize_t got = ::recv(p.socks[0].fd.get(), more, h.length - reason.size(), MSG_DONTWAIT);
+        if (got <= 0) break;
+        reason.append(more, static_cast<size_t>(got));
+      }
+      for (char& ch : reason)
+        if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text: no control characters
+      // A mismatch keeps its code: every rank of the call then reports one.
+      return makeError(h.sig == chorusMismatch ? chorusMismatch : chorusRemoteError,
+                       "tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr,
+                       reason.empty() ? std::string("no reason given") : std::string(abortRootCause(reason)));
+    }
+    const bool known = h.flags == 0 || h.flags == tcp::kFlagRts || h.flags == tcp::kFlagCts ||
+                       h.flags == tcp::kFlagData;
+    if (h.magic != tcp::kFrameMagic || !known || h.length > tcp::kMaxFrameBytes)
+      return corrupt(p, h, "");
+    if (h.flags == tcp::kFlagCts) {
+      // A grant: cumulative, so it must grow.
+      if (h.length <= p.granted) return corrupt(p, h, " (a clear-to-send that does not raise the grant)");
+      p.granted = h.length;
+      consumeHeader(p);
+      return 2;
+    }
+    if (p.rdv_wait) {
+      if (h.flags != tcp::kFlagData || h.length != p.rdv_len)
+        return corrupt(p, h, fmt::format(" (expected the payload of the announced {}-byte message)", p.rdv_len));
+      consumeHeader(p);
+      p.rdv_wait = false;
+      uint64_t total = tcp::shareBytes(p.rdv_len, nsockets_, 0);
+      p.socks[0].rx.push(Entry{p.rdv_op, p.rdv_len, 0, total});
+      p.rdv_op = nullptr;
+      return 2;
+    }
+    if (h.flags == tcp::kFlagData) return corrupt(p, h, " (a payload header no announcement preceded)");
+    if (h.flags == tcp::kFlagRts && h.length < tcp::kMinRendezvousBytes)
+      return corrupt(p, h, " (a rendezvous announcement for a small message)");
+    if (op == nullptr) {  // stays staged until its receive is posted
+      CHORUS_RETURN_IF_ERROR(unclaimedCheck(p));
+      return 1;
+    }
+    if (h.flags == tcp::kFlagRts) {
+      matchRendezvous(p, op, h.length, h.sig);
+      return 2;
+    }
+    p.header_parsed = true;
+    if (h.length != op->len || h.sig != op->req->sig) {
+      mismatch(p, op, h.length, h.sig);
+      return 2;
+    }
+  }
+  if (!full) return 1;
+  p.unmatched.pop();
+  p.stage_len = 0;
+  p.header_parsed = false;
+  if (op->len <= kSmallBytes) {
+    deliver(op, 0, p.stage.data() + kHeaderBytes, op->len);
+    op->pending = 1;
+    partDone(op);
+    return 2;
+  }
+  for (Sock& s : p.socks) {
+    uint64_t total = tcp::shareBytes(op->len, nsockets_, s.index);
+    if (total == 0) continue;
+    ++op->pending;
+    s.rx.push(Entry{op, op->len, 0, total});
+  }
+  return 2;
+}
+
+inline Status TcpTransport::corrupt(const Peer& p, const FrameHeader& h, std::string_view why) const {
+  return remoteError(
+      "connection to rank {} ({}) is corrupt: frame header magic {:#x} flags {:#x} length {}{} "
+      "(a different chorus version, or not a chorus peer?)",
+      p.rank, p.addr, h.magic, h.flags, h.length, why);
+}
+
+// The staged header was a control header (no payload): bytes staged after
+// it belong to the next frame and are pushed back.
+inline void TcpTransport::consumeHeader(Peer& p) {
+  unread(p, p.stage.data() + kHeaderBytes, p.stage_len - kHeaderBytes);
+  p.stage_len = 0;
+  p.header_parsed = false;
+}
+
+// Returns the last `n` staged bytes (at src) to the front of socket 0's stream.
+inline void TcpTransport::unread(Peer& p, const std::byte* src, size_t n) {
+  if (n == 0) return;
+  if (p.pushback_len > 0) {
+    // Everything staged since the stage was last emptied came from the
+    // pushback buffer, contiguously, so these bytes are just before its offset.
+    p.pushback_off -= n;
+    p.pushback_len += n;
+  } else {
+    std::memmove(p.pushback.data(), src, n);
+    p.pushback_off = 0;
+    p.pushback_len = n;
+  }
+}
+
+// An RTS for the oldest posted receive `op`: match it (or fail it with a
+// mismatch and discard the payload), grant it if not yet granted, and wait
+// for its kFlagData header on socket 0; the other sockets' shares follow
+// their earlier messages directly.
+inline void TcpTransport::matchRendezvous(Peer& p, Op* op, uint64_t len, uint64_t sig) {
+  consumeHeader(p);
+  p.unmatched.pop();
+  p.grant_want = std::max(p.grant_want, op->seq + 1);
+  if (len != op->len || sig != op->req->sig) {
+    op->req->fail(mismatchStatus(p, op, len, sig));
+    releaseOp(op);
+    op = nullptr;
+  }
+  p.rdv_wait = true;
+  p.rdv_op = op;
+  p.rdv_len = len;
+  for (Sock& s : p.socks) {
+    uint64_t total = tcp::shareBytes(len, nsockets_, s.index);
+    if (total == 0) continue;
+    if (op != nullptr) ++op->pending;
+    if (s.index != 0) s.rx.push(Entry{op, len, 0, total});
+  }
+}
+
+// The arriving message (len bytes) does not fit the posted receive: fail
+// it and queue the payload for discarding, keeping the stream in step.
+// A message of another call (its signature differs) or another length.
+inline Status TcpTransport::mismatchStatus(const Peer& p, const Op* op, uint64_t len, uint64_t sig) const {
+  if (sig != op->req->sig)
+    return signatureMismatch(rank_, p.rank, op->req->sig, sig);
+  return makeError(chorusMismatch,
+                   "message from rank {} has {} bytes but the receive expects {} (are all ranks calling the "
+                   "same collective with the same count?)",
+                   p.rank, len, op->len);
+}
+
+inline void TcpTransport::mismatch(Peer& p, Op* op, uint64_t len, uint64_t sig) {
+  p.unmatched.pop();
+  op->req->fail(mismatchStatus(p, op, len, sig));
+  releaseOp(op);
+  size_t extra = p.stage_len - kHeaderBytes;  // payload bytes already staged
+  uint64_t share0 = tcp::shareBytes(len, nsockets_, 0);
+  if (extra > share0) {
+    // Only a small message can be shorter than what we staged, so these
+    // bytes start the next frame.
+    size_t over = extra - static_cast<size_t>(share0);
+    unread(p, p.stage.data() + kHeaderBytes + share0, over);
+  }
+  for (Sock& s : p.socks) {
+    uint64_t total = tcp::shareBytes(len, nsockets_, s.index);
+    uint64_t done = s.index == 0 ? std::min<uint64_t>(extra, total) : 0;
+    if (total > done) s.rx.push(Entry{nullptr, len, done, total});
+  }
+  p.stage_len = 0;
+  p.header_parsed = false;
+}
+
+// Reads into socket s's head receive entry.  Same return convention as writeSome.
+inline Result<int> TcpTransport::readEntry(Peer& p, Sock& s) {
+  Entry& e = s.rx.front();
+  Op* op = e.op;
+  size_t n;
+  size_t asked;
+  if (op != nullptr && op->reducer == nullptr) {
+    std::array<iovec, kMaxIov> iov;
+    int cnt = 0;
+    asked = 0;
+    for (uint64_t off = e.done; off < e.total && cnt < kMaxIov;) {
+      tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, off);
+      iov[static_cast<size_t>(cnt++)] = {op->dst + run.msg_off, run.bytes};
+      asked += run.bytes;
+      off += run.bytes;
+    }
+    CHORUS_ASSIGN_OR_RETURN(n, readv(p, s, iov.data(), cnt));
+    e.done += n;
+  } else {
+    // Reduce or discard through the bounce buffer, after the carried bytes.
+    std::memcpy(bounce_.data(), s.carry.data(), s.carry_len);
+    asked = static_cast<size_t>(std::min<uint64_t>(bounce_.size() - s.carry_len, e.total - e.done));
+    iovec iov{bounce_.data() + s.carry_len, asked};
+    CHORUS_ASSIGN_OR_RETURN(n, readv(p, s, &iov, 1));
+    if (op != nullptr && n > 0) {
+      size_t es = op->reducer->elemSize();
+      size_t avail = s.carry_len + n;
+      size_t whole = avail / es * es;
+      uint64_t stream_off = e.done - s.carry_len;
+      for (size_t used = 0; used < whole;) {
+        tcp::Run run = tcp::payloadRun(e.len, nsockets_, s.index, stream_off + used);
+        size_t take = static_cast<size_t>(std::min<uint64_t>(run.bytes, whole - used));
+        deliver(op, run.msg_off, bounce_.data() + used, take);
+        used += take;
+      }
+      s.carry_len = avail - whole;
+      std::memcpy(s.carry.data(), bounce_.data() + whole, s.carry_len);
+    }
+    e.done += n;
+  }
+  if (n == 0) return 0;
+  if (e.done == e.total) {
+    s.carry_len = 0;
+    s.rx.pop();
+    if (op != nullptr) partDone(op);
+  }
+  return n < asked ? 1 : 2;
+}
+
+// Lands `bytes` of op's message at offset `off` (whole elements when reducing).
+inline void TcpTransport::deliver(Op* op, uint64_t off, const std::byte* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (op->reducer == nullptr) {
+    std::memcpy(op->dst + off, src, bytes);
+  } else {
+    (*op->reducer)(op->dst + off, op->accum + off, src, bytes / op->reducer->elemSize());
+  }
+}
+
+// readv that first replays pushed-back bytes on socket 0.  Returns the
+// bytes read; 0 means it would block; a closed or broken connection is an error.
+inline Result<size_t> TcpTransport::readv(Peer& p, Sock& s, iovec* iov, int cnt) {
+  if (s.index == 0 && p.pushback_len > 0) {
+    size_t total = 0;
+    for (int i = 0; i < cnt && p.pushback_len > 0; ++i) {
+      size_t take = std::min(iov[i].iov_len, p.pushback_len);
+      std::memcpy(iov[i].iov_base, p.pushback.data() + p.pushback_off, take);
+      p.pushback_off += take;
+      p.pushback_len -= take;
+      total += take;
+    }
+    return total;
+  }
+  ssize_t n;
+  do {
+    n = ::readv(s.fd.get(), iov, cnt);
+  } while (n < 0 && errno == EINTR);
+  if (n > 0) return static_cast<size_t>(n);
+  if (n == 0) {
+    size_t asked = 0;
+    for (int i = 0; i < cnt; ++i) asked += iov[i].iov_len;
+    if (asked == 0) return size_t{0};
+    if (Status why = pendingAbort(p); !why.isOk()) return why;
+    return remoteError(
+        "connection to rank {} ({}) closed: the peer closed socket {} while this rank expected data "
+        "(did rank {} exit, fail or abort?)",
+        p.rank, p.addr, s.index, p.rank);
+  }
+  int err = errno;
+  if (err == EAGAIN || err == EWOULDBLOCK) return size_t{0};
+  return connectionError(p, s, err);
+}
+
+// When a connection breaks, the peer may have said why just before: an
+// abort frame waiting, unread, at a message boundary of socket 0.
+// The peer's abort, when its frame is the next thing on socket 0 (its
+// code kept for a mismatch, so every rank of the call reports one).
+inline Status TcpTransport::pendingAbort(const Peer& p) const {
+  uint64_t code = 0;
+  std::string why = pendingAbortReason(p, &code);
+  if (why.empty()) return {};
+  return makeError(code == chorusMismatch ? chorusMismatch : chorusRemoteError,
+                   "tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr, abortRootCause(why));
+}
+
+inline std::string TcpTransport::pendingAbortReason(const Peer& p, uint64_t* code) const {
+  if (p.socks.empty() || !p.socks[0].fd.valid() || p.stage_len != 0 || !p.socks[0].rx.empty()) return {};
+  // Grants (CTS headers) not read yet may come first.
+  constexpr size_t kSkip = 8;
+  std::array<char, (kSkip + 1) * sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
+  const ssize_t got = ::recv(p.socks[0].fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+  if (got <= 0) return {};
+  const auto n = static_cast<size_t>(got);
+  size_t at = 0;
+  FrameHeader h;
+  for (;;) {
+    if (n - at < sizeof h) return {};
+    std::memcpy(&h, buf.data() + at, sizeof h);
+    if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagCts || at == kSkip * sizeof h) break;
+    at += sizeof h;
+  }
+  if (h.magic != tcp::kFrameMagic || h.flags != tcp::kFlagAbort || h.length > tcp::kMaxAbortReason) return {};
+  at += sizeof h;
+  *code = h.sig;
+  std::string reason(buf.data() + at, std::min<size_t>(h.length, n - at));
+  for (char& ch : reason)
+    if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text
+  return reason;
+}
+
+inline Status TcpTransport::connectionError(const Peer& p, const Sock& s, int err) const {
+  if (Status why = pendingAbort(p); !why.isOk()) return why;
+  if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ETIMEDOUT || err == EHOSTUNREACH)
+    return remoteError("connection to rank {} ({}) closed: socket {}: {} (did rank {} exit, fail or abort?)", p.rank,
+                       p.addr, s.index, describeErrno(err), p.rank);
+  return makeError(chorusRemoteError, "connection to rank {} ({}) failed: socket {}: {}", p.rank, p.addr, s.index,
+                   describeErrno(err));
+}
+
+// ---- failure ----
+
+// Every min(heartbeat / 4, 100 ms), from poll(): fails the peers whose
+// connections look dead (peerLooksDead).
+inline void TcpTransport::checkLiveness(Status& first_error) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_liveness_check_) return;
+  next_liveness_check_ = now + std::chrono::milliseconds(std::clamp(heartbeat_ms_ / 4, 1, 100));
+  for (Peer& p : peers_) {
+    if (p.failed) continue;
+    for (Sock& s : p.socks) {
+      unsigned silent_ms = 0;
+      if (!s.fd.valid() || !peerLooksDead(s.fd.get(), 3 * heartbeat_ms_, &silent_ms)) continue;
+      Status why = remoteError(
+          "rank {} ({}) has acknowledged nothing for {} ms while data waits for it (3 x CHORUS_HEARTBEAT_MS = {} "
+          "ms): its host is unreachable or dead",
+          p.rank, p.addr, silent_ms, 3 * heartbeat_ms_);
+      failPeer(p, why);
+      if (first_error.isOk()) first_error = why;
+      break;
+    }
+  }
+}
+
+// Fails every request of p with why, closes its sockets and makes later
+// posts to p fail.
+inline void TcpTransport::failPeer(Peer& p, const Status& why) {
+  p.failed = true;
+  p.error = why;
+  auto failOp = [&](Op* op) {
+    if (op == nullptr || op->req == nullptr) return;  // a discard entry, or failed via another socket
+    op->req->fail(why);
+    op->req = nullptr;
+    releaseOp(op);
+  };
+  for (size_t i = 0; i < p.unmatched.size(); ++i) failOp(p.unmatched[i]);
+  p.unmatched.clear();
+  failOp(p.rdv_op);
+  p.rdv_op = nullptr;
+  p.rdv_wait = false;
+  p.ctl_active = false;
+  p.grant_sent = p.grant_want;
+  for (Sock& s : p.socks) {
+    for (size_t i = 0; i < s.tx.size(); ++i) failOp(s.tx[i].op);
+    for (size_t i = 0; i < s.rx.size(); ++i) failOp(s.rx[i].op);
+    s.tx.clear();
+    s.rx.clear();
+    s.carry_len = 0;
+    // Leave both wait sets and tell the peer at once (FIN), but keep the
+    // descriptor until the transport goes: closing it with unread data
+    // would reset the connection, and the peer's kernel would then drop
+    // what it has not delivered yet, e.g. our abort frame that says why.
+    if (s.fd.valid()) {
+      if (s.epoll_mask != 0) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, s.fd.get(), nullptr);
+      (void)::epoll_ctl(hint_epoll_.get(), EPOLL_CTL_DEL, s.fd.get(), nullptr);
+      ::shutdown(s.fd.get(), SHUT_WR);
+      drainUnread(s);
+    }
+    s.epoll_mask = 0;
+  }
+  p.stage_len = 0;
+  p.header_parsed = false;
+  p.pushback_len = 0;
+}
+
+// Best effort: tells the peer why, so that the root cause reaches every
+// rank instead of "connection closed".  Only at a message boundary of
+// socket 0 (a frame cannot be cut into), and without blocking.
+inline void TcpTransport::sendAbortFrame(Peer& p, const Status& why) {
+  if (p.socks.empty() || !p.socks[0].fd.valid()) return;
+  Sock& s0 = p.socks[0];
+  if (p.ctl_active || !atBoundary(s0)) return;
+  const std::string& text = why.message();
+  const size_t n = std::min<size_t>(text.size(), tcp::kMaxAbortReason);
+  FrameHeader h;
+  h.flags = tcp::kFlagAbort;
+  h.length = n;
+  h.sig = static_cast<uint64_t>(why.code());
+  std::array<std::byte, sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
+  std::memcpy(buf.data(), &h, sizeof h);
+  std::memcpy(buf.data() + sizeof h, text.data(), n);
+  [[maybe_unused]] ssize_t w = ::send(s0.fd.get(), buf.data(), sizeof h + n, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+inline Status TcpTransport::applyAbort() {
+  Status why;
+  {
+    std::lock_guard lock(abort_mu_);
+    why = abort_status_;
+  }
+  if (!abort_applied_) {
+    abort_applied_ = true;
+    for (Peer& p : peers_) {
+      if (!p.failed) {
+        sendAbortFrame(p, why);
+        failPeer(p, why);
+      }
+      // Peers learn now (FIN after the abort frame), not when this process
+      // exits.  Only the write side: closing with unread data would send a
+      // reset, which makes the peer's kernel drop the abort frame unread
+      // (the destructor drains first).
+      for (Sock& sk : p.socks)
+        if (sk.fd.valid()) ::shutdown(sk.fd.get(), SHUT_WR);
+    }
+  }
+  return why;
+}
+
+inline void TcpTransport::drainUnread(const Sock& sk) {
+  if (!sk.fd.valid()) return;
+  std::array<std::byte, 64 * 1024> sink;
+  for (int i = 0; i < 1024; ++i)  // bounded: at most 64 MiB
+    if (::recv(sk.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT) <= 0) break;
+}
 
 }  // namespace
 
