@@ -114,3 +114,27 @@ netns_start_keepers() {
     [[ -e $work/keeper$i.ready ]] || { echo "$test_name: FAILED: host $i's keeper not ready after 10 s" >&2; exit 1; }
   done
 }
+
+# ptp4l_cfg NAME [LINE...]: writes $work/NAME.cfg, a ptp4l configuration for
+# the PTP cluster tests (software timestamps, free-running clock, Sync and
+# Delay_Req every 2^log_sync s, announce every second; its own UDS socket and
+# message tag so daemons in one namespace do not collide), then the
+# role-specific LINEs (priority1, slaveOnly, clockIdentity, delay filter...).
+# Reads $work and $log_sync.
+ptp4l_cfg() {
+  local name=$1
+  shift
+  {
+    echo "[global]"
+    echo "domainNumber 0"
+    echo "time_stamping software"
+    echo "free_running 1"
+    echo "logSyncInterval $log_sync"
+    echo "logAnnounceInterval 0"
+    echo "logMinDelayReqInterval $log_sync"
+    echo "tx_timestamp_timeout 10"
+    echo "uds_address $work/$name.sock"
+    echo "message_tag $name"
+    printf '%s\n' "$@"
+  } >"$work/$name.cfg"
+}

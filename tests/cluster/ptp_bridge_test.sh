@@ -109,30 +109,14 @@ tag=chorus-$$
 hosts=("$tag-h0" "$tag-h1" "$tag-h2")
 netns_make_hosts "$tag-sw" 10.78.0 "${hosts[@]}"
 
-ptp4l_cfg() {  # name, role-specific lines...
-  local name=$1
-  shift
-  {
-    echo "[global]"
-    echo "domainNumber 0"
-    echo "time_stamping software"
-    echo "free_running 1"
-    echo "logSyncInterval $log_sync"
-    echo "logAnnounceInterval 0"
-    echo "logMinDelayReqInterval $log_sync"
-    echo "delay_filter moving_median"
-    echo "delay_filter_length 10"
-    echo "tx_timestamp_timeout 10"
-    echo "uds_address $work/$name.sock"
-    echo "message_tag $name"
-    printf '%s\n' "$@"
-  } >"$work/$name.cfg"
-}
 # Daemons sharing an interface share its MAC-derived identity: each gets one of
 # its own.  summary_interval -4 prints every estimate (once per second with
 # freq_est_interval 0) instead of a summary.
-slave_lines=("slaveOnly 1" "freq_est_interval 0" "summary_interval $log_sync")
-ptp4l_cfg master "priority1 127" "clockIdentity 020000.fffe.0000a0"
+# ptp4l's moving median of 10 path-delay samples on every daemon (the bridge's
+# path delay jitters; netns_lib.sh's ptp4l_cfg writes the common lines).
+filter_lines=("delay_filter moving_median" "delay_filter_length 10")
+slave_lines=("${filter_lines[@]}" "slaveOnly 1" "freq_est_interval 0" "summary_interval $log_sync")
+ptp4l_cfg master "${filter_lines[@]}" "priority1 127" "clockIdentity 020000.fffe.0000a0"
 ptp4l_cfg base_h1 "${slave_lines[@]}" "clockIdentity 020000.fffe.0000b1"
 ptp4l_cfg base_h2 "${slave_lines[@]}" "clockIdentity 020000.fffe.0000b2"
 ptp4l_cfg p4l_of_chorus "${slave_lines[@]}" "clockIdentity 020000.fffe.0000c1"

@@ -79,23 +79,6 @@ for ns in "$ns_m" "$ns_s"; do ip -n "$ns" link set lo up; done
 ip -n "$ns_m" link set pm up
 ip -n "$ns_s" link set ps up
 
-ptp4l_cfg() {  # name, role-specific lines...
-  local name=$1
-  shift
-  {
-    echo "[global]"
-    echo "domainNumber 0"
-    echo "time_stamping software"
-    echo "free_running 1"
-    echo "logSyncInterval $log_sync"
-    echo "logAnnounceInterval 0"
-    echo "logMinDelayReqInterval $log_sync"
-    echo "tx_timestamp_timeout 10"
-    echo "uds_address $work/$name.sock"
-    echo "message_tag $name"
-    printf '%s\n' "$@"
-  } >"$work/$name.cfg"
-}
 # The ptp4l slave shares the interface (and so the MAC-derived identity) with
 # chorus-ptp: give it an identity of its own.  summary_interval -4 makes it
 # print each once-per-second estimate instead of a 16-sample summary.
