@@ -295,164 +295,198 @@ struct Engine {
     if (on_done) on_done(r);
   }
 
+  // The run's state.
+  struct Running {
+    Request* r;
+    int64_t made;  // tokens generated (decode) or prompt tokens done (prefilling)
+  };
+  std::deque<Request*> waiting;
+  std::vector<Running> running;    // decoding
+  std::deque<Running> prefilling;  // chunked prefill in progress
+  // kv_res: the cache this replica has given out.  Reserved (TensorRT-LLM's
+  // GUARANTEED_NO_EVICT, the default): the whole (input + output) cache of
+  // every admitted request, at admission, so it never outgrows the memory.
+  // Paged: the prompt's at admission, then each token's as it is made.
+  double now = 0, context = 0, context_win = 0, kv_now = 0, kv_res = 0;
+  int64_t admitted = 0;
+
+  [[nodiscard]] double full(const Request* r) const { return rep.kvBytesOf(static_cast<double>(r->in + r->out)); }
+  static int64_t prompt(const Request* r) { return r->in + r->resume; }  // tokens its prefill processes
+  [[nodiscard]] double need(const Request* r) const {
+    return paged ? rep.kvBytesOf(static_cast<double>(prompt(r) + 1)) : full(r);
+  }
+  [[nodiscard]] bool admitKv(const Request* r) const { return kv_res + need(r) <= kv_capacity; }
+  // What admission gives a request: its whole cache (reserved) or its prompt's (paged).
+  [[nodiscard]] double given(const Request* r) const {
+    return paged ? rep.kvBytesOf(static_cast<double>(prompt(r))) : full(r);
+  }
+  void admit(Request* r) {
+    kv_res += given(r);
+    r->order = admitted++;
+  }
+  [[nodiscard]] int64_t slots() const { return static_cast<int64_t>(running.size() + prefilling.size()); }
+
+  // r has its next token: its first, or the one after a recomputed prefill.
+  void startDecode(Request* r) {
+    const int64_t made = r->resume + 1;
+    if (!decode_here || made >= r->out) {
+      if (decode_here) kv_res -= given(r), finish(r, r->resume > 0 ? now : r->first);
+      return;
+    }
+    running.push_back({r, made});
+    const double n = static_cast<double>(r->in + made);
+    context += n, context_win += rep.capped(n), kv_now += rep.kvBytesOf(n);
+    if (paged) kv_res += rep.kvBytesOf(n) - rep.kvBytesOf(static_cast<double>(prompt(r)));
+  }
+
+  // Paged: frees the newest decoding requests until this step's growth (up
+  // to 1 + K tokens each) fits; true when it preempted (the step then admits
+  // nobody, as vLLM's scheduler does).  At least one request keeps running.
+  bool makeRoom() {
+    if (!paged) return false;
+    const int64_t step = 1 + spec_k;
+    auto growth = [&] {
+      double g = 0;
+      for (const Running& x : running) {
+        const double n = static_cast<double>(x.r->in + x.made);
+        g += rep.kvBytesOf(n + static_cast<double>(std::min(step, x.r->out - x.made))) - rep.kvBytesOf(n);
+      }
+      return g;
+    };
+    bool any = false;
+    while (running.size() > 1 && kv_res + growth() > kv_capacity) {
+      size_t v = 0;
+      for (size_t i = 1; i < running.size(); ++i)
+        if (running[i].r->order > running[v].r->order) v = i;
+      Request* r = running[v].r;
+      const double n = static_cast<double>(r->in + running[v].made), held = rep.kvBytesOf(n);
+      context -= n, context_win -= rep.capped(n), kv_now -= held, kv_res -= held;
+      r->resume = running[v].made;
+      running[v] = running.back(), running.pop_back();
+      waiting.push_front(r);
+      ++preemptions;
+      any = true;
+    }
+    return any;
+  }
+
+  // Chunked prefill (vLLM V1): one step is every decoding request's next
+  // token, then prompt chunks (in-progress ones first) within the token budget.
+  void chunkedStep() {
+    // The budget counts the decodes that run in the step: those left after any preemption.
+    const bool preempted = makeRoom();
+    double budget = static_cast<double>(cfg.prefill_tokens) - static_cast<double>(running.size());
+    while (!preempted && !waiting.empty() && slots() < cfg.max_batch && admitKv(waiting.front())) {
+      prefilling.push_back({waiting.front(), 0});
+      admit(waiting.front());
+      waiting.pop_front();
+    }
+    double chunk = 0, pairs = 0, pairs_win = 0;
+    std::vector<std::pair<size_t, int64_t>> parts;  // prefilling index, tokens this step
+    for (size_t i = 0; i < prefilling.size() && budget >= 1; ++i) {
+      const int64_t left = prompt(prefilling[i].r) - prefilling[i].made;
+      const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(budget));
+      const double a = static_cast<double>(prefilling[i].made), b = a + static_cast<double>(take);
+      chunk += static_cast<double>(take);
+      pairs += (b * b - a * a) / 2;  // causal pairs of positions [a, b)
+      const double w = static_cast<double>(m_window());
+      pairs_win += (sqWin(b, w) - sqWin(a, w)) / 2;
+      budget -= static_cast<double>(take);
+      parts.push_back({i, take});
+    }
+    if (running.empty() && chunk == 0) {
+      if (!arrivals.empty()) now = std::max(now, arrivals.top().first);
+      return;
+    }
+    max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
+    const double t0 = now;
+    now += decodeCost(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win);
+    const auto decodes = static_cast<int64_t>(running.size());
+    advanceDecode(running, now, context, context_win, kv_now, kv_res);
+    std::vector<Request*> started;
+    for (auto [i, take] : parts) {
+      prefilling[i].made += take;
+      if (prefilling[i].made >= prompt(prefilling[i].r)) started.push_back(prefilling[i].r);
+    }
+    int64_t pending = 0;
+    for (const Running& p : prefilling) pending += prompt(p.r) - p.made;
+    log(t0, now, decodes, static_cast<int64_t>(chunk), pending);
+    prefilling.erase(std::remove_if(prefilling.begin(), prefilling.end(),
+                                    [&](const Running& p) { return p.made >= prompt(p.r); }),
+                     prefilling.end());
+    for (Request* r : started) {
+      if (r->first < 0) r->first = now;
+      token(r, now);
+      startDecode(r);
+    }
+  }
+
+  // A prefill batch up to the token budget (at least one request); true when it ran one.
+  bool prefillBatch() {
+    double tok = 0, sq = 0, sq_w = 0;
+    std::vector<Request*> batch;
+    while (!waiting.empty() &&
+           (batch.empty() || tok + static_cast<double>(prompt(waiting.front())) <= static_cast<double>(cfg.prefill_tokens)) &&
+           (!decode_here || static_cast<int64_t>(running.size() + batch.size()) < cfg.max_batch) &&
+           (!decode_here || admitKv(waiting.front()))) {
+      Request* r = waiting.front();
+      waiting.pop_front();
+      const double n = static_cast<double>(prompt(r));
+      tok += n, sq += n * n, sq_w += sqWin(n, static_cast<double>(m_window()));
+      if (decode_here) admit(r);
+      batch.push_back(r);
+    }
+    if (batch.empty()) return false;
+    const double t0 = now;
+    now += rep.prefill(tok, sq, sq_w);
+    log(t0, now, 0, static_cast<int64_t>(tok));
+    for (Request* r : batch) {
+      if (r->first < 0) r->first = now;
+      token(r, now);
+      startDecode(r);
+    }
+    return true;
+  }
+
+  // Decode pool: admit arrived (prefilled) requests while KV fits.
+  void admitPrefilled() {
+    while (!waiting.empty() && static_cast<int64_t>(running.size()) < cfg.max_batch && admitKv(waiting.front())) {
+      Request* r = waiting.front();
+      waiting.pop_front();
+      admit(r);
+      r->last_token = r->first;
+      startDecode(r);
+    }
+  }
+
+  void decodeStep() {
+    max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
+    const double t0 = now;
+    now += decodeCost(static_cast<double>(running.size()), context, context_win, 0, 0, 0);
+    log(t0, now, static_cast<int64_t>(running.size()), 0);
+    advanceDecode(running, now, context, context_win, kv_now, kv_res);
+  }
+
+  // Until every request is done: arrivals join the queue; each step is a
+  // chunked-prefill step, or a prefill batch, or a decode step of the running
+  // requests (after admitting what fits).
   void run() {
-    std::deque<Request*> waiting;
-    struct Running {
-      Request* r;
-      int64_t made;  // tokens generated (decode) or prompt tokens done (prefilling)
-    };
-    std::vector<Running> running;     // decoding
-    std::deque<Running> prefilling;   // chunked prefill in progress
-    // kv_res: the cache this replica has given out.  Reserved (TensorRT-LLM's
-    // GUARANTEED_NO_EVICT, the default): the whole (input + output) cache of
-    // every admitted request, at admission, so it never outgrows the memory.
-    // Paged: the prompt's at admission, then each token's as it is made.
-    double now = 0, context = 0, context_win = 0, kv_now = 0, kv_res = 0;
-    int64_t admitted = 0;
-    auto full = [&](const Request* r) { return rep.kvBytesOf(static_cast<double>(r->in + r->out)); };
-    auto prompt = [](const Request* r) { return r->in + r->resume; };  // tokens its prefill processes
-    auto need = [&](const Request* r) { return paged ? rep.kvBytesOf(static_cast<double>(prompt(r) + 1)) : full(r); };
-    auto admitKv = [&](const Request* r) { return kv_res + need(r) <= kv_capacity; };
-    // What admission gives a request: its whole cache (reserved) or its prompt's (paged).
-    auto given = [&](const Request* r) { return paged ? rep.kvBytesOf(static_cast<double>(prompt(r))) : full(r); };
-    auto admit = [&](Request* r) {
-      kv_res += given(r);
-      r->order = admitted++;
-    };
-    auto startDecode = [&](Request* r) {  // r has its next token: its first, or the one after a recomputed prefill
-      const int64_t made = r->resume + 1;
-      if (!decode_here || made >= r->out) {
-        if (decode_here) kv_res -= given(r), finish(r, r->resume > 0 ? now : r->first);
-        return;
-      }
-      running.push_back({r, made});
-      const double n = static_cast<double>(r->in + made);
-      context += n, context_win += rep.capped(n), kv_now += rep.kvBytesOf(n);
-      if (paged) kv_res += rep.kvBytesOf(n) - rep.kvBytesOf(static_cast<double>(prompt(r)));
-    };
-    // Paged: frees the newest decoding requests until this step's growth (up
-    // to 1 + K tokens each) fits; true when it preempted (the step then admits
-    // nobody, as vLLM's scheduler does).  At least one request keeps running.
-    auto makeRoom = [&]() {
-      if (!paged) return false;
-      const int64_t step = 1 + spec_k;
-      auto growth = [&] {
-        double g = 0;
-        for (const Running& x : running) {
-          const double n = static_cast<double>(x.r->in + x.made);
-          g += rep.kvBytesOf(n + static_cast<double>(std::min(step, x.r->out - x.made))) - rep.kvBytesOf(n);
-        }
-        return g;
-      };
-      bool any = false;
-      while (running.size() > 1 && kv_res + growth() > kv_capacity) {
-        size_t v = 0;
-        for (size_t i = 1; i < running.size(); ++i)
-          if (running[i].r->order > running[v].r->order) v = i;
-        Request* r = running[v].r;
-        const double n = static_cast<double>(r->in + running[v].made), held = rep.kvBytesOf(n);
-        context -= n, context_win -= rep.capped(n), kv_now -= held, kv_res -= held;
-        r->resume = running[v].made;
-        running[v] = running.back(), running.pop_back();
-        waiting.push_front(r);
-        ++preemptions;
-        any = true;
-      }
-      return any;
-    };
     while (!arrivals.empty() || !waiting.empty() || !running.empty() || !prefilling.empty()) {
       while (!arrivals.empty() && arrivals.top().first <= now) waiting.push_back(arrivals.top().second), arrivals.pop();
       if (waiting.empty() && running.empty() && prefilling.empty()) {
         now = arrivals.top().first;
         continue;
       }
-      const auto slots = [&] { return static_cast<int64_t>(running.size() + prefilling.size()); };
       if (prefill_here && cfg.chunked_prefill && decode_here) {
-        // One step: every decoding request's next token, then prompt chunks
-        // (in-progress ones first) within the token budget.
-        // The budget counts the decodes that run in the step: those left after any preemption.
-        const bool preempted = makeRoom();
-        double budget = static_cast<double>(cfg.prefill_tokens) - static_cast<double>(running.size());
-        while (!preempted && !waiting.empty() && slots() < cfg.max_batch && admitKv(waiting.front())) {
-          prefilling.push_back({waiting.front(), 0});
-          admit(waiting.front());
-          waiting.pop_front();
-        }
-        double chunk = 0, pairs = 0, pairs_win = 0;
-        std::vector<std::pair<size_t, int64_t>> parts;  // prefilling index, tokens this step
-        for (size_t i = 0; i < prefilling.size() && budget >= 1; ++i) {
-          const int64_t left = prompt(prefilling[i].r) - prefilling[i].made;
-          const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(budget));
-          const double a = static_cast<double>(prefilling[i].made), b = a + static_cast<double>(take);
-          chunk += static_cast<double>(take);
-          pairs += (b * b - a * a) / 2;  // causal pairs of positions [a, b)
-          const double w = static_cast<double>(m_window());
-          pairs_win += (sqWin(b, w) - sqWin(a, w)) / 2;
-          budget -= static_cast<double>(take);
-          parts.push_back({i, take});
-        }
-        if (running.empty() && chunk == 0) {
-          if (!arrivals.empty()) now = std::max(now, arrivals.top().first);
-          continue;
-        }
-        max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
-        const double t0 = now;
-        now += decodeCost(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win);
-        const auto decodes = static_cast<int64_t>(running.size());
-        advanceDecode(running, now, context, context_win, kv_now, kv_res);
-        std::vector<Request*> started;
-        for (auto [i, take] : parts) {
-          prefilling[i].made += take;
-          if (prefilling[i].made >= prompt(prefilling[i].r)) started.push_back(prefilling[i].r);
-        }
-        int64_t pending = 0;
-        for (const Running& p : prefilling) pending += prompt(p.r) - p.made;
-        log(t0, now, decodes, static_cast<int64_t>(chunk), pending);
-        prefilling.erase(std::remove_if(prefilling.begin(), prefilling.end(),
-                                        [&](const Running& p) { return p.made >= prompt(p.r); }),
-                         prefilling.end());
-        for (Request* r : started) {
-          if (r->first < 0) r->first = now;
-          token(r, now);
-          startDecode(r);
-        }
+        chunkedStep();
         continue;
       }
       const bool preempted = prefill_here && decode_here && makeRoom();
       if (!preempted && !waiting.empty() && (!decode_here || static_cast<int64_t>(running.size()) < cfg.max_batch)) {
-        if (prefill_here) {  // a prefill batch up to the token budget (at least one request)
-          double tok = 0, sq = 0, sq_w = 0;
-          std::vector<Request*> batch;
-          while (!waiting.empty() &&
-                 (batch.empty() || tok + static_cast<double>(prompt(waiting.front())) <= static_cast<double>(cfg.prefill_tokens)) &&
-                 (!decode_here || static_cast<int64_t>(running.size() + batch.size()) < cfg.max_batch) &&
-                 (!decode_here || admitKv(waiting.front()))) {
-            Request* r = waiting.front();
-            waiting.pop_front();
-            const double n = static_cast<double>(prompt(r));
-            tok += n, sq += n * n, sq_w += sqWin(n, static_cast<double>(m_window()));
-            if (decode_here) admit(r);
-            batch.push_back(r);
-          }
-          if (!batch.empty()) {
-            const double t0 = now;
-            now += rep.prefill(tok, sq, sq_w);
-            log(t0, now, 0, static_cast<int64_t>(tok));
-            for (Request* r : batch) {
-              if (r->first < 0) r->first = now;
-              token(r, now);
-              startDecode(r);
-            }
-            continue;
-          }
-        } else {  // decode pool: admit arrived requests while KV fits
-          while (!waiting.empty() && static_cast<int64_t>(running.size()) < cfg.max_batch && admitKv(waiting.front())) {
-            Request* r = waiting.front();
-            waiting.pop_front();
-            admit(r);
-            r->last_token = r->first;
-            startDecode(r);
-          }
+        if (prefill_here) {
+          if (prefillBatch()) continue;
+        } else {
+          admitPrefilled();
         }
       }
       if (running.empty()) {
@@ -460,11 +494,7 @@ struct Engine {
         if (!arrivals.empty() && waiting.empty()) now = std::max(now, arrivals.top().first);
         continue;
       }
-      max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
-      const double t0 = now;
-      now += decodeCost(static_cast<double>(running.size()), context, context_win, 0, 0, 0);
-      log(t0, now, static_cast<int64_t>(running.size()), 0);
-      advanceDecode(running, now, context, context_win, kv_now, kv_res);
+      decodeStep();
     }
   }
 
