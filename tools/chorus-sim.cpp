@@ -18,6 +18,10 @@ constexpr const char* per_domain_help =
 constexpr const char* dispatch_help =
     "alltoall (every routed copy in one all-to-all each way, Megatron-Core's dispatcher) or hierarchical (once per "
     "destination node over the NICs, then NVLink; node-limited routing; DeepEP's normal kernels)";
+constexpr const char* attention_kernel_help =
+    "the fused attention kernel whose measured curves price the attention core: a name in the GPU's data file "
+    "(configs/gpus/; Hopper: fa3, its default, or fa2 = FlashAttention-2 as PyTorch SDPA and pre-2024 stacks run "
+    "it); default: the generation's own";
 constexpr const char* fp8_dispatch_help = "dispatch tokens in fp8 (1 B + a scale per 128), combine in bf16";
 constexpr const char* imbalance_help = "the busiest expert's tokens over the mean (>= 1; 1: balanced)";
 constexpr const char* a2a_overlap_help =
@@ -113,10 +117,7 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
   tr->add_option("--plot", o.plot_path, "draw the breakdown into a PNG (needs /usr/bin/python3 with matplotlib)");
   tr->add_flag("--no-sequence-parallel", o.no_sp, "plain tensor parallelism (allreduce per block)");
   tr->add_flag("--no-flash-attention", o.no_flash, "materialise the s x s attention scores");
-  tr->add_option("--attention-kernel", o.tc.attention_kernel,
-                 "the fused attention kernel whose measured curves price the core: a name in the GPU's data file "
-                 "(configs/gpus/; Hopper: fa3, its default, or fa2 = FlashAttention-2 as PyTorch SDPA and pre-2024 "
-                 "stacks run it); default: the generation's own");
+  tr->add_option("--attention-kernel", o.tc.attention_kernel, attention_kernel_help);
   tr->add_flag("--fp8", o.tc.fp8, "fp8 GEMMs");
   tr->add_option("--compress", o.compress,
                  "the data-parallel gradient reduce-scatter on a narrower wire than the gradient buffer: none, bf16 "
@@ -155,6 +156,7 @@ CLI::App* addSearch(CLI::App& app, CliOptions& o) {
   se->add_option("--network", o.network, "analytical or flow");
   se->add_option("--library", o.library, "whose collectives: nccl (default), chorus or auto");
   se->add_flag("--fp8", o.sc.fp8, "fp8 GEMMs");
+  se->add_option("--attention-kernel", o.sc.attention_kernel, attention_kernel_help);
   se->add_flag("--no-progress", o.no_progress, "no progress bar (it is drawn only when stderr is a terminal)");
   se->add_flag("--json", o.json, "print JSON");
   return se;
@@ -204,6 +206,7 @@ CLI::App* addInfer(CLI::App& app, CliOptions& o) {
   in->add_option("--network", o.network, "analytical or flow");
   in->add_option("--library", o.library, "whose collectives: nccl (default), chorus or auto");
   in->add_flag("--fp8", o.ic.fp8, "fp8 weights (1 byte each) and fp8 GEMMs");
+  in->add_option("--attention-kernel", o.ic.attention_kernel, attention_kernel_help);
   in->add_flag("--json", o.json, "print JSON");
   return in;
 }

@@ -36,9 +36,11 @@ struct Request {
 // Phase costs of one replica of tp GPUs (roofline; see docs/simulator.md).
 class Replica {
  public:
-  Replica(const ModelSpec& m, const ClusterSpec& c, int tp, bool fp8, bool kv_fp8, Seconds ar_alpha, double ar_beta)
+  // `attention_kernel`: whose fused attention curves price the prefill ("" = the GPU's default).
+  Replica(const ModelSpec& m, const ClusterSpec& c, int tp, bool fp8, bool kv_fp8, Seconds ar_alpha, double ar_beta,
+          std::string_view attention_kernel = "")
       : m_(m), g_(c.gpu), tp_(tp), fp8_(fp8 || m.weight_bytes <= 1), w8_(fp8), kv_bytes_(kv_fp8 ? 1 : kAct),
-        ar_alpha_(ar_alpha.value()), ar_beta_(ar_beta), compute_(c.gpu, fp8_) {}
+        ar_alpha_(ar_alpha.value()), ar_beta_(ar_beta), compute_(c.gpu, fp8_, attention_kernel) {}
 
   // Prefill of requests with `tokens` input tokens in all; `sq` = sum of
   // squared lengths and `sq_win` the same capped by the window (2 x the
@@ -659,6 +661,7 @@ Result<InferReport> Service::run() {
   CHORUS_RETURN_IF_ERROR(checkInferConfig(cfg));
   if (cfg.gpus > c.gpus())
     return invalidArgument("infer: --gpus {} is outside [1, {}] for cluster '{}'", cfg.gpus, c.gpus(), c.name);
+  CHORUS_RETURN_IF_ERROR(checkAttentionKernel(c.gpu, cfg.attention_kernel));
   rep.config = cfg;
   CHORUS_RETURN_IF_ERROR(pickDrafter());
   CHORUS_RETURN_IF_ERROR(sizeReplica());
@@ -791,7 +794,7 @@ Status Service::priceReplicas() {
     CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllReduce, tp));
     alpha = ab.first, beta = ab.second;
   }
-  replica.emplace(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+  replica.emplace(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta, cfg.attention_kernel);
   if (ep > 1) {
     CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllToAll, ep));
     replica->setExpertParallel(ep, ab.first, ab.second);
@@ -800,7 +803,7 @@ Status Service::priceReplicas() {
   if (draft) {
     if (draft->heads % tp != 0)
       return invalidArgument("infer: the draft model '{}' has {} heads, not divisible by --tp {}", draft->name, draft->heads, tp);
-    drafter.emplace(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta);
+    drafter.emplace(*draft, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta, cfg.attention_kernel);
     // The MTP module's layer is an MoE layer like the model's: under --ep its
     // experts are spread over the same GPUs and every drafted step pays the
     // same dispatch and combine.
@@ -957,7 +960,7 @@ Status Service::prepareDecodePool() {
     CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllReduce, dtp));
     d_alpha = ab.first, d_beta = ab.second;
   }
-  decoder.emplace(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta);
+  decoder.emplace(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta, cfg.attention_kernel);
   if (dep > 1) {  // the decode replica's own dispatch / combine over its dep GPUs
     if (dep == ep) {
       decoder->setExpertParallel(dep, replica->a2aAlpha(), replica->a2aBeta());

@@ -54,6 +54,7 @@ struct InferConfig {
   // data-parallel attention groups); 0 or 1: experts split over tp like the rest.
   int ep = 0;
   bool fp8 = false;             // fp8 weights (1 byte each) and fp8 GEMMs
+  std::string attention_kernel;  // the prefill's fused attention curves (TrainConfig::attention_kernel; "" = the GPU's default)
   // Speculative decoding: `spec_tokens` = K drafted tokens per step, each
   // accepted with probability `spec_acceptance` (the first rejection ends the
   // run; the target's step verifies all K and adds one token of its own, so a

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 
+#include "sim/compute.hpp"
 #include "sim/placement.hpp"
 
 namespace chorus::sim {
@@ -123,6 +124,7 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
                   k.sequence_parallel = true;
                   k.flash_attention = sc.flash_attention;
                   k.fp8 = sc.fp8;
+                  k.attention_kernel = sc.attention_kernel;
                   if (m.moe.experts > 0) {
                     k.moe_dispatch = sc.moe_dispatch;
                     k.fp8_dispatch = sc.fp8_dispatch;
@@ -160,6 +162,7 @@ Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, N
   if (sc.gpus < 1 || sc.gpus > c.gpus())
     return invalidArgument("search: --gpus {} is outside [1, {}] for cluster '{}'", sc.gpus, c.gpus(), c.name);
   if (sc.top < 1) return invalidArgument("search: --top {} must be >= 1", sc.top);
+  CHORUS_RETURN_IF_ERROR(checkAttentionKernel(c.gpu, sc.attention_kernel));
   if (sc.resimulate < 0) return invalidArgument("search: --resimulate {} must be >= 0", sc.resimulate);
   if (sc.gpus_per_domain != 0) CHORUS_RETURN_IF_ERROR(placedCluster(c, sc.gpus_per_domain, sc.gpus).status());
   PlacedNets nets(net, sc.gpus_per_domain);

@@ -20,6 +20,7 @@ struct SearchConfig {
   int top = 10;            // how many layouts to keep
   bool fp8 = false;
   bool flash_attention = true;
+  std::string attention_kernel;  // TrainConfig::attention_kernel of every layout ("" = the GPU's default)
   std::string algo;        // collective plan ("" = auto)
   int max_micro_batch = 16;
   // The best `resimulate` by the closed-form estimate are simulated again as

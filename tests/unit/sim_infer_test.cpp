@@ -43,6 +43,31 @@ InferConfig base() {
   return ic;
 }
 
+// --attention-kernel fa2 on H100: the prefill's attention core at
+// FlashAttention-2's curves (slower than the default FA3); the decode step,
+// which reads the cache rather than running the fused prefill kernel, is the
+// same; an unknown name is refused.
+TEST(SimServe, AttentionKernelPricesThePrefill) {
+  const plan::Registry reg = plan::Registry::builtin();
+  auto c = loadCluster(std::string(CHORUS_SOURCE_DIR) + "/configs/clusters/h100-rail.json");
+  ASSERT_TRUE(c.isOk()) << c.status().message();
+  const Topology topo = topologyOf(*c);
+  NetworkModel net{*c, topo, reg};
+  const ModelSpec m = gpt(4, 4096, 32);
+  InferConfig ic = base();
+  ic.input_len = 8192;
+  auto fa3 = simulateInference(m, ic, net);
+  ic.attention_kernel = "fa2";
+  auto fa2 = simulateInference(m, ic, net);
+  ASSERT_TRUE(fa3.isOk() && fa2.isOk()) << (fa3.isOk() ? fa2.status().message() : fa3.status().message());
+  EXPECT_GT(fa2->prefill_s_per_request, fa3->prefill_s_per_request);
+  EXPECT_DOUBLE_EQ(fa2->decode_step_s, fa3->decode_step_s);
+  ic.attention_kernel = "fa1";
+  auto bad = simulateInference(m, ic, net);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("fa3, fa2"), std::string::npos) << bad.status().message();
+}
+
 // Decode at batch 1 is bound by reading the weights: with fp8 weights every
 // layer weight is 1 byte (the 16-bit head stays 2), so the step reads
 // (params - 2 V h) x 1 + V h x 2 bytes + the KV cache, at 2039e9 x 0.8 B/s,
