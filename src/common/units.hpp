@@ -1,12 +1,14 @@
-// Units as types for the simulator: a Bytes is not a Seconds, and dividing
-// one by a BytesPerSecond is the only way to get the other.  All values are
-// doubles in SI base units (bytes, seconds, FLOPs); the helpers name the
-// decimal (GB = 1e9) and binary (GiB = 2^30) multiples explicitly.
+// Units as types: a Bytes is not a Seconds, and dividing one by a
+// BytesPerSecond is the only way to get the other.  All values are doubles in
+// SI base units (bytes, seconds, FLOPs); the helpers name the decimal
+// (GB = 1e9) and binary (GiB = 2^30) multiples explicitly.  In common/, the
+// bottom layer, so that every folder may use it: it includes nothing of
+// chorus's own.
 #pragma once
 
 #include <compare>
 
-namespace chorus::sim {
+namespace chorus {
 
 template <typename Tag>
 struct Quantity {
@@ -53,4 +55,4 @@ constexpr double toUs(Seconds s) { return s.v * 1e6; }
 constexpr double toGib(Bytes b) { return b.v / 1073741824.0; }
 constexpr double toGbytePerS(BytesPerSecond r) { return r.v / 1e9; }
 
-}  // namespace chorus::sim
+}  // namespace chorus
