@@ -141,9 +141,7 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
   for (auto [name, link] : {std::pair{"shm", &p.shm}, std::pair{"tcp", &p.tcp}}) {
     if (!j.contains(name)) continue;
     if (!j[name].is_object()) return invalidArgument("tuning profile: '{}' must be an object", name);
-    double alpha = link->alpha.value();
-    CHORUS_RETURN_IF_ERROR(num(j[name], "alpha_us", &alpha));
-    link->alpha = us(alpha);
+    CHORUS_RETURN_IF_ERROR(micros(j[name], "alpha_us", &link->alpha));
     CHORUS_RETURN_IF_ERROR(micros(j[name], "overhead_us", &link->overhead));
     CHORUS_RETURN_IF_ERROR(perByte(j[name], "bandwidth_large_gbps", &link->beta_large));
     CHORUS_RETURN_IF_ERROR(perByte(j[name], "bandwidth_gbps", &link->beta));

@@ -152,6 +152,13 @@ TEST(CostModel, ProfileJsonCarriesThePerMessageOverhead) {
   EXPECT_NEAR(back->shm.beta_large.value(), 2e-9, 1e-18);
   EXPECT_NEAR(back->reduce_mem.value(), 1e-9, 1e-18);
   EXPECT_EQ(back->tcp.beta_large, SecondsPerByte());
+  // A figure the file leaves out keeps its default: a link's latency too
+  // (it used to come out a million times smaller, the default scaled to
+  // microseconds a second time).
+  auto partial = CostProfile::fromJson(R"({"shm": {"bandwidth_gbps": 6}, "tcp": {"alpha_us": 15}})");
+  ASSERT_TRUE(partial.isOk()) << partial.status().message();
+  EXPECT_NEAR(partial->shm.alpha.value(), CostProfile().shm.alpha.value(), 1e-15);
+  EXPECT_NEAR(partial->tcp.alpha.value(), 15e-6, 1e-15);
   auto bad = CostProfile::fromJson(R"({"shm": {"overhead_us": -1}})");
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("overhead_us"), std::string::npos) << bad.status().message();
