@@ -20,8 +20,8 @@
 #include <string_view>
 
 #include "common/status.hpp"
+#include "common/units.hpp"
 #include "plan/plan.hpp"
-#include "sim/units.hpp"
 
 namespace chorus::sim {
 

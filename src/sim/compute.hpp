@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "common/status.hpp"
+#include "common/units.hpp"
 #include "sim/config.hpp"
-#include "sim/units.hpp"
 
 namespace chorus::sim {
 

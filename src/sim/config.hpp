@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/status.hpp"
-#include "sim/units.hpp"
+#include "common/units.hpp"
 
 namespace chorus::sim {
 

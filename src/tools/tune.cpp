@@ -112,10 +112,11 @@ Result<tune::LinkCost> measureLink(chorusComm_t comm, const TuneOptions& o, doub
   constexpr int kBurst = 32;
   CHORUS_ASSIGN_OR_RETURN(double one, burst(comm, 1, o.reps, 1000));
   CHORUS_ASSIGN_OR_RETURN(double many, burst(comm, kBurst, o.reps, 1000));
-  l.overhead_s = std::clamp((many - one) / (kBurst - 1), 0.0, small / 4);
-  l.alpha_s = std::max(0.0, small - 2 * l.overhead_s);
-  l.beta_s_per_byte = std::max(1e-12, (mid - small) / static_cast<double>(kMid));
-  l.beta_large_s_per_byte = std::max(l.beta_s_per_byte, (big - small) / static_cast<double>(o.big_bytes));
+  const double overhead = std::clamp((many - one) / (kBurst - 1), 0.0, small / 4);
+  l.overhead = Seconds(overhead);
+  l.alpha = Seconds(std::max(0.0, small - 2 * overhead));
+  l.beta = SecondsPerByte(std::max(1e-12, (mid - small) / static_cast<double>(kMid)));
+  l.beta_large = std::max(l.beta, SecondsPerByte((big - small) / static_cast<double>(o.big_bytes)));
   return l;
 }
 
@@ -317,9 +318,9 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
       CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&x, &x, 1, chorusFloat64, chorusSum, self, nullptr), self, "allreduce"));
     oh.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 20000);
   }
-  p->op_overhead_s = median(oh);
+  p->op_overhead = Seconds(median(oh));
   chorusCommDestroy(self);
-  const double omega = p->op_overhead_s;
+  const double omega = p->op_overhead.value();
 
   CHORUS_ASSIGN_OR_RETURN(p->shm, measureLink(comm, o, omega));
 
@@ -342,10 +343,10 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
       red(a.data(), a.data(), b.data(), count);
       t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    p->gamma_s_per_byte[d] = median(t) / static_cast<double>(bytes);
+    p->gamma[d] = Seconds(median(t)) / Bytes(static_cast<double>(bytes));
   }
   {
-    // Out of the caches: fp32 over 64 MiB operands (twice cache_bytes' cap).
+    // Out of the caches: fp32 over 64 MiB operands (twice cache_size's cap).
     const size_t big = 64u << 20;
     const size_t count = big / sizeof(float);
     std::vector<float> x(count, 1.0f), y(count, 2.0f);
@@ -356,7 +357,7 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
       red(x.data(), x.data(), y.data(), count);
       t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    p->reduce_mem_s_per_byte = median(t) / static_cast<double>(big);
+    p->reduce_mem = Seconds(median(t)) / Bytes(static_cast<double>(big));
   }
 
   // The board: the whole fixed cost of a call from an 8-byte one-shot
@@ -384,11 +385,11 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
       CHORUS_ASSIGN_OR_RETURN(double t1, timed(&x, 1, 20000));
       CHORUS_ASSIGN_OR_RETURN(double tf, timed(full.data(), kFull, 5000));
       small.push_back(t1);
-      per_byte.push_back((tf - t1) / (static_cast<double>(n - 1) * plan::kBoardBytes) - p->gamma_s_per_byte[chorusFloat64]);
+      per_byte.push_back((tf - t1) / (static_cast<double>(n - 1) * plan::kBoardBytes) - p->gamma[chorusFloat64].value());
     }
     CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, ""), comm, "restoring the tuner"));
-    p->board_call_s = median(small);
-    p->board_beta_s_per_byte = std::max(1e-12, median(per_byte));
+    p->board_call = Seconds(median(small));
+    p->board_beta = SecondsPerByte(std::max(1e-12, median(per_byte)));
   }
 
   return {};
@@ -397,22 +398,25 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
 std::vector<std::string> disagreeingFigures(const tune::CostProfile& a, const tune::CostProfile& b, bool tcp,
                                             double agree) {
   std::vector<std::pair<std::string, std::pair<double, double>>> figs = {
-      {"op_overhead_us", {a.op_overhead_s * 1e6, b.op_overhead_s * 1e6}},
-      {"shm.alpha_us", {a.shm.alpha_s * 1e6, b.shm.alpha_s * 1e6}},
-      {"shm.overhead_us", {a.shm.overhead_s * 1e6, b.shm.overhead_s * 1e6}},
-      {"shm.bandwidth_gbps", {1e-9 / a.shm.beta_s_per_byte, 1e-9 / b.shm.beta_s_per_byte}},
-      {"board_call_us", {a.board_call_s * 1e6, b.board_call_s * 1e6}},
-      {"reduce_gbps.float32", {1e-9 / a.gamma_s_per_byte[chorusFloat32], 1e-9 / b.gamma_s_per_byte[chorusFloat32]}},
+      {"op_overhead_us", {toUs(a.op_overhead), toUs(b.op_overhead)}},
+      {"shm.alpha_us", {toUs(a.shm.alpha), toUs(b.shm.alpha)}},
+      {"shm.overhead_us", {toUs(a.shm.overhead), toUs(b.shm.overhead)}},
+      {"shm.bandwidth_gbps", {toGbytePerS(a.shm.beta), toGbytePerS(b.shm.beta)}},
+      {"board_call_us", {toUs(a.board_call), toUs(b.board_call)}},
+      {"reduce_gbps.float32", {toGbytePerS(a.gamma[chorusFloat32]), toGbytePerS(b.gamma[chorusFloat32])}},
   };
-  if (a.shm.beta_large_s_per_byte > 0 && b.shm.beta_large_s_per_byte > 0)
-    figs.push_back({"shm.bandwidth_large_gbps", {1e-9 / a.shm.beta_large_s_per_byte, 1e-9 / b.shm.beta_large_s_per_byte}});
-  if (a.board_beta_s_per_byte > 0 && b.board_beta_s_per_byte > 0)
-    figs.push_back({"board_bandwidth_gbps", {1e-9 / a.board_beta_s_per_byte, 1e-9 / b.board_beta_s_per_byte}});
-  if (a.reduce_mem_s_per_byte > 0 && b.reduce_mem_s_per_byte > 0)
-    figs.push_back({"reduce_mem_gbps", {1e-9 / a.reduce_mem_s_per_byte, 1e-9 / b.reduce_mem_s_per_byte}});
+  // Figures that are optional in a profile (0: not measured) are compared
+  // only when both passes have them.
+  const SecondsPerByte none;
+  if (a.shm.beta_large > none && b.shm.beta_large > none)
+    figs.push_back({"shm.bandwidth_large_gbps", {toGbytePerS(a.shm.beta_large), toGbytePerS(b.shm.beta_large)}});
+  if (a.board_beta > none && b.board_beta > none)
+    figs.push_back({"board_bandwidth_gbps", {toGbytePerS(a.board_beta), toGbytePerS(b.board_beta)}});
+  if (a.reduce_mem > none && b.reduce_mem > none)
+    figs.push_back({"reduce_mem_gbps", {toGbytePerS(a.reduce_mem), toGbytePerS(b.reduce_mem)}});
   if (tcp) {
-    figs.push_back({"tcp.alpha_us", {a.tcp.alpha_s * 1e6, b.tcp.alpha_s * 1e6}});
-    figs.push_back({"tcp.bandwidth_gbps", {1e-9 / a.tcp.beta_s_per_byte, 1e-9 / b.tcp.beta_s_per_byte}});
+    figs.push_back({"tcp.alpha_us", {toUs(a.tcp.alpha), toUs(b.tcp.alpha)}});
+    figs.push_back({"tcp.bandwidth_gbps", {toGbytePerS(a.tcp.beta), toGbytePerS(b.tcp.beta)}});
   }
   std::vector<std::string> out;
   for (const auto& [name, v] : figs) {
@@ -460,7 +464,7 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
       tune::CostProfile cur = p;
       CHORUS_RETURN_IF_ERROR(measureFigures(shm.get(), o, &cur));
       if (tcp) {
-        CHORUS_ASSIGN_OR_RETURN(cur.tcp, measureLink(tcp->get(), o, cur.op_overhead_s));
+        CHORUS_ASSIGN_OR_RETURN(cur.tcp, measureLink(tcp->get(), o, cur.op_overhead.value()));
       }
       p.passes = pass;
       std::vector<std::string> moved = prev ? disagreeingFigures(*prev, cur, o.tcp, o.agree) : std::vector<std::string>{};

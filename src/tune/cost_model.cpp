@@ -21,14 +21,14 @@ CostProfile::CostProfile() {
   // The last-level cache, at most 32 MiB: virtual machines may report a whole
   // package's L3 (320 MiB here) where a core sees its complex's share; on this
   // VM allreduce throughput halves between 16 and 64 MiB of footprint.
-  if (long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE); l3 > 0) cache_bytes = std::min(cache_bytes, static_cast<double>(l3));
+  if (long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE); l3 > 0) cache_size = std::min(cache_size, Bytes(static_cast<double>(l3)));
   // Reduction throughput per byte of one operand: fp32/fp64/int run at
   // memory speed; the narrow floats convert to fp32 and back.
-  for (int d = 0; d < chorusNumTypes; ++d) gamma_s_per_byte[d] = 1.0 / 8.0e9;
-  gamma_s_per_byte[chorusFloat16] = 1.0 / 4.0e9;
-  gamma_s_per_byte[chorusBfloat16] = 1.0 / 4.0e9;
-  gamma_s_per_byte[chorusFloat8e4m3] = 1.0 / 0.5e9;
-  gamma_s_per_byte[chorusFloat8e5m2] = 1.0 / 0.5e9;
+  gamma.fill(inverse(gbytePerS(8.0)));
+  gamma[chorusFloat16] = inverse(gbytePerS(4.0));
+  gamma[chorusBfloat16] = inverse(gbytePerS(4.0));
+  gamma[chorusFloat8e4m3] = inverse(gbytePerS(0.5));
+  gamma[chorusFloat8e5m2] = inverse(gbytePerS(0.5));
 }
 
 namespace {
@@ -124,20 +124,27 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
     *out = o[key].get<double>();
     return {};
   };
+  // The file's units: microseconds and GB/s (its inverse per byte), a key
+  // left out keeping the default.
+  auto micros = [&](const nlohmann::json& o, const char* key, Seconds* out) -> Status {
+    double x = toUs(*out);
+    CHORUS_RETURN_IF_ERROR(num(o, key, &x));
+    *out = us(x);
+    return {};
+  };
+  auto perByte = [&](const nlohmann::json& o, const char* key, SecondsPerByte* out) -> Status {
+    double gbps = 0;
+    CHORUS_RETURN_IF_ERROR(num(o, key, &gbps));
+    if (gbps > 0) *out = inverse(gbytePerS(gbps));
+    return {};
+  };
   for (auto [name, link] : {std::pair{"shm", &p.shm}, std::pair{"tcp", &p.tcp}}) {
     if (!j.contains(name)) continue;
     if (!j[name].is_object()) return invalidArgument("tuning profile: '{}' must be an object", name);
-    CHORUS_RETURN_IF_ERROR(num(j[name], "alpha_us", &link->alpha_s));
-    link->alpha_s *= 1e-6;
-    double oh = link->overhead_s * 1e6;
-    CHORUS_RETURN_IF_ERROR(num(j[name], "overhead_us", &oh));
-    link->overhead_s = oh * 1e-6;
-    double big = 0;
-    CHORUS_RETURN_IF_ERROR(num(j[name], "bandwidth_large_gbps", &big));
-    if (big > 0) link->beta_large_s_per_byte = 1.0 / (big * 1e9);
-    double gbps = 0;
-    CHORUS_RETURN_IF_ERROR(num(j[name], "bandwidth_gbps", &gbps));
-    if (gbps > 0) link->beta_s_per_byte = 1.0 / (gbps * 1e9);
+    CHORUS_RETURN_IF_ERROR(micros(j[name], "alpha_us", &link->alpha));
+    CHORUS_RETURN_IF_ERROR(micros(j[name], "overhead_us", &link->overhead));
+    CHORUS_RETURN_IF_ERROR(perByte(j[name], "bandwidth_large_gbps", &link->beta_large));
+    CHORUS_RETURN_IF_ERROR(perByte(j[name], "bandwidth_gbps", &link->beta));
   }
   if (j.contains("reduce_gbps")) {
     if (!j["reduce_gbps"].is_object()) return invalidArgument("tuning profile: 'reduce_gbps' must be an object");
@@ -145,22 +152,16 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
       chorusDataType_t d;
       if (!kernels::parseDtype(k, &d)) return invalidArgument("tuning profile: unknown dtype '{}' in reduce_gbps", k);
       if (!v.is_number() || v.get<double>() <= 0) return invalidArgument("tuning profile: reduce_gbps.{} must be > 0", k);
-      p.gamma_s_per_byte[d] = 1.0 / (v.get<double>() * 1e9);
+      p.gamma[d] = inverse(gbytePerS(v.get<double>()));
     }
   }
-  double oh = p.op_overhead_s * 1e6;
-  CHORUS_RETURN_IF_ERROR(num(j, "op_overhead_us", &oh));
-  p.op_overhead_s = oh * 1e-6;
-  double board = p.board_call_s * 1e6;
-  CHORUS_RETURN_IF_ERROR(num(j, "board_call_us", &board));
-  p.board_call_s = board * 1e-6;
-  double board_gbps = 0;
-  CHORUS_RETURN_IF_ERROR(num(j, "board_bandwidth_gbps", &board_gbps));
-  if (board_gbps > 0) p.board_beta_s_per_byte = 1.0 / (board_gbps * 1e9);
-  CHORUS_RETURN_IF_ERROR(num(j, "cache_bytes", &p.cache_bytes));
-  double mem = 0;
-  CHORUS_RETURN_IF_ERROR(num(j, "reduce_mem_gbps", &mem));
-  if (mem > 0) p.reduce_mem_s_per_byte = 1.0 / (mem * 1e9);
+  CHORUS_RETURN_IF_ERROR(micros(j, "op_overhead_us", &p.op_overhead));
+  CHORUS_RETURN_IF_ERROR(micros(j, "board_call_us", &p.board_call));
+  CHORUS_RETURN_IF_ERROR(perByte(j, "board_bandwidth_gbps", &p.board_beta));
+  double cache = p.cache_size.value();
+  CHORUS_RETURN_IF_ERROR(num(j, "cache_bytes", &cache));
+  p.cache_size = Bytes(cache);
+  CHORUS_RETURN_IF_ERROR(perByte(j, "reduce_mem_gbps", &p.reduce_mem));
   if (j.contains("corrections")) {
     const auto& cs = j["corrections"];
     if (!cs.is_array() || cs.size() > kMaxCorrections)
@@ -201,18 +202,18 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
 std::string CostProfile::toJson() const {
   nlohmann::json j;
   for (auto [name, l] : {std::pair{"shm", &shm}, std::pair{"tcp", &tcp}})
-    j[name] = {{"alpha_us", l->alpha_s * 1e6},
-               {"bandwidth_gbps", 1e-9 / l->beta_s_per_byte},
-               {"overhead_us", l->overhead_s * 1e6}};
+    j[name] = {{"alpha_us", toUs(l->alpha)},
+               {"bandwidth_gbps", toGbytePerS(l->beta)},
+               {"overhead_us", toUs(l->overhead)}};
   for (auto [name, l] : {std::pair{"shm", &shm}, std::pair{"tcp", &tcp}})
-    if (l->beta_large_s_per_byte > 0) j[name]["bandwidth_large_gbps"] = 1e-9 / l->beta_large_s_per_byte;
-  j["cache_bytes"] = cache_bytes;
-  if (reduce_mem_s_per_byte > 0) j["reduce_mem_gbps"] = 1e-9 / reduce_mem_s_per_byte;
+    if (l->beta_large > SecondsPerByte()) j[name]["bandwidth_large_gbps"] = toGbytePerS(l->beta_large);
+  j["cache_bytes"] = cache_size.value();
+  if (reduce_mem > SecondsPerByte()) j["reduce_mem_gbps"] = toGbytePerS(reduce_mem);
   for (int d = 0; d < chorusNumTypes; ++d)
-    j["reduce_gbps"][std::string(kernels::dtypeName(static_cast<chorusDataType_t>(d)))] = 1e-9 / gamma_s_per_byte[d];
-  j["op_overhead_us"] = op_overhead_s * 1e6;
-  j["board_call_us"] = board_call_s * 1e6;
-  if (board_beta_s_per_byte > 0) j["board_bandwidth_gbps"] = 1e-9 / board_beta_s_per_byte;
+    j["reduce_gbps"][std::string(kernels::dtypeName(static_cast<chorusDataType_t>(d)))] = toGbytePerS(gamma[d]);
+  j["op_overhead_us"] = toUs(op_overhead);
+  j["board_call_us"] = toUs(board_call);
+  if (board_beta > SecondsPerByte()) j["board_bandwidth_gbps"] = toGbytePerS(board_beta);
   if (!corrections.empty()) {
     j["corrections"] = nlohmann::json::array();
     for (const Correction& c : corrections) {
@@ -244,27 +245,27 @@ Result<CostProfile> CostProfile::load(const std::string& path) {
   return p;
 }
 
-Result<double> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
-                              const CostProfile& prof, const std::vector<int>& host_of) {
-  CHORUS_ASSIGN_OR_RETURN(double t, modelSeconds(algo, shape, dtype, prof, host_of));
+Result<Seconds> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
+                               const CostProfile& prof, const std::vector<int>& host_of) {
+  CHORUS_ASSIGN_OR_RETURN(Seconds t, modelSeconds(algo, shape, dtype, prof, host_of));
   if (prof.corrections.empty()) return t;
   const LinkClass link = host_of.size() == static_cast<size_t>(shape.nranks) ? linkClassOf(host_of) : LinkClass::Shm;
   return t * prof.correctionFor(algo.collective(), algo.name(), shape.nranks, link,
                                 static_cast<double>(shape.count) * shape.elem_size);
 }
 
-Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
-                            const CostProfile& prof, const std::vector<int>& host_of) {
+Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
+                             const CostProfile& prof, const std::vector<int>& host_of) {
   CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, algo.rounds(shape));
   const int n = shape.nranks;
-  const double gamma = prof.gamma_s_per_byte[dtype];
+  const SecondsPerByte gamma = prof.gamma[dtype];
   // Through the board: every rank on one host, the input within a slot.
   const bool board = algo.oneShot() && n > 1 && plan::boardBytes(shape) <= plan::kBoardBytes &&
                      (host_of.size() != static_cast<size_t>(n) || linkClassOf(host_of) == LinkClass::Shm);
-  double total = board ? prof.board_call_s : prof.op_overhead_s;
+  Seconds total = board ? prof.board_call : prof.op_overhead;
   // Per rank: latency (max α in) and work (Σ o, β, γ) in the current round;
   // per host: ranks active in it.
-  std::vector<double> lat(static_cast<size_t>(n)), work(static_cast<size_t>(n));
+  std::vector<Seconds> lat(static_cast<size_t>(n)), work(static_cast<size_t>(n));
   std::vector<int> active(static_cast<size_t>(n));
   std::vector<char> seen(static_cast<size_t>(n));
   // Hosts renumbered 0..: any ids will do.
@@ -280,26 +281,25 @@ Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shap
   std::vector<int> per_host(static_cast<size_t>(n), 0);
   int most = 1;
   for (int q = 0; q < n; ++q) most = std::max(most, ++per_host[static_cast<size_t>(hostOf(q))]);
-  const double footprint =
-      static_cast<double>(most) * static_cast<double>(shape.inputElems(0) + shape.outputElems(0)) * shape.elem_size;
-  const double hot = footprint <= prof.cache_bytes ? 1.0 : prof.cache_bytes / footprint;
+  const Bytes footprint(static_cast<double>(most) * static_cast<double>(shape.inputElems(0) + shape.outputElems(0)) *
+                        shape.elem_size);
+  const double hot = footprint <= prof.cache_size ? 1.0 : prof.cache_size / footprint;
   auto beta = [&](const LinkCost& l) {
-    return l.beta_large_s_per_byte > 0 ? hot * l.beta_s_per_byte + (1 - hot) * l.beta_large_s_per_byte
-                                       : l.beta_s_per_byte;
+    return l.beta_large > SecondsPerByte() ? hot * l.beta + (1 - hot) * l.beta_large : l.beta;
   };
-  const double gamma_eff = hot * gamma + (1 - hot) * std::max(gamma, prof.reduce_mem_s_per_byte);
+  const SecondsPerByte gamma_eff = hot * gamma + (1 - hot) * std::max(gamma, prof.reduce_mem);
   // Pipelined plans (plan.hpp: Algorithm::pipelineSlices): every round once
   // with a slice's bytes (the fill), then S - 1 steady-state steps in which
   // each rank does all rounds' work for a slice at once.
   const uint64_t S = std::max<uint64_t>(1, algo.pipelineSlices(shape));
   const double scale = 1.0 / static_cast<double>(S);
-  std::vector<double> all_lat(static_cast<size_t>(n), 0.0), all_work(static_cast<size_t>(n), 0.0);
+  std::vector<Seconds> all_lat(static_cast<size_t>(n)), all_work(static_cast<size_t>(n));
   std::vector<char> all_seen(static_cast<size_t>(n), 0);
-  auto slowest = [&](const std::vector<double>& l, const std::vector<double>& w, const std::vector<char>& on) {
+  auto slowest = [&](const std::vector<Seconds>& l, const std::vector<Seconds>& w, const std::vector<char>& on) {
     std::fill(active.begin(), active.end(), 0);
     for (int q = 0; q < n; ++q)
       if (on[static_cast<size_t>(q)]) ++active[static_cast<size_t>(hostOf(q))];
-    double worst = 0;
+    Seconds worst;
     for (int q = 0; q < n; ++q) {
       if (!on[static_cast<size_t>(q)]) continue;
       const double turns = std::max(1.0, static_cast<double>(active[static_cast<size_t>(hostOf(q))]) / prof.cores);
@@ -308,22 +308,22 @@ Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shap
     return worst;
   };
   for (const plan::Round& r : rounds) {
-    std::fill(lat.begin(), lat.end(), 0.0);
-    std::fill(work.begin(), work.end(), 0.0);
+    std::fill(lat.begin(), lat.end(), Seconds());
+    std::fill(work.begin(), work.end(), Seconds());
     std::fill(seen.begin(), seen.end(), 0);
     plan::forEachMessage(r, n, [&](int src, int dst, uint64_t elems) {
       const LinkCost& l = hostOf(src) != hostOf(dst) ? prof.tcp : prof.shm;
-      const double bytes = static_cast<double>(elems) * shape.elem_size * scale;
+      const Bytes bytes(static_cast<double>(elems) * shape.elem_size * scale);
       const auto d = static_cast<size_t>(dst);
       if (board) {  // read in place and reduced from the peer's slot; the sender wrote it once
-        const double b = prof.board_beta_s_per_byte > 0 ? prof.board_beta_s_per_byte : beta(l);
-        work[d] += bytes * b + (r.reduce ? bytes * gamma_eff : 0.0);
+        const SecondsPerByte b = prof.board_beta > SecondsPerByte() ? prof.board_beta : beta(l);
+        work[d] += bytes * b + (r.reduce ? bytes * gamma_eff : Seconds());
         seen[static_cast<size_t>(src)] = seen[d] = 1;
         return;
       }
-      lat[d] = std::max(lat[d], l.alpha_s);
-      work[d] += l.overhead_s + bytes * beta(l) + (r.reduce ? bytes * gamma_eff * (r.staged ? 2.0 : 1.0) : 0.0);
-      work[static_cast<size_t>(src)] += l.overhead_s;
+      lat[d] = std::max(lat[d], l.alpha);
+      work[d] += l.overhead + bytes * beta(l) + (r.reduce ? bytes * gamma_eff * (r.staged ? 2.0 : 1.0) : Seconds());
+      work[static_cast<size_t>(src)] += l.overhead;
       seen[static_cast<size_t>(src)] = seen[d] = 1;
     });
     total += static_cast<double>(r.repeat) * slowest(lat, work, seen);

@@ -16,12 +16,17 @@
 // is α + 2o + b·β (+ b·γ) per round; for the all-pairs rounds of the direct
 // allreduce the n - 1 messages of a rank pay α once and o, β, γ each.
 // A one-shot plan on one host within the board's size (plan::kBoardBytes)
-// runs through the shared-memory board instead: board_call_s, then per rank
+// runs through the shared-memory board instead: board_call, then per rank
 // its own write and n - 1 reads (β) and reductions (γ).
 //
 // The numbers come from a calibration profile written by chorus-tune
 // (default ~/.cache/chorus/profile.json, CHORUS_TUNE_FILE overrides), or from
 // built-in defaults measured on a 2-core x86 VM (docs/algorithms.md).
+//
+// The figures are typed (common/units.hpp): α, o and the fixed costs are
+// Seconds, β and γ SecondsPerByte, so b·β is a Seconds and adding a β to an
+// α does not compile.  The profile's JSON keeps its own units (alpha_us,
+// bandwidth_gbps, ...).
 #pragma once
 
 #include <chorus/chorus.h>
@@ -34,15 +39,16 @@
 #include <vector>
 
 #include "common/status.hpp"
+#include "common/units.hpp"
 #include "plan/plan.hpp"
 
 namespace chorus::tune {
 
 struct LinkCost {
-  double alpha_s = 0;          // latency of a message (overlaps with other messages in flight)
-  double beta_s_per_byte = 0;  // seconds per byte (1 / bandwidth) while the data stay in the caches
-  double overhead_s = 0;       // CPU time per message at each end
-  double beta_large_s_per_byte = 0;  // seconds per byte beyond the caches (0: as beta)
+  Seconds alpha;               // latency of a message (overlaps with other messages in flight)
+  SecondsPerByte beta;         // 1 / bandwidth while the data stay in the caches
+  Seconds overhead;            // CPU time per message at each end
+  SecondsPerByte beta_large;   // 1 / bandwidth beyond the caches (0: as beta)
 };
 
 // How a communicator's ranks reach each other: all over shared memory on one
@@ -68,26 +74,26 @@ struct Correction {
 };
 
 struct CostProfile {
-  LinkCost shm{0.8e-6, 1.0 / 6.0e9, 0.1e-6};
-  LinkCost tcp{12.0e-6, 1.0 / 1.5e9, 1.5e-6};
-  // Seconds per byte reduced, per data type (fp16/bf16/fp8 pay the conversions).
-  std::array<double, chorusNumTypes> gamma_s_per_byte{};
-  double op_overhead_s = 1.5e-6;  // per call: API, plan lookup, executor set-up
+  LinkCost shm{us(0.8), inverse(gbytePerS(6.0)), us(0.1)};
+  LinkCost tcp{us(12.0), inverse(gbytePerS(1.5)), us(1.5)};
+  // Time per byte reduced, per data type (fp16/bf16/fp8 pay the conversions).
+  std::array<SecondsPerByte, chorusNumTypes> gamma{};
+  Seconds op_overhead = us(1.5);  // per call: API, plan lookup, executor set-up
   // A one-shot call through the shared-memory board (transport.hpp, Board;
   // plan::kBoardBytes): the whole fixed cost of the call, publish and the wait
   // for running peers included, replacing op_overhead + α + o; the bytes
   // then cost β (the write into the slot and each peer's read) and γ.
-  double board_call_s = 0.2e-6;
-  // Seconds per byte of a peer's slot read (and reduced: γ comes on top) on
+  Seconds board_call = us(0.2);
+  // Time per byte of a peer's slot read (and reduced: γ comes on top) on
   // the board; 0: the shm link's β.  The slots are read in place while still
   // in the writer's cache, not streamed like the ring's pieces, so this is
   // measured apart (chorus-tune: a 4 KiB against an 8-byte board call).
-  double board_beta_s_per_byte = 0;
+  SecondsPerByte board_beta;
   // Calls whose buffers (input and output of every rank of a host) exceed the
   // last-level cache move bytes at beta_large and reduce no faster than
   // reduce_mem (fp32, out of the caches); in between, in proportion.
-  double cache_bytes = 32.0 * (1 << 20);
-  double reduce_mem_s_per_byte = 0;  // 0: no out-of-cache floor
+  Bytes cache_size = mib(32);
+  SecondsPerByte reduce_mem;  // 0: no out-of-cache floor
   // Cores per host: when a round puts more messages on a host than it has
   // cores, they take turns (8 ranks on 2 cores).
   int cores = 1;
@@ -119,11 +125,11 @@ struct CostProfile {
 
 // host_of[r]: an identifier of rank r's host (ranks with equal ids share memory).
 // The model's time times the profile's measured correction for the call.
-Result<double> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
-                              const CostProfile& prof, const std::vector<int>& host_of);
+Result<Seconds> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
+                               const CostProfile& prof, const std::vector<int>& host_of);
 // The α-β-γ model alone, without the measured correction (what chorus-tune
 // divides its measurements by).
-Result<double> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
-                            const CostProfile& prof, const std::vector<int>& host_of);
+Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
+                             const CostProfile& prof, const std::vector<int>& host_of);
 
 }  // namespace chorus::tune

@@ -93,7 +93,8 @@ uint64_t Tuner::defaultChunk() const {
 }
 
 Result<double> Tuner::price(const plan::Algorithm& algo, const plan::Shape& sh, chorusDataType_t dtype) const {
-  return predictSeconds(algo, sh, dtype, profile_, topo_.host_of);
+  CHORUS_ASSIGN_OR_RETURN(Seconds t, predictSeconds(algo, sh, dtype, profile_, topo_.host_of));
+  return t.value();
 }
 
 Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {

@@ -45,7 +45,9 @@ class Tuner {
   // communicator calls it from its one executing thread.
   Result<Choice> choose(const plan::Shape& shape, chorusDataType_t dtype);
 
-  // The model's time for algo on shape (shape.chunk_elems as given).
+  // The model's time for algo on shape (shape.chunk_elems as given), in
+  // seconds: a plain double, as the communicator's predictions and traces
+  // take it.
   Result<double> price(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype) const;
   [[nodiscard]] const CostProfile& profile() const { return profile_; }
   [[nodiscard]] const Topology& topology() const { return topo_; }

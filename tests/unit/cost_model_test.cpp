@@ -15,12 +15,12 @@ using plan::Collective;
 // Round numbers, so that the expectations below can be worked out by hand.
 CostProfile testProfile(int cores) {
   CostProfile p;
-  p.shm = {.alpha_s = 1e-6, .beta_s_per_byte = 1e-9, .overhead_s = 0.1e-6};
-  p.tcp = {.alpha_s = 10e-6, .beta_s_per_byte = 4e-9, .overhead_s = 1e-6};
-  for (double& g : p.gamma_s_per_byte) g = 0.5e-9;
-  p.op_overhead_s = 2e-6;
+  p.shm = {.alpha = us(1), .beta = SecondsPerByte(1e-9), .overhead = us(0.1)};
+  p.tcp = {.alpha = us(10), .beta = SecondsPerByte(4e-9), .overhead = us(1)};
+  p.gamma.fill(SecondsPerByte(0.5e-9));
+  p.op_overhead = us(2);
   p.cores = cores;
-  p.cache_bytes = 1 << 20;
+  p.cache_size = mib(1);
   return p;
 }
 
@@ -38,7 +38,7 @@ double price(const plan::Registry& reg, std::string_view algo, const plan::Shape
              const std::vector<int>& host_of) {
   auto t = predictSeconds(*reg.find(Collective::AllReduce, algo), sh, chorusFloat32, p, host_of);
   EXPECT_TRUE(t.isOk()) << t.status().message();
-  return t.isOk() ? *t : -1;
+  return t.isOk() ? t->value() : -1;
 }
 
 // The one-shot plan on one host within the board's size costs the board's
@@ -48,20 +48,20 @@ double price(const plan::Registry& reg, std::string_view algo, const plan::Shape
 TEST(CostModel, OneShotIsPricedAtTheBoardsCostWithinItsSize) {
   const plan::Registry reg = plan::Registry::builtin();
   CostProfile p = testProfile(8);
-  p.board_call_s = 0.3e-6;
+  p.board_call = us(0.3);
   std::vector<int> one_host(3, 0), hosts{0, 1, 2};
   const double b = 4000;  // 1000 floats
   EXPECT_NEAR(price(reg, "oneshot", shape(3, 1000, &one_host), p, one_host), 0.3e-6 + 2 * (b * 1e-9 + b * 0.5e-9),
               1e-12);
   // With a measured read rate for the slots (chorus-tune), that instead of the shm link's β.
   CostProfile q = p;
-  q.board_beta_s_per_byte = 0.25e-9;
+  q.board_beta = SecondsPerByte(0.25e-9);
   EXPECT_NEAR(price(reg, "oneshot", shape(3, 1000, &one_host), q, one_host),
               0.3e-6 + 2 * (b * 0.25e-9 + b * 0.5e-9), 1e-12);
   auto back = CostProfile::fromJson(q.toJson());
   ASSERT_TRUE(back.isOk()) << back.status().message();
-  EXPECT_NEAR(back->board_beta_s_per_byte, 0.25e-9, 1e-15);
-  EXPECT_NEAR(back->board_call_s, 0.3e-6, 1e-12);
+  EXPECT_NEAR(back->board_beta.value(), 0.25e-9, 1e-15);
+  EXPECT_NEAR(back->board_call.value(), 0.3e-6, 1e-12);
   const double big = 4 * 2048.0;  // 2048 floats: twice the board
   EXPECT_NEAR(price(reg, "oneshot", shape(3, 2048, &one_host), p, one_host),
               2e-6 + 1e-6 + 2 * (0.1e-6 + big * 1e-9 + 2 * big * 0.5e-9) + 2 * 0.1e-6, 1e-12);
@@ -124,8 +124,8 @@ TEST(CostModel, SlicedDoubleTreeIsPricedAsAPipeline) {
 TEST(CostModel, CallsBeyondTheCacheMoveAndReduceAtTheOutOfCacheRates) {
   const plan::Registry reg = plan::Registry::builtin();
   CostProfile p = testProfile(8);
-  p.shm.beta_large_s_per_byte = 4e-9;
-  p.reduce_mem_s_per_byte = 2e-9;
+  p.shm.beta_large = SecondsPerByte(4e-9);
+  p.reduce_mem = SecondsPerByte(2e-9);
   // 2 ranks x (input + output) of 2^20 floats = 16 MiB on the host, 16x the
   // 1 MiB cache: 1/16 of the bytes at the in-cache rates, 15/16 out of it.
   const double hot = 1.0 / 16, b = 2.0 * (1 << 20);
@@ -141,17 +141,24 @@ TEST(CostModel, ProfileJsonCarriesThePerMessageOverhead) {
   CostProfile p = testProfile(3);
   auto back = CostProfile::fromJson(p.toJson());
   ASSERT_TRUE(back.isOk()) << back.status().message();
-  EXPECT_NEAR(back->shm.overhead_s, 0.1e-6, 1e-15);
-  EXPECT_NEAR(back->tcp.overhead_s, 1e-6, 1e-15);
+  EXPECT_NEAR(back->shm.overhead.value(), 0.1e-6, 1e-15);
+  EXPECT_NEAR(back->tcp.overhead.value(), 1e-6, 1e-15);
   EXPECT_EQ(back->cores, 3);
-  EXPECT_EQ(back->cache_bytes, 1 << 20);
-  p.shm.beta_large_s_per_byte = 2e-9;
-  p.reduce_mem_s_per_byte = 1e-9;
+  EXPECT_EQ(back->cache_size, mib(1));
+  p.shm.beta_large = SecondsPerByte(2e-9);
+  p.reduce_mem = SecondsPerByte(1e-9);
   back = CostProfile::fromJson(p.toJson());
   ASSERT_TRUE(back.isOk()) << back.status().message();
-  EXPECT_NEAR(back->shm.beta_large_s_per_byte, 2e-9, 1e-18);
-  EXPECT_NEAR(back->reduce_mem_s_per_byte, 1e-9, 1e-18);
-  EXPECT_EQ(back->tcp.beta_large_s_per_byte, 0);
+  EXPECT_NEAR(back->shm.beta_large.value(), 2e-9, 1e-18);
+  EXPECT_NEAR(back->reduce_mem.value(), 1e-9, 1e-18);
+  EXPECT_EQ(back->tcp.beta_large, SecondsPerByte());
+  // A figure the file leaves out keeps its default: a link's latency too
+  // (it used to come out a million times smaller, the default scaled to
+  // microseconds a second time).
+  auto partial = CostProfile::fromJson(R"({"shm": {"bandwidth_gbps": 6}, "tcp": {"alpha_us": 15}})");
+  ASSERT_TRUE(partial.isOk()) << partial.status().message();
+  EXPECT_NEAR(partial->shm.alpha.value(), CostProfile().shm.alpha.value(), 1e-15);
+  EXPECT_NEAR(partial->tcp.alpha.value(), 15e-6, 1e-15);
   auto bad = CostProfile::fromJson(R"({"shm": {"overhead_us": -1}})");
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("overhead_us"), std::string::npos) << bad.status().message();
@@ -245,11 +252,11 @@ TEST(CostModel, PredictionIsTheModelTimesTheMeasuredCorrection) {
   auto model = modelSeconds(ring, sh, chorusFloat32, p, hosts);
   ASSERT_TRUE(model.isOk());
   p.setCorrection(correction("ring", 2, LinkClass::Shm, {{4000, 1.5}}));
-  EXPECT_NEAR(price(reg, "ring", sh, p, hosts), 1.5 * *model, 1e-15);
+  EXPECT_NEAR(price(reg, "ring", sh, p, hosts), 1.5 * model->value(), 1e-15);
   // Over TCP (every rank on its own host) the shared-memory entry does not apply.
   auto tcp_model = modelSeconds(ring, sh, chorusFloat32, p, {0, 1});
   ASSERT_TRUE(tcp_model.isOk());
-  EXPECT_NEAR(price(reg, "ring", sh, p, {0, 1}), *tcp_model, 1e-15);
+  EXPECT_NEAR(price(reg, "ring", sh, p, {0, 1}), tcp_model->value(), 1e-15);
   EXPECT_EQ(linkClassOf({0, 0, 0}), LinkClass::Shm);
   EXPECT_EQ(linkClassOf({0, 1, 2}), LinkClass::Tcp);
   EXPECT_EQ(linkClassOf({0, 0, 1, 1}), LinkClass::Mixed);
@@ -273,7 +280,7 @@ TEST(Tuner, FollowsTheMeasuredCorrectionsWhenTheyReorderThePlans) {
   auto direct = t->price(*reg.find(Collective::AllReduce, "direct"), sh, chorusFloat32);
   auto plain = modelSeconds(*reg.find(Collective::AllReduce, "direct"), sh, chorusFloat32, p, hosts);
   ASSERT_TRUE(direct.isOk() && plain.isOk());
-  EXPECT_NEAR(*direct, 50.0 * *plain, 1e-12);
+  EXPECT_NEAR(*direct, 50.0 * plain->value(), 1e-12);
 }
 
 // chorus-tune's record of a run: when, how many passes of the figures, and
@@ -296,15 +303,15 @@ TEST(CostModel, ProfileRecordsItsRunAndWhichFiguresMoved) {
   }
   CostProfile a;
   CostProfile b = a;
-  b.shm.alpha_s *= 1.05, b.op_overhead_s *= 0.95;
+  b.shm.alpha = a.shm.alpha * 1.05, b.op_overhead = a.op_overhead * 0.95;
   EXPECT_TRUE(tools::disagreeingFigures(a, b, true, 0.10).empty());
-  b.shm.alpha_s = a.shm.alpha_s * 1.2;
+  b.shm.alpha = a.shm.alpha * 1.2;
   auto moved = tools::disagreeingFigures(a, b, true, 0.10);
   ASSERT_EQ(moved.size(), 1u);
   EXPECT_EQ(moved[0].rfind("shm.alpha_us ", 0), 0u) << moved[0];
   EXPECT_NE(moved[0].find("(+20 %)"), std::string::npos) << moved[0];
   b = a;
-  b.tcp.beta_s_per_byte = a.tcp.beta_s_per_byte * 2;  // half the TCP bandwidth
+  b.tcp.beta = a.tcp.beta * 2;  // half the TCP bandwidth
   EXPECT_TRUE(tools::disagreeingFigures(a, b, false, 0.10).empty());
   ASSERT_EQ(tools::disagreeingFigures(a, b, true, 0.10).size(), 1u);
 }
