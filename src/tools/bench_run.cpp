@@ -249,10 +249,14 @@ Result<uint64_t> runBench(const BenchOptions& o, chorusComm_t comm, std::FILE* o
           if (o.check) {
             pattern.fill(p.input, rank, row.shape.send_count);
             CHORUS_RETURN_IF_ERROR(run());
-            uint64_t wrong = countWrong(c, pattern, row.shape, o.root, rank, p.output);
-            if (chorusResult_t r = chorusAllReduce(&wrong, &wrong, 1, chorusUint64, chorusSum, book, nullptr);
+            // Summed as float64 (exact below 2^53): CHORUS_REPRODUCIBLE=exact
+            // refuses integer sums, and the bench must run in every mode.
+            const uint64_t wrong_here = countWrong(c, pattern, row.shape, o.root, rank, p.output);
+            double wrong_sum = static_cast<double>(wrong_here);
+            if (chorusResult_t r = chorusAllReduce(&wrong_sum, &wrong_sum, 1, chorusFloat64, chorusSum, book, nullptr);
                 r != chorusSuccess)
               return apiError(comm, rank, "summing the wrong-element counts", r);
+            const auto wrong = static_cast<uint64_t>(wrong_sum);
             m.wrong = wrong;
             wrong_total += wrong;
           }
