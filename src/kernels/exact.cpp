@@ -119,14 +119,21 @@ Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks) {
   return l;
 }
 
-void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count) {
+namespace {
+
+// The conversions, written once over a loader / storer of the element type,
+// so that the type is chosen once per call, not per element.
+
+template <typename Load>
+void toExactT(const ExactLayout& l, int64_t* acc, size_t count, Load&& load) {
   const int W = l.words, D = l.digit_bits;
   const uint64_t dmask = (uint64_t{1} << D) - 1;
-  std::memset(acc, 0, count * l.bytes());
+  // s / D by a multiply: exact for s < 2^32 / D (s < 2100 here).
+  const uint64_t recip = ((uint64_t{1} << 32) + static_cast<uint64_t>(D) - 1) / static_cast<uint64_t>(D);
   for (size_t i = 0; i < count; ++i) {
     int64_t* a = acc + i * static_cast<size_t>(W);
-    const double v = load(l.dtype, src, i);
-    const uint64_t bits = std::bit_cast<uint64_t>(v);
+    for (int k = 0; k < W; ++k) a[k] = 0;
+    const uint64_t bits = std::bit_cast<uint64_t>(static_cast<double>(load(i)));
     const bool neg = bits >> 63;
     const int be = static_cast<int>((bits >> 52) & 0x7ff);
     uint64_t m = bits & ((uint64_t{1} << 52) - 1);
@@ -143,9 +150,10 @@ void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count) 
       m >>= (l.lsb_exp - e);
       e = l.lsb_exp;
     }
-    const int s = e - l.lsb_exp;  // position of m's lowest bit in the integer
+    const auto s = static_cast<uint64_t>(e - l.lsb_exp);  // position of m's lowest bit in the integer
+    const int j = static_cast<int>((s * recip) >> 32);
+    const int o = static_cast<int>(s) - j * D;
     // m << o (< 2^(53 + D)) spans at most three digits: D >= 48 (h <= 14).
-    const int j = s / D, o = s % D;
     const U128 x = static_cast<U128>(m) << o;
     for (int k = 0; k < 3 && j + k < W; ++k) {
       const auto d = static_cast<int64_t>(static_cast<uint64_t>(x >> (k * D)) & dmask);
@@ -154,23 +162,56 @@ void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count) 
   }
 }
 
-void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count) {
+// 2^k as a double, k in [-1022, 1023].
+inline double pow2(int k) { return std::bit_cast<double>(static_cast<uint64_t>(k + 1023) << 52); }
+
+// The magnitude digits mag[0..W) (D bits each, mag[top] != 0) rounded to
+// `precision` bits: returns q and sets *s so that the result is q 2^(lsb + s).
+uint64_t roundDigits(const ExactLayout& l, const uint64_t* mag, int top, int64_t* s_out) {
+  const int D = l.digit_bits, p = l.precision;
+  const int bl = 64 - std::countl_zero(mag[top]);
+  const int64_t hb = int64_t{top} * D + bl - 1;
+  // Below the normal range the lowest bit (lsb_exp) is the type's subnormal
+  // step: nothing rounds.
+  const int64_t s = std::max<int64_t>(hb - (p - 1), 0);
+  *s_out = s;
+  // The bits [s - 1, hb] lie in digits top and top - 1 when bl + D - 1 >= p
+  // (always for D >= p, i.e. all but fp64 on > 512 ranks); else bit by bit.
+  if (bl + D - 1 >= p) {
+    const U128 win = (static_cast<U128>(mag[top]) << D) | (top >= 1 ? mag[top - 1] : 0);
+    const int64_t base = int64_t{top - 1} * D;  // the value's bit b is win's bit b - base
+    if (s == 0) return top == 0 ? mag[0] : static_cast<uint64_t>(win);  // < 2^precision: exact
+    const int shift = static_cast<int>(s - base);
+    uint64_t q = static_cast<uint64_t>(win >> shift);
+    if ((win >> (shift - 1)) & 1) {  // round to nearest, ties to even
+      bool sticky = (win & ((static_cast<U128>(1) << (shift - 1)) - 1)) != 0;
+      for (int k = 0; k + 1 < top && !sticky; ++k) sticky = mag[k] != 0;
+      if (sticky || (q & 1)) ++q;
+    }
+    return q;
+  }
+  std::vector<uint64_t> m(mag, mag + top + 1);
+  uint64_t q = bitsAt(m, D, s, static_cast<int>(hb - s + 1));
+  if (s > 0 && bitsAt(m, D, s - 1, 1) != 0 && (anyBelow(m, D, s - 1) || (q & 1))) ++q;
+  return q;
+}
+
+template <typename Store>
+void fromExactT(const ExactLayout& l, const int64_t* acc, size_t count, Store&& store) {
   const int W = l.words, D = l.digit_bits;
   const int64_t base = int64_t{1} << D;
-  std::vector<int64_t> w(static_cast<size_t>(W));
-  std::vector<uint64_t> mag(static_cast<size_t>(W));
+  int64_t w[64];
+  uint64_t mag[64];
+  const int64_t half = int64_t{1} << (l.special_shift - 1);
+  const uint64_t fm = (uint64_t{1} << l.field_bits) - 1;
   for (size_t i = 0; i < count; ++i) {
     const int64_t* a = acc + i * static_cast<size_t>(W);
-    std::memcpy(w.data(), a, l.bytes());
+    for (int k = 0; k < W; ++k) w[k] = a[k];
     // The special fields: the top word's finite sum f has |f| < 2^(shift-1),
     // so (top + 2^(shift-1)) >> shift are the fields.
-    const int64_t half = int64_t{1} << (l.special_shift - 1);
-    const uint64_t fields = static_cast<uint64_t>(w[W - 1] + half) >> l.special_shift;
-    if (fields != 0) {
-      const uint64_t fm = (uint64_t{1} << l.field_bits) - 1;
+    if (const uint64_t fields = static_cast<uint64_t>(w[W - 1] + half) >> l.special_shift; fields != 0) {
       const uint64_t pinf = fields & fm, ninf = (fields >> l.field_bits) & fm, nan = fields >> (2 * l.field_bits);
-      const double v = nan != 0 || (pinf != 0 && ninf != 0) ? std::nan("") : pinf != 0 ? HUGE_VAL : -HUGE_VAL;
-      store(l.dtype, dst, i, v);
+      store(i, nan != 0 || (pinf != 0 && ninf != 0) ? std::nan("") : pinf != 0 ? HUGE_VAL : -HUGE_VAL);
       continue;
     }
     // Normalise the carry-save words into D-bit digits and a sign.
@@ -180,7 +221,7 @@ void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count
         const int64_t c = (negate ? -w[j] : w[j]) + carry;
         const int64_t d = c & (base - 1);  // floor mod 2^D
         carry = (c - d) >> D;              // exact: c - d is a multiple of 2^D
-        mag[static_cast<size_t>(j)] = static_cast<uint64_t>(d);
+        mag[j] = static_cast<uint64_t>(d);
       }
       return carry;  // the sign: 0 (non-negative) or -1
     };
@@ -190,19 +231,39 @@ void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count
       normalise(true);
     }
     int top = W - 1;
-    while (top >= 0 && mag[static_cast<size_t>(top)] == 0) --top;
+    while (top >= 0 && mag[top] == 0) --top;
     if (top < 0) {
-      store(l.dtype, dst, i, 0.0);  // an exact zero sum is +0 (round to nearest)
+      store(i, 0.0);  // an exact zero sum is +0 (round to nearest)
       continue;
     }
-    const int64_t hb = int64_t{top} * D + (63 - std::countl_zero(mag[static_cast<size_t>(top)]));
-    // Keep `precision` bits from the highest; below the normal range the
-    // lowest bit (lsb_exp) is the type's subnormal step, so nothing rounds.
-    const int64_t s = std::max<int64_t>(hb - (l.precision - 1), 0);
-    uint64_t q = bitsAt(mag, D, s, static_cast<int>(hb - s + 1));
-    if (s > 0 && bitsAt(mag, D, s - 1, 1) != 0 && (anyBelow(mag, D, s - 1) || (q & 1))) ++q;  // nearest, ties to even
-    const double v = std::ldexp(static_cast<double>(q), static_cast<int>(l.lsb_exp + s));
-    store(l.dtype, dst, i, neg ? -v : v);
+    int64_t s = 0;
+    const uint64_t q = roundDigits(l, mag, top, &s);
+    const int64_t k = l.lsb_exp + s;
+    // q 2^k: exact in a double (q <= 2^53); fp64's subnormal and overflowing
+    // ends go through ldexp.
+    const double v = k >= -1022 && k <= 1023 ? static_cast<double>(q) * pow2(static_cast<int>(k))
+                                              : std::ldexp(static_cast<double>(q), static_cast<int>(k));
+    store(i, neg ? -v : v);
+  }
+}
+
+}  // namespace
+
+void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count) {
+  switch (l.dtype) {
+    case chorusFloat32: return toExactT(l, acc, count, [&](size_t i) { return static_cast<const float*>(src)[i]; });
+    case chorusFloat64: return toExactT(l, acc, count, [&](size_t i) { return static_cast<const double*>(src)[i]; });
+    default: return toExactT(l, acc, count, [&](size_t i) { return load(l.dtype, src, i); });
+  }
+}
+
+void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count) {
+  switch (l.dtype) {
+    case chorusFloat32:
+      return fromExactT(l, acc, count, [&](size_t i, double v) { static_cast<float*>(dst)[i] = static_cast<float>(v); });
+    case chorusFloat64:
+      return fromExactT(l, acc, count, [&](size_t i, double v) { static_cast<double*>(dst)[i] = v; });
+    default: return fromExactT(l, acc, count, [&](size_t i, double v) { store(l.dtype, dst, i, v); });
   }
 }
 

@@ -685,10 +685,11 @@ TEST(ExactAccumulator, CorrectlyRoundedAndIndependentOfRankCount) {
       }
       std::vector<double> values;
       for (uint64_t b : bits) values.push_back(decodeBits(d, b));
-      // The same addends summed under the layouts of k ranks and of 16.
-      uint64_t result[2] = {};
-      for (int li = 0; li < 2; ++li) {
-        auto layout = exactLayout(d, li == 0 ? k : 16);
+      // The same addends summed under the layouts of k, 16 and 4096 ranks
+      // (narrower digits: fp64's rounding then takes the bit-by-bit path).
+      uint64_t result[3] = {};
+      for (int li = 0; li < 3; ++li) {
+        auto layout = exactLayout(d, li == 0 ? k : li == 1 ? 16 : 4096);
         ASSERT_TRUE(layout.isOk());
         const ExactLayout& l = layout.value();
         std::vector<int64_t> acc(l.words), one(l.words);
@@ -704,6 +705,7 @@ TEST(ExactAccumulator, CorrectlyRoundedAndIndependentOfRankCount) {
       }
       const std::string what = fmt::format("{} with {} addends (trial {})", dtypeName(d), k, trial);
       ASSERT_EQ(result[0], result[1]) << what << ": the rank count changed the result";
+      ASSERT_EQ(result[0], result[2]) << what << ": the rank count changed the result";
       checkCorrectlyRounded(d, values, result[0], what);
     }
   }
