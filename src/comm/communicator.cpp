@@ -514,7 +514,9 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   ExactJob& ex = exact_[i];
   ex.on = path == ReproPath::Exact;
   // Exact: the plan moves and sums the accumulators' int64 words.
-  if (ex.on) ex.layout = kernels::exactLayout(op.dtype, nranks_).value();  // validateOp checked it
+  if (ex.on) {
+    CHORUS_ASSIGN_OR_RETURN(ex.layout, exactLayoutFor(op));
+  }
   const uint64_t words = ex.on ? static_cast<uint64_t>(ex.layout.words) : 1;
   const chorusDataType_t plan_dtype = ex.on ? chorusInt64 : op.dtype;
   const size_t es = kernels::dtypeSize(plan_dtype);
@@ -656,6 +658,38 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
     board_canonical_ = sh.canonical;
   }
   return {};
+}
+
+// The accumulator layout of an exact call: the ranks first agree on the
+// exponents their inputs span (a max-allreduce of two integers, run here
+// before the call's own plan, in the same order on every rank), so the
+// accumulator carries only those bits.  PreMulSum's inputs are scaled later
+// (prepare): it takes the type's full layout.
+Result<kernels::ExactLayout> Communicator::exactLayoutFor(const OpDesc& op) {
+  if (op.op >= chorusNumOps) return kernels::exactLayout(op.dtype, nranks_);  // validateOp checked it
+  const uint64_t in_elems = op.coll == Collective::ReduceScatter ? op.count * static_cast<uint64_t>(nranks_) : op.count;
+  std::array<int64_t, 2> range{};  // {hi, -lo}: both agreed by max
+  kernels::exactRange(op.dtype, op.send, in_elems, &range[0], &range[1]);
+  if (nranks_ > 1) {
+    if (range_prog_.steps.empty()) {
+      plan::Shape sh;
+      sh.coll = Collective::AllReduce;
+      sh.nranks = nranks_;
+      sh.count = 2;
+      sh.elem_size = 8;
+      sh.inplace = true;
+      sh.hosts = tuner_->topology().host_of;
+      CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, chorusInt64));
+      plan::expand(*ch.algo, sh, rank_, &range_prog_);
+      range_reducer_ = kernels::Reducer(chorusInt64, kernels::BinOp::Max);
+    }
+    range_scratch_.resize(range_prog_.scratch_elems * 8);
+    auto* buf = reinterpret_cast<std::byte*>(range.data());
+    std::array<std::byte*, 3> bufs = {buf, buf, range_scratch_.data()};
+    exec::Job job{&range_prog_, bufs, 8, &range_reducer_, (uint64_t{1} << 62) | op_seq_, batch_wire_};
+    CHORUS_RETURN_IF_ERROR(executor_->run(std::span<const exec::Job>(&job, 1), cfg_.timeout));
+  }
+  return kernels::exactLayout(op.dtype, nranks_, -range[1], range[0]);
 }
 
 void Communicator::bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems) {

@@ -253,6 +253,10 @@ class Communicator {
   // accumulators as the job's buffers; finishExact rounds the result.
   void bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems);
   void finishExact(size_t i, const OpDesc& op);
+  Result<kernels::ExactLayout> exactLayoutFor(const OpDesc& op);
+  plan::Program range_prog_;  // the exponent-range agreement of exact calls (2 int64, max)
+  kernels::Reducer range_reducer_;
+  std::vector<std::byte> range_scratch_;
   struct ExactJob {
     bool on = false;
     kernels::ExactLayout layout;

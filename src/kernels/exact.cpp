@@ -1,5 +1,6 @@
 #include "kernels/exact.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -84,15 +85,14 @@ inline bool anyBelow(const std::vector<uint64_t>& mag, int D, int64_t pos) {
 
 }  // namespace
 
-Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks) {
-  Format f;
-  if (!formatOf(dtype, &f))
-    return invalidArgument("datatype={} has no exact accumulator (CHORUS_REPRODUCIBLE=exact supports chorusFloat32, "
-                           "chorusBfloat16, chorusFloat16, chorusFloat8e4m3, chorusFloat8e5m2 and chorusFloat64)",
-                           isValidDtype(dtype) ? dtypeName(dtype) : std::string_view("?"));
+namespace {
+
+// The layout of values spanning exponents [lsb_exp, msb_exp] (msb_exp: the
+// largest leading bit) for sums of nranks of them.
+Result<ExactLayout> layoutFor(chorusDataType_t dtype, const Format& f, int nranks, int lsb_exp, int msb_exp) {
   ExactLayout l;
   l.dtype = dtype;
-  l.lsb_exp = f.lsb_exp;
+  l.lsb_exp = lsb_exp;
   l.precision = f.precision;
   // h: bits of headroom for nranks addends; a word's sum stays below 2^62.
   int h = 1;
@@ -103,7 +103,7 @@ Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks) {
                            "communicator has {}", nranks);
   l.digit_bits = 62 - h;
   l.field_bits = h + 1;
-  const int bits = f.msb_exp - f.lsb_exp + 1;  // of the largest magnitude
+  const int bits = std::max(msb_exp - lsb_exp + 1, 1);  // of the largest magnitude
   // Fewest words whose top word also holds the three special fields above
   // the sum of its finite digits.
   for (int w = 1;; ++w) {
@@ -119,10 +119,61 @@ Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks) {
   return l;
 }
 
+Status unsupported(chorusDataType_t dtype) {
+  return invalidArgument("datatype={} has no exact accumulator (CHORUS_REPRODUCIBLE=exact supports chorusFloat32, "
+                         "chorusBfloat16, chorusFloat16, chorusFloat8e4m3, chorusFloat8e5m2 and chorusFloat64)",
+                         isValidDtype(dtype) ? dtypeName(dtype) : std::string_view("?"));
+}
+
+}  // namespace
+
+Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks) {
+  Format f;
+  if (!formatOf(dtype, &f)) return unsupported(dtype);
+  return layoutFor(dtype, f, nranks, f.lsb_exp, f.msb_exp);
+}
+
+Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks, int64_t lsb_exp, int64_t msb_exp) {
+  Format f;
+  if (!formatOf(dtype, &f)) return unsupported(dtype);
+  // No finite nonzero value anywhere (kNoExponent): one bit at the bottom.
+  const int64_t lo = std::clamp<int64_t>(lsb_exp, f.lsb_exp, f.msb_exp);
+  const int64_t hi = std::clamp<int64_t>(msb_exp, lo, f.msb_exp);
+  return layoutFor(dtype, f, nranks, static_cast<int>(lo), static_cast<int>(hi));
+}
+
 namespace {
 
 // The conversions, written once over a loader / storer of the element type,
 // so that the type is chosen once per call, not per element.
+
+// One word (a narrow layout, or the small types): the whole integer is the
+// word, m << s with s + 53 <= D.
+template <typename Load>
+void toExactOneWord(const ExactLayout& l, int64_t* acc, size_t count, Load&& load) {
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t bits = std::bit_cast<uint64_t>(static_cast<double>(load(i)));
+    const bool neg = bits >> 63;
+    const int be = static_cast<int>((bits >> 52) & 0x7ff);
+    uint64_t m = bits & ((uint64_t{1} << 52) - 1);
+    if (be == 0x7ff) {
+      acc[i] = int64_t{1} << (l.special_shift + (m != 0 ? 2 : neg ? 1 : 0) * l.field_bits);
+      continue;
+    }
+    if (be == 0 && m == 0) {
+      acc[i] = 0;
+      continue;
+    }
+    int e = be == 0 ? -1074 : be - 1075;
+    if (be != 0) m |= uint64_t{1} << 52;
+    if (e < l.lsb_exp) {  // the low bits are zero
+      m >>= (l.lsb_exp - e);
+      e = l.lsb_exp;
+    }
+    const auto d = static_cast<int64_t>(m << (e - l.lsb_exp));
+    acc[i] = neg ? -d : d;
+  }
+}
 
 template <typename Load>
 void toExactT(const ExactLayout& l, int64_t* acc, size_t count, Load&& load) {
@@ -130,6 +181,7 @@ void toExactT(const ExactLayout& l, int64_t* acc, size_t count, Load&& load) {
   const uint64_t dmask = (uint64_t{1} << D) - 1;
   // s / D by a multiply: exact for s < 2^32 / D (s < 2100 here).
   const uint64_t recip = ((uint64_t{1} << 32) + static_cast<uint64_t>(D) - 1) / static_cast<uint64_t>(D);
+  if (W == 1) return toExactOneWord(l, acc, count, load);
   for (size_t i = 0; i < count; ++i) {
     int64_t* a = acc + i * static_cast<size_t>(W);
     for (int k = 0; k < W; ++k) a[k] = 0;
@@ -196,6 +248,20 @@ uint64_t roundDigits(const ExactLayout& l, const uint64_t* mag, int top, int64_t
   return q;
 }
 
+// One word and a float32 or float64 result: the integer is the word; below
+// 2^53 it and its scaling by 2^lsb_exp are exact in a double (fp64: when
+// the result is normal), so the one rounding is the cast to the type.
+// Returns false for an element it cannot take (the general path does).
+template <typename Store>
+bool fromOneWord(const ExactLayout& l, int64_t w, size_t i, Store&& store) {
+  const int64_t half = int64_t{1} << (l.special_shift - 1);
+  if ((static_cast<uint64_t>(w + half) >> l.special_shift) != 0) return false;  // a special
+  if (w >= (int64_t{1} << 53) || w <= -(int64_t{1} << 53)) return false;
+  if (l.lsb_exp < -1022 || l.lsb_exp + 53 > 1023) return false;
+  store(i, static_cast<double>(w) * pow2(l.lsb_exp));
+  return true;
+}
+
 template <typename Store>
 void fromExactT(const ExactLayout& l, const int64_t* acc, size_t count, Store&& store) {
   const int W = l.words, D = l.digit_bits;
@@ -204,8 +270,10 @@ void fromExactT(const ExactLayout& l, const int64_t* acc, size_t count, Store&& 
   uint64_t mag[64];
   const int64_t half = int64_t{1} << (l.special_shift - 1);
   const uint64_t fm = (uint64_t{1} << l.field_bits) - 1;
+  const bool one_word = W == 1 && (l.dtype == chorusFloat32 || l.dtype == chorusFloat64);
   for (size_t i = 0; i < count; ++i) {
     const int64_t* a = acc + i * static_cast<size_t>(W);
+    if (one_word && fromOneWord(l, a[0], i, store)) continue;
     for (int k = 0; k < W; ++k) w[k] = a[k];
     // The special fields: the top word's finite sum f has |f| < 2^(shift-1),
     // so (top + 2^(shift-1)) >> shift are the fields.
@@ -248,6 +316,33 @@ void fromExactT(const ExactLayout& l, const int64_t* acc, size_t count, Store&& 
 }
 
 }  // namespace
+
+namespace {
+template <typename Load>
+void rangeT(size_t count, int64_t* hi, int64_t* neg_lo, Load&& load) {
+  int64_t h = kNoExponent, nl = kNoExponent;
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t bits = std::bit_cast<uint64_t>(static_cast<double>(load(i)));
+    const int be = static_cast<int>((bits >> 52) & 0x7ff);
+    uint64_t m = bits & ((uint64_t{1} << 52) - 1);
+    if (be == 0x7ff || (be == 0 && m == 0)) continue;  // specials go to the top word's fields; zeros anywhere
+    if (be != 0) m |= uint64_t{1} << 52;
+    const int64_t e = be == 0 ? -1074 : be - 1075;  // |v| = m 2^e
+    h = std::max<int64_t>(h, e + 63 - std::countl_zero(m));
+    nl = std::max<int64_t>(nl, -(e + std::countr_zero(m)));
+  }
+  *hi = h;
+  *neg_lo = nl;
+}
+}  // namespace
+
+void exactRange(chorusDataType_t dtype, const void* src, size_t count, int64_t* hi, int64_t* neg_lo) {
+  switch (dtype) {
+    case chorusFloat32: return rangeT(count, hi, neg_lo, [&](size_t i) { return static_cast<const float*>(src)[i]; });
+    case chorusFloat64: return rangeT(count, hi, neg_lo, [&](size_t i) { return static_cast<const double*>(src)[i]; });
+    default: return rangeT(count, hi, neg_lo, [&](size_t i) { return load(dtype, src, i); });
+  }
+}
 
 void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count) {
   switch (l.dtype) {

@@ -16,6 +16,12 @@
 // NaN or for both infinities, else the infinity, as IEEE summation.
 //
 // Types: float32, bfloat16, float16, fp8 e4m3 and e5m2, float64.
+//
+// The full layout spans the type's whole range (10x the data for fp32); when
+// the ranks first agree on the exponents their values actually span
+// (exactRange, a max-allreduce of two integers), the accumulator starts at
+// the smallest lowest bit instead of the smallest subnormal and needs only
+// those bits: one or two words for typical data.
 #pragma once
 
 #include <chorus/chorus.h>
@@ -41,6 +47,18 @@ struct ExactLayout {
 // The layout for dtype and a sum of at most nranks values; an error naming
 // the datatype and the supported ones for a non-floating-point type.
 Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks);
+
+// A narrower layout for values that are all multiples of 2^lsb_exp and below
+// 2^(msb_exp + 1) in magnitude (an agreed ExactRange): the same sums, fewer
+// words.  Clamped to the type's range.
+Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks, int64_t lsb_exp, int64_t msb_exp);
+
+// The exponents the finite nonzero values of src span: hi = the largest
+// exponent of a leading bit, neg_lo = minus the smallest exponent of a
+// lowest set bit (both kNoExponent when there is none), so that the ranks
+// agree on a range by a max-allreduce of {hi, neg_lo}.
+inline constexpr int64_t kNoExponent = -(int64_t{1} << 40);
+void exactRange(chorusDataType_t dtype, const void* src, size_t count, int64_t* hi, int64_t* neg_lo);
 
 // acc[i * words .. ) = the accumulator of src[i], for i < count.
 void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count);

@@ -686,10 +686,19 @@ TEST(ExactAccumulator, CorrectlyRoundedAndIndependentOfRankCount) {
       std::vector<double> values;
       for (uint64_t b : bits) values.push_back(decodeBits(d, b));
       // The same addends summed under the layouts of k, 16 and 4096 ranks
-      // (narrower digits: fp64's rounding then takes the bit-by-bit path).
-      uint64_t result[3] = {};
-      for (int li = 0; li < 3; ++li) {
-        auto layout = exactLayout(d, li == 0 ? k : li == 1 ? 16 : 4096);
+      // (narrower digits: fp64's rounding then takes the bit-by-bit path),
+      // and under the narrow layout of the exponents they span (exactRange).
+      int64_t hi = kNoExponent, neg_lo = kNoExponent;
+      for (uint64_t b : bits) {
+        int64_t h = 0, nl = 0;
+        exactRange(d, &b, 1, &h, &nl);  // little-endian: the value's bytes come first
+        hi = std::max(hi, h);
+        neg_lo = std::max(neg_lo, nl);
+      }
+      uint64_t result[4] = {};
+      for (int li = 0; li < 4; ++li) {
+        auto layout = li == 3 ? exactLayout(d, k, -neg_lo, hi)
+                              : exactLayout(d, li == 0 ? k : li == 1 ? 16 : 4096);
         ASSERT_TRUE(layout.isOk());
         const ExactLayout& l = layout.value();
         std::vector<int64_t> acc(l.words), one(l.words);
@@ -706,8 +715,61 @@ TEST(ExactAccumulator, CorrectlyRoundedAndIndependentOfRankCount) {
       const std::string what = fmt::format("{} with {} addends (trial {})", dtypeName(d), k, trial);
       ASSERT_EQ(result[0], result[1]) << what << ": the rank count changed the result";
       ASSERT_EQ(result[0], result[2]) << what << ": the rank count changed the result";
+      ASSERT_EQ(result[0], result[3]) << what << ": the narrow layout changed the result";
       checkCorrectlyRounded(d, values, result[0], what);
     }
+  }
+}
+
+// Narrow ranges (the layout exactRange agrees on) take one word, and float32
+// and float64 results then take the one-word path: still correctly rounded,
+// subnormal and overflowing ends included.
+TEST(ExactAccumulator, NarrowRangesInOneWord) {
+  std::mt19937_64 rng(7);
+  for (chorusDataType_t d : {chorusFloat32, chorusFloat64}) {
+    const std::vector<int> centres = d == chorusFloat32 ? std::vector<int>{-140, -126, -20, 0, 20, 100, 126}
+                                                        : std::vector<int>{-1070, -1000, 0, 1000};
+    for (int c : centres)
+      for (int trial = 0; trial < 200; ++trial) {
+        const int k = 1 + trial % 16;
+        std::vector<double> values;
+        std::vector<uint64_t> bits;
+        for (int j = 0; j < k; ++j) {
+          // 20 significant bits at an exponent within 6 of the centre.
+          const double m = static_cast<double>((rng() & 0xfffff) | 0x80000) * ((rng() & 1) ? -1 : 1);
+          double v = std::ldexp(m, c - 19 - static_cast<int>(rng() % 6));
+          if (d == chorusFloat32) v = static_cast<float>(v);  // below 2^-149 it rounds: then it is what we sum
+          values.push_back(v);
+          if (d == chorusFloat32) {
+            bits.push_back(std::bit_cast<uint32_t>(static_cast<float>(v)));
+          } else {
+            bits.push_back(std::bit_cast<uint64_t>(v));
+          }
+        }
+        int64_t hi = kNoExponent, neg_lo = kNoExponent;
+        std::vector<unsigned char> raw(bits.size() * 8);
+        const size_t es = dtypeSize(d);
+        for (size_t j = 0; j < bits.size(); ++j) std::memcpy(raw.data() + j * es, &bits[j], es);
+        exactRange(d, raw.data(), bits.size(), &hi, &neg_lo);
+        auto layout = exactLayout(d, k, -neg_lo, hi);
+        ASSERT_TRUE(layout.isOk());
+        const ExactLayout& l = layout.value();
+        if (d == chorusFloat32) {
+          ASSERT_EQ(l.words, 1) << "centre " << c;
+        }
+        std::vector<int64_t> acc(l.words), one(l.words * bits.size());
+        toExact(l, one.data(), raw.data(), bits.size());
+        for (size_t j = 0; j < bits.size(); ++j)
+          for (int w = 0; w < l.words; ++w) acc[w] += one[j * l.words + w];
+        uint64_t out = 0;
+        fromExact(l, &out, acc.data(), 1);
+        const std::string what = fmt::format("{} centre {} with {} addends (trial {})", dtypeName(d), c, k, trial);
+        std::vector<double> decoded;
+        for (uint64_t b : bits) decoded.push_back(decodeBits(d, b));
+        const double got = decodeBits(d, out);
+        if (!std::isfinite(got)) continue;  // overflow at the top centres: the type's infinity
+        checkCorrectlyRounded(d, decoded, out, what);
+      }
   }
 }
 
