@@ -9,6 +9,10 @@
 #   bash bench/repro_cost.sh [BUILD] [--repeats N] [--np 2,4,8] [--sizes 1M,4M,16M] [--out DIR]
 #
 # BUILD is a build directory holding tools/chorus-run and tools/chorus-bench (default: build).
+# -c 1: chorus-bench fills the inputs with its pattern (and checks one call per size, untimed); with -c 0
+# they are whatever the allocator gave, which exact mode's range agreement would take at face value.
+# The pattern's values span ~12 binades, so exact carries one int64 word per float (its narrow layout);
+# data over fp32's whole range would take five or six (docs/algorithms.md).
 set -euo pipefail
 build=build
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then build=$1; shift; fi
@@ -32,7 +36,7 @@ run() {  # mode np transport repeat size
   local env=(CHORUS_REPRODUCIBLE="$mode")
   [ "$tr" = tcp ] && env+=(CHORUS_TRANSPORT=tcp)
   env "${env[@]}" "$build/tools/chorus-run" -n "$np" --no-prefix --timeout 600 -- "$build/tools/chorus-bench" allreduce \
-    -b "$size" -e "$size" -n 10 -w 3 -c 0 --json "$out/$mode.np$np.$tr.$size.r$r.jsonl" >/dev/null
+    -b "$size" -e "$size" -n 10 -w 3 -c 1 --json "$out/$mode.np$np.$tr.$size.r$r.jsonl" >/dev/null
 }
 for r in $(seq 1 "$repeats"); do
   for np in ${nps//,/ }; do
