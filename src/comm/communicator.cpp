@@ -613,7 +613,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   if (premul) {
     const PreMulSumOp& pm = premul_[static_cast<size_t>(op.op) - chorusNumOps];
     kernels::Scalar s = pm.scalar;
-    if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, es);
+    if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, kernels::dtypeSize(op.dtype));  // es: exact's words
     const uint64_t n_in = sh.inputElems(rank_) / words;
     if (!stage) {
       kernels::scale(rp, rp, n_in, op.dtype, s);
@@ -686,7 +686,8 @@ Result<kernels::ExactLayout> Communicator::exactLayoutFor(const OpDesc& op) {
     range_scratch_.resize(range_prog_.scratch_elems * 8);
     auto* buf = reinterpret_cast<std::byte*>(range.data());
     std::array<std::byte*, 3> bufs = {buf, buf, range_scratch_.data()};
-    exec::Job job{&range_prog_, bufs, 8, &range_reducer_, (uint64_t{1} << 62) | op_seq_, batch_wire_};
+    // Traced as a step of the call's own number, like a signature check's.
+    exec::Job job{&range_prog_, bufs, 8, &range_reducer_, (uint64_t{1} << 62) | op.trace_seq, batch_wire_};
     CHORUS_RETURN_IF_ERROR(executor_->run(std::span<const exec::Job>(&job, 1), cfg_.timeout));
   }
   return kernels::exactLayout(op.dtype, nranks_, -range[1], range[0]);

@@ -33,6 +33,7 @@
 #include <random>
 
 #include "api/config.hpp"
+#include "support/exact_reference.hpp"
 #include "support/rank_threads.hpp"
 #include "support/repro_check.hpp"
 
@@ -103,6 +104,50 @@ TEST(Exact, SameCorrectlyRoundedBitsAcrossCommunicatorSizes) {
     ASSERT_EQ(failures(msgs), "") << n << " ranks" << (tcp ? " over tcp" : "");
   }
   EXPECT_EQ(results.first.size(), static_cast<size_t>(kExactTypeCount * kExactSpecs + 1));  // + the narrow case
+}
+
+// PreMulSum (device and host scalars) and avg under exact: the scaling is per
+// element (0.5: exact), the sum correctly rounded; avg divides it by n.
+TEST(Exact, PreMulSumAndAvg) {
+  const int n = 3;
+  const size_t count = 64;
+  auto value = [](int r, size_t i) {
+    return std::ldexp(1.0f + static_cast<float>((r * 131 + i * 17) % 97) / 97.0f, static_cast<int>(i % 40) - 20 + r) *
+           ((r + i) % 2 ? -1.0f : 1.0f);
+  };
+  auto msgs = runRanks(n, reproConfig(Reproducible::Exact, false), [&](int r, chorusComm_t comm) -> std::string {
+    float half = 0.5f;
+    for (auto residence : {chorusScalarHostImmediate, chorusScalarDevice}) {
+      chorusRedOp_t op;
+      if (chorusRedOpCreatePreMulSum(&op, &half, chorusFloat32, residence, comm) != chorusSuccess)
+        return chorusGetLastError(comm);
+      for (int inplace = 0; inplace < 2; ++inplace) {
+        std::vector<float> in(count), out(count);
+        for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+        if (inplace) out = in;
+        if (chorusAllReduce(inplace ? out.data() : in.data(), out.data(), count, chorusFloat32, op, comm, nullptr) !=
+            chorusSuccess)
+          return chorusGetLastError(comm);
+        for (size_t i = 0; i < count; ++i) {
+          std::vector<double> addends;
+          for (int q = 0; q < n; ++q) addends.push_back(0.5 * value(q, i));
+          if (std::string why = exactCheck(chorusFloat32, addends, std::bit_cast<uint32_t>(out[i])); !why.empty())
+            return fmt::format("premulsum element {}: {}", i, why);
+        }
+      }
+      chorusRedOpDestroy(op, comm);
+    }
+    std::vector<float> in(count), sum(count), avg(count);
+    for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+    if (chorusAllReduce(in.data(), sum.data(), count, chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess ||
+        chorusAllReduce(in.data(), avg.data(), count, chorusFloat32, chorusAvg, comm, nullptr) != chorusSuccess)
+      return chorusGetLastError(comm);
+    for (size_t i = 0; i < count; ++i)
+      if (avg[i] != sum[i] / static_cast<float>(n))
+        return fmt::format("avg element {}: {} is not the exact sum {} / {}", i, avg[i], sum[i], n);
+    return "";
+  });
+  EXPECT_EQ(failures(msgs), "");
 }
 
 // ---- bad input and configuration -------------------------------------------------------
