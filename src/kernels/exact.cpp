@@ -372,15 +372,20 @@ void exactRange(chorusDataType_t dtype, const void* src, size_t count, int64_t* 
 namespace {
 // float32 into one word without infinities or NaNs: the word is x 2^-lsb,
 // an integer of at most 24 significant bits, exact in a double.  False
-// (nothing written) when a value is not finite: the general loop counts it.
+// (words to be redone) when a value is not finite: the general loop counts it.
 bool toExactFloatOneWord(const ExactLayout& l, int64_t* acc, const float* x, size_t count) {
   if (l.words != 1 || l.lsb_exp < -1022 || l.lsb_exp > 1022) return false;
+  // One pass (the data is read once): convert, and note a non-finite value,
+  // whose word is garbage and makes the caller redo the call's words.
   uint32_t special = 0;
-  for (size_t i = 0; i < count; ++i) special |= ((std::bit_cast<uint32_t>(x[i]) >> 23) & 0xff) == 0xff;
-  if (special != 0) return false;
   const double scale = pow2(-l.lsb_exp);
-  for (size_t i = 0; i < count; ++i) acc[i] = static_cast<int64_t>(static_cast<double>(x[i]) * scale);
-  return true;
+  for (size_t i = 0; i < count; ++i) {
+    const float v = x[i];
+    const bool finite = ((std::bit_cast<uint32_t>(v) >> 23) & 0xff) != 0xff;
+    special |= !finite;
+    acc[i] = finite ? static_cast<int64_t>(static_cast<double>(v) * scale) : 0;
+  }
+  return special == 0;
 }
 }  // namespace
 
@@ -396,18 +401,22 @@ void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count) 
 
 namespace {
 // float32 from one word when every word is a finite integer below 2^53 (the
-// common case): one loop without branches; false (nothing written) else.
+// common case): one loop without branches; false (outputs to be redone) else.
 bool fromExactFloatOneWord(const ExactLayout& l, float* y, const int64_t* acc, size_t count) {
   if (l.words != 1 || l.lsb_exp < -1022 || l.lsb_exp + 53 > 1023) return false;
   // Finite words are below 2^(special_shift - 1) in magnitude: below that
   // and below 2^53 is finite and exact in a double.
   const int64_t lim = int64_t{1} << std::min(53, l.special_shift - 1);
+  // One pass: convert, and note a word out of that range (then the caller
+  // redoes the outputs by the general path).
   uint64_t out_of_range = 0;
-  for (size_t i = 0; i < count; ++i) out_of_range |= (acc[i] >= lim) | (acc[i] <= -lim);
-  if (out_of_range != 0) return false;
   const double scale = pow2(l.lsb_exp);
-  for (size_t i = 0; i < count; ++i) y[i] = static_cast<float>(static_cast<double>(acc[i]) * scale);
-  return true;
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t w = acc[i];
+    out_of_range |= (w >= lim) | (w <= -lim);
+    y[i] = static_cast<float>(static_cast<double>(w) * scale);
+  }
+  return out_of_range == 0;
 }
 }  // namespace
 

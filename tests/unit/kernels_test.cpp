@@ -774,7 +774,7 @@ TEST(ExactAccumulator, NarrowRangesInOneWord) {
 }
 
 TEST(ExactAccumulator, InfinitiesAndNaNs) {
-  auto l = exactLayout(chorusFloat32, 8).value();
+  ExactLayout l = exactLayout(chorusFloat32, 8).value();
   auto sum = [&](std::vector<float> xs) {
     std::vector<int64_t> acc(l.words), one(l.words);
     for (float x : xs) {
@@ -792,6 +792,27 @@ TEST(ExactAccumulator, InfinitiesAndNaNs) {
   EXPECT_EQ(sum({3.4e38f, 3.4e38f}), INFINITY);  // overflow of the exact sum
   EXPECT_EQ(sum({1e30f, 1.0f, -1e30f}), 1.0f);   // no absorption
   EXPECT_EQ(sum({-0.0f, -0.0f}), 0.0f);
+  // The narrow layout of {1, 2, 3} (one word), with infinities in the data:
+  // the one-word fast paths hand those over to the general ones.
+  std::vector<float> data = {1.0f, INFINITY, 2.0f, 3.0f, -INFINITY, NAN};
+  int64_t hi = 0, neg_lo = 0;
+  exactRange(chorusFloat32, data.data(), data.size(), &hi, &neg_lo);
+  l = exactLayout(chorusFloat32, 8, -neg_lo, hi).value();
+  ASSERT_EQ(l.words, 1);
+  EXPECT_EQ(sum({1.0f, 2.0f}), 3.0f);
+  EXPECT_EQ(sum({1.0f, INFINITY}), INFINITY);
+  EXPECT_EQ(sum({-INFINITY, 3.0f}), -INFINITY);
+  EXPECT_TRUE(std::isnan(sum({INFINITY, -INFINITY})));
+  EXPECT_TRUE(std::isnan(sum({2.0f, NAN})));
+  std::vector<int64_t> words(data.size());
+  std::vector<float> back(data.size());
+  toExact(l, words.data(), data.data(), data.size());
+  fromExact(l, back.data(), words.data(), data.size());
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], INFINITY);
+  EXPECT_EQ(back[3], 3.0f);
+  EXPECT_EQ(back[4], -INFINITY);
+  EXPECT_TRUE(std::isnan(back[5]));
 }
 
 TEST(ExactAccumulator, RejectsIntegersAndHugeCommunicators) {
