@@ -118,17 +118,24 @@ chorusResult_t chorusGetUniqueId(chorusUniqueId* uniqueId);
 chorusResult_t chorusCommInitRank(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank);
 /* Per-communicator settings (NCCL's ncclConfig_t): start from
  * CHORUS_CONFIG_INITIALIZER and change what you need; -1 means "from the
- * environment" (CHORUS_TIMEOUT_MS, CHORUS_CHECK). */
+ * environment" (CHORUS_TIMEOUT_MS, CHORUS_CHECK, CHORUS_REPRODUCIBLE). */
 typedef struct {
   size_t size;            /* sizeof(chorusConfig_t), set by the initializer */
   unsigned int magic;     /* CHORUS_CONFIG_MAGIC, set by the initializer */
   unsigned int version;   /* CHORUS_VERSION_CODE, set by the initializer */
   int timeoutMs;          /* timeout of every operation and of init, in ms (> 0) */
   int checkMode;          /* 1: every collective checks its signature; 0: only the first */
+  /* Reproducible reductions (CHORUS_REPRODUCIBLE): one of CHORUS_REPRODUCIBLE_*.
+   * Appended in 0.1: a caller compiled against the older, shorter layout
+   * (size without this field) is accepted and gets the environment's value. */
+  int reproducible;
 } chorusConfig_t;
+#define CHORUS_REPRODUCIBLE_OFF 0       /* plan-dependent rounding (fastest) */
+#define CHORUS_REPRODUCIBLE_CANONICAL 1 /* bitwise identical for a given number of ranks */
+#define CHORUS_REPRODUCIBLE_EXACT 2     /* correctly rounded sum: identical for any number of ranks */
 #define CHORUS_CONFIG_MAGIC 0x63686f72u /* "chor" */
 #define CHORUS_CONFIG_INITIALIZER \
-  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, -1, -1 }
+  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, -1, -1, -1 }
 chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank,
                                         const chorusConfig_t* config);
 /* Reads CHORUS_*, torchrun, Open MPI or Slurm variables; see chorus-run --print-env. */

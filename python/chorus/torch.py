@@ -24,6 +24,14 @@ Store that init_process_group hands it: no extra port or environment variable.
 A receive from any source finds its sender through counts that every rank's
 sends publish in that Store from a background thread (docs/python.md).
 
+Reproducible reductions: ``chorus.torch.set_reproducible("canonical")`` (or
+``"exact"``, ``"off"``, ``None`` for the ``CHORUS_REPRODUCIBLE`` environment
+variable) before ``init_process_group`` makes the groups created afterwards
+sum and average floating-point tensors bitwise identically whatever the
+algorithm, chunk size, transport or rank placement (canonical), or correctly
+rounded and identical across world sizes (exact; integer tensors are then
+refused for SUM/AVG and every tensor for PRODUCT); docs/algorithms.md.
+
 Not supported: message tags (messages between two ranks match in issue
 order), BAND/BOR/BXOR, monitored_barrier (torch implements it for gloo only).
 """
@@ -38,9 +46,25 @@ from . import _chorus_torch
 
 BACKEND_NAME = "chorus"
 
+_REPRODUCIBLE_MODES = {"off": 0, "canonical": 1, "exact": 2}
+_reproducible = -1  # -1: CHORUS_REPRODUCIBLE (the environment)
+
+
+def set_reproducible(mode: "str | None") -> None:
+    """Sets the reproducibility mode of the chorus process groups created
+    from now on: "off", "canonical", "exact", or None for the environment's
+    CHORUS_REPRODUCIBLE (the default).  Every rank must use the same mode."""
+    global _reproducible
+    if mode is None:
+        _reproducible = -1
+        return
+    if mode not in _REPRODUCIBLE_MODES:
+        raise ValueError(f"set_reproducible: mode={mode!r} is not a mode (accepted: off, canonical, exact, None)")
+    _reproducible = _REPRODUCIBLE_MODES[mode]
+
 
 def _create(store: "_dist.Store", rank: int, world_size: int, timeout: timedelta) -> "_dist.ProcessGroup":
-    return _chorus_torch.create_process_group(store, rank, world_size, timeout)
+    return _chorus_torch.create_process_group(store, rank, world_size, timeout, _reproducible)
 
 
 def abort(group: "_dist.ProcessGroup | None" = None) -> None:
@@ -57,4 +81,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["BACKEND_NAME", "abort"]
+__all__ = ["BACKEND_NAME", "abort", "set_reproducible"]

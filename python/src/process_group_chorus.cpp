@@ -397,7 +397,7 @@ int SendLedger::pendingPeer(std::chrono::milliseconds timeout, const CommHandle&
 // ---------------------------------------------------------------- ProcessGroupChorus
 
 ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout)
+                                       std::chrono::milliseconds timeout, int reproducible)
     : c10d::ProcessGroup(rank, size), timeout_(timeout) {
   chorusUniqueId id;
   if (rank == 0) {
@@ -412,7 +412,9 @@ ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& st
     std::memcpy(id.internal, bytes.data(), CHORUS_UNIQUE_ID_BYTES);
   }
   chorusComm_t comm = nullptr;
-  check(chorusCommInitRank(&comm, size, id, rank), nullptr, "chorusCommInitRank");
+  chorusConfig_t config = CHORUS_CONFIG_INITIALIZER;
+  config.reproducible = reproducible;
+  check(chorusCommInitRankConfig(&comm, size, id, rank, &config), nullptr, "chorusCommInitRankConfig");
   comm_ = std::make_shared<CommHandle>(comm);
   ledger_ = std::make_unique<SendLedger>(store, "chorus/p2p/" + groupNonce(id) + "/", rank, size);
   completer_ = std::make_unique<Completer>();
@@ -1084,15 +1086,16 @@ PYBIND11_MODULE(_chorus_torch, m) {
   py::module_::import("torch.distributed");
   m.def(
       "create_process_group",
-      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+         int reproducible) {
         c10::intrusive_ptr<c10d::ProcessGroup> pg =
-            c10::make_intrusive<chorus_torch::ProcessGroupChorus>(store, rank, size, timeout);
+            c10::make_intrusive<chorus_torch::ProcessGroupChorus>(store, rank, size, timeout, reproducible);
         return pg;
       },
-      py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
+      py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"), py::arg("reproducible") = -1,
       py::call_guard<py::gil_scoped_release>(),
       "Creates the chorus ProcessGroup of `world_size` ranks, rendezvousing through `store`.\n"
-      "Blocks until every rank has joined.");
+      "Blocks until every rank has joined.  reproducible: -1 (CHORUS_REPRODUCIBLE), 0 off, 1 canonical, 2 exact.");
   m.def(
       "abort",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {

@@ -181,8 +181,10 @@ class SendLedger {
 class ProcessGroupChorus : public c10d::ProcessGroup {
  public:
   // Blocks until every rank of the group has joined (or the store times out).
+  // reproducible: chorusConfig_t.reproducible (-1: CHORUS_REPRODUCIBLE, else
+  // a CHORUS_REPRODUCIBLE_* mode).
   ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout, int reproducible = -1);
   ~ProcessGroupChorus() override;
 
   const std::string getBackendName() const override { return "chorus"; }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -261,7 +262,10 @@ chorusResult_t initRank(chorusComm_t* comm, int nranks, const bootstrap::UniqueI
 
 // chorusConfig_t's fields over cfg (-1: cfg's, from the environment).
 Status applyUserConfig(const chorusConfig_t& user, Config& cfg) {
-  if (user.size != sizeof(chorusConfig_t) || user.magic != CHORUS_CONFIG_MAGIC)
+  // The layout before `reproducible` was appended is accepted: its callers
+  // get the environment's value for the fields their size does not cover.
+  constexpr size_t kLayoutV0 = offsetof(chorusConfig_t, reproducible);
+  if ((user.size != sizeof(chorusConfig_t) && user.size != kLayoutV0) || user.magic != CHORUS_CONFIG_MAGIC)
     return invalidArgument("chorusCommInitRankConfig: config is not initialised (size={} magic={:#x}); "
                            "start from CHORUS_CONFIG_INITIALIZER",
                            user.size, user.magic);
@@ -274,6 +278,14 @@ Status applyUserConfig(const chorusConfig_t& user, Config& cfg) {
     if (user.checkMode != 0 && user.checkMode != 1)
       return invalidArgument("chorusCommInitRankConfig: config.checkMode={} must be 0, 1 or -1", user.checkMode);
     cfg.check = user.checkMode == 1;
+  }
+  if (user.size > kLayoutV0 && user.reproducible != -1) {
+    if (user.reproducible < CHORUS_REPRODUCIBLE_OFF || user.reproducible > CHORUS_REPRODUCIBLE_EXACT)
+      return invalidArgument("chorusCommInitRankConfig: config.reproducible={} is not a mode (accepted: "
+                             "CHORUS_REPRODUCIBLE_OFF=0, CHORUS_REPRODUCIBLE_CANONICAL=1, CHORUS_REPRODUCIBLE_EXACT=2, "
+                             "or -1: CHORUS_REPRODUCIBLE)",
+                             user.reproducible);
+    cfg.reproducible = static_cast<Reproducible>(user.reproducible);
   }
   return {};
 }

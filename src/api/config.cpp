@@ -63,6 +63,16 @@ Result<Config> parseConfig(const Lookup& lookup) {
   CHORUS_ASSIGN_OR_RETURN(int64_t timeout, r.integer("CHORUS_TIMEOUT_MS", 1, kInt64Max, "a positive number of ms"));
   c.timeout = std::chrono::milliseconds(timeout);
   CHORUS_ASSIGN_OR_RETURN(c.check, r.boolean("CHORUS_CHECK"));
+  const std::string repro = r.str("CHORUS_REPRODUCIBLE");
+  if (repro == "off" || repro.empty())
+    c.reproducible = Reproducible::Off;
+  else if (repro == "canonical")
+    c.reproducible = Reproducible::Canonical;
+  else if (repro == "exact")
+    c.reproducible = Reproducible::Exact;
+  else
+    return invalidArgument("CHORUS_REPRODUCIBLE='{}' is not a reproducibility mode (accepted: off, canonical, exact)",
+                           repro);
 
   c.net.socket_ifname = r.str("CHORUS_SOCKET_IFNAME");
   c.net.host_id = r.str("CHORUS_HOST_ID");

@@ -15,6 +15,7 @@
 #include "comm/call_signature.hpp"
 #include "common/log.hpp"
 #include "kernels/dtype.hpp"
+#include "plan/canonical.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport/tcp/tcp.hpp"
 
@@ -454,7 +455,22 @@ Communicator::~Communicator() {
 // ---- operations ---------------------------------------------------------------
 
 Status Communicator::validateOp(chorusRedOp_t op, chorusDataType_t dtype) const {
-  (void)dtype;
+  // Exact mode: integers are exact already (a wrapping sum, product, max or
+  // min does not depend on the order), so asking for an exact accumulator
+  // there is a mistake, and an exact product would need unbounded width.
+  if (cfg_.reproducible == Reproducible::Exact) {
+    if (!kernels::isFloatType(dtype))
+      return invalidArgument("datatype={} under CHORUS_REPRODUCIBLE=exact: exact mode needs a floating-point type "
+                             "(supported: chorusFloat32, chorusBfloat16, chorusFloat16, chorusFloat8e4m3, "
+                             "chorusFloat8e5m2, chorusFloat64; integer reductions are order-independent already: use "
+                             "CHORUS_REPRODUCIBLE=off or canonical)",
+                             kernels::isValidDtype(dtype) ? kernels::dtypeName(dtype) : std::string_view("?"));
+    if (op == chorusProd)
+      return invalidArgument("op=chorusProd under CHORUS_REPRODUCIBLE=exact: exact mode supports chorusSum, chorusAvg, "
+                             "PreMulSum ops (exactly summed) and chorusMax, chorusMin (exact already); use "
+                             "CHORUS_REPRODUCIBLE=canonical for a reproducible product");
+    CHORUS_RETURN_IF_ERROR(kernels::exactLayout(dtype, nranks_).status());
+  }
   if (static_cast<int>(op) >= 0 && op < chorusNumOps) return {};
   size_t idx = static_cast<size_t>(op) - chorusNumOps;
   if (static_cast<int>(op) < 0 || idx >= premul_.size() || !premul_[idx].live)
@@ -485,13 +501,31 @@ Status Communicator::destroyRedOp(chorusRedOp_t op) {
   return {};
 }
 
+Communicator::ReproPath Communicator::reproPath(const OpDesc& op) const {
+  if (cfg_.reproducible == Reproducible::Off || !plan::reduces(op.coll) || !kernels::isFloatType(op.dtype))
+    return ReproPath::Plain;  // integer reductions do not depend on the order
+  const bool sums = op.op == chorusSum || op.op == chorusAvg || op.op >= chorusNumOps;
+  return cfg_.reproducible == Reproducible::Exact && sums ? ReproPath::Exact : ReproPath::Canonical;
+}
+
 Status Communicator::prepare(OpDesc& op, size_t i) {
-  const size_t es = kernels::dtypeSize(op.dtype);
+  const ReproPath path = reproPath(op);
+  if (exact_.size() <= i) exact_.resize(i + 1);
+  ExactJob& ex = exact_[i];
+  ex.on = path == ReproPath::Exact;
+  // Exact: the plan moves and sums the accumulators' int64 words.
+  if (ex.on) {
+    CHORUS_ASSIGN_OR_RETURN(ex.layout, exactLayoutFor(op));
+  }
+  const uint64_t words = ex.on ? static_cast<uint64_t>(ex.layout.words) : 1;
+  const chorusDataType_t plan_dtype = ex.on ? chorusInt64 : op.dtype;
+  const size_t es = kernels::dtypeSize(plan_dtype);
   plan::Shape sh;
   sh.coll = op.coll;
   sh.nranks = nranks_;
-  sh.count = op.count;
+  sh.count = op.count * words;
   sh.elem_size = static_cast<uint32_t>(es);
+  sh.canonical = path == ReproPath::Canonical;
   sh.root = op.root;
   sh.counts = op.counts;
   sh.displs = op.displs;
@@ -517,6 +551,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   const bool premul = op.op >= chorusNumOps && plan::reduces(op.coll);
   const bool stage = premul && !(sh.inplace && sp == rp);
   if (stage) sh.inplace = false;
+  if (ex.on) sh.inplace = false;  // separate accumulators in and out
   const plan::Algorithm* algo = nullptr;
   uint64_t chunk = 0;
   const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
@@ -524,16 +559,19 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   // The same call as the last one (sizes, buffers' aliasing, type, root):
   // the same plan, chunk and program, without the lookups below.
   const bool memo = !v && i == 0;
-  if (memo && last_.valid && last_.dtype == op.dtype && last_.key.coll == static_cast<uint8_t>(op.coll) &&
-      last_.key.inplace == sh.inplace && last_.key.is_send == op.is_send && last_.key.elem_size == es &&
-      last_.key.root == op.root && last_.key.count == op.count) {
+  if (memo && last_.valid && last_.dtype == op.dtype && last_.path == static_cast<uint8_t>(path) &&
+      last_.key.coll == static_cast<uint8_t>(op.coll) && last_.key.inplace == sh.inplace &&
+      last_.key.is_send == op.is_send && last_.key.elem_size == es && last_.key.root == op.root &&
+      last_.key.count == sh.count) {
     algo = last_.key.algo;
     chunk = last_.key.chunk;
     sh.chunk_elems = chunk;
     prog = last_.prog;
   } else if (op.coll != Collective::SendRecv) {
-    CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, op.dtype));
-    algo = ch.algo;
+    CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, plan_dtype));
+    // Canonical: the tuner's plan when it combines in the canonical tree,
+    // else the canonical plan of the collective (docs/algorithms.md).
+    algo = sh.canonical ? plan::canonicalPlanFor(ch.algo, sh) : ch.algo;
     chunk = es ? std::max<uint64_t>(1, ch.chunk_bytes / es) : 0;
     sh.chunk_elems = chunk;
   }
@@ -558,8 +596,8 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
     build(uncached_[i].get());
     prog = uncached_[i].get();
   } else {
-    CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.is_send, static_cast<uint32_t>(es), op.root, op.count,
-                 chunk, algo};
+    CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.is_send, static_cast<uint32_t>(es), op.root, sh.count,
+                 chunk, algo, sh.canonical};
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       auto p = std::make_unique<plan::Program>();
@@ -567,7 +605,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
       it = cache_.emplace(key, std::move(p)).first;
     }
     prog = it->second.get();
-    if (memo) last_ = {key, op.dtype, true, prog};
+    if (memo) last_ = {key, op.dtype, true, prog, static_cast<uint8_t>(path)};
   }
 
   // Bind buffers.  PreMulSum scales the input into a staging buffer first.
@@ -575,21 +613,26 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   if (premul) {
     const PreMulSumOp& pm = premul_[static_cast<size_t>(op.op) - chorusNumOps];
     kernels::Scalar s = pm.scalar;
-    if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, es);
-    const uint64_t n_in = sh.inputElems(rank_);
+    if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, kernels::dtypeSize(op.dtype));  // es: exact's words
+    const uint64_t n_in = sh.inputElems(rank_) / words;
     if (!stage) {
       kernels::scale(rp, rp, n_in, op.dtype, s);
     } else {
       if (staging_.size() <= i) staging_.resize(i + 1);
-      if (staging_[i].size() < n_in * es) staging_[i].resize(n_in * es);
+      const size_t ues = kernels::dtypeSize(op.dtype);
+      if (staging_[i].size() < n_in * ues) staging_[i].resize(n_in * ues);
       kernels::scale(staging_[i].data(), sp, n_in, op.dtype, s);
       input = staging_[i].data();
     }
   }
   job_bufs_[i] = {const_cast<std::byte*>(input), rp, nullptr};
-  if (const kernels::BinOp bop = binOpOf(op.op); !reducers_[i].valid() || reducers_[i].dtype() != op.dtype ||
-                                                   reducers_[i].op() != bop)
-    reducers_[i] = kernels::Reducer(op.dtype, bop);
+  if (ex.on) {
+    // In place too, `input` is the whole input (the output lies in it).
+    bindExact(i, input, sh.inputElems(rank_) / words, sh.outputElems(rank_) / words);
+  }
+  if (const kernels::BinOp bop = ex.on ? kernels::BinOp::Sum : binOpOf(op.op);
+      !reducers_[i].valid() || reducers_[i].dtype() != plan_dtype || reducers_[i].op() != bop)
+    reducers_[i] = kernels::Reducer(plan_dtype, bop);
   jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
                        op.coll == Collective::SendRecv ? comm::kPointToPointWire : batch_wire_};
   if (trace_) {
@@ -609,9 +652,61 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
     }
   }
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
-  if (i == 0)
+  if (i == 0) {
     board_job_ = board_ != nullptr && algo != nullptr && algo->oneShot() && plan::boardBytes(sh) <= plan::kBoardBytes;
+    board_count_ = sh.count;
+    board_canonical_ = sh.canonical;
+  }
   return {};
+}
+
+// The accumulator layout of an exact call: the ranks first agree on the
+// exponents their inputs span (a max-allreduce of two integers, run here
+// before the call's own plan, in the same order on every rank), so the
+// accumulator carries only those bits.  PreMulSum's inputs are scaled later
+// (prepare): it takes the type's full layout.
+Result<kernels::ExactLayout> Communicator::exactLayoutFor(const OpDesc& op) {
+  if (op.op >= chorusNumOps) return kernels::exactLayout(op.dtype, nranks_);  // validateOp checked it
+  const uint64_t in_elems = op.coll == Collective::ReduceScatter ? op.count * static_cast<uint64_t>(nranks_) : op.count;
+  std::array<int64_t, 2> range{};  // {hi, -lo}: both agreed by max
+  kernels::exactRange(op.dtype, op.send, in_elems, &range[0], &range[1]);
+  if (nranks_ > 1) {
+    if (range_prog_.steps.empty()) {
+      plan::Shape sh;
+      sh.coll = Collective::AllReduce;
+      sh.nranks = nranks_;
+      sh.count = 2;
+      sh.elem_size = 8;
+      sh.inplace = true;
+      sh.hosts = tuner_->topology().host_of;
+      CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, chorusInt64));
+      plan::expand(*ch.algo, sh, rank_, &range_prog_);
+      range_reducer_ = kernels::Reducer(chorusInt64, kernels::BinOp::Max);
+    }
+    range_scratch_.resize(range_prog_.scratch_elems * 8);
+    auto* buf = reinterpret_cast<std::byte*>(range.data());
+    std::array<std::byte*, 3> bufs = {buf, buf, range_scratch_.data()};
+    // Traced as a step of the call's own number, like a signature check's.
+    exec::Job job{&range_prog_, bufs, 8, &range_reducer_, (uint64_t{1} << 62) | op.trace_seq, batch_wire_};
+    CHORUS_RETURN_IF_ERROR(executor_->run(std::span<const exec::Job>(&job, 1), cfg_.timeout));
+  }
+  return kernels::exactLayout(op.dtype, nranks_, -range[1], range[0]);
+}
+
+void Communicator::bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems) {
+  ExactJob& ex = exact_[i];
+  const size_t w = static_cast<size_t>(ex.layout.words);
+  ex.in.resize(in_elems * w);
+  ex.out.resize(out_elems * w);
+  ex.out_elems = out_elems;
+  kernels::toExact(ex.layout, ex.in.data(), input, in_elems);
+  job_bufs_[i] = {reinterpret_cast<std::byte*>(ex.in.data()), reinterpret_cast<std::byte*>(ex.out.data()), nullptr};
+}
+
+void Communicator::finishExact(size_t i, const OpDesc& op) {
+  const ExactJob& ex = exact_[i];
+  if (!ex.on || ex.out_elems == 0) return;
+  kernels::fromExact(ex.layout, op.recv, ex.out.data(), ex.out_elems);
 }
 
 Status Communicator::checkSignatures(const Signature& mine) {
@@ -787,6 +882,8 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
   if (trace_) traceOps(ops, njobs, batch_start_ns_, st.isOk());
   if (!st.isOk()) return st;  // execute() explains and breaks the communicator
 
+  // Exact: round the accumulators once into the outputs.
+  for (size_t i = 0; i < njobs; ++i) finishExact(i, ops[i]);
   // Avg: the sum divided by the number of ranks, where the result lives.
   for (size_t i = 0; i < njobs; ++i) {
     const OpDesc& op = ops[i];
@@ -849,7 +946,7 @@ Status Communicator::publishCallSlow(uint64_t k) {
 Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   static_assert(plan::kBoardBytes <= transport::kBoardSlotBytes);
   const size_t es = job.elem_size;
-  const size_t N = op.count, r = static_cast<size_t>(rank_);
+  const size_t N = board_count_, r = static_cast<size_t>(rank_);  // exact: accumulator words
   plan::Shape sh;
   sh.coll = op.coll;
   sh.nranks = nranks_;
@@ -892,8 +989,24 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
     }
   } else if (plan::reduces(op.coll)) {
     // AllReduce: the whole inputs; ReduceScatter: block r of each.  In rank
-    // order, as the plan.
+    // order, as the plan, or under canonical mode in the canonical tree.
     const size_t at = op.coll == Collective::AllReduce ? 0 : r * N * es;
+    if (board_canonical_) {
+      board_ptrs_.resize(static_cast<size_t>(nranks_));
+      for (int q = 0; q < nranks_; ++q) {
+        const std::byte* x = input(q);
+        if (x == nullptr) [[unlikely]] return failed;
+        board_ptrs_[static_cast<size_t>(q)] = x + at;
+      }
+      if (board_tmp_.empty()) board_tmp_.resize(kBoardTreeLevels * transport::kBoardSlotBytes);
+      if (nranks_ == 1)
+        boardCopy(outp, board_ptrs_[0], N * es);
+      else
+        boardTree(job, 0, nranks_, outp, 0, N);
+      board_seen_all_ = k;
+      board_->settle();
+      return {};
+    }
     const std::byte* a = input(0);
     const std::byte* b = a == nullptr ? nullptr : input(1);
     if (b == nullptr) [[unlikely]] return failed;
@@ -916,6 +1029,20 @@ Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
   if (op.coll != Collective::Broadcast) board_seen_all_ = k;  // every peer's k was awaited above
   board_->settle();
   return {};
+}
+
+// The canonical tree's node [lo, hi) over the board slots board_ptrs_ into
+// dst; returns where it lies (a slot for a leaf).  A node's right child goes
+// to the scratch line of its level, its left child to the node's own
+// target, so no partial sum is overwritten before it is used.
+const std::byte* Communicator::boardTree(const exec::Job& job, int lo, int hi, std::byte* dst, int level, size_t n) {
+  if (hi - lo == 1) return board_ptrs_[static_cast<size_t>(lo)];
+  const int mid = plan::canonicalSplit(lo, hi);
+  const std::byte* left = boardTree(job, lo, mid, dst, level + 1, n);
+  std::byte* tmp = board_tmp_.data() + static_cast<size_t>(level) * transport::kBoardSlotBytes;
+  const std::byte* right = boardTree(job, mid, hi, tmp, level + 1, n);
+  (*job.reducer)(dst, left, right, n);
+  return dst;
 }
 
 // Compares the peers' signatures of this rank's unverified earlier calls
@@ -1171,8 +1298,11 @@ Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, si
   q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
   CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, dtype));
   sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
-  CHORUS_ASSIGN_OR_RETURN(double t, tuner_->price(*ch.algo, sh, dtype));
-  return Prediction{std::string(ch.algo->name()), t};
+  // Canonical mode runs a canonical plan for float reductions (prepare()).
+  sh.canonical = cfg_.reproducible == Reproducible::Canonical && plan::reduces(coll) && kernels::isFloatType(dtype);
+  const plan::Algorithm* algo = sh.canonical ? plan::canonicalPlanFor(ch.algo, sh) : ch.algo;
+  CHORUS_ASSIGN_OR_RETURN(double t, tuner_->price(*algo, sh, dtype));
+  return Prediction{std::string(algo->name()), t};
 }
 
 Status Communicator::setAlgorithms(std::string_view spec) {

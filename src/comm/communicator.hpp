@@ -30,6 +30,7 @@
 #include "common/status.hpp"
 #include "exec/executor.hpp"
 #include "exec/stream.hpp"
+#include "kernels/exact.hpp"
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
 #include "transport/transport.hpp"
@@ -226,6 +227,7 @@ class Communicator {
     uint64_t count;
     uint64_t chunk;
     const plan::Algorithm* algo;
+    bool canonical;  // Shape::canonical (the one-shot plans differ)
     bool operator==(const CacheKey&) const = default;
   };
   struct CacheHash {
@@ -239,7 +241,37 @@ class Communicator {
     chorusDataType_t dtype{};
     bool valid = false;
     const plan::Program* prog = nullptr;
+    uint8_t path = 0;  // ReproPath of the call
   } last_;
+  // CHORUS_REPRODUCIBLE: how a call runs.  Plain: as chosen; Canonical: a
+  // plan that combines in the canonical tree (plan/canonical.hpp); Exact:
+  // the exact accumulator (kernels/exact.hpp) summed as int64 words by any
+  // plan, rounded once into the output.
+  enum class ReproPath : uint8_t { Plain, Canonical, Exact };
+  [[nodiscard]] ReproPath reproPath(const OpDesc& op) const;
+  // Exact: converts this job's input into its accumulator and binds the
+  // accumulators as the job's buffers; finishExact rounds the result.
+  void bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems);
+  void finishExact(size_t i, const OpDesc& op);
+  Result<kernels::ExactLayout> exactLayoutFor(const OpDesc& op);
+  plan::Program range_prog_;  // the exponent-range agreement of exact calls (2 int64, max)
+  kernels::Reducer range_reducer_;
+  std::vector<std::byte> range_scratch_;
+  struct ExactJob {
+    bool on = false;
+    kernels::ExactLayout layout;
+    std::vector<int64_t> in, out;
+    uint64_t out_elems = 0;
+  };
+  std::vector<ExactJob> exact_;  // per job of the current batch
+  // Job 0 through the board: its element count (words, for exact) and
+  // whether it combines in canonical order.
+  uint64_t board_count_ = 0;
+  bool board_canonical_ = false;
+  std::vector<std::byte> board_tmp_;  // the canonical tree's partial sums, a slot per level
+  std::vector<const std::byte*> board_ptrs_;
+  static constexpr size_t kBoardTreeLevels = 8;  // > log2(kOneShotMaxRanks)
+  const std::byte* boardTree(const exec::Job& job, int lo, int hi, std::byte* dst, int level, size_t n);
   std::vector<std::unique_ptr<plan::Program>> uncached_;  // v-collectives, reused
   std::vector<exec::Job> jobs_;
   std::vector<std::array<std::byte*, 3>> job_bufs_;

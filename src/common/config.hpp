@@ -21,9 +21,16 @@
 
 namespace chorus {
 
+// CHORUS_REPRODUCIBLE (docs/algorithms.md, "Reproducible reductions"): off;
+// canonical: every sum/avg of a communicator size combines in one canonical
+// tree over rank ids, whatever the plan, chunk, transport or placement; exact:
+// the correctly rounded sum, carried in a wide integer accumulator.
+enum class Reproducible : uint8_t { Off = 0, Canonical = 1, Exact = 2 };
+
 struct Config {
   std::chrono::milliseconds timeout{600000};  // CHORUS_TIMEOUT_MS: every operation and init
   bool check = false;                         // CHORUS_CHECK: signature exchange before every collective
+  Reproducible reproducible = Reproducible::Off;  // CHORUS_REPRODUCIBLE: off, canonical, exact
 
   struct Net {
     std::string socket_ifname;  // CHORUS_SOCKET_IFNAME: "" = the interface routing to the master

@@ -14,6 +14,7 @@
 // receives with the copies into scratch elided; the reductions are the
 // plan's, in the plan's order.  Everywhere else (TCP, payloads above
 // kBoardBytes) the executor runs the steps below.
+#include "plan/canonical.hpp"
 #include "plan/plan.hpp"
 
 namespace chorus::plan {
@@ -36,9 +37,23 @@ void exchangeAll(int r, int n, ProgramBuilder& b, Send&& send, Recv&& recv) {
 // reduced into out(0, N) in rank order.  In place, this rank's own part is
 // kept in slot r too: the output (its input) is overwritten by the first
 // reduction, before its turn in the rank order comes.
+//
+// Under canonical mode (Shape::canonical) the n parts are combined in the
+// canonical tree instead (canonical.hpp), the receives posted in tree order.
 template <typename Part>
 void reduceAllToOne(const Shape& sh, int r, ProgramBuilder& b, uint64_t N, Part&& part) {
   const int n = sh.nranks;
+  if (sh.canonical) {
+    const Region slots = b.scratch(static_cast<uint64_t>(n + 1) * N);
+    auto slot = [&](int q) { return Region{Buf::Scratch, slots.offset + static_cast<uint64_t>(q) * N, N}; };
+    Region own = part(r);
+    if (sh.inplace) {  // the output overlaps the own part: keep it in the extra slot n
+      b.copy(slot(n), own);
+      own = slot(n);
+    }
+    for (int k = 1; k < n; ++k) b.send((r + k) % n, part((r + k) % n));
+    return combineCanonical(b, n, r, own, out(0, N), slot);
+  }
   const Region slots = b.scratch(static_cast<uint64_t>(n) * N);
   auto slot = [&](int q) { return Region{Buf::Scratch, slots.offset + static_cast<uint64_t>(q) * N, N}; };
   auto input = [&](int q) { return q != r ? slot(q) : sh.inplace ? slot(r) : part(r); };

@@ -162,6 +162,11 @@ struct Shape {
   // ints).  Empty: not known, which the plans treat as one host.  Only the
   // hierarchical algorithms read it.
   std::span<const int> hosts;
+  // CHORUS_REPRODUCIBLE=canonical: every reduction must combine the ranks'
+  // contributions in the canonical tree (plan/canonical.hpp).  The one-shot
+  // plans honour it themselves; the communicator runs the canonical plans
+  // (canonicalPlanFor) in place of every other reducing algorithm.
+  bool canonical = false;
 
   // Elements of the input and output buffers this rank must provide.
   [[nodiscard]] uint64_t inputElems(int rank) const;

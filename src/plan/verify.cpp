@@ -2,6 +2,9 @@
 
 #include <deque>
 #include <map>
+#include <unordered_map>
+
+#include "plan/canonical.hpp"
 
 namespace chorus::plan {
 namespace {
@@ -10,7 +13,43 @@ struct Value {
   uint64_t ranks = 0;  // contributors; 0 = undefined
   uint64_t index = 0;  // element of the contributors' inputs
   bool poisoned = false;
+  uint32_t tree = 0;   // the combination tree (Trees): a leaf is the rank's id
   bool operator==(const Value&) const = default;
+};
+
+// Combination trees, interned: ids 0..63 are the leaves (rank ids), every
+// other id an unordered pair of ids (IEEE addition is commutative: only the
+// association is recorded), so equal trees have equal ids.
+class Trees {
+ public:
+  uint32_t node(uint32_t a, uint32_t b) {
+    if (a > b) std::swap(a, b);
+    const uint64_t key = uint64_t{a} << 32 | b;
+    auto [it, fresh] = ids_.try_emplace(key, static_cast<uint32_t>(kLeaves + kids_.size()));
+    if (fresh) {
+      // Printed with the child holding the lowest rank first.
+      if (lowest(b) < lowest(a)) std::swap(a, b);
+      kids_.push_back({a, b});
+    }
+    return it->second;
+  }
+  // The canonical tree over ranks [lo, hi) (canonical.hpp).
+  uint32_t canonical(int lo, int hi) {
+    if (hi - lo == 1) return static_cast<uint32_t>(lo);
+    const int mid = canonicalSplit(lo, hi);
+    return node(canonical(lo, mid), canonical(mid, hi));
+  }
+  uint32_t lowest(uint32_t t) const { return t < kLeaves ? t : lowest(kids_[t - kLeaves].first); }
+  std::string str(uint32_t t) const {
+    if (t < kLeaves) return fmt::format("{}", t);
+    const auto [a, b] = kids_[t - kLeaves];
+    return fmt::format("({}+{})", str(a), str(b));
+  }
+
+ private:
+  static constexpr uint32_t kLeaves = 64;
+  std::unordered_map<uint64_t, uint32_t> ids_;
+  std::vector<std::pair<uint32_t, uint32_t>> kids_;
 };
 
 std::string describe(const Value& v) {
@@ -26,8 +65,9 @@ std::string describe(const Value& v) {
   return s + fmt::format("}} element {}", v.index);
 }
 
-Value combine(const Value& a, const Value& b) {
+Value combine(Trees& trees, const Value& a, const Value& b) {
   Value v;
+  v.tree = trees.node(a.tree, b.tree);
   v.ranks = a.ranks | b.ranks;
   v.index = a.index;
   v.poisoned = a.poisoned || b.poisoned || a.ranks == 0 || b.ranks == 0 || (a.ranks & b.ranks) != 0 ||
@@ -62,6 +102,10 @@ Status verify(const Algorithm& algo, const VerifyCase& vc) {
                          vc.shape.inplace ? ", in place" : "", r, what);
   };
 
+  Trees trees;
+  // Under canonical mode every reduced element must be the canonical tree.
+  const bool canonical = vc.shape.canonical && reduces(coll);
+  const uint32_t canon = canonical ? trees.canonical(0, n) : 0;
   std::vector<RankState> st(n);
   for (int r = 0; r < n; ++r) {
     Shape s = vc.shape;
@@ -91,7 +135,7 @@ Status verify(const Algorithm& algo, const VerifyCase& vc) {
     B[2].assign(st[r].prog.scratch_elems, Value{});
     // Inputs: element i of rank r is (r, i).
     for (uint64_t i = 0; i < in_n; ++i) {
-      Value v{1ull << r, i, false};
+      Value v{1ull << r, i, false, static_cast<uint32_t>(r)};
       if (al.from == Buf::Input && al.to == Buf::Output)
         B[1][al.offset + i] = v;
       else
@@ -155,7 +199,7 @@ Status verify(const Algorithm& algo, const VerifyCase& vc) {
               auto* a = load(s, step.src);
               if (!a) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
               std::vector<Value> acc(a->begin() + step.src.offset, a->begin() + step.src.end());
-              for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(acc[e], m.data[e]);
+              for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees, acc[e], m.data[e]);
             } else {
               for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = m.data[e];
             }
@@ -178,7 +222,7 @@ Status verify(const Algorithm& algo, const VerifyCase& vc) {
             if (!a || !c || !d) return fail(r, fmt::format("reduce step {} is out of bounds", i));
             std::vector<Value> x(a->begin() + step.src.offset, a->begin() + step.src.end());
             std::vector<Value> y(c->begin() + step.src2.offset, c->begin() + step.src2.end());
-            for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(x[e], y[e]);
+            for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees, x[e], y[e]);
             break;
           }
         }
@@ -210,7 +254,11 @@ Status verify(const Algorithm& algo, const VerifyCase& vc) {
     };
     auto expect = [&](uint64_t i, Value want) -> Status {
       Value got = outAt(i);
+      want.tree = canonical ? canon : got.tree;
       if (got == want) return {};
+      if (canonical && got.ranks == want.ranks && got.index == want.index && !got.poisoned)
+        return fail(r, fmt::format("output element {} combines {} but the canonical tree of {} ranks is {}", i,
+                                   trees.str(got.tree), n, trees.str(canon)));
       return fail(r, fmt::format("output element {} holds {} but should hold {}", i, describe(got), describe(want)));
     };
     auto one = [](int rank) { return 1ull << rank; };

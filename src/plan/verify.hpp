@@ -7,6 +7,12 @@
 // (counting a rank twice) or whose indices differ (mixing elements) poisons the
 // value.  Messages are matched FIFO per ordered pair of ranks, as the
 // transports do; a program that cannot finish is reported as a deadlock.
+//
+// Each element also records its combination tree (which two values each
+// reduction combined, recursively).  With Shape::canonical set, every element
+// of a reduction's result must be the canonical tree of the rank count
+// (plan/canonical.hpp): the proof that the plan's bits do not depend on the
+// algorithm, chunk size, transport or placement.
 #pragma once
 
 #include <string>

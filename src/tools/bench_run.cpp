@@ -314,10 +314,13 @@ class Bench {
     if (o_.check) {
       pattern.fill(call.p.input, rank_, row.shape.send_count);
       CHORUS_RETURN_IF_ERROR(call.once());
-      uint64_t wrong = countWrong(c_, pattern, row.shape, o_.root, rank_, call.p.output);
-      if (chorusResult_t r = chorusAllReduce(&wrong, &wrong, 1, chorusUint64, chorusSum, book_, nullptr);
+      // Summed as float64 (exact below 2^53): CHORUS_REPRODUCIBLE=exact
+      // refuses integer sums, and the bench must run in every mode.
+      double wrong_sum = static_cast<double>(countWrong(c_, pattern, row.shape, o_.root, rank_, call.p.output));
+      if (chorusResult_t r = chorusAllReduce(&wrong_sum, &wrong_sum, 1, chorusFloat64, chorusSum, book_, nullptr);
           r != chorusSuccess)
         return apiError(comm_, rank_, "summing the wrong-element counts", r);
+      const auto wrong = static_cast<uint64_t>(wrong_sum);
       m.wrong = wrong;
       wrong_total_ += wrong;
     }

@@ -14,6 +14,8 @@
 //
 //   chorus-run -n 4 chorus_collectives_main [--counts 0,1,7] [--float-counts 1000003]
 //                                           [--fail-rank R --fail-status S]
+//                                           [--repro canonical|exact]  (with CHORUS_REPRODUCIBLE set:
+//                                            support/repro_check's bitwise checks as one case)
 #include <CLI/CLI.hpp>
 #include <chorus/chorus.h>
 #include <fmt/format.h>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "support/collective_check.hpp"
+#include "support/repro_check.hpp"
 
 namespace {
 
@@ -72,6 +75,13 @@ int main(int argc, char** argv) {
   app.add_option("--fail-rank", fail_rank, "this rank exits with --fail-status right after init (failure tests)");
   app.add_option("--fail-status", fail_status, "exit status of --fail-rank")->capture_default_str();
   app.add_option("--stream", stream_cases, "also run a few cases on a chorus stream")->capture_default_str();
+  bool matrix = true;
+  app.add_option("--matrix", matrix, "run the standard case matrix (--counts, --float-counts)")->capture_default_str();
+  std::string repro;
+  app.add_option("--repro", repro,
+                 "canonical: every reducing algorithm's results bitwise the canonical tree's; exact: correctly "
+                 "rounded (run with CHORUS_REPRODUCIBLE set to the same mode)")
+      ->check(CLI::IsMember({"canonical", "exact"}));
   std::vector<std::string> expect_algos;
   app.add_option("--expect-algo", expect_algos,
                  "COLL:NAME: fail unless the tuner runs NAME for COLL (checked at the --float-counts); repeatable");
@@ -104,6 +114,10 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Case> cases;
+  if (!matrix) {
+    counts.clear();
+    float_counts.clear();
+  }
   if (!counts.empty()) cases = chorus::testing::standardCases(n, counts, /*all_dtypes=*/true);
   if (!float_counts.empty()) {
     auto big = chorus::testing::standardCases(n, float_counts, /*all_dtypes=*/false);
@@ -135,6 +149,8 @@ int main(int argc, char** argv) {
     }
   }
   for (const Case& c : cases) record(chorus::testing::runCase(comm, c));
+  if (repro == "canonical") record(chorus::testing::canonicalRank(rank, n, comm));
+  if (repro == "exact") record(chorus::testing::exactRank(rank, n, comm, nullptr));
 
   if (stream_cases) {
     // The same checks with the work queued on a stream (runCase synchronises it

@@ -225,10 +225,60 @@ def _ops(rank, world, path):
     dist.destroy_process_group()
 
 
+def _reproducible(rank, world, path):
+    """chorus.torch.set_reproducible: canonical groups sum float tensors as
+    the canonical tree over ranks (left half [lo, mid), mid = lo + ceil((hi -
+    lo) / 2)), computed here in float32; exact groups refuse integer sums."""
+    import torch
+    import torch.distributed as dist
+
+    import chorus.torch
+
+    try:
+        chorus.torch.set_reproducible("bitwise")
+        raise AssertionError("set_reproducible accepted an unknown mode")
+    except ValueError as e:
+        assert "canonical" in str(e), str(e)
+    chorus.torch.set_reproducible("canonical")
+    dist.init_process_group("chorus", init_method="file://" + path, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+
+    def data(r):
+        g = torch.Generator().manual_seed(1000 + r)
+        x = torch.randn(3001, generator=g) * torch.pow(2.0, torch.randint(-20, 20, (3001,), generator=g).float())
+        x[::3] += 1e6 if r % 2 == 0 else -1e6  # cancellation across ranks
+        return x
+
+    def tree(lo, hi):
+        if hi - lo == 1:
+            return data(lo)
+        mid = lo + (hi - lo + 1) // 2
+        return tree(lo, mid) + tree(mid, hi)
+
+    want = tree(0, world)
+    for n in (7, 3001):  # through the board and through the executor
+        t = data(rank)[:n].clone()
+        dist.all_reduce(t)
+        assert torch.equal(t, want[:n]), "canonical allreduce of {} elements differs from the canonical tree".format(n)
+    chorus.torch.set_reproducible("exact")
+    exact = dist.new_group(backend="chorus")
+    t = data(rank)
+    dist.all_reduce(t, group=exact)
+    ints = torch.ones(4, dtype=torch.int32)
+    try:
+        dist.all_reduce(ints, group=exact)
+        raise AssertionError("an integer sum under exact mode did not raise")
+    except RuntimeError as e:
+        assert "CHORUS_REPRODUCIBLE=exact" in str(e), str(e)
+    chorus.torch.set_reproducible(None)
+    dist.destroy_process_group()
+
+
 def main():
     checks = harness.Checks()
     for world in (2, 4):
         checks.run(f"torch_ops_vs_gloo_{world}ranks", harness.run, _ops, world, 240, harness.store_path("ops"))
+    checks.run("torch_reproducible_3ranks", harness.run, _reproducible, 3, 240, harness.store_path("repro"))
     checks.finish()
 
 

@@ -7,8 +7,10 @@
 // the default FP environment); integers are combined in (unsigned) I128
 // and truncated; fp64 is checked in long double on inputs whose sums and
 // products it holds exactly.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,8 +20,10 @@
 #include <vector>
 
 #include "kernels/dispatch.hpp"
+#include "kernels/exact.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/reduce.hpp"
+#include "support/exact_reference.hpp"
 
 namespace chorus::kernels {
 namespace {
@@ -624,6 +628,200 @@ TEST(Dtype, LoadStoreDouble) {
   EXPECT_TRUE(std::isnan(loadAsDouble(buf, chorusFloat8e4m3)));
   storeFromDouble(buf, chorusFloat8e5m2, 1e6);
   EXPECT_TRUE(std::isinf(loadAsDouble(buf, chorusFloat8e5m2)));
+}
+
+// ---- The exact accumulator (CHORUS_REPRODUCIBLE=exact) ----
+//
+// Checked against support/exact_reference.hpp: the exact sum as a 2304-bit
+// integer, and the result against its neighbours.
+
+double decodeBits(chorusDataType_t d, uint64_t bits) { return testing::exactDecode(d, bits); }
+int signBit(chorusDataType_t d) { return testing::exactSignBit(d); }
+
+// A random finite value of d with |v| below `limit`, with a random exponent
+// over the type's range (mixed magnitudes, subnormals included).
+uint64_t randomBits(chorusDataType_t d, std::mt19937_64& rng, double limit) {
+  for (;;) {
+    uint64_t b = rng();
+    if (d == chorusFloat64) {
+      // Exponent field in a band around 1 most of the time, anywhere at times.
+      const uint64_t ex = rng() % 4 == 0 ? rng() % 2046 : 1023 - 60 + rng() % 120;
+      b = (b & 0x800fffffffffffffull) | (ex << 52);
+    } else {
+      b &= (uint64_t{1} << (signBit(d) + 1)) - 1;
+    }
+    const double v = decodeBits(d, b);
+    if (std::isfinite(v) && std::fabs(v) < limit) return b;
+  }
+}
+
+void checkCorrectlyRounded(chorusDataType_t d, const std::vector<double>& addends, uint64_t got_bits,
+                           const std::string& what) {
+  const std::string why = testing::exactCheck(d, addends, got_bits);
+  ASSERT_EQ(why, "") << what;
+}
+
+TEST(ExactAccumulator, CorrectlyRoundedAndIndependentOfRankCount) {
+  std::mt19937_64 rng(20261202);
+  for (chorusDataType_t d : {chorusFloat32, chorusBfloat16, chorusFloat16, chorusFloat8e4m3, chorusFloat8e5m2,
+                             chorusFloat64}) {
+    const size_t es = dtypeSize(d);
+    // Sums of up to 16 addends must stay finite: the largest finite / 32.
+    const double limit = d == chorusFloat64 ? 1e300 : d == chorusFloat32 || d == chorusBfloat16 ? 1e37
+                         : d == chorusFloat16                                                   ? 2000
+                         : d == chorusFloat8e4m3                                                ? 14
+                                                                                                : 1792;
+    for (int trial = 0; trial < 400; ++trial) {
+      const int k = 1 + trial % 16;
+      std::vector<uint64_t> bits;
+      for (int j = 0; j < k; ++j) {
+        if (j > 0 && rng() % 3 == 0) {
+          // Cancellation: the negation of an earlier addend, or its neighbour.
+          const uint64_t flip = (bits[rng() % bits.size()] ^ (uint64_t{1} << signBit(d)));
+          bits.push_back(rng() % 2 ? flip : (flip & ((uint64_t{1} << signBit(d)) - 1)) == 0 ? flip : flip - 1);
+        } else {
+          bits.push_back(randomBits(d, rng, limit));
+        }
+      }
+      std::vector<double> values;
+      for (uint64_t b : bits) values.push_back(decodeBits(d, b));
+      // The same addends summed under the layouts of k, 16 and 4096 ranks
+      // (narrower digits: fp64's rounding then takes the bit-by-bit path),
+      // and under the narrow layout of the exponents they span (exactRange).
+      int64_t hi = kNoExponent, neg_lo = kNoExponent;
+      for (uint64_t b : bits) {
+        int64_t h = 0, nl = 0;
+        exactRange(d, &b, 1, &h, &nl);  // little-endian: the value's bytes come first
+        hi = std::max(hi, h);
+        neg_lo = std::max(neg_lo, nl);
+      }
+      uint64_t result[4] = {};
+      for (int li = 0; li < 4; ++li) {
+        auto layout = li == 3 ? exactLayout(d, k, -neg_lo, hi)
+                              : exactLayout(d, li == 0 ? k : li == 1 ? 16 : 4096);
+        ASSERT_TRUE(layout.isOk());
+        const ExactLayout& l = layout.value();
+        std::vector<int64_t> acc(l.words), one(l.words);
+        for (uint64_t b : bits) {
+          unsigned char raw[8];
+          std::memcpy(raw, &b, 8);
+          toExact(l, one.data(), raw, 1);
+          for (int w = 0; w < l.words; ++w) acc[w] += one[w];
+        }
+        unsigned char out[8] = {};
+        fromExact(l, out, acc.data(), 1);
+        std::memcpy(&result[li], out, es);
+      }
+      const std::string what = fmt::format("{} with {} addends (trial {})", dtypeName(d), k, trial);
+      ASSERT_EQ(result[0], result[1]) << what << ": the rank count changed the result";
+      ASSERT_EQ(result[0], result[2]) << what << ": the rank count changed the result";
+      ASSERT_EQ(result[0], result[3]) << what << ": the narrow layout changed the result";
+      checkCorrectlyRounded(d, values, result[0], what);
+    }
+  }
+}
+
+// Narrow ranges (the layout exactRange agrees on) take one word, and float32
+// and float64 results then take the one-word path: still correctly rounded,
+// subnormal and overflowing ends included.
+TEST(ExactAccumulator, NarrowRangesInOneWord) {
+  std::mt19937_64 rng(7);
+  for (chorusDataType_t d : {chorusFloat32, chorusFloat64}) {
+    const std::vector<int> centres = d == chorusFloat32 ? std::vector<int>{-140, -126, -20, 0, 20, 100, 126}
+                                                        : std::vector<int>{-1070, -1000, 0, 1000};
+    for (int c : centres)
+      for (int trial = 0; trial < 200; ++trial) {
+        const int k = 1 + trial % 16;
+        std::vector<double> values;
+        std::vector<uint64_t> bits;
+        for (int j = 0; j < k; ++j) {
+          // 20 significant bits at an exponent within 6 of the centre.
+          const double m = static_cast<double>((rng() & 0xfffff) | 0x80000) * ((rng() & 1) ? -1 : 1);
+          double v = std::ldexp(m, c - 19 - static_cast<int>(rng() % 6));
+          if (d == chorusFloat32) v = static_cast<float>(v);  // below 2^-149 it rounds: then it is what we sum
+          values.push_back(v);
+          if (d == chorusFloat32) {
+            bits.push_back(std::bit_cast<uint32_t>(static_cast<float>(v)));
+          } else {
+            bits.push_back(std::bit_cast<uint64_t>(v));
+          }
+        }
+        int64_t hi = kNoExponent, neg_lo = kNoExponent;
+        std::vector<unsigned char> raw(bits.size() * 8);
+        const size_t es = dtypeSize(d);
+        for (size_t j = 0; j < bits.size(); ++j) std::memcpy(raw.data() + j * es, &bits[j], es);
+        exactRange(d, raw.data(), bits.size(), &hi, &neg_lo);
+        auto layout = exactLayout(d, k, -neg_lo, hi);
+        ASSERT_TRUE(layout.isOk());
+        const ExactLayout& l = layout.value();
+        if (d == chorusFloat32) {
+          ASSERT_EQ(l.words, 1) << "centre " << c;
+        }
+        std::vector<int64_t> acc(l.words), one(l.words * bits.size());
+        toExact(l, one.data(), raw.data(), bits.size());
+        for (size_t j = 0; j < bits.size(); ++j)
+          for (int w = 0; w < l.words; ++w) acc[w] += one[j * l.words + w];
+        uint64_t out = 0;
+        fromExact(l, &out, acc.data(), 1);
+        const std::string what = fmt::format("{} centre {} with {} addends (trial {})", dtypeName(d), c, k, trial);
+        std::vector<double> decoded;
+        for (uint64_t b : bits) decoded.push_back(decodeBits(d, b));
+        const double got = decodeBits(d, out);
+        if (!std::isfinite(got)) continue;  // overflow at the top centres: the type's infinity
+        checkCorrectlyRounded(d, decoded, out, what);
+      }
+  }
+}
+
+TEST(ExactAccumulator, InfinitiesAndNaNs) {
+  ExactLayout l = exactLayout(chorusFloat32, 8).value();
+  auto sum = [&](std::vector<float> xs) {
+    std::vector<int64_t> acc(l.words), one(l.words);
+    for (float x : xs) {
+      toExact(l, one.data(), &x, 1);
+      for (int w = 0; w < l.words; ++w) acc[w] += one[w];
+    }
+    float r = 0;
+    fromExact(l, &r, acc.data(), 1);
+    return r;
+  };
+  EXPECT_EQ(sum({1.0f, INFINITY, -3.0f}), INFINITY);
+  EXPECT_EQ(sum({-INFINITY, 5.0f}), -INFINITY);
+  EXPECT_TRUE(std::isnan(sum({INFINITY, -INFINITY})));
+  EXPECT_TRUE(std::isnan(sum({1.0f, NAN})));
+  EXPECT_EQ(sum({3.4e38f, 3.4e38f}), INFINITY);  // overflow of the exact sum
+  EXPECT_EQ(sum({1e30f, 1.0f, -1e30f}), 1.0f);   // no absorption
+  EXPECT_EQ(sum({-0.0f, -0.0f}), 0.0f);
+  // The narrow layout of {1, 2, 3} (one word), with infinities in the data:
+  // the one-word fast paths hand those over to the general ones.
+  std::vector<float> data = {1.0f, INFINITY, 2.0f, 3.0f, -INFINITY, NAN};
+  int64_t hi = 0, neg_lo = 0;
+  exactRange(chorusFloat32, data.data(), data.size(), &hi, &neg_lo);
+  l = exactLayout(chorusFloat32, 8, -neg_lo, hi).value();
+  ASSERT_EQ(l.words, 1);
+  EXPECT_EQ(sum({1.0f, 2.0f}), 3.0f);
+  EXPECT_EQ(sum({1.0f, INFINITY}), INFINITY);
+  EXPECT_EQ(sum({-INFINITY, 3.0f}), -INFINITY);
+  EXPECT_TRUE(std::isnan(sum({INFINITY, -INFINITY})));
+  EXPECT_TRUE(std::isnan(sum({2.0f, NAN})));
+  std::vector<int64_t> words(data.size());
+  std::vector<float> back(data.size());
+  toExact(l, words.data(), data.data(), data.size());
+  fromExact(l, back.data(), words.data(), data.size());
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], INFINITY);
+  EXPECT_EQ(back[3], 3.0f);
+  EXPECT_EQ(back[4], -INFINITY);
+  EXPECT_TRUE(std::isnan(back[5]));
+}
+
+TEST(ExactAccumulator, RejectsIntegersAndHugeCommunicators) {
+  auto st = exactLayout(chorusInt32, 4);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.status().message().find("datatype=int32"), std::string::npos) << st.status().message();
+  EXPECT_NE(st.status().message().find("chorusFloat32"), std::string::npos);
+  EXPECT_FALSE(exactLayout(chorusFloat32, 1 << 15).isOk());
+  EXPECT_TRUE(exactLayout(chorusFloat32, 1 << 14).isOk());
 }
 
 }  // namespace

@@ -1,0 +1,434 @@
+#include "kernels/exact.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/convert.hpp"
+#include "kernels/dtype.hpp"
+
+namespace chorus::kernels {
+namespace {
+
+// __extension__: 128-bit integers are a GCC/Clang extension (-Wpedantic).
+__extension__ typedef unsigned __int128 U128;
+
+struct Format {
+  int lsb_exp;    // smallest subnormal = 2^lsb_exp
+  int msb_exp;    // the largest finite value is below 2^(msb_exp + 1)
+  int precision;  // significand bits
+};
+
+bool formatOf(chorusDataType_t d, Format* f) {
+  switch (d) {
+    case chorusFloat32: *f = {-149, 127, 24}; return true;
+    case chorusBfloat16: *f = {-133, 127, 8}; return true;
+    case chorusFloat16: *f = {-24, 15, 11}; return true;
+    case chorusFloat8e4m3: *f = {-9, 8, 4}; return true;
+    case chorusFloat8e5m2: *f = {-16, 15, 3}; return true;
+    case chorusFloat64: *f = {-1074, 1023, 53}; return true;
+    default: return false;
+  }
+}
+
+// Value of element i of src as a double (exact for every supported type).
+double load(chorusDataType_t d, const void* src, size_t i) {
+  switch (d) {
+    case chorusFloat32: return static_cast<const float*>(src)[i];
+    case chorusFloat64: return static_cast<const double*>(src)[i];
+    case chorusFloat16: return halfToFloat(static_cast<const uint16_t*>(src)[i]);
+    case chorusBfloat16: return bf16ToFloat(static_cast<const uint16_t*>(src)[i]);
+    case chorusFloat8e4m3: return fp8e4m3ToFloat(static_cast<const uint8_t*>(src)[i]);
+    case chorusFloat8e5m2: return fp8e5m2ToFloat(static_cast<const uint8_t*>(src)[i]);
+    default: return 0;
+  }
+}
+
+void store(chorusDataType_t d, void* dst, size_t i, double v) {
+  switch (d) {
+    case chorusFloat32: static_cast<float*>(dst)[i] = static_cast<float>(v); break;
+    case chorusFloat64: static_cast<double*>(dst)[i] = v; break;
+    case chorusFloat16: static_cast<uint16_t*>(dst)[i] = floatToHalf(static_cast<float>(v)); break;
+    case chorusBfloat16: static_cast<uint16_t*>(dst)[i] = floatToBf16(static_cast<float>(v)); break;
+    case chorusFloat8e4m3: static_cast<uint8_t*>(dst)[i] = floatToFp8e4m3(static_cast<float>(v)); break;
+    case chorusFloat8e5m2: static_cast<uint8_t*>(dst)[i] = floatToFp8e5m2(static_cast<float>(v)); break;
+    default: break;
+  }
+}
+
+// Bits [pos, pos + len) (len <= 64) of the magnitude held in D-bit digits.
+inline uint64_t bitsAt(const std::vector<uint64_t>& mag, int D, int64_t pos, int len) {
+  uint64_t r = 0;
+  for (int got = 0; got < len;) {
+    const int64_t b = pos + got;
+    const int o = static_cast<int>(b % D);
+    const int take = std::min(D - o, len - got);
+    const uint64_t chunk = (mag[static_cast<size_t>(b / D)] >> o) & (take == 64 ? ~0ull : (uint64_t{1} << take) - 1);
+    r |= chunk << got;
+    got += take;
+  }
+  return r;
+}
+
+// Whether any bit below `pos` is set.
+inline bool anyBelow(const std::vector<uint64_t>& mag, int D, int64_t pos) {
+  if (pos <= 0) return false;
+  const int64_t j = pos / D;
+  const int o = static_cast<int>(pos % D);
+  if (o != 0 && (mag[static_cast<size_t>(j)] & ((uint64_t{1} << o) - 1)) != 0) return true;
+  for (int64_t k = 0; k < j; ++k)
+    if (mag[static_cast<size_t>(k)] != 0) return true;
+  return false;
+}
+
+}  // namespace
+
+namespace {
+
+// The layout of values spanning exponents [lsb_exp, msb_exp] (msb_exp: the
+// largest leading bit) for sums of nranks of them.
+Result<ExactLayout> layoutFor(chorusDataType_t dtype, const Format& f, int nranks, int lsb_exp, int msb_exp) {
+  ExactLayout l;
+  l.dtype = dtype;
+  l.lsb_exp = lsb_exp;
+  l.precision = f.precision;
+  // h: bits of headroom for nranks addends; a word's sum stays below 2^62.
+  int h = 1;
+  while ((int64_t{1} << h) < nranks) ++h;
+  // The top word holds its finite sum and three counts of h + 1 bits.
+  if (h > 14)
+    return invalidArgument("CHORUS_REPRODUCIBLE=exact supports at most 16384 ranks (the accumulator's headroom); this "
+                           "communicator has {}", nranks);
+  l.digit_bits = 62 - h;
+  l.field_bits = h + 1;
+  const int bits = std::max(msb_exp - lsb_exp + 1, 1);  // of the largest magnitude
+  // Fewest words whose top word also holds the three special fields above
+  // the sum of its finite digits.
+  for (int w = 1;; ++w) {
+    const int used = std::max(0, bits - l.digit_bits * (w - 1));
+    if (used > l.digit_bits) continue;
+    const int fin = used + h;  // the top word's finite sum is below 2^fin in magnitude
+    if (fin + 1 + 3 * l.field_bits <= 62) {
+      l.words = w;
+      l.special_shift = fin + 1;
+      break;
+    }
+  }
+  return l;
+}
+
+Status unsupported(chorusDataType_t dtype) {
+  return invalidArgument("datatype={} has no exact accumulator (CHORUS_REPRODUCIBLE=exact supports chorusFloat32, "
+                         "chorusBfloat16, chorusFloat16, chorusFloat8e4m3, chorusFloat8e5m2 and chorusFloat64)",
+                         isValidDtype(dtype) ? dtypeName(dtype) : std::string_view("?"));
+}
+
+}  // namespace
+
+Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks) {
+  Format f;
+  if (!formatOf(dtype, &f)) return unsupported(dtype);
+  return layoutFor(dtype, f, nranks, f.lsb_exp, f.msb_exp);
+}
+
+Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks, int64_t lsb_exp, int64_t msb_exp) {
+  Format f;
+  if (!formatOf(dtype, &f)) return unsupported(dtype);
+  // No finite nonzero value anywhere (kNoExponent): one bit at the bottom.
+  const int64_t lo = std::clamp<int64_t>(lsb_exp, f.lsb_exp, f.msb_exp);
+  const int64_t hi = std::clamp<int64_t>(msb_exp, lo, f.msb_exp);
+  return layoutFor(dtype, f, nranks, static_cast<int>(lo), static_cast<int>(hi));
+}
+
+namespace {
+
+// The conversions, written once over a loader / storer of the element type,
+// so that the type is chosen once per call, not per element.
+
+// One word (a narrow layout, or the small types): the whole integer is the
+// word, m << s with s + 53 <= D.
+template <typename Load>
+void toExactOneWord(const ExactLayout& l, int64_t* acc, size_t count, Load&& load) {
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t bits = std::bit_cast<uint64_t>(static_cast<double>(load(i)));
+    const bool neg = bits >> 63;
+    const int be = static_cast<int>((bits >> 52) & 0x7ff);
+    uint64_t m = bits & ((uint64_t{1} << 52) - 1);
+    if (be == 0x7ff) {
+      acc[i] = int64_t{1} << (l.special_shift + (m != 0 ? 2 : neg ? 1 : 0) * l.field_bits);
+      continue;
+    }
+    if (be == 0 && m == 0) {
+      acc[i] = 0;
+      continue;
+    }
+    int e = be == 0 ? -1074 : be - 1075;
+    if (be != 0) m |= uint64_t{1} << 52;
+    if (e < l.lsb_exp) {  // the low bits are zero
+      m >>= (l.lsb_exp - e);
+      e = l.lsb_exp;
+    }
+    const auto d = static_cast<int64_t>(m << (e - l.lsb_exp));
+    acc[i] = neg ? -d : d;
+  }
+}
+
+template <typename Load>
+void toExactT(const ExactLayout& l, int64_t* acc, size_t count, Load&& load) {
+  const int W = l.words, D = l.digit_bits;
+  const uint64_t dmask = (uint64_t{1} << D) - 1;
+  // s / D by a multiply: exact for s < 2^32 / D (s < 2100 here).
+  const uint64_t recip = ((uint64_t{1} << 32) + static_cast<uint64_t>(D) - 1) / static_cast<uint64_t>(D);
+  if (W == 1) return toExactOneWord(l, acc, count, load);
+  for (size_t i = 0; i < count; ++i) {
+    int64_t* a = acc + i * static_cast<size_t>(W);
+    for (int k = 0; k < W; ++k) a[k] = 0;
+    const uint64_t bits = std::bit_cast<uint64_t>(static_cast<double>(load(i)));
+    const bool neg = bits >> 63;
+    const int be = static_cast<int>((bits >> 52) & 0x7ff);
+    uint64_t m = bits & ((uint64_t{1} << 52) - 1);
+    if (be == 0x7ff) {  // +inf, -inf, NaN: count it in the top word's fields
+      const int field = m != 0 ? 2 : neg ? 1 : 0;
+      a[W - 1] = int64_t{1} << (l.special_shift + field * l.field_bits);
+      continue;
+    }
+    if (be == 0 && m == 0) continue;  // zero (either sign)
+    int e = be == 0 ? -1074 : be - 1075;
+    if (be != 0) m |= uint64_t{1} << 52;
+    // |v| = m 2^e with e possibly below lsb_exp: the low bits are then zero.
+    if (e < l.lsb_exp) {
+      m >>= (l.lsb_exp - e);
+      e = l.lsb_exp;
+    }
+    const auto s = static_cast<uint64_t>(e - l.lsb_exp);  // position of m's lowest bit in the integer
+    const int j = static_cast<int>((s * recip) >> 32);
+    const int o = static_cast<int>(s) - j * D;
+    // m << o (< 2^(53 + D)) spans at most three digits: D >= 48 (h <= 14).
+    const U128 x = static_cast<U128>(m) << o;
+    for (int k = 0; k < 3 && j + k < W; ++k) {
+      const auto d = static_cast<int64_t>(static_cast<uint64_t>(x >> (k * D)) & dmask);
+      a[j + k] = neg ? -d : d;
+    }
+  }
+}
+
+// 2^k as a double, k in [-1022, 1023].
+inline double pow2(int k) { return std::bit_cast<double>(static_cast<uint64_t>(k + 1023) << 52); }
+
+// The magnitude digits mag[0..W) (D bits each, mag[top] != 0) rounded to
+// `precision` bits: returns q and sets *s so that the result is q 2^(lsb + s).
+uint64_t roundDigits(const ExactLayout& l, const uint64_t* mag, int top, int64_t* s_out) {
+  const int D = l.digit_bits, p = l.precision;
+  const int bl = 64 - std::countl_zero(mag[top]);
+  const int64_t hb = int64_t{top} * D + bl - 1;
+  // Below the normal range the lowest bit (lsb_exp) is the type's subnormal
+  // step: nothing rounds.
+  const int64_t s = std::max<int64_t>(hb - (p - 1), 0);
+  *s_out = s;
+  // The bits [s - 1, hb] lie in digits top and top - 1 when bl + D - 1 >= p
+  // (always for D >= p, i.e. all but fp64 on > 512 ranks); else bit by bit.
+  if (bl + D - 1 >= p) {
+    const U128 win = (static_cast<U128>(mag[top]) << D) | (top >= 1 ? mag[top - 1] : 0);
+    const int64_t base = int64_t{top - 1} * D;  // the value's bit b is win's bit b - base
+    if (s == 0) return top == 0 ? mag[0] : static_cast<uint64_t>(win);  // < 2^precision: exact
+    const int shift = static_cast<int>(s - base);
+    uint64_t q = static_cast<uint64_t>(win >> shift);
+    if ((win >> (shift - 1)) & 1) {  // round to nearest, ties to even
+      bool sticky = (win & ((static_cast<U128>(1) << (shift - 1)) - 1)) != 0;
+      for (int k = 0; k + 1 < top && !sticky; ++k) sticky = mag[k] != 0;
+      if (sticky || (q & 1)) ++q;
+    }
+    return q;
+  }
+  std::vector<uint64_t> m(mag, mag + top + 1);
+  uint64_t q = bitsAt(m, D, s, static_cast<int>(hb - s + 1));
+  if (s > 0 && bitsAt(m, D, s - 1, 1) != 0 && (anyBelow(m, D, s - 1) || (q & 1))) ++q;
+  return q;
+}
+
+// One word and a float32 or float64 result: the integer is the word; below
+// 2^53 it and its scaling by 2^lsb_exp are exact in a double (fp64: when
+// the result is normal), so the one rounding is the cast to the type.
+// Returns false for an element it cannot take (the general path does).
+template <typename Store>
+bool fromOneWord(const ExactLayout& l, int64_t w, size_t i, Store&& store) {
+  const int64_t half = int64_t{1} << (l.special_shift - 1);
+  if ((static_cast<uint64_t>(w + half) >> l.special_shift) != 0) return false;  // a special
+  if (w >= (int64_t{1} << 53) || w <= -(int64_t{1} << 53)) return false;
+  if (l.lsb_exp < -1022 || l.lsb_exp + 53 > 1023) return false;
+  store(i, static_cast<double>(w) * pow2(l.lsb_exp));
+  return true;
+}
+
+template <typename Store>
+void fromExactT(const ExactLayout& l, const int64_t* acc, size_t count, Store&& store) {
+  const int W = l.words, D = l.digit_bits;
+  const int64_t base = int64_t{1} << D;
+  int64_t w[64];
+  uint64_t mag[64];
+  const int64_t half = int64_t{1} << (l.special_shift - 1);
+  const uint64_t fm = (uint64_t{1} << l.field_bits) - 1;
+  const bool one_word = W == 1 && (l.dtype == chorusFloat32 || l.dtype == chorusFloat64);
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t* a = acc + i * static_cast<size_t>(W);
+    if (one_word && fromOneWord(l, a[0], i, store)) continue;
+    for (int k = 0; k < W; ++k) w[k] = a[k];
+    // The special fields: the top word's finite sum f has |f| < 2^(shift-1),
+    // so (top + 2^(shift-1)) >> shift are the fields.
+    if (const uint64_t fields = static_cast<uint64_t>(w[W - 1] + half) >> l.special_shift; fields != 0) {
+      const uint64_t pinf = fields & fm, ninf = (fields >> l.field_bits) & fm, nan = fields >> (2 * l.field_bits);
+      store(i, nan != 0 || (pinf != 0 && ninf != 0) ? std::nan("") : pinf != 0 ? HUGE_VAL : -HUGE_VAL);
+      continue;
+    }
+    // Normalise the carry-save words into D-bit digits and a sign.
+    auto normalise = [&](bool negate) {
+      int64_t carry = 0;
+      for (int j = 0; j < W; ++j) {
+        const int64_t c = (negate ? -w[j] : w[j]) + carry;
+        const int64_t d = c & (base - 1);  // floor mod 2^D
+        carry = (c - d) >> D;              // exact: c - d is a multiple of 2^D
+        mag[j] = static_cast<uint64_t>(d);
+      }
+      return carry;  // the sign: 0 (non-negative) or -1
+    };
+    bool neg = false;
+    if (normalise(false) < 0) {
+      neg = true;
+      normalise(true);
+    }
+    int top = W - 1;
+    while (top >= 0 && mag[top] == 0) --top;
+    if (top < 0) {
+      store(i, 0.0);  // an exact zero sum is +0 (round to nearest)
+      continue;
+    }
+    int64_t s = 0;
+    const uint64_t q = roundDigits(l, mag, top, &s);
+    const int64_t k = l.lsb_exp + s;
+    // q 2^k: exact in a double (q <= 2^53); fp64's subnormal and overflowing
+    // ends go through ldexp.
+    const double v = k >= -1022 && k <= 1023 ? static_cast<double>(q) * pow2(static_cast<int>(k))
+                                              : std::ldexp(static_cast<double>(q), static_cast<int>(k));
+    store(i, neg ? -v : v);
+  }
+}
+
+}  // namespace
+
+namespace {
+template <typename Load>
+void rangeT(size_t count, int64_t* hi, int64_t* neg_lo, Load&& load) {
+  int64_t h = kNoExponent, nl = kNoExponent;
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t bits = std::bit_cast<uint64_t>(static_cast<double>(load(i)));
+    const int be = static_cast<int>((bits >> 52) & 0x7ff);
+    uint64_t m = bits & ((uint64_t{1} << 52) - 1);
+    if (be == 0x7ff || (be == 0 && m == 0)) continue;  // specials go to the top word's fields; zeros anywhere
+    if (be != 0) m |= uint64_t{1} << 52;
+    const int64_t e = be == 0 ? -1074 : be - 1075;  // |v| = m 2^e
+    h = std::max<int64_t>(h, e + 63 - std::countl_zero(m));
+    nl = std::max<int64_t>(nl, -(e + std::countr_zero(m)));
+  }
+  *hi = h;
+  *neg_lo = nl;
+}
+}  // namespace
+
+namespace {
+// float32 from the exponent fields alone (a loop the compiler vectorises):
+// every value is a multiple of 2^(E - 150) and below 2^(E - 126), so the
+// smallest nonzero field bounds the lowest bit and the largest the leading
+// one.  Up to 23 bits wider than rangeT's exact lowest bits: still one word
+// for typical data, at a fraction of the cost.
+void rangeFloat(const float* x, size_t count, int64_t* hi, int64_t* neg_lo) {
+  uint32_t max_e = 0, min_e = 256;
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t b = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t e = (b >> 23) & 0xff;
+    const bool finite_nonzero = (b & 0x7fffffff) != 0 && e != 0xff;
+    const uint32_t ef = e == 0 ? 1 : e;  // subnormals: the smallest exponent's scale
+    max_e = std::max(max_e, finite_nonzero ? ef : 0u);
+    min_e = std::min(min_e, finite_nonzero ? ef : 256u);
+  }
+  if (max_e == 0) {
+    *hi = *neg_lo = kNoExponent;
+    return;
+  }
+  *hi = static_cast<int64_t>(max_e) - 127;
+  *neg_lo = -(static_cast<int64_t>(min_e) - 150);
+}
+}  // namespace
+
+void exactRange(chorusDataType_t dtype, const void* src, size_t count, int64_t* hi, int64_t* neg_lo) {
+  switch (dtype) {
+    case chorusFloat32: return rangeFloat(static_cast<const float*>(src), count, hi, neg_lo);
+    case chorusFloat64: return rangeT(count, hi, neg_lo, [&](size_t i) { return static_cast<const double*>(src)[i]; });
+    default: return rangeT(count, hi, neg_lo, [&](size_t i) { return load(dtype, src, i); });
+  }
+}
+
+namespace {
+// float32 into one word without infinities or NaNs: the word is x 2^-lsb,
+// an integer of at most 24 significant bits, exact in a double.  False
+// (words to be redone) when a value is not finite: the general loop counts it.
+bool toExactFloatOneWord(const ExactLayout& l, int64_t* acc, const float* x, size_t count) {
+  if (l.words != 1 || l.lsb_exp < -1022 || l.lsb_exp > 1022) return false;
+  // One pass (the data is read once): convert, and note a non-finite value,
+  // whose word is garbage and makes the caller redo the call's words.
+  uint32_t special = 0;
+  const double scale = pow2(-l.lsb_exp);
+  for (size_t i = 0; i < count; ++i) {
+    const float v = x[i];
+    const bool finite = ((std::bit_cast<uint32_t>(v) >> 23) & 0xff) != 0xff;
+    special |= !finite;
+    acc[i] = finite ? static_cast<int64_t>(static_cast<double>(v) * scale) : 0;
+  }
+  return special == 0;
+}
+}  // namespace
+
+void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count) {
+  switch (l.dtype) {
+    case chorusFloat32:
+      if (toExactFloatOneWord(l, acc, static_cast<const float*>(src), count)) return;
+      return toExactT(l, acc, count, [&](size_t i) { return static_cast<const float*>(src)[i]; });
+    case chorusFloat64: return toExactT(l, acc, count, [&](size_t i) { return static_cast<const double*>(src)[i]; });
+    default: return toExactT(l, acc, count, [&](size_t i) { return load(l.dtype, src, i); });
+  }
+}
+
+namespace {
+// float32 from one word when every word is a finite integer below 2^53 (the
+// common case): one loop without branches; false (outputs to be redone) else.
+bool fromExactFloatOneWord(const ExactLayout& l, float* y, const int64_t* acc, size_t count) {
+  if (l.words != 1 || l.lsb_exp < -1022 || l.lsb_exp + 53 > 1023) return false;
+  // Finite words are below 2^(special_shift - 1) in magnitude: below that
+  // and below 2^53 is finite and exact in a double.
+  const int64_t lim = int64_t{1} << std::min(53, l.special_shift - 1);
+  // One pass: convert, and note a word out of that range (then the caller
+  // redoes the outputs by the general path).
+  uint64_t out_of_range = 0;
+  const double scale = pow2(l.lsb_exp);
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t w = acc[i];
+    out_of_range |= (w >= lim) | (w <= -lim);
+    y[i] = static_cast<float>(static_cast<double>(w) * scale);
+  }
+  return out_of_range == 0;
+}
+}  // namespace
+
+void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count) {
+  switch (l.dtype) {
+    case chorusFloat32:
+      if (fromExactFloatOneWord(l, static_cast<float*>(dst), acc, count)) return;
+      return fromExactT(l, acc, count, [&](size_t i, double v) { static_cast<float*>(dst)[i] = static_cast<float>(v); });
+    case chorusFloat64:
+      return fromExactT(l, acc, count, [&](size_t i, double v) { static_cast<double*>(dst)[i] = v; });
+    default: return fromExactT(l, acc, count, [&](size_t i, double v) { store(l.dtype, dst, i, v); });
+  }
+}
+
+}  // namespace chorus::kernels

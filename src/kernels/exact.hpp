@@ -1,0 +1,71 @@
+// The exact accumulator of CHORUS_REPRODUCIBLE=exact (docs/algorithms.md,
+// "Reproducible reductions").
+//
+// Every finite value of a floating-point type is an integer multiple of the
+// type's smallest subnormal 2^lsb_exp, below 2^(msb_exp + 1).  The
+// accumulator holds that integer in `words` int64 words in carry-save form:
+// word j weighs 2^(lsb_exp + digit_bits * j), and one value puts a signed
+// digit of magnitude < 2^digit_bits in each.  The digit width leaves
+// log2(nranks) bits of headroom, so the sum of nranks accumulators is the
+// plain int64 sum of their words, word by word: no carries between words,
+// hence associative and commutative, so any plan (chunked, pipelined,
+// through any transport, reduced in any piece) gives the same words, and one
+// rounding at the end gives the correctly rounded sum, identical for every
+// communicator size.  Infinities and NaNs are counted in three fields of the
+// top word above its finite part (+inf, -inf, NaN); the result is NaN for a
+// NaN or for both infinities, else the infinity, as IEEE summation.
+//
+// Types: float32, bfloat16, float16, fp8 e4m3 and e5m2, float64.
+//
+// The full layout spans the type's whole range (10x the data for fp32); when
+// the ranks first agree on the exponents their values actually span
+// (exactRange, a max-allreduce of two integers), the accumulator starts at
+// the smallest lowest bit instead of the smallest subnormal and needs only
+// those bits: one or two words for typical data.
+#pragma once
+
+#include <chorus/chorus.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.hpp"
+
+namespace chorus::kernels {
+
+struct ExactLayout {
+  chorusDataType_t dtype = chorusFloat32;
+  int words = 0;          // int64 words per element
+  int digit_bits = 0;     // D: bits of a digit (a word of one value)
+  int lsb_exp = 0;        // weight of the lowest bit: the smallest subnormal's exponent
+  int precision = 0;      // significand bits (with the implicit one)
+  int special_shift = 0;  // the top word's special fields start at this bit
+  int field_bits = 0;     // each special field's width
+  [[nodiscard]] size_t bytes() const { return static_cast<size_t>(words) * 8; }
+};
+
+// The layout for dtype and a sum of at most nranks values; an error naming
+// the datatype and the supported ones for a non-floating-point type.
+Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks);
+
+// A narrower layout for values that are all multiples of 2^lsb_exp and below
+// 2^(msb_exp + 1) in magnitude (an agreed ExactRange): the same sums, fewer
+// words.  Clamped to the type's range.
+Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks, int64_t lsb_exp, int64_t msb_exp);
+
+// The exponents the finite nonzero values of src span: hi = the largest
+// exponent of a leading bit, neg_lo = minus the smallest exponent of a
+// lowest set bit (both kNoExponent when there is none), so that the ranks
+// agree on a range by a max-allreduce of {hi, neg_lo}.
+inline constexpr int64_t kNoExponent = -(int64_t{1} << 40);
+void exactRange(chorusDataType_t dtype, const void* src, size_t count, int64_t* hi, int64_t* neg_lo);
+
+// acc[i * words .. ) = the accumulator of src[i], for i < count.
+void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count);
+
+// dst[i] = the correctly rounded (to nearest, ties to even) value of the
+// accumulator acc[i * words .. ), in l.dtype.  Out of range: as the type's
+// conversion from float rounds it (infinity, or e4m3's NaN).
+void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count);
+
+}  // namespace chorus::kernels
