@@ -91,40 +91,76 @@ struct Message {
 
 }  // namespace
 
-Status verify(const Algorithm& algo, const VerifyCase& vc) {
-  const int n = vc.shape.nranks;
-  if (n < 1 || n > 64) return invalidArgument("verify: nranks {} outside 1..64", n);
-  const Collective coll = vc.shape.coll;
-  const uint64_t all = n == 64 ? ~0ull : ((1ull << n) - 1);
-  auto fail = [&](int r, std::string what) {
-    return internalError("verifier: algorithm '{}' for {} with {} ranks (count {}, root {}{}): rank {}: {}",
-                         algo.name(), collectiveName(coll), n, vc.shape.count, vc.shape.root,
-                         vc.shape.inplace ? ", in place" : "", r, what);
-  };
+namespace {
 
-  Trees trees;
+// One symbolic run of every rank's program (verify()): set up the buffers,
+// run the steps to a fixed point, check that everything finished, then compare
+// the outputs with the collective's definition.
+class Verifier {
+ public:
+  Verifier(const Algorithm& algo, const VerifyCase& vc)
+      : algo_(algo), vc_(vc), n_(vc.shape.nranks), coll_(vc.shape.coll),
+        all_(n_ == 64 ? ~0ull : ((1ull << n_) - 1)), canonical_(vc.shape.canonical && reduces(coll_)),
+        canon_(canonical_ ? trees_.canonical(0, n_) : 0) {}
+  Status run() {
+    setUp();
+    CHORUS_RETURN_IF_ERROR(execute());
+    CHORUS_RETURN_IF_ERROR(checkFinished());
+    for (int r = 0; r < n_; ++r) CHORUS_RETURN_IF_ERROR(compare(r));
+    return {};
+  }
+
+ private:
+  Status fail(int r, std::string what) const {
+    return internalError("verifier: algorithm '{}' for {} with {} ranks (count {}, root {}{}): rank {}: {}",
+                         algo_.name(), collectiveName(coll_), n_, vc_.shape.count, vc_.shape.root,
+                         vc_.shape.inplace ? ", in place" : "", r, what);
+  }
+  void setUp();
+  Status execute();
+  Result<bool> step(int r, size_t i);
+  Status checkFinished() const;
+  Status compare(int r);
+  static std::vector<Value>* load(RankState& s, const Region& g) {
+    auto& b = s.buf[static_cast<int>(g.buf)];
+    if (g.count != 0 && g.end() > b.size()) return nullptr;
+    return &b;
+  }
+
+  const Algorithm& algo_;
+  const VerifyCase& vc_;
+  const int n_;
+  const Collective coll_;
+  const uint64_t all_;  // every rank's bit
+  Trees trees_;
   // Under canonical mode every reduced element must be the canonical tree.
-  const bool canonical = vc.shape.canonical && reduces(coll);
-  const uint32_t canon = canonical ? trees.canonical(0, n) : 0;
-  std::vector<RankState> st(n);
-  for (int r = 0; r < n; ++r) {
-    Shape s = vc.shape;
-    if (!vc.hosts.empty()) s.hosts = vc.hosts;
-    if (coll == Collective::AllGatherV) {
-      s.counts = vc.counts;
-      s.displs = vc.displs;
-    } else if (coll == Collective::AllToAllV) {
-      s.counts = vc.send_counts[r];
-      s.displs = vc.send_displs[r];
-      s.counts2 = vc.recv_counts[r];
-      s.displs2 = vc.recv_displs[r];
+  const bool canonical_;
+  const uint32_t canon_;
+  std::vector<RankState> st_;
+  std::map<std::pair<int, int>, std::deque<Message>> chan_;  // (from, to)
+};
+
+// Every rank's program and buffers: element i of rank r's input is (r, i);
+// with an in-place alias the input lives inside the output (or vice versa).
+void Verifier::setUp() {
+  st_.resize(static_cast<size_t>(n_));
+  for (int r = 0; r < n_; ++r) {
+    Shape s = vc_.shape;
+    if (!vc_.hosts.empty()) s.hosts = vc_.hosts;
+    if (coll_ == Collective::AllGatherV) {
+      s.counts = vc_.counts;
+      s.displs = vc_.displs;
+    } else if (coll_ == Collective::AllToAllV) {
+      s.counts = vc_.send_counts[r];
+      s.displs = vc_.send_displs[r];
+      s.counts2 = vc_.recv_counts[r];
+      s.displs2 = vc_.recv_displs[r];
     }
-    st[r].shape = s;
-    expand(algo, s, r, &st[r].prog);
+    st_[r].shape = s;
+    expand(algo_, s, r, &st_[r].prog);
     const Alias al = inplaceAlias(s, r);
     uint64_t in_n = s.inputElems(r), out_n = s.outputElems(r);
-    // With an alias the input lives inside the output (or vice versa).
-    auto& B = st[r].buf;
+    auto& B = st_[r].buf;
     B[1].assign(out_n, Value{});
     B[0].assign(in_n, Value{});
     if (al.from != al.to) {
@@ -132,8 +168,7 @@ Status verify(const Algorithm& algo, const VerifyCase& vc) {
       uint64_t inner_n = al.from == Buf::Input ? in_n : out_n;
       if (outer.size() < al.offset + inner_n) outer.resize(al.offset + inner_n);
     }
-    B[2].assign(st[r].prog.scratch_elems, Value{});
-    // Inputs: element i of rank r is (r, i).
+    B[2].assign(st_[r].prog.scratch_elems, Value{});
     for (uint64_t i = 0; i < in_n; ++i) {
       Value v{1ull << r, i, false, static_cast<uint32_t>(r)};
       if (al.from == Buf::Input && al.to == Buf::Output)
@@ -141,174 +176,196 @@ Status verify(const Algorithm& algo, const VerifyCase& vc) {
       else
         B[0][i] = v;
     }
-    st[r].done.assign(st[r].prog.size(), false);
-    st[r].heard = 1ull << r;
+    st_[r].done.assign(st_[r].prog.size(), false);
+    st_[r].heard = 1ull << r;
   }
+}
 
-  std::map<std::pair<int, int>, std::deque<Message>> chan;          // (from, to)
-  auto load = [&](RankState& s, const Region& g) -> std::vector<Value>* {
-    auto& b = s.buf[static_cast<int>(g.buf)];
-    if (g.count != 0 && g.end() > b.size()) return nullptr;
-    return &b;
-  };
-
+// Runs every ready step of every rank until none can run.
+Status Verifier::execute() {
   bool progress = true;
   while (progress) {
     progress = false;
-    for (int r = 0; r < n; ++r) {
-      RankState& s = st[r];
+    for (int r = 0; r < n_; ++r) {
+      RankState& s = st_[r];
       for (size_t i = 0; i < s.prog.size(); ++i) {
         if (s.done[i]) continue;
         bool ready = true;
         for (uint32_t d : s.prog.depsOf(i)) ready = ready && s.done[d];
         if (!ready) continue;
-        const Step& step = s.prog.steps[i];
-        // Messages to/from a peer are posted in program order: an earlier
-        // unfinished send (receive) to the same peer blocks this one.
-        auto inOrder = [&](bool sends) {
-          for (size_t j = 0; j < i; ++j) {
-            const Step& o = s.prog.steps[j];
-            bool same = o.peer == step.peer && (sends ? o.op == StepOp::Send
-                                                      : (o.op == StepOp::Recv || o.op == StepOp::RecvReduce));
-            if (same && !s.done[j]) return false;
-          }
-          return true;
-        };
-        switch (step.op) {
-          case StepOp::Send: {
-            if (!inOrder(true)) continue;
-            auto* b = load(s, step.src);
-            if (!b) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
-            Message m{std::vector<Value>(b->begin() + step.src.offset, b->begin() + step.src.end()), s.heard};
-            chan[{r, step.peer}].push_back(std::move(m));
-            break;
-          }
-          case StepOp::Recv:
-          case StepOp::RecvReduce: {
-            if (!inOrder(false)) continue;
-            auto& q = chan[{step.peer, r}];
-            if (q.empty()) continue;
-            Message m = std::move(q.front());
-            q.pop_front();
-            if (m.data.size() != step.dst.count)
-              return fail(r, fmt::format("step {} expects {} elements from rank {} but the message has {}", i,
-                                         step.dst.count, step.peer, m.data.size()));
-            auto* d = load(s, step.dst);
-            if (!d) return fail(r, fmt::format("step {} writes past the end of its buffer", i));
-            if (step.op == StepOp::RecvReduce) {
-              auto* a = load(s, step.src);
-              if (!a) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
-              std::vector<Value> acc(a->begin() + step.src.offset, a->begin() + step.src.end());
-              for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees, acc[e], m.data[e]);
-            } else {
-              for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = m.data[e];
-            }
-            s.heard |= m.heard;
-            break;
-          }
-          case StepOp::Copy: {
-            auto* a = load(s, step.src);
-            auto* d = load(s, step.dst);
-            if (!a || !d || step.src.count != step.dst.count)
-              return fail(r, fmt::format("copy step {} is out of bounds or mis-sized", i));
-            std::vector<Value> tmp(a->begin() + step.src.offset, a->begin() + step.src.end());
-            std::copy(tmp.begin(), tmp.end(), d->begin() + step.dst.offset);
-            break;
-          }
-          case StepOp::Reduce: {
-            auto* a = load(s, step.src);
-            auto* c = load(s, step.src2);
-            auto* d = load(s, step.dst);
-            if (!a || !c || !d) return fail(r, fmt::format("reduce step {} is out of bounds", i));
-            std::vector<Value> x(a->begin() + step.src.offset, a->begin() + step.src.end());
-            std::vector<Value> y(c->begin() + step.src2.offset, c->begin() + step.src2.end());
-            for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees, x[e], y[e]);
-            break;
-          }
-        }
+        CHORUS_ASSIGN_OR_RETURN(const bool ran, step(r, i));
+        if (!ran) continue;
         s.done[i] = true;
         ++s.ndone;
         progress = true;
       }
     }
   }
-  for (int r = 0; r < n; ++r)
-    if (st[r].ndone != st[r].prog.size()) {
-      size_t i = 0;
-      while (st[r].done[i]) ++i;
-      const Step& s = st[r].prog.steps[i];
-      return fail(r, fmt::format("deadlock: step {} ({} peer {}) never completes", i, static_cast<int>(s.op), s.peer));
-    }
-  for (auto& [k, q] : chan)
-    if (!q.empty())
-      return fail(k.first, fmt::format("{} message(s) to rank {} were never received", q.size(), k.second));
+  return {};
+}
 
-  // Compare with the definition.
-  const uint64_t c = vc.shape.count;
-  for (int r = 0; r < n; ++r) {
-    RankState& s = st[r];
-    const Alias al = inplaceAlias(s.shape, r);
-    auto outAt = [&](uint64_t i) -> Value {
-      if (al.from == Buf::Output && al.to == Buf::Input) return s.buf[0][al.offset + i];
-      return s.buf[1][i];
-    };
-    auto expect = [&](uint64_t i, Value want) -> Status {
-      Value got = outAt(i);
-      want.tree = canonical ? canon : got.tree;
-      if (got == want) return {};
-      if (canonical && got.ranks == want.ranks && got.index == want.index && !got.poisoned)
-        return fail(r, fmt::format("output element {} combines {} but the canonical tree of {} ranks is {}", i,
-                                   trees.str(got.tree), n, trees.str(canon)));
-      return fail(r, fmt::format("output element {} holds {} but should hold {}", i, describe(got), describe(want)));
-    };
-    auto one = [](int rank) { return 1ull << rank; };
-    switch (coll) {
-      case Collective::AllReduce:
-        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {all, i}));
-        break;
-      case Collective::Broadcast:
-        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {one(s.shape.root), i}));
-        break;
-      case Collective::Reduce:
-        if (r == s.shape.root)
-          for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {all, i}));
-        break;
-      case Collective::AllGather:
-        for (int j = 0; j < n; ++j)
-          for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(j * c + i, {one(j), i}));
-        break;
-      case Collective::ReduceScatter:
-        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {all, r * c + i}));
-        break;
-      case Collective::AllToAll:
-        for (int j = 0; j < n; ++j)
-          for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(j * c + i, {one(j), r * c + i}));
-        break;
-      case Collective::Gather:
-        if (r == s.shape.root)
-          for (int j = 0; j < n; ++j)
-            for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(j * c + i, {one(j), i}));
-        break;
-      case Collective::Scatter:
-        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {one(s.shape.root), r * c + i}));
-        break;
-      case Collective::AllGatherV:
-        for (int j = 0; j < n; ++j)
-          for (uint64_t i = 0; i < vc.counts[j]; ++i) CHORUS_RETURN_IF_ERROR(expect(vc.displs[j] + i, {one(j), i}));
-        break;
-      case Collective::AllToAllV:
-        for (int j = 0; j < n; ++j)
-          for (uint64_t i = 0; i < vc.recv_counts[r][j]; ++i)
-            CHORUS_RETURN_IF_ERROR(expect(vc.recv_displs[r][j] + i, {one(j), vc.send_displs[j][r] + i}));
-        break;
-      case Collective::Barrier:
-        if (s.heard != all)
-          return fail(r, fmt::format("leaves the barrier having heard only from {}", describe({s.heard, 0})));
-        break;
-      case Collective::SendRecv: break;
+// Step i of rank r, whose dependencies are done: false when it must wait (an
+// earlier message to or from the same peer, or a message not yet sent).
+Result<bool> Verifier::step(int r, size_t i) {
+  RankState& s = st_[r];
+  const Step& step = s.prog.steps[i];
+  // Messages to/from a peer are posted in program order: an earlier
+  // unfinished send (receive) to the same peer blocks this one.
+  auto inOrder = [&](bool sends) {
+    for (size_t j = 0; j < i; ++j) {
+      const Step& o = s.prog.steps[j];
+      bool same = o.peer == step.peer && (sends ? o.op == StepOp::Send
+                                                : (o.op == StepOp::Recv || o.op == StepOp::RecvReduce));
+      if (same && !s.done[j]) return false;
+    }
+    return true;
+  };
+  switch (step.op) {
+    case StepOp::Send: {
+      if (!inOrder(true)) return false;
+      auto* b = load(s, step.src);
+      if (!b) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
+      Message m{std::vector<Value>(b->begin() + step.src.offset, b->begin() + step.src.end()), s.heard};
+      chan_[{r, step.peer}].push_back(std::move(m));
+      return true;
+    }
+    case StepOp::Recv:
+    case StepOp::RecvReduce: {
+      if (!inOrder(false)) return false;
+      auto& q = chan_[{step.peer, r}];
+      if (q.empty()) return false;
+      Message m = std::move(q.front());
+      q.pop_front();
+      if (m.data.size() != step.dst.count)
+        return fail(r, fmt::format("step {} expects {} elements from rank {} but the message has {}", i,
+                                   step.dst.count, step.peer, m.data.size()));
+      auto* d = load(s, step.dst);
+      if (!d) return fail(r, fmt::format("step {} writes past the end of its buffer", i));
+      if (step.op == StepOp::RecvReduce) {
+        auto* a = load(s, step.src);
+        if (!a) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
+        std::vector<Value> acc(a->begin() + step.src.offset, a->begin() + step.src.end());
+        for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees_, acc[e], m.data[e]);
+      } else {
+        for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = m.data[e];
+      }
+      s.heard |= m.heard;
+      return true;
+    }
+    case StepOp::Copy: {
+      auto* a = load(s, step.src);
+      auto* d = load(s, step.dst);
+      if (!a || !d || step.src.count != step.dst.count)
+        return fail(r, fmt::format("copy step {} is out of bounds or mis-sized", i));
+      std::vector<Value> tmp(a->begin() + step.src.offset, a->begin() + step.src.end());
+      std::copy(tmp.begin(), tmp.end(), d->begin() + step.dst.offset);
+      return true;
+    }
+    case StepOp::Reduce: {
+      auto* a = load(s, step.src);
+      auto* c = load(s, step.src2);
+      auto* d = load(s, step.dst);
+      if (!a || !c || !d) return fail(r, fmt::format("reduce step {} is out of bounds", i));
+      std::vector<Value> x(a->begin() + step.src.offset, a->begin() + step.src.end());
+      std::vector<Value> y(c->begin() + step.src2.offset, c->begin() + step.src2.end());
+      for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees_, x[e], y[e]);
+      return true;
     }
   }
+  return true;
+}
+
+// Every step ran (else: a deadlock, named by its first stuck step) and every
+// message was received.
+Status Verifier::checkFinished() const {
+  for (int r = 0; r < n_; ++r)
+    if (st_[r].ndone != st_[r].prog.size()) {
+      size_t i = 0;
+      while (st_[r].done[i]) ++i;
+      const Step& s = st_[r].prog.steps[i];
+      return fail(r, fmt::format("deadlock: step {} ({} peer {}) never completes", i, static_cast<int>(s.op), s.peer));
+    }
+  for (const auto& [k, q] : chan_)
+    if (!q.empty())
+      return fail(k.first, fmt::format("{} message(s) to rank {} were never received", q.size(), k.second));
   return {};
+}
+
+// Rank r's output against the collective's definition.
+Status Verifier::compare(int r) {
+  const uint64_t c = vc_.shape.count;
+  const int n = n_;
+  const uint64_t all = all_;
+  RankState& s = st_[r];
+  const Alias al = inplaceAlias(s.shape, r);
+  auto outAt = [&](uint64_t i) -> Value {
+    if (al.from == Buf::Output && al.to == Buf::Input) return s.buf[0][al.offset + i];
+    return s.buf[1][i];
+  };
+  auto expect = [&](uint64_t i, Value want) -> Status {
+    Value got = outAt(i);
+    want.tree = canonical_ ? canon_ : got.tree;
+    if (got == want) return {};
+    if (canonical_ && got.ranks == want.ranks && got.index == want.index && !got.poisoned)
+      return fail(r, fmt::format("output element {} combines {} but the canonical tree of {} ranks is {}", i,
+                                 trees_.str(got.tree), n, trees_.str(canon_)));
+    return fail(r, fmt::format("output element {} holds {} but should hold {}", i, describe(got), describe(want)));
+  };
+  auto one = [](int rank) { return 1ull << rank; };
+  switch (coll_) {
+    case Collective::AllReduce:
+      for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {all, i}));
+      break;
+    case Collective::Broadcast:
+      for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {one(s.shape.root), i}));
+      break;
+    case Collective::Reduce:
+      if (r == s.shape.root)
+        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {all, i}));
+      break;
+    case Collective::AllGather:
+      for (int j = 0; j < n; ++j)
+        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(j * c + i, {one(j), i}));
+      break;
+    case Collective::ReduceScatter:
+      for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {all, r * c + i}));
+      break;
+    case Collective::AllToAll:
+      for (int j = 0; j < n; ++j)
+        for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(j * c + i, {one(j), r * c + i}));
+      break;
+    case Collective::Gather:
+      if (r == s.shape.root)
+        for (int j = 0; j < n; ++j)
+          for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(j * c + i, {one(j), i}));
+      break;
+    case Collective::Scatter:
+      for (uint64_t i = 0; i < c; ++i) CHORUS_RETURN_IF_ERROR(expect(i, {one(s.shape.root), r * c + i}));
+      break;
+    case Collective::AllGatherV:
+      for (int j = 0; j < n; ++j)
+        for (uint64_t i = 0; i < vc_.counts[j]; ++i) CHORUS_RETURN_IF_ERROR(expect(vc_.displs[j] + i, {one(j), i}));
+      break;
+    case Collective::AllToAllV:
+      for (int j = 0; j < n; ++j)
+        for (uint64_t i = 0; i < vc_.recv_counts[r][j]; ++i)
+          CHORUS_RETURN_IF_ERROR(expect(vc_.recv_displs[r][j] + i, {one(j), vc_.send_displs[j][r] + i}));
+      break;
+    case Collective::Barrier:
+      if (s.heard != all)
+        return fail(r, fmt::format("leaves the barrier having heard only from {}", describe({s.heard, 0})));
+      break;
+    case Collective::SendRecv: break;
+  }
+  return {};
+}
+
+}  // namespace
+
+Status verify(const Algorithm& algo, const VerifyCase& vc) {
+  const int n = vc.shape.nranks;
+  if (n < 1 || n > 64) return invalidArgument("verify: nranks {} outside 1..64", n);
+  return Verifier(algo, vc).run();
 }
 
 }  // namespace chorus::plan
