@@ -508,24 +508,16 @@ Communicator::ReproPath Communicator::reproPath(const OpDesc& op) const {
   return cfg_.reproducible == Reproducible::Exact && sums ? ReproPath::Exact : ReproPath::Canonical;
 }
 
-Status Communicator::prepare(OpDesc& op, size_t i) {
-  const ReproPath path = reproPath(op);
-  if (exact_.size() <= i) exact_.resize(i + 1);
-  ExactJob& ex = exact_[i];
-  ex.on = path == ReproPath::Exact;
-  // Exact: the plan moves and sums the accumulators' int64 words.
-  if (ex.on) {
-    CHORUS_ASSIGN_OR_RETURN(ex.layout, exactLayoutFor(op));
-  }
-  const uint64_t words = ex.on ? static_cast<uint64_t>(ex.layout.words) : 1;
-  const chorusDataType_t plan_dtype = ex.on ? chorusInt64 : op.dtype;
-  const size_t es = kernels::dtypeSize(plan_dtype);
+// The plan shape of an operation: its collective, counts (exact: in
+// accumulator words), canonical mode, the host layout, and whether the call
+// is in place (NCCL's aliasing conventions per collective).
+plan::Shape Communicator::shapeOf(const OpDesc& op, bool canonical, uint64_t words, size_t es) const {
   plan::Shape sh;
   sh.coll = op.coll;
   sh.nranks = nranks_;
   sh.count = op.count * words;
   sh.elem_size = static_cast<uint32_t>(es);
-  sh.canonical = path == ReproPath::Canonical;
+  sh.canonical = canonical;
   sh.root = op.root;
   sh.counts = op.counts;
   sh.displs = op.displs;
@@ -545,19 +537,20 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
     case Collective::Barrier: break;
     default: sh.inplace = sp != nullptr && sp == rp; break;
   }
+  return sh;
+}
 
-  // PreMulSum scales the input first: in place when the input is the output
-  // itself, else into a staging buffer, which makes the call out of place.
-  const bool premul = op.op >= chorusNumOps && plan::reduces(op.coll);
-  const bool stage = premul && !(sh.inplace && sp == rp);
-  if (stage) sh.inplace = false;
-  if (ex.on) sh.inplace = false;  // separate accumulators in and out
+// The plan and this rank's program for job i: the last call's again when this
+// one equals it (no tuner or cache lookup), else the tuner's choice (under
+// canonical, a plan that combines in the canonical tree), its program from the
+// cache or expanded into it; v-collectives are expanded per call.
+Result<const plan::Program*> Communicator::programFor(const OpDesc& op, size_t i, plan::Shape& sh, ReproPath path,
+                                                      chorusDataType_t plan_dtype, const plan::Algorithm** algo_out) {
+  const size_t es = sh.elem_size;
   const plan::Algorithm* algo = nullptr;
   uint64_t chunk = 0;
   const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
   const plan::Program* prog = nullptr;
-  // The same call as the last one (sizes, buffers' aliasing, type, root):
-  // the same plan, chunk and program, without the lookups below.
   const bool memo = !v && i == 0;
   if (memo && last_.valid && last_.dtype == op.dtype && last_.path == static_cast<uint8_t>(path) &&
       last_.key.coll == static_cast<uint8_t>(op.coll) && last_.key.inplace == sh.inplace &&
@@ -575,6 +568,8 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
     chunk = es ? std::max<uint64_t>(1, ch.chunk_bytes / es) : 0;
     sh.chunk_elems = chunk;
   }
+  *algo_out = algo;
+  if (prog != nullptr) return prog;  // memoised above
   auto build = [&](plan::Program* out) {
     if (op.coll == Collective::SendRecv) {
       plan::ProgramBuilder b;
@@ -588,43 +583,92 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
       plan::expand(*algo, sh, rank_, out);
     }
   };
-  if (prog != nullptr) {
-    // memoised above
-  } else if (v) {
+  if (v) {
     if (uncached_.size() <= i) uncached_.resize(i + 1);
     if (!uncached_[i]) uncached_[i] = std::make_unique<plan::Program>();
     build(uncached_[i].get());
-    prog = uncached_[i].get();
-  } else {
-    CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.is_send, static_cast<uint32_t>(es), op.root, sh.count,
-                 chunk, algo, sh.canonical};
-    auto it = cache_.find(key);
-    if (it == cache_.end()) {
-      auto p = std::make_unique<plan::Program>();
-      build(p.get());
-      it = cache_.emplace(key, std::move(p)).first;
-    }
-    prog = it->second.get();
-    if (memo) last_ = {key, op.dtype, true, prog, static_cast<uint8_t>(path)};
+    return uncached_[i].get();
   }
+  CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.is_send, static_cast<uint32_t>(es), op.root, sh.count,
+               chunk, algo, sh.canonical};
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    auto p = std::make_unique<plan::Program>();
+    build(p.get());
+    it = cache_.emplace(key, std::move(p)).first;
+  }
+  prog = it->second.get();
+  if (memo) last_ = {key, op.dtype, true, prog, static_cast<uint8_t>(path)};
+  return prog;
+}
 
-  // Bind buffers.  PreMulSum scales the input into a staging buffer first.
-  const std::byte* input = sp;
-  if (premul) {
-    const PreMulSumOp& pm = premul_[static_cast<size_t>(op.op) - chorusNumOps];
-    kernels::Scalar s = pm.scalar;
-    if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, kernels::dtypeSize(op.dtype));  // es: exact's words
-    const uint64_t n_in = sh.inputElems(rank_) / words;
-    if (!stage) {
-      kernels::scale(rp, rp, n_in, op.dtype, s);
-    } else {
-      if (staging_.size() <= i) staging_.resize(i + 1);
-      const size_t ues = kernels::dtypeSize(op.dtype);
-      if (staging_[i].size() < n_in * ues) staging_[i].resize(n_in * ues);
-      kernels::scale(staging_[i].data(), sp, n_in, op.dtype, s);
-      input = staging_[i].data();
-    }
+// PreMulSum scales the input first: in place when the input is the output
+// itself (`stage` false), else into job i's staging buffer.  Returns the
+// input the plan reads.
+const std::byte* Communicator::premulInput(const OpDesc& op, size_t i, uint64_t n_in, bool stage) {
+  auto* sp = static_cast<const std::byte*>(op.send);
+  auto* rp = static_cast<std::byte*>(op.recv);
+  const PreMulSumOp& pm = premul_[static_cast<size_t>(op.op) - chorusNumOps];
+  kernels::Scalar s = pm.scalar;
+  if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, kernels::dtypeSize(op.dtype));  // es: exact's words
+  if (!stage) {
+    kernels::scale(rp, rp, n_in, op.dtype, s);
+    return sp;
   }
+  if (staging_.size() <= i) staging_.resize(i + 1);
+  const size_t ues = kernels::dtypeSize(op.dtype);
+  if (staging_[i].size() < n_in * ues) staging_[i].resize(n_in * ues);
+  kernels::scale(staging_[i].data(), sp, n_in, op.dtype, s);
+  return staging_[i].data();
+}
+
+// CHORUS_TRACE: job i's algorithm name and the tuner's prediction for it
+// (memoised per program).
+void Communicator::traceJob(const OpDesc& op, size_t i, const plan::Algorithm* algo, const plan::Program* prog,
+                            const plan::Shape& sh) {
+  if (trace_algo_.size() <= i) {
+    trace_algo_.resize(i + 1);
+    trace_pred_.resize(i + 1);
+  }
+  trace_algo_[i] = trace_->algoId(algo ? algo->name() : std::string_view(op.is_send ? "send" : "recv"));
+  trace_pred_[i] = -1;
+  const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
+  if (algo != nullptr && !v) {
+    auto [it, fresh] = trace_pred_cache_.try_emplace(prog, -1);
+    if (fresh) {
+      auto t = tuner_->price(*algo, sh, op.dtype);
+      if (t.isOk()) it->second = static_cast<int64_t>(t.value() * 1e9);
+    }
+    trace_pred_[i] = it->second;
+  }
+}
+
+// Job i of the batch: its shape, plan and program, its buffers (PreMulSum's
+// scaled input, exact's accumulators), reducer and executor job.
+Status Communicator::prepare(OpDesc& op, size_t i) {
+  const ReproPath path = reproPath(op);
+  if (exact_.size() <= i) exact_.resize(i + 1);
+  ExactJob& ex = exact_[i];
+  ex.on = path == ReproPath::Exact;
+  // Exact: the plan moves and sums the accumulators' int64 words.
+  if (ex.on) {
+    CHORUS_ASSIGN_OR_RETURN(ex.layout, exactLayoutFor(op));
+  }
+  const uint64_t words = ex.on ? static_cast<uint64_t>(ex.layout.words) : 1;
+  const chorusDataType_t plan_dtype = ex.on ? chorusInt64 : op.dtype;
+  const size_t es = kernels::dtypeSize(plan_dtype);
+  plan::Shape sh = shapeOf(op, path == ReproPath::Canonical, words, es);
+  auto* sp = static_cast<const std::byte*>(op.send);
+  auto* rp = static_cast<std::byte*>(op.recv);
+  // PreMulSum stages its scaled input unless the input is the output itself,
+  // which makes the call out of place; exact has separate accumulators in and out.
+  const bool premul = op.op >= chorusNumOps && plan::reduces(op.coll);
+  const bool stage = premul && !(sh.inplace && sp == rp);
+  if (stage || ex.on) sh.inplace = false;
+  const plan::Algorithm* algo = nullptr;
+  CHORUS_ASSIGN_OR_RETURN(const plan::Program* prog, programFor(op, i, sh, path, plan_dtype, &algo));
+
+  const std::byte* input = premul ? premulInput(op, i, sh.inputElems(rank_) / words, stage) : sp;
   job_bufs_[i] = {const_cast<std::byte*>(input), rp, nullptr};
   if (ex.on) {
     // In place too, `input` is the whole input (the output lies in it).
@@ -635,22 +679,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
     reducers_[i] = kernels::Reducer(plan_dtype, bop);
   jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
                        op.coll == Collective::SendRecv ? comm::kPointToPointWire : batch_wire_};
-  if (trace_) {
-    if (trace_algo_.size() <= i) {
-      trace_algo_.resize(i + 1);
-      trace_pred_.resize(i + 1);
-    }
-    trace_algo_[i] = trace_->algoId(algo ? algo->name() : std::string_view(op.is_send ? "send" : "recv"));
-    trace_pred_[i] = -1;
-    if (algo != nullptr && !v) {
-      auto [it, fresh] = trace_pred_cache_.try_emplace(prog, -1);
-      if (fresh) {
-        auto t = tuner_->price(*algo, sh, op.dtype);
-        if (t.isOk()) it->second = static_cast<int64_t>(t.value() * 1e9);
-      }
-      trace_pred_[i] = it->second;
-    }
-  }
+  if (trace_) traceJob(op, i, algo, prog, sh);
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
   if (i == 0) {
     board_job_ = board_ != nullptr && algo != nullptr && algo->oneShot() && plan::boardBytes(sh) <= plan::kBoardBytes;

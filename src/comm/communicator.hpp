@@ -249,6 +249,14 @@ class Communicator {
   // plan, rounded once into the output.
   enum class ReproPath : uint8_t { Plain, Canonical, Exact };
   [[nodiscard]] ReproPath reproPath(const OpDesc& op) const;
+  // prepare()'s parts: the plan shape, the plan and program, PreMulSum's
+  // scaled input, the trace's algorithm and prediction.
+  [[nodiscard]] plan::Shape shapeOf(const OpDesc& op, bool canonical, uint64_t words, size_t es) const;
+  Result<const plan::Program*> programFor(const OpDesc& op, size_t i, plan::Shape& sh, ReproPath path,
+                                          chorusDataType_t plan_dtype, const plan::Algorithm** algo_out);
+  const std::byte* premulInput(const OpDesc& op, size_t i, uint64_t n_in, bool stage);
+  void traceJob(const OpDesc& op, size_t i, const plan::Algorithm* algo, const plan::Program* prog,
+                const plan::Shape& sh);
   // Exact: converts this job's input into its accumulator and binds the
   // accumulators as the job's buffers; finishExact rounds the result.
   void bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems);
