@@ -163,16 +163,38 @@ if not has_chorus: pass
 elif chorus is None or chorus["n"] < 16: errors.append(f"chorus-ptp slave has too few settled samples: {chorus}")
 elif abs(chorus["mean_ns"]) >= limit: errors.append(f"chorus-ptp |mean offset| {chorus['mean_ns']} ns >= {limit}")
 if truth is not None and abs(truth["mean_ns"]) >= limit: errors.append(f"chorus-ptp true clock offset mean {truth['mean_ns']} ns >= {limit}")
-if ptp4l is None or ptp4l["n"] < 3: errors.append(f"ptp4l slave reported too few offsets: {ptp4l}")
-elif abs(ptp4l["mean_ns"]) >= limit: errors.append(f"ptp4l |mean offset| {ptp4l['mean_ns']} ns >= {limit}")
-for e in errors: print(f"ptp_interop_test: {phase}: FAILED: {e}", file=sys.stderr)
-sys.exit(1 if errors else 0)
+reference = []  # the ptp4l slave's own checks
+if ptp4l is None or ptp4l["n"] < 3: reference.append(f"ptp4l slave reported too few offsets: {ptp4l}")
+elif abs(ptp4l["mean_ns"]) >= limit: reference.append(f"ptp4l |mean offset| {ptp4l['mean_ns']} ns >= {limit}")
+for e in errors + reference: print(f"ptp_interop_test: {phase}: FAILED: {e}", file=sys.stderr)
+# Exit 2: only the ptp4l slave of a ptp4l-master phase failed.  There ptp4l
+# follows ptp4l beside chorus-ptp, a reference of the machine's quiet, not a
+# measure of chorus (in the chorus-master phases its offsets are that measure,
+# and fail with 1).
+sys.exit(1 if errors or (reference and not has_chorus) else 2 if reference else 0)
 EOF
 }
 
+# A ptp4l-master phase whose reference (ptp4l following ptp4l) failed while
+# chorus-ptp passed saw the machine disturbed (both followers see the same
+# spike: a descheduled master, a delayed timestamp): it runs once more, and
+# its second result counts.  Nothing else is retried.
+run_ptp4l_master_phase() {  # phase-name, chorus-slave flags...
+  local phase=$1 rc=0
+  shift
+  run_phase "$phase" ptp4l "$@"
+  analyse "$phase" || rc=$?
+  if [[ $rc -eq 2 ]]; then
+    echo "ptp_interop_test: $phase: the reference ptp4l slave failed and chorus-ptp passed: the machine was disturbed; running the phase once more" >&2
+    rc=0
+    run_phase "$phase" ptp4l "$@"
+    analyse "$phase" || rc=$?
+  fi
+  return "$rc"
+}
+
 status=0
-run_phase A-ptp4l-master ptp4l --inject-offset-ns 1000000 --inject-drift-ppb 50000
-analyse A-ptp4l-master || status=1
+run_ptp4l_master_phase A-ptp4l-master --inject-offset-ns 1000000 --inject-drift-ppb 50000 || status=1
 run_phase B-chorus-master chorus none
 analyse B-chorus-master || status=1
 # The master role of chorus-ptp must have been taken (not left LISTENING).
@@ -197,8 +219,7 @@ fi
 
 # Layer 2 (IEEE 1588 annex F, EtherType 0x88F7), both directions, shorter.
 l2=1 phase_seconds=${CHORUS_PTP_L2_SECONDS:-12}
-run_phase C-l2-ptp4l-master ptp4l
-seconds=$phase_seconds analyse C-l2-ptp4l-master || status=1
+seconds=$phase_seconds run_ptp4l_master_phase C-l2-ptp4l-master || status=1
 run_phase D-l2-chorus-master chorus none
 seconds=$phase_seconds analyse D-l2-chorus-master || status=1
 grep -q "to MASTER" "$work/D-l2-chorus-master-master.log" || { echo "ptp_interop_test: chorus-ptp (L2) never became MASTER" >&2; status=1; }
