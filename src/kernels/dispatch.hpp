@@ -21,11 +21,28 @@ using ReduceFn = void (*)(void* dst, const void* a, const void* b, size_t count)
 using ScaleFn = void (*)(void* dst, const void* src, size_t count, const void* scalar);
 using DivideFn = void (*)(void* dst, const void* src, size_t count, uint64_t n);
 
+// CHORUS_REPRODUCIBLE=exact's float32 conversions for one-word layouts
+// (kernels/exact.hpp): the common case, vectorised; exact.cpp falls back to
+// its general loops when one returns false.
+struct ExactFloatFns {
+  // acc[i] = x[i] / 2^lsb_exp, an integer: false (acc partly written) when a
+  // value is not finite or not a multiple of 2^lsb_exp below 2^(lsb_exp + 63).
+  bool (*to_word)(int64_t* acc, const float* x, size_t count, int lsb_exp);
+  // y[i] = acc[i] * 2^lsb_exp rounded to float (nearest, ties to even): false
+  // (y partly written) when some |acc[i]| >= lim.  Needs lim <= 2^51 and
+  // -1022 <= lsb_exp <= 1023 - 51, so every step before the rounding is exact.
+  bool (*from_word)(float* y, const int64_t* acc, size_t count, int lsb_exp, int64_t lim);
+  // The largest and smallest exponent field among the finite nonzero values
+  // (subnormals count as 1); 0 and 256 when there is none.
+  void (*range)(const float* x, size_t count, uint32_t* max_e, uint32_t* min_e);
+};
+
 struct KernelTable {
   std::string_view isa;                   // "avx512", "avx2", "generic"
   ReduceFn reduce[chorusNumTypes][4];     // [dtype][BinOp]
   ScaleFn scale[chorusNumTypes];
   DivideFn divide[chorusNumTypes];
+  ExactFloatFns exact;
 };
 
 enum class KernelIsa : uint8_t { Generic, Avx2, Avx512 };

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/convert.hpp"
+#include "kernels/dispatch.hpp"
 #include "kernels/dtype.hpp"
 
 namespace chorus::kernels {
@@ -337,21 +338,14 @@ void rangeT(size_t count, int64_t* hi, int64_t* neg_lo, Load&& load) {
 }  // namespace
 
 namespace {
-// float32 from the exponent fields alone (a loop the compiler vectorises):
-// every value is a multiple of 2^(E - 150) and below 2^(E - 126), so the
-// smallest nonzero field bounds the lowest bit and the largest the leading
-// one.  Up to 23 bits wider than rangeT's exact lowest bits: still one word
-// for typical data, at a fraction of the cost.
+// float32 from the exponent fields alone (the kernel table's vector loop,
+// kernels/dispatch.hpp): every value is a multiple of 2^(E - 150) and below
+// 2^(E - 126), so the smallest nonzero field bounds the lowest bit and the
+// largest the leading one.  Up to 23 bits wider than rangeT's exact lowest
+// bits: still one word for typical data, at a fraction of the cost.
 void rangeFloat(const float* x, size_t count, int64_t* hi, int64_t* neg_lo) {
   uint32_t max_e = 0, min_e = 256;
-  for (size_t i = 0; i < count; ++i) {
-    const uint32_t b = std::bit_cast<uint32_t>(x[i]);
-    const uint32_t e = (b >> 23) & 0xff;
-    const bool finite_nonzero = (b & 0x7fffffff) != 0 && e != 0xff;
-    const uint32_t ef = e == 0 ? 1 : e;  // subnormals: the smallest exponent's scale
-    max_e = std::max(max_e, finite_nonzero ? ef : 0u);
-    min_e = std::min(min_e, finite_nonzero ? ef : 256u);
-  }
+  activeKernels().exact.range(x, count, &max_e, &min_e);
   if (max_e == 0) {
     *hi = *neg_lo = kNoExponent;
     return;
@@ -370,22 +364,12 @@ void exactRange(chorusDataType_t dtype, const void* src, size_t count, int64_t* 
 }
 
 namespace {
-// float32 into one word without infinities or NaNs: the word is x 2^-lsb,
-// an integer of at most 24 significant bits, exact in a double.  False
-// (words to be redone) when a value is not finite: the general loop counts it.
+// float32 into one word (the kernel table's vector loop): false (words to
+// be redone) when a value is not finite or does not fit the word; the
+// general loop takes those.
 bool toExactFloatOneWord(const ExactLayout& l, int64_t* acc, const float* x, size_t count) {
-  if (l.words != 1 || l.lsb_exp < -1022 || l.lsb_exp > 1022) return false;
-  // One pass (the data is read once): convert, and note a non-finite value,
-  // whose word is garbage and makes the caller redo the call's words.
-  uint32_t special = 0;
-  const double scale = pow2(-l.lsb_exp);
-  for (size_t i = 0; i < count; ++i) {
-    const float v = x[i];
-    const bool finite = ((std::bit_cast<uint32_t>(v) >> 23) & 0xff) != 0xff;
-    special |= !finite;
-    acc[i] = finite ? static_cast<int64_t>(static_cast<double>(v) * scale) : 0;
-  }
-  return special == 0;
+  if (l.words != 1) return false;
+  return activeKernels().exact.to_word(acc, x, count, l.lsb_exp);
 }
 }  // namespace
 
@@ -400,23 +384,14 @@ void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count) 
 }
 
 namespace {
-// float32 from one word when every word is a finite integer below 2^53 (the
-// common case): one loop without branches; false (outputs to be redone) else.
+// float32 from one word when every word is a finite integer below 2^51 (the
+// common case; the kernel table's vector loop): false (outputs to be redone
+// by the general path) else.
 bool fromExactFloatOneWord(const ExactLayout& l, float* y, const int64_t* acc, size_t count) {
-  if (l.words != 1 || l.lsb_exp < -1022 || l.lsb_exp + 53 > 1023) return false;
-  // Finite words are below 2^(special_shift - 1) in magnitude: below that
-  // and below 2^53 is finite and exact in a double.
-  const int64_t lim = int64_t{1} << std::min(53, l.special_shift - 1);
-  // One pass: convert, and note a word out of that range (then the caller
-  // redoes the outputs by the general path).
-  uint64_t out_of_range = 0;
-  const double scale = pow2(l.lsb_exp);
-  for (size_t i = 0; i < count; ++i) {
-    const int64_t w = acc[i];
-    out_of_range |= (w >= lim) | (w <= -lim);
-    y[i] = static_cast<float>(static_cast<double>(w) * scale);
-  }
-  return out_of_range == 0;
+  if (l.words != 1 || l.lsb_exp < -1022 || l.lsb_exp + 51 > 1023) return false;
+  // Finite words are below 2^(special_shift - 1) in magnitude.
+  const int64_t lim = int64_t{1} << std::min(51, l.special_shift - 1);
+  return activeKernels().exact.from_word(y, acc, count, l.lsb_exp, lim);
 }
 }  // namespace
 

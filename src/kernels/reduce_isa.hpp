@@ -3,7 +3,7 @@
 //
 // NOT an ordinary header: reduce_isa_<isa>.cpp includes it inside
 // `namespace chorus::kernels::isa_<isa> { ... }`, under a `#pragma GCC target`,
-// after including <array>, <cstring>, <cstdint>, <immintrin.h> (x86; <emmintrin.h> for SSE2),
+// after including <algorithm>, <array>, <bit>, <cstring>, <cstdint>, <immintrin.h> (x86; <emmintrin.h> for SSE2),
 // convert.hpp, dispatch.hpp and reduce.hpp, and after defining:
 //   CHORUS_VEC_BYTES   bytes of one vector register (16, 32, 64)
 //   CHORUS_F16C_WIDTH  fp32 lanes of the F16C/AVX-512 half conversion to use (0 = none)
@@ -329,6 +329,115 @@ void divideNarrow(void* dst, const void* src, size_t n, uint64_t divisor) {
   for (; i < n; ++i) Codec::store1(d + i * S, Codec::load1(p + i * S) / s);
 }
 
+// ---- CHORUS_REPRODUCIBLE=exact: float32 <-> one int64 word (dispatch.hpp) ----
+//
+// A float is m 2^(e - 150) (e the exponent field, 1 for subnormals, m with
+// its implicit bit), so its word at lowest bit 2^lsb is m << (e - 150 - lsb):
+// integer shifts, no floating point.  The way back goes through a double,
+// exact for |word| < 2^51 (the magic-number conversion, which needs no
+// int64 -> double instruction), scaled by a power of two (exact), then
+// rounded once to float.
+
+// L 32-bit lanes, one per 64-bit lane of a full vector.
+typedef uint32_t ExactU32 __attribute__((vector_size(CHORUS_VEC_BYTES / 2)));
+typedef float ExactF32 __attribute__((vector_size(CHORUS_VEC_BYTES / 2)));
+
+inline double exactPow2(int k) { return std::bit_cast<double>(static_cast<uint64_t>(k + 1023) << 52); }
+
+// One element of exactToWord; true when it is not representable.  A
+// negative shift drops m's low bits, which must then be zero.
+inline bool exactToWord1(int64_t* acc, float x, int64_t base) {
+  const uint32_t b = std::bit_cast<uint32_t>(x);
+  const uint32_t e = (b >> 23) & 0xff, m = b & 0x7fffff;
+  const uint64_t mm = e != 0 ? (m | 0x800000u) : m;
+  const int64_t s = static_cast<int64_t>(e != 0 ? e : 1) - base;
+  const uint64_t sl = s > 0 ? static_cast<uint64_t>(s) & 63 : 0, sr = s < 0 ? static_cast<uint64_t>(std::min<int64_t>(-s, 63)) : 0;
+  const bool bad = e == 0xff || s > 39 || (mm & ((uint64_t{1} << sr) - 1)) != 0;
+  const auto w = static_cast<int64_t>((mm << sl) >> sr);
+  *acc = (b >> 31) != 0 ? -w : w;
+  return bad;
+}
+
+bool exactToWord(int64_t* acc, const float* x, size_t n, int lsb_exp) {
+  using U = Vec<uint64_t>;
+  using I = Vec<int64_t>;
+  constexpr size_t L = kLanes<uint64_t>;
+  const int64_t base = 150 + int64_t{lsb_exp};
+  I bad = {};
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    ExactU32 nb;
+    std::memcpy(&nb, x + i, sizeof nb);
+    const U b = __builtin_convertvector(nb, U);
+    const U e = (b >> 23) & 0xff, m = b & 0x7fffff;
+    const U mm = e != 0 ? (m | 0x800000) : m;
+    const I s = (I)(e != 0 ? e : 1) - base;
+    const U sl = s > 0 ? (U)s & 63 : U{}, sr = s < 0 ? (U)(-s < 63 ? -s : I{} + 63) : U{};
+    bad |= (e == 0xff) | (s > 39) | ((mm & ((U{} + 1 << sr) - 1)) != 0);
+    const I w = (I)((mm << sl) >> sr);
+    const I neg = -(I)(b >> 31);  // 0 or all ones
+    st(reinterpret_cast<unsigned char*>(acc + i), I((w ^ neg) - neg));
+  }
+  bool any = false;
+  for (size_t k = 0; k < L; ++k) any |= bad[k] != 0;
+  for (; i < n; ++i) any |= exactToWord1(acc + i, x[i], base);
+  return !any;
+}
+
+bool exactFromWord(float* y, const int64_t* acc, size_t n, int lsb_exp, int64_t lim) {
+  using I = Vec<int64_t>;
+  using D = Vec<double>;
+  constexpr size_t L = kLanes<int64_t>;
+  constexpr int64_t kMagicBits = 0x4338000000000000;  // the bits of 2^52 + 2^51
+  constexpr double kMagic = 6755399441055744.0;       // 2^52 + 2^51
+  const double scale = exactPow2(lsb_exp);
+  I bad = {};
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    const I w = ld<I>(reinterpret_cast<const unsigned char*>(acc + i));
+    bad |= (w >= lim) | (w <= -lim);
+    const D d = ((D)(w + kMagicBits) - kMagic) * scale;
+    const ExactF32 f = __builtin_convertvector(d, ExactF32);
+    std::memcpy(y + i, &f, sizeof f);
+  }
+  bool any = false;
+  for (size_t k = 0; k < L; ++k) any |= bad[k] != 0;
+  for (; i < n; ++i) {
+    const int64_t w = acc[i];
+    any |= w >= lim || w <= -lim;
+    y[i] = static_cast<float>(static_cast<double>(w) * scale);
+  }
+  return !any;
+}
+
+void exactRangeFloat(const float* x, size_t n, uint32_t* max_e, uint32_t* min_e) {
+  using U = Vec<uint32_t>;
+  constexpr size_t L = kLanes<uint32_t>;
+  U mx = {}, mn = {};
+  mn += 256;
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    const U b = ld<U>(reinterpret_cast<const unsigned char*>(x + i));
+    const U e = (b >> 23) & 0xff;
+    const auto fin_nz = ((b & 0x7fffffff) != 0) & (e != 0xff);
+    const U ef = e == 0 ? U{} + 1 : e;
+    const U hi = fin_nz ? ef : U{}, lo = fin_nz ? ef : U{} + 256;
+    mx = mx > hi ? mx : hi;
+    mn = mn < lo ? mn : lo;
+  }
+  uint32_t a = 0, z = 256;
+  for (size_t k = 0; k < L; ++k) a = std::max(a, mx[k]), z = std::min(z, mn[k]);
+  for (; i < n; ++i) {
+    const uint32_t b = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t e = (b >> 23) & 0xff;
+    if ((b & 0x7fffffff) == 0 || e == 0xff) continue;
+    a = std::max(a, e == 0 ? 1u : e);
+    z = std::min(z, e == 0 ? 1u : e);
+  }
+  *max_e = a;
+  *min_e = z;
+}
+
 // ---- the table, in chorusDataType_t order x BinOp order ----
 
 #define CHORUS_INT_ROW(S, U) \
@@ -370,6 +479,7 @@ inline constexpr KernelTable kTable = {
         &divideInt<int64_t>, &divideInt<uint64_t>, &divideNarrow<Fp16Codec>, &divideFloat<float>,
         &divideFloat<double>, &divideNarrow<Bf16Codec>, &divideNarrow<E4m3Codec>, &divideNarrow<E5m2Codec>,
     },
+    {&exactToWord, &exactFromWord, &exactRangeFloat},
 };
 
 #undef CHORUS_INT_ROW

@@ -1,6 +1,8 @@
 // Kernels compiled for AVX2 with F16C (every AVX2 CPU has F16C).
 // See reduce_isa.hpp for the code and dispatch.hpp for how a table is chosen.
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

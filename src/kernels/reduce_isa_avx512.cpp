@@ -1,6 +1,8 @@
 // Kernels compiled for AVX-512 (F, BW, VL, DQ) with the 512-bit half conversions.
 // See reduce_isa.hpp for the code and dispatch.hpp for how a table is chosen.
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -1,6 +1,8 @@
 // Kernels compiled for the baseline ISA of the build (SSE2 on x86-64), no F16C.
 // See reduce_isa.hpp for the code and dispatch.hpp for how a table is chosen.
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

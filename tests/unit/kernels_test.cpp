@@ -815,6 +815,61 @@ TEST(ExactAccumulator, InfinitiesAndNaNs) {
   EXPECT_TRUE(std::isnan(back[5]));
 }
 
+// The vectorised one-word conversions of every kernel table this CPU runs:
+// words equal to the integers the floats are, the rounding back equal to
+// the scalar double path, the non-representable cases refused, the exponent
+// range equal to a scalar scan; lengths that leave vector tails.
+TEST(ExactAccumulator, VectorConversionsOfEveryTableMatchTheScalarDefinition) {
+  std::mt19937_64 rng(77);
+  for (const KernelTable* t : availableTables()) {
+    SCOPED_TRACE(std::string(t->isa));
+    for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{7}, size_t{8}, size_t{9}, size_t{17}, size_t{1000}}) {
+      for (int lsb : {-149, -140, -30, 0, 40}) {
+        SCOPED_TRACE(fmt::format("n {} lsb {}", n, lsb));
+        std::vector<float> x(n);
+        std::vector<int64_t> k(n), w(n);
+        for (size_t i = 0; i < n; ++i) {
+          // Integers of up to 22 bits (a quarter of them zero) times 2^lsb.
+          k[i] = rng() % 4 == 0 ? 0 : static_cast<int64_t>(rng() % (1u << 22)) - (1 << 21);
+          x[i] = static_cast<float>(std::ldexp(static_cast<double>(k[i]), lsb));
+        }
+        ASSERT_TRUE(t->exact.to_word(w.data(), x.data(), n, lsb));
+        EXPECT_EQ(w, k);
+        uint32_t hi = 7, lo = 7;
+        t->exact.range(x.data(), n, &hi, &lo);
+        uint32_t ref_hi = 0, ref_lo = 256;
+        for (float v : x) {
+          const uint32_t b = std::bit_cast<uint32_t>(v), e = (b >> 23) & 0xff;
+          if ((b & 0x7fffffff) == 0 || e == 0xff) continue;
+          ref_hi = std::max(ref_hi, std::max(e, 1u)), ref_lo = std::min(ref_lo, std::max(e, 1u));
+        }
+        EXPECT_EQ(hi, ref_hi);
+        EXPECT_EQ(lo, ref_lo);
+        if (n == 0) continue;
+        // Refused: a non-finite value, or one below the word's lowest bit.
+        std::vector<float> y = x;
+        y[rng() % n] = rng() % 2 ? INFINITY : NAN;
+        EXPECT_FALSE(t->exact.to_word(w.data(), y.data(), n, lsb));
+        y = x;
+        y[rng() % n] = std::ldexp(1.0f, lsb - 1);
+        if (lsb - 1 >= -149) EXPECT_FALSE(t->exact.to_word(w.data(), y.data(), n, lsb));
+        // Back: any word below 2^50 (the sums of many ranks), rounded once.
+        std::vector<int64_t> sums(n);
+        std::vector<float> back(n);
+        for (int64_t& v : sums) v = static_cast<int64_t>(rng() >> 14) - (int64_t{1} << 49);
+        const int out_lsb = std::max(lsb, -1022);
+        ASSERT_TRUE(t->exact.from_word(back.data(), sums.data(), n, out_lsb, int64_t{1} << 51));
+        for (size_t i = 0; i < n; ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(back[i]),
+                    std::bit_cast<uint32_t>(static_cast<float>(std::ldexp(static_cast<double>(sums[i]), out_lsb))))
+              << i;
+        sums[rng() % n] = -(int64_t{1} << 51);
+        EXPECT_FALSE(t->exact.from_word(back.data(), sums.data(), n, out_lsb, int64_t{1} << 51));
+      }
+    }
+  }
+}
+
 TEST(ExactAccumulator, RejectsIntegersAndHugeCommunicators) {
   auto st = exactLayout(chorusInt32, 4);
   ASSERT_FALSE(st.isOk());
