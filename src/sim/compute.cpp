@@ -106,6 +106,10 @@ Result<ComputeSpec> parseComputeSpec(std::string_view text, std::string_view whe
     CHORUS_RETURN_IF_ERROR(need(g, gw, "k_half_fp8", &s.k_half8, 0, 1e6));
     CHORUS_RETURN_IF_ERROR(need(g, gw, "fixed_us", &d, 0, 1e4));
     s.gemm_fixed = us(d);
+    // Optional: the largest fraction of the bf16 peak any GEMM shape was
+    // measured to reach (a search over shapes); the fitted curve may not
+    // exceed it for shapes outside its fit's range.
+    if (g.contains("max_efficiency_bf16")) CHORUS_RETURN_IF_ERROR(need(g, gw, "max_efficiency_bf16", &s.cap16, 1e-3, 1));
   }
   if (!j.contains("attention") || !j.at("attention").is_object()) return invalidArgument("{}: missing object 'attention'", where);
   CHORUS_ASSIGN_OR_RETURN(AttentionKernel def, attentionKernel(j.at("attention"), where));
@@ -203,7 +207,7 @@ double Compute::gemmEfficiency(double m, double n, double k, double batch) const
     const double kk = k / split;
     best = std::max(best, useful * occupancy * kk / (kk + kh));
   }
-  return emax * best;
+  return f8 ? emax * best : std::min(emax * best, s_->cap16);
 }
 
 Seconds Compute::gemm(double m, double n, double k, double batch) const {
