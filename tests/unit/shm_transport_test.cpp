@@ -349,6 +349,103 @@ bool waitUntilAsleep(pid_t pid, std::chrono::milliseconds limit) {
   return false;
 }
 
+// The wait policy (SpinPolicy, shm_detail.hpp) on a made-up clock: a late
+// yield puts the waits in contended mode for kContendedHold, where they spin
+// a few times the recent spin-satisfied waits (within [10 us, spin]) and do
+// not yield; an oversubscribed transport never enters it.
+TEST(ShmTransport, SpinPolicyShortensTheSpinAfterAYieldLostTheCore) {
+  using shm_detail::SpinPolicy;
+  const SpinPolicy::Clock::time_point t0{std::chrono::seconds(100)};
+  SpinPolicy p(50us, false);
+  bool contended = true;
+  EXPECT_EQ(p.budget(t0, &contended), 50us);
+  EXPECT_FALSE(contended);
+  EXPECT_FALSE(p.yielded(t0, t0 + 5us)) << "a yield nobody took the core in";
+  EXPECT_EQ(p.stolenYields(), 0u);
+  EXPECT_TRUE(p.yielded(t0, t0 + 2ms)) << "a yield that lost the core for 2 ms";
+  EXPECT_EQ(p.stolenYields(), 1u);
+  EXPECT_EQ(p.budget(t0 + 3ms, &contended), 10us) << "no recent waits: the floor";
+  EXPECT_TRUE(contended);
+  for (int i = 0; i < 64; ++i) p.satisfied(8us);  // waits have been taking 8 us
+  EXPECT_EQ(p.budget(t0 + 4ms, &contended), 31us) << "four times the recent waits (the average is just under 8 us)";
+  for (int i = 0; i < 64; ++i) p.satisfied(40us);
+  EXPECT_EQ(p.budget(t0 + 5ms, &contended), 50us) << "never above the configured spin";
+  EXPECT_EQ(p.budget(t0 + 2ms + SpinPolicy::kContendedHold + 1us, &contended), 50us);
+  EXPECT_FALSE(contended) << "the mode ends kContendedHold after the last late yield";
+  SpinPolicy small(5us, false);
+  ASSERT_TRUE(small.yielded(t0, t0 + 1ms));
+  EXPECT_EQ(small.budget(t0 + 1ms, &contended), 5us) << "a spin set below the floor stays";
+  SpinPolicy over(50us, true);
+  EXPECT_FALSE(over.yielded(t0, t0 + 5ms)) << "with more ranks than cores a long yield ran a peer rank";
+  EXPECT_EQ(over.budget(t0 + 5ms, &contended), 50us);
+  EXPECT_FALSE(contended);
+}
+
+// A busy process shares this rank's core while the peer (another core when
+// there is one) answers every few milliseconds: every message arrives, and
+// the waits notice that their yields lose the core to it.
+TEST(ShmTransport, AWaitBesideABusyProcessOnItsCoreNoticesTheLostYields) {
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  if (!CPU_ISSET(0, &before)) GTEST_SKIP() << "CPU 0 is not in this process's affinity set";
+  const int other = [&] {
+    for (int c = 1; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &before)) return c;
+    return 0;
+  }();
+  auto pin = [](int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof one, &one) == 0;
+  };
+  SharedStore store;
+  const std::string prefix = uniquePrefix();
+  constexpr int kMessages = 20;
+  pid_t busy = forkChild([&]() -> int {
+    if (!pin(0)) return 2;
+    for (volatile uint64_t x = 0;; x = x + 1) {
+    }
+  });
+  ASSERT_GT(busy, 0);
+  pid_t peer = forkChild([&]() -> int {
+    if (!pin(other)) return 2;
+    auto t = createShmTransport(setupFor(1, {0}, prefix), store);
+    if (!t.isOk()) return 3;
+    for (int k = 0; k < kMessages; ++k) {
+      std::this_thread::sleep_for(3ms);
+      uint64_t v = 1000 + static_cast<uint64_t>(k);
+      Request s;
+      if (!t.value()->postSend(0, &v, sizeof v, &s).isOk() || !driveOne(*t.value(), s, 20s).isOk()) return 4;
+    }
+    return 0;
+  });
+  ASSERT_GT(peer, 0);
+  // Set up before pinning: with one core in its affinity set the transport
+  // would count itself oversubscribed, where long yields are the point.
+  auto t = createShmTransport(setupFor(0, {1}, prefix), store);
+  ASSERT_TRUE(t.isOk()) << t.status().message();
+  ASSERT_TRUE(pin(0));
+  int right = 0;
+  for (int k = 0; k < kMessages; ++k) {
+    uint64_t v = 0;
+    Request r;
+    ASSERT_TRUE(t.value()->postRecv(1, RecvTarget{reinterpret_cast<std::byte*>(&v), sizeof v}, &r).isOk());
+    EXPECT_TRUE(driveOne(*t.value(), r, 20s).isOk()) << k;
+    right += v == 1000 + static_cast<uint64_t>(k);
+  }
+  sched_setaffinity(0, sizeof before, &before);
+  kill(busy, SIGKILL);
+  waitpid(busy, nullptr, 0);
+  EXPECT_EQ(waitExit(peer), 0);
+  EXPECT_EQ(right, kMessages);
+  auto st = shm_detail::shmStats(*t.value());
+  ASSERT_TRUE(st.has_value());
+  EXPECT_GE(st->stolen_yields, 1u) << "no yield was seen losing the core to the busy process";
+  std::printf("[ info ] %d messages, %llu futex sleeps, %llu yields lost to the busy process\n", kMessages,
+              static_cast<unsigned long long>(st->futex_waits), static_cast<unsigned long long>(st->stolen_yields));
+}
+
 // The board (transport.hpp): two processes exchange 3000 calls through their
 // slots, each checking every byte of the other's payload for that call.  Every
 // 500th call the child publishes only once the parent is asleep (its await

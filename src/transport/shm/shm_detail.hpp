@@ -17,7 +17,9 @@
 // payload start).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -153,6 +155,57 @@ class Fifo {
   size_t tail_ = 0;
 };
 
+// The shm transport's wait policy between spinning and sleeping (its
+// spinFor; docs/performance.md, "Waits under contention").  Without other
+// load a wait spins up to the configured budget, yielding the core after the
+// first microseconds, which costs nothing when nobody else wants the core.
+// When another process does (a busy task on our core), a yield hands it the
+// core for a scheduler slice, milliseconds, while the peer's answer may
+// already be here.  A yield that comes back late says so; the waits then
+// spin only a few times as long as the spin-satisfied waits have recently
+// taken (at least kContendedMinSpin) and sleep on the futex without
+// yielding, so that the peer's doorbell wakes us (the scheduler runs a woken
+// task before the busy one) instead of the busy task's slice ending.  The
+// mode lasts kContendedHold after the last late yield; then a yield is tried
+// again.  With more ranks than cores (oversubscribed) a long yield is the
+// point (a peer rank ran): that mode is never entered.
+class SpinPolicy {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::microseconds kYieldStolen{20};
+  static constexpr std::chrono::milliseconds kContendedHold{20};
+  static constexpr std::chrono::microseconds kContendedMinSpin{10};
+
+  SpinPolicy(std::chrono::microseconds spin, bool oversubscribed) : spin_(spin), oversubscribed_(oversubscribed) {}
+
+  // The spin budget of a wait starting at `now`; *contended: whether it is
+  // in contended mode (then it must not yield).
+  [[nodiscard]] std::chrono::microseconds budget(Clock::time_point now, bool* contended) const {
+    *contended = !oversubscribed_ && now < contended_until_;
+    if (!*contended) return spin_;
+    const auto typical = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::nanoseconds(4 * ewma_ns_));
+    return std::clamp(typical, std::min(kContendedMinSpin, spin_), spin_);
+  }
+  // A wait the spin satisfied after `took` (0 when it was not timed).
+  void satisfied(std::chrono::nanoseconds took) { ewma_ns_ += (took.count() - ewma_ns_) / 8; }
+  // A sched_yield from `before` to `after`: true when it handed the core to
+  // another task (the wait should go to sleep now).
+  bool yielded(Clock::time_point before, Clock::time_point after) {
+    if (oversubscribed_ || after - before <= kYieldStolen) return false;
+    contended_until_ = after + kContendedHold;
+    ++stolen_;
+    return true;
+  }
+  [[nodiscard]] uint64_t stolenYields() const { return stolen_; }
+
+ private:
+  std::chrono::microseconds spin_;
+  bool oversubscribed_;
+  int64_t ewma_ns_ = 1000;
+  Clock::time_point contended_until_{};
+  uint64_t stolen_ = 0;
+};
+
 // Counters of one transport, updated by its executor thread only; read them
 // when that thread is quiescent (tests join it first).
 struct ShmStats {
@@ -162,6 +215,7 @@ struct ShmStats {
   uint64_t cma_recvs = 0;
   uint64_t futex_waits = 0;
   uint64_t futex_wakes = 0;
+  uint64_t stolen_yields = 0;  // yields that handed the core to another task (contended mode, spinFor)
   uint64_t board_calls = 0;   // publish() calls
   uint32_t cma_peers = 0;  // peers this rank sends to by CMA (probe passed on their side)
 };

@@ -263,6 +263,7 @@ class ShmTransport final : public Transport, public Board {
   std::vector<Peer> peers_;
   std::vector<std::byte> bounce_;
   std::chrono::microseconds spin_{50};
+  SpinPolicy policy_{spin_, false};  // set by init()
   // More local ranks than cores: the peer we wait for may be queued behind us
   // on our own core, so the wait yields from the first poll (see wait()).
   bool oversubscribed_ = false;
@@ -338,6 +339,7 @@ Status ShmTransport::configure(const ShmSetup& setup) {
   size_t ncores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? static_cast<size_t>(CPU_COUNT(&cpus)) : 1;
   oversubscribed_ = peer_ranks_.size() + 1 > ncores;
   spin_ = std::max(setup.spin, std::chrono::microseconds(0));
+  policy_ = SpinPolicy(spin_, oversubscribed_);
   return {};
 }
 
@@ -947,6 +949,8 @@ bool ShmTransport::processGone(const Peer& p) const {
 // more ranks than cores there is no pure phase and the yield comes every 8
 // polls instead of every 64: a 4-rank 8-byte allreduce on 2 cores went from
 // 23-25 us to 6 us (docs/performance.md, "Oversubscribed waits").
+// Contention by other processes (not ranks) is different: policy_
+// (SpinPolicy, shm_detail.hpp) shortens the spin and drops the yields.
 template <typename F>
 bool ShmTransport::spinFor(F&& done, int polls, std::chrono::microseconds timeout, Clock::time_point* start) {
   for (int i = 0; i < (oversubscribed_ ? 0 : polls); ++i) {
@@ -954,16 +958,30 @@ bool ShmTransport::spinFor(F&& done, int polls, std::chrono::microseconds timeou
     if (done()) return true;
   }
   *start = Clock::now();
-  const auto spin_end = *start + std::min<std::chrono::microseconds>(timeout, spin_);
-  const auto pure_end = oversubscribed_ ? *start : std::min(spin_end, *start + kPureSpin);
+  bool contended = false;
+  const auto budget = policy_.budget(*start, &contended);
+  const auto spin_end = *start + std::min<std::chrono::microseconds>(timeout, budget);
+  const auto pure_end = oversubscribed_ ? *start : contended ? spin_end : std::min(spin_end, *start + kPureSpin);
   const uint32_t yield_mask = oversubscribed_ ? 7 : 63;
   for (uint32_t i = 1;; ++i) {
-    if (done()) return true;
+    if (done()) {
+      // Remember how long it took (a wait done within the first polls counts
+      // as none: not worth a clock read).
+      policy_.satisfied(i > 64 ? std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - *start)
+                               : std::chrono::nanoseconds(0));
+      return true;
+    }
     cpuRelax();
     if ((i & yield_mask) == 0) {
       const auto now = Clock::now();
       if (now >= spin_end) return false;
-      if (now >= pure_end) sched_yield();
+      if (now >= pure_end) {
+        sched_yield();
+        if (!oversubscribed_ && policy_.yielded(now, Clock::now())) {
+          stats_.stolen_yields = policy_.stolenYields();
+          return false;  // sleep rather than yield again
+        }
+      }
     }
   }
 }
