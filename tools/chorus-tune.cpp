@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
     std::stringstream ss(collectives);
     for (std::string c; std::getline(ss, c, ',');) {
       chorus::plan::Collective pc;
-      if (!chorus::plan::parseCollective(c, &pc) || pc == chorus::plan::Collective::SendRecv ||
+      if (!chorus::plan::parseCollective(c, &pc) ||
           pc == chorus::plan::Collective::AllGatherV || pc == chorus::plan::Collective::AllToAllV) {
         fmt::print(stderr, "chorus-tune: --collectives: '{}' is not a priced collective (allreduce, allgather, "
                            "reducescatter, alltoall, broadcast, reduce, gather, scatter, barrier)\n", c);

@@ -489,6 +489,17 @@ OpDesc makeOp(Collective coll, const void* send, void* recv, size_t count, choru
   d.root = root;
   return d;
 }
+// One side of a point-to-point transfer with `peer`.
+OpDesc makePointToPoint(OpKind kind, const void* send, void* recv, size_t count, chorusDataType_t dtype, int peer) {
+  OpDesc d;
+  d.kind = kind;
+  d.send = send;
+  d.recv = recv;
+  d.count = count;
+  d.dtype = dtype;
+  d.peer = peer;
+  return d;
+}
 }  // namespace
 
 CHORUS_EXPORT chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -671,8 +682,7 @@ CHORUS_EXPORT chorusResult_t chorusSend(const void* sendbuff, size_t count, chor
   CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, count));
   if (peer == ref->rank() && t_group_depth == 0)
     return report(invalidUsage("{}: a send to self (peer={}) must be inside chorusGroupStart/End with its receive", fn, peer), c);
-  OpDesc d = makeOp(Collective::SendRecv, sendbuff, nullptr, count, datatype, chorusSum, peer);
-  d.is_send = true;
+  OpDesc d = makePointToPoint(OpKind::Send, sendbuff, nullptr, count, datatype, peer);
   return issue(ref, stream, d);
 }
 
@@ -686,8 +696,7 @@ CHORUS_EXPORT chorusResult_t chorusRecv(void* recvbuff, size_t count, chorusData
   CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, count));
   if (peer == ref->rank() && t_group_depth == 0)
     return report(invalidUsage("{}: a receive from self (peer={}) must be inside chorusGroupStart/End with its send", fn, peer), c);
-  OpDesc d = makeOp(Collective::SendRecv, nullptr, recvbuff, count, datatype, chorusSum, peer);
-  d.is_send = false;
+  OpDesc d = makePointToPoint(OpKind::Recv, nullptr, recvbuff, count, datatype, peer);
   return issue(ref, stream, d);
 }
 

@@ -33,7 +33,7 @@ Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq) {
   auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
   bool first = true;
   for (const OpDesc& o : ops) {
-    if (o.coll == Collective::SendRecv) continue;  // peers differ by design
+    if (o.pointToPoint()) continue;  // not collectives: their peers differ by design
     const bool reduces = plan::reduces(o.coll);
     const int32_t op = !reduces ? 0 : (o.op >= chorusNumOps ? static_cast<int32_t>(chorusNumOps) : o.op);
     // The v-collectives' own counts differ by rank by design (an allgatherv's

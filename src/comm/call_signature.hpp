@@ -49,7 +49,8 @@ std::string differing(const Signature& a, const Signature& b);
 
 // The message word: collective, dtype and op exactly, the low 16 bits of the
 // sequence number, and 31 bits of a hash of the rest (count, root, the whole
-// group).  Point-to-point messages carry kPointToPointWire.  Never 0 (the
+// group).  Point-to-point messages carry kPointToPointWire (no collective's
+// word: point-to-point operations have no signature).  Never 0 (the
 // transports' default for unsigned messages).  In two steps, so a loop of
 // equal calls hashes once: the word without its sequence bits, then those.
 uint64_t wireBase(const Signature& s);
@@ -61,7 +62,7 @@ inline uint64_t wireAt(uint64_t base, uint64_t seq) {
 // The board word without and with its board-call bits.
 uint64_t boardBase(const Signature& s);
 inline uint64_t boardAt(uint64_t base, uint64_t k) { return base | ((k & 0xff) << 40); }
-inline constexpr uint64_t kPointToPointWire = (uint64_t{1} << 63) | static_cast<uint64_t>(plan::Collective::SendRecv);
+inline constexpr uint64_t kPointToPointWire = transport::kWirePointToPoint;
 
 // Installs the describer of message mismatches into the transports (once).
 void installWireMismatchText();

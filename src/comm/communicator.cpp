@@ -81,8 +81,10 @@ kernels::BinOp binOpOf(chorusRedOp_t op) {
 size_t Communicator::CacheHash::operator()(const CacheKey& k) const {
   size_t h = std::hash<uint64_t>{}(k.count);
   auto mix = [&](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
-  mix(k.coll | (uint64_t{k.inplace} << 8) | (uint64_t{k.is_send} << 9) | (uint64_t{k.elem_size} << 16));
+  mix(k.coll | (uint64_t{k.inplace} << 8) | (uint64_t{static_cast<uint8_t>(k.kind)} << 9) |
+      (uint64_t{k.elem_size} << 16));
   mix(static_cast<uint64_t>(k.root));
+  mix(static_cast<uint64_t>(k.peer));
   mix(k.chunk);
   mix(reinterpret_cast<uintptr_t>(k.algo));
   return h;
@@ -502,7 +504,7 @@ Status Communicator::destroyRedOp(chorusRedOp_t op) {
 }
 
 Communicator::ReproPath Communicator::reproPath(const OpDesc& op) const {
-  if (cfg_.reproducible == Reproducible::Off || !plan::reduces(op.coll) || !kernels::isFloatType(op.dtype))
+  if (cfg_.reproducible == Reproducible::Off || !op.reduces() || !kernels::isFloatType(op.dtype))
     return ReproPath::Plain;  // integer reductions do not depend on the order
   const bool sums = op.op == chorusSum || op.op == chorusAvg || op.op >= chorusNumOps;
   return cfg_.reproducible == Reproducible::Exact && sums ? ReproPath::Exact : ReproPath::Canonical;
@@ -533,9 +535,8 @@ plan::Shape Communicator::shapeOf(const OpDesc& op, bool canonical, uint64_t wor
     case Collective::ReduceScatter: sh.inplace = rp != nullptr && rp == sp + r * op.count * es; break;
     case Collective::Gather: sh.inplace = rank_ == op.root && sp != nullptr && sp == rp + r * op.count * es; break;
     case Collective::Scatter: sh.inplace = rank_ == op.root && rp != nullptr && rp == sp + r * op.count * es; break;
-    case Collective::SendRecv:
     case Collective::Barrier: break;
-    default: sh.inplace = sp != nullptr && sp == rp; break;
+    default: sh.inplace = !op.pointToPoint() && sp != nullptr && sp == rp; break;
   }
   return sh;
 }
@@ -554,13 +555,13 @@ Result<const plan::Program*> Communicator::programFor(const OpDesc& op, size_t i
   const bool memo = !v && i == 0;
   if (memo && last_.valid && last_.dtype == op.dtype && last_.path == static_cast<uint8_t>(path) &&
       last_.key.coll == static_cast<uint8_t>(op.coll) && last_.key.inplace == sh.inplace &&
-      last_.key.is_send == op.is_send && last_.key.elem_size == es && last_.key.root == op.root &&
-      last_.key.count == sh.count) {
+      last_.key.kind == op.kind && last_.key.elem_size == es && last_.key.root == op.root &&
+      last_.key.peer == op.peer && last_.key.count == sh.count) {
     algo = last_.key.algo;
     chunk = last_.key.chunk;
     sh.chunk_elems = chunk;
     prog = last_.prog;
-  } else if (op.coll != Collective::SendRecv) {
+  } else if (!op.pointToPoint()) {
     CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, plan_dtype));
     // Canonical: the tuner's plan when it combines in the canonical tree,
     // else the canonical plan of the collective (docs/algorithms.md).
@@ -571,13 +572,13 @@ Result<const plan::Program*> Communicator::programFor(const OpDesc& op, size_t i
   *algo_out = algo;
   if (prog != nullptr) return prog;  // memoised above
   auto build = [&](plan::Program* out) {
-    if (op.coll == Collective::SendRecv) {
+    if (op.pointToPoint()) {
       plan::ProgramBuilder b;
       b.reset(rank_);
-      if (op.is_send)
-        b.send(op.root, plan::in(0, op.count));
+      if (op.kind == OpKind::Send)
+        b.send(op.peer, plan::in(0, op.count));
       else
-        b.recv(op.root, plan::out(0, op.count));
+        b.recv(op.peer, plan::out(0, op.count));
       b.finish(out);
     } else {
       plan::expand(*algo, sh, rank_, out);
@@ -589,8 +590,8 @@ Result<const plan::Program*> Communicator::programFor(const OpDesc& op, size_t i
     build(uncached_[i].get());
     return uncached_[i].get();
   }
-  CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.is_send, static_cast<uint32_t>(es), op.root, sh.count,
-               chunk, algo, sh.canonical};
+  CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.kind, static_cast<uint32_t>(es), op.root, op.peer,
+               sh.count, chunk, algo, sh.canonical};
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     auto p = std::make_unique<plan::Program>();
@@ -630,7 +631,7 @@ void Communicator::traceJob(const OpDesc& op, size_t i, const plan::Algorithm* a
     trace_algo_.resize(i + 1);
     trace_pred_.resize(i + 1);
   }
-  trace_algo_[i] = trace_->algoId(algo ? algo->name() : std::string_view(op.is_send ? "send" : "recv"));
+  trace_algo_[i] = trace_->algoId(algo ? algo->name() : plan::pointToPointName(op.direction()));
   trace_pred_[i] = -1;
   const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
   if (algo != nullptr && !v) {
@@ -662,7 +663,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   auto* rp = static_cast<std::byte*>(op.recv);
   // PreMulSum stages its scaled input unless the input is the output itself,
   // which makes the call out of place; exact has separate accumulators in and out.
-  const bool premul = op.op >= chorusNumOps && plan::reduces(op.coll);
+  const bool premul = op.op >= chorusNumOps && op.reduces();
   const bool stage = premul && !(sh.inplace && sp == rp);
   if (stage || ex.on) sh.inplace = false;
   const plan::Algorithm* algo = nullptr;
@@ -678,7 +679,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
       !reducers_[i].valid() || reducers_[i].dtype() != plan_dtype || reducers_[i].op() != bop)
     reducers_[i] = kernels::Reducer(plan_dtype, bop);
   jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
-                       op.coll == Collective::SendRecv ? comm::kPointToPointWire : batch_wire_};
+                       op.pointToPoint() ? comm::kPointToPointWire : batch_wire_};
   if (trace_) traceJob(op, i, algo, prog, sh);
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
   if (i == 0) {
@@ -789,7 +790,7 @@ Status Communicator::execute(std::span<OpDesc> ops) {
   // A loop of equal calls (the common case) hashes its signature once.
   static const OpDesc kNone{};
   const OpDesc& o0 = ops.empty() ? kNone : ops.front();
-  const bool same = ops.size() == 1 && last_shape_.valid && o0.coll == last_shape_.coll &&
+  const bool same = ops.size() == 1 && last_shape_.valid && !o0.pointToPoint() && o0.coll == last_shape_.coll &&
                     o0.count == last_shape_.count && o0.dtype == last_shape_.dtype && o0.op == last_shape_.op &&
                     o0.root == last_shape_.root;
   if (same) {
@@ -798,8 +799,8 @@ Status Communicator::execute(std::span<OpDesc> ops) {
     batch_sig_ = signatureOf(ops, op_seq_);
     wire_base_ = comm::wireBase(batch_sig_);
     board_base_ = comm::boardBase(batch_sig_);
-    last_shape_.valid = ops.size() == 1 && o0.coll != Collective::AllGatherV && o0.coll != Collective::AllToAllV &&
-                        o0.coll != Collective::SendRecv;
+    last_shape_.valid = ops.size() == 1 && !o0.pointToPoint() && o0.coll != Collective::AllGatherV &&
+                        o0.coll != Collective::AllToAllV;
     last_shape_.coll = o0.coll;
     last_shape_.count = o0.count;
     last_shape_.dtype = o0.dtype;
@@ -813,7 +814,7 @@ Status Communicator::execute(std::span<OpDesc> ops) {
   const uint64_t first_seq = op_seq_;
   FlightEntry stuck;
   for (OpDesc& o : ops) {
-    if (o.coll == Collective::SendRecv) {
+    if (o.pointToPoint()) {
       o.trace_seq = (uint64_t{1} << 63) | p2p_seq_++;
       continue;
     }
@@ -862,7 +863,7 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
   // Sends to and receives from self are matched in issue order and copied.
   std::vector<size_t> self_sends, self_recvs;
   for (size_t i = 0; i < n; ++i) {
-    if (ops[i].coll == Collective::SendRecv && ops[i].root == rank_) (ops[i].is_send ? self_sends : self_recvs).push_back(i);
+    if (ops[i].pointToPoint() && ops[i].peer == rank_) (ops[i].kind == OpKind::Send ? self_sends : self_recvs).push_back(i);
   }
   if (self_sends.size() != self_recvs.size())
     return invalidUsage("rank {}: {} send(s) to self but {} receive(s) from self in one group (each needs its twin)",
@@ -877,7 +878,7 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
 
   size_t njobs = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (ops[i].coll == Collective::SendRecv && ops[i].root == rank_) continue;
+    if (ops[i].pointToPoint() && ops[i].peer == rank_) continue;
     if (njobs != i) ops[njobs] = ops[i];  // compact: jobs_ index == ops index
     CHORUS_RETURN_IF_ERROR(prepare(ops[njobs], njobs));
     ++njobs;
@@ -916,7 +917,7 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
   // Avg: the sum divided by the number of ranks, where the result lives.
   for (size_t i = 0; i < njobs; ++i) {
     const OpDesc& op = ops[i];
-    if (op.op != chorusAvg || !plan::reduces(op.coll)) continue;
+    if (op.op != chorusAvg || !op.reduces()) continue;
     if (op.coll == Collective::Reduce && rank_ != op.root) continue;
     kernels::divide(op.recv, op.recv, op.count, op.dtype, static_cast<uint64_t>(nranks_));
   }
@@ -1154,11 +1155,16 @@ void Communicator::traceOps(std::span<const OpDesc> ops, size_t n, int64_t start
     const OpDesc& o = ops[i];
     trace::OpRecord r;
     r.seq = o.trace_seq;
-    r.coll = static_cast<uint8_t>(o.coll);
+    r.coll = o.kind == OpKind::Send   ? trace::kOpSend
+             : o.kind == OpKind::Recv ? trace::kOpRecv
+                                      : static_cast<uint8_t>(o.coll);
     r.dtype = static_cast<uint8_t>(o.dtype);
     r.algo = trace_algo_[i];
     r.ok = ok ? 1 : 0;
-    r.root = o.root;
+    if (o.pointToPoint())
+      r.peer = o.peer;
+    else
+      r.root = o.root;
     r.count = o.count;
     r.bytes = trace::algBytes(r.coll, o.count, kernels::dtypeSize(o.dtype), nranks_, o.counts);
     r.enqueue_ns = o.enqueue_ns ? o.enqueue_ns : start_ns;
@@ -1312,8 +1318,8 @@ void Communicator::drain() {
 
 Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, size_t count, chorusDataType_t dtype,
                                                      bool inplace) {
-  if (coll == Collective::SendRecv || coll == Collective::AllGatherV || coll == Collective::AllToAllV)
-    return invalidArgument("predict: {} is not priced (send/recv and the v-collectives depend on every rank's counts)",
+  if (coll == Collective::AllGatherV || coll == Collective::AllToAllV)
+    return invalidArgument("predict: {} is not priced (the v-collectives depend on every rank's counts)",
                            plan::collectiveName(coll));
   plan::Shape sh;
   sh.coll = coll;

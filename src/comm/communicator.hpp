@@ -39,19 +39,33 @@
 
 namespace chorus {
 
+// What an operation is: a collective (of all ranks, `coll`), or one side of
+// a point-to-point transfer with `peer` (not a collective: no root, no plan,
+// no signature; see plan::PointToPoint).
+enum class OpKind : uint8_t { Collective, Send, Recv };
+
 // One user-level operation, validated by the API layer.
 struct OpDesc {
-  plan::Collective coll = plan::Collective::AllReduce;
+  OpKind kind = OpKind::Collective;
+  plan::Collective coll = plan::Collective::AllReduce;  // kind == Collective
   const void* send = nullptr;
   void* recv = nullptr;
   size_t count = 0;
   chorusDataType_t dtype = chorusFloat32;
   chorusRedOp_t op = chorusSum;
-  int root = 0;              // root, or the peer of a Send/Recv
-  bool is_send = false;      // SendRecv: send (true) or receive
+  int root = 0;              // a rooted collective's root
+  int peer = -1;             // a Send's or Recv's peer
   std::vector<size_t> counts, displs, counts2, displs2;  // v-collectives (owned copies)
   int64_t enqueue_ns = 0;    // with CHORUS_TRACE: when the user called (trace clock)
   uint64_t trace_seq = 0;    // set by execute(): the flight number, or a point-to-point number
+
+  [[nodiscard]] bool pointToPoint() const { return kind != OpKind::Collective; }
+  // Send or Recv (pointToPoint() only).
+  [[nodiscard]] plan::PointToPoint direction() const {
+    return kind == OpKind::Send ? plan::PointToPoint::Send : plan::PointToPoint::Recv;
+  }
+  // A collective that combines values (point-to-point operations never do).
+  [[nodiscard]] bool reduces() const { return kind == OpKind::Collective && plan::reduces(coll); }
 };
 
 // A user-defined reduction (chorusRedOpCreatePreMulSum).
@@ -221,9 +235,10 @@ class Communicator {
   struct CacheKey {
     uint8_t coll;
     bool inplace;
-    bool is_send;
+    OpKind kind;
     uint32_t elem_size;
     int root;
+    int peer;
     uint64_t count;
     uint64_t chunk;
     const plan::Algorithm* algo;

@@ -33,6 +33,18 @@ Region sliceOf(Buf buf, uint64_t base, uint64_t len, uint64_t S, uint64_t s) {
 class CanonicalBase : public Algorithm {
  public:
   std::string_view name() const override { return "canonical"; }
+  // The prologue every canonical plan has (one rank copies its input, an
+  // empty call does nothing, else the blocks, their slices and the scratch
+  // of reduceSlice), then the plan's own slices (slices()).
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const final {
+    if (sh.nranks == 1) return b.copy(out(0, sh.count), in(0, sh.count));
+    if (sh.count == 0) return;
+    Layout l{blocks(sh), 0, {}, {}};
+    l.S = numSlices(l.bl.size(0), sh.chunk_elems);
+    l.slots = b.scratch(static_cast<uint64_t>(sh.nranks) * l.bl.size(0));
+    l.keep = sh.inplace ? b.scratch(l.bl.size(r)) : Region{Buf::Scratch, 0, 0};
+    slices(sh, r, b, l);
+  }
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     const int n = sh.nranks;
     if (n == 1 || sh.count == 0) return std::vector<Round>{};
@@ -54,11 +66,24 @@ class CanonicalBase : public Algorithm {
     if (sh.coll == Collective::ReduceScatter) return {sh.nranks, sh.count * sh.nranks, true, sh.count};
     return {sh.nranks, sh.count, false, 0};
   }
+  // What generate() set up: the blocks, S slices per block, and the scratch
+  // of reduceSlice (n slots of the largest block; in place, a copy of the
+  // own block, else empty).
+  struct Layout {
+    Blocks bl;
+    uint64_t S;
+    Region slots, keep;
+  };
+  // The plan after the prologue: 2 or more ranks, a non-empty call.
+  virtual void slices(const Shape& sh, int r, ProgramBuilder& b, const Layout& l) const = 0;
   // Emits the reduce-scatter of slice s; `into` is where this rank's reduced
-  // slice goes.  slots/keep: scratch set up by setup().
-  void reduceSlice(const Shape& sh, int r, ProgramBuilder& b, const Blocks& bl, uint64_t S, uint64_t s,
-                   Region slots, Region keep, Region into) const {
+  // slice goes.
+  static void reduceSlice(const Shape& sh, int r, ProgramBuilder& b, const Layout& l, uint64_t s, Region into) {
     const int n = sh.nranks;
+    const Blocks& bl = l.bl;
+    const uint64_t S = l.S;
+    const Region slots = l.slots;
+    const Region keep = l.keep;
     for (int k = 1; k < n; ++k) {
       const int to = mod(r + k, n);
       if (Region x = sliceOf(Buf::Input, bl.begin(to), bl.size(to), S, s); x.count) b.send(to, x);
@@ -75,31 +100,22 @@ class CanonicalBase : public Algorithm {
     auto slot = [&](int q) { return Region{Buf::Scratch, slots.offset + static_cast<uint64_t>(q) * blk + at, into.count}; };
     combineCanonical(b, n, r, own, into, slot);
   }
-  // The scratch of reduceSlice: n slots of the largest block, and in place a
-  // copy of the own block.
-  static void setup(const Shape& sh, int r, ProgramBuilder& b, const Blocks& bl, Region* slots, Region* keep) {
-    *slots = b.scratch(static_cast<uint64_t>(sh.nranks) * bl.size(0));
-    *keep = sh.inplace ? b.scratch(bl.size(r)) : Region{Buf::Scratch, 0, 0};
-  }
 };
 
 class CanonicalAllReduce final : public CanonicalBase {
  public:
   Collective collective() const override { return Collective::AllReduce; }
-  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+
+ private:
+  void slices(const Shape& sh, int r, ProgramBuilder& b, const Layout& l) const override {
     const int n = sh.nranks;
-    const uint64_t N = sh.count;
-    if (n == 1) return b.copy(out(0, N), in(0, N));
-    if (N == 0) return;
-    const Blocks bl = blocks(sh);
-    const uint64_t S = numSlices(bl.size(0), sh.chunk_elems);
-    Region slots, keep;
-    setup(sh, r, b, bl, &slots, &keep);
+    const Blocks& bl = l.bl;
+    const uint64_t S = l.S;
     // Slice by slice, so that the allgather of slice s overlaps the
     // reduce-scatter of slice s + 1 (as the direct plan).
     for (uint64_t s = 0; s < S; ++s) {
       const Region mine = sliceOf(Buf::Output, bl.begin(r), bl.size(r), S, s);
-      reduceSlice(sh, r, b, bl, S, s, slots, keep, mine);
+      reduceSlice(sh, r, b, l, s, mine);
       if (mine.count)
         for (int k = 1; k < n; ++k) b.send(mod(r + k, n), mine);
       for (int k = 1; k < n; ++k) {
@@ -113,16 +129,12 @@ class CanonicalAllReduce final : public CanonicalBase {
 class CanonicalReduceScatter final : public CanonicalBase {
  public:
   Collective collective() const override { return Collective::ReduceScatter; }
-  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
-    const int n = sh.nranks;
-    const uint64_t c = sh.count;
-    if (n == 1) return b.copy(out(0, c), in(0, c));
-    if (c == 0) return;
-    const Blocks bl = blocks(sh);
-    const uint64_t S = numSlices(c, sh.chunk_elems);
-    Region slots, keep;
-    setup(sh, r, b, bl, &slots, &keep);
-    for (uint64_t s = 0; s < S; ++s) reduceSlice(sh, r, b, bl, S, s, slots, keep, sliceOf(Buf::Output, 0, c, S, s));
+
+ private:
+  // The blocks are the per-rank counts: slice s of the own block is slice s
+  // of the output.
+  void slices(const Shape& sh, int r, ProgramBuilder& b, const Layout& l) const override {
+    for (uint64_t s = 0; s < l.S; ++s) reduceSlice(sh, r, b, l, s, sliceOf(Buf::Output, 0, sh.count, l.S, s));
   }
 };
 
@@ -131,20 +143,17 @@ class CanonicalReduceScatter final : public CanonicalBase {
 class CanonicalReduce final : public CanonicalBase {
  public:
   Collective collective() const override { return Collective::Reduce; }
-  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+
+ private:
+  void slices(const Shape& sh, int r, ProgramBuilder& b, const Layout& l) const override {
     const int n = sh.nranks;
-    const uint64_t N = sh.count;
-    if (n == 1) return b.copy(out(0, N), in(0, N));
-    if (N == 0) return;
-    const Blocks bl = blocks(sh);
-    const uint64_t S = numSlices(bl.size(0), sh.chunk_elems);
-    Region slots, keep;
-    setup(sh, r, b, bl, &slots, &keep);
+    const Blocks& bl = l.bl;
+    const uint64_t S = l.S;
     const Region red = r == sh.root ? Region{} : b.scratch(bl.size(r));
     for (uint64_t s = 0; s < S; ++s) {
       const Region mine = r == sh.root ? sliceOf(Buf::Output, bl.begin(r), bl.size(r), S, s)
                                        : sliceOf(Buf::Scratch, red.offset, bl.size(r), S, s);
-      reduceSlice(sh, r, b, bl, S, s, slots, keep, mine);
+      reduceSlice(sh, r, b, l, s, mine);
       if (r != sh.root) {
         if (mine.count) b.send(sh.root, mine);
         continue;

@@ -31,8 +31,7 @@ uint64_t Shape::inputElems(int rank) const {
     case Collective::AllReduce:
     case Collective::Reduce:
     case Collective::AllGather:
-    case Collective::Gather:
-    case Collective::SendRecv: return count;
+    case Collective::Gather: return count;
     case Collective::Broadcast: return rank == root ? count : 0;
     case Collective::ReduceScatter:
     case Collective::AllToAll: return count * n;
@@ -50,8 +49,7 @@ uint64_t Shape::outputElems(int rank) const {
     case Collective::AllReduce:
     case Collective::Broadcast:
     case Collective::ReduceScatter:
-    case Collective::Scatter:
-    case Collective::SendRecv: return count;
+    case Collective::Scatter: return count;
     case Collective::Reduce: return rank == root ? count : 0;
     case Collective::AllGather:
     case Collective::AllToAll: return count * n;
@@ -79,7 +77,6 @@ Alias inplaceAlias(const Shape& s, int rank) {
       return rank == s.root ? Alias{Buf::Input, Buf::Output, r * s.count} : Alias{};
     case Collective::Scatter:
       return rank == s.root ? Alias{Buf::Output, Buf::Input, r * s.count} : Alias{};
-    case Collective::SendRecv:
     case Collective::Barrier: return {};
   }
   return {};

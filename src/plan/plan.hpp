@@ -42,10 +42,17 @@ enum class Collective : uint8_t {
   AllToAllV,
   Gather,
   Scatter,
-  SendRecv,  // chorusSend/chorusRecv (groups of point-to-point operations)
   Barrier,
 };
-constexpr int kNumCollectives = 12;
+constexpr int kNumCollectives = 11;
+
+// Point-to-point operations (chorusSend, chorusRecv) are not collectives:
+// each involves this rank and one peer, named by the call (not a root), so
+// they have no Shape, no algorithm, no tuner choice and no part in a call's
+// signature; a group's sends and receives become Send/Recv steps of one
+// program (the communicator).  Their names, for traces and messages:
+enum class PointToPoint : uint8_t { Send, Recv };
+constexpr std::string_view pointToPointName(PointToPoint p) { return p == PointToPoint::Send ? "send" : "recv"; }
 
 // The facts of each collective, in one table that the communicator, the
 // bench, the trace reports, the tuner and the simulator all read (names,
@@ -55,7 +62,7 @@ constexpr int kNumCollectives = 12;
 enum class BusBw : uint8_t {
   TwiceNm1OverN,  // 2(n-1)/n: allreduce
   Nm1OverN,       // (n-1)/n: allgather, reducescatter, alltoall(v), allgatherv, gather, scatter
-  One,            // broadcast, reduce, sendrecv
+  One,            // broadcast, reduce (and a point-to-point transfer)
   Zero,           // barrier: no data
 };
 struct CollectiveFacts {
@@ -83,13 +90,12 @@ inline constexpr CollectiveFacts kCollectiveFacts[kNumCollectives] = {
     {"alltoallv",     false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN},
     {"gather",        false,  true,  true,    false,   false,   true,    true,    BusBw::Nm1OverN},
     {"scatter",       false,  true,  true,    false,   true,    false,   true,    BusBw::Nm1OverN},
-    {"sendrecv",      false,  false, false,   false,   false,   false,   false,   BusBw::One},
     {"barrier",       false,  false, false,   false,   false,   false,   false,   BusBw::Zero},
 };
 constexpr const CollectiveFacts& facts(Collective c) { return kCollectiveFacts[static_cast<size_t>(c)]; }
 static_assert(kCollectiveFacts[static_cast<int>(Collective::AllReduce)].name == "allreduce" &&
               kCollectiveFacts[static_cast<int>(Collective::AllGatherV)].name == "allgatherv" &&
-              kCollectiveFacts[static_cast<int>(Collective::SendRecv)].name == "sendrecv" &&
+              kCollectiveFacts[static_cast<int>(Collective::Scatter)].name == "scatter" &&
               kCollectiveFacts[static_cast<int>(Collective::Barrier)].name == "barrier" &&
               static_cast<int>(Collective::Barrier) + 1 == kNumCollectives,
               "kCollectiveFacts follows the order of enum Collective");

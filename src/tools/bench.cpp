@@ -12,7 +12,8 @@ namespace chorus::tools::bench {
 namespace {
 
 // The collectives chorus-bench runs: every kind of plan::kCollectiveFacts but
-// the v-variants (nccl-tests has none: their counts are not one size).
+// the v-variants (nccl-tests has none: their counts are not one size), and
+// sendrecv.
 constexpr std::array<Collective, 10> kAll = {
     Collective::AllReduce, Collective::Broadcast, Collective::Reduce,   Collective::AllGather, Collective::ReduceScatter,
     Collective::AllToAll,  Collective::Gather,    Collective::Scatter, Collective::SendRecv,  Collective::Barrier,
@@ -87,16 +88,46 @@ double intAsDouble(uint64_t wrapped, chorusDataType_t d) {
 
 }  // namespace
 
+// sendrecv as nccl-tests counts it: one buffer in and one out of `count`
+// elements, algbw = busbw (each rank's link carries the message once).
+constexpr plan::CollectiveFacts kSendRecvFacts = {"sendrecv", false, false, false, false,
+                                                  false,      false, false, plan::BusBw::One};
+
+std::optional<plan::Collective> planCollective(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return plan::Collective::AllReduce;
+    case Collective::Broadcast: return plan::Collective::Broadcast;
+    case Collective::Reduce: return plan::Collective::Reduce;
+    case Collective::AllGather: return plan::Collective::AllGather;
+    case Collective::ReduceScatter: return plan::Collective::ReduceScatter;
+    case Collective::AllToAll: return plan::Collective::AllToAll;
+    case Collective::Gather: return plan::Collective::Gather;
+    case Collective::Scatter: return plan::Collective::Scatter;
+    case Collective::Barrier: return plan::Collective::Barrier;
+    case Collective::SendRecv: break;
+  }
+  return std::nullopt;
+}
+const plan::CollectiveFacts& facts(Collective c) {
+  const std::optional<plan::Collective> pc = planCollective(c);
+  return pc ? plan::facts(*pc) : kSendRecvFacts;
+}
+std::string_view collectiveName(Collective c) { return facts(c).name; }
+double busBwFactor(Collective c, int64_t nranks) {
+  const std::optional<plan::Collective> pc = planCollective(c);
+  return pc ? plan::busBwFactor(*pc, nranks) : 1;
+}
+
 std::span<const Collective> allCollectives() { return kAll; }
-bool takesOp(Collective c) { return plan::facts(c).reduces; }
-bool takesRoot(Collective c) { return plan::facts(c).rooted; }
-bool hasInPlace(Collective c) { return plan::facts(c).in_place; }
+bool takesOp(Collective c) { return facts(c).reduces; }
+bool takesRoot(Collective c) { return facts(c).rooted; }
+bool hasInPlace(Collective c) { return facts(c).in_place; }
 
 Result<Collective> parseCollective(std::string_view name) {
   for (Collective c : kAll)
-    if (plan::collectiveName(c) == name) return c;
+    if (collectiveName(c) == name) return c;
   std::string names;
-  for (Collective c : kAll) names += fmt::format("{}{}", names.empty() ? "" : "|", plan::collectiveName(c));
+  for (Collective c : kAll) names += fmt::format("{}{}", names.empty() ? "" : "|", collectiveName(c));
   return invalidArgument("unknown collective '{}' (expected one of {})", name, names);
 }
 
@@ -130,7 +161,7 @@ Result<std::vector<uint64_t>> sizeSweep(const SweepOptions& o) {
 }
 
 Shape shapeFor(Collective c, uint64_t bytes, size_t elem_size, int nranks) {
-  const plan::CollectiveFacts& f = plan::facts(c);
+  const plan::CollectiveFacts& f = facts(c);
   if (f.busbw == plan::BusBw::Zero || f.variable) return {};  // barrier (no data); the v-variants are not benched
   const size_t count = static_cast<size_t>(bytes / elem_size);
   const size_t n = static_cast<size_t>(nranks);
@@ -144,7 +175,7 @@ Shape shapeFor(Collective c, uint64_t bytes, size_t elem_size, int nranks) {
 }
 
 uint64_t algBytes(Collective c, const Shape& s, size_t elem_size, int nranks) {
-  const plan::CollectiveFacts& f = plan::facts(c);
+  const plan::CollectiveFacts& f = facts(c);
   if (f.busbw == plan::BusBw::Zero) return 0;
   return s.count * elem_size * (f.alg_per_rank ? static_cast<uint64_t>(nranks) : 1);
 }
@@ -230,7 +261,7 @@ bool Pattern::matches(double got, double expected) const {
 
 size_t outputCount(Collective c, const Shape& s) {
   // The receive buffer holds the per-rank block n times, or the whole vector.
-  return plan::facts(c).output_per_rank ? s.recv_count : s.count;
+  return facts(c).output_per_rank ? s.recv_count : s.count;
 }
 
 std::optional<double> expectedOutput(Collective c, const Pattern& p, const Shape& s, int root, int rank, size_t k) {
@@ -251,9 +282,7 @@ std::optional<double> expectedOutput(Collective c, const Pattern& p, const Shape
       return p.input(static_cast<int>(k / count), k % count);
     case Collective::Scatter: return p.input(root, r * count + k);
     case Collective::SendRecv: return p.input((rank + n - 1) % n, k);
-    case Collective::Barrier:
-    case Collective::AllGatherV:  // not benched (allCollectives())
-    case Collective::AllToAllV: return std::nullopt;
+    case Collective::Barrier: return std::nullopt;
   }
   return std::nullopt;
 }

@@ -29,11 +29,20 @@
 
 namespace chorus::tools::bench {
 
-// The collectives are plan's: their names, buffer shapes and nccl-tests'
-// busbw factors are plan::kCollectiveFacts.
-using plan::busBwFactor;
-using plan::Collective;
-using plan::collectiveName;
+// What chorus-bench runs, named as nccl-tests names its tests: plan's
+// collectives but the v-variants (their facts, names, buffer shapes and busbw
+// factors, are plan::kCollectiveFacts), and sendrecv, nccl-tests' point-to-
+// point test: a group of a send to the next rank and a receive from the
+// previous one (chorusSend/chorusRecv, not a collective of plan's; its facts
+// are the bench's own).
+enum class Collective : uint8_t {
+  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter, SendRecv, Barrier,
+};
+// plan's collective, or nullopt for sendrecv.
+std::optional<plan::Collective> planCollective(Collective c);
+const plan::CollectiveFacts& facts(Collective c);
+std::string_view collectiveName(Collective c);
+double busBwFactor(Collective c, int64_t nranks);
 
 std::span<const Collective> allCollectives();
 Result<Collective> parseCollective(std::string_view name);

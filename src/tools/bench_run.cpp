@@ -54,8 +54,6 @@ chorusResult_t issue(Collective c, const void* send, void* recv, const Shape& s,
       return rr != chorusSuccess ? rr : r;
     }
     case Collective::Barrier: return chorusBarrier(comm, st);
-    case Collective::AllGatherV:  // not benched (allCollectives())
-    case Collective::AllToAllV: break;
   }
   return chorusInvalidArgument;
 }
@@ -161,7 +159,10 @@ class Bench {
     if (!o_.blocking)
       if (chorusResult_t r = chorusStreamCreate(&stream_.stream); r != chorusSuccess)
         return apiError(comm_, rank_, "chorusStreamCreate (for -z 0)", r);
-    known_to_plans_ = plan::parseCollective(collectiveName(c_), &plan_collective_);
+    if (const std::optional<plan::Collective> pc = planCollective(c_)) {
+      known_to_plans_ = true;
+      plan_collective_ = *pc;
+    }
     CHORUS_ASSIGN_OR_RETURN(sizes_, sizeSweep(o_.sweep));
     if (c_ == Collective::Barrier) sizes_.resize(1);  // moves no data: one row says it all
 
@@ -282,7 +283,7 @@ class Bench {
     // What the tuner chose and what its cost model predicted.
     char chosen[64] = {};
     double predicted = 0;
-    const bool priced = c_ != Collective::SendRecv &&
+    const bool priced = known_to_plans_ &&
                         chorusCommPredict(comm_, std::string(collectiveName(c_)).c_str(), row.shape.count, d,
                                           in_place ? 1 : 0, chosen, sizeof chosen, &predicted) == chorusSuccess;
     // A forced algorithm that does not handle the shape falls back to the

@@ -25,6 +25,8 @@ double median(std::vector<double> v) {
 }
 
 std::string collName(uint8_t c) {
+  if (isPointToPoint(c))
+    return std::string(plan::pointToPointName(c == kOpSend ? plan::PointToPoint::Send : plan::PointToPoint::Recv));
   if (c >= plan::kNumCollectives) return fmt::format("collective{}", c);
   return std::string(plan::collectiveName(static_cast<plan::Collective>(c)));
 }
@@ -241,8 +243,12 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
         if (o.predicted_ns >= 0) args["predicted_us"] = static_cast<double>(o.predicted_ns) / 1e3;
         if (dur > 0)
           args["busbw_gbps"] = static_cast<double>(o.bytes) * busBwFactor(o.coll, c.nranks) / (dur * 1e3);
-        const bool p2p = (o.seq & kP2PBit) != 0;
-        std::string name = p2p ? fmt::format("{} {}", o.algo ? r.file.algos[o.algo] : "p2p", o.root)
+        // A send or receive is named by its peer; a rooted collective's root is in its args.
+        const bool p2p = isPointToPoint(o.coll);
+        if (p2p) args["peer"] = o.peer;
+        else if (o.coll < plan::kNumCollectives && plan::facts(static_cast<plan::Collective>(o.coll)).rooted)
+          args["root"] = o.root;
+        std::string name = p2p ? fmt::format("{} {} {}", collName(o.coll), o.coll == kOpSend ? "to" : "from", o.peer)
                                : fmt::format("{} #{}", collName(o.coll), o.seq);
         by_kind[kOps].push_back({events.size(), r.toRef(o.start_ns), r.toRef(o.end_ns)});
         events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", kOps}, {"name", name}, {"cat", "op"},

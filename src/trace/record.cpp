@@ -24,6 +24,14 @@ constexpr int32_t kMaxRanks = 1 << 22;  // a reader allocates per rank: bound wh
 constexpr int64_t kMaxTime = int64_t{1} << 60;
 bool timeOk(int64_t t) { return t >= -kMaxTime && t <= kMaxTime; }
 
+// Version 1 counted send/recv as collective 10 ("sendrecv", the algorithm's
+// name saying which side) and barrier as 11.
+uint8_t versionOneKind(uint8_t coll, std::string_view algo) {
+  if (coll == 10) return algo == "send" ? kOpSend : kOpRecv;
+  if (coll == 11) return static_cast<uint8_t>(plan::Collective::Barrier);
+  return coll;
+}
+
 void put(std::vector<std::byte>& out, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) out.push_back(static_cast<std::byte>(v >> (8 * i)));
 }
@@ -61,7 +69,8 @@ class Reader {
 }  // namespace
 
 uint64_t algBytes(uint8_t coll, uint64_t count, size_t elem_size, int nranks, std::span<const size_t> vcounts) {
-  if (coll >= plan::kNumCollectives) return 0;  // from a trace file: not a collective
+  if (isPointToPoint(coll)) return count * elem_size;
+  if (coll >= plan::kNumCollectives) return 0;  // from a trace file: no kind this reader knows
   const plan::CollectiveFacts& f = plan::facts(static_cast<plan::Collective>(coll));
   if (f.busbw == plan::BusBw::Zero) return 0;
   if (f.variable) {
@@ -74,6 +83,7 @@ uint64_t algBytes(uint8_t coll, uint64_t count, size_t elem_size, int nranks, st
 
 double busBwFactor(uint8_t coll, int nranks) {
   // `coll` comes from a trace file: a value outside the enum has no factor.
+  if (isPointToPoint(coll)) return 1;
   return coll < plan::kNumCollectives ? plan::busBwFactor(static_cast<plan::Collective>(coll), nranks) : 0;
 }
 
@@ -127,7 +137,7 @@ void Recorder::op(const OpRecord& r) {
   buf_.push_back(static_cast<std::byte>(r.dtype));
   put(buf_, r.algo, 2);
   buf_.push_back(static_cast<std::byte>(r.ok));
-  put(buf_, static_cast<uint32_t>(r.root), 4);
+  put(buf_, static_cast<uint32_t>(isPointToPoint(r.coll) ? r.peer : r.root), 4);
   put(buf_, r.count, 8);
   put(buf_, r.bytes, 8);
   put(buf_, static_cast<uint64_t>(r.enqueue_ns), 8);
@@ -189,8 +199,9 @@ Result<TraceFile> parseTrace(std::span<const std::byte> bytes) {
     return invalidArgument("not a chorus trace (bad magic or a header shorter than {} bytes)", kFixed);
   (void)r.str(8);
   t.header.version = static_cast<uint32_t>(r.u(4));
-  if (t.header.version != kVersion)
-    return invalidArgument("trace version {} is not supported (this reader knows version {})", t.header.version, kVersion);
+  if (t.header.version != kVersion && t.header.version != 1)
+    return invalidArgument("trace version {} is not supported (this reader knows versions 1 and {})", t.header.version,
+                           kVersion);
   t.header.rank = r.i32();
   t.header.nranks = r.i32();
   t.header.pid = r.i32();
@@ -238,7 +249,7 @@ Result<TraceFile> parseTrace(std::span<const std::byte> bytes) {
         o.dtype = static_cast<uint8_t>(r.u(1));
         o.algo = static_cast<uint16_t>(r.u(2));
         o.ok = static_cast<uint8_t>(r.u(1));
-        o.root = r.i32();
+        const int32_t root_or_peer = r.i32();
         o.count = r.u(8);
         o.bytes = r.u(8);
         o.enqueue_ns = r.i64();
@@ -249,6 +260,8 @@ Result<TraceFile> parseTrace(std::span<const std::byte> bytes) {
           return invalidArgument("trace record at offset {}: a time outside +-2^60 ns", at);
         if (o.algo >= t.algos.size())
           return invalidArgument("trace record at offset {}: op names algorithm {} before it was defined", at, o.algo);
+        if (t.header.version == 1) o.coll = versionOneKind(o.coll, t.algos[o.algo]);
+        (isPointToPoint(o.coll) ? o.peer : o.root) = root_or_peer;
         t.ops.push_back(o);
         break;
       }

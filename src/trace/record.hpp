@@ -9,8 +9,8 @@
 //
 //   Algo   id u16 | name (1..64 bytes)                  names used by Op records
 //   Op     one collective (or point-to-point call): sequence, kind, dtype,
-//          algorithm id, count, bytes, enqueue/start/end, the tuner's
-//          predicted time, ok or failed
+//          algorithm id, root or peer, count, bytes, enqueue/start/end, the
+//          tuner's predicted time, ok or failed
 //   Step   one step of an op's plan: op sequence, send / recv / recv-reduce /
 //          copy / reduce, peer, bytes, start (posted, or begun) and end
 //   Clock  an offset estimate: local time, offset to rank 0 (reference =
@@ -35,7 +35,10 @@
 namespace chorus::trace {
 
 constexpr char kMagic[8] = {'C', 'H', 'T', 'R', 'A', 'C', 'E', '1'};
-constexpr uint32_t kVersion = 1;
+// Version 2: point-to-point operations are their own kinds (kOpSend,
+// kOpRecv), no longer collective 10 ("sendrecv"), and barrier is 10, not 11;
+// the reader still reads version 1 files and maps their kinds.
+constexpr uint32_t kVersion = 2;
 
 enum class Kind : uint8_t { Algo = 1, Op = 2, Step = 3, Clock = 4 };
 // Step kinds (plan::StepOp values).
@@ -52,13 +55,22 @@ struct Header {
   std::string host;          // hostname (<= 64 bytes)
 };
 
+// OpRecord::coll of a point-to-point operation: not a collective (those are
+// plan::Collective values, below plan::kNumCollectives).
+constexpr uint8_t kOpSend = 0x80, kOpRecv = 0x81;
+[[nodiscard]] constexpr bool isPointToPoint(uint8_t coll) { return coll == kOpSend || coll == kOpRecv; }
+
 struct OpRecord {
   uint64_t seq = 0;     // the communicator's operation number ("#N")
-  uint8_t coll = 0;     // plan::Collective
+  uint8_t coll = 0;     // plan::Collective, or kOpSend / kOpRecv
   uint8_t dtype = 0;    // chorusDataType_t
   uint16_t algo = 0;    // Algo record id; 0 = none
   uint8_t ok = 1;
-  int32_t root = 0;     // root, or the peer of a send/recv
+  // One field in the file: a collective's root (0 where it has none) or a
+  // send's or receive's peer; the reader fills the one the kind has and
+  // leaves the other at its default.
+  int32_t root = 0;
+  int32_t peer = -1;
   uint64_t count = 0;
   uint64_t bytes = 0;   // the collective's message size as nccl-tests counts it
   int64_t enqueue_ns = 0, start_ns = 0, end_ns = 0;
@@ -81,12 +93,12 @@ struct ClockRecord {
 };
 
 // S of algbw = S / t (nccl-tests' rule): count x elem for allreduce,
-// broadcast, reduce and send/recv; count x elem x n for the gather and
-// scatter types and alltoall; for the v-collectives, the sum of counts.
+// broadcast, reduce and a send or receive; count x elem x n for the gather
+// and scatter types and alltoall; for the v-collectives, the sum of counts.
 uint64_t algBytes(uint8_t coll, uint64_t count, size_t elem_size, int nranks, std::span<const size_t> vcounts = {});
 // nccl-tests' busbw factor: allreduce 2(n-1)/n; allgather, reducescatter,
 // alltoall(v), allgatherv, gather, scatter (n-1)/n; broadcast, reduce,
-// send/recv 1; barrier 0.
+// send, recv 1; barrier 0.
 double busBwFactor(uint8_t coll, int nranks);
 
 // Writes one rank's trace.  op()/step()/algoId() from the executing thread

@@ -79,7 +79,6 @@ const plan::Algorithm* Tuner::defaultFor(const plan::Shape& sh) const {
     case Collective::AllToAll: return defaults_.pairwise_alltoall;
     case Collective::AllToAllV: return defaults_.pairwise_alltoallv;
     case Collective::Barrier: return defaults_.barrier;
-    case Collective::SendRecv: return nullptr;
   }
   return nullptr;
 }
@@ -99,7 +98,6 @@ Result<double> Tuner::price(const plan::Algorithm& algo, const plan::Shape& sh, 
 
 Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
   const Collective c = sh.coll;
-  if (c == Collective::SendRecv) return internalError("send/recv does not go through the tuner");
   Choice ch;
   ch.chunk_bytes = defaultChunk();
   if (const plan::Algorithm* f = forced_[static_cast<size_t>(c)]; f != nullptr && f->supports(sh)) {

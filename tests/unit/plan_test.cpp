@@ -277,10 +277,12 @@ TEST(CollectiveFacts, EveryConsumerReadsTheSameTable) {
       const double f = busBwFactor(c, n);
       EXPECT_DOUBLE_EQ(trace::busBwFactor(static_cast<uint8_t>(i), n), f) << collectiveName(c) << " n " << n;
       EXPECT_DOUBLE_EQ(sim::busBandwidthFactor(c, n), f) << collectiveName(c) << " n " << n;
-      EXPECT_DOUBLE_EQ(tools::bench::busBwFactor(c, n), f) << collectiveName(c) << " n " << n;
+      for (tools::bench::Collective b : tools::bench::allCollectives())
+        if (tools::bench::planCollective(b) == c)
+          EXPECT_DOUBLE_EQ(tools::bench::busBwFactor(b, n), f) << collectiveName(c) << " n " << n;
       const double m = n > 1 ? (n - 1.0) / n : 0;
       const double want = c == Collective::AllReduce ? 2 * m
-                          : c == Collective::Broadcast || c == Collective::Reduce || c == Collective::SendRecv ? 1
+                          : c == Collective::Broadcast || c == Collective::Reduce ? 1
                           : c == Collective::Barrier ? 0
                                                      : m;
       EXPECT_DOUBLE_EQ(f, want) << collectiveName(c) << " n " << n;
@@ -288,15 +290,45 @@ TEST(CollectiveFacts, EveryConsumerReadsTheSameTable) {
   }
   EXPECT_EQ(trace::busBwFactor(kNumCollectives, 8), 0.0);  // a value from a file that is no collective
   EXPECT_EQ(trace::algBytes(200, 1024, 4, 8), 0u);
-  // The bench runs every collective but the v-variants, and parses back what it prints.
-  EXPECT_EQ(tools::bench::allCollectives().size(), static_cast<size_t>(kNumCollectives - 2));
-  for (Collective c : tools::bench::allCollectives()) {
-    auto p = tools::bench::parseCollective(collectiveName(c));
+  // The bench runs every collective but the v-variants, and sendrecv (not a
+  // collective of plan's), and parses back what it prints.
+  EXPECT_EQ(tools::bench::allCollectives().size(), static_cast<size_t>(kNumCollectives - 2 + 1));
+  for (tools::bench::Collective b : tools::bench::allCollectives()) {
+    auto p = tools::bench::parseCollective(tools::bench::collectiveName(b));
     ASSERT_TRUE(p.isOk());
-    EXPECT_EQ(*p, c);
-    EXPECT_EQ(tools::bench::takesOp(c), reduces(c));
+    EXPECT_EQ(*p, b);
+    const std::optional<Collective> c = tools::bench::planCollective(b);
+    if (!c) continue;
+    EXPECT_EQ(tools::bench::collectiveName(b), collectiveName(*c));
+    EXPECT_EQ(tools::bench::takesOp(b), reduces(*c));
   }
   EXPECT_FALSE(tools::bench::parseCollective("allgatherv").isOk());
+}
+
+// Point-to-point operations are not collectives (issue 18 part 4): no entry
+// of the facts table, the tuner or the parser; the trace and the bench count
+// a send or receive as nccl-tests' sendrecv does (algbw = busbw, count x elem).
+TEST(CollectiveFacts, PointToPointIsNoCollective) {
+  Collective c{};
+  EXPECT_FALSE(parseCollective("sendrecv", &c));
+  EXPECT_FALSE(parseCollective("send", &c));
+  for (int i = 0; i < kNumCollectives; ++i) {
+    EXPECT_NE(kCollectiveFacts[i].name, "sendrecv");
+    EXPECT_NE(kCollectiveFacts[i].name, pointToPointName(PointToPoint::Send));
+    EXPECT_NE(kCollectiveFacts[i].name, pointToPointName(PointToPoint::Recv));
+  }
+  EXPECT_EQ(pointToPointName(PointToPoint::Send), "send");
+  EXPECT_EQ(pointToPointName(PointToPoint::Recv), "recv");
+  for (uint8_t k : {trace::kOpSend, trace::kOpRecv}) {
+    EXPECT_TRUE(trace::isPointToPoint(k));
+    EXPECT_GE(k, kNumCollectives);
+    EXPECT_EQ(trace::busBwFactor(k, 8), 1.0);
+    EXPECT_EQ(trace::algBytes(k, 1024, 4, 8), 4096u);
+  }
+  EXPECT_FALSE(trace::isPointToPoint(static_cast<uint8_t>(Collective::Barrier)));
+  EXPECT_FALSE(tools::bench::planCollective(tools::bench::Collective::SendRecv).has_value());
+  EXPECT_EQ(tools::bench::busBwFactor(tools::bench::Collective::SendRecv, 8), 1.0);
+  EXPECT_EQ(tools::bench::collectiveName(tools::bench::Collective::SendRecv), "sendrecv");
 }
 
 // ---- Reproducible reductions, canonical mode (plan/canonical.hpp) -----------

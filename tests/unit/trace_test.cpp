@@ -206,6 +206,64 @@ TEST(TraceFormat, RecordsRoundTrip) {
   EXPECT_EQ(cut->clocks.size(), 0u);
 }
 
+// Point-to-point operations have their own kinds (version 2) and keep their
+// peer apart from a collective's root; a version 1 file, where a send or
+// receive was collective 10 ("sendrecv") with its peer in the root field and
+// barrier was 11, reads with the kinds of today.
+TEST(TraceFormat, PointToPointKindsAndVersionOneFiles) {
+  TempDir dir;
+  Header h;
+  h.nranks = 4;
+  auto write = [&](const std::vector<OpRecord>& ops) {
+    auto rec = Recorder::open(dir.path, h);
+    EXPECT_TRUE(rec.isOk()) << rec.status().message();
+    const std::string path = (*rec)->path();
+    const uint16_t send = (*rec)->algoId("send");
+    for (OpRecord o : ops) {
+      o.algo = send;
+      (*rec)->op(o);
+    }
+    return path;
+  };
+  OpRecord s;
+  s.coll = kOpSend;
+  s.peer = 3;
+  s.root = 2;  // not written: a send has no root
+  OpRecord b;
+  b.seq = 1;
+  b.coll = static_cast<uint8_t>(plan::Collective::Broadcast);
+  b.root = 2;
+  auto t = readTraceFile(write({s, b}));
+  ASSERT_TRUE(t.isOk()) << t.status().message();
+  ASSERT_EQ(t->ops.size(), 2u);
+  EXPECT_EQ(t->ops[0].coll, kOpSend);
+  EXPECT_EQ(t->ops[0].peer, 3);
+  EXPECT_EQ(t->ops[0].root, 0);
+  EXPECT_EQ(t->ops[1].root, 2);
+  EXPECT_EQ(t->ops[1].peer, -1);
+
+  // Version 1: kinds 10 (with the algorithm "send") and 11.
+  std::filesystem::remove_all(dir.path);
+  OpRecord old_send;
+  old_send.coll = 10;
+  old_send.root = 3;
+  OpRecord old_barrier;
+  old_barrier.seq = 1;
+  old_barrier.coll = 11;
+  const std::string path = write({old_send, old_barrier});
+  std::vector<std::byte> bytes = readAll(path);
+  ASSERT_GT(bytes.size(), 12u);
+  bytes[8] = std::byte{1};  // the version, after the 8-byte magic
+  auto v1 = parseTrace(bytes);
+  ASSERT_TRUE(v1.isOk()) << v1.status().message();
+  ASSERT_EQ(v1->ops.size(), 2u);
+  EXPECT_EQ(v1->ops[0].coll, kOpSend);
+  EXPECT_EQ(v1->ops[0].peer, 3);
+  EXPECT_EQ(v1->ops[1].coll, static_cast<uint8_t>(plan::Collective::Barrier));
+  bytes[8] = std::byte{3};
+  EXPECT_FALSE(parseTrace(bytes).isOk());
+}
+
 TEST(TraceFormat, HostileBytesAreRefusedWithTheOffset) {
   TempDir dir;
   Header h;
