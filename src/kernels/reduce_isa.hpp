@@ -373,7 +373,7 @@ bool exactToWord(int64_t* acc, const float* x, size_t n, int lsb_exp) {
     const U mm = e != 0 ? (m | 0x800000) : m;
     const I s = (I)(e != 0 ? e : 1) - base;
     const U sl = s > 0 ? (U)s & 63 : U{}, sr = s < 0 ? (U)(-s < 63 ? -s : I{} + 63) : U{};
-    bad |= (e == 0xff) | (s > 39) | ((mm & ((U{} + 1 << sr) - 1)) != 0);
+    bad |= (e == 0xff) | (s > 39) | ((mm & (((U{} + 1) << sr) - 1)) != 0);
     const I w = (I)((mm << sl) >> sr);
     const I neg = -(I)(b >> 31);  // 0 or all ones
     st(reinterpret_cast<unsigned char*>(acc + i), I((w ^ neg) - neg));
