@@ -43,7 +43,10 @@ class CompressedBase : public Algorithm {
 
  protected:
   // Elements of a fp32 message of `elems` on the wire, rounded up (the cost
-  // models count elements of elem_size bytes).
+  // models count elements of elem_size bytes).  The rounds of these plans
+  // carry no reduction: the fp32 accumulation happens in DequantizeReduce,
+  // which the tuner's cost model prices with the other (de)quantize passes
+  // (src/tune/cost_model.cpp, compressWork).
   static uint64_t wireElems(const Shape& sh, uint64_t elems) {
     return (kernels::wireBytes(*sh.wire, elems) + sh.elem_size - 1) / sh.elem_size;
   }
@@ -99,8 +102,7 @@ class CompressedAllReduce final : public CompressedBase {
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
     const uint64_t blk = wireElems(sh, partBegin(sh.count, sh.nranks, 1));
-    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = blk, .reduce = true, .staged = true},
-                              {.peers = Peers::AllPairs, .elems = blk}};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = blk}, {.peers = Peers::AllPairs, .elems = blk}};
   }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
@@ -132,8 +134,7 @@ class CompressedReduceScatter final : public CompressedBase {
   int quantizations(const Shape& sh) const override { return sh.nranks > 1 ? 1 : 0; }
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
-    return std::vector<Round>{
-        {.peers = Peers::AllPairs, .elems = wireElems(sh, sh.count), .reduce = true, .staged = true}};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = wireElems(sh, sh.count)}};
   }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;

@@ -5,6 +5,8 @@
 
 #include "plan/plan.hpp"
 #include "plan/verify.hpp"
+#include "tune/cost_model.hpp"
+#include "tune/tuner.hpp"
 
 namespace chorus::plan {
 namespace {
@@ -164,6 +166,58 @@ TEST(CompressedPlan, UndeclaredQuantizationAndMisSizedWireAreRejected) {
   st = verify(short_wire, compressedCase(Collective::AllGather, 2, 9, false, 0, kFormats[1]));
   ASSERT_FALSE(st.isOk());
   EXPECT_NE(st.message().find("wire region"), std::string::npos) << st.message();
+}
+
+// The tuner: a compressed call gets a compressed plan, an uncompressed call
+// never does; the price counts the wire bytes and the (de)quantize passes.
+TEST(CompressedPlan, TunerOffersCompressionOnlyWhereAllowedAndPricesIt) {
+  Registry reg = Registry::builtin();
+  const std::vector<int> hosts = {0, 1, 2, 3};  // four hosts: TCP links
+  tune::Topology topo{4, 1, false, hosts, false};
+  auto tuner = tune::Tuner::create(reg, topo, "", 0);
+  ASSERT_TRUE(tuner.isOk()) << tuner.status().message();
+  for (Collective c : {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather}) {
+    Shape sh;
+    sh.coll = c;
+    sh.nranks = 4;
+    sh.count = 16u << 20;  // 64 MiB of fp32 (per rank's block for the gather types)
+    sh.hosts = hosts;
+    auto plain = tuner->choose(sh, chorusFloat32);
+    ASSERT_TRUE(plain.isOk());
+    EXPECT_FALSE(plain->algo->compressed()) << collectiveName(c);
+    sh.wire = kernels::WireFormat{kernels::WireFormat::Bf16, 128};
+    auto bf16 = tuner->choose(sh, chorusFloat32);
+    ASSERT_TRUE(bf16.isOk());
+    EXPECT_TRUE(bf16->algo->compressed()) << collectiveName(c);
+    // On 1 Gbit/s links (bench/compress.sh's cluster) cheaper than the best
+    // uncompressed plan at this size, fp8 cheaper still; on one host, where
+    // the links are memory copies, the kernels' work is what it costs.
+    tune::CostProfile prof;
+    prof.tcp.beta = prof.tcp.beta_large = chorus::SecondsPerByte(1.0 / 125e6);
+    Shape priced = sh;
+    priced.chunk_elems = (1u << 20) / 4;
+    auto t_bf16 = tune::predictSeconds(*bf16->algo, priced, chorusFloat32, prof, hosts);
+    priced.wire = kernels::WireFormat{kernels::WireFormat::Fp8E4m3, 128};
+    auto t_fp8 = tune::predictSeconds(*bf16->algo, priced, chorusFloat32, prof, hosts);
+    Shape unc = priced;
+    unc.wire.reset();
+    auto t_plain = tune::predictSeconds(*plain->algo, unc, chorusFloat32, prof, hosts);
+    ASSERT_TRUE(t_bf16.isOk() && t_fp8.isOk() && t_plain.isOk());
+    EXPECT_LT(t_bf16->value(), t_plain->value()) << collectiveName(c);
+    EXPECT_LT(t_fp8->value(), t_bf16->value()) << collectiveName(c);
+    const std::vector<int> one_host(4, 0);
+    Shape local = priced;
+    local.hosts = one_host;
+    auto t_local = tune::predictSeconds(*bf16->algo, local, chorusFloat32, prof, one_host);
+    local.wire.reset();
+    auto t_local_plain = tune::predictSeconds(*plain->algo, local, chorusFloat32, prof, one_host);
+    ASSERT_TRUE(t_local.isOk() && t_local_plain.isOk());
+    fprintf(stderr, "%s 64 MiB, 1 host: plain %.1f ms, fp8 %.1f ms\n", std::string(collectiveName(c)).c_str(),
+            t_local_plain->value() * 1e3, t_local->value() * 1e3);
+    fprintf(stderr, "%s 64 MiB, 4 hosts: plain %s %.1f ms, bf16 %.1f ms, fp8 %.1f ms\n",
+            std::string(collectiveName(c)).c_str(), std::string(plain->algo->name()).c_str(), t_plain->value() * 1e3,
+            t_bf16->value() * 1e3, t_fp8->value() * 1e3);
+  }
 }
 
 }  // namespace
