@@ -9,6 +9,9 @@
 namespace chorus::exec {
 
 using plan::StepOp;
+static_assert(static_cast<int>(trace::StepKind::DequantizeReduce) == static_cast<int>(StepOp::DequantizeReduce) &&
+                  static_cast<int>(trace::StepKind::Quantize) == static_cast<int>(StepOp::Quantize),
+              "trace records carry plan::StepOp values");
 using Clock = std::chrono::steady_clock;
 
 Executor::Executor(int rank, std::vector<transport::Transport*> routes) : rank_(rank), routes_(std::move(routes)) {

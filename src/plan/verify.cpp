@@ -315,7 +315,7 @@ Result<bool> Verifier::quantStep(int r, size_t i, const Step& step) {
     std::vector<Value> tmp(f->begin() + fr.offset, f->begin() + fr.end());
     for (uint64_t e = 0; e < m; ++e) {
       if (tmp[e].ranks != 0 && static_cast<int>(tmp[e].quant) + 1 > max_quant_)
-        return fail(r, fmt::format("step {} quantizes {} a {}th time, but the plan declares at most {} "
+        return fail(r, fmt::format("step {} would quantize {} {} times, but the plan declares at most {} "
                                    "quantizations per element", i, describe(tmp[e]), tmp[e].quant + 1, max_quant_));
       tmp[e].quant += 1;
     }

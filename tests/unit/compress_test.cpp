@@ -11,11 +11,15 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <random>
+
+#include <unistd.h>
 
 #include "api/config.hpp"
 #include "kernels/quantize.hpp"
 #include "support/rank_threads.hpp"
+#include "trace/record.hpp"
 
 namespace chorus::testing {
 namespace {
@@ -401,6 +405,38 @@ TEST(CompressedCollectives, ReproducibleModesRefuseCompression) {
     return msg.find("CHORUS_REPRODUCIBLE") != std::string::npos ? "" : msg;
   });
   EXPECT_EQ(failures(msgs), "");
+}
+
+// A traced compressed call writes records of the (de)quantize steps that the
+// trace reader accepts.
+TEST(CompressedCollectives, TracedCallsRecordTheQuantizeSteps) {
+  const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("chorus-compress-trace-{}", getpid())).string();
+  std::filesystem::remove_all(dir);
+  Config cfg;
+  cfg.trace.dir = dir;
+  auto msgs = runRanks(2, cfg, [&](int r, chorusComm_t comm) -> std::string {
+    std::vector<float> x(4096, 1.0f), y(4096);
+    chorusCallOptions_t o = CHORUS_CALL_OPTIONS_INITIALIZER;
+    o.compress = CHORUS_COMPRESS_FP8;
+    if (chorusAllReduceEx(x.data(), y.data(), 4096, chorusFloat32, chorusSum, comm, nullptr, &o) != chorusSuccess)
+      return chorusGetLastError(comm);
+    return y[0] == 2.0f ? "" : fmt::format("rank {}: {}", r, y[0]);
+  });
+  ASSERT_EQ(failures(msgs), "");
+  int files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.path().extension() != ".trace") continue;
+    ++files;
+    auto t = trace::readTraceFile(e.path().string());
+    ASSERT_TRUE(t.isOk()) << t.status().message();
+    int kinds[8] = {};
+    for (const auto& s : t->steps) ++kinds[s.kind];
+    EXPECT_GT(kinds[static_cast<int>(trace::StepKind::Quantize)], 0);
+    EXPECT_GT(kinds[static_cast<int>(trace::StepKind::DequantizeReduce)], 0);
+    EXPECT_GT(kinds[static_cast<int>(trace::StepKind::Dequantize)], 0);
+  }
+  EXPECT_EQ(files, 2);
+  std::filesystem::remove_all(dir);
 }
 
 // CHORUS_COMPRESS (read only in src/api/config.cpp).
