@@ -25,6 +25,7 @@
 // steps, pipelined per slice (Shape::chunk_elems) as the direct allreduce is.
 // Blocks of fp8 scales are counted from each run's first element, and both
 // ends quantize and decode the same run, so the layouts agree.
+#include "plan/host_layout.hpp"
 #include "plan/partition.hpp"
 #include "plan/plan.hpp"
 
@@ -185,10 +186,104 @@ class CompressedAllGather final : public CompressedBase {
   }
 };
 
+// Several ranks per host: the compressed direct allreduce would send every
+// rank's quantized blocks to the other hosts' ranks, 2 N w bytes out of each
+// host (w = wire bytes per fp32 byte), where an uncompressed two-level plan
+// reduces inside the host first and sends N.  So, as the hierarchical
+// allreduce does, in three phases per slice, with L ranks per host and H hosts:
+//   (1) fp32 reduce-scatter inside the host (shared memory, no quantization):
+//       local rank l sums part l of the vector over its host;
+//   (2) the compressed direct allreduce of part l across hosts, between the
+//       ranks with local index l (k = 2: the host sums quantized once, the
+//       total once);
+//   (3) fp32 allgather of the parts inside the host.
+// Out of each host: 2 (H - 1)/H N w bytes.  Still 2 quantizations.
+class CompressedHierarchicalAllReduce final : public CompressedBase {
+ public:
+  std::string_view name() const override { return "compressed_hierarchical"; }
+  Collective collective() const override { return Collective::AllReduce; }
+  bool supports(const Shape& sh) const override {
+    const HostLayout lay(sh);
+    return CompressedBase::supports(sh) && lay.ok() && lay.L >= 2;
+  }
+  std::string_view requirement() const override {
+    return "a compressed call on two or more hosts with the same number (>= 2) of ranks each";
+  }
+  int quantizations(const Shape& sh) const override { return sh.nranks > 1 ? 2 : 0; }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override {
+    const HostLayout lay(sh);
+    if (!lay.ok()) return invalidArgument("compressed_hierarchical: the hosts do not all hold the same number of ranks");
+    if (sh.count == 0) return std::vector<Round>{};
+    const uint64_t part = partBegin(sh.count, lay.L, 1);  // the largest part
+    const uint64_t sub = wireElems(sh, partBegin(part, lay.H, 1));
+    Round intra{.peers = Peers::Explicit, .elems = part, .reduce = true};
+    Round across{.peers = Peers::Explicit, .elems = sub};
+    for (int g = 0; g < lay.H; ++g)
+      for (int a = 0; a < lay.L; ++a)
+        for (int d = 0; d < lay.L; ++d)
+          if (a != d) intra.msgs.push_back({lay.rank(g, a), lay.rank(g, d), part});
+    for (int l = 0; l < lay.L; ++l)
+      for (int a = 0; a < lay.H; ++a)
+        for (int d = 0; d < lay.H; ++d)
+          if (a != d) across.msgs.push_back({lay.rank(a, l), lay.rank(d, l), sub});
+    Round gather = intra;
+    gather.reduce = false;
+    return std::vector<Round>{intra, across, across, gather};
+  }
+  void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
+    const HostLayout lay(sh);
+    const int H = lay.H, L = lay.L, g = lay.host[r], l = lay.local[r];
+    if (sh.count == 0) return;
+    // Part p of the vector (the one local rank p owns), slice s of it, and
+    // sub-block h of that slice (the one host h's rank p owns).
+    const Blocks parts{sh.count, L, sh.chunk_elems};
+    auto subOf = [&](Region x, int h) {
+      const uint64_t a = partBegin(x.count, H, h), e = partBegin(x.count, H, h + 1);
+      return Region{x.buf, x.offset + a, e - a};
+    };
+    for (uint64_t s = 0; s < parts.slices(); ++s) {
+      // (1) Inside the host, in fp32.
+      for (int k = 1; k < L; ++k) {
+        const int p = (l + k) % L;
+        if (Region x = parts.slice(Buf::Input, 0, p, s); x.count) b.send(lay.rank(g, p), x);
+      }
+      const Region mine = parts.slice(Buf::Output, 0, l, s);
+      if (mine.count) {
+        for (int k = 1; k < L; ++k)
+          b.recvReduce(lay.rank(g, (l - k + L) % L), mine, k == 1 ? parts.slice(Buf::Input, 0, l, s) : mine);
+        // (2) Across hosts, compressed: sub-block h of my part to host h's rank l.
+        for (int k = 1; k < H; ++k) {
+          const int h = (g + k) % H;
+          if (Region x = subOf(mine, h); x.count) quantizeSend(b, sh, lay.rank(h, l), x);
+        }
+        const Region own = subOf(mine, g);
+        if (own.count) {
+          for (int k = 1; k < H; ++k) recvDecode(b, sh, lay.rank((g - k + H) % H, l), own, &own);
+          const Region w = b.wire(kernels::wireBytes(*sh.wire, own.count));
+          b.quantize(w, own);
+          for (int k = 1; k < H; ++k) b.send(lay.rank((g + k) % H, l), w);
+          b.dequantize(own, w);
+        }
+        for (int k = 1; k < H; ++k) {
+          const int h = (g - k + H) % H;
+          if (Region x = subOf(mine, h); x.count) recvDecode(b, sh, lay.rank(h, l), x, nullptr);
+        }
+        // (3) My part, now final, to the host's other ranks.
+        for (int k = 1; k < L; ++k) b.send(lay.rank(g, (l + k) % L), mine);
+      }
+      for (int k = 1; k < L; ++k) {
+        const int p = (l - k + L) % L;
+        if (Region x = parts.slice(Buf::Output, 0, p, s); x.count) b.recv(lay.rank(g, p), x);
+      }
+    }
+  }
+};
+
 }  // namespace
 
 void addCompressedAlgorithms(Registry& r) {
   r.add(std::make_unique<CompressedAllReduce>());
+  r.add(std::make_unique<CompressedHierarchicalAllReduce>());
   r.add(std::make_unique<CompressedReduceScatter>());
   r.add(std::make_unique<CompressedAllGather>());
 }

@@ -40,7 +40,10 @@ TEST(CompressedPlan, EveryCompressedAlgorithmVerifiesAndDeclaresItsCount) {
           for (bool inplace : {false, true}) {
             for (const auto& fmt : kFormats) {
               VerifyCase vc = compressedCase(c, n, count, inplace, chunk, fmt);
-              ASSERT_TRUE(algo->supports(vc.shape));
+              if (!algo->supports(vc.shape)) {  // needs a host layout: below
+                ASSERT_EQ(algo->name(), "compressed_hierarchical");
+                continue;
+              }
               Status st = verify(*algo, vc);
               ASSERT_TRUE(st.isOk()) << st.message();
               ++verified;
@@ -54,7 +57,9 @@ TEST(CompressedPlan, EveryCompressedAlgorithmVerifiesAndDeclaresItsCount) {
   // And one large rank count.
   for (const auto& algo : reg.all())
     if (algo->compressed()) {
-      Status st = verify(*algo, compressedCase(algo->collective(), 31, 70, true, 8, kFormats[1]));
+      VerifyCase vc = compressedCase(algo->collective(), 31, 70, true, 8, kFormats[1]);
+      if (!algo->supports(vc.shape)) continue;
+      Status st = verify(*algo, vc);
       EXPECT_TRUE(st.isOk()) << st.message();
     }
 }
@@ -62,8 +67,10 @@ TEST(CompressedPlan, EveryCompressedAlgorithmVerifiesAndDeclaresItsCount) {
 TEST(CompressedPlan, CompressedAlgorithmsTakeOnlyCompressedFp32Shapes) {
   Registry reg = Registry::builtin();
   int seen = 0;
+  const std::vector<int> two_hosts = {0, 0, 1, 1};
   for (const auto& algo : reg.all()) {
     VerifyCase vc = compressedCase(algo->collective(), 4, 64, false, 0, kFormats[1]);
+    vc.shape.hosts = two_hosts;
     if (!algo->compressed()) continue;
     ++seen;
     EXPECT_TRUE(algo->supports(vc.shape));
@@ -75,7 +82,42 @@ TEST(CompressedPlan, CompressedAlgorithmsTakeOnlyCompressedFp32Shapes) {
     vc.shape.elem_size = 8;
     EXPECT_FALSE(algo->supports(vc.shape));
   }
-  EXPECT_EQ(seen, 3);
+  EXPECT_EQ(seen, 4);
+}
+
+// The two-level compressed allreduce on host layouts: contiguous and
+// round-robin hosts of 2 and 3 ranks; uneven layouts and one host refused.
+TEST(CompressedPlan, HierarchicalVerifiesOnHostLayouts) {
+  Registry reg = Registry::builtin();
+  const Algorithm* algo = reg.find(Collective::AllReduce, "compressed_hierarchical");
+  ASSERT_NE(algo, nullptr);
+  int verified = 0;
+  for (int H : {2, 3})
+    for (int L : {2, 3})
+      for (bool round_robin : {false, true}) {
+        const int n = H * L;
+        std::vector<int> hosts(static_cast<size_t>(n));
+        for (int r = 0; r < n; ++r) hosts[static_cast<size_t>(r)] = round_robin ? r % H : r / L;
+        for (uint64_t count : {0, 1, 7, 33, 100})
+          for (uint64_t chunk : {0, 4})
+            for (bool inplace : {false, true})
+              for (const auto& fmt : kFormats) {
+                VerifyCase vc = compressedCase(Collective::AllReduce, n, count, inplace, chunk, fmt);
+                vc.hosts = hosts;
+                vc.shape.hosts = vc.hosts;
+                ASSERT_TRUE(algo->supports(vc.shape));
+                Status st = verify(*algo, vc);
+                ASSERT_TRUE(st.isOk()) << st.message();
+                ++verified;
+              }
+      }
+  EXPECT_EQ(verified, 2 * 2 * 2 * 5 * 2 * 2 * 3);
+  VerifyCase uneven = compressedCase(Collective::AllReduce, 5, 10, false, 0, kFormats[0]);
+  const std::vector<int> h5 = {0, 0, 0, 1, 1}, one = {0, 0, 0, 0, 0};
+  uneven.shape.hosts = h5;
+  EXPECT_FALSE(algo->supports(uneven.shape));
+  uneven.shape.hosts = one;
+  EXPECT_FALSE(algo->supports(uneven.shape));
 }
 
 // An allgather that relays every block through the next rank, quantizing it
