@@ -129,13 +129,21 @@ typedef struct {
    * Appended in 0.1: a caller compiled against the older, shorter layout
    * (size without this field) is accepted and gets the environment's value. */
   int reproducible;
+  /* Compressed collectives' default (CHORUS_COMPRESS): one of CHORUS_COMPRESS_*
+   * (-1: the environment's), and fp8's block, 32..1024 elements per scale
+   * (-1: the environment's, else 128).  The default applies to the calls that
+   * can be compressed (fp32 allreduce and reduce-scatter with sum, avg or a
+   * premulsum op, fp32 allgather); others run uncompressed.  Appended in 0.1,
+   * as reproducible was. */
+  int compress;
+  int compressBlock;
 } chorusConfig_t;
 #define CHORUS_REPRODUCIBLE_OFF 0       /* plan-dependent rounding (fastest) */
 #define CHORUS_REPRODUCIBLE_CANONICAL 1 /* bitwise identical for a given number of ranks */
 #define CHORUS_REPRODUCIBLE_EXACT 2     /* correctly rounded sum: identical for any number of ranks */
 #define CHORUS_CONFIG_MAGIC 0x63686f72u /* "chor" */
 #define CHORUS_CONFIG_INITIALIZER \
-  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, -1, -1, -1 }
+  { sizeof(chorusConfig_t), CHORUS_CONFIG_MAGIC, CHORUS_VERSION_CODE, -1, -1, -1, -1, -1 }
 chorusResult_t chorusCommInitRankConfig(chorusComm_t* comm, int nranks, chorusUniqueId commId, int rank,
                                         const chorusConfig_t* config);
 /* Reads CHORUS_*, torchrun, Open MPI or Slurm variables; see chorus-run --print-env. */
@@ -221,6 +229,39 @@ chorusResult_t chorusCommPredict(chorusComm_t comm, const char* collective, size
  * the same point in its sequence of calls (as with CHORUS_ALGO).  Unknown
  * names are chorusInvalidArgument and leave the overrides unchanged. */
 chorusResult_t chorusCommSetAlgo(chorusComm_t comm, const char* spec);
+
+/* Compressed collectives (docs/algorithms.md, "Compressed reductions"): fp32
+ * data crosses the wire as bf16, or as fp8 e4m3 with one fp32 scale per block
+ * of elements, and is summed in fp32 wherever contributions combine.  Each
+ * element is quantized at most twice by an allreduce and once by a
+ * reduce-scatter or an allgather, which bounds the error (the derivation is in
+ * the docs).  Every rank gets the same bits.
+ * A call's options: start from CHORUS_CALL_OPTIONS_INITIALIZER.  compress is
+ * CHORUS_COMPRESS_DEFAULT (the communicator's: chorusConfig_t.compress or
+ * CHORUS_COMPRESS), _OFF, _BF16 or _FP8; fp8Block 32..1024 or -1 (the
+ * communicator's, else 128).  Asking for a format the call cannot use (a type
+ * other than chorusFloat32, an op other than sum, avg or premulsum, a block out
+ * of range, CHORUS_REPRODUCIBLE set) is chorusInvalidArgument naming the
+ * argument and the supported values, never a silently uncompressed call.
+ * All ranks must pass the same options.  options == NULL: the defaults. */
+#define CHORUS_COMPRESS_DEFAULT (-1)
+#define CHORUS_COMPRESS_OFF 0
+#define CHORUS_COMPRESS_BF16 1
+#define CHORUS_COMPRESS_FP8 2
+typedef struct {
+  size_t size; /* sizeof(chorusCallOptions_t), set by the initializer */
+  int compress;
+  int fp8Block;
+} chorusCallOptions_t;
+#define CHORUS_CALL_OPTIONS_INITIALIZER { sizeof(chorusCallOptions_t), CHORUS_COMPRESS_DEFAULT, -1 }
+chorusResult_t chorusAllReduceEx(const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                                 chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream,
+                                 const chorusCallOptions_t* options);
+chorusResult_t chorusReduceScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                     chorusStream_t stream, const chorusCallOptions_t* options);
+chorusResult_t chorusAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
+                                 chorusComm_t comm, chorusStream_t stream, const chorusCallOptions_t* options);
 
 #ifdef __cplusplus
 }

@@ -32,6 +32,13 @@ algorithm, chunk size, transport or rank placement (canonical), or correctly
 rounded and identical across world sizes (exact; integer tensors are then
 refused for SUM/AVG and every tensor for PRODUCT); docs/algorithms.md.
 
+Compressed gradients: ``chorus.torch.compressed_allreduce_hook`` is a DDP
+communication hook (like torch's fp16_compress_hook) that averages each fp32
+bucket with a chorus compressed allreduce: bf16 or fp8 on the wire, fp32 sums
+(``model.register_comm_hook(chorus.torch.CompressedAllreduceState(group,
+"fp8:256"), chorus.torch.compressed_allreduce_hook)``; state None: the
+default group, bf16).  The error bound is in docs/algorithms.md.
+
 Not supported: message tags (messages between two ranks match in issue
 order), BAND/BOR/BXOR, monitored_barrier (torch implements it for gloo only).
 """
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import torch
 import torch.distributed as _dist
 
 from . import _chorus_torch
@@ -72,6 +80,47 @@ def abort(group: "_dist.ProcessGroup | None" = None) -> None:
     pending and later operation on it fails at once."""
     pg = group if group is not None else _dist.distributed_c10d._get_default_group()
     _chorus_torch.abort(pg)
+
+
+_WIRE_MODES = {"bf16": 1, "fp8": 2}  # CHORUS_COMPRESS_BF16, CHORUS_COMPRESS_FP8
+
+
+class CompressedAllreduceState:
+    """The state of compressed_allreduce_hook: the process group (None: the
+    default group, which must be a chorus group) and the wire format, "bf16",
+    "fp8" (128 elements per scale) or "fp8:BLOCK" (BLOCK 32..1024)."""
+
+    def __init__(self, process_group: "_dist.ProcessGroup | None" = None, wire: str = "bf16") -> None:
+        kind, _, block = wire.partition(":")
+        if kind not in _WIRE_MODES or (block and (kind != "fp8" or not block.isdigit())):
+            raise ValueError(f"CompressedAllreduceState: wire={wire!r} is not a wire format "
+                             "(accepted: bf16, fp8, fp8:BLOCK with BLOCK 32..1024)")
+        self.process_group = process_group
+        self.wire = wire
+        self.mode = _WIRE_MODES[kind]
+        self.fp8_block = int(block) if block else -1  # chorus checks the range, naming it
+
+
+def compressed_allreduce_hook(state: "CompressedAllreduceState | _dist.ProcessGroup | None",
+                              bucket: "_dist.GradBucket") -> "torch.futures.Future":
+    """DDP communication hook: averages the bucket over the group with a
+    compressed allreduce (every rank gets the same bits).  ``state`` is a
+    CompressedAllreduceState, or a process group / None for bf16 on it.  A
+    bucket that is not float32 fails (chorus names the dtype) rather than
+    going uncompressed."""
+    if not isinstance(state, CompressedAllreduceState):
+        state = CompressedAllreduceState(state)
+    pg = state.process_group if state.process_group is not None else _dist.distributed_c10d._get_default_group()
+    buf = bucket.buffer()
+    work = _chorus_torch.compressed_allreduce(pg, buf, state.mode, state.fp8_block, True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+# DDP's register_comm_hook compares the annotations of `bucket` and of the
+# return value with the objects themselves, which `from __future__ import
+# annotations` turned into strings.
+compressed_allreduce_hook.__annotations__.update(
+    {"bucket": _dist.GradBucket, "return": torch.futures.Future[torch.Tensor]})
 
 
 def _register() -> None:

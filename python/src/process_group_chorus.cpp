@@ -623,6 +623,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Ten
       opts.timeout);
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::compressedAllreduce(const at::Tensor& t, int compress,
+                                                                       int fp8_block, bool average) {
+  checkTensor(t, "compressed_allreduce");
+  chorusComm_t c = comm_->get();
+  return enqueue(c10d::OpType::ALLREDUCE, {t}, [t, c, compress, fp8_block, average] {
+    chorusCallOptions_t o = CHORUS_CALL_OPTIONS_INITIALIZER;
+    o.compress = compress;
+    o.fp8Block = fp8_block;
+    // chorus refuses what it cannot compress (a dtype other than float32),
+    // naming it: the hook never falls back to an uncompressed call silently.
+    check(chorusAllReduceEx(t.data_ptr(), t.data_ptr(), t.numel(), toChorus(t.scalar_type(), "compressed_allreduce"),
+                            average ? chorusAvg : chorusSum, c, nullptr, &o),
+          c, "compressed_allreduce");
+  });
+}
+
 // As gloo does it: every rank's coalesced indices and values are gathered
 // (padded to the largest nnz: on main at the time of writing, chorus's
 // always-on signature check rejects an allgather_v whose ranks send
@@ -1104,4 +1120,16 @@ PYBIND11_MODULE(_chorus_torch, m) {
         chorusPg->abort();
       },
       py::arg("process_group"), "Aborts a chorus process group: every pending and future operation fails.");
+  m.def(
+      "compressed_allreduce",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& tensor, int compress, int fp8_block,
+         bool average) {
+        auto* chorusPg = dynamic_cast<chorus_torch::ProcessGroupChorus*>(pg.get());
+        if (chorusPg == nullptr) throw py::type_error("compressed_allreduce: not a chorus process group");
+        return chorusPg->compressedAllreduce(tensor, compress, fp8_block, average);
+      },
+      py::arg("process_group"), py::arg("tensor"), py::arg("compress"), py::arg("fp8_block") = -1,
+      py::arg("average") = true, py::call_guard<py::gil_scoped_release>(),
+      "Allreduces a float32 tensor in place with a compressed wire format (compress: 1 bf16, 2 fp8; fp8_block "
+      "32..1024 or -1 for 128); average: divide by the world size.  Returns the Work.");
 }

@@ -193,6 +193,10 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  // chorus.torch.compressed_allreduce_hook: an fp32 allreduce (sum, or the
+  // average) whose wire format is CHORUS_COMPRESS_BF16 or _FP8 with fp8Block
+  // (chorusAllReduceEx), in place.
+  c10::intrusive_ptr<c10d::Work> compressedAllreduce(const at::Tensor& t, int compress, int fp8_block, bool average);
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;

@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "api/compress.hpp"
 #include "api/config.hpp"
 #include "bootstrap/bootstrap.hpp"
 #include "clock/offset.hpp"
@@ -265,7 +266,9 @@ Status applyUserConfig(const chorusConfig_t& user, Config& cfg) {
   // The layout before `reproducible` was appended is accepted: its callers
   // get the environment's value for the fields their size does not cover.
   constexpr size_t kLayoutV0 = offsetof(chorusConfig_t, reproducible);
-  if ((user.size != sizeof(chorusConfig_t) && user.size != kLayoutV0) || user.magic != CHORUS_CONFIG_MAGIC)
+  constexpr size_t kLayoutV1 = offsetof(chorusConfig_t, compress);
+  if ((user.size != sizeof(chorusConfig_t) && user.size != kLayoutV0 && user.size != kLayoutV1) ||
+      user.magic != CHORUS_CONFIG_MAGIC)
     return invalidArgument("chorusCommInitRankConfig: config is not initialised (size={} magic={:#x}); "
                            "start from CHORUS_CONFIG_INITIALIZER",
                            user.size, user.magic);
@@ -287,6 +290,7 @@ Status applyUserConfig(const chorusConfig_t& user, Config& cfg) {
                              user.reproducible);
     cfg.reproducible = static_cast<Reproducible>(user.reproducible);
   }
+  if (user.size > kLayoutV1) CHORUS_RETURN_IF_ERROR(applyCompressConfig(user.compress, user.compressBlock, cfg));
   return {};
 }
 
@@ -502,10 +506,12 @@ OpDesc makePointToPoint(OpKind kind, const void* send, void* recv, size_t count,
 }
 }  // namespace
 
-CHORUS_EXPORT chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                             chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
-                                             chorusStream_t stream) {
-  const char* fn = "chorusAllReduce";
+namespace {
+// chorusAllReduce[Ex] (fn): options == nullptr takes the communicator's
+// compression default.
+chorusResult_t allReduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count, chorusDataType_t datatype,
+                         chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream,
+                         const chorusCallOptions_t* options) {
   CHORUS_COMM_PROLOGUE(fn);
   CHORUS_CHECK(checkDtype(fn, datatype));
   CHORUS_CHECK(inFunction(fn, ref->validateOp(op, datatype)));
@@ -513,7 +519,21 @@ CHORUS_EXPORT chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuf
   CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, count));
   CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, count));
   OpDesc d = makeOp(Collective::AllReduce, sendbuff, recvbuff, count, datatype, op);
+  CHORUS_CHECK(resolveCompression(fn, options, ref->config(), d));
   return issue(ref, stream, d);
+}
+}  // namespace
+
+CHORUS_EXPORT chorusResult_t chorusAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                             chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                             chorusStream_t stream) {
+  return allReduce("chorusAllReduce", sendbuff, recvbuff, count, datatype, op, comm, stream, nullptr);
+}
+
+CHORUS_EXPORT chorusResult_t chorusAllReduceEx(const void* sendbuff, void* recvbuff, size_t count,
+                                               chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                               chorusStream_t stream, const chorusCallOptions_t* options) {
+  return allReduce("chorusAllReduceEx", sendbuff, recvbuff, count, datatype, op, comm, stream, options);
 }
 
 CHORUS_EXPORT chorusResult_t chorusBroadcast(const void* sendbuff, void* recvbuff, size_t count,
@@ -545,22 +565,36 @@ CHORUS_EXPORT chorusResult_t chorusReduce(const void* sendbuff, void* recvbuff, 
   return issue(ref, stream, d);
 }
 
-CHORUS_EXPORT chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                                             chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream) {
-  const char* fn = "chorusAllGather";
+namespace {
+chorusResult_t allGather(const char* fn, const void* sendbuff, void* recvbuff, size_t sendcount,
+                         chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream,
+                         const chorusCallOptions_t* options) {
   CHORUS_COMM_PROLOGUE(fn);
   CHORUS_CHECK(checkDtype(fn, datatype));
   CHORUS_CHECK(checkBytes(fn, sendcount, datatype, ref->size()));
   CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, sendcount));
   CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, sendcount));
   OpDesc d = makeOp(Collective::AllGather, sendbuff, recvbuff, sendcount, datatype);
+  CHORUS_CHECK(resolveCompression(fn, options, ref->config(), d));
   return issue(ref, stream, d);
 }
+}  // namespace
 
-CHORUS_EXPORT chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                                 chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
-                                                 chorusStream_t stream) {
-  const char* fn = "chorusReduceScatter";
+CHORUS_EXPORT chorusResult_t chorusAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                             chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream) {
+  return allGather("chorusAllGather", sendbuff, recvbuff, sendcount, datatype, comm, stream, nullptr);
+}
+
+CHORUS_EXPORT chorusResult_t chorusAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                               chorusDataType_t datatype, chorusComm_t comm, chorusStream_t stream,
+                                               const chorusCallOptions_t* options) {
+  return allGather("chorusAllGatherEx", sendbuff, recvbuff, sendcount, datatype, comm, stream, options);
+}
+
+namespace {
+chorusResult_t reduceScatter(const char* fn, const void* sendbuff, void* recvbuff, size_t recvcount,
+                             chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm, chorusStream_t stream,
+                             const chorusCallOptions_t* options) {
   CHORUS_COMM_PROLOGUE(fn);
   CHORUS_CHECK(checkDtype(fn, datatype));
   CHORUS_CHECK(inFunction(fn, ref->validateOp(op, datatype)));
@@ -568,7 +602,21 @@ CHORUS_EXPORT chorusResult_t chorusReduceScatter(const void* sendbuff, void* rec
   CHORUS_CHECK(checkBuf(fn, "sendbuff", sendbuff, recvcount));
   CHORUS_CHECK(checkBuf(fn, "recvbuff", recvbuff, recvcount));
   OpDesc d = makeOp(Collective::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op);
+  CHORUS_CHECK(resolveCompression(fn, options, ref->config(), d));
   return issue(ref, stream, d);
+}
+}  // namespace
+
+CHORUS_EXPORT chorusResult_t chorusReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                 chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                                 chorusStream_t stream) {
+  return reduceScatter("chorusReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, comm, stream, nullptr);
+}
+
+CHORUS_EXPORT chorusResult_t chorusReduceScatterEx(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                                   chorusDataType_t datatype, chorusRedOp_t op, chorusComm_t comm,
+                                                   chorusStream_t stream, const chorusCallOptions_t* options) {
+  return reduceScatter("chorusReduceScatterEx", sendbuff, recvbuff, recvcount, datatype, op, comm, stream, options);
 }
 
 CHORUS_EXPORT chorusResult_t chorusAllToAll(const void* sendbuff, void* recvbuff, size_t count,

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "common/env.hpp"
+#include "kernels/quantize.hpp"
 
 namespace chorus::api {
 namespace {
@@ -73,6 +74,14 @@ Result<Config> parseConfig(const Lookup& lookup) {
   else
     return invalidArgument("CHORUS_REPRODUCIBLE='{}' is not a reproducibility mode (accepted: off, canonical, exact)",
                            repro);
+
+  // The format's own parser names the knob and the accepted spellings.
+  if (const std::string comp = r.str("CHORUS_COMPRESS"); comp != "off" && !comp.empty()) {
+    CHORUS_ASSIGN_OR_RETURN(const kernels::WireFormat f,
+                            kernels::parseWireFormat(comp, "CHORUS_COMPRESS (accepted: off, bf16, fp8, fp8:BLOCK)"));
+    c.compress.kind = f.kind == kernels::WireFormat::Bf16 ? CompressKind::Bf16 : CompressKind::Fp8;
+    c.compress.block = f.block;
+  }
 
   c.net.socket_ifname = r.str("CHORUS_SOCKET_IFNAME");
   c.net.host_id = r.str("CHORUS_HOST_ID");

@@ -87,8 +87,16 @@ size_t Communicator::CacheHash::operator()(const CacheKey& k) const {
   mix(static_cast<uint64_t>(k.peer));
   mix(k.chunk);
   mix(reinterpret_cast<uintptr_t>(k.algo));
+  mix(k.wire);
   return h;
 }
+
+namespace {
+// A compressed call's wire format as one word of the program cache's key.
+uint32_t wireKey(const std::optional<kernels::WireFormat>& w) {
+  return w ? 1u + w->kind + (static_cast<uint32_t>(w->block) << 2) : 0u;
+}
+}  // namespace
 
 namespace {
 
@@ -526,6 +534,7 @@ plan::Shape Communicator::shapeOf(const OpDesc& op, bool canonical, uint64_t wor
   sh.counts2 = op.counts2;
   sh.displs2 = op.displs2;
   sh.hosts = tuner_->topology().host_of;
+  sh.wire = op.wire;
   auto* sp = static_cast<const std::byte*>(op.send);
   auto* rp = static_cast<std::byte*>(op.recv);
   const uint64_t r = static_cast<uint64_t>(rank_);
@@ -556,7 +565,7 @@ Result<const plan::Program*> Communicator::programFor(const OpDesc& op, size_t i
   if (memo && last_.valid && last_.dtype == op.dtype && last_.path == static_cast<uint8_t>(path) &&
       last_.key.coll == static_cast<uint8_t>(op.coll) && last_.key.inplace == sh.inplace &&
       last_.key.kind == op.kind && last_.key.elem_size == es && last_.key.root == op.root &&
-      last_.key.peer == op.peer && last_.key.count == sh.count) {
+      last_.key.peer == op.peer && last_.key.count == sh.count && last_.key.wire == wireKey(sh.wire)) {
     algo = last_.key.algo;
     chunk = last_.key.chunk;
     sh.chunk_elems = chunk;
@@ -591,7 +600,7 @@ Result<const plan::Program*> Communicator::programFor(const OpDesc& op, size_t i
     return uncached_[i].get();
   }
   CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.kind, static_cast<uint32_t>(es), op.root, op.peer,
-               sh.count, chunk, algo, sh.canonical};
+               sh.count, chunk, algo, sh.canonical, wireKey(sh.wire)};
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     auto p = std::make_unique<plan::Program>();
@@ -681,7 +690,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
                        op.pointToPoint() ? comm::kPointToPointWire : batch_wire_};
   if (trace_) traceJob(op, i, algo, prog, sh);
-  scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
+  scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1) + prog->wire_bytes;  // wire bytes after the scratch
   if (i == 0) {
     board_job_ = board_ != nullptr && algo != nullptr && algo->oneShot() && plan::boardBytes(sh) <= plan::kBoardBytes;
     board_count_ = sh.count;
@@ -906,6 +915,7 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     for (size_t i = 0; i < njobs; ++i) {
       job_bufs_[i][2] = scratch_.data() + scratch_offsets_[i];
       jobs_[i].buffers = job_bufs_[i];
+      jobs_[i].wire = job_bufs_[i][2] + jobs_[i].program->scratch_elems * jobs_[i].elem_size;
     }
     st = executor_->run(jobs_, cfg_.timeout);
   }

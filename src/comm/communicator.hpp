@@ -31,6 +31,7 @@
 #include "exec/executor.hpp"
 #include "exec/stream.hpp"
 #include "kernels/exact.hpp"
+#include "kernels/quantize.hpp"
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
 #include "transport/transport.hpp"
@@ -58,6 +59,9 @@ struct OpDesc {
   std::vector<size_t> counts, displs, counts2, displs2;  // v-collectives (owned copies)
   int64_t enqueue_ns = 0;    // with CHORUS_TRACE: when the user called (trace clock)
   uint64_t trace_seq = 0;    // set by execute(): the flight number, or a point-to-point number
+  // Compressed collectives: the wire format (resolved and validated by the API
+  // layer, src/api/compress.cpp); unset: uncompressed.
+  std::optional<kernels::WireFormat> wire;
 
   [[nodiscard]] bool pointToPoint() const { return kind != OpKind::Collective; }
   // Send or Recv (pointToPoint() only).
@@ -243,6 +247,7 @@ class Communicator {
     uint64_t chunk;
     const plan::Algorithm* algo;
     bool canonical;  // Shape::canonical (the one-shot plans differ)
+    uint32_t wire;   // compressed calls: wireKey(Shape::wire); 0 uncompressed
     bool operator==(const CacheKey&) const = default;
   };
   struct CacheHash {

@@ -27,10 +27,21 @@ namespace chorus {
 // the correctly rounded sum, carried in a wide integer accumulator.
 enum class Reproducible : uint8_t { Off = 0, Canonical = 1, Exact = 2 };
 
+// CHORUS_COMPRESS / chorusConfig_t.compress: the communicator's default wire
+// format for compressible calls (docs/algorithms.md, "Compressed reductions").
+// The values are the C API's CHORUS_COMPRESS_*.
+enum class CompressKind : uint8_t { Off = 0, Bf16 = 1, Fp8 = 2 };
+struct CompressDefault {
+  CompressKind kind = CompressKind::Off;
+  int block = 128;  // fp8: elements per scale, 32..1024 (kernels::kFp8DefaultBlock)
+  bool operator==(const CompressDefault&) const = default;
+};
+
 struct Config {
   std::chrono::milliseconds timeout{600000};  // CHORUS_TIMEOUT_MS: every operation and init
   bool check = false;                         // CHORUS_CHECK: signature exchange before every collective
   Reproducible reproducible = Reproducible::Off;  // CHORUS_REPRODUCIBLE: off, canonical, exact
+  CompressDefault compress;                        // CHORUS_COMPRESS: off, bf16, fp8[:BLOCK]
 
   struct Net {
     std::string socket_ifname;  // CHORUS_SOCKET_IFNAME: "" = the interface routing to the master

@@ -37,6 +37,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_CLOCK_SYNC_S",    "60", "with CHORUS_TRACE: seconds between re-estimates of each rank's clock offset to rank 0 (one estimate is always made at init); 0: at init only"},
   {"CHORUS_CLOCK_OFFSET_NS", "0", "testing: shift this process's trace clock by this many nanoseconds, as if its host clock were off (the clock alignment must remove it)"},
   {"CHORUS_DEBUG",           "WARN", "log level: NONE, WARN, INFO, TRACE"},
+  {"CHORUS_COMPRESS",        "off", "the communicator's default wire format for fp32 allreduce, reduce-scatter (sum, avg, premulsum) and allgather: off, bf16, fp8 (e4m3, one scale per 128 elements) or fp8:BLOCK (BLOCK 32..1024); other calls stay uncompressed, a call's options override it (docs/algorithms.md, Compressed reductions)"},
   {"CHORUS_REPRODUCIBLE",    "off", "reductions (sum, avg, premulsum) that do not depend on the plan: off; canonical: bitwise identical for a given number of ranks whatever the algorithm, chunk size, transport or rank placement (one fixed combination tree); exact: the correctly rounded sum, also identical across numbers of ranks (floating-point types only; docs/algorithms.md)"},
   {"CHORUS_CHECK",           "0", "1: every collective first exchanges its signature (kind, sequence, count, dtype, op, root) and a mismatch between ranks returns chorusMismatch on every rank; the first collective of each communicator is always checked"},
 };

@@ -4,10 +4,14 @@
 #include <cstring>
 
 #include "clock/offset.hpp"
+#include "kernels/quantize.hpp"
 
 namespace chorus::exec {
 
 using plan::StepOp;
+static_assert(static_cast<int>(trace::StepKind::DequantizeReduce) == static_cast<int>(StepOp::DequantizeReduce) &&
+                  static_cast<int>(trace::StepKind::Quantize) == static_cast<int>(StepOp::Quantize),
+              "trace records carry plan::StepOp values");
 using Clock = std::chrono::steady_clock;
 
 Executor::Executor(int rank, std::vector<transport::Transport*> routes) : rank_(rank), routes_(std::move(routes)) {
@@ -24,7 +28,25 @@ void Executor::abort() {
 
 namespace {
 std::byte* addr(const Job& j, const plan::Region& r) {
+  if (r.buf == plan::Buf::Wire) return j.wire + r.offset;  // bytes
   return j.buffers[static_cast<size_t>(r.buf)] + r.offset * j.elem_size;
+}
+float* floats(const Job& j, const plan::Region& r) { return reinterpret_cast<float*>(addr(j, r)); }
+
+// A compressed plan's local step (plan.hpp, StepOp::Quantize ...): the data
+// is fp32, the format the program's.
+void runQuantStep(const Job& j, const plan::Step& s) {
+  const kernels::WireFormat& fmt = *j.program->wire;
+  switch (s.op) {
+    case StepOp::Quantize: kernels::quantize(fmt, floats(j, s.src), s.src.count, addr(j, s.dst)); break;
+    case StepOp::Dequantize: kernels::dequantize(fmt, addr(j, s.src), s.dst.count, floats(j, s.dst)); break;
+    case StepOp::DequantizeReduce:
+      // dst = accum + decoded: start from the accumulator (often dst itself).
+      if (addr(j, s.dst) != addr(j, s.src)) std::memmove(addr(j, s.dst), addr(j, s.src), s.dst.count * 4);
+      kernels::dequantizeAdd(fmt, addr(j, s.src2), s.dst.count, floats(j, s.dst));
+      break;
+    default: break;
+  }
 }
 }  // namespace
 
@@ -32,7 +54,7 @@ void Executor::markReady(uint32_t g) {
   const StepRef ref = refs_[g];
   const plan::Step& s = jobs_[ref.job].program->steps[ref.step];
   ready_[g] = 1;
-  if (s.op == StepOp::Copy || s.op == StepOp::Reduce) local_ready_.push_back(g);
+  if (plan::isLocal(s.op)) local_ready_.push_back(g);
 }
 
 void Executor::traceStep(uint32_t g, int64_t start_ns, int64_t end_ns) {
@@ -43,7 +65,7 @@ void Executor::traceStep(uint32_t g, int64_t start_ns, int64_t end_ns) {
   r.seq = j.trace_seq;
   r.kind = static_cast<uint8_t>(s.op);
   r.peer = s.peer;
-  r.bytes = (s.op == StepOp::Send ? s.src.count : s.dst.count) * j.elem_size;
+  r.bytes = plan::regionBytes(s.op == StepOp::Send || s.op == StepOp::Quantize ? s.src : s.dst, j.elem_size);
   r.start_ns = start_ns;
   r.end_ns = end_ns;
   rec_->step(r);
@@ -56,6 +78,8 @@ Status Executor::runLocal(uint32_t g) {
   const int64_t t0 = rec_ ? clock::traceNowNs() : 0;
   if (s.op == StepOp::Copy) {
     if (s.dst.count) std::memmove(addr(j, s.dst), addr(j, s.src), s.dst.count * j.elem_size);
+  } else if (s.op != StepOp::Reduce) {
+    runQuantStep(j, s);
   } else {
     if (s.dst.count) (*j.reducer)(addr(j, s.dst), addr(j, s.src), addr(j, s.src2), s.dst.count);
   }
@@ -74,11 +98,11 @@ Status Executor::post(uint32_t g) {
   if (rec_) t_posted_[g] = clock::traceNowNs();
   Status st;
   if (s.op == StepOp::Send) {
-    st = t->postSend(s.peer, addr(j, s.src), s.src.count * j.elem_size, req);
+    st = t->postSend(s.peer, addr(j, s.src), plan::regionBytes(s.src, j.elem_size), req);
   } else {
     transport::RecvTarget& tg = targets_[g];
     tg.dst = addr(j, s.dst);
-    tg.bytes = s.dst.count * j.elem_size;
+    tg.bytes = plan::regionBytes(s.dst, j.elem_size);
     tg.accum = s.op == StepOp::RecvReduce ? addr(j, s.src) : nullptr;
     tg.reducer = s.op == StepOp::RecvReduce ? j.reducer : nullptr;
     st = t->postRecv(s.peer, tg, req);
@@ -158,7 +182,7 @@ std::string Executor::describePending() const {
     if (s.op == StepOp::Send || s.op == StepOp::Recv || s.op == StepOp::RecvReduce) {
       const bool posted = requests_[g].state.load() == transport::Request::Posted;
       out += fmt::format("{}{} {} rank {} ({} bytes){}", shown ? "; " : "", s.op == StepOp::Send ? "send to" : "receive from",
-                         "", s.peer, (s.op == StepOp::Send ? s.src.count : s.dst.count) * jobs_[ref.job].elem_size,
+                         "", s.peer, plan::regionBytes(s.op == StepOp::Send ? s.src : s.dst, jobs_[ref.job].elem_size),
                          posted ? " in flight" : " waiting for earlier steps");
       ++shown;
     }

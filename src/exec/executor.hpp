@@ -47,6 +47,8 @@ struct Job {
   const kernels::Reducer* reducer = nullptr;  // for RecvReduce/Reduce steps
   uint64_t trace_seq = 0;  // the operation's number in trace records
   uint64_t sig = 0;        // the call's message signature (transport::Request::sig)
+  // A compressed plan's wire bytes (plan::Buf::Wire, program->wire_bytes).
+  std::byte* wire = nullptr;
 };
 
 class Executor {

@@ -22,44 +22,11 @@
 // (local index of the destination); (2) along each rail, one batch of L blocks
 // per pair of hosts.
 #include "plan/partition.hpp"
+#include "plan/host_layout.hpp"
 #include "plan/plan.hpp"
 
 namespace chorus::plan {
 namespace {
-
-// The host layout of a shape, or H == 0 when the plans do not handle it.
-struct Layout {
-  int H = 0, L = 0;
-  std::vector<int> host, local;  // per rank
-  std::vector<int> at;           // at[g * L + l]: the rank on host g with local index l
-
-  explicit Layout(const Shape& sh) {
-    const int n = sh.nranks;
-    if (n < 1 || sh.hosts.size() != static_cast<size_t>(n)) return;
-    host.assign(n, -1);
-    local.assign(n, 0);
-    std::vector<int> ids, sizes;  // host id and rank count per host index
-    for (int r = 0; r < n; ++r) {
-      const int id = sh.hosts[r];
-      int g = static_cast<int>(std::find(ids.begin(), ids.end(), id) - ids.begin());
-      if (g == static_cast<int>(ids.size())) {
-        ids.push_back(id);
-        sizes.push_back(0);
-      }
-      host[r] = g;
-      local[r] = sizes[g]++;
-    }
-    const int h = static_cast<int>(ids.size());
-    for (int s : sizes)
-      if (s != sizes[0]) return;
-    H = h;
-    L = sizes[0];
-    at.assign(n, 0);
-    for (int r = 0; r < n; ++r) at[host[r] * L + local[r]] = r;
-  }
-  [[nodiscard]] bool ok() const { return H >= 2; }
-  [[nodiscard]] int rank(int g, int l) const { return at[g * L + l]; }
-};
 
 // Slice s of [begin, begin + len) cut into S slices.
 Region sliceOf(Buf buf, uint64_t begin, uint64_t len, uint64_t S, uint64_t s) {
@@ -69,7 +36,7 @@ Region sliceOf(Buf buf, uint64_t begin, uint64_t len, uint64_t S, uint64_t s) {
 
 // Every ordered pair of ranks inside each host exchanges `elems` elements,
 // `repeat` times: the intra-host phases' round pattern.
-Round intraHostAllPairs(const Layout& lay, uint64_t elems, uint64_t repeat, bool reduce) {
+Round intraHostAllPairs(const HostLayout& lay, uint64_t elems, uint64_t repeat, bool reduce) {
   Round intra{.repeat = repeat, .peers = Peers::Explicit, .elems = elems, .reduce = reduce};
   for (int g = 0; g < lay.H; ++g)
     for (int a = 0; a < lay.L; ++a)
@@ -91,13 +58,13 @@ class HierarchicalAllReduce final : public Algorithm {
  public:
   std::string_view name() const override { return "hierarchical"; }
   Collective collective() const override { return Collective::AllReduce; }
-  bool supports(const Shape& sh) const override { return Layout(sh).ok(); }
+  bool supports(const Shape& sh) const override { return HostLayout(sh).ok(); }
   std::string_view requirement() const override { return "two or more hosts with the same number of ranks each"; }
 
   // Explicit rounds (O(n L) messages): the intra-host phases as one round each
   // (every local pair), the rails as a ring of H ranks, repeated.
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
-    const Layout lay(sh);
+    const HostLayout lay(sh);
     if (!lay.ok()) return invalidArgument("hierarchical allreduce: the hosts do not all hold the same number of ranks");
     const uint64_t N = sh.count;
     std::vector<Round> rs;
@@ -120,7 +87,7 @@ class HierarchicalAllReduce final : public Algorithm {
   }
 
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
-    const Layout lay(sh);
+    const HostLayout lay(sh);
     const uint64_t N = sh.count;
     const int H = lay.H, L = lay.L, g = lay.host[r], l = lay.local[r];
     auto bo = [&](int i) { return partBegin(N, L, i); };
@@ -188,11 +155,11 @@ class HierarchicalAllGather final : public Algorithm {
  public:
   std::string_view name() const override { return "hierarchical"; }
   Collective collective() const override { return Collective::AllGather; }
-  bool supports(const Shape& sh) const override { return Layout(sh).ok(); }
+  bool supports(const Shape& sh) const override { return HostLayout(sh).ok(); }
   std::string_view requirement() const override { return "two or more hosts with the same number of ranks each"; }
 
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
-    const Layout lay(sh);
+    const HostLayout lay(sh);
     if (!lay.ok()) return invalidArgument("hierarchical allgather: the hosts do not all hold the same number of ranks");
     const uint64_t c = sh.count;
     std::vector<Round> rs;
@@ -208,7 +175,7 @@ class HierarchicalAllGather final : public Algorithm {
   }
 
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
-    const Layout lay(sh);
+    const HostLayout lay(sh);
     const uint64_t c = sh.count;
     const int H = lay.H, L = lay.L, g = lay.host[r], l = lay.local[r];
     auto blk = [&](int q) { return out(static_cast<uint64_t>(q) * c, c); };
@@ -250,11 +217,11 @@ class HierarchicalAllToAll final : public Algorithm {
  public:
   std::string_view name() const override { return "hierarchical"; }
   Collective collective() const override { return Collective::AllToAll; }
-  bool supports(const Shape& sh) const override { return Layout(sh).ok(); }
+  bool supports(const Shape& sh) const override { return HostLayout(sh).ok(); }
   std::string_view requirement() const override { return "two or more hosts with the same number of ranks each"; }
 
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
-    const Layout lay(sh);
+    const HostLayout lay(sh);
     if (!lay.ok()) return invalidArgument("hierarchical alltoall: the hosts do not all hold the same number of ranks");
     const uint64_t c = sh.count;
     std::vector<Round> rs;
@@ -271,7 +238,7 @@ class HierarchicalAllToAll final : public Algorithm {
   }
 
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
-    const Layout lay(sh);
+    const HostLayout lay(sh);
     const uint64_t c = sh.count;
     const int H = lay.H, L = lay.L, g = lay.host[r], l = lay.local[r];
     auto src = [&](int q) { return in(static_cast<uint64_t>(q) * c, c); };   // my block for rank q

@@ -92,8 +92,11 @@ void ProgramBuilder::reset(int rank, Alias alias) {
   prog_.succ_begin.clear();
   prog_.succ.clear();
   prog_.scratch_elems = 0;
+  prog_.wire_bytes = 0;
+  prog_.wire.reset();
   alias_ = alias;
   scratch_top_ = 0;
+  wire_top_ = 0;
   fences_.clear();
 }
 
@@ -123,6 +126,18 @@ void ProgramBuilder::copy(Region dst, Region src) {
 }
 void ProgramBuilder::reduce(Region dst, Region a, Region b) { add({StepOp::Reduce, -1, dst, a, b}); }
 
+void ProgramBuilder::quantize(Region wire, Region src) { add({StepOp::Quantize, -1, wire, src, {}}); }
+void ProgramBuilder::dequantize(Region dst, Region wire) { add({StepOp::Dequantize, -1, dst, wire, {}}); }
+void ProgramBuilder::dequantizeReduce(Region dst, Region accum, Region wire) {
+  add({StepOp::DequantizeReduce, -1, dst, accum, wire});
+}
+
+Region ProgramBuilder::wire(uint64_t bytes) {
+  Region r{Buf::Wire, wire_top_, bytes};
+  wire_top_ += bytes;
+  return r;
+}
+
 Region ProgramBuilder::scratch(uint64_t count) {
   Region r{Buf::Scratch, scratch_top_, count};
   scratch_top_ += count;
@@ -146,8 +161,11 @@ Access accessOf(const Step& s) {
     case StepOp::Send: return {{s.src, Region{}}, Region{}};
     case StepOp::Recv: return {{Region{}, Region{}}, s.dst};
     case StepOp::RecvReduce:
-    case StepOp::Copy: return {{s.src, Region{}}, s.dst};
-    case StepOp::Reduce: return {{s.src, s.src2}, s.dst};
+    case StepOp::Copy:
+    case StepOp::Quantize:
+    case StepOp::Dequantize: return {{s.src, Region{}}, s.dst};
+    case StepOp::Reduce:
+    case StepOp::DequantizeReduce: return {{s.src, s.src2}, s.dst};
   }
   return {};
 }
@@ -196,6 +214,7 @@ void ProgramBuilder::finish(Program* out) {
     for (uint32_t j = prog_.dep_begin[i]; j < prog_.dep_begin[i + 1]; ++j) prog_.succ[fill[prog_.deps[j]]++] = i;
 
   prog_.scratch_elems = scratch_top_;
+  prog_.wire_bytes = wire_top_;
   *out = std::move(prog_);
   prog_ = Program{};
 }
@@ -205,6 +224,7 @@ void expand(const Algorithm& algo, const Shape& shape, int rank, Program* out) {
   b.reset(rank, inplaceAlias(shape, rank));
   algo.generate(shape, rank, b);
   b.finish(out);
+  if (algo.compressed()) out->wire = shape.wire;
 }
 
 // ---- Registry ---------------------------------------------------------------
@@ -221,6 +241,7 @@ Registry Registry::builtin() {
   addDirectAlgorithms(r);
   addHierarchicalAlgorithms(r);
   addOneShotAlgorithms(r);
+  addCompressedAlgorithms(r);
   return r;
 }
 

@@ -22,12 +22,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/status.hpp"
+#include "kernels/quantize.hpp"
 
 namespace chorus::plan {
 
@@ -118,7 +120,12 @@ constexpr double busBwFactor(Collective c, int64_t nranks) {
 
 // Buffers a step can address.  Values from kFirstUserBuf on name further user
 // buffers of a group (the k-th point-to-point buffer is kFirstUserBuf + k).
-enum class Buf : uint8_t { Input = 0, Output = 1, Scratch = 2 };
+// Wire: plan-private bytes of a compressed plan (quantized data on its way
+// to or from a peer); its regions count bytes, not elements, because a
+// quantized run of n elements is kernels::wireBytes(fmt, n) bytes, which is
+// no whole number of elements (fp8's scales).  The executor binds it apart
+// from the indexed buffers (exec::Job::wire), so it takes the last value.
+enum class Buf : uint8_t { Input = 0, Output = 1, Scratch = 2, Wire = 0xff };
 constexpr int kFirstUserBuf = 3;
 constexpr Buf userBuf(int k) { return static_cast<Buf>(kFirstUserBuf + k); }
 
@@ -138,7 +145,17 @@ enum class StepOp : uint8_t {
   RecvReduce,  // receive from peer x; dst = src (op) x
   Copy,        // dst = src (local)
   Reduce,      // dst = src (op) src2 (local)
+  // Compressed plans (Shape::wire; every count below is fp32 elements but the
+  // wire region's, which is kernels::wireBytes(format, elements) bytes):
+  Quantize,          // dst (Wire) = the wire format of src (fp32)
+  Dequantize,        // dst (fp32) = the decoded values of src (Wire)
+  DequantizeReduce,  // dst (fp32) = src (fp32) + decoded src2 (Wire), fp32 accumulation
 };
+// Bytes per unit of a region's count: 1 for the wire buffer, else elem_size.
+constexpr uint64_t regionBytes(const Region& r, uint64_t elem_size) {
+  return r.buf == Buf::Wire ? r.count : r.count * elem_size;
+}
+constexpr bool isLocal(StepOp op) { return op != StepOp::Send && op != StepOp::Recv && op != StepOp::RecvReduce; }
 
 struct Step {
   StepOp op = StepOp::Copy;
@@ -173,6 +190,10 @@ struct Shape {
   // plans honour it themselves; the communicator runs the canonical plans
   // (canonicalPlanFor) in place of every other reducing algorithm.
   bool canonical = false;
+  // Compressed collectives (issue 19): the data is fp32 and travels in this
+  // wire format; only the compressed algorithms (Algorithm::compressed())
+  // take a shape with it, and they take no shape without it.
+  std::optional<kernels::WireFormat> wire;
 
   // Elements of the input and output buffers this rank must provide.
   [[nodiscard]] uint64_t inputElems(int rank) const;
@@ -190,6 +211,8 @@ struct Program {
   std::vector<uint32_t> succ_begin;
   std::vector<uint32_t> succ;
   uint64_t scratch_elems = 0;
+  uint64_t wire_bytes = 0;  // Buf::Wire's size (compressed plans)
+  std::optional<kernels::WireFormat> wire;  // the format of Quantize/Dequantize steps (Shape::wire)
 
   [[nodiscard]] size_t size() const { return steps.size(); }
   [[nodiscard]] std::span<const uint32_t> depsOf(size_t i) const {
@@ -224,6 +247,12 @@ class ProgramBuilder {
   void recvReduce(int peer, Region dst, Region accum);
   void copy(Region dst, Region src);
   void reduce(Region dst, Region a, Region b);
+  // Compressed plans: see StepOp.
+  void quantize(Region wire, Region src);
+  void dequantize(Region dst, Region wire);
+  void dequantizeReduce(Region dst, Region accum, Region wire);
+  // Wire regions (bytes) are allocated bump-style too.
+  Region wire(uint64_t bytes);
   // Scratch regions are allocated bump-style; returns the region.
   Region scratch(uint64_t count);
   // Orders every later step after every earlier one (for messages that carry
@@ -240,6 +269,7 @@ class ProgramBuilder {
   Program prog_;
   Alias alias_;
   uint64_t scratch_top_ = 0;
+  uint64_t wire_top_ = 0;
   std::vector<uint32_t> fences_;  // step indices where a fence was placed
 };
 
@@ -435,6 +465,16 @@ class Algorithm {
   // one all-pairs round, which a shared-memory transport may run through its
   // board (transport.hpp) for payloads up to kBoardBytes.
   [[nodiscard]] virtual bool oneShot() const { return false; }
+  // A compressed plan (src/plan/compressed.cpp): it takes only shapes with a
+  // wire format (Shape::wire), and the tuner offers it only for those.
+  [[nodiscard]] virtual bool compressed() const { return false; }
+  // The most times the plan quantizes any element on its way from an input to
+  // an output (the count docs/algorithms.md derives the error bound from);
+  // the verifier proves it.  0: the plan never quantizes.
+  [[nodiscard]] virtual int quantizations(const Shape& shape) const {
+    (void)shape;
+    return 0;
+  }
 };
 
 // Generates rank's program of algo for shape.
@@ -466,5 +506,6 @@ void addDoubleTreeAlgorithms(Registry& r);    // double binary tree allreduce, s
 void addDirectAlgorithms(Registry& r);        // direct (all-pairs) allreduce for ranks sharing memory
 void addHierarchicalAlgorithms(Registry& r);  // two-level allreduce / allgather across hosts
 void addOneShotAlgorithms(Registry& r);       // one-shot allreduce (the shared-memory board's plan)
+void addCompressedAlgorithms(Registry& r);    // compressed allreduce / reduce-scatter / allgather
 
 }  // namespace chorus::plan

@@ -14,6 +14,9 @@ struct Value {
   uint64_t index = 0;  // element of the contributors' inputs
   bool poisoned = false;
   uint32_t tree = 0;   // the combination tree (Trees): a leaf is the rank's id
+  // Compressed plans: the most times any contribution to this value was
+  // quantized on its way here (a sum takes the larger of its operands').
+  uint32_t quant = 0;
   bool operator==(const Value&) const = default;
 };
 
@@ -70,6 +73,7 @@ Value combine(Trees& trees, const Value& a, const Value& b) {
   v.tree = trees.node(a.tree, b.tree);
   v.ranks = a.ranks | b.ranks;
   v.index = a.index;
+  v.quant = std::max(a.quant, b.quant);
   v.poisoned = a.poisoned || b.poisoned || a.ranks == 0 || b.ranks == 0 || (a.ranks & b.ranks) != 0 ||
                a.index != b.index;
   return v;
@@ -79,6 +83,10 @@ struct RankState {
   Program prog;
   Shape shape;  // this rank's view (v-arrays point into the case)
   std::vector<Value> buf[3];
+  // Buf::Wire, one Value per byte: a quantized run of m elements holds their
+  // values (quant + 1) in its first m bytes; the rest (scales, fp8's or the
+  // second byte of bf16) hold nothing, so decoding them yields undefined data.
+  std::vector<Value> wire;
   std::vector<bool> done;
   size_t ndone = 0;
   uint64_t heard = 0;  // ranks whose messages reached this rank, transitively (barrier)
@@ -101,7 +109,7 @@ class Verifier {
   Verifier(const Algorithm& algo, const VerifyCase& vc)
       : algo_(algo), vc_(vc), n_(vc.shape.nranks), coll_(vc.shape.coll),
         all_(n_ == 64 ? ~0ull : ((1ull << n_) - 1)), canonical_(vc.shape.canonical && reduces(coll_)),
-        canon_(canonical_ ? trees_.canonical(0, n_) : 0) {}
+        canon_(canonical_ ? trees_.canonical(0, n_) : 0), max_quant_(algo.quantizations(vc.shape)) {}
   Status run() {
     setUp();
     CHORUS_RETURN_IF_ERROR(execute());
@@ -121,8 +129,9 @@ class Verifier {
   Result<bool> step(int r, size_t i);
   Status checkFinished() const;
   Status compare(int r);
+  Result<bool> quantStep(int r, size_t i, const Step& step);
   static std::vector<Value>* load(RankState& s, const Region& g) {
-    auto& b = s.buf[static_cast<int>(g.buf)];
+    auto& b = g.buf == Buf::Wire ? s.wire : s.buf[static_cast<int>(g.buf)];
     if (g.count != 0 && g.end() > b.size()) return nullptr;
     return &b;
   }
@@ -136,6 +145,8 @@ class Verifier {
   // Under canonical mode every reduced element must be the canonical tree.
   const bool canonical_;
   const uint32_t canon_;
+  // The plan's declared bound on quantizations per element (Algorithm::quantizations).
+  const int max_quant_;
   std::vector<RankState> st_;
   std::map<std::pair<int, int>, std::deque<Message>> chan_;  // (from, to)
 };
@@ -169,6 +180,7 @@ void Verifier::setUp() {
       if (outer.size() < al.offset + inner_n) outer.resize(al.offset + inner_n);
     }
     B[2].assign(st_[r].prog.scratch_elems, Value{});
+    st_[r].wire.assign(st_[r].prog.wire_bytes, Value{});
     for (uint64_t i = 0; i < in_n; ++i) {
       Value v{1ull << r, i, false, static_cast<uint32_t>(r)};
       if (al.from == Buf::Input && al.to == Buf::Output)
@@ -261,6 +273,9 @@ Result<bool> Verifier::step(int r, size_t i) {
       std::copy(tmp.begin(), tmp.end(), d->begin() + step.dst.offset);
       return true;
     }
+    case StepOp::Quantize:
+    case StepOp::Dequantize:
+    case StepOp::DequantizeReduce: return quantStep(r, i, step);
     case StepOp::Reduce: {
       auto* a = load(s, step.src);
       auto* c = load(s, step.src2);
@@ -272,6 +287,48 @@ Result<bool> Verifier::step(int r, size_t i) {
       return true;
     }
   }
+  return true;
+}
+
+// A compressed plan's local step: the wire region must be exactly the
+// format's size for the fp32 region, and no element may be quantized more
+// often than the plan declares.
+Result<bool> Verifier::quantStep(int r, size_t i, const Step& step) {
+  RankState& s = st_[r];
+  const bool q = step.op == StepOp::Quantize;
+  const Region& wr = q ? step.dst : (step.op == StepOp::Dequantize ? step.src : step.src2);
+  const Region& fr = q ? step.src : step.dst;
+  if (!s.prog.wire) return fail(r, fmt::format("step {} (de)quantizes but the plan has no wire format", i));
+  if (wr.buf != Buf::Wire || fr.buf == Buf::Wire)
+    return fail(r, fmt::format("step {} (de)quantizes between the wrong buffers (the wire must be Buf::Wire)", i));
+  if (wr.count != kernels::wireBytes(*s.prog.wire, fr.count))
+    return fail(r, fmt::format("step {} uses a wire region of {} bytes for {} elements ({} needs {})", i, wr.count,
+                               fr.count, kernels::wireFormatName(*s.prog.wire),
+                               kernels::wireBytes(*s.prog.wire, fr.count)));
+  auto* w = load(s, wr);
+  auto* f = load(s, fr);
+  auto* a = step.op == StepOp::DequantizeReduce ? load(s, step.src) : f;
+  if (!w || !f || !a || (step.op == StepOp::DequantizeReduce && step.src.count != fr.count))
+    return fail(r, fmt::format("step {} is out of bounds or mis-sized", i));
+  const uint64_t m = fr.count;
+  if (q) {
+    std::vector<Value> tmp(f->begin() + fr.offset, f->begin() + fr.end());
+    for (uint64_t e = 0; e < m; ++e) {
+      if (tmp[e].ranks != 0 && static_cast<int>(tmp[e].quant) + 1 > max_quant_)
+        return fail(r, fmt::format("step {} would quantize {} {} times, but the plan declares at most {} "
+                                   "quantizations per element", i, describe(tmp[e]), tmp[e].quant + 1, max_quant_));
+      tmp[e].quant += 1;
+    }
+    std::fill(w->begin() + wr.offset, w->begin() + wr.end(), Value{});
+    std::copy(tmp.begin(), tmp.end(), w->begin() + wr.offset);
+    return true;
+  }
+  std::vector<Value> dec(w->begin() + wr.offset, w->begin() + wr.offset + m);
+  if (step.op == StepOp::DequantizeReduce) {
+    std::vector<Value> acc(a->begin() + step.src.offset, a->begin() + step.src.end());
+    for (uint64_t e = 0; e < m; ++e) dec[e] = combine(trees_, acc[e], dec[e]);
+  }
+  std::copy(dec.begin(), dec.end(), f->begin() + fr.offset);
   return true;
 }
 
@@ -305,6 +362,10 @@ Status Verifier::compare(int r) {
   auto expect = [&](uint64_t i, Value want) -> Status {
     Value got = outAt(i);
     want.tree = canonical_ ? canon_ : got.tree;
+    want.quant = got.quant;
+    if (static_cast<int>(got.quant) > max_quant_)
+      return fail(r, fmt::format("output element {} was quantized {} times, but the plan declares at most {}", i,
+                                 got.quant, max_quant_));
     if (got == want) return {};
     if (canonical_ && got.ranks == want.ranks && got.index == want.index && !got.poisoned)
       return fail(r, fmt::format("output element {} combines {} but the canonical tree of {} ranks is {}", i,

@@ -226,7 +226,7 @@ void NetworkModel::ProgramFlow::post(uint32_t gid) {
 void NetworkModel::ProgramFlow::postReady(uint32_t gid) {
   const plan::Step& s = stepOf(gid);
   const int64_t q = owner_[gid];
-  if (s.op == StepOp::Copy || s.op == StepOp::Reduce) {
+  if (plan::isLocal(s.op)) {  // compressed plans' (de)quantize steps are local work too
     const double work = (s.op == StepOp::Copy ? 2 : 3) * eb_ * static_cast<double>(s.dst.count) / hbm_;
     events_.push({onCpu(q, now_, work), StepDone, gid});
     return;

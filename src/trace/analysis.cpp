@@ -264,6 +264,9 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
           case StepKind::RecvReduce: name = fmt::format("recv+reduce from {}", s.peer); break;
           case StepKind::Copy: name = "copy"; break;
           case StepKind::Reduce: name = "reduce"; break;
+          case StepKind::Quantize: name = "quantize"; break;
+          case StepKind::Dequantize: name = "dequantize"; break;
+          case StepKind::DequantizeReduce: name = "dequantize+reduce"; break;
         }
         json args = {{"bytes", s.bytes}};
         if ((s.seq & kCheckBit) && !(s.seq & kP2PBit)) args["op"] = "signature check";

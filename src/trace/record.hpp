@@ -42,7 +42,18 @@ constexpr uint32_t kVersion = 2;
 
 enum class Kind : uint8_t { Algo = 1, Op = 2, Step = 3, Clock = 4 };
 // Step kinds (plan::StepOp values).
-enum class StepKind : uint8_t { Send = 0, Recv = 1, RecvReduce = 2, Copy = 3, Reduce = 4 };
+// The values of plan::StepOp (the executor records s.op; executor.cpp asserts
+// they agree); the last three are compressed plans' local steps.
+enum class StepKind : uint8_t {
+  Send = 0,
+  Recv = 1,
+  RecvReduce = 2,
+  Copy = 3,
+  Reduce = 4,
+  Quantize = 5,
+  Dequantize = 6,
+  DequantizeReduce = 7,
+};
 
 struct Header {
   uint32_t version = kVersion;

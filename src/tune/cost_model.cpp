@@ -245,6 +245,38 @@ Result<CostProfile> CostProfile::load(const std::string& path) {
   return p;
 }
 
+namespace {
+// A compressed plan's (de)quantize passes on the busiest rank (src/plan/
+// compressed.cpp): its rounds carry the wire bytes (elements of the fp32 size,
+// rounded up) and no reduction, and this adds the kernels' work, which
+// includes the fp32 accumulation (dequantizeAdd).  Per rank, in fp32 bytes,
+// with N the vector and c one rank's block:
+//   allreduce       quantize N ((n-1)/n contributions + 1/n sum),
+//                   dequantize (2n-1)/n N ((n-1)/n added in + the whole result)
+//   reduce-scatter  quantize (n-1) c, dequantize-add (n-1) c
+//   allgather       quantize c, dequantize n c
+// priced at the kernels' rate per fp32 byte (kernels/quantize.cpp measured on
+// the 2-core development VM, 4 MiB runs: bf16 quantize 28-30 GB/s, dequantize
+// and dequantizeAdd 6-9; fp8 quantize 4.1-4.9, dequantize 10; the figures
+// below are the passes' mix, rounded down; chorus-tune does not calibrate
+// them yet); ranks beyond the host's cores take turns.
+constexpr double kBf16PassBytesPerS = 8e9, kFp8PassBytesPerS = 6e9;
+Seconds compressWork(const plan::Shape& sh, const CostProfile& prof, int ranks_per_host) {
+  const double n = sh.nranks, e = static_cast<double>(sh.count) * sh.elem_size;
+  if (sh.nranks < 2) return Seconds();
+  double bytes = 0;
+  switch (sh.coll) {
+    case plan::Collective::AllReduce: bytes = e + (2 * n - 1) / n * e; break;
+    case plan::Collective::ReduceScatter: bytes = 2 * (n - 1) * e; break;
+    case plan::Collective::AllGather: bytes = (1 + n) * e; break;
+    default: return Seconds();
+  }
+  const double rate = sh.wire->kind == kernels::WireFormat::Bf16 ? kBf16PassBytesPerS : kFp8PassBytesPerS;
+  const double turns = std::max(1.0, static_cast<double>(ranks_per_host) / prof.cores);
+  return Seconds(bytes / rate * turns);
+}
+}  // namespace
+
 Result<Seconds> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
                                const CostProfile& prof, const std::vector<int>& host_of) {
   CHORUS_ASSIGN_OR_RETURN(Seconds t, modelSeconds(algo, shape, dtype, prof, host_of));
@@ -336,6 +368,7 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
     }
   }
   if (S > 1) total += static_cast<double>(S - 1) * slowest(all_lat, all_work, all_seen);
+  if (shape.wire) total += compressWork(shape, prof, most);
   return total;
 }
 

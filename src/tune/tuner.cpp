@@ -100,21 +100,25 @@ Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
   const Collective c = sh.coll;
   Choice ch;
   ch.chunk_bytes = defaultChunk();
-  if (const plan::Algorithm* f = forced_[static_cast<size_t>(c)]; f != nullptr && f->supports(sh)) {
+  // A compressed call takes a compressed plan, and only a call the caller
+  // allowed to compress (Shape::wire) takes one.
+  const bool compressed = sh.wire.has_value();
+  auto eligible = [&](const plan::Algorithm* a) { return a->compressed() == compressed && a->supports(sh); };
+  if (const plan::Algorithm* f = forced_[static_cast<size_t>(c)]; f != nullptr && eligible(f)) {
     ch.algo = f;
     return ch;
   }
   const uint64_t bytes = sh.count * sh.elem_size;
   const Key key{static_cast<uint8_t>(c), static_cast<uint8_t>(std::bit_width(bytes)), sh.inplace,
-                static_cast<uint8_t>(dtype)};
-  if (auto it = cache_.find(key); it != cache_.end() && it->second.algo->supports(sh)) return it->second;
+                static_cast<uint8_t>(dtype), compressed};
+  if (auto it = cache_.find(key); it != cache_.end() && eligible(it->second.algo)) return it->second;
 
   // Price every candidate that handles the shape; the rule-based default is
   // the fallback when nothing can be priced.
   plan::Shape priced = sh;
   priced.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
   for (const plan::Algorithm* a : registry_->forCollective(c)) {
-    if (!a->supports(sh)) continue;
+    if (!eligible(a)) continue;
     auto t = price(*a, priced, dtype);
     if (!t.isOk()) continue;
     if (ch.algo == nullptr || t.value() < ch.predicted_s) {
@@ -122,7 +126,7 @@ Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
       ch.predicted_s = t.value();
     }
   }
-  if (ch.algo == nullptr) ch.algo = defaultFor(sh);
+  if (ch.algo == nullptr && !compressed) ch.algo = defaultFor(sh);
   if (ch.algo == nullptr) return internalError("no {} algorithm handles this call", plan::collectiveName(c));
   cache_[key] = ch;
   return ch;

@@ -74,11 +74,13 @@ class Tuner {
     uint8_t size_class;
     bool inplace;
     uint8_t dtype;
+    bool compressed = false;  // Shape::wire set: only compressed plans are candidates
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {
-      return (size_t{k.coll} << 24) | (size_t{k.size_class} << 16) | (size_t{k.inplace} << 8) | k.dtype;
+      return (size_t{k.compressed} << 32) | (size_t{k.coll} << 24) | (size_t{k.size_class} << 16) |
+             (size_t{k.inplace} << 8) | k.dtype;
     }
   };
   std::unordered_map<Key, Choice, KeyHash> cache_;
