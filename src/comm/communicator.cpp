@@ -251,6 +251,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   topo.host_of = bootstrap::hostIndices(hosts, cfg.net.force_tcp);
   for (const bootstrap::HostIdentity& h : hosts) topo.one_machine = topo.one_machine && h == me.host;
   CHORUS_ASSIGN_OR_RETURN(tune::CostProfile profile, tune::CostProfile::load(cfg.tune.profile_path));
+  profile.board_bytes = exec::kBoardBytes;  // the one-shot calls the board runner takes
   auto tuner = tune::Tuner::create(registry_, topo, cfg.tune.algo_spec, cfg.tune.chunk_bytes, std::move(profile));
   if (!tuner.isOk()) return tuner.status();
   tuner_ = std::make_unique<tune::Tuner>(std::move(tuner.value()));
@@ -689,7 +690,7 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
   if (i == 0) {
     board_prog_ = board_runner_ != nullptr && algo != nullptr && algo->oneShot() &&
-                          plan::boardBytes(sh) <= plan::kBoardBytes
+                          exec::boardBytes(sh) <= exec::kBoardBytes
                       ? board_runner_->programFor(*algo, sh, *prog, es ? es : 1)
                       : nullptr;
   }

@@ -35,6 +35,17 @@
 
 namespace chorus::exec {
 
+// One-shot calls whose input is at most kBoardBytes per rank run through the
+// board: one write and n - 1 reads in place per rank.  The communicator hands
+// the figure to the cost model (tune::CostProfile::board_bytes), which prices
+// those calls at the board's cost.
+inline constexpr uint64_t kBoardBytes = 4096;
+static_assert(kBoardBytes <= transport::kBoardSlotBytes);
+// What one rank publishes on the board for a one-shot call of `sh`: its
+// whole input (a broadcast's root's: the vector), the same on every rank.
+// The cost model computes the same figure (tune/cost_model.cpp).
+inline uint64_t boardBytes(const plan::Shape& sh) { return sh.inputElems(sh.root) * sh.elem_size; }
+
 // Copies for the board: at most a slot, to or from lines another core holds.
 // glibc's memcpy switches to `rep movsb` from 2 KiB, which stalls on such
 // lines: a 2.5 KiB one-shot allreduce took 1.14-1.29 us with it and 0.62 us
