@@ -688,7 +688,11 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
                        op.coll == Collective::SendRecv ? comm::kPointToPointWire : batch_wire_};
   if (trace_) traceJob(op, i, algo, prog, sh);
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1);
-  if (i == 0) {
+  // Whether job 0 runs through the board: decided once per program (a
+  // cached program stands for one algorithm and shape; the v-collectives'
+  // reused ones never take the board).
+  if (i == 0 && prog != board_decided_) {
+    board_decided_ = prog;
     board_prog_ = board_runner_ != nullptr && algo != nullptr && algo->oneShot() &&
                           exec::boardBytes(sh) <= exec::kBoardBytes
                       ? board_runner_->programFor(*algo, sh, *prog, es ? es : 1)
@@ -932,7 +936,7 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
 }
 
 // Board call k = board_calls_ + 1: waits until every peer is past call
-// k - kBoardSlots + 1 (see runBoard), copies `bytes` of `inp` into the slot
+// k - kBoardSlots + 1 (see publishCallSlow), copies `bytes` of `inp` into the slot
 // when `data`, and publishes it with the batch's signature.  The waits and
 // the earlier calls' checks are out of line (publishCallSlow): in a loop of
 // symmetric calls neither is needed, and the call costs a copy and a store.

@@ -206,6 +206,7 @@ class Communicator {
   // for it when the batch runs through the board (else nullptr).
   std::unique_ptr<exec::BoardRunner> board_runner_;
   const exec::BoardProgram* board_prog_ = nullptr;
+  const plan::Program* board_decided_ = nullptr;  // the program board_prog_ was decided for
   // The running batch's signature and its message word (call_signature.hpp).
   comm::Signature batch_sig_;
   uint64_t batch_wire_ = 0;

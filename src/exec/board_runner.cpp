@@ -252,6 +252,10 @@ Result<BoardProgram> compileBoard(const plan::Algorithm& algo, const plan::Shape
   for (const Op& op : bp.ops) awaited += op.kind == BoardProgram::Kind::Await;
   bp.awaits_all = awaited == n - 1;
   bp.awaits_none = awaited == 0;
+  const uint16_t own_slot = static_cast<uint16_t>(BoardProgram::kSlotBase + rank);
+  bp.reads_own_slot = std::any_of(bp.ops.begin(), bp.ops.end(), [&](const Op& op) {
+    return op.kind != BoardProgram::Kind::Await && (op.a.base == own_slot || op.b.base == own_slot);
+  });
   return bp;
 }
 
@@ -286,7 +290,7 @@ Status BoardRunner::run(const BoardProgram& bp, const Job& job, uint64_t k, tran
     if (scratch_.size() < bp.scratch_bytes) scratch_.resize(bp.scratch_bytes);
     base[static_cast<size_t>(Buf::Scratch)] = scratch_.data();
   }
-  base[BoardProgram::kSlotBase + static_cast<size_t>(rank_)] = board_->slot(k);
+  if (bp.reads_own_slot) base[BoardProgram::kSlotBase + static_cast<size_t>(rank_)] = board_->slot(k);
   for (const Op& op : bp.ops) {
     switch (op.kind) {
       case BoardProgram::Kind::Await: {

@@ -88,6 +88,7 @@ struct BoardProgram {
   uint64_t scratch_bytes = 0;  // scratch the ops touch (0: the receives elided it all)
   bool awaits_all = false;     // every peer's slot is awaited (the board's lag bookkeeping)
   bool awaits_none = false;    // no peer's slot is (its signature is checked later)
+  bool reads_own_slot = false;  // an op reads this rank's published input from its slot
 };
 
 // Compiles rank's program `prog` of algo for sh (elements of elem_size

@@ -215,6 +215,9 @@ TEST(BoardRunner, TwoRankAllReduceIsOneAwaitAndOneReduction) {
     EXPECT_TRUE(bp->awaits_all);
     EXPECT_TRUE(bp->publishes);
     EXPECT_EQ(bp->publish_bytes, 8u);
+    // In place the own contribution is read from the own slot (the plan's copy
+    // of it into scratch is elided), else from the input.
+    EXPECT_EQ(bp->reads_own_slot, inplace);
   }
 }
 
