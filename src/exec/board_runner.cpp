@@ -186,17 +186,21 @@ class Compiler {
     return {};
   }
 
-  void await(int q) {
+  // An await of q, on `op` when it has none yet, else an op of its own.
+  void await(int q, Op* op = nullptr) {
     if (awaited_[static_cast<size_t>(q)]) return;
     awaited_[static_cast<size_t>(q)] = 1;
-    out_->ops.push_back({.kind = BoardProgram::Kind::Await, .peer = q});
+    if (op != nullptr && op->await < 0)
+      op->await = q;
+    else
+      out_->ops.push_back({.kind = BoardProgram::Kind::None, .await = q});
   }
   // Awaits a peer at the first op that reads its slot, so the reductions of
   // the peers that are there overlap the wait for those that are not.
-  void emit(const Op& op) {
+  void emit(Op op) {
     if (op.n == 0) return;
-    for (const Operand* o : {&op.a, &op.b})
-      if (o->base >= BoardProgram::kSlotBase) await(o->base - BoardProgram::kSlotBase);
+    for (const Operand* o : {&op.b, &op.a})
+      if (o->base >= BoardProgram::kSlotBase) await(o->base - BoardProgram::kSlotBase, &op);
     for (const Operand* o : {&op.dst, &op.a, &op.b})
       if (o->base == static_cast<uint16_t>(Buf::Scratch) && (o != &op.b || op.kind == BoardProgram::Kind::Reduce))
         uses_scratch_ = true;
@@ -249,12 +253,12 @@ Result<BoardProgram> compileBoard(const plan::Algorithm& algo, const plan::Shape
   bp.publish_bytes = (own.end - own.base) * elem_size;
   bp.scratch_bytes = c.uses_scratch_ ? prog.scratch_elems * elem_size : 0;
   int awaited = 0;
-  for (const Op& op : bp.ops) awaited += op.kind == BoardProgram::Kind::Await;
+  for (const Op& op : bp.ops) awaited += op.await >= 0;
   bp.awaits_all = awaited == n - 1;
   bp.awaits_none = awaited == 0;
   const uint16_t own_slot = static_cast<uint16_t>(BoardProgram::kSlotBase + rank);
   bp.reads_own_slot = std::any_of(bp.ops.begin(), bp.ops.end(), [&](const Op& op) {
-    return op.kind != BoardProgram::Kind::Await && (op.a.base == own_slot || op.b.base == own_slot);
+    return op.kind != BoardProgram::Kind::None && (op.a.base == own_slot || op.b.base == own_slot);
   });
   return bp;
 }
@@ -292,29 +296,24 @@ Status BoardRunner::run(const BoardProgram& bp, const Job& job, uint64_t k, tran
   }
   if (bp.reads_own_slot) base[BoardProgram::kSlotBase + static_cast<size_t>(rank_)] = board_->slot(k);
   for (const Op& op : bp.ops) {
-    switch (op.kind) {
-      case BoardProgram::Kind::Await: {
-        // The signature is read with the slot (its call bits are k's: the
-        // peer cannot reuse the slot before this rank publishes k + 1).
-        transport::CallSignature theirs;
-        Result<const std::byte*> x = board_->await(op.peer, k, timeout_, &theirs);
-        if (!x.isOk()) [[unlikely]] return x.status();
-        if (!(theirs == mine)) [[unlikely]] {
-          mismatch->peer = op.peer;
-          mismatch->theirs = theirs;
-          return makeError(chorusMismatch, "board: rank {} published another call", op.peer);
-        }
-        base[BoardProgram::kSlotBase + static_cast<size_t>(op.peer)] = const_cast<std::byte*>(*x);
-        break;
+    if (op.await >= 0) {
+      // The signature is read with the slot (its call bits are k's: the
+      // peer cannot reuse the slot before this rank publishes k + 1).
+      transport::CallSignature theirs;
+      Result<const std::byte*> x = board_->await(op.await, k, timeout_, &theirs);
+      if (!x.isOk()) [[unlikely]] return x.status();
+      if (!(theirs == mine)) [[unlikely]] {
+        mismatch->peer = op.await;
+        mismatch->theirs = theirs;
+        return makeError(chorusMismatch, "board: rank {} published another call", op.await);
       }
-      case BoardProgram::Kind::Copy:
-        boardCopy(base[op.dst.base] + op.dst.offset, base[op.a.base] + op.a.offset, op.n);
-        break;
-      case BoardProgram::Kind::Reduce:
-        (*job.reducer)(base[op.dst.base] + op.dst.offset, base[op.a.base] + op.a.offset,
-                       base[op.b.base] + op.b.offset, op.n);
-        break;
+      base[BoardProgram::kSlotBase + static_cast<size_t>(op.await)] = const_cast<std::byte*>(*x);
     }
+    if (op.kind == BoardProgram::Kind::Reduce)
+      (*job.reducer)(base[op.dst.base] + op.dst.offset, base[op.a.base] + op.a.offset, base[op.b.base] + op.b.offset,
+                     op.n);
+    else if (op.kind == BoardProgram::Kind::Copy)
+      boardCopy(base[op.dst.base] + op.dst.offset, base[op.a.base] + op.a.offset, op.n);
   }
   return {};
 }

@@ -68,13 +68,16 @@ struct BoardProgram {
     uint64_t offset = 0;  // bytes
   };
   enum class Kind : uint8_t {
-    Await,   // peer's slot of the call (compares its signature)
+    None,    // only the await
     Copy,    // dst = a, bytes
     Reduce,  // dst = a (op) b, elems
   };
   struct Op {
-    Kind kind = Kind::Copy;
-    int32_t peer = -1;  // Await
+    Kind kind = Kind::None;
+    // First, when >= 0: await this peer's slot of the call (and compare its
+    // signature).  Carried by the op that first reads the slot, so a call
+    // walks one op per reduction, not two.
+    int32_t await = -1;
     Operand dst, a, b;
     uint64_t n = 0;  // Copy: bytes; Reduce: elements
   };

@@ -195,7 +195,8 @@ TEST(BoardRunner, EveryOneShotPlanGivesTheSerialExecutionsBits) {
 }
 
 // What the compiled program costs per call: an 8-byte 2-rank allreduce is an
-// await and one reduction straight out of the peer's slot, with no scratch.
+// await and one reduction straight out of the peer's slot, one op, with no
+// scratch.
 TEST(BoardRunner, TwoRankAllReduceIsOneAwaitAndOneReduction) {
   const plan::Registry reg = plan::Registry::builtin();
   plan::Shape sh;
@@ -208,9 +209,9 @@ TEST(BoardRunner, TwoRankAllReduceIsOneAwaitAndOneReduction) {
     plan::expand(*reg.find(Collective::AllReduce, "oneshot"), sh, 0, &p);
     auto bp = exec::compileBoard(*reg.find(Collective::AllReduce, "oneshot"), sh, 0, p, 4);
     ASSERT_TRUE(bp.isOk()) << bp.status().message();
-    ASSERT_EQ(bp->ops.size(), 2u) << inplace;
-    EXPECT_EQ(bp->ops[0].kind, exec::BoardProgram::Kind::Await);
-    EXPECT_EQ(bp->ops[1].kind, exec::BoardProgram::Kind::Reduce);
+    ASSERT_EQ(bp->ops.size(), 1u) << inplace;
+    EXPECT_EQ(bp->ops[0].kind, exec::BoardProgram::Kind::Reduce);
+    EXPECT_EQ(bp->ops[0].await, 1);
     EXPECT_EQ(bp->scratch_bytes, 0u);
     EXPECT_TRUE(bp->awaits_all);
     EXPECT_TRUE(bp->publishes);
