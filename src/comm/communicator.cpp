@@ -223,11 +223,17 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
     s.spin = cfg.spin;
     s.timeout = cfg.timeout;
     bootstrap::PrefixStore host_store(base, prefix_ + fmt::format("h{}/", lowest));
-    auto t = transport::createShmTransport(s, host_store);
+    transport::Board* board = nullptr;
+    auto t = transport::createShmTransport(s, host_store, &board);
     if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: shared-memory transport: ", rank_));
     shm_ = std::move(t.value());
     for (int r : local) routes[r] = shm_.get();
-    if (remote.empty()) board_ = shm_->board();
+    // The board serves calls of the whole communicator only when every peer
+    // is on this host.
+    if (remote.empty()) {
+      board_ = board;
+      board_runner_ = std::make_unique<exec::BoardRunner>(rank_, nranks_, board, cfg.timeout);
+    }
     comm::installWireMismatchText();
   }
   if (!remote.empty()) {
@@ -255,6 +261,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   topo.host_of = bootstrap::hostIndices(hosts, cfg.net.force_tcp);
   for (const bootstrap::HostIdentity& h : hosts) topo.one_machine = topo.one_machine && h == me.host;
   CHORUS_ASSIGN_OR_RETURN(tune::CostProfile profile, tune::CostProfile::load(cfg.tune.profile_path));
+  profile.board_bytes = exec::kBoardBytes;  // the one-shot calls the board runner takes
   auto tuner = tune::Tuner::create(registry_, topo, cfg.tune.algo_spec, cfg.tune.chunk_bytes, std::move(profile));
   if (!tuner.isOk()) return tuner.status();
   tuner_ = std::make_unique<tune::Tuner>(std::move(tuner.value()));
@@ -691,10 +698,15 @@ Status Communicator::prepare(OpDesc& op, size_t i) {
                        op.pointToPoint() ? comm::kPointToPointWire : batch_wire_};
   if (trace_) traceJob(op, i, algo, prog, sh);
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1) + prog->wire_bytes;  // wire bytes after the scratch
-  if (i == 0) {
-    board_job_ = board_ != nullptr && algo != nullptr && algo->oneShot() && plan::boardBytes(sh) <= plan::kBoardBytes;
-    board_count_ = sh.count;
-    board_canonical_ = sh.canonical;
+  // Whether job 0 runs through the board: decided once per program (a
+  // cached program stands for one algorithm and shape; the v-collectives'
+  // reused ones never take the board).
+  if (i == 0 && prog != board_decided_) {
+    board_decided_ = prog;
+    board_prog_ = board_runner_ != nullptr && algo != nullptr && algo->oneShot() &&
+                          exec::boardBytes(sh) <= exec::kBoardBytes
+                      ? board_runner_->programFor(*algo, sh, *prog, es ? es : 1)
+                      : nullptr;
   }
   return {};
 }
@@ -894,9 +906,9 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
   }
   jobs_.resize(njobs);
   Status st;
-  if (njobs == 1 && board_job_) {  // no scratch: the peers' slots are read in place
+  if (njobs == 1 && board_prog_ != nullptr) {  // the runner's scratch, if the program needs any
     jobs_[0].buffers = job_bufs_[0];
-    st = runBoard(ops[0], jobs_[0]);
+    st = runBoard(*board_prog_, jobs_[0]);
   } else {
     // On one host every collective call publishes its signature on the
     // board, so a rank whose call runs through the board (a small one)
@@ -934,22 +946,8 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
   return {};
 }
 
-namespace {
-// Copies for the board: at most a slot, to or from lines another core holds.
-// glibc's memcpy switches to `rep movsb` from 2 KiB, which stalls on such
-// lines: a 2.5 KiB one-shot allreduce took 1.14-1.29 us with it and 0.62 us
-// with plain vector moves (GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold
-// raised), 4 KiB 1.28-1.70 against 0.87-1.06 us.
-void boardCopy(std::byte* dst, const std::byte* src, size_t n) {
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) std::memcpy(dst + i, src + i, 64);  // inlined as vector moves
-  for (; i + 8 <= n; i += 8) std::memcpy(dst + i, src + i, 8);
-  for (; i < n; ++i) dst[i] = src[i];
-}
-}  // namespace
-
 // Board call k = board_calls_ + 1: waits until every peer is past call
-// k - kBoardSlots + 1 (see runBoard), copies `bytes` of `inp` into the slot
+// k - kBoardSlots + 1 (see publishCallSlow), copies `bytes` of `inp` into the slot
 // when `data`, and publishes it with the batch's signature.  The waits and
 // the earlier calls' checks are out of line (publishCallSlow): in a loop of
 // symmetric calls neither is needed, and the call costs a copy and a store.
@@ -957,7 +955,7 @@ inline Status Communicator::publishCall(const std::byte* inp, size_t bytes, bool
   const uint64_t k = board_calls_ + 1;
   if (unverified_count_ != 0 || board_seen_all_ + kBoardLag < k) [[unlikely]]
     CHORUS_RETURN_IF_ERROR(publishCallSlow(k));
-  if (data) boardCopy(board_->slot(k), inp, bytes);
+  if (data) exec::boardCopy(board_->slot(k), inp, bytes);
   board_->publish(k, transport::CallSignature{comm::boardAt(board_base_, k)});
   board_calls_ = k;
   return {};
@@ -979,110 +977,24 @@ Status Communicator::publishCallSlow(uint64_t k) {
   return {};
 }
 
-// The one-shot plan through the board: the plan's sends and receives become
-// one write of this rank's input into its slot and reads of the peers' slots
-// in place; the reductions are the plan's, in rank order, so the result is
-// the executor's bit for bit.
-Status Communicator::runBoard(const OpDesc& op, const exec::Job& job) {
-  static_assert(plan::kBoardBytes <= transport::kBoardSlotBytes);
-  const size_t es = job.elem_size;
-  const size_t N = board_count_, r = static_cast<size_t>(rank_);  // exact: accumulator words
-  plan::Shape sh;
-  sh.coll = op.coll;
-  sh.nranks = nranks_;
-  sh.count = N;
-  sh.elem_size = static_cast<uint32_t>(es);
-  const size_t bytes = plan::boardBytes(sh);  // the input
-  const std::byte* inp = job.buffers[static_cast<size_t>(plan::Buf::Input)];
-  std::byte* outp = job.buffers[static_cast<size_t>(plan::Buf::Output)];
-  // A broadcast's non-roots publish only the call number and signature.
-  const bool publishes_data = op.coll != Collective::Broadcast || rank_ == op.root;
-  CHORUS_RETURN_IF_ERROR(publishCall(inp, bytes, publishes_data));
+// The one-shot plan through the board: publishes this rank's input (the
+// plan's sends) with the call's number and signature, then the board runner
+// runs the program (exec/board_runner.hpp): reads of the peers' slots in
+// place, the plan's reductions in the plan's order, so the result is the
+// executor's bit for bit.  What is left here is the board's protocol: the
+// call numbers, the lag of the slowest peer, and a call that read no peer's
+// slot has its peers' signatures checked later.
+Status Communicator::runBoard(const exec::BoardProgram& bp, const exec::Job& job) {
+  CHORUS_RETURN_IF_ERROR(publishCall(job.buffers[bp.publish_buf] + bp.publish_offset, bp.publish_bytes, bp.publishes));
   const uint64_t k = board_calls_;
-  const std::byte* mine = board_->slot(k);
-  const transport::CallSignature my_sig{comm::boardAt(board_base_, k)};
-  // Peer q's slot, or nullptr with `failed` set (a plain pointer: the
-  // reduction loop below stays free of Result's variant).
-  Status failed;
-  auto input = [&](int q) __attribute__((always_inline)) -> const std::byte* {
-    if (q == rank_) return mine;
-    transport::CallSignature theirs;  // read with the slot (its call bits are k's: the peer cannot reuse it before our k + 1)
-    Result<const std::byte*> x = board_->await(q, k, cfg_.timeout, &theirs);
-    if (!x.isOk()) [[unlikely]] {
-      failed = x.status();
-      return nullptr;
-    }
-    if (!(theirs == my_sig)) [[unlikely]] {
-      failed = boardMismatch(q, theirs, my_sig, batch_sig_);
-      return nullptr;
-    }
-    return *x;
-  };
-  if (op.coll == Collective::Broadcast) {
-    if (rank_ == op.root) {
-      if (outp != inp) boardCopy(outp, inp, bytes);
-      deferVerification(k);  // the root reads nobody's slot
-    } else {
-      const std::byte* x = input(op.root);
-      if (x == nullptr) [[unlikely]] return failed;
-      boardCopy(outp, x, bytes);
-    }
-  } else if (plan::reduces(op.coll)) {
-    // AllReduce: the whole inputs; ReduceScatter: block r of each.  In rank
-    // order, as the plan, or under canonical mode in the canonical tree.
-    const size_t at = op.coll == Collective::AllReduce ? 0 : r * N * es;
-    if (board_canonical_) {
-      board_ptrs_.resize(static_cast<size_t>(nranks_));
-      for (int q = 0; q < nranks_; ++q) {
-        const std::byte* x = input(q);
-        if (x == nullptr) [[unlikely]] return failed;
-        board_ptrs_[static_cast<size_t>(q)] = x + at;
-      }
-      if (board_tmp_.empty()) board_tmp_.resize(kBoardTreeLevels * transport::kBoardSlotBytes);
-      if (nranks_ == 1)
-        boardCopy(outp, board_ptrs_[0], N * es);
-      else
-        boardTree(job, 0, nranks_, outp, 0, N);
-      board_seen_all_ = k;
-      board_->settle();
-      return {};
-    }
-    const std::byte* a = input(0);
-    const std::byte* b = a == nullptr ? nullptr : input(1);
-    if (b == nullptr) [[unlikely]] return failed;
-    (*job.reducer)(outp, a + at, b + at, N);
-    for (int q = 2; q < nranks_; ++q) {
-      const std::byte* x = input(q);
-      if (x == nullptr) [[unlikely]] return failed;
-      (*job.reducer)(outp, outp, x + at, N);
-    }
-  } else {
-    // AllGather: peer q's input is block q of the output; AllToAll: block r
-    // of peer q's input is.
-    const size_t from = op.coll == Collective::AllGather ? 0 : r * N * es;
-    for (int q = 0; q < nranks_; ++q) {
-      const std::byte* x = input(q);
-      if (x == nullptr) [[unlikely]] return failed;
-      boardCopy(outp + static_cast<size_t>(q) * N * es, x + from, N * es);
-    }
-  }
-  if (op.coll != Collective::Broadcast) board_seen_all_ = k;  // every peer's k was awaited above
+  const transport::CallSignature mine{comm::boardAt(board_base_, k)};
+  exec::BoardMismatch mismatch;
+  if (Status st = board_runner_->run(bp, job, k, mine, &mismatch); !st.isOk()) [[unlikely]]
+    return mismatch.peer >= 0 ? boardMismatch(mismatch.peer, mismatch.theirs, mine, batch_sig_) : st;
+  if (bp.awaits_all) board_seen_all_ = k;  // every peer's k was awaited
+  if (bp.awaits_none) deferVerification(k);  // e.g. a broadcast's root reads nobody's slot
   board_->settle();
   return {};
-}
-
-// The canonical tree's node [lo, hi) over the board slots board_ptrs_ into
-// dst; returns where it lies (a slot for a leaf).  A node's right child goes
-// to the scratch line of its level, its left child to the node's own
-// target, so no partial sum is overwritten before it is used.
-const std::byte* Communicator::boardTree(const exec::Job& job, int lo, int hi, std::byte* dst, int level, size_t n) {
-  if (hi - lo == 1) return board_ptrs_[static_cast<size_t>(lo)];
-  const int mid = plan::canonicalSplit(lo, hi);
-  const std::byte* left = boardTree(job, lo, mid, dst, level + 1, n);
-  std::byte* tmp = board_tmp_.data() + static_cast<size_t>(level) * transport::kBoardSlotBytes;
-  const std::byte* right = boardTree(job, mid, hi, tmp, level + 1, n);
-  (*job.reducer)(dst, left, right, n);
-  return dst;
 }
 
 // Compares the peers' signatures of this rank's unverified earlier calls

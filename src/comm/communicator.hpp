@@ -28,6 +28,7 @@
 #include "comm/flight.hpp"
 #include "common/config.hpp"
 #include "common/status.hpp"
+#include "exec/board_runner.hpp"
 #include "exec/executor.hpp"
 #include "exec/stream.hpp"
 #include "kernels/exact.hpp"
@@ -163,8 +164,9 @@ class Communicator {
   void dumpFlight() const;
   Status execute(std::span<OpDesc> ops);
   Status executeBatch(std::span<OpDesc> ops);
-  // Runs job (a one-shot plan, plan/oneshot.cpp) through the shm board.
-  Status runBoard(const OpDesc& op, const exec::Job& job);
+  // Runs job (a one-shot plan, plan/oneshot.cpp, compiled into bp) through
+  // the shm board.
+  Status runBoard(const exec::BoardProgram& bp, const exec::Job& job);
   // Exchanges the batch's signature with every rank; chorusMismatch naming the
   // ranks and fields that differ.
   Status checkSignatures(const comm::Signature& mine);
@@ -218,7 +220,11 @@ class Communicator {
   transport::Board* board_ = nullptr;
   uint64_t board_calls_ = 0;
   uint64_t board_seen_all_ = 0;  // the last call whose publish this rank has seen from every peer
-  bool board_job_ = false;
+  // The board's runner (one-host communicators) and job 0's program compiled
+  // for it when the batch runs through the board (else nullptr).
+  std::unique_ptr<exec::BoardRunner> board_runner_;
+  const exec::BoardProgram* board_prog_ = nullptr;
+  const plan::Program* board_decided_ = nullptr;  // the program board_prog_ was decided for
   // The running batch's signature and its message word (call_signature.hpp).
   comm::Signature batch_sig_;
   uint64_t batch_wire_ = 0;
@@ -292,14 +298,6 @@ class Communicator {
     uint64_t out_elems = 0;
   };
   std::vector<ExactJob> exact_;  // per job of the current batch
-  // Job 0 through the board: its element count (words, for exact) and
-  // whether it combines in canonical order.
-  uint64_t board_count_ = 0;
-  bool board_canonical_ = false;
-  std::vector<std::byte> board_tmp_;  // the canonical tree's partial sums, a slot per level
-  std::vector<const std::byte*> board_ptrs_;
-  static constexpr size_t kBoardTreeLevels = 8;  // > log2(kOneShotMaxRanks)
-  const std::byte* boardTree(const exec::Job& job, int lo, int hi, std::byte* dst, int level, size_t n);
   std::vector<std::unique_ptr<plan::Program>> uncached_;  // v-collectives, reused
   std::vector<exec::Job> jobs_;
   std::vector<std::array<std::byte*, 3>> job_bufs_;

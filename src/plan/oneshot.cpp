@@ -8,12 +8,12 @@
 // the number of message latencies it waits for in sequence (recursive
 // doubling waits for log2 n of them).
 //
-// Over shared memory the transport runs this plan through its board
-// (transport.hpp, Board): each rank writes its input once into its own slot
+// Over shared memory the board runner (exec/board_runner.hpp) runs these
+// plans through the transport's board (transport.hpp, Board): each rank writes its input once into its own slot
 // and reads its peers' slots in place, which is the plan's n - 1 sends and
 // receives with the copies into scratch elided; the reductions are the
 // plan's, in the plan's order.  Everywhere else (TCP, payloads above
-// kBoardBytes) the executor runs the steps below.
+// exec::kBoardBytes) the executor runs the steps below.
 #include "plan/canonical.hpp"
 #include "plan/plan.hpp"
 

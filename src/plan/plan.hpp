@@ -405,25 +405,11 @@ constexpr int kMaxDerivedRanks = 256;
 // higher.  The tuner and the simulator use the same figures.
 constexpr uint64_t kChunkBytesOneHost = 512u << 10;
 constexpr uint64_t kChunkBytesAcrossHosts = 1u << 20;
-// TCP between ranks of one machine (CHORUS_TRANSPORT=tcp): the kernel copies
-// both ends on the same cores, and slices below the TCP clear-to-send
-// threshold go eagerly; 2-rank loopback allreduce of 4 / 16 / 64 MiB took
-// 0.90-0.93 / 5.3-5.5 / 21.4 ms in 128 KiB slices against 1.4 / 6.8-7.1 /
-// 27.4-27.8 ms in 1 MiB ones (docs/performance.md).
-constexpr uint64_t kChunkBytesLoopback = 128u << 10;
-// The one-shot plans (src/plan/oneshot.cpp): over shared memory, calls whose
-// input is at most kBoardBytes run through the transport's board, one write
-// and n - 1 reads in place per rank (transport.hpp, Board); the cost model
-// prices them at the board's cost.  Above kOneShotMaxRanks they are not
-// offered (n - 1 messages per rank, and O(n^2) to price).
-constexpr uint64_t kBoardBytes = 4096;
+// The one-shot plans (src/plan/oneshot.cpp) are not offered above
+// kOneShotMaxRanks (n - 1 messages per rank, and O(n^2) to price).  Over
+// shared memory the small ones run through the transport's board
+// (exec/board_runner.hpp, exec::kBoardBytes).
 constexpr int kOneShotMaxRanks = 64;
-// What one rank publishes on the board for a one-shot call of `sh`: its
-// whole input (a broadcast's root: the vector), the same on every rank.
-inline uint64_t boardBytes(const Shape& sh) {
-  const bool blocks = sh.coll == Collective::ReduceScatter || sh.coll == Collective::AllToAll;
-  return (blocks ? static_cast<uint64_t>(sh.nranks) : 1) * sh.count * sh.elem_size;
-}
 class Algorithm;
 Result<std::vector<Round>> deriveRounds(const Algorithm& algo, const Shape& shape);
 
@@ -462,8 +448,8 @@ class Algorithm {
     return 1;
   }
   // A one-shot exchange: every rank's whole input goes to every other rank in
-  // one all-pairs round, which a shared-memory transport may run through its
-  // board (transport.hpp) for payloads up to kBoardBytes.
+  // one all-pairs round, which the board runner may run over a shared-memory
+  // transport's board (exec/board_runner.hpp) for small inputs.
   [[nodiscard]] virtual bool oneShot() const { return false; }
   // A compressed plan (src/plan/compressed.cpp): it takes only shapes with a
   // wire format (Shape::wire), and the tuner offers it only for those.

@@ -18,6 +18,7 @@
 
 #include "api/config.hpp"
 #include "bootstrap/bootstrap.hpp"
+#include "exec/board_runner.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
@@ -363,13 +364,13 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
   // The board: the whole fixed cost of a call from an 8-byte one-shot
   // allreduce of all ranks (every rank publishes and reads every peer's
   // slot), the cost of a byte read from a peer's slot from a full slot's
-  // (plan::kBoardBytes) against that; the two alternate, so both see the
+  // (exec::kBoardBytes) against that; the two alternate, so both see the
   // machine in the same state.
   {
     CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, "allreduce:oneshot"), comm, "forcing the one-shot allreduce"));
     int n = 1;
     chorusCommCount(comm, &n);
-    constexpr size_t kFull = plan::kBoardBytes / sizeof(double);
+    constexpr size_t kFull = exec::kBoardBytes / sizeof(double);
     std::vector<double> full(kFull, 1.0);
     auto timed = [&](double* buf, size_t count, int iters) -> Result<double> {
       CHORUS_RETURN_IF_ERROR(check(chorusBarrier(comm, nullptr), comm, "barrier"));
@@ -385,7 +386,7 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
       CHORUS_ASSIGN_OR_RETURN(double t1, timed(&x, 1, 20000));
       CHORUS_ASSIGN_OR_RETURN(double tf, timed(full.data(), kFull, 5000));
       small.push_back(t1);
-      per_byte.push_back((tf - t1) / (static_cast<double>(n - 1) * plan::kBoardBytes) - p->gamma[chorusFloat64].value());
+      per_byte.push_back((tf - t1) / (static_cast<double>(n - 1) * exec::kBoardBytes) - p->gamma[chorusFloat64].value());
     }
     CHORUS_RETURN_IF_ERROR(check(chorusCommSetAlgo(comm, ""), comm, "restoring the tuner"));
     p->board_call = Seconds(median(small));

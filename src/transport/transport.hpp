@@ -108,10 +108,11 @@ struct Request {
   }
 };
 
-// A one-shot exchange board (shared memory only): every rank of the
-// transport's set owns kBoardSlots slots, used in turn by its calls, which it
-// writes and every peer reads in place.  The communicator runs the one-shot
-// plans through it (src/plan/oneshot.cpp): call k (numbered 1, 2, ... alike
+// A one-shot exchange board (shared memory only; createShmTransport hands it
+// out at setup): every rank of the transport's set owns kBoardSlots slots,
+// used in turn by its calls, which it writes and every peer reads in place.
+// The board runner runs the one-shot plans through it (src/exec/board_runner.hpp,
+// src/plan/oneshot.cpp): call k (numbered 1, 2, ... alike
 // on every rank of the set) writes slot(k), publish(k)es it, then await()s
 // the peers whose data it needs and reads it straight from their slots.
 //
@@ -122,7 +123,7 @@ struct Request {
 // k.  In the symmetric calls (allreduce, allgather, ...) every rank awaits
 // every peer anyway; a broadcast's root does not wait for its readers, so it
 // may run up to kBoardSlots - 1 calls ahead of them, and a later call awaits
-// them when it would otherwise overtake (Communicator::runBoard).  Call
+// them when it would otherwise overtake (Communicator::publishCall).  Call
 // numbers only grow, so await returns once the peer has published k *or
 // later*; by the rule above a slot still holds call k's data while its
 // reader has not published k + 1.
@@ -198,10 +199,6 @@ class Transport {
   // Fails every posted request with `why` and makes later posts fail.  Any
   // thread; the executor's thread observes it at its next poll().
   virtual void abort(const Status& why) = 0;
-
-  // The transport's board when it serves every peer through shared memory
-  // (see Board); nullptr for others.
-  virtual Board* board() { return nullptr; }
 };
 
 }  // namespace chorus::transport

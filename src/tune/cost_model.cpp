@@ -291,8 +291,10 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
   CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, algo.rounds(shape));
   const int n = shape.nranks;
   const SecondsPerByte gamma = prof.gamma[dtype];
-  // Through the board: every rank on one host, the input within a slot.
-  const bool board = algo.oneShot() && n > 1 && plan::boardBytes(shape) <= plan::kBoardBytes &&
+  // Through the board: every rank on one host, the input within what the
+  // board takes (what a rank publishes: its input, a broadcast's root's).
+  const uint64_t input_bytes = shape.inputElems(shape.root) * shape.elem_size;
+  const bool board = algo.oneShot() && n > 1 && prof.board_bytes != 0 && input_bytes <= prof.board_bytes &&
                      (host_of.size() != static_cast<size_t>(n) || linkClassOf(host_of) == LinkClass::Shm);
   Seconds total = board ? prof.board_call : prof.op_overhead;
   // Per rank: latency (max α in) and work (Σ o, β, γ) in the current round;

@@ -15,7 +15,7 @@
 // For the one-message-per-rank patterns (ring, trees, recursive doubling) this
 // is α + 2o + b·β (+ b·γ) per round; for the all-pairs rounds of the direct
 // allreduce the n - 1 messages of a rank pay α once and o, β, γ each.
-// A one-shot plan on one host within the board's size (plan::kBoardBytes)
+// A one-shot plan on one host within the board's size (CostProfile::board_bytes)
 // runs through the shared-memory board instead: board_call, then per rank
 // its own write and n - 1 reads (β) and reductions (γ).
 //
@@ -79,8 +79,13 @@ struct CostProfile {
   // Time per byte reduced, per data type (fp16/bf16/fp8 pay the conversions).
   std::array<SecondsPerByte, chorusNumTypes> gamma{};
   Seconds op_overhead = us(1.5);  // per call: API, plan lookup, executor set-up
+  // The largest input per rank a one-shot call runs through the
+  // shared-memory board with (exec::kBoardBytes; 0: no board).  What the
+  // library does, not a measurement: the communicator sets it, the profile's
+  // JSON does not carry it.
+  uint64_t board_bytes = 0;
   // A one-shot call through the shared-memory board (transport.hpp, Board;
-  // plan::kBoardBytes): the whole fixed cost of the call, publish and the wait
+  // board_bytes): the whole fixed cost of the call, publish and the wait
   // for running peers included, replacing op_overhead + α + o; the bytes
   // then cost β (the write into the slot and each peer's read) and γ.
   Seconds board_call = us(0.2);

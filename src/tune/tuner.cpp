@@ -88,7 +88,7 @@ uint64_t Tuner::defaultChunk() const {
   // fixed cost yet small enough to keep several in flight and in cache.
   if (chunk_override_ != 0) return chunk_override_;
   if (topo_.all_local) return plan::kChunkBytesOneHost;
-  return topo_.one_machine ? plan::kChunkBytesLoopback : plan::kChunkBytesAcrossHosts;
+  return topo_.one_machine ? kChunkBytesLoopback : plan::kChunkBytesAcrossHosts;
 }
 
 Result<double> Tuner::price(const plan::Algorithm& algo, const plan::Shape& sh, chorusDataType_t dtype) const {

@@ -24,6 +24,15 @@ struct Choice {
 };
 
 // What the tuner knows about the communicator's links.
+// The pipeline slice between ranks of one machine over TCP
+// (CHORUS_TRANSPORT=tcp): the kernel copies both ends on the same cores, and
+// slices below the TCP clear-to-send threshold go eagerly; 2-rank loopback
+// allreduce of 4 / 16 / 64 MiB took 0.90-0.93 / 5.3-5.5 / 21.4 ms in 128 KiB
+// slices against 1.4 / 6.8-7.1 / 27.4-27.8 ms in 1 MiB ones
+// (docs/performance.md).  The tuner's choice for such communicators; the
+// plans' own defaults (one host, across hosts) are plan::kChunkBytes*.
+constexpr uint64_t kChunkBytesLoopback = 128u << 10;
+
 struct Topology {
   int nranks = 1;
   int local_ranks = 1;       // ranks on this host (shared memory)

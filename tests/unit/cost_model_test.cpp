@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "plan/plan.hpp"
+#include "exec/board_runner.hpp"
 #include "tune/cost_model.hpp"
 #include "tune/tuner.hpp"
 #include "tools/tune.hpp"
@@ -21,6 +22,7 @@ CostProfile testProfile(int cores) {
   p.op_overhead = us(2);
   p.cores = cores;
   p.cache_size = mib(1);
+  p.board_bytes = exec::kBoardBytes;  // as a one-host communicator's
   return p;
 }
 
@@ -67,6 +69,14 @@ TEST(CostModel, OneShotIsPricedAtTheBoardsCostWithinItsSize) {
               2e-6 + 1e-6 + 2 * (0.1e-6 + big * 1e-9 + 2 * big * 0.5e-9) + 2 * 0.1e-6, 1e-12);
   EXPECT_NEAR(price(reg, "oneshot", shape(3, 1000, &hosts), p, hosts),
               2e-6 + 10e-6 + 2 * (1e-6 + b * 4e-9 + 2 * b * 0.5e-9) + 2 * 1e-6, 1e-12);
+  // Without a board (board_bytes 0: the profile as its JSON gives it, before
+  // a communicator sets what its board runner takes) the same small call is
+  // an all-pairs round.
+  CostProfile none = p;
+  none.board_bytes = 0;
+  EXPECT_EQ(back->board_bytes, 0u) << "the JSON does not carry it";
+  EXPECT_NEAR(price(reg, "oneshot", shape(3, 1000, &one_host), none, one_host),
+              2e-6 + 1e-6 + 2 * (0.1e-6 + b * 1e-9 + 2 * b * 0.5e-9) + 2 * 0.1e-6, 1e-12);
 }
 
 TEST(CostModel, OneMessagePerRankRoundsCostAlphaTwoOverheadsAndBytes) {
@@ -183,7 +193,7 @@ TEST(Tuner, PicksTheBoardTheDirectAllReduceOnOneHostAndTheHierarchicalOneAcrossH
   for (uint64_t count : {2, 256, 16384}) {
     auto ch = choose(reg, {0, 0, 0, 0}, count, 4);
     ASSERT_TRUE(ch.isOk()) << ch.status().message();
-    EXPECT_EQ(ch->algo->name(), count * 4 <= plan::kBoardBytes ? "oneshot" : "direct") << count;
+    EXPECT_EQ(ch->algo->name(), count * 4 <= exec::kBoardBytes ? "oneshot" : "direct") << count;
   }
   // 3 hosts of 2 ranks: only the hierarchical plan keeps 5/6 of the traffic
   // off the slow links.

@@ -459,8 +459,7 @@ TEST(ShmTransport, BoardExchangesEveryCallAcrossProcesses) {
   auto sizeOf = [](uint64_t k) { return size_t{1} + (k * 977) % kBoardSlotBytes; };
   // Runs the calls on t as `rank`; 0 or the failing call's number.
   int slept = 0;  // late publishes that found the parent asleep (child)
-  auto run = [&](Transport& t, int rank, bool late) -> uint64_t {
-    Board* b = t.board();
+  auto run = [&](Board* b, int rank, bool late) -> uint64_t {
     if (b == nullptr) return ~uint64_t{0};
     for (uint64_t k = 1; k <= kCalls; ++k) {
       if (late && k % 500 == 0 && waitUntilAsleep(getppid(), 10s)) ++slept;
@@ -476,15 +475,17 @@ TEST(ShmTransport, BoardExchangesEveryCallAcrossProcesses) {
     return 0;
   };
   pid_t child = forkChild([&]() -> int {
-    auto t = createShmTransport(setupFor(1, {0}, prefix), store);
+    Board* board = nullptr;
+    auto t = createShmTransport(setupFor(1, {0}, prefix), store, &board);
     if (!t.isOk()) return 2;
-    if (run(*t.value(), 1, true) != 0) return 3;
+    if (run(board, 1, true) != 0) return 3;
     return slept == static_cast<int>(kCalls / 500) ? 0 : 4;
   });
   ASSERT_GT(child, 0);
-  auto t = createShmTransport(setupFor(0, {1}, prefix), store);
+  Board* board = nullptr;
+  auto t = createShmTransport(setupFor(0, {1}, prefix), store, &board);
   ASSERT_TRUE(t.isOk()) << t.status().message();
-  EXPECT_EQ(run(*t.value(), 0, false), 0u) << "the call whose payload was wrong or whose await failed";
+  EXPECT_EQ(run(board, 0, false), 0u) << "the call whose payload was wrong or whose await failed";
   EXPECT_EQ(waitExit(child), 0) << "3: the child's payload check failed; 4: the parent was not seen asleep";
   auto st = shm_detail::shmStats(*t.value());
   ASSERT_TRUE(st.has_value());
@@ -504,9 +505,9 @@ TEST(ShmTransport, BoardAwaitEndsOnTimeoutDeathAndAbort) {
     while (true) pause();  // never publishes; until killed
   });
   ASSERT_GT(child, 0);
-  auto t = createShmTransport(setupFor(0, {1}, prefix), store);
+  Board* b = nullptr;
+  auto t = createShmTransport(setupFor(0, {1}, prefix), store, &b);
   ASSERT_TRUE(t.isOk()) << t.status().message();
-  Board* b = t.value()->board();
   ASSERT_NE(b, nullptr);
   b->publish(1, CallSignature{});
   auto r = b->await(1, 1, 150ms);

@@ -40,7 +40,10 @@ struct ShmSetup {
 };
 
 // Collective over rank and its peers (each calls it); exchanges segment names
-// through the store.
-Result<std::unique_ptr<Transport>> createShmTransport(const ShmSetup& setup, bootstrap::Store& store);
+// through the store.  With `board`, also the transport's board (transport.hpp,
+// Board), which lives as long as the transport: the communicator hands it to
+// its board runner when this transport serves every peer.
+Result<std::unique_ptr<Transport>> createShmTransport(const ShmSetup& setup, bootstrap::Store& store,
+                                                      Board** board = nullptr);
 
 }  // namespace chorus::transport

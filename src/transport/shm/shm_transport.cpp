@@ -194,7 +194,6 @@ class ShmTransport final : public Transport, public Board {
   void wait(std::chrono::microseconds timeout) override;
   void wake() override;
   void abort(const Status& why) override;
-  Board* board() override { return this; }
 
   // Board
   std::byte* slot(uint64_t k) override { return own_board_[k % kBoardSlots].data; }
@@ -1152,9 +1151,10 @@ void ShmTransport::abort(const Status& why) {
 
 }  // namespace
 
-Result<std::unique_ptr<Transport>> createShmTransport(const ShmSetup& setup, bootstrap::Store& store) {
+Result<std::unique_ptr<Transport>> createShmTransport(const ShmSetup& setup, bootstrap::Store& store, Board** board) {
   auto t = std::make_unique<ShmTransport>();
   CHORUS_RETURN_IF_ERROR(t->init(setup, store));
+  if (board != nullptr) *board = t.get();
   return std::unique_ptr<Transport>(std::move(t));
 }
 
