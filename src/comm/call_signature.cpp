@@ -7,6 +7,7 @@
 #include "comm/communicator.hpp"
 
 #include "kernels/dtype.hpp"
+#include "kernels/quantize.hpp"
 
 namespace chorus::comm {
 
@@ -46,6 +47,7 @@ Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq) {
       s.count = count;
       s.op = op;
       s.root = rooted(o.coll) ? o.root : 0;
+      s.wire = wireCode(o);
       first = false;
     }
     ++s.nops;
@@ -54,6 +56,7 @@ Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq) {
     mix(count);
     mix(static_cast<uint64_t>(op));
     mix(static_cast<uint64_t>(rooted(o.coll) ? o.root : 0));
+    mix(wireCode(o));
     if (o.coll == Collective::AllGatherV)
       for (size_t v : o.counts) mix(v);
   }
@@ -94,6 +97,22 @@ Signature fromCallSignature(const transport::CallSignature& c, uint64_t seq) {
   return s;
 }
 
+uint32_t wireCode(const OpDesc& op) {
+  if (!op.wire) return 0;
+  return 1 + static_cast<uint32_t>(op.wire->kind) +
+         (op.wire->kind == kernels::WireFormat::Fp8E4m3 ? static_cast<uint32_t>(op.wire->block) << 8 : 0);
+}
+
+namespace {
+std::string wireName(uint32_t code) {
+  if (code == 0) return "off";
+  kernels::WireFormat w;
+  w.kind = static_cast<kernels::WireFormat::Kind>((code & 0xff) - 1);
+  if (w.kind == kernels::WireFormat::Fp8E4m3) w.block = static_cast<int>(code >> 8);
+  return kernels::wireFormatName(w);
+}
+}  // namespace
+
 std::string describe(const Signature& s) {
   const auto coll = static_cast<Collective>(s.coll);
   std::string d = s.coll < plan::kNumCollectives ? std::string(plan::collectiveName(coll))
@@ -103,19 +122,21 @@ std::string describe(const Signature& s) {
     d += fmt::format(" count={} dtype={}", s.count, kernels::dtypeName(static_cast<chorusDataType_t>(s.dtype)));
   if (plan::reduces(coll)) d += fmt::format(" op={}", s.op == chorusNumOps ? std::string("premulsum") : std::to_string(s.op));
   if (rooted(coll)) d += fmt::format(" root={}", s.root);
+  if (s.wire != 0) d += fmt::format(" compress={}", wireName(s.wire));
   if (s.nops > 1) d += fmt::format(" (+{} more in the group)", s.nops - 1);
   return d;
 }
 
 std::string differing(const Signature& a, const Signature& b) {
   std::string f;
-  auto add = [&](const char* name) { f += f.empty() ? name : fmt::format(", {}", name); };
+  auto add = [&](std::string_view name) { f += f.empty() ? std::string(name) : fmt::format(", {}", name); };
   if (a.seq != b.seq) add("sequence number");
   if (a.coll != b.coll) add("collective");
   if (a.count != b.count) add("count");
   if (a.dtype != b.dtype) add("dtype");
   if (a.op != b.op) add("op");
   if (a.root != b.root) add("root");
+  if (a.wire != b.wire) add(fmt::format("compression ({} vs {})", wireName(a.wire), wireName(b.wire)));
   if (f.empty()) add("the rest of the group");
   return f;
 }
@@ -153,7 +174,7 @@ std::string wireText(uint64_t want, uint64_t got) {
     if (field(want, kSeqShift, kSeqBits) != field(got, kSeqShift, kSeqBits)) add("sequence number");
     if (field(want, kDtypeShift, kDtypeBits) != field(got, kDtypeShift, kDtypeBits)) add("dtype");
     if (field(want, kOpShift, kOpBits) != field(got, kOpShift, kOpBits)) add("op");
-    if (f.empty()) add("count, root or the rest of the group");
+    if (f.empty()) add("count, root, compression or the rest of the group");
     // A message of an earlier call that no receive of that call took: the
     // ranks disagreed on that call (typically on its root, so that each only
     // sent), and this is where it shows.

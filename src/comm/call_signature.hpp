@@ -29,7 +29,7 @@ struct Signature {
   int32_t op = 0;  // chorusRedOp_t; PreMulSum ops as chorusNumOps
   int32_t root = 0;
   uint32_t nops = 0;  // collectives in the batch
-  uint32_t pad = 0;
+  uint32_t wire = 0;  // the first collective's compression: 0 none, else 1 + kind + (fp8 block << 8)
   uint64_t hash = 0;  // of every collective in the batch
   bool operator==(const Signature&) const = default;
 };
@@ -43,9 +43,11 @@ bool rooted(plan::Collective c);
 Signature fromCallSignature(const transport::CallSignature& c, uint64_t seq);
 
 // "allreduce #5 count=100 dtype=float32 op=0", and the fields in which a
-// differs from b ("count, dtype").
+// differs from b ("count, dtype"); a compressed call adds "compress=bf16".
 std::string describe(const Signature& s);
 std::string differing(const Signature& a, const Signature& b);
+// Signature::wire of a compressed call's wire format (0: uncompressed).
+uint32_t wireCode(const OpDesc& op);
 
 // The message word: collective, dtype and op exactly, the low 16 bits of the
 // sequence number, and 31 bits of a hash of the rest (count, root, the whole

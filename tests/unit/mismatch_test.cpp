@@ -62,6 +62,32 @@ TEST(Mismatch, DtypeOpAndRootDifferences) {
   EXPECT_EQ(failures(msgs), "");
 }
 
+// Ranks that disagree on a call's compression (one bf16, one fp8 or none)
+// get chorusMismatch naming it, checked and on the always-checked first
+// call; never a message-length error from the wire formats' sizes.
+TEST(Mismatch, CompressionDifferencesAreNamed) {
+  for (bool check : {true, false}) {
+    SCOPED_TRACE(check ? "CHORUS_CHECK" : "first call");
+    Config cfg;
+    cfg.check = check;
+    auto msgs = runRanks(2, cfg, [&](int r, chorusComm_t comm) -> std::string {
+      std::vector<float> x(4096, 1.0f);
+      if (check && chorusAllReduce(x.data(), x.data(), 16, chorusFloat32, chorusSum, comm, nullptr) != chorusSuccess)
+        return "first call failed";
+      chorusCallOptions_t o = CHORUS_CALL_OPTIONS_INITIALIZER;
+      o.compress = r == 0 ? CHORUS_COMPRESS_BF16 : CHORUS_COMPRESS_FP8;
+      chorusResult_t res = chorusAllReduceEx(x.data(), x.data(), 4096, chorusFloat32, chorusSum, comm, nullptr, &o);
+      if (res != chorusMismatch) return "rank " + std::to_string(r) + " got " + std::to_string(res);
+      std::string m = chorusGetLastError(comm);
+      if (m.find("compression (") == std::string::npos || m.find("compress=bf16") == std::string::npos ||
+          m.find("compress=fp8") == std::string::npos)
+        return "message lacks the facts: " + m;
+      return "";
+    });
+    EXPECT_EQ(failures(msgs), "");
+  }
+}
+
 // Without CHORUS_CHECK, a later count mismatch is still caught by the
 // transports' length check on the receiving side; every rank returns an
 // error within the timeout instead of hanging or overrunning a buffer.
