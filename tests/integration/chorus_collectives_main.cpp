@@ -16,11 +16,15 @@
 //                                           [--fail-rank R --fail-status S]
 //                                           [--repro canonical|exact]  (with CHORUS_REPRODUCIBLE set:
 //                                            support/repro_check's bitwise checks as one case)
+//                                           [--compress bf16|fp8]  (compressed allreduces: every rank the same
+//                                            bits, all-equal data exact, bf16 within its two-rounding bound)
 #include <CLI/CLI.hpp>
 #include <chorus/chorus.h>
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -63,6 +67,54 @@ void printJson(const nlohmann::json& j) {
 
 }  // namespace
 
+// Compressed allreduces (chorusAllReduceEx) of float32 sums: every rank must
+// get the same bits (a hash of the result, allgathered); all-equal inputs
+// come back exact; bf16 results lie within its bound for two quantizations
+// (each rounds to 8 significant bits, a relative error of at most 2^-8 of
+// a partial sum no larger than the sum of magnitudes: docs/algorithms.md),
+// with 5 % to spare for the fp32 additions.  fp8's block-scaled bound is
+// checked per element by tests/unit/compress_test.cpp.
+std::string compressRank(int rank, int n, chorusComm_t comm, const std::string& format) {
+  chorusCallOptions_t o = CHORUS_CALL_OPTIONS_INITIALIZER;
+  o.compress = format == "fp8" ? CHORUS_COMPRESS_FP8 : CHORUS_COMPRESS_BF16;
+  auto value = [](int r, size_t i) {
+    return static_cast<float>(std::sin(static_cast<double>(i + 1) * 0.37 + r) * static_cast<double>(1 + (i * 7 + r) % 13));
+  };
+  for (size_t count : {size_t{1}, size_t{1031}, size_t{70001}, size_t{300007}}) {
+    for (bool equal : {false, true}) {
+      std::vector<float> x(count), y(count, -1.0f);
+      for (size_t i = 0; i < count; ++i) x[i] = equal ? 1.5f : value(rank, i);
+      if (chorusAllReduceEx(x.data(), y.data(), count, chorusFloat32, chorusSum, comm, nullptr, &o) != chorusSuccess)
+        return fmt::format("{} allreduce of {} floats: {}", format, count, chorusGetLastError(comm));
+      uint64_t h = 1469598103934665603ull;
+      for (float v : y) {
+        uint32_t b;
+        std::memcpy(&b, &v, 4);
+        h = (h ^ b) * 1099511628211ull;
+      }
+      std::vector<uint64_t> all(static_cast<size_t>(n));
+      if (chorusAllGather(&h, all.data(), 1, chorusUint64, comm, nullptr) != chorusSuccess)
+        return fmt::format("allgather of the result hashes: {}", chorusGetLastError(comm));
+      for (int r = 0; r < n; ++r)
+        if (all[static_cast<size_t>(r)] != h)
+          return fmt::format("{} allreduce of {} floats: rank {} got other bits than rank {}", format, count, r, rank);
+      for (size_t i = 0; i < count; ++i) {
+        double ref = 0, mag = 0;
+        for (int r = 0; r < n; ++r) {
+          const double v = equal ? 1.5 : static_cast<double>(value(r, i));
+          ref += v;
+          mag += std::abs(v);
+        }
+        const double err = std::abs(static_cast<double>(y[i]) - ref);
+        if (equal ? err != 0 : (format == "bf16" && err > 1.05 * 2 * std::ldexp(mag, -8)))
+          return fmt::format("{} allreduce of {} floats{}: element {} is {}, the sum is {} (error {}, bound {})", format,
+                             count, equal ? " (all equal)" : "", i, y[i], ref, err, 1.05 * 2 * std::ldexp(mag, -8));
+      }
+    }
+  }
+  return "";
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"one rank of the multi-process collectives check (run it under chorus-run)"};
   std::string counts_s = "0,1,7", float_counts_s = "1000003";
@@ -82,6 +134,9 @@ int main(int argc, char** argv) {
                  "canonical: every reducing algorithm's results bitwise the canonical tree's; exact: correctly "
                  "rounded (run with CHORUS_REPRODUCIBLE set to the same mode)")
       ->check(CLI::IsMember({"canonical", "exact"}));
+  std::string compress;
+  app.add_option("--compress", compress, "compressed allreduces in this wire format (see compressRank)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   std::vector<std::string> expect_algos;
   app.add_option("--expect-algo", expect_algos,
                  "COLL:NAME: fail unless the tuner runs NAME for COLL (checked at the --float-counts); repeatable");
@@ -151,6 +206,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) record(chorus::testing::runCase(comm, c));
   if (repro == "canonical") record(chorus::testing::canonicalRank(rank, n, comm));
   if (repro == "exact") record(chorus::testing::exactRank(rank, n, comm, nullptr));
+  if (!compress.empty()) record(compressRank(rank, n, comm, compress));
 
   if (stream_cases) {
     // The same checks with the work queued on a stream (runCase synchronises it
