@@ -142,11 +142,11 @@ std::string runCase(int r, int n, chorusComm_t comm, const WireFormat& f, const 
   float* recv = out_storage.data();
   if (c.inplace) {
     if (c.coll == Coll::AllGather) {
-      std::memcpy(buf.data() + r * c.count, mine.data(), in_n * 4);
+      if (in_n != 0) std::memcpy(buf.data() + r * c.count, mine.data(), in_n * 4);
       send = buf.data() + r * c.count;
       recv = buf.data();
     } else {
-      std::memcpy(buf.data(), mine.data(), in_n * 4);
+      if (in_n != 0) std::memcpy(buf.data(), mine.data(), in_n * 4);
       send = buf.data();
       recv = c.coll == Coll::ReduceScatter ? buf.data() + r * c.count : buf.data();
     }
