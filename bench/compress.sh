@@ -12,6 +12,12 @@
 # compressed results are within the error bound, not exact (compress_test
 # checks them).  Prints one table per layout and writes the rows to
 # $CHORUS_BENCH_OUT (default: bench_compress.jsonl in the current directory).
+# The tuner is told the link rate the way an operator would after chorus-tune
+# on such a cluster: a profile whose only figure is the TCP bandwidth, the
+# shaped 1 Gbit/s (0.125 GB/s; the other figures stay built-in).  With the
+# built-in 1.5 GB/s it would price the links twelve times too fast and, on
+# 2 x 2, take the direct fp8 plan, which sends twice the bytes through each
+# host's link (2.1x instead of 4.3x there).
 # Needs root, ip, tc, nsenter, unshare.  Sizes: $CHORUS_BENCH_SIZES (chorus-bench
 # -b/-e, default 4M:64M), iterations $CHORUS_BENCH_ITERS (default 5).
 set -euo pipefail
@@ -39,6 +45,8 @@ subnet=10.232.$((RANDOM % 250 + 1))
 work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-compress.XXXXXX")
 keepers=()
 ranks=()
+profile=$work/profile.json
+echo '{"tcp": {"bandwidth_gbps": 0.125}}' >"$profile"
 created_ns=()
 trap netns_cleanup EXIT
 trap 'exit 130' INT TERM
@@ -66,7 +74,7 @@ run_bench() {
     nsenter --target "${keepers[$host]}" --mount --net -- \
       env CHORUS_RANK=$r CHORUS_WORLD_SIZE=$world CHORUS_LOCAL_RANK=$((r % per)) \
       CHORUS_MASTER_ADDR="$subnet.1" CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" \
-      CHORUS_COMPRESS="$mode" \
+      CHORUS_COMPRESS="$mode" CHORUS_TUNE_FILE="$profile" \
       timeout -k 5 "$job_timeout" "$bench" allreduce -b "${sizes%:*}" -e "${sizes#*:}" -f 2 \
       -n "$iters" -w 2 -c 0 --json "$work/$layout.$mode.$r.jsonl" \
       >"$work/$layout.$mode.$r.out" 2>"$work/$layout.$mode.$r.err" </dev/null &

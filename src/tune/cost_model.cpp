@@ -341,14 +341,33 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
     }
     return worst;
   };
+  // A host's network link is shared by its ranks: the bytes leaving (or
+  // entering) a host in a round cross one NIC, so a round takes at least
+  // their sum at the TCP rate, however the ranks split them.  Without this a
+  // plan whose ranks all talk across hosts at once (a direct reduce-scatter
+  // on 2 x 2) looked as cheap as one that sends each byte across once
+  // (hierarchical).
+  std::vector<Bytes> nic_out(static_cast<size_t>(n)), nic_in(static_cast<size_t>(n));
+  std::vector<Bytes> all_nic_out(static_cast<size_t>(n)), all_nic_in(static_cast<size_t>(n));
+  auto nicBound = [&](const std::vector<Bytes>& out, const std::vector<Bytes>& in) {
+    Bytes most_bytes;
+    for (size_t h = 0; h < out.size(); ++h) most_bytes = std::max({most_bytes, out[h], in[h]});
+    return most_bytes > Bytes() ? most_bytes * prof.tcp.beta : Seconds();
+  };
   for (const plan::Round& r : rounds) {
     std::fill(lat.begin(), lat.end(), Seconds());
     std::fill(work.begin(), work.end(), Seconds());
     std::fill(seen.begin(), seen.end(), 0);
+    std::fill(nic_out.begin(), nic_out.end(), Bytes());
+    std::fill(nic_in.begin(), nic_in.end(), Bytes());
     plan::forEachMessage(r, n, [&](int src, int dst, uint64_t elems) {
       const LinkCost& l = hostOf(src) != hostOf(dst) ? prof.tcp : prof.shm;
       const Bytes bytes(static_cast<double>(elems) * shape.elem_size * scale);
       const auto d = static_cast<size_t>(dst);
+      if (hostOf(src) != hostOf(dst)) {
+        nic_out[static_cast<size_t>(hostOf(src))] += bytes;
+        nic_in[static_cast<size_t>(hostOf(dst))] += bytes;
+      }
       if (board) {  // read in place and reduced from the peer's slot; the sender wrote it once
         const SecondsPerByte b = prof.board_beta > SecondsPerByte() ? prof.board_beta : beta(l);
         work[d] += bytes * b + (r.reduce ? bytes * gamma_eff : Seconds());
@@ -360,16 +379,20 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
       work[static_cast<size_t>(src)] += l.overhead;
       seen[static_cast<size_t>(src)] = seen[d] = 1;
     });
-    total += static_cast<double>(r.repeat) * slowest(lat, work, seen);
+    total += static_cast<double>(r.repeat) * std::max(slowest(lat, work, seen), nicBound(nic_out, nic_in));
     if (S == 1) continue;
     for (int q = 0; q < n; ++q) {
       const auto uq = static_cast<size_t>(q);
       all_lat[uq] = std::max(all_lat[uq], lat[uq]);
       all_work[uq] += static_cast<double>(r.repeat) * work[uq];
       all_seen[uq] = all_seen[uq] || seen[uq];
+      all_nic_out[uq] += static_cast<double>(r.repeat) * nic_out[uq];
+      all_nic_in[uq] += static_cast<double>(r.repeat) * nic_in[uq];
     }
   }
-  if (S > 1) total += static_cast<double>(S - 1) * slowest(all_lat, all_work, all_seen);
+  if (S > 1)
+    total += static_cast<double>(S - 1) *
+             std::max(slowest(all_lat, all_work, all_seen), nicBound(all_nic_out, all_nic_in));
   if (shape.wire) total += compressWork(shape, prof, most);
   return total;
 }

@@ -110,7 +110,8 @@ Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
   }
   const uint64_t bytes = sh.count * sh.elem_size;
   const Key key{static_cast<uint8_t>(c), static_cast<uint8_t>(std::bit_width(bytes)), sh.inplace,
-                static_cast<uint8_t>(dtype), compressed};
+                static_cast<uint8_t>(dtype),
+                static_cast<uint8_t>(compressed ? 1 + static_cast<int>(sh.wire->kind) : 0)};
   if (auto it = cache_.find(key); it != cache_.end() && eligible(it->second.algo)) return it->second;
 
   // Price every candidate that handles the shape; the rule-based default is

@@ -83,12 +83,12 @@ class Tuner {
     uint8_t size_class;
     bool inplace;
     uint8_t dtype;
-    bool compressed = false;  // Shape::wire set: only compressed plans are candidates
+    uint8_t wire = 0;  // 0: uncompressed; else 1 + Shape::wire's kind (formats price differently)
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {
-      return (size_t{k.compressed} << 32) | (size_t{k.coll} << 24) | (size_t{k.size_class} << 16) |
+      return (size_t{k.wire} << 32) | (size_t{k.coll} << 24) | (size_t{k.size_class} << 16) |
              (size_t{k.inplace} << 8) | k.dtype;
     }
   };
