@@ -110,6 +110,7 @@ Result<ComputeSpec> parseComputeSpec(std::string_view text, std::string_view whe
     // measured to reach (a search over shapes); the fitted curve may not
     // exceed it for shapes outside its fit's range.
     if (g.contains("max_efficiency_bf16")) CHORUS_RETURN_IF_ERROR(need(g, gw, "max_efficiency_bf16", &s.cap16, 1e-3, 1));
+    if (g.contains("max_efficiency_fp8")) CHORUS_RETURN_IF_ERROR(need(g, gw, "max_efficiency_fp8", &s.cap8, 1e-3, 1));
   }
   if (!j.contains("attention") || !j.at("attention").is_object()) return invalidArgument("{}: missing object 'attention'", where);
   CHORUS_ASSIGN_OR_RETURN(AttentionKernel def, attentionKernel(j.at("attention"), where));
@@ -207,7 +208,7 @@ double Compute::gemmEfficiency(double m, double n, double k, double batch) const
     const double kk = k / split;
     best = std::max(best, useful * occupancy * kk / (kk + kh));
   }
-  return f8 ? emax * best : std::min(emax * best, s_->cap16);
+  return std::min(emax * best, f8 ? s_->cap8 : s_->cap16);
 }
 
 Seconds Compute::gemm(double m, double n, double k, double batch) const {

@@ -47,7 +47,7 @@ struct ComputeSpec {
   double split_k_min = 256;                      // smallest K slice of a split-K GEMM
   double eff16 = 0, eff8 = 0;                    // large-GEMM fraction of the bf16 / fp8 peak
   double k_half16 = 0, k_half8 = 0;              // K (per split) at which the main loop runs at half speed
-  double cap16 = 1;                              // no bf16 GEMM beyond this fraction of the peak (a measured maximum)
+  double cap16 = 1, cap8 = 1;                    // no bf16 / fp8 GEMM beyond this fraction of its peak (a measured maximum)
   Seconds gemm_fixed;                            // per GEMM kernel: launch, prologue, epilogue
   // The attention kernels the file has curves for; the first is the
   // generation's default (the fastest public one).
