@@ -86,6 +86,9 @@ Result<ComputeSpec> parseComputeSpec(std::string_view text, std::string_view whe
   double d = 0;
   CHORUS_RETURN_IF_ERROR(need(j, where, "sms", &d, 1, 1e5));
   s.sms = static_cast<int>(d);
+  // Optional: the tensor-core rate a power-saturated GPU sustains over the
+  // one its short benchmarks (the GEMM and attention fits) reach.
+  if (j.contains("sustained_clock_ratio")) CHORUS_RETURN_IF_ERROR(need(j, where, "sustained_clock_ratio", &s.sustained, 0.1, 1));
   if (j.contains("gemm")) {
     if (!j.at("gemm").is_object()) return invalidArgument("{}: key 'gemm' must be an object", where);
     s.has_gemm = true;
@@ -216,7 +219,7 @@ Seconds Compute::gemm(double m, double n, double k, double batch) const {
   const bool data = s_ && s_->has_gemm;
   const bool f8 = fp8_ && (data ? s_->eff8 > 0 : true);
   const Flops fl(2 * m * n * k * batch);
-  const Seconds tc = fl / ((f8 ? g_.peak8 : g_.peak16) * gemmEfficiency(m, n, k, batch));
+  const Seconds tc = fl / ((f8 ? g_.peak8 : g_.peak16) * gemmEfficiency(m, n, k, batch) * clock());
   const double in_bytes = f8 ? 1 : 2;  // fp8 operands, 16-bit output
   const Seconds tm = Bytes(batch * (in_bytes * (m * k + k * n) + 2 * m * n)) / (g_.hbm_bw * g_.hbm_efficiency);
   return std::max(tc, tm) + (data ? s_->gemm_fixed : g_.kernel_overhead);
@@ -237,7 +240,7 @@ Seconds Compute::attention(double heads, double sq, double skv, double d_qk, dou
   const double fwd_flops = 2 * heads * sq * keys * (d_qk + d_v) * frac;
   const double flops = backward ? 2.5 * fwd_flops : fwd_flops;  // FlashAttention's accounting (5 vs 2 matmuls)
   const double eff = attnEfficiency(backward ? attn_->bwd : attn_->fwd, 0.5 * (d_qk + d_v), causal && window <= 0, keys);
-  const Seconds tc = Flops(flops) / (g_.peak16 * eff);
+  const Seconds tc = Flops(flops) / (g_.peak16 * eff * clock());
   // Q, K, V and O (and their gradients backward) cross HBM once.
   const double bytes = 2 * heads * (sq * (d_qk + d_v) + skv * (d_qk + d_v)) * (backward ? 2 : 1);
   const Seconds tm = Bytes(bytes) / (g_.hbm_bw * g_.hbm_efficiency);

@@ -48,6 +48,7 @@ struct ComputeSpec {
   double eff16 = 0, eff8 = 0;                    // large-GEMM fraction of the bf16 / fp8 peak
   double k_half16 = 0, k_half8 = 0;              // K (per split) at which the main loop runs at half speed
   double cap16 = 1, cap8 = 1;                    // no bf16 / fp8 GEMM beyond this fraction of its peak (a measured maximum)
+  double sustained = 1;                          // tensor-core rate under sustained load / in short benchmarks
   Seconds gemm_fixed;                            // per GEMM kernel: launch, prologue, epilogue
   // The attention kernels the file has curves for; the first is the
   // generation's default (the fastest public one).
@@ -71,8 +72,18 @@ class Compute {
  public:
   // `attention_kernel`: the fused attention kernel's name in the GPU's data
   // file ("" = its default; checkAttentionKernel validates a name first).
-  Compute(const GpuSpec& g, bool fp8, std::string_view attention_kernel = "")
-      : g_(g), s_(computeSpecFor(g)), fp8_(fp8), attn_(s_ ? s_->attentionKernel(attention_kernel) : nullptr) {}
+  // How long the GPU computes without a pause: a burst (a serving GPU's
+  // prefill between memory-bound decode steps) runs at the clock of the
+  // short benchmarks the data files come from; a training step keeps every
+  // GPU of the node power-saturated, at the lower clock it can sustain
+  // (`sustained_clock_ratio`).
+  enum class Load : uint8_t { Burst, Sustained };
+  Compute(const GpuSpec& g, bool fp8, std::string_view attention_kernel = "", Load load = Load::Burst)
+      : g_(g),
+        s_(computeSpecFor(g)),
+        fp8_(fp8),
+        attn_(s_ ? s_->attentionKernel(attention_kernel) : nullptr),
+        load_(load) {}
   [[nodiscard]] const ComputeSpec* spec() const { return s_; }
 
   // Output m x n, reduction k, `batch` independent problems of that shape
@@ -95,10 +106,13 @@ class Compute {
   }
 
  private:
+  [[nodiscard]] double clock() const { return load_ == Load::Sustained && s_ ? s_->sustained : 1.0; }
+
   const GpuSpec& g_;
   const ComputeSpec* s_;
   bool fp8_;
   const AttentionKernel* attn_;
+  Load load_;
 };
 
 }  // namespace chorus::sim

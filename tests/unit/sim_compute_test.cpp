@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include "sim/compute.hpp"
 
@@ -71,6 +72,38 @@ TEST(SimCompute, GemmEfficiencyFollowsShape) {
   EXPECT_NEAR(tf(6144, 17920, 2816) / 792.1, 1, 0.02);  // MAMF's best shape
   EXPECT_LE(tf(16384, 53248, 16384), 792.1);
   EXPECT_GT(c8.gemmEfficiency(16384, 53248, 16384), 0.0);  // fp8 has its own fit, uncapped
+}
+
+// A training step runs at the sustained clock of a power-saturated node
+// (sustained_clock_ratio: mamf-finder's MSMF over MAMF), a burst at the clock
+// of the benchmarks the curves come from: tensor-core kernels slow by the
+// ratio, memory-bound ones do not; the caps hold in both.
+TEST(SimCompute, SustainedLoadRunsTensorCoresAtTheSustainedClock) {
+  for (const auto& [name, peak, ratio] : {std::tuple{"H100-SXM5", 989.0, 0.848}, std::tuple{"B200", 2250.0, 0.815}}) {
+    const GpuSpec g = gpu(name, peak, 3350);
+    ASSERT_NE(computeSpecFor(g), nullptr) << name;
+    EXPECT_DOUBLE_EQ(computeSpecFor(g)->sustained, ratio) << name;
+    for (bool fp8 : {false, true}) {
+      const Compute burst(g, fp8), held(g, fp8, "", Compute::Load::Sustained);
+      // A large GEMM is tensor-bound: its time (less the fixed launch cost)
+      // grows by 1 / ratio.
+      const double fixed = computeSpecFor(g)->gemm_fixed.value();
+      const double tb = burst.gemm(8192, 8192, 8192).value() - fixed, th = held.gemm(8192, 8192, 8192).value() - fixed;
+      EXPECT_NEAR(th / tb, 1 / ratio, 1e-9) << name << (fp8 ? " fp8" : " bf16");
+      // Never above the measured maximum, burst or not.
+      const double cap = fp8 ? computeSpecFor(g)->cap8 : computeSpecFor(g)->cap16;
+      EXPECT_LE(burst.gemmEfficiency(16384, 16384, 16384), cap + 1e-12);
+      // The attention core too; an HBM-bound kernel not at all.
+      const double ab = burst.attention(64, 8192, 8192, 128, 128, true).value();
+      const double ah = held.attention(64, 8192, 8192, 128, 128, true).value();
+      EXPECT_GT(ah, ab * (1 / ratio - 0.01)) << name;
+      EXPECT_DOUBLE_EQ(held.mem(1e9).value(), burst.mem(1e9).value());
+    }
+  }
+  // No measurement, no change: A100.
+  const GpuSpec a = gpu("A100-SXM4-80GB", 312, 2039);
+  EXPECT_DOUBLE_EQ(Compute(a, false, "", Compute::Load::Sustained).gemm(8192, 8192, 8192).value(),
+                   Compute(a, false).gemm(8192, 8192, 8192).value());
 }
 
 TEST(SimCompute, GroupedGemmWithFewTokensPerExpertPaysForPadding) {
