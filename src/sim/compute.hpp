@@ -72,11 +72,11 @@ class Compute {
  public:
   // `attention_kernel`: the fused attention kernel's name in the GPU's data
   // file ("" = its default; checkAttentionKernel validates a name first).
-  // How long the GPU computes without a pause: a burst (a serving GPU's
-  // prefill between memory-bound decode steps) runs at the clock of the
-  // short benchmarks the data files come from; a training step keeps every
-  // GPU of the node power-saturated, at the lower clock it can sustain
-  // (`sustained_clock_ratio`).
+  // How long the GPU computes without a pause: a short burst after idling
+  // (the kernel benchmarks the data files come from) runs at the boost
+  // clock; a training step or a serving run keeps every GPU of the node
+  // busy and power-saturated, at the lower clock it can sustain
+  // (`sustained_clock_ratio`; train and infer price at it).
   enum class Load : uint8_t { Burst, Sustained };
   Compute(const GpuSpec& g, bool fp8, std::string_view attention_kernel = "", Load load = Load::Burst)
       : g_(g),

@@ -40,7 +40,7 @@ class Replica {
   Replica(const ModelSpec& m, const ClusterSpec& c, int tp, bool fp8, bool kv_fp8, Seconds ar_alpha, double ar_beta,
           std::string_view attention_kernel = "")
       : m_(m), g_(c.gpu), tp_(tp), fp8_(fp8 || m.weight_bytes <= 1), w8_(fp8), kv_bytes_(kv_fp8 ? 1 : kAct),
-        ar_alpha_(ar_alpha.value()), ar_beta_(ar_beta), compute_(c.gpu, fp8_, attention_kernel) {}
+        ar_alpha_(ar_alpha.value()), ar_beta_(ar_beta), compute_(c.gpu, fp8_, attention_kernel, Compute::Load::Sustained) {}
 
   // Prefill of requests with `tokens` input tokens in all; `sq` = sum of
   // squared lengths and `sq_win` the same capped by the window (2 x the
