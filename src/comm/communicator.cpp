@@ -6,13 +6,13 @@
 #include <array>
 #include <bit>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
 
 #include "clock/offset.hpp"
 #include "comm/call_signature.hpp"
+#include "comm/health.hpp"
 #include "common/log.hpp"
 #include "kernels/dtype.hpp"
 #include "plan/canonical.hpp"
@@ -156,15 +156,8 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   base_store_ = base;
   store_ = std::make_unique<bootstrap::PrefixStore>(base, prefix_);
   registry_ = plan::Registry::builtin();
-  // The flight recorder's dump directory must exist when a failure comes;
-  // made now (as CHORUS_TRACE's), or the init fails naming it.
-  if (const std::string& dir = cfg.flight.dir; !dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec || !std::filesystem::is_directory(dir))
-      return invalidArgument("CHORUS_FLIGHT_DIR='{}' cannot be created: {}", dir,
-                             ec ? ec.message() : std::string("it exists and is not a directory"));
-  }
+  health_.bind(rank_, nranks_, cfg, store_.get());
+  CHORUS_RETURN_IF_ERROR(comm::Health::makeFlightDir(cfg.flight.dir));
 
   RankInfo me;
   me.nranks = nranks_;
@@ -283,7 +276,13 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   // collective, rank 0 hosting the store), so no rank may still be
   // connecting then (it failed init with "authentication failed: ... closed
   // the connection", seen once under load in Bench.ForcedAlgorithm...).
-  CHORUS_RETURN_IF_ERROR(startWatchdog());
+  // With tracing, the watchdog's thread also re-estimates the clock offset
+  // every CHORUS_CLOCK_SYNC_S between probes.
+  comm::Health::Resync resync;
+  if (trace_ != nullptr && cfg_.trace.clock_sync_s > 0)
+    resync = [this](bootstrap::Store& s) { return syncClock(s, 16).isOk(); };
+  CHORUS_RETURN_IF_ERROR(health_.startWatchdog(id_, prefix_, std::move(resync),
+                                               std::chrono::milliseconds(cfg_.trace.clock_sync_s * 1000LL)));
   return syncAll(*store_, "ready");
 }
 
@@ -322,129 +321,6 @@ Result<int64_t> Communicator::syncClock(bootstrap::Store& store, int rounds) {
   return e.offset_ns;
 }
 
-Status Communicator::startWatchdog() {
-  if (nranks_ < 2) return {};
-  auto ws = bootstrap::connectStore(id_.root, id_.secret, cfg_.timeout);
-  if (!ws.isOk()) return ws.status().withContext(fmt::format("rank {}: watchdog store connection: ", rank_));
-  watch_store_ = std::make_shared<bootstrap::PrefixStore>(ws.value(), prefix_);
-  watchdog_ = std::thread([this] { watchdogLoop(); });
-  return {};
-}
-
-// Parks on the store until some rank posts probe k, answers with this rank's
-// flight summary, and waits for probe k+1.  A blocked GET costs nothing; the
-// destructor interrupts it.
-void Communicator::watchdogLoop() {
-  // With tracing, the same thread re-estimates the clock offset every
-  // CHORUS_CLOCK_SYNC_S between probes.
-  const bool resync = trace_ != nullptr && cfg_.trace.clock_sync_s > 0;
-  const auto period = resync ? std::chrono::milliseconds(cfg_.trace.clock_sync_s * 1000LL) : std::chrono::hours(24);
-  for (uint64_t k = 0;; ++k) {
-    for (;;) {
-      auto probe = watch_store_->get(fmt::format("probe/{}", k), period);
-      if (probe.isOk()) break;
-      if (probe.status().code() != chorusTimeout) return;  // interrupted, or the store is gone
-      if (resync && !syncClock(*watch_store_, 16).isOk()) return;
-    }
-    FlightSummary s = flight_.summary(rank_);
-    if (!watch_store_->set(fmt::format("flight/{}/{}", k, rank_), bootstrap::toBytes(s)).isOk()) return;
-  }
-}
-
-namespace {
-// Where a rank that found a mismatch in operation seq leaves its message.
-std::string verdictKey(uint64_t seq) { return fmt::format("verdict/{}", seq); }
-}  // namespace
-
-// The mismatch another rank reported for operation seq or, having finished
-// it (a root that only sent), for one of its next two; "" when none did.
-std::string Communicator::peerVerdict(uint64_t seq) {
-  for (uint64_t s = seq; s < seq + 3; ++s)
-    if (auto v = store_->get(verdictKey(s), std::chrono::milliseconds(1)); v.isOk())
-      return bootstrap::toString(v.value());
-  return {};
-}
-
-Status Communicator::explainTimeout(const Status& st, const FlightEntry& stuck) {
-  auto k = store_->add("probe-count", 1);
-  if (!k.isOk()) return st;
-  const uint64_t probe = static_cast<uint64_t>(k.value() - 1);
-  if (!store_->set(fmt::format("probe/{}", probe), bootstrap::toBytes(std::string_view("1"))).isOk()) return st;
-  // Every rank's watchdog answers at once unless the rank is dead or cut off.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  std::vector<FlightSummary> sums(nranks_);
-  for (int r = 0; r < nranks_; ++r) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    auto b = store_->get(fmt::format("flight/{}/{}", probe, r), std::max(left, std::chrono::milliseconds(1)));
-    if (b.isOk() && b->size() == sizeof(FlightSummary)) std::memcpy(&sums[r], b->data(), sizeof(FlightSummary));
-    if (sums[r].magic != FlightSummary{}.magic) sums[r] = FlightSummary{};
-  }
-  // Ranks whose operation of some number has other arguments than this
-  // rank's of that number (ranks that disagree on a root may all wait to
-  // receive, so no message tells): a mismatch.  Compared against this rank's
-  // recorder, so a peer that finished the disputed call and went on is caught too.
-  const std::vector<FlightEntry> history = flight_.snapshot();
-  auto mineOf = [&](uint64_t seq) -> const FlightEntry* {
-    for (const FlightEntry& e : history)
-      if (e.seq == seq) return &e;
-    return nullptr;
-  };
-  std::string diffs;
-  for (int r = 0; r < nranks_; ++r) {
-    const FlightSummary& s = sums[r];
-    if (r == rank_ || s.rank < 0) continue;
-    for (int which = 0; which < 2; ++which) {
-      if (which == 0 ? !s.has_current : !s.has_last) continue;
-      const FlightEntry& e = which == 0 ? s.current : s.last;
-      const FlightEntry* m = mineOf(e.seq);
-      if (m == nullptr) continue;
-      // As signatures (the flight record has no op): the root counts where
-      // both are in the same rooted collective.
-      const bool roots = e.coll == m->coll && comm::rooted(static_cast<Collective>(m->coll));
-      auto asSignature = [&](const FlightEntry& x) {
-        Signature g;
-        g.seq = x.seq;
-        g.coll = x.coll;
-        g.dtype = x.dtype;
-        g.count = x.count;
-        g.root = roots ? x.root : 0;
-        return g;
-      };
-      const Signature theirs = asSignature(e), mine = asSignature(*m);
-      if (!(theirs == mine))
-        diffs += fmt::format("; rank {} {} {} root={} where this rank {} {} root={} (differs in {})", r,
-                             which == 0 ? "is in" : "completed", describeEntry(e), e.root,
-                             m->state == FlightEntry::Done ? "completed" : "is in", describeEntry(*m), m->root,
-                             differing(theirs, mine));
-    }
-  }
-  if (!diffs.empty()) {
-    Status v = makeError(chorusMismatch,
-                         "rank {}: collective mismatch, found when {} timed out after {} ms{} (are all ranks calling "
-                         "the same collectives with the same count, dtype, op and root?)",
-                         rank_, describeEntry(stuck), cfg_.timeout.count(), diffs);
-    // For the ranks whose probe this rank no longer answers once it is gone.
-    (void)store_->set(verdictKey(stuck.seq), bootstrap::toBytes(std::string_view(v.message())));
-    return v;
-  }
-  if (std::string why = peerVerdict(stuck.seq); !why.empty())
-    return makeError(chorusMismatch, "rank {}: {} timed out after {} ms; another rank found why: {}", rank_,
-                     describeEntry(stuck), cfg_.timeout.count(), why);
-  return makeError(st.code(), "rank {}: {} timed out after {} ms: {} [{}]", rank_, describeEntry(stuck),
-                   cfg_.timeout.count(), diagnoseHang(stuck, sums), st.message());
-}
-
-void Communicator::dumpFlight() const {
-  const std::string& dir = cfg_.flight.dir;
-  if (dir.empty()) return;
-  const std::string path = fmt::format("{}/flight-rank{}-pid{}.json", dir, rank_, getpid());
-  if (FILE* f = std::fopen(path.c_str(), "w")) {
-    const std::string j = flightJson(rank_, nranks_, flight_.snapshot());
-    std::fwrite(j.data(), 1, j.size(), f);
-    std::fclose(f);
-  }
-}
-
 // A store barrier after which the rank that owns the store server (rank 0 of
 // the root communicator, and every communicator split from it there) may
 // destroy it: the owner also waits until every rank has left the barrier,
@@ -459,8 +335,7 @@ Status Communicator::syncAll(bootstrap::Store& store, std::string_view name) {
 
 Communicator::~Communicator() {
   drain();
-  if (watch_store_) watch_store_->interrupt();
-  if (watchdog_.joinable()) watchdog_.join();
+  health_.stopWatchdog();
   {
     std::lock_guard l(q_mu_);
     stop_ = true;
@@ -760,49 +635,6 @@ void Communicator::finishExact(size_t i, const OpDesc& op) {
   kernels::fromExact(ex.layout, op.recv, ex.out.data(), ex.out_elems);
 }
 
-Status Communicator::checkSignatures(const Signature& mine) {
-  if (mine.nops == 0) return {};  // point-to-point only: nothing all ranks share
-  checked_once_ = true;
-  const size_t sz = sizeof(Signature);
-  if (sig_program_.steps.empty() && nranks_ > 1) {
-    plan::Shape sh;
-    sh.coll = Collective::AllGather;
-    sh.nranks = nranks_;
-    sh.count = sz;
-    sh.elem_size = 1;
-    const plan::Algorithm* bruck = registry_.find(Collective::AllGather, "bruck");
-    if (bruck == nullptr) bruck = registry_.find(Collective::AllGather, "ring");
-    plan::expand(*bruck, sh, rank_, &sig_program_);
-  }
-  sig_buf_.resize(sz * (nranks_ + 1));
-  std::memcpy(sig_buf_.data() + sz * nranks_, &mine, sz);
-  std::array<std::byte*, 3> bufs = {sig_buf_.data() + sz * nranks_, sig_buf_.data(), nullptr};
-  std::vector<std::byte> scratch(sig_program_.scratch_elems);
-  bufs[2] = scratch.data();
-  exec::Job job{&sig_program_, bufs, 1, nullptr, (uint64_t{1} << 62) | op_seq_};  // trace: a signature check
-  if (nranks_ > 1) {
-    Status st = executor_->run(std::span<const exec::Job>(&job, 1), cfg_.timeout);
-    if (!st.isOk()) return fail(st);
-  }
-  std::vector<Signature> all(nranks_);
-  for (int r = 0; r < nranks_; ++r) std::memcpy(&all[r], sig_buf_.data() + sz * r, sz);
-  all[rank_] = mine;
-  // Report against rank 0's call (the same text on every rank).
-  std::string diffs;
-  int ndiff = 0;
-  for (int r = 1; r < nranks_; ++r) {
-    if (all[r] == all[0]) continue;
-    if (++ndiff <= 4)
-      diffs += fmt::format("; rank {} called {} (differs in {})", r, describe(all[r]), differing(all[r], all[0]));
-  }
-  if (ndiff == 0) return {};
-  if (ndiff > 4) diffs += fmt::format("; and {} more rank(s)", ndiff - 4);
-  return makeError(chorusMismatch,
-                   "rank {}: collective mismatch: rank 0 called {}{} (are all ranks calling the same collectives "
-                   "in the same order with the same count, dtype, op and root?)",
-                   rank_, describe(all[0]), diffs);
-}
-
 Status Communicator::execute(std::span<OpDesc> ops) {
   if (trace_) batch_start_ns_ = clock::traceNowNs();  // the rank's arrival
   // Always on: the batch's signature travels in every message header and
@@ -829,47 +661,19 @@ Status Communicator::execute(std::span<OpDesc> ops) {
     last_shape_.root = o0.root;
   }
   batch_wire_ = comm::wireAt(wire_base_, op_seq_);
-  if (cfg_.check || !checked_once_) CHORUS_RETURN_IF_ERROR(checkSignatures(batch_sig_));
-  // The flight recorder: every collective of the batch, under its number
-  // (the trace's too; sends and receives are numbered apart).
-  const uint64_t first_seq = op_seq_;
-  FlightEntry stuck;
-  for (OpDesc& o : ops) {
-    if (o.pointToPoint()) {
-      o.trace_seq = (uint64_t{1} << 63) | p2p_seq_++;
-      continue;
-    }
-    o.trace_seq = op_seq_;
-    if (op_seq_ == first_seq) {
-      stuck.seq = op_seq_;
-      stuck.coll = static_cast<uint8_t>(o.coll);
-      stuck.dtype = o.dtype;
-      stuck.count = o.count;
-      stuck.root = o.root;
-    }
-    flight_.start(op_seq_++, static_cast<uint8_t>(o.coll), o.dtype, o.count, o.root);
+  if (health_.wantsCheck()) {
+    bool broke = false;
+    if (Status st = health_.checkSignatures(batch_sig_, op_seq_, *executor_, registry_, &broke); !st.isOk())
+      return broke ? fail(st) : st;
   }
+  const uint64_t first_seq = op_seq_;
+  const FlightEntry stuck = health_.begin(ops, &op_seq_, &p2p_seq_);
   Status st = executeBatch(ops);
   const bool breaks = !st.isOk() && st.code() != chorusInvalidArgument && st.code() != chorusInvalidUsage;
-  // Ask the other ranks where they are while they are still waiting (and
-  // this rank still shows as in the operation), then break the communicator,
-  // which releases them.
-  if (breaks && st.code() == chorusTimeout && op_seq_ > first_seq) st = explainTimeout(st, stuck);
-  // Say which operation the failure hit (the transport's message names the
-  // peer and its address; the flight number ties it to every rank's view).
-  if (breaks && st.code() != chorusTimeout) {
-    const bool p2p_only = op_seq_ == first_seq;
-    st = st.withContext(p2p_only ? fmt::format("rank {}: in a group of sends/receives: ", rank_)
-                                 : fmt::format("rank {}: in {}: ", rank_, describeEntry(stuck)));
-  }
-  for (uint64_t s = first_seq; s < op_seq_; ++s) flight_.finish(s, st.isOk());
-  // A mismatch found here is the verdict for ranks that only time out in
-  // the same call (explainTimeout reads it): this rank may be gone by then.
-  if (st.code() == chorusMismatch && op_seq_ > first_seq)
-    (void)store_->set(verdictKey(first_seq), bootstrap::toBytes(std::string_view(st.message())));
+  st = health_.conclude(std::move(st), breaks, first_seq, op_seq_, stuck);
   if (breaks) {
     st = fail(st);
-    dumpFlight();
+    health_.dumpFlight();
   }
   return st;
 }

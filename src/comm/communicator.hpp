@@ -26,6 +26,7 @@
 #include "bootstrap/store.hpp"
 #include "comm/call_signature.hpp"
 #include "comm/flight.hpp"
+#include "comm/health.hpp"
 #include "common/config.hpp"
 #include "common/status.hpp"
 #include "exec/board_runner.hpp"
@@ -155,21 +156,11 @@ class Communicator {
   Status setup(const bootstrap::UniqueId& id, const Config& cfg, std::shared_ptr<bootstrap::Store> base,
                std::string prefix, std::shared_ptr<bootstrap::StoreServer> server);
   Status syncAll(bootstrap::Store& store, std::string_view name);
-  // Answers other ranks' "where are you?" probes (see explainTimeout).
-  Status startWatchdog();
-  void watchdogLoop();
-  // Asks every rank where it is and turns a timeout into a diagnosis.
-  Status explainTimeout(const Status& st, const FlightEntry& stuck);
-  std::string peerVerdict(uint64_t seq);
-  void dumpFlight() const;
   Status execute(std::span<OpDesc> ops);
   Status executeBatch(std::span<OpDesc> ops);
   // Runs job (a one-shot plan, plan/oneshot.cpp, compiled into bp) through
   // the shm board.
   Status runBoard(const exec::BoardProgram& bp, const exec::Job& job);
-  // Exchanges the batch's signature with every rank; chorusMismatch naming the
-  // ranks and fields that differ.
-  Status checkSignatures(const comm::Signature& mine);
   // Publishes this call on the board (every collective call of a one-host
   // communicator does), with `bytes` of `inp` when `data`.
   Status publishCall(const std::byte* inp, size_t bytes, bool data);
@@ -207,12 +198,7 @@ class Communicator {
   int split_seq_ = 0;
   int shrink_seq_ = 0;
   uint64_t op_seq_ = 0;  // collectives issued on this communicator (the "#N" in messages)
-  bool checked_once_ = false;
-  FlightRecorder flight_;
-  std::shared_ptr<bootstrap::Store> watch_store_;  // the watchdog's own store connection
-  std::thread watchdog_;
-  plan::Program sig_program_;
-  std::vector<std::byte> sig_buf_;
+  comm::Health health_;  // signature check, flight recorder, watchdog, timeout diagnosis
 
   std::unique_ptr<transport::Transport> shm_, tcp_;
   // The shm transport's board when every peer is on this host (else nullptr),
