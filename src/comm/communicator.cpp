@@ -333,15 +333,12 @@ Status Communicator::syncAll(bootstrap::Store& store, std::string_view name) {
   return {};
 }
 
+Communicator::Communicator() : engine_(&Communicator::runQueued, this) {}
+
 Communicator::~Communicator() {
   drain();
   health_.stopWatchdog();
-  {
-    std::lock_guard l(q_mu_);
-    stop_ = true;
-  }
-  q_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  engine_.stop();
 }
 
 // ---- operations ---------------------------------------------------------------
@@ -938,27 +935,14 @@ void Communicator::abort(const Status& why) {
   if (executor_) executor_->abort();
   if (shm_) shm_->abort(why);
   if (tcp_) tcp_->abort(why);
-  q_cv_.notify_all();
+  engine_.wake();
 }
 
 Status Communicator::submitOne(OpDesc& op, exec::Stream* stream) {
   if (trace_) op.enqueue_ns = clock::traceNowNs();
   if (stream == nullptr && !broken_.load(std::memory_order_acquire)) {
-    // Without a progress thread (no stream was ever used) nothing can be
-    // queued or running: this thread is the only one that executes.
-    if (!threaded_) return execute(std::span<OpDesc>(&op, 1));
-    // Fast path: run on the caller's thread when nothing is queued.
-    std::unique_lock l(q_mu_);
-    if (queue_.empty() && !busy_) {
-      busy_ = true;
-      l.unlock();
-      Status st = execute(std::span<OpDesc>(&op, 1));
-      l.lock();
-      busy_ = false;
-      l.unlock();
-      q_cv_.notify_all();
-      return st;
-    }
+    Status st;
+    if (engine_.tryRunHere([&] { return execute(std::span<OpDesc>(&op, 1)); }, &st)) return st;
   }
   std::vector<OpDesc> ops;
   ops.push_back(op);
@@ -973,74 +957,18 @@ Status Communicator::submit(std::vector<OpDesc> ops, exec::Stream* stream) {
       if (o.enqueue_ns == 0) o.enqueue_ns = now;
   }
   if (stream != nullptr) {
-    ensureThread();
-    stream->enqueued();
-    {
-      std::lock_guard l(q_mu_);
-      queue_.push_back(Batch{std::move(ops), stream});
-    }
-    q_cv_.notify_all();
+    engine_.enqueue(std::move(ops), stream);
     return {};
   }
-  std::unique_lock l(q_mu_);
-  if (queue_.empty() && !busy_) {
-    busy_ = true;
-    l.unlock();
-    Status st = execute(ops);
-    l.lock();
-    busy_ = false;
-    l.unlock();
-    q_cv_.notify_all();
-    return st;
-  }
-  // Work is queued ahead of us: let the progress thread run it in order.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status result;
-  queue_.push_back(Batch{std::move(ops), nullptr, &mu, &cv, &done, &result});
-  l.unlock();
-  ensureThread();
-  q_cv_.notify_all();
-  std::unique_lock wl(mu);
-  cv.wait(wl, [&] { return done; });
-  return result;
+  return engine_.runOrWait(ops, [&] { return execute(ops); });
 }
 
-void Communicator::ensureThread() {
-  std::lock_guard l(q_mu_);
-  if (!thread_.joinable()) thread_ = std::thread([this] { progressLoop(); });
-  threaded_ = true;
+Status Communicator::runQueued(void* self, std::span<OpDesc> ops) {
+  auto* c = static_cast<Communicator*>(self);
+  return c->broken_.load(std::memory_order_acquire) ? c->asyncError() : c->execute(ops);
 }
 
-void Communicator::progressLoop() {
-  std::unique_lock l(q_mu_);
-  for (;;) {
-    q_cv_.wait(l, [&] { return stop_ || (!queue_.empty() && !busy_); });
-    if (queue_.empty() && stop_) return;
-    if (queue_.empty()) continue;
-    Batch b = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    l.unlock();
-    Status st = broken_.load(std::memory_order_acquire) ? asyncError() : execute(b.ops);
-    if (b.stream) b.stream->finished(st);
-    if (b.done) {
-      std::lock_guard wl(*b.done_mu);
-      *b.result = st;
-      *b.done = true;
-      b.done_cv->notify_all();
-    }
-    l.lock();
-    busy_ = false;
-    q_cv_.notify_all();
-  }
-}
-
-void Communicator::drain() {
-  std::unique_lock l(q_mu_);
-  q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
-}
+void Communicator::drain() { engine_.drain(); }
 
 Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, size_t count, chorusDataType_t dtype,
                                                      bool inplace) {
@@ -1055,26 +983,26 @@ Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, si
   sh.inplace = inplace;
   sh.hosts = tuner_->topology().host_of;
   // Serialised with execution: the tuner belongs to the executing thread.
-  std::unique_lock l(q_mu_);
-  q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
-  CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, dtype));
-  sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
-  // Canonical mode runs a canonical plan for float reductions (prepare()).
-  sh.canonical = cfg_.reproducible == Reproducible::Canonical && plan::reduces(coll) && kernels::isFloatType(dtype);
-  const plan::Algorithm* algo = sh.canonical ? plan::canonicalPlanFor(ch.algo, sh) : ch.algo;
-  CHORUS_ASSIGN_OR_RETURN(double t, tuner_->price(*algo, sh, dtype));
-  return Prediction{std::string(algo->name()), t};
+  return engine_.whileIdle([&]() -> Result<Prediction> {
+    CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, dtype));
+    sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
+    // Canonical mode runs a canonical plan for float reductions (prepare()).
+    sh.canonical = cfg_.reproducible == Reproducible::Canonical && plan::reduces(coll) && kernels::isFloatType(dtype);
+    const plan::Algorithm* algo = sh.canonical ? plan::canonicalPlanFor(ch.algo, sh) : ch.algo;
+    CHORUS_ASSIGN_OR_RETURN(double t, tuner_->price(*algo, sh, dtype));
+    return Prediction{std::string(algo->name()), t};
+  });
 }
 
 Status Communicator::setAlgorithms(std::string_view spec) {
-  std::unique_lock l(q_mu_);
-  q_cv_.wait(l, [&] { return queue_.empty() && !busy_; });
-  auto t = tune::Tuner::create(registry_, tuner_->topology(), spec, cfg_.tune.chunk_bytes, tuner_->profile());
-  if (!t.isOk()) return t.status();
-  *tuner_ = std::move(t.value());
-  last_.valid = false;  // the memo holds the previous choice
-  cfg_.tune.algo_spec = std::string(spec);  // communicators split from this one inherit it
-  return {};
+  return engine_.whileIdle([&]() -> Status {
+    auto t = tune::Tuner::create(registry_, tuner_->topology(), spec, cfg_.tune.chunk_bytes, tuner_->profile());
+    if (!t.isOk()) return t.status();
+    *tuner_ = std::move(t.value());
+    last_.valid = false;  // the memo holds the previous choice
+    cfg_.tune.algo_spec = std::string(spec);  // communicators split from this one inherit it
+    return {};
+  });
 }
 
 // ---- shrink -------------------------------------------------------------------

@@ -1,32 +1,28 @@
 // The Communicator: ranks, peers, transports, the algorithm registry and the
 // tuner, and the engine that executes operations in issue order.
 //
-// Execution: every operation (or group of operations) becomes a Batch.  A
-// blocking call (no stream) runs its batch on the caller's thread when the
-// communicator is idle, so small calls pay no thread hand-off; otherwise, and
-// for stream calls, batches go to a FIFO that the communicator's progress
-// thread (started on first use) executes.  One batch runs at a time, so
-// operations match across ranks in the order each rank issued them.
+// Execution: every operation (or group of operations) becomes a batch that
+// the engine (comm/engine.hpp) runs in issue order, on the caller's thread
+// when it is idle, else on the communicator's progress thread.
 //
 // Threading: one user thread at a time per communicator (as NCCL); abort()
 // and asyncError() from any thread.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "bootstrap/bootstrap.hpp"
 #include "bootstrap/store.hpp"
 #include "comm/call_signature.hpp"
+#include "comm/engine.hpp"
 #include "comm/flight.hpp"
 #include "comm/health.hpp"
+#include "comm/op.hpp"
 #include "common/config.hpp"
 #include "common/status.hpp"
 #include "exec/board_runner.hpp"
@@ -41,45 +37,6 @@
 #include "tune/tuner.hpp"
 
 namespace chorus {
-
-// What an operation is: a collective (of all ranks, `coll`), or one side of
-// a point-to-point transfer with `peer` (not a collective: no root, no plan,
-// no signature; see plan::PointToPoint).
-enum class OpKind : uint8_t { Collective, Send, Recv };
-
-// One user-level operation, validated by the API layer.
-struct OpDesc {
-  OpKind kind = OpKind::Collective;
-  plan::Collective coll = plan::Collective::AllReduce;  // kind == Collective
-  const void* send = nullptr;
-  void* recv = nullptr;
-  size_t count = 0;
-  chorusDataType_t dtype = chorusFloat32;
-  chorusRedOp_t op = chorusSum;
-  int root = 0;              // a rooted collective's root
-  int peer = -1;             // a Send's or Recv's peer
-  std::vector<size_t> counts, displs, counts2, displs2;  // v-collectives (owned copies)
-  int64_t enqueue_ns = 0;    // with CHORUS_TRACE: when the user called (trace clock)
-  uint64_t trace_seq = 0;    // set by execute(): the flight number, or a point-to-point number
-  // Compressed collectives: the wire format (resolved and validated by the API
-  // layer, src/api/compress.cpp); unset: uncompressed.
-  std::optional<kernels::WireFormat> wire;
-
-  [[nodiscard]] bool pointToPoint() const { return kind != OpKind::Collective; }
-  // Send or Recv (pointToPoint() only).
-  [[nodiscard]] plan::PointToPoint direction() const {
-    return kind == OpKind::Send ? plan::PointToPoint::Send : plan::PointToPoint::Recv;
-  }
-  // A collective that combines values (point-to-point operations never do).
-  [[nodiscard]] bool reduces() const { return kind == OpKind::Collective && plan::reduces(coll); }
-};
-
-// A user-defined reduction (chorusRedOpCreatePreMulSum).
-struct PreMulSumOp {
-  kernels::Scalar scalar;
-  const void* device_scalar = nullptr;  // read at each call when set
-  bool live = false;
-};
 
 class Communicator {
  public:
@@ -142,17 +99,9 @@ class Communicator {
   Result<int64_t> syncClock(bootstrap::Store& store, int rounds);
 
  private:
-  struct Batch {
-    std::vector<OpDesc> ops;
-    exec::Stream* stream = nullptr;
-    // For a blocking caller waiting on the progress thread.
-    std::mutex* done_mu = nullptr;
-    std::condition_variable* done_cv = nullptr;
-    bool* done = nullptr;
-    Status* result = nullptr;
-  };
-
-  Communicator() = default;
+  Communicator();
+  // The engine's progress thread runs a queued batch here.
+  static Status runQueued(void* self, std::span<OpDesc> ops);
   Status setup(const bootstrap::UniqueId& id, const Config& cfg, std::shared_ptr<bootstrap::Store> base,
                std::string prefix, std::shared_ptr<bootstrap::StoreServer> server);
   Status syncAll(bootstrap::Store& store, std::string_view name);
@@ -183,8 +132,6 @@ class Communicator {
   void deferVerification(uint64_t k);
   Status prepare(OpDesc& op, size_t index);
   Status fail(Status st);
-  void progressLoop();
-  void ensureThread();
   Status openTrace(uint64_t comm_id, const std::string& host);
   void traceOps(std::span<const OpDesc> ops, size_t n, int64_t start_ns, bool ok);
 
@@ -302,17 +249,7 @@ class Communicator {
   int64_t batch_start_ns_ = 0;
   std::atomic<int64_t> clock_offset_ns_{0};
 
-  // The engine.
-  std::mutex exec_mu_;  // held while a batch executes
-  std::mutex q_mu_;
-  std::condition_variable q_cv_;
-  std::deque<Batch> queue_;
-  bool busy_ = false;  // a batch is running on the progress thread
-  bool stop_ = false;
-  std::thread thread_;
-  // Set (by the user's thread, in ensureThread) once the progress thread
-  // exists; read by the user's thread only.
-  bool threaded_ = false;
+  comm::Engine engine_;
 
   mutable std::mutex err_mu_;
   Status error_;  // sticky: set when the communicator breaks
