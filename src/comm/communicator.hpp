@@ -18,6 +18,7 @@
 
 #include "bootstrap/bootstrap.hpp"
 #include "bootstrap/store.hpp"
+#include "comm/board_calls.hpp"
 #include "comm/call_signature.hpp"
 #include "comm/engine.hpp"
 #include "comm/flight.hpp"
@@ -107,29 +108,6 @@ class Communicator {
   Status syncAll(bootstrap::Store& store, std::string_view name);
   Status execute(std::span<OpDesc> ops);
   Status executeBatch(std::span<OpDesc> ops);
-  // Runs job (a one-shot plan, plan/oneshot.cpp, compiled into bp) through
-  // the shm board.
-  Status runBoard(const exec::BoardProgram& bp, const exec::Job& job);
-  // Publishes this call on the board (every collective call of a one-host
-  // communicator does), with `bytes` of `inp` when `data`.
-  Status publishCall(const std::byte* inp, size_t bytes, bool data);
-  Status publishCallSlow(uint64_t k);
-  // How many calls a rank may run ahead of its slowest peer's publishes.
-  static constexpr uint64_t kBoardLag = transport::kBoardSlots - 1;
-  Status boardMismatch(int peer, const transport::CallSignature& theirs, const transport::CallSignature& mine,
-                       const comm::Signature& mine_full) const;
-  // Calls of this rank whose peers' board signatures it has not compared yet
-  // (it read no slot of theirs): checked at the start of later calls.
-  struct Unverified {
-    uint64_t call = 0;
-    comm::Signature sig;
-    uint64_t board_word = 0;
-    std::vector<uint64_t> peers;  // bit q: peer q still to check
-  };
-  std::vector<Unverified> board_unverified_;  // a ring of kBoardSlots, allocated at the first use
-  size_t unverified_first_ = 0, unverified_count_ = 0;
-  Status verifyEarlierCalls();
-  void deferVerification(uint64_t k);
   Status prepare(OpDesc& op, size_t index);
   Status fail(Status st);
   Status openTrace(uint64_t comm_id, const std::string& host);
@@ -148,14 +126,10 @@ class Communicator {
   comm::Health health_;  // signature check, flight recorder, watchdog, timeout diagnosis
 
   std::unique_ptr<transport::Transport> shm_, tcp_;
-  // The shm transport's board when every peer is on this host (else nullptr),
-  // the board calls made so far, and whether the batch's job 0 goes through it.
-  transport::Board* board_ = nullptr;
-  uint64_t board_calls_ = 0;
-  uint64_t board_seen_all_ = 0;  // the last call whose publish this rank has seen from every peer
-  // The board's runner (one-host communicators) and job 0's program compiled
-  // for it when the batch runs through the board (else nullptr).
-  std::unique_ptr<exec::BoardRunner> board_runner_;
+  // The board's protocol when every peer is on this host (else off), and
+  // job 0's program compiled for its runner when the batch runs through the
+  // board (else nullptr).
+  comm::BoardCalls board_;
   const exec::BoardProgram* board_prog_ = nullptr;
   const plan::Program* board_decided_ = nullptr;  // the program board_prog_ was decided for
   // The running batch's signature and its message word (call_signature.hpp).
