@@ -3,116 +3,25 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <cstring>
-#include <functional>
-#include <map>
 #include <mutex>
 
 #include "clock/offset.hpp"
-#include "comm/call_signature.hpp"
-#include "comm/health.hpp"
-#include "common/log.hpp"
+#include "comm/wiring.hpp"
 #include "kernels/dtype.hpp"
 #include "plan/canonical.hpp"
-#include "transport/shm/shm.hpp"
-#include "transport/tcp/tcp.hpp"
 
 namespace chorus {
 
 using plan::Collective;
-using comm::Signature;
-using comm::signatureOf;
-using comm::describe;
-using comm::differing;
-
-namespace {
-
-// Serialises access to a store client shared by a communicator and the
-// communicators split from it (their inits may run on different threads).
-class LockedStore final : public bootstrap::Store {
- public:
-  explicit LockedStore(std::shared_ptr<bootstrap::Store> s) : s_(std::move(s)) {}
-  Status set(std::string_view k, std::span<const std::byte> v) override {
-    std::lock_guard l(mu_);
-    return s_->set(k, v);
-  }
-  Result<bootstrap::Bytes> get(std::string_view k, std::chrono::milliseconds t) override {
-    std::lock_guard l(mu_);
-    return s_->get(k, t);
-  }
-  Result<int64_t> add(std::string_view k, int64_t d) override {
-    std::lock_guard l(mu_);
-    return s_->add(k, d);
-  }
-  Result<int64_t> serverTimeNs() override {
-    std::lock_guard l(mu_);
-    return s_->serverTimeNs();
-  }
-
- private:
-  std::mutex mu_;
-  std::shared_ptr<bootstrap::Store> s_;
-};
-
-// What each rank publishes at init.
-struct RankInfo {
-  uint32_t magic = 0x4348494e;  // "CHIN"
-  int32_t nranks = 0;
-  int32_t rank = 0;
-  int32_t pid = 0;
-  bootstrap::HostIdentity host;
-};
-
-uint64_t hash64(std::string_view s) { return std::hash<std::string_view>{}(s); }
-
-}  // namespace
-
-namespace {
-
-// The store servers of environment inits, by address; never released (the
-// process's exit ends their threads).
-struct SharedServers {
-  std::mutex mu;
-  std::map<std::string, std::shared_ptr<bootstrap::StoreServer>> by_addr;
-};
-SharedServers& sharedServers() {
-  static auto* s = new SharedServers;
-  return *s;
-}
-
-}  // namespace
 
 Result<std::unique_ptr<Communicator>> Communicator::init(int nranks, int rank, const bootstrap::UniqueId& id,
                                                          const Config& cfg, std::string_view prefix,
                                                          bool shared_server) {
-  std::shared_ptr<bootstrap::StoreServer> server;
-  if (rank == 0) {
-    std::unique_lock<std::mutex> lock;
-    std::shared_ptr<bootstrap::StoreServer>* slot = nullptr;
-    if (shared_server) {
-      SharedServers& ss = sharedServers();
-      lock = std::unique_lock(ss.mu);
-      slot = &ss.by_addr[id.root.toString()];
-      server = *slot;
-    }
-    if (server == nullptr) {
-      auto reserved = bootstrap::takeReservedListener(id.root);
-      auto s = reserved ? bootstrap::StoreServer::start(std::move(*reserved), id.secret)
-                        : bootstrap::StoreServer::start(id.root, id.secret);
-      if (!s.isOk())
-        return s.status().withContext(fmt::format("rank 0: starting the rendezvous store on {}: ", id.root.toString()));
-      server = std::move(s.value());
-      if (slot != nullptr) *slot = server;
-    }
-  }
-  auto store = bootstrap::connectStore(id.root, id.secret, cfg.timeout);
-  if (!store.isOk())
-    return store.status().withContext(fmt::format("rank {}: connecting to the rendezvous store at {}: ", rank, id.root.toString()));
+  CHORUS_ASSIGN_OR_RETURN(comm::Rendezvous rv, comm::joinRendezvous(rank, id, cfg, shared_server));
   std::unique_ptr<Communicator> c(new Communicator());
   c->rank_ = rank;
   c->nranks_ = nranks;
-  CHORUS_RETURN_IF_ERROR(c->setup(id, cfg, std::make_shared<LockedStore>(store.value()), std::string(prefix), server));
+  CHORUS_RETURN_IF_ERROR(c->setup(id, cfg, std::move(rv.store), std::string(prefix), std::move(rv.server)));
   return c;
 }
 
@@ -128,113 +37,18 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   registry_ = plan::Registry::builtin();
   health_.bind(rank_, nranks_, cfg, store_.get());
   CHORUS_RETURN_IF_ERROR(comm::Health::makeFlightDir(cfg.flight.dir));
-
-  RankInfo me;
-  me.nranks = nranks_;
-  me.rank = rank_;
-  me.pid = static_cast<int32_t>(getpid());
-  me.host = bootstrap::localHostIdentity(cfg.net.host_id);
-  CHORUS_RETURN_IF_ERROR(store_->set(fmt::format("info/{}", rank_), bootstrap::toBytes(me)));
-  std::vector<RankInfo> infos(nranks_);
-  const auto join_start = std::chrono::steady_clock::now();
-  for (int r = 0; r < nranks_; ++r) {
-    auto got = store_->get(fmt::format("info/{}", r), cfg.timeout);
-    if (!got.isOk() && got.status().code() == chorusTimeout) {
-      // Say who is missing, not which store key: look at every rank's record.
-      std::vector<int> missing;
-      for (int q = 0; q < nranks_; ++q)
-        if (!store_->get(fmt::format("info/{}", q), std::chrono::milliseconds(1)).isOk()) missing.push_back(q);
-      std::string list;
-      for (int q : missing) list += fmt::format("{}{}", list.empty() ? "" : ",", q);
-      const double waited =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - join_start).count();
-      return makeError(chorusTimeout,
-                       "init: {} of {} ranks joined within {:.1f} s; rank(s) {} never reached the rendezvous store "
-                       "({}) (did they start? do all ranks use the same unique id or CHORUS_MASTER_ADDR/PORT and "
-                       "world size? can they reach that address?) [{}]",
-                       nranks_ - static_cast<int>(missing.size()), nranks_, waited, list.empty() ? "?" : list,
-                       server_ ? server_->address().toString() : id_.root.toString(), got.status().message());
-    }
-    CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes b, std::move(got));
-    if (b.size() != sizeof(RankInfo)) return remoteError("init: rank {} published a malformed record ({} bytes)", r, b.size());
-    std::memcpy(&infos[r], b.data(), sizeof(RankInfo));
-    if (infos[r].magic != me.magic || infos[r].rank != r)
-      return remoteError("init: rank {} published a malformed record", r);
-    if (infos[r].nranks != nranks_)
-      return invalidUsage(
-          "init: rank {} was initialised with nranks={} but rank {} with nranks={} (do all ranks pass the same "
-          "nranks to chorusCommInitRank / the same WORLD_SIZE?)",
-          rank_, nranks_, r, infos[r].nranks);
-  }
-
-  std::vector<int> local, remote;
-  for (int r = 0; r < nranks_; ++r) {
-    if (r == rank_) continue;
-    (infos[r].host == me.host && !cfg.net.force_tcp ? local : remote).push_back(r);
-  }
-  std::vector<transport::Transport*> routes(nranks_, nullptr);
-  const std::string job_tag = fmt::format("{:016x}", hash64(id.secret.toHex() + id.root.toString() + prefix_));
-  if (!local.empty()) {
-    transport::ShmSetup s;
-    s.rank = rank_;
-    s.peers = local;
-    int lowest = std::min(rank_, local.front());
-    s.segment_prefix = fmt::format("/chorus-{}-{}", job_tag, lowest);
-    s.ring_bytes = cfg.shm.ring_bytes;
-    s.allow_cma = cfg.shm.cma;
-    s.cma_bytes = cfg.shm.cma_bytes;
-    s.spin = cfg.spin;
-    s.timeout = cfg.timeout;
-    bootstrap::PrefixStore host_store(base, prefix_ + fmt::format("h{}/", lowest));
-    transport::Board* board = nullptr;
-    auto t = transport::createShmTransport(s, host_store, &board);
-    if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: shared-memory transport: ", rank_));
-    shm_ = std::move(t.value());
-    for (int r : local) routes[r] = shm_.get();
-    // The board serves calls of the whole communicator only when every peer
-    // is on this host.
-    if (remote.empty()) board_.attach(rank_, nranks_, board, cfg.timeout);
-    comm::installWireMismatchText();
-  }
-  if (!remote.empty()) {
-    transport::TcpSetup s;
-    s.rank = rank_;
-    s.peers = remote;
-    s.comm_id = hash64(job_tag + "tcp");
-    s.secret = id.secret;
-    CHORUS_ASSIGN_OR_RETURN(s.bind_addr, net::chooseBindAddress(id.root, cfg.net.socket_ifname));
-    s.sockets_per_peer = cfg.tcp.sockets;
-    s.rendezvous_bytes = cfg.tcp.rendezvous_bytes;
-    s.heartbeat_ms = cfg.tcp.heartbeat_ms;
-    s.spin = cfg.spin;
-    s.timeout = cfg.timeout;
-    auto t = transport::createTcpTransport(s, *store_);
-    if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: TCP transport: ", rank_));
-    tcp_ = std::move(t.value());
-    for (int r : remote) routes[r] = tcp_.get();
-  }
-  executor_ = std::make_unique<exec::Executor>(rank_, std::move(routes));
-  tune::Topology topo{nranks_, static_cast<int>(local.size()) + 1, remote.empty(), {}};
-  std::vector<bootstrap::HostIdentity> hosts;
-  hosts.reserve(infos.size());
-  for (const RankInfo& o : infos) hosts.push_back(o.host);
-  topo.host_of = bootstrap::hostIndices(hosts, cfg.net.force_tcp);
-  for (const bootstrap::HostIdentity& h : hosts) topo.one_machine = topo.one_machine && h == me.host;
+  CHORUS_ASSIGN_OR_RETURN(comm::Wiring w, comm::wire(rank_, nranks_, id, cfg, base, *store_, prefix_, server_.get()));
+  shm_ = std::move(w.shm);
+  tcp_ = std::move(w.tcp);
+  board_.attach(rank_, nranks_, w.board, cfg.timeout);
+  executor_ = std::make_unique<exec::Executor>(rank_, std::move(w.routes));
   CHORUS_ASSIGN_OR_RETURN(tune::CostProfile profile, tune::CostProfile::load(cfg.tune.profile_path));
   profile.board_bytes = exec::kBoardBytes;  // the one-shot calls the board runner takes
-  auto tuner = tune::Tuner::create(registry_, topo, cfg.tune.algo_spec, cfg.tune.chunk_bytes, std::move(profile));
+  auto tuner = tune::Tuner::create(registry_, w.topology, cfg.tune.algo_spec, cfg.tune.chunk_bytes, std::move(profile));
   if (!tuner.isOk()) return tuner.status();
   tuner_ = std::make_unique<tune::Tuner>(std::move(tuner.value()));
   if (!cfg.trace.dir.empty()) {
-    // Ranks in different network namespaces of one machine are different
-    // hosts to chorus (TCP between them): their trace names the namespace.
-    bool netns_apart = false;
-    for (const RankInfo& o : infos)
-      netns_apart = netns_apart || (std::strncmp(o.host.hostname, me.host.hostname, sizeof me.host.hostname) == 0 &&
-                                    o.host.netns_inode != me.host.netns_inode);
-    std::string host_label = me.host.hostname;
-    if (netns_apart) host_label += fmt::format("/netns{}", me.host.netns_inode);
-    CHORUS_RETURN_IF_ERROR(openTrace(hash64(job_tag + "trace"), host_label));
+    CHORUS_RETURN_IF_ERROR(openTrace(w.trace_id, w.host_label));
     // Every trace timestamp is mapped onto rank 0's clock (clock/offset.hpp).
     if (nranks_ > 1) CHORUS_RETURN_IF_ERROR(syncClock(*store_, 32).status());
   }
