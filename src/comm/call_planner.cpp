@@ -350,6 +350,24 @@ void CallPlanner::finishExact(size_t i, const OpDesc& op) {
   kernels::fromExact(ex.layout, op.recv, ex.out.data(), ex.out_elems);
 }
 
+Result<double> CallPlanner::predict(Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
+                                   const plan::Algorithm** algo_out) {
+  plan::Shape sh;
+  sh.coll = coll;
+  sh.nranks = nranks_;
+  sh.count = count;
+  sh.elem_size = static_cast<uint32_t>(kernels::dtypeSize(dtype));
+  sh.inplace = inplace;
+  sh.hosts = tuner_->topology().host_of;
+  CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, dtype));
+  sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
+  // Canonical mode runs a canonical plan for float reductions (prepare()).
+  sh.canonical = repro_ == Reproducible::Canonical && plan::reduces(coll) && kernels::isFloatType(dtype);
+  const plan::Algorithm* algo = sh.canonical ? plan::canonicalPlanFor(ch.algo, sh) : ch.algo;
+  *algo_out = algo;
+  return tuner_->price(*algo, sh, dtype);
+}
+
 void CallPlanner::sign(std::span<const OpDesc> ops, uint64_t seq) {
   static const OpDesc kNone{};
   const OpDesc& o0 = ops.empty() ? kNone : ops.front();

@@ -64,6 +64,10 @@ class CallPlanner {
   std::span<const exec::Job> layoutJobs();
   // After the jobs ran: exact results rounded, Avg's sums divided.
   void finish(std::span<const OpDesc> ops, size_t njobs);
+  // The plan a single call of this shape would run (*algo) and the tuner's
+  // prediction of its time in seconds.
+  Result<double> predict(plan::Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
+                         const plan::Algorithm** algo);
   // The tuner changed: the memoised choice is stale.
   void forgetChoice() { last_.valid = false; }
 

@@ -48,11 +48,12 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   if (!tuner.isOk()) return tuner.status();
   tuner_ = std::make_unique<tune::Tuner>(std::move(tuner.value()));
   if (!cfg.trace.dir.empty()) {
-    CHORUS_RETURN_IF_ERROR(openTrace(w.trace_id, w.host_label));
+    CHORUS_RETURN_IF_ERROR(tracing_.open(cfg.trace.dir, rank_, nranks_, w.trace_id, w.host_label));
+    executor_->setRecorder(tracing_.recorder());
     // Every trace timestamp is mapped onto rank 0's clock (clock/offset.hpp).
     if (nranks_ > 1) CHORUS_RETURN_IF_ERROR(syncClock(*store_, 32).status());
   }
-  planner_.bind(rank_, nranks_, cfg_, tuner_.get(), executor_.get(), board_.runner(), trace_.get());
+  planner_.bind(rank_, nranks_, cfg_, tuner_.get(), executor_.get(), board_.runner(), tracing_.recorder());
   // The watchdog's own store connection before the last barrier: once a
   // rank is past "ready" it may finish and close the store (a job with no
   // collective, rank 0 hosting the store), so no rank may still be
@@ -61,46 +62,15 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   // With tracing, the watchdog's thread also re-estimates the clock offset
   // every CHORUS_CLOCK_SYNC_S between probes.
   comm::Health::Resync resync;
-  if (trace_ != nullptr && cfg_.trace.clock_sync_s > 0)
+  if (tracing_.on() && cfg_.trace.clock_sync_s > 0)
     resync = [this](bootstrap::Store& s) { return syncClock(s, 16).isOk(); };
   CHORUS_RETURN_IF_ERROR(health_.startWatchdog(id_, prefix_, std::move(resync),
                                                std::chrono::milliseconds(cfg_.trace.clock_sync_s * 1000LL)));
   return syncAll(*store_, "ready");
 }
 
-Status Communicator::openTrace(uint64_t comm_id, const std::string& host) {
-  trace::Header h;
-  h.rank = rank_;
-  h.nranks = nranks_;
-  h.pid = static_cast<int32_t>(getpid());
-  h.comm_id = comm_id;
-  h.open_ns = clock::traceNowNs();
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  h.open_unix_ns = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-  h.host = host;
-  auto r = trace::Recorder::open(cfg_.trace.dir, h);
-  if (!r.isOk()) return r.status().withContext(fmt::format("rank {}: ", rank_));
-  trace_ = std::move(r.value());
-  executor_->setRecorder(trace_.get());
-  return {};
-}
-
 Result<int64_t> Communicator::syncClock(bootstrap::Store& store, int rounds) {
-  std::vector<clock::Exchange> xs;
-  xs.reserve(static_cast<size_t>(rounds));
-  for (int i = 0; i < rounds; ++i) {
-    clock::Exchange x;
-    x.t1 = clock::traceNowNs();
-    CHORUS_ASSIGN_OR_RETURN(int64_t server, store.serverTimeNs());
-    x.t4 = clock::traceNowNs();
-    x.t2 = x.t3 = server;  // the server stamps once, between receiving and answering
-    xs.push_back(x);
-  }
-  const clock::OffsetEstimate e = clock::estimateOffset(xs);
-  clock_offset_ns_.store(e.offset_ns, std::memory_order_relaxed);
-  if (trace_) trace_->clock({xs.back().t4, e.offset_ns, e.rtt_ns, e.bound_ns});
-  return e.offset_ns;
+  return tracing_.syncClock(store, rounds);
 }
 
 // A store barrier after which the rank that owns the store server (rank 0 of
@@ -136,7 +106,7 @@ Result<chorusRedOp_t> Communicator::createPreMulSum(const kernels::Scalar& s, co
 Status Communicator::destroyRedOp(chorusRedOp_t op) { return planner_.destroyRedOp(op); }
 
 Status Communicator::execute(std::span<OpDesc> ops) {
-  if (trace_) batch_start_ns_ = clock::traceNowNs();  // the rank's arrival
+  if (tracing_.on()) tracing_.batchStarted();
   // Always on: the batch's signature travels in every message header and
   // board slot (call_signature.hpp); CHORUS_CHECK (and the first call) also
   // exchange it whole before moving any data.
@@ -171,39 +141,10 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
       CHORUS_RETURN_IF_ERROR(board_.announce(planner_.signature(), planner_.boardBase()));
     st = executor_->run(planner_.layoutJobs(), cfg_.timeout);
   }
-  if (trace_) traceOps(ops, njobs, batch_start_ns_, st.isOk());
+  if (tracing_.on()) tracing_.batchEnded(ops, njobs, planner_, nranks_, st.isOk());
   if (!st.isOk()) return st;  // execute() explains and breaks the communicator
   planner_.finish(ops, njobs);
   return {};
-}
-
-// The batch's operations in the trace: one record each, with the batch's
-// start (the rank's arrival) and end.
-void Communicator::traceOps(std::span<const OpDesc> ops, size_t n, int64_t start_ns, bool ok) {
-  const int64_t end_ns = clock::traceNowNs();
-  for (size_t i = 0; i < n; ++i) {
-    const OpDesc& o = ops[i];
-    trace::OpRecord r;
-    r.seq = o.trace_seq;
-    r.coll = o.kind == OpKind::Send   ? trace::kOpSend
-             : o.kind == OpKind::Recv ? trace::kOpRecv
-                                      : static_cast<uint8_t>(o.coll);
-    r.dtype = static_cast<uint8_t>(o.dtype);
-    r.algo = planner_.traceAlgo(i);
-    r.ok = ok ? 1 : 0;
-    if (o.pointToPoint())
-      r.peer = o.peer;
-    else
-      r.root = o.root;
-    r.count = o.count;
-    r.bytes = trace::algBytes(r.coll, o.count, kernels::dtypeSize(o.dtype), nranks_, o.counts);
-    r.enqueue_ns = o.enqueue_ns ? o.enqueue_ns : start_ns;
-    r.start_ns = start_ns;
-    r.end_ns = end_ns;
-    r.predicted_ns = planner_.tracePredicted(i);
-    trace_->op(r);
-  }
-  if (!ok) trace_->flush();
 }
 
 // An error in the middle of moving data leaves peers mid-message: the
@@ -246,7 +187,7 @@ void Communicator::abort(const Status& why) {
 }
 
 Status Communicator::submitOne(OpDesc& op, exec::Stream* stream) {
-  if (trace_) op.enqueue_ns = clock::traceNowNs();
+  if (tracing_.on()) op.enqueue_ns = clock::traceNowNs();
   if (stream == nullptr && !broken_.load(std::memory_order_acquire)) {
     Status st;
     if (engine_.tryRunHere([&] { return execute(std::span<OpDesc>(&op, 1)); }, &st)) return st;
@@ -258,7 +199,7 @@ Status Communicator::submitOne(OpDesc& op, exec::Stream* stream) {
 
 Status Communicator::submit(std::vector<OpDesc> ops, exec::Stream* stream) {
   if (broken_.load(std::memory_order_acquire)) return asyncError();
-  if (trace_) {
+  if (tracing_.on()) {
     const int64_t now = clock::traceNowNs();
     for (OpDesc& o : ops)
       if (o.enqueue_ns == 0) o.enqueue_ns = now;
@@ -282,21 +223,10 @@ Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, si
   if (coll == Collective::AllGatherV || coll == Collective::AllToAllV)
     return invalidArgument("predict: {} is not priced (the v-collectives depend on every rank's counts)",
                            plan::collectiveName(coll));
-  plan::Shape sh;
-  sh.coll = coll;
-  sh.nranks = nranks_;
-  sh.count = count;
-  sh.elem_size = static_cast<uint32_t>(kernels::dtypeSize(dtype));
-  sh.inplace = inplace;
-  sh.hosts = tuner_->topology().host_of;
   // Serialised with execution: the tuner belongs to the executing thread.
   return engine_.whileIdle([&]() -> Result<Prediction> {
-    CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, dtype));
-    sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
-    // Canonical mode runs a canonical plan for float reductions (prepare()).
-    sh.canonical = cfg_.reproducible == Reproducible::Canonical && plan::reduces(coll) && kernels::isFloatType(dtype);
-    const plan::Algorithm* algo = sh.canonical ? plan::canonicalPlanFor(ch.algo, sh) : ch.algo;
-    CHORUS_ASSIGN_OR_RETURN(double t, tuner_->price(*algo, sh, dtype));
+    const plan::Algorithm* algo = nullptr;
+    CHORUS_ASSIGN_OR_RETURN(double t, planner_.predict(coll, count, dtype, inplace, &algo));
     return Prediction{std::string(algo->name()), t};
   });
 }

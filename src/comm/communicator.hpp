@@ -1,41 +1,42 @@
-// The Communicator: ranks, peers, transports, the algorithm registry and the
-// tuner, and the engine that executes operations in issue order.
-//
-// Execution: every operation (or group of operations) becomes a batch that
-// the engine (comm/engine.hpp) runs in issue order, on the caller's thread
-// when it is idle, else on the communicator's progress thread.
+// The Communicator: a facade over its collaborators, each in its own file:
+//   wiring.hpp       set-up: the rendezvous, the rank records, the routes
+//   engine.hpp       batches in issue order: the caller's thread or the
+//                    progress thread
+//   call_planner.hpp operation → plan → cached program → bound job
+//   board_calls.hpp  the board's protocol on one-host communicators
+//   health.hpp       signature check, flight recorder, watchdog, timeouts
+//   tracing.hpp      CHORUS_TRACE's records and clock offset
+// What is left here: ranks, split, shrink, abort and breaking, and the order
+// in which a batch visits the collaborators (execute()).
 //
 // Threading: one user thread at a time per communicator (as NCCL); abort()
 // and asyncError() from any thread.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 #include <vector>
 
 #include "bootstrap/bootstrap.hpp"
 #include "bootstrap/store.hpp"
 #include "comm/board_calls.hpp"
 #include "comm/call_planner.hpp"
-#include "comm/call_signature.hpp"
 #include "comm/engine.hpp"
-#include "comm/flight.hpp"
 #include "comm/health.hpp"
 #include "comm/op.hpp"
+#include "comm/tracing.hpp"
 #include "common/config.hpp"
 #include "common/status.hpp"
-#include "exec/board_runner.hpp"
 #include "exec/executor.hpp"
 #include "exec/stream.hpp"
-#include "kernels/exact.hpp"
-#include "kernels/quantize.hpp"
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
 #include "transport/transport.hpp"
-#include "trace/record.hpp"
 #include "tune/tuner.hpp"
 
 namespace chorus {
@@ -95,7 +96,7 @@ class Communicator {
 
   // The latest estimate of rank 0's trace clock minus this rank's (0 before
   // any estimate; estimates are made with CHORUS_TRACE).
-  [[nodiscard]] int64_t clockOffsetNs() const { return clock_offset_ns_.load(std::memory_order_relaxed); }
+  [[nodiscard]] int64_t clockOffsetNs() const { return tracing_.clockOffsetNs(); }
   // Estimates it now over the store connection (rounds exchanges, the
   // minimum-round-trip filter of clock/offset.hpp) and records it in the trace.
   Result<int64_t> syncClock(bootstrap::Store& store, int rounds);
@@ -110,8 +111,6 @@ class Communicator {
   Status execute(std::span<OpDesc> ops);
   Status executeBatch(std::span<OpDesc> ops);
   Status fail(Status st);
-  Status openTrace(uint64_t comm_id, const std::string& host);
-  void traceOps(std::span<const OpDesc> ops, size_t n, int64_t start_ns, bool ok);
 
   int rank_ = 0, nranks_ = 1;
   Config cfg_;
@@ -122,23 +121,17 @@ class Communicator {
   std::unique_ptr<bootstrap::Store> store_;
   int split_seq_ = 0;
   int shrink_seq_ = 0;
-  uint64_t op_seq_ = 0;  // collectives issued on this communicator (the "#N" in messages)
-  comm::Health health_;  // signature check, flight recorder, watchdog, timeout diagnosis
+  uint64_t op_seq_ = 0;   // collectives issued on this communicator (the "#N" in messages)
+  uint64_t p2p_seq_ = 0;  // sends and receives issued (numbered apart)
+  comm::Health health_;
 
   std::unique_ptr<transport::Transport> shm_, tcp_;
-  comm::BoardCalls board_;  // the board's protocol when every peer is on this host (else off)
+  comm::BoardCalls board_;
   std::unique_ptr<exec::Executor> executor_;
   plan::Registry registry_;
   std::unique_ptr<tune::Tuner> tuner_;
-  comm::CallPlanner planner_;  // operation → plan → cached program → bound job
-
-
-  // Tracing (CHORUS_TRACE).
-  std::unique_ptr<trace::Recorder> trace_;
-  uint64_t p2p_seq_ = 0;
-  int64_t batch_start_ns_ = 0;
-  std::atomic<int64_t> clock_offset_ns_{0};
-
+  comm::CallPlanner planner_;
+  comm::Tracing tracing_;
   comm::Engine engine_;
 
   mutable std::mutex err_mu_;
