@@ -21,14 +21,11 @@
 #include "bootstrap/store.hpp"
 #include "comm/call_signature.hpp"
 #include "comm/flight.hpp"
+#include "comm/op.hpp"
 #include "common/config.hpp"
 #include "common/status.hpp"
 #include "exec/executor.hpp"
 #include "plan/plan.hpp"
-
-namespace chorus {
-struct OpDesc;  // comm/communicator.hpp
-}
 
 namespace chorus::comm {
 

@@ -30,7 +30,7 @@ struct OpDesc {
   int peer = -1;             // a Send's or Recv's peer
   std::vector<size_t> counts, displs, counts2, displs2;  // v-collectives (owned copies)
   int64_t enqueue_ns = 0;    // with CHORUS_TRACE: when the user called (trace clock)
-  uint64_t trace_seq = 0;    // set by execute(): the flight number, or a point-to-point number
+  uint64_t trace_seq = 0;    // set as the batch starts (Health::begin): the flight number, or a point-to-point number
   // Compressed collectives: the wire format (resolved and validated by the API
   // layer, src/api/compress.cpp); unset: uncompressed.
   std::optional<kernels::WireFormat> wire;

@@ -1,7 +1,7 @@
 // CHORUS_TRACE for a communicator: the rank's trace file, the estimate of
 // rank 0's trace clock against this rank's, and one record per operation
 // with the batch's arrival and end (docs/tracing.md).  Off (no recorder)
-// without CHORUS_TRACE, where every call here is a null test.
+// without CHORUS_TRACE: callers on the hot path test on() first.
 #pragma once
 
 #include <atomic>
