@@ -7,8 +7,6 @@
 #include <cstring>
 #include <filesystem>
 
-#include "comm/communicator.hpp"
-
 namespace chorus::comm {
 
 using plan::Collective;
@@ -50,8 +48,9 @@ Status Health::startWatchdog(const bootstrap::UniqueId& id, const std::string& p
 }
 
 void Health::stopWatchdog() {
-  if (watch_store_) watch_store_->interrupt();
-  if (watchdog_.joinable()) watchdog_.join();
+  if (!watchdog_.joinable()) return;  // never started, or stopped already
+  watch_store_->interrupt();
+  watchdog_.join();
 }
 
 // Parks on the store until some rank posts probe k, answers with this rank's
