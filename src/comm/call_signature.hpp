@@ -13,7 +13,7 @@
 #include "transport/transport.hpp"
 
 namespace chorus {
-struct OpDesc;  // comm/communicator.hpp
+struct OpDesc;  // comm/op.hpp
 }
 
 namespace chorus::comm {

@@ -1,84 +1,45 @@
-// The Communicator: ranks, peers, transports, the algorithm registry and the
-// tuner, and the engine that executes operations in issue order.
-//
-// Execution: every operation (or group of operations) becomes a Batch.  A
-// blocking call (no stream) runs its batch on the caller's thread when the
-// communicator is idle, so small calls pay no thread hand-off; otherwise, and
-// for stream calls, batches go to a FIFO that the communicator's progress
-// thread (started on first use) executes.  One batch runs at a time, so
-// operations match across ranks in the order each rank issued them.
+// The Communicator: a facade over its collaborators, each in its own file:
+//   wiring.hpp       set-up: the rendezvous, the rank records, the routes
+//   engine.hpp       batches in issue order: the caller's thread or the
+//                    progress thread
+//   call_planner.hpp operation → plan → cached program → bound job
+//   board_calls.hpp  the board's protocol on one-host communicators
+//   health.hpp       signature check, flight recorder, watchdog, timeouts
+//   tracing.hpp      CHORUS_TRACE's records and clock offset
+// What is left here: ranks, split, shrink, abort and breaking, and the order
+// in which a batch visits the collaborators (execute()).
 //
 // Threading: one user thread at a time per communicator (as NCCL); abort()
 // and asyncError() from any thread.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
+#include <chrono>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
-#include <thread>
-#include <unordered_map>
+#include <string_view>
 #include <vector>
 
 #include "bootstrap/bootstrap.hpp"
 #include "bootstrap/store.hpp"
-#include "comm/call_signature.hpp"
-#include "comm/flight.hpp"
+#include "comm/board_calls.hpp"
+#include "comm/call_planner.hpp"
+#include "comm/engine.hpp"
+#include "comm/health.hpp"
+#include "comm/op.hpp"
+#include "comm/tracing.hpp"
 #include "common/config.hpp"
 #include "common/status.hpp"
-#include "exec/board_runner.hpp"
 #include "exec/executor.hpp"
 #include "exec/stream.hpp"
-#include "kernels/exact.hpp"
-#include "kernels/quantize.hpp"
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
 #include "transport/transport.hpp"
-#include "trace/record.hpp"
 #include "tune/tuner.hpp"
 
 namespace chorus {
-
-// What an operation is: a collective (of all ranks, `coll`), or one side of
-// a point-to-point transfer with `peer` (not a collective: no root, no plan,
-// no signature; see plan::PointToPoint).
-enum class OpKind : uint8_t { Collective, Send, Recv };
-
-// One user-level operation, validated by the API layer.
-struct OpDesc {
-  OpKind kind = OpKind::Collective;
-  plan::Collective coll = plan::Collective::AllReduce;  // kind == Collective
-  const void* send = nullptr;
-  void* recv = nullptr;
-  size_t count = 0;
-  chorusDataType_t dtype = chorusFloat32;
-  chorusRedOp_t op = chorusSum;
-  int root = 0;              // a rooted collective's root
-  int peer = -1;             // a Send's or Recv's peer
-  std::vector<size_t> counts, displs, counts2, displs2;  // v-collectives (owned copies)
-  int64_t enqueue_ns = 0;    // with CHORUS_TRACE: when the user called (trace clock)
-  uint64_t trace_seq = 0;    // set by execute(): the flight number, or a point-to-point number
-  // Compressed collectives: the wire format (resolved and validated by the API
-  // layer, src/api/compress.cpp); unset: uncompressed.
-  std::optional<kernels::WireFormat> wire;
-
-  [[nodiscard]] bool pointToPoint() const { return kind != OpKind::Collective; }
-  // Send or Recv (pointToPoint() only).
-  [[nodiscard]] plan::PointToPoint direction() const {
-    return kind == OpKind::Send ? plan::PointToPoint::Send : plan::PointToPoint::Recv;
-  }
-  // A collective that combines values (point-to-point operations never do).
-  [[nodiscard]] bool reduces() const { return kind == OpKind::Collective && plan::reduces(coll); }
-};
-
-// A user-defined reduction (chorusRedOpCreatePreMulSum).
-struct PreMulSumOp {
-  kernels::Scalar scalar;
-  const void* device_scalar = nullptr;  // read at each call when set
-  bool live = false;
-};
 
 class Communicator {
  public:
@@ -135,67 +96,21 @@ class Communicator {
 
   // The latest estimate of rank 0's trace clock minus this rank's (0 before
   // any estimate; estimates are made with CHORUS_TRACE).
-  [[nodiscard]] int64_t clockOffsetNs() const { return clock_offset_ns_.load(std::memory_order_relaxed); }
+  [[nodiscard]] int64_t clockOffsetNs() const { return tracing_.clockOffsetNs(); }
   // Estimates it now over the store connection (rounds exchanges, the
   // minimum-round-trip filter of clock/offset.hpp) and records it in the trace.
   Result<int64_t> syncClock(bootstrap::Store& store, int rounds);
 
  private:
-  struct Batch {
-    std::vector<OpDesc> ops;
-    exec::Stream* stream = nullptr;
-    // For a blocking caller waiting on the progress thread.
-    std::mutex* done_mu = nullptr;
-    std::condition_variable* done_cv = nullptr;
-    bool* done = nullptr;
-    Status* result = nullptr;
-  };
-
-  Communicator() = default;
+  Communicator();
+  // The engine's progress thread runs a queued batch here.
+  static Status runQueued(void* self, std::span<OpDesc> ops);
   Status setup(const bootstrap::UniqueId& id, const Config& cfg, std::shared_ptr<bootstrap::Store> base,
                std::string prefix, std::shared_ptr<bootstrap::StoreServer> server);
   Status syncAll(bootstrap::Store& store, std::string_view name);
-  // Answers other ranks' "where are you?" probes (see explainTimeout).
-  Status startWatchdog();
-  void watchdogLoop();
-  // Asks every rank where it is and turns a timeout into a diagnosis.
-  Status explainTimeout(const Status& st, const FlightEntry& stuck);
-  std::string peerVerdict(uint64_t seq);
-  void dumpFlight() const;
   Status execute(std::span<OpDesc> ops);
   Status executeBatch(std::span<OpDesc> ops);
-  // Runs job (a one-shot plan, plan/oneshot.cpp, compiled into bp) through
-  // the shm board.
-  Status runBoard(const exec::BoardProgram& bp, const exec::Job& job);
-  // Exchanges the batch's signature with every rank; chorusMismatch naming the
-  // ranks and fields that differ.
-  Status checkSignatures(const comm::Signature& mine);
-  // Publishes this call on the board (every collective call of a one-host
-  // communicator does), with `bytes` of `inp` when `data`.
-  Status publishCall(const std::byte* inp, size_t bytes, bool data);
-  Status publishCallSlow(uint64_t k);
-  // How many calls a rank may run ahead of its slowest peer's publishes.
-  static constexpr uint64_t kBoardLag = transport::kBoardSlots - 1;
-  Status boardMismatch(int peer, const transport::CallSignature& theirs, const transport::CallSignature& mine,
-                       const comm::Signature& mine_full) const;
-  // Calls of this rank whose peers' board signatures it has not compared yet
-  // (it read no slot of theirs): checked at the start of later calls.
-  struct Unverified {
-    uint64_t call = 0;
-    comm::Signature sig;
-    uint64_t board_word = 0;
-    std::vector<uint64_t> peers;  // bit q: peer q still to check
-  };
-  std::vector<Unverified> board_unverified_;  // a ring of kBoardSlots, allocated at the first use
-  size_t unverified_first_ = 0, unverified_count_ = 0;
-  Status verifyEarlierCalls();
-  void deferVerification(uint64_t k);
-  Status prepare(OpDesc& op, size_t index);
   Status fail(Status st);
-  void progressLoop();
-  void ensureThread();
-  Status openTrace(uint64_t comm_id, const std::string& host);
-  void traceOps(std::span<const OpDesc> ops, size_t n, int64_t start_ns, bool ok);
 
   int rank_ = 0, nranks_ = 1;
   Config cfg_;
@@ -206,127 +121,18 @@ class Communicator {
   std::unique_ptr<bootstrap::Store> store_;
   int split_seq_ = 0;
   int shrink_seq_ = 0;
-  uint64_t op_seq_ = 0;  // collectives issued on this communicator (the "#N" in messages)
-  bool checked_once_ = false;
-  FlightRecorder flight_;
-  std::shared_ptr<bootstrap::Store> watch_store_;  // the watchdog's own store connection
-  std::thread watchdog_;
-  plan::Program sig_program_;
-  std::vector<std::byte> sig_buf_;
+  uint64_t op_seq_ = 0;   // collectives issued on this communicator (the "#N" in messages)
+  uint64_t p2p_seq_ = 0;  // sends and receives issued (numbered apart)
+  comm::Health health_;
 
   std::unique_ptr<transport::Transport> shm_, tcp_;
-  // The shm transport's board when every peer is on this host (else nullptr),
-  // the board calls made so far, and whether the batch's job 0 goes through it.
-  transport::Board* board_ = nullptr;
-  uint64_t board_calls_ = 0;
-  uint64_t board_seen_all_ = 0;  // the last call whose publish this rank has seen from every peer
-  // The board's runner (one-host communicators) and job 0's program compiled
-  // for it when the batch runs through the board (else nullptr).
-  std::unique_ptr<exec::BoardRunner> board_runner_;
-  const exec::BoardProgram* board_prog_ = nullptr;
-  const plan::Program* board_decided_ = nullptr;  // the program board_prog_ was decided for
-  // The running batch's signature and its message word (call_signature.hpp).
-  comm::Signature batch_sig_;
-  uint64_t batch_wire_ = 0;
-  uint64_t wire_base_ = 0, board_base_ = 0;  // batch_sig_'s words without their call bits
-  struct {
-    bool valid = false;
-    plan::Collective coll{};
-    size_t count = 0;
-    chorusDataType_t dtype{};
-    chorusRedOp_t op{};
-    int root = 0;
-  } last_shape_;  // the single collective batch_sig_ was hashed for
+  comm::BoardCalls board_;
   std::unique_ptr<exec::Executor> executor_;
   plan::Registry registry_;
   std::unique_ptr<tune::Tuner> tuner_;
-
-  // Program cache and per-call scratch, reused so steady-state calls do not allocate.
-  struct CacheKey {
-    uint8_t coll;
-    bool inplace;
-    OpKind kind;
-    uint32_t elem_size;
-    int root;
-    int peer;
-    uint64_t count;
-    uint64_t chunk;
-    const plan::Algorithm* algo;
-    bool canonical;  // Shape::canonical (the one-shot plans differ)
-    uint32_t wire;   // compressed calls: wireKey(Shape::wire); 0 uncompressed
-    bool operator==(const CacheKey&) const = default;
-  };
-  struct CacheHash {
-    size_t operator()(const CacheKey& k) const;
-  };
-  std::unordered_map<CacheKey, std::unique_ptr<plan::Program>, CacheHash> cache_;
-  // The last single operation's choice and program (prepare()): a loop of
-  // equal calls skips the tuner's and the cache's hash lookups.
-  struct LastPrepared {
-    CacheKey key{};
-    chorusDataType_t dtype{};
-    bool valid = false;
-    const plan::Program* prog = nullptr;
-    uint8_t path = 0;  // ReproPath of the call
-  } last_;
-  // CHORUS_REPRODUCIBLE: how a call runs.  Plain: as chosen; Canonical: a
-  // plan that combines in the canonical tree (plan/canonical.hpp); Exact:
-  // the exact accumulator (kernels/exact.hpp) summed as int64 words by any
-  // plan, rounded once into the output.
-  enum class ReproPath : uint8_t { Plain, Canonical, Exact };
-  [[nodiscard]] ReproPath reproPath(const OpDesc& op) const;
-  // prepare()'s parts: the plan shape, the plan and program, PreMulSum's
-  // scaled input, the trace's algorithm and prediction.
-  [[nodiscard]] plan::Shape shapeOf(const OpDesc& op, bool canonical, uint64_t words, size_t es) const;
-  Result<const plan::Program*> programFor(const OpDesc& op, size_t i, plan::Shape& sh, ReproPath path,
-                                          chorusDataType_t plan_dtype, const plan::Algorithm** algo_out);
-  const std::byte* premulInput(const OpDesc& op, size_t i, uint64_t n_in, bool stage);
-  void traceJob(const OpDesc& op, size_t i, const plan::Algorithm* algo, const plan::Program* prog,
-                const plan::Shape& sh);
-  // Exact: converts this job's input into its accumulator and binds the
-  // accumulators as the job's buffers; finishExact rounds the result.
-  void bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems);
-  void finishExact(size_t i, const OpDesc& op);
-  Result<kernels::ExactLayout> exactLayoutFor(const OpDesc& op);
-  plan::Program range_prog_;  // the exponent-range agreement of exact calls (2 int64, max)
-  kernels::Reducer range_reducer_;
-  std::vector<std::byte> range_scratch_;
-  struct ExactJob {
-    bool on = false;
-    kernels::ExactLayout layout;
-    std::vector<int64_t> in, out;
-    uint64_t out_elems = 0;
-  };
-  std::vector<ExactJob> exact_;  // per job of the current batch
-  std::vector<std::unique_ptr<plan::Program>> uncached_;  // v-collectives, reused
-  std::vector<exec::Job> jobs_;
-  std::vector<std::array<std::byte*, 3>> job_bufs_;
-  std::vector<kernels::Reducer> reducers_;
-  std::vector<size_t> scratch_offsets_;
-  std::vector<std::byte> scratch_;
-  std::vector<std::vector<std::byte>> staging_;  // PreMulSum pre-scaled inputs
-  std::vector<PreMulSumOp> premul_;
-
-  // Tracing (CHORUS_TRACE).
-  std::unique_ptr<trace::Recorder> trace_;
-  std::vector<uint16_t> trace_algo_;  // per job of the current batch
-  std::vector<int64_t> trace_pred_;   // per job: predicted ns, < 0 none
-  std::unordered_map<const plan::Program*, int64_t> trace_pred_cache_;
-  uint64_t p2p_seq_ = 0;
-  int64_t batch_start_ns_ = 0;
-  std::atomic<int64_t> clock_offset_ns_{0};
-
-  // The engine.
-  std::mutex exec_mu_;  // held while a batch executes
-  std::mutex q_mu_;
-  std::condition_variable q_cv_;
-  std::deque<Batch> queue_;
-  bool busy_ = false;  // a batch is running on the progress thread
-  bool stop_ = false;
-  std::thread thread_;
-  // Set (by the user's thread, in ensureThread) once the progress thread
-  // exists; read by the user's thread only.
-  bool threaded_ = false;
+  comm::CallPlanner planner_;
+  comm::Tracing tracing_;
+  comm::Engine engine_;
 
   mutable std::mutex err_mu_;
   Status error_;  // sticky: set when the communicator breaks

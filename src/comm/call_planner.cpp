@@ -1,0 +1,466 @@
+#include "comm/call_planner.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "kernels/dtype.hpp"
+#include "plan/canonical.hpp"
+
+namespace chorus::comm {
+
+using plan::Collective;
+
+namespace {
+
+kernels::BinOp binOpOf(chorusRedOp_t op) {
+  switch (op) {
+    case chorusProd: return kernels::BinOp::Prod;
+    case chorusMax: return kernels::BinOp::Max;
+    case chorusMin: return kernels::BinOp::Min;
+    default: return kernels::BinOp::Sum;  // Sum, Avg, PreMulSum
+  }
+}
+
+// A compressed call's wire format as one word of the program cache's key.
+uint32_t wireKey(const std::optional<kernels::WireFormat>& w) {
+  return w ? 1u + w->kind + (static_cast<uint32_t>(w->block) << 2) : 0u;
+}
+
+}  // namespace
+
+size_t CallPlanner::CacheHash::operator()(const CacheKey& k) const {
+  size_t h = std::hash<uint64_t>{}(k.count);
+  auto mix = [&](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  mix(k.coll | (uint64_t{k.inplace} << 8) | (uint64_t{static_cast<uint8_t>(k.kind)} << 9) |
+      (uint64_t{k.elem_size} << 16));
+  mix(static_cast<uint64_t>(k.root));
+  mix(static_cast<uint64_t>(k.peer));
+  mix(k.chunk);
+  mix(reinterpret_cast<uintptr_t>(k.algo));
+  mix(k.wire);
+  return h;
+}
+
+void CallPlanner::bind(int rank, int nranks, const Config& cfg, tune::Tuner* tuner, exec::Executor* executor,
+                       exec::BoardRunner* runner, trace::Recorder* trace) {
+  rank_ = rank;
+  nranks_ = nranks;
+  repro_ = cfg.reproducible;
+  timeout_ = cfg.timeout;
+  tuner_ = tuner;
+  executor_ = executor;
+  board_runner_ = runner;
+  trace_ = trace;
+}
+
+Status CallPlanner::validateOp(chorusRedOp_t op, chorusDataType_t dtype) const {
+  // Exact mode: integers are exact already (a wrapping sum, product, max or
+  // min does not depend on the order), so asking for an exact accumulator
+  // there is a mistake, and an exact product would need unbounded width.
+  if (repro_ == Reproducible::Exact) {
+    if (!kernels::isFloatType(dtype))
+      return invalidArgument("datatype={} under CHORUS_REPRODUCIBLE=exact: exact mode needs a floating-point type "
+                             "(supported: chorusFloat32, chorusBfloat16, chorusFloat16, chorusFloat8e4m3, "
+                             "chorusFloat8e5m2, chorusFloat64; integer reductions are order-independent already: use "
+                             "CHORUS_REPRODUCIBLE=off or canonical)",
+                             kernels::isValidDtype(dtype) ? kernels::dtypeName(dtype) : std::string_view("?"));
+    if (op == chorusProd)
+      return invalidArgument("op=chorusProd under CHORUS_REPRODUCIBLE=exact: exact mode supports chorusSum, chorusAvg, "
+                             "PreMulSum ops (exactly summed) and chorusMax, chorusMin (exact already); use "
+                             "CHORUS_REPRODUCIBLE=canonical for a reproducible product");
+    CHORUS_RETURN_IF_ERROR(kernels::exactLayout(dtype, nranks_).status());
+  }
+  if (static_cast<int>(op) >= 0 && op < chorusNumOps) return {};
+  size_t idx = static_cast<size_t>(op) - chorusNumOps;
+  if (static_cast<int>(op) < 0 || idx >= premul_.size() || !premul_[idx].live)
+    return invalidArgument("op={} is not a valid reduction op (use chorusSum/Prod/Max/Min/Avg or one made by "
+                           "chorusRedOpCreatePreMulSum on this communicator)",
+                           static_cast<int>(op));
+  if (premul_[idx].scalar.dtype != dtype)
+    return invalidArgument("op={} was created for {} but the call uses {}", static_cast<int>(op),
+                           kernels::dtypeName(premul_[idx].scalar.dtype), kernels::dtypeName(dtype));
+  return {};
+}
+
+Result<chorusRedOp_t> CallPlanner::createPreMulSum(const kernels::Scalar& s, const void* device_scalar) {
+  for (size_t i = 0; i < premul_.size(); ++i)
+    if (!premul_[i].live) {
+      premul_[i] = {s, device_scalar, true};
+      return static_cast<chorusRedOp_t>(chorusNumOps + i);
+    }
+  premul_.push_back({s, device_scalar, true});
+  return static_cast<chorusRedOp_t>(chorusNumOps + premul_.size() - 1);
+}
+
+Status CallPlanner::destroyRedOp(chorusRedOp_t op) {
+  size_t idx = static_cast<size_t>(op) - chorusNumOps;
+  if (op < chorusNumOps || idx >= premul_.size() || !premul_[idx].live)
+    return invalidArgument("op={} is not a reduction op created by chorusRedOpCreatePreMulSum", static_cast<int>(op));
+  premul_[idx].live = false;
+  return {};
+}
+
+CallPlanner::ReproPath CallPlanner::reproPath(const OpDesc& op) const {
+  if (repro_ == Reproducible::Off || !op.reduces() || !kernels::isFloatType(op.dtype))
+    return ReproPath::Plain;  // integer reductions do not depend on the order
+  const bool sums = op.op == chorusSum || op.op == chorusAvg || op.op >= chorusNumOps;
+  return repro_ == Reproducible::Exact && sums ? ReproPath::Exact : ReproPath::Canonical;
+}
+
+// The plan shape of an operation: its collective, counts (exact: in
+// accumulator words), canonical mode, the host layout, and whether the call
+// is in place (NCCL's aliasing conventions per collective).
+plan::Shape CallPlanner::shapeOf(const OpDesc& op, bool canonical, uint64_t words, size_t es) const {
+  plan::Shape sh;
+  sh.coll = op.coll;
+  sh.nranks = nranks_;
+  sh.count = op.count * words;
+  sh.elem_size = static_cast<uint32_t>(es);
+  sh.canonical = canonical;
+  sh.root = op.root;
+  sh.counts = op.counts;
+  sh.displs = op.displs;
+  sh.counts2 = op.counts2;
+  sh.displs2 = op.displs2;
+  sh.hosts = tuner_->topology().host_of;
+  sh.wire = op.wire;
+  auto* sp = static_cast<const std::byte*>(op.send);
+  auto* rp = static_cast<std::byte*>(op.recv);
+  const uint64_t r = static_cast<uint64_t>(rank_);
+  switch (op.coll) {
+    case Collective::AllGather: sh.inplace = sp != nullptr && sp == rp + r * op.count * es; break;
+    case Collective::AllGatherV: sh.inplace = sp != nullptr && sp == rp + op.displs[r] * es; break;
+    case Collective::ReduceScatter: sh.inplace = rp != nullptr && rp == sp + r * op.count * es; break;
+    case Collective::Gather: sh.inplace = rank_ == op.root && sp != nullptr && sp == rp + r * op.count * es; break;
+    case Collective::Scatter: sh.inplace = rank_ == op.root && rp != nullptr && rp == sp + r * op.count * es; break;
+    case Collective::Barrier: break;
+    default: sh.inplace = !op.pointToPoint() && sp != nullptr && sp == rp; break;
+  }
+  return sh;
+}
+
+// The plan and this rank's program for job i: the last call's again when this
+// one equals it (no tuner or cache lookup), else the tuner's choice (under
+// canonical, a plan that combines in the canonical tree), its program from the
+// cache or expanded into it; v-collectives are expanded per call.
+Result<const plan::Program*> CallPlanner::programFor(const OpDesc& op, size_t i, plan::Shape& sh, ReproPath path,
+                                                      chorusDataType_t plan_dtype, const plan::Algorithm** algo_out) {
+  const size_t es = sh.elem_size;
+  const plan::Algorithm* algo = nullptr;
+  uint64_t chunk = 0;
+  const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
+  const plan::Program* prog = nullptr;
+  const bool memo = !v && i == 0;
+  if (memo && last_.valid && last_.dtype == op.dtype && last_.path == static_cast<uint8_t>(path) &&
+      last_.key.coll == static_cast<uint8_t>(op.coll) && last_.key.inplace == sh.inplace &&
+      last_.key.kind == op.kind && last_.key.elem_size == es && last_.key.root == op.root &&
+      last_.key.peer == op.peer && last_.key.count == sh.count && last_.key.wire == wireKey(sh.wire)) {
+    algo = last_.key.algo;
+    chunk = last_.key.chunk;
+    sh.chunk_elems = chunk;
+    prog = last_.prog;
+  } else if (!op.pointToPoint()) {
+    CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, plan_dtype));
+    // Canonical: the tuner's plan when it combines in the canonical tree,
+    // else the canonical plan of the collective (docs/algorithms.md).
+    algo = sh.canonical ? plan::canonicalPlanFor(ch.algo, sh) : ch.algo;
+    chunk = es ? std::max<uint64_t>(1, ch.chunk_bytes / es) : 0;
+    sh.chunk_elems = chunk;
+  }
+  *algo_out = algo;
+  if (prog != nullptr) return prog;  // memoised above
+  auto build = [&](plan::Program* out) {
+    if (op.pointToPoint()) {
+      plan::ProgramBuilder b;
+      b.reset(rank_);
+      if (op.kind == OpKind::Send)
+        b.send(op.peer, plan::in(0, op.count));
+      else
+        b.recv(op.peer, plan::out(0, op.count));
+      b.finish(out);
+    } else {
+      plan::expand(*algo, sh, rank_, out);
+    }
+  };
+  if (v) {
+    if (uncached_.size() <= i) uncached_.resize(i + 1);
+    if (!uncached_[i]) uncached_[i] = std::make_unique<plan::Program>();
+    build(uncached_[i].get());
+    return uncached_[i].get();
+  }
+  CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.kind, static_cast<uint32_t>(es), op.root, op.peer,
+               sh.count, chunk, algo, sh.canonical, wireKey(sh.wire)};
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    auto p = std::make_unique<plan::Program>();
+    build(p.get());
+    it = cache_.emplace(key, std::move(p)).first;
+  }
+  prog = it->second.get();
+  if (memo) last_ = {key, op.dtype, true, prog, static_cast<uint8_t>(path)};
+  return prog;
+}
+
+// PreMulSum scales the input first: in place when the input is the output
+// itself (`stage` false), else into job i's staging buffer.  Returns the
+// input the plan reads.
+const std::byte* CallPlanner::premulInput(const OpDesc& op, size_t i, uint64_t n_in, bool stage) {
+  auto* sp = static_cast<const std::byte*>(op.send);
+  auto* rp = static_cast<std::byte*>(op.recv);
+  const PreMulSumOp& pm = premul_[static_cast<size_t>(op.op) - chorusNumOps];
+  kernels::Scalar s = pm.scalar;
+  if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, kernels::dtypeSize(op.dtype));  // es: exact's words
+  if (!stage) {
+    kernels::scale(rp, rp, n_in, op.dtype, s);
+    return sp;
+  }
+  if (staging_.size() <= i) staging_.resize(i + 1);
+  const size_t ues = kernels::dtypeSize(op.dtype);
+  if (staging_[i].size() < n_in * ues) staging_[i].resize(n_in * ues);
+  kernels::scale(staging_[i].data(), sp, n_in, op.dtype, s);
+  return staging_[i].data();
+}
+
+// CHORUS_TRACE: job i's algorithm name and the tuner's prediction for it
+// (memoised per program).
+void CallPlanner::traceJob(const OpDesc& op, size_t i, const plan::Algorithm* algo, const plan::Program* prog,
+                            const plan::Shape& sh) {
+  if (trace_algo_.size() <= i) {
+    trace_algo_.resize(i + 1);
+    trace_pred_.resize(i + 1);
+  }
+  trace_algo_[i] = trace_->algoId(algo ? algo->name() : plan::pointToPointName(op.direction()));
+  trace_pred_[i] = -1;
+  const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
+  if (algo != nullptr && !v) {
+    auto [it, fresh] = trace_pred_cache_.try_emplace(prog, -1);
+    if (fresh) {
+      auto t = tuner_->price(*algo, sh, op.dtype);
+      if (t.isOk()) it->second = static_cast<int64_t>(t.value() * 1e9);
+    }
+    trace_pred_[i] = it->second;
+  }
+}
+
+// Job i of the batch: its shape, plan and program, its buffers (PreMulSum's
+// scaled input, exact's accumulators), reducer and executor job.
+Status CallPlanner::prepare(OpDesc& op, size_t i) {
+  const ReproPath path = reproPath(op);
+  if (exact_.size() <= i) exact_.resize(i + 1);
+  ExactJob& ex = exact_[i];
+  ex.on = path == ReproPath::Exact;
+  // Exact: the plan moves and sums the accumulators' int64 words.
+  if (ex.on) {
+    CHORUS_ASSIGN_OR_RETURN(ex.layout, exactLayoutFor(op));
+  }
+  const uint64_t words = ex.on ? static_cast<uint64_t>(ex.layout.words) : 1;
+  const chorusDataType_t plan_dtype = ex.on ? chorusInt64 : op.dtype;
+  const size_t es = kernels::dtypeSize(plan_dtype);
+  plan::Shape sh = shapeOf(op, path == ReproPath::Canonical, words, es);
+  auto* sp = static_cast<const std::byte*>(op.send);
+  auto* rp = static_cast<std::byte*>(op.recv);
+  // PreMulSum stages its scaled input unless the input is the output itself,
+  // which makes the call out of place; exact has separate accumulators in and out.
+  const bool premul = op.op >= chorusNumOps && op.reduces();
+  const bool stage = premul && !(sh.inplace && sp == rp);
+  if (stage || ex.on) sh.inplace = false;
+  const plan::Algorithm* algo = nullptr;
+  CHORUS_ASSIGN_OR_RETURN(const plan::Program* prog, programFor(op, i, sh, path, plan_dtype, &algo));
+
+  const std::byte* input = premul ? premulInput(op, i, sh.inputElems(rank_) / words, stage) : sp;
+  job_bufs_[i] = {const_cast<std::byte*>(input), rp, nullptr};
+  if (ex.on) {
+    // In place too, `input` is the whole input (the output lies in it).
+    bindExact(i, input, sh.inputElems(rank_) / words, sh.outputElems(rank_) / words);
+  }
+  bindReducer(i, plan_dtype, ex.on ? kernels::BinOp::Sum : binOpOf(op.op));
+  jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
+                       op.pointToPoint() ? kPointToPointWire : batch_wire_};
+  if (trace_) traceJob(op, i, algo, prog, sh);
+  scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1) + prog->wire_bytes;  // wire bytes after the scratch
+  if (i == 0 && prog != board_decided_) decideBoard(algo, prog, sh, es);
+  return {};
+}
+
+// A job's reducer is kept while its type and op stay.
+void CallPlanner::bindReducer(size_t i, chorusDataType_t dtype, kernels::BinOp op) {
+  if (!reducers_[i].valid() || reducers_[i].dtype() != dtype || reducers_[i].op() != op)
+    reducers_[i] = kernels::Reducer(dtype, op);
+}
+
+// Whether job 0 runs through the board: decided once per program (a cached
+// program stands for one algorithm and shape; the v-collectives' reused ones
+// never take the board).
+void CallPlanner::decideBoard(const plan::Algorithm* algo, const plan::Program* prog, const plan::Shape& sh,
+                              size_t es) {
+  board_decided_ = prog;
+  board_prog_ = board_runner_ != nullptr && algo != nullptr && algo->oneShot() &&
+                        exec::boardBytes(sh) <= exec::kBoardBytes
+                    ? board_runner_->programFor(*algo, sh, *prog, es ? es : 1)
+                    : nullptr;
+}
+
+// The accumulator layout of an exact call: the ranks first agree on the
+// exponents their inputs span (a max-allreduce of two integers, run here
+// before the call's own plan, in the same order on every rank), so the
+// accumulator carries only those bits.  PreMulSum's inputs are scaled later
+// (prepare): it takes the type's full layout.
+Result<kernels::ExactLayout> CallPlanner::exactLayoutFor(const OpDesc& op) {
+  if (op.op >= chorusNumOps) return kernels::exactLayout(op.dtype, nranks_);  // validateOp checked it
+  const uint64_t in_elems = op.coll == Collective::ReduceScatter ? op.count * static_cast<uint64_t>(nranks_) : op.count;
+  std::array<int64_t, 2> range{};  // {hi, -lo}: both agreed by max
+  kernels::exactRange(op.dtype, op.send, in_elems, &range[0], &range[1]);
+  if (nranks_ > 1) {
+    if (range_prog_.steps.empty()) {
+      plan::Shape sh;
+      sh.coll = Collective::AllReduce;
+      sh.nranks = nranks_;
+      sh.count = 2;
+      sh.elem_size = 8;
+      sh.inplace = true;
+      sh.hosts = tuner_->topology().host_of;
+      CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, chorusInt64));
+      plan::expand(*ch.algo, sh, rank_, &range_prog_);
+      range_reducer_ = kernels::Reducer(chorusInt64, kernels::BinOp::Max);
+    }
+    range_scratch_.resize(range_prog_.scratch_elems * 8);
+    auto* buf = reinterpret_cast<std::byte*>(range.data());
+    std::array<std::byte*, 3> bufs = {buf, buf, range_scratch_.data()};
+    // Traced as a step of the call's own number, like a signature check's.
+    exec::Job job{&range_prog_, bufs, 8, &range_reducer_, (uint64_t{1} << 62) | op.trace_seq, batch_wire_};
+    CHORUS_RETURN_IF_ERROR(executor_->run(std::span<const exec::Job>(&job, 1), timeout_));
+  }
+  return kernels::exactLayout(op.dtype, nranks_, -range[1], range[0]);
+}
+
+void CallPlanner::bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems) {
+  ExactJob& ex = exact_[i];
+  const size_t w = static_cast<size_t>(ex.layout.words);
+  ex.in.resize(in_elems * w);
+  ex.out.resize(out_elems * w);
+  ex.out_elems = out_elems;
+  kernels::toExact(ex.layout, ex.in.data(), input, in_elems);
+  job_bufs_[i] = {reinterpret_cast<std::byte*>(ex.in.data()), reinterpret_cast<std::byte*>(ex.out.data()), nullptr};
+}
+
+void CallPlanner::finishExact(size_t i, const OpDesc& op) {
+  const ExactJob& ex = exact_[i];
+  if (!ex.on || ex.out_elems == 0) return;
+  kernels::fromExact(ex.layout, op.recv, ex.out.data(), ex.out_elems);
+}
+
+Result<double> CallPlanner::predict(Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
+                                   const plan::Algorithm** algo_out) {
+  plan::Shape sh;
+  sh.coll = coll;
+  sh.nranks = nranks_;
+  sh.count = count;
+  sh.elem_size = static_cast<uint32_t>(kernels::dtypeSize(dtype));
+  sh.inplace = inplace;
+  sh.hosts = tuner_->topology().host_of;
+  CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, dtype));
+  sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
+  // Canonical mode runs a canonical plan for float reductions (prepare()).
+  sh.canonical = repro_ == Reproducible::Canonical && plan::reduces(coll) && kernels::isFloatType(dtype);
+  const plan::Algorithm* algo = sh.canonical ? plan::canonicalPlanFor(ch.algo, sh) : ch.algo;
+  *algo_out = algo;
+  return tuner_->price(*algo, sh, dtype);
+}
+
+void CallPlanner::sign(std::span<const OpDesc> ops, uint64_t seq) {
+  static const OpDesc kNone{};
+  const OpDesc& o0 = ops.empty() ? kNone : ops.front();
+  const bool same = ops.size() == 1 && last_shape_.valid && !o0.pointToPoint() && o0.coll == last_shape_.coll &&
+                    o0.count == last_shape_.count && o0.dtype == last_shape_.dtype && o0.op == last_shape_.op &&
+                    o0.root == last_shape_.root;
+  if (same) {
+    batch_sig_.seq = seq;
+  } else {
+    batch_sig_ = signatureOf(ops, seq);
+    wire_base_ = wireBase(batch_sig_);
+    board_base_ = comm::boardBase(batch_sig_);
+    last_shape_.valid = ops.size() == 1 && !o0.pointToPoint() && o0.coll != Collective::AllGatherV &&
+                        o0.coll != Collective::AllToAllV;
+    last_shape_.coll = o0.coll;
+    last_shape_.count = o0.count;
+    last_shape_.dtype = o0.dtype;
+    last_shape_.op = o0.op;
+    last_shape_.root = o0.root;
+  }
+  batch_wire_ = wireAt(wire_base_, seq);
+}
+
+Status CallPlanner::bindBatch(std::span<OpDesc> ops, size_t* njobs) {
+  const size_t n = ops.size();
+  jobs_.resize(n);
+  job_bufs_.resize(n);
+  reducers_.resize(n);
+  scratch_offsets_.resize(n);
+
+  // Sends to and receives from self are matched in issue order and copied.
+  std::vector<size_t> self_sends, self_recvs;
+  for (size_t i = 0; i < n; ++i) {
+    if (ops[i].pointToPoint() && ops[i].peer == rank_) (ops[i].kind == OpKind::Send ? self_sends : self_recvs).push_back(i);
+  }
+  if (self_sends.size() != self_recvs.size())
+    return invalidUsage("rank {}: {} send(s) to self but {} receive(s) from self in one group (each needs its twin)",
+                        rank_, self_sends.size(), self_recvs.size());
+  for (size_t k = 0; k < self_sends.size(); ++k) {
+    const OpDesc& s = ops[self_sends[k]];
+    const OpDesc& r = ops[self_recvs[k]];
+    const size_t sb = s.count * kernels::dtypeSize(s.dtype), rb = r.count * kernels::dtypeSize(r.dtype);
+    if (sb != rb) return makeError(chorusMismatch, "rank {}: send to self of {} bytes but receive from self of {} bytes", rank_, sb, rb);
+    if (sb) std::memmove(r.recv, s.send, sb);
+  }
+
+  size_t m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (ops[i].pointToPoint() && ops[i].peer == rank_) continue;
+    if (m != i) ops[m] = ops[i];  // compact: jobs_ index == ops index
+    CHORUS_RETURN_IF_ERROR(prepare(ops[m], m));
+    ++m;
+  }
+  jobs_.resize(m);
+  *njobs = m;
+  return {};
+}
+
+// The board runner keeps its own scratch, if the program needs any.
+const exec::Job& CallPlanner::boardJob() {
+  jobs_[0].buffers = job_bufs_[0];
+  return jobs_[0];
+}
+
+// Each job's scratch (and its compressed wire bytes after it) at a 64-byte
+// aligned offset of the one buffer.
+std::span<const exec::Job> CallPlanner::layoutJobs() {
+  const size_t njobs = jobs_.size();
+  size_t total = 0;
+  for (size_t i = 0; i < njobs; ++i) {
+    size_t need = (scratch_offsets_[i] + 63) & ~size_t{63};
+    scratch_offsets_[i] = total;
+    total += need;
+  }
+  if (scratch_.size() < total) scratch_.resize(total);
+  for (size_t i = 0; i < njobs; ++i) {
+    job_bufs_[i][2] = scratch_.data() + scratch_offsets_[i];
+    jobs_[i].buffers = job_bufs_[i];
+    jobs_[i].wire = job_bufs_[i][2] + jobs_[i].program->scratch_elems * jobs_[i].elem_size;
+  }
+  return jobs_;
+}
+
+void CallPlanner::finish(std::span<const OpDesc> ops, size_t njobs) {
+  // Exact: round the accumulators once into the outputs.
+  for (size_t i = 0; i < njobs; ++i) finishExact(i, ops[i]);
+  // Avg: the sum divided by the number of ranks, where the result lives.
+  for (size_t i = 0; i < njobs; ++i) {
+    const OpDesc& op = ops[i];
+    if (op.op != chorusAvg || !op.reduces()) continue;
+    if (op.coll == Collective::Reduce && rank_ != op.root) continue;
+    kernels::divide(op.recv, op.recv, op.count, op.dtype, static_cast<uint64_t>(nranks_));
+  }
+}
+
+}  // namespace chorus::comm

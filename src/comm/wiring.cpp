@@ -1,0 +1,244 @@
+#include "comm/wiring.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+
+#include "comm/call_signature.hpp"
+#include "transport/shm/shm.hpp"
+#include "transport/tcp/tcp.hpp"
+
+namespace chorus::comm {
+
+namespace {
+
+// Serialises access to a store client shared by a communicator and the
+// communicators split from it (their inits may run on different threads).
+class LockedStore final : public bootstrap::Store {
+ public:
+  explicit LockedStore(std::shared_ptr<bootstrap::Store> s) : s_(std::move(s)) {}
+  Status set(std::string_view k, std::span<const std::byte> v) override {
+    std::lock_guard l(mu_);
+    return s_->set(k, v);
+  }
+  Result<bootstrap::Bytes> get(std::string_view k, std::chrono::milliseconds t) override {
+    std::lock_guard l(mu_);
+    return s_->get(k, t);
+  }
+  Result<int64_t> add(std::string_view k, int64_t d) override {
+    std::lock_guard l(mu_);
+    return s_->add(k, d);
+  }
+  Result<int64_t> serverTimeNs() override {
+    std::lock_guard l(mu_);
+    return s_->serverTimeNs();
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<bootstrap::Store> s_;
+};
+
+// What each rank publishes at init.
+struct RankInfo {
+  uint32_t magic = 0x4348494e;  // "CHIN"
+  int32_t nranks = 0;
+  int32_t rank = 0;
+  int32_t pid = 0;
+  bootstrap::HostIdentity host;
+};
+
+uint64_t hash64(std::string_view s) { return std::hash<std::string_view>{}(s); }
+
+// The store servers of environment inits, by address; never released (the
+// process's exit ends their threads).
+struct SharedServers {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<bootstrap::StoreServer>> by_addr;
+};
+SharedServers& sharedServers() {
+  static auto* s = new SharedServers;
+  return *s;
+}
+
+// Rank 0's store server: an environment init's (shared_server) outlives the
+// communicator and serves every later one of the same address.
+Result<std::shared_ptr<bootstrap::StoreServer>> rootServer(const bootstrap::UniqueId& id, bool shared_server) {
+  std::shared_ptr<bootstrap::StoreServer> server;
+  std::unique_lock<std::mutex> lock;
+  std::shared_ptr<bootstrap::StoreServer>* slot = nullptr;
+  if (shared_server) {
+    SharedServers& ss = sharedServers();
+    lock = std::unique_lock(ss.mu);
+    slot = &ss.by_addr[id.root.toString()];
+    server = *slot;
+  }
+  if (server == nullptr) {
+    auto reserved = bootstrap::takeReservedListener(id.root);
+    auto s = reserved ? bootstrap::StoreServer::start(std::move(*reserved), id.secret)
+                      : bootstrap::StoreServer::start(id.root, id.secret);
+    if (!s.isOk())
+      return s.status().withContext(fmt::format("rank 0: starting the rendezvous store on {}: ", id.root.toString()));
+    server = std::move(s.value());
+    if (slot != nullptr) *slot = server;
+  }
+  return server;
+}
+
+// Publishes this rank's record and reads every rank's: a rank missing at
+// the timeout is named, as is one that counts the ranks differently.
+Result<std::vector<RankInfo>> exchangeRecords(int rank, int nranks, const Config& cfg, bootstrap::Store& store,
+                                              const bootstrap::UniqueId& id, const bootstrap::StoreServer* server,
+                                              const RankInfo& me) {
+  CHORUS_RETURN_IF_ERROR(store.set(fmt::format("info/{}", rank), bootstrap::toBytes(me)));
+  std::vector<RankInfo> infos(nranks);
+  const auto join_start = std::chrono::steady_clock::now();
+  for (int r = 0; r < nranks; ++r) {
+    auto got = store.get(fmt::format("info/{}", r), cfg.timeout);
+    if (!got.isOk() && got.status().code() == chorusTimeout) {
+      // Say who is missing, not which store key: look at every rank's record.
+      std::vector<int> missing;
+      for (int q = 0; q < nranks; ++q)
+        if (!store.get(fmt::format("info/{}", q), std::chrono::milliseconds(1)).isOk()) missing.push_back(q);
+      std::string list;
+      for (int q : missing) list += fmt::format("{}{}", list.empty() ? "" : ",", q);
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - join_start).count();
+      return makeError(chorusTimeout,
+                       "init: {} of {} ranks joined within {:.1f} s; rank(s) {} never reached the rendezvous store "
+                       "({}) (did they start? do all ranks use the same unique id or CHORUS_MASTER_ADDR/PORT and "
+                       "world size? can they reach that address?) [{}]",
+                       nranks - static_cast<int>(missing.size()), nranks, waited, list.empty() ? "?" : list,
+                       server ? server->address().toString() : id.root.toString(), got.status().message());
+    }
+    CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes b, std::move(got));
+    if (b.size() != sizeof(RankInfo)) return remoteError("init: rank {} published a malformed record ({} bytes)", r, b.size());
+    std::memcpy(&infos[r], b.data(), sizeof(RankInfo));
+    if (infos[r].magic != me.magic || infos[r].rank != r)
+      return remoteError("init: rank {} published a malformed record", r);
+    if (infos[r].nranks != nranks)
+      return invalidUsage(
+          "init: rank {} was initialised with nranks={} but rank {} with nranks={} (do all ranks pass the same "
+          "nranks to chorusCommInitRank / the same WORLD_SIZE?)",
+          rank, nranks, r, infos[r].nranks);
+  }
+  return infos;
+}
+
+Status connectShm(int rank, const std::vector<int>& local, bool all_local, const Config& cfg,
+                  const std::shared_ptr<bootstrap::Store>& base, const std::string& prefix, const std::string& job_tag,
+                  Wiring* w) {
+  transport::ShmSetup s;
+  s.rank = rank;
+  s.peers = local;
+  int lowest = std::min(rank, local.front());
+  s.segment_prefix = fmt::format("/chorus-{}-{}", job_tag, lowest);
+  s.ring_bytes = cfg.shm.ring_bytes;
+  s.allow_cma = cfg.shm.cma;
+  s.cma_bytes = cfg.shm.cma_bytes;
+  s.spin = cfg.spin;
+  s.timeout = cfg.timeout;
+  bootstrap::PrefixStore host_store(base, prefix + fmt::format("h{}/", lowest));
+  transport::Board* board = nullptr;
+  auto t = transport::createShmTransport(s, host_store, &board);
+  if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: shared-memory transport: ", rank));
+  w->shm = std::move(t.value());
+  for (int r : local) w->routes[r] = w->shm.get();
+  // The board serves calls of the whole communicator only when every peer
+  // is on this host.
+  if (all_local) w->board = board;
+  installWireMismatchText();
+  return {};
+}
+
+Status connectTcp(int rank, const std::vector<int>& remote, const bootstrap::UniqueId& id, const Config& cfg,
+                  bootstrap::Store& store, const std::string& job_tag, Wiring* w) {
+  transport::TcpSetup s;
+  s.rank = rank;
+  s.peers = remote;
+  s.comm_id = hash64(job_tag + "tcp");
+  s.secret = id.secret;
+  CHORUS_ASSIGN_OR_RETURN(s.bind_addr, net::chooseBindAddress(id.root, cfg.net.socket_ifname));
+  s.sockets_per_peer = cfg.tcp.sockets;
+  s.rendezvous_bytes = cfg.tcp.rendezvous_bytes;
+  s.heartbeat_ms = cfg.tcp.heartbeat_ms;
+  s.spin = cfg.spin;
+  s.timeout = cfg.timeout;
+  auto t = transport::createTcpTransport(s, store);
+  if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: TCP transport: ", rank));
+  w->tcp = std::move(t.value());
+  for (int r : remote) w->routes[r] = w->tcp.get();
+  return {};
+}
+
+// The topology the tuner plans for: ranks per host, which host each rank is
+// on, and whether every rank is on this machine.
+tune::Topology topologyOf(int nranks, size_t local, bool all_local, const std::vector<RankInfo>& infos,
+                          const RankInfo& me, const Config& cfg) {
+  tune::Topology topo{nranks, static_cast<int>(local) + 1, all_local, {}};
+  std::vector<bootstrap::HostIdentity> hosts;
+  hosts.reserve(infos.size());
+  for (const RankInfo& o : infos) hosts.push_back(o.host);
+  topo.host_of = bootstrap::hostIndices(hosts, cfg.net.force_tcp);
+  for (const bootstrap::HostIdentity& h : hosts) topo.one_machine = topo.one_machine && h == me.host;
+  return topo;
+}
+
+// Ranks in different network namespaces of one machine are different hosts
+// to chorus (TCP between them): their trace names the namespace.
+std::string hostLabel(const std::vector<RankInfo>& infos, const RankInfo& me) {
+  bool netns_apart = false;
+  for (const RankInfo& o : infos)
+    netns_apart = netns_apart || (std::strncmp(o.host.hostname, me.host.hostname, sizeof me.host.hostname) == 0 &&
+                                  o.host.netns_inode != me.host.netns_inode);
+  std::string host_label = me.host.hostname;
+  if (netns_apart) host_label += fmt::format("/netns{}", me.host.netns_inode);
+  return host_label;
+}
+
+}  // namespace
+
+Result<Rendezvous> joinRendezvous(int rank, const bootstrap::UniqueId& id, const Config& cfg, bool shared_server) {
+  Rendezvous rv;
+  if (rank == 0) {
+    CHORUS_ASSIGN_OR_RETURN(rv.server, rootServer(id, shared_server));
+  }
+  auto store = bootstrap::connectStore(id.root, id.secret, cfg.timeout);
+  if (!store.isOk())
+    return store.status().withContext(fmt::format("rank {}: connecting to the rendezvous store at {}: ", rank, id.root.toString()));
+  rv.store = std::make_shared<LockedStore>(store.value());
+  return rv;
+}
+
+Result<Wiring> wire(int rank, int nranks, const bootstrap::UniqueId& id, const Config& cfg,
+                    const std::shared_ptr<bootstrap::Store>& base, bootstrap::Store& store, const std::string& prefix,
+                    const bootstrap::StoreServer* server) {
+  RankInfo me;
+  me.nranks = nranks;
+  me.rank = rank;
+  me.pid = static_cast<int32_t>(getpid());
+  me.host = bootstrap::localHostIdentity(cfg.net.host_id);
+  CHORUS_ASSIGN_OR_RETURN(std::vector<RankInfo> infos, exchangeRecords(rank, nranks, cfg, store, id, server, me));
+
+  std::vector<int> local, remote;
+  for (int r = 0; r < nranks; ++r) {
+    if (r == rank) continue;
+    (infos[r].host == me.host && !cfg.net.force_tcp ? local : remote).push_back(r);
+  }
+  Wiring w;
+  w.routes.assign(nranks, nullptr);
+  const std::string job_tag = fmt::format("{:016x}", hash64(id.secret.toHex() + id.root.toString() + prefix));
+  if (!local.empty()) CHORUS_RETURN_IF_ERROR(connectShm(rank, local, remote.empty(), cfg, base, prefix, job_tag, &w));
+  if (!remote.empty()) CHORUS_RETURN_IF_ERROR(connectTcp(rank, remote, id, cfg, store, job_tag, &w));
+  w.topology = topologyOf(nranks, local.size(), remote.empty(), infos, me, cfg);
+  w.trace_id = hash64(job_tag + "trace");
+  w.host_label = hostLabel(infos, me);
+  return w;
+}
+
+}  // namespace chorus::comm
