@@ -4,7 +4,7 @@
 //
 // It interprets the program's steps, whatever the collective: this rank's
 // sends all read its input before anything writes it, so they become the one
-// write of that input into its board slot (the communicator's publishCall);
+// write of that input into its board slot (comm::BoardCalls::publishCall);
 // a Recv from peer q is the region q's matching Send reads, found in place in
 // q's slot (no copy into scratch: later steps read the slot; a receive into
 // the output is copied there); a RecvReduce reduces straight out of q's slot;

@@ -13,7 +13,7 @@
 namespace chorus::trace {
 namespace {
 
-constexpr uint64_t kP2PBit = uint64_t{1} << 63;    // point-to-point operations (communicator.cpp)
+constexpr uint64_t kP2PBit = uint64_t{1} << 63;    // point-to-point operations (comm/health.cpp, Health::begin)
 constexpr uint64_t kCheckBit = uint64_t{1} << 62;  // signature exchanges (CHORUS_CHECK)
 constexpr uint64_t kLargeMessage = 64 * 1024;      // transfers that measure bandwidth, not latency
 

@@ -123,14 +123,14 @@ struct Request {
 // k.  In the symmetric calls (allreduce, allgather, ...) every rank awaits
 // every peer anyway; a broadcast's root does not wait for its readers, so it
 // may run up to kBoardSlots - 1 calls ahead of them, and a later call awaits
-// them when it would otherwise overtake (Communicator::publishCall).  Call
+// them when it would otherwise overtake (comm::BoardCalls::publishCall).  Call
 // numbers only grow, so await returns once the peer has published k *or
 // later*; by the rule above a slot still holds call k's data while its
 // reader has not published k + 1.
 //
 // Every call also publishes its CallSignature with the call number, and
 // every rank publishes in every collective call of the communicator, also
-// those that move their data elsewhere (Communicator::publishCall): a reader
+// those that move their data elsewhere (comm::BoardCalls::publishCall): a reader
 // compares the peers' signatures with its own, so ranks in different calls
 // are told apart on every path, for one more word in a line the call writes
 // anyway (measured: docs/architecture.md).
