@@ -218,7 +218,9 @@ chorusResult_t chorusStreamDestroy(chorusStream_t stream);
 /* The algorithm the communicator's tuner picks for a call of this shape
  * (collective as chorus-bench names it: "allreduce", "allgather", ...; count as
  * the collective's own count argument) and the cost model's predicted time in
- * microseconds.  algo receives a NUL-terminated name (truncated to algo_len). */
+ * microseconds, for the call as a plain call runs it: with the communicator's
+ * default compression (config.compress / CHORUS_COMPRESS) where that applies
+ * (a sum of float32).  algo receives a NUL-terminated name (truncated to algo_len). */
 chorusResult_t chorusCommPredict(chorusComm_t comm, const char* collective, size_t count,
                                  chorusDataType_t datatype, int inplace, char* algo, size_t algo_len,
                                  double* predicted_us);

@@ -351,7 +351,7 @@ void CallPlanner::finishExact(size_t i, const OpDesc& op) {
 }
 
 Result<double> CallPlanner::predict(Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
-                                   const plan::Algorithm** algo_out) {
+                                   const std::optional<kernels::WireFormat>& wire, const plan::Algorithm** algo_out) {
   plan::Shape sh;
   sh.coll = coll;
   sh.nranks = nranks_;
@@ -359,6 +359,7 @@ Result<double> CallPlanner::predict(Collective coll, size_t count, chorusDataTyp
   sh.elem_size = static_cast<uint32_t>(kernels::dtypeSize(dtype));
   sh.inplace = inplace;
   sh.hosts = tuner_->topology().host_of;
+  sh.wire = wire;
   CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, dtype));
   sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
   // Canonical mode runs a canonical plan for float reductions (prepare()).

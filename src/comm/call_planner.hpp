@@ -65,9 +65,9 @@ class CallPlanner {
   // After the jobs ran: exact results rounded, Avg's sums divided.
   void finish(std::span<const OpDesc> ops, size_t njobs);
   // The plan a single call of this shape would run (*algo) and the tuner's
-  // prediction of its time in seconds.
+  // prediction of its time in seconds; `wire`: the call's compression.
   Result<double> predict(plan::Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
-                         const plan::Algorithm** algo);
+                         const std::optional<kernels::WireFormat>& wire, const plan::Algorithm** algo);
   // The tuner changed: the memoised choice is stale.
   void forgetChoice() { last_.valid = false; }
 

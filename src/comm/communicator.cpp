@@ -219,14 +219,14 @@ Status Communicator::runQueued(void* self, std::span<OpDesc> ops) {
 void Communicator::drain() { engine_.drain(); }
 
 Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, size_t count, chorusDataType_t dtype,
-                                                     bool inplace) {
+                                                     bool inplace, const std::optional<kernels::WireFormat>& wire) {
   if (coll == Collective::AllGatherV || coll == Collective::AllToAllV)
     return invalidArgument("predict: {} is not priced (the v-collectives depend on every rank's counts)",
                            plan::collectiveName(coll));
   // Serialised with execution: the tuner belongs to the executing thread.
   return engine_.whileIdle([&]() -> Result<Prediction> {
     const plan::Algorithm* algo = nullptr;
-    CHORUS_ASSIGN_OR_RETURN(double t, planner_.predict(coll, count, dtype, inplace, &algo));
+    CHORUS_ASSIGN_OR_RETURN(double t, planner_.predict(coll, count, dtype, inplace, wire, &algo));
     return Prediction{std::string(algo->name()), t};
   });
 }

@@ -72,12 +72,14 @@ class Communicator {
   // joined the agreement (see chorusCommShrink).
   Result<std::unique_ptr<Communicator>> shrink(std::chrono::milliseconds window);
 
-  // The tuner's choice for a call of this shape and its predicted time.
+  // The tuner's choice for a call of this shape (compressed to `wire`, as
+  // the API resolved the call's compression) and its predicted time.
   struct Prediction {
     std::string algo;
     double seconds = 0;
   };
-  Result<Prediction> predict(plan::Collective coll, size_t count, chorusDataType_t dtype, bool inplace);
+  Result<Prediction> predict(plan::Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
+                             const std::optional<kernels::WireFormat>& wire = std::nullopt);
   // Replaces the CHORUS_ALGO overrides (same syntax; "" = the cost model
   // decides) for later calls; every rank must set the same (chorusCommSetAlgo).
   Status setAlgorithms(std::string_view spec);

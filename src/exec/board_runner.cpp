@@ -105,6 +105,11 @@ class Compiler {
         written_.push_back(st.dst);
         return {};
       }
+      case StepOp::Quantize:
+      case StepOp::Dequantize:
+      case StepOp::DequantizeReduce:
+        // Compressed plans are not one-shot programs; the board never gets one.
+        return internalError("board: a compressed plan's step ({}) on the board", static_cast<int>(st.op));
     }
     return internalError("board: unknown step");
   }

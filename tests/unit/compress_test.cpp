@@ -13,6 +13,8 @@
 #include <deque>
 #include <filesystem>
 #include <random>
+#include <string_view>
+#include <tuple>
 
 #include <unistd.h>
 
@@ -308,6 +310,17 @@ TEST(CompressedCollectives, CommunicatorDefaultAppliesWhereItCan) {
     if (chorusAllReduce(a.data(), b.data(), count, chorusInt32, chorusSum, comm, nullptr) != chorusSuccess)
       return chorusGetLastError(comm);
     if (b[0] != 2 * ((1 << 24) + 1)) return fmt::format("rank {}: int32 was not exact: {}", r, b[0]);
+    // The prediction describes the call as it runs: compressed for the float
+    // sum (chorus-bench's rows carry it), not for int32 or a broadcast.
+    char algo[64] = "";
+    double us = 0;
+    for (auto [coll, dt, want] : {std::tuple{"allreduce", chorusFloat32, true}, std::tuple{"allgather", chorusFloat32, true},
+                                  std::tuple{"allreduce", chorusInt32, false}, std::tuple{"broadcast", chorusFloat32, false}}) {
+      if (chorusCommPredict(comm, coll, count, dt, 0, algo, sizeof algo, &us) != chorusSuccess)
+        return chorusGetLastError(comm);
+      if (std::string_view(algo).starts_with("compressed") != want || !(us > 0))
+        return fmt::format("rank {}: predict({}, {}) gave {} ({} us)", r, coll, static_cast<int>(dt), algo, us);
+    }
     return "";
   });
   EXPECT_EQ(failures(msgs), "");

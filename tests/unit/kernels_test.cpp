@@ -852,7 +852,9 @@ TEST(ExactAccumulator, VectorConversionsOfEveryTableMatchTheScalarDefinition) {
         EXPECT_FALSE(t->exact.to_word(w.data(), y.data(), n, lsb));
         y = x;
         y[rng() % n] = std::ldexp(1.0f, lsb - 1);
-        if (lsb - 1 >= -149) EXPECT_FALSE(t->exact.to_word(w.data(), y.data(), n, lsb));
+        if (lsb - 1 >= -149) {
+          EXPECT_FALSE(t->exact.to_word(w.data(), y.data(), n, lsb));
+        }
         // Back: any word below 2^50 (the sums of many ranks), rounded once.
         std::vector<int64_t> sums(n);
         std::vector<float> back(n);
