@@ -64,16 +64,16 @@ class CompressedBase : public Algorithm {
       return Region{buf, base + begin(b) + a, e - a};
     }
   };
-  // One all-pairs round of `count` fp32 elements on the wire: the
-  // reduce-scatter's and all-gather's whole exchange.
-  static Result<std::vector<Round>> allPairs(const Shape& sh, uint64_t count) {
+  // One all-pairs round of the call's count of fp32 elements on the wire:
+  // the reduce-scatter's and all-gather's whole exchange.
+  static Result<std::vector<Round>> allPairs(const Shape& sh) {
     if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
-    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = wireElems(sh, count)}};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = wireElems(sh, sh.count)}};
   }
-  // The cases with nothing to exchange: one rank copies its input (count
-  // elements), an empty call does nothing.  True when `sh` is one of them.
-  static bool trivial(const Shape& sh, uint64_t count, ProgramBuilder& b) {
-    if (sh.nranks == 1) b.copy(out(0, count), in(0, count));
+  // The cases with nothing to exchange: one rank copies its input, an empty
+  // call does nothing.  True (the program written) when `sh` is one of them.
+  static bool trivial(const Shape& sh, ProgramBuilder& b) {
+    if (sh.nranks == 1) b.copy(out(0, sh.count), in(0, sh.count));
     return sh.nranks == 1 || sh.count == 0;
   }
   // Quantizes x into a fresh wire region and sends it to `to`.
@@ -119,7 +119,7 @@ class CompressedAllReduce final : public CompressedBase {
   }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
-    if (trivial(sh, sh.count, b)) return;
+    if (trivial(sh, b)) return;
     const Blocks bl{sh.count, n, sh.chunk_elems};
     for (uint64_t s = 0; s < bl.slices(); ++s) {
       const Region mine = bl.slice(Buf::Output, 0, r, s);
@@ -144,11 +144,11 @@ class CompressedReduceScatter final : public CompressedBase {
  public:
   Collective collective() const override { return Collective::ReduceScatter; }
   int quantizations(const Shape& sh) const override { return sh.nranks > 1 ? 1 : 0; }
-  Result<std::vector<Round>> rounds(const Shape& sh) const override { return allPairs(sh, sh.count); }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override { return allPairs(sh); }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t c = sh.count;
-    if (trivial(sh, c, b)) return;
+    if (trivial(sh, b)) return;
     // Block j of the input is [j c, (j + 1) c): Blocks over n c elements
     // with n parts gives exactly that.
     const Blocks bl{c * static_cast<uint64_t>(n), n, sh.chunk_elems};
@@ -164,11 +164,11 @@ class CompressedAllGather final : public CompressedBase {
  public:
   Collective collective() const override { return Collective::AllGather; }
   int quantizations(const Shape& sh) const override { return sh.nranks > 1 ? 1 : 0; }
-  Result<std::vector<Round>> rounds(const Shape& sh) const override { return allPairs(sh, sh.count); }
+  Result<std::vector<Round>> rounds(const Shape& sh) const override { return allPairs(sh); }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     const uint64_t c = sh.count;
-    if (trivial(sh, c, b)) return;
+    if (trivial(sh, b)) return;
     const uint64_t S = numSlices(c, sh.chunk_elems);
     auto piece = [&](Buf buf, uint64_t base, uint64_t s) {
       const uint64_t a = partBegin(c, S, s), e = partBegin(c, S, s + 1);
