@@ -322,6 +322,8 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
 
 namespace {
 
+constexpr double kMaxDriftPpb = 1e9;  // 1 s per s: the drift a report shows at most
+
 // The hosts and each rank's clock estimates.
 void describeRanks(const CommTrace& t, Report& rep) {
   std::set<std::string> hosts;
@@ -337,10 +339,16 @@ void describeRanks(const CommTrace& t, Report& rep) {
     ci.estimates = static_cast<int>(cs.size());
     ci.offset_ns = cs.back().offset_ns;
     ci.bound_ns = cs.back().bound_ns;
-    const int64_t span = cs.back().local_ns - cs.front().local_ns;
-    if (span > 0)
-      ci.drift_ppb = static_cast<int64_t>(static_cast<double>(cs.back().offset_ns - cs.front().offset_ns) * 1e9 /
-                                          static_cast<double>(span));
+    // The records come from files we do not trust: a few ns between two
+    // estimates with seconds of offset change between them would be a drift
+    // far past any int64.  Report it saturated at +-1 s/s (1e9 ppb), already
+    // no clock: the drift column then says "broken", not a wrapped number.
+    const int64_t span = cs.back().local_ns - cs.front().local_ns;  // |times| <= 2^60: no overflow
+    if (span > 0) {
+      const double ppb = static_cast<double>(cs.back().offset_ns - cs.front().offset_ns) * 1e9 /
+                         static_cast<double>(span);
+      ci.drift_ppb = static_cast<int64_t>(std::clamp(ppb, -kMaxDriftPpb, kMaxDriftPpb));
+    }
     rep.clocks.push_back(ci);
   }
 }

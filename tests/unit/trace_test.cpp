@@ -349,6 +349,29 @@ TEST(TraceAlign, ClockRecordsInterpolateLinearly) {
   EXPECT_EQ(none.toRef(77), 77);
 }
 
+TEST(TraceReport, AHostileClockRecordReportsASaturatedDriftNotAWrappedOne) {
+  // Found by trace_file_fuzz: two estimates 1 ns apart whose offsets differ by
+  // 2^59 ns gave a drift of 5.8e26 ppb, which the int64 conversion could not
+  // hold (undefined behaviour; UBSan aborted the report).
+  TraceFile f = rankFile(0, 1, "A", 0);
+  f.clocks = {{1000, 0, 10, 10}, {1001, int64_t{1} << 59, 10, 10}};
+  TraceFile g = f;
+  g.clocks = {{1000, int64_t{1} << 59, 10, 10}, {1001, -(int64_t{1} << 59), 10, 10}};
+  for (const auto& [file, sign] : {std::pair{f, 1}, std::pair{g, -1}}) {
+    auto comms = groupTraces({file});
+    ASSERT_TRUE(comms.isOk()) << comms.status().message();
+    Report r = analyse(comms->front());
+    ASSERT_EQ(r.clocks.size(), 1u);
+    EXPECT_EQ(r.clocks[0].drift_ppb, sign * 1'000'000'000);
+  }
+  // A sane drift is reported as is: 1 us over 1 s = 1000 ppb.
+  TraceFile h = rankFile(0, 1, "A", 0);
+  h.clocks = {{0, 0, 10, 10}, {1'000'000'000, 1000, 10, 10}};
+  auto comms = groupTraces({h});
+  ASSERT_TRUE(comms.isOk());
+  EXPECT_EQ(analyse(comms->front()).clocks.at(0).drift_ppb, 1000);
+}
+
 // Four ranks on two hosts (0,1 on A; 2,3 on B), `calls` allreduces of 4 MiB.
 // Rank `late` computes 5 ms longer before every call; host B sends to A at
 // 1/8 of the speed of every other cross-host path.  Every rank's clock is
