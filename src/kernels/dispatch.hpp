@@ -26,7 +26,8 @@ using DivideFn = void (*)(void* dst, const void* src, size_t count, uint64_t n);
 // its general loops when one returns false.
 struct ExactFloatFns {
   // acc[i] = x[i] / 2^lsb_exp, an integer: false (acc partly written) when a
-  // value is not finite or not a multiple of 2^lsb_exp below 2^(lsb_exp + 63).
+  // value is not finite or not a multiple of 2^lsb_exp below 2^(lsb_exp + 51)
+  // (wider words take the general loop, as from_word's do).
   bool (*to_word)(int64_t* acc, const float* x, size_t count, int lsb_exp);
   // y[i] = acc[i] * 2^lsb_exp rounded to float (nearest, ties to even): false
   // (y partly written) when some |acc[i]| >= lim.  Needs lim <= 2^51 and

@@ -331,56 +331,52 @@ void divideNarrow(void* dst, const void* src, size_t n, uint64_t divisor) {
 
 // ---- CHORUS_REPRODUCIBLE=exact: float32 <-> one int64 word (dispatch.hpp) ----
 //
-// A float is m 2^(e - 150) (e the exponent field, 1 for subnormals, m with
-// its implicit bit), so its word at lowest bit 2^lsb is m << (e - 150 - lsb):
-// integer shifts, no floating point.  The way back goes through a double,
-// exact for |word| < 2^51 (the magic-number conversion, which needs no
-// int64 -> double instruction), scaled by a power of two (exact), then
-// rounded once to float.
+// Both ways go through a double, where every step is exact for words below
+// 2^51: a float widened to double and scaled by 2^-lsb (a power of two) is
+// its word, an integer when no bit lies below 2^lsb; the magic-number
+// conversion (add 2^52 + 2^51: the double's low mantissa bits are then the
+// integer, and no int64 <-> double instruction is needed) turns it into the
+// int64 and back.  The way back rounds once, to float.  A word of 2^51 or
+// more (a range over 51 bits), a bit below 2^lsb, an infinity or a NaN is
+// "not representable": the caller's general loop redoes the call.
 
 // L 32-bit lanes, one per 64-bit lane of a full vector.
 typedef uint32_t ExactU32 __attribute__((vector_size(CHORUS_VEC_BYTES / 2)));
 typedef float ExactF32 __attribute__((vector_size(CHORUS_VEC_BYTES / 2)));
 
 inline double exactPow2(int k) { return std::bit_cast<double>(static_cast<uint64_t>(k + 1023) << 52); }
+inline constexpr int64_t kExactMagicBits = 0x4338000000000000;  // the bits of 2^52 + 2^51
+inline constexpr double kExactMagic = 6755399441055744.0;        // 2^52 + 2^51
+inline constexpr double kExactWordLimit = 2251799813685248.0;    // 2^51
 
-// One element of exactToWord; true when it is not representable.  A
-// negative shift drops m's low bits, which must then be zero.
-inline bool exactToWord1(int64_t* acc, float x, int64_t base) {
-  const uint32_t b = std::bit_cast<uint32_t>(x);
-  const uint32_t e = (b >> 23) & 0xff, m = b & 0x7fffff;
-  const uint64_t mm = e != 0 ? (m | 0x800000u) : m;
-  const int64_t s = static_cast<int64_t>(e != 0 ? e : 1) - base;
-  const uint64_t sl = s > 0 ? static_cast<uint64_t>(s) & 63 : 0, sr = s < 0 ? static_cast<uint64_t>(std::min<int64_t>(-s, 63)) : 0;
-  const bool bad = e == 0xff || s > 39 || (mm & ((uint64_t{1} << sr) - 1)) != 0;
-  const auto w = static_cast<int64_t>((mm << sl) >> sr);
-  *acc = (b >> 31) != 0 ? -w : w;
-  return bad;
+// One element of exactToWord; true when it is not representable.
+inline bool exactToWord1(int64_t* acc, float x, double scale) {
+  const double d = static_cast<double>(x) * scale;
+  const double t = d + kExactMagic;
+  *acc = std::bit_cast<int64_t>(t) - kExactMagicBits;
+  return !(t - kExactMagic == d && d < kExactWordLimit && d > -kExactWordLimit);
 }
 
 bool exactToWord(int64_t* acc, const float* x, size_t n, int lsb_exp) {
-  using U = Vec<uint64_t>;
   using I = Vec<int64_t>;
-  constexpr size_t L = kLanes<uint64_t>;
-  const int64_t base = 150 + int64_t{lsb_exp};
+  using D = Vec<double>;
+  constexpr size_t L = kLanes<int64_t>;
+  if (lsb_exp < -1023 || lsb_exp > 1022) return false;  // 2^-lsb is no normal double
+  const double scale = exactPow2(-lsb_exp);
   I bad = {};
   size_t i = 0;
   for (; i + L <= n; i += L) {
-    ExactU32 nb;
-    std::memcpy(&nb, x + i, sizeof nb);
-    const U b = __builtin_convertvector(nb, U);
-    const U e = (b >> 23) & 0xff, m = b & 0x7fffff;
-    const U mm = e != 0 ? (m | 0x800000) : m;
-    const I s = (I)(e != 0 ? e : 1) - base;
-    const U sl = s > 0 ? (U)s & 63 : U{}, sr = s < 0 ? (U)(-s < 63 ? -s : I{} + 63) : U{};
-    bad |= (e == 0xff) | (s > 39) | ((mm & (((U{} + 1) << sr) - 1)) != 0);
-    const I w = (I)((mm << sl) >> sr);
-    const I neg = -(I)(b >> 31);  // 0 or all ones
-    st(reinterpret_cast<unsigned char*>(acc + i), I((w ^ neg) - neg));
+    ExactF32 f;
+    std::memcpy(&f, x + i, sizeof f);
+    const D d = __builtin_convertvector(f, D) * scale;
+    const D t = d + kExactMagic;
+    // NaN fails the first test, an infinity the second.
+    bad |= ((t - kExactMagic) != d) | (d >= kExactWordLimit) | (d <= -kExactWordLimit);
+    st(reinterpret_cast<unsigned char*>(acc + i), I((I)t - kExactMagicBits));
   }
   bool any = false;
   for (size_t k = 0; k < L; ++k) any |= bad[k] != 0;
-  for (; i < n; ++i) any |= exactToWord1(acc + i, x[i], base);
+  for (; i < n; ++i) any |= exactToWord1(acc + i, x[i], scale);
   return !any;
 }
 
@@ -388,15 +384,13 @@ bool exactFromWord(float* y, const int64_t* acc, size_t n, int lsb_exp, int64_t 
   using I = Vec<int64_t>;
   using D = Vec<double>;
   constexpr size_t L = kLanes<int64_t>;
-  constexpr int64_t kMagicBits = 0x4338000000000000;  // the bits of 2^52 + 2^51
-  constexpr double kMagic = 6755399441055744.0;       // 2^52 + 2^51
   const double scale = exactPow2(lsb_exp);
   I bad = {};
   size_t i = 0;
   for (; i + L <= n; i += L) {
     const I w = ld<I>(reinterpret_cast<const unsigned char*>(acc + i));
     bad |= (w >= lim) | (w <= -lim);
-    const D d = ((D)(w + kMagicBits) - kMagic) * scale;
+    const D d = ((D)(w + kExactMagicBits) - kExactMagic) * scale;
     const ExactF32 f = __builtin_convertvector(d, ExactF32);
     std::memcpy(y + i, &f, sizeof f);
   }

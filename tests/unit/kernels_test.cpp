@@ -855,6 +855,14 @@ TEST(ExactAccumulator, VectorConversionsOfEveryTableMatchTheScalarDefinition) {
         if (lsb - 1 >= -149) {
           EXPECT_FALSE(t->exact.to_word(w.data(), y.data(), n, lsb));
         }
+        // The word limit: below 2^51 taken, 2^51 (either sign) refused.
+        y = x;
+        const size_t at = rng() % n;
+        y[at] = -static_cast<float>(std::ldexp(double{(1 << 23) + 1}, lsb + 27));  // -(2^50 + 2^27) words
+        ASSERT_TRUE(t->exact.to_word(w.data(), y.data(), n, lsb));
+        EXPECT_EQ(w[at], -((int64_t{1} << 50) + (int64_t{1} << 27)));
+        y[at] = (rng() % 2 ? 1.0f : -1.0f) * std::ldexp(1.0f, lsb + 51);
+        EXPECT_FALSE(t->exact.to_word(w.data(), y.data(), n, lsb));
         // Back: any word below 2^50 (the sums of many ranks), rounded once.
         std::vector<int64_t> sums(n);
         std::vector<float> back(n);
