@@ -447,6 +447,80 @@ TEST(ShmTransport, AWaitBesideABusyProcessOnItsCoreNoticesTheLostYields) {
               static_cast<unsigned long long>(st->futex_waits), static_cast<unsigned long long>(st->stolen_yields));
 }
 
+// Two ranks of one job on one core (as the kernel starts them, before it
+// spreads them): a wait's yield runs the peer rank, which may take a while
+// (here it computes 300 us before it answers), and that is the hand-over the
+// wait wants, not a stranger taking the core.  The late yields must not be
+// counted as lost (contended mode would sleep on the futex and pay a
+// wake-up per message).
+TEST(ShmTransport, ALateYieldToAPeerRankOnTheSameCoreIsNotALostYield) {
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  int cpu = -1;
+  for (int c = 0; c < CPU_SETSIZE && cpu < 0; ++c)
+    if (CPU_ISSET(c, &before)) cpu = c;
+  ASSERT_GE(cpu, 0);
+  auto pin = [cpu] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof one, &one) == 0;
+  };
+  SharedStore store;
+  const std::string prefix = uniquePrefix();
+  constexpr int kRounds = 20;
+  pid_t peer = forkChild([&]() -> int {
+    auto t = createShmTransport(setupFor(1, {0}, prefix), store);
+    if (!t.isOk()) return 3;
+    if (!pin()) return 2;
+    uint64_t v = 0;
+    Request r;
+    if (!t.value()->postRecv(0, RecvTarget{reinterpret_cast<std::byte*>(&v), sizeof v}, &r).isOk() ||
+        !driveOne(*t.value(), r, 20s).isOk())
+      return 4;
+    for (int k = 0; k < kRounds; ++k) {
+      const auto until = std::chrono::steady_clock::now() + 300us;
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      v = 1000 + static_cast<uint64_t>(k);
+      Request s, a;
+      if (!t.value()->postSend(0, &v, sizeof v, &s).isOk() || !driveOne(*t.value(), s, 20s).isOk()) return 5;
+      if (!t.value()->postRecv(0, RecvTarget{reinterpret_cast<std::byte*>(&v), sizeof v}, &a).isOk() ||
+          !driveOne(*t.value(), a, 20s).isOk())
+        return 6;
+    }
+    return 0;
+  });
+  ASSERT_GT(peer, 0);
+  // Set up before pinning, as the test above.
+  auto t = createShmTransport(setupFor(0, {1}, prefix), store);
+  ASSERT_TRUE(t.isOk()) << t.status().message();
+  ASSERT_TRUE(pin());
+  std::this_thread::sleep_for(50ms);  // the peer's first wait yields here and says on which CPU
+  uint64_t go = 1;
+  Request g;
+  ASSERT_TRUE(t.value()->postSend(1, &go, sizeof go, &g).isOk());
+  ASSERT_TRUE(driveOne(*t.value(), g, 20s).isOk());
+  int right = 0;
+  for (int k = 0; k < kRounds; ++k) {
+    uint64_t v = 0;
+    Request r, a;
+    ASSERT_TRUE(t.value()->postRecv(1, RecvTarget{reinterpret_cast<std::byte*>(&v), sizeof v}, &r).isOk());
+    ASSERT_TRUE(driveOne(*t.value(), r, 20s).isOk()) << k;
+    right += v == 1000 + static_cast<uint64_t>(k);
+    ASSERT_TRUE(t.value()->postSend(1, &v, sizeof v, &a).isOk());
+    ASSERT_TRUE(driveOne(*t.value(), a, 20s).isOk()) << k;
+  }
+  sched_setaffinity(0, sizeof before, &before);
+  EXPECT_EQ(waitExit(peer), 0);
+  EXPECT_EQ(right, kRounds);
+  auto st = shm_detail::shmStats(*t.value());
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->stolen_yields, 0u) << "yields that ran the peer rank were counted as lost to a stranger";
+  std::printf("[ info ] %d rounds, %llu futex sleeps, %llu yields counted as lost\n", kRounds,
+              static_cast<unsigned long long>(st->futex_waits), static_cast<unsigned long long>(st->stolen_yields));
+}
+
 // The board (transport.hpp): two processes exchange 3000 calls through their
 // slots, each checking every byte of the other's payload for that call.  Every
 // 500th call the child publishes only once the parent is asleep (its await

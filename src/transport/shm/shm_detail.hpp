@@ -73,6 +73,10 @@ struct PageZero {
   // Holds the abort's chorusResult_t (nonzero).
   alignas(kCacheLine) std::atomic<uint32_t> aborted;
   char abort_reason[240];  // why (NUL-terminated), written before `aborted`
+  // The CPU the owner was on when a wait of its last began to yield (-1:
+  // none yet): a peer whose yield came back late reads it to tell the
+  // owner, a rank of its own job on its core, from a stranger (spinFor).
+  alignas(kCacheLine) std::atomic<int32_t> yield_cpu{-1};
 };
 
 struct SlotControl {

@@ -247,6 +247,8 @@ class ShmTransport final : public Transport, public Board {
   bool processGone(const Peer& p) const;
   template <typename F>
   bool spinFor(F&& done, int polls, std::chrono::microseconds timeout, Clock::time_point* start);
+  // Whether a peer's waits last yielded on the CPU we run on now.
+  bool peerYieldsHere() const;
   Status abortedOr(const Peer& p, Status otherwise) const;
 
   int rank_ = 0;
@@ -962,6 +964,7 @@ bool ShmTransport::spinFor(F&& done, int polls, std::chrono::microseconds timeou
   const auto spin_end = *start + std::min<std::chrono::microseconds>(timeout, budget);
   const auto pure_end = oversubscribed_ ? *start : contended ? spin_end : std::min(spin_end, *start + kPureSpin);
   const uint32_t yield_mask = oversubscribed_ ? 7 : 63;
+  bool cpu_published = false;
   for (uint32_t i = 1;; ++i) {
     if (done()) {
       // Remember how long it took (a wait done within the first polls counts
@@ -975,14 +978,31 @@ bool ShmTransport::spinFor(F&& done, int polls, std::chrono::microseconds timeou
       const auto now = Clock::now();
       if (now >= spin_end) return false;
       if (now >= pure_end) {
+        if (!cpu_published) {
+          page0_->yield_cpu.store(sched_getcpu(), std::memory_order_relaxed);
+          cpu_published = true;
+        }
         sched_yield();
-        if (!oversubscribed_ && policy_.yielded(now, Clock::now())) {
+        const auto after = Clock::now();
+        // A late yield that ran a peer rank of ours (it yields on this CPU
+        // too: both ranks started on one core, before the kernel spreads
+        // them) was the right hand-over, not a stranger's slice.
+        if (!oversubscribed_ && after - now > SpinPolicy::kYieldStolen && peerYieldsHere()) continue;
+        if (!oversubscribed_ && policy_.yielded(now, after)) {
           stats_.stolen_yields = policy_.stolenYields();
           return false;  // sleep rather than yield again
         }
       }
     }
   }
+}
+
+bool ShmTransport::peerYieldsHere() const {
+  const int cpu = sched_getcpu();
+  if (cpu < 0) return false;
+  for (const Peer& p : peers_)
+    if (p.peer_page0 != nullptr && p.peer_page0->yield_cpu.load(std::memory_order_relaxed) == cpu) return true;
+  return false;
 }
 
 void ShmTransport::wait(std::chrono::microseconds timeout) {
