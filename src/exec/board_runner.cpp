@@ -105,6 +105,8 @@ class Compiler {
         written_.push_back(st.dst);
         return {};
       }
+      case StepOp::Scale:
+      case StepOp::Divide: return scaling(st);
       case StepOp::Quantize:
       case StepOp::Dequantize:
       case StepOp::DequantizeReduce:
@@ -169,6 +171,21 @@ class Compiler {
     const Alias a = aliases_[i];
     aliases_.erase(aliases_.begin() + static_cast<ptrdiff_t>(i));
     emit({.kind = BoardProgram::Kind::Copy, .dst = plain(a.r), .a = a.src, .n = a.r.count * es_});
+  }
+
+  // The op's arithmetic runs on plain memory: whatever aliases a slot in its
+  // regions is copied out first.  (PreMulSum's Scale writes what the sends
+  // read, so sendsOf() refuses those programs; Avg's Divide ends them.)
+  Status scaling(const plan::Step& st) {
+    const bool scale = st.op == StepOp::Scale;
+    beforeRead(st.src);
+    const Operand a = resolve(st.src);
+    for (size_t i = aliases_.size(); i-- > 0;)
+      if (aliases_[i].r.overlaps(st.dst)) materialise(i);
+    written_.push_back(st.dst);
+    emit({.kind = scale ? BoardProgram::Kind::Scale : BoardProgram::Kind::Divide, .dst = plain(st.dst),
+          .a = scale ? a : plain(st.dst), .n = st.dst.count});
+    return {};
   }
 
   // A copy into scratch of a peer's slot, or of this rank's input not yet
@@ -257,6 +274,7 @@ Result<BoardProgram> compileBoard(const plan::Algorithm& algo, const plan::Shape
   bp.publish_offset = own.base * elem_size;
   bp.publish_bytes = (own.end - own.base) * elem_size;
   bp.scratch_bytes = c.uses_scratch_ ? prog.scratch_elems * elem_size : 0;
+  bp.divisor = prog.divisor;
   int awaited = 0;
   for (const Op& op : bp.ops) awaited += op.await >= 0;
   bp.awaits_all = awaited == n - 1;
@@ -290,6 +308,20 @@ const BoardProgram* BoardRunner::programFor(const plan::Algorithm& algo, const p
   return bp;
 }
 
+// A Scale or Divide op (the job's scalar; the reducer's type).
+Status BoardRunner::runScaling(const BoardProgram& bp, const BoardProgram::Op& op, const Job& job,
+                               std::byte* const* base) {
+  std::byte* dst = base[op.dst.base] + op.dst.offset;
+  if (op.kind == BoardProgram::Kind::Divide) {
+    if (job.reducer == nullptr || bp.divisor == 0) return internalError("board: a Divide without a divisor");
+    kernels::divide(dst, dst, op.n, job.reducer->dtype(), bp.divisor);
+    return {};
+  }
+  if (job.scalar == nullptr) return internalError("board: a Scale without the op's scalar");
+  kernels::scale(dst, base[op.a.base] + op.a.offset, op.n, job.scalar->dtype, *job.scalar);
+  return {};
+}
+
 Status BoardRunner::run(const BoardProgram& bp, const Job& job, uint64_t k, transport::CallSignature mine,
                         BoardMismatch* mismatch) {
   std::byte** base = base_.data();
@@ -319,6 +351,8 @@ Status BoardRunner::run(const BoardProgram& bp, const Job& job, uint64_t k, tran
                      op.n);
     else if (op.kind == BoardProgram::Kind::Copy)
       boardCopy(base[op.dst.base] + op.dst.offset, base[op.a.base] + op.a.offset, op.n);
+    else if (op.kind != BoardProgram::Kind::None) [[unlikely]]
+      CHORUS_RETURN_IF_ERROR(runScaling(bp, op, job, base));
   }
   return {};
 }
