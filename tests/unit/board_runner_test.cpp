@@ -89,6 +89,8 @@ void runSerial(std::vector<plan::Program>& progs, std::vector<RankBufs>& bufs, s
             red(at(b, s.dst, es), at(b, s.src, es), m.data(), s.dst.count);
         } else if (s.op == StepOp::Copy) {
           std::memmove(at(b, s.dst, es), at(b, s.src, es), s.dst.count * es);
+        } else if (s.op == StepOp::Divide) {
+          kernels::divide(at(b, s.dst, es), at(b, s.dst, es), s.dst.count, red.dtype(), progs[r].divisor);
         } else {
           red(at(b, s.dst, es), at(b, s.src, es), at(b, s.src2, es), s.dst.count);
         }
@@ -127,12 +129,14 @@ struct Case {
   int n;
   bool inplace, canonical;
   uint64_t count;
+  plan::Scaling scaling = plan::Scaling::None;  // Avg: the plan ends in a Divide step
 };
 
 // The board runner's outputs for every rank equal the serial run's, bit for bit.
 void checkCase(const plan::Registry& reg, const Case& c) {
   SCOPED_TRACE(::testing::Message() << plan::collectiveName(c.coll) << " n=" << c.n << " inplace=" << c.inplace
-                                    << " canonical=" << c.canonical << " count=" << c.count);
+                                    << " canonical=" << c.canonical << " count=" << c.count
+                                    << " scaling=" << static_cast<int>(c.scaling));
   const plan::Algorithm* algo = reg.find(c.coll, "oneshot");
   ASSERT_NE(algo, nullptr);
   plan::Shape sh;
@@ -143,6 +147,7 @@ void checkCase(const plan::Registry& reg, const Case& c) {
   sh.root = c.n - 1;
   sh.inplace = c.inplace;
   sh.canonical = c.canonical;
+  sh.scaling = c.scaling;
   if (!algo->supports(sh)) return;
   const size_t es = 4;
   const kernels::Reducer red(chorusFloat32, kernels::BinOp::Sum);
@@ -190,8 +195,31 @@ TEST(BoardRunner, EveryOneShotPlanGivesTheSerialExecutionsBits) {
           for (uint64_t count : {uint64_t{1}, uint64_t{5}, uint64_t{64}}) {
             if (canonical && !plan::reduces(coll)) continue;
             checkCase(reg, {coll, n, inplace, canonical, count});
+            if (plan::reduces(coll)) checkCase(reg, {coll, n, inplace, canonical, count, plan::Scaling::Avg});
             if (::testing::Test::HasFatalFailure()) return;
           }
+}
+
+// PreMulSum's Scale step writes what the one-shot plan's sends read (the
+// scaled input), so the board, which publishes the input before the program
+// runs, refuses those plans: they run through the executor.
+TEST(BoardRunner, RefusesPreMulSumPlans) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const plan::Algorithm* algo = reg.find(Collective::AllReduce, "oneshot");
+  ASSERT_NE(algo, nullptr);
+  for (bool inplace : {false, true}) {
+    plan::Shape sh;
+    sh.coll = Collective::AllReduce;
+    sh.nranks = 3;
+    sh.count = 8;
+    sh.inplace = inplace;
+    sh.scaling = plan::Scaling::PreMulSum;
+    plan::Program p;
+    plan::expand(*algo, sh, 0, &p);
+    auto bp = exec::compileBoard(*algo, sh, 0, p, 4);
+    ASSERT_FALSE(bp.isOk());
+    EXPECT_NE(bp.status().message().find("wrote before"), std::string::npos) << bp.status().message();
+  }
 }
 
 // What the compiled program costs per call: an 8-byte 2-rank allreduce is an
