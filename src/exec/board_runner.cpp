@@ -1,6 +1,7 @@
 #include "exec/board_runner.hpp"
 
 #include <algorithm>
+#include <optional>
 
 namespace chorus::exec {
 namespace {
@@ -23,6 +24,9 @@ struct Sends {
   Buf buf = Buf::Input;
   uint64_t base = 0, end = 0;
   std::vector<std::vector<Region>> to;
+  // PreMulSum's leading Scale step (plan/scaling.cpp), when the program has
+  // one: the sends may read what it writes, published scaled.
+  std::optional<plan::Step> scale;
 };
 
 // The board publishes a rank's input once, before its program runs: every
@@ -33,6 +37,10 @@ Result<Sends> sendsOf(const plan::Program& p, int n, size_t es) {
   s.to.resize(static_cast<size_t>(n));
   std::vector<Region> written;
   for (const plan::Step& st : p.steps) {
+    if (st.op == StepOp::Scale && written.empty() && !s.any && !s.scale) {
+      s.scale = st;  // published scaled: not a write the sends must avoid
+      continue;
+    }
     if (st.op != StepOp::Send) {
       if (st.dst.buf > Buf::Scratch || st.src.buf > Buf::Scratch || st.src2.buf > Buf::Scratch)
         return internalError("board: rank {}'s program addresses a group's user buffer", p.rank);
@@ -58,6 +66,8 @@ Result<Sends> sendsOf(const plan::Program& p, int n, size_t es) {
     s.end = std::max(s.end, st.src.end());
     s.to[static_cast<size_t>(st.peer)].push_back(st.src);
   }
+  if (s.any && s.scale && !(s.buf == s.scale->dst.buf && s.base >= s.scale->dst.offset && s.end <= s.scale->dst.end()))
+    return internalError("board: rank {} sends both scaled and unscaled data", p.rank);
   if (s.any && (s.end - s.base) * es > transport::kBoardSlotBytes)
     return internalError("board: rank {} publishes {} bytes, more than a slot", p.rank, (s.end - s.base) * es);
   return s;
@@ -174,8 +184,9 @@ class Compiler {
   }
 
   // The op's arithmetic runs on plain memory: whatever aliases a slot in its
-  // regions is copied out first.  (PreMulSum's Scale writes what the sends
-  // read, so sendsOf() refuses those programs; Avg's Divide ends them.)
+  // regions is copied out first.  (PreMulSum's leading Scale still runs for
+  // the rank's own reads of its scaled input; its peers read the slot, which
+  // holds the input published scaled.  Avg's Divide ends the program.)
   Status scaling(const plan::Step& st) {
     const bool scale = st.op == StepOp::Scale;
     beforeRead(st.src);
@@ -273,6 +284,11 @@ Result<BoardProgram> compileBoard(const plan::Algorithm& algo, const plan::Shape
   bp.publish_buf = static_cast<uint16_t>(own.buf);
   bp.publish_offset = own.base * elem_size;
   bp.publish_bytes = (own.end - own.base) * elem_size;
+  if (own.any && own.scale) {  // publish the Scale's source, scaled
+    bp.publish_scaled = true;
+    bp.publish_buf = static_cast<uint16_t>(own.scale->src.buf);
+    bp.publish_offset = (own.scale->src.offset + own.base - own.scale->dst.offset) * elem_size;
+  }
   bp.scratch_bytes = c.uses_scratch_ ? prog.scratch_elems * elem_size : 0;
   bp.divisor = prog.divisor;
   int awaited = 0;

@@ -4,7 +4,9 @@
 //
 // It interprets the program's steps, whatever the collective: this rank's
 // sends all read its input before anything writes it, so they become the one
-// write of that input into its board slot (comm::BoardCalls::publishCall);
+// write of that input into its board slot (comm::BoardCalls::publishCall;
+// a PreMulSum plan's sends read its leading Scale step's copy, so the input
+// is written scaled, BoardProgram::publish_scaled);
 // a Recv from peer q is the region q's matching Send reads, found in place in
 // q's slot (no copy into scratch: later steps read the slot; a receive into
 // the output is copied there); a RecvReduce reduces straight out of q's slot;
@@ -90,6 +92,10 @@ struct BoardProgram {
   bool publishes = false;
   uint16_t publish_buf = 0;
   uint64_t publish_offset = 0, publish_bytes = 0;
+  // PreMulSum: the sends read the scaled copy of the input that the plan's
+  // leading Scale step makes, so the input is published multiplied by the
+  // job's scalar (the Scale op still runs, for the rank's own reads).
+  bool publish_scaled = false;
   std::vector<Op> ops;
   uint64_t scratch_bytes = 0;  // scratch the ops touch (0: the receives elided it all)
   uint32_t divisor = 0;        // Divide ops' (plan::Program::divisor)

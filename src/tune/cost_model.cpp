@@ -304,10 +304,7 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
   // Through the board: every rank on one host, the input within what the
   // board takes (what a rank publishes: its input, a broadcast's root's).
   const uint64_t input_bytes = shape.inputElems(shape.root) * shape.elem_size;
-  // A PreMulSum plan's sends read its scaled copy, which the board cannot
-  // publish before the program runs (exec/board_runner.cpp): not on the board.
   const bool board = algo.oneShot() && n > 1 && prof.board_bytes != 0 && input_bytes <= prof.board_bytes &&
-                     shape.scaling != plan::Scaling::PreMulSum &&
                      (host_of.size() != static_cast<size_t>(n) || linkClassOf(host_of) == LinkClass::Shm);
   Seconds total = board ? prof.board_call : prof.op_overhead;
   // Per rank: latency (max α in) and work (Σ o, β, γ) in the current round;

@@ -283,23 +283,6 @@ TEST(PlanScaling, ModelsPriceTheSteps) {
   }
 }
 
-// A one-shot PreMulSum call does not run on the shared-memory board (the
-// board runner refuses it), so the model prices it off the board; Avg's is.
-TEST(PlanScaling, OneShotPreMulSumIsPricedOffTheBoard) {
-  Registry reg = Registry::builtin();
-  const Algorithm* oneshot = reg.find(Collective::AllReduce, "oneshot");
-  ASSERT_NE(oneshot, nullptr);
-  tune::CostProfile prof;
-  prof.board_bytes = 4096;
-  prof.board_call = us(0.1);
-  prof.op_overhead = us(50);  // far above the rest: tells the two apart
-  const std::vector<int> hosts(3, 0);
-  Shape sh = scaledCase(Collective::AllReduce, 3, 16, 0, false, 0, Scaling::Avg).shape;
-  EXPECT_LT(tune::modelSeconds(*oneshot, sh, chorusFloat32, prof, hosts)->value(), 50e-6);
-  sh.scaling = Scaling::PreMulSum;
-  EXPECT_GT(tune::modelSeconds(*oneshot, sh, chorusFloat32, prof, hosts)->value(), 50e-6);
-}
-
 // The simulator: the analytical model adds the pass at the GPU's HBM rate
 // (2 x bytes: read and write), the flow model runs the expanded steps.
 TEST(PlanScaling, SimulatorPricesTheSteps) {
