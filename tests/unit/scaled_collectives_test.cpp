@@ -8,10 +8,14 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 
 #include "plan/plan.hpp"
+#include "trace/record.hpp"
 #include "support/collective_check.hpp"
 #include "support/rank_threads.hpp"
 
@@ -207,6 +211,45 @@ TEST(ScaledCollectives, PreMulSumLeavesTheInputAlone) {
     return err;
   });
   EXPECT_EQ(failures(msgs), "");
+}
+
+// A traced call records its Scale and Divide steps like any other step, and
+// the trace reader accepts them.
+TEST(ScaledCollectives, TracedCallsRecordTheSteps) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / fmt::format("chorus-scaled-trace-{}", getpid())).string();
+  std::filesystem::remove_all(dir);
+  Config cfg;
+  cfg.trace.dir = dir;
+  auto msgs = runRanks(2, cfg, [&](int r, chorusComm_t comm) -> std::string {
+    std::vector<float> x(4096, 1.0f), y(4096);
+    float scalar = 2.0f;
+    chorusRedOp_t pm;
+    if (chorusRedOpCreatePreMulSum(&pm, &scalar, chorusFloat32, chorusScalarHostImmediate, comm) != chorusSuccess ||
+        chorusAllReduce(x.data(), y.data(), x.size(), chorusFloat32, pm, comm, nullptr) != chorusSuccess ||
+        y[0] != 4.0f || chorusAllReduce(x.data(), y.data(), x.size(), chorusFloat32, chorusAvg, comm, nullptr) !=
+                            chorusSuccess)
+      return fmt::format("rank {}: {} ({})", r, chorusGetLastError(comm), y[0]);
+    chorusRedOpDestroy(pm, comm);
+    return y[0] == 1.0f ? "" : fmt::format("rank {}: avg {}", r, y[0]);
+  });
+  ASSERT_EQ(failures(msgs), "");
+  int files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.path().extension() != ".trace") continue;
+    ++files;
+    auto t = trace::readTraceFile(e.path().string());
+    ASSERT_TRUE(t.isOk()) << t.status().message();
+    int scales = 0, divides = 0;
+    for (const auto& s : t->steps) {
+      scales += s.kind == static_cast<uint8_t>(trace::StepKind::Scale);
+      divides += s.kind == static_cast<uint8_t>(trace::StepKind::Divide);
+    }
+    EXPECT_EQ(scales, 1);
+    EXPECT_EQ(divides, 1);
+  }
+  EXPECT_EQ(files, 2);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
