@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 
+#include "kernels/dtype.hpp"
+
 namespace chorus::comm {
 
 void BoardCalls::attach(int rank, int nranks, transport::Board* board, std::chrono::milliseconds timeout) {
@@ -18,11 +20,14 @@ void BoardCalls::attach(int rank, int nranks, transport::Board* board, std::chro
 // when `data`, and publishes it with the batch's signature.  The waits and
 // the earlier calls' checks are out of line (publishCallSlow): in a loop of
 // symmetric calls neither is needed, and the call costs a copy and a store.
-inline Status BoardCalls::publishCall(const std::byte* inp, size_t bytes, bool data) {
+inline Status BoardCalls::publishCall(const std::byte* inp, size_t bytes, bool data, const kernels::Scalar* scale) {
   const uint64_t k = board_calls_ + 1;
   if (unverified_count_ != 0 || board_seen_all_ + kBoardLag < k) [[unlikely]]
     CHORUS_RETURN_IF_ERROR(publishCallSlow(k));
-  if (data) exec::boardCopy(board_->slot(k), inp, bytes);
+  if (data && scale != nullptr)  // PreMulSum: the input scaled on its way into the slot
+    kernels::scale(board_->slot(k), inp, bytes / kernels::dtypeSize(scale->dtype), scale->dtype, *scale);
+  else if (data)
+    exec::boardCopy(board_->slot(k), inp, bytes);
   board_->publish(k, transport::CallSignature{boardAt(board_base_, k)});
   board_calls_ = k;
   return {};
@@ -63,7 +68,10 @@ Status BoardCalls::run(const exec::BoardProgram& bp, const exec::Job& job, const
                        uint64_t board_base) {
   sig_ = &sig;
   board_base_ = board_base;
-  CHORUS_RETURN_IF_ERROR(publishCall(job.buffers[bp.publish_buf] + bp.publish_offset, bp.publish_bytes, bp.publishes));
+  if (bp.publish_scaled && job.scalar == nullptr) [[unlikely]]
+    return internalError("board: a PreMulSum program without the op's scalar");
+  CHORUS_RETURN_IF_ERROR(publishCall(job.buffers[bp.publish_buf] + bp.publish_offset, bp.publish_bytes, bp.publishes,
+                                     bp.publish_scaled ? job.scalar : nullptr));
   const uint64_t k = board_calls_;
   const transport::CallSignature mine{boardAt(board_base_, k)};
   exec::BoardMismatch mismatch;

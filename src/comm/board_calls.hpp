@@ -38,7 +38,7 @@ class BoardCalls {
  private:
   // How many calls a rank may run ahead of its slowest peer's publishes.
   static constexpr uint64_t kBoardLag = transport::kBoardSlots - 1;
-  Status publishCall(const std::byte* inp, size_t bytes, bool data);
+  Status publishCall(const std::byte* inp, size_t bytes, bool data, const kernels::Scalar* scale = nullptr);
   Status publishCallSlow(uint64_t k);
   Status boardMismatch(int peer, const transport::CallSignature& theirs, const transport::CallSignature& mine,
                        const Signature& mine_full) const;

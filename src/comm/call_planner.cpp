@@ -38,7 +38,7 @@ size_t CallPlanner::CacheHash::operator()(const CacheKey& k) const {
   mix(static_cast<uint64_t>(k.peer));
   mix(k.chunk);
   mix(reinterpret_cast<uintptr_t>(k.algo));
-  mix(k.wire);
+  mix(k.wire | (uint64_t{k.scaling} << 32));
   return h;
 }
 
@@ -125,6 +125,7 @@ plan::Shape CallPlanner::shapeOf(const OpDesc& op, bool canonical, uint64_t word
   sh.displs2 = op.displs2;
   sh.hosts = tuner_->topology().host_of;
   sh.wire = op.wire;
+  sh.scaling = scalingOf(op);
   auto* sp = static_cast<const std::byte*>(op.send);
   auto* rp = static_cast<std::byte*>(op.recv);
   const uint64_t r = static_cast<uint64_t>(rank_);
@@ -155,7 +156,8 @@ Result<const plan::Program*> CallPlanner::programFor(const OpDesc& op, size_t i,
   if (memo && last_.valid && last_.dtype == op.dtype && last_.path == static_cast<uint8_t>(path) &&
       last_.key.coll == static_cast<uint8_t>(op.coll) && last_.key.inplace == sh.inplace &&
       last_.key.kind == op.kind && last_.key.elem_size == es && last_.key.root == op.root &&
-      last_.key.peer == op.peer && last_.key.count == sh.count && last_.key.wire == wireKey(sh.wire)) {
+      last_.key.peer == op.peer && last_.key.count == sh.count && last_.key.wire == wireKey(sh.wire) &&
+      last_.key.scaling == static_cast<uint8_t>(sh.scaling)) {
     algo = last_.key.algo;
     chunk = last_.key.chunk;
     sh.chunk_elems = chunk;
@@ -190,7 +192,7 @@ Result<const plan::Program*> CallPlanner::programFor(const OpDesc& op, size_t i,
     return uncached_[i].get();
   }
   CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.kind, static_cast<uint32_t>(es), op.root, op.peer,
-               sh.count, chunk, algo, sh.canonical, wireKey(sh.wire)};
+               sh.count, chunk, algo, sh.canonical, wireKey(sh.wire), static_cast<uint8_t>(sh.scaling)};
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     auto p = std::make_unique<plan::Program>();
@@ -202,23 +204,32 @@ Result<const plan::Program*> CallPlanner::programFor(const OpDesc& op, size_t i,
   return prog;
 }
 
-// PreMulSum scales the input first: in place when the input is the output
-// itself (`stage` false), else into job i's staging buffer.  Returns the
-// input the plan reads.
-const std::byte* CallPlanner::premulInput(const OpDesc& op, size_t i, uint64_t n_in, bool stage) {
-  auto* sp = static_cast<const std::byte*>(op.send);
-  auto* rp = static_cast<std::byte*>(op.recv);
+// The op's arithmetic as steps of the plan (plan::Scaling): PreMulSum and
+// Avg of the plain and canonical paths.  Exact sums accumulator words, which
+// cannot be scaled or divided: it scales the input as it converts it and
+// divides the rounded result (bindExact, finishExact).
+plan::Scaling CallPlanner::scalingOf(const OpDesc& op) const {
+  if (!op.reduces() || reproPath(op) == ReproPath::Exact) return plan::Scaling::None;
+  if (op.op >= chorusNumOps) return plan::Scaling::PreMulSum;
+  return op.op == chorusAvg ? plan::Scaling::Avg : plan::Scaling::None;
+}
+
+// A PreMulSum op's scalar for this call: a device scalar is read now (the
+// user may change it between calls).
+kernels::Scalar CallPlanner::scalarOf(const OpDesc& op) const {
   const PreMulSumOp& pm = premul_[static_cast<size_t>(op.op) - chorusNumOps];
   kernels::Scalar s = pm.scalar;
-  if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, kernels::dtypeSize(op.dtype));  // es: exact's words
-  if (!stage) {
-    kernels::scale(rp, rp, n_in, op.dtype, s);
-    return sp;
-  }
+  if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, kernels::dtypeSize(op.dtype));
+  return s;
+}
+
+// Exact PreMulSum: job i's input scaled into its staging buffer before it is
+// converted into the accumulator; returns the input to convert.
+const std::byte* CallPlanner::exactPremulInput(const OpDesc& op, size_t i, uint64_t n_in) {
   if (staging_.size() <= i) staging_.resize(i + 1);
   const size_t ues = kernels::dtypeSize(op.dtype);
   if (staging_[i].size() < n_in * ues) staging_[i].resize(n_in * ues);
-  kernels::scale(staging_[i].data(), sp, n_in, op.dtype, s);
+  kernels::scale(staging_[i].data(), op.send, n_in, op.dtype, scalars_[i]);
   return staging_[i].data();
 }
 
@@ -260,23 +271,24 @@ Status CallPlanner::prepare(OpDesc& op, size_t i) {
   plan::Shape sh = shapeOf(op, path == ReproPath::Canonical, words, es);
   auto* sp = static_cast<const std::byte*>(op.send);
   auto* rp = static_cast<std::byte*>(op.recv);
-  // PreMulSum stages its scaled input unless the input is the output itself,
-  // which makes the call out of place; exact has separate accumulators in and out.
-  const bool premul = op.op >= chorusNumOps && op.reduces();
-  const bool stage = premul && !(sh.inplace && sp == rp);
-  if (stage || ex.on) sh.inplace = false;
+  // Exact has separate accumulators in and out.
+  if (ex.on) sh.inplace = false;
   const plan::Algorithm* algo = nullptr;
   CHORUS_ASSIGN_OR_RETURN(const plan::Program* prog, programFor(op, i, sh, path, plan_dtype, &algo));
 
-  const std::byte* input = premul ? premulInput(op, i, sh.inputElems(rank_) / words, stage) : sp;
-  job_bufs_[i] = {const_cast<std::byte*>(input), rp, nullptr};
+  // PreMulSum's scalar: the plan's Scale step reads it from the job.
+  const bool premul = op.op >= chorusNumOps && op.reduces();
+  if (premul) scalars_[i] = scalarOf(op);
+  job_bufs_[i] = {const_cast<std::byte*>(sp), rp, nullptr};
   if (ex.on) {
-    // In place too, `input` is the whole input (the output lies in it).
-    bindExact(i, input, sh.inputElems(rank_) / words, sh.outputElems(rank_) / words);
+    // In place too, the send buffer is the whole input (the output lies in it).
+    const uint64_t in_elems = sh.inputElems(rank_) / words;
+    bindExact(i, premul ? exactPremulInput(op, i, in_elems) : sp, in_elems, sh.outputElems(rank_) / words);
   }
   bindReducer(i, plan_dtype, ex.on ? kernels::BinOp::Sum : binOpOf(op.op));
   jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
                        op.pointToPoint() ? kPointToPointWire : batch_wire_};
+  jobs_[i].scalar = premul && !ex.on ? &scalars_[i] : nullptr;
   if (trace_) traceJob(op, i, algo, prog, sh);
   scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1) + prog->wire_bytes;  // wire bytes after the scratch
   if (i == 0 && prog != board_decided_) decideBoard(algo, prog, sh, es);
@@ -344,10 +356,13 @@ void CallPlanner::bindExact(size_t i, const std::byte* input, uint64_t in_elems,
   job_bufs_[i] = {reinterpret_cast<std::byte*>(ex.in.data()), reinterpret_cast<std::byte*>(ex.out.data()), nullptr};
 }
 
+// Exact: the accumulators rounded once into the output; Avg's sum divided
+// after (the plan summed accumulator words, which cannot be divided).
 void CallPlanner::finishExact(size_t i, const OpDesc& op) {
   const ExactJob& ex = exact_[i];
   if (!ex.on || ex.out_elems == 0) return;
   kernels::fromExact(ex.layout, op.recv, ex.out.data(), ex.out_elems);
+  if (op.op == chorusAvg) kernels::divide(op.recv, op.recv, ex.out_elems, op.dtype, static_cast<uint64_t>(nranks_));
 }
 
 Result<double> CallPlanner::predict(Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
@@ -397,6 +412,7 @@ Status CallPlanner::bindBatch(std::span<OpDesc> ops, size_t* njobs) {
   jobs_.resize(n);
   job_bufs_.resize(n);
   reducers_.resize(n);
+  scalars_.resize(n);  // jobs point into it: sized before any is bound
   scratch_offsets_.resize(n);
 
   // Sends to and receives from self are matched in issue order and copied.
@@ -452,16 +468,9 @@ std::span<const exec::Job> CallPlanner::layoutJobs() {
   return jobs_;
 }
 
+// Every other call's Avg divided in its plan (a Divide step).
 void CallPlanner::finish(std::span<const OpDesc> ops, size_t njobs) {
-  // Exact: round the accumulators once into the outputs.
   for (size_t i = 0; i < njobs; ++i) finishExact(i, ops[i]);
-  // Avg: the sum divided by the number of ranks, where the result lives.
-  for (size_t i = 0; i < njobs; ++i) {
-    const OpDesc& op = ops[i];
-    if (op.op != chorusAvg || !op.reduces()) continue;
-    if (op.coll == Collective::Reduce && rank_ != op.root) continue;
-    kernels::divide(op.recv, op.recv, op.count, op.dtype, static_cast<uint64_t>(nranks_));
-  }
 }
 
 }  // namespace chorus::comm

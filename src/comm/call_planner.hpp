@@ -62,7 +62,8 @@ class CallPlanner {
   const exec::Job& boardJob();
   // The jobs with their scratch laid out in the shared buffer.
   std::span<const exec::Job> layoutJobs();
-  // After the jobs ran: exact results rounded, Avg's sums divided.
+  // After the jobs ran: exact results rounded (and exact Avg's divided; the
+  // other calls' Avg and PreMulSum are steps of their plans, plan::Scaling).
   void finish(std::span<const OpDesc> ops, size_t njobs);
   // The plan a single call of this shape would run (*algo) and the tuner's
   // prediction of its time in seconds; `wire`: the call's compression.
@@ -89,7 +90,9 @@ class CallPlanner {
   [[nodiscard]] plan::Shape shapeOf(const OpDesc& op, bool canonical, uint64_t words, size_t es) const;
   Result<const plan::Program*> programFor(const OpDesc& op, size_t i, plan::Shape& sh, ReproPath path,
                                           chorusDataType_t plan_dtype, const plan::Algorithm** algo_out);
-  const std::byte* premulInput(const OpDesc& op, size_t i, uint64_t n_in, bool stage);
+  [[nodiscard]] plan::Scaling scalingOf(const OpDesc& op) const;
+  [[nodiscard]] kernels::Scalar scalarOf(const OpDesc& op) const;
+  const std::byte* exactPremulInput(const OpDesc& op, size_t i, uint64_t n_in);
   void bindReducer(size_t i, chorusDataType_t dtype, kernels::BinOp op);
   void traceJob(const OpDesc& op, size_t i, const plan::Algorithm* algo, const plan::Program* prog,
                 const plan::Shape& sh);
@@ -135,6 +138,7 @@ class CallPlanner {
     const plan::Algorithm* algo;
     bool canonical;  // Shape::canonical (the one-shot plans differ)
     uint32_t wire;   // compressed calls: wireKey(Shape::wire); 0 uncompressed
+    uint8_t scaling;  // Shape::scaling (PreMulSum, Avg add steps)
     bool operator==(const CacheKey&) const = default;
   };
   struct CacheHash {
@@ -170,7 +174,8 @@ class CallPlanner {
   std::vector<kernels::Reducer> reducers_;
   std::vector<size_t> scratch_offsets_;
   std::vector<std::byte> scratch_;
-  std::vector<std::vector<std::byte>> staging_;  // PreMulSum pre-scaled inputs
+  std::vector<kernels::Scalar> scalars_;  // per job: PreMulSum's scalar (exec::Job::scalar)
+  std::vector<std::vector<std::byte>> staging_;  // exact PreMulSum's pre-scaled inputs
   std::vector<uint16_t> trace_algo_;  // per job of the current batch
   std::vector<int64_t> trace_pred_;   // per job: predicted ns, < 0 none
   std::unordered_map<const plan::Program*, int64_t> trace_pred_cache_;

@@ -1,6 +1,7 @@
 #include "exec/board_runner.hpp"
 
 #include <algorithm>
+#include <optional>
 
 namespace chorus::exec {
 namespace {
@@ -23,6 +24,9 @@ struct Sends {
   Buf buf = Buf::Input;
   uint64_t base = 0, end = 0;
   std::vector<std::vector<Region>> to;
+  // PreMulSum's leading Scale step (plan/scaling.cpp), when the program has
+  // one: the sends may read what it writes, published scaled.
+  std::optional<plan::Step> scale;
 };
 
 // The board publishes a rank's input once, before its program runs: every
@@ -33,6 +37,10 @@ Result<Sends> sendsOf(const plan::Program& p, int n, size_t es) {
   s.to.resize(static_cast<size_t>(n));
   std::vector<Region> written;
   for (const plan::Step& st : p.steps) {
+    if (st.op == StepOp::Scale && written.empty() && !s.any && !s.scale) {
+      s.scale = st;  // published scaled: not a write the sends must avoid
+      continue;
+    }
     if (st.op != StepOp::Send) {
       if (st.dst.buf > Buf::Scratch || st.src.buf > Buf::Scratch || st.src2.buf > Buf::Scratch)
         return internalError("board: rank {}'s program addresses a group's user buffer", p.rank);
@@ -58,6 +66,8 @@ Result<Sends> sendsOf(const plan::Program& p, int n, size_t es) {
     s.end = std::max(s.end, st.src.end());
     s.to[static_cast<size_t>(st.peer)].push_back(st.src);
   }
+  if (s.any && s.scale && !(s.buf == s.scale->dst.buf && s.base >= s.scale->dst.offset && s.end <= s.scale->dst.end()))
+    return internalError("board: rank {} sends both scaled and unscaled data", p.rank);
   if (s.any && (s.end - s.base) * es > transport::kBoardSlotBytes)
     return internalError("board: rank {} publishes {} bytes, more than a slot", p.rank, (s.end - s.base) * es);
   return s;
@@ -105,6 +115,8 @@ class Compiler {
         written_.push_back(st.dst);
         return {};
       }
+      case StepOp::Scale:
+      case StepOp::Divide: return scaling(st);
       case StepOp::Quantize:
       case StepOp::Dequantize:
       case StepOp::DequantizeReduce:
@@ -169,6 +181,22 @@ class Compiler {
     const Alias a = aliases_[i];
     aliases_.erase(aliases_.begin() + static_cast<ptrdiff_t>(i));
     emit({.kind = BoardProgram::Kind::Copy, .dst = plain(a.r), .a = a.src, .n = a.r.count * es_});
+  }
+
+  // The op's arithmetic runs on plain memory: whatever aliases a slot in its
+  // regions is copied out first.  (PreMulSum's leading Scale still runs for
+  // the rank's own reads of its scaled input; its peers read the slot, which
+  // holds the input published scaled.  Avg's Divide ends the program.)
+  Status scaling(const plan::Step& st) {
+    const bool scale = st.op == StepOp::Scale;
+    beforeRead(st.src);
+    const Operand a = resolve(st.src);
+    for (size_t i = aliases_.size(); i-- > 0;)
+      if (aliases_[i].r.overlaps(st.dst)) materialise(i);
+    written_.push_back(st.dst);
+    emit({.kind = scale ? BoardProgram::Kind::Scale : BoardProgram::Kind::Divide, .dst = plain(st.dst),
+          .a = scale ? a : plain(st.dst), .n = st.dst.count});
+    return {};
   }
 
   // A copy into scratch of a peer's slot, or of this rank's input not yet
@@ -256,7 +284,13 @@ Result<BoardProgram> compileBoard(const plan::Algorithm& algo, const plan::Shape
   bp.publish_buf = static_cast<uint16_t>(own.buf);
   bp.publish_offset = own.base * elem_size;
   bp.publish_bytes = (own.end - own.base) * elem_size;
+  if (own.any && own.scale) {  // publish the Scale's source, scaled
+    bp.publish_scaled = true;
+    bp.publish_buf = static_cast<uint16_t>(own.scale->src.buf);
+    bp.publish_offset = (own.scale->src.offset + own.base - own.scale->dst.offset) * elem_size;
+  }
   bp.scratch_bytes = c.uses_scratch_ ? prog.scratch_elems * elem_size : 0;
+  bp.divisor = prog.divisor;
   int awaited = 0;
   for (const Op& op : bp.ops) awaited += op.await >= 0;
   bp.awaits_all = awaited == n - 1;
@@ -290,6 +324,20 @@ const BoardProgram* BoardRunner::programFor(const plan::Algorithm& algo, const p
   return bp;
 }
 
+// A Scale or Divide op (the job's scalar; the reducer's type).
+Status BoardRunner::runScaling(const BoardProgram& bp, const BoardProgram::Op& op, const Job& job,
+                               std::byte* const* base) {
+  std::byte* dst = base[op.dst.base] + op.dst.offset;
+  if (op.kind == BoardProgram::Kind::Divide) {
+    if (job.reducer == nullptr || bp.divisor == 0) return internalError("board: a Divide without a divisor");
+    kernels::divide(dst, dst, op.n, job.reducer->dtype(), bp.divisor);
+    return {};
+  }
+  if (job.scalar == nullptr) return internalError("board: a Scale without the op's scalar");
+  kernels::scale(dst, base[op.a.base] + op.a.offset, op.n, job.scalar->dtype, *job.scalar);
+  return {};
+}
+
 Status BoardRunner::run(const BoardProgram& bp, const Job& job, uint64_t k, transport::CallSignature mine,
                         BoardMismatch* mismatch) {
   std::byte** base = base_.data();
@@ -319,6 +367,8 @@ Status BoardRunner::run(const BoardProgram& bp, const Job& job, uint64_t k, tran
                      op.n);
     else if (op.kind == BoardProgram::Kind::Copy)
       boardCopy(base[op.dst.base] + op.dst.offset, base[op.a.base] + op.a.offset, op.n);
+    else if (op.kind != BoardProgram::Kind::None) [[unlikely]]
+      CHORUS_RETURN_IF_ERROR(runScaling(bp, op, job, base));
   }
   return {};
 }

@@ -4,11 +4,14 @@
 //
 // It interprets the program's steps, whatever the collective: this rank's
 // sends all read its input before anything writes it, so they become the one
-// write of that input into its board slot (comm::BoardCalls::publishCall);
+// write of that input into its board slot (comm::BoardCalls::publishCall;
+// a PreMulSum plan's sends read its leading Scale step's copy, so the input
+// is written scaled, BoardProgram::publish_scaled);
 // a Recv from peer q is the region q's matching Send reads, found in place in
 // q's slot (no copy into scratch: later steps read the slot; a receive into
 // the output is copied there); a RecvReduce reduces straight out of q's slot;
-// Copy and Reduce run as the executor runs them, in program order, which is
+// Copy, Reduce, Scale and Divide run as the executor runs them, in program
+// order, which is
 // a valid serial execution (plan.hpp) and the plan's combination order, so
 // the result is the executor's bit for bit.
 //
@@ -71,6 +74,8 @@ struct BoardProgram {
     None,    // only the await
     Copy,    // dst = a, bytes
     Reduce,  // dst = a (op) b, elems
+    Scale,   // dst = a x the job's scalar, elems (plan::StepOp::Scale)
+    Divide,  // dst = dst / divisor, elems (plan::StepOp::Divide)
   };
   struct Op {
     Kind kind = Kind::None;
@@ -87,8 +92,13 @@ struct BoardProgram {
   bool publishes = false;
   uint16_t publish_buf = 0;
   uint64_t publish_offset = 0, publish_bytes = 0;
+  // PreMulSum: the sends read the scaled copy of the input that the plan's
+  // leading Scale step makes, so the input is published multiplied by the
+  // job's scalar (the Scale op still runs, for the rank's own reads).
+  bool publish_scaled = false;
   std::vector<Op> ops;
   uint64_t scratch_bytes = 0;  // scratch the ops touch (0: the receives elided it all)
+  uint32_t divisor = 0;        // Divide ops' (plan::Program::divisor)
   bool awaits_all = false;     // every peer's slot is awaited (the board's lag bookkeeping)
   bool awaits_none = false;    // no peer's slot is (its signature is checked later)
   bool reads_own_slot = false;  // an op reads this rank's published input from its slot
@@ -128,6 +138,8 @@ class BoardRunner {
              BoardMismatch* mismatch);
 
  private:
+  static Status runScaling(const BoardProgram& bp, const BoardProgram::Op& op, const Job& job, std::byte* const* base);
+
   int rank_, nranks_;
   transport::Board* board_;
   std::chrono::milliseconds timeout_;

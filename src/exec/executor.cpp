@@ -10,7 +10,8 @@ namespace chorus::exec {
 
 using plan::StepOp;
 static_assert(static_cast<int>(trace::StepKind::DequantizeReduce) == static_cast<int>(StepOp::DequantizeReduce) &&
-                  static_cast<int>(trace::StepKind::Quantize) == static_cast<int>(StepOp::Quantize),
+                  static_cast<int>(trace::StepKind::Quantize) == static_cast<int>(StepOp::Quantize) &&
+                  static_cast<int>(trace::StepKind::Divide) == static_cast<int>(StepOp::Divide),
               "trace records carry plan::StepOp values");
 using Clock = std::chrono::steady_clock;
 
@@ -48,6 +49,21 @@ void runQuantStep(const Job& j, const plan::Step& s) {
     default: break;
   }
 }
+
+// The op's arithmetic (plan.hpp, StepOp::Scale, StepOp::Divide), in the
+// call's type: the scalar's for Scale, the reducer's for Divide.
+Status runScalingStep(const Job& j, const plan::Step& s) {
+  if (s.dst.count == 0) return {};
+  if (s.op == StepOp::Scale) {
+    if (j.scalar == nullptr) return internalError("a Scale step in a job without a PreMulSum scalar");
+    kernels::scale(addr(j, s.dst), addr(j, s.src), s.dst.count, j.scalar->dtype, *j.scalar);
+    return {};
+  }
+  if (j.reducer == nullptr || j.program->divisor == 0)
+    return internalError("a Divide step in a job without a reducer or a program without a divisor");
+  kernels::divide(addr(j, s.dst), addr(j, s.dst), s.dst.count, j.reducer->dtype(), j.program->divisor);
+  return {};
+}
 }  // namespace
 
 void Executor::markReady(uint32_t g) {
@@ -78,6 +94,8 @@ Status Executor::runLocal(uint32_t g) {
   const int64_t t0 = rec_ ? clock::traceNowNs() : 0;
   if (s.op == StepOp::Copy) {
     if (s.dst.count) std::memmove(addr(j, s.dst), addr(j, s.src), s.dst.count * j.elem_size);
+  } else if (s.op == StepOp::Scale || s.op == StepOp::Divide) {
+    CHORUS_RETURN_IF_ERROR(runScalingStep(j, s));
   } else if (s.op != StepOp::Reduce) {
     runQuantStep(j, s);
   } else {

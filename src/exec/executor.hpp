@@ -49,6 +49,9 @@ struct Job {
   uint64_t sig = 0;        // the call's message signature (transport::Request::sig)
   // A compressed plan's wire bytes (plan::Buf::Wire, program->wire_bytes).
   std::byte* wire = nullptr;
+  // PreMulSum: the op's scalar, which Scale steps multiply by (read by the
+  // communicator before the call when it lives in device memory).
+  const kernels::Scalar* scalar = nullptr;
 };
 
 class Executor {

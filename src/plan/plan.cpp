@@ -95,6 +95,7 @@ void ProgramBuilder::reset(int rank, Alias alias) {
   prog_.wire_bytes = 0;
   prog_.wire.reset();
   alias_ = alias;
+  redirect_.reset();
   scratch_top_ = 0;
   wire_top_ = 0;
   fences_.clear();
@@ -108,10 +109,18 @@ Region ProgramBuilder::alias(Region r) const {
   return r;
 }
 
+Region ProgramBuilder::map(Region r) const {
+  if (redirect_ && r.buf == Buf::Input) {
+    r.buf = redirect_->buf;
+    r.offset += redirect_->offset;
+  }
+  return alias(r);
+}
+
 void ProgramBuilder::add(Step s) {
-  s.dst = alias(s.dst);
-  s.src = alias(s.src);
-  s.src2 = alias(s.src2);
+  s.dst = map(s.dst);
+  s.src = map(s.src);
+  s.src2 = map(s.src2);
   prog_.steps.push_back(s);
 }
 
@@ -121,7 +130,7 @@ void ProgramBuilder::recvReduce(int peer, Region dst, Region accum) {
   add({StepOp::RecvReduce, peer, dst, accum, {}});
 }
 void ProgramBuilder::copy(Region dst, Region src) {
-  if (alias(dst).buf == alias(src).buf && alias(dst).offset == alias(src).offset) return;  // in place
+  if (map(dst).buf == map(src).buf && map(dst).offset == map(src).offset) return;  // in place
   add({StepOp::Copy, -1, dst, src, {}});
 }
 void ProgramBuilder::reduce(Region dst, Region a, Region b) { add({StepOp::Reduce, -1, dst, a, b}); }
@@ -131,6 +140,9 @@ void ProgramBuilder::dequantize(Region dst, Region wire) { add({StepOp::Dequanti
 void ProgramBuilder::dequantizeReduce(Region dst, Region accum, Region wire) {
   add({StepOp::DequantizeReduce, -1, dst, accum, wire});
 }
+
+void ProgramBuilder::scale(Region dst, Region src) { add({StepOp::Scale, -1, dst, src, {}}); }
+void ProgramBuilder::divide(Region dst) { add({StepOp::Divide, -1, dst, dst, {}}); }
 
 Region ProgramBuilder::wire(uint64_t bytes) {
   Region r{Buf::Wire, wire_top_, bytes};
@@ -163,7 +175,9 @@ Access accessOf(const Step& s) {
     case StepOp::RecvReduce:
     case StepOp::Copy:
     case StepOp::Quantize:
-    case StepOp::Dequantize: return {{s.src, Region{}}, s.dst};
+    case StepOp::Dequantize:
+    case StepOp::Scale:
+    case StepOp::Divide: return {{s.src, Region{}}, s.dst};  // Divide: src is dst
     case StepOp::Reduce:
     case StepOp::DequantizeReduce: return {{s.src, s.src2}, s.dst};
   }
@@ -222,9 +236,13 @@ void ProgramBuilder::finish(Program* out) {
 void expand(const Algorithm& algo, const Shape& shape, int rank, Program* out) {
   ProgramBuilder b;
   b.reset(rank, inplaceAlias(shape, rank));
+  const bool wrap = !algo.scalesItself();
+  if (wrap) beginScaling(shape, rank, b);
   algo.generate(shape, rank, b);
+  if (wrap) endScaling(shape, rank, b);
   b.finish(out);
   if (algo.compressed()) out->wire = shape.wire;
+  if (shape.scaling == Scaling::Avg) out->divisor = static_cast<uint32_t>(shape.nranks);
 }
 
 // ---- Registry ---------------------------------------------------------------

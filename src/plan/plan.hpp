@@ -150,6 +150,11 @@ enum class StepOp : uint8_t {
   Quantize,          // dst (Wire) = the wire format of src (fp32)
   Dequantize,        // dst (fp32) = the decoded values of src (Wire)
   DequantizeReduce,  // dst (fp32) = src (fp32) + decoded src2 (Wire), fp32 accumulation
+  // The reduction op's own arithmetic (Shape::scaling; plan/scaling.cpp
+  // adds them to any reducing plan, so the verifier proves them and the
+  // models price them like the other local steps):
+  Scale,   // dst = src x the op's scalar (PreMulSum: this rank's input, before anything reads it)
+  Divide,  // dst = dst / Program::divisor (Avg: where the final sum lives, after its last write)
 };
 // Bytes per unit of a region's count: 1 for the wire buffer, else elem_size.
 constexpr uint64_t regionBytes(const Region& r, uint64_t elem_size) {
@@ -160,10 +165,21 @@ constexpr bool isLocal(StepOp op) { return op != StepOp::Send && op != StepOp::R
 struct Step {
   StepOp op = StepOp::Copy;
   int32_t peer = -1;
-  Region dst;   // Recv, RecvReduce, Copy, Reduce
-  Region src;   // Send, RecvReduce (accumulator), Copy, Reduce
+  Region dst;   // Recv, RecvReduce, Copy, Reduce, Scale, Divide
+  Region src;   // Send, RecvReduce (accumulator), Copy, Reduce, Scale (Divide: dst)
   Region src2;  // Reduce
 };
+
+// The arithmetic a reduction op adds around the combining (chorusPreMulSum's
+// scalar, chorusAvg's division), as steps of the plan (plan/scaling.cpp):
+//  - PreMulSum: every rank scales its own input once, before any step reads
+//    it (into scratch, unless the input is the output of an in-place call,
+//    so the user's input is never written);
+//  - Avg: every rank whose output holds the final sum (every rank but a
+//    reduce's non-roots) divides it by the rank count once, after its last write.
+// The scalar is a run-time value the executor's job carries (exec::Job::scalar):
+// a Scale step says only "by the op's scalar".
+enum class Scaling : uint8_t { None, PreMulSum, Avg };
 
 // Everything a plan depends on.  For the v-collectives the arrays are this
 // rank's view (allgatherv: every rank's count and displacement; alltoallv:
@@ -194,6 +210,8 @@ struct Shape {
   // wire format; only the compressed algorithms (Algorithm::compressed())
   // take a shape with it, and they take no shape without it.
   std::optional<kernels::WireFormat> wire;
+  // A reducing collective's op arithmetic (Scaling); None for the others.
+  Scaling scaling = Scaling::None;
 
   // Elements of the input and output buffers this rank must provide.
   [[nodiscard]] uint64_t inputElems(int rank) const;
@@ -213,6 +231,7 @@ struct Program {
   uint64_t scratch_elems = 0;
   uint64_t wire_bytes = 0;  // Buf::Wire's size (compressed plans)
   std::optional<kernels::WireFormat> wire;  // the format of Quantize/Dequantize steps (Shape::wire)
+  uint32_t divisor = 0;  // what Divide steps divide by (Avg: the rank count)
 
   [[nodiscard]] size_t size() const { return steps.size(); }
   [[nodiscard]] std::span<const uint32_t> depsOf(size_t i) const {
@@ -251,6 +270,14 @@ class ProgramBuilder {
   void quantize(Region wire, Region src);
   void dequantize(Region dst, Region wire);
   void dequantizeReduce(Region dst, Region accum, Region wire);
+  // The op's arithmetic: see StepOp::Scale, StepOp::Divide.
+  void scale(Region dst, Region src);
+  void divide(Region dst);
+  // From now on, regions of the input the algorithm names are read from
+  // `to` (same offsets) instead: PreMulSum's scaled copy of the input.
+  // Applied before the in-place alias, so output regions aliased into the
+  // input are not moved.
+  void redirectInput(Region to) { redirect_ = to; }
   // Wire regions (bytes) are allocated bump-style too.
   Region wire(uint64_t bytes);
   // Scratch regions are allocated bump-style; returns the region.
@@ -264,10 +291,12 @@ class ProgramBuilder {
 
  private:
   Region alias(Region r) const;
+  Region map(Region r) const;  // redirect, then alias
   void add(Step s);
 
   Program prog_;
   Alias alias_;
+  std::optional<Region> redirect_;
   uint64_t scratch_top_ = 0;
   uint64_t wire_top_ = 0;
   std::vector<uint32_t> fences_;  // step indices where a fence was placed
@@ -461,7 +490,20 @@ class Algorithm {
     (void)shape;
     return 0;
   }
+  // Whether generate() emits the op's Scale and Divide steps itself
+  // (Shape::scaling); else expand() adds them around its steps
+  // (addScaling), which is what every built-in algorithm relies on.
+  [[nodiscard]] virtual bool scalesItself() const { return false; }
 };
+
+// Shape::scaling's steps around an algorithm's (plan/scaling.cpp):
+// beginScaling before generate() (PreMulSum: the Scale step and the input's
+// redirection to its scaled copy), endScaling after (Avg: the Divide step).
+// expand() calls them for an algorithm that does not scale itself.
+void beginScaling(const Shape& shape, int rank, ProgramBuilder& b);
+void endScaling(const Shape& shape, int rank, ProgramBuilder& b);
+// Elements rank's Scale and Divide steps pass over (the models' local work).
+uint64_t scalingElems(const Shape& shape, int rank);
 
 // Generates rank's program of algo for shape.
 void expand(const Algorithm& algo, const Shape& shape, int rank, Program* out);

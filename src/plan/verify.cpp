@@ -17,6 +17,10 @@ struct Value {
   // Compressed plans: the most times any contribution to this value was
   // quantized on its way here (a sum takes the larger of its operands').
   uint32_t quant = 0;
+  // Shape::scaling: the ranks whose contribution was scaled by their
+  // PreMulSum scalar, and how often the value was divided (Avg).
+  uint64_t scaled = 0;
+  uint32_t divided = 0;
   bool operator==(const Value&) const = default;
 };
 
@@ -74,6 +78,8 @@ Value combine(Trees& trees, const Value& a, const Value& b) {
   v.ranks = a.ranks | b.ranks;
   v.index = a.index;
   v.quant = std::max(a.quant, b.quant);
+  v.scaled = a.scaled | b.scaled;
+  v.divided = a.divided + b.divided;
   v.poisoned = a.poisoned || b.poisoned || a.ranks == 0 || b.ranks == 0 || (a.ranks & b.ranks) != 0 ||
                a.index != b.index;
   return v;
@@ -106,10 +112,13 @@ namespace {
 // the outputs with the collective's definition.
 class Verifier {
  public:
-  Verifier(const Algorithm& algo, const VerifyCase& vc)
-      : algo_(algo), vc_(vc), n_(vc.shape.nranks), coll_(vc.shape.coll),
+  // algo's programs, or (algo nullptr) the given ones, named `name`.
+  Verifier(const Algorithm* algo, std::string_view name, const VerifyCase& vc, std::vector<Program> given)
+      : algo_(algo), name_(name), vc_(vc), n_(vc.shape.nranks), coll_(vc.shape.coll),
         all_(n_ == 64 ? ~0ull : ((1ull << n_) - 1)), canonical_(vc.shape.canonical && reduces(coll_)),
-        canon_(canonical_ ? trees_.canonical(0, n_) : 0), max_quant_(algo.quantizations(vc.shape)) {}
+        canon_(canonical_ ? trees_.canonical(0, n_) : 0), max_quant_(algo ? algo->quantizations(vc.shape) : 0),
+        premul_(reduces(coll_) && vc.shape.scaling == Scaling::PreMulSum),
+        avg_(reduces(coll_) && vc.shape.scaling == Scaling::Avg), given_(std::move(given)) {}
   Status run() {
     setUp();
     CHORUS_RETURN_IF_ERROR(execute());
@@ -120,9 +129,10 @@ class Verifier {
 
  private:
   Status fail(int r, std::string what) const {
-    return internalError("verifier: algorithm '{}' for {} with {} ranks (count {}, root {}{}): rank {}: {}",
-                         algo_.name(), collectiveName(coll_), n_, vc_.shape.count, vc_.shape.root,
-                         vc_.shape.inplace ? ", in place" : "", r, what);
+    return internalError("verifier: algorithm '{}' for {} with {} ranks (count {}, root {}{}{}): rank {}: {}",
+                         name_, collectiveName(coll_), n_, vc_.shape.count, vc_.shape.root,
+                         vc_.shape.inplace ? ", in place" : "", premul_ ? ", premulsum" : avg_ ? ", avg" : "", r,
+                         what);
   }
   void setUp();
   Status execute();
@@ -130,13 +140,16 @@ class Verifier {
   Status checkFinished() const;
   Status compare(int r);
   Result<bool> quantStep(int r, size_t i, const Step& step);
+  Result<bool> scalingStep(int r, size_t i, const Step& step);
+  Status scaledBeforeUse(int r, size_t i, const std::vector<Value>& vals, uint64_t from, uint64_t count) const;
   static std::vector<Value>* load(RankState& s, const Region& g) {
     auto& b = g.buf == Buf::Wire ? s.wire : s.buf[static_cast<int>(g.buf)];
     if (g.count != 0 && g.end() > b.size()) return nullptr;
     return &b;
   }
 
-  const Algorithm& algo_;
+  const Algorithm* algo_;
+  std::string_view name_;
   const VerifyCase& vc_;
   const int n_;
   const Collective coll_;
@@ -147,6 +160,11 @@ class Verifier {
   const uint32_t canon_;
   // The plan's declared bound on quantizations per element (Algorithm::quantizations).
   const int max_quant_;
+  // Shape::scaling of a reducing collective: every contribution must be
+  // scaled once before it is sent or combined, every result divided once
+  // after its last combine.
+  const bool premul_, avg_;
+  std::vector<Program> given_;  // verifyPrograms()'s
   std::vector<RankState> st_;
   std::map<std::pair<int, int>, std::deque<Message>> chan_;  // (from, to)
 };
@@ -168,7 +186,10 @@ void Verifier::setUp() {
       s.displs2 = vc_.recv_displs[r];
     }
     st_[r].shape = s;
-    expand(algo_, s, r, &st_[r].prog);
+    if (algo_ != nullptr)
+      expand(*algo_, s, r, &st_[r].prog);
+    else
+      st_[r].prog = given_[static_cast<size_t>(r)];
     const Alias al = inplaceAlias(s, r);
     uint64_t in_n = s.inputElems(r), out_n = s.outputElems(r);
     auto& B = st_[r].buf;
@@ -237,6 +258,7 @@ Result<bool> Verifier::step(int r, size_t i) {
       if (!inOrder(true)) return false;
       auto* b = load(s, step.src);
       if (!b) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
+      CHORUS_RETURN_IF_ERROR(scaledBeforeUse(r, i, *b, step.src.offset, step.src.count));
       Message m{std::vector<Value>(b->begin() + step.src.offset, b->begin() + step.src.end()), s.heard};
       chan_[{r, step.peer}].push_back(std::move(m));
       return true;
@@ -256,6 +278,7 @@ Result<bool> Verifier::step(int r, size_t i) {
       if (step.op == StepOp::RecvReduce) {
         auto* a = load(s, step.src);
         if (!a) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
+        CHORUS_RETURN_IF_ERROR(scaledBeforeUse(r, i, *a, step.src.offset, step.src.count));
         std::vector<Value> acc(a->begin() + step.src.offset, a->begin() + step.src.end());
         for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees_, acc[e], m.data[e]);
       } else {
@@ -276,11 +299,15 @@ Result<bool> Verifier::step(int r, size_t i) {
     case StepOp::Quantize:
     case StepOp::Dequantize:
     case StepOp::DequantizeReduce: return quantStep(r, i, step);
+    case StepOp::Scale:
+    case StepOp::Divide: return scalingStep(r, i, step);
     case StepOp::Reduce: {
       auto* a = load(s, step.src);
       auto* c = load(s, step.src2);
       auto* d = load(s, step.dst);
       if (!a || !c || !d) return fail(r, fmt::format("reduce step {} is out of bounds", i));
+      CHORUS_RETURN_IF_ERROR(scaledBeforeUse(r, i, *a, step.src.offset, step.src.count));
+      CHORUS_RETURN_IF_ERROR(scaledBeforeUse(r, i, *c, step.src2.offset, step.src2.count));
       std::vector<Value> x(a->begin() + step.src.offset, a->begin() + step.src.end());
       std::vector<Value> y(c->begin() + step.src2.offset, c->begin() + step.src2.end());
       for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees_, x[e], y[e]);
@@ -311,6 +338,8 @@ Result<bool> Verifier::quantStep(int r, size_t i, const Step& step) {
   if (!w || !f || !a || (step.op == StepOp::DequantizeReduce && step.src.count != fr.count))
     return fail(r, fmt::format("step {} is out of bounds or mis-sized", i));
   const uint64_t m = fr.count;
+  CHORUS_RETURN_IF_ERROR(q ? scaledBeforeUse(r, i, *f, fr.offset, m) : Status{});
+  if (step.op == StepOp::DequantizeReduce) CHORUS_RETURN_IF_ERROR(scaledBeforeUse(r, i, *a, step.src.offset, m));
   if (q) {
     std::vector<Value> tmp(f->begin() + fr.offset, f->begin() + fr.end());
     for (uint64_t e = 0; e < m; ++e) {
@@ -329,6 +358,52 @@ Result<bool> Verifier::quantStep(int r, size_t i, const Step& step) {
     for (uint64_t e = 0; e < m; ++e) dec[e] = combine(trees_, acc[e], dec[e]);
   }
   std::copy(dec.begin(), dec.end(), f->begin() + fr.offset);
+  return true;
+}
+
+// PreMulSum: values a step sends, quantizes or combines must carry every
+// contributor's scale already (scaling a rank's input after it left would
+// leave the sent copy unscaled).
+Status Verifier::scaledBeforeUse(int r, size_t i, const std::vector<Value>& vals, uint64_t from,
+                                 uint64_t count) const {
+  if (!premul_) return {};
+  for (uint64_t e = from; e < from + count && e < vals.size(); ++e) {
+    const Value& v = vals[e];
+    if (v.ranks != 0 && !v.poisoned && (v.scaled & v.ranks) != v.ranks)
+      return fail(r, fmt::format("step {} sends or combines {} before it is scaled (PreMulSum scales every "
+                                 "contribution before it is read)", i, describe(v)));
+  }
+  return {};
+}
+
+// Scale (PreMulSum): this rank's own input, each element once.  Divide (Avg):
+// a final sum (every rank's contribution), each element once.
+Result<bool> Verifier::scalingStep(int r, size_t i, const Step& step) {
+  RankState& s = st_[r];
+  const bool scale = step.op == StepOp::Scale;
+  if (scale ? !premul_ : !avg_)
+    return fail(r, fmt::format("step {} {} but the call's op is not {}", i, scale ? "scales" : "divides",
+                               scale ? "a PreMulSum" : "Avg"));
+  auto* a = load(s, step.src);
+  auto* d = load(s, step.dst);
+  if (!a || !d || step.src.count != step.dst.count)
+    return fail(r, fmt::format("step {} is out of bounds or mis-sized", i));
+  std::vector<Value> tmp(a->begin() + step.src.offset, a->begin() + step.src.end());
+  for (Value& v : tmp) {
+    if (v.ranks == 0 || v.poisoned) continue;
+    if (scale && v.ranks != (1ull << r))
+      return fail(r, fmt::format("step {} scales {}, not this rank's own input", i, describe(v)));
+    if (scale && v.scaled != 0) return fail(r, fmt::format("step {} scales {} a second time", i, describe(v)));
+    if (!scale && v.ranks != all_)
+      return fail(r, fmt::format("step {} divides {} before its last combine (Avg divides the final sum)", i,
+                                 describe(v)));
+    if (!scale && v.divided != 0) return fail(r, fmt::format("step {} divides {} a second time", i, describe(v)));
+    if (scale)
+      v.scaled = 1ull << r;
+    else
+      v.divided = 1;
+  }
+  std::copy(tmp.begin(), tmp.end(), d->begin() + step.dst.offset);
   return true;
 }
 
@@ -363,10 +438,18 @@ Status Verifier::compare(int r) {
     Value got = outAt(i);
     want.tree = canonical_ ? canon_ : got.tree;
     want.quant = got.quant;
+    want.scaled = premul_ ? want.ranks : 0;
+    want.divided = avg_ ? 1 : 0;
     if (static_cast<int>(got.quant) > max_quant_)
       return fail(r, fmt::format("output element {} was quantized {} times, but the plan declares at most {}", i,
                                  got.quant, max_quant_));
     if (got == want) return {};
+    const bool same = got.ranks == want.ranks && got.index == want.index && !got.poisoned;
+    if (same && got.scaled != want.scaled)
+      return fail(r, fmt::format("output element {} holds {} of which ranks' contributions {:#x} were scaled, "
+                                 "not {:#x}", i, describe(got), got.scaled, want.scaled));
+    if (same && got.divided != want.divided)
+      return fail(r, fmt::format("output element {} was divided {} times, not {}", i, got.divided, want.divided));
     if (canonical_ && got.ranks == want.ranks && got.index == want.index && !got.poisoned)
       return fail(r, fmt::format("output element {} combines {} but the canonical tree of {} ranks is {}", i,
                                  trees_.str(got.tree), n, trees_.str(canon_)));
@@ -425,7 +508,15 @@ Status Verifier::compare(int r) {
 Status verify(const Algorithm& algo, const VerifyCase& vc) {
   const int n = vc.shape.nranks;
   if (n < 1 || n > 64) return invalidArgument("verify: nranks {} outside 1..64", n);
-  return Verifier(algo, vc).run();
+  return Verifier(&algo, algo.name(), vc, {}).run();
+}
+
+Status verifyPrograms(std::string_view name, const VerifyCase& vc, std::vector<Program> progs) {
+  const int n = vc.shape.nranks;
+  if (n < 1 || n > 64) return invalidArgument("verify: nranks {} outside 1..64", n);
+  if (progs.size() != static_cast<size_t>(n))
+    return invalidArgument("verify: {} programs for {} ranks", progs.size(), n);
+  return Verifier(nullptr, name, vc, std::move(progs)).run();
 }
 
 }  // namespace chorus::plan

@@ -13,9 +13,18 @@
 // of a reduction's result must be the canonical tree of the rank count
 // (plan/canonical.hpp): the proof that the plan's bits do not depend on the
 // algorithm, chunk size, transport or placement.
+//
+// With Shape::scaling (a reducing collective's PreMulSum or Avg) each element
+// also records which contributions were scaled and how often it was divided:
+// a Scale step may only scale this rank's own, unscaled input; nothing may
+// send, quantize or combine a contribution before it is scaled; a Divide
+// step may only divide a final sum (all ranks) not divided yet; and every
+// output must hold every contribution scaled once (PreMulSum) or be divided
+// once (Avg).
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.hpp"
@@ -37,5 +46,8 @@ struct VerifyCase {
 // Ok, or chorusInternalError naming the algorithm, the rank count, the rank and
 // the first wrong element (what it holds and what it should hold).
 Status verify(const Algorithm& algo, const VerifyCase& vc);
+// The same check of given programs (progs[r] is rank r's), named `name` in
+// messages: for tests that build broken plans by hand.
+Status verifyPrograms(std::string_view name, const VerifyCase& vc, std::vector<Program> progs);
 
 }  // namespace chorus::plan

@@ -189,11 +189,20 @@ NetworkModel::RoundCost NetworkModel::steadyState(const std::vector<plan::Round>
   return rc;
 }
 
+// The op's Scale or Divide pass (plan::Scaling) on the busiest rank: a
+// read and a write of the region at the GPU's HBM rate, as program_flow.cpp
+// prices those steps; it runs before the first or after the last round.
+Seconds NetworkModel::scalingTime(const plan::Shape& sh) const {
+  const double elems = static_cast<double>(std::max(plan::scalingElems(sh, 0), plan::scalingElems(sh, sh.root)));
+  return Seconds(2 * elems * sh.elem_size / (c_.gpu.hbm_bw.value() * c_.gpu.hbm_efficiency));
+}
+
 Result<CollectiveCost> NetworkModel::price(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g) {
   if (mode_ == NetMode::Flow && g.size * g.groups <= kMaxProgramRanks) return programFlow(a, sh, g);
   CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, a.rounds(sh));
   CollectiveCost cost;
   cost.algo = std::string(a.name());
+  cost.time = scalingTime(sh);
   if (const uint64_t S = a.pipelineSlices(sh); S > 1) {
     for (plan::Round& r : rounds) {
       r.elems = (r.elems + S - 1) / S;
@@ -240,7 +249,8 @@ Result<CollectiveCost> NetworkModel::price(const plan::Algorithm& a, const plan:
   return cost;
 }
 
-Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, const GroupSet& g, std::string_view algo) {
+Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, const GroupSet& g, std::string_view algo,
+                                                plan::Scaling scaling) {
   if (g.size < 1 || g.groups < 1 || g.gpuOf(g.groups - 1, g.size - 1) >= t_.gpus())
     return invalidArgument("{} on {} groups of {} ranks (stride {}): needs GPU {} but the cluster has {} GPUs",
                            plan::collectiveName(coll), g.groups, g.size, g.stride,
@@ -249,6 +259,7 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
   sh.coll = coll;
   sh.nranks = static_cast<int>(g.size);
   sh.elem_size = 1;
+  sh.scaling = plan::reduces(coll) ? scaling : plan::Scaling::None;
   // Pipelined plans are sliced as the library slices them (Tuner::defaultChunk:
   // 512 KiB within a node, 1 MiB across nodes) unless setChunkBytes chose.
   sh.chunk_elems = chunk_bytes_ != 0 ? chunk_bytes_
@@ -265,7 +276,8 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
     default: sh.count = b;
   }
   if (g.size == 1) return CollectiveCost{Seconds(0), "none", "none", Seconds(0)};
-  const CacheKey key{static_cast<int>(coll), bytes.value(), g.size, g.stride, g.groups, g.offset, std::string(algo)};
+  const CacheKey key{static_cast<int>(coll) | static_cast<int>(sh.scaling) << 8, bytes.value(), g.size, g.stride,
+                     g.groups, g.offset, std::string(algo)};
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   // Which library prices the call (setLibrary): NCCL for the collectives it
   // has algorithms for, on switched (non-torus) clusters.

@@ -74,7 +74,10 @@ class NetworkModel {
   // scatter, scatter: the input; alltoall: what one rank sends in all) on
   // every group of `groups` at once.  algo "" or "auto" picks the fastest
   // algorithm whose plan supports the shape.
-  Result<CollectiveCost> collective(plan::Collective coll, Bytes bytes, const GroupSet& groups, std::string_view algo);
+  // `scaling`: the reduction op's arithmetic (plan::Scaling: PreMulSum's
+  // scale, Avg's division), priced as the local passes the plan runs.
+  Result<CollectiveCost> collective(plan::Collective coll, Bytes bytes, const GroupSet& groups, std::string_view algo,
+                                    plan::Scaling scaling = plan::Scaling::None);
 
   // Prices one point-to-point transfer per group member pair (src, dst) of
   // `bytes`, every group at once (pipeline sends between stages).
@@ -123,6 +126,7 @@ class NetworkModel {
   Result<CollectiveCost> chorusCollective(plan::Collective coll, const plan::Shape& sh, const GroupSet& g,
                                           std::string_view algo);
   Result<CollectiveCost> price(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g);
+  [[nodiscard]] Seconds scalingTime(const plan::Shape& sh) const;
   struct RoundCost {
     Seconds time, latency;
     int64_t bottleneck = -1;

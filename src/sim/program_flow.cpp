@@ -17,7 +17,8 @@
 //  - a message is delivered its route's latency after its last byte left;
 //  - a rank's local work (copies, reductions, reducing a received message)
 //    runs one piece at a time on its own core, at the GPU's HBM rate
-//    (3 x bytes for a reduction, 2 x bytes for a copy: reads and writes).
+//    (3 x bytes for a reduction, 2 x bytes for a copy or the op's Scale and
+//    Divide passes: reads and writes).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -227,7 +228,10 @@ void NetworkModel::ProgramFlow::postReady(uint32_t gid) {
   const plan::Step& s = stepOf(gid);
   const int64_t q = owner_[gid];
   if (plan::isLocal(s.op)) {  // compressed plans' (de)quantize steps are local work too
-    const double work = (s.op == StepOp::Copy ? 2 : 3) * eb_ * static_cast<double>(s.dst.count) / hbm_;
+    // A copy, scale or divide reads and writes the region once; a reduction
+    // (or a (de)quantize) reads more.
+    const bool pass = s.op == StepOp::Copy || s.op == StepOp::Scale || s.op == StepOp::Divide;
+    const double work = (pass ? 2 : 3) * eb_ * static_cast<double>(s.dst.count) / hbm_;
     events_.push({onCpu(q, now_, work), StepDone, gid});
     return;
   }

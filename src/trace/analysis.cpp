@@ -267,6 +267,8 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
           case StepKind::Quantize: name = "quantize"; break;
           case StepKind::Dequantize: name = "dequantize"; break;
           case StepKind::DequantizeReduce: name = "dequantize+reduce"; break;
+          case StepKind::Scale: name = "scale"; break;
+          case StepKind::Divide: name = "divide"; break;
         }
         json args = {{"bytes", s.bytes}};
         if ((s.seq & kCheckBit) && !(s.seq & kP2PBit)) args["op"] = "signature check";

@@ -43,7 +43,8 @@ constexpr uint32_t kVersion = 2;
 enum class Kind : uint8_t { Algo = 1, Op = 2, Step = 3, Clock = 4 };
 // Step kinds (plan::StepOp values).
 // The values of plan::StepOp (the executor records s.op; executor.cpp asserts
-// they agree); the last three are compressed plans' local steps.
+// they agree); 5-7 are compressed plans' local steps, 8-9 the reduction op's
+// arithmetic (PreMulSum's scale, Avg's division).
 enum class StepKind : uint8_t {
   Send = 0,
   Recv = 1,
@@ -53,6 +54,8 @@ enum class StepKind : uint8_t {
   Quantize = 5,
   Dequantize = 6,
   DequantizeReduce = 7,
+  Scale = 8,
+  Divide = 9,
 };
 
 struct Header {

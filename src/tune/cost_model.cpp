@@ -275,6 +275,16 @@ Seconds compressWork(const plan::Shape& sh, const CostProfile& prof, int ranks_p
   const double turns = std::max(1.0, static_cast<double>(ranks_per_host) / prof.cores);
   return Seconds(bytes / rate * turns);
 }
+// The op's Scale or Divide pass (plan::Scaling) on the busiest rank: one
+// read and one write of the region, priced like a reduction's pass over one
+// operand (γ, out of the cache as the call's footprint says); ranks beyond
+// the host's cores take turns.
+Seconds scalingWork(const plan::Shape& sh, SecondsPerByte gamma, const CostProfile& prof, int ranks_per_host) {
+  const uint64_t elems = std::max(plan::scalingElems(sh, 0), plan::scalingElems(sh, sh.root));
+  if (elems == 0) return Seconds();
+  const double turns = std::max(1.0, static_cast<double>(ranks_per_host) / prof.cores);
+  return Bytes(static_cast<double>(elems) * sh.elem_size) * gamma * turns;
+}
 }  // namespace
 
 Result<Seconds> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
@@ -394,6 +404,7 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
     total += static_cast<double>(S - 1) *
              std::max(slowest(all_lat, all_work, all_seen), nicBound(all_nic_out, all_nic_in));
   if (shape.wire) total += compressWork(shape, prof, most);
+  total += scalingWork(shape, gamma_eff, prof, most);
   return total;
 }
 

@@ -15,6 +15,8 @@
 // For the one-message-per-rank patterns (ring, trees, recursive doubling) this
 // is α + 2o + b·β (+ b·γ) per round; for the all-pairs rounds of the direct
 // allreduce the n - 1 messages of a rank pay α once and o, β, γ each.
+// A reduction op's Scale or Divide step (plan::Scaling) adds one pass over
+// the busiest rank's region at γ.
 // A one-shot plan on one host within the board's size (CostProfile::board_bytes)
 // runs through the shared-memory board instead: board_call, then per rank
 // its own write and n - 1 reads (β) and reductions (γ).

@@ -17,7 +17,8 @@
 //                                           [--repro canonical|exact]  (with CHORUS_REPRODUCIBLE set:
 //                                            support/repro_check's bitwise checks as one case)
 //                                           [--compress bf16|fp8]  (compressed allreduces: every rank the same
-//                                            bits, all-equal data exact, bf16 within its two-rounding bound)
+//                                            bits, all-equal data exact, bf16 within its two-rounding bound,
+//                                            avg and premulsum of all-equal data exact)
 #include <CLI/CLI.hpp>
 #include <chorus/chorus.h>
 #include <fmt/format.h>
@@ -74,9 +75,35 @@ void printJson(const nlohmann::json& j) {
 // a partial sum no larger than the sum of magnitudes: docs/algorithms.md),
 // with 5 % to spare for the fp32 additions.  fp8's block-scaled bound is
 // checked per element by tests/unit/compress_test.cpp.
+// Avg and PreMulSum (the plan's Divide and Scale steps) through the same
+// compressed plan: rank r's elements all equal r + 1, which every format
+// carries exactly (an all-equal block decodes to its amax), as it does the
+// sums, so the results are exact: (n + 1) / 2 and n (n + 1) / 4 for a
+// scalar of 0.5.
+std::string compressScaledRank(int rank, int n, chorusComm_t comm, const chorusCallOptions_t& o) {
+  const size_t count = 1031;
+  std::vector<float> x(count, static_cast<float>(rank + 1)), y(count, -1.0f);
+  float half = 0.5f;
+  chorusRedOp_t pm;
+  if (chorusRedOpCreatePreMulSum(&pm, &half, chorusFloat32, chorusScalarHostImmediate, comm) != chorusSuccess)
+    return chorusGetLastError(comm);
+  for (chorusRedOp_t op : {chorusAvg, pm}) {
+    if (chorusAllReduceEx(x.data(), y.data(), count, chorusFloat32, op, comm, nullptr, &o) != chorusSuccess)
+      return fmt::format("compressed {} allreduce: {}", op == chorusAvg ? "avg" : "premulsum", chorusGetLastError(comm));
+    const float want = op == chorusAvg ? static_cast<float>(n + 1) / 2 : static_cast<float>(n * (n + 1)) / 4;
+    for (size_t i = 0; i < count; ++i)
+      if (y[i] != want)
+        return fmt::format("compressed {} allreduce: element {} is {}, want {}", op == chorusAvg ? "avg" : "premulsum",
+                           i, y[i], want);
+  }
+  chorusRedOpDestroy(pm, comm);
+  return "";
+}
+
 std::string compressRank(int rank, int n, chorusComm_t comm, const std::string& format) {
   chorusCallOptions_t o = CHORUS_CALL_OPTIONS_INITIALIZER;
   o.compress = format == "fp8" ? CHORUS_COMPRESS_FP8 : CHORUS_COMPRESS_BF16;
+  if (std::string e = compressScaledRank(rank, n, comm, o); !e.empty()) return e;
   auto value = [](int r, size_t i) {
     return static_cast<float>(std::sin(static_cast<double>(i + 1) * 0.37 + r) * static_cast<double>(1 + (i * 7 + r) % 13));
   };

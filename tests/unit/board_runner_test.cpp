@@ -65,7 +65,8 @@ std::byte* at(RankBufs& b, const plan::Region& r, size_t es) { return b.ptrs[sta
 
 // Runs every rank's program in program order with FIFO messages per pair
 // (a rank blocks at a receive whose message has not been sent yet).
-void runSerial(std::vector<plan::Program>& progs, std::vector<RankBufs>& bufs, size_t es, const kernels::Reducer& red) {
+void runSerial(std::vector<plan::Program>& progs, std::vector<RankBufs>& bufs, size_t es, const kernels::Reducer& red,
+               const kernels::Scalar& scalar) {
   const size_t n = progs.size();
   std::map<std::pair<int, int>, std::deque<std::vector<std::byte>>> q;
   std::vector<size_t> pc(n, 0);
@@ -89,6 +90,10 @@ void runSerial(std::vector<plan::Program>& progs, std::vector<RankBufs>& bufs, s
             red(at(b, s.dst, es), at(b, s.src, es), m.data(), s.dst.count);
         } else if (s.op == StepOp::Copy) {
           std::memmove(at(b, s.dst, es), at(b, s.src, es), s.dst.count * es);
+        } else if (s.op == StepOp::Scale) {
+          kernels::scale(at(b, s.dst, es), at(b, s.src, es), s.dst.count, scalar.dtype, scalar);
+        } else if (s.op == StepOp::Divide) {
+          kernels::divide(at(b, s.dst, es), at(b, s.dst, es), s.dst.count, red.dtype(), progs[r].divisor);
         } else {
           red(at(b, s.dst, es), at(b, s.src, es), at(b, s.src2, es), s.dst.count);
         }
@@ -127,12 +132,16 @@ struct Case {
   int n;
   bool inplace, canonical;
   uint64_t count;
+  // Avg: the plan ends in a Divide step; PreMulSum starts with a Scale step,
+  // and the board publishes the input scaled.
+  plan::Scaling scaling = plan::Scaling::None;
 };
 
 // The board runner's outputs for every rank equal the serial run's, bit for bit.
 void checkCase(const plan::Registry& reg, const Case& c) {
   SCOPED_TRACE(::testing::Message() << plan::collectiveName(c.coll) << " n=" << c.n << " inplace=" << c.inplace
-                                    << " canonical=" << c.canonical << " count=" << c.count);
+                                    << " canonical=" << c.canonical << " count=" << c.count
+                                    << " scaling=" << static_cast<int>(c.scaling));
   const plan::Algorithm* algo = reg.find(c.coll, "oneshot");
   ASSERT_NE(algo, nullptr);
   plan::Shape sh;
@@ -143,6 +152,7 @@ void checkCase(const plan::Registry& reg, const Case& c) {
   sh.root = c.n - 1;
   sh.inplace = c.inplace;
   sh.canonical = c.canonical;
+  sh.scaling = c.scaling;
   if (!algo->supports(sh)) return;
   const size_t es = 4;
   const kernels::Reducer red(chorusFloat32, kernels::BinOp::Sum);
@@ -153,7 +163,10 @@ void checkCase(const plan::Registry& reg, const Case& c) {
     serial.push_back(makeBufs(sh, r, progs[static_cast<size_t>(r)], es, 7));
     board.push_back(makeBufs(sh, r, progs[static_cast<size_t>(r)], es, 7));
   }
-  runSerial(progs, serial, es, red);
+  kernels::Scalar scalar{chorusFloat32, {}};
+  const float third = 1.0f / 3.0f;  // inexact: a scale applied twice or not at all shows
+  std::memcpy(scalar.bytes, &third, sizeof third);
+  runSerial(progs, serial, es, red, scalar);
 
   std::vector<std::vector<std::byte>> slots(static_cast<size_t>(c.n), std::vector<std::byte>(transport::kBoardSlotBytes));
   std::vector<transport::CallSignature> sigs(static_cast<size_t>(c.n));
@@ -163,15 +176,19 @@ void checkCase(const plan::Registry& reg, const Case& c) {
     ASSERT_TRUE(bp.isOk()) << bp.status().message();
     bps.push_back(std::move(bp.value()));
     const exec::BoardProgram& p = bps.back();
-    if (p.publishes)
-      std::memcpy(slots[static_cast<size_t>(r)].data(), board[static_cast<size_t>(r)].ptrs[p.publish_buf] + p.publish_offset,
-                  p.publish_bytes);
+    const std::byte* pub = board[static_cast<size_t>(r)].ptrs[p.publish_buf] + p.publish_offset;
+    ASSERT_EQ(p.publish_scaled, p.publishes && c.scaling == plan::Scaling::PreMulSum);
+    if (p.publish_scaled)
+      kernels::scale(slots[static_cast<size_t>(r)].data(), pub, p.publish_bytes / es, chorusFloat32, scalar);
+    else if (p.publishes)
+      std::memcpy(slots[static_cast<size_t>(r)].data(), pub, p.publish_bytes);
   }
   for (int r = 0; r < c.n; ++r) {
     FakeBoard fb(&slots, &sigs, r);
     exec::BoardRunner runner(r, c.n, &fb, std::chrono::milliseconds(1000));
     RankBufs& b = board[static_cast<size_t>(r)];
     exec::Job job{&progs[static_cast<size_t>(r)], b.ptrs, es, &red, 0, 0};
+    job.scalar = &scalar;
     exec::BoardMismatch mm;
     Status st = runner.run(bps[static_cast<size_t>(r)], job, 1, transport::CallSignature{}, &mm);
     ASSERT_TRUE(st.isOk()) << st.message();
@@ -190,6 +207,9 @@ TEST(BoardRunner, EveryOneShotPlanGivesTheSerialExecutionsBits) {
           for (uint64_t count : {uint64_t{1}, uint64_t{5}, uint64_t{64}}) {
             if (canonical && !plan::reduces(coll)) continue;
             checkCase(reg, {coll, n, inplace, canonical, count});
+            if (plan::reduces(coll))
+              for (plan::Scaling sc : {plan::Scaling::Avg, plan::Scaling::PreMulSum})
+                checkCase(reg, {coll, n, inplace, canonical, count, sc});
             if (::testing::Test::HasFatalFailure()) return;
           }
 }
