@@ -381,6 +381,14 @@ TEST(ShmTransport, SpinPolicyShortensTheSpinAfterAYieldLostTheCore) {
   EXPECT_FALSE(contended);
 }
 
+// Pins the calling process to one CPU; false when the kernel refuses.
+bool pinTo(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  return sched_setaffinity(0, sizeof one, &one) == 0;
+}
+
 // A busy process shares this rank's core while the peer (another core when
 // there is one) answers every few milliseconds: every message arrives, and
 // the waits notice that their yields lose the core to it.
@@ -394,23 +402,17 @@ TEST(ShmTransport, AWaitBesideABusyProcessOnItsCoreNoticesTheLostYields) {
     if (CPU_ISSET(c, &before)) (mine < 0 ? mine : other) = c;
   ASSERT_GE(mine, 0);
   if (other < 0) other = mine;
-  auto pin = [](int cpu) {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    return sched_setaffinity(0, sizeof one, &one) == 0;
-  };
   SharedStore store;
   const std::string prefix = uniquePrefix();
   constexpr int kMessages = 20;
   pid_t busy = forkChild([&]() -> int {
-    if (!pin(mine)) return 2;
+    if (!pinTo(mine)) return 2;
     for (volatile uint64_t x = 0;; x = x + 1) {
     }
   });
   ASSERT_GT(busy, 0);
   pid_t peer = forkChild([&]() -> int {
-    if (!pin(other)) return 2;
+    if (!pinTo(other)) return 2;
     auto t = createShmTransport(setupFor(1, {0}, prefix), store);
     if (!t.isOk()) return 3;
     for (int k = 0; k < kMessages; ++k) {
@@ -426,7 +428,7 @@ TEST(ShmTransport, AWaitBesideABusyProcessOnItsCoreNoticesTheLostYields) {
   // would count itself oversubscribed, where long yields are the point.
   auto t = createShmTransport(setupFor(0, {1}, prefix), store);
   ASSERT_TRUE(t.isOk()) << t.status().message();
-  ASSERT_TRUE(pin(mine));
+  ASSERT_TRUE(pinTo(mine));
   int right = 0;
   for (int k = 0; k < kMessages; ++k) {
     uint64_t v = 0;
@@ -460,12 +462,7 @@ TEST(ShmTransport, ALateYieldToAPeerRankOnTheSameCoreIsNotALostYield) {
   for (int c = 0; c < CPU_SETSIZE && cpu < 0; ++c)
     if (CPU_ISSET(c, &before)) cpu = c;
   ASSERT_GE(cpu, 0);
-  auto pin = [cpu] {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    return sched_setaffinity(0, sizeof one, &one) == 0;
-  };
+  auto pin = [cpu] { return pinTo(cpu); };
   SharedStore store;
   const std::string prefix = uniquePrefix();
   constexpr int kRounds = 20;
