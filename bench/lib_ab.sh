@@ -6,15 +6,21 @@
 # the ratio B / A (latency: < 1 is faster; busbw: > 1 is faster).
 #
 #   bash bench/lib_ab.sh BUILD_A BUILD_B [--repeats N] [--np 2,4] [--out DIR]
+#   bash bench/lib_ab.sh BUILD_A BUILD_B --report DIR [DIR ...]   (pool earlier runs' raw rows, run nothing)
+#
+# LIB_AB_ITERS sets the timed iterations per size of the busbw runs (default 20).  On a shared 2-core
+# machine one run's cells swing by 0.7-1.5x; run A against A (BUILD_A twice) for the noise floor and pool
+# several runs with --report before reading a ratio.
 #
 # BUILD_x is a build directory holding tools/chorus-run and tools/chorus-bench.  Out-of-place calls only.
 set -euo pipefail
 a=${1:?usage: lib_ab.sh BUILD_A BUILD_B [--repeats N] [--np 2,4] [--out DIR]}
 b=${2:?usage: lib_ab.sh BUILD_A BUILD_B [--repeats N] [--np 2,4] [--out DIR]}
 shift 2
-repeats=5 nps=2,4 out=$(mktemp -d "${TMPDIR:-/tmp}/lib_ab.XXXXXX")
+repeats=5 nps=2,4 out= report=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --report) shift; report=("$@"); break ;;
     --repeats) repeats=$2; shift ;;
     --np) nps=$2; shift ;;
     --out) out=$2; shift ;;
@@ -22,9 +28,11 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+[ -n "$out" ] || out=$(mktemp -d "${TMPDIR:-/tmp}/lib_ab.XXXXXX")
 for d in "$a" "$b"; do
   [ -x "$d/tools/chorus-run" ] && [ -x "$d/tools/chorus-bench" ] || { echo "lib_ab.sh: no tools/chorus-run and tools/chorus-bench in $d" >&2; exit 2; }
 done
+if [ ${#report[@]} -eq 0 ]; then
 mkdir -p "$out"
 run() {  # build label np transport repeat
   local dir=$1 label=$2 np=$3 tr=$4 r=$5 env=()
@@ -32,7 +40,7 @@ run() {  # build label np transport repeat
   env "${env[@]}" "$dir/tools/chorus-run" -n "$np" --no-prefix --timeout 300 -- "$dir/tools/chorus-bench" allreduce \
     -b 8 -e 8 -n 5000 -w 500 --json "$out/$label.np$np.$tr.small.r$r.jsonl" >/dev/null
   env "${env[@]}" "$dir/tools/chorus-run" -n "$np" --no-prefix --timeout 300 -- "$dir/tools/chorus-bench" allreduce \
-    -b 64K -e 16M -f 16 -n 20 -w 5 --json "$out/$label.np$np.$tr.large.r$r.jsonl" >/dev/null
+    -b 64K -e 16M -f 16 -n ${LIB_AB_ITERS:-20} -w 5 --json "$out/$label.np$np.$tr.large.r$r.jsonl" >/dev/null
 }
 for r in $(seq 1 "$repeats"); do
   for np in ${nps//,/ }; do
@@ -42,11 +50,13 @@ for r in $(seq 1 "$repeats"); do
     done
   done
 done
-python3 - "$out" "$a" "$b" <<'PY'
+report=("$out")
+fi
+python3 - "$a" "$b" "${report[@]}" <<'PY'
 import glob, json, statistics, sys
-out, a, b = sys.argv[1:4]
+a, b = sys.argv[1:3]
 rows = {}
-for f in glob.glob(f"{out}/*.jsonl"):
+for f in [f for d in sys.argv[3:] for f in glob.glob(f"{d}/*.jsonl")]:
     label, npx, tr = f.split("/")[-1].split(".")[:3]
     for line in open(f):
         j = json.loads(line)
@@ -64,4 +74,4 @@ for (np_, tr, size) in sorted(rows):
     name = f"{size} B" if size < 1024 else f"{size >> 10} KiB" if size < (1 << 20) else f"{size >> 20} MiB"
     print(f"{np_:>5} {tr:>9} {name:>9}  {fig:>10} {ma:>10.3f} {mb:>10.3f} {mb / ma:>7.3f}")
 PY
-echo "raw rows: $out"
+echo "raw rows: ${report[*]}"
