@@ -26,12 +26,13 @@ using DivideFn = void (*)(void* dst, const void* src, size_t count, uint64_t n);
 // its general loops when one returns false.
 struct ExactFloatFns {
   // acc[i] = x[i] / 2^lsb_exp, an integer: false (acc partly written) when a
-  // value is not finite or not a multiple of 2^lsb_exp below 2^(lsb_exp + 51)
+  // value is not finite or not a multiple of 2^lsb_exp below 2^(lsb_exp + 62)
   // (wider words take the general loop, as from_word's do).
   bool (*to_word)(int64_t* acc, const float* x, size_t count, int lsb_exp);
   // y[i] = acc[i] * 2^lsb_exp rounded to float (nearest, ties to even): false
-  // (y partly written) when some |acc[i]| >= lim.  Needs lim <= 2^51 and
-  // -1022 <= lsb_exp <= 1023 - 51, so every step before the rounding is exact.
+  // (y partly written) when some |acc[i]| >= lim.  Needs lim <= 2^62 and
+  // -1022 <= lsb_exp <= 1023 - 62, so every step but the one rounding (made
+  // round-to-odd first, then to float) is exact.
   bool (*from_word)(float* y, const int64_t* acc, size_t count, int lsb_exp, int64_t lim);
   // The largest and smallest exponent field among the finite nonzero values
   // (subnormals count as 1); 0 and 256 when there is none.

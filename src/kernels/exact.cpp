@@ -384,13 +384,13 @@ void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count) 
 }
 
 namespace {
-// float32 from one word when every word is a finite integer below 2^51 (the
+// float32 from one word when every word is a finite integer below 2^62 (the
 // common case; the kernel table's vector loop): false (outputs to be redone
 // by the general path) else.
 bool fromExactFloatOneWord(const ExactLayout& l, float* y, const int64_t* acc, size_t count) {
-  if (l.words != 1 || l.lsb_exp < -1022 || l.lsb_exp + 51 > 1023) return false;
+  if (l.words != 1 || l.lsb_exp < -1022 || l.lsb_exp + 62 > 1023) return false;
   // Finite words are below 2^(special_shift - 1) in magnitude.
-  const int64_t lim = int64_t{1} << std::min(51, l.special_shift - 1);
+  const int64_t lim = int64_t{1} << std::min(62, l.special_shift - 1);
   return activeKernels().exact.from_word(y, acc, count, l.lsb_exp, lim);
 }
 }  // namespace

@@ -331,14 +331,23 @@ void divideNarrow(void* dst, const void* src, size_t n, uint64_t divisor) {
 
 // ---- CHORUS_REPRODUCIBLE=exact: float32 <-> one int64 word (dispatch.hpp) ----
 //
-// Both ways go through a double, where every step is exact for words below
-// 2^51: a float widened to double and scaled by 2^-lsb (a power of two) is
-// its word, an integer when no bit lies below 2^lsb; the magic-number
-// conversion (add 2^52 + 2^51: the double's low mantissa bits are then the
-// integer, and no int64 <-> double instruction is needed) turns it into the
-// int64 and back.  The way back rounds once, to float.  A word of 2^51 or
-// more (a range over 51 bits), a bit below 2^lsb, an infinity or a NaN is
-// "not representable": the caller's general loop redoes the call.
+// A word is an integer below 2^62, wider than a double's 53 bits, so both
+// ways split it at bit 32 into two halves that a double holds exactly, and
+// convert each with the magic number (add 2^52 + 2^51: the double's low
+// mantissa bits are then the integer; no int64 <-> double instruction is
+// needed, which AVX2 lacks).
+//  * float -> word: d = x 2^-lsb is exact (a power-of-two scaling); its high
+//    half h = d 2^-32 rounded to an integer, its low half d - h 2^32 (exact:
+//    at most 2^31 in magnitude, an integer when no bit of x lies below
+//    2^lsb).  Word = h 2^32 + low.
+//  * word -> float: high and low halves to doubles (exact), added (one
+//    rounding to 53 bits, its error recovered exactly by Fast2Sum: |high
+//    part| >= 2^32 > low, or the high part is 0), and the sum made
+//    round-to-odd (an inexact sum with an even last bit takes its odd
+//    neighbour on the exact value's side).  Rounding that to float (24 bits,
+//    53 >= 24 + 2) gives the correctly rounded sum: no double-rounding error.
+// A word of 2^62 or more, a bit below 2^lsb, an infinity or a NaN is "not
+// representable": the caller's general loop redoes the call.
 
 // L 32-bit lanes, one per 64-bit lane of a full vector.
 typedef uint32_t ExactU32 __attribute__((vector_size(CHORUS_VEC_BYTES / 2)));
@@ -347,18 +356,24 @@ typedef float ExactF32 __attribute__((vector_size(CHORUS_VEC_BYTES / 2)));
 inline double exactPow2(int k) { return std::bit_cast<double>(static_cast<uint64_t>(k + 1023) << 52); }
 inline constexpr int64_t kExactMagicBits = 0x4338000000000000;  // the bits of 2^52 + 2^51
 inline constexpr double kExactMagic = 6755399441055744.0;        // 2^52 + 2^51
-inline constexpr double kExactWordLimit = 2251799813685248.0;    // 2^51
+inline constexpr double kExactWordLimit = 4611686018427387904.0; // 2^62
+inline constexpr double kExactHalf = 4294967296.0;               // 2^32: where a word splits
+inline constexpr double kExactHalfInv = 1.0 / 4294967296.0;
 
 // One element of exactToWord; true when it is not representable.
 inline bool exactToWord1(int64_t* acc, float x, double scale) {
   const double d = static_cast<double>(x) * scale;
-  const double t = d + kExactMagic;
-  *acc = std::bit_cast<int64_t>(t) - kExactMagicBits;
-  return !(t - kExactMagic == d && d < kExactWordLimit && d > -kExactWordLimit);
+  const double th = d * kExactHalfInv + kExactMagic;
+  const double lo = d - (th - kExactMagic) * kExactHalf;
+  const double tl = lo + kExactMagic;
+  const uint64_t hi_w = static_cast<uint64_t>(std::bit_cast<int64_t>(th) - kExactMagicBits) << 32;
+  *acc = static_cast<int64_t>(hi_w + static_cast<uint64_t>(std::bit_cast<int64_t>(tl) - kExactMagicBits));
+  return !(tl - kExactMagic == lo && d < kExactWordLimit && d > -kExactWordLimit);
 }
 
 bool exactToWord(int64_t* acc, const float* x, size_t n, int lsb_exp) {
   using I = Vec<int64_t>;
+  using U = Vec<uint64_t>;
   using D = Vec<double>;
   constexpr size_t L = kLanes<int64_t>;
   if (lsb_exp < -1023 || lsb_exp > 1022) return false;  // 2^-lsb is no normal double
@@ -369,15 +384,29 @@ bool exactToWord(int64_t* acc, const float* x, size_t n, int lsb_exp) {
     ExactF32 f;
     std::memcpy(&f, x + i, sizeof f);
     const D d = __builtin_convertvector(f, D) * scale;
-    const D t = d + kExactMagic;
-    // NaN fails the first test, an infinity the second.
-    bad |= ((t - kExactMagic) != d) | (d >= kExactWordLimit) | (d <= -kExactWordLimit);
-    st(reinterpret_cast<unsigned char*>(acc + i), I((I)t - kExactMagicBits));
+    const D th = d * kExactHalfInv + kExactMagic;
+    const D lo = d - (th - kExactMagic) * kExactHalf;
+    const D tl = lo + kExactMagic;
+    // NaN fails the first test (its low half is NaN), an infinity too.
+    bad |= ((tl - kExactMagic) != lo) | (d >= kExactWordLimit) | (d <= -kExactWordLimit);
+    const U w = ((U)((I)th - kExactMagicBits) << 32) + (U)((I)tl - kExactMagicBits);
+    st(reinterpret_cast<unsigned char*>(acc + i), (I)w);
   }
   bool any = false;
   for (size_t k = 0; k < L; ++k) any |= bad[k] != 0;
   for (; i < n; ++i) any |= exactToWord1(acc + i, x[i], scale);
   return !any;
+}
+
+// One element of exactFromWord (|w| < 2^62).
+inline float exactFromWord1(int64_t w, double scale) {
+  const double big = static_cast<double>(w >> 32) * kExactHalf;  // exact: |w >> 32| < 2^30
+  const double low = static_cast<double>(w & 0xffffffff);
+  const double s = big + low;
+  const double err = low - (s - big);
+  int64_t b = std::bit_cast<int64_t>(s);
+  if (err != 0 && (b & 1) == 0) b += (err > 0) == (s > 0) ? 1 : -1;
+  return static_cast<float>(std::bit_cast<double>(b) * scale);
 }
 
 bool exactFromWord(float* y, const int64_t* acc, size_t n, int lsb_exp, int64_t lim) {
@@ -390,8 +419,16 @@ bool exactFromWord(float* y, const int64_t* acc, size_t n, int lsb_exp, int64_t 
   for (; i + L <= n; i += L) {
     const I w = ld<I>(reinterpret_cast<const unsigned char*>(acc + i));
     bad |= (w >= lim) | (w <= -lim);
-    const D d = ((D)(w + kExactMagicBits) - kExactMagic) * scale;
-    const ExactF32 f = __builtin_convertvector(d, ExactF32);
+    const D big = ((D)((w >> 32) + kExactMagicBits) - kExactMagic) * kExactHalf;
+    const D low = (D)((w & 0xffffffff) + kExactMagicBits) - kExactMagic;
+    const D s = big + low;
+    const D err = low - (s - big);
+    // Round to odd: +1 or -1 on the bits (away from or toward zero) where
+    // the sum is inexact and its last bit even.
+    const I fix = (err != 0) & (((I)s & 1) == 0);
+    const I dir = (((err > 0) == (s > 0)) & 2) - 1;
+    const D odd = (D)((I)s + (fix & dir));
+    const ExactF32 f = __builtin_convertvector(odd * scale, ExactF32);
     std::memcpy(y + i, &f, sizeof f);
   }
   bool any = false;
@@ -399,7 +436,7 @@ bool exactFromWord(float* y, const int64_t* acc, size_t n, int lsb_exp, int64_t 
   for (; i < n; ++i) {
     const int64_t w = acc[i];
     any |= w >= lim || w <= -lim;
-    y[i] = static_cast<float>(static_cast<double>(w) * scale);
+    y[i] = exactFromWord1(w, scale);
   }
   return !any;
 }

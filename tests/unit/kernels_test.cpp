@@ -855,26 +855,43 @@ TEST(ExactAccumulator, VectorConversionsOfEveryTableMatchTheScalarDefinition) {
         if (lsb - 1 >= -149) {
           EXPECT_FALSE(t->exact.to_word(w.data(), y.data(), n, lsb));
         }
-        // The word limit: below 2^51 taken, 2^51 (either sign) refused.
+        // The word limit: below 2^62 taken (a word wider than a double's
+        // 53 bits, split in two), 2^62 (either sign) refused.
         y = x;
         const size_t at = rng() % n;
-        y[at] = -static_cast<float>(std::ldexp(double{(1 << 23) + 1}, lsb + 27));  // -(2^50 + 2^27) words
+        y[at] = -static_cast<float>(std::ldexp(double{(1 << 23) + 1}, lsb + 38));  // -(2^61 + 2^38) words
         ASSERT_TRUE(t->exact.to_word(w.data(), y.data(), n, lsb));
-        EXPECT_EQ(w[at], -((int64_t{1} << 50) + (int64_t{1} << 27)));
-        y[at] = (rng() % 2 ? 1.0f : -1.0f) * std::ldexp(1.0f, lsb + 51);
+        EXPECT_EQ(w[at], -((int64_t{1} << 61) + (int64_t{1} << 38)));
+        y[at] = (rng() % 2 ? 1.0f : -1.0f) * std::ldexp(1.0f, lsb + 62);
         EXPECT_FALSE(t->exact.to_word(w.data(), y.data(), n, lsb));
-        // Back: any word below 2^50 (the sums of many ranks), rounded once.
+        // Back: any word below 2^62, rounded once.  The reference holds the
+        // word exactly (a long double's 64-bit significand) and rounds it to
+        // float in one step.  Among random words of every width, the traps
+        // of rounding twice (to a double, then to float): a word just above
+        // a float tie, 2^K + 2^(K-24) + 1 for K >= 53, whose double is the
+        // tie itself; and exact ties, which go to even.
         std::vector<int64_t> sums(n);
         std::vector<float> back(n);
-        for (int64_t& v : sums) v = static_cast<int64_t>(rng() >> 14) - (int64_t{1} << 49);
+        for (size_t i = 0; i < n; ++i) {
+          const int width = static_cast<int>(rng() % 62), k_top = 53 + static_cast<int>(rng() % 9);
+          int64_t v = static_cast<int64_t>(rng() >> (64 - width - 1) >> 1);
+          switch (i % 4) {
+            case 1: v = (int64_t{1} << k_top) + (int64_t{1} << (k_top - 24)) + 1; break;
+            case 2: v = (int64_t{1} << k_top) + (int64_t{1} << (k_top - 24)) + (int64_t{1} << (k_top - 23)); break;
+            case 3: v = (int64_t{1} << k_top) + (int64_t{1} << (k_top - 24)) - 1; break;
+            default: break;
+          }
+          sums[i] = rng() % 2 ? -v : v;
+        }
         const int out_lsb = std::max(lsb, -1022);
-        ASSERT_TRUE(t->exact.from_word(back.data(), sums.data(), n, out_lsb, int64_t{1} << 51));
+        const int64_t lim = int64_t{1} << 62;
+        ASSERT_TRUE(t->exact.from_word(back.data(), sums.data(), n, out_lsb, lim));
         for (size_t i = 0; i < n; ++i)
           ASSERT_EQ(std::bit_cast<uint32_t>(back[i]),
-                    std::bit_cast<uint32_t>(static_cast<float>(std::ldexp(static_cast<double>(sums[i]), out_lsb))))
-              << i;
-        sums[rng() % n] = -(int64_t{1} << 51);
-        EXPECT_FALSE(t->exact.from_word(back.data(), sums.data(), n, out_lsb, int64_t{1} << 51));
+                    std::bit_cast<uint32_t>(static_cast<float>(std::ldexp(static_cast<long double>(sums[i]), out_lsb))))
+              << i << ": word " << sums[i];
+        sums[rng() % n] = -lim;
+        EXPECT_FALSE(t->exact.from_word(back.data(), sums.data(), n, out_lsb, lim));
       }
     }
   }
