@@ -356,13 +356,21 @@ bool waitUntilAsleep(pid_t pid, std::chrono::milliseconds limit) {
 TEST(ShmTransport, SpinPolicyShortensTheSpinAfterAYieldLostTheCore) {
   using shm_detail::SpinPolicy;
   const SpinPolicy::Clock::time_point t0{std::chrono::seconds(100)};
+  const auto kStranger = [] { return false; };  // no peer rank yields on our CPU
   SpinPolicy p(50us, false);
   bool contended = true;
+  int asked = 0;
+  EXPECT_FALSE(p.yielded(t0, t0 + 5us, [&] { return ++asked, true; }));
+  EXPECT_EQ(asked, 0) << "a prompt yield is no question of who ran";
+  EXPECT_FALSE(p.yielded(t0, t0 + 2ms, [&] { return ++asked, true; })) << "a late yield that ran a peer rank";
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(p.budget(t0 + 3ms, &contended), 50us);
+  EXPECT_FALSE(contended) << "handing the core to a peer rank is no contention";
   EXPECT_EQ(p.budget(t0, &contended), 50us);
   EXPECT_FALSE(contended);
-  EXPECT_FALSE(p.yielded(t0, t0 + 5us)) << "a yield nobody took the core in";
+  EXPECT_FALSE(p.yielded(t0, t0 + 5us, kStranger)) << "a yield nobody took the core in";
   EXPECT_EQ(p.stolenYields(), 0u);
-  EXPECT_TRUE(p.yielded(t0, t0 + 2ms)) << "a yield that lost the core for 2 ms";
+  EXPECT_TRUE(p.yielded(t0, t0 + 2ms, kStranger)) << "a yield that lost the core for 2 ms";
   EXPECT_EQ(p.stolenYields(), 1u);
   EXPECT_EQ(p.budget(t0 + 3ms, &contended), 10us) << "no recent waits: the floor";
   EXPECT_TRUE(contended);
@@ -373,10 +381,10 @@ TEST(ShmTransport, SpinPolicyShortensTheSpinAfterAYieldLostTheCore) {
   EXPECT_EQ(p.budget(t0 + 2ms + SpinPolicy::kContendedHold + 1us, &contended), 50us);
   EXPECT_FALSE(contended) << "the mode ends kContendedHold after the last late yield";
   SpinPolicy small(5us, false);
-  ASSERT_TRUE(small.yielded(t0, t0 + 1ms));
+  ASSERT_TRUE(small.yielded(t0, t0 + 1ms, kStranger));
   EXPECT_EQ(small.budget(t0 + 1ms, &contended), 5us) << "a spin set below the floor stays";
   SpinPolicy over(50us, true);
-  EXPECT_FALSE(over.yielded(t0, t0 + 5ms)) << "with more ranks than cores a long yield ran a peer rank";
+  EXPECT_FALSE(over.yielded(t0, t0 + 5ms, kStranger)) << "with more ranks than cores a long yield ran a peer rank";
   EXPECT_EQ(over.budget(t0 + 5ms, &contended), 50us);
   EXPECT_FALSE(contended);
 }
@@ -407,7 +415,10 @@ TEST(ShmTransport, AWaitBesideABusyProcessOnItsCoreNoticesTheLostYields) {
   constexpr int kMessages = 20;
   pid_t busy = forkChild([&]() -> int {
     if (!pinTo(mine)) return 2;
-    for (volatile uint64_t x = 0;; x = x + 1) {
+    volatile uint64_t x = 0;
+    for (;;) {
+      const uint64_t v = x;
+      x = v + 1;
     }
   });
   ASSERT_GT(busy, 0);

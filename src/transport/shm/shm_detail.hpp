@@ -193,9 +193,13 @@ class SpinPolicy {
   // A wait the spin satisfied after `took` (0 when it was not timed).
   void satisfied(std::chrono::nanoseconds took) { ewma_ns_ += (took.count() - ewma_ns_) / 8; }
   // A sched_yield from `before` to `after`: true when it handed the core to
-  // another task (the wait should go to sleep now).
-  bool yielded(Clock::time_point before, Clock::time_point after) {
-    if (oversubscribed_ || after - before <= kYieldStolen) return false;
+  // another task (the wait should go to sleep now).  `ran_a_peer_rank()` is
+  // asked only of a late yield: true when one of our own ranks yields on
+  // this CPU too (ranks that started on one core, before the kernel spreads
+  // them), so the yield was the right hand-over, not a stranger's slice.
+  template <typename F>
+  bool yielded(Clock::time_point before, Clock::time_point after, F&& ran_a_peer_rank) {
+    if (oversubscribed_ || after - before <= kYieldStolen || ran_a_peer_rank()) return false;
     contended_until_ = after + kContendedHold;
     ++stolen_;
     return true;

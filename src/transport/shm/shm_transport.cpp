@@ -983,12 +983,7 @@ bool ShmTransport::spinFor(F&& done, int polls, std::chrono::microseconds timeou
           cpu_published = true;
         }
         sched_yield();
-        const auto after = Clock::now();
-        // A late yield that ran a peer rank of ours (it yields on this CPU
-        // too: both ranks started on one core, before the kernel spreads
-        // them) was the right hand-over, not a stranger's slice.
-        if (!oversubscribed_ && after - now > SpinPolicy::kYieldStolen && peerYieldsHere()) continue;
-        if (!oversubscribed_ && policy_.yielded(now, after)) {
+        if (policy_.yielded(now, Clock::now(), [this] { return peerYieldsHere(); })) {
           stats_.stolen_yields = policy_.stolenYields();
           return false;  // sleep rather than yield again
         }
