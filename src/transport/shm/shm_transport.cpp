@@ -55,6 +55,21 @@ void futexWake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+// Maps the pages of [addr, addr + len) of a shared mapping into this
+// process now, so that the first calls do not take a page fault per page of
+// ring they write or read: ~20 faults per call, 10-40 us, in the first
+// thousands of calls of a 4-rank 32 KiB allgather on 2 cores.  The pages
+// exist (the owner created its segment with MAP_POPULATE before publishing
+// it).  MADV_POPULATE_WRITE (Linux 5.14) does it in one call; before it, a
+// read of each page maps it (shmem maps a shared page writable on a read).
+void prefault(std::byte* addr, size_t len) {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;
+#endif
+  if (madvise(addr, len, MADV_POPULATE_WRITE) == 0) return;
+  for (size_t off = 0; off < len; off += kPage) (void)*reinterpret_cast<volatile const std::byte*>(addr + off);
+}
+
 // An mmap'd region, unmapped on destruction.
 class Mapping {
  public:
@@ -370,7 +385,9 @@ Result<SegmentRecord> ShmTransport::createSegment(const ShmSetup& setup) {
     return errnoError(fmt::format("shm transport, rank {}: ftruncate({}, {} bytes) (is /dev/shm large enough? "
                                   "lower CHORUS_SHM_RING_BYTES)", rank_, name, total), err);
   }
-  void* addr = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Populated: every page of it is ours to read (our rings' data) and the
+  // peers', and a fault per ring page would slow the first calls.
+  void* addr = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int map_err = errno;
   close(fd);
   if (addr == MAP_FAILED)
@@ -448,6 +465,10 @@ Status ShmTransport::mapPeer(Peer& p, bootstrap::Store& store, std::chrono::mill
                            "(do all ranks agree on which ranks share this host?)", rank_, p.rank, rank_);
   p.out = slotControl(p.seg.data(), h.ring_bytes, slot);
   p.out_data = slotData(p.seg.data(), h.ring_bytes, slot);
+  // Map now what this rank touches of the peer's segment: its header and
+  // board, and our ring in it (the rest are other ranks' rings).
+  prefault(p.seg.data(), kHeaderBytes);
+  prefault(reinterpret_cast<std::byte*>(p.out), slotStride(h.ring_bytes));
   p.out_mask = h.ring_bytes - 1;
   p.in->cma_ok.store(probeCma(p, pr.probe_addr), std::memory_order_release);
   return {};
