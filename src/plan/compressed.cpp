@@ -115,26 +115,39 @@ class CompressedAllReduce final : public CompressedBase {
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
     const uint64_t blk = wireElems(sh, partBegin(sh.count, sh.nranks, 1));
-    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = blk}, {.peers = Peers::AllPairs, .elems = blk}};
+    return std::vector<Round>{{.peers = Peers::AllPairs, .elems = blk},
+                              {.repeat = uint64_t(sh.nranks - 1), .peers = Peers::Shift, .arg = 1, .elems = blk}};
   }
+  // Reduce-scatter all-pairs, then the owners' quantized sums around a ring:
+  // each hop forwards the wire bytes it received, unchanged, so a block is
+  // still quantized once for the all-gather, and each rank sends one stream
+  // at a time (on a shaped 1 Gbit/s host link, n - 1 concurrent TCP flows
+  // carried 85-88 % of it against a single flow's 96 %).
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
     if (trivial(sh, b)) return;
     const Blocks bl{sh.count, n, sh.chunk_elems};
+    const int next = mod(r + 1, n), prev = mod(r - 1, n);
+    std::vector<Region> wires(static_cast<size_t>(n));
     for (uint64_t s = 0; s < bl.slices(); ++s) {
       const Region mine = bl.slice(Buf::Output, 0, r, s);
       reduceScatterSlice(b, sh, bl, 0, r, s, mine);
       if (mine.count) {
-        // The fp32 sum, quantized once, to every peer; this rank keeps what
-        // they will decode.
-        const Region w = b.wire(kernels::wireBytes(*sh.wire, mine.count));
-        b.quantize(w, mine);
-        for (int k = 1; k < n; ++k) b.send(mod(r + k, n), w);
-        b.dequantize(mine, w);
+        // The fp32 sum, quantized once; this rank keeps what its peers will
+        // decode.
+        wires[static_cast<size_t>(r)] = b.wire(kernels::wireBytes(*sh.wire, mine.count));
+        b.quantize(wires[static_cast<size_t>(r)], mine);
+        b.dequantize(mine, wires[static_cast<size_t>(r)]);
       }
       for (int k = 1; k < n; ++k) {
-        const int from = mod(r - k, n);
-        if (Region x = bl.slice(Buf::Output, 0, from, s); x.count) recvDecode(b, sh, from, x, nullptr);
+        const int out_block = mod(r - k + 1, n), in_block = mod(r - k, n);
+        if (bl.slice(Buf::Output, 0, out_block, s).count) b.send(next, wires[static_cast<size_t>(out_block)]);
+        if (Region x = bl.slice(Buf::Output, 0, in_block, s); x.count) {
+          Region& w = wires[static_cast<size_t>(in_block)];
+          w = b.wire(kernels::wireBytes(*sh.wire, x.count));
+          b.recv(prev, w);
+          b.dequantize(x, w);
+        }
       }
     }
   }

@@ -103,6 +103,12 @@ Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
   // A compressed call takes a compressed plan, and only a call the caller
   // allowed to compress (Shape::wire) takes one.
   const bool compressed = sh.wire.has_value();
+  if (compressed && chunk_override_ == 0 && !topo_.all_local && topo_.local_ranks == 1 && sh.elem_size > 0) {
+    constexpr size_t kProbe = size_t{1} << 16;  // elements: the wire's share of the fp32 bytes
+    const double wire_share = static_cast<double>(kernels::wireBytes(*sh.wire, kProbe)) /
+                              static_cast<double>(kProbe * sh.elem_size);
+    ch.chunk_bytes = std::min(ch.chunk_bytes, static_cast<uint64_t>(static_cast<double>(kWireSliceCompressed) / wire_share));
+  }
   auto eligible = [&](const plan::Algorithm* a) { return a->compressed() == compressed && a->supports(sh); };
   if (const plan::Algorithm* f = forced_[static_cast<size_t>(c)]; f != nullptr && eligible(f)) {
     ch.algo = f;

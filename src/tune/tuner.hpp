@@ -32,6 +32,18 @@ struct Choice {
 // (docs/performance.md).  The tuner's choice for such communicators; the
 // plans' own defaults (one host, across hosts) are plan::kChunkBytes*.
 constexpr uint64_t kChunkBytesLoopback = 128u << 10;
+// The slice of a compressed call across hosts, in wire bytes (its fp32 slice
+// is 2x that for bf16, ~4x for fp8).  The compressed allreduce forwards the
+// owners' quantized sums around a ring, n - 1 hops a slice must take one after
+// another, so a block is cut in several slices for the hops to overlap: 4
+// hosts x 1 rank at 1 Gbit/s, 4 MiB bf16 1.51-1.93x the uncompressed call in
+// the across-hosts 1 MiB fp32 slices (one per block), 1.93-2.04x in 256 KiB
+// ones; fp8 in 256 KiB fp32 slices (64 KiB on the wire) fell to 2.64-2.77x at
+// 8 MiB in one repeat of three, twice (docs/algorithms.md, "Compressed
+// reductions").  One rank per host only: on 2 hosts x 2 ranks the
+// hierarchical plan's bf16 calls fell to 0.84-0.89x in some repeats with
+// 256 KiB slices (1.80-2.16x with 1 MiB).
+constexpr uint64_t kWireSliceCompressed = 128u << 10;
 
 struct Topology {
   int nranks = 1;

@@ -310,5 +310,39 @@ TEST(CompressedPlan, TunerSendsEachByteAcrossOnceOnHostsOfSeveralRanks) {
   }
 }
 
+// One rank per host: the compressed allreduce forwards the quantized sums
+// around a ring, so the tuner cuts it in slices of kWireSliceCompressed wire
+// bytes (bf16: twice that of fp32; fp8 with its scales: about four times),
+// where other calls keep the across-hosts slice; several ranks per host keep
+// it too, and CHORUS_CHUNK_BYTES (the override) wins.
+TEST(CompressedPlan, TunerSlicesACompressedCallAcrossOneRankHostsByItsWireBytes) {
+  Registry reg = Registry::builtin();
+  auto choose = [&](std::vector<int> hosts, int local, std::optional<kernels::WireFormat> wire, uint64_t over = 0) {
+    tune::Topology topo{static_cast<int>(hosts.size()), local, false, hosts, false};
+    auto tuner = tune::Tuner::create(reg, topo, "", over, tune::CostProfile());
+    EXPECT_TRUE(tuner.isOk());
+    Shape sh;
+    sh.coll = Collective::AllReduce;
+    sh.nranks = static_cast<int>(hosts.size());
+    sh.count = uint64_t{4} << 20;
+    sh.hosts = hosts;
+    sh.wire = wire;
+    auto ch = tuner->choose(sh, chorusFloat32);
+    EXPECT_TRUE(ch.isOk()) << ch.status().message();
+    return *ch;
+  };
+  const std::vector<int> flat = {0, 1, 2, 3}, two_by_two = {0, 0, 1, 1};
+  const kernels::WireFormat bf16{kernels::WireFormat::Bf16, 128}, fp8{kernels::WireFormat::Fp8E4m3, 128};
+  const tune::Choice b = choose(flat, 1, bf16);
+  EXPECT_EQ(b.algo->name(), "compressed_direct");
+  EXPECT_EQ(b.chunk_bytes, 2 * tune::kWireSliceCompressed);
+  const uint64_t f = choose(flat, 1, fp8).chunk_bytes;  // 4 B per element over 1 + 4/128 B
+  EXPECT_GT(f, 3 * tune::kWireSliceCompressed);
+  EXPECT_LT(f, 4 * tune::kWireSliceCompressed);
+  EXPECT_EQ(choose(flat, 1, std::nullopt).chunk_bytes, plan::kChunkBytesAcrossHosts);
+  EXPECT_EQ(choose(two_by_two, 2, bf16).chunk_bytes, plan::kChunkBytesAcrossHosts);
+  EXPECT_EQ(choose(flat, 1, bf16, 64u << 10).chunk_bytes, uint64_t{64} << 10);
+}
+
 }  // namespace
 }  // namespace chorus::plan
