@@ -11,6 +11,7 @@ Result<Tuner> Tuner::create(const plan::Registry& registry, Topology topo, std::
   Tuner t(registry, topo);
   t.profile_ = std::move(profile);
   t.chunk_override_ = chunk_bytes_override;
+  t.hosts_of_one_rank_ = linkClassOf(topo.host_of) == LinkClass::Tcp;
   auto need = [&](Collective c, std::string_view name, const plan::Algorithm** slot) -> Status {
     *slot = registry.find(c, name);
     if (*slot == nullptr) return internalError("the registry lacks the built-in {} algorithm '{}'", plan::collectiveName(c), name);
@@ -103,7 +104,9 @@ Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
   // A compressed call takes a compressed plan, and only a call the caller
   // allowed to compress (Shape::wire) takes one.
   const bool compressed = sh.wire.has_value();
-  if (compressed && chunk_override_ == 0 && !topo_.all_local && topo_.local_ranks == 1 && sh.elem_size > 0) {
+  // Every rank decides alike: a slice from this rank's own host (its local
+  // rank count) would cut the program differently from its peers'.
+  if (compressed && chunk_override_ == 0 && hosts_of_one_rank_ && sh.elem_size > 0) {
     constexpr size_t kProbe = size_t{1} << 16;  // elements: the wire's share of the fp32 bytes
     const double wire_share = static_cast<double>(kernels::wireBytes(*sh.wire, kProbe)) /
                               static_cast<double>(kProbe * sh.elem_size);

@@ -89,6 +89,7 @@ class Tuner {
   Topology topo_;
   std::array<const plan::Algorithm*, plan::kNumCollectives> forced_{};
   uint64_t chunk_override_ = 0;
+  bool hosts_of_one_rank_ = false;  // every rank on a host of its own (the same on every rank)
   CostProfile profile_;
   struct Key {
     uint8_t coll;

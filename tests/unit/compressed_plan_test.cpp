@@ -341,6 +341,10 @@ TEST(CompressedPlan, TunerSlicesACompressedCallAcrossOneRankHostsByItsWireBytes)
   EXPECT_LT(f, 4 * tune::kWireSliceCompressed);
   EXPECT_EQ(choose(flat, 1, std::nullopt).chunk_bytes, plan::kChunkBytesAcrossHosts);
   EXPECT_EQ(choose(two_by_two, 2, bf16).chunk_bytes, plan::kChunkBytesAcrossHosts);
+  // Hosts of 2 and 1 ranks: the rank alone on its host slices as its peers
+  // do (programs cut differently on two ranks would not match).
+  EXPECT_EQ(choose({0, 0, 1}, 1, bf16).chunk_bytes, plan::kChunkBytesAcrossHosts);
+  EXPECT_EQ(choose({0, 0, 1}, 2, bf16).chunk_bytes, plan::kChunkBytesAcrossHosts);
   EXPECT_EQ(choose(flat, 1, bf16, 64u << 10).chunk_bytes, uint64_t{64} << 10);
 }
 
