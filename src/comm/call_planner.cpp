@@ -38,7 +38,7 @@ size_t CallPlanner::CacheHash::operator()(const CacheKey& k) const {
   mix(static_cast<uint64_t>(k.peer));
   mix(k.chunk);
   mix(reinterpret_cast<uintptr_t>(k.algo));
-  mix(k.wire | (uint64_t{k.scaling} << 32));
+  mix(k.wire | (uint64_t{k.scaling} << 32) | (uint64_t{k.exact_words} << 40));
   return h;
 }
 
@@ -157,7 +157,7 @@ Result<const plan::Program*> CallPlanner::programFor(const OpDesc& op, size_t i,
       last_.key.coll == static_cast<uint8_t>(op.coll) && last_.key.inplace == sh.inplace &&
       last_.key.kind == op.kind && last_.key.elem_size == es && last_.key.root == op.root &&
       last_.key.peer == op.peer && last_.key.count == sh.count && last_.key.wire == wireKey(sh.wire) &&
-      last_.key.scaling == static_cast<uint8_t>(sh.scaling)) {
+      last_.key.scaling == static_cast<uint8_t>(sh.scaling) && last_.key.exact_words == sh.exact_words) {
     algo = last_.key.algo;
     chunk = last_.key.chunk;
     sh.chunk_elems = chunk;
@@ -192,7 +192,8 @@ Result<const plan::Program*> CallPlanner::programFor(const OpDesc& op, size_t i,
     return uncached_[i].get();
   }
   CacheKey key{static_cast<uint8_t>(op.coll), sh.inplace, op.kind, static_cast<uint32_t>(es), op.root, op.peer,
-               sh.count, chunk, algo, sh.canonical, wireKey(sh.wire), static_cast<uint8_t>(sh.scaling)};
+               sh.count, chunk, algo, sh.canonical, wireKey(sh.wire), static_cast<uint8_t>(sh.scaling),
+               sh.exact_words};
   auto it = cache_.find(key);
   if (it == cache_.end()) {
     auto p = std::make_unique<plan::Program>();
@@ -261,38 +262,71 @@ Status CallPlanner::prepare(OpDesc& op, size_t i) {
   if (exact_.size() <= i) exact_.resize(i + 1);
   ExactJob& ex = exact_[i];
   ex.on = path == ReproPath::Exact;
-  // Exact: the plan moves and sums the accumulators' int64 words.
+  ex.fused = false;
   if (ex.on) {
     CHORUS_ASSIGN_OR_RETURN(ex.layout, exactLayoutFor(op));
+    ex.fused = fusedExact(op, ex.layout);
+    ex.out_elems = 0;
   }
-  const uint64_t words = ex.on ? static_cast<uint64_t>(ex.layout.words) : 1;
-  const chorusDataType_t plan_dtype = ex.on ? chorusInt64 : op.dtype;
+  // Exact over converted buffers: the plan moves and sums the accumulators'
+  // int64 words.  An exact plan moves the call's own type and converts in
+  // its steps (Shape::exact_words).
+  const bool words_plan = ex.on && !ex.fused;
+  const uint64_t words = words_plan ? static_cast<uint64_t>(ex.layout.words) : 1;
+  const chorusDataType_t plan_dtype = words_plan ? chorusInt64 : op.dtype;
   const size_t es = kernels::dtypeSize(plan_dtype);
   plan::Shape sh = shapeOf(op, path == ReproPath::Canonical, words, es);
+  if (ex.fused) sh.exact_words = static_cast<uint32_t>(ex.layout.words);
   auto* sp = static_cast<const std::byte*>(op.send);
   auto* rp = static_cast<std::byte*>(op.recv);
-  // Exact has separate accumulators in and out.
-  if (ex.on) sh.inplace = false;
+  // PreMulSum's scalar: the plan's Scale step reads it from the job; exact
+  // scales a staged copy of the input before converting it.
+  const bool premul = op.op >= chorusNumOps && op.reduces();
+  if (premul) scalars_[i] = scalarOf(op);
+  const std::byte* staged = ex.on && premul ? exactPremulInput(op, i, sh.inputElems(rank_) / words) : nullptr;
+  // Exact has separate accumulators in and out, and a staged input is apart
+  // from the output.
+  if (words_plan || staged != nullptr) sh.inplace = false;
   const plan::Algorithm* algo = nullptr;
   CHORUS_ASSIGN_OR_RETURN(const plan::Program* prog, programFor(op, i, sh, path, plan_dtype, &algo));
 
-  // PreMulSum's scalar: the plan's Scale step reads it from the job.
-  const bool premul = op.op >= chorusNumOps && op.reduces();
-  if (premul) scalars_[i] = scalarOf(op);
-  job_bufs_[i] = {const_cast<std::byte*>(sp), rp, nullptr};
-  if (ex.on) {
+  job_bufs_[i] = {const_cast<std::byte*>(staged != nullptr ? staged : sp), rp, nullptr};
+  if (words_plan) {
     // In place too, the send buffer is the whole input (the output lies in it).
     const uint64_t in_elems = sh.inputElems(rank_) / words;
-    bindExact(i, premul ? exactPremulInput(op, i, in_elems) : sp, in_elems, sh.outputElems(rank_) / words);
+    bindExact(i, staged != nullptr ? staged : sp, in_elems, sh.outputElems(rank_) / words);
   }
-  bindReducer(i, plan_dtype, ex.on ? kernels::BinOp::Sum : binOpOf(op.op));
+  bindReducer(i, ex.on ? chorusInt64 : plan_dtype, ex.on ? kernels::BinOp::Sum : binOpOf(op.op));
   jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
                        op.pointToPoint() ? kPointToPointWire : batch_wire_};
   jobs_[i].scalar = premul && !ex.on ? &scalars_[i] : nullptr;
+  jobs_[i].exact = ex.fused ? &ex.layout : nullptr;
+  if (ex.fused) ex.out_elems = sh.outputElems(rank_);
   if (trace_) traceJob(op, i, algo, prog, sh);
-  scratch_offsets_[i] = prog->scratch_elems * (es ? es : 1) + prog->wire_bytes;  // wire bytes after the scratch
+  // Wire bytes after the scratch, 8-byte aligned (an exact plan's words).
+  scratch_offsets_[i] = ((prog->scratch_elems * (es ? es : 1) + 7) & ~size_t{7}) + prog->wire_bytes;
   if (i == 0 && prog != board_decided_) decideBoard(algo, prog, sh, es);
   return {};
+}
+
+// An exact plan runs an allreduce or reduce-scatter of at least
+// kExactPlanMinBytes (below, the general path's small plans, one-shot and
+// the board, win on latency), or of any size when CHORUS_ALGO forces it
+// (exact_ring); an other forced algorithm runs on the accumulator's words.
+bool CallPlanner::fusedExact(const OpDesc& op, const kernels::ExactLayout& l) const {
+  if (op.coll != Collective::AllReduce && op.coll != Collective::ReduceScatter) return false;
+  const plan::Algorithm* forced = tuner_->forced(op.coll);
+  if (forced != nullptr && !forced->exact()) return false;
+  if (forced == nullptr && op.count * kernels::dtypeSize(op.dtype) < kExactPlanMinBytes) return false;
+  plan::Shape probe;
+  probe.coll = op.coll;
+  probe.nranks = nranks_;
+  probe.count = op.count;
+  probe.elem_size = static_cast<uint32_t>(kernels::dtypeSize(op.dtype));
+  probe.exact_words = static_cast<uint32_t>(l.words);
+  for (const plan::Algorithm* a : tuner_->registry().forCollective(op.coll))
+    if (a->exact() && a->supports(probe)) return true;
+  return false;
 }
 
 // A job's reducer is kept while its type and op stay.
@@ -361,7 +395,7 @@ void CallPlanner::bindExact(size_t i, const std::byte* input, uint64_t in_elems,
 void CallPlanner::finishExact(size_t i, const OpDesc& op) {
   const ExactJob& ex = exact_[i];
   if (!ex.on || ex.out_elems == 0) return;
-  kernels::fromExact(ex.layout, op.recv, ex.out.data(), ex.out_elems);
+  if (!ex.fused) kernels::fromExact(ex.layout, op.recv, ex.out.data(), ex.out_elems);
   if (op.op == chorusAvg) kernels::divide(op.recv, op.recv, ex.out_elems, op.dtype, static_cast<uint64_t>(nranks_));
 }
 
@@ -414,6 +448,7 @@ Status CallPlanner::bindBatch(std::span<OpDesc> ops, size_t* njobs) {
   reducers_.resize(n);
   scalars_.resize(n);  // jobs point into it: sized before any is bound
   scratch_offsets_.resize(n);
+  if (exact_.size() < n) exact_.resize(n);  // jobs point into it: sized before any is bound
 
   // Sends to and receives from self are matched in issue order and copied.
   std::vector<size_t> self_sends, self_recvs;

@@ -31,6 +31,13 @@
 
 namespace chorus::comm {
 
+// CHORUS_REPRODUCIBLE=exact: an allreduce or reduce-scatter of at least this
+// many bytes of its own type runs an exact plan (plan/exact.cpp), which
+// converts to and from the accumulator's words in its steps; smaller calls
+// convert whole buffers around the tuner's int64 plan (its one-shot and
+// board plans win on latency there).  docs/algorithms.md has the figures.
+inline constexpr uint64_t kExactPlanMinBytes = 64u << 10;
+
 class CallPlanner {
  public:
   // executor: runs exact calls' exponent-range agreement; runner: the board's
@@ -97,8 +104,11 @@ class CallPlanner {
   void traceJob(const OpDesc& op, size_t i, const plan::Algorithm* algo, const plan::Program* prog,
                 const plan::Shape& sh);
   void decideBoard(const plan::Algorithm* algo, const plan::Program* prog, const plan::Shape& sh, size_t es);
-  // Exact: converts this job's input into its accumulator and binds the
-  // accumulators as the job's buffers; finishExact rounds the result.
+  // Exact: whether the call runs an exact plan (plan/exact.cpp) that
+  // converts in its steps; else bindExact converts this job's input into its
+  // accumulator and binds the accumulators as the job's buffers, and
+  // finishExact rounds the result.
+  [[nodiscard]] bool fusedExact(const OpDesc& op, const kernels::ExactLayout& l) const;
   void bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems);
   void finishExact(size_t i, const OpDesc& op);
   Result<kernels::ExactLayout> exactLayoutFor(const OpDesc& op);
@@ -139,6 +149,7 @@ class CallPlanner {
     bool canonical;  // Shape::canonical (the one-shot plans differ)
     uint32_t wire;   // compressed calls: wireKey(Shape::wire); 0 uncompressed
     uint8_t scaling;  // Shape::scaling (PreMulSum, Avg add steps)
+    uint32_t exact_words;  // Shape::exact_words (an exact plan's words per element); 0 else
     bool operator==(const CacheKey&) const = default;
   };
   struct CacheHash {
@@ -163,6 +174,7 @@ class CallPlanner {
   std::vector<std::byte> range_scratch_;
   struct ExactJob {
     bool on = false;
+    bool fused = false;  // run by an exact plan (plan/exact.cpp), not over converted buffers
     kernels::ExactLayout layout;
     std::vector<int64_t> in, out;
     uint64_t out_elems = 0;

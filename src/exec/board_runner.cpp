@@ -120,8 +120,10 @@ class Compiler {
       case StepOp::Quantize:
       case StepOp::Dequantize:
       case StepOp::DequantizeReduce:
-        // Compressed plans are not one-shot programs; the board never gets one.
-        return internalError("board: a compressed plan's step ({}) on the board", static_cast<int>(st.op));
+      case StepOp::Encode:
+      case StepOp::Decode:
+        // Compressed and exact plans are not one-shot programs; the board never gets one.
+        return internalError("board: a compressed or exact plan's step ({}) on the board", static_cast<int>(st.op));
     }
     return internalError("board: unknown step");
   }

@@ -11,7 +11,8 @@ namespace chorus::exec {
 using plan::StepOp;
 static_assert(static_cast<int>(trace::StepKind::DequantizeReduce) == static_cast<int>(StepOp::DequantizeReduce) &&
                   static_cast<int>(trace::StepKind::Quantize) == static_cast<int>(StepOp::Quantize) &&
-                  static_cast<int>(trace::StepKind::Divide) == static_cast<int>(StepOp::Divide),
+                  static_cast<int>(trace::StepKind::Divide) == static_cast<int>(StepOp::Divide) &&
+                  static_cast<int>(trace::StepKind::Decode) == static_cast<int>(StepOp::Decode),
               "trace records carry plan::StepOp values");
 using Clock = std::chrono::steady_clock;
 
@@ -50,6 +51,20 @@ void runQuantStep(const Job& j, const plan::Step& s) {
   }
 }
 
+// An exact plan's local step (plan.hpp, StepOp::Encode, StepOp::Decode): the
+// data is the call's float type, the wire holds its accumulator words.
+Status runExactStep(const Job& j, const plan::Step& s) {
+  const kernels::ExactLayout* l = j.exact;
+  if (l == nullptr || static_cast<uint32_t>(l->words) != j.program->exact_words)
+    return internalError("an exact plan's step in a job without its accumulator layout");
+  if (s.op == StepOp::Encode) {
+    if (s.src.count) kernels::toExact(*l, reinterpret_cast<int64_t*>(addr(j, s.dst)), addr(j, s.src), s.src.count);
+  } else if (s.dst.count) {
+    kernels::fromExact(*l, addr(j, s.dst), reinterpret_cast<const int64_t*>(addr(j, s.src)), s.dst.count);
+  }
+  return {};
+}
+
 // The op's arithmetic (plan.hpp, StepOp::Scale, StepOp::Divide), in the
 // call's type: the scalar's for Scale, the reducer's for Divide.
 Status runScalingStep(const Job& j, const plan::Step& s) {
@@ -81,7 +96,8 @@ void Executor::traceStep(uint32_t g, int64_t start_ns, int64_t end_ns) {
   r.seq = j.trace_seq;
   r.kind = static_cast<uint8_t>(s.op);
   r.peer = s.peer;
-  r.bytes = plan::regionBytes(s.op == StepOp::Send || s.op == StepOp::Quantize ? s.src : s.dst, j.elem_size);
+  const bool by_src = s.op == StepOp::Send || s.op == StepOp::Quantize || s.op == StepOp::Encode;
+  r.bytes = plan::regionBytes(by_src ? s.src : s.dst, j.elem_size);
   r.start_ns = start_ns;
   r.end_ns = end_ns;
   rec_->step(r);
@@ -96,6 +112,8 @@ Status Executor::runLocal(uint32_t g) {
     if (s.dst.count) std::memmove(addr(j, s.dst), addr(j, s.src), s.dst.count * j.elem_size);
   } else if (s.op == StepOp::Scale || s.op == StepOp::Divide) {
     CHORUS_RETURN_IF_ERROR(runScalingStep(j, s));
+  } else if (s.op == StepOp::Encode || s.op == StepOp::Decode) {
+    CHORUS_RETURN_IF_ERROR(runExactStep(j, s));
   } else if (s.op != StepOp::Reduce) {
     runQuantStep(j, s);
   } else {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/status.hpp"
+#include "kernels/exact.hpp"
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
 #include "trace/record.hpp"
@@ -52,6 +53,9 @@ struct Job {
   // PreMulSum: the op's scalar, which Scale steps multiply by (read by the
   // communicator before the call when it lives in device memory).
   const kernels::Scalar* scalar = nullptr;
+  // An exact plan (program->exact_words): the call's agreed accumulator
+  // layout, which Encode and Decode steps convert with.
+  const kernels::ExactLayout* exact = nullptr;
 };
 
 class Executor {

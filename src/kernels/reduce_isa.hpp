@@ -371,6 +371,47 @@ inline bool exactToWord1(int64_t* acc, float x, double scale) {
   return !(tl - kExactMagic == lo && d < kExactWordLimit && d > -kExactWordLimit);
 }
 
+#if defined(CHORUS_ISA_AVX512DQ)
+// AVX-512DQ converts between int64 and double directly, so neither way needs
+// the split: float -> word is d = x 2^-lsb truncated to an integer, which is
+// exact, and representable when converting it back gives d again and
+// |d| < 2^62; word -> float rounds the word toward zero to 53 bits and sets
+// the last bit when that was inexact (round to odd), then scales and rounds
+// once to float, as above.
+inline bool exactToWordDq(int64_t* acc, const float* x, size_t n, double scale, size_t* done) {
+  const __m512d sc = _mm512_set1_pd(scale), lim = _mm512_set1_pd(kExactWordLimit);
+  const __m512d sign = _mm512_set1_pd(-0.0);
+  __mmask8 bad = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512d d = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i)), sc);
+    const __m512i w = _mm512_cvttpd_epi64(d);
+    bad |= _mm512_cmp_pd_mask(_mm512_cvtepi64_pd(w), d, _CMP_NEQ_UQ);
+    bad |= _mm512_cmp_pd_mask(_mm512_andnot_pd(sign, d), lim, _CMP_NLT_UQ);
+    _mm512_storeu_si512(acc + i, w);
+  }
+  *done = i;
+  return bad == 0;
+}
+inline bool exactFromWordDq(float* y, const int64_t* acc, size_t n, double scale, int64_t lim, size_t* done) {
+  const __m512d sc = _mm512_set1_pd(scale);
+  const __m512i hi = _mm512_set1_epi64(lim), lo = _mm512_set1_epi64(-lim), one = _mm512_set1_epi64(1);
+  __mmask8 bad = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512i w = _mm512_loadu_si512(acc + i);
+    bad |= _mm512_cmpge_epi64_mask(w, hi) | _mm512_cmple_epi64_mask(w, lo);
+    const __m512d t = _mm512_cvt_roundepi64_pd(w, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask8 inexact = _mm512_cmpneq_epi64_mask(_mm512_cvttpd_epi64(t), w);
+    const __m512d odd = _mm512_castsi512_pd(_mm512_mask_or_epi64(_mm512_castpd_si512(t), inexact,
+                                                                 _mm512_castpd_si512(t), one));
+    _mm256_storeu_ps(y + i, _mm512_cvtpd_ps(_mm512_mul_pd(odd, sc)));
+  }
+  *done = i;
+  return bad == 0;
+}
+#endif
+
 bool exactToWord(int64_t* acc, const float* x, size_t n, int lsb_exp) {
   using I = Vec<int64_t>;
   using U = Vec<uint64_t>;
@@ -380,6 +421,9 @@ bool exactToWord(int64_t* acc, const float* x, size_t n, int lsb_exp) {
   const double scale = exactPow2(-lsb_exp);
   I bad = {};
   size_t i = 0;
+#if defined(CHORUS_ISA_AVX512DQ)
+  if (!exactToWordDq(acc, x, n, scale, &i)) return false;
+#endif
   for (; i + L <= n; i += L) {
     ExactF32 f;
     std::memcpy(&f, x + i, sizeof f);
@@ -416,6 +460,9 @@ bool exactFromWord(float* y, const int64_t* acc, size_t n, int lsb_exp, int64_t 
   const double scale = exactPow2(lsb_exp);
   I bad = {};
   size_t i = 0;
+#if defined(CHORUS_ISA_AVX512DQ)
+  if (!exactFromWordDq(y, acc, n, scale, lim, &i)) return false;
+#endif
   for (; i + L <= n; i += L) {
     const I w = ld<I>(reinterpret_cast<const unsigned char*>(acc + i));
     bad |= (w >= lim) | (w <= -lim);

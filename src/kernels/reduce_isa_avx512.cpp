@@ -22,6 +22,8 @@
 #define CHORUS_VEC_BYTES 64
 #define CHORUS_F16C_WIDTH 16
 #define CHORUS_ISA_NAME "avx512"
+// The pragma does not define __AVX512DQ__ under GCC: reduce_isa.hpp asks this.
+#define CHORUS_ISA_AVX512DQ 1
 
 namespace chorus::kernels::isa_avx512 {
 #include "kernels/reduce_isa.hpp"

@@ -143,6 +143,8 @@ void ProgramBuilder::dequantizeReduce(Region dst, Region accum, Region wire) {
 
 void ProgramBuilder::scale(Region dst, Region src) { add({StepOp::Scale, -1, dst, src, {}}); }
 void ProgramBuilder::divide(Region dst) { add({StepOp::Divide, -1, dst, dst, {}}); }
+void ProgramBuilder::encode(Region wire, Region src) { add({StepOp::Encode, -1, wire, src, {}}); }
+void ProgramBuilder::decode(Region dst, Region wire) { add({StepOp::Decode, -1, dst, wire, {}}); }
 
 Region ProgramBuilder::wire(uint64_t bytes) {
   Region r{Buf::Wire, wire_top_, bytes};
@@ -177,6 +179,8 @@ Access accessOf(const Step& s) {
     case StepOp::Quantize:
     case StepOp::Dequantize:
     case StepOp::Scale:
+    case StepOp::Encode:
+    case StepOp::Decode:
     case StepOp::Divide: return {{s.src, Region{}}, s.dst};  // Divide: src is dst
     case StepOp::Reduce:
     case StepOp::DequantizeReduce: return {{s.src, s.src2}, s.dst};
@@ -242,6 +246,7 @@ void expand(const Algorithm& algo, const Shape& shape, int rank, Program* out) {
   if (wrap) endScaling(shape, rank, b);
   b.finish(out);
   if (algo.compressed()) out->wire = shape.wire;
+  if (algo.exact()) out->exact_words = shape.exact_words;
   if (shape.scaling == Scaling::Avg) out->divisor = static_cast<uint32_t>(shape.nranks);
 }
 
@@ -260,6 +265,7 @@ Registry Registry::builtin() {
   addHierarchicalAlgorithms(r);
   addOneShotAlgorithms(r);
   addCompressedAlgorithms(r);
+  addExactAlgorithms(r);
   return r;
 }
 

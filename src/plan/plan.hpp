@@ -155,6 +155,13 @@ enum class StepOp : uint8_t {
   // models price them like the other local steps):
   Scale,   // dst = src x the op's scalar (PreMulSum: this rank's input, before anything reads it)
   Divide,  // dst = dst / Program::divisor (Avg: where the final sum lives, after its last write)
+  // Exact plans (Shape::exact_words, CHORUS_REPRODUCIBLE=exact; plan/exact.cpp):
+  // the data is the call's float type and its sums travel and add up as the
+  // exact accumulator's int64 words (kernels/exact.hpp), exact_words per
+  // element, in wire regions (bytes: 8 x exact_words per element); the job's
+  // reducer adds int64 words, so a RecvReduce on wire regions is exact.
+  Encode,  // dst (Wire) = the accumulator words of src (this rank's own input)
+  Decode,  // dst = the correctly rounded value of the words in src (Wire): the one rounding
 };
 // Bytes per unit of a region's count: 1 for the wire buffer, else elem_size.
 constexpr uint64_t regionBytes(const Region& r, uint64_t elem_size) {
@@ -212,6 +219,12 @@ struct Shape {
   std::optional<kernels::WireFormat> wire;
   // A reducing collective's op arithmetic (Scaling); None for the others.
   Scaling scaling = Scaling::None;
+  // CHORUS_REPRODUCIBLE=exact run by an exact plan (Algorithm::exact()): the
+  // data is the call's float type (elem_size its size) and each element's
+  // sum travels as this many int64 accumulator words (the call's agreed
+  // kernels::ExactLayout); only the exact algorithms take a shape with it,
+  // and they take no shape without it.  0: not exact.
+  uint32_t exact_words = 0;
 
   // Elements of the input and output buffers this rank must provide.
   [[nodiscard]] uint64_t inputElems(int rank) const;
@@ -232,6 +245,7 @@ struct Program {
   uint64_t wire_bytes = 0;  // Buf::Wire's size (compressed plans)
   std::optional<kernels::WireFormat> wire;  // the format of Quantize/Dequantize steps (Shape::wire)
   uint32_t divisor = 0;  // what Divide steps divide by (Avg: the rank count)
+  uint32_t exact_words = 0;  // Encode/Decode: int64 words per element (Shape::exact_words)
 
   [[nodiscard]] size_t size() const { return steps.size(); }
   [[nodiscard]] std::span<const uint32_t> depsOf(size_t i) const {
@@ -273,6 +287,9 @@ class ProgramBuilder {
   // The op's arithmetic: see StepOp::Scale, StepOp::Divide.
   void scale(Region dst, Region src);
   void divide(Region dst);
+  // Exact plans: see StepOp::Encode, StepOp::Decode.
+  void encode(Region wire, Region src);
+  void decode(Region dst, Region wire);
   // From now on, regions of the input the algorithm names are read from
   // `to` (same offsets) instead: PreMulSum's scaled copy of the input.
   // Applied before the in-place alias, so output regions aliased into the
@@ -486,6 +503,9 @@ class Algorithm {
   // The most times the plan quantizes any element on its way from an input to
   // an output (the count docs/algorithms.md derives the error bound from);
   // the verifier proves it.  0: the plan never quantizes.
+  // An exact plan (src/plan/exact.cpp): it takes only shapes with
+  // Shape::exact_words, and the tuner offers it only for those.
+  [[nodiscard]] virtual bool exact() const { return false; }
   [[nodiscard]] virtual int quantizations(const Shape& shape) const {
     (void)shape;
     return 0;
@@ -535,5 +555,6 @@ void addDirectAlgorithms(Registry& r);        // direct (all-pairs) allreduce fo
 void addHierarchicalAlgorithms(Registry& r);  // two-level allreduce / allgather across hosts
 void addOneShotAlgorithms(Registry& r);       // one-shot allreduce (the shared-memory board's plan)
 void addCompressedAlgorithms(Registry& r);    // compressed allreduce / reduce-scatter / allgather
+void addExactAlgorithms(Registry& r);         // exact-accumulator ring allreduce / reduce-scatter
 
 }  // namespace chorus::plan

@@ -21,6 +21,9 @@ struct Value {
   // PreMulSum scalar, and how often the value was divided (Avg).
   uint64_t scaled = 0;
   uint32_t divided = 0;
+  // Exact plans: the value is held as exact accumulator words (Encode made
+  // it; only Decode turns it back into the call's type).
+  bool word = false;
   bool operator==(const Value&) const = default;
 };
 
@@ -80,6 +83,7 @@ Value combine(Trees& trees, const Value& a, const Value& b) {
   v.quant = std::max(a.quant, b.quant);
   v.scaled = a.scaled | b.scaled;
   v.divided = a.divided + b.divided;
+  v.word = a.word && b.word;
   v.poisoned = a.poisoned || b.poisoned || a.ranks == 0 || b.ranks == 0 || (a.ranks & b.ranks) != 0 ||
                a.index != b.index;
   return v;
@@ -118,7 +122,8 @@ class Verifier {
         all_(n_ == 64 ? ~0ull : ((1ull << n_) - 1)), canonical_(vc.shape.canonical && reduces(coll_)),
         canon_(canonical_ ? trees_.canonical(0, n_) : 0), max_quant_(algo ? algo->quantizations(vc.shape) : 0),
         premul_(reduces(coll_) && vc.shape.scaling == Scaling::PreMulSum),
-        avg_(reduces(coll_) && vc.shape.scaling == Scaling::Avg), given_(std::move(given)) {}
+        avg_(reduces(coll_) && vc.shape.scaling == Scaling::Avg), exact_words_(vc.shape.exact_words),
+        given_(std::move(given)) {}
   Status run() {
     setUp();
     CHORUS_RETURN_IF_ERROR(execute());
@@ -141,6 +146,8 @@ class Verifier {
   Status compare(int r);
   Result<bool> quantStep(int r, size_t i, const Step& step);
   Result<bool> scalingStep(int r, size_t i, const Step& step);
+  Result<bool> exactStep(int r, size_t i, const Step& step);
+  Status exactCombine(int r, size_t i, const Value& a, const Value& b) const;
   Status scaledBeforeUse(int r, size_t i, const std::vector<Value>& vals, uint64_t from, uint64_t count) const;
   static std::vector<Value>* load(RankState& s, const Region& g) {
     auto& b = g.buf == Buf::Wire ? s.wire : s.buf[static_cast<int>(g.buf)];
@@ -164,6 +171,10 @@ class Verifier {
   // scaled once before it is sent or combined, every result divided once
   // after its last combine.
   const bool premul_, avg_;
+  // Shape::exact_words: every combination must add accumulator words, and
+  // only a rank's own input may be encoded (so each output element is the
+  // exact sum, rounded once by its Decode).
+  const uint32_t exact_words_;
   std::vector<Program> given_;  // verifyPrograms()'s
   std::vector<RankState> st_;
   std::map<std::pair<int, int>, std::deque<Message>> chan_;  // (from, to)
@@ -280,7 +291,10 @@ Result<bool> Verifier::step(int r, size_t i) {
         if (!a) return fail(r, fmt::format("step {} reads past the end of its buffer", i));
         CHORUS_RETURN_IF_ERROR(scaledBeforeUse(r, i, *a, step.src.offset, step.src.count));
         std::vector<Value> acc(a->begin() + step.src.offset, a->begin() + step.src.end());
-        for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees_, acc[e], m.data[e]);
+        for (uint64_t e = 0; e < step.dst.count; ++e) {
+          CHORUS_RETURN_IF_ERROR(exactCombine(r, i, acc[e], m.data[e]));
+          (*d)[step.dst.offset + e] = combine(trees_, acc[e], m.data[e]);
+        }
       } else {
         for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = m.data[e];
       }
@@ -301,6 +315,8 @@ Result<bool> Verifier::step(int r, size_t i) {
     case StepOp::DequantizeReduce: return quantStep(r, i, step);
     case StepOp::Scale:
     case StepOp::Divide: return scalingStep(r, i, step);
+    case StepOp::Encode:
+    case StepOp::Decode: return exactStep(r, i, step);
     case StepOp::Reduce: {
       auto* a = load(s, step.src);
       auto* c = load(s, step.src2);
@@ -310,10 +326,65 @@ Result<bool> Verifier::step(int r, size_t i) {
       CHORUS_RETURN_IF_ERROR(scaledBeforeUse(r, i, *c, step.src2.offset, step.src2.count));
       std::vector<Value> x(a->begin() + step.src.offset, a->begin() + step.src.end());
       std::vector<Value> y(c->begin() + step.src2.offset, c->begin() + step.src2.end());
-      for (uint64_t e = 0; e < step.dst.count; ++e) (*d)[step.dst.offset + e] = combine(trees_, x[e], y[e]);
+      for (uint64_t e = 0; e < step.dst.count; ++e) {
+        CHORUS_RETURN_IF_ERROR(exactCombine(r, i, x[e], y[e]));
+        (*d)[step.dst.offset + e] = combine(trees_, x[e], y[e]);
+      }
       return true;
     }
   }
+  return true;
+}
+
+// Exact plans: a combination of anything but two defined word values would
+// round (or mix a word with a float); outside them no value is a word.
+Status Verifier::exactCombine(int r, size_t i, const Value& a, const Value& b) const {
+  if (exact_words_ == 0 || (a.word && b.word)) return {};
+  if (a.ranks == 0 || b.ranks == 0) return {};  // undefined data: compare() reports the result
+  return fail(r, fmt::format("step {} combines {} as {} with {} as {}: an exact plan adds accumulator words only", i,
+                             describe(a), a.word ? "words" : "a float", describe(b), b.word ? "words" : "a float"));
+}
+
+// Encode: this rank's own input (never a partial or rounded sum) into
+// words; Decode: words back into the call's type, the value's one rounding.
+// The wire region holds 8 x exact_words bytes per element, and every byte
+// of an element's words carries its value (so a RecvReduce over the bytes
+// combines each element's value with itself once per byte, identically).
+Result<bool> Verifier::exactStep(int r, size_t i, const Step& step) {
+  RankState& s = st_[r];
+  const bool enc = step.op == StepOp::Encode;
+  if (exact_words_ == 0 || s.prog.exact_words != exact_words_)
+    return fail(r, fmt::format("step {} {} accumulator words but the plan is not exact (or has the wrong word count)",
+                               i, enc ? "encodes" : "decodes"));
+  const Region& wr = enc ? step.dst : step.src;
+  const Region& fr = enc ? step.src : step.dst;
+  const uint64_t per = uint64_t{8} * exact_words_;
+  if (wr.buf != Buf::Wire || fr.buf == Buf::Wire || wr.count != fr.count * per)
+    return fail(r, fmt::format("step {} converts {} elements through a region of {} bytes (needs Buf::Wire, {} "
+                               "bytes)", i, fr.count, wr.count, fr.count * per));
+  auto* w = load(s, wr);
+  auto* f = load(s, fr);
+  if (!w || !f) return fail(r, fmt::format("step {} is out of bounds", i));
+  if (enc) {
+    std::vector<Value> tmp(f->begin() + fr.offset, f->begin() + fr.end());
+    for (uint64_t e = 0; e < fr.count; ++e) {
+      Value v = tmp[e];
+      if (v.ranks != 0 && (v.ranks != (1ull << r) || v.word || v.poisoned))
+        return fail(r, fmt::format("step {} encodes {}{}: an exact plan encodes only this rank's own input", i,
+                                   describe(v), v.word ? " (already words)" : ""));
+      v.word = v.ranks != 0;
+      std::fill(w->begin() + wr.offset + e * per, w->begin() + wr.offset + (e + 1) * per, v);
+    }
+    return true;
+  }
+  std::vector<Value> dec(fr.count);
+  for (uint64_t e = 0; e < fr.count; ++e) {
+    dec[e] = (*w)[wr.offset + e * per];
+    if (dec[e].ranks != 0 && !dec[e].word)
+      return fail(r, fmt::format("step {} decodes {}, which is not accumulator words", i, describe(dec[e])));
+    dec[e].word = false;
+  }
+  std::copy(dec.begin(), dec.end(), f->begin() + fr.offset);
   return true;
 }
 
@@ -448,6 +519,9 @@ Status Verifier::compare(int r) {
     if (same && got.scaled != want.scaled)
       return fail(r, fmt::format("output element {} holds {} of which ranks' contributions {:#x} were scaled, "
                                  "not {:#x}", i, describe(got), got.scaled, want.scaled));
+    if (same && got.word)
+      return fail(r, fmt::format("output element {} holds {} still as accumulator words (never decoded)", i,
+                                 describe(got)));
     if (same && got.divided != want.divided)
       return fail(r, fmt::format("output element {} was divided {} times, not {}", i, got.divided, want.divided));
     if (canonical_ && got.ranks == want.ranks && got.index == want.index && !got.poisoned)

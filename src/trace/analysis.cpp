@@ -269,6 +269,8 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
           case StepKind::DequantizeReduce: name = "dequantize+reduce"; break;
           case StepKind::Scale: name = "scale"; break;
           case StepKind::Divide: name = "divide"; break;
+          case StepKind::Encode: name = "encode"; break;
+          case StepKind::Decode: name = "decode"; break;
         }
         json args = {{"bytes", s.bytes}};
         if ((s.seq & kCheckBit) && !(s.seq & kP2PBit)) args["op"] = "signature check";

@@ -275,6 +275,25 @@ Seconds compressWork(const plan::Shape& sh, const CostProfile& prof, int ranks_p
   const double turns = std::max(1.0, static_cast<double>(ranks_per_host) / prof.cores);
   return Seconds(bytes / rate * turns);
 }
+// An exact plan's conversions on the busiest rank (src/plan/exact.cpp): its
+// rounds carry the words and price their int64 additions (RecvReduce); this
+// adds Encode over every input element and Decode over the rank's block,
+// priced per byte of the call's type at the kernels' rates (kernels/exact.cpp,
+// one word per fp32, 4 MiB runs on the 2-core development VM, both ranks
+// converting at once: encode 9-14 GB/s, decode 8-10; rounded down; chorus-tune
+// does not calibrate them yet); a layout of w words costs about w times that.
+constexpr double kExactEncodeBytesPerS = 9e9, kExactDecodeBytesPerS = 8e9;
+Seconds exactWork(const plan::Shape& sh, const CostProfile& prof, int ranks_per_host) {
+  const double n = sh.nranks, w = sh.exact_words, e = static_cast<double>(sh.count) * sh.elem_size;
+  double enc = 0, dec = 0;
+  switch (sh.coll) {
+    case plan::Collective::AllReduce: enc = e, dec = e / n; break;
+    case plan::Collective::ReduceScatter: enc = n * e, dec = e; break;
+    default: return Seconds();
+  }
+  const double turns = std::max(1.0, static_cast<double>(ranks_per_host) / prof.cores);
+  return Seconds(w * (enc / kExactEncodeBytesPerS + dec / kExactDecodeBytesPerS) * turns);
+}
 // The op's Scale or Divide pass (plan::Scaling) on the busiest rank: one
 // read and one write of the region, priced like a reduction's pass over one
 // operand (γ, out of the cache as the call's footprint says); ranks beyond
@@ -404,6 +423,7 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
     total += static_cast<double>(S - 1) *
              std::max(slowest(all_lat, all_work, all_seen), nicBound(all_nic_out, all_nic_in));
   if (shape.wire) total += compressWork(shape, prof, most);
+  if (shape.exact_words) total += exactWork(shape, prof, most);
   total += scalingWork(shape, gamma_eff, prof, most);
   return total;
 }

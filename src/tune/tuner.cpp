@@ -112,7 +112,14 @@ Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
                               static_cast<double>(kProbe * sh.elem_size);
     ch.chunk_bytes = std::min(ch.chunk_bytes, static_cast<uint64_t>(static_cast<double>(kWireSliceCompressed) / wire_share));
   }
-  auto eligible = [&](const plan::Algorithm* a) { return a->compressed() == compressed && a->supports(sh); };
+  // An exact call's slice counts its words (8 x exact_words bytes per
+  // element), which are what crosses the wire and sits in the plan's slots.
+  const bool exact = sh.exact_words > 0;
+  if (exact && chunk_override_ == 0 && sh.elem_size > 0)
+    ch.chunk_bytes = std::max<uint64_t>(sh.elem_size, ch.chunk_bytes * sh.elem_size / (uint64_t{8} * sh.exact_words));
+  auto eligible = [&](const plan::Algorithm* a) {
+    return a->compressed() == compressed && a->exact() == exact && a->supports(sh);
+  };
   if (const plan::Algorithm* f = forced_[static_cast<size_t>(c)]; f != nullptr && eligible(f)) {
     ch.algo = f;
     return ch;
@@ -120,7 +127,8 @@ Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
   const uint64_t bytes = sh.count * sh.elem_size;
   const Key key{static_cast<uint8_t>(c), static_cast<uint8_t>(std::bit_width(bytes)), sh.inplace,
                 static_cast<uint8_t>(dtype),
-                static_cast<uint8_t>(compressed ? 1 + static_cast<int>(sh.wire->kind) : 0)};
+                static_cast<uint8_t>(compressed ? 1 + static_cast<int>(sh.wire->kind) : 0),
+                static_cast<uint8_t>(std::min<uint32_t>(sh.exact_words, 255))};
   if (auto it = cache_.find(key); it != cache_.end() && eligible(it->second.algo)) return it->second;
 
   // Price every candidate that handles the shape; the rule-based default is
@@ -136,7 +144,7 @@ Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
       ch.predicted_s = t.value();
     }
   }
-  if (ch.algo == nullptr && !compressed) ch.algo = defaultFor(sh);
+  if (ch.algo == nullptr && !compressed && !exact) ch.algo = defaultFor(sh);
   if (ch.algo == nullptr) return internalError("no {} algorithm handles this call", plan::collectiveName(c));
   cache_[key] = ch;
   return ch;

@@ -72,6 +72,9 @@ class Tuner {
   Result<double> price(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype) const;
   [[nodiscard]] const CostProfile& profile() const { return profile_; }
   [[nodiscard]] const Topology& topology() const { return topo_; }
+  [[nodiscard]] const plan::Registry& registry() const { return *registry_; }
+  // The CHORUS_ALGO override of collective c, or nullptr.
+  [[nodiscard]] const plan::Algorithm* forced(plan::Collective c) const { return forced_[static_cast<size_t>(c)]; }
 
  private:
   Tuner(const plan::Registry& registry, Topology topo) : registry_(&registry), topo_(topo) {}
@@ -97,11 +100,12 @@ class Tuner {
     bool inplace;
     uint8_t dtype;
     uint8_t wire = 0;  // 0: uncompressed; else 1 + Shape::wire's kind (formats price differently)
+    uint8_t exact_words = 0;  // Shape::exact_words (exact calls take exact plans only)
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {
-      return (size_t{k.wire} << 32) | (size_t{k.coll} << 24) | (size_t{k.size_class} << 16) |
+      return (size_t{k.exact_words} << 40) | (size_t{k.wire} << 32) | (size_t{k.coll} << 24) | (size_t{k.size_class} << 16) |
              (size_t{k.inplace} << 8) | k.dtype;
     }
   };

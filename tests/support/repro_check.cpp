@@ -263,7 +263,8 @@ std::string exactRank(int r, int n, chorusComm_t comm, ExactResults* results) {
   for (chorusDataType_t d : kExactTypes) {
     const size_t es = sizeOf(d);
     for (const char* spec : {"", "allreduce:ring", "allreduce:oneshot", "allreduce:recursive_doubling",
-                             "allreduce:direct", "reducescatter:ring"}) {
+                             "allreduce:direct", "reducescatter:ring", "allreduce:exact_ring",
+                             "reducescatter:exact_ring"}) {
       if (chorusCommSetAlgo(comm, spec) != chorusSuccess) return chorusGetLastError(comm);
       const std::string what = fmt::format("'{}' rank {} of {}", spec, r, n);
       // allreduce, in place on odd ranks' counts: every element summed once

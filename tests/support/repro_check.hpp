@@ -30,10 +30,11 @@ struct ExactResults {
   std::map<std::string, std::vector<uint64_t>> first;
   std::string record(const std::string& key, std::vector<uint64_t> bits, int n);
 };
-inline constexpr int kExactSpecs = 6;
+inline constexpr int kExactSpecs = 8;
 // Exact mode: five addends per element placed on the ranks by a permutation
-// fixed by the size (the other ranks add zeros), every float type, six
-// algorithm choices: allreduce results are the correctly rounded sum (the
+// fixed by the size (the other ranks add zeros), every float type, eight
+// algorithm choices (the tuner's, five forced word plans, the two exact
+// plans forced): allreduce results are the correctly rounded sum (the
 // independent reference of exact_reference.hpp), reducescatter blocks equal
 // the allreduce's bits; with `results`, also equal across sizes.
 std::string exactRank(int rank, int nranks, chorusComm_t comm, ExactResults* results);

@@ -151,6 +151,58 @@ TEST(Exact, PreMulSumAndAvg) {
   EXPECT_EQ(failures(msgs), "");
 }
 
+// The exact plan (plan/exact.cpp) at the sizes where the tuner's path takes
+// it (>= comm::kExactPlanMinBytes), shared memory and TCP, in and out of
+// place, sum, avg and PreMulSum, ragged blocks and several slices (small
+// chunks): bit for bit the word plan's result (CHORUS_ALGO forcing the ring
+// over the accumulator's words) and the correctly rounded sum.
+TEST(Exact, ExactPlanMatchesTheWordPlanAtLargeSizes) {
+  const size_t count = 20011;  // 80 KB of float32: above the threshold, blocks ragged
+  auto value = [](int r, size_t i) {
+    const float m = 1.0f + static_cast<float>((r * 7919 + i * 104729) % 65521) / 65521.0f;
+    return std::ldexp(m, static_cast<int>((i * 31 + static_cast<size_t>(r) * 7) % 50) - 25) * ((r + i) % 3 ? 1.0f : -1.0f);
+  };
+  for (auto [size, tcp] : {std::pair{3, false}, std::pair{4, true}}) {
+    const int n = size;
+    auto msgs = runRanks(n, reproConfig(Reproducible::Exact, tcp, 16384), [&](int r, chorusComm_t comm) -> std::string {
+      float third = 1.0f / 3.0f;
+      chorusRedOp_t premul;
+      if (chorusRedOpCreatePreMulSum(&premul, &third, chorusFloat32, chorusScalarHostImmediate, comm) != chorusSuccess)
+        return chorusGetLastError(comm);
+      for (chorusRedOp_t op : {chorusSum, chorusAvg, premul}) {
+        std::vector<float> want;
+        for (const char* spec : {"allreduce:ring", ""}) {
+          if (chorusCommSetAlgo(comm, spec) != chorusSuccess) return chorusGetLastError(comm);
+          for (int inplace = 0; inplace < 2; ++inplace) {
+            std::vector<float> in(count), out(count);
+            for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+            if (inplace) out = in;
+            if (chorusAllReduce(inplace ? out.data() : in.data(), out.data(), count, chorusFloat32, op, comm,
+                                nullptr) != chorusSuccess)
+              return chorusGetLastError(comm);
+            if (want.empty()) {
+              want = out;
+              for (size_t i = 0; i < count && op == chorusSum; ++i) {
+                std::vector<double> addends;
+                for (int q = 0; q < n; ++q) addends.push_back(value(q, i));
+                if (std::string why = exactCheck(chorusFloat32, addends, std::bit_cast<uint32_t>(out[i]));
+                    !why.empty())
+                  return fmt::format("element {}: {}", i, why);
+              }
+            } else if (std::memcmp(want.data(), out.data(), count * 4) != 0) {
+              return fmt::format("op {} '{}' {}: not the word plan's bits", static_cast<int>(op), spec,
+                                 inplace ? "in place" : "out of place");
+            }
+          }
+        }
+      }
+      chorusRedOpDestroy(premul, comm);
+      return "";
+    });
+    ASSERT_EQ(failures(msgs), "") << n << " ranks" << (tcp ? " over tcp" : "");
+  }
+}
+
 // ---- bad input and configuration -------------------------------------------------------
 
 TEST(ReproBadInput, ExactRejectsIntegersAndProductsOnEveryRank) {
