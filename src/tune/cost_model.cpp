@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "kernels/dispatch.hpp"
 #include "kernels/dtype.hpp"
 
 namespace chorus::tune {
@@ -278,11 +279,21 @@ Seconds compressWork(const plan::Shape& sh, const CostProfile& prof, int ranks_p
 // An exact plan's conversions on the busiest rank (src/plan/exact.cpp): its
 // rounds carry the words and price their int64 additions (RecvReduce); this
 // adds Encode over every input element and Decode over the rank's block,
-// priced per byte of the call's type at the kernels' rates (kernels/exact.cpp,
-// one word per fp32, 4 MiB runs on the 2-core development VM, both ranks
-// converting at once: encode 9-14 GB/s, decode 8-10; rounded down; chorus-tune
-// does not calibrate them yet); a layout of w words costs about w times that.
-constexpr double kExactEncodeBytesPerS = 9e9, kExactDecodeBytesPerS = 8e9;
+// priced per byte of the call's type at the kernels' rates for the kernel
+// table this process runs (bench/micro/exact_bench, one word per fp32, on
+// the 2-core development VM: AVX-512 encode 32 GB/s from cache, 14 from
+// memory, decode 25 and 10; AVX2 6.5 and 5.3; generic 1.8 and 1.3; the
+// memory-bound figures are used, the input comes from memory; chorus-tune
+// does not calibrate them yet); a layout of w words costs w times that.
+struct ExactRates {
+  double encode, decode;  // bytes of the call's type per second
+};
+ExactRates exactRates() {
+  const std::string_view isa = kernels::activeKernels().isa;
+  if (isa == "avx512") return {14e9, 10e9};
+  if (isa == "avx2") return {6.5e9, 5.3e9};
+  return {1.8e9, 1.3e9};
+}
 Seconds exactWork(const plan::Shape& sh, const CostProfile& prof, int ranks_per_host) {
   const double n = sh.nranks, w = sh.exact_words, e = static_cast<double>(sh.count) * sh.elem_size;
   double enc = 0, dec = 0;
@@ -292,7 +303,8 @@ Seconds exactWork(const plan::Shape& sh, const CostProfile& prof, int ranks_per_
     default: return Seconds();
   }
   const double turns = std::max(1.0, static_cast<double>(ranks_per_host) / prof.cores);
-  return Seconds(w * (enc / kExactEncodeBytesPerS + dec / kExactDecodeBytesPerS) * turns);
+  static const ExactRates rate = exactRates();
+  return Seconds(w * (enc / rate.encode + dec / rate.decode) * turns);
 }
 // The op's Scale or Divide pass (plan::Scaling) on the busiest rank: one
 // read and one write of the region, priced like a reduction's pass over one
