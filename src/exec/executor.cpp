@@ -12,7 +12,7 @@ using plan::StepOp;
 static_assert(static_cast<int>(trace::StepKind::DequantizeReduce) == static_cast<int>(StepOp::DequantizeReduce) &&
                   static_cast<int>(trace::StepKind::Quantize) == static_cast<int>(StepOp::Quantize) &&
                   static_cast<int>(trace::StepKind::Divide) == static_cast<int>(StepOp::Divide) &&
-                  static_cast<int>(trace::StepKind::Decode) == static_cast<int>(StepOp::Decode),
+                  static_cast<int>(trace::StepKind::DecodeAdd) == static_cast<int>(StepOp::DecodeAdd),
               "trace records carry plan::StepOp values");
 using Clock = std::chrono::steady_clock;
 
@@ -59,6 +59,10 @@ Status runExactStep(const Job& j, const plan::Step& s) {
     return internalError("an exact plan's step in a job without its accumulator layout");
   if (s.op == StepOp::Encode) {
     if (s.src.count) kernels::toExact(*l, reinterpret_cast<int64_t*>(addr(j, s.dst)), addr(j, s.src), s.src.count);
+  } else if (s.op == StepOp::DecodeAdd) {
+    if (s.dst.count)
+      kernels::fromExactAdd(*l, addr(j, s.dst), addr(j, s.src), reinterpret_cast<const int64_t*>(addr(j, s.src2)),
+                            s.dst.count);
   } else if (s.dst.count) {
     kernels::fromExact(*l, addr(j, s.dst), reinterpret_cast<const int64_t*>(addr(j, s.src)), s.dst.count);
   }
@@ -112,7 +116,7 @@ Status Executor::runLocal(uint32_t g) {
     if (s.dst.count) std::memmove(addr(j, s.dst), addr(j, s.src), s.dst.count * j.elem_size);
   } else if (s.op == StepOp::Scale || s.op == StepOp::Divide) {
     CHORUS_RETURN_IF_ERROR(runScalingStep(j, s));
-  } else if (s.op == StepOp::Encode || s.op == StepOp::Decode) {
+  } else if (s.op == StepOp::Encode || s.op == StepOp::Decode || s.op == StepOp::DecodeAdd) {
     CHORUS_RETURN_IF_ERROR(runExactStep(j, s));
   } else if (s.op != StepOp::Reduce) {
     runQuantStep(j, s);

@@ -9,6 +9,7 @@
 #include "kernels/convert.hpp"
 #include "kernels/dispatch.hpp"
 #include "kernels/dtype.hpp"
+#include "kernels/reduce.hpp"
 
 namespace chorus::kernels {
 namespace {
@@ -394,6 +395,21 @@ bool fromExactFloatOneWord(const ExactLayout& l, float* y, const int64_t* acc, s
   return activeKernels().exact.from_word(y, acc, count, l.lsb_exp, lim);
 }
 }  // namespace
+
+void fromExactAdd(const ExactLayout& l, void* dst, const void* own, const int64_t* acc, size_t count) {
+  // In pieces that stay in L1: the own input's words, plus acc's, rounded.
+  constexpr size_t kPieceWords = 2048;
+  const size_t w = static_cast<size_t>(l.words), es = dtypeSize(l.dtype);
+  const size_t piece = std::max<size_t>(1, kPieceWords / w);
+  alignas(64) int64_t tmp[kPieceWords + 64];
+  static const ReduceFn add = activeKernels().reduce[chorusInt64][static_cast<int>(BinOp::Sum)];
+  for (size_t at = 0; at < count; at += piece) {
+    const size_t k = std::min(piece, count - at);
+    toExact(l, tmp, static_cast<const std::byte*>(own) + at * es, k);
+    add(tmp, tmp, acc + at * w, k * w);
+    fromExact(l, static_cast<std::byte*>(dst) + at * es, tmp, k);
+  }
+}
 
 void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count) {
   switch (l.dtype) {

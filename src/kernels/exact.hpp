@@ -68,4 +68,10 @@ void toExact(const ExactLayout& l, int64_t* acc, const void* src, size_t count);
 // conversion from float rounds it (infinity, or e4m3's NaN).
 void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count);
 
+// dst[i] = the correctly rounded value of (acc[i * words .. ) + the
+// accumulator of own[i]): an exact plan's last reduce-scatter step
+// (plan::StepOp::DecodeAdd), the own input's words never stored.  own may
+// not overlap acc; dst may equal own.
+void fromExactAdd(const ExactLayout& l, void* dst, const void* own, const int64_t* acc, size_t count);
+
 }  // namespace chorus::kernels

@@ -11,8 +11,10 @@
 //   reduce-scatter, step k of n - 1 (block b, slice s):
 //     Encode    W <- words of this rank's input block b        (local)
 //     RecvReduce W <- W + the predecessor's words (int64 add)   (from the transport)
-//     Send      W to the successor (steps 0 .. n-3), or
-//     Decode    output block <- W rounded once                  (the last step)
+//     Send      W to the successor                              (steps 0 .. n-3)
+//   and at the last step
+//     Recv      W <- the predecessor's words
+//     DecodeAdd output block <- (W + words of the own block) rounded once
 //   (step 0 also encodes and sends the first block);
 //   allreduce: then a plain ring all-gather of the rounded floats.
 //
@@ -89,9 +91,13 @@ class ExactRingBase : public Algorithm {
       const Region own = blockIn(rb, sl, s);
       if (own.count == 0) return;
       const Region w = W(kk, s, own.count);
+      if (kk == n - 2) {  // the sum's last term is this rank's own: added as it is rounded
+        b.recv(prev, w);
+        b.decodeAdd(mine(sl, s), own, w);
+        return;
+      }
       b.encode(w, own);
       b.recvReduce(prev, w, w);
-      if (kk == n - 2) b.decode(mine(sl, s), w);
     });
   }
 };

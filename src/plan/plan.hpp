@@ -162,6 +162,7 @@ enum class StepOp : uint8_t {
   // reducer adds int64 words, so a RecvReduce on wire regions is exact.
   Encode,  // dst (Wire) = the accumulator words of src (this rank's own input)
   Decode,  // dst = the correctly rounded value of the words in src (Wire): the one rounding
+  DecodeAdd,  // dst = the rounded value of src2's words (Wire) + the words of src (this rank's own input)
 };
 // Bytes per unit of a region's count: 1 for the wire buffer, else elem_size.
 constexpr uint64_t regionBytes(const Region& r, uint64_t elem_size) {
@@ -290,6 +291,7 @@ class ProgramBuilder {
   // Exact plans: see StepOp::Encode, StepOp::Decode.
   void encode(Region wire, Region src);
   void decode(Region dst, Region wire);
+  void decodeAdd(Region dst, Region own, Region wire);
   // From now on, regions of the input the algorithm names are read from
   // `to` (same offsets) instead: PreMulSum's scaled copy of the input.
   // Applied before the in-place alias, so output regions aliased into the

@@ -316,7 +316,8 @@ Result<bool> Verifier::step(int r, size_t i) {
     case StepOp::Scale:
     case StepOp::Divide: return scalingStep(r, i, step);
     case StepOp::Encode:
-    case StepOp::Decode: return exactStep(r, i, step);
+    case StepOp::Decode:
+    case StepOp::DecodeAdd: return exactStep(r, i, step);
     case StepOp::Reduce: {
       auto* a = load(s, step.src);
       auto* c = load(s, step.src2);
@@ -346,42 +347,56 @@ Status Verifier::exactCombine(int r, size_t i, const Value& a, const Value& b) c
 }
 
 // Encode: this rank's own input (never a partial or rounded sum) into
-// words; Decode: words back into the call's type, the value's one rounding.
-// The wire region holds 8 x exact_words bytes per element, and every byte
-// of an element's words carries its value (so a RecvReduce over the bytes
-// combines each element's value with itself once per byte, identically).
+// words; Decode: words back into the call's type, the value's one rounding;
+// DecodeAdd: both, the own input's words added to the wire's before the one
+// rounding.  The wire region holds 8 x exact_words bytes per element, and
+// every byte of an element's words carries its value (so a RecvReduce over
+// the bytes combines each element's value with itself once per byte,
+// identically).
 Result<bool> Verifier::exactStep(int r, size_t i, const Step& step) {
   RankState& s = st_[r];
-  const bool enc = step.op == StepOp::Encode;
+  const bool enc = step.op == StepOp::Encode, add = step.op == StepOp::DecodeAdd;
   if (exact_words_ == 0 || s.prog.exact_words != exact_words_)
     return fail(r, fmt::format("step {} {} accumulator words but the plan is not exact (or has the wrong word count)",
                                i, enc ? "encodes" : "decodes"));
-  const Region& wr = enc ? step.dst : step.src;
+  const Region& wr = enc ? step.dst : add ? step.src2 : step.src;
   const Region& fr = enc ? step.src : step.dst;
   const uint64_t per = uint64_t{8} * exact_words_;
-  if (wr.buf != Buf::Wire || fr.buf == Buf::Wire || wr.count != fr.count * per)
+  if (wr.buf != Buf::Wire || fr.buf == Buf::Wire || wr.count != fr.count * per ||
+      (add && (step.src.buf == Buf::Wire || step.src.count != fr.count)))
     return fail(r, fmt::format("step {} converts {} elements through a region of {} bytes (needs Buf::Wire, {} "
                                "bytes)", i, fr.count, wr.count, fr.count * per));
   auto* w = load(s, wr);
   auto* f = load(s, fr);
-  if (!w || !f) return fail(r, fmt::format("step {} is out of bounds", i));
+  auto* o = add ? load(s, step.src) : f;
+  if (!w || !f || !o) return fail(r, fmt::format("step {} is out of bounds", i));
+  // A value this rank may encode: its own input, as it is.
+  auto ownWords = [&](Value v) -> Result<Value> {
+    if (v.ranks != 0 && (v.ranks != (1ull << r) || v.word || v.poisoned))
+      return fail(r, fmt::format("step {} encodes {}{}: an exact plan encodes only this rank's own input", i,
+                                 describe(v), v.word ? " (already words)" : ""));
+    v.word = v.ranks != 0;
+    return v;
+  };
   if (enc) {
     std::vector<Value> tmp(f->begin() + fr.offset, f->begin() + fr.end());
     for (uint64_t e = 0; e < fr.count; ++e) {
-      Value v = tmp[e];
-      if (v.ranks != 0 && (v.ranks != (1ull << r) || v.word || v.poisoned))
-        return fail(r, fmt::format("step {} encodes {}{}: an exact plan encodes only this rank's own input", i,
-                                   describe(v), v.word ? " (already words)" : ""));
-      v.word = v.ranks != 0;
+      CHORUS_ASSIGN_OR_RETURN(const Value v, ownWords(tmp[e]));
       std::fill(w->begin() + wr.offset + e * per, w->begin() + wr.offset + (e + 1) * per, v);
     }
     return true;
   }
   std::vector<Value> dec(fr.count);
+  const std::vector<Value> own = add ? std::vector<Value>(o->begin() + step.src.offset, o->begin() + step.src.end())
+                                     : std::vector<Value>{};
   for (uint64_t e = 0; e < fr.count; ++e) {
     dec[e] = (*w)[wr.offset + e * per];
     if (dec[e].ranks != 0 && !dec[e].word)
       return fail(r, fmt::format("step {} decodes {}, which is not accumulator words", i, describe(dec[e])));
+    if (add) {
+      CHORUS_ASSIGN_OR_RETURN(const Value v, ownWords(own[e]));
+      dec[e] = combine(trees_, v, dec[e]);
+    }
     dec[e].word = false;
   }
   std::copy(dec.begin(), dec.end(), f->begin() + fr.offset);

@@ -51,7 +51,7 @@ TEST(ExactPlan, EveryExactAlgorithmVerifies) {
 
 // Hand-built plans an exact shape must reject.  Two ranks, each element's
 // words one int64 (8 bytes).
-enum class Flaw { FloatSum, EncodeReceived, EncodeOutsideExact, DecodeFloats };
+enum class Flaw { FloatSum, EncodeReceived, EncodeOutsideExact, DecodeFloats, DecodeAddReceived };
 class FlawedAllReduce final : public Algorithm {
  public:
   explicit FlawedAllReduce(Flaw f) : flaw_(f) {}
@@ -84,6 +84,17 @@ class FlawedAllReduce final : public Algorithm {
         b.decode(out(0, c), w);
         return;
       }
+      case Flaw::DecodeAddReceived: {  // the last term added is the peer's float, not this rank's input
+        const Region w = b.wire(8 * c), x = b.wire(8 * c);
+        const Region theirs = b.scratch(c);
+        b.send(peer, in(0, c));
+        b.recv(peer, theirs);
+        b.encode(w, in(0, c));
+        b.send(peer, w);
+        b.recv(peer, x);
+        b.decodeAdd(out(0, c), theirs, x);
+        return;
+      }
       case Flaw::DecodeFloats: {  // eight floats land where one element's words belong
         const Region w = b.wire(8);
         b.send(peer, in(0, 8));
@@ -110,6 +121,7 @@ TEST(ExactPlan, PlansThatRoundPartialSumsOrMixFloatsAreRejected) {
   check(Flaw::EncodeReceived, 1, 3, "encodes only this rank's own input");
   check(Flaw::EncodeOutsideExact, 0, 3, "the plan is not exact");
   check(Flaw::DecodeFloats, 1, 8, "not accumulator words");
+  check(Flaw::DecodeAddReceived, 1, 3, "encodes only this rank's own input");
 }
 
 // The tuner offers the exact plans to exact shapes only (and nothing else to

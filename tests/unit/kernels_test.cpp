@@ -908,3 +908,45 @@ TEST(ExactAccumulator, RejectsIntegersAndHugeCommunicators) {
 
 }  // namespace
 }  // namespace chorus::kernels
+
+namespace chorus::kernels {
+namespace {
+
+// fromExactAdd (the exact plan's DecodeAdd): the own input's words added to
+// the accumulator's, then rounded, is fromExact of the explicit sum, for full
+// (several words) and narrow (one word) layouts, in and out of place, over
+// more elements than one of its pieces.
+TEST(ExactAccumulator, DecodeAddEqualsEncodeAddDecode) {
+  std::mt19937_64 rng(11);
+  for (chorusDataType_t d : {chorusFloat32, chorusBfloat16, chorusFloat64}) {
+    const size_t es = dtypeSize(d), n = 3000;
+    std::vector<unsigned char> own(n * es), peer(n * es);
+    for (size_t i = 0; i < n; ++i) {
+      const double a = std::ldexp(static_cast<double>(rng() % 100000) - 50000, static_cast<int>(rng() % 40) - 20);
+      const double b = std::ldexp(static_cast<double>(rng() % 100000) - 50000, static_cast<int>(rng() % 40) - 20);
+      storeFromDouble(own.data() + i * es, d, a);
+      storeFromDouble(peer.data() + i * es, d, b);
+    }
+    for (bool narrow : {false, true}) {
+      int64_t h1, l1, h2, l2;
+      exactRange(d, own.data(), n, &h1, &l1);
+      exactRange(d, peer.data(), n, &h2, &l2);
+      auto layout = narrow ? exactLayout(d, 2, -std::max(l1, l2), std::max(h1, h2)) : exactLayout(d, 2);
+      ASSERT_TRUE(layout.isOk());
+      const ExactLayout& l = *layout;
+      std::vector<int64_t> wo(n * l.words), wp(n * l.words);
+      toExact(l, wo.data(), own.data(), n);
+      toExact(l, wp.data(), peer.data(), n);
+      for (size_t i = 0; i < wo.size(); ++i) wo[i] += wp[i];
+      std::vector<unsigned char> want(n * es), got(n * es), inplace(own);
+      fromExact(l, want.data(), wo.data(), n);
+      fromExactAdd(l, got.data(), own.data(), wp.data(), n);
+      fromExactAdd(l, inplace.data(), inplace.data(), wp.data(), n);
+      EXPECT_EQ(want, got) << dtypeName(d) << (narrow ? " narrow" : " full") << " words " << l.words;
+      EXPECT_EQ(want, inplace) << dtypeName(d) << " in place";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace chorus::kernels
