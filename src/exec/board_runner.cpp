@@ -123,6 +123,7 @@ class Compiler {
       case StepOp::Encode:
       case StepOp::Decode:
       case StepOp::DecodeAdd:
+      case StepOp::EncodeAdd:
         // Compressed and exact plans are not one-shot programs; the board never gets one.
         return internalError("board: a compressed or exact plan's step ({}) on the board", static_cast<int>(st.op));
     }

@@ -12,7 +12,7 @@ using plan::StepOp;
 static_assert(static_cast<int>(trace::StepKind::DequantizeReduce) == static_cast<int>(StepOp::DequantizeReduce) &&
                   static_cast<int>(trace::StepKind::Quantize) == static_cast<int>(StepOp::Quantize) &&
                   static_cast<int>(trace::StepKind::Divide) == static_cast<int>(StepOp::Divide) &&
-                  static_cast<int>(trace::StepKind::DecodeAdd) == static_cast<int>(StepOp::DecodeAdd),
+                  static_cast<int>(trace::StepKind::EncodeAdd) == static_cast<int>(StepOp::EncodeAdd),
               "trace records carry plan::StepOp values");
 using Clock = std::chrono::steady_clock;
 
@@ -60,9 +60,15 @@ Status runExactStep(const Job& j, const plan::Step& s) {
   if (s.op == StepOp::Encode) {
     if (s.src.count) kernels::toExact(*l, reinterpret_cast<int64_t*>(addr(j, s.dst)), addr(j, s.src), s.src.count);
   } else if (s.op == StepOp::DecodeAdd) {
-    if (s.dst.count)
+    if (s.dst.count == 0) return {};
+    if (s.src2.buf == plan::Buf::Wire)
       kernels::fromExactAdd(*l, addr(j, s.dst), addr(j, s.src), reinterpret_cast<const int64_t*>(addr(j, s.src2)),
                             s.dst.count);
+    else
+      kernels::fromExactSum(*l, addr(j, s.dst), addr(j, s.src), addr(j, s.src2), s.dst.count);
+  } else if (s.op == StepOp::EncodeAdd) {
+    if (s.src.count)
+      kernels::toExactSum(*l, reinterpret_cast<int64_t*>(addr(j, s.dst)), addr(j, s.src), addr(j, s.src2), s.src.count);
   } else if (s.dst.count) {
     kernels::fromExact(*l, addr(j, s.dst), reinterpret_cast<const int64_t*>(addr(j, s.src)), s.dst.count);
   }
@@ -100,7 +106,8 @@ void Executor::traceStep(uint32_t g, int64_t start_ns, int64_t end_ns) {
   r.seq = j.trace_seq;
   r.kind = static_cast<uint8_t>(s.op);
   r.peer = s.peer;
-  const bool by_src = s.op == StepOp::Send || s.op == StepOp::Quantize || s.op == StepOp::Encode;
+  const bool by_src =
+      s.op == StepOp::Send || s.op == StepOp::Quantize || s.op == StepOp::Encode || s.op == StepOp::EncodeAdd;
   r.bytes = plan::regionBytes(by_src ? s.src : s.dst, j.elem_size);
   r.start_ns = start_ns;
   r.end_ns = end_ns;
@@ -116,7 +123,8 @@ Status Executor::runLocal(uint32_t g) {
     if (s.dst.count) std::memmove(addr(j, s.dst), addr(j, s.src), s.dst.count * j.elem_size);
   } else if (s.op == StepOp::Scale || s.op == StepOp::Divide) {
     CHORUS_RETURN_IF_ERROR(runScalingStep(j, s));
-  } else if (s.op == StepOp::Encode || s.op == StepOp::Decode || s.op == StepOp::DecodeAdd) {
+  } else if (s.op == StepOp::Encode || s.op == StepOp::Decode || s.op == StepOp::DecodeAdd ||
+             s.op == StepOp::EncodeAdd) {
     CHORUS_RETURN_IF_ERROR(runExactStep(j, s));
   } else if (s.op != StepOp::Reduce) {
     runQuantStep(j, s);

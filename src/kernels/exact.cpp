@@ -396,19 +396,56 @@ bool fromExactFloatOneWord(const ExactLayout& l, float* y, const int64_t* acc, s
 }
 }  // namespace
 
-void fromExactAdd(const ExactLayout& l, void* dst, const void* own, const int64_t* acc, size_t count) {
-  // In pieces that stay in L1: the own input's words, plus acc's, rounded.
-  constexpr size_t kPieceWords = 2048;
-  const size_t w = static_cast<size_t>(l.words), es = dtypeSize(l.dtype);
+namespace {
+// The conversions of two operands, in pieces that stay in L1: `first`
+// fills a piece of words from one operand, `second` adds the other's words,
+// `done` consumes the piece.
+constexpr size_t kPieceWords = 2048;
+template <typename First, typename Second, typename Done>
+void inPieces(const ExactLayout& l, size_t count, First&& first, Second&& second, Done&& done) {
+  const size_t w = static_cast<size_t>(l.words);
   const size_t piece = std::max<size_t>(1, kPieceWords / w);
   alignas(64) int64_t tmp[kPieceWords + 64];
-  static const ReduceFn add = activeKernels().reduce[chorusInt64][static_cast<int>(BinOp::Sum)];
   for (size_t at = 0; at < count; at += piece) {
     const size_t k = std::min(piece, count - at);
-    toExact(l, tmp, static_cast<const std::byte*>(own) + at * es, k);
-    add(tmp, tmp, acc + at * w, k * w);
-    fromExact(l, static_cast<std::byte*>(dst) + at * es, tmp, k);
+    first(tmp, at, k);
+    second(tmp, at, k);
+    done(tmp, at, k);
   }
+}
+ReduceFn addWords() { return activeKernels().reduce[chorusInt64][static_cast<int>(BinOp::Sum)]; }
+}  // namespace
+
+void fromExactAdd(const ExactLayout& l, void* dst, const void* own, const int64_t* acc, size_t count) {
+  static const ReduceFn add = addWords();
+  const size_t w = static_cast<size_t>(l.words), es = dtypeSize(l.dtype);
+  inPieces(
+      l, count, [&](int64_t* t, size_t at, size_t k) { toExact(l, t, static_cast<const std::byte*>(own) + at * es, k); },
+      [&](int64_t* t, size_t at, size_t k) { add(t, t, acc + at * w, k * w); },
+      [&](int64_t* t, size_t at, size_t k) { fromExact(l, static_cast<std::byte*>(dst) + at * es, t, k); });
+}
+
+void fromExactSum(const ExactLayout& l, void* dst, const void* a, const void* b, size_t count) {
+  static const ReduceFn add = addWords();
+  const size_t w = static_cast<size_t>(l.words), es = dtypeSize(l.dtype);
+  alignas(64) int64_t other[kPieceWords + 64];
+  inPieces(
+      l, count, [&](int64_t* t, size_t at, size_t k) { toExact(l, t, static_cast<const std::byte*>(a) + at * es, k); },
+      [&](int64_t* t, size_t at, size_t k) {
+        toExact(l, other, static_cast<const std::byte*>(b) + at * es, k);
+        add(t, t, other, k * w);
+      },
+      [&](int64_t* t, size_t at, size_t k) { fromExact(l, static_cast<std::byte*>(dst) + at * es, t, k); });
+}
+
+void toExactSum(const ExactLayout& l, int64_t* acc, const void* a, const void* b, size_t count) {
+  static const ReduceFn add = addWords();
+  const size_t w = static_cast<size_t>(l.words), es = dtypeSize(l.dtype);
+  toExact(l, acc, a, count);
+  inPieces(
+      l, count, [&](int64_t* t, size_t at, size_t k) { toExact(l, t, static_cast<const std::byte*>(b) + at * es, k); },
+      [&](int64_t*, size_t, size_t) {},
+      [&](int64_t* t, size_t at, size_t k) { add(acc + at * w, acc + at * w, t, k * w); });
 }
 
 void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count) {

@@ -73,5 +73,10 @@ void fromExact(const ExactLayout& l, void* dst, const int64_t* acc, size_t count
 // (plan::StepOp::DecodeAdd), the own input's words never stored.  own may
 // not overlap acc; dst may equal own.
 void fromExactAdd(const ExactLayout& l, void* dst, const void* own, const int64_t* acc, size_t count);
+// dst[i] = the correctly rounded a[i] + b[i] (through the accumulator: the
+// DecodeAdd of two ranks' inputs as they are); dst may equal a or b.
+void fromExactSum(const ExactLayout& l, void* dst, const void* a, const void* b, size_t count);
+// acc[i * words .. ) = the accumulator of a[i] + that of b[i] (EncodeAdd).
+void toExactSum(const ExactLayout& l, int64_t* acc, const void* a, const void* b, size_t count);
 
 }  // namespace chorus::kernels

@@ -9,21 +9,25 @@
 // their way round the ring:
 //
 //   reduce-scatter, step k of n - 1 (block b, slice s):
-//     Encode    W <- words of this rank's input block b        (local)
-//     RecvReduce W <- W + the predecessor's words (int64 add)   (from the transport)
-//     Send      W to the successor                              (steps 0 .. n-3)
-//   and at the last step
-//     Recv      W <- the predecessor's words
-//     DecodeAdd output block <- (W + words of the own block) rounded once
-//   (step 0 also encodes and sends the first block);
+//     step 0:   Recv F <- the predecessor's block as it is (its type: a
+//               single rank's input is exact, so it travels unconverted),
+//               EncodeAdd W <- words of F + words of this rank's block
+//     step k:   Encode W <- words of this rank's block b        (local)
+//               RecvReduce W <- W + the predecessor's words      (int64 add, from the transport)
+//     and Send W to the successor (step 0 sends this rank's block itself);
+//   at the last step
+//               Recv W (or, on two ranks, F), DecodeAdd: output block <-
+//               (W + words of the own block) rounded once;
 //   allreduce: then a plain ring all-gather of the rounded floats.
 //
 // Every sum is a sum of int64 words, exact and order-free, and each output
 // element is rounded exactly once (the verifier proves both: an exact plan
-// combines only words and encodes only a rank's own input), so the result is
-// the correctly rounded sum of all inputs, bit-identical to the general exact
-// path and across communicator sizes.  Bytes per element on the wire: 8
-// words in the reduce-scatter, the float's size in the all-gather.
+// combines only words and encodes only a single rank's input as it is, never
+// a rounded value), so the result is the correctly rounded sum of all inputs,
+// bit-identical to the general exact path and across communicator sizes.
+// Bytes per element on the wire: the type's on the reduce-scatter's first hop
+// (two ranks: its only one), 8 x words on the others, the type's in the
+// all-gather.
 //
 // Wire slots: steps are emitted in wavefront order (slice s of step k at
 // time k + s), and the words encoded at time t are sent (or decoded) at time
@@ -53,6 +57,15 @@ class ExactRingBase : public Algorithm {
   static uint64_t wireElems(const Shape& sh, uint64_t elems) {
     return (elems * wordBytes(sh) + sh.elem_size - 1) / sh.elem_size;
   }
+  // The reduce-scatter's rounds for blocks of `blk` elements: the raw
+  // inputs, then n - 2 hops of words.
+  static std::vector<Round> reduceScatterRounds(const Shape& sh, uint64_t blk) {
+    std::vector<Round> r{{.peers = Peers::Shift, .arg = 1, .elems = blk, .reduce = true}};
+    if (sh.nranks > 2)
+      r.push_back({.repeat = uint64_t(sh.nranks - 2), .peers = Peers::Shift, .arg = 1, .elems = wireElems(sh, blk),
+                   .reduce = true});
+    return r;
+  }
   // One rank alone: its input rounded through the accumulator (so -0 and
   // NaN payloads come out as every other exact call gives them).
   static void alone(const Shape& sh, ProgramBuilder& b, Region src, Region dst) {
@@ -72,32 +85,38 @@ class ExactRingBase : public Algorithm {
     const Slicer sl{numSlices(max_block, sh.chunk_elems)};
     const uint64_t slot_bytes = partBegin(max_block, sl.S, 1) * wordBytes(sh);  // the largest slice's words
     const uint64_t times = std::min<uint64_t>(sl.S, 2);
-    const Region slots = b.wire(times * static_cast<uint64_t>(n) * slot_bytes);
-    // The words of step k (k = -1: the block sent first, at step 0), slice
-    // s, `elems` long.
+    const Region slots = n > 2 ? b.wire(times * static_cast<uint64_t>(n - 1) * slot_bytes) : Region{};
+    // The words of step k (>= 1 received, 0 the first sum), slice s, `elems` long.
     auto W = [&](int k, uint64_t s, uint64_t elems) {
-      const uint64_t t = (static_cast<uint64_t>(std::max(k, 0)) + s) % times;
-      const uint64_t slot = t * static_cast<uint64_t>(n) + static_cast<uint64_t>(k + 1);
+      const uint64_t slot = ((static_cast<uint64_t>(k) + s) % times) * static_cast<uint64_t>(n - 1) + static_cast<uint64_t>(k);
       return Region{Buf::Wire, slots.offset + slot * slot_bytes, elems * wordBytes(sh)};
     };
+    // The predecessor's raw input of step 0, slice s (a slot per time too).
+    const uint64_t slice_elems = partBegin(max_block, sl.S, 1);
+    const Region raw = b.scratch(times * slice_elems);
+    auto F = [&](uint64_t s, uint64_t elems) { return Region{Buf::Scratch, raw.offset + (s % times) * slice_elems, elems}; };
     wavefront(static_cast<uint64_t>(n - 1), sl.S, [&](uint64_t k, uint64_t s) {
       const int kk = static_cast<int>(k);
       const int sb = mod(r - 1 - kk, n), rb = mod(r - 2 - kk, n);
-      const Region snd = blockIn(sb, sl, s);
-      if (snd.count) {
-        if (kk == 0) b.encode(W(-1, s, snd.count), snd);
-        b.send(next, W(kk - 1, s, snd.count));
-      }
+      // Step 0 sends the input as it is (the type's bytes, not the words'):
+      // the receiver encodes it, exactly as its owner would have.
+      if (const Region snd = blockIn(sb, sl, s); snd.count) b.send(next, kk == 0 ? snd : W(kk - 1, s, snd.count));
       const Region own = blockIn(rb, sl, s);
       if (own.count == 0) return;
-      const Region w = W(kk, s, own.count);
-      if (kk == n - 2) {  // the sum's last term is this rank's own: added as it is rounded
-        b.recv(prev, w);
-        b.decodeAdd(mine(sl, s), own, w);
+      const Region in = kk == 0 ? F(s, own.count) : W(kk, s, own.count);
+      if (kk < n - 2) {
+        if (kk == 0) {
+          b.recv(prev, in);
+          b.encodeAdd(W(0, s, own.count), own, in);
+        } else {
+          b.encode(in, own);
+          b.recvReduce(prev, in, in);
+        }
         return;
       }
-      b.encode(w, own);
-      b.recvReduce(prev, w, w);
+      // The last step: the sum's last term is this rank's own, added as it is rounded.
+      b.recv(prev, in);
+      b.decodeAdd(mine(sl, s), own, in);
     });
   }
 };
@@ -109,9 +128,9 @@ class ExactRingAllReduce final : public ExactRingBase {
     const int n = sh.nranks;
     if (n == 1 || sh.count == 0) return std::vector<Round>{};
     const uint64_t blk = partBegin(sh.count, n, 1);  // the largest block
-    return std::vector<Round>{
-        {.repeat = uint64_t(n - 1), .peers = Peers::Shift, .arg = 1, .elems = wireElems(sh, blk), .reduce = true},
-        {.repeat = uint64_t(n - 1), .peers = Peers::Shift, .arg = 1, .elems = blk}};
+    std::vector<Round> rs = reduceScatterRounds(sh, blk);
+    rs.push_back({.repeat = uint64_t(n - 1), .peers = Peers::Shift, .arg = 1, .elems = blk});
+    return rs;
   }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const int n = sh.nranks;
@@ -140,8 +159,7 @@ class ExactRingReduceScatter final : public ExactRingBase {
   Collective collective() const override { return Collective::ReduceScatter; }
   Result<std::vector<Round>> rounds(const Shape& sh) const override {
     if (sh.nranks == 1 || sh.count == 0) return std::vector<Round>{};
-    return std::vector<Round>{{.repeat = uint64_t(sh.nranks - 1), .peers = Peers::Shift, .arg = 1,
-                               .elems = wireElems(sh, sh.count), .reduce = true}};
+    return reduceScatterRounds(sh, sh.count);
   }
   void generate(const Shape& sh, int r, ProgramBuilder& b) const override {
     const uint64_t c = sh.count;

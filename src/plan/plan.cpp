@@ -145,7 +145,8 @@ void ProgramBuilder::scale(Region dst, Region src) { add({StepOp::Scale, -1, dst
 void ProgramBuilder::divide(Region dst) { add({StepOp::Divide, -1, dst, dst, {}}); }
 void ProgramBuilder::encode(Region wire, Region src) { add({StepOp::Encode, -1, wire, src, {}}); }
 void ProgramBuilder::decode(Region dst, Region wire) { add({StepOp::Decode, -1, dst, wire, {}}); }
-void ProgramBuilder::decodeAdd(Region dst, Region own, Region wire) { add({StepOp::DecodeAdd, -1, dst, own, wire}); }
+void ProgramBuilder::decodeAdd(Region dst, Region own, Region x) { add({StepOp::DecodeAdd, -1, dst, own, x}); }
+void ProgramBuilder::encodeAdd(Region wire, Region own, Region raw) { add({StepOp::EncodeAdd, -1, wire, own, raw}); }
 
 Region ProgramBuilder::wire(uint64_t bytes) {
   Region r{Buf::Wire, wire_top_, bytes};
@@ -185,6 +186,7 @@ Access accessOf(const Step& s) {
     case StepOp::Divide: return {{s.src, Region{}}, s.dst};  // Divide: src is dst
     case StepOp::Reduce:
     case StepOp::DecodeAdd:
+    case StepOp::EncodeAdd:
     case StepOp::DequantizeReduce: return {{s.src, s.src2}, s.dst};
   }
   return {};

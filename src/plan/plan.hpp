@@ -162,7 +162,10 @@ enum class StepOp : uint8_t {
   // reducer adds int64 words, so a RecvReduce on wire regions is exact.
   Encode,  // dst (Wire) = the accumulator words of src (this rank's own input)
   Decode,  // dst = the correctly rounded value of the words in src (Wire): the one rounding
-  DecodeAdd,  // dst = the rounded value of src2's words (Wire) + the words of src (this rank's own input)
+  // dst = the rounded value of (the words of src + src2's words): src this
+  // rank's own input; src2 words (Wire) or a single rank's input as it is
+  DecodeAdd,
+  EncodeAdd,  // dst (Wire) = the words of src + the words of src2 (each a single rank's input as it is)
 };
 // Bytes per unit of a region's count: 1 for the wire buffer, else elem_size.
 constexpr uint64_t regionBytes(const Region& r, uint64_t elem_size) {
@@ -291,7 +294,8 @@ class ProgramBuilder {
   // Exact plans: see StepOp::Encode, StepOp::Decode.
   void encode(Region wire, Region src);
   void decode(Region dst, Region wire);
-  void decodeAdd(Region dst, Region own, Region wire);
+  void decodeAdd(Region dst, Region own, Region wire_or_raw);
+  void encodeAdd(Region wire, Region own, Region raw);
   // From now on, regions of the input the algorithm names are read from
   // `to` (same offsets) instead: PreMulSum's scaled copy of the input.
   // Applied before the in-place alias, so output regions aliased into the

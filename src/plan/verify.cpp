@@ -22,8 +22,10 @@ struct Value {
   uint64_t scaled = 0;
   uint32_t divided = 0;
   // Exact plans: the value is held as exact accumulator words (Encode made
-  // it; only Decode turns it back into the call's type).
+  // it; only Decode turns it back into the call's type), and whether a
+  // Decode rounded it (a rounded value may never be encoded again).
   bool word = false;
+  bool rounded = false;
   bool operator==(const Value&) const = default;
 };
 
@@ -84,6 +86,7 @@ Value combine(Trees& trees, const Value& a, const Value& b) {
   v.scaled = a.scaled | b.scaled;
   v.divided = a.divided + b.divided;
   v.word = a.word && b.word;
+  v.rounded = a.rounded || b.rounded;
   v.poisoned = a.poisoned || b.poisoned || a.ranks == 0 || b.ranks == 0 || (a.ranks & b.ranks) != 0 ||
                a.index != b.index;
   return v;
@@ -317,7 +320,8 @@ Result<bool> Verifier::step(int r, size_t i) {
     case StepOp::Divide: return scalingStep(r, i, step);
     case StepOp::Encode:
     case StepOp::Decode:
-    case StepOp::DecodeAdd: return exactStep(r, i, step);
+    case StepOp::DecodeAdd:
+    case StepOp::EncodeAdd: return exactStep(r, i, step);
     case StepOp::Reduce: {
       auto* a = load(s, step.src);
       auto* c = load(s, step.src2);
@@ -346,58 +350,80 @@ Status Verifier::exactCombine(int r, size_t i, const Value& a, const Value& b) c
                              describe(a), a.word ? "words" : "a float", describe(b), b.word ? "words" : "a float"));
 }
 
-// Encode: this rank's own input (never a partial or rounded sum) into
-// words; Decode: words back into the call's type, the value's one rounding;
-// DecodeAdd: both, the own input's words added to the wire's before the one
-// rounding.  The wire region holds 8 x exact_words bytes per element, and
-// every byte of an element's words carries its value (so a RecvReduce over
-// the bytes combines each element's value with itself once per byte,
-// identically).
+// Encode: a single rank's input as it is (never a partial sum, never a
+// rounded value) into words; Decode: words back into the call's type, the
+// value's one rounding; DecodeAdd: both, this rank's own input's words added
+// to the words of src2 (words, or a single rank's input as it is) before the
+// one rounding; EncodeAdd: the words of two such inputs, added.  The wire
+// region holds 8 x exact_words bytes per element, and every byte of an
+// element's words carries its value (so a RecvReduce over the bytes combines
+// each element's value with itself once per byte, identically).
 Result<bool> Verifier::exactStep(int r, size_t i, const Step& step) {
   RankState& s = st_[r];
-  const bool enc = step.op == StepOp::Encode, add = step.op == StepOp::DecodeAdd;
+  const StepOp op = step.op;
+  const bool enc = op == StepOp::Encode || op == StepOp::EncodeAdd;
   if (exact_words_ == 0 || s.prog.exact_words != exact_words_)
     return fail(r, fmt::format("step {} {} accumulator words but the plan is not exact (or has the wrong word count)",
                                i, enc ? "encodes" : "decodes"));
-  const Region& wr = enc ? step.dst : add ? step.src2 : step.src;
-  const Region& fr = enc ? step.src : step.dst;
   const uint64_t per = uint64_t{8} * exact_words_;
-  if (wr.buf != Buf::Wire || fr.buf == Buf::Wire || wr.count != fr.count * per ||
-      (add && (step.src.buf == Buf::Wire || step.src.count != fr.count)))
+  // The words' region and the call type's (the output, or the encoded input).
+  const Region& wr = enc ? step.dst : op == StepOp::DecodeAdd ? step.src2 : step.src;
+  const Region& fr = enc ? step.src : step.dst;
+  const bool raw2 = (op == StepOp::DecodeAdd && step.src2.buf != Buf::Wire) || op == StepOp::EncodeAdd;
+  const bool two = op == StepOp::DecodeAdd || op == StepOp::EncodeAdd;
+  const Region& own_r = step.src;  // the own input of the two-operand steps
+  const bool sizes = raw2 && op == StepOp::DecodeAdd
+                         ? step.src2.count == fr.count && own_r.count == fr.count
+                         : wr.buf == Buf::Wire && wr.count == fr.count * per &&
+                               (!two || own_r.count == fr.count) && (op != StepOp::EncodeAdd || step.src2.count == fr.count);
+  if (fr.buf == Buf::Wire || (two && own_r.buf == Buf::Wire) || !sizes)
     return fail(r, fmt::format("step {} converts {} elements through a region of {} bytes (needs Buf::Wire, {} "
-                               "bytes)", i, fr.count, wr.count, fr.count * per));
-  auto* w = load(s, wr);
+                               "bytes, and operands of the call's type)", i, fr.count, wr.count, fr.count * per));
   auto* f = load(s, fr);
-  auto* o = add ? load(s, step.src) : f;
-  if (!w || !f || !o) return fail(r, fmt::format("step {} is out of bounds", i));
-  // A value this rank may encode: its own input, as it is.
-  auto ownWords = [&](Value v) -> Result<Value> {
-    if (v.ranks != 0 && (v.ranks != (1ull << r) || v.word || v.poisoned))
-      return fail(r, fmt::format("step {} encodes {}{}: an exact plan encodes only this rank's own input", i,
-                                 describe(v), v.word ? " (already words)" : ""));
+  auto* o = load(s, own_r);
+  auto* x = load(s, step.src2);
+  auto* w = raw2 && op == StepOp::DecodeAdd ? x : load(s, wr);
+  if (!w || !f || !o || (two && !x)) return fail(r, fmt::format("step {} is out of bounds", i));
+  // A value this plan may encode: one rank's input, never combined, rounded or encoded before.
+  auto rawWords = [&](Value v) -> Result<Value> {
+    const bool single = v.ranks != 0 && (v.ranks & (v.ranks - 1)) == 0;
+    if (v.ranks != 0 && (!single || v.word || v.rounded || v.poisoned))
+      return fail(r, fmt::format("step {} encodes {}{}: an exact plan encodes only a single rank's input as it is",
+                                 i, describe(v), v.word ? " (already words)" : v.rounded ? " (a rounded value)" : ""));
     v.word = v.ranks != 0;
     return v;
   };
+  const std::vector<Value> src(o->begin() + own_r.offset, o->begin() + own_r.end());
+  const std::vector<Value> src2 = two ? std::vector<Value>(x->begin() + step.src2.offset, x->begin() + step.src2.end())
+                                      : std::vector<Value>{};
   if (enc) {
-    std::vector<Value> tmp(f->begin() + fr.offset, f->begin() + fr.end());
     for (uint64_t e = 0; e < fr.count; ++e) {
-      CHORUS_ASSIGN_OR_RETURN(const Value v, ownWords(tmp[e]));
+      CHORUS_ASSIGN_OR_RETURN(Value v, rawWords(src[e]));
+      if (op == StepOp::EncodeAdd) {
+        CHORUS_ASSIGN_OR_RETURN(const Value u, rawWords(src2[e]));
+        v = combine(trees_, v, u);
+      }
       std::fill(w->begin() + wr.offset + e * per, w->begin() + wr.offset + (e + 1) * per, v);
     }
     return true;
   }
   std::vector<Value> dec(fr.count);
-  const std::vector<Value> own = add ? std::vector<Value>(o->begin() + step.src.offset, o->begin() + step.src.end())
-                                     : std::vector<Value>{};
   for (uint64_t e = 0; e < fr.count; ++e) {
-    dec[e] = (*w)[wr.offset + e * per];
-    if (dec[e].ranks != 0 && !dec[e].word)
-      return fail(r, fmt::format("step {} decodes {}, which is not accumulator words", i, describe(dec[e])));
-    if (add) {
-      CHORUS_ASSIGN_OR_RETURN(const Value v, ownWords(own[e]));
+    if (raw2) {
+      CHORUS_ASSIGN_OR_RETURN(dec[e], rawWords(src2[e]));
+    } else {
+      dec[e] = (*w)[wr.offset + e * per];
+      if (dec[e].ranks != 0 && !dec[e].word)
+        return fail(r, fmt::format("step {} decodes {}, which is not accumulator words", i, describe(dec[e])));
+    }
+    if (two) {
+      if (src[e].ranks != 0 && src[e].ranks != (1ull << r))
+        return fail(r, fmt::format("step {} adds {} as this rank's own input", i, describe(src[e])));
+      CHORUS_ASSIGN_OR_RETURN(const Value v, rawWords(src[e]));
       dec[e] = combine(trees_, v, dec[e]);
     }
     dec[e].word = false;
+    dec[e].rounded = dec[e].ranks != 0;
   }
   std::copy(dec.begin(), dec.end(), f->begin() + fr.offset);
   return true;
@@ -524,6 +550,7 @@ Status Verifier::compare(int r) {
     Value got = outAt(i);
     want.tree = canonical_ ? canon_ : got.tree;
     want.quant = got.quant;
+    want.rounded = got.rounded;
     want.scaled = premul_ ? want.ranks : 0;
     want.divided = avg_ ? 1 : 0;
     if (static_cast<int>(got.quant) > max_quant_)

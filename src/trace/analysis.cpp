@@ -272,6 +272,7 @@ nlohmann::json chromeTrace(const std::vector<CommTrace>& comms) {
           case StepKind::Encode: name = "encode"; break;
           case StepKind::Decode: name = "decode"; break;
           case StepKind::DecodeAdd: name = "decode+add"; break;
+          case StepKind::EncodeAdd: name = "encode+add"; break;
         }
         json args = {{"bytes", s.bytes}};
         if ((s.seq & kCheckBit) && !(s.seq & kP2PBit)) args["op"] = "signature check";

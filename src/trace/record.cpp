@@ -276,7 +276,7 @@ Result<TraceFile> parseTrace(std::span<const std::byte> bytes) {
         s.end_ns = r.i64();
         if (!timeOk(s.start_ns) || !timeOk(s.end_ns))
           return invalidArgument("trace record at offset {}: a time outside +-2^60 ns", at);
-        if (s.kind > static_cast<uint8_t>(StepKind::DecodeAdd))
+        if (s.kind > static_cast<uint8_t>(StepKind::EncodeAdd))
           return invalidArgument("trace record at offset {}: step kind {}", at, s.kind);
         if (s.kind <= static_cast<uint8_t>(StepKind::RecvReduce) && (s.peer < 0 || s.peer >= t.header.nranks))
           return invalidArgument("trace record at offset {}: peer {} of {} ranks", at, s.peer, t.header.nranks);

@@ -44,7 +44,7 @@ enum class Kind : uint8_t { Algo = 1, Op = 2, Step = 3, Clock = 4 };
 // Step kinds (plan::StepOp values).
 // The values of plan::StepOp (the executor records s.op; executor.cpp asserts
 // they agree); 5-7 are compressed plans' local steps, 8-9 the reduction op's
-// arithmetic (PreMulSum's scale, Avg's division), 10-12 exact plans'
+// arithmetic (PreMulSum's scale, Avg's division), 10-13 exact plans'
 // conversions to and from the accumulator's words.
 enum class StepKind : uint8_t {
   Send = 0,
@@ -60,6 +60,7 @@ enum class StepKind : uint8_t {
   Encode = 10,
   Decode = 11,
   DecodeAdd = 12,
+  EncodeAdd = 13,
 };
 
 struct Header {

@@ -118,10 +118,10 @@ TEST(ExactPlan, PlansThatRoundPartialSumsOrMixFloatsAreRejected) {
     EXPECT_NE(st.message().find(want), std::string::npos) << st.message();
   };
   check(Flaw::FloatSum, 1, 3, "an exact plan adds accumulator words only");
-  check(Flaw::EncodeReceived, 1, 3, "encodes only this rank's own input");
+  check(Flaw::EncodeReceived, 1, 3, "(a rounded value)");
   check(Flaw::EncodeOutsideExact, 0, 3, "the plan is not exact");
   check(Flaw::DecodeFloats, 1, 8, "not accumulator words");
-  check(Flaw::DecodeAddReceived, 1, 3, "encodes only this rank's own input");
+  check(Flaw::DecodeAddReceived, 1, 3, "as this rank's own input");
 }
 
 // The tuner offers the exact plans to exact shapes only (and nothing else to
