@@ -101,6 +101,7 @@ Result<Config> parseConfig(const Lookup& lookup) {
                            "4096..4294967296)", ring);
   c.shm.ring_bytes = static_cast<size_t>(ring);
   CHORUS_ASSIGN_OR_RETURN(c.shm.cma, r.boolean("CHORUS_SHM_CMA"));
+  CHORUS_ASSIGN_OR_RETURN(c.shm.spread, r.boolean("CHORUS_SHM_SPREAD"));
   CHORUS_ASSIGN_OR_RETURN(int64_t cma_bytes, r.integer("CHORUS_SHM_CMA_BYTES", 0, kInt64Max, "an integer >= 0"));
   c.shm.cma_bytes = static_cast<size_t>(cma_bytes);
 

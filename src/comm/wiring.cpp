@@ -141,6 +141,7 @@ Status connectShm(int rank, const std::vector<int>& local, bool all_local, const
   s.ring_bytes = cfg.shm.ring_bytes;
   s.allow_cma = cfg.shm.cma;
   s.cma_bytes = cfg.shm.cma_bytes;
+  s.spread = cfg.shm.spread;
   s.spin = cfg.spin;
   s.timeout = cfg.timeout;
   bootstrap::PrefixStore host_store(base, prefix + fmt::format("h{}/", lowest));

@@ -56,6 +56,7 @@ struct Config {
     size_t ring_bytes = size_t{1} << 20;  // CHORUS_SHM_RING_BYTES: power of two in [4096, 4 GiB]
     bool cma = true;                      // CHORUS_SHM_CMA
     size_t cma_bytes = size_t{1} << 20;   // CHORUS_SHM_CMA_BYTES
+    bool spread = true;                   // CHORUS_SHM_SPREAD
   } shm;
 
   struct Tcp {

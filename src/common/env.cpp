@@ -24,6 +24,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_TCP_SOCKETS",     "1", "TCP sockets per peer (more can raise bandwidth on fast links)"},
   {"CHORUS_TCP_RENDEZVOUS_BYTES", "262144", "TCP messages of at least this many bytes wait for the receiver's clear-to-send (sent when it posts the receive) before their payload goes on the wire; 0: every message eager"},
   {"CHORUS_SHM_CMA",         "1", "0: never use cross-memory attach (process_vm_readv) for large shared-memory messages"},
+  {"CHORUS_SHM_SPREAD",      "1", "0: never move a rank off a core it shares with another local rank of the communicator (with as many cores as local ranks, the rank that finds it shares one moves itself to a free allowed CPU, then keeps its own affinity mask)"},
   {"CHORUS_SHM_CMA_BYTES",   "1048576", "smallest shared-memory message sent by cross-memory attach (the receiver reads the sender's buffer) instead of through the ring"},
   {"CHORUS_SHM_RING_BYTES",  "1048576", "bytes of each shared-memory ring (one per ordered pair of local ranks)"},
   {"CHORUS_CHUNK_BYTES",     "0", "pipeline chunk size for large messages; 0 lets the tuner choose"},

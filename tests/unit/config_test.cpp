@@ -45,6 +45,8 @@ TEST(ConfigParse, AnEmptyEnvironmentGivesTheDefaults) {
   EXPECT_EQ(c->shm.ring_bytes, d.shm.ring_bytes);
   EXPECT_EQ(c->shm.cma, d.shm.cma);
   EXPECT_EQ(c->shm.cma_bytes, d.shm.cma_bytes);
+  EXPECT_EQ(c->shm.spread, d.shm.spread);
+  EXPECT_TRUE(d.shm.spread);
   EXPECT_EQ(c->tcp.sockets, d.tcp.sockets);
   EXPECT_EQ(c->tcp.rendezvous_bytes, d.tcp.rendezvous_bytes);
   EXPECT_EQ(c->tcp.heartbeat_ms, d.tcp.heartbeat_ms);
@@ -88,6 +90,7 @@ TEST(ConfigParse, ValuesReachTheirFields) {
                   {"CHORUS_SHM_RING_BYTES", "65536"},
                   {"CHORUS_SHM_CMA", "0"},
                   {"CHORUS_SHM_CMA_BYTES", "4096"},
+                  {"CHORUS_SHM_SPREAD", "0"},
                   {"CHORUS_TCP_SOCKETS", "4"},
                   {"CHORUS_TCP_RENDEZVOUS_BYTES", "0"},
                   {"CHORUS_HEARTBEAT_MS", "0"},
@@ -108,6 +111,7 @@ TEST(ConfigParse, ValuesReachTheirFields) {
   EXPECT_TRUE(c->net.force_tcp);
   EXPECT_EQ(c->spin.count(), 0);
   EXPECT_EQ(c->shm.ring_bytes, 65536u);
+  EXPECT_FALSE(c->shm.spread);
   EXPECT_FALSE(c->shm.cma);
   EXPECT_EQ(c->shm.cma_bytes, 4096u);
   EXPECT_EQ(c->tcp.sockets, 4);
@@ -146,6 +150,7 @@ TEST(ConfigParse, EachKnobHasOneRuleAndItsMessageSaysWhatIsAccepted) {
       {"CHORUS_SHM_RING_BYTES", "8589934592", "a power of two in 4096..4294967296"},
       {"CHORUS_SHM_CMA", "2", "0, 1"},
       {"CHORUS_SHM_CMA_BYTES", "-1", "an integer >= 0"},
+      {"CHORUS_SHM_SPREAD", "yes please", "0, 1"},
       {"CHORUS_TCP_SOCKETS", "17", "1..16"},
       {"CHORUS_TCP_SOCKETS", "0", "1..16"},
       {"CHORUS_TCP_RENDEZVOUS_BYTES", "-1", "an integer >= 0"},

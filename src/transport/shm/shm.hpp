@@ -36,6 +36,7 @@ struct ShmSetup {
   // (0 is taken as 1).
   size_t cma_bytes = 1 << 20;
   std::chrono::microseconds spin{50};  // a wait polls this long before it blocks (Config::spin)
+  bool spread = true;  // move off a core another local rank shares (Config::Shm::spread; spreadFrom)
   std::chrono::milliseconds timeout{600000};  // for the setup exchange
 };
 

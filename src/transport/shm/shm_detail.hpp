@@ -23,7 +23,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
+
+#include <sched.h>
 
 #include "transport/transport.hpp"
 
@@ -214,6 +217,28 @@ class SpinPolicy {
   uint64_t stolen_ = 0;
 };
 
+// Where a rank on `cpu` that shares it with a peer rank should move
+// (ShmTransport::spreadFrom): only the higher-numbered of two ranks on one
+// core moves (so they never both do), to the first CPU of `allowed` that no
+// peer was last seen on; -1: stay.  `peers` holds (rank, last CPU; -1
+// unknown).
+inline int spreadTarget(int cpu, int rank, const std::vector<std::pair<int, int>>& peers, const cpu_set_t& allowed) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE) return -1;
+  bool lower_here = false;
+  cpu_set_t taken;
+  CPU_ZERO(&taken);
+  CPU_SET(cpu, &taken);
+  for (const auto& [r, c] : peers) {
+    if (c < 0 || c >= CPU_SETSIZE) continue;
+    CPU_SET(c, &taken);
+    lower_here = lower_here || (c == cpu && r < rank);
+  }
+  if (!lower_here) return -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed) && !CPU_ISSET(c, &taken)) return c;
+  return -1;
+}
+
 // Counters of one transport, updated by its executor thread only; read them
 // when that thread is quiescent (tests join it first).
 struct ShmStats {
@@ -225,6 +250,7 @@ struct ShmStats {
   uint64_t futex_wakes = 0;
   uint64_t stolen_yields = 0;  // yields that handed the core to another task (contended mode, spinFor)
   uint64_t board_calls = 0;   // publish() calls
+  uint64_t spreads = 0;       // moves to another core away from a peer rank sharing ours (spreadFrom)
   uint32_t cma_peers = 0;  // peers this rank sends to by CMA (probe passed on their side)
 };
 

@@ -264,6 +264,7 @@ class ShmTransport final : public Transport, public Board {
   bool spinFor(F&& done, int polls, std::chrono::microseconds timeout, Clock::time_point* start);
   // Whether a peer's waits last yielded on the CPU we run on now.
   bool peerYieldsHere() const;
+  void spreadFrom(Clock::time_point now);
   Status abortedOr(const Peer& p, Status otherwise) const;
 
   int rank_ = 0;
@@ -289,6 +290,11 @@ class ShmTransport final : public Transport, public Board {
 
   uint32_t seen_bell_ = 0;  // bell value read at the start of the last poll()
   Clock::time_point last_liveness_{};
+  // Spreading ranks that share a core (spreadFrom): on, when it may try
+  // again, and the peers' (rank, last CPU) it reads.
+  bool spread_ = false;
+  Clock::time_point next_spread_{};
+  std::vector<std::pair<int, int>> spread_peers_;
 
   std::atomic<bool> wake_pending_{false};
   std::atomic<bool> aborted_{false};
@@ -354,6 +360,7 @@ Status ShmTransport::configure(const ShmSetup& setup) {
   cpu_set_t cpus;
   size_t ncores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? static_cast<size_t>(CPU_COUNT(&cpus)) : 1;
   oversubscribed_ = peer_ranks_.size() + 1 > ncores;
+  spread_ = setup.spread && !oversubscribed_ && ncores > 1;
   spin_ = std::max(setup.spin, std::chrono::microseconds(0));
   policy_ = SpinPolicy(spin_, oversubscribed_);
   return {};
@@ -1004,13 +1011,45 @@ bool ShmTransport::spinFor(F&& done, int polls, std::chrono::microseconds timeou
           cpu_published = true;
         }
         sched_yield();
-        if (policy_.yielded(now, Clock::now(), [this] { return peerYieldsHere(); })) {
+        const auto back = Clock::now();
+        // The yield ran something (a no-op one returns within a microsecond).
+        if (spread_ && back - now > std::chrono::microseconds(2)) spreadFrom(back);
+        if (policy_.yielded(now, back, [this] { return peerYieldsHere(); })) {
           stats_.stolen_yields = policy_.stolenYields();
           return false;  // sleep rather than yield again
         }
       }
     }
   }
+}
+
+// A yield that ran something, with as many cores as local ranks: if a peer
+// rank of ours last yielded on this core too, the two ranks share one core
+// while another is free for one of them.  That happens at start-up: both
+// ranks start where their launcher ran, and the kernel spreads them only when
+// it sees the imbalance, which ranks that mostly spin and yield hide from it
+// (2 ranks, 8-byte allreduce: 8-9 us a call instead of 0.2 for 40-100 ms, or
+// for as long as a busy process holds the other core: docs/performance.md).
+// The higher-numbered of the two moves itself to an allowed CPU no peer was
+// last seen on: pinned to it for the migration, then its own mask again, so
+// the placement stays a hint, never a binding.  At most every kSpreadEvery.
+void ShmTransport::spreadFrom(Clock::time_point now) {
+  constexpr std::chrono::milliseconds kSpreadEvery{5};
+  if (now < next_spread_) return;
+  next_spread_ = now + kSpreadEvery;
+  cpu_set_t mask;  // the mask now: the user may have bound the rank since init
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0 || CPU_COUNT(&mask) < 2) return;
+  std::vector<std::pair<int, int>>& seen = spread_peers_;
+  seen.clear();
+  for (const Peer& p : peers_)
+    if (p.peer_page0 != nullptr) seen.emplace_back(p.rank, p.peer_page0->yield_cpu.load(std::memory_order_relaxed));
+  const int to = shm_detail::spreadTarget(sched_getcpu(), rank_, seen, mask);
+  if (to < 0) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(to, &one);
+  if (sched_setaffinity(0, sizeof one, &one) == 0) sched_setaffinity(0, sizeof mask, &mask);
+  ++stats_.spreads;
 }
 
 bool ShmTransport::peerYieldsHere() const {
