@@ -304,7 +304,7 @@ Status CallPlanner::prepare(OpDesc& op, size_t i) {
   if (ex.fused) ex.out_elems = sh.outputElems(rank_);
   if (trace_) traceJob(op, i, algo, prog, sh);
   // Wire bytes after the scratch, 8-byte aligned (an exact plan's words).
-  scratch_offsets_[i] = ((prog->scratch_elems * (es ? es : 1) + 7) & ~size_t{7}) + prog->wire_bytes;
+  scratch_offsets_[i] = exec::wireOffset(prog->scratch_elems, es ? es : 1) + prog->wire_bytes;
   if (i == 0 && prog != board_decided_) decideBoard(algo, prog, sh, es);
   return {};
 }
@@ -498,7 +498,7 @@ std::span<const exec::Job> CallPlanner::layoutJobs() {
   for (size_t i = 0; i < njobs; ++i) {
     job_bufs_[i][2] = scratch_.data() + scratch_offsets_[i];
     jobs_[i].buffers = job_bufs_[i];
-    jobs_[i].wire = job_bufs_[i][2] + jobs_[i].program->scratch_elems * jobs_[i].elem_size;
+    jobs_[i].wire = job_bufs_[i][2] + exec::wireOffset(jobs_[i].program->scratch_elems, jobs_[i].elem_size);
   }
   return jobs_;
 }

@@ -58,6 +58,12 @@ struct Job {
   const kernels::ExactLayout* exact = nullptr;
 };
 
+// Where a job's wire bytes start in its scratch allocation: after the
+// program's scratch, 8-byte aligned (an exact plan's int64 words).
+constexpr size_t wireOffset(uint64_t scratch_elems, size_t elem_size) {
+  return (static_cast<size_t>(scratch_elems) * elem_size + 7) & ~size_t{7};
+}
+
 class Executor {
  public:
   // routes[peer] is the transport serving that peer (nullptr for self).

@@ -619,9 +619,12 @@ TEST(ShmTransport, TwoRanksStartedOnOneCoreEndOnTwo) {
   kill(busy, SIGKILL);
   waitpid(busy, nullptr, 0);
   EXPECT_EQ(right, kRounds);
-  // The outcome, not the move: under other load the kernel may part them
-  // first (without spreading they end on one CPU in 3 of 4 runs here).
-  EXPECT_NE(seen->cpu.load(), mine) << "the ranks still share CPU " << mine;
+  // Rank 1 moved, or the kernel parted them: under other load it may part
+  // them first, or put them back together after a move (seen under TSan
+  // with the other tests running).  Without spreading they end on one CPU,
+  // never moved, in 3 of 4 runs here.
+  EXPECT_TRUE(seen->spreads.load() >= 1 || seen->cpu.load() != mine)
+      << "the ranks still share CPU " << mine << " and rank 1 never moved";
   EXPECT_EQ(shm_detail::shmStats(*t.value())->spreads, 0u) << "rank 0, the lower, moved";
   std::printf("[ info ] rank 1 moved %llu time(s); the ranks ended on CPUs %d and %d\n",
               static_cast<unsigned long long>(seen->spreads.load()), mine, seen->cpu.load());
