@@ -49,6 +49,9 @@ void CallPlanner::bind(int rank, int nranks, const Config& cfg, tune::Tuner* tun
   repro_ = cfg.reproducible;
   timeout_ = cfg.timeout;
   tuner_ = tuner;
+  exact_algos_.clear();
+  for (const auto& a : tuner->registry().all())
+    if (a->exact()) exact_algos_.push_back(a.get());
   executor_ = executor;
   board_runner_ = runner;
   trace_ = trace;
@@ -259,8 +262,7 @@ void CallPlanner::traceJob(const OpDesc& op, size_t i, const plan::Algorithm* al
 // scaled input, exact's accumulators), reducer and executor job.
 Status CallPlanner::prepare(OpDesc& op, size_t i) {
   const ReproPath path = reproPath(op);
-  if (exact_.size() <= i) exact_.resize(i + 1);
-  ExactJob& ex = exact_[i];
+  ExactJob& ex = exact_[i];  // sized by bindBatch
   ex.on = path == ReproPath::Exact;
   ex.fused = false;
   if (ex.on) {
@@ -324,8 +326,8 @@ bool CallPlanner::fusedExact(const OpDesc& op, const kernels::ExactLayout& l) co
   probe.count = op.count;
   probe.elem_size = static_cast<uint32_t>(kernels::dtypeSize(op.dtype));
   probe.exact_words = static_cast<uint32_t>(l.words);
-  for (const plan::Algorithm* a : tuner_->registry().forCollective(op.coll))
-    if (a->exact() && a->supports(probe)) return true;
+  for (const plan::Algorithm* a : exact_algos_)
+    if (a->collective() == op.coll && a->supports(probe)) return true;
   return false;
 }
 

@@ -180,6 +180,7 @@ class CallPlanner {
     uint64_t out_elems = 0;
   };
   std::vector<ExactJob> exact_;  // per job of the current batch
+  std::vector<const plan::Algorithm*> exact_algos_;  // the registry's exact plans (fusedExact), found at bind
   std::vector<std::unique_ptr<plan::Program>> uncached_;  // v-collectives, reused
   std::vector<exec::Job> jobs_;
   std::vector<std::array<std::byte*, 3>> job_bufs_;
