@@ -397,6 +397,18 @@ bool pinTo(int cpu) {
   return sched_setaffinity(0, sizeof one, &one) == 0;
 }
 
+// A child process that spins on `cpu` until killed (SIGKILL).
+pid_t forkBusyOn(int cpu) {
+  return forkChild([cpu]() -> int {
+    if (!pinTo(cpu)) return 2;
+    volatile uint64_t x = 0;
+    for (;;) {
+      const uint64_t v = x;
+      x = v + 1;
+    }
+  });
+}
+
 // A busy process shares this rank's core while the peer (another core when
 // there is one) answers every few milliseconds: every message arrives, and
 // the waits notice that their yields lose the core to it.
@@ -413,14 +425,7 @@ TEST(ShmTransport, AWaitBesideABusyProcessOnItsCoreNoticesTheLostYields) {
   SharedStore store;
   const std::string prefix = uniquePrefix();
   constexpr int kMessages = 20;
-  pid_t busy = forkChild([&]() -> int {
-    if (!pinTo(mine)) return 2;
-    volatile uint64_t x = 0;
-    for (;;) {
-      const uint64_t v = x;
-      x = v + 1;
-    }
-  });
+  pid_t busy = forkBusyOn(mine);
   ASSERT_GT(busy, 0);
   pid_t peer = forkChild([&]() -> int {
     if (!pinTo(other)) return 2;
@@ -572,14 +577,7 @@ TEST(ShmTransport, TwoRanksStartedOnOneCoreEndOnTwo) {
   SharedStore store;
   const std::string prefix = uniquePrefix();
   constexpr int kRounds = 2000;
-  pid_t busy = forkChild([&]() -> int {
-    if (!pinTo(second)) return 2;
-    volatile uint64_t x = 0;
-    for (;;) {
-      const uint64_t v = x;
-      x = v + 1;
-    }
-  });
+  pid_t busy = forkBusyOn(second);
   ASSERT_GT(busy, 0);
   // Onto the first CPU, the whole mask kept: where the kernel put them.
   auto gather = [&] { return pinTo(first) && sched_setaffinity(0, sizeof before, &before) == 0; };
