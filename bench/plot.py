@@ -68,7 +68,7 @@ def summarise(rows):
         out[(coll, nranks)][lib][size] = {
             "collective": coll, "nranks": nranks, "library": lib, "bytes": size, "count": ref.get("count"),
             "repeats": len(rs), "repeat_ids": sorted({r.get("repeat", 0) for r in rs}),
-            "time_us": med, "time_us_min": min(times), "time_us_max": max(times),
+            "time_us": med, "time_us_min": min(times), "time_us_max": max(times), "times_us": times,
             "spread": (max(times) - min(times)) / med if med > 0 else 0.0,
             "algbw_gbps": ref["algbw_gbps"] * scale, "busbw_gbps": ref["busbw_gbps"] * scale,
             "busbw_gbps_min": ref["busbw_gbps"] * ref["time_us"] / max(times) if max(times) > 0 else 0.0,
@@ -151,22 +151,42 @@ def geo_error(pairs):
     return (math.exp(sum(logs) / len(logs)) - 1, len(logs)) if logs else (None, 0)
 
 
+def noise_floor(pts):
+    """The error a perfect model would still show against this run: each repeat's time against the
+    median of the other repeats of the same size (leave one out), as a geometric mean like geo_error.
+    A model calibrated at another moment cannot be expected to beat it."""
+    pairs = []
+    for r in pts:
+        ts = r.get("times_us") or []
+        for i, t in enumerate(ts):
+            others = ts[:i] + ts[i + 1:]
+            if others:
+                pairs.append((statistics.median(others), t))
+    return geo_error(pairs)
+
+
 def model_report(summary):
-    """The cost model against the measurement, per chorus library, collective and rank count."""
+    """The cost model against the measurement, per chorus library, collective and rank count, beside
+    the measurement's own repeat-to-repeat floor (noise_floor)."""
     lines = ["cost model: geometric-mean error of predicted_us vs the median measured time_us "
-             "(target for allreduce: <= 15 % at >= 64 KiB, <= 30 % below)",
-             f"{'library':>11}  {'collective':>13}  {'ranks':>5}  {'>=64K':>8}  {'n':>3}  {'<64K':>8}  {'n':>3}  "
-             f"{'worst (size: pred/meas)':>26}"]
+             "(target for allreduce: <= 15 % at >= 64 KiB, <= 30 % below); floor: the same error of each "
+             "repeat against the median of the other repeats (what a perfect model would show on this run)",
+             f"{'library':>11}  {'collective':>13}  {'ranks':>5}  {'>=64K':>8}  {'floor':>7}  {'n':>3}  {'<64K':>8}  "
+             f"{'floor':>7}  {'n':>3}  {'worst (size: pred/meas)':>26}"]
     for (coll, nranks), bylib in sorted(summary.items()):
         for lib in order(bylib):
             pts = [r for r in bylib[lib].values() if r.get("predicted_us") and r["bytes"] > 0]
             if not pts:
                 continue
-            big = geo_error([(r["predicted_us"], r["time_us"]) for r in pts if r["bytes"] >= 65536])
-            small = geo_error([(r["predicted_us"], r["time_us"]) for r in pts if r["bytes"] < 65536])
+            big_pts = [r for r in pts if r["bytes"] >= 65536]
+            small_pts = [r for r in pts if r["bytes"] < 65536]
+            big = geo_error([(r["predicted_us"], r["time_us"]) for r in big_pts])
+            small = geo_error([(r["predicted_us"], r["time_us"]) for r in small_pts])
+            big_floor, small_floor = noise_floor(big_pts), noise_floor(small_pts)
             worst = max(pts, key=lambda r: abs(math.log(r["predicted_us"] / r["time_us"])))
-            fmt = lambda e: f"{100 * e[0]:7.1f}%" if e[0] is not None else f"{'-':>8}"
-            lines.append(f"{lib:>11}  {coll:>13}  {nranks:>5}  {fmt(big)}  {big[1]:>3}  {fmt(small)}  {small[1]:>3}  "
+            fmt = lambda e, w=8: f"{100 * e[0]:{w - 1}.1f}%" if e[0] is not None else f"{'-':>{w}}"
+            lines.append(f"{lib:>11}  {coll:>13}  {nranks:>5}  {fmt(big)}  {fmt(big_floor, 7)}  {big[1]:>3}  "
+                         f"{fmt(small)}  {fmt(small_floor, 7)}  {small[1]:>3}  "
                          f"{human(worst['bytes']):>10}: {worst['predicted_us'] / worst['time_us']:6.2f}x")
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
