@@ -360,6 +360,32 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
     }
     p->reduce_mem = Seconds(median(t)) / Bytes(static_cast<double>(big));
   }
+  {
+    // The effective cache: every local rank at once reduces fp32 operands
+    // whose footprint on the host (input and output of every rank) is the
+    // nominal last-level cache; the slowest rank's rate, between the in- and
+    // out-of-cache ones, says how much of it the model may count as cache
+    // (tune::effectiveCacheBytes).  On this kind of VM the rate there is
+    // already a third of the way to memory speed (docs/performance.md).
+    int n = 1;
+    chorusCommCount(comm, &n);
+    const Bytes nominal = tune::CostProfile{}.cache_size;
+    const size_t count = std::max<size_t>(1024, static_cast<size_t>(nominal.value()) / (2 * sizeof(float) * n));
+    std::vector<float> x(count, 1.0f), y(count, 2.0f);
+    kernels::Reducer red(chorusFloat32, kernels::BinOp::Sum);
+    red(y.data(), y.data(), x.data(), count);  // pages in, caches warm
+    std::vector<double> t;
+    for (int rep = 0; rep < std::max(3, o.reps); ++rep) {
+      CHORUS_RETURN_IF_ERROR(check(chorusBarrier(comm, nullptr), comm, "barrier"));
+      auto t0 = Clock::now();
+      for (int i = 0; i < 4; ++i) red(y.data(), y.data(), x.data(), count);
+      double dt = std::chrono::duration<double>(Clock::now() - t0).count() / 4;
+      CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&dt, &dt, 1, chorusFloat64, chorusMax, comm, nullptr), comm, "max"));
+      t.push_back(dt);
+    }
+    const double rate = static_cast<double>(count * sizeof(float)) / median(t);
+    p->cache_size = tune::effectiveCacheBytes(nominal, rate, 1 / p->gamma[chorusFloat32].value(), 1 / p->reduce_mem.value());
+  }
 
   // The board: the whole fixed cost of a call from an 8-byte one-shot
   // allreduce of all ranks (every rank publishes and reads every peer's
@@ -415,6 +441,7 @@ std::vector<std::string> disagreeingFigures(const tune::CostProfile& a, const tu
     figs.push_back({"board_bandwidth_gbps", {toGbytePerS(a.board_beta), toGbytePerS(b.board_beta)}});
   if (a.reduce_mem > none && b.reduce_mem > none)
     figs.push_back({"reduce_mem_gbps", {toGbytePerS(a.reduce_mem), toGbytePerS(b.reduce_mem)}});
+  figs.push_back({"cache_mib", {a.cache_size.value() / (1 << 20), b.cache_size.value() / (1 << 20)}});
   if (tcp) {
     figs.push_back({"tcp.alpha_us", {toUs(a.tcp.alpha), toUs(b.tcp.alpha)}});
     figs.push_back({"tcp.bandwidth_gbps", {toGbytePerS(a.tcp.beta), toGbytePerS(b.tcp.beta)}});

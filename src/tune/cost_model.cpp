@@ -318,6 +318,13 @@ Seconds scalingWork(const plan::Shape& sh, SecondsPerByte gamma, const CostProfi
 }
 }  // namespace
 
+Bytes effectiveCacheBytes(Bytes nominal, double rate_at_nominal, double rate_hot, double rate_cold) {
+  if (!(rate_at_nominal > 0) || !(rate_hot > rate_cold) || !(rate_cold > 0)) return nominal;
+  // Time per byte t = h / hot + (1 - h) / cold, solved for the hot share h.
+  const double h = (1 / rate_at_nominal - 1 / rate_cold) / (1 / rate_hot - 1 / rate_cold);
+  return nominal * std::clamp(h, 1.0 / 16, 1.0);
+}
+
 Result<Seconds> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
                                const CostProfile& prof, const std::vector<int>& host_of) {
   CHORUS_ASSIGN_OR_RETURN(Seconds t, modelSeconds(algo, shape, dtype, prof, host_of));

@@ -98,7 +98,11 @@ struct CostProfile {
   SecondsPerByte board_beta;
   // Calls whose buffers (input and output of every rank of a host) exceed the
   // last-level cache move bytes at beta_large and reduce no faster than
-  // reduce_mem (fp32, out of the caches); in between, in proportion.
+  // reduce_mem (fp32, out of the caches); in between, in proportion: the
+  // share cache_size / footprint of the bytes at the in-cache rates.  The
+  // nominal last-level cache by default; chorus-tune measures the effective
+  // one (effectiveCacheBytes), which the ranks' other data (rings, slots,
+  // the neighbours of a shared host) leave smaller.
   Bytes cache_size = mib(32);
   SecondsPerByte reduce_mem;  // 0: no out-of-cache floor
   // Cores per host: when a round puts more messages on a host than it has
@@ -129,6 +133,17 @@ struct CostProfile {
   // A file that exists but does not parse is an error naming it.
   static Result<CostProfile> load(const std::string& path);
 };
+
+// The effective cache from one measurement: every local rank at once reduces
+// fp32 operands whose footprint on the host (input and output of every rank)
+// is `nominal`, at `rate_at_nominal` bytes of one operand per second; the
+// in-cache rate (γ) is `rate_hot`, the out-of-cache one (reduce_mem)
+// `rate_cold`.  The model prices such a call as the share cache / footprint
+// of its bytes at the hot rate and the rest at the cold one, so the share
+// that reproduces the measured time, times `nominal`, is the cache the model
+// should use.  Clamped to [nominal / 16, nominal]: a rate at or above the hot
+// one is the whole cache; one at or below the cold one, a sixteenth.
+Bytes effectiveCacheBytes(Bytes nominal, double rate_at_nominal, double rate_hot, double rate_cold);
 
 // host_of[r]: an identifier of rank r's host (ranks with equal ids share memory).
 // The model's time times the profile's measured correction for the call.

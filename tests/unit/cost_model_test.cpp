@@ -147,6 +147,39 @@ TEST(CostModel, CallsBeyondTheCacheMoveAndReduceAtTheOutOfCacheRates) {
   EXPECT_NEAR(price(reg, "ring", shape(2, 1000, nullptr), p, {}), small, 1e-12);
 }
 
+// chorus-tune's effective cache: the hot share h of a footprint equal to the
+// nominal cache that reproduces the measured rate (time per byte
+// h / hot + (1 - h) / cold), times the nominal cache; clamped to
+// [nominal / 16, nominal].
+TEST(CostModel, EffectiveCacheIsTheHotShareThatReproducesTheMeasuredRate) {
+  const Bytes nominal = mib(32);
+  const double hot = 90e9, cold = 10e9;
+  // At the hot rate: the whole cache; faster still: clamped to it.
+  EXPECT_EQ(effectiveCacheBytes(nominal, hot, hot, cold), nominal);
+  EXPECT_EQ(effectiveCacheBytes(nominal, 2 * hot, hot, cold), nominal);
+  // At the cold rate (or slower): a sixteenth.
+  EXPECT_EQ(effectiveCacheBytes(nominal, cold, hot, cold), nominal * (1.0 / 16));
+  EXPECT_EQ(effectiveCacheBytes(nominal, cold / 2, hot, cold), nominal * (1.0 / 16));
+  // Half the bytes hot: the harmonic mix of the two rates gives 16 MiB.
+  const double half = 1 / (0.5 / hot + 0.5 / cold);
+  EXPECT_NEAR(effectiveCacheBytes(nominal, half, hot, cold).value(), mib(16).value(), 1.0);
+  // What this VM measured (2 ranks, 32 MiB footprint: 25 GB/s): about 22 MiB.
+  EXPECT_NEAR(effectiveCacheBytes(nominal, 25e9, hot, cold).value() / (1 << 20), 21.6, 0.1);
+  // Rates it cannot order (no measurement, hot <= cold): the nominal cache.
+  EXPECT_EQ(effectiveCacheBytes(nominal, 0, hot, cold), nominal);
+  EXPECT_EQ(effectiveCacheBytes(nominal, 25e9, cold, hot), nominal);
+  // Round trip through the model: a call whose footprint is the nominal
+  // cache, priced with the effective cache, moves h of its bytes hot.
+  const plan::Registry reg = plan::Registry::builtin();
+  CostProfile p = testProfile(8);
+  p.gamma[chorusFloat32] = inverse(gbytePerS(90));
+  p.reduce_mem = inverse(gbytePerS(10));
+  p.cache_size = mib(4);  // 2 ranks x (in + out) of 2^19 floats = 8 MiB: half of it hot
+  const double at_half = price(reg, "ring", shape(2, 1 << 19, nullptr), p, {});
+  p.cache_size = mib(8);  // the whole footprint hot
+  EXPECT_GT(at_half, price(reg, "ring", shape(2, 1 << 19, nullptr), p, {}));
+}
+
 TEST(CostModel, ProfileJsonCarriesThePerMessageOverhead) {
   CostProfile p = testProfile(3);
   auto back = CostProfile::fromJson(p.toJson());
