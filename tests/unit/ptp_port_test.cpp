@@ -226,6 +226,45 @@ TEST(PtpPort, BetterClockBecomesMasterOtherFollowsAndConverges) {
   for (size_t i = from; i < s.true_offsets.size(); ++i) ASSERT_LT(std::llabs(s.true_offsets[i]), 2'000) << i;
 }
 
+// A master never sends a Sync in the tick of an Announce, nor close to one:
+// every Announce lies at least a quarter of the shorter interval from every
+// Sync (docs/ptp.md, "Bridged network": a Sync right behind an Announce
+// crosses a software bridge ~20 us faster than one alone).
+TEST(PtpPort, MasterSendsItsSyncsAwayFromItsAnnounces) {
+  for (const auto& [log_sync, log_announce] : {std::pair<int8_t, int8_t>{-4, 0}, {0, 0}, {-3, 1}, {1, 0}, {-7, -2}}) {
+    PortConfig pc = config(1);
+    pc.log_sync_interval = log_sync;
+    pc.log_announce_interval = log_announce;
+    Port port(pc);
+    int64_t t = 1'000'000'000;
+    PortEvents ev;
+    port.start({t, t}, ev);
+    std::vector<int64_t> syncs, announces;
+    const int64_t end = t + 60'000'000'000;
+    while (t < end) {
+      const int64_t next = port.nextDeadline();
+      ASSERT_NE(next, INT64_MAX);
+      t = std::max(t + 1, next);
+      PortEvents e;
+      port.tick({t, t}, e);
+      for (const Outbound& o : e.send) {
+        if (o.type == MessageType::Sync) syncs.push_back(t);
+        if (o.type == MessageType::Announce) announces.push_back(t);
+      }
+    }
+    ASSERT_EQ(port.state(), PortState::Master);
+    ASSERT_GE(announces.size(), 10u);
+    ASSERT_GE(syncs.size(), 10u);
+    const int64_t quarter = static_cast<int64_t>(std::ldexp(1e9, std::min(log_sync, log_announce))) / 4;
+    for (int64_t a : announces) {
+      int64_t nearest = INT64_MAX;
+      for (int64_t s : syncs) nearest = std::min(nearest, s > a ? s - a : a - s);
+      EXPECT_GE(nearest, quarter) << "Announce at " << a << " ns, sync 2^" << int{log_sync} << " s, announce 2^"
+                                  << int{log_announce} << " s";
+    }
+  }
+}
+
 TEST(PtpPort, LoneClockGoesListeningToMasterOnAnnounceTimeout) {
   Sim sim(1'000, 0);
   Node& a = sim.add(config(1));

@@ -144,8 +144,18 @@ void Port::enterMaster(const Now& now, std::string reason, PortEvents& out) {
   parent_.reset();
   resetMeasurement();
   announce_receipt_at_ = delay_req_at_ = INT64_MAX;
+  // Syncs run half the shorter of the two intervals after the Announces, so
+  // that no Sync leaves right behind an Announce.  Over a software bridge a
+  // packet sent right behind another crosses in ~5 us where one alone takes
+  // ~27 (the stack is already awake), so with both on one phase every
+  // Announce interval had one fast Sync; a ptp4l slave reports one Sync per
+  // second (freq_est_interval 0) and, when its phase hit that one, read this
+  // master ~20 us off for a whole run (docs/ptp.md, "Bridged network").
+  // Both intervals are powers of two: the Announces then always fall
+  // midway between Syncs, or Syncs midway between Announces.
   announce_tx_at_ = now.mono_ns;
-  sync_tx_at_ = now.mono_ns;
+  sync_tx_at_ = now.mono_ns +
+                std::min(intervalNs(config_.log_sync_interval), intervalNs(config_.log_announce_interval)) / 2;
 }
 
 void Port::enterSlave(const PortIdentity& parent, const Now& now, std::string reason, PortEvents& out) {
