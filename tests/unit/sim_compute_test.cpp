@@ -79,7 +79,8 @@ TEST(SimCompute, GemmEfficiencyFollowsShape) {
 // of the benchmarks the curves come from: tensor-core kernels slow by the
 // ratio, memory-bound ones do not; the caps hold in both.
 TEST(SimCompute, SustainedLoadRunsTensorCoresAtTheSustainedClock) {
-  for (const auto& [name, peak, ratio] : {std::tuple{"H100-SXM5", 989.0, 0.848}, std::tuple{"B200", 2250.0, 0.815}}) {
+  for (const auto& [name, peak, ratio] : {std::tuple{"H100-SXM5", 989.0, 0.848}, std::tuple{"B200", 2250.0, 0.815},
+                                          std::tuple{"A100-SXM4-80GB", 312.0, 0.926}}) {
     const GpuSpec g = gpu(name, peak, 3350);
     ASSERT_NE(computeSpecFor(g), nullptr) << name;
     EXPECT_DOUBLE_EQ(computeSpecFor(g)->sustained, ratio) << name;
@@ -100,10 +101,34 @@ TEST(SimCompute, SustainedLoadRunsTensorCoresAtTheSustainedClock) {
       EXPECT_DOUBLE_EQ(held.mem(1e9).value(), burst.mem(1e9).value());
     }
   }
-  // No measurement, no change: A100.
-  const GpuSpec a = gpu("A100-SXM4-80GB", 312, 2039);
+  // No data file, no measurement, no change.
+  const GpuSpec a = gpu("MI250X", 383, 3277);
+  ASSERT_EQ(computeSpecFor(a), nullptr);
   EXPECT_DOUBLE_EQ(Compute(a, false, "", Compute::Load::Sustained).gemm(8192, 8192, 8192).value(),
                    Compute(a, false).gemm(8192, 8192, 8192).value());
+}
+
+// Ampere's GEMM curve against the kernel microbenchmarks it was fitted to
+// (LLMCompass's A100 cuBLAS table, calibration) and one it was not
+// (mamf-finder's best A100 SXM shape); A100 has no fp8, so --fp8 GEMMs run
+// at the 16-bit rate.
+TEST(SimCompute, AmpereGemmFollowsItsKernelMeasurements) {
+  const GpuSpec a = gpu("A100-SXM4-80GB", 312, 2039);
+  ASSERT_NE(computeSpecFor(a), nullptr);
+  ASSERT_TRUE(computeSpecFor(a)->has_gemm);
+  const Compute c(a, false);
+  auto tf = [&](const Compute& x, double m, double n, double k) { return 2 * m * n * k / x.gemm(m, n, k).value() / 1e12; };
+  // LLMCompass matmul_A100.csv: (m, n, k, TFLOPS) from M 64 to 32768 and N = K 1024 to 32768.
+  for (auto [m, n, k, want] : {std::tuple{64.0, 12288.0, 12288.0, 101.7}, std::tuple{256.0, 12288.0, 12288.0, 242.7},
+                               std::tuple{2048.0, 12288.0, 12288.0, 262.2}, std::tuple{8192.0, 2048.0, 2048.0, 243.8},
+                               std::tuple{8192.0, 4096.0, 4096.0, 269.2}, std::tuple{8192.0, 32768.0, 32768.0, 287.8}})
+    EXPECT_NEAR(tf(c, m, n, k) / want, 1, 0.08) << m << " x " << n << " x " << k;
+  EXPECT_NEAR(tf(c, 1024, 10240, 5120) / 271.2, 1, 0.02);  // MAMF's best shape: not in the fit
+  // Never above the peak; an M of 64 reads the whole weight for few rows and
+  // runs at a fraction of a large GEMM's rate (measured: 0.35).
+  for (double m : {1.0, 64.0, 8192.0, 65536.0}) EXPECT_LE(c.gemmEfficiency(m, 53248, 16384), 1.0);
+  EXPECT_LT(tf(c, 64, 12288, 12288), 0.45 * tf(c, 8192, 12288, 12288));
+  EXPECT_DOUBLE_EQ(Compute(a, true).gemm(8192, 8192, 8192).value(), c.gemm(8192, 8192, 8192).value());
 }
 
 TEST(SimCompute, GroupedGemmWithFewTokensPerExpertPaysForPadding) {
