@@ -118,6 +118,10 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
   tr->add_flag("--no-sequence-parallel", o.no_sp, "plain tensor parallelism (allreduce per block)");
   tr->add_flag("--no-flash-attention", o.no_flash, "materialise the s x s attention scores");
   tr->add_option("--attention-kernel", o.tc.attention_kernel, attention_kernel_help);
+  tr->add_option("--clock", o.clock,
+                 "the tensor-core clock: sustained (default: a training run keeps every GPU power-saturated, the "
+                 "data file's sustained_clock_ratio) or burst (the boost clock of short kernel benchmarks: a "
+                 "benchmark of a few iterations, such as a single-layer timing)");
   tr->add_flag("--fp8", o.tc.fp8, "fp8 GEMMs");
   tr->add_option("--compress", o.compress,
                  "the data-parallel gradient reduce-scatter on a narrower wire than the gradient buffer: none, bf16 "

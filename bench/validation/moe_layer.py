@@ -63,7 +63,11 @@ def model_json(name: str) -> dict:
 def predict(sim: Path, model: Path, dispatcher: str, dtype: str) -> dict:
     cmd = [str(sim), "train", "--model", str(model), "--cluster", str(ROOT / "configs/clusters/h100-rail.json"),
            "--gpus", "8", "--dp", "8", "--ep", "8", "--global-batch", "8", "--micro-batch", "1", "--seq", "4096",
-           "--moe-dispatch", "alltoall" if dispatcher == "alltoall" else "hierarchical", "--json"]
+           "--moe-dispatch", "alltoall" if dispatcher == "alltoall" else "hierarchical",
+           # 5 warm-up and 20 timed iterations of one layer, each behind a barrier and a sync: well under a
+           # second of GPU work after idling, so the boost clock of the kernel benchmarks, not a training
+           # run's sustained one.
+           "--clock", "burst", "--json"]
     if dtype == "fp8":
         cmd.append("--fp8")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

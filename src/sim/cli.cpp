@@ -252,6 +252,9 @@ int runTrainCommand(CliOptions o) {
     return fail(invalidArgument("--pp-schedule '{}' is not one of 1f1b, zb-h1, dualpipe", pp_schedule));
   tc.zero_bubble = pp_schedule == "zb-h1";
   tc.dualpipe = pp_schedule == "dualpipe";
+  if (o.clock != "sustained" && o.clock != "burst")
+    return fail(invalidArgument("--clock '{}' is not one of sustained, burst", o.clock));
+  tc.burst_clock = o.clock == "burst";
   tc.sequence_parallel = !no_sp;
   tc.flash_attention = !no_flash;
   tc.schedule = !estimate_only;

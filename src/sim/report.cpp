@@ -128,7 +128,7 @@ nlohmann::json toJson(const TrainReport& r) {
                   {"vpp", c.vpp}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch}, {"seq", c.seq},
                   {"recompute", rc[static_cast<int>(c.recompute)]}, {"recompute_layers", c.recompute_layers}, {"grad_dtype", c.grad_bytes == 2 ? "bf16" : "fp32"}, {"rank_order", c.pp_before_dp ? "tp-cp-ep-pp-dp" : "tp-cp-ep-dp-pp"}, {"optimizer_moments", c.moment_bytes == 2 ? "bf16" : "fp32"}, {"recompute_modules", c.recompute == Recompute::Selective ? c.recompute_modules.describe() : std::string("-")}, {"mtp_layers", c.mtp_layers}, {"pp_schedule", c.zero_bubble ? "zb-h1" : c.dualpipe ? "dualpipe" : "1f1b"}, {"zero", c.zero},
                   {"first_stage_layers", c.first_stage_layers}, {"last_stage_layers", c.last_stage_layers}, {"pp_layout", c.pp_layout},
-                  {"sequence_parallel", c.sequence_parallel}, {"flash_attention", c.flash_attention}, {"fp8", c.fp8},
+                  {"sequence_parallel", c.sequence_parallel}, {"flash_attention", c.flash_attention}, {"clock", c.burst_clock ? "burst" : "sustained"}, {"fp8", c.fp8},
                   {"moe_dispatch", c.moe_dispatch == TrainConfig::MoeDispatch::Hierarchical ? "hierarchical" : "alltoall"},
                   {"fp8_dispatch", c.fp8_dispatch}, {"moe_imbalance", c.moe_imbalance}, {"moe_a2a_overlap", c.moe_a2a_overlap}}},
       {"iteration_time_s", r.iteration_s},

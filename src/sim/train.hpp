@@ -87,6 +87,11 @@ struct TrainConfig {
   // the GPU's data file, configs/gpus/*.json: fa3, fa2 on Hopper); "" = the
   // generation's default.
   std::string attention_kernel;
+  // --clock: the tensor-core clock the GPUs run at.  A training run keeps
+  // them power-saturated (sustained, the default); a benchmark of a few
+  // iterations after idling runs at the boost clock of the kernel
+  // microbenchmarks (burst), e.g. Megatron-LM's MoE layer test.
+  bool burst_clock = false;
   bool fp8 = false;
   std::string algo;          // collective algorithm for every group ("" = auto)
   // Layers of the first / last pipeline stage (0: the uniform split, the

@@ -28,7 +28,8 @@ struct Gpu {
   const GpuSpec& g;
   bool fp8;
   std::string_view attention_kernel;  // "" = the generation's default
-  Compute c{g, fp8, attention_kernel, Compute::Load::Sustained};
+  Compute::Load load = Compute::Load::Sustained;
+  Compute c{g, fp8, attention_kernel, load};
   // Forward GEMM: output m x n, reduction k.
   [[nodiscard]] Seconds gemm(double m, double n, double k, double batch = 1) const { return c.gemm(m, n, k, batch); }
   // Its backward: the input gradient (m x k, reduction n) and the weight

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "sim/compute.hpp"
 #include "sim/placement.hpp"
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
@@ -675,6 +676,28 @@ TEST(SimMoeDispatch, DeepEpSendsOneCopyPerGpuInsideANode) {
               d.ep = 1, d.moe_dispatch = TrainConfig::MoeDispatch::AllToAll;
               return d;
             }(), x.reg)->moe_block.forward_s, 0.0);  // no MoE layer: no block
+}
+
+// --clock burst prices the tensor cores at the boost clock of the kernel
+// benchmarks (a short benchmark such as Megatron-LM's MoE layer test), the
+// default at the GPU's sustained clock (a training run): the experts' GEMMs
+// are at most 1 / sustained_clock_ratio slower sustained (less where the fixed
+// cost or HBM binds), the all-to-alls the same.
+TEST(SimMoeDispatch, BurstClockSpeedsTheTensorCoresOnly) {
+  MoeCase x;
+  const double ratio = computeSpecFor(x.c.gpu)->sustained;
+  ASSERT_LT(ratio, 1.0);
+  TrainConfig k = x.k;
+  auto held = x.run(x.m, k);
+  k.burst_clock = true;
+  auto burst = x.run(x.m, k);
+  ASSERT_TRUE(held.isOk() && burst.isOk());
+  const TrainReport::MoeBlock &a = held->moe_block, &b = burst->moe_block;
+  EXPECT_LT(b.experts_fwd_s, a.experts_fwd_s);
+  EXPECT_GE(b.experts_fwd_s, ratio * a.experts_fwd_s - 1e-12);
+  EXPECT_DOUBLE_EQ(b.dispatch_s, a.dispatch_s);
+  EXPECT_DOUBLE_EQ(b.permute_s, a.permute_s);
+  EXPECT_LT(burst->iteration_s, held->iteration_s);
 }
 
 // ---- compressed reductions (sim/compress.hpp) ------------------------------------
