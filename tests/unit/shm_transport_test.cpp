@@ -352,7 +352,8 @@ bool waitUntilAsleep(pid_t pid, std::chrono::milliseconds limit) {
 // The wait policy (SpinPolicy, shm_detail.hpp) on a made-up clock: a late
 // yield puts the waits in contended mode for kContendedHold, where they spin
 // a few times the recent spin-satisfied waits (within [10 us, spin]) and do
-// not yield; an oversubscribed transport never enters it.
+// not yield, until a peer rank shows up on our core; an oversubscribed
+// transport never enters it.
 TEST(ShmTransport, SpinPolicyShortensTheSpinAfterAYieldLostTheCore) {
   using shm_detail::SpinPolicy;
   const SpinPolicy::Clock::time_point t0{std::chrono::seconds(100)};
@@ -380,6 +381,19 @@ TEST(ShmTransport, SpinPolicyShortensTheSpinAfterAYieldLostTheCore) {
   EXPECT_EQ(p.budget(t0 + 5ms, &contended), 50us) << "never above the configured spin";
   EXPECT_EQ(p.budget(t0 + 2ms + SpinPolicy::kContendedHold + 1us, &contended), 50us);
   EXPECT_FALSE(contended) << "the mode ends kContendedHold after the last late yield";
+  // Contended again; then a peer rank turns up on our core (the placement
+  // changed under the mode): the mode ends at once, the spin and its yields
+  // come back, and a later stranger starts it again.
+  ASSERT_TRUE(p.yielded(t0 + 30ms, t0 + 32ms, kStranger));
+  EXPECT_EQ(p.budget(t0 + 33ms, &contended), 50us);  // the 40 us waits, times four, capped
+  EXPECT_TRUE(contended);
+  p.peerSharesTheCore();
+  EXPECT_EQ(p.budget(t0 + 33ms, &contended), 50us);
+  EXPECT_FALSE(contended) << "a peer rank on our core: no contended mode";
+  ASSERT_TRUE(p.yielded(t0 + 40ms, t0 + 42ms, kStranger));
+  EXPECT_EQ(p.stolenYields(), 3u);
+  EXPECT_EQ(p.budget(t0 + 43ms, &contended), 50us);
+  EXPECT_TRUE(contended);
   SpinPolicy small(5us, false);
   ASSERT_TRUE(small.yielded(t0, t0 + 1ms, kStranger));
   EXPECT_EQ(small.budget(t0 + 1ms, &contended), 5us) << "a spin set below the floor stays";

@@ -207,6 +207,10 @@ class SpinPolicy {
     ++stolen_;
     return true;
   }
+  // A peer rank waits on our core now: what took our core was that rank,
+  // not a stranger, so contended mode's long spin without a yield would only
+  // keep it from running; back to spinning and yielding.
+  void peerSharesTheCore() { contended_until_ = {}; }
   [[nodiscard]] uint64_t stolenYields() const { return stolen_; }
 
  private:
