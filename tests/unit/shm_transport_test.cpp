@@ -365,41 +365,43 @@ TEST(ShmTransport, SpinPolicyShortensTheSpinAfterAYieldLostTheCore) {
   EXPECT_EQ(asked, 0) << "a prompt yield is no question of who ran";
   EXPECT_FALSE(p.yielded(t0, t0 + 2ms, [&] { return ++asked, true; })) << "a late yield that ran a peer rank";
   EXPECT_EQ(asked, 1);
-  EXPECT_EQ(p.budget(t0 + 3ms, &contended), 50us);
+  EXPECT_EQ(p.budget(t0 + 3ms, &contended, [&] { return ++asked, true; }), 50us);
   EXPECT_FALSE(contended) << "handing the core to a peer rank is no contention";
-  EXPECT_EQ(p.budget(t0, &contended), 50us);
+  EXPECT_EQ(asked, 1) << "outside contended mode nobody asks where the peer ranks are";
+  EXPECT_EQ(p.budget(t0, &contended, kStranger), 50us);
   EXPECT_FALSE(contended);
   EXPECT_FALSE(p.yielded(t0, t0 + 5us, kStranger)) << "a yield nobody took the core in";
   EXPECT_EQ(p.stolenYields(), 0u);
   EXPECT_TRUE(p.yielded(t0, t0 + 2ms, kStranger)) << "a yield that lost the core for 2 ms";
   EXPECT_EQ(p.stolenYields(), 1u);
-  EXPECT_EQ(p.budget(t0 + 3ms, &contended), 10us) << "no recent waits: the floor";
+  EXPECT_EQ(p.budget(t0 + 3ms, &contended, kStranger), 10us) << "no recent waits: the floor";
   EXPECT_TRUE(contended);
   for (int i = 0; i < 64; ++i) p.satisfied(8us);  // waits have been taking 8 us
-  EXPECT_EQ(p.budget(t0 + 4ms, &contended), 31us) << "four times the recent waits (the average is just under 8 us)";
+  EXPECT_EQ(p.budget(t0 + 4ms, &contended, kStranger), 31us) << "four times the recent waits (the average is just under 8 us)";
   for (int i = 0; i < 64; ++i) p.satisfied(40us);
-  EXPECT_EQ(p.budget(t0 + 5ms, &contended), 50us) << "never above the configured spin";
-  EXPECT_EQ(p.budget(t0 + 2ms + SpinPolicy::kContendedHold + 1us, &contended), 50us);
+  EXPECT_EQ(p.budget(t0 + 5ms, &contended, kStranger), 50us) << "never above the configured spin";
+  EXPECT_EQ(p.budget(t0 + 2ms + SpinPolicy::kContendedHold + 1us, &contended, kStranger), 50us);
   EXPECT_FALSE(contended) << "the mode ends kContendedHold after the last late yield";
   // Contended again; then a peer rank turns up on our core (the placement
   // changed under the mode): the mode ends at once, the spin and its yields
   // come back, and a later stranger starts it again.
   ASSERT_TRUE(p.yielded(t0 + 30ms, t0 + 32ms, kStranger));
-  EXPECT_EQ(p.budget(t0 + 33ms, &contended), 50us);  // the 40 us waits, times four, capped
+  EXPECT_EQ(p.budget(t0 + 33ms, &contended, kStranger), 50us);  // the 40 us waits, times four, capped
   EXPECT_TRUE(contended);
-  p.peerSharesTheCore();
-  EXPECT_EQ(p.budget(t0 + 33ms, &contended), 50us);
+  EXPECT_EQ(p.budget(t0 + 33ms, &contended, [] { return true; }), 50us);
   EXPECT_FALSE(contended) << "a peer rank on our core: no contended mode";
+  EXPECT_EQ(p.budget(t0 + 33ms, &contended, kStranger), 50us);
+  EXPECT_FALSE(contended) << "and it stays ended";
   ASSERT_TRUE(p.yielded(t0 + 40ms, t0 + 42ms, kStranger));
   EXPECT_EQ(p.stolenYields(), 3u);
-  EXPECT_EQ(p.budget(t0 + 43ms, &contended), 50us);
+  EXPECT_EQ(p.budget(t0 + 43ms, &contended, kStranger), 50us);
   EXPECT_TRUE(contended);
   SpinPolicy small(5us, false);
   ASSERT_TRUE(small.yielded(t0, t0 + 1ms, kStranger));
-  EXPECT_EQ(small.budget(t0 + 1ms, &contended), 5us) << "a spin set below the floor stays";
+  EXPECT_EQ(small.budget(t0 + 1ms, &contended, kStranger), 5us) << "a spin set below the floor stays";
   SpinPolicy over(50us, true);
   EXPECT_FALSE(over.yielded(t0, t0 + 5ms, kStranger)) << "with more ranks than cores a long yield ran a peer rank";
-  EXPECT_EQ(over.budget(t0 + 5ms, &contended), 50us);
+  EXPECT_EQ(over.budget(t0 + 5ms, &contended, kStranger), 50us);
   EXPECT_FALSE(contended);
 }
 

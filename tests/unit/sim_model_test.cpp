@@ -239,7 +239,7 @@ TEST(SimTrain, LayoutThatDoesNotFitIsAClearError) {
 // rows, so this pins that the physics stays where docs/simulator.md says it
 // is (mean 6.6 %, worst 10.0 %, every row fast since the A100 GEMMs follow
 // their kernel measurements), with a point or two of room.
-TEST(SimTrain, Table5WithinTenPercent) {
+TEST(SimTrain, Table5StaysWithinItsDocumentedError) {
   const plan::Registry reg = plan::Registry::builtin();
   struct Row {
     int layers;

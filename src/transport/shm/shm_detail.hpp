@@ -186,9 +186,18 @@ class SpinPolicy {
   SpinPolicy(std::chrono::microseconds spin, bool oversubscribed) : spin_(spin), oversubscribed_(oversubscribed) {}
 
   // The spin budget of a wait starting at `now`; *contended: whether it is
-  // in contended mode (then it must not yield).
-  [[nodiscard]] std::chrono::microseconds budget(Clock::time_point now, bool* contended) const {
+  // in contended mode (then it must not yield).  `peer_rank_here()` is asked
+  // only in contended mode: true when one of our own ranks yields on this CPU
+  // now (the placement changed under the mode), so what took our core was
+  // that rank, not a stranger, and a long spin without a yield would only
+  // keep it from running: the mode ends.
+  template <typename F>
+  [[nodiscard]] std::chrono::microseconds budget(Clock::time_point now, bool* contended, F&& peer_rank_here) {
     *contended = !oversubscribed_ && now < contended_until_;
+    if (*contended && peer_rank_here()) {
+      contended_until_ = {};
+      *contended = false;
+    }
     if (!*contended) return spin_;
     const auto typical = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::nanoseconds(4 * ewma_ns_));
     return std::clamp(typical, std::min(kContendedMinSpin, spin_), spin_);
@@ -207,10 +216,6 @@ class SpinPolicy {
     ++stolen_;
     return true;
   }
-  // A peer rank waits on our core now: what took our core was that rank,
-  // not a stranger, so contended mode's long spin without a yield would only
-  // keep it from running; back to spinning and yielding.
-  void peerSharesTheCore() { contended_until_ = {}; }
   [[nodiscard]] uint64_t stolenYields() const { return stolen_; }
 
  private:

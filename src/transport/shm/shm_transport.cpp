@@ -988,11 +988,7 @@ bool ShmTransport::spinFor(F&& done, int polls, std::chrono::microseconds timeou
   }
   *start = Clock::now();
   bool contended = false;
-  auto budget = policy_.budget(*start, &contended);
-  if (contended && peerYieldsHere()) {
-    policy_.peerSharesTheCore();
-    budget = policy_.budget(*start, &contended);
-  }
+  const auto budget = policy_.budget(*start, &contended, [this] { return peerYieldsHere(); });
   const auto spin_end = *start + std::min<std::chrono::microseconds>(timeout, budget);
   const auto pure_end = oversubscribed_ ? *start : contended ? spin_end : std::min(spin_end, *start + kPureSpin);
   const uint32_t yield_mask = oversubscribed_ ? 7 : 63;
