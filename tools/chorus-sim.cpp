@@ -131,6 +131,9 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
   tr->add_flag("--no-async-tp", o.sync_tp, "schedule: every tensor-parallel collective on the critical path");
   tr->add_flag("--no-overlap-dp", o.no_overlap_dp,
                "schedule: ZeRO-0..2 gradient reduce-scatter after the backward, parameter gather before the forward");
+  tr->add_flag("--no-gradient-accumulation-fusion", o.no_grad_accum_fusion,
+               "each micro-batch's 16-bit weight gradients added into the gradient buffer by a separate kernel "
+               "(Megatron-LM before 2022, PyTorch DDP) instead of by the weight-gradient GEMM");
   tr->add_flag("--json", o.json, "print JSON");
   return tr;
 }

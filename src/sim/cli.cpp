@@ -260,6 +260,7 @@ int runTrainCommand(CliOptions o) {
   tc.schedule = !estimate_only;
   tc.async_tp = !sync_tp;
   tc.overlap_dp = !no_overlap_dp;
+  tc.grad_accum_fusion = !o.no_grad_accum_fusion;
   auto md = parseMoeDispatch(moe_dispatch);
   if (!md.isOk()) return fail(md.status());
   tc.moe_dispatch = *md;

@@ -33,7 +33,8 @@ struct CliOptions {
               moe_dispatch = "alltoall", recompute_modules, grad_dtype = "fp32", moments = "fp32",
               rank_order = "tp-cp-ep-dp-pp";
   std::string clock = "sustained";
-  bool no_sp = false, no_flash = false, estimate_only = false, sync_tp = false, no_overlap_dp = false;
+  bool no_sp = false, no_flash = false, estimate_only = false, sync_tp = false, no_overlap_dp = false,
+       no_grad_accum_fusion = false;
   // search
   SearchConfig sc;
   std::string pp_schedules = "1f1b";

@@ -73,6 +73,15 @@ struct TrainConfig {
   // grad_reduce_in_fp32, the default here), or 2, bf16 (what the
   // Megatron-Bridge performance recipes run).  --grad-dtype.
   int grad_bytes = 4;
+  // How each micro-batch's weight gradients reach that buffer.  Fused (the
+  // default; Megatron's --gradient-accumulation-fusion, on since 2022): the
+  // weight-gradient GEMM accumulates into the buffer itself.  Unfused
+  // (--no-gradient-accumulation-fusion): the GEMM writes a 16-bit gradient
+  // and a separate kernel adds it in, reading it and reading and writing the
+  // buffer (2 + 2 x grad_bytes B per parameter and micro-batch after the
+  // first, whose gradient is stored: autograd's AccumulateGrad, which both of
+  // Megatron-LM 2021's DDP implementations accumulated with).
+  bool grad_accum_fusion = true;
   // The data-parallel gradient reduce-scatter on a narrower wire (--compress
   // bf16|fp8[:block], sim/compress.hpp): fp32 accumulation, one quantization.
   Compression grad_compress;

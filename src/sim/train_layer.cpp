@@ -326,6 +326,18 @@ LayerTimes Trainer::layerTimes(int layer) {
   lt.attn_core_fwd = core;
   lt.recompute_sel = selectiveRecompute(dense, core, lt);
   lt.bwd = x.bw + x.ew * 2 - x.perm + x.q8_bwd;  // element-wise backward kernels move about twice the forward's bytes
+  // Unfused gradient accumulation: each of this GPU's parameters of the
+  // layer gets its 16-bit gradient added into the buffer (read it, read and
+  // write the buffer element) by a kernel of its own in the backward; the
+  // first micro-batch's gradient is stored, not added (autograd's
+  // AccumulateGrad), so per micro-batch on average (mb - 1) / mb of that.
+  if (!cfg.grad_accum_fusion && mb > 1) {
+    double widest = 0;
+    const double acc = paramsOf(layer, 1, false, &widest) * (kAct + 2.0 * cfg.grad_bytes);
+    const double share = static_cast<double>(mb - 1) / static_cast<double>(mb);
+    lt.bwd += raw_gpu.mem(acc) * share;
+    gpu.bwd_bytes += acc * share;
+  }
   return lt;
 }
 

@@ -475,6 +475,37 @@ TEST(SimTrain, OverlappedCommunicationCostsItsSms) {
   EXPECT_EQ(costly->breakdown.at("compute_s"), free_overlap->breakdown.at("compute_s"));
 }
 
+// Unfused gradient accumulation (--no-gradient-accumulation-fusion): every
+// micro-batch after the first adds each parameter's 16-bit gradient into the
+// buffer in the backward, reading 2 B and reading and writing the buffer
+// element: 2 + 2 x 4 B with fp32 main gradients, 2 + 2 x 2 with a 16-bit
+// buffer.  4 layers of 12h^2 + 13h parameters over tp 8, 4 micro-batches:
+// 4 x 3 such kernels on the critical path, and none with one micro-batch.
+TEST(SimTrain, UnfusedGradientAccumulationCostsItsBytes) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const ClusterSpec c = cluster("fat-tree", 1);
+  const ModelSpec m = gpt(4, 6144, 64);
+  TrainConfig cfg;
+  cfg.gpus = 8, cfg.tp = 8, cfg.global_batch = 4, cfg.micro_batch = 1, cfg.zero = 0;
+  auto slowerBy = [&](int grad_bytes, int64_t micro) {
+    TrainConfig k = cfg;
+    k.grad_bytes = grad_bytes, k.micro_batch = micro;
+    auto fused = simulateTraining(m, c, k, reg);
+    k.grad_accum_fusion = false;
+    auto unfused = simulateTraining(m, c, k, reg);
+    EXPECT_TRUE(fused.isOk() && unfused.isOk());
+    EXPECT_TRUE(unfused->config.grad_accum_fusion == false);
+    return unfused->iteration_s - fused->iteration_s;
+  };
+  const double per_gpu = m.layerParams(0) / 8;
+  const double bw = c.gpu.hbm_bw.value() * c.gpu.hbm_efficiency, launch = c.gpu.kernel_overhead.value();
+  for (int gbytes : {4, 2}) {
+    const double want = 4 * 3 * (per_gpu * (2 + 2.0 * gbytes) / bw + launch);
+    EXPECT_NEAR(slowerBy(gbytes, 1), want, want * 1e-6) << gbytes;
+  }
+  EXPECT_DOUBLE_EQ(slowerBy(4, 4), 0);  // one micro-batch: its gradient is stored, never added
+}
+
 // Wave quantisation in the cluster's roofline curve (a GPU without a data
 // file in configs/gpus/): 108 SMs run the same layers slower than an ideal
 // GPU without SM granularity, never faster.
