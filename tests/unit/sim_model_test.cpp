@@ -493,8 +493,11 @@ TEST(SimTrain, UnfusedGradientAccumulationCostsItsBytes) {
     auto fused = simulateTraining(m, c, k, reg);
     k.grad_accum_fusion = false;
     auto unfused = simulateTraining(m, c, k, reg);
-    EXPECT_TRUE(fused.isOk() && unfused.isOk());
-    EXPECT_TRUE(unfused->config.grad_accum_fusion == false);
+    if (!fused.isOk() || !unfused.isOk()) {
+      ADD_FAILURE() << (fused.isOk() ? unfused.status().message() : fused.status().message());
+      return std::nan("");
+    }
+    EXPECT_FALSE(unfused->config.grad_accum_fusion);
     return unfused->iteration_s - fused->iteration_s;
   };
   const double per_gpu = m.layerParams(0) / 8;
