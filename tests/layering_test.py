@@ -4,7 +4,8 @@
     layering_test.py SRC_DIR [LIBCHORUS_SO]
 
 1. Every `#include "<folder>/..."` in src/<layer> names a folder that layer may use (the transitive
-   closure of its link list).  An include upwards -- comm reaching into api, plan into exec, anything
+   closure of its link list), and comm, tune, api and tools include no concrete transport
+   (transport/<name>/...): they reach transports through the registry.  An include upwards -- comm reaching into api, plan into exec, anything
    into tools -- fails here with the file, the line and the allowed folders.
 2. libchorus.so (when given) exports only the C ABI (`chorus*` symbols) and holds no object of the
    tools' library, the simulator or the PTP daemon (nm -C finds none of their namespaces).
@@ -33,9 +34,14 @@ DIRECT = {
     "transport": ["bootstrap", "kernels"],
     "exec": ["transport", "trace", "plan"],
     "comm": ["exec", "tune"],
-    "api": ["comm"],
+    "prim": ["comm"],
+    "api": ["prim"],
     "tools": ["api", "tune", "bootstrap"],
 }
+# Layers that reach transports only through the registry (transport/registry.hpp)
+# and the interface (transport/transport.hpp): an include of a concrete
+# transport's folder (transport/shm/..., transport/tcp/...) there is a violation.
+NO_CONCRETE_TRANSPORT = ("comm", "tune", "api", "tools")
 # Namespaces of code that must stay out of libchorus.so.
 NOT_IN_LIBRARY = ("chorus::tools::", "chorus::sim::", "chorus::clock::ptp::")
 
@@ -81,6 +87,9 @@ def check_includes(src: Path) -> list[str]:
                 target = "clock/ptp"
             if target not in DIRECT:
                 continue  # a third-party header ("nlohmann/json.hpp" is <>-included; "chorus/" is the public API)
+            if (target == "transport" and layer in NO_CONCRETE_TRANSPORT and "/" in m.group(2)):
+                bad.append(f"src/{rel}:{n}: layer '{layer}' includes the concrete transport \"{m.group(1)}/{m.group(2)}\"; "
+                           f"it may reach transports only through transport/registry.hpp and transport/transport.hpp")
             if target != layer and target not in allowed:
                 bad.append(f"src/{rel}:{n}: layer '{layer}' includes \"{m.group(1)}/{m.group(2)}\"; "
                            f"it may use {', '.join(sorted(closure(layer))) or 'nothing'}")

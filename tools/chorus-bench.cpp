@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
                  "with the reason and not measured (exit status 1); 'all': every registered algorithm of the "
                  "collective, in turn at each size, skipping (with a note) the sizes an algorithm cannot run")
       ->default_str("auto (the tuner chooses)");
+  std::vector<std::string> plan_paths;
+  app.add_option("--plan", plan_paths, "a plan file or directory (docs/plan-format.md; repeatable; adds to "
+                                       "CHORUS_PLAN_PATH): proven as it loads, its plans can be forced with --algo");
   app.add_option("--json", json_path, "also write one JSON object per row to this file (JSON Lines)")
       ->default_str("none");
   app.add_option("--np", np, "outside a job: launch this many local ranks of this benchmark")
@@ -218,9 +221,13 @@ int main(int argc, char** argv) {
   chorus::Config cfg = job_cfg.value();
   if (timeout_s > 0) cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(timeout_s * 1000)));
 
+  cfg.tune.plan_paths.insert(cfg.tune.plan_paths.end(), plan_paths.begin(), plan_paths.end());
+  o.plan_paths = cfg.tune.plan_paths;
   if (algo == "all") {
     chorus::plan::Collective pc;
-    const chorus::plan::Registry registry = chorus::plan::Registry::builtin();
+    auto loaded = chorus::plan::Registry::withPlans(cfg.tune.plan_paths);
+    if (!loaded.isOk()) return fail(fmt::format("chorus-bench: {}", loaded.status().message()));
+    const chorus::plan::Registry registry = std::move(loaded.value());
     if (chorus::plan::parseCollective(collective, &pc))
       for (const chorus::plan::Algorithm* a : registry.forCollective(pc)) o.algos.emplace_back(a->name());
     if (o.algos.empty()) return fail(fmt::format("chorus-bench: --algo all: {} has no algorithms to choose from", collective));

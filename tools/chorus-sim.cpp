@@ -45,6 +45,7 @@ CLI::App* addCollective(CLI::App& app, CliOptions& o) {
   col->add_option("--collective", o.collective, "allreduce, allgather, reducescatter, broadcast, alltoall, ...");
   col->add_option("--bytes", o.bytes_text, "size (nccl-tests convention), e.g. 1G, 256M; MIN:MAX sweeps doubling (8:8G)");
   col->add_option("--algo", o.algo, "auto, a chorus plan name, or an NCCL algorithm (ring, tree, nvls, nvlstree, collnet, pat; optionally /LL, /LL128, /Simple; nccl:NAME under any library)");
+  col->add_option("--plan", o.plan_paths, "a plan file or directory (docs/plan-format.md; repeatable): proven by the verifier as it loads, its plans join the built-ins, so --algo can name them");
   col->add_option("--network", o.network, "analytical or flow");
   col->add_option("--library", o.library, "nccl (NCCL's algorithms and protocols, as its tuner picks), chorus (chorus's plans) or auto");
   col->add_option("--compress", o.compress,
@@ -111,6 +112,7 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
                  "not at all (Megatron's --recompute-method block --recompute-num-layers; default 0: every layer)");
   tr->add_option("--zero", o.tc.zero, "ZeRO stage 0..3");
   tr->add_option("--algo", o.tc.algo, "collective plan for every group (default auto)");
+  tr->add_option("--plan", o.plan_paths, "a plan file or directory (docs/plan-format.md; repeatable): proven by the verifier as it loads, its plans join the built-ins, so --algo can name them");
   tr->add_option("--network", o.network, "analytical or flow");
   tr->add_option("--library", o.library, "whose collectives: nccl (default), chorus or auto");
   tr->add_option("--trace", o.trace_path, "write the simulated iteration as a Chrome trace (JSON)");
@@ -160,6 +162,7 @@ CLI::App* addSearch(CLI::App& app, CliOptions& o) {
                  "re-simulate the best K layouts of the closed-form estimate as schedules and rank them by it (0: "
                  "estimate only)");
   se->add_option("--algo", o.sc.algo, "collective plan for every group (default auto)");
+  se->add_option("--plan", o.plan_paths, "a plan file or directory (docs/plan-format.md; repeatable): proven by the verifier as it loads, its plans join the built-ins, so --algo can name them");
   se->add_option("--network", o.network, "analytical or flow");
   se->add_option("--library", o.library, "whose collectives: nccl (default), chorus or auto");
   se->add_flag("--fp8", o.sc.fp8, "fp8 GEMMs");

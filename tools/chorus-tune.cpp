@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include "tools/bench.hpp"
 #include "tools/launcher.hpp"
 #include "tools/tune.hpp"
+#include "transport/registry.hpp"
 
 namespace {
 
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
   }
   std::string out = cfg->tune.profile_path;
   bool no_tcp = false, append = false;
+  std::string transports_text = "all";
   app.add_option("--np", np_text, "rank counts to calibrate, e.g. 2,4 (one job each, run in turn; when not already a "
                                   "rank of a job)")
       ->capture_default_str();
@@ -62,6 +65,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "repetitions per figure (the median is kept)")
       ->capture_default_str()
       ->check(CLI::Range(1, 101));
+  app.add_option("--transports", transports_text, "transports whose links are measured (comma-separated registered "
+                                                "names, or 'all')")
+      ->capture_default_str();
   app.add_flag("--no-tcp", no_tcp, "do not measure the TCP transport");
   app.add_option("--collectives", collectives, "collectives whose algorithms get measured corrections "
                                                "(comma-separated; 'none' for the α-β-γ figures only)")
@@ -84,7 +90,25 @@ int main(int argc, char** argv) {
 
   chorus::tools::TuneOptions o;
   o.reps = reps;
-  o.tcp = !no_tcp;
+  {
+    const std::vector<std::string> registered = chorus::transport::registry().names();
+    std::vector<std::string> names;
+    if (transports_text == "all") {
+      names = registered;
+    } else {
+      std::stringstream ts(transports_text);
+      for (std::string t; std::getline(ts, t, ',');) {
+        if (chorus::transport::registry().find(t) == nullptr) {
+          fmt::print(stderr, "chorus-tune: --transports: '{}' is not a registered transport (registered: {})\n", t,
+                     chorus::transport::registry().namesText());
+          return 2;
+        }
+        names.push_back(t);
+      }
+    }
+    if (no_tcp) names.erase(std::remove(names.begin(), names.end(), "tcp"), names.end());
+    o.transports = names;
+  }
   o.correction_reps = correction_reps;
   o.max_passes = passes;
   o.agree = agree;

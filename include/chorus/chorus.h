@@ -265,6 +265,39 @@ chorusResult_t chorusReduceScatterEx(const void* sendbuff, void* recvbuff, size_
 chorusResult_t chorusAllGatherEx(const void* sendbuff, void* recvbuff, size_t sendcount, chorusDataType_t datatype,
                                  chorusComm_t comm, chorusStream_t stream, const chorusCallOptions_t* options);
 
+/* Primitives: operations composed of collectives, point-to-point transfers and
+ * local work, registered by name (docs/architecture.md, "Primitives"), e.g.
+ * "alltoallv_dynamic" (an all-to-all-v whose receive counts come from the
+ * senders: MoE dispatch's communication).  Start from
+ * CHORUS_PRIMITIVE_ARGS_INITIALIZER and set the fields the primitive reads
+ * (chorusPrimitiveList gives each one's summary).  Collective over comm: every
+ * rank calls it with the same name.  It runs on the caller's thread; on a
+ * stream it first waits for the stream's queued work; it is complete when it
+ * returns.  Not allowed inside a group.  An unknown name is
+ * chorusInvalidArgument listing the registered ones. */
+typedef struct {
+  size_t size; /* sizeof(chorusPrimitiveArgs_t), set by the initializer */
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;
+  chorusDataType_t datatype;
+  chorusRedOp_t op;
+  int root;
+  const size_t* counts; /* ncounts entries (per peer or per item) */
+  size_t ncounts;
+  size_t* outCounts; /* nOutCounts entries the primitive fills */
+  size_t nOutCounts;
+  void* aux; /* a primitive-specific block of auxBytes */
+  size_t auxBytes;
+} chorusPrimitiveArgs_t;
+#define CHORUS_PRIMITIVE_ARGS_INITIALIZER \
+  { sizeof(chorusPrimitiveArgs_t), NULL, NULL, 0, chorusFloat32, chorusSum, 0, NULL, 0, NULL, 0, NULL, 0 }
+chorusResult_t chorusPrimitive(const char* name, const chorusPrimitiveArgs_t* args, chorusComm_t comm,
+                               chorusStream_t stream);
+/* The registered primitives, one "name: summary" per line, NUL-terminated
+ * (truncated to len); *needed (may be NULL) receives the full length + 1. */
+chorusResult_t chorusPrimitiveList(char* list, size_t len, size_t* needed);
+
 #ifdef __cplusplus
 }
 #endif

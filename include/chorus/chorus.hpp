@@ -689,6 +689,41 @@ class Communicator {
     return issue(chorusBarrier(comm_, s.native()), s);
   }
 
+  // A registered primitive by name (chorusPrimitive: collectives,
+  // point-to-point and local work composed; complete when it returns).
+  // args: start from CHORUS_PRIMITIVE_ARGS_INITIALIZER.
+  Status primitive(const char* name, const chorusPrimitiveArgs_t& args, StreamRef s = {}) {
+    if (Status st = pre("primitive"); !st.ok()) return st;
+    return Status::fromC(chorusPrimitive(name, &args, comm_, s.native()));
+  }
+
+  // The MoE dispatch's communication ("alltoallv_dynamic"): send holds the
+  // elements for rank 0, then rank 1, ... (sendcounts[j] for rank j,
+  // size() entries); they arrive packed in rank order in recv, which must
+  // have room for them all; recvcounts (size() entries) receives what came
+  // from each rank.  No rank needs to know its receive counts in advance.
+  template <Element T>
+  Status allToAllVDynamic(std::span<const std::type_identity_t<T>> send, std::span<const size_t> sendcounts,
+                          std::span<T> recv, std::span<size_t> recvcounts) {
+    if (Status st = pre("allToAllVDynamic"); !st.ok()) return st;
+    chorusPrimitiveArgs_t a = CHORUS_PRIMITIVE_ARGS_INITIALIZER;
+    a.sendbuff = send.data();
+    a.recvbuff = recv.data();
+    a.count = recv.size();
+    a.datatype = cType<T>();
+    a.counts = sendcounts.data();
+    a.ncounts = sendcounts.size();
+    a.outCounts = recvcounts.data();
+    a.nOutCounts = recvcounts.size();
+    size_t total = 0;
+    for (size_t c : sendcounts) total += c;
+    if (total > send.size())
+      return Status(Code::InvalidArgument, "chorus::Communicator::allToAllVDynamic: sendcounts add up to " +
+                                               std::to_string(total) + " elements but send.size()=" +
+                                               std::to_string(send.size()));
+    return Status::fromC(chorusPrimitive("alltoallv_dynamic", &a, comm_, nullptr));
+  }
+
  private:
   Communicator(chorusComm_t c, int rank, int size) : comm_(c), rank_(rank), size_(size) {}
 

@@ -23,6 +23,7 @@
 #include "comm/communicator.hpp"
 #include "common/log.hpp"
 #include "kernels/dtype.hpp"
+#include "prim/primitive.hpp"
 
 #define CHORUS_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -385,6 +386,16 @@ CHORUS_EXPORT chorusResult_t chorusCommSplit(chorusComm_t comm, int color, int k
 chorusResult_t chorus::api::commSplit(chorusComm_t comm, int color, int key, const Config& cfg,
                                       chorusComm_t* newcomm) {
   return split(comm, color, key, &cfg, newcomm);
+}
+
+std::string chorus::api::commRouteKey(chorusComm_t comm) {
+  CommRef c(comm, "commRouteKey");
+  return c.status().isOk() ? c->routeKey() : std::string();
+}
+
+std::vector<std::string> chorus::api::commTransports(chorusComm_t comm) {
+  CommRef c(comm, "commTransports");
+  return c.status().isOk() ? c->transportNames() : std::vector<std::string>{};
 }
 
 CHORUS_EXPORT chorusResult_t chorusCommShrink(chorusComm_t comm, int flags, chorusComm_t* newcomm) {
@@ -841,6 +852,53 @@ CHORUS_EXPORT chorusResult_t chorusGroupEnd(void) {
     if (!st.isOk() && first.isOk()) first = st;
   }
   return report(first);
+}
+
+// ---- primitives ------------------------------------------------------------------
+
+CHORUS_EXPORT chorusResult_t chorusPrimitive(const char* name, const chorusPrimitiveArgs_t* args, chorusComm_t comm,
+                                             chorusStream_t stream) {
+  const char* fn = "chorusPrimitive";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(name ? Status() : invalidArgument("{}: name is NULL", fn));
+  CHORUS_CHECK(args ? Status() : invalidArgument("{}: args is NULL (start from CHORUS_PRIMITIVE_ARGS_INITIALIZER)", fn));
+  if (args->size != sizeof(chorusPrimitiveArgs_t))
+    return report(invalidArgument("{}: args->size={} but this library's chorusPrimitiveArgs_t has {} bytes (start from "
+                                  "CHORUS_PRIMITIVE_ARGS_INITIALIZER)", fn, args->size, sizeof(chorusPrimitiveArgs_t)), c);
+  if (t_group_depth > 0)
+    return report(invalidUsage("{}: primitives cannot be part of a group (call it outside chorusGroupStart/End)", fn), c);
+  if ((args->counts == nullptr) != (args->ncounts == 0))
+    return report(invalidArgument("{}: counts and ncounts must be both set or both empty", fn), c);
+  if ((args->outCounts == nullptr) != (args->nOutCounts == 0))
+    return report(invalidArgument("{}: outCounts and nOutCounts must be both set or both empty", fn), c);
+  if ((args->aux == nullptr) != (args->auxBytes == 0))
+    return report(invalidArgument("{}: aux and auxBytes must be both set or both empty", fn), c);
+  if (stream != nullptr) CHORUS_CHECK(stream->s.synchronize());
+  prim::Args a;
+  a.send = args->sendbuff;
+  a.recv = args->recvbuff;
+  a.count = args->count;
+  a.dtype = args->datatype;
+  a.op = args->op;
+  a.root = args->root;
+  a.counts = {args->counts, args->ncounts};
+  a.out_counts = {args->outCounts, args->nOutCounts};
+  a.aux = args->aux;
+  a.aux_bytes = args->auxBytes;
+  return report(prim::runPrimitive(*ref.operator->(), name, a).withContext(fmt::format("{}: ", fn)), c);
+}
+
+CHORUS_EXPORT chorusResult_t chorusPrimitiveList(char* list, size_t len, size_t* needed) {
+  std::string text;
+  for (const std::string& n : prim::registry().names())
+    text += fmt::format("{}: {}\n", n, prim::registry().find(n)->summary());
+  if (needed != nullptr) *needed = text.size() + 1;
+  if (list != nullptr && len > 0) {
+    const size_t k = std::min(len - 1, text.size());
+    std::memcpy(list, text.data(), k);
+    list[k] = '\0';
+  }
+  return chorusSuccess;
 }
 
 // ---- streams ---------------------------------------------------------------------

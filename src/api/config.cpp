@@ -13,6 +13,7 @@
 
 #include "common/env.hpp"
 #include "kernels/quantize.hpp"
+#include "transport/registry.hpp"
 
 namespace chorus::api {
 namespace {
@@ -85,11 +86,10 @@ Result<Config> parseConfig(const Lookup& lookup) {
 
   c.net.socket_ifname = r.str("CHORUS_SOCKET_IFNAME");
   c.net.host_id = r.str("CHORUS_HOST_ID");
-  // "shm" is taken as "auto": shared memory needs ranks on one host anyway.
-  const std::string transport = r.str("CHORUS_TRANSPORT");
-  if (transport != "auto" && transport != "tcp" && transport != "shm")
-    return invalidArgument("CHORUS_TRANSPORT='{}' is not a transport (accepted: auto, tcp, shm)", transport);
-  c.net.force_tcp = transport == "tcp";
+  // Any registered transport (transport/registry.hpp): it serves every
+  // peer it can reach, the others take their usual route.
+  c.net.transport = r.str("CHORUS_TRANSPORT");
+  CHORUS_RETURN_IF_ERROR(transport::registry().checkName(c.net.transport));
 
   CHORUS_ASSIGN_OR_RETURN(int64_t spin_us, r.integer("CHORUS_SPIN_US", 0, kIntMax, "an integer >= 0 (microseconds)"));
   c.spin = std::chrono::microseconds(spin_us);
@@ -113,6 +113,13 @@ Result<Config> parseConfig(const Lookup& lookup) {
   c.tcp.heartbeat_ms = static_cast<int>(hb);
 
   c.tune.algo_spec = r.str("CHORUS_ALGO");  // parsed by the tuner, which names the knob's entry at fault
+  // Split as PATH is (empty entries skipped); read and proven at setup (plan/plan_file.hpp).
+  const std::string plans = r.str("CHORUS_PLAN_PATH");
+  for (size_t b = 0; b <= plans.size();) {
+    const size_t e = std::min(plans.find(':', b), plans.size());
+    if (e > b) c.tune.plan_paths.push_back(plans.substr(b, e - b));
+    b = e + 1;
+  }
   CHORUS_ASSIGN_OR_RETURN(int64_t chunk, r.integer("CHORUS_CHUNK_BYTES", 0, kInt64Max, "an integer >= 0, 0: the tuner's choice"));
   c.tune.chunk_bytes = static_cast<uint64_t>(chunk);
   if (std::string f = r.str("CHORUS_TUNE_FILE"); !f.empty()) {

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/config.hpp"
 #include "common/status.hpp"
@@ -41,5 +42,9 @@ chorusResult_t commInitFromEnv(chorusComm_t* comm, const Config& cfg);
 // As chorusCommSplit, the new communicator configured by cfg instead of comm's
 // configuration (chorus-tune's calibration communicators).
 chorusResult_t commSplit(chorusComm_t comm, int color, int key, const Config& cfg, chorusComm_t* newcomm);
+// The communicator's route key (tune::routeKey: "shm", "tcp", "shm+tcp", ...)
+// and the transports it uses; "" and none for an invalid handle.
+std::string commRouteKey(chorusComm_t comm);
+std::vector<std::string> commTransports(chorusComm_t comm);
 
 }  // namespace chorus::api

@@ -25,6 +25,10 @@ Result<std::unique_ptr<Communicator>> Communicator::init(int nranks, int rank, c
   return c;
 }
 
+std::string Communicator::routeKey() const {
+  return tuner_ ? tune::routeKey(tuner_->topology().host_of, tuner_->topology().links) : std::string("shm");
+}
+
 Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
                            std::shared_ptr<bootstrap::Store> base, std::string prefix,
                            std::shared_ptr<bootstrap::StoreServer> server) {
@@ -34,12 +38,12 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   server_ = std::move(server);
   base_store_ = base;
   store_ = std::make_unique<bootstrap::PrefixStore>(base, prefix_);
-  registry_ = plan::Registry::builtin();
+  CHORUS_ASSIGN_OR_RETURN(registry_, plan::Registry::withPlans(cfg.tune.plan_paths));
   health_.bind(rank_, nranks_, cfg, store_.get());
   CHORUS_RETURN_IF_ERROR(comm::Health::makeFlightDir(cfg.flight.dir));
   CHORUS_ASSIGN_OR_RETURN(comm::Wiring w, comm::wire(rank_, nranks_, id, cfg, base, *store_, prefix_, server_.get()));
-  shm_ = std::move(w.shm);
-  tcp_ = std::move(w.tcp);
+  transports_ = std::move(w.transports);
+  transport_names_ = std::move(w.transport_names);
   board_.attach(rank_, nranks_, w.board, cfg.timeout);
   executor_ = std::make_unique<exec::Executor>(rank_, std::move(w.routes));
   CHORUS_ASSIGN_OR_RETURN(tune::CostProfile profile, tune::CostProfile::load(cfg.tune.profile_path));
@@ -159,12 +163,11 @@ Status Communicator::fail(Status st) {
     error_ = st;
     broken_.store(true, std::memory_order_release);
   }
-  if (shm_) shm_->abort(st);
-  if (tcp_) {
-    tcp_->abort(st);
-    // We are the executing thread: let the transport act on it now (it tells
-    // its peers why and closes), not at the next call that may never come.
-    (void)tcp_->poll();
+  for (const auto& t : transports_) {
+    t->abort(st);
+    // We are the executing thread: let the transport act on it now (TCP
+    // tells its peers why and closes), not at the next call that may never come.
+    (void)t->poll();
   }
   return st;
 }
@@ -181,8 +184,7 @@ void Communicator::abort(const Status& why) {
     broken_.store(true, std::memory_order_release);
   }
   if (executor_) executor_->abort();
-  if (shm_) shm_->abort(why);
-  if (tcp_) tcp_->abort(why);
+  for (const auto& t : transports_) t->abort(why);
   engine_.wake();
 }
 

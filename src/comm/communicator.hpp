@@ -60,6 +60,11 @@ class Communicator {
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return nranks_; }
   [[nodiscard]] const Config& config() const { return cfg_; }
+  // The registered transports this rank's peers go through, in preference
+  // order, and the route key of the whole communicator (tune::routeKey: what
+  // keys chorus-tune's corrections: "shm", "tcp", "shm+tcp", ...).
+  [[nodiscard]] const std::vector<std::string>& transportNames() const { return transport_names_; }
+  [[nodiscard]] std::string routeKey() const;
 
   // Runs ops as one unit: now on this thread (stream == nullptr) or queued on stream.
   Status submit(std::vector<OpDesc> ops, exec::Stream* stream);
@@ -127,7 +132,8 @@ class Communicator {
   uint64_t p2p_seq_ = 0;  // sends and receives issued (numbered apart)
   comm::Health health_;
 
-  std::unique_ptr<transport::Transport> shm_, tcp_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;  // the registry's choice, in preference order
+  std::vector<std::string> transport_names_;
   comm::BoardCalls board_;
   std::unique_ptr<exec::Executor> executor_;
   plan::Registry registry_;

@@ -10,8 +10,7 @@
 #include <mutex>
 
 #include "comm/call_signature.hpp"
-#include "transport/shm/shm.hpp"
-#include "transport/tcp/tcp.hpp"
+#include "transport/registry.hpp"
 
 namespace chorus::comm {
 
@@ -130,63 +129,70 @@ Result<std::vector<RankInfo>> exchangeRecords(int rank, int nranks, const Config
   return infos;
 }
 
-Status connectShm(int rank, const std::vector<int>& local, bool all_local, const Config& cfg,
-                  const std::shared_ptr<bootstrap::Store>& base, const std::string& prefix, const std::string& job_tag,
-                  Wiring* w) {
-  transport::ShmSetup s;
-  s.rank = rank;
-  s.peers = local;
-  int lowest = std::min(rank, local.front());
-  s.segment_prefix = fmt::format("/chorus-{}-{}", job_tag, lowest);
-  s.ring_bytes = cfg.shm.ring_bytes;
-  s.allow_cma = cfg.shm.cma;
-  s.cma_bytes = cfg.shm.cma_bytes;
-  s.spread = cfg.shm.spread;
-  s.spin = cfg.spin;
-  s.timeout = cfg.timeout;
-  bootstrap::PrefixStore host_store(base, prefix + fmt::format("h{}/", lowest));
-  transport::Board* board = nullptr;
-  auto t = transport::createShmTransport(s, host_store, &board);
-  if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: shared-memory transport: ", rank));
-  w->shm = std::move(t.value());
-  for (int r : local) w->routes[r] = w->shm.get();
-  // The board serves calls of the whole communicator only when every peer
-  // is on this host.
-  if (all_local) w->board = board;
+// Creates every transport the registry chose for at least one peer, in
+// preference order (the same order on every rank: each creation is
+// collective over the ranks it serves), and routes each peer to its own.
+Status connectTransports(int nranks, const transport::WireView& view, const transport::RouteChoice& rc,
+                         const bootstrap::UniqueId& id, const std::shared_ptr<bootstrap::Store>& base,
+                         bootstrap::Store& store, const std::string& prefix, const std::string& job_tag, Wiring* w) {
+  for (const transport::TransportInfo* t : rc.used) {
+    transport::SetupContext c;
+    c.view = view;
+    c.nranks = nranks;
+    for (int q = 0; q < nranks; ++q)
+      if (rc.by_rank[static_cast<size_t>(q)] == t) c.peers.push_back(q);
+    c.serves_all = static_cast<int>(c.peers.size()) == nranks - 1;
+    c.id = &id;
+    c.store = &store;
+    c.base = base;
+    c.prefix = prefix;
+    c.job_tag = job_tag;
+    CHORUS_ASSIGN_OR_RETURN(transport::Created made, t->create(c));
+    if (made.transport == nullptr) return internalError("init: rank {}: transport '{}' created nothing", view.rank, t->name);
+    for (int q : c.peers) w->routes[static_cast<size_t>(q)] = made.transport.get();
+    if (made.board != nullptr && t->caps.board && c.serves_all) w->board = made.board;
+    w->transport_names.push_back(t->name);
+    w->transports.push_back(std::move(made.transport));
+  }
   installWireMismatchText();
   return {};
 }
 
-Status connectTcp(int rank, const std::vector<int>& remote, const bootstrap::UniqueId& id, const Config& cfg,
-                  bootstrap::Store& store, const std::string& job_tag, Wiring* w) {
-  transport::TcpSetup s;
-  s.rank = rank;
-  s.peers = remote;
-  s.comm_id = hash64(job_tag + "tcp");
-  s.secret = id.secret;
-  CHORUS_ASSIGN_OR_RETURN(s.bind_addr, net::chooseBindAddress(id.root, cfg.net.socket_ifname));
-  s.sockets_per_peer = cfg.tcp.sockets;
-  s.rendezvous_bytes = cfg.tcp.rendezvous_bytes;
-  s.heartbeat_ms = cfg.tcp.heartbeat_ms;
-  s.spin = cfg.spin;
-  s.timeout = cfg.timeout;
-  auto t = transport::createTcpTransport(s, store);
-  if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: TCP transport: ", rank));
-  w->tcp = std::move(t.value());
-  for (int r : remote) w->routes[r] = w->tcp.get();
-  return {};
-}
-
-// The topology the tuner plans for: ranks per host, which host each rank is
-// on, and whether every rank is on this machine.
-tune::Topology topologyOf(int nranks, size_t local, bool all_local, const std::vector<RankInfo>& infos,
-                          const RankInfo& me, const Config& cfg) {
-  tune::Topology topo{nranks, static_cast<int>(local) + 1, all_local, {}};
-  std::vector<bootstrap::HostIdentity> hosts;
-  hosts.reserve(infos.size());
-  for (const RankInfo& o : infos) hosts.push_back(o.host);
-  topo.host_of = bootstrap::hostIndices(hosts, cfg.net.force_tcp);
-  for (const bootstrap::HostIdentity& h : hosts) topo.one_machine = topo.one_machine && h == me.host;
+// The topology the tuner plans for.  Host groups: ranks of one host that a
+// host-local transport (shared memory) joins; the transports within and
+// between groups name the profile's link figures.  Every rank works out
+// every pair's route (the registry's choice is a function of the records and
+// the config), so all ranks see the same groups.
+tune::Topology topologyOf(int nranks, const transport::WireView& view, const Config& cfg) {
+  const transport::TransportRegistry& reg = transport::registry();
+  tune::Topology topo;
+  topo.nranks = nranks;
+  topo.host_of.assign(static_cast<size_t>(nranks), 0);
+  std::string intra, inter;
+  for (int r = 0; r < nranks; ++r) {
+    topo.host_of[static_cast<size_t>(r)] = r;
+    for (int q = 0; q < r; ++q) {
+      if (!(view.ranks[static_cast<size_t>(q)].host == view.ranks[static_cast<size_t>(r)].host)) continue;
+      const transport::TransportInfo* t = reg.routeFor(view, q, r, cfg.net.transport);
+      if (t != nullptr && t->host_local) {
+        topo.host_of[static_cast<size_t>(r)] = topo.host_of[static_cast<size_t>(q)];
+        if (intra.empty()) intra = t->name;
+      }
+      break;  // q is the lowest rank of r's host: r joins its group or none
+    }
+  }
+  // Between groups: the route of the first pair of ranks in different groups.
+  for (int r = 1; r < nranks && inter.empty(); ++r)
+    if (topo.host_of[static_cast<size_t>(r)] != topo.host_of[0])
+      if (const transport::TransportInfo* t = reg.routeFor(view, 0, r, cfg.net.transport)) inter = t->name;
+  if (!intra.empty()) topo.links.intra = intra;
+  if (!inter.empty()) topo.links.inter = inter;
+  const int mine = topo.host_of[static_cast<size_t>(view.rank)];
+  topo.local_ranks = static_cast<int>(std::count(topo.host_of.begin(), topo.host_of.end(), mine));
+  topo.all_local = topo.local_ranks == nranks;
+  topo.one_machine = true;
+  for (const transport::RankRecord& o : view.ranks)
+    topo.one_machine = topo.one_machine && o.host == view.ranks[static_cast<size_t>(view.rank)].host;
   return topo;
 }
 
@@ -226,17 +232,15 @@ Result<Wiring> wire(int rank, int nranks, const bootstrap::UniqueId& id, const C
   me.host = bootstrap::localHostIdentity(cfg.net.host_id);
   CHORUS_ASSIGN_OR_RETURN(std::vector<RankInfo> infos, exchangeRecords(rank, nranks, cfg, store, id, server, me));
 
-  std::vector<int> local, remote;
-  for (int r = 0; r < nranks; ++r) {
-    if (r == rank) continue;
-    (infos[r].host == me.host && !cfg.net.force_tcp ? local : remote).push_back(r);
-  }
+  std::vector<transport::RankRecord> records(static_cast<size_t>(nranks));
+  for (int r = 0; r < nranks; ++r) records[static_cast<size_t>(r)] = {r, infos[static_cast<size_t>(r)].pid, infos[static_cast<size_t>(r)].host};
+  const transport::WireView view{rank, records, &cfg};
+  CHORUS_ASSIGN_OR_RETURN(transport::RouteChoice rc, transport::registry().choose(view, cfg.net.transport));
   Wiring w;
   w.routes.assign(nranks, nullptr);
   const std::string job_tag = fmt::format("{:016x}", hash64(id.secret.toHex() + id.root.toString() + prefix));
-  if (!local.empty()) CHORUS_RETURN_IF_ERROR(connectShm(rank, local, remote.empty(), cfg, base, prefix, job_tag, &w));
-  if (!remote.empty()) CHORUS_RETURN_IF_ERROR(connectTcp(rank, remote, id, cfg, store, job_tag, &w));
-  w.topology = topologyOf(nranks, local.size(), remote.empty(), infos, me, cfg);
+  CHORUS_RETURN_IF_ERROR(connectTransports(nranks, view, rc, id, base, store, prefix, job_tag, &w));
+  w.topology = topologyOf(nranks, view, cfg);
   w.trace_id = hash64(job_tag + "trace");
   w.host_label = hostLabel(infos, me);
   return w;

@@ -1,7 +1,8 @@
 // A communicator's set-up, from one validated Config: the rendezvous store
 // (rank 0's server, every rank's client), the record each rank publishes
-// there, and the routes to the peers (shared memory to those on this host,
-// TCP to the others) with the topology the tuner plans for.
+// there, and the routes to the peers (each peer's transport as the transport
+// registry chooses it: shared memory on this host, TCP to the others, or any
+// registered transport) with the topology the tuner plans for.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +34,11 @@ Result<Rendezvous> joinRendezvous(int rank, const bootstrap::UniqueId& id, const
 
 // What the wiring of a communicator made.
 struct Wiring {
-  std::unique_ptr<transport::Transport> shm, tcp;
-  // The shm transport's board when every peer is on this host, else nullptr.
+  // The transports the registry chose (transport/registry.hpp), in
+  // preference order, and their names.
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  std::vector<std::string> transport_names;
+  // A transport's board when that transport serves every peer, else nullptr.
   transport::Board* board = nullptr;
   std::vector<transport::Transport*> routes;  // per rank; nullptr for this one
   tune::Topology topology;

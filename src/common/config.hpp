@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/log.hpp"
 
@@ -46,7 +47,9 @@ struct Config {
   struct Net {
     std::string socket_ifname;  // CHORUS_SOCKET_IFNAME: "" = the interface routing to the master
     std::string host_id;        // CHORUS_HOST_ID: "" = the machine's identity alone
-    bool force_tcp = false;     // CHORUS_TRANSPORT=tcp
+    // CHORUS_TRANSPORT: a registered transport's name (transport/registry.hpp),
+    // tried first for every peer; "auto": each peer's most preferred one.
+    std::string transport = "auto";
   } net;
 
   // Shared by the shm and TCP transports' waits.
@@ -71,6 +74,7 @@ struct Config {
     // The profile the tuner loads (CHORUS_TUNE_FILE, else
     // $HOME/.cache/chorus/profile.json); "" = none, the built-in defaults.
     std::string profile_path;
+    std::vector<std::string> plan_paths;  // CHORUS_PLAN_PATH: plan files and directories (docs/plan-format.md)
   } tune;
 
   struct Flight {

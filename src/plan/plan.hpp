@@ -539,6 +539,9 @@ class Registry {
  public:
   // A registry with every built-in algorithm.
   static Registry builtin();
+  // builtin() and the plans of these files and directories, each proven by
+  // the verifier as it loads (plan/plan_file.hpp, loadPlans).
+  static Result<Registry> withPlans(std::span<const std::string> paths);
 
   void add(std::unique_ptr<Algorithm> algo);
   [[nodiscard]] const Algorithm* find(Collective c, std::string_view name) const;

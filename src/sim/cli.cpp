@@ -82,6 +82,8 @@ struct Setup {
 // pricing command reads first).
 Result<std::unique_ptr<Setup>> openCluster(const CliOptions& o) {
   auto s = std::make_unique<Setup>();
+  // Each plan file is proven by the verifier as it loads (plan/plan_file.hpp).
+  CHORUS_ASSIGN_OR_RETURN(s->reg, plan::Registry::withPlans(o.plan_paths));
   CHORUS_ASSIGN_OR_RETURN(NetMode mode, parseNetMode(o.network));
   s->mode = mode;
   CHORUS_ASSIGN_OR_RETURN(Library lib, parseLibrary(o.library));
@@ -161,6 +163,7 @@ int runCollectiveCommand(const CliOptions& o) {
   const std::optional<NetMode>& mode = s.mode;
   const std::optional<Library>& lib = s.lib;
   const std::optional<ClusterSpec>& cluster = s.cluster;
+  if (Status st = checkPlanRanks(reg, collective, algo, gpus); !st.isOk()) return fail(st);
   // "--bytes A:B": a sweep from A to B doubling, as nccl-tests' -b A -e B -f 2.
   std::vector<double> sizes;
   if (const size_t colon = bytes_text.find(':'); colon != std::string::npos) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "sim/infer.hpp"
 #include "sim/search.hpp"
@@ -21,6 +22,9 @@ struct CliOptions {
   std::string cluster_path, model_path, network = "analytical", library = "nccl";
   bool json = false, verbose = false;
   int64_t gpus_per_domain = 0;
+  // --plan (repeatable): plan files or directories (docs/plan-format.md),
+  // added to the built-in plans, so --algo can name them.
+  std::vector<std::string> plan_paths;
   // model
   int64_t model_seq = 4096;
   // collective

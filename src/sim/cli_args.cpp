@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 
+#include "plan/plan_file.hpp"
+
 namespace chorus::sim {
 
 namespace {
@@ -13,6 +15,15 @@ constexpr int64_t kMaxTokens = int64_t{1} << 30;
 Status checkCollectiveArgs(int64_t gpus, double bytes) {
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--gpus", gpus, 1, kMaxGpus, "GPUs taking part"));
   return checkRange<double>("--bytes", bytes, 0, std::ldexp(1.0, 50), "bytes per rank, at most 1 PiB");
+}
+
+Status checkPlanRanks(const plan::Registry& reg, std::string_view collective, std::string_view algo, int64_t gpus) {
+  plan::Collective c;
+  if (!plan::parseCollective(collective, &c)) return {};  // simulateCollective names a bad collective
+  const auto* file = dynamic_cast<const plan::FileAlgorithm*>(reg.find(c, algo));
+  if (file == nullptr || file->spec().nranks == gpus) return {};
+  return invalidArgument("--algo {}: the {} plan of '{}' is for {} ranks, not --gpus {} (a plan file serves the one "
+                         "rank count it declares)", algo, collective, file->spec().origin, file->spec().nranks, gpus);
 }
 
 Status checkTrainArgs(const TrainConfig& c) {

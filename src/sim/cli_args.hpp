@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/status.hpp"
+#include "plan/plan.hpp"
 #include "sim/infer.hpp"
 #include "sim/search.hpp"
 #include "sim/train.hpp"
@@ -23,6 +24,9 @@ Status checkRange(std::string_view flag, T v, T lo, T hi, std::string_view what)
 }
 
 Status checkCollectiveArgs(int64_t gpus, double bytes);
+// --algo naming a plan loaded from a file (--plan): the file serves one rank
+// count, which --gpus must be (the message names both and the file).
+Status checkPlanRanks(const plan::Registry& reg, std::string_view collective, std::string_view algo, int64_t gpus);
 Status checkTrainArgs(const TrainConfig& c);
 Status checkSearchArgs(const SearchConfig& c);
 // --concurrency: "N" or a sweep "1,2,4,8"; every entry at least 1.

@@ -329,7 +329,13 @@ Result<CollectiveCost> NetworkModel::chorusCollective(Collective coll, const pla
   }
   Result<CollectiveCost> best = invalidArgument("no {} algorithm supports {} ranks", plan::collectiveName(coll), g.size);
   for (const plan::Algorithm* a : cands) {
-    if (!a->supports(sh)) continue;
+    if (!a->supports(sh)) {
+      // A named plan that does not take the call says what it needs.
+      if (cands.size() == 1 && !a->requirement().empty())
+        return invalidArgument("{} '{}' does not take {} ranks and a count of {} (bytes): it needs {}",
+                               plan::collectiveName(coll), a->name(), g.size, sh.count, a->requirement());
+      continue;
+    }
     Result<CollectiveCost> c = price(*a, sh, g);
     if (!c.isOk()) {
       if (cands.size() == 1) return c.status();

@@ -191,6 +191,9 @@ struct BenchOptions {
   // it cannot run is reported with the reason and not measured (the tuner
   // would run another plan), and counted in *unsupported.
   std::string forced_algo;
+  // Plan files and directories the communicator loaded (Config::tune.plan_paths,
+  // CHORUS_PLAN_PATH and --plan): their plans name sizes they cannot run too.
+  std::vector<std::string> plan_paths;
   int* unsupported = nullptr;
   // The communicator of the benchmark's own bookkeeping (the barrier before
   // each timed window, the reductions of timings and of the check's counts),

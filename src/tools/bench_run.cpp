@@ -402,7 +402,12 @@ class Bench {
   StreamGuard stream_;
   plan::Collective plan_collective_{};
   bool known_to_plans_ = false;
-  const plan::Registry registry_ = plan::Registry::builtin();
+  // The communicator's plans (built-in and loaded), to say why a forced one
+  // cannot run a size; the files were proven when the communicator loaded them.
+  const plan::Registry registry_ = [this] {
+    auto r = plan::Registry::withPlans(o_.plan_paths);
+    return r.isOk() ? std::move(r.value()) : plan::Registry::builtin();
+  }();
   std::vector<uint64_t> sizes_;
   Buffer sendbuf_;
   Buffer recvbuf_;

@@ -22,6 +22,7 @@
 #include "kernels/dtype.hpp"
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
+#include "transport/registry.hpp"
 #include "tools/bench.hpp"
 
 namespace chorus::tools {
@@ -123,24 +124,12 @@ Result<tune::LinkCost> measureLink(chorusComm_t comm, const TuneOptions& o, doub
 
 Result<chorusComm_t> initFromEnv(const Config& cfg);
 
-// The configuration of the job's TCP-only communicator (CHORUS_TRANSPORT=tcp).
-Config tcpConfig(const Config& job) {
+// The configuration of a communicator of the job's ranks forced onto one
+// transport (CHORUS_TRANSPORT=<name>); "" keeps the job's own.
+Config transportConfig(const Config& job, const std::string& transport) {
   Config c = job;
-  c.net.force_tcp = true;
+  if (!transport.empty()) c.net.transport = transport;
   return c;
-}
-
-// The communicator's link class, from every rank's host identity (as the
-// communicator groups ranks for shared memory; CHORUS_TRANSPORT=tcp puts every
-// rank on a host of its own).
-Result<tune::LinkClass> linkClass(chorusComm_t comm, bool force_tcp, const Config& cfg) {
-  int n = 1;
-  chorusCommCount(comm, &n);
-  const bootstrap::HostIdentity me = bootstrap::localHostIdentity(cfg.net.host_id);
-  std::vector<bootstrap::HostIdentity> all(static_cast<size_t>(n));
-  CHORUS_RETURN_IF_ERROR(check(chorusAllGather(&me, all.data(), sizeof me, chorusUint8, comm, nullptr), comm,
-                               "gathering host identities"));
-  return tune::linkClassOf(bootstrap::hostIndices(all, force_tcp));
 }
 
 // Each calibration point warms up for 20 ms (this VM's cores run small calls 2x
@@ -152,11 +141,11 @@ constexpr double kWarmupMs = 20, kMinTimeMs = 10;
 // mean) on a communicator whose tuner holds `base` without corrections, so the
 // rows' predicted_us is the model alone; factor = median measured / model.
 Result<std::vector<tune::Correction>> measureCorrections(chorusComm_t parent, const tune::CostProfile& base,
-                                                         const TuneOptions& o, bool tcp) {
+                                                         const TuneOptions& o, const std::string& transport) {
   tune::CostProfile plain = base;
   plain.corrections.clear();
   const std::string path = (std::filesystem::temp_directory_path() /
-                            fmt::format("chorus-tune-{}-{}.json", ::getpid(), tcp ? "tcp" : "shm")).string();
+                            fmt::format("chorus-tune-{}-{}.json", ::getpid(), transport.empty() ? "job" : transport)).string();
   {
     std::ofstream f(path, std::ios::trunc);
     f << plain.toJson();
@@ -167,7 +156,7 @@ Result<std::vector<tune::Correction>> measureCorrections(chorusComm_t parent, co
   // which it reads when it is set up.
   int rank = 0;
   chorusCommUserRank(parent, &rank);
-  Config cfg = tcp ? tcpConfig(o.config) : o.config;
+  Config cfg = transportConfig(o.config, transport);
   cfg.tune.profile_path = path;
   chorusComm_t comm = nullptr;
   const chorusResult_t made = api::commSplit(parent, 0, rank, cfg, &comm);
@@ -180,11 +169,13 @@ Result<std::vector<tune::Correction>> measureCorrections(chorusComm_t parent, co
   } closer{comm};
   int n = 1;
   chorusCommCount(comm, &n);
-  CHORUS_ASSIGN_OR_RETURN(tune::LinkClass link, linkClass(comm, tcp, o.config));
+  const std::string link = api::commRouteKey(comm);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
   if (!sink) return systemError("chorus-tune: cannot open /dev/null");
 
-  const plan::Registry registry = plan::Registry::builtin();
+  // The built-in plans and those of CHORUS_PLAN_PATH: a loaded plan is
+  // calibrated like any other.
+  CHORUS_ASSIGN_OR_RETURN(const plan::Registry registry, plan::Registry::withPlans(cfg.tune.plan_paths));
   std::vector<tune::Correction> out;
   for (const std::string& name : o.collectives) {
     plan::Collective pc;
@@ -247,9 +238,9 @@ Result<std::vector<tune::Correction>> measureCorrections(chorusComm_t parent, co
 }
 
 // The corrections of this job's rank count on comm's transports, merged into p.
-Status addCorrections(chorusComm_t comm, tune::CostProfile& p, const TuneOptions& o, bool tcp) {
+Status addCorrections(chorusComm_t comm, tune::CostProfile& p, const TuneOptions& o, const std::string& transport) {
   if (o.collectives.empty()) return {};
-  CHORUS_ASSIGN_OR_RETURN(std::vector<tune::Correction> cs, measureCorrections(comm, p, o, tcp));
+  CHORUS_ASSIGN_OR_RETURN(std::vector<tune::Correction> cs, measureCorrections(comm, p, o, transport));
   for (tune::Correction& c : cs) p.setCorrection(std::move(c));
   return {};
 }
@@ -277,20 +268,21 @@ class OwnedComm {
   bool ok_ = false;
 };
 
-// The TCP-only communicator of the same ranks: a fresh unique id from rank 0,
-// broadcast over comm.  (A second chorusCommInitFromEnv would rendezvous on
-// the job's master port again, where rank 0's first store may still answer.)
-Result<OwnedComm> tcpTwin(chorusComm_t comm, const Config& job) {
+// The communicator of the same ranks forced onto one transport: a fresh
+// unique id from rank 0, broadcast over comm.  (A second
+// chorusCommInitFromEnv would rendezvous on the job's master port again,
+// where rank 0's first store may still answer.)
+Result<OwnedComm> transportTwin(chorusComm_t comm, const Config& job, const std::string& transport) {
   int n = 0, rank = 0;
   chorusCommCount(comm, &n);
   chorusCommUserRank(comm, &rank);
   chorusUniqueId id{};
-  if (rank == 0) CHORUS_RETURN_IF_ERROR(check(chorusGetUniqueId(&id), comm, "drawing a unique id for TCP"));
+  if (rank == 0) CHORUS_RETURN_IF_ERROR(check(chorusGetUniqueId(&id), comm, "drawing a unique id"));
   CHORUS_RETURN_IF_ERROR(check(chorusBroadcast(&id, &id, sizeof id, chorusUint8, 0, comm, nullptr), comm,
-                               "sending the TCP unique id"));
+                               "sending the unique id"));
   chorusComm_t tc = nullptr;
-  if (chorusResult_t r = api::commInitRank(&tc, n, id, rank, tcpConfig(job)); r != chorusSuccess)
-    return makeError(r, "chorus-tune: the TCP communicator: {}", chorusGetLastError(nullptr));
+  if (chorusResult_t r = api::commInitRank(&tc, n, id, rank, transportConfig(job, transport)); r != chorusSuccess)
+    return makeError(r, "chorus-tune: the {} communicator: {}", transport, chorusGetLastError(nullptr));
   return OwnedComm(tc);
 }
 
@@ -323,7 +315,12 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
   chorusCommDestroy(self);
   const double omega = p->op_overhead.value();
 
-  CHORUS_ASSIGN_OR_RETURN(p->shm, measureLink(comm, o, omega));
+  // The job's own communicator measures its transport's link when one
+  // transport serves it all (shared memory on one host); the others are
+  // measured on communicators forced onto them (measureProfile).
+  if (const std::string key = api::commRouteKey(comm); key.find('+') == std::string::npos) {
+    CHORUS_ASSIGN_OR_RETURN(p->links[key], measureLink(comm, o, omega));
+  }
 
 
   // Reduction throughput per data type (bytes of one operand per second), on
@@ -422,29 +419,33 @@ static Status measureFigures(chorusComm_t comm, const TuneOptions& o, tune::Cost
   return {};
 }
 
-std::vector<std::string> disagreeingFigures(const tune::CostProfile& a, const tune::CostProfile& b, bool tcp,
-                                            double agree) {
+std::vector<std::string> disagreeingFigures(const tune::CostProfile& a, const tune::CostProfile& b, double agree) {
   std::vector<std::pair<std::string, std::pair<double, double>>> figs = {
       {"op_overhead_us", {toUs(a.op_overhead), toUs(b.op_overhead)}},
-      {"shm.alpha_us", {toUs(a.shm.alpha), toUs(b.shm.alpha)}},
-      {"shm.overhead_us", {toUs(a.shm.overhead), toUs(b.shm.overhead)}},
-      {"shm.bandwidth_gbps", {toGbytePerS(a.shm.beta), toGbytePerS(b.shm.beta)}},
       {"board_call_us", {toUs(a.board_call), toUs(b.board_call)}},
       {"reduce_gbps.float32", {toGbytePerS(a.gamma[chorusFloat32]), toGbytePerS(b.gamma[chorusFloat32])}},
   };
   // Figures that are optional in a profile (0: not measured) are compared
   // only when both passes have them.
   const SecondsPerByte none;
-  if (a.shm.beta_large > none && b.shm.beta_large > none)
-    figs.push_back({"shm.bandwidth_large_gbps", {toGbytePerS(a.shm.beta_large), toGbytePerS(b.shm.beta_large)}});
   if (a.board_beta > none && b.board_beta > none)
     figs.push_back({"board_bandwidth_gbps", {toGbytePerS(a.board_beta), toGbytePerS(b.board_beta)}});
   if (a.reduce_mem > none && b.reduce_mem > none)
     figs.push_back({"reduce_mem_gbps", {toGbytePerS(a.reduce_mem), toGbytePerS(b.reduce_mem)}});
   figs.push_back({"cache_mib", {a.cache_size.value() / (1 << 20), b.cache_size.value() / (1 << 20)}});
-  if (tcp) {
-    figs.push_back({"tcp.alpha_us", {toUs(a.tcp.alpha), toUs(b.tcp.alpha)}});
-    figs.push_back({"tcp.bandwidth_gbps", {toGbytePerS(a.tcp.beta), toGbytePerS(b.tcp.beta)}});
+  // Each transport both profiles have figures for: α and β; a host-local
+  // one (its o is measured from the same ring rounds) also o and β_large.
+  for (const auto& [name, la] : a.links) {
+    auto it = b.links.find(name);
+    if (it == b.links.end()) continue;
+    const tune::LinkCost& lb = it->second;
+    figs.push_back({name + ".alpha_us", {toUs(la.alpha), toUs(lb.alpha)}});
+    figs.push_back({name + ".bandwidth_gbps", {toGbytePerS(la.beta), toGbytePerS(lb.beta)}});
+    if (name == "shm") {
+      figs.push_back({name + ".overhead_us", {toUs(la.overhead), toUs(lb.overhead)}});
+      if (la.beta_large > none && lb.beta_large > none)
+        figs.push_back({name + ".bandwidth_large_gbps", {toGbytePerS(la.beta_large), toGbytePerS(lb.beta_large)}});
+    }
   }
   std::vector<std::string> out;
   for (const auto& [name, v] : figs) {
@@ -478,10 +479,25 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
   chorusCommCount(shm.get(), &n);
   chorusCommUserRank(shm.get(), &rank);
   if (n < 2) return invalidUsage("chorus-tune needs at least 2 ranks (run it with --np 2)");
-  std::optional<OwnedComm> tcp;
-  if (o.tcp) {
-    CHORUS_ASSIGN_OR_RETURN(OwnedComm t, tcpTwin(shm.get(), o.config));
-    tcp.emplace(std::move(t));
+  // A communicator forced onto each other transport to measure: the ranks
+  // decide together whether it reaches them all (a transport that serves
+  // only some peers would mix routes).
+  const std::string own = api::commRouteKey(shm.get());
+  std::vector<std::pair<std::string, OwnedComm>> twins;
+  for (const std::string& name : o.transports) {
+    if (name == own) continue;
+    CHORUS_ASSIGN_OR_RETURN(OwnedComm t, transportTwin(shm.get(), o.config, name));
+    const std::vector<std::string> used = api::commTransports(t.get());
+    double alone = used.size() == 1 && used[0] == name ? 1 : 0;
+    CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&alone, &alone, 1, chorusFloat64, chorusMin, shm.get(), nullptr),
+                                 shm.get(), "agreeing on the transports"));
+    if (alone > 0) {
+      CHORUS_RETURN_IF_ERROR(t.finish());
+      twins.emplace_back(name, std::move(t));
+    } else {
+      if (rank == 0) fmt::print(stderr, "chorus-tune: transport {} does not reach every rank of this job: not measured\n", name);
+      CHORUS_RETURN_IF_ERROR(t.finish());
+    }
   }
   if (figures) {
     // Passes until two in a row agree on every figure on every rank (the
@@ -491,11 +507,11 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
     for (int pass = 1; pass <= std::max(1, o.max_passes); ++pass) {
       tune::CostProfile cur = p;
       CHORUS_RETURN_IF_ERROR(measureFigures(shm.get(), o, &cur));
-      if (tcp) {
-        CHORUS_ASSIGN_OR_RETURN(cur.tcp, measureLink(tcp->get(), o, cur.op_overhead.value()));
+      for (auto& [name, twin] : twins) {
+        CHORUS_ASSIGN_OR_RETURN(cur.links[name], measureLink(twin.get(), o, cur.op_overhead.value()));
       }
       p.passes = pass;
-      std::vector<std::string> moved = prev ? disagreeingFigures(*prev, cur, o.tcp, o.agree) : std::vector<std::string>{};
+      std::vector<std::string> moved = prev ? disagreeingFigures(*prev, cur, o.agree) : std::vector<std::string>{};
       double any = prev && !moved.empty() ? 1 : 0;
       CHORUS_RETURN_IF_ERROR(check(chorusAllReduce(&any, &any, 1, chorusFloat64, chorusMax, shm.get(), nullptr), shm.get(),
                                    "the passes' agreement"));
@@ -516,10 +532,10 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o) {
                    100 * o.agree);
     }
   }
-  CHORUS_RETURN_IF_ERROR(addCorrections(shm.get(), p, o, false));
-  if (tcp) {
-    CHORUS_RETURN_IF_ERROR(addCorrections(tcp->get(), p, o, true));
-    CHORUS_RETURN_IF_ERROR(tcp->finish());
+  CHORUS_RETURN_IF_ERROR(addCorrections(shm.get(), p, o, ""));
+  for (auto& [name, twin] : twins) {
+    CHORUS_RETURN_IF_ERROR(addCorrections(twin.get(), p, o, name));
+    CHORUS_RETURN_IF_ERROR(twin.finish());
   }
   CHORUS_RETURN_IF_ERROR(shm.finish());
   return p;

@@ -1,7 +1,7 @@
 // chorus-tune: measures this machine's cost-model parameters and writes the
 // calibration profile the tuner reads (tune/cost_model.hpp).
 //
-// Run as a job (chorus-tune launches it): shared memory and TCP latency,
+// Run as a job (chorus-tune launches it): every registered transport's latency,
 // per-message overhead and bandwidth (from ring rounds and message bursts), the
 // per-call overhead of a one-rank collective, the reduction throughput of every
 // data type, and then the measured correction of every algorithm of the chosen
@@ -23,7 +23,12 @@ namespace chorus::tools {
 struct TuneOptions {
   int reps = 7;                       // repetitions per figure (median)
   size_t big_bytes = 32u << 20;       // the out-of-cache bandwidth message
-  bool tcp = true;                    // also measure TCP (a second communicator)
+  // The transports whose link figures (α, β, o) are measured, each on a
+  // communicator of the job's ranks forced onto it (CHORUS_TRANSPORT), by
+  // registered name (chorus-tune: every registered one); empty: only the
+  // job's own communicator's.  One that cannot reach every rank of the job
+  // is skipped with a note.
+  std::vector<std::string> transports;
   // Measured corrections (tune::Correction): every algorithm of each of these
   // collectives, out of place, float32, at 16 B x 4^k up to max_bytes, the
   // median of correction_reps sweeps.  Empty: none.
@@ -50,7 +55,7 @@ Result<tune::CostProfile> measureProfile(const TuneOptions& o);
 
 // The figures of two passes that differ by more than `agree` (relative to
 // the smaller), as "name a -> b (+x %)"; empty when every figure agrees.
-std::vector<std::string> disagreeingFigures(const tune::CostProfile& a, const tune::CostProfile& b, bool tcp,
-                                            double agree);
+// Every transport's link figures that both profiles have are compared.
+std::vector<std::string> disagreeingFigures(const tune::CostProfile& a, const tune::CostProfile& b, double agree);
 
 }  // namespace chorus::tools

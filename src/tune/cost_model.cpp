@@ -18,6 +18,8 @@
 namespace chorus::tune {
 
 CostProfile::CostProfile() {
+  links.emplace("shm", LinkCost{us(0.8), inverse(gbytePerS(6.0)), us(0.1), {}});
+  links.emplace("tcp", LinkCost{us(12.0), inverse(gbytePerS(1.5)), us(1.5), {}});
   cores = std::max(1u, std::thread::hardware_concurrency());
   // The last-level cache, at most 32 MiB: virtual machines may report a whole
   // package's L3 (320 MiB here) where a core sees its complex's share; on this
@@ -35,6 +37,19 @@ CostProfile::CostProfile() {
 namespace {
 
 constexpr size_t kMaxCorrections = 4096;
+constexpr size_t kMaxLinks = 64;
+
+// A transport name as the registry takes them ([a-z0-9_]{1,16}).
+bool validLinkName(std::string_view n) {
+  return !n.empty() && n.size() <= 16 &&
+         std::all_of(n.begin(), n.end(), [](char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_'; });
+}
+bool validRouteKey(std::string_view k) {
+  if (k == "mixed") return true;
+  const size_t plus = k.find('+');
+  if (plus == std::string_view::npos) return validLinkName(k);
+  return validLinkName(k.substr(0, plus)) && validLinkName(k.substr(plus + 1));
+}
 constexpr size_t kMaxPoints = 64;
 
 Result<Correction> parseCorrection(const nlohmann::json& o) {
@@ -52,10 +67,9 @@ Result<Correction> parseCorrection(const nlohmann::json& o) {
     return invalidArgument("'nranks' must be an integer in [1, 65536]");
   c.nranks = o["nranks"].get<int>();
   const std::string link = o.contains("link") && o["link"].is_string() ? o["link"].get<std::string>() : "";
-  if (link == "shm") c.link = LinkClass::Shm;
-  else if (link == "tcp") c.link = LinkClass::Tcp;
-  else if (link == "mixed") c.link = LinkClass::Mixed;
-  else return invalidArgument("'link' must be \"shm\", \"tcp\" or \"mixed\"");
+  if (!validRouteKey(link))
+    return invalidArgument("'link' must be a transport name or two joined by '+' (\"shm\", \"tcp\", \"shm+tcp\"; \"mixed\")");
+  c.link = link == "mixed" ? "shm+tcp" : link;
   if (!o.contains("points") || !o["points"].is_array() || o["points"].empty() || o["points"].size() > kMaxPoints)
     return invalidArgument("'points' must be an array of 1..{} [bytes, factor] pairs", kMaxPoints);
   for (const auto& pt : o["points"]) {
@@ -73,24 +87,22 @@ Result<Correction> parseCorrection(const nlohmann::json& o) {
 
 }  // namespace
 
-std::string_view linkClassName(LinkClass c) {
-  switch (c) {
-    case LinkClass::Shm: return "shm";
-    case LinkClass::Tcp: return "tcp";
-    case LinkClass::Mixed: return "mixed";
-  }
-  return "?";
-}
-
-LinkClass linkClassOf(const std::vector<int>& host_of) {
+std::string routeKey(const std::vector<int>& host_of, const Links& links) {
   std::vector<int> ids = host_of;
   std::sort(ids.begin(), ids.end());
   const size_t hosts = static_cast<size_t>(std::unique(ids.begin(), ids.end()) - ids.begin());
-  if (hosts <= 1) return LinkClass::Shm;
-  return hosts == host_of.size() ? LinkClass::Tcp : LinkClass::Mixed;
+  if (hosts <= 1) return links.intra;
+  return hosts == host_of.size() ? links.inter : links.intra + "+" + links.inter;
 }
 
-double CostProfile::correctionFor(plan::Collective c, std::string_view algo, int nranks, LinkClass link,
+const LinkCost& CostProfile::link(std::string_view name, bool host_local) const {
+  if (auto it = links.find(name); it != links.end()) return it->second;
+  if (auto it = links.find(host_local ? "shm" : "tcp"); it != links.end()) return it->second;
+  static const CostProfile defaults;
+  return defaults.links.at(host_local ? "shm" : "tcp");
+}
+
+double CostProfile::correctionFor(plan::Collective c, std::string_view algo, int nranks, std::string_view link,
                                   double bytes) const {
   for (const Correction& k : corrections) {
     if (k.collective != c || k.nranks != nranks || k.link != link || k.algo != algo) continue;
@@ -139,13 +151,26 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
     if (gbps > 0) *out = inverse(gbytePerS(gbps));
     return {};
   };
-  for (auto [name, link] : {std::pair{"shm", &p.shm}, std::pair{"tcp", &p.tcp}}) {
-    if (!j.contains(name)) continue;
-    if (!j[name].is_object()) return invalidArgument("tuning profile: '{}' must be an object", name);
-    CHORUS_RETURN_IF_ERROR(micros(j[name], "alpha_us", &link->alpha));
-    CHORUS_RETURN_IF_ERROR(micros(j[name], "overhead_us", &link->overhead));
-    CHORUS_RETURN_IF_ERROR(perByte(j[name], "bandwidth_large_gbps", &link->beta_large));
-    CHORUS_RETURN_IF_ERROR(perByte(j[name], "bandwidth_gbps", &link->beta));
+  // Each transport's figures: "links": {"<name>": {...}}; profiles written
+  // before transports had names keep "shm" and "tcp" at the top level.
+  auto readLink = [&](const std::string& name, const nlohmann::json& o) -> Status {
+    if (!validLinkName(name)) return invalidArgument("tuning profile: link '{}': not a transport name ([a-z0-9_]{{1,16}})", name);
+    if (!o.is_object()) return invalidArgument("tuning profile: link '{}' must be an object", name);
+    auto [it, fresh] = p.links.try_emplace(name, p.link(name, name == "shm"));
+    (void)fresh;
+    LinkCost* link = &it->second;
+    CHORUS_RETURN_IF_ERROR(micros(o, "alpha_us", &link->alpha));
+    CHORUS_RETURN_IF_ERROR(micros(o, "overhead_us", &link->overhead));
+    CHORUS_RETURN_IF_ERROR(perByte(o, "bandwidth_large_gbps", &link->beta_large));
+    CHORUS_RETURN_IF_ERROR(perByte(o, "bandwidth_gbps", &link->beta));
+    return {};
+  };
+  for (const char* legacy : {"shm", "tcp"})
+    if (j.contains(legacy)) CHORUS_RETURN_IF_ERROR(readLink(legacy, j[legacy]));
+  if (j.contains("links")) {
+    if (!j["links"].is_object() || j["links"].size() > kMaxLinks)
+      return invalidArgument("tuning profile: 'links' must be an object of at most {} transports", kMaxLinks);
+    for (auto& [name, o] : j["links"].items()) CHORUS_RETURN_IF_ERROR(readLink(name, o));
   }
   if (j.contains("reduce_gbps")) {
     if (!j["reduce_gbps"].is_object()) return invalidArgument("tuning profile: 'reduce_gbps' must be an object");
@@ -202,12 +227,11 @@ Result<CostProfile> CostProfile::fromJson(const std::string& text) {
 
 std::string CostProfile::toJson() const {
   nlohmann::json j;
-  for (auto [name, l] : {std::pair{"shm", &shm}, std::pair{"tcp", &tcp}})
-    j[name] = {{"alpha_us", toUs(l->alpha)},
-               {"bandwidth_gbps", toGbytePerS(l->beta)},
-               {"overhead_us", toUs(l->overhead)}};
-  for (auto [name, l] : {std::pair{"shm", &shm}, std::pair{"tcp", &tcp}})
-    if (l->beta_large > SecondsPerByte()) j[name]["bandwidth_large_gbps"] = toGbytePerS(l->beta_large);
+  j["links"] = nlohmann::json::object();
+  for (const auto& [name, l] : links) {
+    j["links"][name] = {{"alpha_us", toUs(l.alpha)}, {"bandwidth_gbps", toGbytePerS(l.beta)}, {"overhead_us", toUs(l.overhead)}};
+    if (l.beta_large > SecondsPerByte()) j["links"][name]["bandwidth_large_gbps"] = toGbytePerS(l.beta_large);
+  }
   j["cache_bytes"] = cache_size.value();
   if (reduce_mem > SecondsPerByte()) j["reduce_mem_gbps"] = toGbytePerS(reduce_mem);
   for (int d = 0; d < chorusNumTypes; ++d)
@@ -223,7 +247,7 @@ std::string CostProfile::toJson() const {
       j["corrections"].push_back({{"collective", std::string(plan::collectiveName(c.collective))},
                                   {"algo", c.algo},
                                   {"nranks", c.nranks},
-                                  {"link", std::string(linkClassName(c.link))},
+                                  {"link", c.link},
                                   {"points", std::move(pts)}});
     }
   }
@@ -326,16 +350,18 @@ Bytes effectiveCacheBytes(Bytes nominal, double rate_at_nominal, double rate_hot
 }
 
 Result<Seconds> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
-                               const CostProfile& prof, const std::vector<int>& host_of) {
-  CHORUS_ASSIGN_OR_RETURN(Seconds t, modelSeconds(algo, shape, dtype, prof, host_of));
+                               const CostProfile& prof, const std::vector<int>& host_of, const Links& links) {
+  CHORUS_ASSIGN_OR_RETURN(Seconds t, modelSeconds(algo, shape, dtype, prof, host_of, links));
   if (prof.corrections.empty()) return t;
-  const LinkClass link = host_of.size() == static_cast<size_t>(shape.nranks) ? linkClassOf(host_of) : LinkClass::Shm;
+  const std::string link = host_of.size() == static_cast<size_t>(shape.nranks) ? routeKey(host_of, links) : links.intra;
   return t * prof.correctionFor(algo.collective(), algo.name(), shape.nranks, link,
                                 static_cast<double>(shape.count) * shape.elem_size);
 }
 
 Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
-                             const CostProfile& prof, const std::vector<int>& host_of) {
+                             const CostProfile& prof, const std::vector<int>& host_of, const Links& links) {
+  const LinkCost& intra = prof.link(links.intra, true);
+  const LinkCost& inter = prof.link(links.inter, false);
   CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, algo.rounds(shape));
   const int n = shape.nranks;
   const SecondsPerByte gamma = prof.gamma[dtype];
@@ -343,7 +369,7 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
   // board takes (what a rank publishes: its input, a broadcast's root's).
   const uint64_t input_bytes = shape.inputElems(shape.root) * shape.elem_size;
   const bool board = algo.oneShot() && n > 1 && prof.board_bytes != 0 && input_bytes <= prof.board_bytes &&
-                     (host_of.size() != static_cast<size_t>(n) || linkClassOf(host_of) == LinkClass::Shm);
+                     (host_of.size() != static_cast<size_t>(n) || routeKey(host_of, links) == links.intra);
   Seconds total = board ? prof.board_call : prof.op_overhead;
   // Per rank: latency (max α in) and work (Σ o, β, γ) in the current round;
   // per host: ranks active in it.
@@ -400,7 +426,7 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
   auto nicBound = [&](const std::vector<Bytes>& out, const std::vector<Bytes>& in) {
     Bytes most_bytes;
     for (size_t h = 0; h < out.size(); ++h) most_bytes = std::max({most_bytes, out[h], in[h]});
-    return most_bytes > Bytes() ? most_bytes * prof.tcp.beta : Seconds();
+    return most_bytes > Bytes() ? most_bytes * inter.beta : Seconds();
   };
   for (const plan::Round& r : rounds) {
     std::fill(lat.begin(), lat.end(), Seconds());
@@ -409,7 +435,7 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
     std::fill(nic_out.begin(), nic_out.end(), Bytes());
     std::fill(nic_in.begin(), nic_in.end(), Bytes());
     plan::forEachMessage(r, n, [&](int src, int dst, uint64_t elems) {
-      const LinkCost& l = hostOf(src) != hostOf(dst) ? prof.tcp : prof.shm;
+      const LinkCost& l = hostOf(src) != hostOf(dst) ? inter : intra;
       const Bytes bytes(static_cast<double>(elems) * shape.elem_size * scale);
       const auto d = static_cast<size_t>(dst);
       if (hostOf(src) != hostOf(dst)) {

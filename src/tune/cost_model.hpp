@@ -1,6 +1,6 @@
 // The α-β-γ cost model the tuner prices plans with.
 //
-// For a link class (shared memory inside a host, TCP between hosts) a message
+// For a link (a transport: shared memory inside a host, TCP between hosts, ...) a message
 // has a latency α, costs each end o of CPU time (posting, polling, matching)
 // and the receiver b·β to move b bytes; reducing b bytes costs b·γ(dtype).
 // A plan is priced from its rounds (plan::Round), one after another.  In a
@@ -34,6 +34,8 @@
 #include <chorus/chorus.h>
 
 #include <array>
+#include <functional>
+#include <map>
 #include <cstdint>
 #include <string_view>
 #include <utility>
@@ -53,12 +55,20 @@ struct LinkCost {
   SecondsPerByte beta_large;   // 1 / bandwidth beyond the caches (0: as beta)
 };
 
-// How a communicator's ranks reach each other: all over shared memory on one
-// host, every rank on a host of its own (TCP between all), or a mix.
-enum class LinkClass : uint8_t { Shm, Tcp, Mixed };
-std::string_view linkClassName(LinkClass c);  // "shm", "tcp", "mixed"
-// From host ids per rank (equal id = shared memory); n <= 1 is Shm.
-LinkClass linkClassOf(const std::vector<int>& host_of);
+// The transports a communicator's messages take, by their registered names
+// (transport/registry.hpp), which key the profile's link figures: `intra`
+// between ranks of one host group (host_of: the ranks a host-local transport
+// such as shared memory joins), `inter` between groups.
+struct Links {
+  std::string intra = "shm";
+  std::string inter = "tcp";
+  bool operator==(const Links&) const = default;
+};
+// The route of a whole communicator, which keys chorus-tune's corrections:
+// links.intra when every rank is in one group (n <= 1 too), links.inter when
+// each rank is a group of its own, else "<intra>+<inter>" (a mix; profiles
+// written before transports had names say "mixed", read as "shm+tcp").
+std::string routeKey(const std::vector<int>& host_of, const Links& links);
 
 // A measured correction of the model for one algorithm on one kind of
 // communicator: at each calibrated size (bytes = the collective's count x the
@@ -71,13 +81,15 @@ struct Correction {
   plan::Collective collective = plan::Collective::AllReduce;
   std::string algo;
   int nranks = 0;
-  LinkClass link = LinkClass::Shm;
+  std::string link = "shm";  // routeKey() of the calibrated communicator
   std::vector<std::pair<double, double>> points;  // (bytes, factor), bytes strictly ascending
 };
 
 struct CostProfile {
-  LinkCost shm{us(0.8), inverse(gbytePerS(6.0)), us(0.1)};
-  LinkCost tcp{us(12.0), inverse(gbytePerS(1.5)), us(1.5)};
+  // α, β, o per transport, keyed by its registered name; the built-in
+  // defaults carry "shm" and "tcp".  A transport the profile has no figures
+  // for is priced with the figures of its kind (link()).
+  std::map<std::string, LinkCost, std::less<>> links;
   // Time per byte reduced, per data type (fp16/bf16/fp8 pay the conversions).
   std::array<SecondsPerByte, chorusNumTypes> gamma{};
   Seconds op_overhead = us(1.5);  // per call: API, plan lookup, executor set-up
@@ -118,8 +130,11 @@ struct CostProfile {
   int passes = 0;
   std::vector<std::string> unstable;
 
-  // The factor for a call (1 when nothing was calibrated for it).
-  [[nodiscard]] double correctionFor(plan::Collective c, std::string_view algo, int nranks, LinkClass link,
+  // The figures of transport `name`; without any, this profile's "shm"
+  // (host_local) or "tcp" figures: the same kind of link on this machine.
+  [[nodiscard]] const LinkCost& link(std::string_view name, bool host_local) const;
+  // The factor for a call (1 when nothing was calibrated for it); link: routeKey().
+  [[nodiscard]] double correctionFor(plan::Collective c, std::string_view algo, int nranks, std::string_view link,
                                      double bytes) const;
   // Adds c, replacing an entry with the same collective, algorithm, ranks and link.
   void setCorrection(Correction c);
@@ -145,13 +160,14 @@ struct CostProfile {
 // one is the whole cache; one at or below the cold one, a sixteenth.
 Bytes effectiveCacheBytes(Bytes nominal, double rate_at_nominal, double rate_hot, double rate_cold);
 
-// host_of[r]: an identifier of rank r's host (ranks with equal ids share memory).
+// host_of[r]: an identifier of rank r's host group (ranks with equal ids
+// share memory); links: the transports within and between groups.
 // The model's time times the profile's measured correction for the call.
 Result<Seconds> predictSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
-                               const CostProfile& prof, const std::vector<int>& host_of);
+                               const CostProfile& prof, const std::vector<int>& host_of, const Links& links = {});
 // The α-β-γ model alone, without the measured correction (what chorus-tune
 // divides its measurements by).
 Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& shape, chorusDataType_t dtype,
-                             const CostProfile& prof, const std::vector<int>& host_of);
+                             const CostProfile& prof, const std::vector<int>& host_of, const Links& links = {});
 
 }  // namespace chorus::tune

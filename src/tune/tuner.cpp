@@ -1,5 +1,6 @@
 #include "tune/tuner.hpp"
 
+#include <algorithm>
 #include <bit>
 
 namespace chorus::tune {
@@ -11,7 +12,11 @@ Result<Tuner> Tuner::create(const plan::Registry& registry, Topology topo, std::
   Tuner t(registry, topo);
   t.profile_ = std::move(profile);
   t.chunk_override_ = chunk_bytes_override;
-  t.hosts_of_one_rank_ = linkClassOf(topo.host_of) == LinkClass::Tcp;
+  {
+    std::vector<int> groups = topo.host_of;
+    std::sort(groups.begin(), groups.end());
+    t.hosts_of_one_rank_ = groups.size() > 1 && std::adjacent_find(groups.begin(), groups.end()) == groups.end();
+  }
   auto need = [&](Collective c, std::string_view name, const plan::Algorithm** slot) -> Status {
     *slot = registry.find(c, name);
     if (*slot == nullptr) return internalError("the registry lacks the built-in {} algorithm '{}'", plan::collectiveName(c), name);
@@ -93,7 +98,7 @@ uint64_t Tuner::defaultChunk() const {
 }
 
 Result<double> Tuner::price(const plan::Algorithm& algo, const plan::Shape& sh, chorusDataType_t dtype) const {
-  CHORUS_ASSIGN_OR_RETURN(Seconds t, predictSeconds(algo, sh, dtype, profile_, topo_.host_of));
+  CHORUS_ASSIGN_OR_RETURN(Seconds t, predictSeconds(algo, sh, dtype, profile_, topo_.host_of, topo_.links));
   return t.value();
 }
 

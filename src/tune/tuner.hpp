@@ -47,10 +47,11 @@ constexpr uint64_t kWireSliceCompressed = 128u << 10;
 
 struct Topology {
   int nranks = 1;
-  int local_ranks = 1;       // ranks on this host (shared memory)
-  bool all_local = true;     // every peer reachable over shared memory
-  std::vector<int> host_of;  // host index of every rank (equal = shared memory)
-  bool one_machine = true;   // every rank on this machine (TCP, if any, is loopback)
+  int local_ranks = 1;       // ranks of this rank's host group (joined by a host-local transport)
+  bool all_local = true;     // every peer in this rank's host group
+  std::vector<int> host_of;  // host group of every rank (equal = a host-local transport joins them)
+  bool one_machine = true;   // every rank on this machine (a network transport, if any, is loopback)
+  Links links;               // the transports within and between host groups (the profile's link keys)
 };
 
 class Tuner {

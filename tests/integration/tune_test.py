@@ -47,8 +47,11 @@ with tempfile.TemporaryDirectory() as d:
     check(p.returncode == 0, f"chorus-tune --np 2,3 exits 0: {p.stderr[-800:]}")
     with open(prof) as f:
         j = json.load(f)
-    check(j["shm"]["alpha_us"] >= 0 and j["shm"]["bandwidth_gbps"] > 0, "the profile has shared-memory figures")
-    check(j["tcp"]["alpha_us"] >= 0 and j["tcp"]["bandwidth_gbps"] > 0, "the profile has TCP figures")
+    # One entry per registered transport, keyed by its name (the transport registry).
+    links = j.get("links", {})
+    check(sorted(links) == ["shm", "tcp"], f"the profile has a link per registered transport ({sorted(links)})")
+    check(links["shm"]["alpha_us"] >= 0 and links["shm"]["bandwidth_gbps"] > 0, "the profile has shared-memory figures")
+    check(links["tcp"]["alpha_us"] >= 0 and links["tcp"]["bandwidth_gbps"] > 0, "the profile has TCP figures")
     check(0 < j["board_call_us"] < 1000 and abs(j["board_call_us"] - 0.2) > 1e-9,
           f"the profile has the board's measured call cost, not the built-in 0.2 us ({j.get('board_call_us')})")
     check(j.get("board_bandwidth_gbps", 0) > 0, f"the profile has the board's measured read rate ({j.get('board_bandwidth_gbps')})")

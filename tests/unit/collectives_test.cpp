@@ -47,7 +47,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, RankCount, ::testing::Values(1, 2, 3, 4, 5, 7, 8
 Config configWith(const std::string& algo_spec, bool tcp) {
   Config cfg;
   cfg.tune.algo_spec = algo_spec;
-  cfg.net.force_tcp = tcp;
+  cfg.net.transport = tcp ? "tcp" : "auto";
   return cfg;
 }
 

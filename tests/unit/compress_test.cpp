@@ -230,7 +230,7 @@ class CompressedCollectives : public ::testing::TestWithParam<Param> {};
 TEST_P(CompressedCollectives, ErrorWithinTheDerivedBound) {
   const Param p = GetParam();
   Config cfg;
-  cfg.net.force_tcp = p.tcp;
+  cfg.net.transport = p.tcp ? "tcp" : "auto";
   cfg.tune.chunk_bytes = 64 << 10;  // several slices per block: runs cut off the fp8 block grid
   const std::vector<Case> cases = casesFor(p.nranks);
   const WireFormat formats[] = {{WireFormat::Bf16, 128}, {WireFormat::Fp8E4m3, 128}, {WireFormat::Fp8E4m3, 32},

@@ -235,7 +235,7 @@ TEST(CompressedPlan, TunerOffersCompressionOnlyWhereAllowedAndPricesIt) {
     // uncompressed plan at this size, fp8 cheaper still; on one host, where
     // the links are memory copies, the kernels' work is what it costs.
     tune::CostProfile prof;
-    prof.tcp.beta = prof.tcp.beta_large = chorus::SecondsPerByte(1.0 / 125e6);
+    prof.links["tcp"].beta = prof.links["tcp"].beta_large = chorus::SecondsPerByte(1.0 / 125e6);
     Shape priced = sh;
     priced.chunk_elems = (1u << 20) / 4;
     auto t_bf16 = tune::predictSeconds(*bf16->algo, priced, chorusFloat32, prof, hosts);
@@ -275,7 +275,7 @@ TEST(CompressedPlan, TunerSendsEachByteAcrossOnceOnHostsOfSeveralRanks) {
   const std::vector<int> hosts = {0, 0, 1, 1};
   tune::Topology topo{4, 2, false, hosts, false};
   tune::CostProfile slow;
-  slow.tcp.beta = slow.tcp.beta_large = chorus::SecondsPerByte(1.0 / 125e6);
+  slow.links["tcp"].beta = slow.links["tcp"].beta_large = chorus::SecondsPerByte(1.0 / 125e6);
   auto tuner = tune::Tuner::create(reg, topo, "", 0, slow);
   ASSERT_TRUE(tuner.isOk()) << tuner.status().message();
   auto shape = [&](uint64_t count, kernels::WireFormat::Kind kind) {

@@ -85,7 +85,7 @@ class Abort : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Abort, ReleasesABlockedCallPromptly) {
   chorus::Config cfg;
-  cfg.net.force_tcp = std::string(GetParam()) == "tcp";
+  cfg.net.transport = std::string(GetParam()) == "tcp" ? "tcp" : "auto";
   std::promise<void> rank0_done;
   std::shared_future<void> done = rank0_done.get_future().share();
   twoRanks(cfg, [&](int r, chorusComm_t comm) {

@@ -40,7 +40,7 @@ TEST(ConfigParse, AnEmptyEnvironmentGivesTheDefaults) {
   EXPECT_EQ(c->check, d.check);
   EXPECT_EQ(c->net.socket_ifname, d.net.socket_ifname);
   EXPECT_EQ(c->net.host_id, d.net.host_id);
-  EXPECT_EQ(c->net.force_tcp, d.net.force_tcp);
+  EXPECT_EQ(c->net.transport, d.net.transport);
   EXPECT_EQ(c->spin, d.spin);
   EXPECT_EQ(c->shm.ring_bytes, d.shm.ring_bytes);
   EXPECT_EQ(c->shm.cma, d.shm.cma);
@@ -108,7 +108,7 @@ TEST(ConfigParse, ValuesReachTheirFields) {
   EXPECT_TRUE(c->check);
   EXPECT_EQ(c->net.socket_ifname, "lo");
   EXPECT_EQ(c->net.host_id, "h2");
-  EXPECT_TRUE(c->net.force_tcp);
+  EXPECT_EQ(c->net.transport, "tcp");
   EXPECT_EQ(c->spin.count(), 0);
   EXPECT_EQ(c->shm.ring_bytes, 65536u);
   EXPECT_FALSE(c->shm.spread);
@@ -126,8 +126,8 @@ TEST(ConfigParse, ValuesReachTheirFields) {
   EXPECT_EQ(c->trace.clock_sync_s, 0);
   EXPECT_EQ(c->trace.clock_offset_ns, -5000);
   EXPECT_EQ(c->log.level, log::Level::Info);
-  // "shm" is accepted and means auto; an unknown log level is the default.
-  EXPECT_FALSE(parse({{"CHORUS_TRANSPORT", "shm"}})->net.force_tcp);
+  // Any registered transport is accepted; an unknown log level is the default.
+  EXPECT_EQ(parse({{"CHORUS_TRANSPORT", "shm"}})->net.transport, "shm");
   EXPECT_EQ(parse({{"CHORUS_DEBUG", "LOUD"}})->log.level, log::Level::Warn);
 }
 
@@ -143,7 +143,7 @@ TEST(ConfigParse, EachKnobHasOneRuleAndItsMessageSaysWhatIsAccepted) {
       {"CHORUS_TIMEOUT_MS", "1s", "a positive number of ms"},
       {"CHORUS_TIMEOUT_MS", "", "a positive number of ms"},
       {"CHORUS_CHECK", "maybe", "0, 1"},
-      {"CHORUS_TRANSPORT", "ib", "auto, tcp, shm"},
+      {"CHORUS_TRANSPORT", "ib", "auto, shm, tcp"},
       {"CHORUS_SPIN_US", "-1", "an integer >= 0"},
       {"CHORUS_SHM_RING_BYTES", "5000", "a power of two in 4096..4294967296"},
       {"CHORUS_SHM_RING_BYTES", "2048", "a power of two in 4096..4294967296"},

@@ -16,8 +16,8 @@ using plan::Collective;
 // Round numbers, so that the expectations below can be worked out by hand.
 CostProfile testProfile(int cores) {
   CostProfile p;
-  p.shm = {.alpha = us(1), .beta = SecondsPerByte(1e-9), .overhead = us(0.1)};
-  p.tcp = {.alpha = us(10), .beta = SecondsPerByte(4e-9), .overhead = us(1)};
+  p.links["shm"] = {.alpha = us(1), .beta = SecondsPerByte(1e-9), .overhead = us(0.1)};
+  p.links["tcp"] = {.alpha = us(10), .beta = SecondsPerByte(4e-9), .overhead = us(1)};
   p.gamma.fill(SecondsPerByte(0.5e-9));
   p.op_overhead = us(2);
   p.cores = cores;
@@ -134,7 +134,7 @@ TEST(CostModel, SlicedDoubleTreeIsPricedAsAPipeline) {
 TEST(CostModel, CallsBeyondTheCacheMoveAndReduceAtTheOutOfCacheRates) {
   const plan::Registry reg = plan::Registry::builtin();
   CostProfile p = testProfile(8);
-  p.shm.beta_large = SecondsPerByte(4e-9);
+  p.links["shm"].beta_large = SecondsPerByte(4e-9);
   p.reduce_mem = SecondsPerByte(2e-9);
   // 2 ranks x (input + output) of 2^20 floats = 16 MiB on the host, 16x the
   // 1 MiB cache: 1/16 of the bytes at the in-cache rates, 15/16 out of it.
@@ -184,24 +184,24 @@ TEST(CostModel, ProfileJsonCarriesThePerMessageOverhead) {
   CostProfile p = testProfile(3);
   auto back = CostProfile::fromJson(p.toJson());
   ASSERT_TRUE(back.isOk()) << back.status().message();
-  EXPECT_NEAR(back->shm.overhead.value(), 0.1e-6, 1e-15);
-  EXPECT_NEAR(back->tcp.overhead.value(), 1e-6, 1e-15);
+  EXPECT_NEAR(back->links.at("shm").overhead.value(), 0.1e-6, 1e-15);
+  EXPECT_NEAR(back->links.at("tcp").overhead.value(), 1e-6, 1e-15);
   EXPECT_EQ(back->cores, 3);
   EXPECT_EQ(back->cache_size, mib(1));
-  p.shm.beta_large = SecondsPerByte(2e-9);
+  p.links["shm"].beta_large = SecondsPerByte(2e-9);
   p.reduce_mem = SecondsPerByte(1e-9);
   back = CostProfile::fromJson(p.toJson());
   ASSERT_TRUE(back.isOk()) << back.status().message();
-  EXPECT_NEAR(back->shm.beta_large.value(), 2e-9, 1e-18);
+  EXPECT_NEAR(back->links.at("shm").beta_large.value(), 2e-9, 1e-18);
   EXPECT_NEAR(back->reduce_mem.value(), 1e-9, 1e-18);
-  EXPECT_EQ(back->tcp.beta_large, SecondsPerByte());
+  EXPECT_EQ(back->links.at("tcp").beta_large, SecondsPerByte());
   // A figure the file leaves out keeps its default: a link's latency too
   // (it used to come out a million times smaller, the default scaled to
   // microseconds a second time).
   auto partial = CostProfile::fromJson(R"({"shm": {"bandwidth_gbps": 6}, "tcp": {"alpha_us": 15}})");
   ASSERT_TRUE(partial.isOk()) << partial.status().message();
-  EXPECT_NEAR(partial->shm.alpha.value(), CostProfile().shm.alpha.value(), 1e-15);
-  EXPECT_NEAR(partial->tcp.alpha.value(), 15e-6, 1e-15);
+  EXPECT_NEAR(partial->links.at("shm").alpha.value(), CostProfile().links.at("shm").alpha.value(), 1e-15);
+  EXPECT_NEAR(partial->links.at("tcp").alpha.value(), 15e-6, 1e-15);
   auto bad = CostProfile::fromJson(R"({"shm": {"overhead_us": -1}})");
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("overhead_us"), std::string::npos) << bad.status().message();
@@ -256,20 +256,20 @@ TEST(Tuner, PrefersTheRingOverRabenseifnerForLargeMessagesOnOneHost) {
 
 // ---- measured corrections (chorus-tune) ---------------------------------------
 
-Correction correction(std::string algo, int nranks, LinkClass link, std::vector<std::pair<double, double>> pts) {
+Correction correction(std::string algo, int nranks, std::string link, std::vector<std::pair<double, double>> pts) {
   Correction c;
   c.collective = Collective::AllReduce;
   c.algo = std::move(algo);
   c.nranks = nranks;
-  c.link = link;
+  c.link = std::move(link);
   c.points = std::move(pts);
   return c;
 }
 
 TEST(CostModel, CorrectionsInterpolateInLogSizeAndMatchOnlyTheirCommunicator) {
   CostProfile p = testProfile(2);
-  p.setCorrection(correction("ring", 4, LinkClass::Shm, {{1024, 2.0}, {4096, 8.0}}));
-  const auto f = [&](double bytes, int n = 4, LinkClass l = LinkClass::Shm, std::string_view a = "ring") {
+  p.setCorrection(correction("ring", 4, "shm", {{1024, 2.0}, {4096, 8.0}}));
+  const auto f = [&](double bytes, int n = 4, std::string_view l = "shm", std::string_view a = "ring") {
     return p.correctionFor(Collective::AllReduce, a, n, l, bytes);
   };
   EXPECT_DOUBLE_EQ(f(1024), 2.0);
@@ -278,10 +278,10 @@ TEST(CostModel, CorrectionsInterpolateInLogSizeAndMatchOnlyTheirCommunicator) {
   EXPECT_DOUBLE_EQ(f(16), 2.0);      // beyond the ends: the end's factor
   EXPECT_DOUBLE_EQ(f(1 << 30), 8.0);
   EXPECT_DOUBLE_EQ(f(2048, 2), 1.0);                   // another rank count
-  EXPECT_DOUBLE_EQ(f(2048, 4, LinkClass::Tcp), 1.0);   // another link class
-  EXPECT_DOUBLE_EQ(f(2048, 4, LinkClass::Shm, "direct"), 1.0);
+  EXPECT_DOUBLE_EQ(f(2048, 4, "tcp"), 1.0);   // another route
+  EXPECT_DOUBLE_EQ(f(2048, 4, "shm", "direct"), 1.0);
   // setCorrection replaces the entry of the same communicator and algorithm.
-  p.setCorrection(correction("ring", 4, LinkClass::Shm, {{1024, 3.0}}));
+  p.setCorrection(correction("ring", 4, "shm", {{1024, 3.0}}));
   EXPECT_EQ(p.corrections.size(), 1u);
   EXPECT_DOUBLE_EQ(f(1 << 20), 3.0);
 }
@@ -294,15 +294,17 @@ TEST(CostModel, PredictionIsTheModelTimesTheMeasuredCorrection) {
   const plan::Algorithm& ring = *reg.find(Collective::AllReduce, "ring");
   auto model = modelSeconds(ring, sh, chorusFloat32, p, hosts);
   ASSERT_TRUE(model.isOk());
-  p.setCorrection(correction("ring", 2, LinkClass::Shm, {{4000, 1.5}}));
+  p.setCorrection(correction("ring", 2, "shm", {{4000, 1.5}}));
   EXPECT_NEAR(price(reg, "ring", sh, p, hosts), 1.5 * model->value(), 1e-15);
   // Over TCP (every rank on its own host) the shared-memory entry does not apply.
   auto tcp_model = modelSeconds(ring, sh, chorusFloat32, p, {0, 1});
   ASSERT_TRUE(tcp_model.isOk());
   EXPECT_NEAR(price(reg, "ring", sh, p, {0, 1}), tcp_model->value(), 1e-15);
-  EXPECT_EQ(linkClassOf({0, 0, 0}), LinkClass::Shm);
-  EXPECT_EQ(linkClassOf({0, 1, 2}), LinkClass::Tcp);
-  EXPECT_EQ(linkClassOf({0, 0, 1, 1}), LinkClass::Mixed);
+  EXPECT_EQ(routeKey({0, 0, 0}, {}), "shm");
+  EXPECT_EQ(routeKey({0, 1, 2}, {}), "tcp");
+  EXPECT_EQ(routeKey({0, 0, 1, 1}, {}), "shm+tcp");
+  EXPECT_EQ(routeKey({0, 1}, {"loop", "ucx"}), "ucx");
+  EXPECT_EQ(routeKey({0, 0, 1, 1}, {"loop", "ucx"}), "loop+ucx");
 }
 
 TEST(Tuner, FollowsTheMeasuredCorrectionsWhenTheyReorderThePlans) {
@@ -311,8 +313,8 @@ TEST(Tuner, FollowsTheMeasuredCorrectionsWhenTheyReorderThePlans) {
   // make the tuner pick something else, and its predicted time carry the factor.
   const plan::Registry reg = plan::Registry::builtin();
   CostProfile p = testProfile(4);
-  p.setCorrection(correction("direct", 4, LinkClass::Shm, {{16, 50.0}, {1 << 28, 50.0}}));
-  Topology topo{4, 4, true, {0, 0, 0, 0}};
+  p.setCorrection(correction("direct", 4, "shm", {{16, 50.0}, {1 << 28, 50.0}}));
+  Topology topo{4, 4, true, {0, 0, 0, 0}, true, {}};
   auto t = Tuner::create(reg, topo, "", 0, p);
   ASSERT_TRUE(t.isOk()) << t.status().message();
   std::vector<int> hosts(4, 0);
@@ -346,33 +348,40 @@ TEST(CostModel, ProfileRecordsItsRunAndWhichFiguresMoved) {
   }
   CostProfile a;
   CostProfile b = a;
-  b.shm.alpha = a.shm.alpha * 1.05, b.op_overhead = a.op_overhead * 0.95;
-  EXPECT_TRUE(tools::disagreeingFigures(a, b, true, 0.10).empty());
-  b.shm.alpha = a.shm.alpha * 1.2;
-  auto moved = tools::disagreeingFigures(a, b, true, 0.10);
+  b.links["shm"].alpha = a.links["shm"].alpha * 1.05, b.op_overhead = a.op_overhead * 0.95;
+  EXPECT_TRUE(tools::disagreeingFigures(a, b, 0.10).empty());
+  b.links["shm"].alpha = a.links["shm"].alpha * 1.2;
+  auto moved = tools::disagreeingFigures(a, b, 0.10);
   ASSERT_EQ(moved.size(), 1u);
   EXPECT_EQ(moved[0].rfind("shm.alpha_us ", 0), 0u) << moved[0];
   EXPECT_NE(moved[0].find("(+20 %)"), std::string::npos) << moved[0];
   b = a;
-  b.tcp.beta = a.tcp.beta * 2;  // half the TCP bandwidth
-  EXPECT_TRUE(tools::disagreeingFigures(a, b, false, 0.10).empty());
-  ASSERT_EQ(tools::disagreeingFigures(a, b, true, 0.10).size(), 1u);
+  b.links["tcp"].beta = a.links["tcp"].beta * 2;  // half the TCP bandwidth
+  ASSERT_EQ(tools::disagreeingFigures(a, b, 0.10).size(), 1u);
+  // A transport only one pass measured is not compared.
+  b = a;
+  b.links["ucx"] = a.links["tcp"];
+  b.links["ucx"].alpha = a.links["tcp"].alpha * 3;
+  EXPECT_TRUE(tools::disagreeingFigures(a, b, 0.10).empty());
 }
 
 TEST(CostModel, ProfileJsonCarriesCorrectionsAndRejectsBadOnes) {
   CostProfile p = testProfile(2);
-  p.setCorrection(correction("ring", 2, LinkClass::Tcp, {{16, 1.25}, {65536, 0.5}}));
+  p.setCorrection(correction("ring", 2, "tcp", {{16, 1.25}, {65536, 0.5}}));
   auto back = CostProfile::fromJson(p.toJson());
   ASSERT_TRUE(back.isOk()) << back.status().message();
   ASSERT_EQ(back->corrections.size(), 1u);
   EXPECT_EQ(back->corrections[0].algo, "ring");
-  EXPECT_EQ(back->corrections[0].link, LinkClass::Tcp);
+  EXPECT_EQ(back->corrections[0].link, "tcp");
   EXPECT_EQ(back->corrections[0].nranks, 2);
   EXPECT_EQ(back->corrections[0].points, (std::vector<std::pair<double, double>>{{16, 1.25}, {65536, 0.5}}));
   const std::string ok = R"("collective": "allreduce", "algo": "ring", "nranks": 2, "link": "shm")";
   for (const std::string& bad : std::vector<std::string>{
            R"({"corrections": {}})",
-           R"({"corrections": [{"collective": "allreduce", "algo": "ring", "nranks": 2, "link": "nvlink", "points": [[16, 1]]}]})",
+           R"({"corrections": [{"collective": "allreduce", "algo": "ring", "nranks": 2, "link": "NV-link", "points": [[16, 1]]}]})",
+           R"({"corrections": [{"collective": "allreduce", "algo": "ring", "nranks": 2, "link": "shm+tcp+ucx", "points": [[16, 1]]}]})",
+           R"({"links": {"Bad Name": {"alpha_us": 1}}})",
+           R"({"links": {"ucx": 5}})",
            R"({"corrections": [{"collective": "reduceall", "algo": "ring", "nranks": 2, "link": "shm", "points": [[16, 1]]}]})",
            R"({"corrections": [{"collective": "allreduce", "algo": "", "nranks": 2, "link": "shm", "points": [[16, 1]]}]})",
            R"({"corrections": [{"collective": "allreduce", "algo": "ring", "nranks": 0, "link": "shm", "points": [[16, 1]]}]})",
@@ -384,8 +393,48 @@ TEST(CostModel, ProfileJsonCarriesCorrectionsAndRejectsBadOnes) {
        }) {
     auto r = CostProfile::fromJson(bad);
     ASSERT_FALSE(r.isOk()) << bad;
-    EXPECT_NE(r.status().message().find("corrections"), std::string::npos) << r.status().message();
+    const std::string m = r.status().message();
+    EXPECT_TRUE(m.find("corrections") != std::string::npos || m.find("link") != std::string::npos) << m;
   }
+  // Any transport's figures, keyed by name; a route key of two transports;
+  // the old "mixed" reads as shm+tcp.
+  auto named = CostProfile::fromJson(
+      R"({"links": {"ucx": {"alpha_us": 3, "bandwidth_gbps": 10}}, "corrections": [)"
+      R"({"collective": "allreduce", "algo": "ring", "nranks": 2, "link": "shm+ucx", "points": [[16, 2]]},)"
+      R"({"collective": "allreduce", "algo": "ring", "nranks": 4, "link": "mixed", "points": [[16, 3]]}]})");
+  ASSERT_TRUE(named.isOk()) << named.status().message();
+  EXPECT_NEAR(named->links.at("ucx").alpha.value(), 3e-6, 1e-15);
+  EXPECT_EQ(named->corrections[0].link, "shm+ucx");
+  EXPECT_EQ(named->corrections[1].link, "shm+tcp");
+  auto again = CostProfile::fromJson(named->toJson());
+  ASSERT_TRUE(again.isOk());
+  EXPECT_NEAR(again->links.at("ucx").beta.value(), named->links.at("ucx").beta.value(), 1e-21);
+}
+
+// The model prices each message with the figures of the transport that
+// carries it (tune::Links, keyed by registered name): a slower transport
+// between hosts makes the same plan slower, and a transport the profile has
+// no figures for is priced with the defaults of its kind.
+TEST(CostModel, PricesEachLinkByItsTransportsName) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const plan::Algorithm& ring = *reg.find(Collective::AllReduce, "ring");
+  CostProfile p = testProfile(4);
+  std::vector<int> hosts = {0, 0, 1, 1};
+  const plan::Shape sh = shape(4, 1 << 16, &hosts);
+  auto tcp = modelSeconds(ring, sh, chorusFloat32, p, hosts, {"shm", "tcp"});
+  auto unknown = modelSeconds(ring, sh, chorusFloat32, p, hosts, {"shm", "ucx"});
+  ASSERT_TRUE(tcp.isOk() && unknown.isOk());
+  EXPECT_NEAR(unknown->value(), tcp->value(), 1e-15);  // no figures for ucx: the profile's tcp figures
+  p.links["ucx"] = p.links.at("tcp");
+  p.links["ucx"].beta = p.links.at("tcp").beta * 4;
+  auto slow = modelSeconds(ring, sh, chorusFloat32, p, hosts, {"shm", "ucx"});
+  ASSERT_TRUE(slow.isOk());
+  EXPECT_GT(slow->value(), tcp->value() * 1.5);
+  // Within one host only the intra link counts.
+  std::vector<int> one = {0, 0, 0, 0};
+  const plan::Shape sh1 = shape(4, 1 << 16, &one);
+  EXPECT_NEAR(modelSeconds(ring, sh1, chorusFloat32, p, one, {"shm", "ucx"})->value(),
+              modelSeconds(ring, sh1, chorusFloat32, p, one, {"shm", "tcp"})->value(), 1e-15);
 }
 
 }  // namespace

@@ -80,6 +80,34 @@ std::string runComms(int n, const std::function<std::string(Communicator&)>& bod
     if (!(cond)) return std::string(#cond ": ") + (what);                \
   } while (0)
 
+// The MoE dispatch's communication through the primitives layer
+// (Communicator::allToAllVDynamic over chorusPrimitive): rank r sends r
+// elements to rank 0, 1 to rank 1 and 2 to rank 2; each learns what arrived.
+TEST(CppApi, AllToAllVDynamic) {
+  EXPECT_EQ(runComms(3, [](Communicator& c) -> std::string {
+              const int r = c.rank();
+              std::vector<size_t> sc = {static_cast<size_t>(r), 1, 2}, rc(3);
+              std::vector<int64_t> send(static_cast<size_t>(r) + 3), recv(16, -1);
+              for (size_t i = 0; i < send.size(); ++i) send[i] = r * 100 + static_cast<int64_t>(i);
+              CHECK_OK(c.allToAllVDynamic<int64_t>(send, sc, recv, rc));
+              size_t at = 0;
+              for (int s = 0; s < 3; ++s) {
+                // What rank s sent to r: sc_s[r] elements, starting at its offset for r.
+                const size_t count = r == 0 ? static_cast<size_t>(s) : static_cast<size_t>(r);
+                const size_t offset = r == 0 ? 0 : (r == 1 ? static_cast<size_t>(s) : static_cast<size_t>(s) + 1);
+                CHECK_THAT(rc[static_cast<size_t>(s)] == count, "rc[" + std::to_string(s) + "]=" + std::to_string(rc[static_cast<size_t>(s)]));
+                for (size_t i = 0; i < count; ++i, ++at)
+                  CHECK_THAT(recv[at] == s * 100 + static_cast<int64_t>(offset + i), "recv[" + std::to_string(at) + "]");
+              }
+              CHECK_THAT(recv[at] == -1, "past the data");
+              // More than send holds: refused before the library is called.
+              std::vector<size_t> too_many = {9, 9, 9};
+              CHECK_THAT(c.allToAllVDynamic<int64_t>(send, too_many, recv, rc).code() == Code::InvalidArgument, "sizes");
+              return "";
+            }),
+            "");
+}
+
 TEST(CppApi, AllReduceTyped) {
   const int n = 3;
   auto err = runComms(n, [&](Communicator& comm) -> std::string {

@@ -81,7 +81,7 @@ std::string scenario(const Config& cfg, int n, const Call& base, const Call& odd
     cv.wait_for(l, std::chrono::seconds(60), [&] { return done == n; });
   };
   auto msgs = runRanks(n, cfg, [&](int r, chorusComm_t comm) -> std::string {
-    std::string verdict = judge(r, n, comm, base, odd_call, odd, field, cfg.net.force_tcp);
+    std::string verdict = judge(r, n, comm, base, odd_call, odd, field, cfg.net.transport == "tcp");
     wait_all();
     return verdict;
   });
@@ -93,7 +93,7 @@ std::string scenario(const Config& cfg, int n, const Call& base, const Call& odd
   return failures(msgs);
 }
 
-// tcp: the communicator runs over TCP only (Config::net.force_tcp).
+// tcp: the communicator runs over TCP only (Config::net.transport).
 std::string judge(int r, int n, chorusComm_t comm, const Call& base, const Call& odd_call, int odd, const char* field,
                   bool tcp) {
   {
@@ -146,7 +146,7 @@ struct Path {
 Config configFor(const Path& path) {
   Config cfg;
   cfg.timeout = std::chrono::milliseconds(20000);
-  cfg.net.force_tcp = path.tcp;
+  cfg.net.transport = path.tcp ? "tcp" : "auto";
   return cfg;
 }
 

@@ -43,7 +43,7 @@ namespace {
 Config reproConfig(Reproducible mode, bool tcp, uint64_t chunk_bytes = 0) {
   Config cfg;
   cfg.reproducible = mode;
-  cfg.net.force_tcp = tcp;
+  cfg.net.transport = tcp ? "tcp" : "auto";
   cfg.tune.chunk_bytes = chunk_bytes;
   cfg.tune.profile_path = "";
   cfg.shm.ring_bytes = size_t{1} << 16;  // 16 ranks: 240 rings

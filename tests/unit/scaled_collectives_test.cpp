@@ -54,7 +54,7 @@ std::string runAll(chorusComm_t comm, const std::vector<Case>& cases) {
 Config configWith(const std::string& algo_spec, bool tcp, Reproducible repro = Reproducible::Off) {
   Config cfg;
   cfg.tune.algo_spec = algo_spec;
-  cfg.net.force_tcp = tcp;
+  cfg.net.transport = tcp ? "tcp" : "auto";
   cfg.reproducible = repro;
   return cfg;
 }

@@ -1,0 +1,146 @@
+// Plans from outside the binary: chorus's own text format for plans
+// (docs/plan-format.md), the readers of plan formats, and the loader that
+// adds the plans of files and directories to a Registry -- each one proven
+// by the verifier before it can run.
+//
+// A plan file is one program per rank over *chunks*: the call's `count` cut
+// into C equal parts, so one file serves every count that is a multiple of C
+// (a chunk is count / C elements).  This is the granularity at which an
+// algorithm written outside the binary (by hand, by a synthesizer, or
+// translated from another library's format) can be checked and run without
+// generating code: FileAlgorithm replays the steps scaled to the call.
+//
+// Files are untrusted input: the parser bounds every number, line and list,
+// never crashes, and names the file, the line and the token at fault.  What
+// it accepts still proves nothing about the collective's result; the loader
+// runs plan::verify on the shapes the file claims and refuses the plan with
+// the verifier's counter-example.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.hpp"
+#include "plan/plan.hpp"
+
+namespace chorus::plan {
+
+// Bounds of the format (each also in docs/plan-format.md).
+inline constexpr int kPlanMinRanks = 2;
+inline constexpr int kPlanMaxRanks = 64;         // the verifier's limit
+inline constexpr uint32_t kPlanMaxChunks = 4096;  // C
+inline constexpr uint32_t kPlanMaxScratch = kPlanMaxChunks * kPlanMaxRanks;  // S, in chunks
+inline constexpr size_t kPlanMaxSteps = size_t{1} << 20;  // all ranks together (so also per rank)
+inline constexpr size_t kPlanMaxLine = 4096;               // bytes per line
+inline constexpr size_t kPlanMaxFileBytes = size_t{64} << 20;
+inline constexpr size_t kPlanMaxName = 48;
+
+// Which forms of the call a plan claims (`inplace` line).
+enum class PlanInPlace : uint8_t { No, Yes, Both };
+
+// A run of chunks of one buffer (in, out or scr); the step's n gives the length.
+struct ChunkRef {
+  Buf buf = Buf::Input;
+  uint32_t chunk = 0;
+};
+
+// One step of a plan over chunks: ProgramBuilder's send, recv, recvReduce,
+// copy or reduce, every region n chunks long.  Unused refs are ignored.
+struct ChunkStep {
+  StepOp op = StepOp::Copy;
+  int32_t peer = -1;  // Send, Recv, RecvReduce
+  ChunkRef dst, src, src2;  // as Step: dst written; src (and src2) read
+  uint32_t n = 1;
+};
+
+// A plan as every reader produces it, whatever its file format: what the
+// file declares and each rank's steps.  The loader checks it (checkPlanSpec),
+// makes the FileAlgorithm and proves it.
+struct PlanSpec {
+  std::string origin;  // where it came from, for messages: the file's path
+  std::string name;
+  Collective coll = Collective::AllReduce;
+  int nranks = 0;
+  uint32_t chunks = 1;   // C: the call's count is C chunks
+  uint32_t scratch = 0;  // scratch chunks
+  int root = 0;          // rooted collectives
+  PlanInPlace inplace = PlanInPlace::No;
+  std::vector<std::vector<ChunkStep>> programs;  // programs[r]: rank r's steps, in program order
+};
+
+// Chunks of buffer `buf` on `rank` for a plan of this collective, rank count
+// and chunk count (0 where the rank has no such buffer: a broadcast's
+// non-root input, a reduce's non-root output).
+uint64_t planChunksOf(const PlanSpec& spec, Buf buf, int rank);
+
+// Every structural rule of the format on a spec, however it was read (ranks,
+// chunk ranges, peers, read-only input, partial overlaps); messages name the
+// origin, the rank and the step.  The text parser checks the same rules line
+// by line, with line numbers; a reader of another format relies on this one.
+Status checkPlanSpec(const PlanSpec& spec);
+
+// The algorithm of a plan read from a file.  supports() takes exactly the
+// shapes the file declares: its rank count, a count that is a positive
+// multiple of its chunks, its root, the in-place forms it claims; no wire
+// format, exact words or canonical order.  generate() replays the steps with
+// every chunk count / C elements long.
+class FileAlgorithm final : public Algorithm {
+ public:
+  explicit FileAlgorithm(PlanSpec spec);
+  [[nodiscard]] std::string_view name() const override { return spec_.name; }
+  [[nodiscard]] Collective collective() const override { return spec_.coll; }
+  [[nodiscard]] bool supports(const Shape& shape) const override;
+  [[nodiscard]] std::string_view requirement() const override { return requirement_; }
+  void generate(const Shape& shape, int rank, ProgramBuilder& b) const override;
+  [[nodiscard]] const PlanSpec& spec() const { return spec_; }
+
+ private:
+  PlanSpec spec_;
+  std::string requirement_;
+};
+
+// Parses chorus's plan text (docs/plan-format.md).  `origin` names the text in
+// messages ("ring4.plan:12: 'send': peer 7 is not a rank of a 4-rank plan").
+Result<PlanSpec> parsePlanText(std::string_view text, std::string_view origin);
+
+// Writes `algo` in chorus's plan text: its programs for `nranks` ranks
+// expanded at count = chunks, so every region is whole chunks of one element
+// (an error when a step is not one the format has, or a buffer is not in, out
+// or scratch).  The file claims the in-place forms and root given; load proves
+// them.  Tests write ring plans with it, and its output documents the format.
+struct DumpOptions {
+  std::string name;  // "" = the algorithm's name and the rank count ("ring4")
+  int root = 0;
+  PlanInPlace inplace = PlanInPlace::No;
+};
+Result<std::string> dumpPlanText(const Algorithm& algo, int nranks, int chunks, const DumpOptions& opt = {});
+
+// The plan formats the loader reads, chosen by file extension.  A reader
+// translates its format into a PlanSpec; checking, proving and registering
+// are the loader's, the same for every format.  A new format is a parse
+// function and one line in the table (plan_file.cpp, docs/plan-format.md).
+struct PlanReader {
+  std::string_view name;       // "chorus"
+  std::string_view extension;  // ".plan"
+  Result<PlanSpec> (*parse)(std::string_view text, std::string_view origin);
+};
+std::span<const PlanReader> planReaders();
+
+// Checks, builds and proves one plan: checkPlanSpec, then plan::verify for
+// every shape the plan claims (count C and 3C; out of place and/or in place as
+// declared; its root; reducing collectives also under PreMulSum and Avg).  A
+// refusal carries the verifier's counter-example, prefixed with the origin.
+Result<std::unique_ptr<FileAlgorithm>> buildPlan(PlanSpec spec);
+
+// Adds the plans of `paths` to reg: a file is read by the reader of its
+// extension; a directory contributes its files with a known extension, in
+// sorted order (others are skipped).  A missing path, a file of unknown
+// extension, a name a registered algorithm of the same collective already has
+// and a plan that fails its proof are errors naming the path.
+Status loadPlans(Registry& reg, std::span<const std::string> paths);
+
+}  // namespace chorus::plan
