@@ -13,15 +13,6 @@ using plan::Collective;
 
 namespace {
 
-kernels::BinOp binOpOf(chorusRedOp_t op) {
-  switch (op) {
-    case chorusProd: return kernels::BinOp::Prod;
-    case chorusMax: return kernels::BinOp::Max;
-    case chorusMin: return kernels::BinOp::Min;
-    default: return kernels::BinOp::Sum;  // Sum, Avg, PreMulSum
-  }
-}
-
 // A compressed call's wire format as one word of the program cache's key.
 uint32_t wireKey(const std::optional<kernels::WireFormat>& w) {
   return w ? 1u + w->kind + (static_cast<uint32_t>(w->block) << 2) : 0u;
@@ -49,59 +40,11 @@ void CallPlanner::bind(int rank, int nranks, const Config& cfg, tune::Tuner* tun
   repro_ = cfg.reproducible;
   timeout_ = cfg.timeout;
   tuner_ = tuner;
-  exact_algos_.clear();
-  for (const auto& a : tuner->registry().all())
-    if (a->exact()) exact_algos_.push_back(a.get());
+  red_ops_.bind(nranks, cfg.reproducible);
+  exact_.bind(rank, nranks, cfg.timeout, tuner, executor);
   executor_ = executor;
   board_runner_ = runner;
   trace_ = trace;
-}
-
-Status CallPlanner::validateOp(chorusRedOp_t op, chorusDataType_t dtype) const {
-  // Exact mode: integers are exact already (a wrapping sum, product, max or
-  // min does not depend on the order), so asking for an exact accumulator
-  // there is a mistake, and an exact product would need unbounded width.
-  if (repro_ == Reproducible::Exact) {
-    if (!kernels::isFloatType(dtype))
-      return invalidArgument("datatype={} under CHORUS_REPRODUCIBLE=exact: exact mode needs a floating-point type "
-                             "(supported: chorusFloat32, chorusBfloat16, chorusFloat16, chorusFloat8e4m3, "
-                             "chorusFloat8e5m2, chorusFloat64; integer reductions are order-independent already: use "
-                             "CHORUS_REPRODUCIBLE=off or canonical)",
-                             kernels::isValidDtype(dtype) ? kernels::dtypeName(dtype) : std::string_view("?"));
-    if (op == chorusProd)
-      return invalidArgument("op=chorusProd under CHORUS_REPRODUCIBLE=exact: exact mode supports chorusSum, chorusAvg, "
-                             "PreMulSum ops (exactly summed) and chorusMax, chorusMin (exact already); use "
-                             "CHORUS_REPRODUCIBLE=canonical for a reproducible product");
-    CHORUS_RETURN_IF_ERROR(kernels::exactLayout(dtype, nranks_).status());
-  }
-  if (static_cast<int>(op) >= 0 && op < chorusNumOps) return {};
-  size_t idx = static_cast<size_t>(op) - chorusNumOps;
-  if (static_cast<int>(op) < 0 || idx >= premul_.size() || !premul_[idx].live)
-    return invalidArgument("op={} is not a valid reduction op (use chorusSum/Prod/Max/Min/Avg or one made by "
-                           "chorusRedOpCreatePreMulSum on this communicator)",
-                           static_cast<int>(op));
-  if (premul_[idx].scalar.dtype != dtype)
-    return invalidArgument("op={} was created for {} but the call uses {}", static_cast<int>(op),
-                           kernels::dtypeName(premul_[idx].scalar.dtype), kernels::dtypeName(dtype));
-  return {};
-}
-
-Result<chorusRedOp_t> CallPlanner::createPreMulSum(const kernels::Scalar& s, const void* device_scalar) {
-  for (size_t i = 0; i < premul_.size(); ++i)
-    if (!premul_[i].live) {
-      premul_[i] = {s, device_scalar, true};
-      return static_cast<chorusRedOp_t>(chorusNumOps + i);
-    }
-  premul_.push_back({s, device_scalar, true});
-  return static_cast<chorusRedOp_t>(chorusNumOps + premul_.size() - 1);
-}
-
-Status CallPlanner::destroyRedOp(chorusRedOp_t op) {
-  size_t idx = static_cast<size_t>(op) - chorusNumOps;
-  if (op < chorusNumOps || idx >= premul_.size() || !premul_[idx].live)
-    return invalidArgument("op={} is not a reduction op created by chorusRedOpCreatePreMulSum", static_cast<int>(op));
-  premul_[idx].live = false;
-  return {};
 }
 
 CallPlanner::ReproPath CallPlanner::reproPath(const OpDesc& op) const {
@@ -128,7 +71,7 @@ plan::Shape CallPlanner::shapeOf(const OpDesc& op, bool canonical, uint64_t word
   sh.displs2 = op.displs2;
   sh.hosts = tuner_->topology().host_of;
   sh.wire = op.wire;
-  sh.scaling = scalingOf(op);
+  sh.scaling = scalingOf(op, reproPath(op) == ReproPath::Exact);
   auto* sp = static_cast<const std::byte*>(op.send);
   auto* rp = static_cast<std::byte*>(op.recv);
   const uint64_t r = static_cast<uint64_t>(rank_);
@@ -208,35 +151,6 @@ Result<const plan::Program*> CallPlanner::programFor(const OpDesc& op, size_t i,
   return prog;
 }
 
-// The op's arithmetic as steps of the plan (plan::Scaling): PreMulSum and
-// Avg of the plain and canonical paths.  Exact sums accumulator words, which
-// cannot be scaled or divided: it scales the input as it converts it and
-// divides the rounded result (bindExact, finishExact).
-plan::Scaling CallPlanner::scalingOf(const OpDesc& op) const {
-  if (!op.reduces() || reproPath(op) == ReproPath::Exact) return plan::Scaling::None;
-  if (op.op >= chorusNumOps) return plan::Scaling::PreMulSum;
-  return op.op == chorusAvg ? plan::Scaling::Avg : plan::Scaling::None;
-}
-
-// A PreMulSum op's scalar for this call: a device scalar is read now (the
-// user may change it between calls).
-kernels::Scalar CallPlanner::scalarOf(const OpDesc& op) const {
-  const PreMulSumOp& pm = premul_[static_cast<size_t>(op.op) - chorusNumOps];
-  kernels::Scalar s = pm.scalar;
-  if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, kernels::dtypeSize(op.dtype));
-  return s;
-}
-
-// Exact PreMulSum: job i's input scaled into its staging buffer before it is
-// converted into the accumulator; returns the input to convert.
-const std::byte* CallPlanner::exactPremulInput(const OpDesc& op, size_t i, uint64_t n_in) {
-  if (staging_.size() <= i) staging_.resize(i + 1);
-  const size_t ues = kernels::dtypeSize(op.dtype);
-  if (staging_[i].size() < n_in * ues) staging_[i].resize(n_in * ues);
-  kernels::scale(staging_[i].data(), op.send, n_in, op.dtype, scalars_[i]);
-  return staging_[i].data();
-}
-
 // CHORUS_TRACE: job i's algorithm name and the tuner's prediction for it
 // (memoised per program).
 void CallPlanner::traceJob(const OpDesc& op, size_t i, const plan::Algorithm* algo, const plan::Program* prog,
@@ -262,14 +176,8 @@ void CallPlanner::traceJob(const OpDesc& op, size_t i, const plan::Algorithm* al
 // scaled input, exact's accumulators), reducer and executor job.
 Status CallPlanner::prepare(OpDesc& op, size_t i) {
   const ReproPath path = reproPath(op);
-  ExactJob& ex = exact_[i];  // sized by bindBatch
-  ex.on = path == ReproPath::Exact;
-  ex.fused = false;
-  if (ex.on) {
-    CHORUS_ASSIGN_OR_RETURN(ex.layout, exactLayoutFor(op));
-    ex.fused = fusedExact(op, ex.layout);
-    ex.out_elems = 0;
-  }
+  CHORUS_RETURN_IF_ERROR(exact_.begin(op, i, path == ReproPath::Exact, batch_wire_));
+  ExactCalls::Job& ex = exact_[i];  // reserved by bindBatch
   // Exact over converted buffers: the plan moves and sums the accumulators'
   // int64 words.  An exact plan moves the call's own type and converts in
   // its steps (Shape::exact_words).
@@ -284,8 +192,8 @@ Status CallPlanner::prepare(OpDesc& op, size_t i) {
   // PreMulSum's scalar: the plan's Scale step reads it from the job; exact
   // scales a staged copy of the input before converting it.
   const bool premul = op.op >= chorusNumOps && op.reduces();
-  if (premul) scalars_[i] = scalarOf(op);
-  const std::byte* staged = ex.on && premul ? exactPremulInput(op, i, sh.inputElems(rank_) / words) : nullptr;
+  if (premul) scalars_[i] = red_ops_.scalarOf(op);
+  const std::byte* staged = ex.on && premul ? exact_.premulInput(op, i, sh.inputElems(rank_) / words, scalars_[i]) : nullptr;
   // Exact has separate accumulators in and out, and a staged input is apart
   // from the output.
   if (words_plan || staged != nullptr) sh.inplace = false;
@@ -296,7 +204,8 @@ Status CallPlanner::prepare(OpDesc& op, size_t i) {
   if (words_plan) {
     // In place too, the send buffer is the whole input (the output lies in it).
     const uint64_t in_elems = sh.inputElems(rank_) / words;
-    bindExact(i, staged != nullptr ? staged : sp, in_elems, sh.outputElems(rank_) / words);
+    const auto acc = exact_.convert(i, staged != nullptr ? staged : sp, in_elems, sh.outputElems(rank_) / words);
+    job_bufs_[i] = {acc[0], acc[1], nullptr};
   }
   bindReducer(i, ex.on ? chorusInt64 : plan_dtype, ex.on ? kernels::BinOp::Sum : binOpOf(op.op));
   jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
@@ -309,26 +218,6 @@ Status CallPlanner::prepare(OpDesc& op, size_t i) {
   scratch_offsets_[i] = exec::wireOffset(prog->scratch_elems, es ? es : 1) + prog->wire_bytes;
   if (i == 0 && prog != board_decided_) decideBoard(algo, prog, sh, es);
   return {};
-}
-
-// An exact plan runs an allreduce or reduce-scatter of at least
-// kExactPlanMinBytes (below, the general path's small plans, one-shot and
-// the board, win on latency), or of any size when CHORUS_ALGO forces it
-// (exact_ring); an other forced algorithm runs on the accumulator's words.
-bool CallPlanner::fusedExact(const OpDesc& op, const kernels::ExactLayout& l) const {
-  if (op.coll != Collective::AllReduce && op.coll != Collective::ReduceScatter) return false;
-  const plan::Algorithm* forced = tuner_->forced(op.coll);
-  if (forced != nullptr && !forced->exact()) return false;
-  if (forced == nullptr && op.count * kernels::dtypeSize(op.dtype) < kExactPlanMinBytes) return false;
-  plan::Shape probe;
-  probe.coll = op.coll;
-  probe.nranks = nranks_;
-  probe.count = op.count;
-  probe.elem_size = static_cast<uint32_t>(kernels::dtypeSize(op.dtype));
-  probe.exact_words = static_cast<uint32_t>(l.words);
-  for (const plan::Algorithm* a : exact_algos_)
-    if (a->collective() == op.coll && a->supports(probe)) return true;
-  return false;
 }
 
 // A job's reducer is kept while its type and op stay.
@@ -347,58 +236,6 @@ void CallPlanner::decideBoard(const plan::Algorithm* algo, const plan::Program* 
                         exec::boardBytes(sh) <= exec::kBoardBytes
                     ? board_runner_->programFor(*algo, sh, *prog, es ? es : 1)
                     : nullptr;
-}
-
-// The accumulator layout of an exact call: the ranks first agree on the
-// exponents their inputs span (a max-allreduce of two integers, run here
-// before the call's own plan, in the same order on every rank), so the
-// accumulator carries only those bits.  PreMulSum's inputs are scaled later
-// (prepare): it takes the type's full layout.
-Result<kernels::ExactLayout> CallPlanner::exactLayoutFor(const OpDesc& op) {
-  if (op.op >= chorusNumOps) return kernels::exactLayout(op.dtype, nranks_);  // validateOp checked it
-  const uint64_t in_elems = op.coll == Collective::ReduceScatter ? op.count * static_cast<uint64_t>(nranks_) : op.count;
-  std::array<int64_t, 2> range{};  // {hi, -lo}: both agreed by max
-  kernels::exactRange(op.dtype, op.send, in_elems, &range[0], &range[1]);
-  if (nranks_ > 1) {
-    if (range_prog_.steps.empty()) {
-      plan::Shape sh;
-      sh.coll = Collective::AllReduce;
-      sh.nranks = nranks_;
-      sh.count = 2;
-      sh.elem_size = 8;
-      sh.inplace = true;
-      sh.hosts = tuner_->topology().host_of;
-      CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, chorusInt64));
-      plan::expand(*ch.algo, sh, rank_, &range_prog_);
-      range_reducer_ = kernels::Reducer(chorusInt64, kernels::BinOp::Max);
-    }
-    range_scratch_.resize(range_prog_.scratch_elems * 8);
-    auto* buf = reinterpret_cast<std::byte*>(range.data());
-    std::array<std::byte*, 3> bufs = {buf, buf, range_scratch_.data()};
-    // Traced as a step of the call's own number, like a signature check's.
-    exec::Job job{&range_prog_, bufs, 8, &range_reducer_, (uint64_t{1} << 62) | op.trace_seq, batch_wire_};
-    CHORUS_RETURN_IF_ERROR(executor_->run(std::span<const exec::Job>(&job, 1), timeout_));
-  }
-  return kernels::exactLayout(op.dtype, nranks_, -range[1], range[0]);
-}
-
-void CallPlanner::bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems) {
-  ExactJob& ex = exact_[i];
-  const size_t w = static_cast<size_t>(ex.layout.words);
-  ex.in.resize(in_elems * w);
-  ex.out.resize(out_elems * w);
-  ex.out_elems = out_elems;
-  kernels::toExact(ex.layout, ex.in.data(), input, in_elems);
-  job_bufs_[i] = {reinterpret_cast<std::byte*>(ex.in.data()), reinterpret_cast<std::byte*>(ex.out.data()), nullptr};
-}
-
-// Exact: the accumulators rounded once into the output; Avg's sum divided
-// after (the plan summed accumulator words, which cannot be divided).
-void CallPlanner::finishExact(size_t i, const OpDesc& op) {
-  const ExactJob& ex = exact_[i];
-  if (!ex.on || ex.out_elems == 0) return;
-  if (!ex.fused) kernels::fromExact(ex.layout, op.recv, ex.out.data(), ex.out_elems);
-  if (op.op == chorusAvg) kernels::divide(op.recv, op.recv, ex.out_elems, op.dtype, static_cast<uint64_t>(nranks_));
 }
 
 Result<double> CallPlanner::predict(Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
@@ -450,7 +287,7 @@ Status CallPlanner::bindBatch(std::span<OpDesc> ops, size_t* njobs) {
   reducers_.resize(n);
   scalars_.resize(n);  // jobs point into it: sized before any is bound
   scratch_offsets_.resize(n);
-  if (exact_.size() < n) exact_.resize(n);  // jobs point into it: sized before any is bound
+  exact_.reserve(n);  // jobs point into it: sized before any is bound
 
   // Sends to and receives from self are matched in issue order and copied.
   std::vector<size_t> self_sends, self_recvs;
@@ -507,7 +344,7 @@ std::span<const exec::Job> CallPlanner::layoutJobs() {
 
 // Every other call's Avg divided in its plan (a Divide step).
 void CallPlanner::finish(std::span<const OpDesc> ops, size_t njobs) {
-  for (size_t i = 0; i < njobs; ++i) finishExact(i, ops[i]);
+  for (size_t i = 0; i < njobs; ++i) exact_.finish(i, ops[i]);
 }
 
 }  // namespace chorus::comm

@@ -2,8 +2,11 @@
 // the tuner's plan → this rank's program (memoised for a loop of equal calls,
 // else from the program cache) → a bound executor job (buffers, reducer,
 // message word), with the batch's scratch laid out in one reused buffer.
-// Also the batch's signature (call_signature.hpp), the PreMulSum ops, and
-// CHORUS_REPRODUCIBLE's paths: a canonical plan, or the exact accumulator.
+// Also the batch's signature (call_signature.hpp).  The modes live beside it:
+// the reduction ops and their arithmetic as plan steps (red_ops.hpp,
+// plan::Scaling), CHORUS_REPRODUCIBLE=exact's agreement, conversions and
+// rounding (exact_calls.hpp), canonical plans (plan/canonical.hpp) and
+// compressed plans (the shape's wire format, plan/compressed.cpp).
 //
 // Everything here runs on the thread executing the communicator's batches;
 // steady-state calls do not allocate.
@@ -18,25 +21,19 @@
 #include <vector>
 
 #include "comm/call_signature.hpp"
+#include "comm/exact_calls.hpp"
 #include "comm/op.hpp"
+#include "comm/red_ops.hpp"
 #include "common/config.hpp"
 #include "common/status.hpp"
 #include "exec/board_runner.hpp"
 #include "exec/executor.hpp"
-#include "kernels/exact.hpp"
 #include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
 #include "trace/record.hpp"
 #include "tune/tuner.hpp"
 
 namespace chorus::comm {
-
-// CHORUS_REPRODUCIBLE=exact: an allreduce or reduce-scatter of at least this
-// many bytes of its own type runs an exact plan (plan/exact.cpp), which
-// converts to and from the accumulator's words in its steps; smaller calls
-// convert whole buffers around the tuner's int64 plan (its one-shot and
-// board plans win on latency there).  docs/algorithms.md has the figures.
-inline constexpr uint64_t kExactPlanMinBytes = 64u << 10;
 
 class CallPlanner {
  public:
@@ -47,9 +44,11 @@ class CallPlanner {
 
   // The reduction ops made with chorusRedOpCreatePreMulSum, and whether op
   // may reduce dtype on this communicator.
-  Result<chorusRedOp_t> createPreMulSum(const kernels::Scalar& s, const void* device_scalar);
-  Status destroyRedOp(chorusRedOp_t op);
-  Status validateOp(chorusRedOp_t op, chorusDataType_t dtype) const;
+  Result<chorusRedOp_t> createPreMulSum(const kernels::Scalar& s, const void* device_scalar) {
+    return red_ops_.createPreMulSum(s, device_scalar);
+  }
+  Status destroyRedOp(chorusRedOp_t op) { return red_ops_.destroy(op); }
+  Status validateOp(chorusRedOp_t op, chorusDataType_t dtype) const { return red_ops_.validate(op, dtype); }
 
   // The batch's signature under sequence number seq, and its message word.
   // A loop of equal calls (the common case) hashes its signature once.
@@ -97,21 +96,10 @@ class CallPlanner {
   [[nodiscard]] plan::Shape shapeOf(const OpDesc& op, bool canonical, uint64_t words, size_t es) const;
   Result<const plan::Program*> programFor(const OpDesc& op, size_t i, plan::Shape& sh, ReproPath path,
                                           chorusDataType_t plan_dtype, const plan::Algorithm** algo_out);
-  [[nodiscard]] plan::Scaling scalingOf(const OpDesc& op) const;
-  [[nodiscard]] kernels::Scalar scalarOf(const OpDesc& op) const;
-  const std::byte* exactPremulInput(const OpDesc& op, size_t i, uint64_t n_in);
   void bindReducer(size_t i, chorusDataType_t dtype, kernels::BinOp op);
   void traceJob(const OpDesc& op, size_t i, const plan::Algorithm* algo, const plan::Program* prog,
                 const plan::Shape& sh);
   void decideBoard(const plan::Algorithm* algo, const plan::Program* prog, const plan::Shape& sh, size_t es);
-  // Exact: whether the call runs an exact plan (plan/exact.cpp) that
-  // converts in its steps; else bindExact converts this job's input into its
-  // accumulator and binds the accumulators as the job's buffers, and
-  // finishExact rounds the result.
-  [[nodiscard]] bool fusedExact(const OpDesc& op, const kernels::ExactLayout& l) const;
-  void bindExact(size_t i, const std::byte* input, uint64_t in_elems, uint64_t out_elems);
-  void finishExact(size_t i, const OpDesc& op);
-  Result<kernels::ExactLayout> exactLayoutFor(const OpDesc& op);
 
   int rank_ = 0, nranks_ = 1;
   Reproducible repro_ = Reproducible::Off;
@@ -120,7 +108,8 @@ class CallPlanner {
   exec::Executor* executor_ = nullptr;
   exec::BoardRunner* board_runner_ = nullptr;
   trace::Recorder* trace_ = nullptr;
-  std::vector<PreMulSumOp> premul_;
+  RedOps red_ops_;     // the PreMulSum ops and which op may reduce which type
+  ExactCalls exact_;   // CHORUS_REPRODUCIBLE=exact's agreement, conversions and rounding
 
   // The running batch's signature and its message word (call_signature.hpp).
   Signature batch_sig_;
@@ -169,18 +158,6 @@ class CallPlanner {
   // program that was decided for.
   const exec::BoardProgram* board_prog_ = nullptr;
   const plan::Program* board_decided_ = nullptr;
-  plan::Program range_prog_;  // the exponent-range agreement of exact calls (2 int64, max)
-  kernels::Reducer range_reducer_;
-  std::vector<std::byte> range_scratch_;
-  struct ExactJob {
-    bool on = false;
-    bool fused = false;  // run by an exact plan (plan/exact.cpp), not over converted buffers
-    kernels::ExactLayout layout;
-    std::vector<int64_t> in, out;
-    uint64_t out_elems = 0;
-  };
-  std::vector<ExactJob> exact_;  // per job of the current batch
-  std::vector<const plan::Algorithm*> exact_algos_;  // the registry's exact plans (fusedExact), found at bind
   std::vector<std::unique_ptr<plan::Program>> uncached_;  // v-collectives, reused
   std::vector<exec::Job> jobs_;
   std::vector<std::array<std::byte*, 3>> job_bufs_;
@@ -188,7 +165,6 @@ class CallPlanner {
   std::vector<size_t> scratch_offsets_;
   std::vector<std::byte> scratch_;
   std::vector<kernels::Scalar> scalars_;  // per job: PreMulSum's scalar (exec::Job::scalar)
-  std::vector<std::vector<std::byte>> staging_;  // exact PreMulSum's pre-scaled inputs
   std::vector<uint16_t> trace_algo_;  // per job of the current batch
   std::vector<int64_t> trace_pred_;   // per job: predicted ns, < 0 none
   std::unordered_map<const plan::Program*, int64_t> trace_pred_cache_;
