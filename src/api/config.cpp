@@ -111,6 +111,7 @@ Result<Config> parseConfig(const Lookup& lookup) {
   c.tcp.rendezvous_bytes = static_cast<uint64_t>(rdv);
   CHORUS_ASSIGN_OR_RETURN(int64_t hb, r.integer("CHORUS_HEARTBEAT_MS", 0, 3600000, "0..3600000, 0: off"));
   c.tcp.heartbeat_ms = static_cast<int>(hb);
+  CHORUS_ASSIGN_OR_RETURN(c.tcp.rma, r.boolean("CHORUS_TCP_RMA"));
 
   c.tune.algo_spec = r.str("CHORUS_ALGO");  // parsed by the tuner, which names the knob's entry at fault
   // Split as PATH is (empty entries skipped); read and proven at setup (plan/plan_file.hpp).

@@ -66,6 +66,7 @@ struct Config {
     int sockets = 1;                     // CHORUS_TCP_SOCKETS: 1..16
     uint64_t rendezvous_bytes = 262144;  // CHORUS_TCP_RENDEZVOUS_BYTES
     int heartbeat_ms = 1000;             // CHORUS_HEARTBEAT_MS: 0..3600000 (0: off)
+    bool rma = true;                     // CHORUS_TCP_RMA: one-sided operations (one more connection per pair)
   } tcp;
 
   struct Tune {

@@ -22,6 +22,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_TRANSPORT",       "auto", "auto: each peer's most preferred registered transport (shared memory between ranks of one host, TCP across hosts); a registered transport's name (shm, tcp, ...): that one first, for every peer it can reach"},
   {"CHORUS_HEARTBEAT_MS",    "1000", "TCP keepalive period between hosts: a peer host that vanishes without closing its connections is declared dead within about 3x this"},
   {"CHORUS_TCP_SOCKETS",     "1", "TCP sockets per peer (more can raise bandwidth on fast links)"},
+  {"CHORUS_TCP_RMA",         "1", "one-sided operations (put/get into registered regions, docs/rma.md) over TCP: 1 opens one more connection per pair for them; 0: none (the transport's rma() is absent)"},
   {"CHORUS_TCP_RENDEZVOUS_BYTES", "262144", "TCP messages of at least this many bytes wait for the receiver's clear-to-send (sent when it posts the receive) before their payload goes on the wire; 0: every message eager"},
   {"CHORUS_SHM_CMA",         "1", "0: never use cross-memory attach (process_vm_readv) for large shared-memory messages"},
   {"CHORUS_SHM_SPREAD",      "1", "0: never move a rank off a core it shares with another local rank of the communicator (with as many cores as local ranks, the rank that finds it shares one moves itself to a free allowed CPU, then keeps its own affinity mask)"},

@@ -167,6 +167,8 @@ class Board {
   virtual uint64_t slotCall(int peer, uint64_t k) const = 0;
 };
 
+class Rma;  // one-sided operations (rma.hpp, included below)
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -199,6 +201,15 @@ class Transport {
   // Fails every posted request with `why` and makes later posts fail.  Any
   // thread; the executor's thread observes it at its next poll().
   virtual void abort(const Status& why) = 0;
+
+  // The one-sided capability (put/get into peers' registered regions and
+  // notifications, rma.hpp), or nullptr when this transport has none.  Lives
+  // as long as the transport; its operations complete through this
+  // transport's poll()/wait() (registry.hpp's Capabilities::rma says whether
+  // a registered transport offers it).
+  virtual Rma* rma() { return nullptr; }
 };
 
 }  // namespace chorus::transport
+
+#include "transport/rma.hpp"  // NOLINT: after Transport, which rma.hpp's users see whole

@@ -50,6 +50,7 @@ TEST(ConfigParse, AnEmptyEnvironmentGivesTheDefaults) {
   EXPECT_EQ(c->tcp.sockets, d.tcp.sockets);
   EXPECT_EQ(c->tcp.rendezvous_bytes, d.tcp.rendezvous_bytes);
   EXPECT_EQ(c->tcp.heartbeat_ms, d.tcp.heartbeat_ms);
+  EXPECT_EQ(c->tcp.rma, d.tcp.rma);
   EXPECT_EQ(c->tune.algo_spec, d.tune.algo_spec);
   EXPECT_EQ(c->tune.chunk_bytes, d.tune.chunk_bytes);
   EXPECT_EQ(c->tune.profile_path, "/home/u/.cache/chorus/profile.json");
@@ -94,6 +95,7 @@ TEST(ConfigParse, ValuesReachTheirFields) {
                   {"CHORUS_TCP_SOCKETS", "4"},
                   {"CHORUS_TCP_RENDEZVOUS_BYTES", "0"},
                   {"CHORUS_HEARTBEAT_MS", "0"},
+                  {"CHORUS_TCP_RMA", "0"},
                   {"CHORUS_ALGO", "allreduce:ring"},
                   {"CHORUS_CHUNK_BYTES", "8192"},
                   {"CHORUS_TUNE_FILE", "/p.json"},
@@ -117,6 +119,7 @@ TEST(ConfigParse, ValuesReachTheirFields) {
   EXPECT_EQ(c->tcp.sockets, 4);
   EXPECT_EQ(c->tcp.rendezvous_bytes, 0u);
   EXPECT_EQ(c->tcp.heartbeat_ms, 0);
+  EXPECT_FALSE(c->tcp.rma);
   EXPECT_EQ(c->tune.algo_spec, "allreduce:ring");
   EXPECT_EQ(c->tune.chunk_bytes, 8192u);
   EXPECT_EQ(c->tune.profile_path, "/p.json");
@@ -155,6 +158,7 @@ TEST(ConfigParse, EachKnobHasOneRuleAndItsMessageSaysWhatIsAccepted) {
       {"CHORUS_TCP_SOCKETS", "0", "1..16"},
       {"CHORUS_TCP_RENDEZVOUS_BYTES", "-1", "an integer >= 0"},
       {"CHORUS_HEARTBEAT_MS", "3600001", "0..3600000"},
+      {"CHORUS_TCP_RMA", "2", "0, 1"},
       {"CHORUS_CHUNK_BYTES", "x", "an integer >= 0"},
       {"CHORUS_SHRINK_WINDOW_MS", "-5", "an integer >= 0"},
       {"CHORUS_CLOCK_SYNC_S", "86401", "0..86400"},

@@ -93,6 +93,9 @@ TEST(TransportRegistry, BuiltinsAndTheConfigKnob) {
   EXPECT_NE(std::find(names.begin(), names.end(), "shm"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "tcp"), names.end());
   EXPECT_TRUE(transport::registry().find("shm")->caps.board);
+  EXPECT_TRUE(transport::registry().find("shm")->caps.rma);  // one-sided operations (docs/rma.md, rma_test)
+  EXPECT_TRUE(transport::registry().find("tcp")->caps.rma);
+  EXPECT_FALSE(transport::registry().find("tcp")->caps.board);
   EXPECT_TRUE(transport::registry().find("shm")->host_local);
   auto parse = [](const char* v) {
     return api::parseConfig([v](std::string_view k) -> std::optional<std::string> {

@@ -6,7 +6,9 @@
 //
 //   page 0            SegmentHeader (line 0), doorbell word (line 1), sleeping flag (line 2)
 //   pages 1..         the board: BoardSlot[kBoardSlots], this rank's one-shot slots (transport.hpp, Board)
-//   per slot i        one page of SlotControl, then ring_bytes of ring data
+//   per slot i        one page of SlotControl, then ring_bytes of ring data, then
+//                     kRmaRingBytes of the one-sided ring (records of rma.hpp's
+//                     operations: requests, answers and their data; RmaRecord)
 //
 // Slot i is the receive ring of messages *to* r *from* header.slot rank i: the
 // peer produces (writes data, advances tail), r consumes (advances head).  All
@@ -35,7 +37,7 @@ namespace chorus::transport::shm_detail {
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kPage = 4096;
 inline constexpr uint64_t kSegmentMagic = 0x3167'6573'6d68'7363ULL;  // "cshmseg1"
-inline constexpr uint32_t kLayoutVersion = 3;
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr uint64_t kProbeValue = 0x6368'6f72'7573'434dULL;  // read by peers' CMA probe
 
 // The measurements behind these constants (ring vs CMA, piece and bounce
@@ -53,6 +55,35 @@ inline constexpr uint64_t kTag = 0xA0;
 inline constexpr uint64_t kKindInline = 1;  // header, then the payload padded to 8 bytes
 inline constexpr uint64_t kKindCma = 2;     // header, then the sender's address (8 bytes)
 inline constexpr uint64_t kRecordHeaderBytes = 16;
+
+// The one-sided channel (rma.hpp; docs/rma.md): per ordered pair a second
+// SPSC ring, apart from the message ring, so that a message nobody has
+// received yet never holds up a put, and the message path pays nothing for
+// it.  Records are an RmaRecord, then `payload` bytes padded to 8.  The
+// origin's requests and the target's answers to the other side's requests
+// share the ring of their direction.
+inline constexpr size_t kRmaRingBytes = 64 << 10;
+inline constexpr size_t kRmaPiece = 16 << 10;  // data per record when the data streams through the ring
+inline constexpr uint32_t kRmaPut = 1;      // request: put (kRmaCma: the target reads the origin's buffer at addr; else the data follows, `chunk` = where in the access)
+inline constexpr uint32_t kRmaGet = 2;      // request: get (kRmaCma: the target writes the origin's buffer at addr; else kRmaGetData records answer)
+inline constexpr uint32_t kRmaNotify = 3;   // request: notification, value in `generation`
+inline constexpr uint32_t kRmaDone = 4;     // answer: op finished; `reason` an RmaRefusal (0: done), `generation` its detail
+inline constexpr uint32_t kRmaGetData = 5;  // answer: a piece of a get's data at `chunk`, then a kRmaDone
+inline constexpr uint16_t kRmaCma = 1;
+struct RmaRecord {
+  uint32_t kind = 0;
+  uint16_t flags = 0;
+  uint16_t reason = 0;
+  uint32_t region = 0;
+  uint32_t payload = 0;     // data bytes after the record (then padded to 8)
+  uint64_t op = 0;          // the origin's operation number (1, 2, ... per ordered pair); an answer's: the op it answers
+  uint64_t generation = 0;  // the key's generation; notify: the value; kRmaDone: the refusal's detail
+  uint64_t offset = 0;      // into the region
+  uint64_t bytes = 0;       // the access's length
+  uint64_t addr = 0;        // kRmaCma: the origin's buffer
+  uint64_t chunk = 0;       // data records: offset of the payload within the access
+};
+static_assert(sizeof(RmaRecord) == 64);
 
 struct alignas(kCacheLine) SegmentHeader {
   uint64_t magic;
@@ -99,6 +130,11 @@ struct SlotControl {
   // Written by the owner before the setup barrier, read-only afterwards.
   alignas(kCacheLine) int32_t sender_rank;
   std::atomic<uint32_t> cma_ok;  // 1: the owner can process_vm_readv from the sender
+  // The one-sided ring (kRmaRingBytes after the message ring): the sender
+  // produces (rma_tail), the owner consumes (rma_head).  Each side rings the
+  // other's doorbell when it moved its counter, so neither needs a flag.
+  alignas(kCacheLine) std::atomic<uint64_t> rma_tail;
+  alignas(kCacheLine) std::atomic<uint64_t> rma_head;
 };
 
 // One slot of the owner's board (call k uses slot k % kBoardSlots).  `call` shares the first line with the
@@ -118,13 +154,16 @@ static_assert(sizeof(SlotControl) <= kPage);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "shared-memory counters must be lock-free (address-free) atomics");
 
-constexpr size_t slotStride(size_t ring_bytes) { return kPage + ring_bytes; }
+constexpr size_t slotStride(size_t ring_bytes) { return kPage + ring_bytes + kRmaRingBytes; }
 constexpr size_t segmentBytes(size_t nslots, size_t ring_bytes) { return kHeaderBytes + nslots * slotStride(ring_bytes); }
 inline SlotControl* slotControl(std::byte* base, size_t ring_bytes, size_t i) {
   return reinterpret_cast<SlotControl*>(base + kHeaderBytes + i * slotStride(ring_bytes));
 }
 inline std::byte* slotData(std::byte* base, size_t ring_bytes, size_t i) {
   return base + kHeaderBytes + i * slotStride(ring_bytes) + kPage;
+}
+inline std::byte* rmaData(std::byte* base, size_t ring_bytes, size_t i) {
+  return base + kHeaderBytes + i * slotStride(ring_bytes) + kPage + ring_bytes;
 }
 constexpr uint64_t round8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
 
@@ -261,6 +300,8 @@ struct ShmStats {
   uint64_t board_calls = 0;   // publish() calls
   uint64_t spreads = 0;       // moves to another core away from a peer rank sharing ours (spreadFrom)
   uint32_t cma_peers = 0;  // peers this rank sends to by CMA (probe passed on their side)
+  uint64_t rma_requests = 0;  // one-sided requests this rank served (put, get, notify)
+  uint64_t rma_cma = 0;       // of them, copied by cross-memory attach
 };
 
 // The stats of a transport made by createShmTransport; nullopt for others.

@@ -13,6 +13,8 @@ void registerTransport(TransportRegistry& r) {
   t.preference = 10;
   t.host_local = true;
   t.caps.board = true;
+  t.caps.rma = true;  // one-sided operations through a second ring per pair, CMA for large ones (docs/rma.md)
+  t.caps.registered_memory = true;
   t.serves = [](const WireView& v, int peer) { return v.sameHost(peer); };
   t.create = [](const SetupContext& c) -> Result<Created> {
     const Config& cfg = *c.view.cfg;

@@ -21,10 +21,12 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <new>
 
 #include "common/log.hpp"
+#include "transport/rma.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport/shm/shm_detail.hpp"
 
@@ -120,6 +122,36 @@ struct RecvOp {
   uint64_t off = 0;
 };
 
+// A one-sided operation this rank posted (rma.hpp), until its answer.
+struct RmaOp {
+  RmaOpKind kind = RmaOpKind::Put;
+  Request* req = nullptr;
+  const std::byte* src = nullptr;  // put
+  std::byte* dst = nullptr;        // get
+  uint64_t bytes = 0;
+  uint32_t region = 0;
+  uint64_t generation = 0;  // notify: the value
+  uint64_t offset = 0;
+  uint64_t id = 0;
+  bool cma = false;
+  uint64_t sent = 0;  // put through the ring: data bytes written
+  uint64_t got = 0;   // get through the ring: data bytes received
+};
+
+// What this rank owes a peer for its requests: a kRmaDone record, or (a get
+// answered through the ring) the data, re-checked piece by piece, then one.
+struct RmaReply {
+  uint64_t op = 0;
+  RmaRefusal why = RmaRefusal::None;
+  uint64_t detail = 0;
+  bool stream = false;
+  uint32_t region = 0;
+  uint64_t generation = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint64_t sent = 0;
+};
+
 struct Peer {
   uint32_t msgs_in = 0;   // receives from this peer finished (each matches one message)
   uint32_t msgs_out = 0;  // message headers written to this peer
@@ -158,7 +190,30 @@ struct Peer {
   Status dead;               // non-ok once the peer is known to be gone
   bool dead_reported = false;
 
+  // One-sided (rma.hpp): our RMA ring in the peer's segment (we produce)
+  // and its ring in ours (we consume).
+  std::byte* rma_out_data = nullptr;
+  uint64_t rma_out_tail = 0;
+  uint64_t rma_out_head = 0;  // cached copy of out->rma_head
+  uint64_t rma_out_published = 0;
+  std::byte* rma_in_data = nullptr;
+  uint64_t rma_in_head = 0;
+  uint64_t rma_in_published = 0;
+  Fifo<RmaOp> rma_ops;      // posted and not answered yet, in post order
+  size_t rma_written = 0;   // rma_ops.at(0 .. rma_written - 1) are written whole
+  uint64_t rma_next_op = 1;  // the number of our next op to this peer
+  uint64_t rma_expect = 1;   // the number the peer's next request must carry
+  Fifo<RmaReply> rma_replies;
+  // A put of the peer streaming through the ring: its op, the next piece's
+  // offset, and the first refusal of its pieces.
+  uint64_t rma_put_op = 0;
+  uint64_t rma_put_next = 0;
+  RmaRefusal rma_put_why = RmaRefusal::None;
+  uint64_t rma_put_detail = 0;
+
   [[nodiscard]] bool busy() const { return !sends.empty() || !cma_wait.empty() || !recvs.empty(); }
+  // Also one-sided operations awaiting answers (what the liveness check watches).
+  [[nodiscard]] bool busyAny() const { return busy() || !rma_ops.empty(); }
 };
 
 // Rings `pz`'s doorbell: the increment pairs with the owner's seq_cst store of
@@ -191,7 +246,7 @@ inline bool ring(PageZero* pz) {
 // How long wait() spins without yielding before it starts yielding the core.
 constexpr std::chrono::microseconds kPureSpin{4};
 
-class ShmTransport final : public Transport, public Board {
+class ShmTransport final : public Transport, public Board, public Rma {
  public:
   ShmTransport() = default;
   ~ShmTransport() override {
@@ -218,6 +273,21 @@ class ShmTransport final : public Transport, public Board {
   void settle() override;
   Result<const std::byte*> await(int peer, uint64_t k, std::chrono::milliseconds timeout,
                                  CallSignature* sig) override;
+
+  // Rma (rma.hpp)
+  Rma* rma() override { return this; }
+  Result<RegionId> registerRegion(void* base, size_t bytes, Access access) override {
+    return regions_.add(base, bytes, access);
+  }
+  Status deregisterRegion(RegionId id) override { return regions_.remove(id); }
+  Result<std::vector<std::byte>> packKey(RegionId id) override { return regions_.pack(id); }
+  Result<RemoteKey> unpackKey(int peer, std::span<const std::byte> blob) override {
+    return regions_.unpack(peer, findPeer(peer) != nullptr, blob);
+  }
+  Status put(int peer, const void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) override;
+  Status get(int peer, void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) override;
+  Status notify(int peer, uint64_t value, Request* req) override;
+  Result<bool> takeNotification(int* peer, uint64_t* value) override;
 
   [[nodiscard]] const ShmStats& stats() const { return stats_; }
 
@@ -258,6 +328,17 @@ class ShmTransport final : public Transport, public Board {
   Status readCma(Peer& p, RecvOp& op);
   void ackCma(Peer& p);
   void failPeer(Peer& p, const Status& why);
+  // One-sided.
+  Status postRma(int peer, RmaOp op, const RemoteKey* key, const void* local);
+  [[gnu::noinline]] bool pollRma(Status& err);  // out of poll()'s hot path
+  bool progressRma(Peer& p);
+  bool consumeRma(Peer& p);
+  bool produceRma(Peer& p);
+  bool rmaReserve(Peer& p, uint64_t need);
+  void rmaWrite(Peer& p, const RmaRecord& rec, const std::byte* payload, uint64_t n);
+  void serveRequest(Peer& p, const RmaRecord& rec, uint64_t payload_at);
+  Status takeAnswer(Peer& p, const RmaRecord& rec, uint64_t payload_at);
+  uint64_t cmaCopy(const Peer& p, std::byte* mine, uint64_t theirs, uint64_t n, bool write_theirs);
   bool checkLiveness();
   bool processGone(const Peer& p) const;
   template <typename F>
@@ -295,6 +376,16 @@ class ShmTransport final : public Transport, public Board {
   bool spread_ = false;
   Clock::time_point next_spread_{};
   std::vector<std::pair<int, int>> spread_peers_;
+
+  // One-sided: the regions, the notifications that arrived, and when the
+  // RMA rings were last looked at (a peer rings our doorbell after every
+  // change to them, so poll() looks only when the bell moved since).
+  RegionTable regions_{rmaTransportTag("shm"), 0};
+  std::deque<std::pair<int, uint64_t>> notes_;
+  // The bell value at the last look, or kRmaAgain: look at the next poll
+  // (a bounded pass left work).
+  static constexpr uint64_t kRmaAgain = ~uint64_t{0};
+  uint64_t rma_bell_ = kRmaAgain;
 
   std::atomic<bool> wake_pending_{false};
   std::atomic<bool> aborted_{false};
@@ -338,6 +429,7 @@ Status ShmTransport::init(const ShmSetup& setup, bootstrap::Store& store) {
 
 Status ShmTransport::configure(const ShmSetup& setup) {
   rank_ = setup.rank;
+  regions_ = RegionTable(rmaTransportTag("shm"), rank_);
   pid_ = getpid();
   peer_ranks_ = setup.peers;
   std::sort(peer_ranks_.begin(), peer_ranks_.end());
@@ -416,6 +508,7 @@ Result<SegmentRecord> ShmTransport::createSegment(const ShmSetup& setup) {
     p.in = sc;
     p.in_data = slotData(own_.data(), ring_bytes, i);
     p.in_mask = ring_bytes - 1;
+    p.rma_in_data = rmaData(own_.data(), ring_bytes, i);
   }
 
   SegmentRecord rec{};
@@ -472,6 +565,7 @@ Status ShmTransport::mapPeer(Peer& p, bootstrap::Store& store, std::chrono::mill
                            "(do all ranks agree on which ranks share this host?)", rank_, p.rank, rank_);
   p.out = slotControl(p.seg.data(), h.ring_bytes, slot);
   p.out_data = slotData(p.seg.data(), h.ring_bytes, slot);
+  p.rma_out_data = rmaData(p.seg.data(), h.ring_bytes, slot);
   // Map now what this rank touches of the peer's segment: its header and
   // board, and our ring in it (the rest are other ranks' rings).
   prefault(p.seg.data(), kHeaderBytes);
@@ -879,6 +973,397 @@ bool ShmTransport::progressRecv(Peer& p) {
   return progressed;
 }
 
+// ------------------------------------------------------------ one-sided ----
+//
+// Each ordered pair has an RMA ring beside its message ring (shm_detail.hpp,
+// RmaRecord).  The origin writes requests; the target checks each one in its
+// region table (RegionTable::resolve) before it touches its memory, moves the
+// data itself — by cross-memory attach from or into the origin's buffer
+// (kRmaCma: beyond kRmaPiece bytes, when the setup probe passed), or by
+// copying pieces through the rings — and answers with a kRmaDone record in
+// the ring of the other direction, which completes or fails the origin's
+// request.  Requests are served in ring order, so a notification is taken
+// after the puts before it have landed.
+
+void ringCopyIn(std::byte* ring, uint64_t pos, const void* src, uint64_t n) {
+  const uint64_t at = pos & (kRmaRingBytes - 1);
+  const uint64_t first = std::min<uint64_t>(n, kRmaRingBytes - at);
+  std::memcpy(ring + at, src, first);
+  if (first < n) std::memcpy(ring, static_cast<const std::byte*>(src) + first, n - first);
+}
+
+void ringCopyOut(const std::byte* ring, uint64_t pos, void* dst, uint64_t n) {
+  const uint64_t at = pos & (kRmaRingBytes - 1);
+  const uint64_t first = std::min<uint64_t>(n, kRmaRingBytes - at);
+  std::memcpy(dst, ring + at, first);
+  if (first < n) std::memcpy(static_cast<std::byte*>(dst) + first, ring, n - first);
+}
+
+Status ShmTransport::put(int peer, const void* local, size_t bytes, const RemoteKey& key, uint64_t offset,
+                         Request* req) {
+  RmaOp op;
+  op.kind = RmaOpKind::Put;
+  op.req = req;
+  op.src = static_cast<const std::byte*>(local);
+  op.bytes = bytes;
+  op.region = key.region;
+  op.generation = key.generation;
+  op.offset = offset;
+  return postRma(peer, op, &key, local);
+}
+
+Status ShmTransport::get(int peer, void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) {
+  RmaOp op;
+  op.kind = RmaOpKind::Get;
+  op.req = req;
+  op.dst = static_cast<std::byte*>(local);
+  op.bytes = bytes;
+  op.region = key.region;
+  op.generation = key.generation;
+  op.offset = offset;
+  return postRma(peer, op, &key, local);
+}
+
+Status ShmTransport::notify(int peer, uint64_t value, Request* req) {
+  RmaOp op;
+  op.kind = RmaOpKind::Notify;
+  op.req = req;
+  op.generation = value;
+  return postRma(peer, op, nullptr, nullptr);
+}
+
+Result<bool> ShmTransport::takeNotification(int* peer, uint64_t* value) {
+  if (!notes_.empty()) {
+    *peer = notes_.front().first;
+    *value = notes_.front().second;
+    notes_.pop_front();
+    return true;
+  }
+  if (aborted_.load(std::memory_order_acquire)) return abortStatus();
+  return false;
+}
+
+Status ShmTransport::postRma(int peer, RmaOp op, const RemoteKey* key, const void* local) {
+  if (op.req == nullptr) return invalidArgument("shm rma on rank {}: a null request", rank_);
+  auto reject = [&](Status why) {
+    op.req->fail(why);
+    return why;
+  };
+  if (aborted_.load(std::memory_order_acquire)) return reject(abortStatus());
+  Peer* p = findPeer(peer);
+  if (p == nullptr)
+    return reject(invalidArgument("shm rma on rank {}: rank {} is not a local peer of this transport", rank_, peer));
+  if (Status s = rmaCheckPost("shm", rank_, op.kind, peer, local, op.bytes, key, rmaTransportTag("shm")); !s.isOk())
+    return reject(s);
+  if (!p->dead.isOk()) return reject(p->dead);
+  op.req->status = Status();
+  op.req->state.store(Request::Posted, std::memory_order_relaxed);
+  op.id = p->rma_next_op++;
+  // Small accesses copy through the ring (a syscall costs more than the
+  // copies); larger ones are copied once, by the target, from or into our
+  // buffer where the setup probe says it may.
+  op.cma = p->cma_send && op.kind != RmaOpKind::Notify && op.bytes > kRmaPiece;
+  p->rma_ops.push(op);
+  produceRma(*p);  // start at once, as postSend does
+  return {};
+}
+
+// poll()'s look at the one-sided rings, only when the doorbell moved since
+// the last look (every record and every consumption rings it) or a bounded
+// pass left work: the message path pays one compare.
+bool ShmTransport::pollRma(Status& err) {
+  rma_bell_ = seen_bell_;
+  bool progressed = false;
+  for (Peer& p : peers_) {
+    if (!p.dead.isOk()) continue;
+    progressed |= progressRma(p);
+    // A peer that aborted answers nothing more (it rang our bell when it did).
+    if (p.dead.isOk() && !p.rma_ops.empty() && p.peer_page0->aborted.load(std::memory_order_acquire) != 0)
+      p.dead = abortedOr(p, Status());
+    if (!p.dead.isOk()) {  // as poll() does for the message path
+      failPeer(p, p.dead);
+      p.dead_reported = true;
+      progressed = true;
+      if (err.isOk()) err = p.dead;
+    }
+  }
+  return progressed;
+}
+
+bool ShmTransport::progressRma(Peer& p) {
+  const bool consumed = consumeRma(p);
+  const bool produced = p.dead.isOk() && produceRma(p);
+  return consumed || produced;
+}
+
+bool ShmTransport::rmaReserve(Peer& p, uint64_t need) {
+  if (kRmaRingBytes - (p.rma_out_tail - p.rma_out_head) >= need) return true;
+  // The consumer rings our doorbell after it moves the head, so a full ring
+  // is looked at again once it has room.
+  p.rma_out_head = p.out->rma_head.load(std::memory_order_acquire);
+  return kRmaRingBytes - (p.rma_out_tail - p.rma_out_head) >= need;
+}
+
+void ShmTransport::rmaWrite(Peer& p, const RmaRecord& rec, const std::byte* payload, uint64_t n) {
+  RmaRecord r = rec;
+  r.payload = static_cast<uint32_t>(n);
+  ringCopyIn(p.rma_out_data, p.rma_out_tail, &r, sizeof r);
+  if (n > 0) ringCopyIn(p.rma_out_data, p.rma_out_tail + sizeof r, payload, n);
+  p.rma_out_tail += sizeof r + round8(n);
+}
+
+// Writes what we owe the peer (answers first, so that a long stream of our
+// own requests does not delay them), then our requests, as far as the ring
+// and one pass's budget allow.
+bool ShmTransport::produceRma(Peer& p) {
+  bool progressed = false;
+  const uint64_t start = p.rma_out_tail;
+  bool blocked = false;
+  while (!blocked) {
+    if (p.rma_out_tail - start >= kPollBudget) {
+      rma_bell_ = kRmaAgain;
+      break;
+    }
+    if (!p.rma_replies.empty()) {
+      RmaReply& r = p.rma_replies.front();
+      if (r.stream) {
+        // A get answered through the ring: each piece checks the region
+        // again (it may have been deregistered since the last one).
+        RmaRefusal why = RmaRefusal::None;
+        uint64_t detail = 0;
+        const std::byte* src =
+            regions_.resolve(r.region, r.generation, r.offset, r.bytes, Access::Read, &why, &detail);
+        if (src == nullptr) {
+          r.why = why == RmaRefusal::Deregistered ? RmaRefusal::DeregisteredDuring : why;
+          r.detail = detail;
+          r.stream = false;
+          continue;
+        }
+        if (r.sent == r.bytes) {
+          r.stream = false;  // the kRmaDone follows
+          continue;
+        }
+        const uint64_t n = std::min<uint64_t>(r.bytes - r.sent, kRmaPiece);
+        if (!rmaReserve(p, sizeof(RmaRecord) + round8(n))) break;
+        RmaRecord rec;
+        rec.kind = kRmaGetData;
+        rec.op = r.op;
+        rec.bytes = r.bytes;
+        rec.chunk = r.sent;
+        rmaWrite(p, rec, src + r.sent, n);
+        r.sent += n;
+        progressed = true;
+        continue;
+      }
+      if (!rmaReserve(p, sizeof(RmaRecord))) break;
+      RmaRecord rec;
+      rec.kind = kRmaDone;
+      rec.op = r.op;
+      rec.reason = static_cast<uint16_t>(r.why);
+      rec.generation = r.detail;
+      rmaWrite(p, rec, nullptr, 0);
+      p.rma_replies.pop();
+      progressed = true;
+      continue;
+    }
+    if (p.rma_written == p.rma_ops.size()) break;
+    RmaOp& op = p.rma_ops.at(p.rma_written);
+    RmaRecord rec;
+    rec.op = op.id;
+    rec.region = op.region;
+    rec.generation = op.generation;
+    rec.offset = op.offset;
+    rec.bytes = op.bytes;
+    if (op.kind == RmaOpKind::Put && !op.cma) {
+      const uint64_t n = std::min<uint64_t>(op.bytes - op.sent, kRmaPiece);
+      if (!rmaReserve(p, sizeof(RmaRecord) + round8(n))) break;
+      rec.kind = kRmaPut;
+      rec.chunk = op.sent;
+      rmaWrite(p, rec, op.src + op.sent, n);
+      op.sent += n;
+      if (op.sent == op.bytes) ++p.rma_written;
+      progressed = true;
+      continue;
+    }
+    if (!rmaReserve(p, sizeof(RmaRecord))) break;
+    rec.kind = op.kind == RmaOpKind::Put ? kRmaPut : op.kind == RmaOpKind::Get ? kRmaGet : kRmaNotify;
+    rec.flags = op.cma ? kRmaCma : 0;
+    rec.addr = op.kind == RmaOpKind::Put ? reinterpret_cast<uint64_t>(op.src) : reinterpret_cast<uint64_t>(op.dst);
+    rmaWrite(p, rec, nullptr, 0);
+    ++p.rma_written;
+    progressed = true;
+  }
+  if (p.rma_out_tail != p.rma_out_published) {
+    p.rma_out_published = p.rma_out_tail;
+    p.out->rma_tail.store(p.rma_out_tail, std::memory_order_release);
+    if (ring(p.peer_page0)) ++stats_.futex_wakes;  // the bell tells the peer's poll to look
+  }
+  return progressed;
+}
+
+// Reads the peer's records: its requests (served at once; their answers
+// queue in rma_replies) and its answers to ours.
+bool ShmTransport::consumeRma(Peer& p) {
+  bool progressed = false;
+  const uint64_t tail = p.in->rma_tail.load(std::memory_order_acquire);
+  const uint64_t start = p.rma_in_head;
+  while (p.dead.isOk() && tail - p.rma_in_head >= sizeof(RmaRecord)) {
+    if (p.rma_in_head - start >= kPollBudget) {
+      rma_bell_ = kRmaAgain;
+      break;
+    }
+    RmaRecord rec;
+    ringCopyOut(p.rma_in_data, p.rma_in_head, &rec, sizeof rec);
+    const uint64_t total = sizeof rec + round8(rec.payload);
+    if (rec.payload > kRmaPiece || tail - p.rma_in_head < total) {
+      p.dead = internalError("shm transport, rank {}: corrupt one-sided record from rank {} (kind {}, {} payload "
+                             "bytes; memory corruption or mixed chorus versions?)", rank_, p.rank, rec.kind,
+                             rec.payload);
+      break;
+    }
+    const uint64_t payload_at = p.rma_in_head + sizeof rec;
+    if (rec.kind == kRmaPut || rec.kind == kRmaGet || rec.kind == kRmaNotify) {
+      serveRequest(p, rec, payload_at);
+    } else if (Status s = takeAnswer(p, rec, payload_at); !s.isOk()) {
+      p.dead = s;
+    }
+    if (!p.dead.isOk()) break;
+    p.rma_in_head += total;
+    progressed = true;
+  }
+  if (p.rma_in_head != p.rma_in_published) {
+    p.rma_in_published = p.rma_in_head;
+    p.in->rma_head.store(p.rma_in_head, std::memory_order_release);
+    if (ring(p.peer_page0)) ++stats_.futex_wakes;  // room for its next records
+  }
+  return progressed;
+}
+
+// One request of the peer: checked against our region table before a byte
+// of our memory moves.
+void ShmTransport::serveRequest(Peer& p, const RmaRecord& rec, uint64_t payload_at) {
+  auto corrupt = [&](std::string_view what) {
+    p.dead = internalError("shm transport, rank {}: corrupt one-sided request from rank {} (kind {}, op {}): {} "
+                           "(memory corruption or mixed chorus versions?)", rank_, p.rank, rec.kind, rec.op, what);
+  };
+  if (rec.kind == kRmaPut && (rec.flags & kRmaCma) == 0) {
+    // A piece of a put whose data streams through the ring.
+    if (rec.chunk == 0) {
+      if (p.rma_put_op != 0) return corrupt("a new put before the last one's data ended");
+      if (rec.op != p.rma_expect) return corrupt(fmt::format("op number out of order (expected {})", p.rma_expect));
+      ++p.rma_expect;
+      ++stats_.rma_requests;
+      p.rma_put_op = rec.op;
+      p.rma_put_next = 0;
+      p.rma_put_why = RmaRefusal::None;
+      p.rma_put_detail = 0;
+    } else if (rec.op != p.rma_put_op || rec.chunk != p.rma_put_next) {
+      return corrupt("a piece of a put out of order");
+    }
+    if (rec.payload > rec.bytes - rec.chunk || (rec.payload == 0 && rec.bytes != 0))
+      return corrupt("a piece beyond its put's length");
+    if (p.rma_put_why == RmaRefusal::None) {
+      RmaRefusal why = RmaRefusal::None;
+      uint64_t detail = 0;
+      std::byte* dst = regions_.resolve(rec.region, rec.generation, rec.offset, rec.bytes, Access::Write, &why, &detail);
+      if (dst == nullptr) {
+        p.rma_put_why = rec.chunk != 0 && why == RmaRefusal::Deregistered ? RmaRefusal::DeregisteredDuring : why;
+        p.rma_put_detail = detail;
+      } else if (rec.payload > 0) {
+        ringCopyOut(p.rma_in_data, payload_at, dst + rec.chunk, rec.payload);
+      }
+    }
+    p.rma_put_next += rec.payload;
+    if (p.rma_put_next == rec.bytes) {
+      RmaReply r;
+      r.op = rec.op;
+      r.why = p.rma_put_why;
+      r.detail = p.rma_put_detail;
+      p.rma_replies.push(r);
+      p.rma_put_op = 0;
+    }
+    return;
+  }
+  if (p.rma_put_op != 0) return corrupt("a request inside a put's data");
+  if (rec.op != p.rma_expect) return corrupt(fmt::format("op number out of order (expected {})", p.rma_expect));
+  if (rec.payload != 0) return corrupt("data after a request that carries none");
+  ++p.rma_expect;
+  ++stats_.rma_requests;
+  RmaReply r;
+  r.op = rec.op;
+  if (rec.kind == kRmaNotify) {
+    notes_.emplace_back(p.rank, rec.generation);
+    p.rma_replies.push(r);
+    return;
+  }
+  const bool is_put = rec.kind == kRmaPut;
+  std::byte* mine = regions_.resolve(rec.region, rec.generation, rec.offset, rec.bytes,
+                                     is_put ? Access::Write : Access::Read, &r.why, &r.detail);
+  if (mine != nullptr) {
+    if ((rec.flags & kRmaCma) != 0) {
+      ++stats_.rma_cma;
+      if (const uint64_t err = cmaCopy(p, mine, rec.addr, rec.bytes, !is_put); err != 0) {
+        r.why = RmaRefusal::CopyFailed;
+        r.detail = err;
+      }
+    } else if (!is_put) {
+      r.stream = true;  // produceRma sends the data, checking the region again for each piece
+      r.region = rec.region;
+      r.generation = rec.generation;
+      r.offset = rec.offset;
+      r.bytes = rec.bytes;
+    }
+  }
+  p.rma_replies.push(r);
+}
+
+// The peer's answer to our oldest request (they come in request order).
+Status ShmTransport::takeAnswer(Peer& p, const RmaRecord& rec, uint64_t payload_at) {
+  if (p.rma_written == 0 || p.rma_ops.empty() || rec.op != p.rma_ops.front().id)
+    return internalError("shm transport, rank {}: rank {} answered one-sided op {}, which is not the oldest one this "
+                         "rank awaits (memory corruption or mixed chorus versions?)", rank_, p.rank, rec.op);
+  RmaOp& op = p.rma_ops.front();
+  if (rec.kind == kRmaGetData) {
+    if (op.kind != RmaOpKind::Get || op.cma || rec.chunk != op.got || rec.payload > op.bytes - op.got)
+      return internalError("shm transport, rank {}: rank {} sent data for one-sided op {} that does not fit it "
+                           "(memory corruption or mixed chorus versions?)", rank_, p.rank, rec.op);
+    ringCopyOut(p.rma_in_data, payload_at, op.dst + op.got, rec.payload);
+    op.got += rec.payload;
+    return {};
+  }
+  if (rec.kind != kRmaDone)
+    return internalError("shm transport, rank {}: unknown one-sided record kind {} from rank {} (memory corruption "
+                         "or mixed chorus versions?)", rank_, rec.kind, p.rank);
+  if (rec.reason != 0) {
+    op.req->fail(rmaRefused("shm", op.kind, rank_, p.rank, op.region, op.generation, op.offset, op.bytes,
+                            static_cast<RmaRefusal>(rec.reason), rec.generation));
+  } else if (op.kind == RmaOpKind::Get && !op.cma && op.got != op.bytes) {
+    return internalError("shm transport, rank {}: rank {} finished one-sided get {} after {} of its {} bytes", rank_,
+                         p.rank, rec.op, op.got, op.bytes);
+  } else {
+    op.req->complete();
+  }
+  p.rma_ops.pop();
+  --p.rma_written;
+  return {};
+}
+
+// Copies n bytes between our memory and the peer's at `theirs` (a put: from
+// theirs into mine; a get: from mine into theirs).  Returns 0 or the errno.
+uint64_t ShmTransport::cmaCopy(const Peer& p, std::byte* mine, uint64_t theirs, uint64_t n, bool write_theirs) {
+  uint64_t done = 0;
+  while (done < n) {
+    const uint64_t piece = std::min<uint64_t>(n - done, uint64_t{1} << 30);
+    iovec local{mine + done, piece};
+    iovec remote{reinterpret_cast<void*>(theirs + done), piece};
+    const ssize_t got = write_theirs ? process_vm_writev(p.pid, &local, 1, &remote, 1, 0)
+                                     : process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) return got < 0 ? static_cast<uint64_t>(errno) : EIO;
+    done += static_cast<uint64_t>(got);
+  }
+  return 0;
+}
+
 // -------------------------------------------------- progress and waiting ---
 
 void ShmTransport::failPeer(Peer& p, const Status& why) {
@@ -888,6 +1373,10 @@ void ShmTransport::failPeer(Peer& p, const Status& why) {
   p.sends.clear();
   p.cma_wait.clear();
   p.recvs.clear();
+  p.rma_ops.forEach([&](RmaOp& op) { op.req->fail(why); });
+  p.rma_ops.clear();
+  p.rma_written = 0;
+  p.rma_replies.clear();
 }
 
 Result<bool> ShmTransport::poll() {
@@ -923,6 +1412,11 @@ Result<bool> ShmTransport::poll() {
       if (err.isOk()) err = p.dead;
     }
   }
+  // The one-sided rings: only when a peer rang the bell since the last look
+  // (it does after every record it wrote and every one it consumed), or a
+  // bounded pass left work.  The message path pays one compare.
+  if (uint64_t{seen_bell_} != rma_bell_) [[unlikely]]
+    progressed |= pollRma(err);
   if (!err.isOk()) return err;
   return progressed;
 }
@@ -947,7 +1441,7 @@ bool ShmTransport::checkLiveness() {
   last_liveness_ = Clock::now();
   bool found = false;
   for (Peer& p : peers_) {
-    if (p.pid == pid_ || !p.dead.isOk() || !p.busy()) continue;
+    if (p.pid == pid_ || !p.dead.isOk() || !p.busyAny()) continue;
     if (processGone(p)) {
       p.dead = abortedOr(p, remoteError("shm transport, rank {}: peer rank {} (pid {}) has exited; its pending sends "
                                         "and receives fail (did that process crash or get killed? check its output)",

@@ -38,13 +38,18 @@ struct TcpSetup {
   // eager.  Values below tcp::kMinRendezvousBytes are raised to it.
   uint64_t rendezvous_bytes = 262144;
   int heartbeat_ms = 1000;  // keepalive period; a silent dead peer is noticed within ~3x (0: off)
+  // One-sided operations (Transport::rma(), rma.hpp): one more connection per
+  // pair, for their frames only (tcp_wire.hpp).  Both ends must agree.  Off:
+  // rma() is nullptr and the connections are as before.
+  bool rma = false;
   std::chrono::microseconds spin{50};  // a wait polls this long before it blocks (Config::spin)
   std::chrono::milliseconds timeout{600000};  // for connection setup
 };
 
 // Collective over rank and its peers.  Publishes this rank's listening address
 // in the store ("tcp/<rank>"), connects to higher ranks' listeners and accepts
-// lower ranks' connections.
+// lower ranks' connections.  With setup.rma the transport's rma() serves
+// one-sided operations (rma.hpp).
 Result<std::unique_ptr<Transport>> createTcpTransport(const TcpSetup& setup, bootstrap::Store& store);
 
 }  // namespace chorus::transport

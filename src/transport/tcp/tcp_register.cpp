@@ -1,5 +1,6 @@
 // The TCP transport in the registry (transport/registry.hpp): it serves any
-// rank, after the transports that prefer a peer (shared memory on this host).
+// rank, after the transports that prefer a peer (shared memory on this host),
+// with one-sided operations unless CHORUS_TCP_RMA=0.
 #include <functional>
 
 #include "transport/registry.hpp"
@@ -11,6 +12,8 @@ void registerTransport(TransportRegistry& r) {
   TransportInfo t;
   t.name = "tcp";
   t.preference = 50;
+  t.caps.rma = true;  // unless CHORUS_TCP_RMA=0 (Config::tcp.rma): one more connection per pair
+  t.caps.registered_memory = true;
   t.serves = [](const WireView&, int) { return true; };
   t.create = [](const SetupContext& c) -> Result<Created> {
     const Config& cfg = *c.view.cfg;
@@ -23,6 +26,7 @@ void registerTransport(TransportRegistry& r) {
     s.sockets_per_peer = cfg.tcp.sockets;
     s.rendezvous_bytes = cfg.tcp.rendezvous_bytes;
     s.heartbeat_ms = cfg.tcp.heartbeat_ms;
+    s.rma = cfg.tcp.rma;
     s.spin = cfg.spin;
     s.timeout = cfg.timeout;
     auto t = createTcpTransport(s, *c.store);

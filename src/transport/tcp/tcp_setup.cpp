@@ -10,7 +10,11 @@
 //  3. concurrently (a thread), accept the connections of every peer p < r:
 //     auth::serverHandshake, then check the authenticated hello — our comm_id,
 //     a rank we expect a connection from, an index in range and not seen yet,
-//     the same sockets_per_peer — and answer with the ack.  A connection that
+//     the same sockets_per_peer — and answer with the ack.
+//     With setup.rma each pair has one more connection, the one-sided one
+//     (tcp_wire.hpp), opened last with the socket index sockets_per_peer,
+//     and every hello's sockets_per_peer carries kHelloRmaBit (ranks that
+//     disagree on it fail at the first hello).  A connection that
 //     fails any check is closed and logged, and accepting goes on: a stranger
 //     (port scanner, a rank of another job, a stale rank of this one) cannot
 //     break setup, it only costs its own handshake time (capped, so a silent
@@ -83,7 +87,7 @@ class Acceptor {
     for (size_t i = 0; i < links.size(); ++i)
       if (links[i].rank < setup.rank) {
         links[i].socks.resize(static_cast<size_t>(setup.sockets_per_peer));
-        expected_ += static_cast<size_t>(setup.sockets_per_peer);
+        expected_ += static_cast<size_t>(setup.sockets_per_peer) + (setup.rma ? 1 : 0);
       }
   }
 
@@ -146,15 +150,20 @@ class Acceptor {
     if (h.comm_id != setup_.comm_id)
       return remoteError("hello names communicator {:#x}, this is {:#x} (a rank of another communicator?)", h.comm_id,
                          setup_.comm_id);
-    if (h.nsockets != setup_.sockets_per_peer)
+    const int32_t want = setup_.sockets_per_peer | (setup_.rma ? kHelloRmaBit : 0);
+    if (h.nsockets != want && (h.nsockets & ~kHelloRmaBit) == setup_.sockets_per_peer)
+      return remoteError("rank {} {} a one-sided (RMA) connection, this rank {} (enable the TCP transport's one-sided "
+                         "operations alike on all ranks)", h.rank, setup_.rma ? "opens no" : "opens",
+                         setup_.rma ? "expects one" : "has none");
+    if (h.nsockets != want)
       return remoteError("rank {} uses {} sockets per peer, this rank {} (set CHORUS_TCP_SOCKETS alike on all ranks)",
-                         h.rank, h.nsockets, setup_.sockets_per_peer);
+                         h.rank, h.nsockets & ~kHelloRmaBit, setup_.sockets_per_peer);
     auto it = std::find_if(links_.begin(), links_.end(), [&](const PeerLink& l) { return l.rank == h.rank; });
     if (it == links_.end() || h.rank >= setup_.rank)
       return remoteError("hello names rank {}, which is not a lower-ranked peer of rank {}", h.rank, setup_.rank);
-    if (h.index < 0 || h.index >= setup_.sockets_per_peer)
+    if (h.index < 0 || h.index > setup_.sockets_per_peer - (setup_.rma ? 0 : 1))
       return remoteError("hello names socket index {} (of {})", h.index, setup_.sockets_per_peer);
-    net::Fd& slot = it->socks[static_cast<size_t>(h.index)];
+    net::Fd& slot = h.index == setup_.sockets_per_peer ? it->rma : it->socks[static_cast<size_t>(h.index)];
     if (slot.valid()) return remoteError("rank {} socket {} is already connected (duplicate)", h.rank, h.index);
     uint32_t ack = kAck;
     CHORUS_RETURN_IF_ERROR(net::writeAll(conn.get(), std::as_bytes(std::span(&ack, 1)), hs_deadline));
@@ -169,8 +178,9 @@ class Acceptor {
       if (l.rank >= setup_.rank) continue;
       size_t have =
           static_cast<size_t>(std::count_if(l.socks.begin(), l.socks.end(), [](auto& f) { return f.valid(); }));
-      if (have < l.socks.size())
-        missing += fmt::format("{}{} ({}/{})", missing.empty() ? "" : ", ", l.rank, have, l.socks.size());
+      const size_t want = l.socks.size() + (setup_.rma ? 1 : 0);
+      have += setup_.rma && l.rma.valid() ? 1 : 0;
+      if (have < want) missing += fmt::format("{}{} ({}/{})", missing.empty() ? "" : ", ", l.rank, have, want);
     }
     return makeError(chorusTimeout,
                      "tcp transport setup on rank {}: ranks {} did not connect within {} ms (did they start, and can "
@@ -192,14 +202,14 @@ Status connectOne(const TcpSetup& setup, const net::SockAddr& addr, int peer, in
   h.comm_id = setup.comm_id;
   h.rank = setup.rank;
   h.index = index;
-  h.nsockets = setup.sockets_per_peer;
+  h.nsockets = setup.sockets_per_peer | (setup.rma ? kHelloRmaBit : 0);
   CHORUS_RETURN_IF_ERROR(auth::clientHandshake(fd.get(), setup.secret, std::as_bytes(std::span(&h, 1)), deadline));
   uint32_t ack = 0;
   Status s = net::readAll(fd.get(), std::as_writable_bytes(std::span(&ack, 1)), deadline);
   if (!s.isOk() || ack != kAck)
     return remoteError(
         "rank {} refused socket {} after authentication (its log says why: another communicator, or "
-        "different CHORUS_TCP_SOCKETS?){}{}",
+        "different CHORUS_TCP_SOCKETS, or one-sided operations enabled on one side only?){}{}",
         peer, index, s.isOk() ? "" : ": ", s.message());
   out = std::move(fd);
   return {};
@@ -221,8 +231,9 @@ Status connectHigher(const TcpSetup& setup, bootstrap::Store& store, std::vector
     std::memcpy(&addr, raw.data(), sizeof addr);
     link.addr = addr.toString();
     link.socks.resize(static_cast<size_t>(setup.sockets_per_peer));
-    for (int k = 0; k < setup.sockets_per_peer; ++k) {
-      Status s = connectOne(setup, addr, link.rank, k, deadline, link.socks[static_cast<size_t>(k)]);
+    for (int k = 0; k < setup.sockets_per_peer + (setup.rma ? 1 : 0); ++k) {
+      net::Fd& slot = k == setup.sockets_per_peer ? link.rma : link.socks[static_cast<size_t>(k)];
+      Status s = connectOne(setup, addr, link.rank, k, deadline, slot);
       if (!s.isOk())
         return s.withContext(fmt::format("tcp transport setup: rank {} connecting to rank {} at {}: ", setup.rank,
                                          link.rank, link.addr));

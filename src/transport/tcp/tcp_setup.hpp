@@ -15,6 +15,7 @@ struct PeerLink {
   int rank = -1;
   std::string addr;  // the peer's address, for error messages
   std::vector<net::Fd> socks;
+  net::Fd rma;  // with TcpSetup::rma: the one-sided connection (hello index = sockets_per_peer)
 };
 
 // Collective over setup.rank and setup.peers (see tcp_setup.cpp for the

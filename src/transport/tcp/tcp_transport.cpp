@@ -38,6 +38,13 @@
 // (readv); reductions go through one bounce buffer per transport, handing the
 // reducer whole elements and carrying partial ones over per socket.
 //
+// One-sided operations (TcpSetup::rma; rma.hpp): a connection per pair of
+// their own, always read when there is anything on it (an epoll set of those
+// connections, nested in the wait set; poll() asks it while one-sided work is
+// outstanding, after a wait() it woke, and every 64th call otherwise).  The
+// frames and the checks are in tcp_wire.hpp; the section "one-sided" below
+// has the code.
+//
 // Threading: everything but wake() and abort() runs on the executor thread;
 // abort() publishes its status under a mutex and an atomic flag, and both
 // write the eventfd that wait() watches.
@@ -56,15 +63,30 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 
 #include "common/log.hpp"
+#include "transport/rma.hpp"
 #include "transport/tcp/tcp.hpp"
 #include "transport/tcp/tcp_setup.hpp"
 #include "transport/tcp/tcp_wire.hpp"
 
 namespace chorus::transport {
 namespace {
+
+// One non-blocking gather write of cnt pieces, retried on EINTR: the bytes
+// written, or -1 with errno set.
+ssize_t sendIov(int fd, iovec* iov, int cnt) {
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<size_t>(cnt);
+  ssize_t n;
+  do {
+    n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
 
 using tcp::FrameHeader;
 using tcp::kHeaderBytes;
@@ -122,10 +144,79 @@ struct Sock {
   size_t carry_len = 0;
 };
 
+// ---- one-sided state ----
+
+// A one-sided operation this rank posted, until its answer.
+struct RmaOp {
+  RmaOpKind kind = RmaOpKind::Put;
+  Request* req = nullptr;
+  tcp::RmaFrame hdr;               // the request as it goes on the wire
+  const std::byte* src = nullptr;  // put: the payload
+  std::byte* dst = nullptr;        // get
+};
+
+// An answer this rank owes the peer: a header, and for a get its data from
+// the region (or, once the region was deregistered, from `own`).
+struct RmaAnswer {
+  tcp::RmaFrame hdr;
+  const std::byte* src = nullptr;
+  bool from_region = false;
+  uint32_t region = 0;
+  uint64_t generation = 0;
+  std::vector<std::byte> own;
+};
+
+// Payload bytes after a one-sided header.
+constexpr uint64_t rmaPayload(const tcp::RmaFrame& h) {
+  return h.kind == tcp::kRmaPut || h.kind == tcp::kRmaGetData ? h.length : 0;
+}
+
+static_assert(tcp::kRmaMaxReason == static_cast<uint16_t>(RmaRefusal::Last), "tcp_wire.hpp's refusal range");
+
+// Payloads at least this long are read straight into their destination.
+constexpr uint64_t kRmaDirectBytes = 16 * 1024;
+constexpr size_t kRmaStageBytes = 64 * 1024;
+constexpr uint64_t kRmaPassBytes = 4 << 20;  // per peer and direction per poll(), so others are not starved
+
+// A pair's one-sided connection (tcp_wire.hpp).
+struct RmaLink {
+  net::Fd fd;
+  bool closed = false;  // the peer closed it while nothing was outstanding (its transport is gone)
+  uint32_t epoll_mask = 0;
+  // Origin: our operations in post order until answered; ops[0, written)
+  // are on the wire whole.
+  Ring<RmaOp> ops;
+  size_t written = 0;
+  uint64_t next_op = 1;
+  // Target: the number the peer's next request carries, and what we owe it.
+  uint64_t expect = 1;
+  Ring<RmaAnswer> answers;
+  // The frame being written: from answers (1) or ops (2), and its bytes out.
+  int tx_queue = 0;
+  uint64_t tx_done = 0;
+  // Reading: a staging buffer of what arrived, and the payload being read
+  // (a put's into the region, or discarded when dst is null; a get's data).
+  std::vector<std::byte> buf;
+  size_t off = 0;
+  size_t len = 0;
+  bool in_payload = false;
+  bool payload_put = false;
+  std::byte* dst = nullptr;
+  uint64_t left = 0;
+  RmaRefusal why = RmaRefusal::None;
+  uint64_t detail = 0;
+  uint32_t region = 0;
+  uint64_t generation = 0;
+
+  [[nodiscard]] bool txPending() const { return tx_queue != 0 || !answers.empty() || written < ops.size(); }
+  [[nodiscard]] bool busy() const { return !ops.empty() || txPending() || in_payload || off < len; }
+};
+
 struct Peer {
   int rank = -1;
   std::string addr;
   std::vector<Sock> socks;
+  RmaLink rma;  // TcpSetup::rma: the one-sided connection
   Ring<Op*> unmatched;  // posted receives whose header has not arrived
   // Socket 0's header stage: the header, plus a small message's payload.
   std::vector<std::byte> stage;
@@ -237,21 +328,25 @@ bool peerLooksDead(int fd, int dead_ms, unsigned* silent_ms) {
   return (info.tcpi_unacked > 0 && info.tcpi_retransmits >= 2) || info.tcpi_probes >= 2;
 }
 
-class TcpTransport final : public Transport {
+class TcpTransport final : public Transport, public Rma {
  public:
-  TcpTransport(int rank, int nsockets, int heartbeat_ms, uint64_t rendezvous_bytes)
+  TcpTransport(int rank, int nsockets, int heartbeat_ms, uint64_t rendezvous_bytes, bool rma)
       : rank_(rank),
         nsockets_(nsockets),
         heartbeat_ms_(heartbeat_ms),
         rdv_bytes_(rendezvous_bytes == 0 ? 0 : std::max(rendezvous_bytes, tcp::kMinRendezvousBytes)),
-        bounce_(kBounceBytes) {}
+        bounce_(kBounceBytes),
+        rma_enabled_(rma),
+        regions_(rmaTransportTag("tcp"), rank) {}
 
   // Reads what peers sent and nobody took before the sockets close: a close
   // with unread data resets the connection, and a peer's kernel then drops
   // what it has not delivered yet — the abort frame that says why.
   ~TcpTransport() override {
-    for (Peer& p : peers_)
+    for (Peer& p : peers_) {
       for (Sock& sk : p.socks) drainUnread(sk);
+      drainFd(p.rma.fd);
+    }
   }
 
   Status init(std::vector<tcp::PeerLink> links, std::chrono::microseconds spin);
@@ -265,8 +360,31 @@ class TcpTransport final : public Transport {
   void wake() override;
   void abort(const Status& why) override;
 
+  // Rma (rma.hpp)
+  Rma* rma() override { return rma_enabled_ ? this : nullptr; }
+  Result<RegionId> registerRegion(void* base, size_t bytes, Access access) override {
+    return regions_.add(base, bytes, access);
+  }
+  Status deregisterRegion(RegionId id) override;
+  Result<std::vector<std::byte>> packKey(RegionId id) override { return regions_.pack(id); }
+  Result<RemoteKey> unpackKey(int peer, std::span<const std::byte> blob) override {
+    const bool ok = peer >= 0 && static_cast<size_t>(peer) < index_of_.size() && index_of_[static_cast<size_t>(peer)] >= 0;
+    return regions_.unpack(peer, ok, blob);
+  }
+  Status put(int peer, const void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) override {
+    return postRma(peer, RmaOpKind::Put, local, bytes, &key, offset, 0, req);
+  }
+  Status get(int peer, void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) override {
+    return postRma(peer, RmaOpKind::Get, local, bytes, &key, offset, 0, req);
+  }
+  Status notify(int peer, uint64_t value, Request* req) override {
+    return postRma(peer, RmaOpKind::Notify, nullptr, 0, nullptr, 0, value, req);
+  }
+  Result<bool> takeNotification(int* peer, uint64_t* value) override;
+
  private:
   static constexpr uint64_t kWakeTag = ~uint64_t{0};
+  static constexpr uint64_t kRmaTag = ~uint64_t{0} - 1;
 
   // ---- posting ----
 
@@ -309,6 +427,23 @@ class TcpTransport final : public Transport {
   void sendAbortFrame(Peer& p, const Status& why);
   Status applyAbort();
   static void drainUnread(const Sock& sk);
+  static void drainFd(const net::Fd& fd);
+
+  // ---- one-sided ----
+
+  Status postRma(int peer, RmaOpKind kind, const void* local, size_t bytes, const RemoteKey* key, uint64_t offset,
+                 uint64_t value, Request* req);
+  [[gnu::noinline]] void progressRma(bool& progressed, Status& first_error);  // out of poll()'s hot path
+  Result<int> writeRma(Peer& p);
+  void rmaInterest(Peer& p);
+  Status readRma(Peer& p, bool& progressed);
+  Status rmaHeader(Peer& p, const tcp::RmaFrame& h);
+  Status rmaPayloadDone(Peer& p);
+  Status rmaEnd(Peer& p);
+  Status rmaCorrupt(const Peer& p, const tcp::RmaFrame& h, std::string_view why) const;
+  Status rmaConnectionError(const Peer& p, int err) const;
+  static void rmaAnswer(RmaLink& l, uint16_t kind, uint64_t op, RmaRefusal why = RmaRefusal::None,
+                        uint64_t detail = 0);
 
   uint64_t current_sig_ = 0;  // the collective call of the latest request (noteCall)
   const int rank_;
@@ -330,6 +465,18 @@ class TcpTransport final : public Transport {
   std::mutex abort_mu_;
   Status abort_status_;  // guarded by abort_mu_
   bool abort_applied_ = false;
+
+  // One-sided: on with TcpSetup::rma.  rma_epoll_ holds every one-sided
+  // connection (input always, output while something waits to go out) and
+  // is itself in epoll_ (kRmaTag).
+  const bool rma_enabled_;
+  RegionTable regions_;
+  std::deque<std::pair<int, uint64_t>> notes_;  // notifications not taken yet
+  net::Fd rma_epoll_;
+  bool rma_hint_ = false;   // wait() saw one-sided traffic
+  bool rma_again_ = false;  // a pass stopped at its budget with work left
+  bool rma_busy_ = false;   // one-sided operations or answers outstanding
+  uint32_t rma_tick_ = 0;
 };
 
 // The members are defined `inline`, as they were while the class body held
@@ -351,6 +498,15 @@ inline Status TcpTransport::init(std::vector<tcp::PeerLink> links, std::chrono::
 
   hint_epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
   if (!hint_epoll_.valid()) return errnoError("epoll_create1 (tcp transport)", errno);
+  if (rma_enabled_) {
+    rma_epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!rma_epoll_.valid()) return errnoError("epoll_create1 (tcp transport, one-sided)", errno);
+    epoll_event rev{};
+    rev.events = EPOLLIN;
+    rev.data.u64 = kRmaTag;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, rma_epoll_.get(), &rev) != 0)
+      return errnoError("epoll_ctl (tcp transport, one-sided set)", errno);
+  }
 
   peers_.resize(links.size());
   int max_rank = 0;
@@ -379,6 +535,23 @@ inline Status TcpTransport::init(std::vector<tcp::PeerLink> links, std::chrono::
       hint.data.u64 = (uint64_t{i} << 32) | k;
       if (::epoll_ctl(hint_epoll_.get(), EPOLL_CTL_ADD, s.fd.get(), &hint) != 0)
         return errnoError("epoll_ctl (tcp transport hint set)", errno);
+    }
+    if (rma_enabled_) {
+      if (!links[i].rma.valid())
+        return internalError("tcp transport rank {}: no one-sided connection to rank {}", rank_, p.rank);
+      RmaLink& l = p.rma;
+      l.fd = std::move(links[i].rma);
+      CHORUS_RETURN_IF_ERROR(net::setNonBlocking(l.fd.get(), true));
+      CHORUS_RETURN_IF_ERROR(net::setNoDelay(l.fd.get()));
+      tuneBuffers(l.fd.get());
+      setHeartbeat(l.fd.get(), heartbeat_ms_);
+      l.buf.resize(kRmaStageBytes);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = i;
+      if (::epoll_ctl(rma_epoll_.get(), EPOLL_CTL_ADD, l.fd.get(), &ev) != 0)
+        return errnoError("epoll_ctl (tcp transport, one-sided connection)", errno);
+      l.epoll_mask = EPOLLIN;
     }
   }
   return {};
@@ -461,12 +634,17 @@ inline Result<bool> TcpTransport::poll() {
     if (!moved) break;
     progressed = true;
   }
+  // One-sided traffic (TcpSetup::rma): while some is outstanding, after a
+  // wait() it ended, and every 64th call (a message-only executor pays a
+  // branch, or with one-sided operations on an epoll_wait per 64 calls).
+  if (rma_enabled_ && (rma_hint_ || rma_again_ || rma_busy_ || (++rma_tick_ & 63) == 0)) [[unlikely]]
+    progressRma(progressed, first_error);
   if (!first_error.isOk()) return first_error;
   return progressed;
 }
 
 inline void TcpTransport::wait(std::chrono::microseconds timeout) {
-  if (aborted_.load(std::memory_order_acquire)) return;
+  if (aborted_.load(std::memory_order_acquire) || rma_again_) return;
   // Interest follows the posted work: a socket with nothing to do is not in
   // the set, so unread data for a receive not yet posted (or a peer that
   // hung up while idle) cannot turn waiting into spinning.
@@ -493,11 +671,13 @@ inline void TcpTransport::wait(std::chrono::microseconds timeout) {
   }
   std::array<epoll_event, 32> events;
   auto drainWake = [&](int n) {
-    for (int i = 0; i < n; ++i)
+    for (int i = 0; i < n; ++i) {
       if (events[static_cast<size_t>(i)].data.u64 == kWakeTag) {
         uint64_t v;
         [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
       }
+      if (events[static_cast<size_t>(i)].data.u64 == kRmaTag) rma_hint_ = true;
+    }
   };
   // Poll before sleeping, as the shared-memory transport does: a peer that
   // answers within CHORUS_SPIN_US is caught without a sleep and a wake-up
@@ -742,13 +922,7 @@ inline Result<int> TcpTransport::writeSome(Peer& p, Sock& s) {
     }
   }
   if (cnt == 0) return 0;
-  msghdr msg{};
-  msg.msg_iov = iov.data();
-  msg.msg_iovlen = static_cast<size_t>(cnt);
-  ssize_t n;
-  do {
-    n = ::sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n = sendIov(s.fd.get(), iov.data(), cnt);
   if (n < 0) {
     int err = errno;
     if (err == EAGAIN || err == EWOULDBLOCK) return 0;
@@ -1107,9 +1281,10 @@ inline void TcpTransport::checkLiveness(Status& first_error) {
   next_liveness_check_ = now + std::chrono::milliseconds(std::clamp(heartbeat_ms_ / 4, 1, 100));
   for (Peer& p : peers_) {
     if (p.failed) continue;
-    for (Sock& s : p.socks) {
+    for (size_t k = 0; k <= p.socks.size(); ++k) {
+      const net::Fd& fd = k < p.socks.size() ? p.socks[k].fd : p.rma.fd;
       unsigned silent_ms = 0;
-      if (!s.fd.valid() || !peerLooksDead(s.fd.get(), 3 * heartbeat_ms_, &silent_ms)) continue;
+      if (!fd.valid() || !peerLooksDead(fd.get(), 3 * heartbeat_ms_, &silent_ms)) continue;
       Status why = remoteError(
           "rank {} ({}) has acknowledged nothing for {} ms while data waits for it (3 x CHORUS_HEARTBEAT_MS = {} "
           "ms): its host is unreachable or dead",
@@ -1160,6 +1335,22 @@ inline void TcpTransport::failPeer(Peer& p, const Status& why) {
   p.stage_len = 0;
   p.header_parsed = false;
   p.pushback_len = 0;
+  RmaLink& l = p.rma;
+  for (size_t i = 0; i < l.ops.size(); ++i) l.ops[i].req->fail(why);
+  l.ops.clear();
+  l.written = 0;
+  l.answers.clear();
+  l.tx_queue = 0;
+  l.tx_done = 0;
+  l.in_payload = false;
+  l.dst = nullptr;
+  l.off = l.len = 0;
+  if (l.fd.valid()) {
+    if (l.epoll_mask != 0) (void)::epoll_ctl(rma_epoll_.get(), EPOLL_CTL_DEL, l.fd.get(), nullptr);
+    l.epoll_mask = 0;
+    ::shutdown(l.fd.get(), SHUT_WR);
+    drainFd(l.fd);
+  }
 }
 
 // Best effort: tells the peer why, so that the root cause reaches every
@@ -1205,11 +1396,429 @@ inline Status TcpTransport::applyAbort() {
   return why;
 }
 
-inline void TcpTransport::drainUnread(const Sock& sk) {
-  if (!sk.fd.valid()) return;
+inline void TcpTransport::drainUnread(const Sock& sk) { drainFd(sk.fd); }
+
+inline void TcpTransport::drainFd(const net::Fd& fd) {
+  if (!fd.valid()) return;
   std::array<std::byte, 64 * 1024> sink;
   for (int i = 0; i < 1024; ++i)  // bounded: at most 64 MiB
-    if (::recv(sk.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT) <= 0) break;
+    if (::recv(fd.get(), sink.data(), sink.size(), MSG_DONTWAIT) <= 0) break;
+}
+
+// ---- one-sided ----
+//
+// Each side of a pair's one-sided connection writes its requests and its
+// answers to the peer's requests (answers first at a frame boundary, so our
+// own long puts do not hold them up), and reads the peer's.  A request is
+// checked against the region table before a payload byte moves; its answer
+// goes out after all of it was read.  Answers come in request order, so an
+// origin matches each with its oldest operation on the wire.
+
+inline Status TcpTransport::postRma(int peer, RmaOpKind kind, const void* local, size_t bytes, const RemoteKey* key,
+                                    uint64_t offset, uint64_t value, Request* req) {
+  if (req == nullptr) return invalidArgument("tcp rma on rank {}: a null request", rank_);
+  if (!rma_enabled_)
+    return rejectPost(req, invalidUsage("tcp transport on rank {}: one-sided operations are not enabled on it "
+                                        "(TcpSetup::rma)", rank_));
+  CHORUS_ASSIGN_OR_RETURN(Peer * p, peerForPost(peer, req, "one-sided operation"));
+  if (Status s = rmaCheckPost("tcp", rank_, kind, peer, local, bytes, key, rmaTransportTag("tcp")); !s.isOk())
+    return rejectPost(req, s);
+  if (bytes > tcp::kMaxFrameBytes)
+    return rejectPost(req, invalidArgument("tcp rma on rank {}: {} bytes to or from rank {} exceed the 2^48-byte "
+                                           "limit", rank_, bytes, peer));
+  RmaLink& l = p->rma;
+  if (l.closed)
+    return rejectPost(req, remoteError("tcp rma on rank {}: rank {} ({}) closed its one-sided connection (has it "
+                                       "destroyed its transport?)", rank_, peer, p->addr));
+  RmaOp op;
+  op.kind = kind;
+  op.req = req;
+  op.hdr.op = l.next_op++;
+  switch (kind) {
+    case RmaOpKind::Put:
+      op.hdr.kind = tcp::kRmaPut;
+      op.src = static_cast<const std::byte*>(local);
+      break;
+    case RmaOpKind::Get:
+      op.hdr.kind = tcp::kRmaGet;
+      op.dst = static_cast<std::byte*>(const_cast<void*>(local));
+      break;
+    case RmaOpKind::Notify:
+      op.hdr.kind = tcp::kRmaNotify;
+      op.hdr.generation = value;
+      break;
+  }
+  if (key != nullptr) {
+    op.hdr.region = key->region;
+    op.hdr.generation = key->generation;
+    op.hdr.offset = offset;
+    op.hdr.length = bytes;
+  }
+  markPosted(req);
+  l.ops.push(op);
+  rma_busy_ = true;  // the next poll() writes it
+  return {};
+}
+
+inline Result<bool> TcpTransport::takeNotification(int* peer, uint64_t* value) {
+  if (!notes_.empty()) {
+    *peer = notes_.front().first;
+    *value = notes_.front().second;
+    notes_.pop_front();
+    return true;
+  }
+  if (aborted_.load(std::memory_order_acquire)) {
+    std::lock_guard lock(abort_mu_);
+    return abort_status_;
+  }
+  return false;
+}
+
+// The memory of a deregistered region is not touched after this returns: a
+// put landing in it drops the rest of its payload (its origin is told), and
+// a get answered from it is answered from a copy made now.
+inline Status TcpTransport::deregisterRegion(RegionId id) {
+  if (!regions_.live(id.index, id.generation)) return regions_.remove(id);  // the error
+  for (Peer& p : peers_) {
+    RmaLink& l = p.rma;
+    if (l.in_payload && l.payload_put && l.dst != nullptr && l.region == id.index && l.generation == id.generation) {
+      l.dst = nullptr;
+      l.why = RmaRefusal::DeregisteredDuring;
+      l.detail = 0;
+    }
+    for (size_t i = 0; i < l.answers.size(); ++i) {
+      RmaAnswer& a = l.answers[i];
+      if (!a.from_region || a.region != id.index || a.generation != id.generation) continue;
+      a.own.assign(a.src, a.src + a.hdr.length);
+      a.src = a.own.data();
+      a.from_region = false;
+    }
+  }
+  return regions_.remove(id);
+}
+
+inline void TcpTransport::rmaAnswer(RmaLink& l, uint16_t kind, uint64_t op, RmaRefusal why, uint64_t detail) {
+  RmaAnswer a;
+  a.hdr.kind = kind;
+  a.hdr.op = op;
+  a.hdr.reason = static_cast<uint16_t>(why);
+  a.hdr.generation = detail;
+  l.answers.push(std::move(a));
+}
+
+// Moves one-sided traffic (poll() decides when): reads the connections
+// epoll reports, writes what waits to go out.
+void TcpTransport::progressRma(bool& progressed, Status& first_error) {
+  rma_hint_ = false;
+  rma_again_ = false;
+  auto fail = [&](Peer& p, const Status& why) {
+    failPeer(p, why);
+    progressed = true;
+    if (first_error.isOk()) first_error = why;
+  };
+  std::array<epoll_event, 64> events;
+  const int n = ::epoll_wait(rma_epoll_.get(), events.data(), static_cast<int>(events.size()), 0);
+  if (n == static_cast<int>(events.size())) rma_again_ = true;
+  for (int i = 0; i < n; ++i) {
+    Peer& p = peers_[static_cast<size_t>(events[static_cast<size_t>(i)].data.u64)];
+    if (p.failed || p.rma.closed) continue;
+    if (Status st = readRma(p, progressed); !st.isOk()) fail(p, st);
+  }
+  bool busy = false;
+  for (Peer& p : peers_) {
+    RmaLink& l = p.rma;
+    if (p.failed || l.closed || !l.fd.valid()) continue;
+    if (l.off < l.len) {  // staged bytes a budgeted pass left
+      if (Status st = readRma(p, progressed); !st.isOk()) {
+        fail(p, st);
+        continue;
+      }
+    }
+    if (l.txPending()) {
+      Result<int> w = writeRma(p);
+      if (!w.isOk()) {
+        fail(p, w.status());
+        continue;
+      }
+      if (*w > 0) progressed = true;
+    }
+    rmaInterest(p);
+    busy = busy || l.busy();
+  }
+  rma_busy_ = busy;
+}
+
+// Output interest in the one-sided set only while something waits to go out.
+inline void TcpTransport::rmaInterest(Peer& p) {
+  RmaLink& l = p.rma;
+  const uint32_t want = uint32_t{EPOLLIN} | (l.txPending() ? uint32_t{EPOLLOUT} : 0u);
+  if (want == l.epoll_mask || l.epoll_mask == 0) return;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.u64 = static_cast<uint64_t>(index_of_[static_cast<size_t>(p.rank)]);
+  if (::epoll_ctl(rma_epoll_.get(), EPOLL_CTL_MOD, l.fd.get(), &ev) == 0) l.epoll_mask = want;
+}
+
+// Writes answers, then requests, as far as the socket takes them.  Same
+// return convention as writeSome.
+inline Result<int> TcpTransport::writeRma(Peer& p) {
+  RmaLink& l = p.rma;
+  int result = 0;
+  while (l.txPending()) {
+    const int q = l.tx_queue != 0 ? l.tx_queue : (!l.answers.empty() ? 1 : 2);
+    const size_t avail = q == 1 ? l.answers.size() : l.ops.size() - l.written;
+    std::array<iovec, kMaxIov> iov;
+    int cnt = 0;
+    uint64_t offered = 0;
+    size_t frames = 0;
+    for (size_t k = 0; k < avail && cnt + 2 <= kMaxIov && offered < kRmaPassBytes; ++k) {
+      tcp::RmaFrame& h = q == 1 ? l.answers[k].hdr : l.ops[l.written + k].hdr;
+      const std::byte* payload = q == 1 ? l.answers[k].src : l.ops[l.written + k].src;
+      uint64_t skip = k == 0 ? l.tx_done : 0;
+      if (skip < tcp::kRmaFrameBytes) {
+        iov[static_cast<size_t>(cnt++)] = {reinterpret_cast<std::byte*>(&h) + skip, tcp::kRmaFrameBytes - skip};
+        offered += tcp::kRmaFrameBytes - skip;
+        skip = 0;
+      } else {
+        skip -= tcp::kRmaFrameBytes;
+      }
+      const uint64_t plen = rmaPayload(h);
+      if (plen > skip) {
+        iov[static_cast<size_t>(cnt++)] = {const_cast<std::byte*>(payload) + skip, plen - skip};
+        offered += plen - skip;
+      }
+      ++frames;
+    }
+    const ssize_t n = sendIov(l.fd.get(), iov.data(), cnt);
+    if (n < 0) {
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) return result;
+      return rmaConnectionError(p, err);
+    }
+    auto left = static_cast<uint64_t>(n);
+    for (size_t k = 0; k < frames && left > 0; ++k) {
+      const tcp::RmaFrame& h = q == 1 ? l.answers.front().hdr : l.ops[l.written].hdr;
+      const uint64_t rest = tcp::kRmaFrameBytes + rmaPayload(h) - l.tx_done;
+      if (left < rest) {
+        l.tx_done += left;
+        l.tx_queue = q;
+        left = 0;
+        break;
+      }
+      left -= rest;
+      l.tx_done = 0;
+      l.tx_queue = 0;
+      if (q == 1) {
+        l.answers.front().own = {};
+        l.answers.pop();
+      } else {
+        ++l.written;
+      }
+    }
+    if (static_cast<uint64_t>(n) < offered) return 1;
+    result = 2;
+  }
+  return result;
+}
+
+// Reads what the peer sent on its one-sided connection, within a budget.
+inline Status TcpTransport::readRma(Peer& p, bool& progressed) {
+  RmaLink& l = p.rma;
+  uint64_t budget = kRmaPassBytes;
+  while (budget > 0) {
+    if (!l.in_payload) {
+      if (l.len - l.off < tcp::kRmaFrameBytes) {
+        if (l.off > 0) {
+          std::memmove(l.buf.data(), l.buf.data() + l.off, l.len - l.off);
+          l.len -= l.off;
+          l.off = 0;
+        }
+        const ssize_t n = ::recv(l.fd.get(), l.buf.data() + l.len, l.buf.size() - l.len, MSG_DONTWAIT);
+        if (n > 0) {
+          l.len += static_cast<size_t>(n);
+          progressed = true;
+          continue;
+        }
+        if (n == 0) return rmaEnd(p);
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
+        return rmaConnectionError(p, errno);
+      }
+      tcp::RmaFrame h;
+      std::memcpy(&h, l.buf.data() + l.off, sizeof h);
+      l.off += sizeof h;
+      budget -= std::min<uint64_t>(budget, sizeof h);
+      CHORUS_RETURN_IF_ERROR(rmaHeader(p, h));
+      progressed = true;
+      continue;
+    }
+    if (l.left == 0) {
+      CHORUS_RETURN_IF_ERROR(rmaPayloadDone(p));
+      progressed = true;
+      continue;
+    }
+    if (l.off < l.len) {
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(l.len - l.off, l.left));
+      if (l.dst != nullptr) {
+        std::memcpy(l.dst, l.buf.data() + l.off, take);
+        l.dst += take;
+      }
+      l.off += take;
+      l.left -= take;
+      budget -= std::min<uint64_t>(budget, take);
+      progressed = true;
+      continue;
+    }
+    // Nothing staged: a long payload goes straight to its destination,
+    // anything else through the stage.
+    l.off = l.len = 0;
+    const bool direct = l.dst != nullptr && l.left >= kRmaDirectBytes;
+    std::byte* into = direct ? l.dst : l.buf.data();
+    const size_t want = direct ? static_cast<size_t>(std::min<uint64_t>({l.left, budget, uint64_t{1} << 30}))
+                               : l.buf.size();
+    const ssize_t n = ::recv(l.fd.get(), into, want, MSG_DONTWAIT);
+    if (n > 0) {
+      if (direct) {
+        l.dst += n;
+        l.left -= static_cast<uint64_t>(n);
+        budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
+      } else {
+        l.len = static_cast<size_t>(n);
+      }
+      progressed = true;
+      continue;
+    }
+    if (n == 0) return rmaEnd(p);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
+    return rmaConnectionError(p, errno);
+  }
+  rma_again_ = true;
+  return {};
+}
+
+// The peer closed its one-sided connection: quietly when nothing was
+// outstanding on it (its transport is gone), else an error.
+inline Status TcpTransport::rmaEnd(Peer& p) {
+  RmaLink& l = p.rma;
+  if (l.ops.empty() && !l.in_payload && l.off == l.len) {
+    l.closed = true;
+    l.answers.clear();
+    l.tx_queue = 0;
+    l.tx_done = 0;
+    if (l.epoll_mask != 0) (void)::epoll_ctl(rma_epoll_.get(), EPOLL_CTL_DEL, l.fd.get(), nullptr);
+    l.epoll_mask = 0;
+    return {};
+  }
+  if (Status why = pendingAbort(p); !why.isOk()) return why;
+  return remoteError("connection to rank {} ({}) closed: the peer closed its one-sided connection while {} (did rank "
+                     "{} exit, fail or abort?)", p.rank, p.addr,
+                     l.ops.empty() ? "a frame of it was arriving" : "one-sided operations of this rank awaited answers",
+                     p.rank);
+}
+
+inline Status TcpTransport::rmaConnectionError(const Peer& p, int err) const {
+  if (Status why = pendingAbort(p); !why.isOk()) return why;
+  return remoteError("connection to rank {} ({}) failed: its one-sided connection: {} (did rank {} exit, fail or "
+                     "abort?)", p.rank, p.addr, describeErrno(err), p.rank);
+}
+
+inline Status TcpTransport::rmaCorrupt(const Peer& p, const tcp::RmaFrame& h, std::string_view why) const {
+  return remoteError("connection to rank {} ({}) is corrupt: one-sided frame magic {:#x} kind {} op {} region {} "
+                     "offset {} length {}: {} (a different chorus version, or not a chorus peer?)", p.rank, p.addr,
+                     h.magic, h.kind, h.op, h.region, h.offset, h.length, why);
+}
+
+// A header: validated whole before anything moves.  A request is checked
+// against the region table; an answer must answer our oldest operation on
+// the wire.
+inline Status TcpTransport::rmaHeader(Peer& p, const tcp::RmaFrame& h) {
+  RmaLink& l = p.rma;
+  if (const char* bad = tcp::rmaFrameProblem(h); bad != nullptr) return rmaCorrupt(p, h, bad);
+  if (h.kind == tcp::kRmaPut || h.kind == tcp::kRmaGet || h.kind == tcp::kRmaNotify) {
+    if (h.op != l.expect) return rmaCorrupt(p, h, fmt::format("op number out of order (expected {})", l.expect));
+    ++l.expect;
+    rma_busy_ = true;  // an answer (or a payload) follows
+    if (h.kind == tcp::kRmaNotify) {
+      notes_.emplace_back(p.rank, h.generation);
+      rmaAnswer(l, tcp::kRmaAck, h.op);
+      return {};
+    }
+    RmaRefusal why = RmaRefusal::None;
+    uint64_t detail = 0;
+    const bool is_put = h.kind == tcp::kRmaPut;
+    std::byte* mem = regions_.resolve(h.region, h.generation, h.offset, h.length,
+                                      is_put ? Access::Write : Access::Read, &why, &detail);
+    if (!is_put) {
+      if (mem == nullptr) {
+        rmaAnswer(l, tcp::kRmaError, h.op, why, detail);
+        return {};
+      }
+      RmaAnswer a;
+      a.hdr.kind = tcp::kRmaGetData;
+      a.hdr.op = h.op;
+      a.hdr.length = h.length;
+      a.src = mem;
+      a.from_region = true;
+      a.region = h.region;
+      a.generation = h.generation;
+      l.answers.push(std::move(a));
+      return {};
+    }
+    // A put: its payload lands in the region, or is dropped when refused.
+    l.in_payload = true;
+    l.payload_put = true;
+    l.dst = mem;
+    l.left = h.length;
+    l.why = why;
+    l.detail = detail;
+    l.region = h.region;
+    l.generation = h.generation;
+    l.detail = detail;
+    return {};
+  }
+  if (l.written == 0 || l.ops.empty() || l.ops.front().hdr.op != h.op)
+    return rmaCorrupt(p, h, "an answer to no operation this rank awaits");
+  RmaOp& op = l.ops.front();
+  if (h.kind == tcp::kRmaGetData) {
+    if (op.kind != RmaOpKind::Get || h.length != op.hdr.length)
+      return rmaCorrupt(p, h, "data that does not fit the get it answers");
+    l.in_payload = true;
+    l.payload_put = false;
+    l.dst = op.dst;
+    l.left = h.length;
+    return {};
+  }
+  if (h.kind == tcp::kRmaAck && op.kind == RmaOpKind::Get)
+    return rmaCorrupt(p, h, "an acknowledgement where a get's data belongs");
+  if (h.kind == tcp::kRmaError) {
+    op.req->fail(rmaRefused("tcp", op.kind, rank_, p.rank, op.hdr.region, op.hdr.generation, op.hdr.offset,
+                            op.hdr.length, static_cast<RmaRefusal>(h.reason), h.generation));
+  } else {
+    op.req->complete();
+  }
+  l.ops.pop();
+  --l.written;
+  return {};
+}
+
+inline Status TcpTransport::rmaPayloadDone(Peer& p) {
+  RmaLink& l = p.rma;
+  l.in_payload = false;
+  l.dst = nullptr;
+  if (l.payload_put) {
+    const uint64_t op = l.expect - 1;
+    if (l.why == RmaRefusal::None)
+      rmaAnswer(l, tcp::kRmaAck, op);
+    else
+      rmaAnswer(l, tcp::kRmaError, op, l.why, l.detail);
+    rma_busy_ = true;
+    return {};
+  }
+  l.ops.front().req->complete();
+  l.ops.pop();
+  --l.written;
+  return {};
 }
 
 }  // namespace
@@ -1217,7 +1826,7 @@ inline void TcpTransport::drainUnread(const Sock& sk) {
 Result<std::unique_ptr<Transport>> createTcpTransport(const TcpSetup& setup, bootstrap::Store& store) {
   CHORUS_ASSIGN_OR_RETURN(std::vector<tcp::PeerLink> links, tcp::establishLinks(setup, store));
   auto t = std::make_unique<TcpTransport>(setup.rank, setup.sockets_per_peer, setup.heartbeat_ms,
-                                          setup.rendezvous_bytes);
+                                          setup.rendezvous_bytes, setup.rma);
   CHORUS_RETURN_IF_ERROR(t->init(std::move(links), setup.spin));
   return std::unique_ptr<Transport>(std::move(t));
 }

@@ -72,10 +72,81 @@ struct Hello {
   uint32_t magic = kHelloMagic;
 };
 static_assert(sizeof(Hello) == 24);
+// Set in Hello::nsockets when the connector opens the one-sided connection
+// too (TcpSetup::rma), so that ranks that disagree on it fail at the first
+// hello with a message that says so.
+constexpr int32_t kHelloRmaBit = 1 << 30;
 
 // Sent by the acceptor once it has accepted a hello, so a connector whose
 // hello is refused fails at setup instead of at its first message.
 constexpr uint32_t kAck = 0x4b4f5443;  // "CTOK"
+
+// ---- One-sided operations (rma.hpp; docs/rma.md) ----
+//
+// With TcpSetup::rma each pair has one more connection, opened after the
+// message sockets with the hello index sockets_per_peer, that carries only
+// one-sided frames: a message no receive has claimed yet then never holds up
+// a put, and an unused capability costs the message path nothing.  Each
+// side writes its requests (put, get, notify) and its answers to the other
+// side's requests on it; every frame is an RmaFrame header, then for a put
+// and a get's data `length` payload bytes.  A target serves requests in
+// order and answers each one exactly once, after reading all of it (a put's
+// payload included), so answers come back in request order:
+//   put    -> kRmaAck once the payload is in the region, or kRmaError (the
+//             payload is read and dropped: the stream stays in step);
+//   get    -> kRmaGetData with the bytes, or kRmaError;
+//   notify -> kRmaAck once the notification is queued for takeNotification.
+// The target checks a put's or get's region, generation, bounds (overflow
+// safe) and access in its table before a payload byte lands in or leaves its
+// memory; the origin checks that an answer names its oldest request awaiting
+// one and that a get's data has the length it asked for.  A header that
+// fails rmaFrameProblem, or one that breaks those orders, is a corrupt
+// connection: the peer is failed, as for a bad message header.
+constexpr uint32_t kRmaMagic = 0x31525443;  // "CTR1"
+enum RmaKind : uint16_t {
+  kRmaPut = 1,      // request; `length` payload bytes follow
+  kRmaGet = 2,      // request; `length` is the bytes asked
+  kRmaNotify = 3,   // request; `generation` is the value
+  kRmaAck = 4,      // answer: a put landed, or a notification is queued
+  kRmaError = 5,    // answer: refused; `reason` an RmaRefusal, `generation` its detail
+  kRmaGetData = 6,  // answer: a get's `length` bytes follow
+};
+constexpr uint16_t kRmaMaxReason = 7;  // RmaRefusal::Last
+
+struct RmaFrame {
+  uint32_t magic = kRmaMagic;
+  uint16_t kind = 0;
+  uint16_t reason = 0;      // kRmaError: the refusal (1..kRmaMaxReason); else 0
+  uint32_t region = 0;      // put, get: the key's region index; else 0
+  uint32_t zero = 0;        // always 0
+  uint64_t op = 0;          // requests: the origin's op number (1, 2, ... per ordered pair); answers: the op answered
+  uint64_t generation = 0;  // put, get: the key's generation; notify: the value; kRmaError: the detail; else 0
+  uint64_t offset = 0;      // put, get: offset into the region; else 0
+  uint64_t length = 0;      // put, kRmaGetData: payload bytes that follow; get: bytes asked; else 0
+};
+static_assert(sizeof(RmaFrame) == 48);
+constexpr size_t kRmaFrameBytes = sizeof(RmaFrame);
+
+// The checks of a one-sided header that need no connection state: nullptr
+// when it passes, else what is wrong with it.
+[[nodiscard]] constexpr const char* rmaFrameProblem(const RmaFrame& f) {
+  if (f.magic != kRmaMagic) return "bad magic";
+  if (f.kind < kRmaPut || f.kind > kRmaGetData) return "unknown kind";
+  if (f.zero != 0) return "a reserved field is not zero";
+  if (f.op == 0) return "op number 0";
+  if (f.length > kMaxFrameBytes) return "length over 2^48";
+  const bool access = f.kind == kRmaPut || f.kind == kRmaGet;
+  if (f.kind == kRmaError) {
+    if (f.reason == 0 || f.reason > kRmaMaxReason) return "unknown refusal";
+  } else if (f.reason != 0) {
+    return "a refusal in a frame that carries none";
+  }
+  if (!access && (f.region != 0 || f.offset != 0)) return "a region in a frame that names none";
+  if ((f.kind == kRmaNotify || f.kind == kRmaAck || f.kind == kRmaError) && f.length != 0)
+    return "a length in a frame that has none";
+  if ((f.kind == kRmaAck || f.kind == kRmaGetData) && f.generation != 0) return "a value in an answer";
+  return nullptr;
+}
 
 // Payload bytes of a `len`-byte message carried by socket s of n.
 [[nodiscard]] constexpr uint64_t shareBytes(uint64_t len, int n, int s) {
