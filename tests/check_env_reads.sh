@@ -10,12 +10,12 @@
 #   common/env.cpp          the knob table and the readers themselves
 #   bootstrap/bootstrap.cpp readEnvJob: the job's rank, size and store
 #                           (CHORUS_RANK, torchrun, Open MPI, Slurm variables)
-#   tools/launcher.cpp      chorus-run passes its environment on to the ranks
+#   toolkit/launcher.cpp    chorus-run passes its environment on to the ranks
 #
 # Usage: check_env_reads.sh SRC_DIR
 src=${1:?usage: check_env_reads.sh SRC_DIR}
 cd "$src" || exit 2
-allowed='^(api/config\.cpp|common/env\.cpp|bootstrap/bootstrap\.cpp|tools/launcher\.cpp):'
+allowed='^(api/config\.cpp|common/env\.cpp|bootstrap/bootstrap\.cpp|toolkit/launcher\.cpp):'
 pattern='getenv|\<environ\>|env::(raw|getString|getInt|getBool|getAny)\>'
 # Comment lines may name them (this rule is documented in several places).
 hits=$(grep -rnE --include='*.c' --include='*.cc' --include='*.cpp' --include='*.h' --include='*.hpp' "$pattern" . |

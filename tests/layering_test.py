@@ -36,12 +36,12 @@ DIRECT = {
     "comm": ["exec", "tune"],
     "prim": ["comm"],
     "api": ["prim"],
-    "tools": ["api", "tune", "bootstrap"],
+    "toolkit": ["api", "tune", "bootstrap"],
 }
 # Layers that reach transports only through the registry (transport/registry.hpp)
 # and the interface (transport/transport.hpp): an include of a concrete
 # transport's folder (transport/shm/..., transport/tcp/...) there is a violation.
-NO_CONCRETE_TRANSPORT = ("comm", "tune", "api", "tools")
+NO_CONCRETE_TRANSPORT = ("comm", "tune", "api", "toolkit")
 # Namespaces of code that must stay out of libchorus.so.
 NOT_IN_LIBRARY = ("chorus::tools::", "chorus::sim::", "chorus::clock::ptp::")
 

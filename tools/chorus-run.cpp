@@ -10,7 +10,7 @@
 #include <exception>
 #include <string>
 
-#include "tools/launcher.hpp"
+#include "toolkit/launcher.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"chorus-run: launch N local ranks of a chorus program (each gets CHORUS_RANK, CHORUS_WORLD_SIZE, "

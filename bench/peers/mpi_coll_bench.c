@@ -2,7 +2,7 @@
  *
  *   mpirun -np 2 --mca pml ob1 --mca btl self,vader mpi_coll_bench allreduce -b 8 -e 64M -f 2 --json out.jsonl
  *
- * It measures exactly as chorus-bench does (src/tools/bench_run.cpp), so the two sets of numbers can be put
+ * It measures exactly as chorus-bench does (src/toolkit/bench_run.cpp), so the two sets of numbers can be put
  * side by side: per size, one checked call, `-w` warmup calls, a barrier, then `-n` timed calls; the time
  * of one call is the mean over the timed calls, and the slowest rank's mean (MPI_MAX) is the collective's
  * time.  Sizes, buffer shapes (per-rank blocks rounded down to 16-byte multiples), algbw and busbw follow

@@ -1,6 +1,6 @@
 // The pure parts of chorus-bench: sweeps, shapes, bandwidth factors, the check
 // pattern and its expectations, and the table and JSON formats.
-#include "tools/bench.hpp"
+#include "toolkit/bench.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

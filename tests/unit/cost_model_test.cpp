@@ -6,7 +6,7 @@
 #include "exec/board_runner.hpp"
 #include "tune/cost_model.hpp"
 #include "tune/tuner.hpp"
-#include "tools/tune.hpp"
+#include "toolkit/tune.hpp"
 
 namespace chorus::tune {
 namespace {

@@ -2,7 +2,7 @@
 //
 // Every job has a safety-net timeout far above its expected run time, so a
 // broken launcher fails a test (exit 124) instead of hanging it.
-#include "tools/launcher.hpp"
+#include "toolkit/launcher.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

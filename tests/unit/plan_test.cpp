@@ -11,7 +11,7 @@
 #include "plan/plan.hpp"
 #include "plan/verify.hpp"
 #include "sim/network.hpp"
-#include "tools/bench.hpp"
+#include "toolkit/bench.hpp"
 #include "trace/record.hpp"
 
 namespace chorus::plan {
