@@ -72,17 +72,17 @@ plan::Shape CallPlanner::shapeOf(const OpDesc& op, bool canonical, uint64_t word
   sh.hosts = tuner_->topology().host_of;
   sh.wire = op.wire;
   sh.scaling = scalingOf(op, reproPath(op) == ReproPath::Exact);
+  // In place by the collective's layout (plan::InPlace, NCCL's conventions).
   auto* sp = static_cast<const std::byte*>(op.send);
   auto* rp = static_cast<std::byte*>(op.recv);
-  const uint64_t r = static_cast<uint64_t>(rank_);
-  switch (op.coll) {
-    case Collective::AllGather: sh.inplace = sp != nullptr && sp == rp + r * op.count * es; break;
-    case Collective::AllGatherV: sh.inplace = sp != nullptr && sp == rp + op.displs[r] * es; break;
-    case Collective::ReduceScatter: sh.inplace = rp != nullptr && rp == sp + r * op.count * es; break;
-    case Collective::Gather: sh.inplace = rank_ == op.root && sp != nullptr && sp == rp + r * op.count * es; break;
-    case Collective::Scatter: sh.inplace = rank_ == op.root && rp != nullptr && rp == sp + r * op.count * es; break;
-    case Collective::Barrier: break;
-    default: sh.inplace = !op.pointToPoint() && sp != nullptr && sp == rp; break;
+  const plan::CollectiveFacts& f = plan::facts(op.coll);
+  if (op.pointToPoint() || (f.inplace_at_root && rank_ != op.root)) return sh;
+  const auto slot = [&] { return plan::inplaceSlot(op.coll, rank_, op.count, op.displs) * es; };
+  switch (f.inplace_rule) {
+    case plan::InPlace::None: break;
+    case plan::InPlace::Same: sh.inplace = sp != nullptr && sp == rp; break;
+    case plan::InPlace::InputInOutput: sh.inplace = sp != nullptr && sp == rp + slot(); break;
+    case plan::InPlace::OutputInInput: sh.inplace = rp != nullptr && rp == sp + slot(); break;
   }
   return sh;
 }
@@ -96,7 +96,7 @@ Result<const plan::Program*> CallPlanner::programFor(const OpDesc& op, size_t i,
   const size_t es = sh.elem_size;
   const plan::Algorithm* algo = nullptr;
   uint64_t chunk = 0;
-  const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
+  const bool v = plan::variable(op.coll);
   const plan::Program* prog = nullptr;
   const bool memo = !v && i == 0;
   if (memo && last_.valid && last_.dtype == op.dtype && last_.path == static_cast<uint8_t>(path) &&
@@ -161,7 +161,7 @@ void CallPlanner::traceJob(const OpDesc& op, size_t i, const plan::Algorithm* al
   }
   trace_algo_[i] = trace_->algoId(algo ? algo->name() : plan::pointToPointName(op.direction()));
   trace_pred_[i] = -1;
-  const bool v = op.coll == Collective::AllGatherV || op.coll == Collective::AllToAllV;
+  const bool v = plan::variable(op.coll);
   if (algo != nullptr && !v) {
     auto [it, fresh] = trace_pred_cache_.try_emplace(prog, -1);
     if (fresh) {
@@ -269,8 +269,7 @@ void CallPlanner::sign(std::span<const OpDesc> ops, uint64_t seq) {
     batch_sig_ = signatureOf(ops, seq);
     wire_base_ = wireBase(batch_sig_);
     board_base_ = comm::boardBase(batch_sig_);
-    last_shape_.valid = ops.size() == 1 && !o0.pointToPoint() && o0.coll != Collective::AllGatherV &&
-                        o0.coll != Collective::AllToAllV;
+    last_shape_.valid = ops.size() == 1 && !o0.pointToPoint() && !plan::variable(o0.coll);
     last_shape_.coll = o0.coll;
     last_shape_.count = o0.count;
     last_shape_.dtype = o0.dtype;

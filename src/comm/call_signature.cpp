@@ -13,9 +13,7 @@ namespace chorus::comm {
 
 using plan::Collective;
 
-bool rooted(Collective c) {
-  return c == Collective::Broadcast || c == Collective::Reduce || c == Collective::Gather || c == Collective::Scatter;
-}
+bool rooted(Collective c) { return plan::facts(c).rooted; }
 
 namespace {
 uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
@@ -40,7 +38,7 @@ Signature signatureOf(std::span<const OpDesc> ops, uint64_t seq) {
     // The v-collectives' own counts differ by rank by design (an allgatherv's
     // send count is the rank's block); what every rank must share is the
     // allgatherv's counts array, mixed in below.
-    const uint64_t count = o.coll == Collective::AllToAllV || o.coll == Collective::AllGatherV ? 0 : o.count;
+    const uint64_t count = plan::variable(o.coll) ? 0 : o.count;
     if (first) {
       s.coll = static_cast<uint32_t>(o.coll);
       s.dtype = o.dtype;

@@ -17,10 +17,16 @@ using plan::Collective;
 Result<std::unique_ptr<Communicator>> Communicator::init(int nranks, int rank, const bootstrap::UniqueId& id,
                                                          const Config& cfg, std::string_view prefix,
                                                          bool shared_server) {
+  // The plans first: a plan file that fails its proof fails every rank
+  // here, with the verifier's counter-example, before any rank waits for
+  // another at the rendezvous (every rank reads the same files).
+  CHORUS_ASSIGN_OR_RETURN(plan::Registry plans, plan::Registry::withPlans(cfg.tune.plan_paths));
   CHORUS_ASSIGN_OR_RETURN(comm::Rendezvous rv, comm::joinRendezvous(rank, id, cfg, shared_server));
   std::unique_ptr<Communicator> c(new Communicator());
   c->rank_ = rank;
   c->nranks_ = nranks;
+  c->registry_ = std::move(plans);
+  c->registry_loaded_ = true;
   CHORUS_RETURN_IF_ERROR(c->setup(id, cfg, std::move(rv.store), std::string(prefix), std::move(rv.server)));
   return c;
 }
@@ -38,7 +44,10 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   server_ = std::move(server);
   base_store_ = base;
   store_ = std::make_unique<bootstrap::PrefixStore>(base, prefix_);
-  CHORUS_ASSIGN_OR_RETURN(registry_, plan::Registry::withPlans(cfg.tune.plan_paths));
+  if (!registry_loaded_) {
+    CHORUS_ASSIGN_OR_RETURN(registry_, plan::Registry::withPlans(cfg.tune.plan_paths));
+  }
+  registry_loaded_ = true;
   health_.bind(rank_, nranks_, cfg, store_.get());
   CHORUS_RETURN_IF_ERROR(comm::Health::makeFlightDir(cfg.flight.dir));
   CHORUS_ASSIGN_OR_RETURN(comm::Wiring w, comm::wire(rank_, nranks_, id, cfg, base, *store_, prefix_, server_.get()));
@@ -222,7 +231,7 @@ void Communicator::drain() { engine_.drain(); }
 
 Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, size_t count, chorusDataType_t dtype,
                                                      bool inplace, const std::optional<kernels::WireFormat>& wire) {
-  if (coll == Collective::AllGatherV || coll == Collective::AllToAllV)
+  if (plan::variable(coll))
     return invalidArgument("predict: {} is not priced (the v-collectives depend on every rank's counts)",
                            plan::collectiveName(coll));
   // Serialised with execution: the tuner belongs to the executing thread.

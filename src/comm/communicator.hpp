@@ -137,6 +137,7 @@ class Communicator {
   comm::BoardCalls board_;
   std::unique_ptr<exec::Executor> executor_;
   plan::Registry registry_;
+  bool registry_loaded_ = false;  // init loads (and proves) the plans before the rendezvous
   std::unique_ptr<tune::Tuner> tuner_;
   comm::CallPlanner planner_;
   comm::Tracing tracing_;

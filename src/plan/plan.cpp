@@ -63,21 +63,13 @@ uint64_t Shape::outputElems(int rank) const {
 
 Alias inplaceAlias(const Shape& s, int rank) {
   if (!s.inplace) return {};
-  const uint64_t r = static_cast<uint64_t>(rank);
-  switch (s.coll) {
-    case Collective::AllReduce:
-    case Collective::Broadcast:
-    case Collective::Reduce:
-    case Collective::AllToAll:
-    case Collective::AllToAllV: return {Buf::Input, Buf::Output, 0};
-    case Collective::AllGather: return {Buf::Input, Buf::Output, r * s.count};
-    case Collective::AllGatherV: return {Buf::Input, Buf::Output, r < s.displs.size() ? s.displs[r] : 0};
-    case Collective::ReduceScatter: return {Buf::Output, Buf::Input, r * s.count};
-    case Collective::Gather:
-      return rank == s.root ? Alias{Buf::Input, Buf::Output, r * s.count} : Alias{};
-    case Collective::Scatter:
-      return rank == s.root ? Alias{Buf::Output, Buf::Input, r * s.count} : Alias{};
-    case Collective::Barrier: return {};
+  const CollectiveFacts& f = facts(s.coll);
+  if (f.inplace_at_root && rank != s.root) return {};
+  switch (f.inplace_rule) {
+    case InPlace::None: return {};
+    case InPlace::Same: return {Buf::Input, Buf::Output, 0};
+    case InPlace::InputInOutput: return {Buf::Input, Buf::Output, inplaceSlot(s.coll, rank, s.count, s.displs)};
+    case InPlace::OutputInInput: return {Buf::Output, Buf::Input, inplaceSlot(s.coll, rank, s.count, s.displs)};
   }
   return {};
 }

@@ -67,6 +67,15 @@ enum class BusBw : uint8_t {
   One,            // broadcast, reduce (and a point-to-point transfer)
   Zero,           // barrier: no data
 };
+// How an in-place call lays out its buffers (NCCL's conventions): one lies
+// inside the other, at this rank's slot (r x count elements, or the v-form's
+// displacement of rank r).
+enum class InPlace : uint8_t {
+  None,           // no in-place form (barrier)
+  Same,           // sendbuff == recvbuff
+  InputInOutput,  // the input is this rank's slot of the output (allgather(v), gather)
+  OutputInInput,  // the output is this rank's slot of the input (reducescatter, scatter)
+};
 struct CollectiveFacts {
   std::string_view name;  // on command lines, in CHORUS_ALGO, traces and JSON: "allreduce", ...
   bool reduces;           // combines values: takes a reduction op
@@ -79,20 +88,26 @@ struct CollectiveFacts {
   // nccl-tests' algbw numerator S: count x elem, or count x elem x nranks.
   bool alg_per_rank;
   BusBw busbw;
+  // The in-place layout (inplaceAlias, the communicator's in-place test),
+  // whether it applies at the root only (gather, scatter: the other ranks
+  // have one buffer that is not the call's), and the C ABI's entry point.
+  InPlace inplace_rule = InPlace::None;
+  bool inplace_at_root = false;
+  std::string_view c_entry = {};
 };
 inline constexpr CollectiveFacts kCollectiveFacts[kNumCollectives] = {
-    // name           reduces rooted in_place variable in/rank out/rank alg/rank busbw
-    {"allreduce",     true,   false, true,    false,   false,   false,   false,   BusBw::TwiceNm1OverN},
-    {"broadcast",     false,  true,  true,    false,   false,   false,   false,   BusBw::One},
-    {"reduce",        true,   true,  true,    false,   false,   false,   false,   BusBw::One},
-    {"allgather",     false,  false, true,    false,   false,   true,    true,    BusBw::Nm1OverN},
-    {"reducescatter", true,   false, true,    false,   true,    false,   true,    BusBw::Nm1OverN},
-    {"alltoall",      false,  false, true,    false,   true,    true,    true,    BusBw::Nm1OverN},
-    {"allgatherv",    false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN},
-    {"alltoallv",     false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN},
-    {"gather",        false,  true,  true,    false,   false,   true,    true,    BusBw::Nm1OverN},
-    {"scatter",       false,  true,  true,    false,   true,    false,   true,    BusBw::Nm1OverN},
-    {"barrier",       false,  false, false,   false,   false,   false,   false,   BusBw::Zero},
+    // name           reduces rooted in_place variable in/rank out/rank alg/rank busbw                 in-place layout          at root  C entry point
+    {"allreduce",     true,   false, true,    false,   false,   false,   false,   BusBw::TwiceNm1OverN, InPlace::Same,          false, "chorusAllReduce"},
+    {"broadcast",     false,  true,  true,    false,   false,   false,   false,   BusBw::One,           InPlace::Same,          false, "chorusBroadcast"},
+    {"reduce",        true,   true,  true,    false,   false,   false,   false,   BusBw::One,           InPlace::Same,          false, "chorusReduce"},
+    {"allgather",     false,  false, true,    false,   false,   true,    true,    BusBw::Nm1OverN,      InPlace::InputInOutput, false, "chorusAllGather"},
+    {"reducescatter", true,   false, true,    false,   true,    false,   true,    BusBw::Nm1OverN,      InPlace::OutputInInput, false, "chorusReduceScatter"},
+    {"alltoall",      false,  false, true,    false,   true,    true,    true,    BusBw::Nm1OverN,      InPlace::Same,          false, "chorusAllToAll"},
+    {"allgatherv",    false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN,      InPlace::InputInOutput, false, "chorusAllGatherV"},
+    {"alltoallv",     false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN,      InPlace::Same,          false, "chorusAllToAllV"},
+    {"gather",        false,  true,  true,    false,   false,   true,    true,    BusBw::Nm1OverN,      InPlace::InputInOutput, true,  "chorusGather"},
+    {"scatter",       false,  true,  true,    false,   true,    false,   true,    BusBw::Nm1OverN,      InPlace::OutputInInput, true,  "chorusScatter"},
+    {"barrier",       false,  false, false,   false,   false,   false,   false,   BusBw::Zero,          InPlace::None,          false, "chorusBarrier"},
 };
 constexpr const CollectiveFacts& facts(Collective c) { return kCollectiveFacts[static_cast<size_t>(c)]; }
 static_assert(kCollectiveFacts[static_cast<int>(Collective::AllReduce)].name == "allreduce" &&
@@ -101,7 +116,21 @@ static_assert(kCollectiveFacts[static_cast<int>(Collective::AllReduce)].name == 
               kCollectiveFacts[static_cast<int>(Collective::Barrier)].name == "barrier" &&
               static_cast<int>(Collective::Barrier) + 1 == kNumCollectives,
               "kCollectiveFacts follows the order of enum Collective");
+static_assert([] {
+  for (const CollectiveFacts& f : kCollectiveFacts)
+    if (f.in_place != (f.inplace_rule != InPlace::None) || f.c_entry.empty()) return false;
+  return true;
+}(), "kCollectiveFacts: every row names its in-place layout (None exactly when it has no in-place form) and C entry point");
 constexpr std::string_view collectiveName(Collective c) { return facts(c).name; }
+// The v-collectives: per-rank counts and displacements, planned per call
+// (not cached, not priced by shape, not memoised).
+constexpr bool variable(Collective c) { return facts(c).variable; }
+// The element offset of rank r's slot in the in-place layout: r x count, or
+// the v-form's displacement of r.
+constexpr uint64_t inplaceSlot(Collective c, int r, uint64_t count, std::span<const size_t> displs) {
+  const auto ur = static_cast<size_t>(r);
+  return facts(c).variable ? (ur < displs.size() ? displs[ur] : 0) : ur * count;
+}
 bool parseCollective(std::string_view name, Collective* out);
 // Whether the collective combines values (needs a reduction op).
 constexpr bool reduces(Collective c) { return facts(c).reduces; }
