@@ -6,7 +6,10 @@
 1. Every `#include "<folder>/..."` in src/<layer> names a folder that layer may use (the transitive
    closure of its link list), and comm, tune, api and tools include no concrete transport
    (transport/<name>/...): they reach transports through the registry.  An include upwards -- comm reaching into api, plan into exec, anything
-   into tools -- fails here with the file, the line and the allowed folders.
+   into tools -- fails here with the file, the line and the allowed folders.  comm and prim include no
+   kernels/ header either: the vocabulary of types (dtypes, BinOp, Scalar, WireFormat, ExactLayout) is
+   common/'s, and an operation's arithmetic is plan steps or the executor's job prologue and epilogue
+   (exec/local_ops.hpp), which the communicator describes as data.
 2. libchorus.so (when given) exports only the C ABI (`chorus*` symbols) and holds no object of the
    tools' library, the simulator or the PTP daemon (nm -C finds none of their namespaces).
 
@@ -42,6 +45,10 @@ DIRECT = {
 # and the interface (transport/transport.hpp): an include of a concrete
 # transport's folder (transport/shm/..., transport/tcp/...) there is a violation.
 NO_CONCRETE_TRANSPORT = ("comm", "tune", "api", "toolkit")
+# Layers that describe an operation's arithmetic and leave running it to exec
+# (the executor's steps, a job's prologue and epilogue): an include of a
+# kernels/ header there is a violation, although exec's closure holds kernels.
+NO_KERNELS = ("comm", "prim")
 # Namespaces of code that must stay out of libchorus.so.
 NOT_IN_LIBRARY = ("chorus::tools::", "chorus::sim::", "chorus::clock::ptp::")
 
@@ -90,6 +97,11 @@ def check_includes(src: Path) -> list[str]:
             if (target == "transport" and layer in NO_CONCRETE_TRANSPORT and "/" in m.group(2)):
                 bad.append(f"src/{rel}:{n}: layer '{layer}' includes the concrete transport \"{m.group(1)}/{m.group(2)}\"; "
                            f"it may reach transports only through transport/registry.hpp and transport/transport.hpp")
+            if target == "kernels" and layer in NO_KERNELS:
+                bad.append(f"src/{rel}:{n}: layer '{layer}' includes \"{m.group(1)}/{m.group(2)}\"; it may not use kernels: "
+                           f"the types' vocabulary is in common/ (dtype.hpp, reduction.hpp, wire_format.hpp, "
+                           f"exact_layout.hpp), the arithmetic is plan steps or exec::Job's prologue and epilogue "
+                           f"(exec/local_ops.hpp)")
             if target != layer and target not in allowed:
                 bad.append(f"src/{rel}:{n}: layer '{layer}' includes \"{m.group(1)}/{m.group(2)}\"; "
                            f"it may use {', '.join(sorted(closure(layer))) or 'nothing'}")

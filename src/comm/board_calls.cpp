@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <bit>
 
-#include "kernels/dtype.hpp"
+#include "common/dtype.hpp"
+#include "exec/local_ops.hpp"
 
 namespace chorus::comm {
 
@@ -20,12 +21,12 @@ void BoardCalls::attach(int rank, int nranks, transport::Board* board, std::chro
 // when `data`, and publishes it with the batch's signature.  The waits and
 // the earlier calls' checks are out of line (publishCallSlow): in a loop of
 // symmetric calls neither is needed, and the call costs a copy and a store.
-inline Status BoardCalls::publishCall(const std::byte* inp, size_t bytes, bool data, const kernels::Scalar* scale) {
+inline Status BoardCalls::publishCall(const std::byte* inp, size_t bytes, bool data, const Scalar* scale) {
   const uint64_t k = board_calls_ + 1;
   if (unverified_count_ != 0 || board_seen_all_ + kBoardLag < k) [[unlikely]]
     CHORUS_RETURN_IF_ERROR(publishCallSlow(k));
   if (data && scale != nullptr)  // PreMulSum: the input scaled on its way into the slot
-    kernels::scale(board_->slot(k), inp, bytes / kernels::dtypeSize(scale->dtype), scale->dtype, *scale);
+    exec::runLocalOp(exec::LocalOp::scale(board_->slot(k), inp, bytes / dtypeSize(scale->dtype), scale->dtype, scale));
   else if (data)
     exec::boardCopy(board_->slot(k), inp, bytes);
   board_->publish(k, transport::CallSignature{boardAt(board_base_, k)});
@@ -70,6 +71,7 @@ Status BoardCalls::run(const exec::BoardProgram& bp, const exec::Job& job, const
   board_base_ = board_base;
   if (bp.publish_scaled && job.scalar == nullptr) [[unlikely]]
     return internalError("board: a PreMulSum program without the op's scalar");
+  exec::runLocalOps(job.prologue);  // e.g. exact's input converted into the words it publishes
   CHORUS_RETURN_IF_ERROR(publishCall(job.buffers[bp.publish_buf] + bp.publish_offset, bp.publish_bytes, bp.publishes,
                                      bp.publish_scaled ? job.scalar : nullptr));
   const uint64_t k = board_calls_;
@@ -80,6 +82,7 @@ Status BoardCalls::run(const exec::BoardProgram& bp, const exec::Job& job, const
   if (bp.awaits_all) board_seen_all_ = k;  // every peer's k was awaited
   if (bp.awaits_none) deferVerification(k);  // e.g. a broadcast's root reads nobody's slot
   board_->settle();
+  exec::runLocalOps(job.epilogue);
   return {};
 }
 

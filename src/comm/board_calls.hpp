@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/call_signature.hpp"
+#include "common/reduction.hpp"
 #include "common/status.hpp"
 #include "exec/board_runner.hpp"
 #include "exec/executor.hpp"
@@ -32,13 +33,14 @@ class BoardCalls {
   // small one) notices a peer that is in another call here.  sig: the
   // batch's, board_base: its board word without the call bits.
   Status announce(const Signature& sig, uint64_t board_base);
-  // Runs job (a one-shot plan compiled into bp) through the board.
+  // Runs job (a one-shot plan compiled into bp) through the board, with its
+  // prologue before its input is published and its epilogue after.
   Status run(const exec::BoardProgram& bp, const exec::Job& job, const Signature& sig, uint64_t board_base);
 
  private:
   // How many calls a rank may run ahead of its slowest peer's publishes.
   static constexpr uint64_t kBoardLag = transport::kBoardSlots - 1;
-  Status publishCall(const std::byte* inp, size_t bytes, bool data, const kernels::Scalar* scale = nullptr);
+  Status publishCall(const std::byte* inp, size_t bytes, bool data, const Scalar* scale = nullptr);
   Status publishCallSlow(uint64_t k);
   Status boardMismatch(int peer, const transport::CallSignature& theirs, const transport::CallSignature& mine,
                        const Signature& mine_full) const;

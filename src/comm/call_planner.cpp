@@ -4,7 +4,7 @@
 #include <cstring>
 #include <functional>
 
-#include "kernels/dtype.hpp"
+#include "common/dtype.hpp"
 #include "plan/canonical.hpp"
 
 namespace chorus::comm {
@@ -14,7 +14,7 @@ using plan::Collective;
 namespace {
 
 // A compressed call's wire format as one word of the program cache's key.
-uint32_t wireKey(const std::optional<kernels::WireFormat>& w) {
+uint32_t wireKey(const std::optional<WireFormat>& w) {
   return w ? 1u + w->kind + (static_cast<uint32_t>(w->block) << 2) : 0u;
 }
 
@@ -48,7 +48,7 @@ void CallPlanner::bind(int rank, int nranks, const Config& cfg, tune::Tuner* tun
 }
 
 CallPlanner::ReproPath CallPlanner::reproPath(const OpDesc& op) const {
-  if (repro_ == Reproducible::Off || !op.reduces() || !kernels::isFloatType(op.dtype))
+  if (repro_ == Reproducible::Off || !op.reduces() || !isFloatType(op.dtype))
     return ReproPath::Plain;  // integer reductions do not depend on the order
   const bool sums = op.op == chorusSum || op.op == chorusAvg || op.op >= chorusNumOps;
   return repro_ == Reproducible::Exact && sums ? ReproPath::Exact : ReproPath::Canonical;
@@ -173,7 +173,9 @@ void CallPlanner::traceJob(const OpDesc& op, size_t i, const plan::Algorithm* al
 }
 
 // Job i of the batch: its shape, plan and program, its buffers (PreMulSum's
-// scaled input, exact's accumulators), reducer and executor job.
+// scaled input, exact's accumulators), reduction and executor job, with the
+// local work around the plan that exact calls describe (its prologue and
+// epilogue: scaling, conversions, rounding, Avg's division).
 Status CallPlanner::prepare(OpDesc& op, size_t i) {
   const ReproPath path = reproPath(op);
   CHORUS_RETURN_IF_ERROR(exact_.begin(op, i, path == ReproPath::Exact, batch_wire_));
@@ -184,7 +186,7 @@ Status CallPlanner::prepare(OpDesc& op, size_t i) {
   const bool words_plan = ex.on && !ex.fused;
   const uint64_t words = words_plan ? static_cast<uint64_t>(ex.layout.words) : 1;
   const chorusDataType_t plan_dtype = words_plan ? chorusInt64 : op.dtype;
-  const size_t es = kernels::dtypeSize(plan_dtype);
+  const size_t es = dtypeSize(plan_dtype);
   plan::Shape sh = shapeOf(op, path == ReproPath::Canonical, words, es);
   if (ex.fused) sh.exact_words = static_cast<uint32_t>(ex.layout.words);
   auto* sp = static_cast<const std::byte*>(op.send);
@@ -193,7 +195,8 @@ Status CallPlanner::prepare(OpDesc& op, size_t i) {
   // scales a staged copy of the input before converting it.
   const bool premul = op.op >= chorusNumOps && op.reduces();
   if (premul) scalars_[i] = red_ops_.scalarOf(op);
-  const std::byte* staged = ex.on && premul ? exact_.premulInput(op, i, sh.inputElems(rank_) / words, scalars_[i]) : nullptr;
+  const std::byte* staged =
+      ex.on && premul ? exact_.premulInput(op, i, sh.inputElems(rank_) / words, &scalars_[i]) : nullptr;
   // Exact has separate accumulators in and out, and a staged input is apart
   // from the output.
   if (words_plan || staged != nullptr) sh.inplace = false;
@@ -204,26 +207,27 @@ Status CallPlanner::prepare(OpDesc& op, size_t i) {
   if (words_plan) {
     // In place too, the send buffer is the whole input (the output lies in it).
     const uint64_t in_elems = sh.inputElems(rank_) / words;
-    const auto acc = exact_.convert(i, staged != nullptr ? staged : sp, in_elems, sh.outputElems(rank_) / words);
+    const auto acc = exact_.convert(op, i, staged != nullptr ? staged : sp, in_elems, sh.outputElems(rank_) / words);
     job_bufs_[i] = {acc[0], acc[1], nullptr};
   }
-  bindReducer(i, ex.on ? chorusInt64 : plan_dtype, ex.on ? kernels::BinOp::Sum : binOpOf(op.op));
-  jobs_[i] = exec::Job{prog, {}, es ? es : 1, &reducers_[i], op.trace_seq,
-                       op.pointToPoint() ? kPointToPointWire : batch_wire_};
-  jobs_[i].scalar = premul && !ex.on ? &scalars_[i] : nullptr;
-  jobs_[i].exact = ex.fused ? &ex.layout : nullptr;
-  if (ex.fused) ex.out_elems = sh.outputElems(rank_);
+  exact_.average(op, i, sh.outputElems(rank_) / words);
+  // The reduction: exact calls sum int64 accumulator words (an exact plan's
+  // wire too); the others combine the plan's type with the op.
+  jobs_[i] = exec::Job{.program = prog,
+                       .elem_size = es ? es : 1,
+                       .reduce_dtype = ex.on ? chorusInt64 : plan_dtype,
+                       .reduce_op = ex.on ? BinOp::Sum : binOpOf(op.op),
+                       .trace_seq = op.trace_seq,
+                       .sig = op.pointToPoint() ? kPointToPointWire : batch_wire_,
+                       .scalar = premul && !ex.on ? &scalars_[i] : nullptr,
+                       .exact = ex.fused ? &ex.layout : nullptr,
+                       .prologue = ex.prologue(),
+                       .epilogue = ex.epilogue()};
   if (trace_) traceJob(op, i, algo, prog, sh);
   // Wire bytes after the scratch, 8-byte aligned (an exact plan's words).
   scratch_offsets_[i] = exec::wireOffset(prog->scratch_elems, es ? es : 1) + prog->wire_bytes;
   if (i == 0 && prog != board_decided_) decideBoard(algo, prog, sh, es);
   return {};
-}
-
-// A job's reducer is kept while its type and op stay.
-void CallPlanner::bindReducer(size_t i, chorusDataType_t dtype, kernels::BinOp op) {
-  if (!reducers_[i].valid() || reducers_[i].dtype() != dtype || reducers_[i].op() != op)
-    reducers_[i] = kernels::Reducer(dtype, op);
 }
 
 // Whether job 0 runs through the board: decided once per program (a cached
@@ -239,19 +243,19 @@ void CallPlanner::decideBoard(const plan::Algorithm* algo, const plan::Program* 
 }
 
 Result<double> CallPlanner::predict(Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
-                                   const std::optional<kernels::WireFormat>& wire, const plan::Algorithm** algo_out) {
+                                   const std::optional<WireFormat>& wire, const plan::Algorithm** algo_out) {
   plan::Shape sh;
   sh.coll = coll;
   sh.nranks = nranks_;
   sh.count = count;
-  sh.elem_size = static_cast<uint32_t>(kernels::dtypeSize(dtype));
+  sh.elem_size = static_cast<uint32_t>(dtypeSize(dtype));
   sh.inplace = inplace;
   sh.hosts = tuner_->topology().host_of;
   sh.wire = wire;
   CHORUS_ASSIGN_OR_RETURN(tune::Choice ch, tuner_->choose(sh, dtype));
   sh.chunk_elems = sh.elem_size ? std::max<uint64_t>(1, ch.chunk_bytes / sh.elem_size) : 0;
   // Canonical mode runs a canonical plan for float reductions (prepare()).
-  sh.canonical = repro_ == Reproducible::Canonical && plan::reduces(coll) && kernels::isFloatType(dtype);
+  sh.canonical = repro_ == Reproducible::Canonical && plan::reduces(coll) && isFloatType(dtype);
   const plan::Algorithm* algo = sh.canonical ? plan::canonicalPlanFor(ch.algo, sh) : ch.algo;
   *algo_out = algo;
   return tuner_->price(*algo, sh, dtype);
@@ -283,7 +287,6 @@ Status CallPlanner::bindBatch(std::span<OpDesc> ops, size_t* njobs) {
   const size_t n = ops.size();
   jobs_.resize(n);
   job_bufs_.resize(n);
-  reducers_.resize(n);
   scalars_.resize(n);  // jobs point into it: sized before any is bound
   scratch_offsets_.resize(n);
   exact_.reserve(n);  // jobs point into it: sized before any is bound
@@ -299,7 +302,7 @@ Status CallPlanner::bindBatch(std::span<OpDesc> ops, size_t* njobs) {
   for (size_t k = 0; k < self_sends.size(); ++k) {
     const OpDesc& s = ops[self_sends[k]];
     const OpDesc& r = ops[self_recvs[k]];
-    const size_t sb = s.count * kernels::dtypeSize(s.dtype), rb = r.count * kernels::dtypeSize(r.dtype);
+    const size_t sb = s.count * dtypeSize(s.dtype), rb = r.count * dtypeSize(r.dtype);
     if (sb != rb) return makeError(chorusMismatch, "rank {}: send to self of {} bytes but receive from self of {} bytes", rank_, sb, rb);
     if (sb) std::memmove(r.recv, s.send, sb);
   }
@@ -339,11 +342,6 @@ std::span<const exec::Job> CallPlanner::layoutJobs() {
     jobs_[i].wire = job_bufs_[i][2] + exec::wireOffset(jobs_[i].program->scratch_elems, jobs_[i].elem_size);
   }
   return jobs_;
-}
-
-// Every other call's Avg divided in its plan (a Divide step).
-void CallPlanner::finish(std::span<const OpDesc> ops, size_t njobs) {
-  for (size_t i = 0; i < njobs; ++i) exact_.finish(i, ops[i]);
 }
 
 }  // namespace chorus::comm

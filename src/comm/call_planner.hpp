@@ -1,6 +1,6 @@
 // The call planner: a batch of operations → each operation's plan shape →
 // the tuner's plan → this rank's program (memoised for a loop of equal calls,
-// else from the program cache) → a bound executor job (buffers, reducer,
+// else from the program cache) → a bound executor job (buffers, reduction,
 // message word), with the batch's scratch laid out in one reused buffer.
 // Also the batch's signature (call_signature.hpp).  The modes live beside it:
 // the reduction ops and their arithmetic as plan steps (red_ops.hpp,
@@ -25,10 +25,11 @@
 #include "comm/op.hpp"
 #include "comm/red_ops.hpp"
 #include "common/config.hpp"
+#include "common/reduction.hpp"
 #include "common/status.hpp"
+#include "common/wire_format.hpp"
 #include "exec/board_runner.hpp"
 #include "exec/executor.hpp"
-#include "kernels/reduce.hpp"
 #include "plan/plan.hpp"
 #include "trace/record.hpp"
 #include "tune/tuner.hpp"
@@ -44,7 +45,7 @@ class CallPlanner {
 
   // The reduction ops made with chorusRedOpCreatePreMulSum, and whether op
   // may reduce dtype on this communicator.
-  Result<chorusRedOp_t> createPreMulSum(const kernels::Scalar& s, const void* device_scalar) {
+  Result<chorusRedOp_t> createPreMulSum(const Scalar& s, const void* device_scalar) {
     return red_ops_.createPreMulSum(s, device_scalar);
   }
   Status destroyRedOp(chorusRedOp_t op) { return red_ops_.destroy(op); }
@@ -68,13 +69,10 @@ class CallPlanner {
   const exec::Job& boardJob();
   // The jobs with their scratch laid out in the shared buffer.
   std::span<const exec::Job> layoutJobs();
-  // After the jobs ran: exact results rounded (and exact Avg's divided; the
-  // other calls' Avg and PreMulSum are steps of their plans, plan::Scaling).
-  void finish(std::span<const OpDesc> ops, size_t njobs);
   // The plan a single call of this shape would run (*algo) and the tuner's
   // prediction of its time in seconds; `wire`: the call's compression.
   Result<double> predict(plan::Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
-                         const std::optional<kernels::WireFormat>& wire, const plan::Algorithm** algo);
+                         const std::optional<WireFormat>& wire, const plan::Algorithm** algo);
   // The tuner changed: the memoised choice is stale.
   void forgetChoice() { last_.valid = false; }
 
@@ -85,18 +83,17 @@ class CallPlanner {
  private:
   // CHORUS_REPRODUCIBLE: how a call runs.  Plain: as chosen; Canonical: a
   // plan that combines in the canonical tree (plan/canonical.hpp); Exact:
-  // the exact accumulator (kernels/exact.hpp) summed as int64 words by any
+  // the exact accumulator (common/exact_layout.hpp) summed as int64 words by any
   // plan, rounded once into the output.
   enum class ReproPath : uint8_t { Plain, Canonical, Exact };
   [[nodiscard]] ReproPath reproPath(const OpDesc& op) const;
   Status prepare(OpDesc& op, size_t i);
   // prepare()'s parts: the plan shape, the plan and program, the input the
-  // plan reads, the reducer, the trace's algorithm and prediction, and
+  // plan reads, the trace's algorithm and prediction, and
   // whether job 0 runs through the board.
   [[nodiscard]] plan::Shape shapeOf(const OpDesc& op, bool canonical, uint64_t words, size_t es) const;
   Result<const plan::Program*> programFor(const OpDesc& op, size_t i, plan::Shape& sh, ReproPath path,
                                           chorusDataType_t plan_dtype, const plan::Algorithm** algo_out);
-  void bindReducer(size_t i, chorusDataType_t dtype, kernels::BinOp op);
   void traceJob(const OpDesc& op, size_t i, const plan::Algorithm* algo, const plan::Program* prog,
                 const plan::Shape& sh);
   void decideBoard(const plan::Algorithm* algo, const plan::Program* prog, const plan::Shape& sh, size_t es);
@@ -161,10 +158,9 @@ class CallPlanner {
   std::vector<std::unique_ptr<plan::Program>> uncached_;  // v-collectives, reused
   std::vector<exec::Job> jobs_;
   std::vector<std::array<std::byte*, 3>> job_bufs_;
-  std::vector<kernels::Reducer> reducers_;
   std::vector<size_t> scratch_offsets_;
   std::vector<std::byte> scratch_;
-  std::vector<kernels::Scalar> scalars_;  // per job: PreMulSum's scalar (exec::Job::scalar)
+  std::vector<Scalar> scalars_;  // per job: PreMulSum's scalar (exec::Job::scalar)
   std::vector<uint16_t> trace_algo_;  // per job of the current batch
   std::vector<int64_t> trace_pred_;   // per job: predicted ns, < 0 none
   std::unordered_map<const plan::Program*, int64_t> trace_pred_cache_;

@@ -6,8 +6,8 @@
 
 #include "comm/communicator.hpp"
 
-#include "kernels/dtype.hpp"
-#include "kernels/quantize.hpp"
+#include "common/dtype.hpp"
+#include "common/wire_format.hpp"
 
 namespace chorus::comm {
 
@@ -98,16 +98,16 @@ Signature fromCallSignature(const transport::CallSignature& c, uint64_t seq) {
 uint32_t wireCode(const OpDesc& op) {
   if (!op.wire) return 0;
   return 1 + static_cast<uint32_t>(op.wire->kind) +
-         (op.wire->kind == kernels::WireFormat::Fp8E4m3 ? static_cast<uint32_t>(op.wire->block) << 8 : 0);
+         (op.wire->kind == WireFormat::Fp8E4m3 ? static_cast<uint32_t>(op.wire->block) << 8 : 0);
 }
 
 namespace {
 std::string wireName(uint32_t code) {
   if (code == 0) return "off";
-  kernels::WireFormat w;
-  w.kind = static_cast<kernels::WireFormat::Kind>((code & 0xff) - 1);
-  if (w.kind == kernels::WireFormat::Fp8E4m3) w.block = static_cast<int>(code >> 8);
-  return kernels::wireFormatName(w);
+  WireFormat w;
+  w.kind = static_cast<WireFormat::Kind>((code & 0xff) - 1);
+  if (w.kind == WireFormat::Fp8E4m3) w.block = static_cast<int>(code >> 8);
+  return wireFormatName(w);
 }
 }  // namespace
 
@@ -117,7 +117,7 @@ std::string describe(const Signature& s) {
                                                  : fmt::format("collective kind {}", s.coll);
   d += fmt::format(" #{}", s.seq);
   if (coll != Collective::Barrier)
-    d += fmt::format(" count={} dtype={}", s.count, kernels::dtypeName(static_cast<chorusDataType_t>(s.dtype)));
+    d += fmt::format(" count={} dtype={}", s.count, dtypeName(static_cast<chorusDataType_t>(s.dtype)));
   if (plan::reduces(coll)) d += fmt::format(" op={}", s.op == chorusNumOps ? std::string("premulsum") : std::to_string(s.op));
   if (rooted(coll)) d += fmt::format(" root={}", s.root);
   if (s.wire != 0) d += fmt::format(" compress={}", wireName(s.wire));
@@ -154,7 +154,7 @@ std::string describeWire(uint64_t w) {
                       : fmt::format("collective kind {}", coll);
   d += fmt::format(" #{} (mod 2^16)", field(w, kSeqShift, kSeqBits));
   if (static_cast<Collective>(coll) != Collective::Barrier)
-    d += fmt::format(" dtype={}", kernels::dtypeName(static_cast<chorusDataType_t>(field(w, kDtypeShift, kDtypeBits))));
+    d += fmt::format(" dtype={}", dtypeName(static_cast<chorusDataType_t>(field(w, kDtypeShift, kDtypeBits))));
   if (plan::reduces(static_cast<Collective>(coll))) {
     const uint64_t op = field(w, kOpShift, kOpBits);
     d += fmt::format(" op={}", op == chorusNumOps ? std::string("premulsum") : std::to_string(op));

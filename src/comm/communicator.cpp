@@ -7,7 +7,7 @@
 
 #include "clock/offset.hpp"
 #include "comm/wiring.hpp"
-#include "kernels/dtype.hpp"
+#include "common/dtype.hpp"
 #include "plan/canonical.hpp"
 
 namespace chorus {
@@ -112,7 +112,7 @@ Status Communicator::validateOp(chorusRedOp_t op, chorusDataType_t dtype) const 
   return planner_.validateOp(op, dtype);
 }
 
-Result<chorusRedOp_t> Communicator::createPreMulSum(const kernels::Scalar& s, const void* device_scalar) {
+Result<chorusRedOp_t> Communicator::createPreMulSum(const Scalar& s, const void* device_scalar) {
   return planner_.createPreMulSum(s, device_scalar);
 }
 
@@ -155,9 +155,7 @@ Status Communicator::executeBatch(std::span<OpDesc> ops) {
     st = executor_->run(planner_.layoutJobs(), cfg_.timeout);
   }
   if (tracing_.on()) tracing_.batchEnded(ops, njobs, planner_, nranks_, st.isOk());
-  if (!st.isOk()) return st;  // execute() explains and breaks the communicator
-  planner_.finish(ops, njobs);
-  return {};
+  return st;  // an error: execute() explains and breaks the communicator
 }
 
 // An error in the middle of moving data leaves peers mid-message: the
@@ -230,7 +228,7 @@ Status Communicator::runQueued(void* self, std::span<OpDesc> ops) {
 void Communicator::drain() { engine_.drain(); }
 
 Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, size_t count, chorusDataType_t dtype,
-                                                     bool inplace, const std::optional<kernels::WireFormat>& wire) {
+                                                     bool inplace, const std::optional<WireFormat>& wire) {
   if (plan::variable(coll))
     return invalidArgument("predict: {} is not priced (the v-collectives depend on every rank's counts)",
                            plan::collectiveName(coll));

@@ -34,7 +34,7 @@
 #include "common/status.hpp"
 #include "exec/executor.hpp"
 #include "exec/stream.hpp"
-#include "kernels/reduce.hpp"
+#include "common/reduction.hpp"
 #include "plan/plan.hpp"
 #include "transport/transport.hpp"
 #include "tune/tuner.hpp"
@@ -84,7 +84,7 @@ class Communicator {
     double seconds = 0;
   };
   Result<Prediction> predict(plan::Collective coll, size_t count, chorusDataType_t dtype, bool inplace,
-                             const std::optional<kernels::WireFormat>& wire = std::nullopt);
+                             const std::optional<WireFormat>& wire = std::nullopt);
   // Replaces the CHORUS_ALGO overrides (same syntax; "" = the cost model
   // decides) for later calls; every rank must set the same (chorusCommSetAlgo).
   Status setAlgorithms(std::string_view spec);
@@ -95,7 +95,7 @@ class Communicator {
   // Waits for queued work, then stops the progress thread.
   void drain();
 
-  Result<chorusRedOp_t> createPreMulSum(const kernels::Scalar& s, const void* device_scalar);
+  Result<chorusRedOp_t> createPreMulSum(const Scalar& s, const void* device_scalar);
   Status destroyRedOp(chorusRedOp_t op);
   Status validateOp(chorusRedOp_t op, chorusDataType_t dtype) const;
 

@@ -11,7 +11,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
-#include "kernels/dtype.hpp"
+#include "common/dtype.hpp"
 #include "plan/plan.hpp"
 
 namespace chorus {
@@ -138,7 +138,7 @@ std::string describeEntry(const FlightEntry& e) {
   const auto c = static_cast<plan::Collective>(e.coll);
   std::string d = fmt::format("{} #{}", plan::collectiveName(c), e.seq);
   if (c != plan::Collective::Barrier)
-    d += fmt::format(" (count={} {})", e.count, kernels::dtypeName(static_cast<chorusDataType_t>(e.dtype)));
+    d += fmt::format(" (count={} {})", e.count, dtypeName(static_cast<chorusDataType_t>(e.dtype)));
   return d;
 }
 
@@ -198,7 +198,7 @@ std::string flightJson(int rank, int nranks, const std::vector<FlightEntry>& ent
     j["ops"].push_back({{"seq", e.seq},
                         {"collective", plan::collectiveName(static_cast<plan::Collective>(e.coll))},
                         {"state", states[e.state < 4 ? e.state : 0]},
-                        {"dtype", kernels::dtypeName(static_cast<chorusDataType_t>(e.dtype))},
+                        {"dtype", dtypeName(static_cast<chorusDataType_t>(e.dtype))},
                         {"count", e.count},
                         {"root", e.root},
                         {"start_ns", e.start_ns},
@@ -225,7 +225,7 @@ Result<FlightSummary> summaryFromJson(const std::string& text, int* nranks) {
     e.seq = op.value("seq", uint64_t{0});
     e.count = op.value("count", uint64_t{0});
     chorusDataType_t d = chorusFloat32;
-    kernels::parseDtype(op.value("dtype", std::string("float32")), &d);
+    parseDtype(op.value("dtype", std::string("float32")), &d);
     e.dtype = d;
     const std::string st = op.value("state", std::string());
     e.state = st == "running" ? FlightEntry::Running : st == "done" ? FlightEntry::Done : FlightEntry::Failed;

@@ -179,7 +179,8 @@ Status Health::checkSignatures(const Signature& mine, uint64_t seq, exec::Execut
   std::array<std::byte*, 3> bufs = {sig_buf_.data() + sz * nranks_, sig_buf_.data(), nullptr};
   std::vector<std::byte> scratch(sig_program_.scratch_elems);
   bufs[2] = scratch.data();
-  exec::Job job{&sig_program_, bufs, 1, nullptr, (uint64_t{1} << 62) | seq};  // trace: a signature check
+  const exec::Job job{.program = &sig_program_, .buffers = bufs, .elem_size = 1,
+                      .trace_seq = (uint64_t{1} << 62) | seq};  // trace: a signature check
   if (nranks_ > 1) {
     Status st = executor.run(std::span<const exec::Job>(&job, 1), timeout_);
     if (!st.isOk()) {

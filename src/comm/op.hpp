@@ -6,8 +6,8 @@
 #include <optional>
 #include <vector>
 
-#include "kernels/quantize.hpp"
-#include "kernels/reduce.hpp"
+#include "common/reduction.hpp"
+#include "common/wire_format.hpp"
 #include "plan/plan.hpp"
 
 namespace chorus {
@@ -33,7 +33,7 @@ struct OpDesc {
   uint64_t trace_seq = 0;    // set as the batch starts (Health::begin): the flight number, or a point-to-point number
   // Compressed collectives: the wire format (resolved and validated by the API
   // layer, src/api/compress.cpp); unset: uncompressed.
-  std::optional<kernels::WireFormat> wire;
+  std::optional<WireFormat> wire;
 
   [[nodiscard]] bool pointToPoint() const { return kind != OpKind::Collective; }
   // Send or Recv (pointToPoint() only).
@@ -46,7 +46,7 @@ struct OpDesc {
 
 // A user-defined reduction (chorusRedOpCreatePreMulSum).
 struct PreMulSumOp {
-  kernels::Scalar scalar;
+  Scalar scalar;
   const void* device_scalar = nullptr;  // read at each call when set
   bool live = false;
 };

@@ -2,17 +2,17 @@
 
 #include <cstring>
 
-#include "kernels/dtype.hpp"
-#include "kernels/exact.hpp"
+#include "common/dtype.hpp"
+#include "common/exact_layout.hpp"
 
 namespace chorus::comm {
 
-kernels::BinOp binOpOf(chorusRedOp_t op) {
+BinOp binOpOf(chorusRedOp_t op) {
   switch (op) {
-    case chorusProd: return kernels::BinOp::Prod;
-    case chorusMax: return kernels::BinOp::Max;
-    case chorusMin: return kernels::BinOp::Min;
-    default: return kernels::BinOp::Sum;  // Sum, Avg, PreMulSum
+    case chorusProd: return BinOp::Prod;
+    case chorusMax: return BinOp::Max;
+    case chorusMin: return BinOp::Min;
+    default: return BinOp::Sum;  // Sum, Avg, PreMulSum
   }
 }
 
@@ -27,17 +27,17 @@ Status RedOps::validate(chorusRedOp_t op, chorusDataType_t dtype) const {
   // min does not depend on the order), so asking for an exact accumulator
   // there is a mistake, and an exact product would need unbounded width.
   if (repro_ == Reproducible::Exact) {
-    if (!kernels::isFloatType(dtype))
+    if (!isFloatType(dtype))
       return invalidArgument("datatype={} under CHORUS_REPRODUCIBLE=exact: exact mode needs a floating-point type "
                              "(supported: chorusFloat32, chorusBfloat16, chorusFloat16, chorusFloat8e4m3, "
                              "chorusFloat8e5m2, chorusFloat64; integer reductions are order-independent already: use "
                              "CHORUS_REPRODUCIBLE=off or canonical)",
-                             kernels::isValidDtype(dtype) ? kernels::dtypeName(dtype) : std::string_view("?"));
+                             isValidDtype(dtype) ? dtypeName(dtype) : std::string_view("?"));
     if (op == chorusProd)
       return invalidArgument("op=chorusProd under CHORUS_REPRODUCIBLE=exact: exact mode supports chorusSum, chorusAvg, "
                              "PreMulSum ops (exactly summed) and chorusMax, chorusMin (exact already); use "
                              "CHORUS_REPRODUCIBLE=canonical for a reproducible product");
-    CHORUS_RETURN_IF_ERROR(kernels::exactLayout(dtype, nranks_).status());
+    CHORUS_RETURN_IF_ERROR(exactLayout(dtype, nranks_).status());
   }
   if (static_cast<int>(op) >= 0 && op < chorusNumOps) return {};
   size_t idx = static_cast<size_t>(op) - chorusNumOps;
@@ -47,11 +47,11 @@ Status RedOps::validate(chorusRedOp_t op, chorusDataType_t dtype) const {
                            static_cast<int>(op));
   if (premul_[idx].scalar.dtype != dtype)
     return invalidArgument("op={} was created for {} but the call uses {}", static_cast<int>(op),
-                           kernels::dtypeName(premul_[idx].scalar.dtype), kernels::dtypeName(dtype));
+                           dtypeName(premul_[idx].scalar.dtype), dtypeName(dtype));
   return {};
 }
 
-Result<chorusRedOp_t> RedOps::createPreMulSum(const kernels::Scalar& s, const void* device_scalar) {
+Result<chorusRedOp_t> RedOps::createPreMulSum(const Scalar& s, const void* device_scalar) {
   for (size_t i = 0; i < premul_.size(); ++i)
     if (!premul_[i].live) {
       premul_[i] = {s, device_scalar, true};
@@ -69,10 +69,10 @@ Status RedOps::destroy(chorusRedOp_t op) {
   return {};
 }
 
-kernels::Scalar RedOps::scalarOf(const OpDesc& op) const {
+Scalar RedOps::scalarOf(const OpDesc& op) const {
   const PreMulSumOp& pm = premul_[static_cast<size_t>(op.op) - chorusNumOps];
-  kernels::Scalar s = pm.scalar;
-  if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, kernels::dtypeSize(op.dtype));
+  Scalar s = pm.scalar;
+  if (pm.device_scalar) std::memcpy(s.bytes, pm.device_scalar, dtypeSize(op.dtype));
   return s;
 }
 

@@ -12,7 +12,7 @@
 #include "comm/op.hpp"
 #include "common/config.hpp"
 #include "common/status.hpp"
-#include "kernels/reduce.hpp"
+#include "common/reduction.hpp"
 #include "plan/plan.hpp"
 
 namespace chorus::comm {
@@ -23,14 +23,14 @@ class RedOps {
     nranks_ = nranks;
     repro_ = repro;
   }
-  Result<chorusRedOp_t> createPreMulSum(const kernels::Scalar& s, const void* device_scalar);
+  Result<chorusRedOp_t> createPreMulSum(const Scalar& s, const void* device_scalar);
   Status destroy(chorusRedOp_t op);
   // Whether op may reduce dtype here (a live PreMulSum op of that type, an
   // exact-mode op on a floating-point type, ...); the error names the fix.
   [[nodiscard]] Status validate(chorusRedOp_t op, chorusDataType_t dtype) const;
   // A PreMulSum op's scalar for this call: a device scalar is read now (the
   // user may change it between calls).
-  [[nodiscard]] kernels::Scalar scalarOf(const OpDesc& op) const;
+  [[nodiscard]] Scalar scalarOf(const OpDesc& op) const;
 
  private:
   int nranks_ = 1;
@@ -38,8 +38,8 @@ class RedOps {
   std::vector<PreMulSumOp> premul_;
 };
 
-// The op as the kernels' binary operation (Avg and PreMulSum sum).
-kernels::BinOp binOpOf(chorusRedOp_t op);
+// The op as the elementwise combiner (Avg and PreMulSum sum).
+BinOp binOpOf(chorusRedOp_t op);
 // The op's arithmetic as steps of a plain or canonical plan (plan::Scaling);
 // None for non-reducing operations and for exact calls (`exact`), which
 // scale their input as they convert it and divide the rounded result.

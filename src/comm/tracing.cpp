@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "clock/offset.hpp"
-#include "kernels/dtype.hpp"
+#include "common/dtype.hpp"
 
 namespace chorus::comm {
 
@@ -69,7 +69,7 @@ void Tracing::batchEnded(std::span<const OpDesc> ops, size_t n, const CallPlanne
     else
       r.root = o.root;
     r.count = o.count;
-    r.bytes = trace::algBytes(r.coll, o.count, kernels::dtypeSize(o.dtype), nranks, o.counts);
+    r.bytes = trace::algBytes(r.coll, o.count, dtypeSize(o.dtype), nranks, o.counts);
     r.enqueue_ns = o.enqueue_ns ? o.enqueue_ns : start_ns;
     r.start_ns = start_ns;
     r.end_ns = end_ns;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <optional>
 
+#include "kernels/reduce.hpp"
+
 namespace chorus::exec {
 namespace {
 
@@ -328,13 +330,13 @@ const BoardProgram* BoardRunner::programFor(const plan::Algorithm& algo, const p
   return bp;
 }
 
-// A Scale or Divide op (the job's scalar; the reducer's type).
+// A Scale or Divide op (the job's scalar; its reduce_dtype).
 Status BoardRunner::runScaling(const BoardProgram& bp, const BoardProgram::Op& op, const Job& job,
                                std::byte* const* base) {
   std::byte* dst = base[op.dst.base] + op.dst.offset;
   if (op.kind == BoardProgram::Kind::Divide) {
-    if (job.reducer == nullptr || bp.divisor == 0) return internalError("board: a Divide without a divisor");
-    kernels::divide(dst, dst, op.n, job.reducer->dtype(), bp.divisor);
+    if (bp.divisor == 0) return internalError("board: a Divide without a divisor");
+    kernels::divide(dst, dst, op.n, job.reduce_dtype, bp.divisor);
     return {};
   }
   if (job.scalar == nullptr) return internalError("board: a Scale without the op's scalar");
@@ -352,6 +354,10 @@ Status BoardRunner::run(const BoardProgram& bp, const Job& job, uint64_t k, tran
     base[static_cast<size_t>(Buf::Scratch)] = scratch_.data();
   }
   if (bp.reads_own_slot) base[BoardProgram::kSlotBase + static_cast<size_t>(rank_)] = board_->slot(k);
+  const kernels::Reducer* reducer = reducerFor(job.reduce_dtype, job.reduce_op);
+  if (reducer == nullptr) [[unlikely]]
+    return internalError("board: no reduction kernel for datatype {} and op {}", static_cast<int>(job.reduce_dtype),
+                         static_cast<int>(job.reduce_op));
   for (const Op& op : bp.ops) {
     if (op.await >= 0) {
       // The signature is read with the slot (its call bits are k's: the
@@ -367,8 +373,8 @@ Status BoardRunner::run(const BoardProgram& bp, const Job& job, uint64_t k, tran
       base[BoardProgram::kSlotBase + static_cast<size_t>(op.await)] = const_cast<std::byte*>(*x);
     }
     if (op.kind == BoardProgram::Kind::Reduce)
-      (*job.reducer)(base[op.dst.base] + op.dst.offset, base[op.a.base] + op.a.offset, base[op.b.base] + op.b.offset,
-                     op.n);
+      (*reducer)(base[op.dst.base] + op.dst.offset, base[op.a.base] + op.a.offset, base[op.b.base] + op.b.offset,
+                 op.n);
     else if (op.kind == BoardProgram::Kind::Copy)
       boardCopy(base[op.dst.base] + op.dst.offset, base[op.a.base] + op.a.offset, op.n);
     else if (op.kind != BoardProgram::Kind::None) [[unlikely]]

@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include "clock/offset.hpp"
+#include "kernels/exact.hpp"
 #include "kernels/quantize.hpp"
+#include "kernels/reduce.hpp"
 
 namespace chorus::exec {
 
@@ -76,7 +78,7 @@ Status runExactStep(const Job& j, const plan::Step& s) {
 }
 
 // The op's arithmetic (plan.hpp, StepOp::Scale, StepOp::Divide), in the
-// call's type: the scalar's for Scale, the reducer's for Divide.
+// call's type: the scalar's for Scale, the job's reduce_dtype for Divide.
 Status runScalingStep(const Job& j, const plan::Step& s) {
   if (s.dst.count == 0) return {};
   if (s.op == StepOp::Scale) {
@@ -84,9 +86,8 @@ Status runScalingStep(const Job& j, const plan::Step& s) {
     kernels::scale(addr(j, s.dst), addr(j, s.src), s.dst.count, j.scalar->dtype, *j.scalar);
     return {};
   }
-  if (j.reducer == nullptr || j.program->divisor == 0)
-    return internalError("a Divide step in a job without a reducer or a program without a divisor");
-  kernels::divide(addr(j, s.dst), addr(j, s.dst), s.dst.count, j.reducer->dtype(), j.program->divisor);
+  if (j.program->divisor == 0) return internalError("a Divide step in a program without a divisor");
+  kernels::divide(addr(j, s.dst), addr(j, s.dst), s.dst.count, j.reduce_dtype, j.program->divisor);
   return {};
 }
 }  // namespace
@@ -129,7 +130,7 @@ Status Executor::runLocal(uint32_t g) {
   } else if (s.op != StepOp::Reduce) {
     runQuantStep(j, s);
   } else {
-    if (s.dst.count) (*j.reducer)(addr(j, s.dst), addr(j, s.src), addr(j, s.src2), s.dst.count);
+    if (s.dst.count) (*reducers_[ref.job])(addr(j, s.dst), addr(j, s.src), addr(j, s.src2), s.dst.count);
   }
   if (rec_) traceStep(g, t0, clock::traceNowNs());
   return complete(g);
@@ -152,7 +153,7 @@ Status Executor::post(uint32_t g) {
     tg.dst = addr(j, s.dst);
     tg.bytes = plan::regionBytes(s.dst, j.elem_size);
     tg.accum = s.op == StepOp::RecvReduce ? addr(j, s.src) : nullptr;
-    tg.reducer = s.op == StepOp::RecvReduce ? j.reducer : nullptr;
+    tg.reducer = s.op == StepOp::RecvReduce ? reducers_[ref.job] : nullptr;
     st = t->postRecv(s.peer, tg, req);
   }
   if (st.isOk() && s.op == StepOp::Send) CHORUS_RETURN_IF_ERROR(releaseGated(g));
@@ -239,11 +240,23 @@ std::string Executor::describePending() const {
 }
 
 Status Executor::run(std::span<const Job> jobs, std::chrono::milliseconds timeout) {
+  for (const Job& j : jobs) runLocalOps(j.prologue);
+  CHORUS_RETURN_IF_ERROR(runSteps(jobs, timeout));
+  for (const Job& j : jobs) runLocalOps(j.epilogue);
+  return {};
+}
+
+Status Executor::runSteps(std::span<const Job> jobs, std::chrono::milliseconds timeout) {
   jobs_ = jobs;
-  // Number the steps of all jobs globally.
+  // Number the steps of all jobs globally; each job's reduction kernel.
   job_base_.clear();
   refs_.clear();
+  reducers_.resize(jobs.size());
   for (uint32_t j = 0; j < jobs.size(); ++j) {
+    reducers_[j] = reducerFor(jobs[j].reduce_dtype, jobs[j].reduce_op);
+    if (reducers_[j] == nullptr)
+      return internalError("job {}: no reduction kernel for datatype {} and op {}", j,
+                           static_cast<int>(jobs[j].reduce_dtype), static_cast<int>(jobs[j].reduce_op));
     job_base_.push_back(static_cast<uint32_t>(refs_.size()));
     for (uint32_t i = 0; i < jobs[j].program->size(); ++i) refs_.push_back({j, i});
   }

@@ -19,7 +19,9 @@
 // step later than running the program in order would: it cannot deadlock a
 // plan.  Local copies and
 // reductions run on the calling thread between transport polls, so
-// reductions overlap with transfers in flight.
+// reductions overlap with transfers in flight.  A job's prologue and
+// epilogue (local_ops.hpp: the local work of a call that is not a step of
+// its plan) run before the batch's first step and after its last.
 //
 // Threading: one thread at a time calls run() (the communicator's executing
 // thread).  abort() may be called from any thread.
@@ -31,9 +33,10 @@
 #include <span>
 #include <vector>
 
+#include "common/exact_layout.hpp"
+#include "common/reduction.hpp"
 #include "common/status.hpp"
-#include "kernels/exact.hpp"
-#include "kernels/reduce.hpp"
+#include "exec/local_ops.hpp"
 #include "plan/plan.hpp"
 #include "trace/record.hpp"
 #include "transport/transport.hpp"
@@ -45,17 +48,25 @@ struct Job {
   // Base address of each buffer a region may name (index = Buf value).
   std::span<std::byte* const> buffers;
   size_t elem_size = 1;
-  const kernels::Reducer* reducer = nullptr;  // for RecvReduce/Reduce steps
+  // RecvReduce and Reduce steps combine elements of reduce_dtype with
+  // reduce_op (the kernel from reducerFor's table, looked up once per run);
+  // Divide steps divide elements of reduce_dtype.
+  chorusDataType_t reduce_dtype = chorusFloat32;
+  BinOp reduce_op = BinOp::Sum;
   uint64_t trace_seq = 0;  // the operation's number in trace records
   uint64_t sig = 0;        // the call's message signature (transport::Request::sig)
   // A compressed plan's wire bytes (plan::Buf::Wire, program->wire_bytes).
   std::byte* wire = nullptr;
   // PreMulSum: the op's scalar, which Scale steps multiply by (read by the
   // communicator before the call when it lives in device memory).
-  const kernels::Scalar* scalar = nullptr;
+  const Scalar* scalar = nullptr;
   // An exact plan (program->exact_words): the call's agreed accumulator
   // layout, which Encode and Decode steps convert with.
-  const kernels::ExactLayout* exact = nullptr;
+  const ExactLayout* exact = nullptr;
+  // Local work on whole buffers around the program (local_ops.hpp): the
+  // prologue runs before the batch's first step, the epilogue after its
+  // last (CHORUS_REPRODUCIBLE=exact's conversions, scan and Avg division).
+  std::span<const LocalOp> prologue, epilogue;
 };
 
 // Where a job's wire bytes start in its scratch allocation: after the
@@ -94,6 +105,7 @@ class Executor {
     size_t finished = 0;          // all before this are finished
   };
 
+  Status runSteps(std::span<const Job> jobs, std::chrono::milliseconds timeout);
   void markReady(uint32_t g);
   void traceStep(uint32_t g, int64_t start_ns, int64_t end_ns);
   Status post(uint32_t g);
@@ -111,6 +123,7 @@ class Executor {
 
   // Per-run state, kept between runs so steady-state calls do not allocate.
   std::span<const Job> jobs_;
+  std::vector<const kernels::Reducer*> reducers_;  // per job (Job::reduce_dtype, reduce_op)
   std::vector<StepRef> refs_;
   std::vector<uint32_t> job_base_;
   std::vector<uint32_t> pending_;

@@ -29,35 +29,21 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/exact_layout.hpp"
 #include "common/status.hpp"
 
 namespace chorus::kernels {
 
-struct ExactLayout {
-  chorusDataType_t dtype = chorusFloat32;
-  int words = 0;          // int64 words per element
-  int digit_bits = 0;     // D: bits of a digit (a word of one value)
-  int lsb_exp = 0;        // weight of the lowest bit: the smallest subnormal's exponent
-  int precision = 0;      // significand bits (with the implicit one)
-  int special_shift = 0;  // the top word's special fields start at this bit
-  int field_bits = 0;     // each special field's width
-  [[nodiscard]] size_t bytes() const { return static_cast<size_t>(words) * 8; }
-};
-
-// The layout for dtype and a sum of at most nranks values; an error naming
-// the datatype and the supported ones for a non-floating-point type.
-Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks);
-
-// A narrower layout for values that are all multiples of 2^lsb_exp and below
-// 2^(msb_exp + 1) in magnitude (an agreed ExactRange): the same sums, fewer
-// words.  Clamped to the type's range.
-Result<ExactLayout> exactLayout(chorusDataType_t dtype, int nranks, int64_t lsb_exp, int64_t msb_exp);
+// The layout (ExactLayout, exactLayout(), kNoExponent) is
+// common/exact_layout.hpp's.
+using chorus::ExactLayout;
+using chorus::exactLayout;
+using chorus::kNoExponent;
 
 // The exponents the finite nonzero values of src span: hi = the largest
 // exponent of a leading bit, neg_lo = minus the smallest exponent of a
 // lowest set bit (both kNoExponent when there is none), so that the ranks
 // agree on a range by a max-allreduce of {hi, neg_lo}.
-inline constexpr int64_t kNoExponent = -(int64_t{1} << 40);
 void exactRange(chorusDataType_t dtype, const void* src, size_t count, int64_t* hi, int64_t* neg_lo);
 
 // acc[i * words .. ) = the accumulator of src[i], for i < count.

@@ -71,38 +71,26 @@
 #include <string_view>
 
 #include "common/status.hpp"
+#include "common/wire_format.hpp"
 
 namespace chorus::kernels {
 
-inline constexpr int kFp8MinBlock = 32;
-inline constexpr int kFp8MaxBlock = 1024;
-inline constexpr int kFp8DefaultBlock = 128;
+// The format as a value -- WireFormat, its spellings and sizes -- is
+// common/wire_format.hpp's.
+using chorus::checkWireFormat;
+using chorus::kFp8DefaultBlock;
+using chorus::kFp8MaxBlock;
+using chorus::kFp8MinBlock;
+using chorus::parseWireFormat;
+using chorus::WireFormat;
+using chorus::wireBytes;
+using chorus::wireFormatName;
+using chorus::wireScales;
+
 // Largest-magnitude elements map to this e4m3 value (see above).
 inline constexpr float kFp8Target = 256.0f;
 // Blocks whose amax is below this are sent as zeros: 2^-118.
 inline constexpr float kFp8MinAmax = 0x1p-118f;
-
-struct WireFormat {
-  enum Kind : uint8_t { Bf16, Fp8E4m3 };
-  Kind kind = Bf16;
-  int block = kFp8DefaultBlock;  // fp8: elements per scale; ignored for bf16
-
-  friend bool operator==(const WireFormat&, const WireFormat&) = default;
-};
-
-// Ok, or an invalid-argument error naming `arg`, the bad value and the
-// supported values (block outside [32, 1024], or an unknown kind).
-Status checkWireFormat(const WireFormat& fmt, std::string_view arg = "wire format");
-// "bf16", "fp8" (block 128) or "fp8:BLOCK"; the error names `arg` and the
-// supported spellings.
-Result<WireFormat> parseWireFormat(std::string_view text, std::string_view arg = "wire format");
-// "bf16" or "fp8:BLOCK" (parseWireFormat's inverse).
-std::string wireFormatName(const WireFormat& fmt);
-
-// Scales of an fp8 buffer of `count` elements: ceil(count / block); 0 for bf16.
-size_t wireScales(const WireFormat& fmt, size_t count);
-// Exact bytes of `count` elements on the wire, scales included.
-size_t wireBytes(const WireFormat& fmt, size_t count);
 
 // The kernels.  `fmt` must pass checkWireFormat (asserted, not re-checked:
 // the plan validated it once).  `wire` holds wireBytes(fmt, n) bytes and must

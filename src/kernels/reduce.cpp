@@ -56,7 +56,7 @@ const KernelTable& activeKernels() {
 
 Reducer::Reducer(chorusDataType_t dtype, BinOp op) : dtype_(dtype), op_(op) {
   const auto opIndex = static_cast<size_t>(op);
-  if (!isValidDtype(dtype) || opIndex >= 4) return;  // valid() == false
+  if (!isValidDtype(dtype) || opIndex >= static_cast<size_t>(kNumBinOps)) return;  // valid() == false
   fn_ = activeKernels().reduce[dtype][opIndex];
   elem_size_ = dtypeSize(dtype);
 }

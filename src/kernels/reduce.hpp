@@ -15,11 +15,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/reduction.hpp"
+
 namespace chorus::kernels {
 
-// The elementwise combiners.  Avg and PreMulSum are built from Sum plus
-// scale()/divide() by the executor.
-enum class BinOp : uint8_t { Sum, Prod, Max, Min };
+// BinOp (the elementwise combiners; Avg and PreMulSum are built from Sum plus
+// scale()/divide() by the executor) and Scalar are common/reduction.hpp's.
+using chorus::BinOp;
+using chorus::Scalar;
 
 class Reducer {
  public:
@@ -41,12 +44,6 @@ class Reducer {
   chorusDataType_t dtype_ = chorusFloat32;
   BinOp op_ = BinOp::Sum;
   size_t elem_size_ = 0;
-};
-
-// A scalar of any data type, stored as its raw bytes (for PreMulSum).
-struct Scalar {
-  chorusDataType_t dtype = chorusFloat32;
-  alignas(8) unsigned char bytes[8] = {};
 };
 
 // dst[i] = src[i] * s, computed in the type's compute precision (fp32 for the

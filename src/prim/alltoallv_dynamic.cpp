@@ -12,7 +12,7 @@
 // leaving the ranks out of step.
 #include <numeric>
 
-#include "kernels/dtype.hpp"
+#include "common/dtype.hpp"
 #include "prim/primitive.hpp"
 
 namespace chorus::prim {
@@ -31,7 +31,7 @@ class AllToAllVDynamic final : public Primitive {
     if (a.counts.size() != n) return invalidArgument("counts has {} entries; it needs one per rank ({})", a.counts.size(), n);
     if (a.out_counts.size() != n)
       return invalidArgument("outCounts has {} entries; it needs one per rank ({})", a.out_counts.size(), n);
-    if (!kernels::isValidDtype(static_cast<int>(a.dtype))) return invalidArgument("datatype {} is not a chorusDataType_t", static_cast<int>(a.dtype));
+    if (!isValidDtype(static_cast<int>(a.dtype))) return invalidArgument("datatype {} is not a chorusDataType_t", static_cast<int>(a.dtype));
     std::vector<uint64_t> sc(n), rc(n);
     uint64_t sent = 0;
     for (size_t i = 0; i < n; ++i) {

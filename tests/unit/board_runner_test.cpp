@@ -187,8 +187,8 @@ void checkCase(const plan::Registry& reg, const Case& c) {
     FakeBoard fb(&slots, &sigs, r);
     exec::BoardRunner runner(r, c.n, &fb, std::chrono::milliseconds(1000));
     RankBufs& b = board[static_cast<size_t>(r)];
-    exec::Job job{&progs[static_cast<size_t>(r)], b.ptrs, es, &red, 0, 0};
-    job.scalar = &scalar;
+    const exec::Job job{.program = &progs[static_cast<size_t>(r)], .buffers = b.ptrs, .elem_size = es,
+                        .reduce_dtype = red.dtype(), .reduce_op = red.op(), .scalar = &scalar};
     exec::BoardMismatch mm;
     Status st = runner.run(bps[static_cast<size_t>(r)], job, 1, transport::CallSignature{}, &mm);
     ASSERT_TRUE(st.isOk()) << st.message();
@@ -295,8 +295,7 @@ TEST(BoardRunner, APeersOtherCallIsAMismatchNamingIt) {
   EXPECT_EQ(runner.programFor(algo, sh, p, 4), bp) << "compiled once per program";
   std::array<float, 2> in{}, out{};
   std::array<std::byte*, 3> ptrs{reinterpret_cast<std::byte*>(in.data()), reinterpret_cast<std::byte*>(out.data()), nullptr};
-  const kernels::Reducer red(chorusFloat32, kernels::BinOp::Sum);
-  exec::Job job{&p, ptrs, 4, &red, 0, 0};
+  const exec::Job job{.program = &p, .buffers = ptrs, .elem_size = 4};  // float32 Sum
   exec::BoardMismatch mm;
   Status st = runner.run(*bp, job, 1, transport::CallSignature{}, &mm);
   EXPECT_EQ(st.code(), chorusMismatch);

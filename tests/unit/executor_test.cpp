@@ -1,21 +1,27 @@
 // The executor's posting order, against a transport that records every post
 // and finishes one posted request per poll (oldest first), so the order is
-// deterministic and no data moves.
+// deterministic and no data moves; and a job's local work: its reduction
+// given as (type, op), its prologue and epilogue (exec/local_ops.hpp).
 #include <gtest/gtest.h>
 
 #include <array>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <deque>
 #include <string>
 #include <vector>
 
 #include "exec/executor.hpp"
+#include "exec/local_ops.hpp"
+#include "kernels/exact.hpp"
 #include "plan/plan.hpp"
 #include "transport/transport.hpp"
 
 namespace chorus {
 namespace {
 
+using plan::in;
 using plan::out;
 
 class RecordingTransport final : public transport::Transport {
@@ -101,6 +107,62 @@ TEST(Executor, ReceivesBeforeTheFirstSendArePostedAtOnce) {
 
   const std::vector<std::string> want = {"R1", "R2", "done R1", "done R2", "S3", "R3", "done S3", "done R3"};
   EXPECT_EQ(runRecorded(prog), want);
+}
+
+template <typename T, size_t N>
+std::byte* bytes(std::array<T, N>& a) {
+  return reinterpret_cast<std::byte*>(a.data());
+}
+
+// The prologue runs before the program's first step and the epilogue after
+// its last, and the program's Reduce combines with the job's (type, op):
+// the input scaled by 2 into a staging buffer, its halves max-reduced into
+// the output, the output divided by 2.  Without the prologue the max is of
+// zeros; without the epilogue the result is twice as large; a Sum instead of
+// the Max gives {8, -4}.
+TEST(Executor, RunsAJobsPrologueBeforeItsStepsAndItsEpilogueAfter) {
+  plan::ProgramBuilder b;
+  b.reset(0);
+  b.reduce(out(0, 2), in(0, 2), in(2, 2));
+  plan::Program prog;
+  b.finish(&prog);
+
+  std::array<int32_t, 4> input{3, -8, 5, 4}, staged{};
+  std::array<int32_t, 2> output{};
+  Scalar two{chorusInt32, {}};
+  const int32_t v = 2;
+  std::memcpy(two.bytes, &v, sizeof v);
+  const std::array<exec::LocalOp, 1> pre{exec::LocalOp::scale(staged.data(), input.data(), 4, chorusInt32, &two)};
+  const std::array<exec::LocalOp, 1> post{exec::LocalOp::divide(output.data(), 2, chorusInt32, 2)};
+  const std::array<std::byte*, 3> bufs{bytes(staged), bytes(output), nullptr};
+  const exec::Job job{.program = &prog, .buffers = bufs, .elem_size = 4, .reduce_dtype = chorusInt32,
+                      .reduce_op = BinOp::Max, .prologue = pre, .epilogue = post};
+  exec::Executor ex(0, {nullptr});
+  ASSERT_TRUE(ex.run(std::span<const exec::Job>(&job, 1), std::chrono::milliseconds(10000)).isOk());
+  EXPECT_EQ(output, (std::array<int32_t, 2>{5, 4}));
+}
+
+// A job with no step (an exact call's exponent-range agreement on one rank)
+// still runs its local work, and a job whose (type, op) names no kernel is
+// refused before any step runs.
+TEST(Executor, RunsTheLocalWorkOfAJobWithoutStepsAndRefusesAnUnknownReduction) {
+  const plan::Program empty;
+  const std::array<float, 3> x{0.75f, -12.0f, 0.0f};
+  std::array<int64_t, 2> range{}, want{};
+  kernels::exactRange(chorusFloat32, x.data(), x.size(), &want[0], &want[1]);
+  const std::array<exec::LocalOp, 1> scan{exec::LocalOp::exactRange(range.data(), x.data(), x.size(), chorusFloat32)};
+  const std::array<std::byte*, 3> bufs{bytes(range), bytes(range), nullptr};
+  exec::Job job{.program = &empty, .buffers = bufs, .elem_size = 8, .prologue = scan};
+  exec::Executor ex(0, {nullptr});
+  ASSERT_TRUE(ex.run(std::span<const exec::Job>(&job, 1), std::chrono::milliseconds(10000)).isOk());
+  EXPECT_EQ(range, want);
+  EXPECT_NE(want[0], kernels::kNoExponent);
+
+  job.reduce_op = static_cast<BinOp>(kNumBinOps);
+  job.prologue = {};
+  EXPECT_EQ(ex.run(std::span<const exec::Job>(&job, 1), std::chrono::milliseconds(10000)).code(), chorusInternalError);
+  EXPECT_EQ(exec::reducerFor(chorusInt32, BinOp::Max), exec::reducerFor(chorusInt32, BinOp::Max)) << "one table";
+  EXPECT_EQ(exec::reducerFor(static_cast<chorusDataType_t>(chorusNumTypes), BinOp::Sum), nullptr);
 }
 
 }  // namespace
