@@ -775,15 +775,14 @@ CHORUS_EXPORT chorusResult_t chorusCommPredict(chorusComm_t comm, const char* co
   CHORUS_CHECK(predicted_us ? Status() : invalidArgument("{}: predicted_us is NULL", fn));
   plan::Collective coll;
   if (!plan::parseCollective(collective, &coll))
-    return report(invalidArgument("{}: collective='{}' is not a collective name (allreduce, broadcast, ...)", fn, collective), c);
+    return report(invalidArgument("{}: collective='{}' is not a collective name ({})", fn, collective, plan::collectiveNamesText()), c);
   // The call as a plain call of it runs: the communicator's default
   // compression applies to the collectives and data it can serve.
   OpDesc plain;
   plain.coll = coll;
   plain.dtype = datatype;
   plain.op = chorusSum;
-  if (coll == plan::Collective::AllReduce || coll == plan::Collective::ReduceScatter ||
-      coll == plan::Collective::AllGather)
+  if (plan::compressible(coll))
     CHORUS_CHECK(resolveCompression(fn, nullptr, ref->config(), plain));
   auto p = ref->predict(coll, count, datatype, inplace != 0, plain.wire);
   if (!p.isOk()) return report(p.status(), c);

@@ -15,6 +15,12 @@ uint64_t extent(std::span<const size_t> counts, std::span<const size_t> displs) 
 }
 }  // namespace
 
+std::string collectiveNamesText() {
+  std::string out;
+  for (const CollectiveFacts& f : kCollectiveFacts) out += fmt::format("{}{}", out.empty() ? "" : ", ", f.name);
+  return out;
+}
+
 bool parseCollective(std::string_view name, Collective* out) {
   for (int i = 0; i < kNumCollectives; ++i) {
     if (kCollectiveFacts[i].name == name) {

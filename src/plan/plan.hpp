@@ -94,20 +94,26 @@ struct CollectiveFacts {
   InPlace inplace_rule = InPlace::None;
   bool inplace_at_root = false;
   std::string_view c_entry = {};
+  // The tuner's algorithm when nothing else decides (no measured profile, no
+  // size rule of tune::Tuner's, no CHORUS_ALGO): a built-in of the registry.
+  std::string_view default_algo = {};
+  // Whether a compressed wire format applies (the C entry point takes
+  // chorusCallOptions' wire format; plan/compressed.hpp).
+  bool compressible = false;
 };
 inline constexpr CollectiveFacts kCollectiveFacts[kNumCollectives] = {
-    // name           reduces rooted in_place variable in/rank out/rank alg/rank busbw                 in-place layout          at root  C entry point
-    {"allreduce",     true,   false, true,    false,   false,   false,   false,   BusBw::TwiceNm1OverN, InPlace::Same,          false, "chorusAllReduce"},
-    {"broadcast",     false,  true,  true,    false,   false,   false,   false,   BusBw::One,           InPlace::Same,          false, "chorusBroadcast"},
-    {"reduce",        true,   true,  true,    false,   false,   false,   false,   BusBw::One,           InPlace::Same,          false, "chorusReduce"},
-    {"allgather",     false,  false, true,    false,   false,   true,    true,    BusBw::Nm1OverN,      InPlace::InputInOutput, false, "chorusAllGather"},
-    {"reducescatter", true,   false, true,    false,   true,    false,   true,    BusBw::Nm1OverN,      InPlace::OutputInInput, false, "chorusReduceScatter"},
-    {"alltoall",      false,  false, true,    false,   true,    true,    true,    BusBw::Nm1OverN,      InPlace::Same,          false, "chorusAllToAll"},
-    {"allgatherv",    false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN,      InPlace::InputInOutput, false, "chorusAllGatherV"},
-    {"alltoallv",     false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN,      InPlace::Same,          false, "chorusAllToAllV"},
-    {"gather",        false,  true,  true,    false,   false,   true,    true,    BusBw::Nm1OverN,      InPlace::InputInOutput, true,  "chorusGather"},
-    {"scatter",       false,  true,  true,    false,   true,    false,   true,    BusBw::Nm1OverN,      InPlace::OutputInInput, true,  "chorusScatter"},
-    {"barrier",       false,  false, false,   false,   false,   false,   false,   BusBw::Zero,          InPlace::None,          false, "chorusBarrier"},
+    // name           reduces rooted in_place variable in/rank out/rank alg/rank busbw                 in-place layout          at root  C entry point          default algo     compressible
+    {"allreduce",     true,   false, true,    false,   false,   false,   false,   BusBw::TwiceNm1OverN, InPlace::Same,          false, "chorusAllReduce",     "ring",          true},
+    {"broadcast",     false,  true,  true,    false,   false,   false,   false,   BusBw::One,           InPlace::Same,          false, "chorusBroadcast",     "ring",          false},
+    {"reduce",        true,   true,  true,    false,   false,   false,   false,   BusBw::One,           InPlace::Same,          false, "chorusReduce",        "binomial",      false},
+    {"allgather",     false,  false, true,    false,   false,   true,    true,    BusBw::Nm1OverN,      InPlace::InputInOutput, false, "chorusAllGather",     "ring",          true},
+    {"reducescatter", true,   false, true,    false,   true,    false,   true,    BusBw::Nm1OverN,      InPlace::OutputInInput, false, "chorusReduceScatter", "ring",          true},
+    {"alltoall",      false,  false, true,    false,   true,    true,    true,    BusBw::Nm1OverN,      InPlace::Same,          false, "chorusAllToAll",      "pairwise",      false},
+    {"allgatherv",    false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN,      InPlace::InputInOutput, false, "chorusAllGatherV",    "ring",          false},
+    {"alltoallv",     false,  false, true,    true,    false,   false,   false,   BusBw::Nm1OverN,      InPlace::Same,          false, "chorusAllToAllV",     "pairwise",      false},
+    {"gather",        false,  true,  true,    false,   false,   true,    true,    BusBw::Nm1OverN,      InPlace::InputInOutput, true,  "chorusGather",        "binomial",      false},
+    {"scatter",       false,  true,  true,    false,   true,    false,   true,    BusBw::Nm1OverN,      InPlace::OutputInInput, true,  "chorusScatter",       "binomial",      false},
+    {"barrier",       false,  false, false,   false,   false,   false,   false,   BusBw::Zero,          InPlace::None,          false, "chorusBarrier",       "dissemination", false},
 };
 constexpr const CollectiveFacts& facts(Collective c) { return kCollectiveFacts[static_cast<size_t>(c)]; }
 static_assert(kCollectiveFacts[static_cast<int>(Collective::AllReduce)].name == "allreduce" &&
@@ -118,9 +124,9 @@ static_assert(kCollectiveFacts[static_cast<int>(Collective::AllReduce)].name == 
               "kCollectiveFacts follows the order of enum Collective");
 static_assert([] {
   for (const CollectiveFacts& f : kCollectiveFacts)
-    if (f.in_place != (f.inplace_rule != InPlace::None) || f.c_entry.empty()) return false;
+    if (f.in_place != (f.inplace_rule != InPlace::None) || f.c_entry.empty() || f.default_algo.empty()) return false;
   return true;
-}(), "kCollectiveFacts: every row names its in-place layout (None exactly when it has no in-place form) and C entry point");
+}(), "kCollectiveFacts: every row names its in-place layout (None exactly when it has no in-place form), C entry point and default algorithm");
 constexpr std::string_view collectiveName(Collective c) { return facts(c).name; }
 // The v-collectives: per-rank counts and displacements, planned per call
 // (not cached, not priced by shape, not memoised).
@@ -132,6 +138,9 @@ constexpr uint64_t inplaceSlot(Collective c, int r, uint64_t count, std::span<co
   return facts(c).variable ? (ur < displs.size() ? displs[ur] : 0) : ur * count;
 }
 bool parseCollective(std::string_view name, Collective* out);
+// Every collective's name, in the table's order: "allreduce, broadcast, ..." (error messages).
+std::string collectiveNamesText();
+constexpr bool compressible(Collective c) { return facts(c).compressible; }
 // Whether the collective combines values (needs a reduction op).
 constexpr bool reduces(Collective c) { return facts(c).reduces; }
 // nccl-tests' busbw = algbw x this factor (doc/PERFORMANCE.md): an ideal

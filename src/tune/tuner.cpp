@@ -22,21 +22,13 @@ Result<Tuner> Tuner::create(const plan::Registry& registry, Topology topo, std::
     if (*slot == nullptr) return internalError("the registry lacks the built-in {} algorithm '{}'", plan::collectiveName(c), name);
     return {};
   };
+  // Each collective's default (the collective table), then the size rules' small-message algorithms.
   Defaults& d = t.defaults_;
+  for (size_t i = 0; i < plan::kNumCollectives; ++i)
+    CHORUS_RETURN_IF_ERROR(need(static_cast<Collective>(i), plan::kCollectiveFacts[i].default_algo, &d.by_coll[i]));
   CHORUS_RETURN_IF_ERROR(need(Collective::AllReduce, "recursive_doubling", &d.rd_allreduce));
-  CHORUS_RETURN_IF_ERROR(need(Collective::AllReduce, "ring", &d.ring_allreduce));
   CHORUS_RETURN_IF_ERROR(need(Collective::Broadcast, "binomial", &d.binomial_bcast));
-  CHORUS_RETURN_IF_ERROR(need(Collective::Broadcast, "ring", &d.ring_bcast));
   CHORUS_RETURN_IF_ERROR(need(Collective::AllGather, "recursive_doubling", &d.rd_allgather));
-  CHORUS_RETURN_IF_ERROR(need(Collective::AllGather, "ring", &d.ring_allgather));
-  CHORUS_RETURN_IF_ERROR(need(Collective::Reduce, "binomial", &d.binomial_reduce));
-  CHORUS_RETURN_IF_ERROR(need(Collective::Gather, "binomial", &d.binomial_gather));
-  CHORUS_RETURN_IF_ERROR(need(Collective::Scatter, "binomial", &d.binomial_scatter));
-  CHORUS_RETURN_IF_ERROR(need(Collective::ReduceScatter, "ring", &d.ring_reducescatter));
-  CHORUS_RETURN_IF_ERROR(need(Collective::AllGatherV, "ring", &d.ring_allgatherv));
-  CHORUS_RETURN_IF_ERROR(need(Collective::AllToAll, "pairwise", &d.pairwise_alltoall));
-  CHORUS_RETURN_IF_ERROR(need(Collective::AllToAllV, "pairwise", &d.pairwise_alltoallv));
-  CHORUS_RETURN_IF_ERROR(need(Collective::Barrier, "dissemination", &d.barrier));
   // spec: "coll:name;coll:name" (',' also accepted as a separator).
   size_t pos = 0;
   while (pos < spec.size()) {
@@ -51,9 +43,7 @@ Result<Tuner> Tuner::create(const plan::Registry& registry, Topology topo, std::
     Collective c;
     std::string_view cname = item.substr(0, colon), aname = item.substr(colon + 1);
     if (!plan::parseCollective(cname, &c))
-      return invalidArgument("CHORUS_ALGO names unknown collective '{}' (allreduce, broadcast, reduce, allgather, "
-                             "reducescatter, alltoall, allgatherv, alltoallv, gather, scatter, barrier)",
-                             cname);
+      return invalidArgument("CHORUS_ALGO names unknown collective '{}' ({})", cname, plan::collectiveNamesText());
     const plan::Algorithm* a = registry.find(c, aname);
     if (a == nullptr) {
       std::string valid;
@@ -65,28 +55,26 @@ Result<Tuner> Tuner::create(const plan::Registry& registry, Topology topo, std::
   return t;
 }
 
-// The built-in rules (the calibrated cost model replaces them in the
-// algorithms issue).  Pointers are looked up once, at creation.
+// The built-in rules (the calibrated cost model replaces them where a
+// profile is measured): small messages of allreduce, broadcast and allgather
+// take a latency-bound algorithm; everything else the collective table's
+// default.  Pointers are looked up once, at creation.
 const plan::Algorithm* Tuner::defaultFor(const plan::Shape& sh) const {
   const uint64_t bytes = sh.count * sh.elem_size;
   const bool pof2 = std::has_single_bit(static_cast<unsigned>(sh.nranks));
   switch (sh.coll) {
     case Collective::AllReduce:
-      return (bytes <= 32768 || sh.count < static_cast<uint64_t>(sh.nranks)) ? defaults_.rd_allreduce
-                                                                                : defaults_.ring_allreduce;
-    case Collective::Broadcast: return bytes <= 65536 || sh.nranks <= 2 ? defaults_.binomial_bcast : defaults_.ring_bcast;
+      if (bytes <= 32768 || sh.count < static_cast<uint64_t>(sh.nranks)) return defaults_.rd_allreduce;
+      break;
+    case Collective::Broadcast:
+      if (bytes <= 65536 || sh.nranks <= 2) return defaults_.binomial_bcast;
+      break;
     case Collective::AllGather:
-      return pof2 && bytes * sh.nranks <= 65536 ? defaults_.rd_allgather : defaults_.ring_allgather;
-    case Collective::Reduce: return defaults_.binomial_reduce;
-    case Collective::Gather: return defaults_.binomial_gather;
-    case Collective::Scatter: return defaults_.binomial_scatter;
-    case Collective::ReduceScatter: return defaults_.ring_reducescatter;
-    case Collective::AllGatherV: return defaults_.ring_allgatherv;
-    case Collective::AllToAll: return defaults_.pairwise_alltoall;
-    case Collective::AllToAllV: return defaults_.pairwise_alltoallv;
-    case Collective::Barrier: return defaults_.barrier;
+      if (pof2 && bytes * sh.nranks <= 65536) return defaults_.rd_allgather;
+      break;
+    default: break;
   }
-  return nullptr;
+  return defaults_.by_coll[static_cast<size_t>(sh.coll)];
 }
 
 uint64_t Tuner::defaultChunk() const {

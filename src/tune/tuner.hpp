@@ -83,9 +83,8 @@ class Tuner {
   [[nodiscard]] uint64_t defaultChunk() const;
 
   struct Defaults {
-    const plan::Algorithm *rd_allreduce, *ring_allreduce, *binomial_bcast, *ring_bcast, *rd_allgather,
-        *ring_allgather, *binomial_reduce, *binomial_gather, *binomial_scatter, *ring_reducescatter,
-        *ring_allgatherv, *pairwise_alltoall, *pairwise_alltoallv, *barrier;
+    std::array<const plan::Algorithm*, plan::kNumCollectives> by_coll{};  // kCollectiveFacts' default_algo
+    const plan::Algorithm *rd_allreduce = nullptr, *binomial_bcast = nullptr, *rd_allgather = nullptr;  // small messages
   };
   Defaults defaults_{};
 

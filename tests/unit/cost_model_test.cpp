@@ -437,5 +437,28 @@ TEST(CostModel, PricesEachLinkByItsTransportsName) {
               modelSeconds(ring, sh1, chorusFloat32, p, one, {"shm", "tcp"})->value(), 1e-15);
 }
 
+
+// ---- the collective table's defaults ----------------------------------------
+
+// The tuner's fallback algorithm of every collective is the collective
+// table's default_algo: a registry without one of them is refused naming it,
+// and CHORUS_ALGO's error lists the table's collectives.
+TEST(Tuner, TakesEachCollectivesDefaultFromTheCollectiveTable) {
+  const plan::Registry reg = plan::Registry::builtin();
+  Topology topo;
+  topo.nranks = 4;
+  topo.host_of = {0, 0, 0, 0};
+  for (const plan::CollectiveFacts& f : plan::kCollectiveFacts) {
+    plan::Collective c;
+    ASSERT_TRUE(plan::parseCollective(f.name, &c));
+    EXPECT_NE(reg.find(c, f.default_algo), nullptr) << f.name << ": " << f.default_algo;
+  }
+  ASSERT_TRUE(Tuner::create(reg, topo, "", 0).isOk());
+  auto bad = Tuner::create(reg, topo, "allreduse:ring", 0);
+  ASSERT_FALSE(bad.isOk());
+  for (const plan::CollectiveFacts& f : plan::kCollectiveFacts)
+    EXPECT_NE(bad.status().message().find(std::string(f.name)), std::string::npos) << f.name;
+}
+
 }  // namespace
 }  // namespace chorus::tune
