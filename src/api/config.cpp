@@ -112,6 +112,16 @@ Result<Config> parseConfig(const Lookup& lookup) {
   CHORUS_ASSIGN_OR_RETURN(int64_t hb, r.integer("CHORUS_HEARTBEAT_MS", 0, 3600000, "0..3600000, 0: off"));
   c.tcp.heartbeat_ms = static_cast<int>(hb);
   CHORUS_ASSIGN_OR_RETURN(c.tcp.rma, r.boolean("CHORUS_TCP_RMA"));
+  // Checked for its characters here (a UCX_TLS list: names, ',', '^' to
+  // exclude, ':' as in ud:aux); UCX itself says at the transport's
+  // setup whether it knows the names.
+  c.ucx.tls = r.str("CHORUS_UCX_TLS");
+  if (!std::all_of(c.ucx.tls.begin(), c.ucx.tls.end(), [](unsigned char ch) {
+        return std::isalnum(ch) || ch == '_' || ch == ',' || ch == '^' || ch == ':' || ch == '-';
+      }))
+    return invalidArgument("CHORUS_UCX_TLS='{}' is not a UCX transport list (accepted: UCX_TLS's syntax, e.g. tcp, "
+                           "sm,tcp, rc,sm,self or ^ib; empty: UCX's own choice)",
+                           c.ucx.tls);
 
   c.tune.algo_spec = r.str("CHORUS_ALGO");  // parsed by the tuner, which names the knob's entry at fault
   // Split as PATH is (empty entries skipped); read and proven at setup (plan/plan_file.hpp).

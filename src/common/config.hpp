@@ -69,6 +69,11 @@ struct Config {
     bool rma = true;                     // CHORUS_TCP_RMA: one-sided operations (one more connection per pair)
   } tcp;
 
+  // The UCX transport (docs/ucx.md); CHORUS_HEARTBEAT_MS also sets its keepalive.
+  struct Ucx {
+    std::string tls;  // CHORUS_UCX_TLS: UCX_TLS for its contexts; "" = UCX's own choice (UCX_TLS honoured)
+  } ucx;
+
   struct Tune {
     std::string algo_spec;     // CHORUS_ALGO
     uint64_t chunk_bytes = 0;  // CHORUS_CHUNK_BYTES: 0 = the tuner's choice

@@ -17,6 +17,8 @@ Usage: tune_test.py CHORUS_TUNE CHORUS_RUN CHORUS_BENCH
 import json, math, os, re, subprocess, sys, tempfile
 
 TUNE, RUN, BENCH = sys.argv[1:4]
+# The transports this build registers (CMake's CHORUS_TRANSPORTS: shm, tcp, and ucx where built).
+BUILT = sorted(t for t in sys.argv[4].split(";") if t) if len(sys.argv) > 4 else ["shm", "tcp"]
 failures = []
 
 
@@ -49,7 +51,7 @@ with tempfile.TemporaryDirectory() as d:
         j = json.load(f)
     # One entry per registered transport, keyed by its name (the transport registry).
     links = j.get("links", {})
-    check(sorted(links) == ["shm", "tcp"], f"the profile has a link per registered transport ({sorted(links)})")
+    check(sorted(links) == BUILT, f"the profile has a link per registered transport ({sorted(links)}, built: {BUILT})")
     check(links["shm"]["alpha_us"] >= 0 and links["shm"]["bandwidth_gbps"] > 0, "the profile has shared-memory figures")
     check(links["tcp"]["alpha_us"] >= 0 and links["tcp"]["bandwidth_gbps"] > 0, "the profile has TCP figures")
     check(0 < j["board_call_us"] < 1000 and abs(j["board_call_us"] - 0.2) > 1e-9,

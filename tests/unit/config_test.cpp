@@ -51,6 +51,8 @@ TEST(ConfigParse, AnEmptyEnvironmentGivesTheDefaults) {
   EXPECT_EQ(c->tcp.rendezvous_bytes, d.tcp.rendezvous_bytes);
   EXPECT_EQ(c->tcp.heartbeat_ms, d.tcp.heartbeat_ms);
   EXPECT_EQ(c->tcp.rma, d.tcp.rma);
+  EXPECT_EQ(c->ucx.tls, d.ucx.tls);
+  EXPECT_TRUE(d.ucx.tls.empty());  // UCX's own choice (and its UCX_TLS)
   EXPECT_EQ(c->tune.algo_spec, d.tune.algo_spec);
   EXPECT_EQ(c->tune.chunk_bytes, d.tune.chunk_bytes);
   EXPECT_EQ(c->tune.profile_path, "/home/u/.cache/chorus/profile.json");
@@ -96,6 +98,7 @@ TEST(ConfigParse, ValuesReachTheirFields) {
                   {"CHORUS_TCP_RENDEZVOUS_BYTES", "0"},
                   {"CHORUS_HEARTBEAT_MS", "0"},
                   {"CHORUS_TCP_RMA", "0"},
+                  {"CHORUS_UCX_TLS", "rc_x,sm,self,^ib:1"},
                   {"CHORUS_ALGO", "allreduce:ring"},
                   {"CHORUS_CHUNK_BYTES", "8192"},
                   {"CHORUS_TUNE_FILE", "/p.json"},
@@ -120,6 +123,7 @@ TEST(ConfigParse, ValuesReachTheirFields) {
   EXPECT_EQ(c->tcp.rendezvous_bytes, 0u);
   EXPECT_EQ(c->tcp.heartbeat_ms, 0);
   EXPECT_FALSE(c->tcp.rma);
+  EXPECT_EQ(c->ucx.tls, "rc_x,sm,self,^ib:1");
   EXPECT_EQ(c->tune.algo_spec, "allreduce:ring");
   EXPECT_EQ(c->tune.chunk_bytes, 8192u);
   EXPECT_EQ(c->tune.profile_path, "/p.json");
@@ -159,6 +163,8 @@ TEST(ConfigParse, EachKnobHasOneRuleAndItsMessageSaysWhatIsAccepted) {
       {"CHORUS_TCP_RENDEZVOUS_BYTES", "-1", "an integer >= 0"},
       {"CHORUS_HEARTBEAT_MS", "3600001", "0..3600000"},
       {"CHORUS_TCP_RMA", "2", "0, 1"},
+      {"CHORUS_UCX_TLS", "tcp;sm", "UCX_TLS's syntax"},
+      {"CHORUS_UCX_TLS", "tcp sm", "UCX_TLS's syntax"},
       {"CHORUS_CHUNK_BYTES", "x", "an integer >= 0"},
       {"CHORUS_SHRINK_WINDOW_MS", "-5", "an integer >= 0"},
       {"CHORUS_CLOCK_SYNC_S", "86401", "0..86400"},

@@ -1,0 +1,53 @@
+// UCX transport (CHORUS_TRANSPORT=ucx; docs/ucx.md): chorus's messages and
+// one-sided operations over UCP, the engine that InfiniBand, RoCE and other
+// RDMA fabrics are reached through (and, on a machine without them, TCP and
+// shared memory).
+//
+// One UCP context and worker per transport (per communicator), woken through
+// the worker's event fd.  Worker addresses travel through the bootstrap store;
+// every pair then proves the job secret with an HMAC challenge-response over
+// tagged messages before any data flows, and derives from it the token every
+// header carries and the offsets that make every tag unguessable.  Endpoints
+// run in UCP's peer error-handling mode: a peer that dies fails what is
+// outstanding with it, naming the rank.
+//
+// Messages: a 32-byte header (length, call signature, token) with small
+// payloads inline, large payloads as a second tagged message received
+// straight into the destination only after the header was checked against
+// the posted receive.  One-sided operations: the target checks every access
+// in its region table and moves the bytes itself (ucx_wire.hpp).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/auth.hpp"
+#include "bootstrap/store.hpp"
+#include "transport/transport.hpp"
+
+namespace chorus::transport {
+
+struct UcxSetup {
+  int rank = 0;
+  std::vector<int> peers;  // communicator ranks served by this transport, excluding rank
+  uint64_t comm_id = 0;    // bound into the handshake: a rank of another communicator is refused
+  auth::Secret secret;
+  // UCX_TLS for this transport's context (Config::ucx.tls, CHORUS_UCX_TLS);
+  // "" leaves UCX's own choice, which honours UCX_TLS from the environment.
+  std::string tls;
+  // UCP's keepalive period (Config::tcp.heartbeat_ms, CHORUS_HEARTBEAT_MS): a
+  // peer that vanished without closing its connections is found within a few
+  // periods.  0 leaves UCX's default.
+  int heartbeat_ms = 1000;
+  std::chrono::microseconds spin{50};         // a wait polls this long before it sleeps (Config::spin)
+  std::chrono::milliseconds timeout{600000};  // connection setup and the handshake
+};
+
+// Collective over setup.rank and its peers: publishes this rank's worker
+// address in the store ("ucx/<rank>"), connects to every peer and runs the
+// handshake.  The transport's rma() serves one-sided operations (rma.hpp).
+Result<std::unique_ptr<Transport>> createUcxTransport(const UcxSetup& setup, bootstrap::Store& store);
+
+}  // namespace chorus::transport
