@@ -5,7 +5,7 @@ within the bound, exit cleanly, and leave nothing behind (no /dev/shm segment, n
 process).  As root the ranks of one host share a private /dev/shm (a tmpfs in a
 mount namespace of their own), so that only their own segments are counted.
 
-Usage: fault_test.py FAULT_MAIN [--trials 10] [--ranks 4] [--bound-s 5] [--tcp]
+Usage: fault_test.py FAULT_MAIN [--trials 10] [--ranks 4] [--bound-s 5] [--tcp | --transport NAME]
                      [--shrink STEPS]
                      [--hosts KEEPER_PID,... --netns NS,... --master-addr ADDR
                       [--cut-cmd 'ip -n SW link set port{host} {state}'] [--heartbeat-ms MS]]
@@ -190,6 +190,7 @@ def main():
     ap.add_argument("--bound-s", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--tcp", action="store_true", help="CHORUS_TRANSPORT=tcp (the TCP detection path)")
+    ap.add_argument("--transport", default=None, help="CHORUS_TRANSPORT=NAME (e.g. ucx: its peer error handling)")
     ap.add_argument("--shrink", type=int, default=None, metavar="STEPS")
     ap.add_argument("--hosts", type=lambda s: [int(x) for x in s.split(",")], default=[])
     ap.add_argument("--netns", type=lambda s: s.split(","), default=[])
@@ -201,8 +202,8 @@ def main():
     if a.cut_cmd and len(a.hosts) < 2:
         ap.error("--cut-cmd needs --hosts with 2 or more hosts")
     extra = {}
-    if a.tcp:
-        extra["CHORUS_TRANSPORT"] = "tcp"
+    if a.tcp or a.transport:
+        extra["CHORUS_TRANSPORT"] = a.transport or "tcp"
     if a.heartbeat_ms is not None:
         extra["CHORUS_HEARTBEAT_MS"] = str(a.heartbeat_ms)
     if a.shrink is not None:
