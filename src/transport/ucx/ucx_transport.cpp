@@ -501,12 +501,29 @@ Result<bool> UcxTransport::poll() {
   return progressed;
 }
 
+namespace {
+// A completed control receive holding the peer's abort (its token checked
+// again by onCtl, which handles it).
+bool isAbortNotice(const Op* op) {
+  if (op->kind != Op::kRecvCtl || op->status != UCS_OK || op->length != sizeof(CtlMsg)) return false;
+  CtlMsg m;
+  std::memcpy(&m, op->buf.data(), sizeof m);
+  return m.kind == kCtlAbort && m.token == op->peer->link->in.token;
+}
+}  // namespace
+
 bool UcxTransport::handleDone(Status& first_error) {
   bool any = false;
   Sink& sink = fabric_->sink;
   while (!sink.done.empty()) {
     batch_.clear();
     batch_.swap(sink.done);  // handlers may queue more (a cancel, a close, an immediate completion)
+    // A batch that fails something handles a peer's abort notice first, so
+    // that what fails names the root cause the notice carries: a ring
+    // neighbour that learnt of a killed rank and closed its endpoints would
+    // otherwise be blamed for it (the send to it fails in the same batch).
+    if (std::any_of(batch_.begin(), batch_.end(), [](const Op* o) { return o->status != UCS_OK; }))
+      std::stable_partition(batch_.begin(), batch_.end(), [](const Op* o) { return isAbortNotice(o); });
     for (Op* op : batch_) {
       any = true;
       handle(op, first_error);
