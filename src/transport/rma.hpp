@@ -153,6 +153,26 @@ enum class RmaRefusal : uint16_t {
 
 enum class RmaOpKind : uint8_t { Put = 1, Get = 2, Notify = 3 };
 
+// The one-sided operations of a transport that posts all three through one
+// function (tcp, ucx: a record of kind, local buffer, remote key, offset and
+// notification value).
+class PostedRma : public Rma {
+ public:
+  Status put(int peer, const void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) final {
+    return postRma(peer, RmaOpKind::Put, local, bytes, &key, offset, 0, req);
+  }
+  Status get(int peer, void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) final {
+    return postRma(peer, RmaOpKind::Get, local, bytes, &key, offset, 0, req);
+  }
+  Status notify(int peer, uint64_t value, Request* req) final {
+    return postRma(peer, RmaOpKind::Notify, nullptr, 0, nullptr, 0, value, req);
+  }
+
+ protected:
+  virtual Status postRma(int peer, RmaOpKind kind, const void* local, size_t bytes, const RemoteKey* key,
+                         uint64_t offset, uint64_t value, Request* req) = 0;
+};
+
 // The error an origin reports for a refusal: chorusInvalidArgument (a
 // CopyFailed is chorusRemoteError), naming both ranks, the region, offset,
 // length and the reason.

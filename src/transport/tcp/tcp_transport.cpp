@@ -328,7 +328,7 @@ bool peerLooksDead(int fd, int dead_ms, unsigned* silent_ms) {
   return (info.tcpi_unacked > 0 && info.tcpi_retransmits >= 2) || info.tcpi_probes >= 2;
 }
 
-class TcpTransport final : public Transport, public Rma {
+class TcpTransport final : public Transport, public PostedRma {
  public:
   TcpTransport(int rank, int nsockets, int heartbeat_ms, uint64_t rendezvous_bytes, bool rma)
       : rank_(rank),
@@ -370,15 +370,6 @@ class TcpTransport final : public Transport, public Rma {
   Result<RemoteKey> unpackKey(int peer, std::span<const std::byte> blob) override {
     const bool ok = peer >= 0 && static_cast<size_t>(peer) < index_of_.size() && index_of_[static_cast<size_t>(peer)] >= 0;
     return regions_.unpack(peer, ok, blob);
-  }
-  Status put(int peer, const void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) override {
-    return postRma(peer, RmaOpKind::Put, local, bytes, &key, offset, 0, req);
-  }
-  Status get(int peer, void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) override {
-    return postRma(peer, RmaOpKind::Get, local, bytes, &key, offset, 0, req);
-  }
-  Status notify(int peer, uint64_t value, Request* req) override {
-    return postRma(peer, RmaOpKind::Notify, nullptr, 0, nullptr, 0, value, req);
   }
   Result<bool> takeNotification(int* peer, uint64_t* value) override;
 
@@ -432,7 +423,7 @@ class TcpTransport final : public Transport, public Rma {
   // ---- one-sided ----
 
   Status postRma(int peer, RmaOpKind kind, const void* local, size_t bytes, const RemoteKey* key, uint64_t offset,
-                 uint64_t value, Request* req);
+                 uint64_t value, Request* req) override;
   [[gnu::noinline]] void progressRma(bool& progressed, Status& first_error);  // out of poll()'s hot path
   Result<int> writeRma(Peer& p);
   void rmaInterest(Peer& p);

@@ -154,7 +154,7 @@ std::string sanitized(const char* p, size_t n) {
   return s;
 }
 
-class UcxTransport final : public Transport, public Rma {
+class UcxTransport final : public Transport, public PostedRma {
  public:
   UcxTransport(std::unique_ptr<Fabric> fabric, const UcxSetup& s)
       : rank_(s.rank),
@@ -182,15 +182,6 @@ class UcxTransport final : public Transport, public Rma {
   Result<std::vector<std::byte>> packKey(RegionId id) override { return regions_.pack(id); }
   Result<RemoteKey> unpackKey(int peer, std::span<const std::byte> blob) override {
     return regions_.unpack(peer, peerIndex(peer) >= 0, blob);
-  }
-  Status put(int peer, const void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) override {
-    return postRma(peer, RmaOpKind::Put, local, bytes, &key, offset, 0, req);
-  }
-  Status get(int peer, void* local, size_t bytes, const RemoteKey& key, uint64_t offset, Request* req) override {
-    return postRma(peer, RmaOpKind::Get, local, bytes, &key, offset, 0, req);
-  }
-  Status notify(int peer, uint64_t value, Request* req) override {
-    return postRma(peer, RmaOpKind::Notify, nullptr, 0, nullptr, 0, value, req);
   }
   Result<bool> takeNotification(int* peer, uint64_t* value) override;
 
@@ -242,7 +233,7 @@ class UcxTransport final : public Transport, public Rma {
 
   // ---- one-sided ----
   Status postRma(int peer, RmaOpKind kind, const void* local, size_t bytes, const RemoteKey* key, uint64_t offset,
-                 uint64_t value, Request* req);
+                 uint64_t value, Request* req) override;
   void sendRma(Peer& p, const RmaMsg& m, const std::byte* extra, size_t n);
   void answer(Peer& p, uint16_t kind, uint64_t op, RmaRefusal why = RmaRefusal::None, uint64_t detail = 0,
               const std::byte* data = nullptr, size_t n = 0);
