@@ -6,6 +6,7 @@
 // communicator is an error, not a crash) and, per thread, the last error
 // message and the open group.
 #include <chorus/chorus.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -316,8 +317,13 @@ chorusResult_t initFromEnv(chorusComm_t* comm, const Config& cfg) {
   // readEnvJob also enforces CHORUS_REQUIRE_SECRET.
   auto job = bootstrap::readEnvJob();
   if (!job.isOk()) return report(job.status().withContext("chorusCommInitFromEnv: "));
-  if (!job->secret.present && job->rank == 0)
-    log::warn("no CHORUS_SECRET: this {} job runs unauthenticated (set CHORUS_SECRET or use chorus-run)", job->source);
+  // Every rank says it (each one is exposed, and a rank's log may be all a
+  // user reads).
+  if (!job->secret.present)
+    log::warn("rank {}: this {} job has no secret ({}): {}", job->rank, job->source, job->no_secret_reason,
+              bootstrap::secretFix());
+  else
+    log::info("rank {}: job secret from {}", job->rank, job->secret_origin);
   auto addr = net::resolve(job->master_addr, job->master_port);
   if (!addr.isOk()) return report(addr.status().withContext("chorusCommInitFromEnv: master address: "));
   bootstrap::UniqueId id{addr.value(), job->secret};
@@ -325,7 +331,11 @@ chorusResult_t initFromEnv(chorusComm_t* comm, const Config& cfg) {
       "{} job: the store address {} is {}, its port {} is {}; set CHORUS_MASTER_ADDR and CHORUS_MASTER_PORT on every "
       "rank to a host and free port of rank 0",
       job->source, job->master_addr, job->addr_origin, job->master_port, job->port_origin);
-  return initRank(comm, job->world_size, id, job->rank, cfg, /*from_env=*/true, hint);
+  chorusResult_t r = initRank(comm, job->world_size, id, job->rank, cfg, /*from_env=*/true, hint);
+  // Every rank read the per-job file before rank 0's init could finish (they
+  // all proved the secret to its store); a failed init removes it too.
+  if (job->rank == 0 && !job->secret_file.empty()) ::unlink(job->secret_file.c_str());
+  return r;
 }
 }  // namespace
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cstring>
 #include <deque>
@@ -23,6 +24,7 @@
 #include <mutex>
 #include <utility>
 
+#include "bootstrap/job_secret.hpp"
 #include "common/env.hpp"
 
 namespace chorus::bootstrap {
@@ -34,6 +36,11 @@ constexpr char kIdMagic[8] = {'C', 'H', 'O', 'R', 'U', 'S', 'I', 'D'};
 constexpr uint16_t kIdVersion = 1;
 constexpr uint16_t kFamily4 = 4, kFamily6 = 6;
 constexpr uint32_t kFlagSecret = 1;
+constexpr std::string_view kSecretFix =
+    "anyone who can reach the job's ports can join it, read and change its data; give every rank the same secret: "
+    "`export CHORUS_SECRET=$(openssl rand -hex 32)` passed on by the launcher (mpirun -x CHORUS_SECRET, srun "
+    "--export=ALL), or CHORUS_SECRET_FILE naming a 0600 file of 64 hex digits on a shared file system, or launch with "
+    "chorus-run, which makes one; CHORUS_REQUIRE_SECRET=1 refuses to run without a secret";
 // Offsets in the 128 bytes.
 constexpr size_t kOffVersion = 8, kOffFamily = 10, kOffPort = 12, kOffPad = 14, kOffAddr = 16, kOffSecret = 32,
                  kOffFlags = 64, kOffTail = 68;
@@ -301,6 +308,85 @@ Result<std::string> firstSlurmHost(const std::string& nodelist) {
   return host;
 }
 
+namespace {
+
+bool isLoopback(const std::string& host) {
+  return host == "localhost" || host.starts_with("127.") || host == "::1" || host == "[::1]";
+}
+
+// Every rank of this launch runs on this host, and how we know ("" when not
+// known): the launcher's local size equals the world size, or the store is
+// on loopback.
+std::string oneHostEvidence(const EnvJob& job) {
+  auto equalsWorld = [&](const char* name) {
+    auto v = var(name);
+    return v && *v == std::to_string(job.world_size);
+  };
+  if (job.source == "torchrun" && equalsWorld("LOCAL_WORLD_SIZE")) return "LOCAL_WORLD_SIZE == WORLD_SIZE";
+  if (job.source == "openmpi" && equalsWorld("OMPI_COMM_WORLD_LOCAL_SIZE"))
+    return "OMPI_COMM_WORLD_LOCAL_SIZE == OMPI_COMM_WORLD_SIZE";
+  if (job.source == "slurm" && (var("SLURM_STEP_NUM_NODES") == "1" || var("SLURM_NNODES") == "1"))
+    return "a one-node Slurm step";
+  if (isLoopback(job.master_addr)) return "the store address is loopback";
+  return "";
+}
+
+// The secret: CHORUS_SECRET, else CHORUS_SECRET_FILE, else (every rank on
+// this host) the per-job file of job_secret.hpp.  Without any, the reason.
+Status findJobSecret(EnvJob& job, const std::optional<std::string>& ompi_job) {
+  if (auto hex = var("CHORUS_SECRET")) {
+    auto s = auth::Secret::fromHex(*hex);
+    if (!s.isOk()) return s.status().withContext("environment variable CHORUS_SECRET: ");
+    job.secret = *s;
+    job.secret_origin = "CHORUS_SECRET";
+    return {};
+  }
+  if (auto file = var("CHORUS_SECRET_FILE")) {
+    CHORUS_ASSIGN_OR_RETURN(job.secret, readSecretFile(*file));
+    job.secret_origin = fmt::format("CHORUS_SECRET_FILE={}", *file);
+    return {};
+  }
+  std::string evidence = oneHostEvidence(job);
+  if (evidence.empty()) {
+    job.no_secret_reason = fmt::format("CHORUS_SECRET and CHORUS_SECRET_FILE are not set and this {} job's ranks may "
+                                       "be on several hosts, so no per-job file can serve them all",
+                                       job.source);
+    return {};
+  }
+  // What names this launch alike on every rank: the launcher's job id where
+  // it has one, the store's address, the world size, and how many times this
+  // process initialised from the environment (ranks do so alike).
+  static std::atomic<int> inits{0};
+  std::string launch;
+  if (job.source == "torchrun") launch = var("TORCHELASTIC_RUN_ID").value_or("");
+  if (job.source == "openmpi") launch = ompi_job.value_or("");
+  if (job.source == "slurm")
+    launch = fmt::format("{}.{}", var("SLURM_JOB_ID").value_or(""), var("SLURM_STEP_ID").value_or(""));
+  std::string key = fmt::format("{}|{}|{}|{}|{}|{}", job.source, launch, job.master_addr, job.master_port,
+                                job.world_size, inits.fetch_add(1));
+  std::string preferred = var("CHORUS_SECRET_DIR").value_or("");
+  if (preferred.empty())
+    if (auto xdg = var("XDG_RUNTIME_DIR"); xdg && privateSecretDir(*xdg).isOk()) preferred = *xdg;
+  auto dir = privateSecretDir(preferred);
+  if (!dir.isOk())
+    return dir.status().withContext(
+        fmt::format("a per-job secret file (every rank is on this host: {}; set CHORUS_SECRET to bypass it): ",
+                    evidence));
+  auto shared = sharedJobSecret(*dir, key);
+  if (!shared.isOk())
+    return shared.status().withContext(fmt::format("the per-job secret file (every rank is on this host: {}; set "
+                                                   "CHORUS_SECRET to bypass it): ",
+                                                   evidence));
+  job.secret = shared->secret;
+  job.secret_file = shared->path;
+  job.secret_origin = fmt::format("the per-job file {} (every rank is on this host: {})", shared->path, evidence);
+  return {};
+}
+
+}  // namespace
+
+std::string_view secretFix() { return kSecretFix; }
+
 Result<EnvJob> readEnvJob() {
   EnvJob job;
   const char* rank_var = nullptr;
@@ -402,16 +488,11 @@ Result<EnvJob> readEnvJob() {
                            job.source == "torchrun" ? "MASTER_PORT" : "CHORUS_MASTER_PORT", job.source);
   }
 
-  if (auto hex = var("CHORUS_SECRET")) {
-    auto s = auth::Secret::fromHex(*hex);
-    if (!s.isOk()) return s.status().withContext("environment variable CHORUS_SECRET: ");
-    job.secret = *s;
-  }
+  CHORUS_RETURN_IF_ERROR(findJobSecret(job, ompi_job));
   CHORUS_ASSIGN_OR_RETURN(bool require, env::getBool("CHORUS_REQUIRE_SECRET"));
   if (require && !job.secret.present)
-    return invalidUsage("CHORUS_REQUIRE_SECRET=1 but CHORUS_SECRET is not set: give every rank the same secret "
-                        "(e.g. `export CHORUS_SECRET=$(openssl rand -hex 32)` before launching), or launch with "
-                        "chorus-run, which sets one");
+    return invalidUsage("CHORUS_REQUIRE_SECRET=1 but this job has no secret: {}; {}", job.no_secret_reason,
+                        kSecretFix);
   return job;
 }
 

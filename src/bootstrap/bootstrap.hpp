@@ -47,12 +47,17 @@ struct EnvJob {
   std::string master_addr;
   uint16_t master_port = 0;
   auth::Secret secret;       // present == false: unauthenticated
+  std::string secret_origin;     // "CHORUS_SECRET", "CHORUS_SECRET_FILE=...", "the per-job file ..."
+  std::string secret_file;       // the per-job file (job_secret.hpp) rank 0 removes once every rank has joined
+  std::string no_secret_reason;  // without a secret: why none could be had
   std::string source;        // "chorus", "torchrun", "openmpi", "slurm"
   // Where master_addr and master_port came from, for error messages
   // ("CHORUS_MASTER_PORT", "MASTER_PORT + 1 (MASTER_PORT=29500 is torch's store)", ...).
   std::string addr_origin;
   std::string port_origin;
 };
+// What a job without a secret risks and how to give it one (for warnings).
+std::string_view secretFix();
 // Reads, first found wins: CHORUS_RANK/CHORUS_WORLD_SIZE/CHORUS_MASTER_*;
 // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; OMPI_COMM_WORLD_RANK/SIZE;
 // SLURM_PROCID/SLURM_NTASKS (master from CHORUS_MASTER_ADDR or the first host
@@ -60,8 +65,11 @@ struct EnvJob {
 // Precisely: the rank variable found first picks the source; CHORUS_WORLD_SIZE,
 // CHORUS_MASTER_ADDR and CHORUS_MASTER_PORT override per variable; then
 // MASTER_ADDR / MASTER_PORT; a Slurm job without them uses its node list's
-// first host and the port 20000 + SLURM_JOB_ID % 20000.  CHORUS_SECRET (hex)
-// gives the secret; CHORUS_REQUIRE_SECRET=1 makes its absence an error.
+// first host and the port 20000 + SLURM_JOB_ID % 20000.  The secret:
+// CHORUS_SECRET (hex), else CHORUS_SECRET_FILE, else, when every rank is on
+// this host, a per-job 0600 file (job_secret.hpp; CHORUS_SECRET_DIR or
+// $XDG_RUNTIME_DIR or /tmp/chorus-<uid>); CHORUS_REQUIRE_SECRET=1 makes its
+// absence an error.
 //
 // MASTER_PORT is torch's: torchrun's agent already listens on it (and torch's
 // env:// init binds it on rank 0), so chorus's store listens on MASTER_PORT + 1

@@ -15,8 +15,10 @@
 //     status 1 TIMEOUT  GET: the key did not appear in time; empty
 //     status 2 ERROR    value = a message (ADD on a non-integer, store full)
 //
-// Limits: 1 <= keylen <= 1 KiB, vallen <= 16 MiB, all values together
-// <= 1 GiB.  A frame outside the format or the limits closes that connection
+// Limits: 1 <= keylen <= 1 KiB, vallen <= 16 MiB, all entries together
+// <= 1 GiB (StoreServerOptions::max_total_bytes), an entry counting its key,
+// its value and kEntryOverhead (the map node), so that many empty-valued
+// keys cannot grow the server without bound either.  A frame outside the format or the limits closes that connection
 // (the peer is broken or hostile); a request the store cannot satisfy gets an
 // ERROR response and the connection stays usable.
 //
@@ -40,6 +42,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "bootstrap/gate.hpp"
 #include "clock/offset.hpp"
 #include "common/log.hpp"
 
@@ -54,12 +57,16 @@ constexpr size_t kRequestHeader = 1 + 4 + 8;
 constexpr size_t kResponseHeader = 1 + 8;
 constexpr size_t kMaxKey = 1024;
 constexpr size_t kMaxValue = size_t{16} << 20;
-constexpr size_t kMaxTotalBytes = size_t{1} << 30;
+// What one entry costs beyond its key and value: a std::map node (three
+// pointers, colour, the key's and value's headers) and the allocator's rounding.
+constexpr size_t kEntryOverhead = 128;
 constexpr size_t kReadChunk = 64 * 1024;
 // Input buffered per connection before the server stops reading from it: one
 // maximal frame plus one read chunk.
 constexpr size_t kMaxBufferedInput = kRequestHeader + kMaxKey + kMaxValue + kReadChunk;
 constexpr std::string_view kHello = "store";
+
+size_t entryBytes(std::string_view key, size_t value_bytes) { return key.size() + value_bytes + kEntryOverhead; }
 
 uint64_t loadLe(const std::byte* p, int n) {
   uint64_t v = 0;
@@ -115,7 +122,12 @@ class StoreServerImpl final : public StoreServer {
  public:
   StoreServerImpl(net::Fd listener, net::SockAddr addr, const auth::Secret& secret, const Options& options,
                   net::Fd wake)
-      : listener_(std::move(listener)), addr_(addr), secret_(secret), options_(options), wake_(std::move(wake)) {
+      : listener_(std::move(listener)),
+        addr_(addr),
+        options_(options),
+        wake_(std::move(wake)),
+        gate_(listener_.get(), secret, fmt::format("store server {}", addr.toString()),
+              auth::GateOptions{options.handshake_timeout, options.max_pending}) {
     thread_ = std::thread([this] { run(); });
   }
 
@@ -132,14 +144,11 @@ class StoreServerImpl final : public StoreServer {
   [[nodiscard]] net::SockAddr address() const override { return addr_; }
 
  private:
-  enum class Phase { kHandshake, kServing };
+  // An authenticated client (auth::Gate admits them).
   struct Conn {
     uint64_t id = 0;
     net::Fd fd;
     std::string peer;
-    Phase phase = Phase::kHandshake;
-    std::unique_ptr<auth::ServerHandshakeMachine> hs;
-    Clock::time_point hs_deadline;
     std::vector<std::byte> in;
     std::vector<std::byte> out;
     size_t out_off = 0;
@@ -151,7 +160,7 @@ class StoreServerImpl final : public StoreServer {
 
   // Everything below runs on the server thread only.
   void run();
-  void acceptAll();
+  void admit(auth::Admitted a);
   void onReadable(uint64_t id, Conn& c);
   void process(uint64_t id, Conn& c);
   void execute(uint64_t id, Conn& c, const StoreRequest& r);
@@ -163,28 +172,24 @@ class StoreServerImpl final : public StoreServer {
 
   net::Fd listener_;
   net::SockAddr addr_;
-  auth::Secret secret_;
   Options options_;
   net::Fd wake_;
   std::atomic<bool> stop_{false};
+  auth::Gate gate_;
 
   std::map<uint64_t, Conn> conns_;
   uint64_t next_id_ = 1;
   std::map<std::string, Bytes, std::less<>> data_;
   size_t total_bytes_ = 0;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters_;
-  Clock::time_point accept_paused_until_{};
 
   std::thread thread_;  // last: starts after every member above is constructed
 };
 
 int StoreServerImpl::pollTimeoutMs() const {
-  auto next = Clock::time_point::max();
-  for (const auto& [id, c] : conns_) {
-    if (c.phase == Phase::kHandshake) next = std::min(next, c.hs_deadline);
+  auto next = gate_.nextDeadline();
+  for (const auto& [id, c] : conns_)
     if (c.parked) next = std::min(next, c.parked_deadline);
-  }
-  if (accept_paused_until_ > Clock::now()) next = std::min(next, accept_paused_until_);
   if (next == Clock::time_point::max()) return -1;
   auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
@@ -197,8 +202,7 @@ void StoreServerImpl::run() {
     pfds.clear();
     ids.clear();
     pfds.push_back({wake_.get(), POLLIN, 0});
-    bool accepting = Clock::now() >= accept_paused_until_;
-    pfds.push_back({accepting ? listener_.get() : -1, POLLIN, 0});
+    const size_t gate_fds = gate_.appendPollFds(pfds);
     for (auto& [id, c] : conns_) {
       short ev = POLLRDHUP;
       bool pending_out = c.out_off < c.out.size();
@@ -214,10 +218,10 @@ void StoreServerImpl::run() {
       continue;
     }
     if (stop_.load(std::memory_order_acquire)) break;
+    for (auth::Admitted& a : gate_.onPoll(std::span(pfds).subspan(1, gate_fds))) admit(std::move(a));
     if (r > 0) {
-      if (pfds[1].revents & POLLIN) acceptAll();
       for (size_t i = 0; i < ids.size(); ++i) {
-        short rev = pfds[i + 2].revents;
+        short rev = pfds[i + 1 + gate_fds].revents;
         if (rev == 0) continue;
         auto it = conns_.find(ids[i]);
         if (it == conns_.end() || it->second.dead) continue;
@@ -231,39 +235,13 @@ void StoreServerImpl::run() {
   }
 }
 
-void StoreServerImpl::acceptAll() {
-  // Bounded per iteration so a connection storm cannot starve served clients.
-  for (int i = 0; i < 64; ++i) {
-    net::SockAddr peer;
-    peer.len = sizeof peer.ss;
-    int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer.ss), &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      int err = errno;
-      if (err == EAGAIN || err == EWOULDBLOCK) return;
-      if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
-      // EMFILE/ENFILE/ENOBUFS: the pending connection stays in the backlog and
-      // poll would report it again at once; pause accepting briefly instead.
-      log::warn("store server {}: accept failed: {}; pausing accepts for 100 ms (raise `ulimit -n`?)",
-                addr_.toString(), std::strerror(err));
-      accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
-      return;
-    }
-    (void)net::setNoDelay(fd);  // latency only; failure is harmless
-    uint64_t id = next_id_++;
-    Conn& c = conns_[id];
-    c.id = id;
-    c.fd = net::Fd(fd);
-    c.peer = peer.toString();
-    c.hs = std::make_unique<auth::ServerHandshakeMachine>(secret_, c.peer);
-    c.hs_deadline = Clock::now() + options_.handshake_timeout;
-    if (Status s = c.hs->consume({}); !s.isOk()) {
-      kill(c, s.message(), true);
-      continue;
-    }
-    auto g = c.hs->greeting();
-    c.out.assign(g.begin(), g.end());
-    flush(c);
-  }
+void StoreServerImpl::admit(auth::Admitted a) {
+  uint64_t id = next_id_++;
+  Conn& c = conns_[id];
+  c.id = id;
+  c.fd = std::move(a.fd);
+  c.peer = std::move(a.peer);
+  log::trace("store server {}: client {} authenticated", addr_.toString(), c.peer);
 }
 
 void StoreServerImpl::flush(Conn& c) {
@@ -297,7 +275,7 @@ void StoreServerImpl::onReadable(uint64_t id, Conn& c) {
     // EOF or a reset: the client went away.  Finish what it already sent
     // (a SET followed by close must still land), then close.
     process(id, c);
-    kill(c, n == 0 ? "closed by peer" : std::strerror(errno), c.phase == Phase::kHandshake && n != 0);
+    kill(c, n == 0 ? "closed by peer" : std::strerror(errno), false);
     return;
   }
   process(id, c);
@@ -305,26 +283,7 @@ void StoreServerImpl::onReadable(uint64_t id, Conn& c) {
 
 void StoreServerImpl::process(uint64_t id, Conn& c) {
   size_t off = 0;
-  if (c.phase == Phase::kHandshake) {
-    // The machine asks for the fixed head first, then for the rest.
-    while (c.hs->wanted() > 0 && off < c.in.size()) {
-      size_t take = std::min(c.hs->wanted(), c.in.size() - off);
-      Status s = c.hs->consume(std::span(c.in).subspan(off, take));
-      off += take;
-      if (!s.isOk()) {
-        kill(c, s.message(), true);
-        return;
-      }
-    }
-    if (c.hs->done()) {
-      auto p = c.hs->proof();
-      c.out.insert(c.out.end(), p.begin(), p.end());
-      c.hs.reset();
-      c.phase = Phase::kServing;
-      log::trace("store server {}: client {} authenticated", addr_.toString(), c.peer);
-    }
-  }
-  while (c.phase == Phase::kServing && !c.parked && !c.dead && off < c.in.size()) {
+  while (!c.parked && !c.dead && off < c.in.size()) {
     auto parsed = parseStoreRequest(std::span(c.in).subspan(off));
     if (!parsed.isOk()) {
       kill(c, parsed.status().message(), true);
@@ -344,14 +303,15 @@ void StoreServerImpl::execute(uint64_t id, Conn& c, const StoreRequest& r) {
   switch (r.op) {
     case kOpSet: {
       auto it = data_.find(key);
-      size_t old = it == data_.end() ? 0 : it->second.size();
-      if (total_bytes_ - old + r.value.size() > kMaxTotalBytes) {
-        auto msg = fmt::format("store full: setting '{}' ({} bytes) would exceed the {} byte limit", key,
-                               r.value.size(), kMaxTotalBytes);
+      size_t old = it == data_.end() ? 0 : entryBytes(key, it->second.size());
+      size_t now = entryBytes(key, r.value.size());
+      if (total_bytes_ - old + now > options_.max_total_bytes) {
+        auto msg = fmt::format("store full: setting '{}' ({} bytes with its key) would exceed the {} byte limit", key,
+                               now, options_.max_total_bytes);
         appendResponse(c.out, kStatusError, std::as_bytes(std::span(msg)));
         return;
       }
-      total_bytes_ = total_bytes_ - old + r.value.size();
+      total_bytes_ = total_bytes_ - old + now;
       data_[key].assign(r.value.begin(), r.value.end());
       appendResponse(c.out, kStatusOk, {});
       answerWaiters(key);
@@ -395,8 +355,14 @@ void StoreServerImpl::execute(uint64_t id, Conn& c, const StoreRequest& r) {
         return;
       }
       std::string s = std::to_string(next);
-      size_t old = it == data_.end() ? 0 : it->second.size();
-      total_bytes_ = total_bytes_ - old + s.size();
+      size_t old = it == data_.end() ? 0 : entryBytes(key, it->second.size());
+      if (total_bytes_ - old + entryBytes(key, s.size()) > options_.max_total_bytes) {
+        auto msg = fmt::format("store full: adding to '{}' would exceed the {} byte limit", key,
+                               options_.max_total_bytes);
+        appendResponse(c.out, kStatusError, std::as_bytes(std::span(msg)));
+        return;
+      }
+      total_bytes_ = total_bytes_ - old + entryBytes(key, s.size());
       data_[key] = toBytes(std::string_view(s));
       appendResponse(c.out, kStatusOk, le64(static_cast<uint64_t>(next)));
       answerWaiters(key);
@@ -433,12 +399,7 @@ void StoreServerImpl::expireDeadlines() {
   auto now = Clock::now();
   for (auto& [id, c] : conns_) {
     if (c.dead) continue;
-    if (c.phase == Phase::kHandshake && now >= c.hs_deadline) {
-      kill(c,
-           fmt::format("no complete job-secret handshake within {} ms (slow or non-chorus client)",
-                       options_.handshake_timeout.count()),
-           true);
-    } else if (c.parked && now >= c.parked_deadline) {
+    if (c.parked && now >= c.parked_deadline) {
       auto w = waiters_.find(c.parked_key);
       if (w != waiters_.end()) {
         std::erase(w->second, id);
@@ -620,8 +581,13 @@ Result<std::shared_ptr<Store>> connectStore(const net::SockAddr& server, const a
   auto deadline = deadlineAfter(static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)));
   auto fd = net::connectTo(server, deadline);
   if (!fd.isOk()) return fd.status().withContext("connecting to the rendezvous store: ");
-  CHORUS_RETURN_IF_ERROR(auth::clientHandshake(fd->get(), secret, toBytes(kHello), deadline)
-                             .withContext(fmt::format("rendezvous store {}: ", server.toString())));
+  Status hs = auth::clientHandshake(fd->get(), secret, toBytes(kHello), deadline);
+  if (hs.code() == chorusRemoteError)
+    return hs.withContext(fmt::format(
+        "rendezvous store {}: whoever listens there is not this job's store, or does not know this job's secret (a "
+        "stranger bound the port first, a store of another job, or ranks given different secrets): ",
+        server.toString()));
+  CHORUS_RETURN_IF_ERROR(hs.withContext(fmt::format("rendezvous store {}: ", server.toString())));
   return std::shared_ptr<Store>(std::make_shared<StoreClient>(std::move(*fd), server, timeout));
 }
 

@@ -65,8 +65,15 @@ class PrefixStore final : public Store {
 // bounded) protect it from a misbehaving client.
 struct StoreServerOptions {
   // A connection that has not completed the job-secret handshake by then is
-  // closed (a silent or slow client cannot hold a slot forever).
-  std::chrono::milliseconds handshake_timeout{10000};
+  // closed (a silent or slow client cannot hold a slot forever); handshakes
+  // run concurrently (auth::Gate), so this bounds a stranger's descriptor,
+  // not anyone's wait.
+  std::chrono::milliseconds handshake_timeout{5000};
+  // Unauthenticated connections held at once (the oldest silent one is
+  // dropped for a new one); 0: auth::defaultMaxPending().
+  size_t max_pending = 0;
+  // All entries together (keys, values and a per-entry overhead) at most.
+  size_t max_total_bytes = size_t{1} << 30;
 };
 
 class StoreServer {

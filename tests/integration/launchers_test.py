@@ -8,6 +8,9 @@
     chorus-run-torch RUN MAIN NP  chorus-run ranks that init torch.distributed with env:// (gloo) and, while
                                   that group is alive, run a chorus job from the same environment
     mpirun MAIN NP                Open MPI's mpirun with no CHORUS_MASTER_ADDR/PORT
+    secrets MAIN NP               a secret without the user: one-host torchrun ranks share a per-job file; ranks
+                                  on several hosts warn (and refuse with CHORUS_REQUIRE_SECRET=1); a stranger's
+                                  store bound first to the port is refused
 
 Each rank of MAIN (env_job_main) prints {"rank", "world", "ok"}; a mode passes
 when every rank reported ok and the launcher exited 0.  Exit 77 (ctest: skipped)
@@ -112,6 +115,122 @@ def torchrun_emulated(main, np_):
         print("launchers_test: torchrun-emulated: a taken MASTER_PORT + 1 is reported: " + err0.strip().splitlines()[-1])
 
 
+def fake_store(port):
+    """A stranger's store bound first to the job's store port: it answers the
+    job-secret handshake with the all-zero key (what every unauthenticated
+    chorus job used) and then holds the connection.  Runs on a thread."""
+    import hashlib
+    import hmac
+    import threading
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port))
+    srv.listen(16)
+    srv.settimeout(0.5)
+    held, stop = [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            try:
+                c.settimeout(5)
+                nonce_s = os.urandom(32)
+                c.sendall(b"CHRS" + bytes([1]) + nonce_s)
+                head = c.recv(34, socket.MSG_WAITALL)
+                hello_len = int.from_bytes(head[32:34], "little")
+                c.recv(hello_len + 32, socket.MSG_WAITALL)
+                c.sendall(hmac.new(bytes(32), b"server" + head[:32] + nonce_s, hashlib.sha256).digest())
+                held.append(c)
+            except OSError:
+                c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+
+    def close():
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        srv.close()
+    return close
+
+
+def secrets(main, np_):
+    """Secrets by default: one-host ranks under torchrun's environment share a
+    per-job file (removed when init is done) and warn about nothing; ranks that
+    may be on several hosts each print one line naming the risk, and refuse to
+    run with CHORUS_REQUIRE_SECRET=1; a stranger's store bound first to the port
+    is refused by every rank, naming it."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o700)
+        agent, port = listener()
+        with agent:
+            results = start_ranks(main, np_, port, {"CHORUS_SECRET_DIR": d})
+        bad = [(i, rc, err) for i, (rc, _, err) in enumerate(results) if rc != 0]
+        if bad:
+            fail(f"one-host torchrun environment: ranks failed: {bad}")
+        check_reports("".join(out for _, out, _ in results), np_, "secrets: one host")
+        warned = [i for i, (_, _, err) in enumerate(results) if "has no secret" in err]
+        if warned:
+            fail(f"one-host ranks {warned} warned of no secret: {results[warned[0]][2]}")
+        if os.listdir(d):
+            fail(f"the per-job secret file was not removed after init: {os.listdir(d)}")
+        print("launchers_test: secrets: one-host torchrun ranks shared a per-job secret; its file is gone after init")
+
+        # A stranger's store on the port, first: the ranks (not rank 0, whose
+        # bind would fail) must refuse it.
+        agent, port = listener()
+        with agent:
+            close = fake_store(port + 1)
+            try:
+                procs = []
+                for r in range(1, np_):
+                    env = clean_env(RANK=str(r), WORLD_SIZE=str(np_), LOCAL_WORLD_SIZE=str(np_),
+                                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="none",
+                                    CHORUS_SECRET_DIR=d, CHORUS_TIMEOUT_MS="5000")
+                    procs.append(subprocess.Popen([main], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                  text=True))
+                outs = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
+            finally:
+                close()
+        for r, (_, err, rc) in enumerate(outs, start=1):
+            if rc == 0 or "not this job's store" not in err:
+                fail(f"rank {r} did not refuse a stranger's store on port {port + 1} (exit {rc}): {err}")
+        print("launchers_test: secrets: a stranger's store bound first is refused: " +
+              outs[0][1].strip().splitlines()[-1][:200])
+
+    # Ranks that may be on several hosts: a non-loopback master.
+    addrs = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True,
+                           text=True).stdout.split()
+    ip = next((a.split("/")[0] for i, a in enumerate(addrs) if addrs[i - 1] == "inet"), None)
+    if ip is None:
+        print("launchers_test: secrets: no global IPv4 address here: the several-hosts case is not run")
+        return
+    sock = socket.socket()
+    sock.bind((ip, 0))
+    mport = sock.getsockname()[1]
+    sock.close()
+    for require in ("0", "1"):
+        procs = []
+        for r in range(np_):
+            env = clean_env(RANK=str(r), WORLD_SIZE=str(np_), LOCAL_WORLD_SIZE="1", MASTER_ADDR=ip,
+                            CHORUS_MASTER_PORT=str(mport), CHORUS_REQUIRE_SECRET=require)
+            procs.append(subprocess.Popen([main], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+        for r, (out, err, rc) in enumerate(outs):
+            if require == "0" and (rc != 0 or err.count("has no secret") != 1 or "CHORUS_SECRET" not in err):
+                fail(f"several hosts: rank {r} (exit {rc}) did not run with exactly one warning line: {err}")
+            if require == "1" and (rc == 0 or "CHORUS_REQUIRE_SECRET=1" not in err):
+                fail(f"several hosts with CHORUS_REQUIRE_SECRET=1: rank {r} (exit {rc}) did not refuse: {err}")
+    print(f"launchers_test: secrets: ranks that may be on several hosts ({ip}) each warn once, and refuse with "
+          "CHORUS_REQUIRE_SECRET=1")
+
+
 def have_torch():
     return subprocess.run([sys.executable, "-c", "import torch.distributed.run"], capture_output=True).returncode == 0
 
@@ -187,6 +306,8 @@ def main():
         torchrun(args[0], int(args[1]))
     elif mode == "chorus-run-torch":
         chorus_run_torch(args[0], args[1], int(args[2]))
+    elif mode == "secrets":
+        secrets(args[0], int(args[1]))
     elif mode == "mpirun":
         mpirun(args[0], int(args[1]))
     else:

@@ -4,10 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <thread>
 #include <cstring>
 #include <map>
 
+#include "bootstrap/job_secret.hpp"
 #include "bootstrap/store.hpp"
 
 namespace chorus::bootstrap {
@@ -22,7 +29,19 @@ const char* const kJobVars[] = {"CHORUS_RANK",    "CHORUS_WORLD_SIZE",  "CHORUS_
                                 "MASTER_ADDR",    "MASTER_PORT",        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                                 "SLURM_PROCID",   "SLURM_NTASKS",       "SLURM_JOB_NODELIST",   "SLURM_NODELIST",
                                 "SLURM_JOB_ID",   "CHORUS_SOCKET_IFNAME", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                                "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri"};
+                                "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri",
+                                "CHORUS_SECRET_FILE", "CHORUS_SECRET_DIR", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                                "SLURM_STEP_ID", "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "XDG_RUNTIME_DIR"};
+
+// A fresh private directory (0700), removed with its files at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/chorus-secret-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
 
 class EnvTest : public ::testing::Test {
  protected:
@@ -31,7 +50,10 @@ class EnvTest : public ::testing::Test {
       if (const char* old = std::getenv(v)) saved_[v] = old;
       unsetenv(v);
     }
+    // Per-job secret files of one-host jobs go here, not to /tmp/chorus-<uid>.
+    setenv("CHORUS_SECRET_DIR", secret_dir_.path.c_str(), 1);
   }
+  TempDir secret_dir_;
   void TearDown() override {
     for (const char* v : kJobVars) unsetenv(v);
     for (auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
@@ -280,12 +302,13 @@ TEST_F(EnvTest, MalformedValuesNameTheVariable) {
 TEST_F(EnvTest, SecretFromHexAndRequired) {
   set("CHORUS_RANK", "0");
   set("CHORUS_WORLD_SIZE", "1");
-  set("CHORUS_MASTER_ADDR", "127.0.0.1");
+  set("CHORUS_MASTER_ADDR", "10.9.8.7");  // not loopback: the ranks may be on several hosts
   set("CHORUS_MASTER_PORT", "1");
   set("CHORUS_REQUIRE_SECRET", "1");
   auto j = readEnvJob();
   ASSERT_FALSE(j.isOk());
   EXPECT_NE(j.status().message().find("CHORUS_SECRET"), std::string::npos);
+  EXPECT_NE(j.status().message().find("several hosts"), std::string::npos) << j.status().message();
   auth::Secret s = auth::Secret::random();
   set("CHORUS_SECRET", s.toHex().c_str());
   j = readEnvJob();
@@ -296,6 +319,134 @@ TEST_F(EnvTest, SecretFromHexAndRequired) {
   j = readEnvJob();
   ASSERT_FALSE(j.isOk());
   EXPECT_NE(j.status().message().find("CHORUS_SECRET"), std::string::npos);
+}
+
+// Without CHORUS_SECRET, ranks that all run on this host share a per-job
+// secret file; ranks that may be on several hosts get none and say why.
+TEST_F(EnvTest, OneHostTorchrunGetsASecretWithoutTheUser) {
+  set("RANK", "0");
+  set("WORLD_SIZE", "4");
+  set("LOCAL_WORLD_SIZE", "4");
+  set("MASTER_ADDR", "node7");
+  set("MASTER_PORT", "29500");
+  set("TORCHELASTIC_RUN_ID", "none");
+  set("CHORUS_REQUIRE_SECRET", "1");  // satisfied by the per-job file
+  auto j = readEnvJob();
+  ASSERT_TRUE(j.isOk()) << j.status().message();
+  EXPECT_TRUE(j->secret.present);
+  EXPECT_NE(j->secret_origin.find("LOCAL_WORLD_SIZE == WORLD_SIZE"), std::string::npos) << j->secret_origin;
+  ASSERT_FALSE(j->secret_file.empty());
+  EXPECT_EQ(j->secret_file.rfind(secret_dir_.path, 0), 0u) << j->secret_file;
+  struct stat st{};
+  ASSERT_EQ(::stat(j->secret_file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // Several hosts: no file can serve them all.
+  set("LOCAL_WORLD_SIZE", "2");
+  unset("CHORUS_REQUIRE_SECRET");
+  auto multi = readEnvJob();
+  ASSERT_TRUE(multi.isOk()) << multi.status().message();
+  EXPECT_FALSE(multi->secret.present);
+  EXPECT_NE(multi->no_secret_reason.find("several hosts"), std::string::npos) << multi->no_secret_reason;
+  // Open MPI on one host, and a loopback master, get one too.
+  for (auto& [k, v] : std::map<std::string, std::string>{{"RANK", ""}, {"WORLD_SIZE", ""}}) unset(k.c_str());
+  set("OMPI_COMM_WORLD_RANK", "1");
+  set("OMPI_COMM_WORLD_SIZE", "3");
+  set("OMPI_COMM_WORLD_LOCAL_SIZE", "3");
+  set("OMPI_MCA_ess_base_jobid", "123");
+  unset("MASTER_ADDR");
+  unset("MASTER_PORT");
+  auto ompi = readEnvJob();
+  ASSERT_TRUE(ompi.isOk()) << ompi.status().message();
+  EXPECT_TRUE(ompi->secret.present);
+}
+
+// Two ranks of one launch read the same secret; whoever comes first writes it.
+TEST(JobSecretFile, TheFirstRankWritesAndTheOthersRead) {
+  TempDir d;
+  auto dir = privateSecretDir(d.path);
+  ASSERT_TRUE(dir.isOk()) << dir.status().message();
+  auto a = sharedJobSecret(*dir, "torchrun|none|node7|29501|4|0");
+  auto b = sharedJobSecret(*dir, "torchrun|none|node7|29501|4|0");
+  auto other = sharedJobSecret(*dir, "torchrun|none|node7|29502|4|0");
+  ASSERT_TRUE(a.isOk() && b.isOk() && other.isOk());
+  EXPECT_TRUE(a->created);
+  EXPECT_FALSE(b->created);
+  EXPECT_EQ(a->secret.bytes, b->secret.bytes);
+  EXPECT_NE(a->secret.bytes, other->secret.bytes);
+  EXPECT_EQ(a->path, b->path);
+  EXPECT_NE(a->path, other->path);
+  // Concurrent first arrivals agree too (link() decides the race).
+  std::vector<std::array<std::byte, auth::kSecretBytes>> got(8);
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < got.size(); ++i)
+    ts.emplace_back([&, i] {
+      auto r = sharedJobSecret(*dir, "race");
+      EXPECT_TRUE(r.isOk()) << r.status().message();
+      if (r.isOk()) got[i] = r->secret.bytes;
+    });
+  for (auto& t : ts) t.join();
+  for (auto& g : got) EXPECT_EQ(g, got[0]);
+}
+
+// A file anyone else could have planted or read is refused, naming it.
+TEST(JobSecretFile, RefusesFilesAndDirectoriesOthersCanTouch) {
+  TempDir d;
+  auto first = sharedJobSecret(d.path, "k");
+  ASSERT_TRUE(first.isOk());
+  ASSERT_EQ(::chmod(first->path.c_str(), 0644), 0);
+  auto loose = sharedJobSecret(d.path, "k");
+  ASSERT_FALSE(loose.isOk());
+  EXPECT_NE(loose.status().message().find(first->path), std::string::npos) << loose.status().message();
+  EXPECT_NE(loose.status().message().find("644"), std::string::npos) << loose.status().message();
+  // A symlink in place of the file.
+  auto target = sharedJobSecret(d.path, "target");
+  ASSERT_TRUE(target.isOk());
+  auto victim = sharedJobSecret(d.path, "victim");
+  ASSERT_TRUE(victim.isOk());
+  ASSERT_EQ(::unlink(victim->path.c_str()), 0);
+  ASSERT_EQ(::symlink(target->path.c_str(), victim->path.c_str()), 0);
+  EXPECT_FALSE(sharedJobSecret(d.path, "victim").isOk());
+  // A directory others can enter.
+  ASSERT_EQ(::chmod(d.path.c_str(), 0755), 0);
+  auto open_dir = privateSecretDir(d.path);
+  ASSERT_FALSE(open_dir.isOk());
+  EXPECT_NE(open_dir.status().message().find("755"), std::string::npos) << open_dir.status().message();
+  ASSERT_EQ(::chmod(d.path.c_str(), 0700), 0);
+  // Another owner's file (as root, give it away; otherwise chown fails and
+  // the mode check above stands in).
+  auto owned = sharedJobSecret(d.path, "owned");
+  ASSERT_TRUE(owned.isOk());
+  if (::geteuid() == 0 && ::chown(owned->path.c_str(), 65534, 65534) == 0) {
+    auto theirs = sharedJobSecret(d.path, "owned");
+    ASSERT_FALSE(theirs.isOk());
+    EXPECT_NE(theirs.status().message().find("uid 65534"), std::string::npos) << theirs.status().message();
+  }
+}
+
+TEST_F(EnvTest, SecretFileOfTheUser) {
+  set("CHORUS_RANK", "0");
+  set("CHORUS_WORLD_SIZE", "2");
+  set("CHORUS_MASTER_ADDR", "10.9.8.7");
+  set("CHORUS_MASTER_PORT", "1");
+  TempDir d;
+  std::string path = d.path + "/s";
+  auth::Secret s = auth::Secret::random();
+  {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    std::string text = s.toHex() + "\n";
+    ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    ::close(fd);
+  }
+  set("CHORUS_SECRET_FILE", path.c_str());
+  auto j = readEnvJob();
+  ASSERT_TRUE(j.isOk()) << j.status().message();
+  EXPECT_EQ(j->secret.bytes, s.bytes);
+  EXPECT_TRUE(j->secret_file.empty());  // the user's file is never removed
+  ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
+  auto loose = readEnvJob();
+  ASSERT_FALSE(loose.isOk());
+  EXPECT_NE(loose.status().message().find("chmod 600"), std::string::npos) << loose.status().message();
 }
 
 TEST(SlurmNodeList, FirstHost) {

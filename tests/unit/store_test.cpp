@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <filesystem>
 #include <future>
 #include <random>
 #include <thread>
@@ -200,6 +201,59 @@ TEST(StoreServer, SlowLorisDoesNotBlockOthersAndIsDropped) {
   EXPECT_TRUE(closedByServer(loris->get(), 10s));
   EXPECT_TRUE(closedByServer(half->get(), 10s));
   expectServes(s, "after-loris");
+}
+
+// Keys count toward the store's limit (with a per-entry overhead): many
+// empty-valued keys cannot grow the server without bound.
+TEST(StoreServer, KeyBytesCountTowardTheLimit) {
+  Server s(StoreServerOptions{.max_total_bytes = 64 * 1024});
+  auto c = s.client();
+  ASSERT_TRUE(c);
+  const std::string pad(1000, 'k');
+  int stored = 0;
+  Status last;
+  for (int i = 0; i < 200; ++i) {
+    last = c->set(fmt::format("{}{:04}", pad, i), {});
+    if (!last.isOk()) break;
+    ++stored;
+  }
+  // 1,004-byte keys with empty values: at most 64 KiB / 1,004 of them fit.
+  EXPECT_LE(stored, 64 * 1024 / 1004);
+  EXPECT_GE(stored, 32);  // and the limit is not far below that (the overhead is small)
+  EXPECT_NE(last.message().find("store full"), std::string::npos) << last.message();
+  // Values still count, and overwriting an entry frees its old size.
+  EXPECT_TRUE(c->set(fmt::format("{}{:04}", pad, 0), {}).isOk());
+  expectServes(s, "after-full-of-keys");
+}
+
+// Count of this process's open descriptors.
+size_t openFds() {
+  size_t n = 0;
+  for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// A flood of silent connections holds at most max_pending descriptors in the
+// server (the rest are displaced), and good clients are served throughout.
+TEST(StoreServer, AConnectionFloodHoldsAtMostTheCap) {
+  constexpr size_t kCap = 8, kFlood = 150;
+  Server s(StoreServerOptions{.handshake_timeout = 30000ms, .max_pending = kCap});
+  expectServes(s, "before-flood");
+  size_t before = openFds();
+  std::vector<net::Fd> flood;
+  for (size_t i = 0; i < kFlood; ++i) {
+    auto fd = net::connectTo(s.server->address(), in(5s));
+    ASSERT_TRUE(fd.isOk());
+    flood.push_back(std::move(*fd));
+  }
+  auto t0 = Clock::now();
+  expectServes(s, "during-flood");
+  EXPECT_LT(Clock::now() - t0, 1s);
+  std::this_thread::sleep_for(200ms);
+  // Ours: the flood's client ends; the server's: at most kCap of theirs
+  // (plus the good client's connection, closed by now or not).
+  size_t server_side = openFds() - before - kFlood;
+  EXPECT_LE(server_side, kCap + 2) << "the server holds " << server_side << " stranger descriptors";
 }
 
 TEST(StoreServer, GarbageClientIsRejected) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <future>
 #include <thread>
 #include <vector>
@@ -676,6 +677,94 @@ TEST(TcpTransport, StrangersDuringSetupAreRejectedAndSetupCompletes) {
   ts.push_back(std::move(*t0));
   ts.push_back(std::move(t1p));
   exchangeAll(ts, {5, 4096});
+}
+
+// A store that, as each rank publishes its listener, points strangers at it
+// first: silent sockets, slow ones (a byte now and then), garbage.  They
+// reach the listener's backlog before any honest peer can read the address.
+class StrangerStore final : public bootstrap::Store {
+ public:
+  Status set(std::string_view key, std::span<const std::byte> value) override {
+    if (key.starts_with("tcp/") && value.size() == sizeof(net::SockAddr)) {
+      net::SockAddr addr;
+      std::memcpy(&addr, value.data(), sizeof addr);
+      std::lock_guard lock(mu_);
+      for (int i = 0; i < 6; ++i) strangers_.push_back(open(addr));  // silent
+      for (int i = 0; i < 3; ++i) {                                 // slow
+        strangers_.push_back(open(addr));
+        slow_.push_back(strangers_.back().get());
+      }
+      for (int i = 0; i < 3; ++i) {  // garbage
+        net::Fd g = open(addr);
+        std::vector<std::byte> junk(200, std::byte{0x5a});
+        (void)net::writeAll(g.get(), junk, Clock::now() + 1s);
+        strangers_.push_back(std::move(g));
+      }
+    }
+    return base_.set(key, value);
+  }
+  Result<bootstrap::Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override {
+    {
+      std::lock_guard lock(mu_);
+      std::byte b{1};
+      for (int fd : slow_) (void)::send(fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    return base_.get(key, timeout);
+  }
+  Result<int64_t> add(std::string_view key, int64_t delta) override { return base_.add(key, delta); }
+  size_t strangers() {
+    std::lock_guard lock(mu_);
+    return strangers_.size();
+  }
+
+ private:
+  static net::Fd open(const net::SockAddr& a) {
+    auto fd = net::connectTo(a, Clock::now() + 5s);
+    EXPECT_TRUE(fd.isOk()) << fd.status().message();
+    return fd.isOk() ? std::move(*fd) : net::Fd();
+  }
+  bootstrap::MemoryStore base_;
+  std::mutex mu_;
+  std::vector<net::Fd> strangers_;
+  std::vector<int> slow_;
+};
+
+// Silent, slow and garbage sockets on every rank's listener during setup
+// leave setup time within 1 s of a clean one (they used to be served one at
+// a time, each silent socket costing 10 s).
+TEST(TcpTransport, StrangersOnEveryListenerDoNotDelaySetup) {
+  constexpr int kRanks = 4;
+  auto timed = [&](bootstrap::Store& store) {
+    auto t0 = Clock::now();
+    auto ts = createAll(kRanks, store);
+    for (auto& t : ts) EXPECT_TRUE(t);
+    auto took = Clock::now() - t0;
+    if (std::all_of(ts.begin(), ts.end(), [](auto& t) { return t != nullptr; })) exchangeAll(ts, {5, 4096});
+    return took;
+  };
+  bootstrap::MemoryStore clean;
+  auto clean_took = timed(clean);
+  StrangerStore hostile;
+  auto hostile_took = timed(hostile);
+  EXPECT_EQ(hostile.strangers(), size_t{kRanks} * 12);
+  EXPECT_LT(hostile_took, clean_took + 1s)
+      << "clean setup " << std::chrono::duration_cast<std::chrono::milliseconds>(clean_took).count()
+      << " ms, with strangers " << std::chrono::duration_cast<std::chrono::milliseconds>(hostile_took).count() << " ms";
+}
+
+// When setup does time out, the error names what else knocked, besides the
+// rank that never came.
+TEST(TcpTransport, SetupTimeoutNamesTheStrangersSeen) {
+  StrangerStore store;
+  TcpSetup s = setupFor(1, 2);
+  s.timeout = 600ms;
+  auto t = createTcpTransport(s, store);
+  ASSERT_FALSE(t.isOk());
+  EXPECT_EQ(t.status().code(), chorusTimeout);
+  const std::string& m = t.status().message();
+  EXPECT_NE(m.find("ranks 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("refused"), std::string::npos) << m;
+  EXPECT_NE(m.find("failed authentication"), std::string::npos) << m;
 }
 
 TEST(TcpTransport, SetupTimesOutNamingTheMissingRank) {

@@ -15,10 +15,12 @@
 //     (tcp_wire.hpp), opened last with the socket index sockets_per_peer,
 //     and every hello's sockets_per_peer carries kHelloRmaBit (ranks that
 //     disagree on it fail at the first hello).  A connection that
-//     fails any check is closed and logged, and accepting goes on: a stranger
-//     (port scanner, a rank of another job, a stale rank of this one) cannot
-//     break setup, it only costs its own handshake time (capped, so a silent
-//     one cannot hold the listener for long).
+//     fails any check is closed and counted, and accepting goes on: a
+//     stranger (port scanner, a rank of another job, a stale rank of this
+//     one) cannot break setup.  Handshakes run concurrently (auth::Gate), so
+//     a silent, slow or garbage connection delays no honest one, and a flood
+//     holds a bounded number of descriptors; the refusals are logged once and
+//     then summarised, and named in the timeout error if setup times out.
 // The listener is closed once every expected connection arrived, so nothing
 // can connect afterwards.  Every wait is bounded by setup.timeout.
 #include "transport/tcp/tcp_setup.hpp"
@@ -34,6 +36,7 @@
 #include <thread>
 
 #include "bootstrap/auth.hpp"
+#include "bootstrap/gate.hpp"
 #include "common/log.hpp"
 #include "transport/tcp/tcp_wire.hpp"
 
@@ -42,19 +45,12 @@ namespace {
 
 using net::Clock;
 
-// One handshake may take at most this long, so a connection that never
-// speaks delays the real peers by a bounded time only.
-constexpr auto kHandshakeCap = std::chrono::seconds(10);
+// Writing the 4-byte ack to an admitted connection (an empty send buffer:
+// it does not wait unless the peer is gone).
+constexpr auto kAckCap = std::chrono::seconds(2);
 constexpr int kMaxSocketsPerPeer = 64;
 
 std::string storeKey(int rank) { return fmt::format("tcp/{}", rank); }
-
-std::string remoteAddress(int fd) {
-  net::SockAddr a;
-  a.len = sizeof a.ss;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a.ss), &a.len) != 0) return "<unknown address>";
-  return a.toString();
-}
 
 std::chrono::milliseconds remaining(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -106,41 +102,37 @@ class Acceptor {
   }
 
   Status run(Clock::time_point deadline) {
+    auth::Gate gate(listen_fd_, setup_.secret, fmt::format("tcp transport listener of rank {}", setup_.rank));
+    std::vector<pollfd> fds;
     size_t got = 0;
     while (got < expected_) {
       auto now = Clock::now();
-      if (now >= deadline) return timeoutError();
-      auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-      pollfd p[2] = {{listen_fd_, POLLIN, 0}, {cancel_.get(), POLLIN, 0}};
-      int r = ::poll(p, 2, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
+      if (now >= deadline) return timeoutError(gate.strangers());
+      fds.clear();
+      fds.push_back({cancel_.get(), POLLIN, 0});
+      const size_t n = gate.appendPollFds(fds);
+      auto wake = std::min(deadline, gate.nextDeadline());
+      auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
+      int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30)));
       if (r < 0 && errno != EINTR) return errnoError("poll (tcp setup accept)", errno);
-      if (r <= 0) continue;
-      if (p[1].revents != 0) return internalError("tcp setup on rank {}: accepting cancelled", setup_.rank);
-      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) {
-        int err = errno;
-        if (err == EINTR || err == EAGAIN || err == EWOULDBLOCK || err == ECONNABORTED || err == EPROTO) continue;
-        return errnoError(fmt::format("accept on the tcp transport listener of rank {}", setup_.rank), err);
+      if (r > 0 && fds[0].revents != 0)
+        return internalError("tcp setup on rank {}: accepting cancelled", setup_.rank);
+      if (r < 0) continue;
+      for (auth::Admitted& a : gate.onPoll(std::span(fds).subspan(1, n))) {
+        std::string peer = a.peer;
+        if (Status s = admit(std::move(a), deadline); !s.isOk()) {
+          gate.strangers().refused(peer, auth::Refusal::kRejected, s.message());
+          continue;
+        }
+        ++got;
       }
-      net::Fd conn(fd);
-      if (Status s = net::setNonBlocking(fd, false); !s.isOk()) return s;
-      // Without it the ack, written right after the handshake's last message,
-      // waits out the client's delayed ACK (40 ms per connection).
-      if (Status s = net::setNoDelay(fd); !s.isOk()) return s;
-      std::string from = remoteAddress(fd);
-      if (Status s = admit(std::move(conn), from, deadline); !s.isOk()) {
-        log::warn("tcp transport rank {}: rejected a connection from {}: {}", setup_.rank, from, s.message());
-        continue;
-      }
-      ++got;
     }
     return {};
   }
 
  private:
-  Status admit(net::Fd conn, const std::string& from, Clock::time_point deadline) {
-    auto hs_deadline = std::min(deadline, Clock::now() + kHandshakeCap);
-    CHORUS_ASSIGN_OR_RETURN(std::vector<std::byte> raw, auth::serverHandshake(conn.get(), setup_.secret, hs_deadline));
+  Status admit(auth::Admitted a, Clock::time_point deadline) {
+    const std::vector<std::byte>& raw = a.hello;
     Hello h;
     if (raw.size() != sizeof h)
       return remoteError("hello has {} bytes, expected {} (not a chorus tcp transport connection?)", raw.size(),
@@ -166,13 +158,16 @@ class Acceptor {
     net::Fd& slot = h.index == setup_.sockets_per_peer ? it->rma : it->socks[static_cast<size_t>(h.index)];
     if (slot.valid()) return remoteError("rank {} socket {} is already connected (duplicate)", h.rank, h.index);
     uint32_t ack = kAck;
-    CHORUS_RETURN_IF_ERROR(net::writeAll(conn.get(), std::as_bytes(std::span(&ack, 1)), hs_deadline));
-    it->addr = from;
-    slot = std::move(conn);
+    CHORUS_RETURN_IF_ERROR(
+        net::writeAll(a.fd.get(), std::as_bytes(std::span(&ack, 1)), std::min(deadline, Clock::now() + kAckCap)));
+    // The links are handed over in blocking mode (tcp_setup.hpp).
+    CHORUS_RETURN_IF_ERROR(net::setNonBlocking(a.fd.get(), false));
+    it->addr = a.peer;
+    slot = std::move(a.fd);
     return {};
   }
 
-  Status timeoutError() const {
+  Status timeoutError(const auth::StrangerLog& strangers) const {
     std::string missing;
     for (const PeerLink& l : links_) {
       if (l.rank >= setup_.rank) continue;
@@ -182,10 +177,13 @@ class Acceptor {
       have += setup_.rma && l.rma.valid() ? 1 : 0;
       if (have < want) missing += fmt::format("{}{} ({}/{})", missing.empty() ? "" : ", ", l.rank, have, want);
     }
+    std::string others = strangers.summary();
     return makeError(chorusTimeout,
                      "tcp transport setup on rank {}: ranks {} did not connect within {} ms (did they start, and can "
-                     "they reach this host?)",
-                     setup_.rank, missing, setup_.timeout.count());
+                     "they reach this host?){}",
+                     setup_.rank, missing, setup_.timeout.count(),
+                     others.empty() ? std::string()
+                                    : fmt::format("; meanwhile this listener refused {}", others));
   }
 
   const TcpSetup& setup_;
