@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <mutex>
 
 #include "clock/offset.hpp"
@@ -253,6 +254,28 @@ Status Communicator::setAlgorithms(std::string_view spec) {
 
 // ---- shrink -------------------------------------------------------------------
 
+Result<std::vector<int>> parseMemberList(std::span<const std::byte> list, int nranks) {
+  std::string_view text(reinterpret_cast<const char*>(list.data()), list.size());
+  std::vector<int> members;
+  if (text.empty()) return remoteError("empty (no surviving rank)");
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string_view::npos) j = text.size();
+    std::string_view field = text.substr(i, j - i);
+    int v = -1;
+    auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
+    if (field.empty() || field.size() > 10 || ec != std::errc() || end != field.data() + field.size() || v < 0 ||
+        v >= nranks)
+      return remoteError("'{}' is not a rank of 0..{} (field {})", field.substr(0, 16), nranks - 1, members.size());
+    if (!members.empty() && v <= members.back())
+      return remoteError("rank {} after rank {}: the list must be strictly increasing", v, members.back());
+    members.push_back(v);
+    i = j + 1;
+  }
+  return members;
+}
+
 // Agreement through the store, which every survivor can still reach: the
 // first rank to arrive leads; it waits until every rank not known to be dead
 // has joined, or the window passes, and publishes the members; everyone takes
@@ -275,14 +298,10 @@ Result<std::unique_ptr<Communicator>> Communicator::shrink(std::chrono::millisec
     CHORUS_RETURN_IF_ERROR(store_->set(base + "members", bootstrap::toBytes(members)));
   }
   CHORUS_ASSIGN_OR_RETURN(bootstrap::Bytes list, store_->get(base + "members", window * 2 + cfg_.timeout));
-  std::vector<int> members;
-  for (size_t i = 0; i < list.size();) {
-    size_t j = i;
-    int v = 0;
-    while (j < list.size() && static_cast<char>(list[j]) != ',') v = v * 10 + (static_cast<char>(list[j++]) - '0');
-    members.push_back(v);
-    i = j + 1;
-  }
+  auto parsed = parseMemberList(list, nranks_);
+  if (!parsed.isOk())
+    return parsed.status().withContext(fmt::format("rank {}: shrink #{}: the store's member list: ", rank_, epoch));
+  std::vector<int> members = std::move(*parsed);
   auto me = std::find(members.begin(), members.end(), rank_);
   if (me == members.end())
     return makeError(chorusRemoteError,

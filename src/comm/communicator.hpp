@@ -41,6 +41,11 @@
 
 namespace chorus {
 
+// The shrink agreement's member list as the store holds it ("0,2,3"): parsed
+// against nranks -- decimal ranks in 0..nranks-1, strictly increasing, at
+// least one -- because the store's bytes come from the network.
+Result<std::vector<int>> parseMemberList(std::span<const std::byte> list, int nranks);
+
 class Communicator {
  public:
   // Collective over all nranks ranks.  Rank 0 runs the store server for

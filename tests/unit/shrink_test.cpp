@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "comm/communicator.hpp"
 #include "support/rank_threads.hpp"
 
 namespace chorus::testing {
@@ -45,6 +46,23 @@ TEST(Shrink, SurvivorsFinishTheJob) {
     return "";
   });
   EXPECT_EQ(failures(msgs), "");
+}
+
+// The member list comes from the store (the network): anything but
+// increasing ranks in range is an error, never a rank out of bounds.
+TEST(Shrink, MemberListIsRangeChecked) {
+  auto parse = [](std::string_view s, int n) {
+    return parseMemberList(std::as_bytes(std::span(s.data(), s.size())), n);
+  };
+  auto ok = parse("0,2,3", 4);
+  ASSERT_TRUE(ok.isOk()) << ok.status().message();
+  EXPECT_EQ(*ok, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(*parse("5", 6), std::vector<int>{5});
+  for (std::string_view bad : {"", ",", "0,", ",1", "0,,1", "4", "0,4", "-1", "1,0", "1,1", "a", "0,1x",
+                               "99999999999", "2147483648", "0 ,1", "3,2,1"}) {
+    auto r = parse(bad, 4);
+    EXPECT_FALSE(r.isOk()) << "'" << bad << "' was accepted";
+  }
 }
 
 TEST(Shrink, BadArguments) {
