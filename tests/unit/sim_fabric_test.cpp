@@ -97,6 +97,7 @@ TEST(SimFabric, NonBlockingFabricPricesEdgesByTheirNics) {
   const CollectiveReport ring = run(c, 128, "allreduce", S, "nccl:ring/Simple");
   // Bandwidth term: E over the slower of NVLink and the NICs.
   EXPECT_NEAR(ring.time_us - ring.latency_us, 2 * (n - 1) / n * S / std::min(nic_node, nvl) * 1e6, 1e-6);
+  EXPECT_EQ(ring.bottleneck, "nic (node->leaf)");  // tier and direction
   const plan::Registry reg = plan::Registry::builtin();
   const Topology topo = *Topology::build(c);
   NetworkModel net(c, topo, reg);
