@@ -221,6 +221,41 @@ CLI::App* addInfer(CLI::App& app, CliOptions& o) {
   return in;
 }
 
+CLI::App* addSweep(CLI::App& app, CliOptions& o) {
+  CLI::App* sw = app.add_subcommand(
+      "sweep", "what-if: one collective, training layout or layout search on a grid of cluster and layout values, "
+               "with what binds at each point");
+  sw->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/): the base every point changes")->required();
+  sw->add_option("--vary", o.vary,
+                 "an axis KEY=V1,V2,... or KEY=LO:HI (doubling); repeatable, the grid is their product. Keys: "
+                 "nic_gbit_s, oversubscription, nvlink_domain (GPUs per NVLink domain), nvlink_gbyte_s, hbm_gib, "
+                 "leaf_nodes, gpu (a cluster file whose GPU replaces the base's); training: tp, pp, dp, cp, ep, "
+                 "micro_batch")->required();
+  sw->add_option("--job", o.sweep_job, "collective, train or search (default: train with --model, else collective)");
+  sw->add_option("--gpus", o.gpus, "GPUs (collective: the first N; train/search: the job's)")->required();
+  sw->add_option("--collective", o.collective, "collective job: allreduce, allgather, alltoall, ...");
+  sw->add_option("--bytes", o.bytes_text, "collective job: size (nccl-tests convention)");
+  sw->add_option("--algo", o.algo, "collective job: auto, a chorus plan or an NCCL algorithm");
+  sw->add_option("--model", o.model_path, "train/search job: chorus model JSON, Hugging Face config.json or its directory");
+  sw->add_option("--tp", o.tc.tp, "train job: tensor parallel");
+  sw->add_option("--pp", o.tc.pp, "train job: pipeline parallel");
+  sw->add_option("--dp", o.tc.dp, "train job: data parallel (0: gpus / (tp pp cp) at every point)")->default_val(0);
+  sw->add_option("--cp", o.tc.cp, "train job: context parallel");
+  sw->add_option("--ep", o.tc.ep, "train job: expert parallel");
+  sw->add_option("--vpp", o.tc.vpp, "train job: virtual pipeline stages per GPU");
+  sw->add_option("--zero", o.tc.zero, "train job: ZeRO stage 0..3");
+  sw->add_option("--global-batch", o.tc.global_batch, "train/search job: sequences per iteration");
+  sw->add_option("--micro-batch", o.micro, "train job: sequences per micro-batch, or auto");
+  sw->add_option("--seq", o.tc.seq, "train/search job: sequence length");
+  sw->add_option("--recompute", o.recompute, "train job: none, selective, full");
+  sw->add_flag("--fp8", o.tc.fp8, "fp8 GEMMs");
+  sw->add_option("--network", o.network, "analytical or flow");
+  sw->add_option("--library", o.library, "whose collectives: nccl (default), chorus or auto");
+  sw->add_option("--out", o.sweep_out, "also write the JSON here (tools/sweep_plot.py draws it)");
+  sw->add_flag("--json", o.json, "print JSON");
+  return sw;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -234,6 +269,7 @@ int main(int argc, char** argv) {
   CLI::App* tr = addTrain(app, o);
   CLI::App* se = addSearch(app, o);
   CLI::App* in = addInfer(app, o);
+  CLI::App* sw = addSweep(app, o);
 
   CLI11_PARSE(app, argc, argv);
   if (mo->parsed()) return runModelCommand(o);
@@ -241,5 +277,6 @@ int main(int argc, char** argv) {
   if (tr->parsed()) return runTrainCommand(o);
   if (se->parsed()) return runSearchCommand(o);
   if (in->parsed()) return runInferCommand(o);
+  if (sw->parsed()) return runSweepCommand(o);
   return 0;
 }

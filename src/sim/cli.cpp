@@ -19,9 +19,28 @@
 namespace chorus::sim {
 namespace {
 
+// 1536 -> "1.50 KiB".
+std::string formatBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.2f} {}", b, units[u]);
+}
+
 int fail(const Status& s) {
   std::fprintf(stderr, "chorus-sim: %s\n", s.message().c_str());
   return 1;
+}
+
+// Every distinct collective of the iteration: bytes per call, the group set,
+// the time of one call, the algorithm and the binding link (tier, direction).
+void printCollectiveLines(const TrainReport& r) {
+  if (r.collectives.empty()) return;
+  std::printf("  collectives (one call each; bytes per call, nccl-tests convention):\n");
+  for (const TrainReport::CollectiveLine& l : r.collectives)
+    std::printf("    %-10s %-26s %10s  %5lld ranks x %-6lld %11.1f us  %-20s %s\n", l.dim.c_str(),
+                l.collective.c_str(), formatBytes(l.bytes).c_str(), static_cast<long long>(l.ranks),
+                static_cast<long long>(l.groups), 1e6 * l.time_s, l.algo.c_str(), l.link.c_str());
 }
 
 void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) {
@@ -34,10 +53,12 @@ void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) 
                 static_cast<long long>(r.schedule_tasks), r.schedule_merged_layers,
                 r.schedule_merged_layers == 1 ? "" : "s", r.estimate_s);
   for (const auto& [k, v] : r.breakdown) std::printf("  %-12s %.4f s\n", k.c_str(), v);
+  printCollectiveLines(r);
   std::string bounds;
   for (const auto& [k, v] : r.bounds.seconds) bounds += fmt::format("{}{} {:.3f} s", bounds.empty() ? "" : ", ", k, v);
-  std::printf("  binding resource: %s (%.3f s of the %.3f s iteration); resource busy times: %s\n",
-              r.bounds.binding.c_str(), r.bounds.max(), r.iteration_s, bounds.c_str());
+  std::printf("  lower bounds (each resource's bytes or FLOPs at its full rate; no iteration is shorter): %s\n"
+              "  binding bound: %s (%.3f s of the %.3f s iteration)\n",
+              bounds.c_str(), r.bounds.binding.c_str(), r.bounds.max(), r.iteration_s);
 }
 
 void printServe(const ServeStats& s) {

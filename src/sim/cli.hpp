@@ -46,6 +46,10 @@ struct CliOptions {
   // infer
   InferConfig ic;
   std::string lengths = "fixed", concurrency_text, draft_path, kv_alloc = "reserve";
+  // sweep (src/sim/sweep.hpp): the axes ("KEY=V1,V2" each), the job, where the
+  // JSON goes besides --json's stdout
+  std::vector<std::string> vary;
+  std::string sweep_job = "auto", sweep_out;
 };
 
 int runModelCommand(const CliOptions& o);
@@ -53,5 +57,6 @@ int runCollectiveCommand(const CliOptions& o);
 int runTrainCommand(CliOptions o);
 int runSearchCommand(CliOptions o);
 int runInferCommand(CliOptions o);
+int runSweepCommand(CliOptions o);  // src/sim/cli_sweep.cpp
 
 }  // namespace chorus::sim

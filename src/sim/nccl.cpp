@@ -113,10 +113,26 @@ bool price(const NcclShape& s, NcclAlgo a, NcclProto p, NcclCost* out) {
   const double n = static_cast<double>(s.n), ppn = static_cast<double>(s.ppn), S = s.bytes;
   const double nch = kNcclChannels;
   // The links a ring-like algorithm runs on: NVLink inside a node, the
-  // group's NICs between nodes; the slower sets the bus bandwidth.
-  const double intra = s.ppn > 1 ? s.nvl_bw : inf, inter = s.nodes > 1 ? s.net_bw : inf;
+  // group's NICs between nodes, and where edges cross the leaf tier the
+  // busiest leaf's uplinks; the slowest sets the bus bandwidth.  An edge
+  // between nodes moves E bytes through a NIC (at net_bw) and, when it
+  // leaves a leaf, through that leaf's uplinks, which the `cross` edges
+  // leaving the busiest leaf share: per edge leaf_up_bw / cross
+  // (docs/simulator.md, "Congestion that follows the traffic").
+  // `per_edge` = NIC bytes per byte an edge puts on the uplinks.
+  auto upRate = [&](double cross, double per_edge) {
+    return s.leaf_up_bw > 0 && cross > 0 ? s.leaf_up_bw * per_edge / cross : inf;
+  };
+  const double intra = s.ppn > 1 ? s.nvl_bw : inf, nic = s.nodes > 1 ? s.net_bw : inf;
+  // Ring: an edge's bytes go through one NIC and, crossing, once up and once down.
+  const double ring_up = s.nodes > 1 ? upRate(s.ring_cross, 1) : inf;
+  const double inter = std::min(nic, ring_up);
   const double bus = std::min(intra, inter);
-  const char* link = intra <= inter ? "nvlink" : "nic";
+  auto name3 = [&](double in, double n_ic, double up) -> std::string {
+    if (in <= n_ic && in <= up) return "nvlink (gpu->nvswitch)";
+    return n_ic <= up ? "nic (node->leaf)" : s.up_tier;
+  };
+  const std::string link = name3(intra, nic, ring_up);
   double nsteps = ar ? 2 * (n - 1) : (c == Collective::Broadcast || c == Collective::Reduce) ? n : n - 1;
   double t_bw = 0, lat = 0, thr = kThreadThreshold[static_cast<int>(p)];
   std::string bottleneck = link;
@@ -143,10 +159,16 @@ bool price(const NcclShape& s, NcclAlgo a, NcclProto p, NcclCost* out) {
     }
     case NcclAlgo::Tree: {
       if (!ar) return false;
+      // A node's NICs carry 2S each way (up and down both trees); a tree edge
+      // crossing the leaf tier puts S/2 on its uplinks and S/2 on its
+      // downlinks: per edge the uplinks serve 4 leaf_up_bw / cross in NIC terms.
+      const double tree_up = s.nodes > 1 ? upRate(s.tree_cross, 4) : inf;
+      const double tbus = std::min({intra, nic, tree_up});
+      bottleneck = name3(intra, nic, tree_up);
       double bw = 0;
-      if (p == NcclProto::Simple) bw = std::min(0.92 * bus, nch * kPerChTree[g][ni] * 1e9);
-      else if (p == NcclProto::LL) bw = std::min(bus / 3.8, kLlMaxBw[g][ni] * 1e9);
-      else bw = std::min(bus * (s.nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0), nch * kPerChTreeLL128[g][ni] * 1e9);
+      if (p == NcclProto::Simple) bw = std::min(0.92 * tbus, nch * kPerChTree[g][ni] * 1e9);
+      else if (p == NcclProto::LL) bw = std::min(tbus / 3.8, kLlMaxBw[g][ni] * 1e9);
+      else bw = std::min(tbus * (s.nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0), nch * kPerChTreeLL128[g][ni] * 1e9);
       bw *= treeCorrection(p, S);
       t_bw = 2 * S / bw;  // up the tree and down again: algbw = bus / 2
       lat = kBaseLat[0][static_cast<int>(p)] +
@@ -170,16 +192,19 @@ bool price(const NcclShape& s, NcclAlgo a, NcclProto p, NcclCost* out) {
       const double t_red = (ar || c == Collective::ReduceScatter) && s.nvls_reduce > 0
                                ? (ppn - 1) * S / 4 / s.nvls_reduce : 0;
       t_bw = std::max(t_link, t_red);
-      bottleneck = t_red > t_link ? "nvswitch reduction" : "nvlink";
+      bottleneck = t_red > t_link ? "nvswitch reduction" : "nvlink (gpu->nvswitch)";
       lat = kNvlinkLat[3][2];
       if (multi) {
         // Between nodes a tree over the nodes' reduced buffers: on 2 nodes
         // each sends S and receives S (one direction each), beyond that
         // interior nodes send S up and S down.
-        const double t_net = (s.nodes == 2 ? 1.0 : 2.0) * S / s.net_bw;
+        const double t_nic = (s.nodes == 2 ? 1.0 : 2.0) * S / s.net_bw;
+        // Each tree edge crossing the leaf tier: S/2 each way (two trees).
+        const double t_up = s.leaf_up_bw > 0 ? s.tree_cross * S / 2 / s.leaf_up_bw : 0;
+        const double t_net = std::max(t_nic, t_up);
         const double cap = nch * kPerChNvlsTree[g][ni] * 1e9;
         const double t_cap = cap > 0 ? S * nsteps / n / cap : 0;
-        if (t_net > t_bw) t_bw = t_net, bottleneck = "nic";
+        if (t_net > t_bw) t_bw = t_net, bottleneck = t_up > t_nic ? s.up_tier : "nic (node->leaf)";
         if (t_cap > t_bw) t_bw = t_cap, bottleneck = "protocol cap";
         lat = kNvlinkLat[4][2] + 2 * log2Floor(s.nodes) * kNetLat[4][2];
       }
@@ -192,15 +217,25 @@ bool price(const NcclShape& s, NcclAlgo a, NcclProto p, NcclCost* out) {
       if (!simple || !s.sharp || !ar || s.nodes < 2 || s.ppn > 8) return false;
       thr = kCollNetThreshold;
       const double t_intra = s.ppn > 1 ? 2 * (ppn - 1) / ppn * S / s.nvl_bw : 0;
-      const double t_net = S / (s.net_bw * (g >= 2 ? 0.85 : 1.0));
+      const double t_nic = S / (s.net_bw * (g >= 2 ? 0.85 : 1.0));
+      // The leaf's switch reduces its nodes' shares: one reduced S per group
+      // goes up to the spine and one result comes down.
+      const double t_up = s.leaf_up_bw > 0 ? s.collnet_cross * S / s.leaf_up_bw : 0;
+      const double t_net = std::max(t_nic, t_up);
       t_bw = std::max(t_intra, t_net);
-      bottleneck = t_net >= t_intra ? "nic" : "nvlink";
+      bottleneck = t_net >= t_intra ? (t_up > t_nic ? s.up_tier : "nic (node->leaf)") : "nvlink (gpu->nvswitch)";
       lat = 2 * (std::min(1.0, ppn - 1) * kNvlinkLat[2][2] + 0.4 * (ppn - 1)) + kNetLat[2][2];
       break;
     }
     case NcclAlgo::Pat: {
       if (!simple || !agrs || s.ppn != 1 || s.nodes < 2) return false;
-      t_bw = S / (0.75 * bus);  // not converted: AG/RS on a non-ring algorithm
+      t_bw = S / (0.75 * std::min(intra, nic));  // not converted: AG/RS on a non-ring algorithm
+      bottleneck = "nic (node->leaf)";
+      // Priced as a direct exchange at the leaf tier (each rank's S/n share
+      // to or from every other rank crosses once): an upper bound on PAT's
+      // crossings, which forward some shares inside the leaf.
+      if (s.leaf_up_bw > 0 && s.direct_cross * S / s.leaf_up_bw > t_bw)
+        t_bw = s.direct_cross * S / s.leaf_up_bw, bottleneck = s.up_tier;
       lat = kBaseLat[5][2] + log2Floor(s.nodes) * kNetLat[5][2] / 3.5 + 2.8 * n;
       break;
     }

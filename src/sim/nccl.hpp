@@ -46,6 +46,24 @@ struct NcclShape {
   double nvls_reduce = 0;  // the group's share of its node's NVSwitch reduction throughput (fp32 adds/s)
   bool nvls = false, sharp = false;
   GpuArch arch = GpuArch::Other;
+  // The leaf tier (dragonfly: the group tier) as this call loads it, every
+  // group at once (docs/simulator.md, "Congestion that follows the traffic").
+  // leaf_up_bw: one leaf group's uplink capacity, one direction, all rails of
+  // its nodes together (B/s; = its nodes' NIC rate / oversubscription); 0 when
+  // no uplink can bind (oversubscription 1, or every group inside one leaf).
+  // The crossings are the most any one leaf carries, per direction, in units of
+  // one inter-node edge's bytes:
+  //   ring_cross: ring edges (consecutive nodes in rank order, and the wrap)
+  //               leaving the leaf, summed over the call's groups;
+  //   tree_cross: edges of NCCL's double binary tree over the nodes (both
+  //               trees) with exactly one end in the leaf;
+  //   collnet_cross: groups with nodes inside and outside the leaf (SHARP
+  //               sends one reduced buffer per leaf up the switch tree);
+  //   direct_cross: sum over groups of k (n - k) / n, k = the group's ranks
+  //               in the leaf: a direct exchange's share of S leaving it.
+  double leaf_up_bw = 0;
+  double ring_cross = 0, tree_cross = 0, collnet_cross = 0, direct_cross = 0;
+  std::string up_tier = "leaf uplinks (leaf->spine)";  // how the report names that link
 };
 
 struct NcclCost {
@@ -54,7 +72,10 @@ struct NcclCost {
   double time_s = 0, latency_s = 0;
   double tuner_s = 0;      // NCCL's own cost of the pair (all channels): what its tuner compares
   int channels = 0;        // channels the call runs on (fewer for small messages)
-  std::string bottleneck;  // "nvlink", "nic", "nvswitch reduction" or "latency"
+  // The binding link with its tier and direction: "nvlink (gpu->nvswitch)",
+  // "nic (node->leaf)", "leaf uplinks (leaf->spine)" (dragonfly: "group
+  // uplinks (group->global)"), or "nvswitch reduction", "protocol cap", "latency".
+  std::string bottleneck;
   [[nodiscard]] std::string name() const;  // "NVLS/Simple"
 };
 

@@ -375,10 +375,9 @@ NcclShape NetworkModel::ncclShape(Collective coll, Bytes bytes, const GroupSet& 
   const double share = static_cast<double>(s.ppn) / static_cast<double>(active);
   s.nvl_bw = c_.node.nvlink_bw.value() * c_.node.nvlink_efficiency;
   s.net_bw = c_.network.nic_bw.value() * c_.network.efficiency * c_.network.nics_per_node * share;
-  // A group spanning leaves (dragonfly: groups) crosses the oversubscribed uplinks.
-  const int64_t last = t_.nodeOf(g.gpuOf(0, g.size - 1));
-  const int64_t per_leaf = c_.network.topology == TopologyKind::Dragonfly ? c_.network.group_nodes : c_.network.leaf_nodes;
-  if (first / per_leaf != last / per_leaf) s.net_bw /= c_.network.oversubscription;
+  // The leaf tier (dragonfly: groups): priced by the edges that cross it
+  // (leafCrossings), not by dividing the NICs.
+  leafCrossings(g, &s);
   const GpuArch a = s.arch;
   s.nvls = c_.node.nvls == 1 || (c_.node.nvls == -1 && gpn > 1 && (a == GpuArch::Hopper || a == GpuArch::Blackwell));
   // NVSwitch reduction throughput per node (fp32 adds/s): Hopper nodes have
@@ -391,6 +390,80 @@ NcclShape NetworkModel::ncclShape(Collective coll, Bytes bytes, const GroupSet& 
   s.nvls_reduce = red * share;
   s.sharp = c_.network.sharp;
   return s;
+}
+
+namespace {
+
+// Parent of node-rank r in NCCL's binary tree over m ranks (src/graph/trees.cc,
+// ncclGetBtree): r's lowest set bit b; parent (r ^ b) | 2b, or r ^ b when that
+// is out of range.  -1 for the root 0.
+int64_t btreeParent(int64_t m, int64_t r) {
+  if (r == 0) return -1;
+  int64_t bit = 1;
+  while (bit < m && !(bit & r)) bit <<= 1;
+  int64_t up = (r ^ bit) | (bit << 1);
+  if (up >= m) up = r ^ bit;
+  return up;
+}
+
+// Parent in the second tree of NCCL's double binary tree (ncclGetDtree): the
+// first tree mirrored (m even) or shifted by one (m odd).
+int64_t dtreeParent(int64_t m, int64_t r) {
+  if (m % 2 == 1) {
+    const int64_t u = btreeParent(m, (r - 1 + m) % m);
+    return u < 0 ? -1 : (u + 1) % m;
+  }
+  const int64_t u = btreeParent(m, m - 1 - r);
+  return u < 0 ? -1 : m - 1 - u;
+}
+
+}  // namespace
+
+void NetworkModel::leafCrossings(const GroupSet& g, NcclShape* s) const {
+  const bool dragonfly = c_.network.topology == TopologyKind::Dragonfly;
+  const int64_t per_leaf = dragonfly ? c_.network.group_nodes : c_.network.leaf_nodes;
+  s->up_tier = dragonfly ? "group uplinks (group->global)" : "leaf uplinks (leaf->spine)";
+  // With 1:1 uplinks no leaf can carry more than its nodes' NICs, which the
+  // NIC term already prices; nothing crosses when the call stays in one leaf.
+  const int64_t lo = t_.nodeOf(g.gpuOf(0, 0)) / per_leaf, hi = t_.nodeOf(g.gpuOf(g.groups - 1, g.size - 1)) / per_leaf;
+  if (c_.network.oversubscription <= 1 || s->nodes < 2 || lo == hi) return;
+  s->leaf_up_bw = c_.network.nic_bw.value() * c_.network.efficiency * c_.network.nics_per_node *
+                  static_cast<double>(per_leaf) / c_.network.oversubscription;
+  const size_t leaves = static_cast<size_t>(t_.nodeOf(t_.gpus() - 1) / per_leaf + 1);
+  std::vector<double> ring(leaves, 0), tree(leaves, 0), coll(leaves, 0), direct(leaves, 0);
+  std::vector<int64_t> seq, k(leaves, 0);  // a group's nodes in rank order; its ranks per leaf
+  std::vector<size_t> touched;
+  const double n = static_cast<double>(g.size);
+  for (int64_t j = 0; j < g.groups; ++j) {
+    seq.clear();
+    for (int64_t r = 0; r < g.size; ++r) {
+      const int64_t node = t_.nodeOf(g.gpuOf(j, r));
+      if (seq.empty() || seq.back() != node) seq.push_back(node);
+      const size_t L = static_cast<size_t>(node / per_leaf);
+      if (k[L]++ == 0) touched.push_back(L);
+    }
+    const int64_t m = static_cast<int64_t>(seq.size());
+    auto leafOf = [&](int64_t i) { return static_cast<size_t>(seq[static_cast<size_t>(i)] / per_leaf); };
+    if (m > 1) {
+      for (int64_t i = 0; i < m; ++i)  // ring edges i -> i + 1, and the wrap
+        if (leafOf(i) != leafOf((i + 1) % m)) ring[leafOf(i)] += 1;
+      for (int64_t i = 1; i < m; ++i)  // every node but the root has one parent per tree
+        if (leafOf(i) != leafOf(btreeParent(m, i))) tree[leafOf(i)] += 1, tree[leafOf(btreeParent(m, i))] += 1;
+      for (int64_t i = 0; i < m; ++i)
+        if (const int64_t p = dtreeParent(m, i); p >= 0 && leafOf(i) != leafOf(p)) tree[leafOf(i)] += 1, tree[leafOf(p)] += 1;
+    }
+    const bool spans = touched.size() > 1;
+    for (size_t L : touched) {
+      if (spans) coll[L] += 1;
+      direct[L] += static_cast<double>(k[L]) * (n - static_cast<double>(k[L])) / n;
+      k[L] = 0;
+    }
+    touched.clear();
+  }
+  s->ring_cross = *std::max_element(ring.begin(), ring.end());
+  s->tree_cross = *std::max_element(tree.begin(), tree.end());
+  s->collnet_cross = *std::max_element(coll.begin(), coll.end());
+  s->direct_cross = *std::max_element(direct.begin(), direct.end());
 }
 
 Result<CollectiveCost> NetworkModel::sendRecv(Bytes bytes, const GroupSet& g) {

@@ -108,6 +108,11 @@ class NetworkModel {
   // The NCCL model's view of one call: ranks per node, nodes, and the
   // bandwidths the group's members have while all groups run at once.
   [[nodiscard]] NcclShape ncclShape(plan::Collective coll, Bytes bytes, const GroupSet& g) const;
+  // The leaf tier's share of `s` (NcclShape::leaf_up_bw and the crossings of
+  // ring, double binary tree, SHARP and direct exchanges over every group of
+  // `g`).  O(GPUs in the call) when it spans leaves of an oversubscribed
+  // fabric, O(1) otherwise.
+  void leafCrossings(const GroupSet& g, NcclShape* s) const;
 
   // Tests: price every round by routing each message with its bytes (the slow
   // reference), instead of from cached unit patterns.  Same results.

@@ -153,6 +153,11 @@ nlohmann::json toJson(const TrainReport& r) {
       {"bottleneck_link", r.bottleneck_link},
       {"bounds", r.bounds.seconds},
       {"binding", r.bounds.binding}};
+  nlohmann::json colls = nlohmann::json::array();
+  for (const TrainReport::CollectiveLine& l : r.collectives)
+    colls.push_back({{"category", l.dim}, {"collective", l.collective}, {"bytes", l.bytes}, {"ranks", l.ranks},
+                     {"groups", l.groups}, {"time_s", l.time_s}, {"algo", l.algo}, {"link", l.link}});
+  j["collectives"] = colls;
   if (r.moe_block.forward_s > 0) {
     const TrainReport::MoeBlock& b = r.moe_block;
     j["moe_block"] = {{"forward_s", b.forward_s},         {"backward_s", b.backward_s},

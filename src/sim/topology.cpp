@@ -75,17 +75,23 @@ BytesPerSecond Topology::capacity(int64_t l) const {
 }
 
 std::string Topology::linkName(int64_t l) const {
-  const char* upper = c_.network.topology == TopologyKind::Dragonfly ? "group" : "leaf";
-  if (l < nvl_rx_) return fmt::format("nvlink tx of gpu {}", l - nvl_tx_);
-  if (l < nvl_rx_ + gpus_) return fmt::format("nvlink rx of gpu {}", l - nvl_rx_);
+  // Each name carries its tier and direction (issue 42): the scale-up port,
+  // the NIC (node <-> leaf; dragonfly: node <-> group router), the leaf's or
+  // group's links to the tier above.
+  const bool df = c_.network.topology == TopologyKind::Dragonfly;
+  const char* upper = df ? "group" : "leaf";
+  if (l < nvl_rx_) return fmt::format("nvlink tx of gpu {} (gpu->nvswitch)", l - nvl_tx_);
+  if (l < nvl_rx_ + gpus_) return fmt::format("nvlink rx of gpu {} (nvswitch->gpu)", l - nvl_rx_);
   if (ndims_ > 0) {
     const int64_t k = l - torus_;
     return fmt::format("torus link of node {} dim {} dir {}", k / (ndims_ * 2), (k / 2) % ndims_, k % 2 ? '-' : '+');
   }
-  if (l < port_rx_) return fmt::format("nic tx of node {} port {}", (l - port_tx_) / ports_, (l - port_tx_) % ports_);
-  if (l < up_) return fmt::format("nic rx of node {} port {}", (l - port_rx_) / ports_, (l - port_rx_) % ports_);
-  if (l < down_) return fmt::format("{} {} uplinks", upper, l - up_);
-  return fmt::format("{} {} downlinks", upper, l - down_);
+  if (l < port_rx_)
+    return fmt::format("nic tx of node {} port {} (node->{})", (l - port_tx_) / ports_, (l - port_tx_) % ports_, upper);
+  if (l < up_)
+    return fmt::format("nic rx of node {} port {} ({}->node)", (l - port_rx_) / ports_, (l - port_rx_) % ports_, upper);
+  if (l < down_) return fmt::format("{} {} uplinks ({}->{})", upper, l - up_, upper, df ? "global" : "spine");
+  return fmt::format("{} {} downlinks ({}->{})", upper, l - down_, df ? "global" : "spine", upper);
 }
 
 }  // namespace chorus::sim

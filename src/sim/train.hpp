@@ -182,6 +182,17 @@ struct TrainReport {
   // Each resource's busy time over the iteration (src/sim/bounds.hpp): no
   // iteration can be shorter than the largest, `bounds.binding`.
   Bounds bounds;
+  // Every distinct collective and point-to-point transfer the iteration
+  // prices, in the order first priced: its category (tp_comm_s, ...), what it
+  // is, bytes per call (nccl-tests convention), the group set (ranks per group
+  // x groups at once), the time of one call, the algorithm and the binding
+  // link with its tier and direction.
+  struct CollectiveLine {
+    std::string dim, collective, algo, link;
+    double bytes = 0, time_s = 0;
+    int64_t ranks = 0, groups = 0;
+  };
+  std::vector<CollectiveLine> collectives;
   // The pacing (last) pipeline stage's costs, what --trace lays out on a
   // timeline: per micro-batch and GPU (all its virtual stages together).
   struct Stage {

@@ -182,6 +182,8 @@ class Trainer {
 
   // ---- collectives
   void note(const std::string& dim, const CollectiveCost& cc);
+  // note(), and the call in rep.collectives (once per distinct call).
+  void record(const std::string& dim, std::string_view what, double bytes, const GroupSet& g, const CollectiveCost& cc);
   Result<Seconds> coll(plan::Collective k, double bytes, const GroupSet& g, const char* dim);
   Result<Seconds> epOneWay(double bytes);
   void tpComm(const LayerTimes& lt, Seconds* fwd, Seconds* bwd) const;

@@ -12,9 +12,17 @@ void Trainer::note(const std::string& dim, const CollectiveCost& cc) {
   if (link.empty() || cc.time.value() > worst) worst = cc.time.value(), link = cc.bottleneck;
 }
 
+void Trainer::record(const std::string& dim, std::string_view what, double bytes, const GroupSet& g,
+                     const CollectiveCost& cc) {
+  note(dim, cc);
+  for (const TrainReport::CollectiveLine& l : rep.collectives)
+    if (l.dim == dim && l.collective == what && l.bytes == bytes && l.ranks == g.size && l.groups == g.groups) return;
+  rep.collectives.push_back({dim, std::string(what), cc.algo, cc.bottleneck, bytes, cc.time.value(), g.size, g.groups});
+}
+
 Result<Seconds> Trainer::coll(plan::Collective k, double bytes, const GroupSet& g, const char* dim) {
   CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, net.collective(k, Bytes(bytes), g, cfg.algo));
-  note(dim, cc);
+  record(dim, plan::collectiveName(k), bytes, g, cc);
   return cc.time;
 }
 

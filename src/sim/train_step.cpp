@@ -32,7 +32,7 @@ Status Trainer::estimatePipeline() {
   // micro-batch and virtual-stage boundary, forward and backward.
   if (p > 1) {
     CHORUS_ASSIGN_OR_RETURN(CollectiveCost pc, net.sendRecv(Bytes(act_bytes / T), ppg));
-    note("pp_comm_s", pc);
+    record("pp_comm_s", "sendrecv", act_bytes / T, ppg, pc);
     p2p = pc.time;
     if (!sp && t > 1) {
       CHORUS_ASSIGN_OR_RETURN(Seconds ag, coll(plan::Collective::AllGather, act_bytes, tpg, "pp_comm_s"));
@@ -62,7 +62,7 @@ Status Trainer::estimatePipeline() {
 Result<Seconds> Trainer::gradColl(plan::Collective k, double bytes, const GroupSet& g) {
   if (k != plan::Collective::ReduceScatter || !cfg.grad_compress.on()) return coll(k, bytes, g, "dp_comm_s");
   CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, compressedCost(net, k, bytes, bytes / grad_wire * grad_data, g, cfg.algo));
-  note("dp_comm_s", cc);
+  record("dp_comm_s", "reducescatter (compressed)", bytes, g, cc);
   return cc.time;
 }
 

@@ -131,7 +131,7 @@ TEST(SimNetwork, RingInsideANode) {
   ASSERT_TRUE(r.isOk()) << r.status().message();
   EXPECT_NEAR(r->time_us, 14 * (1 + 134217728 / 240e9 * 1e6), 1e-6);
   EXPECT_NEAR(r->busbw_gbps, 1073741824.0 * 2 * 7 / 8 / (r->time_us * 1e3), 1e-9);
-  EXPECT_EQ(r->bottleneck, "nvlink tx of gpu 0");
+  EXPECT_EQ(r->bottleneck, "nvlink tx of gpu 0 (gpu->nvswitch)");
 }
 
 // Across two nodes the ring's one inter-node hop per direction limits it:
@@ -141,7 +141,7 @@ TEST(SimNetwork, RingAcrossNodesIsNicBound) {
   auto r = simulateCollective(cluster("fat-tree", 4), 16, "allreduce", 1073741824.0, "ring", reg);
   ASSERT_TRUE(r.isOk());
   EXPECT_NEAR(r->time_us, 30 * (2 + 67108864 / 22.5e9 * 1e6), 1e-6);
-  EXPECT_EQ(r->bottleneck, "nic tx of node 0 port 7");
+  EXPECT_EQ(r->bottleneck, "nic tx of node 0 port 7 (node->leaf)");
 }
 
 // Contention: a pairwise all-to-all of 1 GiB per rank (2^26 B per peer) on 2
@@ -155,7 +155,7 @@ TEST(SimNetwork, OversubscribedLeafLimitsAllToAll) {
   auto r = simulateCollective(c, 16, "alltoall", 1073741824.0, "pairwise", reg);
   ASSERT_TRUE(r.isOk()) << r.status().message();
   EXPECT_NEAR(r->time_us, 2 + 4294967296.0 / 45e9 * 1e6, 1e-6);
-  EXPECT_EQ(r->bottleneck, "leaf 0 uplinks");
+  EXPECT_EQ(r->bottleneck, "leaf 0 uplinks (leaf->spine)");
 }
 
 // A 4-node ring torus: ring allgather of 4 x 2^20 B moves 2^20 B per round

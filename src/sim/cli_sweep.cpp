@@ -1,0 +1,103 @@
+// `chorus-sim sweep` (src/sim/sweep.hpp): the what-if grid's command.
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <iostream>
+
+#include "common/size.hpp"
+#include "sim/cli.hpp"
+#include "sim/cli_args.hpp"
+#include "sim/report.hpp"
+#include "sim/sweep.hpp"
+
+namespace chorus::sim {
+
+int runSweepCommand(CliOptions o) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "chorus-sim: %s\n", s.message().c_str());
+    return 1;
+  };
+  std::vector<SweepAxis> axes;
+  for (const std::string& v : o.vary) {
+    auto a = parseSweepAxis(v);
+    if (!a.isOk()) return fail(a.status());
+    axes.push_back(*a);
+  }
+  if (axes.empty()) return fail(invalidArgument("sweep: give at least one --vary KEY=V1,V2,... (keys: {})", sweepKeysText()));
+  SweepJob job;
+  // The job: a collective without --model, a training layout with --model
+  // (a layout search with --job search).
+  const std::string kind = o.sweep_job == "auto" ? (o.model_path.empty() ? "collective" : "train") : o.sweep_job;
+  if (kind == "collective") job.kind = SweepJob::Kind::Collective;
+  else if (kind == "train") job.kind = SweepJob::Kind::Train;
+  else if (kind == "search") job.kind = SweepJob::Kind::Search;
+  else return fail(invalidArgument("--job '{}' is not one of collective, train, search", o.sweep_job));
+  if (job.kind != SweepJob::Kind::Collective && o.model_path.empty())
+    return fail(invalidArgument("--job {} needs --model", kind));
+  auto mode = parseNetMode(o.network);
+  if (!mode.isOk()) return fail(mode.status());
+  auto lib = parseLibrary(o.library);
+  if (!lib.isOk()) return fail(lib.status());
+  job.mode = *mode, job.library = *lib;
+  auto cluster = loadCluster(o.cluster_path);
+  if (!cluster.isOk()) return fail(cluster.status());
+  auto reg = plan::Registry::withPlans(o.plan_paths);
+  if (!reg.isOk()) return fail(reg.status());
+  std::optional<ModelSpec> model;
+  if (job.kind == SweepJob::Kind::Collective) {
+    if (o.gpus < 1) return fail(invalidArgument("--gpus {} must be at least 1", o.gpus));
+    auto b = chorus::parseSize(o.bytes_text, "--bytes");
+    if (!b.isOk()) return fail(b.status());
+    job.collective = o.collective, job.bytes = static_cast<double>(*b), job.gpus = o.gpus, job.algo = o.algo;
+  } else {
+    auto m = loadModel(o.model_path);
+    if (!m.isOk()) return fail(m.status());
+    model = std::move(*m);
+    job.model = &*model;
+    auto rc = parseRecompute(o.recompute);
+    if (!rc.isOk()) return fail(rc.status());
+    o.tc.recompute = *rc;
+    auto mb = parseMicroBatch(o.micro);
+    if (!mb.isOk()) return fail(mb.status());
+    o.tc.micro_batch = *mb;
+    o.tc.gpus = o.gpus;
+    job.train = o.tc;
+    job.search.gpus = o.gpus;
+    job.search.global_batch = o.tc.global_batch;
+    job.search.seq = o.tc.seq;
+    job.search.top = 1;
+    job.search.fp8 = o.tc.fp8;
+  }
+  auto pts = runSweep(*cluster, axes, job, *reg);
+  if (!pts.isOk()) return fail(pts.status());
+  nlohmann::json rows = nlohmann::json::array();
+  for (const SweepPoint& p : *pts) rows.push_back(toJson(p));
+  nlohmann::json doc = {{"cluster", cluster->name}, {"job", kind}, {"network", o.network}, {"library", o.library},
+                        {"points", rows}};
+  if (job.kind == SweepJob::Kind::Collective)
+    doc["collective"] = {{"collective", o.collective}, {"bytes", job.bytes}, {"gpus", o.gpus}, {"algo", o.algo}};
+  else
+    doc["model"] = model->name, doc["gpus"] = o.gpus;
+  nlohmann::json ax = nlohmann::json::array();
+  for (const SweepAxis& a : axes) ax.push_back({{"key", a.key}, {"values", a.values}});
+  doc["axes"] = ax;
+  if (!o.sweep_out.empty()) {
+    std::ofstream f(o.sweep_out);
+    if (!f || !(f << doc.dump(2) << "\n")) return fail(systemError("--out: cannot write '{}'", o.sweep_out));
+  }
+  if (o.json) {
+    std::cout << doc.dump(2) << "\n";
+  } else {
+    std::printf("# %s on %s, %zu points (%s, library %s)%s\n",
+                job.kind == SweepJob::Kind::Collective
+                    ? fmt::format("{} of {} on {} GPUs", o.collective, o.bytes_text, o.gpus).c_str()
+                    : fmt::format("{} {} on {} GPUs", model->name, kind, o.gpus).c_str(),
+                cluster->name.c_str(), pts->size(), o.network.c_str(), o.library.c_str(),
+                o.sweep_out.empty() ? "" : fmt::format("; JSON: {} (plot: tools/sweep_plot.py {} out.png)",
+                                                       o.sweep_out, o.sweep_out).c_str());
+    std::fputs(formatSweep(axes, *pts, job.kind).c_str(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace chorus::sim
