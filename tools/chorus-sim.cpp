@@ -22,6 +22,9 @@ constexpr const char* attention_kernel_help =
     "the fused attention kernel whose measured curves price the attention core: a name in the GPU's data file "
     "(configs/gpus/; Hopper: fa3, its default, or fa2 = FlashAttention-2 as PyTorch SDPA and pre-2024 stacks run "
     "it); default: the generation's own";
+constexpr const char* reserve_help =
+    "HBM per GPU kept out of the layout's reach: GiB (6 or 6GiB), a percentage of the HBM (8%), or default (the CUDA "
+    "context 0.5 GiB + NCCL buffers per communicator + 5% allocator fragmentation; docs/simulator.md)";
 constexpr const char* fp8_dispatch_help = "dispatch tokens in fp8 (1 B + a scale per 128), combine in bf16";
 constexpr const char* imbalance_help = "the busiest expert's tokens over the mean (>= 1; 1: balanced)";
 constexpr const char* a2a_overlap_help =
@@ -111,6 +114,7 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
                  "with --recompute full: only the first N layers of every (virtual) pipeline stage, the rest "
                  "not at all (Megatron's --recompute-method block --recompute-num-layers; default 0: every layer)");
   tr->add_option("--zero", o.tc.zero, "ZeRO stage 0..3");
+  tr->add_option("--memory-reserve", o.memory_reserve, reserve_help);
   tr->add_option("--algo", o.tc.algo, "collective plan for every group (default auto)");
   tr->add_option("--plan", o.plan_paths, "a plan file or directory (docs/plan-format.md; repeatable): proven by the verifier as it loads, its plans join the built-ins, so --algo can name them");
   tr->add_option("--network", o.network, "analytical or flow");
@@ -157,6 +161,7 @@ CLI::App* addSearch(CLI::App& app, CliOptions& o) {
                  "pipeline schedules to try on every layout that can run them: 1f1b, zb-h1, dualpipe (comma-separated)");
   se->add_flag("--moe-a2a-overlap", o.sc.moe_a2a_overlap,
                std::string(a2a_overlap_help) + " (search: on every expert-parallel layout that allows it)");
+  se->add_option("--memory-reserve", o.memory_reserve, reserve_help);
   se->add_option("--max-micro-batch", o.sc.max_micro_batch, "largest micro-batch tried (powers of two)");
   se->add_option("--resimulate", o.sc.resimulate,
                  "re-simulate the best K layouts of the closed-form estimate as schedules and rank them by it (0: "
@@ -179,7 +184,13 @@ CLI::App* addInfer(CLI::App& app, CliOptions& o) {
   in->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/)")->required();
   in->add_option("--gpus", o.ic.gpus, "GPUs of the service")->required();
   in->add_option("--tp", o.ic.tp, "GPUs per replica (default: the smallest that fits)");
-  in->add_option("--rate", o.ic.rate, "arrivals per second (Poisson, open loop; default 10)");
+  in->add_option("--rate", o.rate_text,
+                 "arrivals per second (Poisson, open loop; default 10); a list (1,2,4) or a range (MIN:MAX doubling, "
+                 "MIN:MAX:STEP) runs one service per rate");
+  in->add_flag("--max-rate", o.max_rate,
+               "find the highest rate at which --slo-attainment of the requests meet the TTFT/TPOT (and E2E) SLOs "
+               "(DistServe's goodput), for the aggregated service and each disaggregated split");
+  in->add_option("--slo-attainment", o.slo_attainment, "with --max-rate: the fraction of requests within every SLO (default 0.9)");
   in->add_option("--concurrency", o.concurrency_text,
                  "closed loop: N users, each sending its next request when its previous one completes; a list "
                  "(1,2,4,...) sweeps");

@@ -41,14 +41,21 @@ void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) 
 }
 
 void printServe(const ServeStats& s) {
-  std::printf("  %-22s TTFT p50/p90/p99 %.3f/%.3f/%.3f s  TPOT p50/p90/p99 %.1f/%.1f/%.1f ms  %.2f req/s  goodput %.2f req/s (%.0f%% in SLO)\n",
-              s.mode == "aggregated" ? "aggregated"
-                                     : fmt::format("disaggregated {}:{}{}", s.prefill_replicas, s.decode_replicas,
-                                                   s.decode_ep > 0   ? fmt::format(" (decode ep {}, tp {})", s.decode_ep, s.decode_tp)
-                                                   : s.decode_tp > 0 ? fmt::format(" (decode tp {})", s.decode_tp)
-                                                                     : "").c_str(),
-              s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s, 1e3 * s.tpot_p50_s, 1e3 * s.tpot_p90_s, 1e3 * s.tpot_p99_s,
-              s.throughput_rps, s.goodput_rps, 100 * s.slo_attainment);
+  std::printf("  %-22s TTFT p50/p90/p99 %.3f/%.3f/%.3f s  TPOT p50/p90/p99 %.1f/%.1f/%.1f ms  %.2f req/s  goodput %.2f req/s (%.0f%% in SLO)%s\n",
+              s.label().c_str(), s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s, 1e3 * s.tpot_p50_s, 1e3 * s.tpot_p90_s,
+              1e3 * s.tpot_p99_s, s.throughput_rps, s.goodput_rps, 100 * s.slo_attainment,
+              s.mode == "disaggregated" ? fmt::format("  KV transfer {:.2f} ms per request (mean)", 1e3 * s.kv_transfer_mean_s).c_str()
+                                        : "");
+  if (s.overloaded) {
+    std::printf("    OVERLOADED: %.2f req/s offered, capacity %.2f req/s (the same requests all queued at once); requests "
+                "in the system %lld when the middle one arrives, %lld when the last one does%s: the latencies grow with "
+                "--requests, not a steady state\n",
+                s.offered_rps, s.capacity_rps, static_cast<long long>(s.backlog_mid), static_cast<long long>(s.backlog_end),
+                s.queue_growing ? " (still growing)" : "");
+  } else if (s.capacity_rps > 0) {
+    std::printf("    stable: %.2f req/s offered, capacity %.2f req/s (%.0f%% utilised)\n", s.offered_rps, s.capacity_rps,
+                100 * s.offered_rps / s.capacity_rps);
+  }
 }
 
 // The metrics block as vLLM's benchmark_serving prints it (times in ms).
@@ -220,6 +227,8 @@ int runTrainCommand(CliOptions o) {
     auto mb = parseMicroBatch(micro);
     if (!mb.isOk()) return fail(mb.status());
     tc.micro_batch = *mb;
+    if (Status st = parseMemoryReserve(o.memory_reserve, &tc.memory_reserve_gib, &tc.memory_reserve_fraction); !st.isOk())
+      return fail(st);
     Status st = checkTrainArgs(tc);
     if (!st.isOk()) return fail(st);
   }
@@ -300,6 +309,8 @@ int runSearchCommand(CliOptions o) {
   {
     Status st = checkSearchArgs(sc);
     if (!st.isOk()) return fail(st);
+    st = parseMemoryReserve(o.memory_reserve, &sc.memory_reserve_gib, &sc.memory_reserve_fraction);
+    if (!st.isOk()) return fail(st);
   }
   auto setup = openModelAndNetwork(o);
   if (!setup.isOk()) return fail(setup.status());
@@ -343,10 +354,26 @@ int runSearchCommand(CliOptions o) {
       std::printf("ranked by the schedule of the best %lld by the closed-form estimate (estimates %.1f s, schedules "
                   "%.1f s)\n", static_cast<long long>(r->resimulated), r->estimate_seconds, r->schedule_seconds);
     for (const TrainReport& t : r->top)
-      std::printf("%2d. %-62s %8.3f s (estimate %.3f s)  MFU %5.1f%%  %5.1f GiB  binding %s  bottleneck %s\n", i++,
+      std::printf("%2d. %-62s %8.3f s (estimate %.3f s)  MFU %5.1f%%  %5.1f GiB + %.1f reserve, headroom %5.1f GiB  "
+                  "binding %s  bottleneck %s\n", i++,
                   layoutName(t.config).c_str(), t.iteration_s, t.estimate_s, 100 * t.mfu, t.memory_gib_per_gpu,
-                  t.bounds.binding.c_str(), t.bottleneck.c_str());
-    if (!r->top.empty()) std::printf("placement of 1.: %s\n", r->top.front().placement.c_str());
+                  t.memory.reserve_gib, t.memory.headroom_gib, t.bounds.binding.c_str(), t.bottleneck.c_str());
+    if (!r->top.empty()) {
+      const TrainReport::Memory& mm = r->top.front().memory;
+      std::printf("placement of 1.: %s\n", r->top.front().placement.c_str());
+      if (mm.communicators > 0 || mm.context_gib > 0)
+        std::printf("reserve of 1.: %.2f GiB = CUDA context %.2f + NCCL buffers %.2f (%d communicators) + allocator "
+                    "fragmentation %.2f (--memory-reserve to set it)\n", mm.reserve_gib, mm.context_gib,
+                    mm.comm_buffers_gib, mm.communicators, mm.fragmentation_gib);
+    }
+    if (r->dropped_memory > 0) {
+      std::printf("dropped for memory: %lld layouts; the nearest misses:\n",
+                  static_cast<long long>(r->dropped_memory));
+      for (const TrainReport& t : r->dropped)
+        std::printf("    %-62s estimate %8.3f s  needs %5.1f GiB + %.1f reserve > %.1f GiB HBM (short by %.1f GiB)\n",
+                    layoutName(t.config).c_str(), t.iteration_s, t.memory_gib_per_gpu, t.memory.reserve_gib,
+                    t.memory_gib_per_gpu + t.memory.reserve_gib + t.memory.headroom_gib, -t.memory.headroom_gib);
+    }
   }
   return 0;
 }
@@ -357,7 +384,14 @@ int runInferCommand(CliOptions o) {
                     &draft_path = o.draft_path, &plot_path = o.plot_path, &trace_path = o.trace_path;
   const bool json = o.json;
   std::vector<int64_t> sweep;
+  std::vector<double> rates;
   {
+    if (!o.rate_text.empty()) {
+      auto rs = parseRates(o.rate_text);
+      if (!rs.isOk()) return fail(rs.status());
+      rates = *rs;
+      ic.rate = rates.front();
+    }
     if (!concurrency_text.empty()) {
       auto c = parseConcurrency(concurrency_text);
       if (!c.isOk()) return fail(c.status());
@@ -389,6 +423,59 @@ int runInferCommand(CliOptions o) {
   if (!trace_path.empty() && sweep.size() > 1)
     return fail(invalidArgument("--trace '{}' records one run: give --concurrency one value", trace_path));
   ic.record = !trace_path.empty();
+  if (rates.size() > 1 && (!sweep.empty() || ic.max_throughput))
+    return fail(invalidArgument("--rate '{}' sweeps open-loop rates: drop --concurrency / --max-throughput", o.rate_text));
+  if (o.max_rate && (rates.size() > 1 || !sweep.empty() || ic.max_throughput || !trace_path.empty()))
+    return fail(invalidArgument("--max-rate searches the rate itself: give no --rate list, --concurrency, "
+                                "--max-throughput or --trace"));
+  if (o.max_rate) {
+    auto found = findMaxRates(*model, ic, net, o.slo_attainment);
+    if (!found.isOk()) return fail(found.status());
+    if (json) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const MaxRate& x : *found)
+        rows.push_back({{"mode", x.mode}, {"prefill_replicas", x.prefill_replicas}, {"decode_replicas", x.decode_replicas},
+                        {"capacity_rps", x.capacity_rps}, {"max_rate_rps", x.max_rate_rps},
+                        {"slo_attainment_at_max", x.attainment_at_max}, {"simulations", x.runs}});
+      std::cout << nlohmann::json{{"max_rate", {{"slo_attainment", o.slo_attainment}, {"ttft_slo_s", ic.ttft_slo_s},
+                                                {"tpot_slo_s", ic.tpot_slo_s}, {"e2e_slo_s", ic.e2e_slo_s},
+                                                {"modes", rows}}}}.dump(2) << "\n";
+    } else {
+      std::printf("%s on %lld GPUs of %s, %lld in / %lld out tokens: the highest rate with %.0f%% of requests within "
+                  "TTFT %.2f s and TPOT %.0f ms\n", model->name.c_str(), static_cast<long long>(ic.gpus),
+                  cluster->name.c_str(), static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len),
+                  100 * o.slo_attainment, ic.ttft_slo_s, 1e3 * ic.tpot_slo_s);
+      for (const MaxRate& x : *found)
+        std::printf("  %-34s max rate %8.3f req/s (%.3f req/s per GPU)  capacity %8.3f req/s%s\n", x.mode.c_str(),
+                    x.max_rate_rps, x.max_rate_rps / static_cast<double>(ic.gpus), x.capacity_rps,
+                    x.max_rate_rps == 0 ? "  (no rate meets the SLOs)" : "");
+    }
+    return 0;
+  }
+  if (rates.size() > 1) {  // one open-loop service per rate
+    nlohmann::json runs = nlohmann::json::array();
+    if (!json)
+      std::printf("%s on %lld GPUs of %s, %lld in / %lld out tokens, open loop\n"
+                  "  rate req/s  served req/s  capacity  goodput  TTFT p50/p99 s     TPOT p50 ms  best\n",
+                  model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(),
+                  static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len));
+    for (double rate : rates) {
+      InferConfig k = ic;
+      k.rate = rate;
+      auto r = simulateInference(*model, k, net);
+      if (!r.isOk()) return fail(r.status());
+      const ServeStats& a = r->aggregated;
+      if (json) {
+        runs.push_back(toJson(*r));
+      } else {
+        std::printf("  %10.3f %13.3f %9.3f %8.3f  %7.3f/%-9.3f %11.1f  %s%s\n", rate, a.throughput_rps, a.capacity_rps,
+                    a.goodput_rps, a.ttft.p50, a.ttft.p99, 1e3 * a.tpot.p50, r->best.c_str(),
+                    a.overloaded ? "  OVERLOADED (aggregated)" : "");
+      }
+    }
+    if (json) std::cout << nlohmann::json{{"rate_sweep", runs}}.dump(2) << "\n";
+    return 0;
+  }
   if (sweep.size() > 1) {  // a concurrency sweep: one closed-loop run per value
     nlohmann::json runs = nlohmann::json::array();
     std::vector<std::pair<int64_t, InferReport>> points;
@@ -453,7 +540,10 @@ int runInferCommand(CliOptions o) {
                   ic.spec_tokens, ic.spec_acceptance, r->expected_tokens_per_step, 1e3 * r->draft_step_s);
     printServe(r->aggregated);
     printServeDetail(r->aggregated, ic.requests);
-    if (!r->best_disaggregated.mode.empty()) printServe(r->best_disaggregated);
+    if (!r->splits.empty()) {
+      std::printf("  disaggregated splits, best first (goodput, then TTFT p50):\n");
+      for (const ServeStats& sp : r->splits) printServe(sp);
+    }
     std::printf("  best under SLOs (TTFT %.2f s, TPOT %.0f ms): %s\n", ic.ttft_slo_s, 1e3 * ic.tpot_slo_s, r->best.c_str());
   }
   return 0;

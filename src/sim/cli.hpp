@@ -22,6 +22,7 @@ struct CliOptions {
   std::string cluster_path, model_path, network = "analytical", library = "nccl";
   bool json = false, verbose = false;
   int64_t gpus_per_domain = 0;
+  std::string memory_reserve = "default";  // train, search: --memory-reserve (parseMemoryReserve)
   // --plan (repeatable): plan files or directories (docs/plan-format.md),
   // added to the built-in plans, so --algo can name them.
   std::vector<std::string> plan_paths;
@@ -46,6 +47,9 @@ struct CliOptions {
   // infer
   InferConfig ic;
   std::string lengths = "fixed", concurrency_text, draft_path, kv_alloc = "reserve";
+  std::string rate_text;       // --rate: one rate, a list or a range (parseRates); empty: ic.rate
+  bool max_rate = false;       // --max-rate: the highest rate meeting the SLOs, per mode
+  double slo_attainment = 0.9;  // --max-rate: the fraction of requests that must meet every SLO
 };
 
 int runModelCommand(const CliOptions& o);
