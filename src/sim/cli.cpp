@@ -25,9 +25,11 @@ int fail(const Status& s) {
 }
 
 void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) {
-  std::printf("%s on %lld GPUs of %s: %.3f s/iteration, %.0f tokens/s, MFU %.1f%%, %.1f GiB/GPU, bottleneck %s (%s)\n",
+  std::printf("%s on %lld GPUs of %s: %.3f s/iteration, %.0f tokens/s, MFU %.1f%% (full attention, Megatron's formula; "
+              "causal %.1f%%), %.1f GiB/GPU + %.1f reserve (headroom %.1f), bottleneck %s (%s)\n",
               m.name.c_str(), static_cast<long long>(r.config.gpus), c.name.c_str(), r.iteration_s, r.tokens_per_s,
-              100 * r.mfu, r.memory_gib_per_gpu, r.bottleneck.c_str(), r.bottleneck_link.c_str());
+              100 * r.mfu, 100 * r.mfu_causal, r.memory_gib_per_gpu, r.memory.reserve_gib, r.memory.headroom_gib,
+              r.bottleneck.c_str(), r.bottleneck_link.c_str());
   std::printf("  placement: %s\n", r.placement.c_str());
   if (r.config.schedule)
     std::printf("  simulated schedule: %lld tasks (%d layer%s per task); closed-form estimate %.3f s\n",
@@ -100,15 +102,19 @@ Result<std::unique_ptr<Setup>> openCluster(const CliOptions& o) {
   return s;
 }
 
-// Then the model (its ignored keys listed with --verbose) ...
+// The keys of a Hugging Face config that were not read, in one line on stderr.
+void printIgnoredKeys(const std::string& path, const ModelSpec& m) {
+  if (m.ignored_keys.empty()) return;
+  std::string keys;
+  for (const std::string& k : m.ignored_keys) keys += " " + k;
+  std::fprintf(stderr, "chorus-sim: %s: keys not read (they change no shape priced here):%s\n", path.c_str(), keys.c_str());
+}
+
+// Then the model (the keys it did not read listed on stderr) ...
 Status loadModelFile(const CliOptions& o, Setup& s) {
-  CHORUS_ASSIGN_OR_RETURN(ModelSpec m, loadModel(o.model_path));
+  CHORUS_ASSIGN_OR_RETURN(ModelSpec m, loadModel(o.model_path, o.allow_unknown_keys));
   s.model = std::move(m);
-  if (o.verbose && !s.model->ignored_keys.empty()) {
-    std::string keys;
-    for (const std::string& k : s.model->ignored_keys) keys += " " + k;
-    std::fprintf(stderr, "chorus-sim: %s: ignored keys:%s\n", o.model_path.c_str(), keys.c_str());
-  }
+  printIgnoredKeys(o.model_path, *s.model);
   return {};
 }
 
@@ -136,14 +142,44 @@ Result<std::unique_ptr<Setup>> openModelAndNetwork(const CliOptions& o) {
   return s;
 }
 
+// --moe-node-limit G:K into the model, refused unless the dispatcher honours
+// it; the model's own node-limited routing beside the all-to-all dispatcher
+// is said on stderr (it is not used there).
+Status applyNodeLimit(const CliOptions& o, TrainConfig::MoeDispatch dispatch, ModelSpec& m) {
+  const bool hier = dispatch == TrainConfig::MoeDispatch::Hierarchical;
+  if (o.moe_node_limit.empty()) {
+    if (!hier && m.moe.experts > 0 && m.moe.n_group > 0 && m.moe.topk_group > 0 && m.moe.topk_group < m.moe.n_group)
+      std::fprintf(stderr, "chorus-sim: note: the model's node-limited routing (n_group %d, topk_group %d) is not used by "
+                   "--moe-dispatch alltoall (every routed copy is sent); --moe-dispatch hierarchical prices it\n",
+                   m.moe.n_group, m.moe.topk_group);
+    return {};
+  }
+  int g = 0, k = 0;
+  char extra = 0;
+  if (std::sscanf(o.moe_node_limit.c_str(), "%d:%d%c", &g, &k, &extra) != 2 || g < 1 || k < 1 || k > g)
+    return invalidArgument("--moe-node-limit '{}': give G:K, K of G expert groups with 1 <= K <= G (DeepSeek-V3: 8:4)",
+                           o.moe_node_limit);
+  if (m.moe.experts == 0) return invalidArgument("--moe-node-limit {}: model '{}' has no experts", o.moe_node_limit, m.name);
+  if (m.moe.experts % g != 0)
+    return invalidArgument("--moe-node-limit {}: {} groups must divide the model's {} experts", o.moe_node_limit, g,
+                           m.moe.experts);
+  if (!hier)
+    return invalidArgument("--moe-node-limit {}: the all-to-all dispatcher (--moe-dispatch alltoall, the default) sends "
+                           "every routed copy and cannot honour node-limited routing; use --moe-dispatch hierarchical",
+                           o.moe_node_limit);
+  m.moe.n_group = g, m.moe.topk_group = k;
+  return {};
+}
+
 }  // namespace
 
 int runModelCommand(const CliOptions& o) {
   const std::string& model_path = o.model_path;
   const int64_t model_seq = o.model_seq;
   const bool json = o.json, verbose = o.verbose;
-  auto model = loadModel(model_path);
+  auto model = loadModel(model_path, o.allow_unknown_keys);
   if (!model.isOk()) return fail(model.status());
+  if (!json && !verbose) printIgnoredKeys(model_path, *model);
   auto info = describeModel(*model, model_seq);
   if (!info.isOk()) return fail(info.status());
   if (json) std::cout << toJson(*info).dump(2) << "\n";
@@ -227,6 +263,13 @@ int runTrainCommand(CliOptions o) {
     auto mb = parseMicroBatch(micro);
     if (!mb.isOk()) return fail(mb.status());
     tc.micro_batch = *mb;
+    if (tc.dp == 0) {  // --dp not given: the GPUs the other degrees leave
+      const int64_t rest = static_cast<int64_t>(tc.tp) * tc.pp * tc.cp;
+      if (rest < 1 || tc.gpus % rest != 0)
+        return fail(invalidArgument("--dp not given and --gpus {} is not a multiple of tp x pp x cp = {} x {} x {} = {}; "
+                                    "give --dp or change the degrees", tc.gpus, tc.tp, tc.pp, tc.cp, rest));
+      tc.dp = static_cast<int>(tc.gpus / rest);
+    }
     if (Status st = parseMemoryReserve(o.memory_reserve, &tc.memory_reserve_gib, &tc.memory_reserve_fraction); !st.isOk())
       return fail(st);
     Status st = checkTrainArgs(tc);
@@ -276,6 +319,7 @@ int runTrainCommand(CliOptions o) {
   auto md = parseMoeDispatch(moe_dispatch);
   if (!md.isOk()) return fail(md.status());
   tc.moe_dispatch = *md;
+  if (Status st = applyNodeLimit(o, tc.moe_dispatch, *s.model); !st.isOk()) return fail(st);
   auto r = simulateTraining(*model, tc, net);
   if (!r.isOk()) return fail(r.status());
   nlohmann::json j = toJson(*r);
@@ -334,6 +378,7 @@ int runSearchCommand(CliOptions o) {
   auto md = parseMoeDispatch(moe_dispatch);
   if (!md.isOk()) return fail(md.status());
   sc.moe_dispatch = *md;
+  if (Status st = applyNodeLimit(o, sc.moe_dispatch, *s.model); !st.isOk()) return fail(st);
   auto r = searchLayouts(*model, sc, net, progress);
   if (!r.isOk()) return fail(r.status());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -413,7 +458,7 @@ int runInferCommand(CliOptions o) {
     return fail(invalidArgument("--kv-alloc '{}' is not one of reserve, paged", kv_alloc));
   ic.kv_paged = kv_alloc == "paged";
   if (!draft_path.empty()) {
-    auto dm = loadModel(draft_path);
+    auto dm = loadModel(draft_path, o.allow_unknown_keys);
     if (!dm.isOk()) return fail(dm.status());
     ic.draft_model = std::make_shared<const ModelSpec>(*dm);
   }

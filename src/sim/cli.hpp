@@ -21,8 +21,13 @@ struct CliOptions {
   // shared
   std::string cluster_path, model_path, network = "analytical", library = "nccl";
   bool json = false, verbose = false;
+  bool allow_unknown_keys = false;  // --allow-unknown-keys: a near-miss Hugging Face key is ignored, not refused
   int64_t gpus_per_domain = 0;
-  std::string memory_reserve = "default";  // train, search: --memory-reserve (parseMemoryReserve)
+  std::string memory_reserve = "default";
+  // train, search: --moe-node-limit G:K, node-limited routing (each token's
+  // experts inside its K best of G expert groups), overriding the model's
+  // n_group / topk_group; only the hierarchical dispatcher honours it.
+  std::string moe_node_limit;  // train, search: --memory-reserve (parseMemoryReserve)
   // --plan (repeatable): plan files or directories (docs/plan-format.md),
   // added to the built-in plans, so --algo can name them.
   std::vector<std::string> plan_paths;

@@ -143,6 +143,8 @@ nlohmann::json toJson(const TrainReport& r) {
       {"model_tflops_per_gpu", r.model_tflops_per_gpu},
       {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
       {"mfu", r.mfu},
+      {"mfu_causal", r.mfu_causal},
+      {"mfu_convention", "mfu: attention over the full s x s (Megatron, Narayanan et al. 2021 eq. 3); mfu_causal: its causal half"},
       {"memory_gib_per_gpu", r.memory_gib_per_gpu},
       {"memory_stage", r.memory_stage},
       {"memory", {{"weights_gib", r.memory.weights_gib}, {"grads_gib", r.memory.grads_gib},

@@ -152,10 +152,12 @@ Result<TrainConfig::MoeDispatch> parseMoeDispatch(std::string_view text) {
   return invalidArgument("--moe-dispatch '{}': one of alltoall, hierarchical", text);
 }
 
-double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq) {
+double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq, bool causal) {
   const double tokens = static_cast<double>(global_batch) * static_cast<double>(seq);
   double per_token = 2 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab);  // logits
   for (int l = 0; l < m.layers; ++l) per_token += layerFlopsPerToken(m, l, static_cast<double>(seq));
+  // Causal: a token attends to the keys before it, half the scores and AV on average.
+  if (causal) per_token -= m.layers * static_cast<double>(seq) * static_cast<double>(m.heads) * (m.qkHeadDim() + m.vHeadDim());
   return 3 * tokens * per_token;  // forward + backward (2x)
 }
 

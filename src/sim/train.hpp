@@ -171,6 +171,9 @@ struct TrainReport {
   TrainConfig config;
   // iteration_s: the schedule's makespan (config.schedule) or the estimate.
   double iteration_s = 0, tokens_per_s = 0, model_tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
+  // mfu counts the attention core over the whole s x s (Megatron's formula);
+  // mfu_causal over its causal half (modelFlopsPerIteration's `causal`).
+  double mfu_causal = 0;
   double memory_gib_per_gpu = 0;  // the peak stage's
   int64_t memory_stage = 0;       // which pipeline stage peaks
   struct Memory {
@@ -267,6 +270,9 @@ Status parseMemoryReserve(std::string_view text, double* gib, double* fraction);
 // Model FLOPs of one iteration (no recomputation), counting every GEMM
 // including attention scores (Narayanan et al. 2021, eq. 3 generalised to GQA,
 // SwiGLU and MoE top-k).
-double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq);
+// `causal`: the attention core counted over the causal half (each token
+// attends to the keys before it), as FlashAttention and PaLM's MFU count it;
+// default: over the whole s x s, Megatron's (Narayanan et al.) convention.
+double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq, bool causal = false);
 
 }  // namespace chorus::sim
