@@ -481,7 +481,8 @@ int runInferCommand(CliOptions o) {
       for (const MaxRate& x : *found)
         rows.push_back({{"mode", x.mode}, {"prefill_replicas", x.prefill_replicas}, {"decode_replicas", x.decode_replicas},
                         {"capacity_rps", x.capacity_rps}, {"max_rate_rps", x.max_rate_rps},
-                        {"slo_attainment_at_max", x.attainment_at_max}, {"simulations", x.runs}});
+                        {"slo_attainment_at_max", x.attainment_at_max}, {"capped_at_capacity", x.capped},
+                        {"simulations", x.runs}});
       std::cout << nlohmann::json{{"max_rate", {{"slo_attainment", o.slo_attainment}, {"ttft_slo_s", ic.ttft_slo_s},
                                                 {"tpot_slo_s", ic.tpot_slo_s}, {"e2e_slo_s", ic.e2e_slo_s},
                                                 {"modes", rows}}}}.dump(2) << "\n";
@@ -493,7 +494,9 @@ int runInferCommand(CliOptions o) {
       for (const MaxRate& x : *found)
         std::printf("  %-34s max rate %8.3f req/s (%.3f req/s per GPU)  capacity %8.3f req/s%s\n", x.mode.c_str(),
                     x.max_rate_rps, x.max_rate_rps / static_cast<double>(ic.gpus), x.capacity_rps,
-                    x.max_rate_rps == 0 ? "  (no rate meets the SLOs)" : "");
+                    x.max_rate_rps == 0 ? "  (no rate meets the SLOs)"
+                    : x.capped          ? "  (= capacity: the SLOs still hold there)"
+                                        : "");
     }
     return 0;
   }

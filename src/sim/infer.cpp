@@ -1185,11 +1185,13 @@ Result<std::vector<MaxRate>> findMaxRates(const ModelSpec& m, const InferConfig&
       CHORUS_ASSIGN_OR_RETURN(InferReport x, simulateInference(m, k, net));
       return k.aggregated ? x.aggregated.slo_attainment : x.splits.empty() ? 0.0 : x.splits.front().slo_attainment;
     };
-    // Bisection on [lo, hi]: lo meets the target (or is 0), hi does not.
-    double lo = 0, hi = r.capacity_rps * 1.05;
+    // Bisection on [lo, hi]: lo meets the target (or is 0), hi does not.  A
+    // rate above the capacity cannot be sustained however few --requests let
+    // the SLOs hold: the capacity caps the answer.
+    double lo = 0, hi = r.capacity_rps;
     CHORUS_ASSIGN_OR_RETURN(double top, attained(hi));
     if (top >= attainment) {
-      lo = hi, r.attainment_at_max = top;
+      lo = hi, r.attainment_at_max = top, r.capped = true;
     } else {
       while (hi - lo > 0.01 * r.capacity_rps) {
         const double mid = 0.5 * (lo + hi);

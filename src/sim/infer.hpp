@@ -167,13 +167,14 @@ void rankSplits(std::vector<ServeStats>& splits);
 // --max-rate: the highest open-loop rate at which at least `attainment` of
 // the requests meet every SLO (DistServe's goodput), for the aggregated
 // service and each disaggregated split, found by bisection between 0 and
-// the mode's capacity (to 1 % of it).  0: not even the lowest rate tried
-// meets them.
+// the mode's capacity (to 1 % of it); capped at the capacity (`capped`) when
+// the SLOs still hold there.  0: not even the lowest rate tried meets them.
 struct MaxRate {
   std::string mode;  // ServeStats::label()
   int prefill_replicas = 0, decode_replicas = 0;
   double capacity_rps = 0, max_rate_rps = 0;
   double attainment_at_max = 0;
+  bool capped = false;  // the SLOs hold at the capacity itself: the service, not the SLOs, limits the rate
   int runs = 0;  // simulations the bisection took
 };
 Result<std::vector<MaxRate>> findMaxRates(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net,
