@@ -4,9 +4,13 @@
 // (src/sim/cli.cpp: check, run src/sim, print).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "sim/cli.hpp"
+#include "sim/config.hpp"
 
 namespace {
 
@@ -22,6 +26,16 @@ constexpr const char* attention_kernel_help =
     "the fused attention kernel whose measured curves price the attention core: a name in the GPU's data file "
     "(configs/gpus/; Hopper: fa3, its default, or fa2 = FlashAttention-2 as PyTorch SDPA and pre-2024 stacks run "
     "it); default: the generation's own";
+constexpr const char* reserve_help =
+    "HBM per GPU kept out of the layout's reach: GiB (6 or 6GiB), a percentage of the HBM (8%), or default (the CUDA "
+    "context 0.5 GiB + NCCL buffers per communicator + 5% allocator fragmentation; docs/simulator.md)";
+constexpr const char* allow_unknown_help =
+    "read a Hugging Face config whose unknown key is a near miss of a known one (num_key_value_head) instead of "
+    "refusing it (the key is then ignored and the known one's default used)";
+constexpr const char* node_limit_help =
+    "node-limited routing G:K: each token's top-k experts inside its K best of G equal expert groups (DeepSeek-V3: "
+    "8:4, one group per node of EP 64), overriding the model's n_group / topk_group; needs --moe-dispatch "
+    "hierarchical (the all-to-all dispatcher sends every routed copy and cannot use it)";
 constexpr const char* fp8_dispatch_help = "dispatch tokens in fp8 (1 B + a scale per 128), combine in bf16";
 constexpr const char* imbalance_help = "the busiest expert's tokens over the mean (>= 1; 1: balanced)";
 constexpr const char* a2a_overlap_help =
@@ -34,6 +48,7 @@ CLI::App* addModel(CLI::App& app, CliOptions& o) {
   mo->add_option("--model", o.model_path, "chorus model JSON, a Hugging Face config.json, or a directory holding one")->required();
   mo->add_option("--seq", o.model_seq, "context length for the FLOPs and KV figures (default 4096)");
   mo->add_flag("--verbose", o.verbose, "also list the Hugging Face keys that were ignored");
+  mo->add_flag("--allow-unknown-keys", o.allow_unknown_keys, allow_unknown_help);
   mo->add_flag("--json", o.json, "print JSON");
   return mo;
 }
@@ -59,11 +74,12 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
   CLI::App* tr = app.add_subcommand("train", "time one training iteration");
   tr->add_option("--model", o.model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
   tr->add_flag("--verbose", o.verbose, "list the Hugging Face config keys that were ignored (stderr)");
+  tr->add_flag("--allow-unknown-keys", o.allow_unknown_keys, allow_unknown_help);
   tr->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/)")->required();
   tr->add_option("--gpus", o.tc.gpus, "GPUs")->required();
   tr->add_option("--tp", o.tc.tp, "tensor parallel");
   tr->add_option("--pp", o.tc.pp, "pipeline parallel");
-  tr->add_option("--dp", o.tc.dp, "data parallel");
+  tr->add_option("--dp", o.tc.dp, "data parallel (default: gpus / (tp x pp x cp))");
   tr->add_option("--cp", o.tc.cp, "context parallel");
   tr->add_option("--ep", o.tc.ep, "expert parallel (within dp x cp; with --etp across tp x cp x dp)");
   tr->add_option("--etp", o.tc.etp,
@@ -73,6 +89,7 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
   tr->add_option("--gpus-per-domain", o.gpus_per_domain, per_domain_help);
   tr->add_option("--moe-dispatch", o.moe_dispatch, dispatch_help);
   tr->add_flag("--fp8-dispatch", o.tc.fp8_dispatch, fp8_dispatch_help);
+  tr->add_option("--moe-node-limit", o.moe_node_limit, node_limit_help);
   tr->add_option("--moe-imbalance", o.tc.moe_imbalance, imbalance_help);
   tr->add_flag("--moe-a2a-overlap", o.tc.moe_a2a_overlap, a2a_overlap_help);
   tr->add_option("--first-stage-layers", o.tc.first_stage_layers,
@@ -111,6 +128,7 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
                  "with --recompute full: only the first N layers of every (virtual) pipeline stage, the rest "
                  "not at all (Megatron's --recompute-method block --recompute-num-layers; default 0: every layer)");
   tr->add_option("--zero", o.tc.zero, "ZeRO stage 0..3");
+  tr->add_option("--memory-reserve", o.memory_reserve, reserve_help);
   tr->add_option("--algo", o.tc.algo, "collective plan for every group (default auto)");
   tr->add_option("--plan", o.plan_paths, "a plan file or directory (docs/plan-format.md; repeatable): proven by the verifier as it loads, its plans join the built-ins, so --algo can name them");
   tr->add_option("--network", o.network, "analytical or flow");
@@ -144,6 +162,7 @@ CLI::App* addSearch(CLI::App& app, CliOptions& o) {
   CLI::App* se = app.add_subcommand("search", "find the fastest parallel layouts for a model on N GPUs");
   se->add_option("--model", o.model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
   se->add_flag("--verbose", o.verbose, "list the Hugging Face config keys that were ignored (stderr)");
+  se->add_flag("--allow-unknown-keys", o.allow_unknown_keys, allow_unknown_help);
   se->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/)")->required();
   se->add_option("--gpus", o.sc.gpus, "GPUs")->required();
   se->add_option("--global-batch", o.sc.global_batch, "sequences per iteration")->required();
@@ -152,11 +171,13 @@ CLI::App* addSearch(CLI::App& app, CliOptions& o) {
   se->add_option("--gpus-per-domain", o.sc.gpus_per_domain, per_domain_help);
   se->add_option("--moe-dispatch", o.moe_dispatch, dispatch_help);
   se->add_flag("--fp8-dispatch", o.sc.fp8_dispatch, fp8_dispatch_help);
+  se->add_option("--moe-node-limit", o.moe_node_limit, node_limit_help);
   se->add_option("--moe-imbalance", o.sc.moe_imbalance, imbalance_help);
   se->add_option("--pp-schedules", o.pp_schedules,
                  "pipeline schedules to try on every layout that can run them: 1f1b, zb-h1, dualpipe (comma-separated)");
   se->add_flag("--moe-a2a-overlap", o.sc.moe_a2a_overlap,
                std::string(a2a_overlap_help) + " (search: on every expert-parallel layout that allows it)");
+  se->add_option("--memory-reserve", o.memory_reserve, reserve_help);
   se->add_option("--max-micro-batch", o.sc.max_micro_batch, "largest micro-batch tried (powers of two)");
   se->add_option("--resimulate", o.sc.resimulate,
                  "re-simulate the best K layouts of the closed-form estimate as schedules and rank them by it (0: "
@@ -176,10 +197,17 @@ CLI::App* addInfer(CLI::App& app, CliOptions& o) {
   CLI::App* in = app.add_subcommand("infer", "serve a request stream: aggregated vs disaggregated prefill/decode");
   in->add_option("--model", o.model_path, "chorus model JSON, Hugging Face config.json or its directory (configs/models/)")->required();
   in->add_flag("--verbose", o.verbose, "list the Hugging Face config keys that were ignored (stderr)");
+  in->add_flag("--allow-unknown-keys", o.allow_unknown_keys, allow_unknown_help);
   in->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/)")->required();
   in->add_option("--gpus", o.ic.gpus, "GPUs of the service")->required();
   in->add_option("--tp", o.ic.tp, "GPUs per replica (default: the smallest that fits)");
-  in->add_option("--rate", o.ic.rate, "arrivals per second (Poisson, open loop; default 10)");
+  in->add_option("--rate", o.rate_text,
+                 "arrivals per second (Poisson, open loop; default 10); a list (1,2,4) or a range (MIN:MAX doubling, "
+                 "MIN:MAX:STEP) runs one service per rate");
+  in->add_flag("--max-rate", o.max_rate,
+               "find the highest rate at which --slo-attainment of the requests meet the TTFT/TPOT (and E2E) SLOs "
+               "(DistServe's goodput), for the aggregated service and each disaggregated split");
+  in->add_option("--slo-attainment", o.slo_attainment, "with --max-rate: the fraction of requests within every SLO (default 0.9)");
   in->add_option("--concurrency", o.concurrency_text,
                  "closed loop: N users, each sending its next request when its previous one completes; a list "
                  "(1,2,4,...) sweeps");
@@ -271,7 +299,42 @@ int main(int argc, char** argv) {
   CLI::App* in = addInfer(app, o);
   CLI::App* sw = addSweep(app, o);
 
-  CLI11_PARSE(app, argc, argv);
+  o.tc.dp = 0;  // not given: gpus / (tp x pp x cp) (runTrainCommand)
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // A misspelt command or flag: name the nearest one before CLI11's message.
+    std::vector<std::string> subs;
+    for (const CLI::App* sub : app.get_subcommands({})) subs.push_back(sub->get_name());
+    const CLI::App* chosen = nullptr;
+    if (argc > 1) {
+      const std::string cmd = argv[1];
+      if (cmd.rfind("-", 0) != 0) {
+        for (const CLI::App* sub : app.get_subcommands({}))
+          if (sub->get_name() == cmd) chosen = sub;
+        if (!chosen) {
+          const std::string near = chorus::sim::nearestKey(cmd, {subs.begin(), subs.end()});
+          if (!near.empty()) std::fprintf(stderr, "chorus-sim: unknown command '%s'; did you mean '%s'?\n", cmd.c_str(), near.c_str());
+        }
+      }
+    }
+    if (chosen) {
+      std::vector<std::string> flags;
+      for (const CLI::Option* opt : chosen->get_options())
+        for (const std::string& l : opt->get_lnames()) flags.push_back("--" + l);
+      for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a.rfind("--", 0) != 0) continue;
+        a = a.substr(0, a.find('='));
+        if (std::find(flags.begin(), flags.end(), a) != flags.end()) continue;
+        const std::string near = chorus::sim::nearestKey(a, {flags.begin(), flags.end()});
+        if (!near.empty())
+          std::fprintf(stderr, "chorus-sim %s: unknown option '%s'; did you mean '%s'?\n", chosen->get_name().c_str(),
+                       a.c_str(), near.c_str());
+      }
+    }
+    return app.exit(e);
+  }
   if (mo->parsed()) return runModelCommand(o);
   if (col->parsed()) return runCollectiveCommand(o);
   if (tr->parsed()) return runTrainCommand(o);

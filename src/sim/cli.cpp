@@ -44,9 +44,11 @@ void printCollectiveLines(const TrainReport& r) {
 }
 
 void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) {
-  std::printf("%s on %lld GPUs of %s: %.3f s/iteration, %.0f tokens/s, MFU %.1f%%, %.1f GiB/GPU, bottleneck %s (%s)\n",
+  std::printf("%s on %lld GPUs of %s: %.3f s/iteration, %.0f tokens/s, MFU %.1f%% (full attention, Megatron's formula; "
+              "causal %.1f%%), %.1f GiB/GPU + %.1f reserve (headroom %.1f), bottleneck %s (%s)\n",
               m.name.c_str(), static_cast<long long>(r.config.gpus), c.name.c_str(), r.iteration_s, r.tokens_per_s,
-              100 * r.mfu, r.memory_gib_per_gpu, r.bottleneck.c_str(), r.bottleneck_link.c_str());
+              100 * r.mfu, 100 * r.mfu_causal, r.memory_gib_per_gpu, r.memory.reserve_gib, r.memory.headroom_gib,
+              r.bottleneck.c_str(), r.bottleneck_link.c_str());
   std::printf("  placement: %s\n", r.placement.c_str());
   if (r.config.schedule)
     std::printf("  simulated schedule: %lld tasks (%d layer%s per task); closed-form estimate %.3f s\n",
@@ -62,14 +64,21 @@ void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) 
 }
 
 void printServe(const ServeStats& s) {
-  std::printf("  %-22s TTFT p50/p90/p99 %.3f/%.3f/%.3f s  TPOT p50/p90/p99 %.1f/%.1f/%.1f ms  %.2f req/s  goodput %.2f req/s (%.0f%% in SLO)\n",
-              s.mode == "aggregated" ? "aggregated"
-                                     : fmt::format("disaggregated {}:{}{}", s.prefill_replicas, s.decode_replicas,
-                                                   s.decode_ep > 0   ? fmt::format(" (decode ep {}, tp {})", s.decode_ep, s.decode_tp)
-                                                   : s.decode_tp > 0 ? fmt::format(" (decode tp {})", s.decode_tp)
-                                                                     : "").c_str(),
-              s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s, 1e3 * s.tpot_p50_s, 1e3 * s.tpot_p90_s, 1e3 * s.tpot_p99_s,
-              s.throughput_rps, s.goodput_rps, 100 * s.slo_attainment);
+  std::printf("  %-22s TTFT p50/p90/p99 %.3f/%.3f/%.3f s  TPOT p50/p90/p99 %.1f/%.1f/%.1f ms  %.2f req/s  goodput %.2f req/s (%.0f%% in SLO)%s\n",
+              s.label().c_str(), s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s, 1e3 * s.tpot_p50_s, 1e3 * s.tpot_p90_s,
+              1e3 * s.tpot_p99_s, s.throughput_rps, s.goodput_rps, 100 * s.slo_attainment,
+              s.mode == "disaggregated" ? fmt::format("  KV transfer {:.2f} ms per request (mean)", 1e3 * s.kv_transfer_mean_s).c_str()
+                                        : "");
+  if (s.overloaded) {
+    std::printf("    OVERLOADED: %.2f req/s offered, capacity %.2f req/s (the same requests all queued at once); requests "
+                "in the system %lld when the middle one arrives, %lld when the last one does%s: the latencies grow with "
+                "--requests, not a steady state\n",
+                s.offered_rps, s.capacity_rps, static_cast<long long>(s.backlog_mid), static_cast<long long>(s.backlog_end),
+                s.queue_growing ? " (still growing)" : "");
+  } else if (s.capacity_rps > 0) {
+    std::printf("    stable: %.2f req/s offered, capacity %.2f req/s (%.0f%% utilised)\n", s.offered_rps, s.capacity_rps,
+                100 * s.offered_rps / s.capacity_rps);
+  }
 }
 
 // The metrics block as vLLM's benchmark_serving prints it (times in ms).
@@ -114,15 +123,19 @@ Result<std::unique_ptr<Setup>> openCluster(const CliOptions& o) {
   return s;
 }
 
-// Then the model (its ignored keys listed with --verbose) ...
+// The keys of a Hugging Face config that were not read, in one line on stderr.
+void printIgnoredKeys(const std::string& path, const ModelSpec& m) {
+  if (m.ignored_keys.empty()) return;
+  std::string keys;
+  for (const std::string& k : m.ignored_keys) keys += " " + k;
+  std::fprintf(stderr, "chorus-sim: %s: keys not read (they change no shape priced here):%s\n", path.c_str(), keys.c_str());
+}
+
+// Then the model (the keys it did not read listed on stderr) ...
 Status loadModelFile(const CliOptions& o, Setup& s) {
-  CHORUS_ASSIGN_OR_RETURN(ModelSpec m, loadModel(o.model_path));
+  CHORUS_ASSIGN_OR_RETURN(ModelSpec m, loadModel(o.model_path, o.allow_unknown_keys));
   s.model = std::move(m);
-  if (o.verbose && !s.model->ignored_keys.empty()) {
-    std::string keys;
-    for (const std::string& k : s.model->ignored_keys) keys += " " + k;
-    std::fprintf(stderr, "chorus-sim: %s: ignored keys:%s\n", o.model_path.c_str(), keys.c_str());
-  }
+  printIgnoredKeys(o.model_path, *s.model);
   return {};
 }
 
@@ -150,14 +163,44 @@ Result<std::unique_ptr<Setup>> openModelAndNetwork(const CliOptions& o) {
   return s;
 }
 
+// --moe-node-limit G:K into the model, refused unless the dispatcher honours
+// it; the model's own node-limited routing beside the all-to-all dispatcher
+// is said on stderr (it is not used there).
+Status applyNodeLimit(const CliOptions& o, TrainConfig::MoeDispatch dispatch, ModelSpec& m) {
+  const bool hier = dispatch == TrainConfig::MoeDispatch::Hierarchical;
+  if (o.moe_node_limit.empty()) {
+    if (!hier && m.moe.experts > 0 && m.moe.n_group > 0 && m.moe.topk_group > 0 && m.moe.topk_group < m.moe.n_group)
+      std::fprintf(stderr, "chorus-sim: note: the model's node-limited routing (n_group %d, topk_group %d) is not used by "
+                   "--moe-dispatch alltoall (every routed copy is sent); --moe-dispatch hierarchical prices it\n",
+                   m.moe.n_group, m.moe.topk_group);
+    return {};
+  }
+  int g = 0, k = 0;
+  char extra = 0;
+  if (std::sscanf(o.moe_node_limit.c_str(), "%d:%d%c", &g, &k, &extra) != 2 || g < 1 || k < 1 || k > g)
+    return invalidArgument("--moe-node-limit '{}': give G:K, K of G expert groups with 1 <= K <= G (DeepSeek-V3: 8:4)",
+                           o.moe_node_limit);
+  if (m.moe.experts == 0) return invalidArgument("--moe-node-limit {}: model '{}' has no experts", o.moe_node_limit, m.name);
+  if (m.moe.experts % g != 0)
+    return invalidArgument("--moe-node-limit {}: {} groups must divide the model's {} experts", o.moe_node_limit, g,
+                           m.moe.experts);
+  if (!hier)
+    return invalidArgument("--moe-node-limit {}: the all-to-all dispatcher (--moe-dispatch alltoall, the default) sends "
+                           "every routed copy and cannot honour node-limited routing; use --moe-dispatch hierarchical",
+                           o.moe_node_limit);
+  m.moe.n_group = g, m.moe.topk_group = k;
+  return {};
+}
+
 }  // namespace
 
 int runModelCommand(const CliOptions& o) {
   const std::string& model_path = o.model_path;
   const int64_t model_seq = o.model_seq;
   const bool json = o.json, verbose = o.verbose;
-  auto model = loadModel(model_path);
+  auto model = loadModel(model_path, o.allow_unknown_keys);
   if (!model.isOk()) return fail(model.status());
+  if (!json && !verbose) printIgnoredKeys(model_path, *model);
   auto info = describeModel(*model, model_seq);
   if (!info.isOk()) return fail(info.status());
   if (json) std::cout << toJson(*info).dump(2) << "\n";
@@ -241,6 +284,15 @@ int runTrainCommand(CliOptions o) {
     auto mb = parseMicroBatch(micro);
     if (!mb.isOk()) return fail(mb.status());
     tc.micro_batch = *mb;
+    if (tc.dp == 0) {  // --dp not given: the GPUs the other degrees leave
+      const int64_t rest = static_cast<int64_t>(tc.tp) * tc.pp * tc.cp;
+      if (rest < 1 || tc.gpus % rest != 0)
+        return fail(invalidArgument("--dp not given and --gpus {} is not a multiple of tp x pp x cp = {} x {} x {} = {}; "
+                                    "give --dp or change the degrees", tc.gpus, tc.tp, tc.pp, tc.cp, rest));
+      tc.dp = static_cast<int>(tc.gpus / rest);
+    }
+    if (Status st = parseMemoryReserve(o.memory_reserve, &tc.memory_reserve_gib, &tc.memory_reserve_fraction); !st.isOk())
+      return fail(st);
     Status st = checkTrainArgs(tc);
     if (!st.isOk()) return fail(st);
   }
@@ -288,6 +340,7 @@ int runTrainCommand(CliOptions o) {
   auto md = parseMoeDispatch(moe_dispatch);
   if (!md.isOk()) return fail(md.status());
   tc.moe_dispatch = *md;
+  if (Status st = applyNodeLimit(o, tc.moe_dispatch, *s.model); !st.isOk()) return fail(st);
   auto r = simulateTraining(*model, tc, net);
   if (!r.isOk()) return fail(r.status());
   nlohmann::json j = toJson(*r);
@@ -321,6 +374,8 @@ int runSearchCommand(CliOptions o) {
   {
     Status st = checkSearchArgs(sc);
     if (!st.isOk()) return fail(st);
+    st = parseMemoryReserve(o.memory_reserve, &sc.memory_reserve_gib, &sc.memory_reserve_fraction);
+    if (!st.isOk()) return fail(st);
   }
   auto setup = openModelAndNetwork(o);
   if (!setup.isOk()) return fail(setup.status());
@@ -344,6 +399,7 @@ int runSearchCommand(CliOptions o) {
   auto md = parseMoeDispatch(moe_dispatch);
   if (!md.isOk()) return fail(md.status());
   sc.moe_dispatch = *md;
+  if (Status st = applyNodeLimit(o, sc.moe_dispatch, *s.model); !st.isOk()) return fail(st);
   auto r = searchLayouts(*model, sc, net, progress);
   if (!r.isOk()) return fail(r.status());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -364,10 +420,26 @@ int runSearchCommand(CliOptions o) {
       std::printf("ranked by the schedule of the best %lld by the closed-form estimate (estimates %.1f s, schedules "
                   "%.1f s)\n", static_cast<long long>(r->resimulated), r->estimate_seconds, r->schedule_seconds);
     for (const TrainReport& t : r->top)
-      std::printf("%2d. %-62s %8.3f s (estimate %.3f s)  MFU %5.1f%%  %5.1f GiB  binding %s  bottleneck %s\n", i++,
+      std::printf("%2d. %-62s %8.3f s (estimate %.3f s)  MFU %5.1f%%  %5.1f GiB + %.1f reserve, headroom %5.1f GiB  "
+                  "binding %s  bottleneck %s\n", i++,
                   layoutName(t.config).c_str(), t.iteration_s, t.estimate_s, 100 * t.mfu, t.memory_gib_per_gpu,
-                  t.bounds.binding.c_str(), t.bottleneck.c_str());
-    if (!r->top.empty()) std::printf("placement of 1.: %s\n", r->top.front().placement.c_str());
+                  t.memory.reserve_gib, t.memory.headroom_gib, t.bounds.binding.c_str(), t.bottleneck.c_str());
+    if (!r->top.empty()) {
+      const TrainReport::Memory& mm = r->top.front().memory;
+      std::printf("placement of 1.: %s\n", r->top.front().placement.c_str());
+      if (mm.communicators > 0 || mm.context_gib > 0)
+        std::printf("reserve of 1.: %.2f GiB = CUDA context %.2f + NCCL buffers %.2f (%d communicators) + allocator "
+                    "fragmentation %.2f (--memory-reserve to set it)\n", mm.reserve_gib, mm.context_gib,
+                    mm.comm_buffers_gib, mm.communicators, mm.fragmentation_gib);
+    }
+    if (r->dropped_memory > 0) {
+      std::printf("dropped for memory: %lld layouts; the nearest misses:\n",
+                  static_cast<long long>(r->dropped_memory));
+      for (const TrainReport& t : r->dropped)
+        std::printf("    %-62s estimate %8.3f s  needs %5.1f GiB + %.1f reserve > %.1f GiB HBM (short by %.1f GiB)\n",
+                    layoutName(t.config).c_str(), t.iteration_s, t.memory_gib_per_gpu, t.memory.reserve_gib,
+                    t.memory_gib_per_gpu + t.memory.reserve_gib + t.memory.headroom_gib, -t.memory.headroom_gib);
+    }
   }
   return 0;
 }
@@ -378,7 +450,14 @@ int runInferCommand(CliOptions o) {
                     &draft_path = o.draft_path, &plot_path = o.plot_path, &trace_path = o.trace_path;
   const bool json = o.json;
   std::vector<int64_t> sweep;
+  std::vector<double> rates;
   {
+    if (!o.rate_text.empty()) {
+      auto rs = parseRates(o.rate_text);
+      if (!rs.isOk()) return fail(rs.status());
+      rates = *rs;
+      ic.rate = rates.front();
+    }
     if (!concurrency_text.empty()) {
       auto c = parseConcurrency(concurrency_text);
       if (!c.isOk()) return fail(c.status());
@@ -400,7 +479,7 @@ int runInferCommand(CliOptions o) {
     return fail(invalidArgument("--kv-alloc '{}' is not one of reserve, paged", kv_alloc));
   ic.kv_paged = kv_alloc == "paged";
   if (!draft_path.empty()) {
-    auto dm = loadModel(draft_path);
+    auto dm = loadModel(draft_path, o.allow_unknown_keys);
     if (!dm.isOk()) return fail(dm.status());
     ic.draft_model = std::make_shared<const ModelSpec>(*dm);
   }
@@ -410,6 +489,62 @@ int runInferCommand(CliOptions o) {
   if (!trace_path.empty() && sweep.size() > 1)
     return fail(invalidArgument("--trace '{}' records one run: give --concurrency one value", trace_path));
   ic.record = !trace_path.empty();
+  if (rates.size() > 1 && (!sweep.empty() || ic.max_throughput))
+    return fail(invalidArgument("--rate '{}' sweeps open-loop rates: drop --concurrency / --max-throughput", o.rate_text));
+  if (o.max_rate && (rates.size() > 1 || !sweep.empty() || ic.max_throughput || !trace_path.empty()))
+    return fail(invalidArgument("--max-rate searches the rate itself: give no --rate list, --concurrency, "
+                                "--max-throughput or --trace"));
+  if (o.max_rate) {
+    auto found = findMaxRates(*model, ic, net, o.slo_attainment);
+    if (!found.isOk()) return fail(found.status());
+    if (json) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const MaxRate& x : *found)
+        rows.push_back({{"mode", x.mode}, {"prefill_replicas", x.prefill_replicas}, {"decode_replicas", x.decode_replicas},
+                        {"capacity_rps", x.capacity_rps}, {"max_rate_rps", x.max_rate_rps},
+                        {"slo_attainment_at_max", x.attainment_at_max}, {"capped_at_capacity", x.capped},
+                        {"simulations", x.runs}});
+      std::cout << nlohmann::json{{"max_rate", {{"slo_attainment", o.slo_attainment}, {"ttft_slo_s", ic.ttft_slo_s},
+                                                {"tpot_slo_s", ic.tpot_slo_s}, {"e2e_slo_s", ic.e2e_slo_s},
+                                                {"modes", rows}}}}.dump(2) << "\n";
+    } else {
+      std::printf("%s on %lld GPUs of %s, %lld in / %lld out tokens: the highest rate with %.0f%% of requests within "
+                  "TTFT %.2f s and TPOT %.0f ms\n", model->name.c_str(), static_cast<long long>(ic.gpus),
+                  cluster->name.c_str(), static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len),
+                  100 * o.slo_attainment, ic.ttft_slo_s, 1e3 * ic.tpot_slo_s);
+      for (const MaxRate& x : *found)
+        std::printf("  %-34s max rate %8.3f req/s (%.3f req/s per GPU)  capacity %8.3f req/s%s\n", x.mode.c_str(),
+                    x.max_rate_rps, x.max_rate_rps / static_cast<double>(ic.gpus), x.capacity_rps,
+                    x.max_rate_rps == 0 ? "  (no rate meets the SLOs)"
+                    : x.capped          ? "  (= capacity: the SLOs still hold there)"
+                                        : "");
+    }
+    return 0;
+  }
+  if (rates.size() > 1) {  // one open-loop service per rate
+    nlohmann::json runs = nlohmann::json::array();
+    if (!json)
+      std::printf("%s on %lld GPUs of %s, %lld in / %lld out tokens, open loop\n"
+                  "  rate req/s  served req/s  capacity  goodput  TTFT p50/p99 s     TPOT p50 ms  best\n",
+                  model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(),
+                  static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len));
+    for (double rate : rates) {
+      InferConfig k = ic;
+      k.rate = rate;
+      auto r = simulateInference(*model, k, net);
+      if (!r.isOk()) return fail(r.status());
+      const ServeStats& a = r->aggregated;
+      if (json) {
+        runs.push_back(toJson(*r));
+      } else {
+        std::printf("  %10.3f %13.3f %9.3f %8.3f  %7.3f/%-9.3f %11.1f  %s%s\n", rate, a.throughput_rps, a.capacity_rps,
+                    a.goodput_rps, a.ttft.p50, a.ttft.p99, 1e3 * a.tpot.p50, r->best.c_str(),
+                    a.overloaded ? "  OVERLOADED (aggregated)" : "");
+      }
+    }
+    if (json) std::cout << nlohmann::json{{"rate_sweep", runs}}.dump(2) << "\n";
+    return 0;
+  }
   if (sweep.size() > 1) {  // a concurrency sweep: one closed-loop run per value
     nlohmann::json runs = nlohmann::json::array();
     std::vector<std::pair<int64_t, InferReport>> points;
@@ -474,7 +609,10 @@ int runInferCommand(CliOptions o) {
                   ic.spec_tokens, ic.spec_acceptance, r->expected_tokens_per_step, 1e3 * r->draft_step_s);
     printServe(r->aggregated);
     printServeDetail(r->aggregated, ic.requests);
-    if (!r->best_disaggregated.mode.empty()) printServe(r->best_disaggregated);
+    if (!r->splits.empty()) {
+      std::printf("  disaggregated splits, best first (goodput, then TTFT p50):\n");
+      for (const ServeStats& sp : r->splits) printServe(sp);
+    }
     std::printf("  best under SLOs (TTFT %.2f s, TPOT %.0f ms): %s\n", ic.ttft_slo_s, 1e3 * ic.tpot_slo_s, r->best.c_str());
   }
   return 0;

@@ -21,7 +21,13 @@ struct CliOptions {
   // shared
   std::string cluster_path, model_path, network = "analytical", library = "nccl";
   bool json = false, verbose = false;
+  bool allow_unknown_keys = false;  // --allow-unknown-keys: a near-miss Hugging Face key is ignored, not refused
   int64_t gpus_per_domain = 0;
+  std::string memory_reserve = "default";
+  // train, search: --moe-node-limit G:K, node-limited routing (each token's
+  // experts inside its K best of G expert groups), overriding the model's
+  // n_group / topk_group; only the hierarchical dispatcher honours it.
+  std::string moe_node_limit;  // train, search: --memory-reserve (parseMemoryReserve)
   // --plan (repeatable): plan files or directories (docs/plan-format.md),
   // added to the built-in plans, so --algo can name them.
   std::vector<std::string> plan_paths;
@@ -50,6 +56,9 @@ struct CliOptions {
   // JSON goes besides --json's stdout
   std::vector<std::string> vary;
   std::string sweep_job = "auto", sweep_out;
+  std::string rate_text;       // --rate: one rate, a list or a range (parseRates); empty: ic.rate
+  bool max_rate = false;       // --max-rate: the highest rate meeting the SLOs, per mode
+  double slo_attainment = 0.9;  // --max-rate: the fraction of requests that must meet every SLO
 };
 
 int runModelCommand(const CliOptions& o);

@@ -62,6 +62,45 @@ Result<std::vector<int64_t>> parseConcurrency(std::string_view text) {
   return out;
 }
 
+Result<std::vector<double>> parseRates(std::string_view text) {
+  auto number = [&](std::string_view item) -> Result<double> {
+    double v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || p != item.data() + item.size())
+      return invalidArgument("--rate '{}': '{}' is not a number (one rate, a list 1,2,4 or a range MIN:MAX doubling, "
+                             "MIN:MAX:STEP)", text, item);
+    CHORUS_RETURN_IF_ERROR(checkRange<double>("--rate", v, 1e-9, 1e9, "requests per second, positive"));
+    return v;
+  };
+  std::vector<double> out;
+  if (text.find(':') != std::string_view::npos) {
+    std::vector<double> parts;
+    size_t i = 0;
+    while (i <= text.size()) {
+      const size_t j = std::min(text.find(':', i), text.size());
+      CHORUS_ASSIGN_OR_RETURN(double v, number(text.substr(i, j - i)));
+      parts.push_back(v);
+      i = j + 1;
+    }
+    if (parts.size() > 3 || parts[1] < parts[0])
+      return invalidArgument("--rate '{}': a range is MIN:MAX (doubling) or MIN:MAX:STEP with MIN <= MAX", text);
+    const double step = parts.size() == 3 ? parts[2] : 0;
+    if (step > 0 && (parts[1] - parts[0]) / step > 1000)
+      return invalidArgument("--rate '{}': more than 1000 rates", text);
+    // A small tolerance so that 1:2:0.1 ends at 2 despite rounding.
+    for (double r = parts[0]; r <= parts[1] * (1 + 1e-9); r = step > 0 ? r + step : 2 * r) out.push_back(r);
+    return out;
+  }
+  size_t i = 0;
+  while (i <= text.size()) {
+    const size_t j = std::min(text.find(',', i), text.size());
+    CHORUS_ASSIGN_OR_RETURN(double v, number(text.substr(i, j - i)));
+    out.push_back(v);
+    i = j + 1;
+  }
+  return out;
+}
+
 Result<int64_t> parseMicroBatch(std::string_view text) {
   if (text == "auto") return int64_t{0};
   int64_t v = 0;

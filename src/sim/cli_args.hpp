@@ -31,6 +31,9 @@ Status checkTrainArgs(const TrainConfig& c);
 Status checkSearchArgs(const SearchConfig& c);
 // --concurrency: "N" or a sweep "1,2,4,8"; every entry at least 1.
 Result<std::vector<int64_t>> parseConcurrency(std::string_view text);
+// --rate: "R", a list "1,2,4" or a range "MIN:MAX" (doubling, as --bytes) or
+// "MIN:MAX:STEP" (linear); every rate positive.
+Result<std::vector<double>> parseRates(std::string_view text);
 // --micro-batch: a positive integer, or "auto" (returned as 0).
 Result<int64_t> parseMicroBatch(std::string_view text);
 

@@ -122,6 +122,8 @@ Result<std::string> readFile(const std::string& path) {
 
 }  // namespace
 
+size_t keyDistance(std::string_view a, std::string_view b) { return editDistance(a, b); }
+
 std::string nearestKey(std::string_view key, const std::vector<std::string_view>& valid) {
   std::string best;
   size_t best_d = std::max<size_t>(2, (key.size() + 1) / 2) + 1;  // farther than half the key: no suggestion
@@ -246,9 +248,11 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   return c;
 }
 
-Result<ModelSpec> parseModel(std::string_view text, std::string_view where, std::string_view name) {
+Result<ModelSpec> parseModel(std::string_view text, std::string_view where, std::string_view name,
+                             bool allow_unknown_keys) {
   CHORUS_ASSIGN_OR_RETURN(json j, parseJson(text, where));
-  if (j.contains("model_type") || j.contains("architectures")) return parseHfModel(text, where, name);
+  if (j.contains("model_type") || j.contains("architectures"))
+    return parseHfModel(text, where, name, allow_unknown_keys);
   Reader top(j, std::string(where));
   ModelSpec m;
   m.source = "chorus";
@@ -360,7 +364,7 @@ Result<ClusterSpec> loadCluster(const std::string& path) {
   CHORUS_ASSIGN_OR_RETURN(std::string text, readFile(path));
   return parseCluster(text, path);
 }
-Result<ModelSpec> loadModel(const std::string& path) {
+Result<ModelSpec> loadModel(const std::string& path, bool allow_unknown_keys) {
   namespace fs = std::filesystem;
   std::error_code ec;
   std::string file = path;
@@ -375,7 +379,7 @@ Result<ModelSpec> loadModel(const std::string& path) {
   const fs::path parent = fs::absolute(fs::path(file), ec).parent_path();
   if (fs::path(file).filename() == "config.json" && !parent.filename().empty()) name = parent.filename().string();
   CHORUS_ASSIGN_OR_RETURN(std::string text, readFile(file));
-  return parseModel(text, file, name);
+  return parseModel(text, file, name, allow_unknown_keys);
 }
 
 bool ModelSpec::isMoeLayer(int layer) const {

@@ -221,18 +221,27 @@ struct ModelSpec {
 Result<ClusterSpec> parseCluster(std::string_view json, std::string_view where);
 // chorus's own model format, or a Hugging Face config.json (detected by its
 // "model_type" or "architectures"); `name` is used when the file has none.
-Result<ModelSpec> parseModel(std::string_view json, std::string_view where, std::string_view name = "");
+// `allow_unknown_keys`: a Hugging Face key within a small edit distance of
+// one the parser reads (a likely typo: num_key_value_head) is ignored
+// instead of refused.
+Result<ModelSpec> parseModel(std::string_view json, std::string_view where, std::string_view name = "",
+                             bool allow_unknown_keys = false);
 // A Hugging Face config.json (model_type llama, mistral, mixtral, qwen2,
 // qwen2_moe, qwen3, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, gemma2,
 // gemma3 / gemma3_text); src/sim/hf_model.cpp.
-Result<ModelSpec> parseHfModel(std::string_view json, std::string_view where, std::string_view name = "");
+// A model_type it does not know is read as architectures[0]'s family when
+// that names one (kimi_k2 with DeepseekV3ForCausalLM).
+Result<ModelSpec> parseHfModel(std::string_view json, std::string_view where, std::string_view name = "",
+                               bool allow_unknown_keys = false);
 std::string_view hfSupportedModelTypes();
 Result<ClusterSpec> loadCluster(const std::string& path);
 // A chorus model file, a Hugging Face config.json, or a directory holding one.
-Result<ModelSpec> loadModel(const std::string& path);
+Result<ModelSpec> loadModel(const std::string& path, bool allow_unknown_keys = false);
 
 // The key of `valid` nearest to `key` by edit distance ("" when none is
 // within half the key's length).
 std::string nearestKey(std::string_view key, const std::vector<std::string_view>& valid);
+// Edit distance (case-insensitive) between two keys.
+size_t keyDistance(std::string_view a, std::string_view b);
 
 }  // namespace chorus::sim

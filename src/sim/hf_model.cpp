@@ -95,6 +95,22 @@ class Hf {
     return invalidArgument("{}: {} (model_type {})", where_, fmt::format(f, std::forward<A>(a)...), type_);
   }
   [[nodiscard]] std::string name(const std::string& k) const { return prefix_ + k; }
+  // Keys of the file that were not read but lie within a small edit
+  // distance of a key the parser looked for and the file lacks (a likely
+  // typo: num_key_value_head for num_key_value_heads): (given, meant).
+  void nearMisses(std::vector<std::pair<std::string, std::string>>* out) const {
+    for (const auto& [k, v] : j_.items()) {
+      if (used_.count(k)) continue;
+      for (const std::string& u : used_) {
+        if (j_.contains(u)) continue;
+        const size_t d = keyDistance(k, u);
+        if (d > 0 && d <= 2 && 4 * d <= u.size()) {
+          out->push_back({prefix_ + k, prefix_ + u});
+          break;
+        }
+      }
+    }
+  }
   void ignored(std::vector<std::string>* out) const {
     for (const auto& [k, v] : j_.items())
       if (!used_.count(k)) out->push_back(prefix_ + k);
@@ -270,7 +286,8 @@ Result<ModelSpec> parseOne(Hf& hf, std::string_view where) {
 
 std::string_view hfSupportedModelTypes() { return kSupported; }
 
-Result<ModelSpec> parseHfModel(std::string_view text, std::string_view where, std::string_view name) {
+Result<ModelSpec> parseHfModel(std::string_view text, std::string_view where, std::string_view name,
+                               bool allow_unknown_keys) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (j.is_discarded() || !j.is_object()) return invalidArgument("{}: not a JSON object", where);
   std::string type;
@@ -290,8 +307,22 @@ Result<ModelSpec> parseHfModel(std::string_view text, std::string_view where, st
   static const std::vector<std::string_view> kTypes{"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                                                      "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "gemma2",
                                                      "gemma3", "gemma3_text"};
-  if (std::find(kTypes.begin(), kTypes.end(), type) == kTypes.end())
-    return invalidArgument("{}: model_type '{}' is not supported (supported: {})", where, type, kSupported);
+  std::string read_as;  // a model_type read as architectures[0]'s family
+  if (std::find(kTypes.begin(), kTypes.end(), type) == kTypes.end()) {
+    // A family of its own name whose class is one the simulator knows
+    // (kimi_k2: DeepseekV3ForCausalLM) is read as that class's family.
+    std::string arch;
+    if (j.contains("architectures") && j.at("architectures").is_array() && !j.at("architectures").empty() &&
+        j.at("architectures")[0].is_string())
+      arch = j.at("architectures")[0].get<std::string>();
+    auto it = archTypes().find(arch);
+    if (it == archTypes().end())
+      return invalidArgument("{}: model_type '{}'{} is not supported (supported: {}; or an architectures[0] of {})",
+                             where, type, arch.empty() ? "" : fmt::format(" (architectures[0] = \"{}\")", arch),
+                             kSupported, "their *ForCausalLM classes");
+    read_as = type;
+    type = it->second;
+  }
 
   Hf top(j, std::string(where), type);
   top.use("model_type");
@@ -300,6 +331,7 @@ Result<ModelSpec> parseHfModel(std::string_view text, std::string_view where, st
   CHORUS_RETURN_IF_ERROR(top.str("_name_or_path", &given));
   ModelSpec m;
   std::vector<std::string> ignored;
+  std::vector<std::pair<std::string, std::string>> near;
   if (type == "gemma3") {
     // The multimodal wrapper: the language model is text_config (the vision
     // tower is not simulated).
@@ -311,13 +343,25 @@ Result<ModelSpec> parseHfModel(std::string_view text, std::string_view where, st
     // A quantization_config belongs to the top level.
     CHORUS_RETURN_IF_ERROR(readQuantization(top, m));
     text.ignored(&ignored);
+    text.nearMisses(&near);
   } else {
     CHORUS_ASSIGN_OR_RETURN(m, parseOne(top, where));
   }
   top.ignored(&ignored);
   std::sort(ignored.begin(), ignored.end());
+  if (!allow_unknown_keys) {
+    top.nearMisses(&near);
+    if (!near.empty()) {
+      std::string list;
+      for (const auto& [given_key, meant] : near)
+        list += fmt::format("{}'{}' (did you mean '{}'?)", list.empty() ? "" : ", ", given_key, meant);
+      return invalidArgument("{}: unknown key {} (model_type {}): a misspelt key would be ignored and its default "
+                             "used; correct it, or pass --allow-unknown-keys to ignore it",
+                             where, list, type);
+    }
+  }
   m.ignored_keys = std::move(ignored);
-  m.source = type;
+  m.source = read_as.empty() ? type : fmt::format("{} (read as {})", read_as, type);
   m.name = !given.empty() ? given : !name.empty() ? std::string(name) : type;
   return m;
 }

@@ -47,13 +47,24 @@ class Replica {
   // causal pairs a sliding layer attends, ~ 2 L W - W^2 for L > W).
   [[nodiscard]] double prefill(double tokens, double sq, double sq_win) const {
     if (ep_ > 1) return step(0, 0, 0, tokens, sq / 2, sq_win / 2);  // the expert-parallel roofline step
+    // Whole prompts: equal problems of L = sq / tokens queries and keys.
+    return passes(tokens, sq, sq_win, tokens > 0 ? sq / tokens : 0, tokens > 0 ? sq_win / tokens : 0);
+  }
+  // Every layer's pass over `tokens` tokens by the per-operator model: the
+  // GEMMs and the fused causal attention core as the training model prices
+  // them (src/sim/compute.hpp: by shape from the GPU's data file), when the
+  // GPU has one; else the cluster's single efficiency curve.  The prompt
+  // attention covers `pairs2` (full layers) / `pairs2_win` (sliding layers)
+  // = 2 x the causal (query, key) pairs, run at key length `keys` /
+  // `keys_win`: whole prompts L = sum n^2 / sum n; a chunk [a, b) of a
+  // prompt its b keys (the chunk's queries see the prefix), so a chunk never
+  // runs at a longer key length, nor so a higher efficiency, than its whole
+  // prompt (docs/simulator.md, "Mixed steps by the per-operator model").
+  [[nodiscard]] double passes(double tokens, double pairs2_full, double pairs2_win, double keys, double keys_win) const {
     const double h = static_cast<double>(m_.hidden), T = tp_;
     const double heads_v = static_cast<double>(m_.heads) * m_.vHeadDim();
     const double mats = m_.ffnMats();
     double t = 0;
-    // The GEMMs and the fused attention core as the training model prices
-    // them (src/sim/compute.hpp: by shape from the GPU's data file), when the
-    // GPU has one; else the cluster's single efficiency curve.
     const bool per_op = compute_.spec() != nullptr;
     for (int l = 0; l < m_.layers; ++l) {
       const double ff = m_.ffnPerToken(l);
@@ -65,12 +76,13 @@ class Replica {
              gemm(tokens, (mats - 1) * ff / T, h) + gemm(tokens, h, ff / T);
       }
       // Causal attention (FlashAttention): 2 x sq/2 x heads x (qk + v) FLOPs per layer.
-      const double pairs2 = m_.isWindowLayer(l) ? sq_win : sq;  // 2 x the (query, key) pairs
+      const bool win = m_.isWindowLayer(l);
+      const double pairs2 = win ? pairs2_win : pairs2_full;  // 2 x the (query, key) pairs
+      const double L = win ? keys_win : keys;
       const double core = pairs2 * static_cast<double>(m_.heads) * (m_.qkHeadDim() + m_.vHeadDim());
-      if (per_op && tokens > 0 && pairs2 > 0) {
-        // The batch's prompts as equal problems of L = pairs2 / tokens
-        // queries and keys (the same FLOPs, causal), at that length's efficiency.
-        const double L = pairs2 / tokens, problems = static_cast<double>(m_.heads) / T * tokens / L;
+      if (per_op && tokens > 0 && pairs2 > 0 && L > 0) {
+        // Problems of L queries and L keys, as many as carry the same FLOPs (causal).
+        const double problems = static_cast<double>(m_.heads) / T * pairs2 / (L * L);
         t += compute_.attention(problems, L, L, m_.qkHeadDim(), m_.vHeadDim(), true).value();
         t += 5 * g_.kernel_overhead.value();  // two norms, the activation, two residual adds
       } else {
@@ -79,6 +91,28 @@ class Replica {
       t += 2 * allreduce(tokens * h * kAct);
     }
     return t;
+  }
+  // A mixed (chunked-prefill) step: `batch` decoding requests of `q` queries
+  // each over `context` / `context_win` tokens of cache, and `chunk` prompt
+  // tokens whose attention covers `pairs` / `pairs_win` causal pairs at key
+  // length `keys` / `keys_win`.  The layer passes over all batch x q + chunk
+  // tokens as a prefill prices them, plus the decodes' attention over the
+  // cache (its FLOPs or its bytes, whichever is slower), and never less than
+  // reading the weights the step touches and the cache once.
+  [[nodiscard]] double mixed(double batch, double context, double context_win, double chunk, double pairs,
+                             double pairs_win, double keys, double keys_win, double q = 1) const {
+    if (ep_ > 1 || chunk <= 0) return step(batch, context, context_win, chunk, pairs, pairs_win, q);
+    const double tokens = batch * q + chunk;
+    double t = passes(tokens, 2 * pairs, 2 * pairs_win, keys, keys_win);
+    const double kv = kvBytesFor(context, context_win);
+    const double hbm = g_.hbm_bw.value() * g_.hbm_efficiency;
+    if (batch > 0) {
+      double attn = 0;
+      for (int l = 0; l < m_.layers; ++l)
+        attn += 2 * q * (m_.isWindowLayer(l) ? context_win : context) * m_.heads * decodeWidth();
+      t += std::max(attn / tp_ / (peak() * g_.gemm_efficiency), kv / hbm);
+    }
+    return std::max(t, (weightsRead(tokens) + kv) / hbm);
   }
   // Weight bytes one GPU reads in a step whose tokens route to experts at
   // random: an MoE layer reads only the experts some token chose.
@@ -122,8 +156,7 @@ class Replica {
     // Attention over the cache per layer: MHA/GQA 2 x context x heads x (qk + v);
     // MLA decodes in the latent (the up-projections absorbed into Q and O),
     // so each head scores kv_lora + rope wide and gathers kv_lora wide.
-    const double width = m_.hasMla() ? static_cast<double>(2 * m_.mla.kv_lora_rank + m_.mla.qk_rope_head_dim)
-                                     : m_.qkHeadDim() + m_.vHeadDim();
+    const double width = decodeWidth();
     const double prefill_width = m_.qkHeadDim() + m_.vHeadDim();
     double attn = 0;
     for (int l = 0; l < m_.layers; ++l) {
@@ -179,6 +212,11 @@ class Replica {
   [[nodiscard]] double kvElemBytes() const { return kv_bytes_; }
 
  private:
+  // The width each head's decode attention reads and multiplies per cached token.
+  [[nodiscard]] double decodeWidth() const {
+    return m_.hasMla() ? static_cast<double>(2 * m_.mla.kv_lora_rank + m_.mla.qk_rope_head_dim)
+                       : m_.qkHeadDim() + m_.vHeadDim();
+  }
   [[nodiscard]] double perLayerKv() const { return m_.kvCacheElems() / m_.kvCacheSplit(tp_) * kv_bytes_; }
   [[nodiscard]] int windowLayers() const {
     int n = 0;
@@ -278,9 +316,9 @@ struct Engine {
   }
   // A decode (or mixed) step of the target, with the drafter's K steps before it.
   [[nodiscard]] double decodeCost(double batch, double context, double context_win, double chunk, double pairs,
-                                  double pairs_win) const {
-    if (spec_k == 0 || batch == 0) return rep.step(batch, context, context_win, chunk, pairs, pairs_win);
-    return rep.step(batch, context, context_win, chunk, pairs, pairs_win, spec_k + 1) +
+                                  double pairs_win, double keys = 0, double keys_win = 0) const {
+    if (spec_k == 0 || batch == 0) return rep.mixed(batch, context, context_win, chunk, pairs, pairs_win, keys, keys_win);
+    return rep.mixed(batch, context, context_win, chunk, pairs, pairs_win, keys, keys_win, spec_k + 1) +
            spec_k * drafter->decode(batch, context, context_win);
   }
 
@@ -383,7 +421,7 @@ struct Engine {
       admit(waiting.front());
       waiting.pop_front();
     }
-    double chunk = 0, pairs = 0, pairs_win = 0;
+    double chunk = 0, pairs = 0, pairs_win = 0, keyed = 0, keyed_win = 0;  // keyed: sum of pairs x key length
     std::vector<std::pair<size_t, int64_t>> parts;  // prefilling index, tokens this step
     for (size_t i = 0; i < prefilling.size() && budget >= 1; ++i) {
       const int64_t left = prompt(prefilling[i].r) - prefilling[i].made;
@@ -393,6 +431,9 @@ struct Engine {
       pairs += (b * b - a * a) / 2;  // causal pairs of positions [a, b)
       const double w = static_cast<double>(m_window());
       pairs_win += (sqWin(b, w) - sqWin(a, w)) / 2;
+      // The chunk's queries see keys [0, b) (a window: at most w of them).
+      keyed += (b * b - a * a) / 2 * b;
+      keyed_win += (sqWin(b, w) - sqWin(a, w)) / 2 * (w > 0 ? std::min(b, w) : b);
       budget -= static_cast<double>(take);
       parts.push_back({i, take});
     }
@@ -402,7 +443,8 @@ struct Engine {
     }
     max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
     const double t0 = now;
-    now += decodeCost(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win);
+    now += decodeCost(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win,
+                      pairs > 0 ? keyed / pairs : 0, pairs_win > 0 ? keyed_win / pairs_win : 0);
     const auto decodes = static_cast<int64_t>(running.size());
     advanceDecode(running, now, context, context_win, kv_now, kv_res);
     std::vector<Request*> started;
@@ -564,6 +606,27 @@ ServeStats summarise(const std::vector<Request>& reqs, const InferConfig& cfg, s
   s.slo_attainment = reqs.empty() ? 0 : static_cast<double>(good) / static_cast<double>(reqs.size());
   s.goodput_rps = static_cast<double>(good) / span;
   s.kv_transfer_mean_s = reqs.empty() ? 0 : kv / static_cast<double>(reqs.size());
+  // Requests in the system (arrived, not finished) when the middle and the
+  // last request arrive: a stable queue holds about as many at both; an
+  // unstable one grows linearly, about twice as many at the end.  Growing:
+  // more than a quarter more, and more than Poisson noise (3 sqrt(n)) and 2.
+  if (cfg.load() == LoadMode::OpenLoop && !reqs.empty()) {
+    std::vector<double> arr, done;
+    for (const Request& r : reqs) arr.push_back(r.arrival), done.push_back(r.done);
+    std::sort(arr.begin(), arr.end());
+    std::sort(done.begin(), done.end());
+    auto inSystem = [&](double t) {
+      const auto a = std::upper_bound(arr.begin(), arr.end(), t) - arr.begin();
+      const auto d = std::upper_bound(done.begin(), done.end(), t) - done.begin();
+      return static_cast<int64_t>(a - d);
+    };
+    s.backlog_mid = inSystem(arr[arr.size() / 2]);
+    s.backlog_end = inSystem(arr.back());
+    const double end = static_cast<double>(s.backlog_end), growth = end - static_cast<double>(s.backlog_mid);
+    s.queue_growing = growth > std::max({0.25 * end, 3 * std::sqrt(end), 2.0});
+    s.offered_rps = cfg.rate;
+    s.overloaded = s.queue_growing;
+  }
   return s;
 }
 
@@ -628,6 +691,7 @@ class Service {
                                int64_t* preemptions);
   Status prepareDecodePool();
   Status runSplit(int p_reps);
+  Status measureCapacity();
   void chooseBest();
 
   double kvCapacityBytes(int tp_, int experts_over = 0) const;
@@ -667,18 +731,41 @@ Result<InferReport> Service::run() {
   CHORUS_RETURN_IF_ERROR(sizeReplica());
   CHORUS_RETURN_IF_ERROR(priceReplicas());
   CHORUS_RETURN_IF_ERROR(makeRequests());
-  runAggregated();
+  if (cfg.aggregated) runAggregated();
   CHORUS_RETURN_IF_ERROR(prepareDecodePool());
   // (A drafter beside expert-parallel pools is not priced disaggregated: its
   // experts' all-to-all would be the prefill pool's; those runs report the
   // aggregated mode only.)
-  const bool disagg = load != LoadMode::ClosedLoop && !(ep > 1 && drafter);
+  const bool disagg = cfg.disaggregated && load != LoadMode::ClosedLoop && !(ep > 1 && drafter);
   for (int p_reps = 1; static_cast<int64_t>(p_reps) * p_width < cfg.gpus && disagg; ++p_reps) {
     if (cfg.prefill_replicas > 0 && p_reps != cfg.prefill_replicas) continue;
     CHORUS_RETURN_IF_ERROR(runSplit(p_reps));
   }
+  rankSplits(rep.splits);
+  if (!rep.splits.empty()) rep.best_disaggregated = rep.splits.front();
+  CHORUS_RETURN_IF_ERROR(measureCapacity());
   chooseBest();
   return std::move(rep);
+}
+
+// Open loop: each mode's capacity is its completion rate with the same
+// requests all queued at once (offline), the most it can serve; an offered
+// rate above it cannot be sustained, whatever --requests says.
+Status Service::measureCapacity() {
+  if (load != LoadMode::OpenLoop || !cfg.capacity) return {};
+  InferConfig off = cfg;
+  off.max_throughput = true, off.capacity = false, off.record = false;
+  CHORUS_ASSIGN_OR_RETURN(InferReport o, simulateInference(m, off, net));
+  auto mark = [](ServeStats& s, double capacity) {
+    s.capacity_rps = capacity;
+    s.overloaded = s.queue_growing || s.offered_rps > capacity;
+  };
+  if (cfg.aggregated) mark(rep.aggregated, o.aggregated.throughput_rps);
+  for (ServeStats& s : rep.splits)
+    for (const ServeStats& q : o.splits)
+      if (q.prefill_replicas == s.prefill_replicas) mark(s, q.throughput_rps);
+  if (!rep.splits.empty()) rep.best_disaggregated = rep.splits.front();
+  return {};
 }
 
 // The drafter for speculative decoding: a draft model, or the model's own
@@ -1034,7 +1121,6 @@ Status Service::runSplit(int p_reps) {
   st.decode_ep = dep > 1 ? dep : 0;
   st.max_running = max_running;
   rep.splits.push_back(st);
-  if (rep.best_disaggregated.mode.empty() || st.goodput_rps > rep.best_disaggregated.goodput_rps) rep.best_disaggregated = st;
   return {};
 }
 
@@ -1050,6 +1136,74 @@ void Service::chooseBest() {
 
 Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net) {
   return Service(m, cfg, net).run();
+}
+
+std::string ServeStats::label() const {
+  if (mode != "disaggregated") return mode;
+  return fmt::format("disaggregated {}:{}{}", prefill_replicas, decode_replicas,
+                     decode_ep > 0   ? fmt::format(" (decode ep {}, tp {})", decode_ep, decode_tp)
+                     : decode_tp > 0 ? fmt::format(" (decode tp {})", decode_tp)
+                                     : "");
+}
+
+void rankSplits(std::vector<ServeStats>& splits) {
+  std::stable_sort(splits.begin(), splits.end(), [](const ServeStats& a, const ServeStats& b) {
+    if (a.goodput_rps != b.goodput_rps) return a.goodput_rps > b.goodput_rps;
+    if (a.ttft_p50_s != b.ttft_p50_s) return a.ttft_p50_s < b.ttft_p50_s;
+    return a.prefill_replicas < b.prefill_replicas;
+  });
+}
+
+Result<std::vector<MaxRate>> findMaxRates(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net,
+                                          double attainment) {
+  if (!(attainment > 0 && attainment <= 1))
+    return invalidArgument("--slo-attainment {}: must be in (0, 1] (the fraction of requests meeting every SLO)", attainment);
+  if (cfg.load() != LoadMode::OpenLoop)
+    return invalidArgument("--max-rate searches open-loop rates: drop --concurrency / --max-throughput");
+  // The modes and their capacities: one offline run of every mode.
+  InferConfig off = cfg;
+  off.max_throughput = true, off.capacity = false, off.record = false;
+  CHORUS_ASSIGN_OR_RETURN(InferReport o, simulateInference(m, off, net));
+  std::vector<MaxRate> out;
+  std::vector<ServeStats> modes;
+  if (cfg.aggregated) modes.push_back(o.aggregated);
+  std::vector<ServeStats> splits = o.splits;
+  std::sort(splits.begin(), splits.end(), [](const ServeStats& a, const ServeStats& b) { return a.prefill_replicas < b.prefill_replicas; });
+  for (const ServeStats& s : splits) modes.push_back(s);
+  for (const ServeStats& mode : modes) {
+    MaxRate r;
+    r.mode = mode.label(), r.prefill_replicas = mode.prefill_replicas, r.decode_replicas = mode.decode_replicas;
+    r.capacity_rps = mode.throughput_rps;
+    InferConfig k = cfg;
+    k.capacity = false, k.record = false;
+    k.aggregated = mode.mode == "aggregated";
+    k.disaggregated = !k.aggregated;
+    if (!k.aggregated) k.prefill_replicas = mode.prefill_replicas;
+    auto attained = [&](double rate) -> Result<double> {
+      k.rate = rate;
+      ++r.runs;
+      CHORUS_ASSIGN_OR_RETURN(InferReport x, simulateInference(m, k, net));
+      return k.aggregated ? x.aggregated.slo_attainment : x.splits.empty() ? 0.0 : x.splits.front().slo_attainment;
+    };
+    // Bisection on [lo, hi]: lo meets the target (or is 0), hi does not.  A
+    // rate above the capacity cannot be sustained however few --requests let
+    // the SLOs hold: the capacity caps the answer.
+    double lo = 0, hi = r.capacity_rps;
+    CHORUS_ASSIGN_OR_RETURN(double top, attained(hi));
+    if (top >= attainment) {
+      lo = hi, r.attainment_at_max = top, r.capped = true;
+    } else {
+      while (hi - lo > 0.01 * r.capacity_rps) {
+        const double mid = 0.5 * (lo + hi);
+        CHORUS_ASSIGN_OR_RETURN(double a, attained(mid));
+        if (a >= attainment) lo = mid, r.attainment_at_max = a;
+        else hi = mid;
+      }
+    }
+    r.max_rate_rps = lo;
+    out.push_back(r);
+  }
+  return out;
 }
 
 Status writeServeTrace(const InferReport& r, std::ostream& out) {

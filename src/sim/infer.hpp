@@ -66,6 +66,9 @@ struct InferConfig {
   double spec_acceptance = 0;
   std::shared_ptr<const ModelSpec> draft_model;
   bool record = false;  // keep the aggregated run's steps and requests (InferReport::steps, ::requests) for --trace
+  bool aggregated = true;     // run the aggregated service
+  bool disaggregated = true;  // run the disaggregated splits (open loop and offline)
+  bool capacity = true;       // open loop: also run the same requests offline for each mode's capacity
   uint64_t seed = 1;
   [[nodiscard]] LoadMode load() const {
     return max_throughput ? LoadMode::Offline : concurrency > 0 ? LoadMode::ClosedLoop : LoadMode::OpenLoop;
@@ -99,6 +102,16 @@ struct ServeStats {
   double duration_s = 0;
   int64_t max_running = 0;  // most requests decoding at once on one replica
   int64_t preemptions = 0;  // --kv-alloc paged: requests preempted (recomputed) for lack of KV cache
+  // Stability (open loop): the offered rate against the service's capacity
+  // (its completion rate with every request queued at once: the same
+  // requests run offline), and whether the queue still grows at the end:
+  // the requests arrived but not yet started (no first token) when the
+  // last one arrives, against the same when the middle one arrives
+  // (docs/simulator.md, "Overload").
+  double offered_rps = 0, capacity_rps = 0;
+  int64_t backlog_mid = 0, backlog_end = 0;
+  bool queue_growing = false, overloaded = false;
+  [[nodiscard]] std::string label() const;  // "aggregated", "disaggregated 1:3 (decode tp 4)"
 };
 
 // One engine step of a replica (--trace).
@@ -125,8 +138,10 @@ struct InferReport {
   double draft_step_s = 0;          // speculative decoding: the drafter's K steps at batch 1
   double expected_tokens_per_step = 1;
   ServeStats aggregated;
-  std::vector<ServeStats> splits;  // disaggregated, every split tried
-  ServeStats best_disaggregated;
+  // Disaggregated, every split tried, best first: by goodput, then TTFT p50
+  // (lower first), then fewer prefill replicas (rankSplits).
+  std::vector<ServeStats> splits;
+  ServeStats best_disaggregated;  // splits.front()
   std::string best;  // "aggregated" or "disaggregated P:D"
   std::vector<ServeStep> steps;        // with config.record: the aggregated run
   std::vector<ServeRequest> requests;  // with config.record
@@ -144,5 +159,25 @@ Status plotServeSweep(const std::vector<std::pair<int64_t, InferReport>>& runs, 
                       const std::string& png);
 
 Result<InferReport> simulateInference(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net);
+
+// The ranking of disaggregated splits that text and JSON share: goodput
+// (higher first), then TTFT p50 (lower first), then fewer prefill replicas.
+void rankSplits(std::vector<ServeStats>& splits);
+
+// --max-rate: the highest open-loop rate at which at least `attainment` of
+// the requests meet every SLO (DistServe's goodput), for the aggregated
+// service and each disaggregated split, found by bisection between 0 and
+// the mode's capacity (to 1 % of it); capped at the capacity (`capped`) when
+// the SLOs still hold there.  0: not even the lowest rate tried meets them.
+struct MaxRate {
+  std::string mode;  // ServeStats::label()
+  int prefill_replicas = 0, decode_replicas = 0;
+  double capacity_rps = 0, max_rate_rps = 0;
+  double attainment_at_max = 0;
+  bool capped = false;  // the SLOs hold at the capacity itself: the service, not the SLOs, limits the rate
+  int runs = 0;  // simulations the bisection took
+};
+Result<std::vector<MaxRate>> findMaxRates(const ModelSpec& m, const InferConfig& cfg, NetworkModel& net,
+                                          double attainment);
 
 }  // namespace chorus::sim

@@ -143,10 +143,17 @@ nlohmann::json toJson(const TrainReport& r) {
       {"model_tflops_per_gpu", r.model_tflops_per_gpu},
       {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
       {"mfu", r.mfu},
+      {"mfu_causal", r.mfu_causal},
+      {"mfu_convention", "mfu: attention over the full s x s (Megatron, Narayanan et al. 2021 eq. 3); mfu_causal: its causal half"},
       {"memory_gib_per_gpu", r.memory_gib_per_gpu},
       {"memory_stage", r.memory_stage},
       {"memory", {{"weights_gib", r.memory.weights_gib}, {"grads_gib", r.memory.grads_gib},
-                  {"optimizer_gib", r.memory.optimizer_gib}, {"activations_gib", r.memory.activations_gib}}},
+                  {"optimizer_gib", r.memory.optimizer_gib}, {"activations_gib", r.memory.activations_gib},
+                  {"reserve_gib", r.memory.reserve_gib},
+                  {"reserve", {{"cuda_context_gib", r.memory.context_gib}, {"nccl_buffers_gib", r.memory.comm_buffers_gib},
+                               {"communicators", r.memory.communicators},
+                               {"allocator_fragmentation_gib", r.memory.fragmentation_gib}}},
+                  {"headroom_gib", r.memory.headroom_gib}}},
       {"breakdown", r.breakdown},
       {"placement", r.placement},
       {"bottleneck", r.bottleneck},
@@ -181,7 +188,13 @@ std::string layoutName(const TrainConfig& c) {
 nlohmann::json toJson(const SearchResult& r) {
   nlohmann::json top = nlohmann::json::array();
   for (const TrainReport& t : r.top) top.push_back(toJson(t));
+  nlohmann::json dropped = nlohmann::json::array();
+  for (const TrainReport& t : r.dropped)
+    dropped.push_back({{"layout", layoutName(t.config)}, {"estimate_s", t.iteration_s},
+                       {"memory_gib_per_gpu", t.memory_gib_per_gpu}, {"reserve_gib", t.memory.reserve_gib},
+                       {"headroom_gib", t.memory.headroom_gib}});
   return {{"candidates", r.candidates}, {"feasible", r.feasible}, {"resimulated", r.resimulated},
+          {"dropped_for_memory", r.dropped_memory}, {"nearest_dropped_for_memory", dropped},
           {"estimate_seconds", r.estimate_seconds}, {"schedule_seconds", r.schedule_seconds}, {"top", top}};
 }
 
@@ -212,7 +225,11 @@ nlohmann::json toJson(const ServeStats& s) {
           {"tokens_per_s", s.tokens_per_s},
           {"slo_attainment", s.slo_attainment},
           {"goodput_rps", s.goodput_rps},
-          {"kv_transfer_mean_s", s.kv_transfer_mean_s}};
+          {"kv_transfer_mean_s", s.kv_transfer_mean_s},
+          {"label", s.label()},
+          {"stability", {{"offered_rps", s.offered_rps}, {"capacity_rps", s.capacity_rps},
+                         {"in_system_at_middle_arrival", s.backlog_mid}, {"in_system_at_last_arrival", s.backlog_end},
+                         {"queue_growing", s.queue_growing}, {"overloaded", s.overloaded}}}};
 }
 
 nlohmann::json toJson(const InferReport& r) {
@@ -237,6 +254,7 @@ nlohmann::json toJson(const InferReport& r) {
           {"aggregated", toJson(r.aggregated)},
           {"disaggregated_best", r.best_disaggregated.mode.empty() ? nlohmann::json() : toJson(r.best_disaggregated)},
           {"disaggregated_splits", splits},
+          {"disaggregated_ranking", "goodput_rps (higher first), then ttft p50 (lower first), then fewer prefill replicas"},
           {"best", r.best}};
 }
 

@@ -8,6 +8,7 @@
 
 #include "sim/compute.hpp"
 #include "sim/placement.hpp"
+#include "sim/report.hpp"
 
 namespace chorus::sim {
 namespace {
@@ -133,6 +134,8 @@ std::vector<TrainConfig> enumerateLayouts(const ModelSpec& m, const ClusterSpec&
                   }
                   k.algo = sc.algo;
                   k.stage_costs = false;  // only the trace draws them
+                  k.memory_reserve_gib = sc.memory_reserve_gib, k.memory_reserve_fraction = sc.memory_reserve_fraction;
+                  k.memory_check = false;  // over the HBM: reported as dropped, with its memory
                   k.schedule = false;     // ranked by the closed-form estimate; the best are re-simulated
                   // Each listed pipeline schedule this layout can run.
                   for (const std::string& sched : sc.pp_schedules) {
@@ -187,6 +190,22 @@ Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, N
       if (res.first_error.empty()) res.first_error = r.status().message();
       continue;
     }
+    if (r->memory.headroom_gib < 0) {
+      ++res.dropped_memory;
+      if (res.first_error.empty())
+        res.first_error = fmt::format("{} does not fit: {:.1f} GiB + {:.1f} GiB reserve > {:.1f} GiB HBM", layoutName(k),
+                                      r->memory_gib_per_gpu, r->memory.reserve_gib, toGib(c.gpu.hbm));
+      // The nearest misses: the smallest shortfall first (ties: the faster).
+      auto nearer = [](const TrainReport& a, const TrainReport& b) {
+        return a.memory.headroom_gib != b.memory.headroom_gib ? a.memory.headroom_gib > b.memory.headroom_gib
+                                                              : a.iteration_s < b.iteration_s;
+      };
+      if (static_cast<int>(res.dropped.size()) < sc.dropped_shown || nearer(*r, res.dropped.back())) {
+        res.dropped.insert(std::upper_bound(res.dropped.begin(), res.dropped.end(), *r, nearer), std::move(*r));
+        if (static_cast<int>(res.dropped.size()) > sc.dropped_shown) res.dropped.pop_back();
+      }
+      continue;
+    }
     ++res.feasible;
     // Keep the top k sorted (k is small).
     if (static_cast<int>(res.top.size()) < keep || r->iteration_s < res.top.back().iteration_s) {
@@ -205,6 +224,7 @@ Result<SearchResult> searchLayouts(const ModelSpec& m, const SearchConfig& sc, N
     for (size_t i = 0; i < n; ++i) {
       TrainConfig k = res.top[i].config;
       k.schedule = true;
+      k.memory_check = true;
       CHORUS_ASSIGN_OR_RETURN(NetworkModel * kn, nets.forLayout(k));
       Result<TrainReport> r = simulateTraining(m, k, *kn);
       if (!r.isOk()) return r.status();  // it was feasible a moment ago: a bug, not a layout to skip

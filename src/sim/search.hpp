@@ -39,6 +39,9 @@ struct SearchConfig {
   // (1F1B, interleaved with vpp > 1), "zb-h1" (vpp 1, pp >= 2), "dualpipe"
   // (vpp 1, even pp, an even number of micro-batches >= 2 pp).
   std::vector<std::string> pp_schedules = {"1f1b"};
+  // Every layout's memory reserve (TrainConfig::memory_reserve_*; < 0: the default).
+  double memory_reserve_gib = -1, memory_reserve_fraction = 0;
+  int dropped_shown = 5;  // the nearest misses dropped for memory, kept in SearchResult::dropped
 };
 
 // "1f1b,zb-h1,dualpipe" (--pp-schedules): each at most once, at least one.
@@ -49,6 +52,11 @@ struct SearchResult {
   int64_t candidates = 0;        // layouts enumerated (valid products and divisibility)
   int64_t feasible = 0;          // of which fit in memory and simulated
   std::string first_error;       // why the first candidate failed (when none is feasible)
+  // Layouts over the HBM (with the reserve): how many, and the nearest
+  // misses (the smallest shortfall first; each with its memory, reserve and
+  // closed-form estimate).
+  int64_t dropped_memory = 0;
+  std::vector<TrainReport> dropped;
   int64_t resimulated = 0;       // layouts re-simulated as schedules
   double estimate_seconds = 0, schedule_seconds = 0;  // wall time of the two phases
 };

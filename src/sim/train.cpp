@@ -1,6 +1,7 @@
 #include "sim/train.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <optional>
 
@@ -151,10 +152,12 @@ Result<TrainConfig::MoeDispatch> parseMoeDispatch(std::string_view text) {
   return invalidArgument("--moe-dispatch '{}': one of alltoall, hierarchical", text);
 }
 
-double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq) {
+double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq, bool causal) {
   const double tokens = static_cast<double>(global_batch) * static_cast<double>(seq);
   double per_token = 2 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab);  // logits
   for (int l = 0; l < m.layers; ++l) per_token += layerFlopsPerToken(m, l, static_cast<double>(seq));
+  // Causal: a token attends to the keys before it, half the scores and AV on average.
+  if (causal) per_token -= m.layers * static_cast<double>(seq) * static_cast<double>(m.heads) * (m.qkHeadDim() + m.vHeadDim());
   return 3 * tokens * per_token;  // forward + backward (2x)
 }
 
@@ -618,17 +621,75 @@ Status Trainer::fitMemory() {
     const double total = mem.weights_gib + mem.grads_gib + mem.optimizer_gib + mem.activations_gib;
     if (total > rep.memory_gib_per_gpu) rep.memory_gib_per_gpu = total, rep.memory = mem, rep.memory_stage = sd;
   }
-  if (rep.memory_gib_per_gpu > toGib(c.gpu.hbm))
+  const double hbm = toGib(c.gpu.hbm);
+  const MemoryReserve res = memoryReserve(cfg, hbm, rep.memory_gib_per_gpu);
+  rep.memory.reserve_gib = res.total_gib, rep.memory.context_gib = res.context_gib;
+  rep.memory.comm_buffers_gib = res.comm_gib, rep.memory.fragmentation_gib = res.fragmentation_gib;
+  rep.memory.communicators = res.communicators;
+  rep.memory.headroom_gib = hbm - rep.memory_gib_per_gpu - res.total_gib;
+  if (rep.memory.headroom_gib < 0 && cfg.memory_check) {
+    // Only what the run can still change: a higher ZeRO stage (with data
+    // parallelism to shard over), more recomputation, a smaller micro-batch.
+    std::vector<std::string> hints;
+    if (cfg.zero < 3 && d * cp > 1) hints.push_back(fmt::format("--zero {}", cfg.zero + 1));
+    if (cfg.recompute == Recompute::None) hints.push_back("--recompute selective/full");
+    else if (cfg.recompute == Recompute::Selective) hints.push_back("--recompute full");
+    if (b > 1) hints.push_back("a smaller micro-batch");
+    hints.push_back("more tp/pp");
+    if (rep.memory_gib_per_gpu <= hbm) hints.push_back("a smaller --memory-reserve");
+    std::string hint;
+    for (size_t i = 0; i < hints.size(); ++i) hint += (i == 0 ? "" : i + 1 == hints.size() ? " or " : ", ") + hints[i];
     return invalidArgument(
-        "layout tp={} pp={} dp={} cp={} ep={} micro-batch={} does not fit: {:.1f} GiB per GPU (stage {}) > {:.1f} GiB "
-        "HBM of {} (weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, activations {:.1f}); try --zero {}, --recompute "
-        "selective/full, a smaller micro-batch or more tp/pp",
-        t, p, d, cp, ep, b, rep.memory_gib_per_gpu, rep.memory_stage, toGib(c.gpu.hbm), c.gpu.name, rep.memory.weights_gib,
-        rep.memory.grads_gib, rep.memory.optimizer_gib, rep.memory.activations_gib, std::min(cfg.zero + 1, 3));
+        "layout tp={} pp={} dp={} cp={} ep={} micro-batch={} does not fit: {:.1f} GiB per GPU (stage {}) + {:.1f} GiB "
+        "reserve > {:.1f} GiB HBM of {} (weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, activations {:.1f}); try {}",
+        t, p, d, cp, ep, b, rep.memory_gib_per_gpu, rep.memory_stage, res.total_gib, hbm, c.gpu.name,
+        rep.memory.weights_gib, rep.memory.grads_gib, rep.memory.optimizer_gib, rep.memory.activations_gib, hint);
+  }
   return {};
 }
 
 }  // namespace detail
+
+MemoryReserve memoryReserve(const TrainConfig& cfg, double hbm_gib, double used_gib) {
+  MemoryReserve r;
+  if (cfg.memory_reserve_fraction > 0) {
+    r.total_gib = cfg.memory_reserve_fraction * hbm_gib;
+    return r;
+  }
+  if (cfg.memory_reserve_gib >= 0) {
+    r.total_gib = cfg.memory_reserve_gib;
+    return r;
+  }
+  // Each process group of more than one GPU is an NCCL communicator with its own buffers.
+  for (int n : {cfg.tp, cfg.pp, cfg.dp, cfg.cp, cfg.ep}) r.communicators += n > 1 ? 1 : 0;
+  r.context_gib = kCudaContextGib;
+  r.comm_gib = r.communicators * kReserveChannels * kReservePeers * kNcclBuffersMib / 1024;
+  r.fragmentation_gib = kFragmentation * used_gib;
+  r.total_gib = r.context_gib + r.comm_gib + r.fragmentation_gib;
+  return r;
+}
+
+Status parseMemoryReserve(std::string_view text, double* gib, double* fraction) {
+  *gib = -1, *fraction = 0;
+  if (text == "default" || text.empty()) return {};
+  std::string_view num = text;
+  bool pct = false;
+  if (num.ends_with("%")) pct = true, num.remove_suffix(1);
+  else if (num.ends_with("GiB")) num.remove_suffix(3);
+  double v = 0;
+  auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+  if (num.empty() || ec != std::errc() || ptr != num.data() + num.size() || !(v >= 0))
+    return invalidArgument("--memory-reserve '{}': give GiB per GPU (6 or 6GiB), a percentage of the HBM (8%) or default",
+                           text);
+  if (pct) {
+    if (v >= 100) return invalidArgument("--memory-reserve '{}': a percentage below 100", text);
+    *fraction = v / 100;
+    if (v == 0) *gib = 0;
+  } else {
+    *gib = v;
+  }
+  return {};
+}
 
 Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg, NetworkModel& net) {
   CHORUS_RETURN_IF_ERROR(checkLayout(m, net.cluster(), cfg));

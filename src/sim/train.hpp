@@ -143,6 +143,14 @@ struct TrainConfig {
   // The iteration time from the simulated schedule (src/sim/schedule.hpp);
   // false: the closed-form estimate only (what the search ranks by).
   bool schedule = true;
+  // HBM kept out of the layout's reach per GPU (--memory-reserve): < 0 the
+  // default (memoryReserve: CUDA context, NCCL buffers per communicator,
+  // allocator fragmentation); else `memory_reserve_gib` GiB, or with
+  // `memory_reserve_fraction` > 0 that fraction of the HBM.
+  double memory_reserve_gib = -1, memory_reserve_fraction = 0;
+  // false: a layout over the HBM is reported (negative headroom) instead of
+  // refused (the search, to say which layouts it dropped and why).
+  bool memory_check = true;
   bool async_tp = true;    // schedule: column-parallel backward collectives under the GEMMs (Megatron)
   bool overlap_dp = true;  // schedule: ZeRO-0..2 gradient reduce / parameter gather overlapped per layer
 };
@@ -163,10 +171,17 @@ struct TrainReport {
   TrainConfig config;
   // iteration_s: the schedule's makespan (config.schedule) or the estimate.
   double iteration_s = 0, tokens_per_s = 0, model_tflops_per_gpu = 0, hardware_tflops_per_gpu = 0, mfu = 0;
+  // mfu counts the attention core over the whole s x s (Megatron's formula);
+  // mfu_causal over its causal half (modelFlopsPerIteration's `causal`).
+  double mfu_causal = 0;
   double memory_gib_per_gpu = 0;  // the peak stage's
   int64_t memory_stage = 0;       // which pipeline stage peaks
   struct Memory {
     double weights_gib = 0, grads_gib = 0, optimizer_gib = 0, activations_gib = 0;
+    // The reserve and its parts (the default's; a --memory-reserve value has only its total).
+    double reserve_gib = 0, context_gib = 0, comm_buffers_gib = 0, fragmentation_gib = 0;
+    int communicators = 0;
+    double headroom_gib = 0;  // HBM - the peak stage's memory - the reserve (< 0: does not fit)
   } memory;
   // Where the time goes; sums to iteration_s.
   std::map<std::string, double> breakdown;  // compute_s, bubble_s, tp_comm_s, pp_comm_s, dp_comm_s, ...
@@ -245,9 +260,30 @@ Result<TrainReport> simulateTraining(const ModelSpec& m, const ClusterSpec& c, c
 // across calls: the layout search).
 Result<TrainReport> simulateTraining(const ModelSpec& m, const TrainConfig& cfg, NetworkModel& net);
 
+// The default reserve per GPU (docs/simulator.md, "Memory headroom"): the
+// CUDA context (kCudaContextGib), NCCL's buffers for each communicator the
+// GPU is in (kReserveChannels channels x kReservePeers connections x the three
+// protocols' default buffers), and the caching allocator's fragmentation
+// (kFragmentation of what the layout allocates).
+inline constexpr double kCudaContextGib = 0.5;
+inline constexpr double kReserveChannels = 16, kReservePeers = 2;  // the channels sim/nccl.hpp prices with
+inline constexpr double kNcclBuffersMib = 4 + 4.7 + 0.5;  // Simple 4 MiB, LL128 ~4.7 MiB, LL 512 KiB (NCCL_BUFFSIZE defaults)
+inline constexpr double kFragmentation = 0.05;
+struct MemoryReserve {
+  double total_gib = 0, context_gib = 0, comm_gib = 0, fragmentation_gib = 0;
+  int communicators = 0;
+};
+// The reserve of a layout whose largest stage allocates `used_gib`.
+MemoryReserve memoryReserve(const TrainConfig& cfg, double hbm_gib, double used_gib);
+// --memory-reserve: "default", GiB ("6", "6GiB") or a percentage of the HBM ("8%").
+Status parseMemoryReserve(std::string_view text, double* gib, double* fraction);
+
 // Model FLOPs of one iteration (no recomputation), counting every GEMM
 // including attention scores (Narayanan et al. 2021, eq. 3 generalised to GQA,
 // SwiGLU and MoE top-k).
-double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq);
+// `causal`: the attention core counted over the causal half (each token
+// attends to the keys before it), as FlashAttention and PaLM's MFU count it;
+// default: over the whole s x s, Megatron's (Narayanan et al.) convention.
+double modelFlopsPerIteration(const ModelSpec& m, int64_t global_batch, int64_t seq, bool causal = false);
 
 }  // namespace chorus::sim

@@ -498,6 +498,8 @@ void Trainer::settle() {
   rep.model_tflops_per_gpu = mf / total_s / n / 1e12;
   rep.hardware_tflops_per_gpu = hw / total_s / n / 1e12;
   rep.mfu = mf / total_s / n / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value();
+  rep.mfu_causal = modelFlopsPerIteration(m, cfg.global_batch, cfg.seq, true) / total_s / n /
+                   (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value();
   double worst = -1;
   for (const auto& [k, x] : rep.breakdown)
     if (k != "compute_s" && x > worst) worst = x, rep.bottleneck = k;

@@ -117,6 +117,50 @@ proc = run([tool("chorus-sim"), "collective", "--cluster", cluster, "--gpus", "8
 check(proc.returncode != 0 and "--bytes '1.1K'" in proc.stderr + proc.stdout,
       "chorus-sim --bytes 1.1K (not whole bytes) is refused naming --bytes", proc)
 
+# ---- chorus-sim: typos and defaults (issue 42) ---------------------------------
+proc = run([tool("chorus-sim"), "trian"])
+check(proc.returncode != 0 and "did you mean 'train'" in proc.stderr, "chorus-sim trian suggests train", proc)
+proc = run([tool("chorus-sim"), "train", "--tpp", "2"])
+check(proc.returncode != 0 and "did you mean '--tp'" in proc.stderr, "chorus-sim train --tpp suggests --tp", proc)
+models = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "models")
+# --dp left out: gpus / (tp x pp x cp) = 16 / (2 x 2 x 1) = 4.
+proc = run([tool("chorus-sim"), "train", "--model", os.path.join(models, "Llama-3.1-8B"), "--cluster", cluster,
+            "--gpus", "16", "--tp", "2", "--pp", "2", "--global-batch", "64", "--estimate", "--json"])
+check(proc.returncode == 0 and json.loads(proc.stdout)["layout"]["dp"] == 4,
+      "chorus-sim train without --dp derives dp = gpus / (tp pp cp) = 4", proc)
+proc = run([tool("chorus-sim"), "train", "--model", os.path.join(models, "Llama-3.1-8B"), "--cluster", cluster,
+            "--gpus", "12", "--tp", "8", "--global-batch", "64"])
+check(proc.returncode != 0 and "--dp not given" in proc.stderr, "chorus-sim train: --gpus 12 not a multiple of tp 8 without --dp", proc)
+with tempfile.TemporaryDirectory() as d:
+    cfg = json.load(open(os.path.join(models, "Llama-3.1-70B", "config.json")))
+    cfg["num_key_value_head"] = cfg.pop("num_key_value_heads")
+    typo = os.path.join(d, "config.json")
+    json.dump(cfg, open(typo, "w"))
+    proc = run([tool("chorus-sim"), "model", "--model", typo])
+    check(proc.returncode != 0 and "did you mean 'num_key_value_heads'" in proc.stderr and "--allow-unknown-keys" in proc.stderr,
+          "chorus-sim model: num_key_value_head is refused with a did-you-mean", proc)
+    proc = run([tool("chorus-sim"), "model", "--model", typo, "--allow-unknown-keys", "--json"])
+    check(proc.returncode == 0 and "num_key_value_head" in json.loads(proc.stdout)["ignored_keys"],
+          "chorus-sim model --allow-unknown-keys reads it, the key listed as not read", proc)
+    proc = run([tool("chorus-sim"), "model", "--model", os.path.join(models, "Llama-3.1-70B")])
+    lines = [l for l in proc.stderr.splitlines() if "keys not read" in l]
+    check(proc.returncode == 0 and len(lines) == 1 and "rope_theta" in lines[0],
+          "chorus-sim model lists the keys it did not read in one line on stderr", proc)
+
+# Node-limited routing as a flag: the default all-to-all dispatcher refuses it; the
+# hierarchical one prices it (a token's experts inside 1 of 8 node groups: fewer NIC copies
+# than the model's 4 of 8).
+ds = [tool("chorus-sim"), "train", "--model", os.path.join(models, "DeepSeek-V3"), "--cluster", cluster, "--gpus", "1024",
+      "--pp", "16", "--ep", "64", "--global-batch", "1024", "--seq", "4096", "--recompute", "full", "--estimate", "--json"]
+proc = run(ds + ["--moe-node-limit", "8:4"])
+check(proc.returncode != 0 and "cannot honour node-limited routing" in proc.stderr,
+      "chorus-sim --moe-node-limit with the all-to-all dispatcher is refused", proc)
+own = run(ds + ["--moe-dispatch", "hierarchical"])
+one = run(ds + ["--moe-dispatch", "hierarchical", "--moe-node-limit", "8:1"])
+check(own.returncode == 0 and one.returncode == 0 and
+      json.loads(one.stdout)["breakdown"]["ep_comm_s"] < json.loads(own.stdout)["breakdown"]["ep_comm_s"],
+      "chorus-sim --moe-node-limit 8:1 under the hierarchical dispatcher sends fewer copies than the model's 8:4", one)
+
 # ---- nccl-tests flags -----------------------------------------------------------
 proc = run([tool("chorus-bench"), "allreduce", "-g", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "1"])
 check(proc.returncode == 0 and "nranks 2" in proc.stdout, "chorus-bench -g 2 runs 2 ranks (nccl-tests' -g)", proc)

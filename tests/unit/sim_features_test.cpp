@@ -977,6 +977,94 @@ TEST(SimSearch, NothingFitsIsAClearError) {
   EXPECT_NE(r.status().message().find("does not fit"), std::string::npos) << r.status().message();
 }
 
+// The default reserve per GPU: the CUDA context (0.5 GiB), NCCL's buffers
+// (16 channels x 2 connections x (4 + 4.7 + 0.5) MiB per communicator) and
+// 5 % of what the layout allocates; a layout that fits the bare HBM but not
+// with the reserve is refused, naming the reserve; --memory-reserve 0 admits
+// it again; a fraction is of the HBM.
+TEST(SimMemory, TheReserveKeepsHeadroom) {
+  OneNode node;
+  TrainConfig k = dp8(8, 2048);
+  k.memory_reserve_gib = 0;
+  auto bare = simulateTraining(gpt(24, 4096, 32), k, node.net);
+  ASSERT_TRUE(bare.isOk()) << bare.status().message();
+  const double used = bare->memory_gib_per_gpu, hbm = 80;
+  EXPECT_NEAR(bare->memory.headroom_gib, hbm - used, 1e-9);
+  k.memory_reserve_gib = -1;  // the default: dp 8 is one communicator
+  auto def = simulateTraining(gpt(24, 4096, 32), k, node.net);
+  ASSERT_TRUE(def.isOk()) << def.status().message();
+  const double reserve = 0.5 + 16 * 2 * (4 + 4.7 + 0.5) / 1024 + 0.05 * used;
+  EXPECT_NEAR(def->memory.reserve_gib, reserve, 1e-9);
+  EXPECT_EQ(def->memory.communicators, 1);
+  EXPECT_NEAR(def->memory.headroom_gib, hbm - used - reserve, 1e-9);
+  k.memory_reserve_fraction = 0.1;
+  auto frac = simulateTraining(gpt(24, 4096, 32), k, node.net);
+  ASSERT_TRUE(frac.isOk());
+  EXPECT_NEAR(frac->memory.reserve_gib, 8, 1e-9);
+  // A reserve that leaves less than the layout needs: refused, and the
+  // message blames the reserve.
+  k.memory_reserve_fraction = 0, k.memory_reserve_gib = hbm - used + 0.1;
+  auto tight = simulateTraining(gpt(24, 4096, 32), k, node.net);
+  ASSERT_FALSE(tight.isOk());
+  EXPECT_NE(tight.status().message().find("reserve"), std::string::npos) << tight.status().message();
+  EXPECT_NE(tight.status().message().find("--memory-reserve"), std::string::npos) << tight.status().message();
+  double gib = 0, fraction = 0;
+  ASSERT_TRUE(parseMemoryReserve("6GiB", &gib, &fraction).isOk());
+  EXPECT_EQ(gib, 6);
+  ASSERT_TRUE(parseMemoryReserve("8%", &gib, &fraction).isOk());
+  EXPECT_DOUBLE_EQ(fraction, 0.08);
+  ASSERT_TRUE(parseMemoryReserve("default", &gib, &fraction).isOk());
+  EXPECT_LT(gib, 0);
+  for (const char* bad : {"x", "-1", "100%", "6 GiB"}) EXPECT_FALSE(parseMemoryReserve(bad, &gib, &fraction).isOk()) << bad;
+}
+
+// A memory error suggests only what the run can still change: never the
+// ZeRO stage it already has, nor more recomputation than full.
+TEST(SimMemory, HintsFollowTheFlagsGiven) {
+  OneNode node;
+  TrainConfig k = dp8(8, 2048);
+  k.zero = 3, k.recompute = Recompute::Full;
+  auto r = simulateTraining(gpt(96, 12288, 96), k, node.net);  // 175B on 8 GPUs: no ZeRO stage saves it
+  ASSERT_FALSE(r.isOk());
+  const std::string msg = r.status().message();
+  EXPECT_EQ(msg.find("--zero"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("--recompute"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("more tp/pp"), std::string::npos) << msg;
+  k.zero = 1, k.recompute = Recompute::None;
+  auto r1 = simulateTraining(gpt(96, 12288, 96), k, node.net);
+  ASSERT_FALSE(r1.isOk());
+  EXPECT_NE(r1.status().message().find("--zero 2"), std::string::npos) << r1.status().message();
+  EXPECT_NE(r1.status().message().find("--recompute selective/full"), std::string::npos) << r1.status().message();
+}
+
+// The search reports each layout's headroom, and counts and lists the layouts
+// it dropped for memory (the nearest misses first, each over the HBM by its own
+// figures); a larger reserve drops more.
+TEST(SimSearch, ReportsHeadroomAndTheLayoutsDroppedForMemory) {
+  OneNode node;
+  SearchConfig sc;
+  sc.gpus = 8, sc.global_batch = 16, sc.seq = 2048, sc.resimulate = 0;
+  const ModelSpec m = gpt(32, 6144, 48);
+  auto r = searchLayouts(m, sc, node.net);
+  ASSERT_TRUE(r.isOk()) << r.status().message();
+  for (const TrainReport& t : r->top) {
+    EXPECT_GE(t.memory.headroom_gib, 0);
+    EXPECT_NEAR(t.memory.headroom_gib, 80 - t.memory_gib_per_gpu - t.memory.reserve_gib, 1e-9);
+  }
+  EXPECT_GT(r->dropped_memory, 0);
+  EXPECT_LE(r->feasible + r->dropped_memory, r->candidates);
+  ASSERT_FALSE(r->dropped.empty());
+  for (size_t i = 0; i < r->dropped.size(); ++i) {
+    EXPECT_GT(r->dropped[i].memory_gib_per_gpu + r->dropped[i].memory.reserve_gib, 80);
+    if (i > 0) EXPECT_GE(r->dropped[i - 1].memory.headroom_gib, r->dropped[i].memory.headroom_gib);
+  }
+  sc.memory_reserve_gib = 20;
+  auto tight = searchLayouts(m, sc, node.net);
+  ASSERT_TRUE(tight.isOk()) << tight.status().message();
+  EXPECT_GT(tight->dropped_memory, r->dropped_memory);
+  for (const TrainReport& t : tight->top) EXPECT_LE(t.memory_gib_per_gpu, 60);
+}
+
 // ---- trace / schedule -----------------------------------------------------------
 
 TrainReport stageOnly(int pp, int vpp, int64_t mb, double f, double b) {

@@ -5,6 +5,11 @@
 // values; chorus-sim's command-line ranges.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
 #include <string>
 
 #include "sim/cli_args.hpp"
@@ -22,6 +27,13 @@ ModelSpec load(const std::string& dir) {
   auto m = loadModel(preset(dir));
   EXPECT_TRUE(m.isOk()) << dir << ": " << m.status().message();
   return m.isOk() ? *m : ModelSpec{};
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 std::string errorOf(const Result<ModelSpec>& r) { return r.isOk() ? "(parsed)" : r.status().message(); }
@@ -276,6 +288,53 @@ TEST(SimHfModel, UnsupportedFamiliesAndBadValuesAreClearErrors) {
   auto dir = loadModel(std::string(CHORUS_SOURCE_DIR) + "/configs");
   ASSERT_FALSE(dir.isOk());
   EXPECT_NE(dir.status().message().find("is a directory without a config.json"), std::string::npos);
+}
+
+// A model_type the simulator does not know, whose architectures[0] is a class
+// it does, is read as that family (Kimi K2 is DeepseekV3ForCausalLM): the
+// same shapes as DeepSeek-V3's config; an unknown type with an unknown class
+// is still refused, naming both.
+TEST(SimHfModel, ArchitecturesNameTheFamilyOfAnUnknownModelType) {
+  const ModelSpec v3 = load("DeepSeek-V3");
+  nlohmann::json j = nlohmann::json::parse(slurp(preset("DeepSeek-V3") + "/config.json"));
+  j["model_type"] = "kimi_k2";
+  j["architectures"] = {"DeepseekV3ForCausalLM"};
+  auto kimi = parseModel(j.dump(), "config.json");
+  ASSERT_TRUE(kimi.isOk()) << kimi.status().message();
+  EXPECT_EQ(kimi->params(), v3.params());
+  EXPECT_EQ(kimi->moe.experts, 256);
+  EXPECT_EQ(kimi->mla.kv_lora_rank, 512);
+  EXPECT_NE(kimi->source.find("kimi_k2"), std::string::npos);
+  j["architectures"] = {"KimiForCausalLM"};
+  auto unknown = parseModel(j.dump(), "config.json");
+  EXPECT_NE(errorOf(unknown).find("model_type 'kimi_k2' (architectures[0] = \"KimiForCausalLM\") is not supported"),
+            std::string::npos) << errorOf(unknown);
+}
+
+// A key the parser does not read, within an edit distance of 2 of one it
+// looked for and the file lacks, is refused with a did-you-mean: without it
+// num_key_value_head would leave Llama-3.1-70B with 64 KV heads (MHA,
+// 79.95 B instead of 70.6 B parameters, 8 x the KV cache).  Allowed, it is
+// ignored and listed with the keys not read; a key far from every known one
+// (rope_theta) is only listed.
+TEST(SimHfModel, AMisspeltKeyIsRefusedWithDidYouMean) {
+  nlohmann::json j = nlohmann::json::parse(slurp(preset("Llama-3.1-70B") + "/config.json"));
+  j["num_key_value_head"] = j["num_key_value_heads"];
+  j.erase("num_key_value_heads");
+  auto typo = parseModel(j.dump(), "config.json");
+  EXPECT_NE(errorOf(typo).find("unknown key 'num_key_value_head' (did you mean 'num_key_value_heads'?)"), std::string::npos)
+      << errorOf(typo);
+  EXPECT_NE(errorOf(typo).find("--allow-unknown-keys"), std::string::npos) << errorOf(typo);
+  auto allowed = parseModel(j.dump(), "config.json", "", /*allow_unknown_keys=*/true);
+  ASSERT_TRUE(allowed.isOk()) << allowed.status().message();
+  EXPECT_EQ(allowed->kv_heads, 64);  // the default: num_attention_heads
+  const auto& ig = allowed->ignored_keys;
+  EXPECT_NE(std::find(ig.begin(), ig.end(), "num_key_value_head"), ig.end());
+  // Every preset reads without a near miss.
+  for (const char* dir : {"DeepSeek-V2", "DeepSeek-V3", "Llama-3.1-405B", "Llama-3.1-70B", "Llama-3.1-8B",
+                          "Mistral-7B-v0.1", "Mixtral-8x7B-v0.1", "Qwen1.5-MoE-A2.7B", "Qwen2.5-7B", "Qwen3-235B-A22B",
+                          "Qwen3-30B-A3B", "Qwen3-32B", "gemma-2-9b", "gemma-3-27b-it", "gpt-oss-120b"})
+    EXPECT_TRUE(loadModel(preset(dir)).isOk()) << dir;
 }
 
 // `chorus-sim model`'s figures, derived by hand.
