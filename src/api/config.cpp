@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "bootstrap/wire_protect.hpp"
 #include "common/env.hpp"
 #include "kernels/quantize.hpp"
 #include "transport/registry.hpp"
@@ -84,6 +85,7 @@ Result<Config> parseConfig(const Lookup& lookup) {
     c.compress.block = f.block;
   }
 
+  CHORUS_ASSIGN_OR_RETURN(c.net.wire_protect, auth::parseWireProtect(r.str("CHORUS_WIRE_PROTECT")));
   c.net.socket_ifname = r.str("CHORUS_SOCKET_IFNAME");
   c.net.host_id = r.str("CHORUS_HOST_ID");
   // Any registered transport (transport/registry.hpp): it serves every

@@ -9,6 +9,8 @@
 // stop replay of a recorded handshake.
 #include "bootstrap/auth.hpp"
 
+#include "bootstrap/wire_protect.hpp"
+
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -196,6 +198,7 @@ Status ServerHandshakeMachine::consume(std::span<const std::byte> data) {
     const std::span<const std::byte> server_parts[] = {asBytes("server"), nonce_c, nonce_s};
     proof_ = hmac(secret, server_parts);
     hello_.assign(hello.begin(), hello.end());
+    std::memcpy(nonce_c_.data(), nonce_c.data(), kNonceBytes);
   }
   OPENSSL_cleanse(secret.bytes.data(), secret.bytes.size());
   if (!ok) {
@@ -204,6 +207,17 @@ Status ServerHandshakeMachine::consume(std::span<const std::byte> data) {
   }
   done_ = true;
   return {};
+}
+
+SessionKeys ServerHandshakeMachine::sessionKeys() const {
+  if (!done_) return {};
+  Secret secret;
+  secret.bytes = key_;
+  secret.present = key_present_;
+  SessionKeys k =
+      deriveSessionKeys(secret, nonce_c_, std::span<const std::byte>(greeting_.data() + 5, kNonceBytes), false);
+  OPENSSL_cleanse(secret.bytes.data(), secret.bytes.size());
+  return k;
 }
 
 Result<std::vector<std::byte>> serverHandshake(int fd, const Secret& secret, net::Clock::time_point deadline) {
@@ -223,7 +237,7 @@ Result<std::vector<std::byte>> serverHandshake(int fd, const Secret& secret, net
 }
 
 Status clientHandshake(int fd, const Secret& secret, std::span<const std::byte> hello,
-                       net::Clock::time_point deadline) {
+                       net::Clock::time_point deadline, SessionKeys* keys) {
   if (hello.size() > kMaxHello)
     return invalidArgument("authentication hello of {} bytes exceeds the limit of {}", hello.size(), kMaxHello);
   const std::string peer = peerName(fd);
@@ -265,6 +279,7 @@ Status clientHandshake(int fd, const Secret& secret, std::span<const std::byte> 
   auto expect = hmac(secret, server_parts);
   if (!equalMac(expect, mac_s))
     return remoteError("authentication failed (client): {} did not prove the job secret ({})", peer, kHint);
+  if (keys != nullptr) *keys = deriveSessionKeys(secret, nonce_c, nonce_s, true);
   return {};
 }
 

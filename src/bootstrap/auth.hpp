@@ -44,9 +44,14 @@ struct Secret {
 // wrong MAC, malformed data, or when the deadline passes.
 Result<std::vector<std::byte>> serverHandshake(int fd, const Secret& secret, net::Clock::time_point deadline);
 
+// This end's keys for the connection's later bytes (wire_protect.hpp),
+// derived from the secret and both nonces.
+struct SessionKeys;
+
 // Run on a connected socket.  Fails if the server does not prove the secret.
+// With `keys`, also derives this (client) end's session keys.
 Status clientHandshake(int fd, const Secret& secret, std::span<const std::byte> hello,
-                       net::Clock::time_point deadline);
+                       net::Clock::time_point deadline, SessionKeys* keys = nullptr);
 
 // The server side of the handshake as a state machine, for event loops that
 // must not block on one peer (the store server serves many clients on one
@@ -74,6 +79,8 @@ class ServerHandshakeMachine {
   [[nodiscard]] std::span<const std::byte> proof() const { return proof_; }
   // The client's authenticated hello, once done().
   std::vector<std::byte> takeHello() { return std::move(hello_); }
+  // This (server) end's session keys, once done().
+  [[nodiscard]] SessionKeys sessionKeys() const;
 
  private:
   std::array<std::byte, kSecretBytes> key_{};
@@ -86,6 +93,7 @@ class ServerHandshakeMachine {
   Status failed_;
   std::array<std::byte, 32> proof_{};
   std::vector<std::byte> hello_;
+  std::array<std::byte, 32> nonce_c_{};
 };
 
 // HMAC-SHA256 of the concatenated parts (exposed for tests and the fuzzers).

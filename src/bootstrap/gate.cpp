@@ -243,7 +243,7 @@ void Gate::drive(Pending& p, short revents) {
     return;
   }
   if (p.hs.done()) {  // the proof is out: admitted
-    admitted_.push_back(Admitted{std::move(p.fd), p.peer, p.hs.takeHello()});
+    admitted_.push_back(Admitted{std::move(p.fd), p.peer, p.hs.takeHello(), p.hs.sessionKeys()});
     p.dead = true;
     return;
   }

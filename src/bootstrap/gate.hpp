@@ -38,6 +38,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "bootstrap/socket.hpp"
+#include "bootstrap/wire_protect.hpp"
 
 namespace chorus::auth {
 
@@ -102,6 +103,7 @@ struct Admitted {
   net::Fd fd;
   std::string peer;
   std::vector<std::byte> hello;
+  SessionKeys keys;  // this (server) end's, for wire protection
 };
 
 class Gate {

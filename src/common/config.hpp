@@ -38,6 +38,10 @@ struct CompressDefault {
   bool operator==(const CompressDefault&) const = default;
 };
 
+// Protection of a connection's bytes after its handshake (CHORUS_WIRE_PROTECT;
+// bootstrap/wire_protect.hpp).
+enum class WireProtect : uint8_t { kOff = 0, kMac = 1, kEncrypt = 2 };
+
 struct Config {
   std::chrono::milliseconds timeout{600000};  // CHORUS_TIMEOUT_MS: every operation and init
   bool check = false;                         // CHORUS_CHECK: signature exchange before every collective
@@ -45,6 +49,9 @@ struct Config {
   CompressDefault compress;                        // CHORUS_COMPRESS: off, bf16, fp8[:BLOCK]
 
   struct Net {
+    // CHORUS_WIRE_PROTECT: the TCP transport's bytes after the handshake
+    // (bootstrap/wire_protect.hpp): as they are, sealed with a MAC, or encrypted.
+    WireProtect wire_protect = WireProtect::kOff;
     std::string socket_ifname;  // CHORUS_SOCKET_IFNAME: "" = the interface routing to the master
     std::string host_id;        // CHORUS_HOST_ID: "" = the machine's identity alone
     // CHORUS_TRANSPORT: a registered transport's name (transport/registry.hpp),

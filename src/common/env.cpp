@@ -19,6 +19,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_SECRET_FILE",     "", "a file of 64 hex digits (mode 0600, this user's) holding the job secret, when CHORUS_SECRET is unset: one on a shared file system serves ranks on many hosts"},
   {"CHORUS_SECRET_DIR",      "", "where ranks that all run on one host keep their per-job secret file without CHORUS_SECRET (a directory of this user's, mode 0700); default $XDG_RUNTIME_DIR, else /tmp/chorus-<uid>"},
   {"CHORUS_REQUIRE_SECRET",  "0", "1: refuse to initialise from the environment without a job secret (CHORUS_SECRET, CHORUS_SECRET_FILE, or the per-job file of a one-host job)"},
+  {"CHORUS_WIRE_PROTECT",    "off", "the TCP transport's bytes after each connection's handshake: off, mac (every record carries an AES-GCM tag under per-connection keys: a changed, dropped, replayed or reordered byte breaks the connection with an error naming the peer), encrypt (the same, and the payload is encrypted); needs a job secret; all ranks alike"},
   {"CHORUS_SOCKET_IFNAME",   "", "network interface for the store and TCP data connections (e.g. eth0); default: the one routing to the master"},
   {"CHORUS_HOST_ID",         "", "ranks whose values differ are on different hosts even on one machine (TCP between them, as NCCL_HOSTID): for tests of multi-host plans"},
   {"CHORUS_TRANSPORT",       "auto", "auto: each peer's most preferred registered transport (shared memory between ranks of one host, TCP across hosts); a registered transport's name (shm, tcp, ...): that one first, for every peer it can reach"},

@@ -76,7 +76,8 @@ TEST(ConfigParse, EveryKnobReadIsInTheTableAndEveryTableKnobIsRead) {
   }
   // The job's own knobs are read by bootstrap::readEnvJob, not into Config.
   const std::set<std::string> job = {"CHORUS_RANK",   "CHORUS_WORLD_SIZE", "CHORUS_LOCAL_RANK",    "CHORUS_MASTER_ADDR",
-                                     "CHORUS_MASTER_PORT", "CHORUS_SECRET", "CHORUS_REQUIRE_SECRET"};
+                                     "CHORUS_MASTER_PORT", "CHORUS_SECRET", "CHORUS_REQUIRE_SECRET",
+                                     "CHORUS_SECRET_FILE", "CHORUS_SECRET_DIR"};
   for (const env::Knob& k : env::knobs()) {
     const std::string name(k.name);
     EXPECT_TRUE(asked.count(name) || job.count(name)) << name << " is in the table but nothing reads it";

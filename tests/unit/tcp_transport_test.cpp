@@ -2,9 +2,11 @@
 // exchange patterns, FIFO order across sizes, reductions, striping, length
 // mismatches, strangers during setup, peer close, abort and wake.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cstring>
 #include <deque>
@@ -55,14 +57,18 @@ TcpSetup setupFor(int rank, int nranks, int sockets = 1, uint64_t rendezvous_byt
 
 // Creates one transport per rank, concurrently (setup is collective).
 // rendezvous: per rank CHORUS_TCP_RENDEZVOUS_BYTES (empty: the default).
+// tweak (optional) changes each rank's setup before it is used.
 std::vector<TransportPtr> createAll(int nranks, bootstrap::Store& store, int sockets = 1,
-                                    std::vector<uint64_t> rendezvous = {}) {
+                                    std::vector<uint64_t> rendezvous = {},
+                                    const std::function<void(TcpSetup&)>& tweak = {}) {
   std::vector<TransportPtr> out(static_cast<size_t>(nranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < nranks; ++r)
     threads.emplace_back([&, r] {
       uint64_t rdv = rendezvous.empty() ? 65536 : rendezvous[static_cast<size_t>(r)];
-      auto t = createTcpTransport(setupFor(r, nranks, sockets, rdv), store);
+      TcpSetup setup = setupFor(r, nranks, sockets, rdv);
+      if (tweak) tweak(setup);
+      auto t = createTcpTransport(setup, store);
       EXPECT_TRUE(t.isOk()) << "rank " << r << ": " << t.status().message();
       if (t.isOk()) out[static_cast<size_t>(r)] = std::move(*t);
     });
@@ -765,6 +771,172 @@ TEST(TcpTransport, SetupTimeoutNamesTheStrangersSeen) {
   EXPECT_NE(m.find("ranks 0"), std::string::npos) << m;
   EXPECT_NE(m.find("refused"), std::string::npos) << m;
   EXPECT_NE(m.find("failed authentication"), std::string::npos) << m;
+}
+
+// ---- CHORUS_WIRE_PROTECT (bootstrap/wire_protect.hpp) ----
+
+using auth::WireProtect;
+
+// Sealed connections carry every size, striped over several sockets, eager
+// and through rendezvous, in both modes.
+class TcpProtected : public ::testing::TestWithParam<std::tuple<WireProtect, int>> {};
+
+TEST_P(TcpProtected, EveryPairExchangesEverySize) {
+  const auto [mode, sockets] = GetParam();
+  bootstrap::MemoryStore store;
+  auto ts = createAll(3, store, sockets, {}, [mode = mode](TcpSetup& s) { s.protect = mode; });
+  ASSERT_TRUE(std::all_of(ts.begin(), ts.end(), [](auto& t) { return t != nullptr; }));
+  exchangeAll(ts, {0, 1, 7, 4096, 70000, 300000, size_t{3} << 20});
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TcpProtected,
+                         ::testing::Combine(::testing::Values(WireProtect::kMac, WireProtect::kEncrypt),
+                                            ::testing::Values(1, 2)));
+
+TEST(TcpTransport, RanksThatDisagreeOnWireProtectionFailNamingIt) {
+  bootstrap::MemoryStore store;
+  std::vector<Status> st(2);
+  runRanks(2, [&](int r) {
+    TcpSetup s = setupFor(r, 2);
+    s.protect = r == 0 ? WireProtect::kMac : WireProtect::kOff;
+    s.timeout = 3s;
+    auto t = createTcpTransport(s, store);
+    st[static_cast<size_t>(r)] = t.status();
+  });
+  EXPECT_FALSE(st[0].isOk());
+  EXPECT_FALSE(st[1].isOk());
+  EXPECT_NE((st[0].message() + st[1].message()).find("CHORUS_WIRE_PROTECT"), std::string::npos)
+      << st[0].message() << " / " << st[1].message();
+  TcpSetup nosecret = setupFor(0, 2);
+  nosecret.secret = auth::Secret();
+  nosecret.protect = WireProtect::kEncrypt;
+  auto t = createTcpTransport(nosecret, store);
+  ASSERT_FALSE(t.isOk());
+  EXPECT_NE(t.status().message().find("needs a job secret"), std::string::npos) << t.status().message();
+}
+
+// An on-path relay: passes everything through, but flips one bit of the
+// connector's stream at offset flip_at (past the handshake, inside the
+// first message's payload).
+class Relay {
+ public:
+  Relay(const net::SockAddr& target, size_t flip_at) : target_(target), flip_at_(flip_at) {
+    auto l = net::listenOn(*net::resolve("127.0.0.1", 0));
+    EXPECT_TRUE(l.isOk());
+    listener_ = std::move(*l);
+    addr_ = *net::boundAddress(listener_.get());
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Relay() {
+    stop_ = true;
+    thread_.join();
+  }
+  [[nodiscard]] const net::SockAddr& address() const { return addr_; }
+  [[nodiscard]] bool flipped() const { return flipped_.load(); }
+
+ private:
+  void run() {
+    auto a = net::acceptUntil(listener_.get(), Clock::now() + 20s);
+    if (!a.isOk()) return;
+    auto b = net::connectTo(target_, Clock::now() + 5s);
+    if (!b.isOk()) return;
+    int fds[2] = {a->get(), b->get()};  // client side, server side
+    size_t c2s = 0;
+    std::vector<std::byte> buf(65536);
+    while (!stop_) {
+      pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+      if (::poll(p, 2, 50) <= 0) continue;
+      for (int i = 0; i < 2; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        ssize_t n = ::recv(fds[i], buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n <= 0) return;
+        if (i == 0) {
+          if (flip_at_ >= c2s && flip_at_ < c2s + static_cast<size_t>(n)) {
+            buf[flip_at_ - c2s] ^= std::byte{0x80};
+            flipped_ = true;
+          }
+          c2s += static_cast<size_t>(n);
+        }
+        if (!net::writeAll(fds[1 - i], std::span(buf.data(), static_cast<size_t>(n)), Clock::now() + 5s).isOk())
+          return;
+      }
+    }
+  }
+  net::SockAddr target_, addr_;
+  size_t flip_at_;
+  net::Fd listener_;
+  std::atomic<bool> stop_{false}, flipped_{false};
+  std::thread thread_;
+};
+
+// The store rank 0 reads rank 1's address from: it hands out the relay's.
+class RelayStore final : public bootstrap::Store {
+ public:
+  explicit RelayStore(size_t flip_at) : flip_at_(flip_at) {}
+  Status set(std::string_view key, std::span<const std::byte> value) override {
+    if (key == "tcp/1" && value.size() == sizeof(net::SockAddr)) {
+      net::SockAddr real;
+      std::memcpy(&real, value.data(), sizeof real);
+      relay_ = std::make_unique<Relay>(real, flip_at_);
+      net::SockAddr fake = relay_->address();
+      return base_.set(key, std::as_bytes(std::span(&fake, 1)));
+    }
+    return base_.set(key, value);
+  }
+  Result<bootstrap::Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override {
+    return base_.get(key, timeout);
+  }
+  Result<int64_t> add(std::string_view key, int64_t delta) override { return base_.add(key, delta); }
+  [[nodiscard]] bool flipped() const { return relay_ && relay_->flipped(); }
+
+ private:
+  size_t flip_at_;
+  bootstrap::MemoryStore base_;
+  std::unique_ptr<Relay> relay_;
+};
+
+// What the attack does: without protection the flipped bit lands in rank
+// 1's buffer silently; with mac or encrypt rank 1's receive fails naming
+// rank 0 and the integrity check, and rank 0's next receive fails naming
+// rank 1 (the connection is gone).
+TEST(TcpTransport, AnOnPathBitFlipIsSilentWithoutProtectionAndAnErrorWithIt) {
+  // Connector's stream: the handshake's 90 bytes (nonce 32, length 2, hello
+  // 24, MAC 32), then the first message: a 24-byte header and its payload.
+  constexpr size_t kFlipAt = 90 + 24 + 1000;
+  for (WireProtect mode : {WireProtect::kOff, WireProtect::kMac, WireProtect::kEncrypt}) {
+    SCOPED_TRACE(std::string(auth::wireProtectName(mode)));
+    RelayStore store(kFlipAt);
+    auto ts = createAll(2, store, 1, {}, [mode](TcpSetup& s) { s.protect = mode; });
+    ASSERT_TRUE(ts[0] && ts[1]);
+    auto data = pattern(60000, 0, 1, 0);  // eager (below the 65536-byte rendezvous): one header
+    std::vector<std::byte> got(data.size());
+    Request send, recv;
+    ASSERT_TRUE(ts[0]->postSend(1, data.data(), data.size(), &send).isOk());
+    ASSERT_TRUE(ts[1]->postRecv(0, RecvTarget{got.data(), got.size()}, &recv).isOk());
+    Driven d0, d1;
+    std::thread t0([&] { d0 = drive(*ts[0], {&send}, 10s); });
+    d1 = drive(*ts[1], {&recv}, 10s);
+    t0.join();
+    ASSERT_TRUE(store.flipped()) << "the relay did not see the byte it flips";
+    ASSERT_TRUE(d1.all_finished);
+    if (mode == WireProtect::kOff) {
+      EXPECT_EQ(recv.state.load(), Request::Done);
+      EXPECT_EQ(firstBad(got, 0, 1, 0), 1000) << "the flipped bit arrives unnoticed";
+      continue;
+    }
+    EXPECT_EQ(recv.state.load(), Request::Failed);
+    EXPECT_NE(recv.status.message().find("rank 0"), std::string::npos) << recv.status.message();
+    EXPECT_NE(recv.status.message().find("integrity check"), std::string::npos) << recv.status.message();
+    // Rank 0 learns it too: its next receive from rank 1 fails naming rank 1.
+    std::vector<std::byte> back(16);
+    Request again;
+    (void)ts[0]->postRecv(1, RecvTarget{back.data(), back.size()}, &again);
+    ts[1].reset();  // rank 1 gives up on the broken connection
+    Driven d = drive(*ts[0], {&again}, 10s);
+    ASSERT_TRUE(d.all_finished);
+    EXPECT_EQ(again.state.load(), Request::Failed);
+    EXPECT_NE(again.status.message().find("rank 1"), std::string::npos) << again.status.message();
+  }
 }
 
 TEST(TcpTransport, SetupTimesOutNamingTheMissingRank) {

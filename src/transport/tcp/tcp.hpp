@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bootstrap/auth.hpp"
+#include "bootstrap/wire_protect.hpp"
 #include "bootstrap/socket.hpp"
 #include "bootstrap/store.hpp"
 #include "transport/transport.hpp"
@@ -42,6 +43,10 @@ struct TcpSetup {
   // pair, for their frames only (tcp_wire.hpp).  Both ends must agree.  Off:
   // rma() is nullptr and the connections are as before.
   bool rma = false;
+  // Every connection's bytes after its handshake (bootstrap/wire_protect.hpp):
+  // sealed in records with per-connection keys (mac, encrypt), or as they are.
+  // Both ends must agree; anything but kOff needs secret.present.
+  auth::WireProtect protect = auth::WireProtect::kOff;
   std::chrono::microseconds spin{50};  // a wait polls this long before it blocks (Config::spin)
   std::chrono::milliseconds timeout{600000};  // for connection setup
 };

@@ -27,6 +27,7 @@ void registerTransport(TransportRegistry& r) {
     s.rendezvous_bytes = cfg.tcp.rendezvous_bytes;
     s.heartbeat_ms = cfg.tcp.heartbeat_ms;
     s.rma = cfg.tcp.rma;
+    s.protect = cfg.net.wire_protect;
     s.spin = cfg.spin;
     s.timeout = cfg.timeout;
     auto t = createTcpTransport(s, *c.store);

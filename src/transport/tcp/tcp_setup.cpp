@@ -59,6 +59,10 @@ std::chrono::milliseconds remaining(Clock::time_point deadline) {
 
 Status validate(const TcpSetup& s) {
   if (s.rank < 0) return invalidArgument("tcp transport: rank {} is negative", s.rank);
+  if (s.protect != auth::WireProtect::kOff && !s.secret.present)
+    return invalidArgument("tcp transport: CHORUS_WIRE_PROTECT={} needs a job secret (its keys derive from it); set "
+                           "CHORUS_SECRET or launch with chorus-run",
+                           auth::wireProtectName(s.protect));
   if (s.sockets_per_peer < 1 || s.sockets_per_peer > kMaxSocketsPerPeer)
     return invalidArgument("tcp transport: sockets_per_peer={} is outside [1, {}] (check CHORUS_TCP_SOCKETS)",
                            s.sockets_per_peer, kMaxSocketsPerPeer);
@@ -83,6 +87,7 @@ class Acceptor {
     for (size_t i = 0; i < links.size(); ++i)
       if (links[i].rank < setup.rank) {
         links[i].socks.resize(static_cast<size_t>(setup.sockets_per_peer));
+        links[i].keys.resize(static_cast<size_t>(setup.sockets_per_peer));
         expected_ += static_cast<size_t>(setup.sockets_per_peer) + (setup.rma ? 1 : 0);
       }
   }
@@ -142,6 +147,15 @@ class Acceptor {
     if (h.comm_id != setup_.comm_id)
       return remoteError("hello names communicator {:#x}, this is {:#x} (a rank of another communicator?)", h.comm_id,
                          setup_.comm_id);
+    const int32_t protect = static_cast<int32_t>(setup_.protect) << kHelloProtectShift;
+    if ((h.nsockets & kHelloProtectMask) != protect)
+      return remoteError("rank {} protects its connections' bytes with CHORUS_WIRE_PROTECT={}, this rank with {} (set "
+                         "it alike on all ranks)",
+                         h.rank,
+                         auth::wireProtectName(static_cast<auth::WireProtect>((h.nsockets & kHelloProtectMask) >>
+                                                                              kHelloProtectShift)),
+                         auth::wireProtectName(setup_.protect));
+    h.nsockets &= ~kHelloProtectMask;
     const int32_t want = setup_.sockets_per_peer | (setup_.rma ? kHelloRmaBit : 0);
     if (h.nsockets != want && (h.nsockets & ~kHelloRmaBit) == setup_.sockets_per_peer)
       return remoteError("rank {} {} a one-sided (RMA) connection, this rank {} (enable the TCP transport's one-sided "
@@ -164,6 +178,10 @@ class Acceptor {
     CHORUS_RETURN_IF_ERROR(net::setNonBlocking(a.fd.get(), false));
     it->addr = a.peer;
     slot = std::move(a.fd);
+    if (h.index == setup_.sockets_per_peer)
+      it->rma_keys = a.keys;
+    else
+      it->keys[static_cast<size_t>(h.index)] = a.keys;
     return {};
   }
 
@@ -194,20 +212,22 @@ class Acceptor {
 };
 
 Status connectOne(const TcpSetup& setup, const net::SockAddr& addr, int peer, int index, Clock::time_point deadline,
-                  net::Fd& out) {
+                  net::Fd& out, auth::SessionKeys& keys) {
   CHORUS_ASSIGN_OR_RETURN(net::Fd fd, net::connectTo(addr, deadline));
   Hello h;
   h.comm_id = setup.comm_id;
   h.rank = setup.rank;
   h.index = index;
-  h.nsockets = setup.sockets_per_peer | (setup.rma ? kHelloRmaBit : 0);
-  CHORUS_RETURN_IF_ERROR(auth::clientHandshake(fd.get(), setup.secret, std::as_bytes(std::span(&h, 1)), deadline));
+  h.nsockets = setup.sockets_per_peer | (setup.rma ? kHelloRmaBit : 0) |
+               static_cast<int32_t>(setup.protect) << kHelloProtectShift;
+  CHORUS_RETURN_IF_ERROR(
+      auth::clientHandshake(fd.get(), setup.secret, std::as_bytes(std::span(&h, 1)), deadline, &keys));
   uint32_t ack = 0;
   Status s = net::readAll(fd.get(), std::as_writable_bytes(std::span(&ack, 1)), deadline);
   if (!s.isOk() || ack != kAck)
     return remoteError(
         "rank {} refused socket {} after authentication (its log says why: another communicator, or "
-        "different CHORUS_TCP_SOCKETS, or one-sided operations enabled on one side only?){}{}",
+        "different CHORUS_TCP_SOCKETS or CHORUS_WIRE_PROTECT, or one-sided operations enabled on one side only?){}{}",
         peer, index, s.isOk() ? "" : ": ", s.message());
   out = std::move(fd);
   return {};
@@ -229,9 +249,12 @@ Status connectHigher(const TcpSetup& setup, bootstrap::Store& store, std::vector
     std::memcpy(&addr, raw.data(), sizeof addr);
     link.addr = addr.toString();
     link.socks.resize(static_cast<size_t>(setup.sockets_per_peer));
+    link.keys.resize(static_cast<size_t>(setup.sockets_per_peer));
     for (int k = 0; k < setup.sockets_per_peer + (setup.rma ? 1 : 0); ++k) {
-      net::Fd& slot = k == setup.sockets_per_peer ? link.rma : link.socks[static_cast<size_t>(k)];
-      Status s = connectOne(setup, addr, link.rank, k, deadline, slot);
+      const bool rma = k == setup.sockets_per_peer;
+      net::Fd& slot = rma ? link.rma : link.socks[static_cast<size_t>(k)];
+      auth::SessionKeys& keys = rma ? link.rma_keys : link.keys[static_cast<size_t>(k)];
+      Status s = connectOne(setup, addr, link.rank, k, deadline, slot, keys);
       if (!s.isOk())
         return s.withContext(fmt::format("tcp transport setup: rank {} connecting to rank {} at {}: ", setup.rank,
                                          link.rank, link.addr));

@@ -16,6 +16,10 @@ struct PeerLink {
   std::string addr;  // the peer's address, for error messages
   std::vector<net::Fd> socks;
   net::Fd rma;  // with TcpSetup::rma: the one-sided connection (hello index = sockets_per_peer)
+  // This end's session keys of each connection (socks, then rma), for
+  // TcpSetup::protect.
+  std::vector<auth::SessionKeys> keys;
+  auth::SessionKeys rma_keys;
 };
 
 // Collective over setup.rank and setup.peers (see tcp_setup.cpp for the

@@ -66,6 +66,7 @@
 #include <deque>
 #include <mutex>
 
+#include "bootstrap/wire_protect.hpp"
 #include "common/log.hpp"
 #include "transport/rma.hpp"
 #include "transport/tcp/tcp.hpp"
@@ -87,6 +88,28 @@ ssize_t sendIov(int fd, iovec* iov, int cnt) {
   } while (n < 0 && errno == EINTR);
   return n;
 }
+
+// A connection's I/O, through its record layer when CHORUS_WIRE_PROTECT
+// seals it (bootstrap/wire_protect.hpp: the same semantics as the calls).
+inline ssize_t ioWritev(auth::SealedStream* sealed, int fd, iovec* iov, int cnt) {
+  return sealed != nullptr ? sealed->writev(fd, iov, cnt) : sendIov(fd, iov, cnt);
+}
+inline ssize_t ioReadv(auth::SealedStream* sealed, int fd, iovec* iov, int cnt) {
+  if (sealed != nullptr) return sealed->readv(fd, iov, cnt);
+  ssize_t n;
+  do {
+    n = ::readv(fd, iov, cnt);
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
+inline ssize_t ioRecv(auth::SealedStream* sealed, int fd, void* buf, size_t len) {
+  iovec iov{buf, len};
+  return ioReadv(sealed, fd, &iov, 1);
+}
+// Sealed bytes taken but not sent yet: the connection wants POLLOUT.
+inline bool sealedPending(const std::unique_ptr<auth::SealedStream>& s) { return s && s->outPending(); }
+// Plaintext already read ahead: readable without the socket.
+inline bool sealedBuffered(const std::unique_ptr<auth::SealedStream>& s) { return s && s->inBuffered(); }
 
 using tcp::FrameHeader;
 using tcp::kHeaderBytes;
@@ -135,6 +158,7 @@ struct Entry {
 
 struct Sock {
   net::Fd fd;
+  std::unique_ptr<auth::SealedStream> sealed;  // CHORUS_WIRE_PROTECT: the record layer over fd
   int index = 0;
   uint32_t epoll_mask = 0;  // registered events in the wait set; 0 = not in it
   bool readable = true;     // poll(): may have data (the hint set said so, or no hint was taken)
@@ -181,6 +205,7 @@ constexpr uint64_t kRmaPassBytes = 4 << 20;  // per peer and direction per poll(
 // A pair's one-sided connection (tcp_wire.hpp).
 struct RmaLink {
   net::Fd fd;
+  std::unique_ptr<auth::SealedStream> sealed;  // CHORUS_WIRE_PROTECT
   bool closed = false;  // the peer closed it while nothing was outstanding (its transport is gone)
   uint32_t epoll_mask = 0;
   // Origin: our operations in post order until answered; ops[0, written)
@@ -208,7 +233,9 @@ struct RmaLink {
   uint32_t region = 0;
   uint64_t generation = 0;
 
-  [[nodiscard]] bool txPending() const { return tx_queue != 0 || !answers.empty() || written < ops.size(); }
+  [[nodiscard]] bool txPending() const {
+    return tx_queue != 0 || !answers.empty() || written < ops.size() || sealedPending(sealed);
+  }
   [[nodiscard]] bool busy() const { return !ops.empty() || txPending() || in_payload || off < len; }
 };
 
@@ -461,6 +488,9 @@ class TcpTransport final : public Transport, public PostedRma {
   // connection (input always, output while something waits to go out) and
   // is itself in epoll_ (kRmaTag).
   const bool rma_enabled_;
+ public:
+  auth::WireProtect protect_ = auth::WireProtect::kOff;  // set before init()
+ private:
   RegionTable regions_;
   std::deque<std::pair<int, uint64_t>> notes_;  // notifications not taken yet
   net::Fd rma_epoll_;
@@ -515,6 +545,8 @@ inline Status TcpTransport::init(std::vector<tcp::PeerLink> links, std::chrono::
       Sock& s = p.socks[k];
       s.fd = std::move(links[i].socks[k]);
       s.index = static_cast<int>(k);
+      if (protect_ != auth::WireProtect::kOff)
+        s.sealed = std::make_unique<auth::SealedStream>(protect_, links[i].keys.at(k));
       CHORUS_RETURN_IF_ERROR(net::setNonBlocking(s.fd.get(), true));
       CHORUS_RETURN_IF_ERROR(net::setNoDelay(s.fd.get()));
       tuneBuffers(s.fd.get());
@@ -532,6 +564,8 @@ inline Status TcpTransport::init(std::vector<tcp::PeerLink> links, std::chrono::
         return internalError("tcp transport rank {}: no one-sided connection to rank {}", rank_, p.rank);
       RmaLink& l = p.rma;
       l.fd = std::move(links[i].rma);
+      if (protect_ != auth::WireProtect::kOff)
+        l.sealed = std::make_unique<auth::SealedStream>(protect_, links[i].rma_keys);
       CHORUS_RETURN_IF_ERROR(net::setNonBlocking(l.fd.get(), true));
       CHORUS_RETURN_IF_ERROR(net::setNoDelay(l.fd.get()));
       tuneBuffers(l.fd.get());
@@ -643,6 +677,9 @@ inline void TcpTransport::wait(std::chrono::microseconds timeout) {
     if (p.failed) continue;
     // Pushed-back bytes are readable without the socket: poll() can move them now.
     if (p.pushback_len > 0 && (p.frameWanted() || !p.socks[0].rx.empty())) return;
+    // So is plaintext the record layer read ahead.
+    for (Sock& s : p.socks)
+      if (sealedBuffered(s.sealed) && (!s.rx.empty() || (s.index == 0 && p.frameWanted()))) return;
     for (Sock& s : p.socks) {
       uint32_t want = 0;
       if (hasWritable(p, s)) want |= EPOLLOUT;
@@ -825,7 +862,7 @@ inline Status TcpTransport::progressPeer(Peer& p, bool& moved) {
     }
   }
   for (Sock& s : p.socks) {
-    if (!s.readable && !(s.index == 0 && p.pushback_len > 0)) continue;
+    if (!s.readable && !(s.index == 0 && p.pushback_len > 0) && !sealedBuffered(s.sealed)) continue;
     for (;;) {
       int r = 0;
       if (!s.rx.empty()) {
@@ -862,6 +899,7 @@ inline bool TcpTransport::atBoundary(const Sock& s) {
 }
 
 inline bool TcpTransport::hasWritable(const Peer& p, const Sock& s) {
+  if (sealedPending(s.sealed)) return true;
   if (s.index == 0 && (p.ctl_active || (p.grant_want > p.grant_sent && atBoundary(s)))) return true;
   return !s.tx.empty() && s.tx[0].done < sendLimit(p, s.tx[0], s.index);
 }
@@ -870,6 +908,11 @@ inline bool TcpTransport::hasWritable(const Peer& p, const Sock& s) {
 // header first).  Returns 0 when it would block or nothing may be written,
 // 1 after a partial write, 2 when everything offered went.
 inline Result<int> TcpTransport::writeSome(Peer& p, Sock& s) {
+  if (sealedPending(s.sealed)) {  // sealed bytes of earlier writes go first
+    const int f = s.sealed->flush(s.fd.get());
+    if (f < 0) return connectionError(p, s, errno);
+    if (f == 0) return 0;
+  }
   std::array<iovec, kMaxIov> iov;
   int cnt = 0;
   size_t offered = 0;
@@ -913,7 +956,7 @@ inline Result<int> TcpTransport::writeSome(Peer& p, Sock& s) {
     }
   }
   if (cnt == 0) return 0;
-  const ssize_t n = sendIov(s.fd.get(), iov.data(), cnt);
+  const ssize_t n = ioWritev(s.sealed.get(), s.fd.get(), iov.data(), cnt);
   if (n < 0) {
     int err = errno;
     if (err == EAGAIN || err == EWOULDBLOCK) return 0;
@@ -968,7 +1011,7 @@ inline Result<int> TcpTransport::readFrame(Peer& p) {
                          std::min<size_t>(p.stage_len - kHeaderBytes, h.length));
       while (reason.size() < h.length) {
         char more[tcp::kMaxAbortReason];
-        ssize_t got = ::recv(p.socks[0].fd.get(), more, h.length - reason.size(), MSG_DONTWAIT);
+        ssize_t got = ioRecv(p.socks[0].sealed.get(), p.socks[0].fd.get(), more, h.length - reason.size());
         if (got <= 0) break;
         reason.append(more, static_cast<size_t>(got));
       }
@@ -1196,10 +1239,7 @@ inline Result<size_t> TcpTransport::readv(Peer& p, Sock& s, iovec* iov, int cnt)
     }
     return total;
   }
-  ssize_t n;
-  do {
-    n = ::readv(s.fd.get(), iov, cnt);
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n = ioReadv(s.sealed.get(), s.fd.get(), iov, cnt);
   if (n > 0) return static_cast<size_t>(n);
   if (n == 0) {
     size_t asked = 0;
@@ -1233,7 +1273,10 @@ inline std::string TcpTransport::pendingAbortReason(const Peer& p, uint64_t* cod
   // Grants (CTS headers) not read yet may come first.
   constexpr size_t kSkip = 8;
   std::array<char, (kSkip + 1) * sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
-  const ssize_t got = ::recv(p.socks[0].fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+  const ssize_t got = p.socks[0].sealed
+                          ? static_cast<ssize_t>(p.socks[0].sealed->peek(
+                                p.socks[0].fd.get(), std::as_writable_bytes(std::span(buf.data(), buf.size()))))
+                          : ::recv(p.socks[0].fd.get(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
   if (got <= 0) return {};
   const auto n = static_cast<size_t>(got);
   size_t at = 0;
@@ -1254,6 +1297,10 @@ inline std::string TcpTransport::pendingAbortReason(const Peer& p, uint64_t* cod
 }
 
 inline Status TcpTransport::connectionError(const Peer& p, const Sock& s, int err) const {
+  if ((err == EBADMSG || err == EPROTO) && s.sealed)
+    return remoteError("connection to rank {} ({}) broken: socket {}: {} (CHORUS_WIRE_PROTECT={}: an attacker on the "
+                       "path, or a rank given other keys)",
+                       p.rank, p.addr, s.index, s.sealed->error(), auth::wireProtectName(s.sealed->mode()));
   if (Status why = pendingAbort(p); !why.isOk()) return why;
   if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ETIMEDOUT || err == EHOSTUNREACH)
     return remoteError("connection to rank {} ({}) closed: socket {}: {} (did rank {} exit, fail or abort?)", p.rank,
@@ -1360,7 +1407,9 @@ inline void TcpTransport::sendAbortFrame(Peer& p, const Status& why) {
   std::array<std::byte, sizeof(FrameHeader) + tcp::kMaxAbortReason> buf;
   std::memcpy(buf.data(), &h, sizeof h);
   std::memcpy(buf.data() + sizeof h, text.data(), n);
-  [[maybe_unused]] ssize_t w = ::send(s0.fd.get(), buf.data(), sizeof h + n, MSG_DONTWAIT | MSG_NOSIGNAL);
+  iovec iov{buf.data(), sizeof h + n};
+  [[maybe_unused]] ssize_t w = ioWritev(s0.sealed.get(), s0.fd.get(), &iov, 1);
+  if (s0.sealed) (void)s0.sealed->flush(s0.fd.get());  // best effort, as above
 }
 
 inline Status TcpTransport::applyAbort() {
@@ -1555,6 +1604,11 @@ inline void TcpTransport::rmaInterest(Peer& p) {
 inline Result<int> TcpTransport::writeRma(Peer& p) {
   RmaLink& l = p.rma;
   int result = 0;
+  if (sealedPending(l.sealed)) {
+    const int f = l.sealed->flush(l.fd.get());
+    if (f < 0) return rmaConnectionError(p, errno);
+    if (f == 0) return 0;
+  }
   while (l.txPending()) {
     const int q = l.tx_queue != 0 ? l.tx_queue : (!l.answers.empty() ? 1 : 2);
     const size_t avail = q == 1 ? l.answers.size() : l.ops.size() - l.written;
@@ -1580,7 +1634,7 @@ inline Result<int> TcpTransport::writeRma(Peer& p) {
       }
       ++frames;
     }
-    const ssize_t n = sendIov(l.fd.get(), iov.data(), cnt);
+    const ssize_t n = ioWritev(l.sealed.get(), l.fd.get(), iov.data(), cnt);
     if (n < 0) {
       const int err = errno;
       if (err == EAGAIN || err == EWOULDBLOCK) return result;
@@ -1624,7 +1678,7 @@ inline Status TcpTransport::readRma(Peer& p, bool& progressed) {
           l.len -= l.off;
           l.off = 0;
         }
-        const ssize_t n = ::recv(l.fd.get(), l.buf.data() + l.len, l.buf.size() - l.len, MSG_DONTWAIT);
+        const ssize_t n = ioRecv(l.sealed.get(), l.fd.get(), l.buf.data() + l.len, l.buf.size() - l.len);
         if (n > 0) {
           l.len += static_cast<size_t>(n);
           progressed = true;
@@ -1667,7 +1721,7 @@ inline Status TcpTransport::readRma(Peer& p, bool& progressed) {
     std::byte* into = direct ? l.dst : l.buf.data();
     const size_t want = direct ? static_cast<size_t>(std::min<uint64_t>({l.left, budget, uint64_t{1} << 30}))
                                : l.buf.size();
-    const ssize_t n = ::recv(l.fd.get(), into, want, MSG_DONTWAIT);
+    const ssize_t n = ioRecv(l.sealed.get(), l.fd.get(), into, want);
     if (n > 0) {
       if (direct) {
         l.dst += n;
@@ -1709,6 +1763,10 @@ inline Status TcpTransport::rmaEnd(Peer& p) {
 }
 
 inline Status TcpTransport::rmaConnectionError(const Peer& p, int err) const {
+  if ((err == EBADMSG || err == EPROTO) && p.rma.sealed)
+    return remoteError("connection to rank {} ({}) broken: its one-sided connection: {} (CHORUS_WIRE_PROTECT={}: an "
+                       "attacker on the path, or a rank given other keys)",
+                       p.rank, p.addr, p.rma.sealed->error(), auth::wireProtectName(p.rma.sealed->mode()));
   if (Status why = pendingAbort(p); !why.isOk()) return why;
   return remoteError("connection to rank {} ({}) failed: its one-sided connection: {} (did rank {} exit, fail or "
                      "abort?)", p.rank, p.addr, describeErrno(err), p.rank);
@@ -1818,6 +1876,7 @@ Result<std::unique_ptr<Transport>> createTcpTransport(const TcpSetup& setup, boo
   CHORUS_ASSIGN_OR_RETURN(std::vector<tcp::PeerLink> links, tcp::establishLinks(setup, store));
   auto t = std::make_unique<TcpTransport>(setup.rank, setup.sockets_per_peer, setup.heartbeat_ms,
                                           setup.rendezvous_bytes, setup.rma);
+  t->protect_ = setup.protect;
   CHORUS_RETURN_IF_ERROR(t->init(std::move(links), setup.spin));
   return std::unique_ptr<Transport>(std::move(t));
 }

@@ -76,6 +76,11 @@ static_assert(sizeof(Hello) == 24);
 // too (TcpSetup::rma), so that ranks that disagree on it fail at the first
 // hello with a message that says so.
 constexpr int32_t kHelloRmaBit = 1 << 30;
+// Hello::nsockets bits 28-29: the connector's wire protection
+// (TcpSetup::protect: 0 off, 1 mac, 2 encrypt); ranks that disagree fail at
+// the first hello, naming both settings.
+constexpr int kHelloProtectShift = 28;
+constexpr int32_t kHelloProtectMask = 3 << kHelloProtectShift;
 
 // Sent by the acceptor once it has accepted a hello, so a connector whose
 // hello is refused fails at setup instead of at its first message.
