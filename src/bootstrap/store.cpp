@@ -65,6 +65,12 @@ constexpr size_t kReadChunk = 64 * 1024;
 // maximal frame plus one read chunk.
 constexpr size_t kMaxBufferedInput = kRequestHeader + kMaxKey + kMaxValue + kReadChunk;
 constexpr std::string_view kHello = "store";
+// The client's hello names the protection it wants for the frames after the
+// handshake: "store" (off), "store/mac", "store/encrypt".  Authenticated, so
+// an attacker on the path cannot downgrade it.
+std::string helloFor(auth::WireProtect p) {
+  return p == auth::WireProtect::kOff ? std::string(kHello) : fmt::format("{}/{}", kHello, auth::wireProtectName(p));
+}
 
 size_t entryBytes(std::string_view key, size_t value_bytes) { return key.size() + value_bytes + kEntryOverhead; }
 
@@ -148,6 +154,7 @@ class StoreServerImpl final : public StoreServer {
   struct Conn {
     uint64_t id = 0;
     net::Fd fd;
+    std::unique_ptr<auth::SealedStream> sealed;  // StoreServerOptions::protect
     std::string peer;
     std::vector<std::byte> in;
     std::vector<std::byte> out;
@@ -161,6 +168,12 @@ class StoreServerImpl final : public StoreServer {
   // Everything below runs on the server thread only.
   void run();
   void admit(auth::Admitted a);
+  // A sealed client's plaintext waits in its record layer and would be read
+  // now (not parked, input room, no answer pending: the poll rules above).
+  static bool readAhead(const Conn& c) {
+    return c.sealed && !c.dead && !c.parked && c.sealed->inBuffered() && c.in.size() < kMaxBufferedInput &&
+           c.out_off >= c.out.size() && !c.sealed->outPending();
+  }
   void onReadable(uint64_t id, Conn& c);
   void process(uint64_t id, Conn& c);
   void execute(uint64_t id, Conn& c, const StoreRequest& r);
@@ -205,27 +218,31 @@ void StoreServerImpl::run() {
     const size_t gate_fds = gate_.appendPollFds(pfds);
     for (auto& [id, c] : conns_) {
       short ev = POLLRDHUP;
-      bool pending_out = c.out_off < c.out.size();
+      bool pending_out = c.out_off < c.out.size() || (c.sealed && c.sealed->outPending());
       // Backpressure: a client that does not read its answers is not read from.
       if (!pending_out && c.in.size() < kMaxBufferedInput) ev |= POLLIN;
       if (pending_out) ev |= POLLOUT;
       pfds.push_back({c.fd.get(), ev, 0});
       ids.push_back(id);
     }
-    int r = ::poll(pfds.data(), pfds.size(), pollTimeoutMs());
+    // Plaintext a sealed stream read ahead is readable without the socket.
+    bool buffered = false;
+    for (auto& [id, c] : conns_) buffered |= readAhead(c);
+    int r = ::poll(pfds.data(), pfds.size(), buffered ? 0 : pollTimeoutMs());
     if (r < 0 && errno != EINTR) {
       log::warn("store server {}: poll failed: {}; retrying", addr_.toString(), std::strerror(errno));
       continue;
     }
     if (stop_.load(std::memory_order_acquire)) break;
     for (auth::Admitted& a : gate_.onPoll(std::span(pfds).subspan(1, gate_fds))) admit(std::move(a));
-    if (r > 0) {
+    if (r > 0 || buffered) {
       for (size_t i = 0; i < ids.size(); ++i) {
         short rev = pfds[i + 1 + gate_fds].revents;
-        if (rev == 0) continue;
         auto it = conns_.find(ids[i]);
         if (it == conns_.end() || it->second.dead) continue;
         Conn& c = it->second;
+        if (readAhead(c)) rev |= POLLIN;
+        if (rev == 0) continue;
         if (rev & POLLOUT) flush(c);
         if (!c.dead && (rev & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) onReadable(ids[i], c);
       }
@@ -236,17 +253,40 @@ void StoreServerImpl::run() {
 }
 
 void StoreServerImpl::admit(auth::Admitted a) {
+  const std::string want = helloFor(options_.protect);
+  const std::string_view got(reinterpret_cast<const char*>(a.hello.data()), a.hello.size());
+  if (got != want) {
+    // An authenticated rank of this job configured differently: say so
+    // (the client only sees the connection close).
+    log::warn("store server {}: refused client {}: it asks for '{}' but this store runs '{}' (set "
+              "CHORUS_WIRE_PROTECT alike on all ranks)",
+              addr_.toString(), a.peer, got.substr(0, 32), want);
+    return;
+  }
   uint64_t id = next_id_++;
   Conn& c = conns_[id];
   c.id = id;
   c.fd = std::move(a.fd);
   c.peer = std::move(a.peer);
+  if (options_.protect != auth::WireProtect::kOff)
+    c.sealed = std::make_unique<auth::SealedStream>(options_.protect, a.keys);
   log::trace("store server {}: client {} authenticated", addr_.toString(), c.peer);
 }
 
 void StoreServerImpl::flush(Conn& c) {
+  if (c.sealed && c.sealed->outPending()) {
+    int f = c.sealed->flush(c.fd.get());
+    if (f < 0) {
+      kill(c, fmt::format("send failed: {}", std::strerror(errno)), false);
+      return;
+    }
+    if (f == 0) return;
+  }
   while (c.out_off < c.out.size()) {
-    ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    iovec iov{c.out.data() + c.out_off, c.out.size() - c.out_off};
+    ssize_t n = c.sealed ? c.sealed->writev(c.fd.get(), &iov, 1)
+                         : ::send(c.fd.get(), c.out.data() + c.out_off, c.out.size() - c.out_off,
+                                  MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       c.out_off += static_cast<size_t>(n);
       continue;
@@ -265,7 +305,14 @@ void StoreServerImpl::onReadable(uint64_t id, Conn& c) {
   // Reads until EAGAIN or the input bound; the bound keeps a fast sender from
   // growing the buffer without limit (it resumes once the frame is consumed).
   while (c.in.size() < kMaxBufferedInput) {
-    ssize_t n = ::recv(c.fd.get(), chunk, std::min(sizeof chunk, kMaxBufferedInput - c.in.size()), MSG_DONTWAIT);
+    const size_t room = std::min(sizeof chunk, kMaxBufferedInput - c.in.size());
+    ssize_t n;
+    if (c.sealed) {
+      iovec iov{chunk, room};
+      n = c.sealed->readv(c.fd.get(), &iov, 1);
+    } else {
+      n = ::recv(c.fd.get(), chunk, room, MSG_DONTWAIT);
+    }
     if (n > 0) {
       c.in.insert(c.in.end(), chunk, chunk + n);
       continue;
@@ -273,9 +320,12 @@ void StoreServerImpl::onReadable(uint64_t id, Conn& c) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     // EOF or a reset: the client went away.  Finish what it already sent
-    // (a SET followed by close must still land), then close.
+    // (a SET followed by close must still land), then close.  A sealed
+    // stream's broken record: what came before it was verified.
+    const int err = errno;
+    const bool tampered = n < 0 && c.sealed && (err == EBADMSG || err == EPROTO);
     process(id, c);
-    kill(c, n == 0 ? "closed by peer" : std::strerror(errno), false);
+    kill(c, n == 0 ? "closed by peer" : tampered ? c.sealed->error() : std::string(std::strerror(err)), tampered);
     return;
   }
   process(id, c);
@@ -432,10 +482,70 @@ void StoreServerImpl::kill(Conn& c, std::string_view why, bool warn) {
 
 // ---------------------------------------------------------------- client
 
+// Waits (bounded) for fd to become ready for `events`.
+Status waitReady(int fd, short events, Clock::time_point deadline, std::string_view what) {
+  for (;;) {
+    auto now = Clock::now();
+    if (now >= deadline) return makeError(chorusTimeout, "store connection: {} did not complete in time", what);
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    pollfd p{fd, events, 0};
+    int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, INT_MAX)));
+    if (r > 0) return {};
+    if (r < 0 && errno != EINTR) return errnoError("poll (store connection)", errno);
+  }
+}
+
+Status sealedError(const auth::SealedStream& s, int err) {
+  if (err == EBADMSG || err == EPROTO)
+    return remoteError("store connection broken: {} (CHORUS_WIRE_PROTECT={}: an attacker on the path?)", s.error(),
+                       auth::wireProtectName(s.mode()));
+  if (err == EPIPE || err == ECONNRESET || err == ENOTCONN) return remoteError("the store closed the connection");
+  return errnoError("store connection", err);
+}
+
+// net::writeAll / readAll through a record layer.
+Status sealedWriteAll(auth::SealedStream& s, int fd, std::span<const std::byte> data, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < data.size() || s.outPending()) {
+    if (done < data.size()) {
+      iovec iov{const_cast<std::byte*>(data.data() + done), data.size() - done};
+      ssize_t n = s.writev(fd, &iov, 1);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+        continue;
+      }
+    } else if (int f = s.flush(fd); f > 0) {
+      break;
+    } else if (f == 0) {
+      errno = EAGAIN;
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return sealedError(s, errno);
+    CHORUS_RETURN_IF_ERROR(waitReady(fd, POLLOUT, deadline, "a send"));
+  }
+  return {};
+}
+
+Status sealedReadAll(auth::SealedStream& s, int fd, std::span<std::byte> out, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < out.size()) {
+    iovec iov{out.data() + done, out.size() - done};
+    ssize_t n = s.readv(fd, &iov, 1);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return remoteError("the store closed the connection");
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return sealedError(s, errno);
+    CHORUS_RETURN_IF_ERROR(waitReady(fd, POLLIN, deadline, "a receive"));
+  }
+  return {};
+}
+
 class StoreClient final : public Store {
  public:
-  StoreClient(net::Fd fd, net::SockAddr server, std::chrono::milliseconds op_timeout)
-      : fd_(std::move(fd)), server_(server), op_timeout_(op_timeout) {}
+  StoreClient(net::Fd fd, net::SockAddr server, std::chrono::milliseconds op_timeout,
+              std::unique_ptr<auth::SealedStream> sealed)
+      : fd_(std::move(fd)), server_(server), op_timeout_(op_timeout), sealed_(std::move(sealed)) {}
 
   Status set(std::string_view key, std::span<const std::byte> value) override {
     std::lock_guard lock(mu_);
@@ -511,23 +621,31 @@ class StoreClient final : public Store {
       return broken_;
     };
     auto frame = encodeRequest(op, key, value);
-    if (Status s = net::writeAll(fd_.get(), frame, deadline); !s.isOk()) return fail(s);
+    if (Status s = writeAll(frame, deadline); !s.isOk()) return fail(s);
     std::array<std::byte, kResponseHeader> head;
-    if (Status s = net::readAll(fd_.get(), head, deadline); !s.isOk()) return fail(s);
+    if (Status s = readAll(head, deadline); !s.isOk()) return fail(s);
     Reply r;
     r.status = std::to_integer<uint8_t>(head[0]);
     uint64_t len = loadLe(head.data() + 1, 8);
     if (r.status > kStatusError || len > kMaxValue + 4096)
       return fail(remoteError("malformed response (status {}, length {}); is this a chorus store?", r.status, len));
     r.value.resize(len);
-    if (Status s = net::readAll(fd_.get(), r.value, deadline); !s.isOk()) return fail(s);
+    if (Status s = readAll(r.value, deadline); !s.isOk()) return fail(s);
     return r;
+  }
+
+  Status writeAll(std::span<const std::byte> data, Clock::time_point deadline) {
+    return sealed_ ? sealedWriteAll(*sealed_, fd_.get(), data, deadline) : net::writeAll(fd_.get(), data, deadline);
+  }
+  Status readAll(std::span<std::byte> data, Clock::time_point deadline) {
+    return sealed_ ? sealedReadAll(*sealed_, fd_.get(), data, deadline) : net::readAll(fd_.get(), data, deadline);
   }
 
   std::mutex mu_;  // Store is thread-compatible; the lock makes misuse safe, not fast
   net::Fd fd_;
   net::SockAddr server_;
   std::chrono::milliseconds op_timeout_;
+  std::unique_ptr<auth::SealedStream> sealed_;  // CHORUS_WIRE_PROTECT
   Status broken_;
 };
 
@@ -577,18 +695,26 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(net::Fd listener, const 
 }
 
 Result<std::shared_ptr<Store>> connectStore(const net::SockAddr& server, const auth::Secret& secret,
-                                            std::chrono::milliseconds timeout) {
+                                            std::chrono::milliseconds timeout, auth::WireProtect protect) {
+  if (protect != auth::WireProtect::kOff && !secret.present)
+    return invalidArgument("CHORUS_WIRE_PROTECT={} needs a job secret (its keys derive from it); set CHORUS_SECRET or "
+                           "launch with chorus-run",
+                           auth::wireProtectName(protect));
   auto deadline = deadlineAfter(static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)));
   auto fd = net::connectTo(server, deadline);
   if (!fd.isOk()) return fd.status().withContext("connecting to the rendezvous store: ");
-  Status hs = auth::clientHandshake(fd->get(), secret, toBytes(kHello), deadline);
+  auth::SessionKeys keys;
+  const std::string hello = helloFor(protect);
+  Status hs = auth::clientHandshake(fd->get(), secret, toBytes(std::string_view(hello)), deadline, &keys);
   if (hs.code() == chorusRemoteError)
     return hs.withContext(fmt::format(
         "rendezvous store {}: whoever listens there is not this job's store, or does not know this job's secret (a "
         "stranger bound the port first, a store of another job, or ranks given different secrets): ",
         server.toString()));
   CHORUS_RETURN_IF_ERROR(hs.withContext(fmt::format("rendezvous store {}: ", server.toString())));
-  return std::shared_ptr<Store>(std::make_shared<StoreClient>(std::move(*fd), server, timeout));
+  std::unique_ptr<auth::SealedStream> sealed;
+  if (protect != auth::WireProtect::kOff) sealed = std::make_unique<auth::SealedStream>(protect, keys);
+  return std::shared_ptr<Store>(std::make_shared<StoreClient>(std::move(*fd), server, timeout, std::move(sealed)));
 }
 
 Status storeBarrier(Store& store, std::string_view name, int nranks, std::chrono::milliseconds timeout) {

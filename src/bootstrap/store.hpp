@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bootstrap/auth.hpp"
+#include "bootstrap/wire_protect.hpp"
 #include "bootstrap/socket.hpp"
 #include "common/status.hpp"
 
@@ -74,6 +75,9 @@ struct StoreServerOptions {
   size_t max_pending = 0;
   // All entries together (keys, values and a per-entry overhead) at most.
   size_t max_total_bytes = size_t{1} << 30;
+  // Every client's frames after the handshake (CHORUS_WIRE_PROTECT,
+  // wire_protect.hpp); a client that asks for another mode is refused.
+  auth::WireProtect protect = auth::WireProtect::kOff;
 };
 
 class StoreServer {
@@ -94,8 +98,11 @@ class StoreServer {
 // `timeout` bounds the connection and, later, each set/add round trip (a get
 // waits for its own timeout plus this much).  After an I/O failure the store
 // answers every call with that failure (the stream can no longer be trusted).
+// `protect` seals the frames after the handshake (the server must run the
+// same mode; it says so in its hello check).
 Result<std::shared_ptr<Store>> connectStore(const net::SockAddr& server, const auth::Secret& secret,
-                                            std::chrono::milliseconds timeout);
+                                            std::chrono::milliseconds timeout,
+                                            auth::WireProtect protect = auth::WireProtect::kOff);
 
 // Every one of nranks ranks calls it with the same name; returns when all have.
 Status storeBarrier(Store& store, std::string_view name, int nranks, std::chrono::milliseconds timeout);

@@ -32,6 +32,7 @@ void Health::bind(int rank, int nranks, const Config& cfg, bootstrap::Store* sto
   rank_ = rank;
   nranks_ = nranks;
   timeout_ = cfg.timeout;
+  protect_ = cfg.net.wire_protect;
   check_ = cfg.check;
   flight_dir_ = cfg.flight.dir;
   store_ = store;
@@ -40,7 +41,7 @@ void Health::bind(int rank, int nranks, const Config& cfg, bootstrap::Store* sto
 Status Health::startWatchdog(const bootstrap::UniqueId& id, const std::string& prefix, Resync resync,
                              std::chrono::milliseconds resync_period) {
   if (nranks_ < 2) return {};
-  auto ws = bootstrap::connectStore(id.root, id.secret, timeout_);
+  auto ws = bootstrap::connectStore(id.root, id.secret, timeout_, protect_);
   if (!ws.isOk()) return ws.status().withContext(fmt::format("rank {}: watchdog store connection: ", rank_));
   watch_store_ = std::make_shared<bootstrap::PrefixStore>(ws.value(), prefix);
   watchdog_ = std::thread([this, resync = std::move(resync), resync_period] { watchdogLoop(resync, resync_period); });

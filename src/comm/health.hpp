@@ -81,6 +81,7 @@ class Health {
 
   int rank_ = 0, nranks_ = 1;
   std::chrono::milliseconds timeout_{0};
+  WireProtect protect_ = WireProtect::kOff;  // the watchdog's store connection (Config::net)
   bool check_ = false;
   std::string flight_dir_;
   bootstrap::Store* store_ = nullptr;

@@ -67,7 +67,8 @@ SharedServers& sharedServers() {
 
 // Rank 0's store server: an environment init's (shared_server) outlives the
 // communicator and serves every later one of the same address.
-Result<std::shared_ptr<bootstrap::StoreServer>> rootServer(const bootstrap::UniqueId& id, bool shared_server) {
+Result<std::shared_ptr<bootstrap::StoreServer>> rootServer(const bootstrap::UniqueId& id, bool shared_server,
+                                                           auth::WireProtect protect) {
   std::shared_ptr<bootstrap::StoreServer> server;
   std::unique_lock<std::mutex> lock;
   std::shared_ptr<bootstrap::StoreServer>* slot = nullptr;
@@ -79,8 +80,10 @@ Result<std::shared_ptr<bootstrap::StoreServer>> rootServer(const bootstrap::Uniq
   }
   if (server == nullptr) {
     auto reserved = bootstrap::takeReservedListener(id.root);
-    auto s = reserved ? bootstrap::StoreServer::start(std::move(*reserved), id.secret)
-                      : bootstrap::StoreServer::start(id.root, id.secret);
+    bootstrap::StoreServerOptions opts;
+    opts.protect = protect;
+    auto s = reserved ? bootstrap::StoreServer::start(std::move(*reserved), id.secret, opts)
+                      : bootstrap::StoreServer::start(id.root, id.secret, opts);
     if (!s.isOk())
       return s.status().withContext(fmt::format("rank 0: starting the rendezvous store on {}: ", id.root.toString()));
     server = std::move(s.value());
@@ -213,9 +216,9 @@ std::string hostLabel(const std::vector<RankInfo>& infos, const RankInfo& me) {
 Result<Rendezvous> joinRendezvous(int rank, const bootstrap::UniqueId& id, const Config& cfg, bool shared_server) {
   Rendezvous rv;
   if (rank == 0) {
-    CHORUS_ASSIGN_OR_RETURN(rv.server, rootServer(id, shared_server));
+    CHORUS_ASSIGN_OR_RETURN(rv.server, rootServer(id, shared_server, cfg.net.wire_protect));
   }
-  auto store = bootstrap::connectStore(id.root, id.secret, cfg.timeout);
+  auto store = bootstrap::connectStore(id.root, id.secret, cfg.timeout, cfg.net.wire_protect);
   if (!store.isOk())
     return store.status().withContext(fmt::format("rank {}: connecting to the rendezvous store at {}: ", rank, id.root.toString()));
   rv.store = std::make_shared<LockedStore>(store.value());

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "bootstrap/memory_store.hpp"
+#include "support/relay.hpp"
 
 namespace chorus::bootstrap {
 namespace {
@@ -254,6 +255,70 @@ TEST(StoreServer, AConnectionFloodHoldsAtMostTheCap) {
   // (plus the good client's connection, closed by now or not).
   size_t server_side = openFds() - before - kFlood;
   EXPECT_LE(server_side, kCap + 2) << "the server holds " << server_side << " stranger descriptors";
+}
+
+// CHORUS_WIRE_PROTECT on the store stream: every operation works sealed,
+// including values of the maximal size and parked gets.
+TEST(StoreServer, SealedStreamsServeEveryOperation) {
+  for (auth::WireProtect mode : {auth::WireProtect::kMac, auth::WireProtect::kEncrypt}) {
+    SCOPED_TRACE(std::string(auth::wireProtectName(mode)));
+    Server s(StoreServerOptions{.protect = mode});
+    auto c = connectStore(s.server->address(), s.secret, 5s, mode);
+    ASSERT_TRUE(c.isOk()) << c.status().message();
+    auto other = connectStore(s.server->address(), s.secret, 5s, mode);
+    ASSERT_TRUE(other.isOk());
+    Bytes big(16 << 20);
+    for (size_t i = 0; i < big.size(); i += 4096) big[i] = std::byte(i >> 12);
+    ASSERT_TRUE((*c)->set("big", big).isOk());
+    auto v = (*other)->get("big", 5s);
+    ASSERT_TRUE(v.isOk()) << v.status().message();
+    EXPECT_EQ(*v, big);
+    std::thread setter([&] {
+      std::this_thread::sleep_for(50ms);
+      EXPECT_TRUE((*other)->set("late", toBytes(std::string_view("here"))).isOk());
+    });
+    auto late = (*c)->get("late", 5s);  // parked until the other client sets it
+    setter.join();
+    ASSERT_TRUE(late.isOk()) << late.status().message();
+    EXPECT_EQ(toString(*late), "here");
+    EXPECT_EQ(*(*c)->add("n", 3), 3);
+    EXPECT_TRUE((*c)->serverTimeNs().isOk());
+    // A client that asks for another mode is refused (its first request fails).
+    auto plain = connectStore(s.server->address(), s.secret, 5s, auth::WireProtect::kOff);
+    if (plain.isOk()) EXPECT_FALSE((*plain)->set("x", {}).isOk());
+  }
+  auth::Secret none;
+  EXPECT_EQ(connectStore(net::SockAddr{}, none, 1s, auth::WireProtect::kMac).status().code(), chorusInvalidArgument);
+}
+
+// An on-path relay flips one bit of a value in the store's answer: without
+// protection the client takes the wrong value; sealed, the get fails naming
+// the integrity check.
+TEST(StoreServer, AFlippedBitInAnAnswerIsAnErrorWhenSealed) {
+  for (auth::WireProtect mode : {auth::WireProtect::kOff, auth::WireProtect::kMac, auth::WireProtect::kEncrypt}) {
+    SCOPED_TRACE(std::string(auth::wireProtectName(mode)));
+    Server s(StoreServerOptions{.protect = mode});
+    auto writer = connectStore(s.server->address(), s.secret, 5s, mode);
+    ASSERT_TRUE(writer.isOk());
+    const std::string value(2000, 'v');
+    ASSERT_TRUE((*writer)->set("k", toBytes(std::string_view(value))).isOk());
+    // Server-to-client stream: greeting 37, proof 32, then the answer: its
+    // 9-byte header and the value (sealed: after a 4-byte record length).
+    const size_t at = 37 + 32 + (mode == auth::WireProtect::kOff ? 0 : 4) + 9 + 1000;
+    chorus::testing::Relay relay(s.server->address(), at, chorus::testing::Relay::kServerToClient);
+    auto reader = connectStore(relay.address(), s.secret, 5s, mode);
+    ASSERT_TRUE(reader.isOk()) << reader.status().message();
+    auto got = (*reader)->get("k", 5s);
+    EXPECT_TRUE(relay.flipped());
+    if (mode == auth::WireProtect::kOff) {
+      ASSERT_TRUE(got.isOk()) << got.status().message();
+      EXPECT_NE(toString(*got), value) << "the flipped bit should arrive unnoticed";
+      EXPECT_EQ(toString(*got)[1000], static_cast<char>('v' ^ 0x80));
+    } else {
+      ASSERT_FALSE(got.isOk());
+      EXPECT_NE(got.status().message().find("integrity check"), std::string::npos) << got.status().message();
+    }
+  }
 }
 
 TEST(StoreServer, GarbageClientIsRejected) {

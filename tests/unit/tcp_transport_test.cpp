@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bootstrap/auth.hpp"
+#include "support/relay.hpp"
 #include "bootstrap/memory_store.hpp"
 #include "kernels/reduce.hpp"
 #include "transport/tcp/tcp.hpp"
@@ -815,60 +816,6 @@ TEST(TcpTransport, RanksThatDisagreeOnWireProtectionFailNamingIt) {
   EXPECT_NE(t.status().message().find("needs a job secret"), std::string::npos) << t.status().message();
 }
 
-// An on-path relay: passes everything through, but flips one bit of the
-// connector's stream at offset flip_at (past the handshake, inside the
-// first message's payload).
-class Relay {
- public:
-  Relay(const net::SockAddr& target, size_t flip_at) : target_(target), flip_at_(flip_at) {
-    auto l = net::listenOn(*net::resolve("127.0.0.1", 0));
-    EXPECT_TRUE(l.isOk());
-    listener_ = std::move(*l);
-    addr_ = *net::boundAddress(listener_.get());
-    thread_ = std::thread([this] { run(); });
-  }
-  ~Relay() {
-    stop_ = true;
-    thread_.join();
-  }
-  [[nodiscard]] const net::SockAddr& address() const { return addr_; }
-  [[nodiscard]] bool flipped() const { return flipped_.load(); }
-
- private:
-  void run() {
-    auto a = net::acceptUntil(listener_.get(), Clock::now() + 20s);
-    if (!a.isOk()) return;
-    auto b = net::connectTo(target_, Clock::now() + 5s);
-    if (!b.isOk()) return;
-    int fds[2] = {a->get(), b->get()};  // client side, server side
-    size_t c2s = 0;
-    std::vector<std::byte> buf(65536);
-    while (!stop_) {
-      pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
-      if (::poll(p, 2, 50) <= 0) continue;
-      for (int i = 0; i < 2; ++i) {
-        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        ssize_t n = ::recv(fds[i], buf.data(), buf.size(), MSG_DONTWAIT);
-        if (n <= 0) return;
-        if (i == 0) {
-          if (flip_at_ >= c2s && flip_at_ < c2s + static_cast<size_t>(n)) {
-            buf[flip_at_ - c2s] ^= std::byte{0x80};
-            flipped_ = true;
-          }
-          c2s += static_cast<size_t>(n);
-        }
-        if (!net::writeAll(fds[1 - i], std::span(buf.data(), static_cast<size_t>(n)), Clock::now() + 5s).isOk())
-          return;
-      }
-    }
-  }
-  net::SockAddr target_, addr_;
-  size_t flip_at_;
-  net::Fd listener_;
-  std::atomic<bool> stop_{false}, flipped_{false};
-  std::thread thread_;
-};
-
 // The store rank 0 reads rank 1's address from: it hands out the relay's.
 class RelayStore final : public bootstrap::Store {
  public:
@@ -877,7 +824,7 @@ class RelayStore final : public bootstrap::Store {
     if (key == "tcp/1" && value.size() == sizeof(net::SockAddr)) {
       net::SockAddr real;
       std::memcpy(&real, value.data(), sizeof real);
-      relay_ = std::make_unique<Relay>(real, flip_at_);
+      relay_ = std::make_unique<chorus::testing::Relay>(real, flip_at_, chorus::testing::Relay::kClientToServer);
       net::SockAddr fake = relay_->address();
       return base_.set(key, std::as_bytes(std::span(&fake, 1)));
     }
@@ -892,7 +839,7 @@ class RelayStore final : public bootstrap::Store {
  private:
   size_t flip_at_;
   bootstrap::MemoryStore base_;
-  std::unique_ptr<Relay> relay_;
+  std::unique_ptr<chorus::testing::Relay> relay_;
 };
 
 // What the attack does: without protection the flipped bit lands in rank
