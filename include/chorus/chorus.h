@@ -53,7 +53,8 @@ typedef enum {
   chorusTimeout = 7,          /* an operation did not complete within its timeout */
   chorusMismatch = 8,         /* ranks called different operations, counts or types */
   chorusAborted = 9,          /* the communicator was aborted */
-  chorusNumResults = 10
+  chorusRevoked = 10,         /* a rank revoked the communicator (chorusCommRevoke): shrink it */
+  chorusNumResults = 11
 } chorusResult_t;
 
 typedef enum {
@@ -162,6 +163,23 @@ chorusResult_t chorusCommAbort(chorusComm_t comm);
  * first communicator) to be alive. */
 #define CHORUS_SHRINK_DEFAULT 0
 chorusResult_t chorusCommShrink(chorusComm_t comm, int flags, chorusComm_t* newcomm);
+/* Revoke: breaks comm on every rank, so that survivors blocked in a call with
+ * a dead rank, or about to start one, stop at once and can shrink.  On this
+ * rank at once; on every other rank within about a store round trip (each
+ * rank's watchdog is parked on the rendezvous store and reads the notice).
+ * Every in-flight and later call on comm fails with chorusRevoked naming the
+ * revoking rank.  Safe from any thread; a second revoke is a no-op.  Needs the
+ * rendezvous store to tell the others (without it only this rank breaks). */
+chorusResult_t chorusCommRevoke(chorusComm_t comm);
+/* Grow: every rank of comm calls chorusCommGrow(comm, nnew, &newcomm) while nnew
+ * new processes call chorusCommJoin with the job's unique id (the id of the
+ * communicator the job's first communicator was made from: the root store's
+ * address and the job secret).  *newcomm holds comm's ranks under their
+ * numbers, then the joiners in the order they arrived (ranks comm's size ...
+ * size + nnew - 1).  Joiners are served first come, first served across the
+ * job's grows.  comm must be healthy (shrink a broken one first). */
+chorusResult_t chorusCommGrow(chorusComm_t comm, int nnew, chorusComm_t* newcomm);
+chorusResult_t chorusCommJoin(chorusUniqueId commId, chorusComm_t* newcomm);
 chorusResult_t chorusCommGetAsyncError(chorusComm_t comm, chorusResult_t* asyncError);
 chorusResult_t chorusCommCount(const chorusComm_t comm, int* count);
 chorusResult_t chorusCommUserRank(const chorusComm_t comm, int* rank);

@@ -456,7 +456,8 @@ PYBIND11_MODULE(_chorus, m) {
       .value("InProgress", chorusInProgress)
       .value("Timeout", chorusTimeout)
       .value("Mismatch", chorusMismatch)
-      .value("Aborted", chorusAborted);
+      .value("Aborted", chorusAborted)
+      .value("Revoked", chorusRevoked);
   py::enum_<chorusDataType_t>(m, "DataType", "chorusDataType_t: element types chorus reduces and moves.")
       .value("int8", chorusInt8)
       .value("uint8", chorusUint8)
@@ -493,6 +494,7 @@ PYBIND11_MODULE(_chorus, m) {
       {chorusTimeout, "TimeoutError", PyExc_TimeoutError, "An operation did not complete within its timeout."},
       {chorusMismatch, "MismatchError", nullptr, "Ranks called different operations, counts or types."},
       {chorusAborted, "AbortedError", nullptr, "The communicator was aborted."},
+      {chorusRevoked, "RevokedError", nullptr, "A rank revoked the communicator (revoke); shrink it."},
   };
   ec.byCode[chorusSuccess] = ec.base;
   for (const Sub& s : subs) {

@@ -31,6 +31,7 @@
 struct chorusComm {
   std::unique_ptr<chorus::Communicator> impl;
   std::atomic<bool> aborted{false};
+  std::atomic<bool> revoked{false};
   std::string last_error;
 };
 
@@ -205,6 +206,7 @@ CHORUS_EXPORT const char* chorusGetErrorString(chorusResult_t r) {
     case chorusTimeout: return "timeout";
     case chorusMismatch: return "mismatch between ranks";
     case chorusAborted: return "communicator aborted";
+    case chorusRevoked: return "communicator revoked";
     default: return "unknown chorusResult_t";
   }
 }
@@ -424,6 +426,48 @@ CHORUS_EXPORT chorusResult_t chorusCommShrink(chorusComm_t comm, int flags, chor
   // when it was made).
   auto r = comm->impl->shrink(comm->impl->config().shrink.window);
   if (!r.isOk()) return report(r.status(), comm);
+  return registerComm(newcomm, std::move(r.value()));
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommRevoke(chorusComm_t comm) {
+  if (comm == nullptr) return report(invalidArgument("chorusCommRevoke: comm is NULL"));
+  {
+    std::lock_guard l(handles().mu);
+    if (!handles().live.count(comm))
+      return report(invalidUsage("chorusCommRevoke: comm {} is not a live communicator", static_cast<void*>(comm)));
+    if (comm->revoked.exchange(true)) return chorusSuccess;
+  }
+  comm->impl->revoke();
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommGrow(chorusComm_t comm, int nnew, chorusComm_t* newcomm) {
+  if (newcomm == nullptr) return report(invalidArgument("chorusCommGrow: newcomm is NULL"));
+  *newcomm = nullptr;
+  if (comm == nullptr) return report(invalidArgument("chorusCommGrow: comm is NULL"));
+  {
+    std::lock_guard l(handles().mu);
+    if (!handles().live.count(comm))
+      return report(invalidUsage("chorusCommGrow: comm {} is not a live communicator", static_cast<void*>(comm)));
+  }
+  if (nnew < 1) return report(invalidArgument("chorusCommGrow: nnew={} must be >= 1", nnew));
+  if (Status st = comm->impl->asyncError(); !st.isOk())
+    return report(invalidUsage("chorusCommGrow: comm is broken ({}); shrink it first", st.message()), comm);
+  auto r = comm->impl->grow(nnew);
+  if (!r.isOk()) return report(r.status(), comm);
+  return registerComm(newcomm, std::move(r.value()));
+}
+
+CHORUS_EXPORT chorusResult_t chorusCommJoin(chorusUniqueId commId, chorusComm_t* newcomm) {
+  if (newcomm == nullptr) return report(invalidArgument("chorusCommJoin: newcomm is NULL"));
+  *newcomm = nullptr;
+  auto id = bootstrap::UniqueId::decode(commId);
+  if (!id.isOk()) return report(id.status().withContext("chorusCommJoin: "));
+  auto cfg = api::configFromEnv();
+  if (!cfg.isOk()) return report(cfg.status());
+  applyProcessWide(cfg.value());
+  auto r = Communicator::join(id.value(), cfg.value());
+  if (!r.isOk()) return report(r.status().withContext("chorusCommJoin: "));
   return registerComm(newcomm, std::move(r.value()));
 }
 

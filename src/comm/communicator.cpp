@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <mutex>
 
@@ -78,8 +79,14 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   comm::Health::Resync resync;
   if (tracing_.on() && cfg_.trace.clock_sync_s > 0)
     resync = [this](bootstrap::Store& s) { return syncClock(s, 16).isOk(); };
+  // A revoke notice another rank posted (chorusCommRevoke) breaks this
+  // communicator too; the watchdog reads it while parked on the store.
+  auto on_revoke = [this](int by) {
+    abort(makeError(chorusRevoked, "rank {}: the communicator was revoked by rank {} (chorusCommRevoke)", rank_, by));
+  };
   CHORUS_RETURN_IF_ERROR(health_.startWatchdog(id_, prefix_, std::move(resync),
-                                               std::chrono::milliseconds(cfg_.trace.clock_sync_s * 1000LL)));
+                                               std::chrono::milliseconds(cfg_.trace.clock_sync_s * 1000LL),
+                                               std::move(on_revoke)));
   return syncAll(*store_, "ready");
 }
 
@@ -312,6 +319,98 @@ Result<std::unique_ptr<Communicator>> Communicator::shrink(std::chrono::millisec
   c->nranks_ = static_cast<int>(members.size());
   c->rank_ = static_cast<int>(me - members.begin());
   CHORUS_RETURN_IF_ERROR(c->setup(id_, cfg_, base_store_, prefix_ + base, server_));
+  return c;
+}
+
+// ---- revoke and grow ----------------------------------------------------------
+
+// Local first (prompt even when the store is unreachable), then the notice
+// that the other ranks' watchdogs are parked on: the next probe number
+// (comm/health.cpp) with the value "revoke <rank>".
+void Communicator::revoke() {
+  abort(makeError(chorusRevoked, "rank {}: the communicator was revoked by rank {} (chorusCommRevoke)", rank_, rank_));
+  auto k = store_->add("probe-count", 1);
+  if (!k.isOk()) {
+    log::warn("rank {}: revoke: cannot tell the other ranks through the store: {}", rank_, k.status().message());
+    return;
+  }
+  if (Status st = store_->set(fmt::format("probe/{}", *k - 1), bootstrap::toBytes(fmt::format("revoke {}", rank_)));
+      !st.isOk())
+    log::warn("rank {}: revoke: cannot tell the other ranks through the store: {}", rank_, st.message());
+}
+
+std::string encodeGrowOffer(const GrowOffer& o) { return fmt::format("v1 {} {} {}", o.size, o.rank, o.prefix); }
+
+Result<GrowOffer> parseGrowOffer(std::span<const std::byte> bytes) {
+  std::string_view s(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  auto bad = [&](std::string_view why) {
+    return remoteError("grow offer '{}' is malformed: {}", s.substr(0, 64), why);
+  };
+  if (!s.starts_with("v1 ")) return bad("not version 1");
+  s.remove_prefix(3);
+  GrowOffer o;
+  auto number = [&](int& out, int lo, int hi) -> bool {
+    auto sp = s.find(' ');
+    if (sp == std::string_view::npos || sp == 0 || sp > 8) return false;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + sp, out);
+    if (ec != std::errc() || end != s.data() + sp || out < lo || out > hi) return false;
+    s.remove_prefix(sp + 1);
+    return true;
+  };
+  if (!number(o.size, 2, 1 << 20)) return bad("the size is not in 2..1048576");
+  if (!number(o.rank, 0, o.size - 1)) return bad("the rank is not in 0..size-1");
+  if (s.empty() || s.size() > 256) return bad("the prefix is empty or longer than 256");
+  for (char ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '/' && ch != '_' && ch != '-')
+      return bad("the prefix has a character outside [A-Za-z0-9/_-]");
+  o.prefix = std::string(s);
+  return o;
+}
+
+// The root store (no prefix) holds one queue of joiners for the job: a
+// joiner takes ticket t ("grow/joiners"), a grow's rank 0 reserves nnew
+// tickets ("grow/reserved") and posts an offer for each ("grow/offer/<t>").
+// Then the old ranks and the joiners set up the new communicator under its
+// own prefix, as split and shrink do.
+Result<std::unique_ptr<Communicator>> Communicator::grow(int nnew) {
+  if (nnew < 1 || nranks_ + static_cast<int64_t>(nnew) > (1 << 20))
+    return invalidArgument("grow: nnew={} must be >= 1 and leave at most 1048576 ranks", nnew);
+  const int epoch = grow_seq_++;
+  GrowOffer offer;
+  offer.size = nranks_ + nnew;
+  offer.prefix = fmt::format("{}grow{}/", prefix_, epoch);
+  if (rank_ == 0) {
+    CHORUS_ASSIGN_OR_RETURN(int64_t end, base_store_->add("grow/reserved", nnew));
+    for (int i = 0; i < nnew; ++i) {
+      offer.rank = nranks_ + i;
+      CHORUS_RETURN_IF_ERROR(base_store_->set(fmt::format("grow/offer/{}", end - nnew + i),
+                                              bootstrap::toBytes(encodeGrowOffer(offer))));
+    }
+  }
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->nranks_ = offer.size;
+  c->rank_ = rank_;
+  CHORUS_RETURN_IF_ERROR(c->setup(id_, cfg_, base_store_, offer.prefix, server_));
+  return c;
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::join(const bootstrap::UniqueId& id, const Config& cfg) {
+  CHORUS_ASSIGN_OR_RETURN(plan::Registry plans, plan::Registry::withPlans(cfg.tune.plan_paths));
+  // Any rank but 0: a joiner connects to the store, it never runs it.
+  CHORUS_ASSIGN_OR_RETURN(comm::Rendezvous rv, comm::joinRendezvous(-1, id, cfg, false));
+  CHORUS_ASSIGN_OR_RETURN(int64_t ticket, rv.store->add("grow/joiners", 1));
+  auto raw = rv.store->get(fmt::format("grow/offer/{}", ticket - 1), cfg.timeout);
+  if (!raw.isOk())
+    return raw.status().withContext(fmt::format(
+        "join: no communicator grew to take joiner #{} (did the ranks call chorusCommGrow with enough room?): ",
+        ticket - 1));
+  CHORUS_ASSIGN_OR_RETURN(GrowOffer offer, parseGrowOffer(*raw));
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->nranks_ = offer.size;
+  c->rank_ = offer.rank;
+  c->registry_ = std::move(plans);
+  c->registry_loaded_ = true;
+  CHORUS_RETURN_IF_ERROR(c->setup(id, cfg, std::move(rv.store), offer.prefix, nullptr));
   return c;
 }
 

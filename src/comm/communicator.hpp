@@ -46,6 +46,18 @@ namespace chorus {
 // least one -- because the store's bytes come from the network.
 Result<std::vector<int>> parseMemberList(std::span<const std::byte> list, int nranks);
 
+// A grow's offer to one joining process (chorusCommGrow / chorusCommJoin),
+// as the root store holds it: "v1 <size> <rank> <prefix>".  Parsed with
+// bounds (size 2..2^20, rank in range, a key prefix of [A-Za-z0-9/_-],
+// 1..256 characters) because the store's bytes come from the network.
+struct GrowOffer {
+  int size = 0;
+  int rank = 0;
+  std::string prefix;
+};
+std::string encodeGrowOffer(const GrowOffer& o);
+Result<GrowOffer> parseGrowOffer(std::span<const std::byte> bytes);
+
 class Communicator {
  public:
   // Collective over all nranks ranks.  Rank 0 runs the store server for
@@ -81,6 +93,15 @@ class Communicator {
   // Collective over the surviving ranks: a new communicator of the ranks that
   // joined the agreement (see chorusCommShrink).
   Result<std::unique_ptr<Communicator>> shrink(std::chrono::milliseconds window);
+  // Breaks this communicator on every rank: here at once, on the others when
+  // their watchdogs read the notice from the store (see chorusCommRevoke).
+  // Any thread.
+  void revoke();
+  // Collective over this communicator's ranks and nnew processes calling
+  // join(): a communicator of this one's ranks (same numbers) followed by the
+  // joiners in the order they arrived (see chorusCommGrow).
+  Result<std::unique_ptr<Communicator>> grow(int nnew);
+  static Result<std::unique_ptr<Communicator>> join(const bootstrap::UniqueId& id, const Config& cfg);
 
   // The tuner's choice for a call of this shape (compressed to `wire`, as
   // the API resolved the call's compression) and its predicted time.
@@ -133,6 +154,7 @@ class Communicator {
   std::unique_ptr<bootstrap::Store> store_;
   int split_seq_ = 0;
   int shrink_seq_ = 0;
+  int grow_seq_ = 0;
   uint64_t op_seq_ = 0;   // collectives issued on this communicator (the "#N" in messages)
   uint64_t p2p_seq_ = 0;  // sends and receives issued (numbered apart)
   comm::Health health_;

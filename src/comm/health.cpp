@@ -1,9 +1,11 @@
 #include "comm/health.hpp"
 
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 
@@ -39,7 +41,8 @@ void Health::bind(int rank, int nranks, const Config& cfg, bootstrap::Store* sto
 }
 
 Status Health::startWatchdog(const bootstrap::UniqueId& id, const std::string& prefix, Resync resync,
-                             std::chrono::milliseconds resync_period) {
+                             std::chrono::milliseconds resync_period, std::function<void(int)> on_revoke) {
+  on_revoke_ = std::move(on_revoke);
   if (nranks_ < 2) return {};
   auto ws = bootstrap::connectStore(id.root, id.secret, timeout_, protect_);
   if (!ws.isOk()) return ws.status().withContext(fmt::format("rank {}: watchdog store connection: ", rank_));
@@ -60,11 +63,24 @@ void Health::stopWatchdog() {
 void Health::watchdogLoop(const Resync& resync, std::chrono::milliseconds resync_period) {
   const auto period = resync ? resync_period : std::chrono::hours(24);
   for (uint64_t k = 0;; ++k) {
+    bootstrap::Bytes value;
     for (;;) {
       auto probe = watch_store_->get(fmt::format("probe/{}", k), period);
-      if (probe.isOk()) break;
+      if (probe.isOk()) {
+        value = std::move(*probe);
+        break;
+      }
       if (probe.status().code() != chorusTimeout) return;  // interrupted, or the store is gone
       if (resync && !resync(*watch_store_)) return;
+    }
+    // A revoke notice (Communicator::revoke): break this communicator; no
+    // probe after it matters.
+    if (std::string v = bootstrap::toString(value); v.starts_with("revoke ")) {
+      int by = -1;
+      auto [end, ec] = std::from_chars(v.data() + 7, v.data() + v.size(), by);
+      if (ec != std::errc() || end != v.data() + v.size() || by < 0 || by >= nranks_) by = -1;
+      if (on_revoke_) on_revoke_(by);
+      return;
     }
     FlightSummary s = flight_.summary(rank_);
     if (!watch_store_->set(fmt::format("flight/{}/{}", k, rank_), bootstrap::toBytes(s)).isOk()) return;

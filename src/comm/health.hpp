@@ -48,8 +48,10 @@ class Health {
   void bind(int rank, int nranks, const Config& cfg, bootstrap::Store* store);
   // Opens the watchdog's own store connection and starts it (nothing on one
   // rank).  resync, when set, runs every `resync_period` between probes.
+  // on_revoke(rank) runs on the watchdog's thread when a rank posts a revoke
+  // notice (Communicator::revoke; rank -1 when the notice names none).
   Status startWatchdog(const bootstrap::UniqueId& id, const std::string& prefix, Resync resync,
-                       std::chrono::milliseconds resync_period);
+                       std::chrono::milliseconds resync_period, std::function<void(int)> on_revoke = {});
   // Interrupts and joins the watchdog.
   void stopWatchdog();
 
@@ -81,7 +83,8 @@ class Health {
 
   int rank_ = 0, nranks_ = 1;
   std::chrono::milliseconds timeout_{0};
-  WireProtect protect_ = WireProtect::kOff;  // the watchdog's store connection (Config::net)
+  WireProtect protect_ = WireProtect::kOff;
+  std::function<void(int)> on_revoke_;  // the watchdog's store connection (Config::net)
   bool check_ = false;
   std::string flight_dir_;
   bootstrap::Store* store_ = nullptr;

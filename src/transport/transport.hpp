@@ -64,6 +64,13 @@ using WireMismatchText = std::string (*)(uint64_t want, uint64_t got);
   return at == std::string_view::npos ? reason : reason.substr(at + kRelay.size());
 }
 
+// The code a rank reports when a peer's abort reaches it: the peer's own for
+// a mismatch (every rank of the call reports one) and a revoke (every rank
+// of the communicator reports it), else chorusRemoteError.
+[[nodiscard]] inline chorusResult_t relayedAbortCode(uint64_t code) {
+  return code == chorusMismatch ? chorusMismatch : code == chorusRevoked ? chorusRevoked : chorusRemoteError;
+}
+
 inline constexpr uint64_t kWireSeqMask = uint64_t{0xffff} << 16;
 inline constexpr uint64_t kWirePointToPoint = uint64_t{1} << 63;
 [[nodiscard]] inline bool sameCallOtherSignature(uint64_t current, uint64_t arrived) {

@@ -1429,8 +1429,7 @@ Status ShmTransport::abortedOr(const Peer& p, Status otherwise) const {
   char reason[sizeof(p.peer_page0->abort_reason)];
   std::memcpy(reason, p.peer_page0->abort_reason, sizeof reason);
   reason[sizeof reason - 1] = '\0';
-  const bool mismatch = p.peer_page0->aborted.load(std::memory_order_acquire) == chorusMismatch;
-  return makeError(mismatch ? chorusMismatch : chorusRemoteError,
+  return makeError(relayedAbortCode(p.peer_page0->aborted.load(std::memory_order_acquire)),
                    "shm transport, rank {}: peer rank {} (pid {}) aborted its communicator: {}", rank_, p.rank, p.pid,
                    reason[0] ? abortRootCause(reason) : "chorusCommAbort or an error on that rank");
 }

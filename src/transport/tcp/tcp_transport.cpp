@@ -1018,7 +1018,7 @@ inline Result<int> TcpTransport::readFrame(Peer& p) {
       for (char& ch : reason)
         if (static_cast<unsigned char>(ch) < 0x20) ch = ' ';  // untrusted text: no control characters
       // A mismatch keeps its code: every rank of the call then reports one.
-      return makeError(h.sig == chorusMismatch ? chorusMismatch : chorusRemoteError,
+      return makeError(relayedAbortCode(h.sig),
                        "tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr,
                        reason.empty() ? std::string("no reason given") : std::string(abortRootCause(reason)));
     }
@@ -1264,7 +1264,7 @@ inline Status TcpTransport::pendingAbort(const Peer& p) const {
   uint64_t code = 0;
   std::string why = pendingAbortReason(p, &code);
   if (why.empty()) return {};
-  return makeError(code == chorusMismatch ? chorusMismatch : chorusRemoteError,
+  return makeError(relayedAbortCode(code),
                    "tcp: peer rank {} ({}) aborted its communicator: {}", p.rank, p.addr, abortRootCause(why));
 }
 

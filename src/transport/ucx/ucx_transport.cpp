@@ -732,7 +732,7 @@ void UcxTransport::onCtl(Op* op, Status& first_error) {
   if (m.kind == kCtlAbort) {
     const std::string reason = sanitized(m.reason.data(), m.reason_len);
     failPeer(p,
-             makeError(m.code == chorusMismatch ? chorusMismatch : chorusRemoteError,
+             makeError(relayedAbortCode(m.code),
                        "ucx: peer rank {} aborted its communicator: {}", p.rank,
                        reason.empty() ? std::string("no reason given") : std::string(abortRootCause(reason))),
              true, first_error);
