@@ -399,6 +399,7 @@ Status TextParser::stepLine(const Tokens& k, StepOp op) {
 // PlanSpec (its own file under src/plan/), and its line here.
 constexpr PlanReader kReaders[] = {
     {"chorus", ".plan", &parsePlanText},
+    {"msccl", ".xml", &parseMscclXml},
 };
 
 const PlanReader* readerFor(const std::filesystem::path& p) {
@@ -460,13 +461,17 @@ Result<std::string> readFile(const std::filesystem::path& p) {
   return text;
 }
 
-Status loadFile(Registry& reg, const std::filesystem::path& p) {
+Result<PlanSpec> readSpec(const std::filesystem::path& p) {
   const PlanReader* reader = readerFor(p);
   if (reader == nullptr)
     return invalidArgument("plan file '{}': unknown extension '{}' (known: {})", p.string(),
                            shown(p.extension().string()), knownExtensions());
   CHORUS_ASSIGN_OR_RETURN(const std::string text, readFile(p));
-  CHORUS_ASSIGN_OR_RETURN(PlanSpec spec, reader->parse(text, p.string()));
+  return reader->parse(text, p.string());
+}
+
+Status loadFile(Registry& reg, const std::filesystem::path& p) {
+  CHORUS_ASSIGN_OR_RETURN(PlanSpec spec, readSpec(p));
   if (const Algorithm* other = reg.find(spec.coll, spec.name)) {
     const auto* file = dynamic_cast<const FileAlgorithm*>(other);
     return invalidArgument("plan file '{}': {} plan '{}' is already registered ({})", p.string(),
@@ -479,6 +484,8 @@ Status loadFile(Registry& reg, const std::filesystem::path& p) {
 }
 
 }  // namespace
+
+std::string planStepError(const PlanSpec& spec, int rank, const ChunkStep& s) { return stepError(spec, rank, s); }
 
 uint64_t planChunksOf(const PlanSpec& spec, Buf buf, int rank) {
   if (buf == Buf::Scratch) return spec.scratch;
@@ -688,6 +695,8 @@ Result<std::unique_ptr<FileAlgorithm>> buildPlan(PlanSpec spec) {
     return invalidArgument("{}: plan '{}': {}", s.origin, s.name, rounds.status().message());
   return algo;
 }
+
+Result<PlanSpec> readPlanFile(const std::string& path) { return readSpec(path); }
 
 Status loadPlans(Registry& reg, std::span<const std::string> paths) {
   namespace fs = std::filesystem;

@@ -82,6 +82,9 @@ uint64_t planChunksOf(const PlanSpec& spec, Buf buf, int rank);
 // origin, the rank and the step.  The text parser checks the same rules line
 // by line, with line numbers; a reader of another format relies on this one.
 Status checkPlanSpec(const PlanSpec& spec);
+// checkPlanSpec's rules for one step of `rank` ("" when it keeps them, else
+// what is wrong), for readers that name the line of the step themselves.
+std::string planStepError(const PlanSpec& spec, int rank, const ChunkStep& s);
 
 // The algorithm of a plan read from a file.  supports() takes exactly the
 // shapes the file declares: its rank count, a count that is a positive
@@ -106,6 +109,14 @@ class FileAlgorithm final : public Algorithm {
 // Parses chorus's plan text (docs/plan-format.md).  `origin` names the text in
 // messages ("ring4.plan:12: 'send': peer 7 is not a rank of a 4-rank plan").
 Result<PlanSpec> parsePlanText(std::string_view text, std::string_view origin);
+
+// Reads MSCCL's XML algorithm format (the programs msccl-tools writes and RCCL
+// ships in tools/msccl-algorithms/): <algo> holding a <gpu> per rank, holding
+// <tb> thread blocks, holding <step>s; see src/plan/msccl_file.cpp and
+// docs/msccl.md for what is read, how thread blocks become one program per
+// rank, and what is refused.  Errors name the origin, the line, the element
+// and the attribute.  The plan's name is the file's stem.
+Result<PlanSpec> parseMscclXml(std::string_view text, std::string_view origin);
 
 // Writes `algo` in chorus's plan text: its programs for `nranks` ranks
 // expanded at count = chunks, so every region is whole chunks of one element
@@ -135,6 +146,10 @@ std::span<const PlanReader> planReaders();
 // declared; its root; reducing collectives also under PreMulSum and Avg).  A
 // refusal carries the verifier's counter-example, prefixed with the origin.
 Result<std::unique_ptr<FileAlgorithm>> buildPlan(PlanSpec spec);
+
+// Reads one plan file with the reader of its extension (not yet checked or
+// proven: buildPlan does both).  chorus-plan import uses it.
+Result<PlanSpec> readPlanFile(const std::string& path);
 
 // Adds the plans of `paths` to reg: a file is read by the reader of its
 // extension; a directory contributes its files with a known extension, in

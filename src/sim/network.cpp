@@ -329,14 +329,20 @@ Result<CollectiveCost> NetworkModel::chorusCollective(Collective coll, const pla
   }
   Result<CollectiveCost> best = invalidArgument("no {} algorithm supports {} ranks", plan::collectiveName(coll), g.size);
   for (const plan::Algorithm* a : cands) {
-    if (!a->supports(sh)) {
+    // A plan that claims only the other form of the call (in place or out of
+    // place: MSCCL's files often claim one) moves the same bytes between the
+    // same ranks in it, so it is priced in that form.
+    plan::Shape other = sh;
+    other.inplace = !sh.inplace;
+    const plan::Shape& use = !a->supports(sh) && a->supports(other) ? other : sh;
+    if (!a->supports(use)) {
       // A named plan that does not take the call says what it needs.
       if (cands.size() == 1 && !a->requirement().empty())
         return invalidArgument("{} '{}' does not take {} ranks and a count of {} (bytes): it needs {}",
                                plan::collectiveName(coll), a->name(), g.size, sh.count, a->requirement());
       continue;
     }
-    Result<CollectiveCost> c = price(*a, sh, g);
+    Result<CollectiveCost> c = price(*a, use, g);
     if (!c.isOk()) {
       if (cands.size() == 1) return c.status();
       continue;  // auto: an algorithm without a pattern at this scale is skipped

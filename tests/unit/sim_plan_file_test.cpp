@@ -107,5 +107,31 @@ TEST(SimPlanFile, CollectiveCommandTakesPlanFiles) {
   EXPECT_NE(err.find("no allreduce algorithm named 'ring4f'"), std::string::npos) << err;
 }
 
+// An MSCCL file from RCCL (tests/data/msccl) priced by --plan FILE.xml: an
+// in-place-only plan is priced in that form; another --gpus names the GPUs
+// it needs.
+TEST(SimPlanFile, CollectiveCommandTakesMscclXml) {
+  CliOptions o;
+  o.cluster_path = kCluster;
+  o.gpus = 4;
+  o.collective = "allreduce";
+  o.bytes_text = "1M";
+  o.algo = "allreduce-1step-4n-ll-1pass";
+  o.plan_paths = {std::string(CHORUS_SOURCE_DIR) + "/tests/data/msccl/allreduce-1step-4n-ll-1pass.xml"};
+  o.json = true;
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(runCollectiveCommand(o), 0);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("\"algo\": \"allreduce-1step-4n-ll-1pass\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"time_us\""), std::string::npos) << out;
+  CliOptions wrong = o;
+  wrong.gpus = 8;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(runCollectiveCommand(wrong), 1);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("the allreduce plan of '" + o.plan_paths[0] + "' is for 4 ranks, not --gpus 8"),
+            std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace chorus::sim
