@@ -339,6 +339,40 @@ class Communicator {
   }
 
   void abort() { check(chorusCommAbort(live("abort")), comm_, "abort"); }
+  void revoke() { check(chorusCommRevoke(live("revoke")), comm_, "revoke"); }
+
+  // Fault tolerance (chorus.h): the survivors' new communicator; the grown
+  // one with nnew joiners; a joiner's.
+  std::unique_ptr<Communicator> shrink() {
+    chorusComm_t out = nullptr, c = live("shrink");
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusCommShrink(c, CHORUS_SHRINK_DEFAULT, &out);
+    }
+    check(r, c, "shrink");
+    return std::make_unique<Communicator>(out);
+  }
+  std::unique_ptr<Communicator> grow(int nnew) {
+    chorusComm_t out = nullptr, c = live("grow");
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusCommGrow(c, nnew, &out);
+    }
+    check(r, c, "grow");
+    return std::make_unique<Communicator>(out);
+  }
+  static std::unique_ptr<Communicator> join(const UniqueId& id) {
+    chorusComm_t out = nullptr;
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusCommJoin(id.get(), &out);
+    }
+    check(r, nullptr, "Communicator.join");
+    return std::make_unique<Communicator>(out);
+  }
 
   chorusResult_t asyncError() const {
     chorusResult_t e = chorusSuccess;
@@ -579,6 +613,16 @@ PYBIND11_MODULE(_chorus, m) {
            "Destroys the communicator after its queued work (chorusCommDestroy); later calls raise.")
       .def("abort", &Communicator::abort,
            "Aborts: pending and later operations fail, peers see the failure.  Any thread.")
+      .def("revoke", &Communicator::revoke,
+           "Breaks the communicator on every rank (chorusCommRevoke): their pending and later operations raise\n"
+           "RevokedError, so survivors stop waiting for a dead rank and can shrink().  Any thread.")
+      .def("shrink", &Communicator::shrink,
+           "Collective over the surviving ranks: a new communicator without the dead ones (chorusCommShrink).")
+      .def("grow", &Communicator::grow, py::arg("nnew"),
+           "Collective with `nnew` processes calling Communicator.join(unique_id): a new communicator of these\n"
+           "ranks (same numbers) followed by the joiners (chorusCommGrow).")
+      .def_static("join", &Communicator::join, py::arg("unique_id"),
+                  "Joins a communicator that grows (chorusCommJoin), through the job's first unique id.")
       .def("async_error", &Communicator::asyncError,
            "The communicator's asynchronous error as a Result (Success when none).  Any thread.")
       .def("split", &Communicator::split, py::arg("color"), py::arg("key"),
