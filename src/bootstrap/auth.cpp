@@ -17,6 +17,7 @@
 #include <openssl/rand.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace chorus::auth {
@@ -236,6 +237,8 @@ Result<std::vector<std::byte>> serverHandshake(int fd, const Secret& secret, net
   return m.takeHello();
 }
 
+bool serverBusy(const Status& s) { return s.code() == chorusInProgress; }
+
 Status clientHandshake(int fd, const Secret& secret, std::span<const std::byte> hello,
                        net::Clock::time_point deadline, SessionKeys* keys) {
   if (hello.size() > kMaxHello)
@@ -275,6 +278,8 @@ Status clientHandshake(int fd, const Secret& secret, std::span<const std::byte> 
                          peer, kHint);
     return handshakeIoError(s, "client", peer);
   }
+  if (std::all_of(mac_s.begin(), mac_s.end(), [](std::byte b) { return b == kBusyByte; }))
+    return makeError(chorusInProgress, "{} is busy (too many unauthenticated connections): connect again", peer);
   const std::span<const std::byte> server_parts[] = {asBytes("server"), nonce_c, nonce_s};
   auto expect = hmac(secret, server_parts);
   if (!equalMac(expect, mac_s))

@@ -48,7 +48,18 @@ Result<std::vector<std::byte>> serverHandshake(int fd, const Secret& secret, net
 // derived from the secret and both nonces.
 struct SessionKeys;
 
-// Run on a connected socket.  Fails if the server does not prove the secret.
+// What a server that must drop a connection before its handshake completes
+// (auth::Gate, under a flood of unauthenticated connections) writes in place
+// of its proof: 32 bytes of 0xff (a real proof is an HMAC: never this).  The
+// client then reports chorusInProgress, and connect loops retry.  A stranger
+// can send it too, which only costs the client a retry.
+constexpr std::byte kBusyByte{0xff};
+constexpr size_t kBusyBytes = 32;
+// The handshake failed because the server was busy: connect again.
+bool serverBusy(const Status& s);
+
+// Run on a connected socket.  Fails if the server does not prove the secret;
+// chorusInProgress (serverBusy) when the server dropped it for being busy.
 // With `keys`, also derives this (client) end's session keys.
 Status clientHandshake(int fd, const Secret& secret, std::span<const std::byte> hello,
                        net::Clock::time_point deadline, SessionKeys* keys = nullptr);

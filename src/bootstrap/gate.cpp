@@ -224,8 +224,20 @@ void Gate::evictOne() {
         victim = p.get();
         break;
       }
-  if (victim != nullptr)
-    refuse(*victim, Refusal::kEvicted,
+  if (victim == nullptr) return;
+  // Tell an honest client to connect again (auth.hpp, kBusyBytes); the
+  // greeting went out whole at accept, so this lands where the proof would.
+  if (victim->out_off == victim->out.size()) {
+    std::array<std::byte, kBusyBytes> busy;
+    busy.fill(kBusyByte);
+    (void)::send(victim->fd.get(), busy.data(), busy.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    // Unread input would turn the close into a reset, which can drop the
+    // notice before the client reads it: take what the client sent.
+    std::byte sink[512];
+    for (int i = 0; i < 4 && ::recv(victim->fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+    }
+  }
+  refuse(*victim, Refusal::kEvicted,
            fmt::format("{} unauthenticated connections were already waiting", max_pending_));
 }
 

@@ -701,11 +701,19 @@ Result<std::shared_ptr<Store>> connectStore(const net::SockAddr& server, const a
                            "launch with chorus-run",
                            auth::wireProtectName(protect));
   auto deadline = deadlineAfter(static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)));
-  auto fd = net::connectTo(server, deadline);
-  if (!fd.isOk()) return fd.status().withContext("connecting to the rendezvous store: ");
   auth::SessionKeys keys;
   const std::string hello = helloFor(protect);
-  Status hs = auth::clientHandshake(fd->get(), secret, toBytes(std::string_view(hello)), deadline, &keys);
+  Result<net::Fd> fd = makeError(chorusInternalError, "not connected");
+  Status hs;
+  // A store flooded by strangers may drop our connection before the
+  // handshake ends (auth::serverBusy): connect again, with a growing pause.
+  for (int attempt = 0;; ++attempt) {
+    fd = net::connectTo(server, deadline);
+    if (!fd.isOk()) return fd.status().withContext("connecting to the rendezvous store: ");
+    hs = auth::clientHandshake(fd->get(), secret, toBytes(std::string_view(hello)), deadline, &keys);
+    if (!auth::serverBusy(hs) || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(1 << std::min(attempt, 6), 50)));
+  }
   if (hs.code() == chorusRemoteError)
     return hs.withContext(fmt::format(
         "rendezvous store {}: whoever listens there is not this job's store, or does not know this job's secret (a "

@@ -8,6 +8,8 @@
     chorus-run-torch RUN MAIN NP  chorus-run ranks that init torch.distributed with env:// (gloo) and, while
                                   that group is alive, run a chorus job from the same environment
     mpirun MAIN NP                Open MPI's mpirun with no CHORUS_MASTER_ADDR/PORT
+    flood MAIN NP                 rank 0 limited to 256 descriptors, its store port flooded with 300 connections
+                                  held open: every rank still succeeds, and the refusals are summarised
     secrets MAIN NP               a secret without the user: one-host torchrun ranks share a per-job file; ranks
                                   on several hosts warn (and refuse with CHORUS_REQUIRE_SECRET=1); a stranger's
                                   store bound first to the port is refused
@@ -231,6 +233,77 @@ def secrets(main, np_):
           "CHORUS_REQUIRE_SECRET=1")
 
 
+def flood(main, np_):
+    """A descriptor-limited rank 0 (RLIMIT_NOFILE 256) whose store port is
+    flooded with up to 300 connections held open and refilled as they close,
+    the whole time the job starts and runs: every rank still succeeds, and
+    rank 0's log says so in a few summary lines, not one line per stranger."""
+    import resource
+    import threading
+    agent, port = listener()
+    stop = threading.Event()
+    opened = [0]
+
+    def flooder():
+        held = []
+        while not stop.is_set():
+            held = [c for c in held if c.fileno() >= 0]
+            while len(held) < 300 and not stop.is_set():
+                c = socket.socket()
+                c.setblocking(False)
+                try:
+                    c.connect_ex(("127.0.0.1", port + 1))
+                except OSError:
+                    c.close()
+                    break
+                held.append(c)
+                opened[0] += 1
+            # Drop the ones the server closed (readable with EOF), keep the rest silent.
+            alive = []
+            for c in held:
+                try:
+                    if c.recv(64) == b"":
+                        c.close()
+                        continue
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    c.close()
+                    continue
+                alive.append(c)
+            held = alive
+            stop.wait(0.02)
+        for c in held:
+            c.close()
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    with agent:
+        t = threading.Thread(target=flooder, daemon=True)
+        t.start()
+        procs = []
+        for r in range(np_):
+            env = clean_env(RANK=str(r), WORLD_SIZE=str(np_), LOCAL_WORLD_SIZE=str(np_), MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="none", CHORUS_TIMEOUT_MS="30000")
+            procs.append(subprocess.Popen([main], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          preexec_fn=limit if r == 0 else None))
+        results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+        stop.set()
+        t.join()
+    bad = [(r, rc, err[-2000:]) for r, (_, err, rc) in enumerate(results) if rc != 0]
+    if bad:
+        fail(f"flood: ranks failed with rank 0 limited to 256 descriptors and {opened[0]} stranger connections: {bad}")
+    check_reports("".join(out for out, _, _ in results), np_, "flood")
+    refusals = [l for l in results[0][1].splitlines() if "refused" in l]
+    if opened[0] < 300:
+        fail(f"flood: the flooder opened only {opened[0]} connections")
+    if len(refusals) > 5:
+        fail(f"flood: rank 0 logged {len(refusals)} refusal lines (not rate-limited): {refusals[:3]}")
+    print(f"launchers_test: flood: {np_} ranks ok with rank 0 at 256 descriptors and {opened[0]} stranger "
+          f"connections; rank 0 logged {len(refusals)} refusal line(s)")
+
+
 def have_torch():
     return subprocess.run([sys.executable, "-c", "import torch.distributed.run"], capture_output=True).returncode == 0
 
@@ -306,6 +379,8 @@ def main():
         torchrun(args[0], int(args[1]))
     elif mode == "chorus-run-torch":
         chorus_run_torch(args[0], args[1], int(args[2]))
+    elif mode == "flood":
+        flood(args[0], int(args[1]))
     elif mode == "secrets":
         secrets(args[0], int(args[1]))
     elif mode == "mpirun":

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -137,13 +138,18 @@ TEST(Gate, AFloodHoldsAtMostTheCapAndHonestClientsStillGetIn) {
   for (int i = 0; i < 3; ++i) EXPECT_LT(honestHandshake(srv.address()), 1s);
   // The server side closed all but the newest kCap: their reads see EOF.
   std::this_thread::sleep_for(200ms);
-  size_t closed = 0;
+  size_t closed = 0, told_busy = 0;
   for (auto& f : flood) {
-    std::byte b[64];
-    // Skip the greeting (37 bytes), then look for the EOF.
-    ssize_t n = ::recv(f.get(), b, sizeof b, MSG_DONTWAIT);
-    if (n >= 0 && n < static_cast<ssize_t>(sizeof b)) n = ::recv(f.get(), b, sizeof b, MSG_DONTWAIT);
+    // The greeting (37 bytes), for a displaced one the busy notice (32 x
+    // 0xff, auth.hpp), then the end of the stream.
+    std::vector<std::byte> got;
+    std::byte b[256];
+    ssize_t n;
+    while ((n = ::recv(f.get(), b, sizeof b, MSG_DONTWAIT)) > 0) got.insert(got.end(), b, b + n);
     if (n == 0) ++closed;
+    if (got.size() == 37 + auth::kBusyBytes &&
+        std::all_of(got.begin() + 37, got.end(), [](std::byte x) { return x == auth::kBusyByte; }))
+      ++told_busy;
   }
   EXPECT_EQ(srv.admittedWithin(3, 2s), 3u);
   srv.stop();
@@ -152,6 +158,7 @@ TEST(Gate, AFloodHoldsAtMostTheCapAndHonestClientsStillGetIn) {
   // found kCap waiting; the ones after it found kCap - 1).
   EXPECT_EQ(srv.gate().strangers().count(Refusal::kEvicted), 100 - kCap + 1);
   EXPECT_EQ(closed, 100 - kCap + 1);
+  EXPECT_EQ(told_busy, 100 - kCap + 1) << "each displaced connection is told to connect again";
 }
 
 TEST(Gate, AWrongSecretIsRefusedAsBadAuthentication) {
