@@ -366,6 +366,10 @@ ClusterSpec applyNodeTopo(const ClusterSpec& base, const NodeTopo& t, std::strin
     r.push_back(fmt::format("node.nvlink_gbyte_s = {:g}: file (PCIe: the narrowest link_width x link_speed on a GPU's "
                             "path to the CPU{})",
                             t.scaleup_gbyte_s, t.links_max > 0 ? ", some GPUs have no links" : ", no <nvlink>/<xgmi> links"));
+  if (t.vendor == "amd" && c.node.nvls != 0) {  // NVLink SHARP is an NVSwitch feature
+    c.node.nvls = 0;
+    r.push_back("node.nvls = off: file (AMD GPUs; the base's NVLS setting is for NVSwitch nodes)");
+  }
   if (t.nics > 0) {
     c.network.nics_per_node = t.nics;
     c.network.nic_bw = gbitPerS(t.nic_gbit_s);
@@ -398,7 +402,7 @@ ClusterSpec applyNodeTopo(const ClusterSpec& base, const NodeTopo& t, std::strin
                             base.network.nics_per_node, base.network.nic_bw.value() * 8 / 1e9,
                             base.network.latency.value() * 1e6));
   }
-  r.push_back("base: nodes, gpu (name, flops, memory, arch), nvlink_latency_us, nvlink_efficiency, nvls, and the "
+  r.push_back("base: nodes, gpu (name, flops, memory, arch), nvlink_latency_us, nvlink_efficiency, nvls (NVIDIA), and the "
               "network's topology, oversubscription, efficiency, leaf_nodes, sharp");
   if (report) *report = std::move(r);
   return c;

@@ -262,7 +262,9 @@ TEST(NodeTopo, EveryTruncationIsAnError) {
   for (size_t n = 0; n + 1 < text.size(); n += 7) {
     auto t = parseNodeTopo(std::string_view(text).substr(0, n), "cut.xml");
     EXPECT_FALSE(t.isOk()) << n;
-    if (!t.isOk()) EXPECT_EQ(std::string(t.status().message()).rfind("cut.xml:", 0), 0U) << t.status().message();
+    if (!t.isOk()) {
+      EXPECT_EQ(std::string(t.status().message()).rfind("cut.xml:", 0), 0U) << t.status().message();
+    }
   }
 }
 
