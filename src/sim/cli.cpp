@@ -12,6 +12,7 @@
 #include "common/size.hpp"
 #include "sim/cli_args.hpp"
 #include "sim/model_info.hpp"
+#include "sim/nccl_topo.hpp"
 #include "sim/placement.hpp"
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
@@ -119,6 +120,12 @@ Result<std::unique_ptr<Setup>> openCluster(const CliOptions& o) {
   CHORUS_ASSIGN_OR_RETURN(Library lib, parseLibrary(o.library));
   s->lib = lib;
   CHORUS_ASSIGN_OR_RETURN(ClusterSpec c, loadCluster(o.cluster_path));
+  if (!o.node_topo_path.empty()) {  // the node from an NCCL topology file, the rest from the cluster file
+    CHORUS_ASSIGN_OR_RETURN(NodeTopo t, loadNodeTopo(o.node_topo_path));
+    std::vector<std::string> report;
+    c = applyNodeTopo(c, t, o.node_topo_path, &report);
+    for (const std::string& line : report) std::fprintf(stderr, "chorus-sim: --node-topo: %s\n", line.c_str());
+  }
   s->cluster = std::move(c);
   return s;
 }

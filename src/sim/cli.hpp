@@ -20,6 +20,9 @@ namespace chorus::sim {
 struct CliOptions {
   // shared
   std::string cluster_path, model_path, network = "analytical", library = "nccl";
+  // --node-topo: an NCCL topology XML whose node replaces the cluster file's
+  // (sim/nccl_topo.hpp); what came from where is printed on stderr.
+  std::string node_topo_path;
   bool json = false, verbose = false;
   bool allow_unknown_keys = false;  // --allow-unknown-keys: a near-miss Hugging Face key is ignored, not refused
   int64_t gpus_per_domain = 0;
