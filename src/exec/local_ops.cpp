@@ -1,8 +1,10 @@
 #include "exec/local_ops.hpp"
 
 #include <array>
+#include <cstring>
 
 #include "common/dtype.hpp"
+#include "kernels/convert.hpp"
 #include "kernels/exact.hpp"
 #include "kernels/reduce.hpp"
 
@@ -22,6 +24,35 @@ void runLocalOp(const LocalOp& op) {
     case LocalOp::Kind::FromExact:
       if (op.count) kernels::fromExact(*op.layout, op.dst, static_cast<const int64_t*>(op.src), op.count);
       break;
+    case LocalOp::Kind::Accumulate: {
+      // Two roundings per element, never fused into one (this file is built
+      // with -ffp-contract=off): the order MoE combine documents.
+      auto* d = static_cast<float*>(op.dst);
+      if (op.dtype == chorusFloat32) {
+        const auto* x = static_cast<const float*>(op.src);
+        for (uint64_t i = 0; i < op.count; ++i) {
+          const float p = op.weight * x[i];
+          d[i] = d[i] + p;
+        }
+      } else {  // bfloat16 (the caller checked)
+        const auto* x = static_cast<const uint16_t*>(op.src);
+        for (uint64_t i = 0; i < op.count; ++i) {
+          const float p = op.weight * kernels::convert::bf16ToFloat(x[i]);
+          d[i] = d[i] + p;
+        }
+      }
+      break;
+    }
+    case LocalOp::Kind::FromFloat: {
+      const auto* s = static_cast<const float*>(op.src);
+      if (op.dtype == chorusFloat32) {
+        if (op.count && op.dst != op.src) std::memcpy(op.dst, s, op.count * sizeof(float));
+      } else {
+        auto* d = static_cast<uint16_t*>(op.dst);
+        for (uint64_t i = 0; i < op.count; ++i) d[i] = kernels::convert::floatToBf16(s[i]);
+      }
+      break;
+    }
     case LocalOp::Kind::ExactRange: {
       auto* r = static_cast<int64_t*>(op.dst);
       kernels::exactRange(op.dtype, op.src, op.count, &r[0], &r[1]);  // no element: both kNoExponent

@@ -1,0 +1,80 @@
+// What the ep_* primitives share: the config check, the agreement before data
+// moves, the call block, the handle's creation (prim/ep.hpp).
+#include "prim/ep.hpp"
+
+#include <map>
+
+#include "comm/communicator.hpp"
+#include "common/dtype.hpp"
+
+namespace chorus::prim::ep {
+
+size_t State::elemBytes() const { return dtypeSize(cfg.dtype); }
+
+Status checkConfig(const Config& c, int nranks) {
+  if (c.experts <= 0) return invalidArgument("config.numExperts={} must be > 0", c.experts);
+  if (c.experts % nranks != 0)
+    return invalidArgument("config.numExperts={} is not a multiple of the rank count {} (experts are spread evenly: "
+                           "expert e lives on rank e / (numExperts / nranks))", c.experts, nranks);
+  if (c.topk <= 0 || c.topk > c.experts)
+    return invalidArgument("config.topk={} must be in 1..numExperts ({})", c.topk, c.experts);
+  if (c.hidden == 0) return invalidArgument("config.hidden=0: a token row needs at least one element");
+  if (c.hidden > (size_t{1} << 40)) return invalidArgument("config.hidden={} is beyond 2^40 elements", c.hidden);
+  if (c.dtype != chorusFloat32 && c.dtype != chorusBfloat16)
+    return invalidArgument("config.datatype={} is not supported (chorusFloat32 or chorusBfloat16)", static_cast<int>(c.dtype));
+  if (c.index_type != chorusInt32 && c.index_type != chorusInt64)
+    return invalidArgument("config.indexType={} is not supported (chorusInt32 or chorusInt64)", static_cast<int>(c.index_type));
+  if (c.max_hosts < 0) return invalidArgument("config.maxHostsPerToken={} must be >= 0 (0: off)", c.max_hosts);
+  if (c.max_hosts > 0)
+    return invalidArgument("config.maxHostsPerToken={}: node-limited routing is not implemented yet (pass 0); "
+                           "the option is refused rather than ignored", c.max_hosts);
+  return {};
+}
+
+Result<const Call*> callOf(const Args& args) {
+  if (args.aux == nullptr || args.aux_bytes != sizeof(Call))
+    return invalidArgument("aux must be the chorusEp* entry points' call block ({} bytes), got {} bytes; call "
+                           "chorusEpLayout/Dispatch/Combine instead", sizeof(Call), args.aux_bytes);
+  const auto* c = static_cast<const Call*>(args.aux);
+  if (c->magic != kCallMagic || c->state == nullptr)
+    return invalidArgument("aux is not a chorusEp* call block; call chorusEpLayout/Dispatch/Combine instead");
+  return c;
+}
+
+Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params, std::span<const char* const> names) {
+  const int n = ctx.size();
+  // [first failing rank as n - rank (max = lowest rank), then each parameter as +p and -p]
+  std::vector<int64_t> v(1 + 2 * params.size());
+  v[0] = mine.isOk() ? 0 : static_cast<int64_t>(n - ctx.rank());
+  for (size_t i = 0; i < params.size(); ++i) v[1 + 2 * i] = params[i], v[2 + 2 * i] = -params[i];
+  CHORUS_RETURN_IF_ERROR(ctx.allReduce(v.data(), v.data(), v.size(), chorusInt64, chorusMax));
+  if (!mine.isOk()) return mine;
+  if (v[0] > 0)
+    return invalidArgument("rank {} refused its arguments (its error names them); no data moved", n - v[0]);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (v[1 + 2 * i] != -v[2 + 2 * i])
+      return invalidArgument("{} differs across ranks (from {} to {}); every rank must pass the same; no data moved",
+                             i < names.size() ? names[i] : "a parameter", -v[2 + 2 * i], v[1 + 2 * i]);
+  return {};
+}
+
+Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std::vector<int> host_ids) {
+  Context ctx(comm);
+  Status mine = checkConfig(cfg, ctx.size());
+  const int64_t params[] = {cfg.experts, cfg.topk, static_cast<int64_t>(cfg.hidden), static_cast<int64_t>(cfg.dtype),
+                            static_cast<int64_t>(cfg.index_type), cfg.max_hosts};
+  static constexpr const char* kNames[] = {"config.numExperts", "config.topk", "config.hidden",
+                                           "config.datatype", "config.indexType", "config.maxHostsPerToken"};
+  CHORUS_RETURN_IF_ERROR(agree(ctx, mine, params, kNames));
+  auto st = std::make_unique<State>();
+  st->cfg = cfg;
+  st->nranks = ctx.size();
+  st->rank = ctx.rank();
+  if (host_ids.size() != static_cast<size_t>(st->nranks)) host_ids.assign(static_cast<size_t>(st->nranks), 0);
+  std::map<int, int> index;
+  for (int h : host_ids) st->host_of.push_back(index.try_emplace(h, static_cast<int>(index.size())).first->second);
+  st->nhosts = static_cast<int>(index.size());
+  return st;
+}
+
+}  // namespace chorus::prim::ep

@@ -1,0 +1,113 @@
+// Expert parallelism (MoE dispatch and combine): the state a chorusEpHandle_t
+// holds and the call block the ep_* primitives read (include/chorus/chorus.h,
+// "Expert parallelism"; docs/ep.md).  One primitive per file:
+//
+//   ep_layout.cpp       layout from the top-k ids + the count exchange
+//   ep_dispatch.cpp     tokens to the ranks of their experts, grouped by expert
+//   ep_combine.cpp      expert outputs home, weighted, summed in a fixed order
+//   ep_return_topk.cpp  per-row values back to their (token, k) slot
+//
+// The primitives are reached through the chorusEp* entry points, which fill
+// the Call block; a chorusPrimitive call naming them must pass that block
+// (aux, auxBytes == sizeof(Call), the magic set), else it is refused.
+//
+// Every primitive agrees before data moves (agree()): each rank's own checks
+// become one entry of an allreduce, so a rank's bad input fails the call on
+// every rank, naming the rank, instead of leaving its peers waiting.
+#pragma once
+
+#include <chorus/chorus.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/status.hpp"
+#include "prim/primitive.hpp"
+
+namespace chorus::prim::ep {
+
+struct Config {
+  int experts = 0, topk = 0;
+  size_t hidden = 0;
+  chorusDataType_t dtype = chorusBfloat16;
+  chorusDataType_t index_type = chorusInt64;
+  int max_hosts = 0;
+};
+
+// Validates a config for a communicator of n ranks, naming the field.
+Status checkConfig(const Config& c, int nranks);
+
+struct State {
+  Config cfg;
+  int nranks = 1, rank = 0;
+  std::vector<int> host_of;  // rank -> host index 0..nhosts-1 (first appearance in rank order)
+  int nhosts = 1;
+  [[nodiscard]] int localExperts() const { return cfg.experts / nranks; }
+  [[nodiscard]] int rankOf(int expert) const { return expert / localExperts(); }
+  [[nodiscard]] size_t elemBytes() const;
+  [[nodiscard]] size_t rowBytes() const { return cfg.hidden * elemBytes(); }
+
+  // The last layout (ep_layout).
+  bool laid_out = false;
+  size_t tokens = 0;
+  std::vector<int32_t> ids;          // tokens x topk, validated
+  std::vector<size_t> send_counts;   // tokens to each rank
+  std::vector<size_t> send_order;    // token indices, rank-major, ascending within a rank
+  std::vector<size_t> recv_rows;     // wire rows from each rank
+  std::vector<size_t> recv_per_expert;  // rows per local expert (all sources)
+  size_t num_recv = 0;               // sum of recv_per_expert
+
+  // The last dispatch: for received wire row i (in arrival order: source rank,
+  // then the source's send order), its rows of recvX in ascending expert id
+  // are slots[slot_begin[i] .. slot_begin[i + 1]), and for each the position
+  // j of the expert in the token's top-k list (slot_k).
+  bool dispatched = false;
+  std::vector<size_t> slot_begin;
+  std::vector<size_t> slots;
+  std::vector<int32_t> slot_k;
+};
+
+// The ep_* primitives' aux block.
+inline constexpr uint64_t kCallMagic = 0x63686f7275736570ull;  // "chorusep"
+struct Call {
+  uint64_t magic = kCallMagic;
+  State* state = nullptr;
+  // layout
+  const void* topk_idx = nullptr;
+  size_t tokens = 0;
+  size_t* tokens_per_rank = nullptr;
+  size_t* tokens_per_host = nullptr;
+  size_t* tokens_per_expert = nullptr;
+  size_t* recv_per_expert = nullptr;
+  size_t* num_recv = nullptr;
+  // dispatch
+  const void* x = nullptr;
+  const float* topk_weights = nullptr;
+  void* recv_x = nullptr;
+  float* recv_weights = nullptr;
+  size_t recv_capacity = 0;
+  // combine
+  const void* expert_out = nullptr;
+  const float* weights = nullptr;
+  void* out = nullptr;
+  // return_topk
+  const float* row_values = nullptr;
+  float* topk_values = nullptr;
+};
+
+// The Call block of args (refused unless it is one), with its state.
+Result<const Call*> callOf(const Args& args);
+
+// The agreement before data moves.  `mine` is this rank's verdict on its own
+// arguments; `params` are values every rank must pass alike (each named in
+// `names`).  Returns `mine` on a rank that failed, an error naming the first
+// failing rank on the others, an error naming a differing parameter on all;
+// ok only when every rank is ok and every parameter agrees.
+Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params = {},
+             std::span<const char* const> names = {});
+
+// Collective: checks and compares every rank's config.
+Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std::vector<int> host_ids);
+
+}  // namespace chorus::prim::ep
