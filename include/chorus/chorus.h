@@ -337,6 +337,11 @@ chorusResult_t chorusPrimitiveList(char* list, size_t len, size_t* needed);
  * rounded once to the datatype.  Experts of a rank are consecutive ids, so this
  * visits the token's experts in ascending id, summed per rank then across ranks.
  * The result depends on the rank count (the grouping), not on timing.
+ * With node-limited routing the rank partials of one host are first summed at
+ * the host's relay (a float32 accumulator from +0, the host's ranks in
+ * ascending order, rounded to the datatype: one row per host crosses the
+ * network), and home adds those host partials from +0 in ascending host order
+ * (hosts numbered by their lowest rank), rounded once.
  *
  * Bad input is refused on every rank (chorusInvalidArgument naming the
  * argument on the rank that passed it, and that rank on the others), before
@@ -351,9 +356,14 @@ typedef struct {
   size_t hidden;              /* elements per token row, > 0 */
   chorusDataType_t datatype;  /* payload of dispatch and combine: chorusFloat32 or chorusBfloat16 */
   chorusDataType_t indexType; /* topkIdx's type: chorusInt32 or chorusInt64 (torch.topk gives int64) */
-  /* Node-limited routing (each token reaches at most this many hosts; one copy
-   * crosses the network per host): 0 = off.  Not implemented yet: > 0 is
-   * refused with chorusInvalidArgument, never ignored. */
+  /* Node-limited routing: 0 = off (each token goes straight to every rank
+   * holding one of its experts).  M > 0: every token's experts must lie on at
+   * most M hosts (the router's job, e.g. group-limited gating; a token beyond
+   * is chorusInvalidArgument), and a token crosses once to each of its hosts,
+   * to that host's relay (the rank of that host with the sender's local
+   * index, modulo the host's size), which forwards it to the ranks of its host
+   * that hold its experts.  Hosts: ranks joined by shared memory
+   * (CHORUS_HOST_ID splits a machine). */
   int maxHostsPerToken;
 } chorusEpConfig_t;
 #define CHORUS_EP_CONFIG_INITIALIZER { sizeof(chorusEpConfig_t), 0, 0, 0, chorusBfloat16, chorusInt64, 0 }
@@ -375,7 +385,8 @@ chorusResult_t chorusEpLayout(chorusEpHandle_t ep, const void* topkIdx, size_t n
                               size_t* tokensPerHost, size_t* tokensPerExpert, size_t* recvPerExpert,
                               size_t* numRecv, chorusComm_t comm, chorusStream_t stream);
 /* The send order of the last layout: the token indices sent to rank 0 (in
- * ascending order), then to rank 1, ...; sum(tokensPerRank) entries
+ * ascending order), then to rank 1, ...: sum(tokensPerRank) entries, or with
+ * node-limited routing the tokens sent to each host's relay, sum(tokensPerHost)
  * (*needed receives it; order may be NULL). */
 chorusResult_t chorusEpSendOrder(chorusEpHandle_t ep, size_t* order, size_t len, size_t* needed);
 /* x: numTokens x hidden of datatype (the layout's tokens).  topkWeights:

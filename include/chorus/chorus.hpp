@@ -809,8 +809,8 @@ class ExpertParallel {
   static_assert(std::is_same_v<I, int32_t> || std::is_same_v<I, int64_t>, "ids: int32_t or int64_t");
 
  public:
-  // Collective: every rank passes the same values.  maxHostsPerToken > 0
-  // (node-limited routing) is refused: not implemented yet.
+  // Collective: every rank passes the same values.  maxHostsPerToken > 0:
+  // node-limited routing (chorus.h, chorusEpConfig_t).
   static Result<ExpertParallel> create(const Communicator& comm, int numExperts, int topk, size_t hidden,
                                        int maxHostsPerToken = 0) {
     chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;

@@ -25,9 +25,6 @@ Status checkConfig(const Config& c, int nranks) {
   if (c.index_type != chorusInt32 && c.index_type != chorusInt64)
     return invalidArgument("config.indexType={} is not supported (chorusInt32 or chorusInt64)", static_cast<int>(c.index_type));
   if (c.max_hosts < 0) return invalidArgument("config.maxHostsPerToken={} must be >= 0 (0: off)", c.max_hosts);
-  if (c.max_hosts > 0)
-    return invalidArgument("config.maxHostsPerToken={}: node-limited routing is not implemented yet (pass 0); "
-                           "the option is refused rather than ignored", c.max_hosts);
   return {};
 }
 
@@ -58,6 +55,17 @@ Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params, 
   return {};
 }
 
+Status exchangeRows(Context& ctx, const void* send, std::span<const size_t> send_rows, void* recv,
+                    std::span<const size_t> recv_rows, size_t row_bytes) {
+  const size_t n = send_rows.size();
+  std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
+  for (size_t r = 0, sa = 0, ra = 0; r < n; ++r) {
+    sc[r] = send_rows[r] * row_bytes, sd[r] = sa, sa += sc[r];
+    rc[r] = recv_rows[r] * row_bytes, rd[r] = ra, ra += rc[r];
+  }
+  return ctx.allToAllV(send, sc, sd, recv, rc, rd, chorusUint8);
+}
+
 Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std::vector<int> host_ids) {
   Context ctx(comm);
   Status mine = checkConfig(cfg, ctx.size());
@@ -74,6 +82,12 @@ Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std
   std::map<int, int> index;
   for (int h : host_ids) st->host_of.push_back(index.try_emplace(h, static_cast<int>(index.size())).first->second);
   st->nhosts = static_cast<int>(index.size());
+  st->host_ranks.assign(static_cast<size_t>(st->nhosts), {});
+  for (int r = 0; r < st->nranks; ++r) {
+    auto& hr = st->host_ranks[static_cast<size_t>(st->host_of[static_cast<size_t>(r)])];
+    if (r == st->rank) st->local_index = static_cast<int>(hr.size());
+    hr.push_back(r);
+  }
   return st;
 }
 

@@ -43,8 +43,19 @@ struct State {
   int nranks = 1, rank = 0;
   std::vector<int> host_of;  // rank -> host index 0..nhosts-1 (first appearance in rank order)
   int nhosts = 1;
+  std::vector<std::vector<int>> host_ranks;  // host -> its ranks, ascending
+  int local_index = 0;                       // this rank's index among its host's ranks
   [[nodiscard]] int localExperts() const { return cfg.experts / nranks; }
   [[nodiscard]] int rankOf(int expert) const { return expert / localExperts(); }
+  [[nodiscard]] int hostOfExpert(int expert) const { return host_of[static_cast<size_t>(rankOf(expert))]; }
+  [[nodiscard]] bool nodeLimited() const { return cfg.max_hosts > 0; }
+  // Node-limited routing: the rank of host h that relays this rank's tokens
+  // (the one with this rank's local index, modulo the host's size: DeepEP's
+  // "same GPU index on every node"); on this rank's own host, this rank.
+  [[nodiscard]] int relayFor(int h) const {
+    const auto& rs = host_ranks[static_cast<size_t>(h)];
+    return rs[static_cast<size_t>(local_index) % rs.size()];
+  }
   [[nodiscard]] size_t elemBytes() const;
   [[nodiscard]] size_t rowBytes() const { return cfg.hidden * elemBytes(); }
 
@@ -52,16 +63,28 @@ struct State {
   bool laid_out = false;
   size_t tokens = 0;
   std::vector<int32_t> ids;          // tokens x topk, validated
-  std::vector<size_t> send_counts;   // tokens to each rank
-  std::vector<size_t> send_order;    // token indices, rank-major, ascending within a rank
-  std::vector<size_t> recv_rows;     // wire rows from each rank
+  // What this rank sends (the first hop): without node-limited routing the
+  // tokens to each rank holding their experts, with it the tokens to each
+  // host's relay (one copy per host).  Token indices, rank-major, ascending
+  // within a rank.
+  std::vector<size_t> send_counts;
+  std::vector<size_t> send_order;
+  std::vector<size_t> recv_rows;     // wire rows this rank's experts receive, from each rank (the last hop)
   std::vector<size_t> recv_per_expert;  // rows per local expert (all sources)
   size_t num_recv = 0;               // sum of recv_per_expert
+  // Node-limited routing's relay hop: the first hop's rows arriving here from
+  // each rank (hop1_rows), their top-k ids (hop1_ids, k per row, arrival
+  // order), and what this rank forwards inside its host: hop2_counts rows to
+  // each rank, hop2_rows the first-hop row index of each, rank-major.
+  std::vector<size_t> hop1_rows;
+  std::vector<int32_t> hop1_ids;
+  std::vector<size_t> hop2_counts;
+  std::vector<size_t> hop2_rows;
 
   // The last dispatch: for received wire row i (in arrival order: source rank,
-  // then the source's send order), its rows of recvX in ascending expert id
-  // are slots[slot_begin[i] .. slot_begin[i + 1]), and for each the position
-  // j of the expert in the token's top-k list (slot_k).
+  // or relay, then the sender's order), its rows of recvX in ascending expert
+  // id are slots[slot_begin[i] .. slot_begin[i + 1]), and for each the
+  // position j of the expert in the token's top-k list (slot_k).
   bool dispatched = false;
   std::vector<size_t> slot_begin;
   std::vector<size_t> slots;
@@ -106,6 +129,11 @@ Result<const Call*> callOf(const Args& args);
 // ok only when every rank is ok and every parameter agrees.
 Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params = {},
              std::span<const char* const> names = {});
+
+// One all-to-all-v of rows of rowBytes bytes: send_rows[p] rows to rank p
+// (packed in rank order), recv_rows[p] from rank p (packed in rank order).
+Status exchangeRows(Context& ctx, const void* send, std::span<const size_t> send_rows, void* recv,
+                    std::span<const size_t> recv_rows, size_t row_bytes);
 
 // Collective: checks and compares every rank's config.
 Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std::vector<int> host_ids);

@@ -5,10 +5,14 @@
 // On each rank, per received wire row (the token as dispatch delivered it):
 // a float32 accumulator from +0 adds weight x expertOut of the row's experts
 // in ascending expert id, rounded to the datatype: the token's partial for
-// this rank.  One all-to-all-v sends the partials back (dispatch's exchange
-// reversed).  At home a float32 accumulator per token from +0 adds the
-// partials in ascending rank order (the send order is rank-major), rounded
-// once.  The arithmetic runs as exec local operations (Accumulate, FromFloat).
+// this rank.  Direct routing: one all-to-all-v sends the partials back
+// (dispatch's exchange reversed); at home a float32 accumulator per token
+// from +0 adds the partials in ascending rank order (the send order is
+// rank-major), rounded once.  Node-limited routing: the partials go back to
+// the relay, which sums the partials of its host's ranks for each token (from
+// +0, ascending rank, rounded: one row per host crosses the network), and the
+// home adds the hosts' partials from +0 in ascending host order, rounded.
+// The arithmetic runs as exec local operations (Accumulate, FromFloat).
 #include <numeric>
 
 #include "exec/local_ops.hpp"
@@ -52,17 +56,34 @@ class Combine final : public Primitive {
       }
       exec::runLocalOp(exec::LocalOp::fromFloat(&sendb[i * row], acc.data(), h, dt));
     }
-    std::vector<uint8_t> recvb(s.send_order.size() * row);
-    std::vector<size_t> scount(n), sdisp(n), rcount(n), rdisp(n);
-    for (size_t r = 0, sa = 0, ra = 0; r < n; ++r) {
-      scount[r] = s.recv_rows[r] * h, sdisp[r] = sa, sa += scount[r];
-      rcount[r] = s.send_counts[r] * h, rdisp[r] = ra, ra += rcount[r];
+    if (s.nodeLimited()) {
+      // Back to the relays, which sum their host's partials per first-hop row.
+      std::vector<uint8_t> back(s.hop2_rows.size() * row);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), s.recv_rows, back.data(), s.hop2_counts, row));
+      const size_t rows1 = std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0});
+      std::vector<float> host(rows1 * h, 0.0f);
+      for (size_t p = 0; p < s.hop2_rows.size(); ++p)  // rank-major: each row's partials in ascending rank
+        exec::runLocalOp(exec::LocalOp::accumulate(&host[s.hop2_rows[p] * h], &back[p * row], h, dt, 1.0f));
+      sendb.assign(rows1 * row, 0);
+      exec::runLocalOp(exec::LocalOp::fromFloat(sendb.data(), host.data(), host.size(), dt));
     }
-    CHORUS_RETURN_IF_ERROR(ctx.allToAllV(sendb.data(), scount, sdisp, recvb.data(), rcount, rdisp, dt));
+    const std::vector<size_t>& sent_back = s.nodeLimited() ? s.hop1_rows : s.recv_rows;
+    std::vector<uint8_t> recvb(s.send_order.size() * row);
+    CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), sent_back, recvb.data(), s.send_counts, row));
 
+    // Home: each token's partials in ascending rank (direct) or host (node-limited) order.
     std::vector<float> home(s.tokens * h, 0.0f);
-    for (size_t p = 0; p < s.send_order.size(); ++p)  // rank-major: each token's partials in ascending rank
-      exec::runLocalOp(exec::LocalOp::accumulate(&home[s.send_order[p] * h], &recvb[p * row], h, dt, 1.0f));
+    std::vector<size_t> displ(n + 1, 0);
+    for (size_t r = 0; r < n; ++r) displ[r + 1] = displ[r] + s.send_counts[r];
+    auto addFrom = [&](size_t r) {
+      for (size_t p = displ[r]; p < displ[r + 1]; ++p)
+        exec::runLocalOp(exec::LocalOp::accumulate(&home[s.send_order[p] * h], &recvb[p * row], h, dt, 1.0f));
+    };
+    if (!s.nodeLimited()) {
+      for (size_t r = 0; r < n; ++r) addFrom(r);
+    } else {
+      for (int hh = 0; hh < s.nhosts; ++hh) addFrom(static_cast<size_t>(s.relayFor(hh)));
+    }
     exec::runLocalOp(exec::LocalOp::fromFloat(c.out, home.data(), home.size(), dt));
     return {};
   }

@@ -1,15 +1,19 @@
 // "ep_dispatch": each token crosses once to each rank that holds one of its
-// experts, and lands there in every one of those experts' groups of recvX
+// experts (node-limited routing: once to each host, then forwarded inside
+// it), and lands there in every one of those experts' groups of recvX
 // (prim/ep.hpp; chorusEpDispatch).
 //
 // After the agreement (a rank without a layout, a NULL buffer or a recvX too
 // small for the layout's numRecv fails the call on every rank, no data moved),
-// one all-to-all-v of wire rows in the layout's send order.  A wire row is the
-// token's hidden elements, its top-k ids (int32) and weights (float32): the
-// receiver picks its own experts from the ids.  It writes row i's payload into
-// the groups of its local experts in ascending expert id (groups in expert
-// order, within a group by source rank, then the source's token order), and
-// keeps where each went: the routing combine undoes.  Every write is checked
+// one all-to-all-v of wire rows in the layout's send order (node-limited: a
+// second one, the relays forwarding the rows they received to the ranks of
+// their host that hold the rows' experts, the wire rows unchanged).  A wire
+// row is the token's hidden elements, its top-k ids (int32), its weights
+// (float32) and its origin (source rank, token index: 2 x uint64).  The
+// receiver writes each row's payload into the groups of its local experts in
+// ascending expert id; groups are in expert order, within a group by origin
+// (source rank, then token), whichever way the rows came.  It keeps where
+// each arrival went: the routing combine undoes.  Every write is checked
 // against the counts the layout exchanged.
 #include <algorithm>
 #include <cstring>
@@ -19,6 +23,14 @@
 
 namespace chorus::prim::ep {
 namespace {
+
+struct Wire {
+  size_t row, k;
+  [[nodiscard]] size_t ids() const { return row; }
+  [[nodiscard]] size_t weights() const { return row + k * sizeof(int32_t); }
+  [[nodiscard]] size_t origin() const { return row + k * (sizeof(int32_t) + sizeof(float)); }
+  [[nodiscard]] size_t bytes() const { return origin() + 2 * sizeof(uint64_t); }
+};
 
 class Dispatch final : public Primitive {
  public:
@@ -42,69 +54,91 @@ class Dispatch final : public Primitive {
     else if (s.num_recv > 0 && c.recv_x == nullptr) mine = invalidArgument("recvX is NULL but {} rows arrive", s.num_recv);
     CHORUS_RETURN_IF_ERROR(agree(ctx, mine));
 
-    const auto n = static_cast<size_t>(s.nranks);
     const auto k = static_cast<size_t>(s.cfg.topk);
-    const size_t row = s.rowBytes();
-    const size_t wire = row + k * (sizeof(int32_t) + sizeof(float));
-    std::vector<uint8_t> sendb(s.send_order.size() * wire);
+    const Wire wire{s.rowBytes(), k};
+    const size_t W = wire.bytes();
+    std::vector<uint8_t> sendb(s.send_order.size() * W);
     for (size_t p = 0; p < s.send_order.size(); ++p) {
       const size_t t = s.send_order[p];
-      uint8_t* w = &sendb[p * wire];
-      std::memcpy(w, static_cast<const uint8_t*>(c.x) + t * row, row);
-      std::memcpy(w + row, &s.ids[t * k], k * sizeof(int32_t));
-      if (c.topk_weights != nullptr) {
-        std::memcpy(w + row + k * sizeof(int32_t), c.topk_weights + t * k, k * sizeof(float));
-      } else {
-        const float one = 1.0f;
-        for (size_t j = 0; j < k; ++j) std::memcpy(w + row + (k + j) * sizeof(int32_t), &one, sizeof one);
+      uint8_t* w = &sendb[p * W];
+      std::memcpy(w, static_cast<const uint8_t*>(c.x) + t * wire.row, wire.row);
+      std::memcpy(w + wire.ids(), &s.ids[t * k], k * sizeof(int32_t));
+      for (size_t j = 0; j < k; ++j) {
+        const float wt = c.topk_weights != nullptr ? c.topk_weights[t * k + j] : 1.0f;
+        std::memcpy(w + wire.weights() + j * sizeof(float), &wt, sizeof wt);
       }
+      const uint64_t origin[2] = {static_cast<uint64_t>(s.rank), t};
+      std::memcpy(w + wire.origin(), origin, sizeof origin);
     }
-    const size_t rows_in = std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0});
-    std::vector<uint8_t> recvb(rows_in * wire);
-    std::vector<size_t> scount(n), sdisp(n), rcount(n), rdisp(n);
-    for (size_t r = 0, sa = 0, ra = 0; r < n; ++r) {
-      scount[r] = s.send_counts[r] * wire, sdisp[r] = sa, sa += scount[r];
-      rcount[r] = s.recv_rows[r] * wire, rdisp[r] = ra, ra += rcount[r];
+    std::vector<uint8_t> recvb;
+    if (!s.nodeLimited()) {
+      recvb.resize(std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0}) * W);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), s.send_counts, recvb.data(), s.recv_rows, W));
+    } else {
+      std::vector<uint8_t> hop1(std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0}) * W);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), s.send_counts, hop1.data(), s.hop1_rows, W));
+      std::vector<uint8_t> fwd(s.hop2_rows.size() * W);
+      for (size_t p = 0; p < s.hop2_rows.size(); ++p) std::memcpy(&fwd[p * W], &hop1[s.hop2_rows[p] * W], W);
+      recvb.resize(std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0}) * W);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, fwd.data(), s.hop2_counts, recvb.data(), s.recv_rows, W));
     }
-    CHORUS_RETURN_IF_ERROR(ctx.allToAllV(sendb.data(), scount, sdisp, recvb.data(), rcount, rdisp, chorusUint8));
+    CHORUS_RETURN_IF_ERROR(unpack(s, c, wire, recvb));
+    s.dispatched = true;
+    return {};
+  }
 
+ private:
+  static Status unpack(State& s, const Call& c, const Wire& wire, const std::vector<uint8_t>& recvb) {
+    const size_t W = wire.bytes();
+    const size_t rows_in = recvb.size() / W;
+    const auto k = static_cast<size_t>(s.cfg.topk);
     const int L = s.localExperts();
     const int first = s.rank * L;
-    std::vector<size_t> off(static_cast<size_t>(L), 0), cur(static_cast<size_t>(L), 0);
-    for (int e = 1; e < L; ++e) off[static_cast<size_t>(e)] = off[static_cast<size_t>(e - 1)] + s.recv_per_expert[static_cast<size_t>(e - 1)];
-    s.slot_begin.assign(1, 0);
-    s.slots.clear();
-    s.slot_k.clear();
-    std::vector<std::pair<int32_t, int32_t>> mine_e;  // (expert, choice j)
+    // Each arrival's local experts (expert, choice), ascending, and its origin.
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> mine(rows_in);
+    std::vector<std::pair<std::pair<uint64_t, uint64_t>, size_t>> by_origin(rows_in);
+    s.slot_begin.assign(rows_in + 1, 0);
     for (size_t i = 0; i < rows_in; ++i) {
-      const uint8_t* w = &recvb[i * wire];
-      mine_e.clear();
+      const uint8_t* w = &recvb[i * W];
       for (size_t j = 0; j < k; ++j) {
         int32_t e;
-        std::memcpy(&e, w + row + j * sizeof(int32_t), sizeof e);
-        if (e >= first && e < first + L) mine_e.emplace_back(e, static_cast<int32_t>(j));
+        std::memcpy(&e, w + wire.ids() + j * sizeof(int32_t), sizeof e);
+        if (e >= first && e < first + L) mine[i].emplace_back(e, static_cast<int32_t>(j));
       }
-      if (mine_e.empty()) return internalError("received row {} names none of this rank's experts", i);
-      std::sort(mine_e.begin(), mine_e.end());
-      for (auto [e, j] : mine_e) {
+      if (mine[i].empty()) return internalError("received row {} names none of this rank's experts", i);
+      std::sort(mine[i].begin(), mine[i].end());
+      uint64_t origin[2];
+      std::memcpy(origin, w + wire.origin(), sizeof origin);
+      by_origin[i] = {{origin[0], origin[1]}, i};
+      s.slot_begin[i + 1] = s.slot_begin[i] + mine[i].size();
+    }
+    std::sort(by_origin.begin(), by_origin.end());
+    std::vector<size_t> off(static_cast<size_t>(L), 0), cur(static_cast<size_t>(L), 0);
+    for (int e = 1; e < L; ++e)
+      off[static_cast<size_t>(e)] = off[static_cast<size_t>(e - 1)] + s.recv_per_expert[static_cast<size_t>(e - 1)];
+    s.slots.assign(s.slot_begin[rows_in], 0);
+    s.slot_k.assign(s.slot_begin[rows_in], 0);
+    for (const auto& [origin, i] : by_origin) {
+      const uint8_t* w = &recvb[i * W];
+      size_t q = s.slot_begin[i];
+      for (auto [e, j] : mine[i]) {
         const auto le = static_cast<size_t>(e - first);
         if (cur[le] >= s.recv_per_expert[le])
           return internalError("more rows for expert {} than the {} its layout announced: the counts do not add up", e,
                                s.recv_per_expert[le]);
         const size_t slot = off[le] + cur[le]++;
-        std::memcpy(static_cast<uint8_t*>(c.recv_x) + slot * row, w, row);
+        std::memcpy(static_cast<uint8_t*>(c.recv_x) + slot * wire.row, w, wire.row);
         if (c.recv_weights != nullptr)
-          std::memcpy(&c.recv_weights[slot], w + row + (k + static_cast<size_t>(j)) * sizeof(int32_t), sizeof(float));
-        s.slots.push_back(slot);
-        s.slot_k.push_back(j);
+          std::memcpy(&c.recv_weights[slot], w + wire.weights() + static_cast<size_t>(j) * sizeof(float), sizeof(float));
+        s.slots[q] = slot;
+        s.slot_k[q] = j;
+        ++q;
       }
-      s.slot_begin.push_back(s.slots.size());
     }
     for (int e = 0; e < L; ++e)
       if (cur[static_cast<size_t>(e)] != s.recv_per_expert[static_cast<size_t>(e)])
         return internalError("expert {} received {} rows but its layout announced {}: the counts do not add up",
                              first + e, cur[static_cast<size_t>(e)], s.recv_per_expert[static_cast<size_t>(e)]);
-    s.dispatched = true;
     return {};
   }
 };

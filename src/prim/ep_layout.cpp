@@ -1,14 +1,19 @@
 // "ep_layout": the dispatch layout from the router's top-k expert ids, then
-// one all-to-all of counts so that every rank knows what it will receive
-// (prim/ep.hpp; chorusEpLayout).
+// the count exchange, so that every rank knows what it will receive before
+// any data moves (prim/ep.hpp; chorusEpLayout).
 //
-// Local: each id checked (in [0, numExperts), not twice in a token's row);
-// per destination rank the tokens that have an expert there, in ascending
-// token order (the send order; a token counted once per rank, however many of
-// its experts live there); per host and per expert counts.  Then the ranks
-// agree (a rank's bad ids fail the call on every rank) and exchange, per
-// pair, [rows, rows for local expert 0, ..., local expert L-1], from which the
-// receiver knows its rows per local expert before any data moves.
+// Local: each id checked (in [0, numExperts), not twice in a token's row,
+// and with node-limited routing, a token's experts on at most
+// maxHostsPerToken hosts); per destination the tokens that go there, in
+// ascending token order (the send order); per rank, host and expert counts.
+// Then the ranks agree (a rank's bad ids fail the call on every rank).
+//
+// Direct routing: one all-to-all of [rows, rows for local expert 0, ...,
+// L-1] per pair.  Node-limited routing (one copy per host, to that host's
+// relay, which forwards inside its host): an all-to-all of the first hop's
+// row counts, an all-to-all-v of those rows' ids (so each relay knows where
+// it forwards them), then the relays' [rows, rows per local expert] per pair
+// inside their host.
 #include <algorithm>
 
 #include "prim/ep.hpp"
@@ -31,22 +36,49 @@ class Layout final : public Primitive {
     s.laid_out = false;
     s.dispatched = false;
     const int n = s.nranks;
-    const int k = s.cfg.topk;
+    const auto k = static_cast<size_t>(s.cfg.topk);
     const int L = s.localExperts();
     Status mine = local(c, s);
     CHORUS_RETURN_IF_ERROR(agree(ctx, mine));
 
-    // [rows, rows per local expert...] for each destination.
+    // The rows of the last hop, counted by their sender: [rows, rows per
+    // local expert of the destination] per destination.
     const size_t w = 1 + static_cast<size_t>(L);
     std::vector<uint64_t> sc(w * static_cast<size_t>(n), 0), rc(sc.size(), 0);
-    for (size_t t = 0; t < s.tokens; ++t) {
-      int last = -1;
-      std::vector<int32_t> row(s.ids.begin() + static_cast<ptrdiff_t>(t * k), s.ids.begin() + static_cast<ptrdiff_t>((t + 1) * k));
+    auto countRow = [&](const int32_t* ids, int only_host) {
+      std::vector<int32_t> row(ids, ids + k);
       std::sort(row.begin(), row.end());
+      int last = -1;
       for (int32_t e : row) {
         const int r = s.rankOf(e);
+        if (only_host >= 0 && s.host_of[static_cast<size_t>(r)] != only_host) continue;
         if (r != last) sc[static_cast<size_t>(r) * w] += 1, last = r;
         sc[static_cast<size_t>(r) * w + 1 + static_cast<size_t>(e - r * L)] += 1;
+      }
+    };
+    if (!s.nodeLimited()) {
+      for (size_t t = 0; t < s.tokens; ++t) countRow(&s.ids[t * k], -1);
+    } else {
+      CHORUS_RETURN_IF_ERROR(relayHop(ctx, s));
+      const int my_host = s.host_of[static_cast<size_t>(s.rank)];
+      const size_t rows1 = s.hop1_ids.size() / k;
+      std::vector<std::vector<size_t>> to(static_cast<size_t>(n));
+      for (size_t i = 0; i < rows1; ++i) {
+        const int32_t* ids = &s.hop1_ids[i * k];
+        std::vector<int> rs;
+        for (size_t j = 0; j < k; ++j)
+          if (s.hostOfExpert(ids[j]) == my_host) rs.push_back(s.rankOf(ids[j]));
+        if (rs.empty()) return internalError("a relayed row names no expert of this rank's host: the counts do not add up");
+        std::sort(rs.begin(), rs.end());
+        rs.erase(std::unique(rs.begin(), rs.end()), rs.end());
+        for (int q : rs) to[static_cast<size_t>(q)].push_back(i);
+        countRow(ids, my_host);
+      }
+      s.hop2_counts.assign(static_cast<size_t>(n), 0);
+      s.hop2_rows.clear();
+      for (size_t q = 0; q < static_cast<size_t>(n); ++q) {
+        s.hop2_counts[q] = to[q].size();
+        s.hop2_rows.insert(s.hop2_rows.end(), to[q].begin(), to[q].end());
       }
     }
     CHORUS_RETURN_IF_ERROR(ctx.allToAll(sc.data(), rc.data(), w, chorusUint64));
@@ -58,7 +90,7 @@ class Layout final : public Primitive {
       uint64_t slots = 0;
       for (int e = 0; e < L; ++e) slots += p[1 + e];
       // What a peer announces must be possible: every row has 1..min(k, L) of our experts.
-      if (slots < p[0] || slots > p[0] * static_cast<uint64_t>(std::min(k, L)) || p[0] > (uint64_t{1} << 40))
+      if (slots < p[0] || slots > p[0] * std::min<uint64_t>(k, static_cast<uint64_t>(L)) || p[0] > (uint64_t{1} << 40))
         return internalError("rank {} announced {} rows carrying {} expert rows: the counts do not add up", src,
                              p[0], slots);
       s.recv_rows[static_cast<size_t>(src)] = p[0];
@@ -72,6 +104,30 @@ class Layout final : public Primitive {
   }
 
  private:
+  // Node-limited routing's first hop: the row counts to each relay, then the
+  // rows' ids, which the relays check before they use them.
+  static Status relayHop(Context& ctx, State& s) {
+    const auto n = static_cast<size_t>(s.nranks);
+    const auto k = static_cast<size_t>(s.cfg.topk);
+    std::vector<uint64_t> sc(n), rc(n);
+    for (size_t r = 0; r < n; ++r) sc[r] = s.send_counts[r];
+    CHORUS_RETURN_IF_ERROR(ctx.allToAll(sc.data(), rc.data(), 1, chorusUint64));
+    s.hop1_rows.assign(n, 0);
+    size_t rows1 = 0;
+    for (size_t r = 0; r < n; ++r) {
+      if (rc[r] > (uint64_t{1} << 40)) return internalError("rank {} announced {} rows: the counts do not add up", r, rc[r]);
+      s.hop1_rows[r] = rc[r], rows1 += rc[r];
+    }
+    std::vector<int32_t> out(s.send_order.size() * k);
+    for (size_t p = 0; p < s.send_order.size(); ++p)
+      std::copy_n(&s.ids[s.send_order[p] * k], k, &out[p * k]);
+    s.hop1_ids.assign(rows1 * k, 0);
+    CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, out.data(), s.send_counts, s.hop1_ids.data(), s.hop1_rows, k * sizeof(int32_t)));
+    for (int32_t e : s.hop1_ids)
+      if (e < 0 || e >= s.cfg.experts) return internalError("a relayed row names expert {}: the counts do not add up", e);
+    return {};
+  }
+
   // This rank's own part: validation, counts, send order.
   static Status local(const Call& c, State& s) {
     const size_t k = static_cast<size_t>(s.cfg.topk);
@@ -92,8 +148,7 @@ class Layout final : public Primitive {
       s.ids[i] = static_cast<int32_t>(v);
     }
     const auto n = static_cast<size_t>(s.nranks);
-    s.send_counts.assign(n, 0);
-    std::vector<size_t> per_host(static_cast<size_t>(s.nhosts), 0), per_expert(static_cast<size_t>(E), 0);
+    std::vector<size_t> per_rank(n, 0), per_host(static_cast<size_t>(s.nhosts), 0), per_expert(static_cast<size_t>(E), 0);
     std::vector<std::vector<size_t>> to(n);
     std::vector<char> in_rank(n), in_host(static_cast<size_t>(s.nhosts));
     for (size_t t = 0; t < c.tokens; ++t) {
@@ -106,16 +161,26 @@ class Layout final : public Primitive {
         in_rank[r] = 1;
         in_host[static_cast<size_t>(s.host_of[r])] = 1;
       }
-      for (size_t r = 0; r < n; ++r)
-        if (in_rank[r]) to[r].push_back(t);
-      for (size_t h = 0; h < in_host.size(); ++h) per_host[h] += in_host[h];
+      size_t hosts = 0;
+      for (size_t h = 0; h < in_host.size(); ++h) {
+        per_host[h] += in_host[h], hosts += in_host[h];
+        if (in_host[h] && s.nodeLimited()) to[static_cast<size_t>(s.relayFor(static_cast<int>(h)))].push_back(t);
+      }
+      if (s.nodeLimited() && hosts > static_cast<size_t>(s.cfg.max_hosts))
+        return invalidArgument("topkIdx row {} (token {}) reaches {} hosts but maxHostsPerToken={} (route within at most "
+                               "that many hosts, e.g. group-limited gating)", t, t, hosts, s.cfg.max_hosts);
+      for (size_t r = 0; r < n; ++r) {
+        per_rank[r] += in_rank[r];
+        if (in_rank[r] && !s.nodeLimited()) to[r].push_back(t);
+      }
     }
+    s.send_counts.assign(n, 0);
     s.send_order.clear();
     for (size_t r = 0; r < n; ++r) {
       s.send_counts[r] = to[r].size();
       s.send_order.insert(s.send_order.end(), to[r].begin(), to[r].end());
     }
-    if (c.tokens_per_rank != nullptr) std::copy(s.send_counts.begin(), s.send_counts.end(), c.tokens_per_rank);
+    if (c.tokens_per_rank != nullptr) std::copy(per_rank.begin(), per_rank.end(), c.tokens_per_rank);
     if (c.tokens_per_host != nullptr) std::copy(per_host.begin(), per_host.end(), c.tokens_per_host);
     if (c.tokens_per_expert != nullptr) std::copy(per_expert.begin(), per_expert.end(), c.tokens_per_expert);
     return {};

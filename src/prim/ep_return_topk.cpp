@@ -2,10 +2,12 @@
 // back to the (token, choice) each came from: the adjoint of dispatch's
 // recvWeights, which a torch backward needs for the gate scores' gradient
 // (prim/ep.hpp; chorusEpReturnTopk).  Each wire row of the dispatch carries k
-// floats back, its experts' values at their choice positions; at home value j
-// of a token's row from rank r lands at topkValues[t * k + j] for the choices
-// whose expert lives on r: each (token, choice) written exactly once.
-#include <cstring>
+// floats back, its experts' values at their choice positions (node-limited:
+// the relay merges its host's rows for each first-hop row, each choice coming
+// from the one rank that holds its expert); at home value j of a token's row
+// from rank (or host) X lands at topkValues[t * k + j] for the choices whose
+// expert lives on X: each (token, choice) written exactly once.
+#include <numeric>
 
 #include "prim/ep.hpp"
 
@@ -34,23 +36,36 @@ class ReturnTopk final : public Primitive {
 
     const auto n = static_cast<size_t>(s.nranks);
     const auto k = static_cast<size_t>(s.cfg.topk);
+    const size_t kb = k * sizeof(float);
     const size_t rows_in = s.slot_begin.size() - 1;
     std::vector<float> sendb(rows_in * k, 0.0f);
     for (size_t i = 0; i < rows_in; ++i)
       for (size_t q = s.slot_begin[i]; q < s.slot_begin[i + 1]; ++q)
         sendb[i * k + static_cast<size_t>(s.slot_k[q])] = c.row_values[s.slots[q]];
-    std::vector<float> recvb(s.send_order.size() * k);
-    std::vector<size_t> scount(n), sdisp(n), rcount(n), rdisp(n);
-    for (size_t r = 0, sa = 0, ra = 0; r < n; ++r) {
-      scount[r] = s.recv_rows[r] * k, sdisp[r] = sa, sa += scount[r];
-      rcount[r] = s.send_counts[r] * k, rdisp[r] = ra, ra += rcount[r];
+    if (s.nodeLimited()) {
+      std::vector<float> back(s.hop2_rows.size() * k);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), s.recv_rows, back.data(), s.hop2_counts, kb));
+      const size_t rows1 = std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0});
+      sendb.assign(rows1 * k, 0.0f);
+      for (size_t q = 0, p = 0; q < n; ++q)
+        for (size_t m = 0; m < s.hop2_counts[q]; ++m, ++p) {
+          const size_t i = s.hop2_rows[p];
+          for (size_t j = 0; j < k; ++j)
+            if (static_cast<size_t>(s.rankOf(s.hop1_ids[i * k + j])) == q) sendb[i * k + j] = back[p * k + j];
+        }
     }
-    CHORUS_RETURN_IF_ERROR(ctx.allToAllV(sendb.data(), scount, sdisp, recvb.data(), rcount, rdisp, chorusFloat32));
+    const std::vector<size_t>& sent_back = s.nodeLimited() ? s.hop1_rows : s.recv_rows;
+    std::vector<float> recvb(s.send_order.size() * k);
+    CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), sent_back, recvb.data(), s.send_counts, kb));
     for (size_t r = 0, p = 0; r < n; ++r)
       for (size_t q = 0; q < s.send_counts[r]; ++q, ++p) {
         const size_t t = s.send_order[p];
-        for (size_t j = 0; j < k; ++j)
-          if (static_cast<size_t>(s.rankOf(s.ids[t * k + j])) == r) c.topk_values[t * k + j] = recvb[p * k + j];
+        for (size_t j = 0; j < k; ++j) {
+          const int holder = s.rankOf(s.ids[t * k + j]);
+          const bool from_here = s.nodeLimited() ? s.relayFor(s.host_of[static_cast<size_t>(holder)]) == static_cast<int>(r)
+                                                 : holder == static_cast<int>(r);
+          if (from_here) c.topk_values[t * k + j] = recvb[p * k + j];
+        }
       }
     return {};
   }

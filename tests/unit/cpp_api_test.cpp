@@ -158,9 +158,10 @@ TEST(CppApi, ExpertParallelDispatchCombine) {
               // A span of the wrong size is refused here, before the library.
               CHECK_THAT(ep.combine(std::span<const bfloat16>(rx), rw, std::span(out).first(3)).code() == Code::InvalidArgument,
                          "short out accepted");
-              // Node-limited routing: refused, not ignored.
-              auto nl = chorus::ExpertParallel<float, int32_t>::create(c, 4, 2, 3, 2);
-              CHECK_THAT(!nl.ok() && nl.status().message().find("node-limited") != std::string::npos, "maxHostsPerToken accepted");
+              // A negative maxHostsPerToken is refused, naming the field.
+              auto nl = chorus::ExpertParallel<float, int32_t>::create(c, 4, 2, 3, -1);
+              CHECK_THAT(!nl.ok() && nl.status().message().find("config.maxHostsPerToken=-1") != std::string::npos,
+                         "maxHostsPerToken=-1 accepted");
               return "";
             }),
             "");

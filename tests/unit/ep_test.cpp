@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "plan/plan.hpp"
@@ -38,6 +39,39 @@ struct Job {
   chorusDataType_t dtype = chorusFloat32;
   chorusDataType_t itype = chorusInt64;
   uint32_t seed = 1;
+  // Node-limited routing: a host label per rank (empty: one host) and
+  // maxHostsPerToken (0: direct routing).
+  std::vector<int> host;
+  int max_hosts = 0;
+  // Host index of rank r (labels numbered by first appearance), the ranks of
+  // each host, and the relay of host h for rank r.
+  [[nodiscard]] std::vector<int> hostIndex() const {
+    std::vector<int> idx, seen;
+    for (int r = 0; r < n; ++r) {
+      const int label = host.empty() ? 0 : host[static_cast<size_t>(r)];
+      auto it = std::find(seen.begin(), seen.end(), label);
+      if (it == seen.end()) seen.push_back(label), it = seen.end() - 1;
+      idx.push_back(static_cast<int>(it - seen.begin()));
+    }
+    return idx;
+  }
+  [[nodiscard]] std::vector<std::vector<int>> hostRanks() const {
+    std::vector<std::vector<int>> hr;
+    const auto idx = hostIndex();
+    for (int r = 0; r < n; ++r) {
+      if (static_cast<size_t>(idx[static_cast<size_t>(r)]) >= hr.size()) hr.resize(static_cast<size_t>(idx[static_cast<size_t>(r)]) + 1);
+      hr[static_cast<size_t>(idx[static_cast<size_t>(r)])].push_back(r);
+    }
+    return hr;
+  }
+  [[nodiscard]] int relay(int r, int h) const {
+    const auto hr = hostRanks();
+    const auto idx = hostIndex();
+    const auto& mine = hr[static_cast<size_t>(idx[static_cast<size_t>(r)])];
+    const auto li = static_cast<size_t>(std::find(mine.begin(), mine.end(), r) - mine.begin());
+    const auto& there = hr[static_cast<size_t>(h)];
+    return there[li % there.size()];
+  }
 };
 
 // Rank q's tokens: ids (distinct per row), weights, x as floats exactly
@@ -58,8 +92,20 @@ Tokens tokensOf(const Job& j, int q) {
   std::uniform_real_distribution<float> u(-2.0f, 2.0f), uw(0.01f, 1.0f);
   std::vector<int> all(static_cast<size_t>(j.experts));
   for (int e = 0; e < j.experts; ++e) all[static_cast<size_t>(e)] = e;
+  const auto hidx = j.hostIndex();
+  const int nh = *std::max_element(hidx.begin(), hidx.end()) + 1;
   for (size_t i = 0; i < t.count; ++i) {
     std::shuffle(all.begin(), all.end(), g);  // the router's choices, unsorted
+    if (j.max_hosts > 0) {  // group-limited gating: experts of max_hosts random hosts only, in random order
+      std::vector<int> hs(static_cast<size_t>(nh));
+      for (int h = 0; h < nh; ++h) hs[static_cast<size_t>(h)] = h;
+      std::shuffle(hs.begin(), hs.end(), g);
+      hs.resize(static_cast<size_t>(std::min(j.max_hosts, nh)));
+      const int L = j.experts / j.n;
+      std::stable_partition(all.begin(), all.end(), [&](int e) {
+        return std::find(hs.begin(), hs.end(), hidx[static_cast<size_t>(e / L)]) != hs.end();
+      });
+    }
     for (int c = 0; c < j.topk; ++c) t.ids.push_back(all[static_cast<size_t>(c)]), t.w.push_back(uw(g));
     for (size_t h = 0; h < j.hidden; ++h) t.x.push_back(roundTo(j, u(g)));
   }
@@ -86,40 +132,53 @@ std::string runStep(const Job& j, int r, chorusComm_t c) {
   const size_t es = j.dtype == chorusFloat32 ? 4 : 2;
   chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
   cfg.numExperts = j.experts, cfg.topk = j.topk, cfg.hidden = j.hidden, cfg.datatype = j.dtype, cfg.indexType = j.itype;
+  cfg.maxHostsPerToken = j.max_hosts;
   chorusEpHandle_t ep = nullptr;
   if (chorusEpCreate(&ep, &cfg, c) != chorusSuccess) return fmt::format("rank {} create: {}", r, chorusGetLastError(c));
   std::unique_ptr<chorusEpHandle, decltype(&chorusEpDestroy)> guard(ep, &chorusEpDestroy);
+  const auto hidx = j.hostIndex();
+  const auto hranks = j.hostRanks();
+  const int nh = static_cast<int>(hranks.size());
   int hosts = 0, locals = 0;
   chorusEpGetInfo(ep, &hosts, &locals);
-  if (locals != L || hosts != 1) return fmt::format("rank {}: info {} hosts {} local experts", r, hosts, locals);
+  if (locals != L || hosts != nh) return fmt::format("rank {}: info {} hosts {} local experts", r, hosts, locals);
 
   // Layout.
   std::vector<int32_t> ids32(me.ids.begin(), me.ids.end());
   const void* idp = j.itype == chorusInt32 ? static_cast<const void*>(ids32.data()) : me.ids.data();
-  std::vector<size_t> per_rank(static_cast<size_t>(j.n), 99), per_host(1, 99), per_expert(static_cast<size_t>(j.experts), 99),
+  std::vector<size_t> per_rank(static_cast<size_t>(j.n), 99), per_host(static_cast<size_t>(nh), 99), per_expert(static_cast<size_t>(j.experts), 99),
       recv_per_expert(static_cast<size_t>(L), 99);
   size_t num_recv = 99;
   if (chorusEpLayout(ep, idp, me.count, per_rank.data(), per_host.data(), per_expert.data(), recv_per_expert.data(),
                      &num_recv, c, nullptr) != chorusSuccess)
     return fmt::format("rank {} layout: {}", r, chorusGetLastError(c));
   // Expected layout, from this rank's ids.
-  std::vector<std::vector<size_t>> order(static_cast<size_t>(j.n));
-  size_t any = 0;
+  // The send order: to each rank holding experts (direct), or to each host's
+  // relay (node-limited: one copy per host).
+  std::vector<std::vector<size_t>> order(static_cast<size_t>(j.n)), sent(static_cast<size_t>(j.n));
+  std::vector<size_t> want_host(static_cast<size_t>(nh), 0);
   for (size_t t = 0; t < me.count; ++t) {
-    std::vector<int> rs;
+    std::vector<int> rs, hs;
     for (int q = 0; q < j.topk; ++q) rs.push_back(rankOf(me.ids[t * j.topk + q]));
     std::sort(rs.begin(), rs.end());
     rs.erase(std::unique(rs.begin(), rs.end()), rs.end());
-    for (int q : rs) order[static_cast<size_t>(q)].push_back(t);
-    any += rs.empty() ? 0 : 1;
+    for (int q : rs) order[static_cast<size_t>(q)].push_back(t), hs.push_back(hidx[static_cast<size_t>(q)]);
+    std::sort(hs.begin(), hs.end());
+    hs.erase(std::unique(hs.begin(), hs.end()), hs.end());
+    for (int h : hs) ++want_host[static_cast<size_t>(h)];
+    if (j.max_hosts > 0) {
+      if (hs.size() > static_cast<size_t>(j.max_hosts)) return "test bug: a token beyond max_hosts";
+      for (int h : hs) sent[static_cast<size_t>(j.relay(r, h))].push_back(t);
+    }
   }
+  if (j.max_hosts == 0) sent = order;
   std::vector<size_t> flat;
   for (int q = 0; q < j.n; ++q) {
     if (per_rank[static_cast<size_t>(q)] != order[static_cast<size_t>(q)].size())
       return fmt::format("rank {}: tokensPerRank[{}]={} expected {}", r, q, per_rank[static_cast<size_t>(q)], order[static_cast<size_t>(q)].size());
-    flat.insert(flat.end(), order[static_cast<size_t>(q)].begin(), order[static_cast<size_t>(q)].end());
+    flat.insert(flat.end(), sent[static_cast<size_t>(q)].begin(), sent[static_cast<size_t>(q)].end());
   }
-  if (per_host[0] != any) return fmt::format("rank {}: tokensPerHost[0]={} expected {}", r, per_host[0], any);
+  if (per_host != want_host) return fmt::format("rank {}: tokensPerHost differs", r);
   for (int e = 0; e < j.experts; ++e) {
     const auto cnt = static_cast<size_t>(std::count(me.ids.begin(), me.ids.end(), e));
     if (per_expert[static_cast<size_t>(e)] != cnt) return fmt::format("rank {}: tokensPerExpert[{}] wrong", r, e);
@@ -179,21 +238,35 @@ std::string runStep(const Job& j, int r, chorusComm_t c) {
     return fmt::format("rank {} combine: {}", r, chorusGetLastError(c));
   // Reference: per rank holding experts of the token (ascending), a float
   // accumulator from +0 over those experts ascending, rounded; the partials
-  // summed from +0 in rank order, rounded.
+  // summed from +0 in rank order, rounded.  Node-limited: the partials of a
+  // host's ranks summed from +0 in rank order and rounded (at the relay),
+  // those summed from +0 in host order, rounded.
   for (size_t t = 0; t < me.count; ++t) {
     std::vector<std::pair<int64_t, float>> ew;
     for (int k = 0; k < j.topk; ++k) ew.emplace_back(me.ids[t * j.topk + k], me.w[t * j.topk + k]);
     std::sort(ew.begin(), ew.end());
     for (size_t h = 0; h < j.hidden; ++h) {
-      float home = 0.0f;
+      std::map<int, float> part;  // rank -> its rounded partial
       for (size_t a = 0; a < ew.size();) {
-        float part = 0.0f;
+        float acc = 0.0f;
         const int q = rankOf(ew[a].first);
         for (; a < ew.size() && rankOf(ew[a].first) == q; ++a) {
           const float prod = ew[a].second * expertFn(j, static_cast<int>(ew[a].first), me.x[t * j.hidden + h]);
-          part = part + prod;
+          acc = acc + prod;
         }
-        home = home + roundTo(j, part);
+        part[q] = roundTo(j, acc);
+      }
+      float home = 0.0f;
+      if (j.max_hosts == 0) {
+        for (const auto& [q, p] : part) home = home + p;
+      } else {
+        for (const auto& hr : hranks) {
+          float hp = 0.0f;
+          bool touched = false;
+          for (int q : hr)
+            if (part.count(q)) hp = hp + part[q], touched = true;
+          if (touched) home = home + roundTo(j, hp);
+        }
       }
       const float expect = roundTo(j, home);
       const float got = getElem(j, out.data(), t * j.hidden + h);
@@ -234,6 +307,39 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 8, 3, chorusBfloat16, chorusInt32}, Case{3, 6, 4, chorusBfloat16, chorusInt64},
                       Case{4, 8, 3, chorusFloat32, chorusInt32}, Case{4, 16, 8, chorusBfloat16, chorusInt64},
                       Case{5, 5, 1, chorusFloat32, chorusInt64}, Case{4, 4, 4, chorusFloat32, chorusInt64}));
+
+// Node-limited routing on ranks of several "hosts" (net.host_id per rank; the
+// hosts' ranks talk over TCP): one copy per host to the host's relay, then
+// forwarded inside it; the same grouping as direct routing, combine summed
+// per host at the relay.  Contiguous and interleaved host layouts, unequal
+// host sizes, M = 1 and 2.
+struct NlCase {
+  std::vector<int> host;
+  int experts, topk, max_hosts;
+  chorusDataType_t dtype;
+};
+class EpNodeLimited : public ::testing::TestWithParam<NlCase> {};
+TEST_P(EpNodeLimited, MatchesTheReference) {
+  const NlCase k = GetParam();
+  const int n = static_cast<int>(k.host.size());
+  for (uint32_t seed = 1; seed <= 2; ++seed) {
+    Job j{n, k.experts, k.topk, 9, k.dtype, chorusInt64, seed, k.host, k.max_hosts};
+    auto msgs = runRanksPerRank(
+        n,
+        [&](int r) {
+          Config cfg;
+          cfg.net.host_id = fmt::format("ephost{}", k.host[static_cast<size_t>(r)]);
+          return cfg;
+        },
+        [&](int r, chorusComm_t c) { return runStep(j, r, c); });
+    EXPECT_EQ(failures(msgs), "") << "seed " << seed;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(
+    Hosts, EpNodeLimited,
+    ::testing::Values(NlCase{{0, 0, 1, 1}, 8, 3, 1, chorusFloat32}, NlCase{{0, 0, 1, 1}, 8, 4, 2, chorusBfloat16},
+                      NlCase{{0, 1, 0, 1}, 8, 3, 1, chorusFloat32}, NlCase{{0, 0, 0, 1, 1, 2}, 12, 4, 2, chorusFloat32},
+                      NlCase{{0, 1, 2, 0, 1, 2}, 6, 2, 2, chorusBfloat16}));
 
 // Runs body after creating a handle (float32, 12 experts, top-2, hidden 4).
 std::string withEp(int r, chorusComm_t c, const std::function<std::string(chorusEpHandle_t)>& body) {
@@ -336,6 +442,30 @@ TEST(EpBadInput, ARecvBufferTooSmallFailsEveryRankWithoutAWrite) {
   EXPECT_EQ(failures(msgs), "");
 }
 
+// A token beyond maxHostsPerToken is refused on every rank.
+TEST(EpNodeLimitedBadInput, ATokenOnTooManyHostsFailsEveryRank) {
+  auto msgs = runRanksPerRank(
+      4,
+      [](int r) {
+        Config cfg;
+        cfg.net.host_id = fmt::format("ephost{}", r / 2);
+        return cfg;
+      },
+      [](int r, chorusComm_t c) -> std::string {
+        chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
+        cfg.numExperts = 8, cfg.topk = 2, cfg.hidden = 2, cfg.datatype = chorusFloat32, cfg.maxHostsPerToken = 1;
+        chorusEpHandle_t ep = nullptr;
+        if (chorusEpCreate(&ep, &cfg, c) != chorusSuccess) return chorusGetLastError(c);
+        std::unique_ptr<chorusEpHandle, decltype(&chorusEpDestroy)> guard(ep, &chorusEpDestroy);
+        // Experts 0-3 on host 0, 4-7 on host 1: rank 3's second token spans both.
+        std::vector<int64_t> ids = {0, 3, 4, r == 3 ? 1 : 7};
+        return expect(r, c, chorusEpLayout(ep, ids.data(), 2, nullptr, nullptr, nullptr, nullptr, nullptr, c, nullptr),
+                      chorusInvalidArgument, r == 3, "topkIdx row 1 (token 1) reaches 2 hosts but maxHostsPerToken=1",
+                      "rank 3 refused");
+      });
+  EXPECT_EQ(failures(msgs), "");
+}
+
 TEST(EpBadInput, BadOrDifferingConfigsFailEveryRank) {
   struct Bad {
     std::function<void(chorusEpConfig_t&)> set;
@@ -348,7 +478,7 @@ TEST(EpBadInput, BadOrDifferingConfigsFailEveryRank) {
       {[](chorusEpConfig_t& c) { c.topk = 9; }, "config.topk=9"},
       {[](chorusEpConfig_t& c) { c.datatype = chorusInt32; }, "config.datatype=2 is not supported"},
       {[](chorusEpConfig_t& c) { c.indexType = chorusFloat32; }, "config.indexType=7 is not supported"},
-      {[](chorusEpConfig_t& c) { c.maxHostsPerToken = 2; }, "node-limited routing is not implemented"},
+      {[](chorusEpConfig_t& c) { c.maxHostsPerToken = -1; }, "config.maxHostsPerToken=-1 must be >= 0"},
   };
   for (const Bad& b : bads) {
     auto msgs = runRanks(3, [&](int r, chorusComm_t c) -> std::string {
