@@ -365,8 +365,18 @@ typedef struct {
    * that hold its experts.  Hosts: ranks joined by shared memory
    * (CHORUS_HOST_ID splits a machine). */
   int maxHostsPerToken;
+  /* Dispatch's wire format (combine always moves the datatype):
+   * CHORUS_COMPRESS_OFF (or _DEFAULT): the datatype; CHORUS_COMPRESS_BF16;
+   * CHORUS_COMPRESS_FP8: e4m3 with one float32 scale per fp8Block elements of
+   * a row (the compressed collectives' encoding, docs/algorithms.md
+   * "Compressed wire formats").  The receiver decodes each row once into
+   * float32 and rounds it to the datatype into recvX; the weights and ids
+   * travel exactly.  fp8Block: 32..1024, or -1 (128). */
+  int dispatchCompress;
+  int fp8Block;
 } chorusEpConfig_t;
-#define CHORUS_EP_CONFIG_INITIALIZER { sizeof(chorusEpConfig_t), 0, 0, 0, chorusBfloat16, chorusInt64, 0 }
+#define CHORUS_EP_CONFIG_INITIALIZER \
+  { sizeof(chorusEpConfig_t), 0, 0, 0, chorusBfloat16, chorusInt64, 0, CHORUS_COMPRESS_OFF, -1 }
 /* Collective over comm: every rank's config is checked and compared (a bad or
  * differing one fails the call on every rank, naming the field). */
 chorusResult_t chorusEpCreate(chorusEpHandle_t* ep, const chorusEpConfig_t* config, chorusComm_t comm);

@@ -811,10 +811,13 @@ class ExpertParallel {
  public:
   // Collective: every rank passes the same values.  maxHostsPerToken > 0:
   // node-limited routing (chorus.h, chorusEpConfig_t).
+  // dispatchCompress: CHORUS_COMPRESS_OFF, _BF16 or _FP8 (dispatch's wire; fp8Block -1: 128).
   static Result<ExpertParallel> create(const Communicator& comm, int numExperts, int topk, size_t hidden,
-                                       int maxHostsPerToken = 0) {
+                                       int maxHostsPerToken = 0, int dispatchCompress = CHORUS_COMPRESS_OFF,
+                                       int fp8Block = -1) {
     chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
     cfg.numExperts = numExperts, cfg.topk = topk, cfg.hidden = hidden, cfg.maxHostsPerToken = maxHostsPerToken;
+    cfg.dispatchCompress = dispatchCompress, cfg.fp8Block = fp8Block;
     cfg.datatype = static_cast<chorusDataType_t>(dataTypeOf<T>);
     cfg.indexType = static_cast<chorusDataType_t>(dataTypeOf<I>);
     chorusEpHandle_t h = nullptr;

@@ -129,7 +129,8 @@ class Communicator:
 class ExpertParallel:
     """MoE dispatch and combine over a Communicator (docs/ep.md).  Collective; every method blocks."""
     def __init__(self, comm: Communicator, num_experts: int, topk: int, hidden: int, dtype: str = "bfloat16",
-                 index_dtype: str = "int64", max_hosts_per_token: int = 0) -> None: ...
+                 index_dtype: str = "int64", max_hosts_per_token: int = 0, dispatch_compress: str = "off",
+                 fp8_block: int = -1) -> None: ...
     @property
     def num_local_experts(self) -> int: ...
     @property

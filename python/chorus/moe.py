@@ -17,6 +17,10 @@ output and ``(g * y).sum(1)`` for the weight.  Deterministic: the sums run in
 chorus.h's documented order, so forward and gradients are bitwise what a
 single process computes in that order (tests/python/test_torch_moe.py).
 
+dispatch_compress ("bf16" or "fp8", fp8_block): dispatch's wire is compressed (chorus.h's
+dispatchCompress); the gradient treats it as exact (straight through), and combine's backward, being a
+dispatch of the output's gradient, crosses compressed too.
+
 One handle holds one layer's routing: a layer's dispatch, combine and their
 backward must not interleave with another layer's on the same handle (use one
 ExpertParallel per MoE layer).
@@ -34,13 +38,14 @@ _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 class ExpertParallel:
     """Collective: every rank creates it with the same arguments."""
 
-    def __init__(self, comm, num_experts, topk, hidden, dtype=torch.float32, max_hosts_per_token=0):
+    def __init__(self, comm, num_experts, topk, hidden, dtype=torch.float32, max_hosts_per_token=0,
+                 dispatch_compress="off", fp8_block=-1):
         if dtype not in _DTYPES:
             raise TypeError("dtype must be torch.float32 or torch.bfloat16, got {}".format(dtype))
         self.comm = comm
         self.num_experts, self.topk, self.hidden, self.dtype = num_experts, topk, hidden, dtype
         self.handle = _chorus.ExpertParallel(comm, num_experts, topk, hidden, _DTYPES[dtype], "int64",
-                                             max_hosts_per_token)
+                                             max_hosts_per_token, dispatch_compress, fp8_block)
         self.last_layout = None
 
     @property

@@ -449,13 +449,18 @@ struct GroupGuard {
 class ExpertParallel {
  public:
   ExpertParallel(py::object comm, int numExperts, int topk, size_t hidden, const std::string& dtype,
-                 const std::string& indexDtype, int maxHostsPerToken)
+                 const std::string& indexDtype, int maxHostsPerToken, const std::string& dispatchCompress, int fp8Block)
       : comm_obj_(std::move(comm)), topk_(topk), hidden_(hidden) {
     comm_ = comm_obj_.cast<Communicator&>().live("ExpertParallel");
     chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
     cfg.numExperts = numExperts, cfg.topk = topk, cfg.hidden = hidden, cfg.maxHostsPerToken = maxHostsPerToken;
     cfg.datatype = dtypeArg(dtype, "dtype");
     cfg.indexType = dtypeArg(indexDtype, "index_dtype");
+    if (dispatchCompress == "off") cfg.dispatchCompress = CHORUS_COMPRESS_OFF;
+    else if (dispatchCompress == "bf16") cfg.dispatchCompress = CHORUS_COMPRESS_BF16;
+    else if (dispatchCompress == "fp8") cfg.dispatchCompress = CHORUS_COMPRESS_FP8;
+    else throw py::value_error("dispatch_compress='" + dispatchCompress + "': 'off', 'bf16' or 'fp8'");
+    cfg.fp8Block = fp8Block;
     dtype_ = cfg.datatype, itype_ = cfg.indexType;
     chorusResult_t r;
     {
@@ -928,11 +933,12 @@ PYBIND11_MODULE(_chorus, m) {
   py::class_<ExpertParallel>(m, "ExpertParallel",
       "MoE dispatch and combine over a Communicator (chorus.h, 'Expert parallelism'; docs/ep.md).\n"
       "ExpertParallel(comm, num_experts, topk, hidden, dtype='bfloat16', index_dtype='int64',\n"
-      "max_hosts_per_token=0): collective; expert e lives on rank e // (num_experts // size).  Every method is\n"
+      "max_hosts_per_token=0, dispatch_compress='off', fp8_block=-1): collective; expert e lives on rank e // (num_experts // size).  Every method is\n"
       "collective and blocking; buffers are CPU torch tensors or NumPy arrays, never copied.")
-      .def(py::init<py::object, int, int, size_t, const std::string&, const std::string&, int>(), py::arg("comm"),
-           py::arg("num_experts"), py::arg("topk"), py::arg("hidden"), py::arg("dtype") = "bfloat16",
-           py::arg("index_dtype") = "int64", py::arg("max_hosts_per_token") = 0)
+      .def(py::init<py::object, int, int, size_t, const std::string&, const std::string&, int, const std::string&, int>(),
+           py::arg("comm"), py::arg("num_experts"), py::arg("topk"), py::arg("hidden"), py::arg("dtype") = "bfloat16",
+           py::arg("index_dtype") = "int64", py::arg("max_hosts_per_token") = 0, py::arg("dispatch_compress") = "off",
+           py::arg("fp8_block") = -1)
       .def_property_readonly("num_local_experts", &ExpertParallel::numLocalExperts)
       .def_property_readonly("num_hosts", &ExpertParallel::numHosts)
       .def("layout", &ExpertParallel::layout, py::arg("topk_idx"),

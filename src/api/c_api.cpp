@@ -964,6 +964,8 @@ CHORUS_EXPORT chorusResult_t chorusEpCreate(chorusEpHandle_t* ep, const chorusEp
   cfg.dtype = static_cast<chorusDataType_t>(rawEnum(config->datatype));
   cfg.index_type = static_cast<chorusDataType_t>(rawEnum(config->indexType));
   cfg.max_hosts = config->maxHostsPerToken;
+  cfg.compress = config->dispatchCompress;
+  cfg.fp8_block = config->fp8Block;
   auto st = prim::ep::create(*ref.operator->(), cfg, ref->hostOf());
   if (!st.isOk()) return report(st.status().withContext(fmt::format("{}: ", fn)), c);
   auto* h = new chorusEpHandle{std::move(st.value()), c};

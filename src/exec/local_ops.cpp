@@ -6,6 +6,7 @@
 #include "common/dtype.hpp"
 #include "kernels/convert.hpp"
 #include "kernels/exact.hpp"
+#include "kernels/quantize.hpp"
 #include "kernels/reduce.hpp"
 
 namespace chorus::exec {
@@ -53,6 +54,22 @@ void runLocalOp(const LocalOp& op) {
       }
       break;
     }
+    case LocalOp::Kind::ToFloat: {
+      auto* d = static_cast<float*>(op.dst);
+      if (op.dtype == chorusFloat32) {
+        if (op.count && op.dst != op.src) std::memcpy(d, op.src, op.count * sizeof(float));
+      } else {
+        const auto* x = static_cast<const uint16_t*>(op.src);
+        for (uint64_t i = 0; i < op.count; ++i) d[i] = kernels::convert::bf16ToFloat(x[i]);
+      }
+      break;
+    }
+    case LocalOp::Kind::Quantize:
+      if (op.count) kernels::quantize(op.wire, static_cast<const float*>(op.src), op.count, static_cast<std::byte*>(op.dst));
+      break;
+    case LocalOp::Kind::Dequantize:
+      if (op.count) kernels::dequantize(op.wire, static_cast<const std::byte*>(op.src), op.count, static_cast<float*>(op.dst));
+      break;
     case LocalOp::Kind::ExactRange: {
       auto* r = static_cast<int64_t*>(op.dst);
       kernels::exactRange(op.dtype, op.src, op.count, &r[0], &r[1]);  // no element: both kNoExponent

@@ -24,6 +24,7 @@
 
 #include "common/exact_layout.hpp"
 #include "common/reduction.hpp"
+#include "common/wire_format.hpp"
 
 namespace chorus::kernels {
 class Reducer;
@@ -41,6 +42,9 @@ struct LocalOp {
     // MoE combine (prim/ep_combine.cpp), dtype float32 or bfloat16:
     Accumulate,  // dst (float32)[i] += weight x float(src[i]): the product rounded to float32, then the sum
     FromFloat,   // dst[i] = src (float32)[i] rounded to dtype (nearest even)
+    ToFloat,     // dst (float32)[i] = src[i] (float32 or bfloat16), exactly
+    Quantize,    // dst (wire bytes) = src (float32), count elements in `wire` (kernels::quantize)
+    Dequantize,  // dst (float32) = src (wire bytes) decoded, count elements (kernels::dequantize)
   };
   Kind kind = Kind::Scale;
   chorusDataType_t dtype = chorusFloat32;
@@ -51,6 +55,7 @@ struct LocalOp {
   const ExactLayout* layout = nullptr;  // ToExact, FromExact
   uint64_t divisor = 1;                 // Divide
   float weight = 1.0f;                  // Accumulate
+  WireFormat wire{};                    // Quantize, Dequantize
 
   static LocalOp scale(void* dst, const void* src, uint64_t count, chorusDataType_t dtype, const Scalar* s) {
     return {.kind = Kind::Scale, .dtype = dtype, .src = src, .dst = dst, .count = count, .scalar = s};
@@ -69,6 +74,15 @@ struct LocalOp {
   }
   static LocalOp fromFloat(void* dst, const float* src, uint64_t count, chorusDataType_t dtype) {
     return {.kind = Kind::FromFloat, .dtype = dtype, .src = src, .dst = dst, .count = count};
+  }
+  static LocalOp toFloat(float* dst, const void* src, uint64_t count, chorusDataType_t dtype) {
+    return {.kind = Kind::ToFloat, .dtype = dtype, .src = src, .dst = dst, .count = count};
+  }
+  static LocalOp quantize(void* dst, const float* src, uint64_t count, const WireFormat& w) {
+    return {.kind = Kind::Quantize, .dtype = chorusFloat32, .src = src, .dst = dst, .count = count, .wire = w};
+  }
+  static LocalOp dequantize(float* dst, const void* src, uint64_t count, const WireFormat& w) {
+    return {.kind = Kind::Dequantize, .dtype = chorusFloat32, .src = src, .dst = dst, .count = count, .wire = w};
   }
   static LocalOp exactRange(int64_t* hi_neg_lo, const void* src, uint64_t count, chorusDataType_t dtype) {
     return {.kind = Kind::ExactRange, .dtype = dtype, .src = src, .dst = hi_neg_lo, .count = count};

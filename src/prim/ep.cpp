@@ -25,6 +25,13 @@ Status checkConfig(const Config& c, int nranks) {
   if (c.index_type != chorusInt32 && c.index_type != chorusInt64)
     return invalidArgument("config.indexType={} is not supported (chorusInt32 or chorusInt64)", static_cast<int>(c.index_type));
   if (c.max_hosts < 0) return invalidArgument("config.maxHostsPerToken={} must be >= 0 (0: off)", c.max_hosts);
+  if (c.compress != CHORUS_COMPRESS_DEFAULT && c.compress != CHORUS_COMPRESS_OFF && c.compress != CHORUS_COMPRESS_BF16 &&
+      c.compress != CHORUS_COMPRESS_FP8)
+    return invalidArgument("config.dispatchCompress={} is not one of CHORUS_COMPRESS_OFF (0), _BF16 (1), _FP8 (2)",
+                           c.compress);
+  if (c.fp8_block != -1 && (c.fp8_block < kFp8MinBlock || c.fp8_block > kFp8MaxBlock))
+    return invalidArgument("config.fp8Block={} is outside {}..{} (or -1: {})", c.fp8_block, kFp8MinBlock, kFp8MaxBlock,
+                           kFp8DefaultBlock);
   return {};
 }
 
@@ -70,12 +77,14 @@ Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std
   Context ctx(comm);
   Status mine = checkConfig(cfg, ctx.size());
   const int64_t params[] = {cfg.experts, cfg.topk, static_cast<int64_t>(cfg.hidden), static_cast<int64_t>(cfg.dtype),
-                            static_cast<int64_t>(cfg.index_type), cfg.max_hosts};
-  static constexpr const char* kNames[] = {"config.numExperts", "config.topk", "config.hidden",
-                                           "config.datatype", "config.indexType", "config.maxHostsPerToken"};
+                            static_cast<int64_t>(cfg.index_type), cfg.max_hosts, cfg.compress, cfg.fp8_block};
+  static constexpr const char* kNames[] = {"config.numExperts", "config.topk",      "config.hidden",
+                                           "config.datatype",   "config.indexType", "config.maxHostsPerToken",
+                                           "config.dispatchCompress", "config.fp8Block"};
   CHORUS_RETURN_IF_ERROR(agree(ctx, mine, params, kNames));
   auto st = std::make_unique<State>();
   st->cfg = cfg;
+  if (st->cfg.compress == CHORUS_COMPRESS_DEFAULT) st->cfg.compress = CHORUS_COMPRESS_OFF;
   st->nranks = ctx.size();
   st->rank = ctx.rank();
   if (host_ids.size() != static_cast<size_t>(st->nranks)) host_ids.assign(static_cast<size_t>(st->nranks), 0);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/status.hpp"
+#include "common/wire_format.hpp"
 #include "prim/primitive.hpp"
 
 namespace chorus::prim::ep {
@@ -33,6 +34,14 @@ struct Config {
   chorusDataType_t dtype = chorusBfloat16;
   chorusDataType_t index_type = chorusInt64;
   int max_hosts = 0;
+  int compress = CHORUS_COMPRESS_OFF;  // dispatch's wire: CHORUS_COMPRESS_OFF, _BF16 or _FP8
+  int fp8_block = -1;                  // -1: 128
+  // Dispatch's wire format when compressed (compress != OFF).
+  [[nodiscard]] WireFormat wire() const {
+    return {compress == CHORUS_COMPRESS_FP8 ? WireFormat::Fp8E4m3 : WireFormat::Bf16,
+            fp8_block < 0 ? kFp8DefaultBlock : fp8_block};
+  }
+  [[nodiscard]] bool compressed() const { return compress == CHORUS_COMPRESS_BF16 || compress == CHORUS_COMPRESS_FP8; }
 };
 
 // Validates a config for a communicator of n ranks, naming the field.

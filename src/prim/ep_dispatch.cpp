@@ -9,7 +9,10 @@
 // second one, the relays forwarding the rows they received to the ranks of
 // their host that hold the rows' experts, the wire rows unchanged).  A wire
 // row is the token's hidden elements, its top-k ids (int32), its weights
-// (float32) and its origin (source rank, token index: 2 x uint64).  The
+// (float32) and its origin (source rank, token index: 2 x uint64).  With
+// dispatchCompress the payload is the row quantized (bf16, or fp8 e4m3 with
+// per-block scales: kernels/quantize.hpp's encoding) from its float32 value;
+// the receiver decodes it once and rounds it to the datatype.  The
 // receiver writes each row's payload into the groups of its local experts in
 // ascending expert id; groups are in expert order, within a group by origin
 // (source rank, then token), whichever way the rows came.  It keeps where
@@ -19,13 +22,16 @@
 #include <cstring>
 #include <numeric>
 
+#include "exec/local_ops.hpp"
 #include "prim/ep.hpp"
 
 namespace chorus::prim::ep {
 namespace {
 
+// A wire row: the payload (the row in the datatype, or compressed: wireBytes
+// of the format, scales first), ids, weights, origin.
 struct Wire {
-  size_t row, k;
+  size_t row, k;  // row: the payload's bytes
   [[nodiscard]] size_t ids() const { return row; }
   [[nodiscard]] size_t weights() const { return row + k * sizeof(int32_t); }
   [[nodiscard]] size_t origin() const { return row + k * (sizeof(int32_t) + sizeof(float)); }
@@ -55,13 +61,21 @@ class Dispatch final : public Primitive {
     CHORUS_RETURN_IF_ERROR(agree(ctx, mine));
 
     const auto k = static_cast<size_t>(s.cfg.topk);
-    const Wire wire{s.rowBytes(), k};
+    const bool z = s.cfg.compressed();
+    const Wire wire{z ? wireBytes(s.cfg.wire(), s.cfg.hidden) : s.rowBytes(), k};
     const size_t W = wire.bytes();
     std::vector<uint8_t> sendb(s.send_order.size() * W);
+    std::vector<float> tmp(z ? s.cfg.hidden : 0);
     for (size_t p = 0; p < s.send_order.size(); ++p) {
       const size_t t = s.send_order[p];
       uint8_t* w = &sendb[p * W];
-      std::memcpy(w, static_cast<const uint8_t*>(c.x) + t * wire.row, wire.row);
+      const uint8_t* xr = static_cast<const uint8_t*>(c.x) + t * s.rowBytes();
+      if (z) {
+        exec::runLocalOp(exec::LocalOp::toFloat(tmp.data(), xr, s.cfg.hidden, s.cfg.dtype));
+        exec::runLocalOp(exec::LocalOp::quantize(w, tmp.data(), s.cfg.hidden, s.cfg.wire()));
+      } else {
+        std::memcpy(w, xr, wire.row);
+      }
       std::memcpy(w + wire.ids(), &s.ids[t * k], k * sizeof(int32_t));
       for (size_t j = 0; j < k; ++j) {
         const float wt = c.topk_weights != nullptr ? c.topk_weights[t * k + j] : 1.0f;
@@ -113,6 +127,10 @@ class Dispatch final : public Primitive {
       s.slot_begin[i + 1] = s.slot_begin[i] + mine[i].size();
     }
     std::sort(by_origin.begin(), by_origin.end());
+    const bool z = s.cfg.compressed();
+    const size_t row = s.rowBytes();
+    std::vector<float> tmp(z ? s.cfg.hidden : 0);
+    std::vector<uint8_t> decoded(z ? row : 0);
     std::vector<size_t> off(static_cast<size_t>(L), 0), cur(static_cast<size_t>(L), 0);
     for (int e = 1; e < L; ++e)
       off[static_cast<size_t>(e)] = off[static_cast<size_t>(e - 1)] + s.recv_per_expert[static_cast<size_t>(e - 1)];
@@ -120,6 +138,12 @@ class Dispatch final : public Primitive {
     s.slot_k.assign(s.slot_begin[rows_in], 0);
     for (const auto& [origin, i] : by_origin) {
       const uint8_t* w = &recvb[i * W];
+      const uint8_t* payload = w;
+      if (z) {  // decoded once, rounded to the datatype once, copied into each group
+        exec::runLocalOp(exec::LocalOp::dequantize(tmp.data(), w, s.cfg.hidden, s.cfg.wire()));
+        exec::runLocalOp(exec::LocalOp::fromFloat(decoded.data(), tmp.data(), s.cfg.hidden, s.cfg.dtype));
+        payload = decoded.data();
+      }
       size_t q = s.slot_begin[i];
       for (auto [e, j] : mine[i]) {
         const auto le = static_cast<size_t>(e - first);
@@ -127,7 +151,7 @@ class Dispatch final : public Primitive {
           return internalError("more rows for expert {} than the {} its layout announced: the counts do not add up", e,
                                s.recv_per_expert[le]);
         const size_t slot = off[le] + cur[le]++;
-        std::memcpy(static_cast<uint8_t*>(c.recv_x) + slot * wire.row, w, wire.row);
+        std::memcpy(static_cast<uint8_t*>(c.recv_x) + slot * row, payload, row);
         if (c.recv_weights != nullptr)
           std::memcpy(&c.recv_weights[slot], w + wire.weights() + static_cast<size_t>(j) * sizeof(float), sizeof(float));
         s.slots[q] = slot;

@@ -223,6 +223,17 @@ def _errors(rank, world, ids):
     recv_x, recv_w, counts = ep.dispatch(x, idx, torch.ones(2, 2))
     out = ep.combine(recv_x, recv_w)
     assert torch.equal(out, torch.full((2, 4), 2.0)), "rank {}: {}".format(rank, out)
+    # fp8 dispatch: a block's largest element crosses exactly (scale = amax / 256), so all-equal rows do.
+    ep8 = chorus.moe.ExpertParallel(comm, 2 * world, 2, 4, torch.float32, dispatch_compress="fp8", fp8_block=32)
+    recv_x, recv_w, counts = ep8.dispatch(torch.full((2, 4), 3.0), idx, torch.ones(2, 2))
+    assert torch.equal(recv_x, torch.full(recv_x.shape, 3.0)), "rank {}: fp8 dispatch gave {}".format(rank, recv_x)
+    out = ep8.combine(recv_x, recv_w)
+    assert torch.equal(out, torch.full((2, 4), 6.0)), "rank {}: {}".format(rank, out)
+    try:
+        chorus.moe.ExpertParallel(comm, 2 * world, 2, 4, torch.float32, dispatch_compress="zip")
+        raise AssertionError("dispatch_compress='zip' was accepted")
+    except ValueError as e:
+        assert "'off', 'bf16' or 'fp8'" in str(e), str(e)
     try:
         chorus.moe.ExpertParallel(comm, 2 * world, 2, 4, torch.float32, max_hosts_per_token=-1)
         raise AssertionError("max_hosts_per_token=-1 was accepted")

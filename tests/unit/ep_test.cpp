@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
@@ -43,6 +44,9 @@ struct Job {
   // maxHostsPerToken (0: direct routing).
   std::vector<int> host;
   int max_hosts = 0;
+  // Dispatch's wire (CHORUS_COMPRESS_*) and fp8 block (-1: 128).
+  int compress = CHORUS_COMPRESS_OFF;
+  int block = -1;
   // Host index of rank r (labels numbered by first appearance), the ranks of
   // each host, and the relay of host h for rank r.
   [[nodiscard]] std::vector<int> hostIndex() const {
@@ -112,6 +116,37 @@ Tokens tokensOf(const Job& j, int q) {
   return t;
 }
 
+// A row as dispatch delivers it: itself, or with a compressed wire its
+// float32 value encoded and decoded by the documented rule (kernels/
+// quantize.hpp; written again here: bf16 nearest-even; fp8 e4m3 with scale =
+// amax / 256 per block, code = e4m3(x * (256 / amax)) nearest-even, value =
+// code x scale), then rounded to the datatype.
+float e4m3Round(float y) {
+  const float a = std::fabs(y);
+  int ex = 0;
+  std::frexp(a, &ex);  // a = m 2^ex, m in [0.5, 1)
+  const float ulp = a >= 0x1p-6f ? std::ldexp(1.0f, ex - 1 - 3) : 0x1p-9f;
+  return std::copysign(std::nearbyint(a / ulp) * ulp, y);
+}
+std::vector<float> delivered(const Job& j, const float* x) {
+  std::vector<float> v(x, x + j.hidden);
+  if (j.compress == CHORUS_COMPRESS_BF16) {
+    for (float& f : v) f = fromBf16(toBf16(f));
+  } else if (j.compress == CHORUS_COMPRESS_FP8) {
+    const size_t b = j.block < 0 ? 128 : static_cast<size_t>(j.block);
+    for (size_t s = 0; s < v.size(); s += b) {
+      const size_t e = std::min(v.size(), s + b);
+      float amax = 0;
+      for (size_t i = s; i < e; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float scale = amax >= 0x1p-118f ? amax * (1.0f / 256.0f) : 0.0f;
+      const float inv = scale > 0 ? 256.0f / amax : 0.0f;
+      for (size_t i = s; i < e; ++i) v[i] = e4m3Round(v[i] * inv) * scale;
+    }
+  }
+  for (float& f : v) f = roundTo(j, f);
+  return v;
+}
+
 // The experts' computation in this test: y = round(x * (0.5 + e/4) + e/8).
 float expertFn(const Job& j, int e, float x) { return roundTo(j, x * (0.5f + 0.25f * e) + 0.125f * e); }
 
@@ -133,6 +168,7 @@ std::string runStep(const Job& j, int r, chorusComm_t c) {
   chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
   cfg.numExperts = j.experts, cfg.topk = j.topk, cfg.hidden = j.hidden, cfg.datatype = j.dtype, cfg.indexType = j.itype;
   cfg.maxHostsPerToken = j.max_hosts;
+  cfg.dispatchCompress = j.compress, cfg.fp8Block = j.block;
   chorusEpHandle_t ep = nullptr;
   if (chorusEpCreate(&ep, &cfg, c) != chorusSuccess) return fmt::format("rank {} create: {}", r, chorusGetLastError(c));
   std::unique_ptr<chorusEpHandle, decltype(&chorusEpDestroy)> guard(ep, &chorusEpDestroy);
@@ -217,8 +253,9 @@ std::string runStep(const Job& j, int r, chorusComm_t c) {
     return fmt::format("rank {} dispatch: {}", r, chorusGetLastError(c));
   for (size_t i = 0; i < want.size(); ++i) {
     const Row& w = want[i];
+    const std::vector<float> row = delivered(j, &all[static_cast<size_t>(w.src)].x[w.t * j.hidden]);
     for (size_t h = 0; h < j.hidden; ++h)
-      if (getElem(j, recv.data(), i * j.hidden + h) != all[static_cast<size_t>(w.src)].x[w.t * j.hidden + h])
+      if (std::bit_cast<uint32_t>(getElem(j, recv.data(), i * j.hidden + h)) != std::bit_cast<uint32_t>(row[h]))
         return fmt::format("rank {}: recvX row {} (expert {}, rank {} token {}) element {} wrong", r, i, w.e, w.src, w.t, h);
     if (rw[i] != w.w) return fmt::format("rank {}: recvWeights[{}]={} expected {}", r, i, rw[i], w.w);
   }
@@ -245,13 +282,14 @@ std::string runStep(const Job& j, int r, chorusComm_t c) {
     std::vector<std::pair<int64_t, float>> ew;
     for (int k = 0; k < j.topk; ++k) ew.emplace_back(me.ids[t * j.topk + k], me.w[t * j.topk + k]);
     std::sort(ew.begin(), ew.end());
+    const std::vector<float> xt = delivered(j, &me.x[t * j.hidden]);
     for (size_t h = 0; h < j.hidden; ++h) {
       std::map<int, float> part;  // rank -> its rounded partial
       for (size_t a = 0; a < ew.size();) {
         float acc = 0.0f;
         const int q = rankOf(ew[a].first);
         for (; a < ew.size() && rankOf(ew[a].first) == q; ++a) {
-          const float prod = ew[a].second * expertFn(j, static_cast<int>(ew[a].first), me.x[t * j.hidden + h]);
+          const float prod = ew[a].second * expertFn(j, static_cast<int>(ew[a].first), xt[h]);
           acc = acc + prod;
         }
         part[q] = roundTo(j, acc);
@@ -290,12 +328,14 @@ std::string runStep(const Job& j, int r, chorusComm_t c) {
 struct Case {
   int n, experts, topk;
   chorusDataType_t dtype, itype;
+  int compress = CHORUS_COMPRESS_OFF, block = -1;
 };
 class EpStep : public ::testing::TestWithParam<Case> {};
 TEST_P(EpStep, MatchesTheReference) {
   const Case k = GetParam();
   for (uint32_t seed = 1; seed <= 3; ++seed) {
     Job j{k.n, k.experts, k.topk, 5, k.dtype, k.itype, seed};
+    j.compress = k.compress, j.block = k.block;
     if (seed == 3) j.hidden = 130;
     auto msgs = runRanks(k.n, [&](int r, chorusComm_t c) { return runStep(j, r, c); });
     EXPECT_EQ(failures(msgs), "") << "seed " << seed;
@@ -306,7 +346,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{1, 4, 2, chorusFloat32, chorusInt64}, Case{2, 8, 2, chorusFloat32, chorusInt64},
                       Case{2, 8, 3, chorusBfloat16, chorusInt32}, Case{3, 6, 4, chorusBfloat16, chorusInt64},
                       Case{4, 8, 3, chorusFloat32, chorusInt32}, Case{4, 16, 8, chorusBfloat16, chorusInt64},
-                      Case{5, 5, 1, chorusFloat32, chorusInt64}, Case{4, 4, 4, chorusFloat32, chorusInt64}));
+                      Case{5, 5, 1, chorusFloat32, chorusInt64}, Case{4, 4, 4, chorusFloat32, chorusInt64},
+                      // dispatch's wire compressed: fp8 (block 128: a partial block at hidden 130; block 32), bf16
+                      Case{2, 8, 2, chorusFloat32, chorusInt64, CHORUS_COMPRESS_FP8},
+                      Case{3, 6, 4, chorusBfloat16, chorusInt64, CHORUS_COMPRESS_FP8, 32},
+                      Case{4, 8, 3, chorusFloat32, chorusInt32, CHORUS_COMPRESS_BF16}));
 
 // Node-limited routing on ranks of several "hosts" (net.host_id per rank; the
 // hosts' ranks talk over TCP): one copy per host to the host's relay, then
@@ -479,6 +523,8 @@ TEST(EpBadInput, BadOrDifferingConfigsFailEveryRank) {
       {[](chorusEpConfig_t& c) { c.datatype = chorusInt32; }, "config.datatype=2 is not supported"},
       {[](chorusEpConfig_t& c) { c.indexType = chorusFloat32; }, "config.indexType=7 is not supported"},
       {[](chorusEpConfig_t& c) { c.maxHostsPerToken = -1; }, "config.maxHostsPerToken=-1 must be >= 0"},
+      {[](chorusEpConfig_t& c) { c.dispatchCompress = 5; }, "config.dispatchCompress=5 is not one of"},
+      {[](chorusEpConfig_t& c) { c.fp8Block = 16; }, "config.fp8Block=16 is outside 32..1024"},
   };
   for (const Bad& b : bads) {
     auto msgs = runRanks(3, [&](int r, chorusComm_t c) -> std::string {
