@@ -316,6 +316,125 @@ chorusResult_t chorusPrimitive(const char* name, const chorusPrimitiveArgs_t* ar
  * (truncated to len); *needed (may be NULL) receives the full length + 1. */
 chorusResult_t chorusPrimitiveList(char* list, size_t len, size_t* needed);
 
+/* Expert parallelism: MoE token dispatch and combine (DeepEP-shaped; docs/ep.md).
+ *
+ * Experts are spread evenly over the ranks: expert e lives on rank
+ * e / (numExperts / nranks), which holds numExperts / nranks "local" experts.
+ * A step of a MoE layer is, on every rank:
+ *
+ *   chorusEpLayout(ep, topkIdx, numTokens, ...)     the router's top-k ids [numTokens x topk]:
+ *                                                   per-rank / per-host / per-expert counts,
+ *                                                   the send order, and (one all-to-all of
+ *                                                   counts) how many rows this rank receives
+ *   chorusEpDispatch(ep, x, topkWeights, recvX, ...) each token crosses once to each rank that
+ *                                                   holds one of its experts (not once per
+ *                                                   expert); recvX holds the received tokens
+ *                                                   grouped by local expert
+ *   ... the local experts run on recvX ...
+ *   chorusEpCombine(ep, expertOut, weights, out)    expert outputs back to their tokens,
+ *                                                   weighted and summed in a fixed order
+ *
+ * The handle holds the layout of the last chorusEpLayout and the received
+ * rows' routing of the last chorusEpDispatch (the "index to undo it"):
+ * combine undoes that dispatch.  Every call is collective over comm (the
+ * communicator the handle was created on) and complete when it returns (on a
+ * stream it first waits for the stream's queued work).  Not allowed inside a
+ * group.  Handles are not thread-safe: one thread at a time per handle.
+ *
+ * Layout of recvX: rows of `hidden` elements, expert-major: all rows of local
+ * expert 0 (recvPerExpert[0] of them), then local expert 1, ...; within an
+ * expert, by source rank, then by the source's token index.  A token that
+ * chose two experts of one rank crosses once and appears in both groups.
+ *
+ * Combine's order (deterministic, bitwise equal to any reference that sums
+ * the same way): for each token, on each rank holding its experts, a float32
+ * accumulator starting at +0 adds weight * expertOut of the token's experts
+ * there in ascending expert id (each product rounded to float32, then added);
+ * the partial is rounded to the datatype and sent home; at home a float32
+ * accumulator starting at +0 adds the partials in ascending rank order and is
+ * rounded once to the datatype.  Experts of a rank are consecutive ids, so this
+ * visits the token's experts in ascending id, summed per rank then across ranks.
+ * The result depends on the rank count (the grouping), not on timing.
+ * With node-limited routing the rank partials of one host are first summed at
+ * the host's relay (a float32 accumulator from +0, the host's ranks in
+ * ascending order, rounded to the datatype: one row per host crosses the
+ * network), and home adds those host partials from +0 in ascending host order
+ * (hosts numbered by their lowest rank), rounded once.
+ *
+ * Bad input is refused on every rank (chorusInvalidArgument naming the
+ * argument on the rank that passed it, and that rank on the others), before
+ * any data moves: a rank's bad call fails the call everywhere, never hangs
+ * its peers.  A peer that dies mid-call fails the call (chorusRemoteError),
+ * as in any collective. */
+typedef struct chorusEpHandle* chorusEpHandle_t;
+typedef struct {
+  size_t size;                /* sizeof(chorusEpConfig_t), set by the initializer */
+  int numExperts;             /* > 0, a multiple of the rank count */
+  int topk;                   /* experts per token, 1..numExperts */
+  size_t hidden;              /* elements per token row, > 0 */
+  chorusDataType_t datatype;  /* payload of dispatch and combine: chorusFloat32 or chorusBfloat16 */
+  chorusDataType_t indexType; /* topkIdx's type: chorusInt32 or chorusInt64 (torch.topk gives int64) */
+  /* Node-limited routing: 0 = off (each token goes straight to every rank
+   * holding one of its experts).  M > 0: every token's experts must lie on at
+   * most M hosts (the router's job, e.g. group-limited gating; a token beyond
+   * is chorusInvalidArgument), and a token crosses once to each of its hosts,
+   * to that host's relay (the rank of that host with the sender's local
+   * index, modulo the host's size), which forwards it to the ranks of its host
+   * that hold its experts.  Hosts: ranks joined by shared memory
+   * (CHORUS_HOST_ID splits a machine). */
+  int maxHostsPerToken;
+  /* Dispatch's wire format (combine always moves the datatype):
+   * CHORUS_COMPRESS_OFF (or _DEFAULT): the datatype; CHORUS_COMPRESS_BF16;
+   * CHORUS_COMPRESS_FP8: e4m3 with one float32 scale per fp8Block elements of
+   * a row (the compressed collectives' encoding, docs/algorithms.md
+   * "Compressed wire formats").  The receiver decodes each row once into
+   * float32 and rounds it to the datatype into recvX; the weights and ids
+   * travel exactly.  fp8Block: 32..1024, or -1 (128). */
+  int dispatchCompress;
+  int fp8Block;
+} chorusEpConfig_t;
+#define CHORUS_EP_CONFIG_INITIALIZER \
+  { sizeof(chorusEpConfig_t), 0, 0, 0, chorusBfloat16, chorusInt64, 0, CHORUS_COMPRESS_OFF, -1 }
+/* Collective over comm: every rank's config is checked and compared (a bad or
+ * differing one fails the call on every rank, naming the field). */
+chorusResult_t chorusEpCreate(chorusEpHandle_t* ep, const chorusEpConfig_t* config, chorusComm_t comm);
+chorusResult_t chorusEpDestroy(chorusEpHandle_t ep);
+/* The number of hosts of the handle's communicator (tokensPerHost's length)
+ * and of local experts (recvPerExpert's length). */
+chorusResult_t chorusEpGetInfo(chorusEpHandle_t ep, int* numHosts, int* numLocalExperts);
+/* topkIdx: numTokens x topk ids of config.indexType, each in [0, numExperts),
+ * no id twice in a row.  Outputs (each may be NULL): tokensPerRank[nranks] and
+ * tokensPerHost[numHosts] (tokens this rank sends to each rank / host, a
+ * token counted once however many of its experts are there),
+ * tokensPerExpert[numExperts] (this rank's tokens per expert), recvPerExpert
+ * [numLocalExperts] (rows dispatch will write per local expert, from all
+ * ranks), *numRecv (their sum: recvX's rows).  numTokens may be 0. */
+chorusResult_t chorusEpLayout(chorusEpHandle_t ep, const void* topkIdx, size_t numTokens, size_t* tokensPerRank,
+                              size_t* tokensPerHost, size_t* tokensPerExpert, size_t* recvPerExpert,
+                              size_t* numRecv, chorusComm_t comm, chorusStream_t stream);
+/* The send order of the last layout: the token indices sent to rank 0 (in
+ * ascending order), then to rank 1, ...: sum(tokensPerRank) entries, or with
+ * node-limited routing the tokens sent to each host's relay, sum(tokensPerHost)
+ * (*needed receives it; order may be NULL). */
+chorusResult_t chorusEpSendOrder(chorusEpHandle_t ep, size_t* order, size_t len, size_t* needed);
+/* x: numTokens x hidden of datatype (the layout's tokens).  topkWeights:
+ * numTokens x topk float32 (the gate's scores) or NULL (all 1).  recvX: room
+ * for recvCapacity rows (>= *numRecv of the layout); recvWeights: NULL or
+ * recvCapacity float32, row i receives the weight of its (token, expert). */
+chorusResult_t chorusEpDispatch(chorusEpHandle_t ep, const void* x, const float* topkWeights, void* recvX,
+                                float* recvWeights, size_t recvCapacity, chorusComm_t comm, chorusStream_t stream);
+/* expertOut: numRecv x hidden of datatype, rows as dispatch's recvX.
+ * weights: numRecv float32 (e.g. dispatch's recvWeights) or NULL (all 1).
+ * out: numTokens x hidden of datatype (the layout's tokens). */
+chorusResult_t chorusEpCombine(chorusEpHandle_t ep, const void* expertOut, const float* weights, void* out,
+                               chorusComm_t comm, chorusStream_t stream);
+/* The adjoint of dispatch's recvWeights: rowValues (numRecv float32, rows as
+ * recvX) go back to topkValues[t * topk + j] (numTokens x topk float32), the
+ * (token, expert) each row came from.  No arithmetic: each value lands once
+ * (a torch backward's gradient of the gate scores). */
+chorusResult_t chorusEpReturnTopk(chorusEpHandle_t ep, const float* rowValues, float* topkValues,
+                                  chorusComm_t comm, chorusStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

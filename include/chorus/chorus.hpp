@@ -32,6 +32,7 @@
 #include <chorus/chorus.h>
 #include <chorus/sizes.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +44,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace chorus {
 inline namespace cpp_v0 {
@@ -780,6 +782,143 @@ class Communicator {
   chorusComm_t comm_ = nullptr;
   int rank_ = 0;
   int size_ = 0;
+};
+
+// MoE expert parallelism (chorus.h, "Expert parallelism"; docs/ep.md): the
+// owner of a chorusEpHandle_t on a communicator.  T is the payload (float or
+// bfloat16), I the router's id type (int32_t or int64_t).  Every call is
+// collective and complete when it returns.  What the library can check it
+// checks on every rank alike (bad ids, a receive that does not fit: refused
+// on every rank); a span whose size contradicts the layout (x, out, ...) is
+// refused here, on the calling rank only, as this header's other calls do.
+//
+//   auto ep = chorus::ExpertParallel<bfloat16, int64_t>::create(comm, 64, 8, 7168).value();
+//   auto lay = ep.layout(topk_idx).value();            // topk_idx: tokens x 8
+//   std::vector<bfloat16> rx(lay.numRecv * 7168);  std::vector<float> rw(lay.numRecv);
+//   ep.dispatch(x, topk_weights, rx, rw);              // rx: grouped by local expert (lay.recvPerExpert)
+//   ... experts: rx -> y ...
+//   ep.combine(y, rw, out);                            // out: tokens x 7168, weighted sum
+struct EpLayout {
+  std::vector<size_t> tokensPerRank, tokensPerHost, tokensPerExpert, recvPerExpert;
+  size_t numRecv = 0;  // rows dispatch writes (the sum of recvPerExpert)
+};
+
+template <class T, class I>
+class ExpertParallel {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bfloat16>, "payload: float or bfloat16");
+  static_assert(std::is_same_v<I, int32_t> || std::is_same_v<I, int64_t>, "ids: int32_t or int64_t");
+
+ public:
+  // Collective: every rank passes the same values.  maxHostsPerToken > 0:
+  // node-limited routing (chorus.h, chorusEpConfig_t).
+  // dispatchCompress: CHORUS_COMPRESS_OFF, _BF16 or _FP8 (dispatch's wire; fp8Block -1: 128).
+  static Result<ExpertParallel> create(const Communicator& comm, int numExperts, int topk, size_t hidden,
+                                       int maxHostsPerToken = 0, int dispatchCompress = CHORUS_COMPRESS_OFF,
+                                       int fp8Block = -1) {
+    chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
+    cfg.numExperts = numExperts, cfg.topk = topk, cfg.hidden = hidden, cfg.maxHostsPerToken = maxHostsPerToken;
+    cfg.dispatchCompress = dispatchCompress, cfg.fp8Block = fp8Block;
+    cfg.datatype = static_cast<chorusDataType_t>(dataTypeOf<T>);
+    cfg.indexType = static_cast<chorusDataType_t>(dataTypeOf<I>);
+    chorusEpHandle_t h = nullptr;
+    if (chorusResult_t r = chorusEpCreate(&h, &cfg, comm.native()); r != chorusSuccess) return Status::fromC(r);
+    int hosts = 0, locals = 0;
+    (void)chorusEpGetInfo(h, &hosts, &locals);
+    return ExpertParallel(h, comm.native(), comm.size(), topk, hidden, hosts, locals, numExperts);
+  }
+  ExpertParallel(ExpertParallel&& o) noexcept { *this = std::move(o); }
+  ExpertParallel& operator=(ExpertParallel&& o) noexcept {
+    if (this != &o) {
+      reset();
+      h_ = std::exchange(o.h_, nullptr);
+      comm_ = o.comm_, nranks_ = o.nranks_, topk_ = o.topk_, hidden_ = o.hidden_, hosts_ = o.hosts_;
+      locals_ = o.locals_, experts_ = o.experts_, tokens_ = o.tokens_, recv_ = o.recv_;
+    }
+    return *this;
+  }
+  ExpertParallel(const ExpertParallel&) = delete;
+  ExpertParallel& operator=(const ExpertParallel&) = delete;
+  ~ExpertParallel() { reset(); }
+
+  [[nodiscard]] chorusEpHandle_t native() const { return h_; }
+  [[nodiscard]] int numLocalExperts() const { return locals_; }
+  [[nodiscard]] int numHosts() const { return hosts_; }
+
+  // topkIdx: tokens x topk ids.  Also exchanges the counts (collective).
+  Result<EpLayout> layout(std::span<const I> topkIdx, StreamRef s = {}) {
+    if (topkIdx.size() % static_cast<size_t>(topk_) != 0)
+      return Status(Code::InvalidArgument, "chorus::ExpertParallel::layout: topkIdx.size()=" + std::to_string(topkIdx.size()) +
+                                               " is not a multiple of topk=" + std::to_string(topk_));
+    EpLayout l;
+    l.tokensPerRank.resize(static_cast<size_t>(nranks_));
+    l.tokensPerHost.resize(static_cast<size_t>(hosts_));
+    l.tokensPerExpert.resize(static_cast<size_t>(experts_));
+    l.recvPerExpert.resize(static_cast<size_t>(locals_));
+    const size_t tokens = topkIdx.size() / static_cast<size_t>(topk_);
+    if (chorusResult_t r = chorusEpLayout(h_, topkIdx.data(), tokens, l.tokensPerRank.data(), l.tokensPerHost.data(),
+                                          l.tokensPerExpert.data(), l.recvPerExpert.data(), &l.numRecv, comm_, s.native());
+        r != chorusSuccess)
+      return Status::fromC(r);
+    tokens_ = tokens, recv_ = l.numRecv;
+    return l;
+  }
+  // The last layout's send order (token indices, rank-major).
+  Result<std::vector<size_t>> sendOrder() const {
+    size_t n = 0;
+    if (chorusResult_t r = chorusEpSendOrder(h_, nullptr, 0, &n); r != chorusSuccess) return Status::fromC(r);
+    std::vector<size_t> o(n);
+    if (chorusResult_t r = chorusEpSendOrder(h_, o.data(), o.size(), nullptr); r != chorusSuccess) return Status::fromC(r);
+    return o;
+  }
+  // x: tokens x hidden; topkWeights: tokens x topk or empty (all 1);
+  // recvX: room for rows of hidden (its rows are the capacity, checked on
+  // every rank); recvWeights: empty, or as many rows as recvX.
+  Status dispatch(std::span<const std::type_identity_t<T>> x, std::span<const float> topkWeights, std::span<T> recvX,
+                  std::span<float> recvWeights = {}, StreamRef s = {}) {
+    if (x.size() != tokens_ * hidden_) return sizeError("dispatch", "x", x.size(), tokens_ * hidden_);
+    if (!topkWeights.empty() && topkWeights.size() != tokens_ * static_cast<size_t>(topk_))
+      return sizeError("dispatch", "topkWeights", topkWeights.size(), tokens_ * static_cast<size_t>(topk_));
+    size_t cap = recvX.size() / hidden_;
+    if (!recvWeights.empty()) cap = std::min(cap, recvWeights.size());
+    return Status::fromC(chorusEpDispatch(h_, x.data(), topkWeights.empty() ? nullptr : topkWeights.data(), recvX.data(),
+                                          recvWeights.empty() ? nullptr : recvWeights.data(), cap, comm_, s.native()));
+  }
+  // expertOut: numRecv x hidden (rows as dispatch's recvX); weights: numRecv
+  // or empty (all 1); out: tokens x hidden.
+  Status combine(std::span<const std::type_identity_t<T>> expertOut, std::span<const float> weights, std::span<T> out,
+                 StreamRef s = {}) {
+    if (expertOut.size() < recv_ * hidden_) return sizeError("combine", "expertOut", expertOut.size(), recv_ * hidden_);
+    if (!weights.empty() && weights.size() < recv_) return sizeError("combine", "weights", weights.size(), recv_);
+    if (out.size() != tokens_ * hidden_) return sizeError("combine", "out", out.size(), tokens_ * hidden_);
+    return Status::fromC(chorusEpCombine(h_, expertOut.data(), weights.empty() ? nullptr : weights.data(), out.data(),
+                                         comm_, s.native()));
+  }
+  // rowValues: numRecv; topkValues: tokens x topk.
+  Status returnTopk(std::span<const float> rowValues, std::span<float> topkValues, StreamRef s = {}) {
+    if (rowValues.size() < recv_) return sizeError("returnTopk", "rowValues", rowValues.size(), recv_);
+    if (topkValues.size() != tokens_ * static_cast<size_t>(topk_))
+      return sizeError("returnTopk", "topkValues", topkValues.size(), tokens_ * static_cast<size_t>(topk_));
+    return Status::fromC(chorusEpReturnTopk(h_, rowValues.data(), topkValues.data(), comm_, s.native()));
+  }
+
+ private:
+  ExpertParallel(chorusEpHandle_t h, chorusComm_t c, int nranks, int topk, size_t hidden, int hosts, int locals, int experts)
+      : h_(h), comm_(c), nranks_(nranks), topk_(topk), hidden_(hidden), hosts_(hosts), locals_(locals), experts_(experts) {}
+  void reset() {
+    if (h_ != nullptr) (void)chorusEpDestroy(h_);
+    h_ = nullptr;
+  }
+  static Status sizeError(const char* fn, const char* what, size_t got, size_t want) {
+    return Status(Code::InvalidArgument, std::string("chorus::ExpertParallel::") + fn + ": " + what + ".size()=" +
+                                             std::to_string(got) + " but the layout needs " + std::to_string(want));
+  }
+
+  chorusEpHandle_t h_ = nullptr;
+  chorusComm_t comm_ = nullptr;
+  int nranks_ = 0, topk_ = 1;
+  size_t hidden_ = 1;
+  int hosts_ = 1, locals_ = 0, experts_ = 0;
+  size_t tokens_ = 0, recv_ = 0;
 };
 
 }  // namespace cpp_v0

@@ -42,6 +42,7 @@ from ._chorus import (  # noqa: F401  (re-exported API)
     Communicator,
     DataType,
     Error,
+    ExpertParallel,
     Handle,
     InProgressError,
     InternalError,
@@ -95,7 +96,8 @@ Communicator.__exit__ = _comm_exit  # type: ignore[attr-defined]
 __version__ = "{}.{}.{}".format(version() // 10000, version() // 100 % 100, version() % 100)
 
 __all__ = [
-    "AbortedError", "RevokedError", "Communicator", "DataType", "Error", "Handle", "InProgressError", "InternalError",
+    "AbortedError", "RevokedError", "Communicator", "DataType", "Error", "ExpertParallel", "Handle",
+    "InProgressError", "InternalError",
     "InvalidArgumentError", "InvalidUsageError", "MismatchError", "Op", "RemoteError", "Result", "Stream",
     "UniqueId", "error_string", "group", "group_end", "group_start", "version",
 ]  # chorus.SystemError and chorus.TimeoutError stay qualified: a star import must not shadow the builtins

@@ -130,4 +130,7 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["BACKEND_NAME", "abort", "set_reproducible"]
+__all__ = ["BACKEND_NAME", "ExpertParallel", "abort", "set_reproducible"]
+
+# MoE expert parallelism with autograd (chorus.moe): dispatch and combine on CPU tensors.
+from .moe import ExpertParallel  # noqa: E402,F401

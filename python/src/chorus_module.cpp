@@ -476,6 +476,160 @@ struct GroupGuard {
 
 }  // namespace
 
+// ---------------------------------------------------------------- expert parallelism
+
+// chorusEpHandle_t on a Communicator (chorus.h, "Expert parallelism").  Every
+// method is collective and blocking (the GIL released while it runs).
+class ExpertParallel {
+ public:
+  ExpertParallel(py::object comm, int numExperts, int topk, size_t hidden, const std::string& dtype,
+                 const std::string& indexDtype, int maxHostsPerToken, const std::string& dispatchCompress, int fp8Block)
+      : comm_obj_(std::move(comm)), topk_(topk), hidden_(hidden) {
+    comm_ = comm_obj_.cast<Communicator&>().live("ExpertParallel");
+    chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
+    cfg.numExperts = numExperts, cfg.topk = topk, cfg.hidden = hidden, cfg.maxHostsPerToken = maxHostsPerToken;
+    cfg.datatype = dtypeArg(dtype, "dtype");
+    cfg.indexType = dtypeArg(indexDtype, "index_dtype");
+    if (dispatchCompress == "off") cfg.dispatchCompress = CHORUS_COMPRESS_OFF;
+    else if (dispatchCompress == "bf16") cfg.dispatchCompress = CHORUS_COMPRESS_BF16;
+    else if (dispatchCompress == "fp8") cfg.dispatchCompress = CHORUS_COMPRESS_FP8;
+    else throw py::value_error("dispatch_compress='" + dispatchCompress + "': 'off', 'bf16' or 'fp8'");
+    cfg.fp8Block = fp8Block;
+    dtype_ = cfg.datatype, itype_ = cfg.indexType;
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusEpCreate(&h_, &cfg, comm_);
+    }
+    check(r, comm_, "ExpertParallel");
+    chorusEpGetInfo(h_, &hosts_, &locals_);
+  }
+  ~ExpertParallel() {
+    if (h_ != nullptr) chorusEpDestroy(h_);
+  }
+  ExpertParallel(const ExpertParallel&) = delete;
+  ExpertParallel& operator=(const ExpertParallel&) = delete;
+
+  py::dict layout(py::object topkIdx) {
+    View v = viewOf(topkIdx, "topk_idx", false);
+    if (v.dtype != itype_) throw py::type_error("layout: topk_idx's dtype is not the handle's index_dtype");
+    if (v.count % static_cast<size_t>(topk_) != 0)
+      throw py::value_error("layout: topk_idx has " + std::to_string(v.count) + " elements, not a multiple of topk=" +
+                            std::to_string(topk_));
+    int n = 0;
+    chorusCommCount(comm_, &n);
+    const size_t tokens = v.count / static_cast<size_t>(topk_);
+    std::vector<size_t> pr(static_cast<size_t>(n)), ph(static_cast<size_t>(hosts_)),
+        pe(static_cast<size_t>(locals_ * n)), rpe(static_cast<size_t>(locals_));
+    size_t nrecv = 0;
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusEpLayout(h_, v.ptr, tokens, pr.data(), ph.data(), pe.data(), rpe.data(), &nrecv, comm_, nullptr);
+    }
+    check(r, comm_, "ExpertParallel.layout");
+    tokens_ = tokens, recv_ = nrecv;
+    py::dict d;
+    d["tokens_per_rank"] = pr, d["tokens_per_host"] = ph, d["tokens_per_expert"] = pe;
+    d["recv_per_expert"] = rpe, d["num_recv"] = nrecv;
+    return d;
+  }
+
+  std::vector<size_t> sendOrder() const {
+    size_t n = 0;
+    check(chorusEpSendOrder(h_, nullptr, 0, &n), comm_, "ExpertParallel.send_order");
+    std::vector<size_t> o(n);
+    check(chorusEpSendOrder(h_, o.data(), o.size(), nullptr), comm_, "ExpertParallel.send_order");
+    return o;
+  }
+
+  void dispatch(py::object x, py::object topkWeights, py::object recvX, py::object recvWeights) {
+    View xv = viewOf(x, "x", false), rv = viewOf(recvX, "recv_x", true);
+    payload(xv, "x"), payload(rv, "recv_x");
+    requireSizes(chorus::sizes::equal("dispatch", "x.size", xv.count, "tokens*hidden", tokens_ * hidden_));
+    std::optional<View> wv, rwv;
+    if (!topkWeights.is_none()) {
+      wv = viewOf(topkWeights, "topk_weights", false);
+      f32(*wv, "topk_weights");
+      requireSizes(chorus::sizes::equal("dispatch", "topk_weights.size", wv->count, "tokens*topk", tokens_ * topk_));
+    }
+    size_t cap = rv.count / hidden_;
+    if (!recvWeights.is_none()) {
+      rwv = viewOf(recvWeights, "recv_weights", true);
+      f32(*rwv, "recv_weights");
+      cap = std::min(cap, rwv->count);
+    }
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusEpDispatch(h_, xv.ptr, wv ? static_cast<const float*>(wv->ptr) : nullptr, rv.ptr,
+                           rwv ? static_cast<float*>(rwv->ptr) : nullptr, cap, comm_, nullptr);
+    }
+    check(r, comm_, "ExpertParallel.dispatch");
+  }
+
+  void combine(py::object y, py::object weights, py::object out) {
+    View yv = viewOf(y, "expert_out", false), ov = viewOf(out, "out", true);
+    payload(yv, "expert_out"), payload(ov, "out");
+    requireSizes(chorus::sizes::equal("combine", "expert_out.size", yv.count, "num_recv*hidden", recv_ * hidden_));
+    requireSizes(chorus::sizes::equal("combine", "out.size", ov.count, "tokens*hidden", tokens_ * hidden_));
+    std::optional<View> wv;
+    if (!weights.is_none()) {
+      wv = viewOf(weights, "weights", false);
+      f32(*wv, "weights");
+      requireSizes(chorus::sizes::equal("combine", "weights.size", wv->count, "num_recv", recv_));
+    }
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusEpCombine(h_, yv.ptr, wv ? static_cast<const float*>(wv->ptr) : nullptr, ov.ptr, comm_, nullptr);
+    }
+    check(r, comm_, "ExpertParallel.combine");
+  }
+
+  void returnTopk(py::object rowValues, py::object topkValues) {
+    View rv = viewOf(rowValues, "row_values", false), tv = viewOf(topkValues, "topk_values", true);
+    f32(rv, "row_values"), f32(tv, "topk_values");
+    requireSizes(chorus::sizes::equal("return_topk", "row_values.size", rv.count, "num_recv", recv_));
+    requireSizes(chorus::sizes::equal("return_topk", "topk_values.size", tv.count, "tokens*topk", tokens_ * topk_));
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusEpReturnTopk(h_, static_cast<const float*>(rv.ptr), static_cast<float*>(tv.ptr), comm_, nullptr);
+    }
+    check(r, comm_, "ExpertParallel.return_topk");
+  }
+
+  int numLocalExperts() const { return locals_; }
+  int numHosts() const { return hosts_; }
+
+ private:
+  static chorusDataType_t dtypeArg(const std::string& s, const char* arg) {
+    if (s == "float32") return chorusFloat32;
+    if (s == "bfloat16") return chorusBfloat16;
+    if (s == "int32") return chorusInt32;
+    if (s == "int64") return chorusInt64;
+    // Anything else goes to the library, which names what it accepts.
+    (void)arg;
+    return chorusUint8;
+  }
+  void payload(const View& v, const char* arg) const {
+    if (v.dtype != dtype_) throw py::type_error(std::string(arg) + ": dtype is not the handle's dtype");
+  }
+  static void f32(const View& v, const char* arg) {
+    if (v.dtype != chorusFloat32) throw py::type_error(std::string(arg) + ": must be float32");
+  }
+
+  py::object comm_obj_;  // keeps the Communicator alive
+  chorusComm_t comm_ = nullptr;
+  chorusEpHandle_t h_ = nullptr;
+  chorusDataType_t dtype_ = chorusFloat32, itype_ = chorusInt64;
+  int topk_ = 1;
+  size_t hidden_ = 1;
+  int hosts_ = 1, locals_ = 0;
+  size_t tokens_ = 0, recv_ = 0;
+};
+
 PYBIND11_MODULE(_chorus, m) {
   m.doc() = "Low-level binding of the chorus C API; use the `chorus` package.";
 
@@ -821,4 +975,29 @@ PYBIND11_MODULE(_chorus, m) {
            },
            py::arg("stream") = SP(),
            "barrier(stream=None): returns when every rank has entered it.");
+
+  py::class_<ExpertParallel>(m, "ExpertParallel",
+      "MoE dispatch and combine over a Communicator (chorus.h, 'Expert parallelism'; docs/ep.md).\n"
+      "ExpertParallel(comm, num_experts, topk, hidden, dtype='bfloat16', index_dtype='int64',\n"
+      "max_hosts_per_token=0, dispatch_compress='off', fp8_block=-1): collective; expert e lives on rank e // (num_experts // size).  Every method is\n"
+      "collective and blocking; buffers are CPU torch tensors or NumPy arrays, never copied.")
+      .def(py::init<py::object, int, int, size_t, const std::string&, const std::string&, int, const std::string&, int>(),
+           py::arg("comm"), py::arg("num_experts"), py::arg("topk"), py::arg("hidden"), py::arg("dtype") = "bfloat16",
+           py::arg("index_dtype") = "int64", py::arg("max_hosts_per_token") = 0, py::arg("dispatch_compress") = "off",
+           py::arg("fp8_block") = -1)
+      .def_property_readonly("num_local_experts", &ExpertParallel::numLocalExperts)
+      .def_property_readonly("num_hosts", &ExpertParallel::numHosts)
+      .def("layout", &ExpertParallel::layout, py::arg("topk_idx"),
+           "layout(topk_idx) -> dict(tokens_per_rank, tokens_per_host, tokens_per_expert, recv_per_expert, num_recv):\n"
+           "topk_idx is tokens x topk; also exchanges the counts.")
+      .def("send_order", &ExpertParallel::sendOrder, "The last layout's send order (token indices, rank-major).")
+      .def("dispatch", &ExpertParallel::dispatch, py::arg("x"), py::arg("topk_weights"), py::arg("recv_x"),
+           py::arg("recv_weights") = py::none(),
+           "dispatch(x, topk_weights, recv_x, recv_weights=None): recv_x (num_recv x hidden) receives the tokens\n"
+           "grouped by local expert; recv_weights (num_recv float32) their gate weights.")
+      .def("combine", &ExpertParallel::combine, py::arg("expert_out"), py::arg("weights"), py::arg("out"),
+           "combine(expert_out, weights, out): out (tokens x hidden) = the weighted sum of the token's expert rows,\n"
+           "in chorus.h's fixed order; weights None: all 1.")
+      .def("return_topk", &ExpertParallel::returnTopk, py::arg("row_values"), py::arg("topk_values"),
+           "return_topk(row_values, topk_values): per-row float32 values back to their (token, k) (tokens x topk).");
 }

@@ -24,6 +24,7 @@
 #include "comm/communicator.hpp"
 #include "common/log.hpp"
 #include "kernels/dtype.hpp"
+#include "prim/ep.hpp"
 #include "prim/primitive.hpp"
 
 #define CHORUS_EXPORT extern "C" __attribute__((visibility("default")))
@@ -952,6 +953,162 @@ CHORUS_EXPORT chorusResult_t chorusPrimitiveList(char* list, size_t len, size_t*
     list[k] = '\0';
   }
   return chorusSuccess;
+}
+
+// ---- expert parallelism (MoE dispatch and combine) ----------------------------------
+
+struct chorusEpHandle {
+  std::unique_ptr<chorus::prim::ep::State> state;
+  chorusComm* comm = nullptr;
+};
+
+namespace chorus::api {
+namespace {
+std::mutex g_ep_mu;
+std::unordered_set<chorusEpHandle*>& liveEp() {
+  static std::unordered_set<chorusEpHandle*> s;
+  return s;
+}
+Status checkEp(const char* fn, chorusEpHandle* ep, chorusComm* c) {
+  if (ep == nullptr) return invalidArgument("{}: ep is NULL (create it with chorusEpCreate)", fn);
+  {
+    std::lock_guard l(g_ep_mu);
+    if (!liveEp().count(ep)) return invalidUsage("{}: ep {} is not a live handle (was it destroyed?)", fn, static_cast<void*>(ep));
+  }
+  if (ep->comm != c) return invalidArgument("{}: ep was created on another communicator than comm", fn);
+  if (t_group_depth > 0) return invalidUsage("{}: expert-parallel calls cannot be part of a group", fn);
+  return {};
+}
+// Runs the ep_* primitive `name` with the call block.
+chorusResult_t runEp(CommRef& ref, chorusStream_t stream, const char* fn, const char* name, prim::ep::Call& call) {
+  chorusComm* c = ref.handle();
+  if (stream != nullptr) CHORUS_CHECK(stream->s.synchronize());
+  prim::Args a;
+  a.aux = &call;
+  a.aux_bytes = sizeof call;
+  return report(prim::runPrimitive(*ref.operator->(), name, a).withContext(fmt::format("{}: ", fn)), c);
+}
+}  // namespace
+}  // namespace chorus::api
+
+CHORUS_EXPORT chorusResult_t chorusEpCreate(chorusEpHandle_t* ep, const chorusEpConfig_t* config, chorusComm_t comm) {
+  const char* fn = "chorusEpCreate";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(ep ? Status() : invalidArgument("{}: ep is NULL", fn));
+  *ep = nullptr;
+  CHORUS_CHECK(config ? Status() : invalidArgument("{}: config is NULL (start from CHORUS_EP_CONFIG_INITIALIZER)", fn));
+  if (config->size != sizeof(chorusEpConfig_t))
+    return report(invalidArgument("{}: config->size={} but this library's chorusEpConfig_t has {} bytes (start from "
+                                  "CHORUS_EP_CONFIG_INITIALIZER)", fn, config->size, sizeof(chorusEpConfig_t)), c);
+  if (t_group_depth > 0) return report(invalidUsage("{}: not allowed inside a group", fn), c);
+  prim::ep::Config cfg;
+  cfg.experts = config->numExperts;
+  cfg.topk = config->topk;
+  cfg.hidden = config->hidden;
+  cfg.dtype = static_cast<chorusDataType_t>(rawEnum(config->datatype));
+  cfg.index_type = static_cast<chorusDataType_t>(rawEnum(config->indexType));
+  cfg.max_hosts = config->maxHostsPerToken;
+  cfg.compress = config->dispatchCompress;
+  cfg.fp8_block = config->fp8Block;
+  auto st = prim::ep::create(*ref.operator->(), cfg, ref->hostOf());
+  if (!st.isOk()) return report(st.status().withContext(fmt::format("{}: ", fn)), c);
+  auto* h = new chorusEpHandle{std::move(st.value()), c};
+  {
+    std::lock_guard l(g_ep_mu);
+    liveEp().insert(h);
+  }
+  *ep = h;
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusEpDestroy(chorusEpHandle_t ep) {
+  if (ep == nullptr) return report(invalidArgument("chorusEpDestroy: ep is NULL"));
+  {
+    std::lock_guard l(g_ep_mu);
+    if (liveEp().erase(ep) == 0)
+      return report(invalidUsage("chorusEpDestroy: ep {} is not a live handle (destroyed twice?)", static_cast<void*>(ep)));
+  }
+  delete ep;
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusEpGetInfo(chorusEpHandle_t ep, int* numHosts, int* numLocalExperts) {
+  if (ep == nullptr) return report(invalidArgument("chorusEpGetInfo: ep is NULL"));
+  {
+    std::lock_guard l(g_ep_mu);
+    if (!liveEp().count(ep)) return report(invalidUsage("chorusEpGetInfo: ep is not a live handle"));
+  }
+  if (numHosts != nullptr) *numHosts = ep->state->nhosts;
+  if (numLocalExperts != nullptr) *numLocalExperts = ep->state->localExperts();
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusEpLayout(chorusEpHandle_t ep, const void* topkIdx, size_t numTokens,
+                                            size_t* tokensPerRank, size_t* tokensPerHost, size_t* tokensPerExpert,
+                                            size_t* recvPerExpert, size_t* numRecv, chorusComm_t comm,
+                                            chorusStream_t stream) {
+  const char* fn = "chorusEpLayout";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkEp(fn, ep, c));
+  prim::ep::Call call;
+  call.state = ep->state.get();
+  call.topk_idx = topkIdx, call.tokens = numTokens;
+  call.tokens_per_rank = tokensPerRank, call.tokens_per_host = tokensPerHost, call.tokens_per_expert = tokensPerExpert;
+  call.recv_per_expert = recvPerExpert, call.num_recv = numRecv;
+  return runEp(ref, stream, fn, "ep_layout", call);
+}
+
+CHORUS_EXPORT chorusResult_t chorusEpSendOrder(chorusEpHandle_t ep, size_t* order, size_t len, size_t* needed) {
+  const char* fn = "chorusEpSendOrder";
+  if (ep == nullptr) return report(invalidArgument("{}: ep is NULL", fn));
+  {
+    std::lock_guard l(g_ep_mu);
+    if (!liveEp().count(ep)) return report(invalidUsage("{}: ep is not a live handle", fn));
+  }
+  const auto& s = *ep->state;
+  if (!s.laid_out) return report(invalidUsage("{}: no layout (call chorusEpLayout first)", fn));
+  if (needed != nullptr) *needed = s.send_order.size();
+  if (order != nullptr) {
+    if (len < s.send_order.size())
+      return report(invalidArgument("{}: len={} but the send order has {} entries", fn, len, s.send_order.size()));
+    std::copy(s.send_order.begin(), s.send_order.end(), order);
+  }
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusEpDispatch(chorusEpHandle_t ep, const void* x, const float* topkWeights, void* recvX,
+                                              float* recvWeights, size_t recvCapacity, chorusComm_t comm,
+                                              chorusStream_t stream) {
+  const char* fn = "chorusEpDispatch";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkEp(fn, ep, c));
+  prim::ep::Call call;
+  call.state = ep->state.get();
+  call.x = x, call.topk_weights = topkWeights, call.recv_x = recvX, call.recv_weights = recvWeights;
+  call.recv_capacity = recvCapacity;
+  return runEp(ref, stream, fn, "ep_dispatch", call);
+}
+
+CHORUS_EXPORT chorusResult_t chorusEpCombine(chorusEpHandle_t ep, const void* expertOut, const float* weights, void* out,
+                                             chorusComm_t comm, chorusStream_t stream) {
+  const char* fn = "chorusEpCombine";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkEp(fn, ep, c));
+  prim::ep::Call call;
+  call.state = ep->state.get();
+  call.expert_out = expertOut, call.weights = weights, call.out = out;
+  return runEp(ref, stream, fn, "ep_combine", call);
+}
+
+CHORUS_EXPORT chorusResult_t chorusEpReturnTopk(chorusEpHandle_t ep, const float* rowValues, float* topkValues,
+                                                chorusComm_t comm, chorusStream_t stream) {
+  const char* fn = "chorusEpReturnTopk";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkEp(fn, ep, c));
+  prim::ep::Call call;
+  call.state = ep->state.get();
+  call.row_values = rowValues, call.topk_values = topkValues;
+  return runEp(ref, stream, fn, "ep_return_topk", call);
 }
 
 // ---- streams ---------------------------------------------------------------------

@@ -77,6 +77,9 @@ class Communicator {
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return nranks_; }
   [[nodiscard]] const Config& config() const { return cfg_; }
+  // The host group of every rank (equal values: one host; the tuner's
+  // topology, from the ranks' host identities and CHORUS_HOST_ID).
+  [[nodiscard]] const std::vector<int>& hostOf() const { return tuner_->topology().host_of; }
   // The registered transports this rank's peers go through, in preference
   // order, and the route key of the whole communicator (tune::routeKey: what
   // keys chorus-tune's corrections: "shm", "tcp", "shm+tcp", ...).

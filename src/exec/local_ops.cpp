@@ -1,9 +1,12 @@
 #include "exec/local_ops.hpp"
 
 #include <array>
+#include <cstring>
 
 #include "common/dtype.hpp"
+#include "kernels/convert.hpp"
 #include "kernels/exact.hpp"
+#include "kernels/quantize.hpp"
 #include "kernels/reduce.hpp"
 
 namespace chorus::exec {
@@ -21,6 +24,51 @@ void runLocalOp(const LocalOp& op) {
       break;
     case LocalOp::Kind::FromExact:
       if (op.count) kernels::fromExact(*op.layout, op.dst, static_cast<const int64_t*>(op.src), op.count);
+      break;
+    case LocalOp::Kind::Accumulate: {
+      // Two roundings per element, never fused into one (this file is built
+      // with -ffp-contract=off): the order MoE combine documents.
+      auto* d = static_cast<float*>(op.dst);
+      if (op.dtype == chorusFloat32) {
+        const auto* x = static_cast<const float*>(op.src);
+        for (uint64_t i = 0; i < op.count; ++i) {
+          const float p = op.weight * x[i];
+          d[i] = d[i] + p;
+        }
+      } else {  // bfloat16 (the caller checked)
+        const auto* x = static_cast<const uint16_t*>(op.src);
+        for (uint64_t i = 0; i < op.count; ++i) {
+          const float p = op.weight * kernels::convert::bf16ToFloat(x[i]);
+          d[i] = d[i] + p;
+        }
+      }
+      break;
+    }
+    case LocalOp::Kind::FromFloat: {
+      const auto* s = static_cast<const float*>(op.src);
+      if (op.dtype == chorusFloat32) {
+        if (op.count && op.dst != op.src) std::memcpy(op.dst, s, op.count * sizeof(float));
+      } else {
+        auto* d = static_cast<uint16_t*>(op.dst);
+        for (uint64_t i = 0; i < op.count; ++i) d[i] = kernels::convert::floatToBf16(s[i]);
+      }
+      break;
+    }
+    case LocalOp::Kind::ToFloat: {
+      auto* d = static_cast<float*>(op.dst);
+      if (op.dtype == chorusFloat32) {
+        if (op.count && op.dst != op.src) std::memcpy(d, op.src, op.count * sizeof(float));
+      } else {
+        const auto* x = static_cast<const uint16_t*>(op.src);
+        for (uint64_t i = 0; i < op.count; ++i) d[i] = kernels::convert::bf16ToFloat(x[i]);
+      }
+      break;
+    }
+    case LocalOp::Kind::Quantize:
+      if (op.count) kernels::quantize(op.wire, static_cast<const float*>(op.src), op.count, static_cast<std::byte*>(op.dst));
+      break;
+    case LocalOp::Kind::Dequantize:
+      if (op.count) kernels::dequantize(op.wire, static_cast<const std::byte*>(op.src), op.count, static_cast<float*>(op.dst));
       break;
     case LocalOp::Kind::ExactRange: {
       auto* r = static_cast<int64_t*>(op.dst);

@@ -24,6 +24,7 @@
 
 #include "common/exact_layout.hpp"
 #include "common/reduction.hpp"
+#include "common/wire_format.hpp"
 
 namespace chorus::kernels {
 class Reducer;
@@ -38,6 +39,12 @@ struct LocalOp {
     ToExact,     // dst (int64 words) = the accumulators of src's count elements (*layout; kernels::toExact)
     FromExact,   // dst = src's count accumulators rounded to layout->dtype (kernels::fromExact)
     ExactRange,  // dst (2 x int64) = {hi, neg_lo} of src's count elements of dtype (kernels::exactRange)
+    // MoE combine (prim/ep_combine.cpp), dtype float32 or bfloat16:
+    Accumulate,  // dst (float32)[i] += weight x float(src[i]): the product rounded to float32, then the sum
+    FromFloat,   // dst[i] = src (float32)[i] rounded to dtype (nearest even)
+    ToFloat,     // dst (float32)[i] = src[i] (float32 or bfloat16), exactly
+    Quantize,    // dst (wire bytes) = src (float32), count elements in `wire` (kernels::quantize)
+    Dequantize,  // dst (float32) = src (wire bytes) decoded, count elements (kernels::dequantize)
   };
   Kind kind = Kind::Scale;
   chorusDataType_t dtype = chorusFloat32;
@@ -47,6 +54,8 @@ struct LocalOp {
   const Scalar* scalar = nullptr;       // Scale
   const ExactLayout* layout = nullptr;  // ToExact, FromExact
   uint64_t divisor = 1;                 // Divide
+  float weight = 1.0f;                  // Accumulate
+  WireFormat wire{};                    // Quantize, Dequantize
 
   static LocalOp scale(void* dst, const void* src, uint64_t count, chorusDataType_t dtype, const Scalar* s) {
     return {.kind = Kind::Scale, .dtype = dtype, .src = src, .dst = dst, .count = count, .scalar = s};
@@ -59,6 +68,21 @@ struct LocalOp {
   }
   static LocalOp fromExact(void* dst, const int64_t* src, uint64_t count, const ExactLayout* l) {
     return {.kind = Kind::FromExact, .dtype = l->dtype, .src = src, .dst = dst, .count = count, .layout = l};
+  }
+  static LocalOp accumulate(float* dst, const void* src, uint64_t count, chorusDataType_t dtype, float weight) {
+    return {.kind = Kind::Accumulate, .dtype = dtype, .src = src, .dst = dst, .count = count, .weight = weight};
+  }
+  static LocalOp fromFloat(void* dst, const float* src, uint64_t count, chorusDataType_t dtype) {
+    return {.kind = Kind::FromFloat, .dtype = dtype, .src = src, .dst = dst, .count = count};
+  }
+  static LocalOp toFloat(float* dst, const void* src, uint64_t count, chorusDataType_t dtype) {
+    return {.kind = Kind::ToFloat, .dtype = dtype, .src = src, .dst = dst, .count = count};
+  }
+  static LocalOp quantize(void* dst, const float* src, uint64_t count, const WireFormat& w) {
+    return {.kind = Kind::Quantize, .dtype = chorusFloat32, .src = src, .dst = dst, .count = count, .wire = w};
+  }
+  static LocalOp dequantize(float* dst, const void* src, uint64_t count, const WireFormat& w) {
+    return {.kind = Kind::Dequantize, .dtype = chorusFloat32, .src = src, .dst = dst, .count = count, .wire = w};
   }
   static LocalOp exactRange(int64_t* hi_neg_lo, const void* src, uint64_t count, chorusDataType_t dtype) {
     return {.kind = Kind::ExactRange, .dtype = dtype, .src = src, .dst = hi_neg_lo, .count = count};

@@ -81,6 +81,10 @@ PrimitiveRegistry& registry() {
   static PrimitiveRegistry* r = [] {
     auto* reg = new PrimitiveRegistry;
     (void)reg->add(makeAllToAllVDynamic());
+    (void)reg->add(ep::makeEpLayout());
+    (void)reg->add(ep::makeEpDispatch());
+    (void)reg->add(ep::makeEpCombine());
+    (void)reg->add(ep::makeEpReturnTopk());
     return reg;
   }();
   return *r;

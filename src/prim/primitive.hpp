@@ -100,5 +100,11 @@ Status runPrimitive(Communicator& comm, std::string_view name, const Args& args)
 
 // Built-in primitives (one file each).
 std::unique_ptr<Primitive> makeAllToAllVDynamic();
+namespace ep {  // MoE expert parallelism (prim/ep.hpp)
+std::unique_ptr<Primitive> makeEpLayout();
+std::unique_ptr<Primitive> makeEpDispatch();
+std::unique_ptr<Primitive> makeEpCombine();
+std::unique_ptr<Primitive> makeEpReturnTopk();
+}  // namespace ep
 
 }  // namespace chorus::prim

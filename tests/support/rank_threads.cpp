@@ -9,9 +9,10 @@
 namespace chorus::testing {
 
 namespace {
-// cfg nullptr: chorusCommInitRank (the environment's configuration).
+// cfg nullptr and cfg_of empty: chorusCommInitRank (the environment's configuration).
 std::vector<std::string> run(int nranks, const Config* cfg,
-                             const std::function<std::string(int, chorusComm_t)>& body) {
+                             const std::function<std::string(int, chorusComm_t)>& body,
+                             const std::function<Config(int)>& cfg_of = {}) {
   std::vector<std::string> msgs(nranks);
   chorusUniqueId id;
   if (chorusGetUniqueId(&id) != chorusSuccess) {
@@ -22,8 +23,9 @@ std::vector<std::string> run(int nranks, const Config* cfg,
   for (int r = 0; r < nranks; ++r) {
     threads.emplace_back([&, r] {
       chorusComm_t comm = nullptr;
-      const chorusResult_t made =
-          cfg != nullptr ? api::commInitRank(&comm, nranks, id, r, *cfg) : chorusCommInitRank(&comm, nranks, id, r);
+      const chorusResult_t made = cfg_of    ? api::commInitRank(&comm, nranks, id, r, cfg_of(r))
+                                  : cfg != nullptr ? api::commInitRank(&comm, nranks, id, r, *cfg)
+                                                   : chorusCommInitRank(&comm, nranks, id, r);
       if (made != chorusSuccess) {
         msgs[r] = fmt::format("rank {}: init: {}", r, chorusGetLastError(nullptr));
         return;
@@ -45,6 +47,11 @@ std::vector<std::string> runRanks(int nranks, const std::function<std::string(in
 std::vector<std::string> runRanks(int nranks, const Config& cfg,
                                   const std::function<std::string(int, chorusComm_t)>& body) {
   return run(nranks, &cfg, body);
+}
+
+std::vector<std::string> runRanksPerRank(int nranks, const std::function<Config(int)>& cfg_of,
+                                         const std::function<std::string(int, chorusComm_t)>& body) {
+  return run(nranks, nullptr, body, cfg_of);
 }
 
 std::string failures(const std::vector<std::string>& msgs) {

@@ -21,6 +21,11 @@ std::vector<std::string> runRanks(int nranks, const std::function<std::string(in
 std::vector<std::string> runRanks(int nranks, const Config& cfg,
                                   const std::function<std::string(int, chorusComm_t)>& body);
 
+// The same with rank r's communicator configured by cfg_of(r) (e.g. a
+// net.host_id per rank: ranks of one process on several "hosts").
+std::vector<std::string> runRanksPerRank(int nranks, const std::function<Config(int)>& cfg_of,
+                                         const std::function<std::string(int, chorusComm_t)>& body);
+
 // Joins the non-empty messages (for a gtest failure message).
 std::string failures(const std::vector<std::string>& msgs);
 

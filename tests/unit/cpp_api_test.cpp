@@ -108,6 +108,65 @@ TEST(CppApi, AllToAllVDynamic) {
             "");
 }
 
+// chorus::ExpertParallel: 2 ranks, 4 experts (2 each), top-2, hidden 3,
+// bf16 payload: the layout's counts, dispatch's grouping, combine's weighted
+// sum (exact here: small integers and powers of two), the refusals.
+TEST(CppApi, ExpertParallelDispatchCombine) {
+  using chorus::bfloat16;
+  EXPECT_EQ(runComms(2, [](Communicator& c) -> std::string {
+              const int r = c.rank();
+              auto epr = chorus::ExpertParallel<bfloat16, int64_t>::create(c, 4, 2, 3);
+              CHECK_THAT(epr.ok(), "create: " + epr.status().toString());
+              auto ep = std::move(*epr);
+              CHECK_THAT(ep.numLocalExperts() == 2 && ep.numHosts() == 1, "info");
+              // Token 0 -> experts {3, 0} (both ranks), token 1 -> {1, 0} (rank 0 only).
+              std::vector<int64_t> ids = {3, 0, 1, 0};
+              std::vector<float> w = {0.5f, 0.25f, 1.0f, 2.0f};
+              std::vector<bfloat16> x(6);
+              for (size_t i = 0; i < 6; ++i) x[i] = bfloat16(static_cast<float>(r * 10 + static_cast<int>(i)));
+              auto lay = ep.layout(ids);
+              CHECK_THAT(lay.ok(), "layout: " + lay.status().toString());
+              CHECK_THAT(lay->tokensPerRank == std::vector<size_t>({2, 1}), "tokensPerRank");
+              CHECK_THAT(lay->tokensPerHost == std::vector<size_t>({2}), "tokensPerHost");
+              CHECK_THAT(lay->tokensPerExpert == std::vector<size_t>({2, 1, 0, 1}), "tokensPerExpert");
+              // Rank 0 gets expert 0: 4 rows, expert 1: 2 rows; rank 1: expert 3: 2 rows.
+              const std::vector<size_t> want_recv = r == 0 ? std::vector<size_t>{4, 2} : std::vector<size_t>{0, 2};
+              CHECK_THAT(lay->recvPerExpert == want_recv, "recvPerExpert");
+              auto order = ep.sendOrder();
+              CHECK_THAT(order.ok() && *order == std::vector<size_t>({0, 1, 0}), "sendOrder");
+              std::vector<bfloat16> rx(lay->numRecv * 3);
+              std::vector<float> rw(lay->numRecv);
+              // Too small a receive: refused on both ranks.
+              std::vector<bfloat16> small(3);
+              CHECK_THAT(ep.dispatch(x, w, std::span(small)).code() == Code::InvalidArgument || lay->numRecv <= 1,
+                         "small recvX accepted");
+              CHECK_OK(ep.dispatch(x, w, std::span(rx), std::span(rw)));
+              if (r == 0) {
+                // Expert 0: rank 0 token 0, token 1, rank 1 token 0, token 1.
+                const float first[] = {0, 3, 10, 13, 3, 13};  // expert 0 rows' first element, then expert 1's
+                for (size_t i = 0; i < 6; ++i)
+                  CHECK_THAT(static_cast<float>(rx[i * 3]) == first[i], "recvX row " + std::to_string(i));
+                CHECK_THAT(rw[0] == 0.25f && rw[1] == 2.0f && rw[4] == 1.0f, "recvWeights");
+              }
+              // Experts: identity.  out[t] = sum of the token's weights x x[t].
+              std::vector<bfloat16> out(6);
+              CHECK_OK(ep.combine(std::span<const bfloat16>(rx), rw, std::span(out)));
+              for (size_t i = 0; i < 6; ++i) {
+                const float want = static_cast<float>(x[i]) * (i < 3 ? 0.75f : 3.0f);
+                CHECK_THAT(static_cast<float>(out[i]) == want, "out[" + std::to_string(i) + "]");
+              }
+              // A span of the wrong size is refused here, before the library.
+              CHECK_THAT(ep.combine(std::span<const bfloat16>(rx), rw, std::span(out).first(3)).code() == Code::InvalidArgument,
+                         "short out accepted");
+              // A negative maxHostsPerToken is refused, naming the field.
+              auto nl = chorus::ExpertParallel<float, int32_t>::create(c, 4, 2, 3, -1);
+              CHECK_THAT(!nl.ok() && nl.status().message().find("config.maxHostsPerToken=-1") != std::string::npos,
+                         "maxHostsPerToken=-1 accepted");
+              return "";
+            }),
+            "");
+}
+
 TEST(CppApi, AllReduceTyped) {
   const int n = 3;
   auto err = runComms(n, [&](Communicator& comm) -> std::string {

@@ -1,0 +1,174 @@
+// "ep_dispatch": each token crosses once to each rank that holds one of its
+// experts (node-limited routing: once to each host, then forwarded inside
+// it), and lands there in every one of those experts' groups of recvX
+// (prim/ep.hpp; chorusEpDispatch).
+//
+// After the agreement (a rank without a layout, a NULL buffer or a recvX too
+// small for the layout's numRecv fails the call on every rank, no data moved),
+// one all-to-all-v of wire rows in the layout's send order (node-limited: a
+// second one, the relays forwarding the rows they received to the ranks of
+// their host that hold the rows' experts, the wire rows unchanged).  A wire
+// row is the token's hidden elements, its top-k ids (int32), its weights
+// (float32) and its origin (source rank, token index: 2 x uint64).  With
+// dispatchCompress the payload is the row quantized (bf16, or fp8 e4m3 with
+// per-block scales: kernels/quantize.hpp's encoding) from its float32 value;
+// the receiver decodes it once and rounds it to the datatype.  The
+// receiver writes each row's payload into the groups of its local experts in
+// ascending expert id; groups are in expert order, within a group by origin
+// (source rank, then token), whichever way the rows came.  It keeps where
+// each arrival went: the routing combine undoes.  Every write is checked
+// against the counts the layout exchanged.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "exec/local_ops.hpp"
+#include "prim/ep.hpp"
+
+namespace chorus::prim::ep {
+namespace {
+
+// A wire row: the payload (the row in the datatype, or compressed: wireBytes
+// of the format, scales first), ids, weights, origin.
+struct Wire {
+  size_t row, k;  // row: the payload's bytes
+  [[nodiscard]] size_t ids() const { return row; }
+  [[nodiscard]] size_t weights() const { return row + k * sizeof(int32_t); }
+  [[nodiscard]] size_t origin() const { return row + k * (sizeof(int32_t) + sizeof(float)); }
+  [[nodiscard]] size_t bytes() const { return origin() + 2 * sizeof(uint64_t); }
+};
+
+class Dispatch final : public Primitive {
+ public:
+  std::string_view name() const override { return "ep_dispatch"; }
+  std::string_view summary() const override {
+    return "MoE dispatch: tokens to the ranks of their experts, grouped by local expert (chorusEpDispatch; aux: its call block)";
+  }
+
+  Status run(Context& ctx, const Args& args) const override {
+    auto call = callOf(args);
+    if (!call.isOk()) return call.status();
+    const Call& c = **call;
+    State& s = *c.state;
+    s.dispatched = false;
+    Status mine;
+    if (!s.laid_out) mine = invalidUsage("no layout: call chorusEpLayout first (or its last call failed)");
+    else if (s.tokens > 0 && c.x == nullptr) mine = invalidArgument("x is NULL but the layout has {} tokens", s.tokens);
+    else if (c.recv_capacity < s.num_recv)
+      mine = invalidArgument("recvCapacity={} rows but {} rows arrive at rank {} (the layout's numRecv)", c.recv_capacity,
+                             s.num_recv, s.rank);
+    else if (s.num_recv > 0 && c.recv_x == nullptr) mine = invalidArgument("recvX is NULL but {} rows arrive", s.num_recv);
+    CHORUS_RETURN_IF_ERROR(agree(ctx, mine));
+
+    const auto k = static_cast<size_t>(s.cfg.topk);
+    const bool z = s.cfg.compressed();
+    const Wire wire{z ? wireBytes(s.cfg.wire(), s.cfg.hidden) : s.rowBytes(), k};
+    const size_t W = wire.bytes();
+    std::vector<uint8_t> sendb(s.send_order.size() * W);
+    std::vector<float> tmp(z ? s.cfg.hidden : 0);
+    for (size_t p = 0; p < s.send_order.size(); ++p) {
+      const size_t t = s.send_order[p];
+      uint8_t* w = &sendb[p * W];
+      const uint8_t* xr = static_cast<const uint8_t*>(c.x) + t * s.rowBytes();
+      if (z) {
+        exec::runLocalOp(exec::LocalOp::toFloat(tmp.data(), xr, s.cfg.hidden, s.cfg.dtype));
+        exec::runLocalOp(exec::LocalOp::quantize(w, tmp.data(), s.cfg.hidden, s.cfg.wire()));
+      } else {
+        std::memcpy(w, xr, wire.row);
+      }
+      std::memcpy(w + wire.ids(), &s.ids[t * k], k * sizeof(int32_t));
+      for (size_t j = 0; j < k; ++j) {
+        const float wt = c.topk_weights != nullptr ? c.topk_weights[t * k + j] : 1.0f;
+        std::memcpy(w + wire.weights() + j * sizeof(float), &wt, sizeof wt);
+      }
+      const uint64_t origin[2] = {static_cast<uint64_t>(s.rank), t};
+      std::memcpy(w + wire.origin(), origin, sizeof origin);
+    }
+    std::vector<uint8_t> recvb;
+    if (!s.nodeLimited()) {
+      recvb.resize(std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0}) * W);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), s.send_counts, recvb.data(), s.recv_rows, W));
+    } else {
+      std::vector<uint8_t> hop1(std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0}) * W);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), s.send_counts, hop1.data(), s.hop1_rows, W));
+      std::vector<uint8_t> fwd(s.hop2_rows.size() * W);
+      for (size_t p = 0; p < s.hop2_rows.size(); ++p) std::memcpy(&fwd[p * W], &hop1[s.hop2_rows[p] * W], W);
+      recvb.resize(std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0}) * W);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, fwd.data(), s.hop2_counts, recvb.data(), s.recv_rows, W));
+    }
+    CHORUS_RETURN_IF_ERROR(unpack(s, c, wire, recvb));
+    s.dispatched = true;
+    return {};
+  }
+
+ private:
+  static Status unpack(State& s, const Call& c, const Wire& wire, const std::vector<uint8_t>& recvb) {
+    const size_t W = wire.bytes();
+    const size_t rows_in = recvb.size() / W;
+    const auto k = static_cast<size_t>(s.cfg.topk);
+    const int L = s.localExperts();
+    const int first = s.rank * L;
+    // Each arrival's local experts (expert, choice), ascending, and its origin.
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> mine(rows_in);
+    std::vector<std::pair<std::pair<uint64_t, uint64_t>, size_t>> by_origin(rows_in);
+    s.slot_begin.assign(rows_in + 1, 0);
+    for (size_t i = 0; i < rows_in; ++i) {
+      const uint8_t* w = &recvb[i * W];
+      for (size_t j = 0; j < k; ++j) {
+        int32_t e;
+        std::memcpy(&e, w + wire.ids() + j * sizeof(int32_t), sizeof e);
+        if (e >= first && e < first + L) mine[i].emplace_back(e, static_cast<int32_t>(j));
+      }
+      if (mine[i].empty()) return internalError("received row {} names none of this rank's experts", i);
+      std::sort(mine[i].begin(), mine[i].end());
+      uint64_t origin[2];
+      std::memcpy(origin, w + wire.origin(), sizeof origin);
+      by_origin[i] = {{origin[0], origin[1]}, i};
+      s.slot_begin[i + 1] = s.slot_begin[i] + mine[i].size();
+    }
+    std::sort(by_origin.begin(), by_origin.end());
+    const bool z = s.cfg.compressed();
+    const size_t row = s.rowBytes();
+    std::vector<float> tmp(z ? s.cfg.hidden : 0);
+    std::vector<uint8_t> decoded(z ? row : 0);
+    std::vector<size_t> off(static_cast<size_t>(L), 0), cur(static_cast<size_t>(L), 0);
+    for (int e = 1; e < L; ++e)
+      off[static_cast<size_t>(e)] = off[static_cast<size_t>(e - 1)] + s.recv_per_expert[static_cast<size_t>(e - 1)];
+    s.slots.assign(s.slot_begin[rows_in], 0);
+    s.slot_k.assign(s.slot_begin[rows_in], 0);
+    for (const auto& [origin, i] : by_origin) {
+      const uint8_t* w = &recvb[i * W];
+      const uint8_t* payload = w;
+      if (z) {  // decoded once, rounded to the datatype once, copied into each group
+        exec::runLocalOp(exec::LocalOp::dequantize(tmp.data(), w, s.cfg.hidden, s.cfg.wire()));
+        exec::runLocalOp(exec::LocalOp::fromFloat(decoded.data(), tmp.data(), s.cfg.hidden, s.cfg.dtype));
+        payload = decoded.data();
+      }
+      size_t q = s.slot_begin[i];
+      for (auto [e, j] : mine[i]) {
+        const auto le = static_cast<size_t>(e - first);
+        if (cur[le] >= s.recv_per_expert[le])
+          return internalError("more rows for expert {} than the {} its layout announced: the counts do not add up", e,
+                               s.recv_per_expert[le]);
+        const size_t slot = off[le] + cur[le]++;
+        std::memcpy(static_cast<uint8_t*>(c.recv_x) + slot * row, payload, row);
+        if (c.recv_weights != nullptr)
+          std::memcpy(&c.recv_weights[slot], w + wire.weights() + static_cast<size_t>(j) * sizeof(float), sizeof(float));
+        s.slots[q] = slot;
+        s.slot_k[q] = j;
+        ++q;
+      }
+    }
+    for (int e = 0; e < L; ++e)
+      if (cur[static_cast<size_t>(e)] != s.recv_per_expert[static_cast<size_t>(e)])
+        return internalError("expert {} received {} rows but its layout announced {}: the counts do not add up",
+                             first + e, cur[static_cast<size_t>(e)], s.recv_per_expert[static_cast<size_t>(e)]);
+    return {};
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Primitive> makeEpDispatch() { return std::make_unique<Dispatch>(); }
+
+}  // namespace chorus::prim::ep
