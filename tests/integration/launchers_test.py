@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 SKIP = 77
 JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
@@ -288,6 +289,10 @@ def flood(main, np_):
                             MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="none", CHORUS_TIMEOUT_MS="30000")
             procs.append(subprocess.Popen([main], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           preexec_fn=limit if r == 0 else None))
+            if r == 0:  # the other ranks meet rank 0's store under a flood already in full swing
+                t_end = time.monotonic() + 5
+                while opened[0] < 300 and time.monotonic() < t_end:
+                    time.sleep(0.01)
         results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
         stop.set()
         t.join()
