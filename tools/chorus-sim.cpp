@@ -56,7 +56,7 @@ CLI::App* addModel(CLI::App& app, CliOptions& o) {
 CLI::App* addCollective(CLI::App& app, CliOptions& o) {
   CLI::App* col = app.add_subcommand("collective", "time one collective on the first N GPUs of a cluster");
   col->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/)")->required();
-  col->add_option("--node-topo", o.node_topo_path, "NCCL topology XML (NCCL_TOPO_FILE format): its node replaces the cluster file's (docs/simulator.md)");
+  col->add_option("--node-topo", o.node_topo_path, "NCCL topology XML (NCCL_TOPO_FILE format): its node replaces the cluster file's (docs/simulator.md)")->default_str("none");
   col->add_option("--gpus", o.gpus, "number of GPUs (ranks in GPU order)")->required();
   col->add_option("--collective", o.collective, "allreduce, allgather, reducescatter, broadcast, alltoall, ...");
   col->add_option("--bytes", o.bytes_text, "size (nccl-tests convention), e.g. 1G, 256M; MIN:MAX sweeps doubling (8:8G)");
@@ -77,7 +77,7 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
   tr->add_flag("--verbose", o.verbose, "list the Hugging Face config keys that were ignored (stderr)");
   tr->add_flag("--allow-unknown-keys", o.allow_unknown_keys, allow_unknown_help);
   tr->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/)")->required();
-  tr->add_option("--node-topo", o.node_topo_path, "NCCL topology XML (NCCL_TOPO_FILE format): its node replaces the cluster file's (docs/simulator.md)");
+  tr->add_option("--node-topo", o.node_topo_path, "NCCL topology XML (NCCL_TOPO_FILE format): its node replaces the cluster file's (docs/simulator.md)")->default_str("none");
   tr->add_option("--gpus", o.tc.gpus, "GPUs")->required();
   tr->add_option("--tp", o.tc.tp, "tensor parallel");
   tr->add_option("--pp", o.tc.pp, "pipeline parallel");
@@ -166,7 +166,7 @@ CLI::App* addSearch(CLI::App& app, CliOptions& o) {
   se->add_flag("--verbose", o.verbose, "list the Hugging Face config keys that were ignored (stderr)");
   se->add_flag("--allow-unknown-keys", o.allow_unknown_keys, allow_unknown_help);
   se->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/)")->required();
-  se->add_option("--node-topo", o.node_topo_path, "NCCL topology XML (NCCL_TOPO_FILE format): its node replaces the cluster file's (docs/simulator.md)");
+  se->add_option("--node-topo", o.node_topo_path, "NCCL topology XML (NCCL_TOPO_FILE format): its node replaces the cluster file's (docs/simulator.md)")->default_str("none");
   se->add_option("--gpus", o.sc.gpus, "GPUs")->required();
   se->add_option("--global-batch", o.sc.global_batch, "sequences per iteration")->required();
   se->add_option("--seq", o.sc.seq, "sequence length");
@@ -202,7 +202,7 @@ CLI::App* addInfer(CLI::App& app, CliOptions& o) {
   in->add_flag("--verbose", o.verbose, "list the Hugging Face config keys that were ignored (stderr)");
   in->add_flag("--allow-unknown-keys", o.allow_unknown_keys, allow_unknown_help);
   in->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/)")->required();
-  in->add_option("--node-topo", o.node_topo_path, "NCCL topology XML (NCCL_TOPO_FILE format): its node replaces the cluster file's (docs/simulator.md)");
+  in->add_option("--node-topo", o.node_topo_path, "NCCL topology XML (NCCL_TOPO_FILE format): its node replaces the cluster file's (docs/simulator.md)")->default_str("none");
   in->add_option("--gpus", o.ic.gpus, "GPUs of the service")->required();
   in->add_option("--tp", o.ic.tp, "GPUs per replica (default: the smallest that fits)");
   in->add_option("--rate", o.rate_text,

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -88,7 +89,10 @@ Result<SharedSecret> sharedJobSecret(const std::string& dir, const std::string& 
     // Not there: write ours under a name of our own, then link it into place.
     auth::Secret fresh = auth::Secret::random();
     if (!fresh.present) return systemError("cannot draw a job secret: the OS random generator failed");
-    std::string tmp = fmt::format("{}.{}.tmp", out.path, ::getpid());
+    // A name of this writer's own: the process and a per-process count
+    // (ranks as threads of one process write concurrently too).
+    static std::atomic<uint64_t> writes{0};
+    std::string tmp = fmt::format("{}.{}.{}.tmp", out.path, ::getpid(), writes.fetch_add(1));
     int w = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (w < 0) return errnoError(fmt::format("create {}", tmp), errno);
     std::string text = fresh.toHex() + "\n";
