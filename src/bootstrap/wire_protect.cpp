@@ -309,7 +309,7 @@ size_t SealedStream::peek(int fd, std::span<std::byte> out) {
     if (openOne() == 0 && !eof_ && fill(fd) > 0) (void)openOne();
   }
   size_t n = std::min(out.size(), plain_len_);
-  std::memcpy(out.data(), plain_.data() + plain_off_, n);
+  if (n > 0) std::memcpy(out.data(), plain_.data() + plain_off_, n);
   return n;
 }
 
