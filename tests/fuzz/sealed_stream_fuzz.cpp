@@ -100,11 +100,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     ::close(a[0]);
     ::close(a[1]);
+    const std::vector<std::byte> sent = wire;
     for (auto [at, x] : flips)
-      if (at < wire.size() && x != 0) {
-        wire[at] ^= std::byte(x);
-        first_flip = std::min(first_flip, at);
-      }
+      if (at < wire.size()) wire[at] ^= std::byte(x);
+    // Flips of one byte may cancel out: what counts is what differs.
+    for (size_t i = 0; i < wire.size() && first_flip == SIZE_MAX; ++i)
+      if (wire[i] != sent[i]) first_flip = i;
   }
 
   // Feed the receiver through a pair it reads from (the writer closes at the end).
