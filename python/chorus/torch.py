@@ -39,6 +39,18 @@ bucket with a chorus compressed allreduce: bf16 or fp8 on the wire, fp32 sums
 "fp8:256"), chorus.torch.compressed_allreduce_hook)``; state None: the
 default group, bf16).  The error bound is in docs/algorithms.md.
 
+Surviving a failure: ``chorus.torch.revoke(group)`` makes every rank's
+in-flight and later operations on the group fail promptly; then every
+survivor calls ``new = chorus.torch.reconfigure(group, shrink=True)`` for the
+group of the ranks still alive, and later ``chorus.torch.reconfigure(group,
+grow=n)`` while n new processes call ``chorus.torch.join(unique_id, store)``
+(``chorus.torch.unique_id(group)`` is what they need).  torch 1.13 fixes a
+ProcessGroup's rank and size, so reconfigure returns a new group and, when the
+old one was the default group, installs it as the default (wrap the model in
+a new DistributedDataParallel over it).  ``supports_reconfigure(group)`` says
+whether a group can do this, in the shape newer torch gives its backends
+(``supportsReconfigure`` / ``reconfigure``); docs/reliability.md.
+
 Not supported: message tags (messages between two ranks match in issue
 order), BAND/BOR/BXOR, monitored_barrier (torch implements it for gloo only).
 """
@@ -80,6 +92,80 @@ def abort(group: "_dist.ProcessGroup | None" = None) -> None:
     pending and later operation on it fails at once."""
     pg = group if group is not None else _dist.distributed_c10d._get_default_group()
     _chorus_torch.abort(pg)
+
+
+def _group(group: "_dist.ProcessGroup | None") -> "_dist.ProcessGroup":
+    return group if group is not None else _dist.distributed_c10d._get_default_group()
+
+
+def supports_reconfigure(group: "_dist.ProcessGroup | None" = None) -> bool:
+    """Whether the group can be revoked, shrunk and grown (every chorus group
+    can; any other backend's cannot)."""
+    return _chorus_torch.supports_reconfigure(_group(group))
+
+
+def revoke(group: "_dist.ProcessGroup | None" = None) -> None:
+    """Revokes a chorus group on every rank: in-flight and later operations
+    fail with chorus's "revoked" error naming this rank (safe from any
+    thread).  Then the survivors reconfigure(group, shrink=True)."""
+    _chorus_torch.revoke(_group(group))
+
+
+def unique_id(group: "_dist.ProcessGroup | None" = None) -> bytes:
+    """The unique id that a process joining this group's job passes to join()."""
+    return _chorus_torch.unique_id(_group(group))
+
+
+def _install(new: "_dist.ProcessGroup", old: "_dist.ProcessGroup | None", store: "_dist.Store | None") -> None:
+    """Puts `new` in torch.distributed's books in place of `old` (default
+    group: the new default group)."""
+    c10d = _dist.distributed_c10d
+    was_default = old is None or (c10d.GroupMember.WORLD is not None and old is c10d.GroupMember.WORLD)
+    name = c10d._pg_names.pop(old, None) if old is not None else None
+    backend, old_store = c10d._pg_map.pop(old, (BACKEND_NAME, None)) if old is not None else (BACKEND_NAME, None)
+    if old is not None:
+        c10d._pg_group_ranks.pop(old, None)
+    c10d._pg_map[new] = (backend, store if store is not None else old_store)
+    c10d._pg_names[new] = name if name is not None else "0"
+    c10d._pg_group_ranks[new] = {i: i for i in range(new.size())}
+    if was_default:
+        c10d._update_default_pg(new)
+
+
+def reconfigure(group: "_dist.ProcessGroup | None" = None, *, shrink: bool = False,
+                grow: int = 0) -> "_dist.ProcessGroup":
+    """The group after a membership change, collective over its members:
+    shrink=True (every survivor, after a failure and a revoke): the ranks
+    still alive, renumbered in order; grow=n: this group's ranks followed by
+    n processes that call join() (both: shrink first, then grow).  The new
+    group replaces the old one in torch.distributed (as the default group if
+    the old one was); the old one is left broken or idle."""
+    old = _group(group)
+    if not shrink and grow <= 0:
+        raise ValueError("reconfigure: nothing to do (shrink=True and/or grow=n with n >= 1)")
+    if grow < 0:
+        raise ValueError(f"reconfigure: grow={grow} is negative")
+    new = old
+    if shrink:
+        new = _chorus_torch.shrink(new)
+    if grow > 0:
+        new = _chorus_torch.grow(new, grow)
+    _install(new, old, None)
+    return new
+
+
+def join(unique_id: bytes, store: "_dist.Store", timeout: timedelta = timedelta(minutes=30),
+         set_default: bool = True) -> "_dist.ProcessGroup":
+    """A new process joins a chorus job's group when its ranks
+    reconfigure(grow=n): unique_id from unique_id(group) on one of them, store
+    a torch Store with the same keys as the group's (its any-source receives
+    count messages there).  Returns the grown group, installed as this
+    process's default group when set_default (then DistributedDataParallel
+    and the torch.distributed calls use it)."""
+    new = _chorus_torch.join(store, unique_id, timeout)
+    if set_default:
+        _install(new, None, store)
+    return new
 
 
 _WIRE_MODES = {"bf16": 1, "fp8": 2}  # CHORUS_COMPRESS_BF16, CHORUS_COMPRESS_FP8
@@ -130,7 +216,8 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["BACKEND_NAME", "ExpertParallel", "abort", "set_reproducible"]
+__all__ = ["BACKEND_NAME", "ExpertParallel", "abort", "join", "reconfigure", "revoke", "set_reproducible",
+           "supports_reconfigure", "unique_id"]
 
 # MoE expert parallelism with autograd (chorus.moe): dispatch and combine on CPU tensors.
 from .moe import ExpertParallel  # noqa: E402,F401

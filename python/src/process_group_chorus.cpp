@@ -10,9 +10,11 @@
 #include <pybind11/chrono.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -416,10 +418,82 @@ ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& st
   config.reproducible = reproducible;
   check(chorusCommInitRankConfig(&comm, size, id, rank, &config), nullptr, "chorusCommInitRankConfig");
   comm_ = std::make_shared<CommHandle>(comm);
-  ledger_ = std::make_unique<SendLedger>(store, "chorus/p2p/" + groupNonce(id) + "/", rank, size);
+  id_ = id;
+  start(store, "chorus/p2p/" + groupNonce(id) + "/");
+}
+
+namespace {
+int commRank(chorusComm_t c) {
+  int r = -1;
+  check(chorusCommUserRank(c, &r), c, "chorusCommUserRank");
+  return r;
+}
+int commSize(chorusComm_t c) {
+  int n = 0;
+  check(chorusCommCount(c, &n), c, "chorusCommCount");
+  return n;
+}
+}  // namespace
+
+ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& store, chorusComm_t comm,
+                                       const chorusUniqueId& id, std::chrono::milliseconds timeout)
+    : c10d::ProcessGroup(commRank(comm), commSize(comm)), timeout_(timeout) {
+  comm_ = std::make_shared<CommHandle>(comm);
+  id_ = id;
+  // A fresh prefix for the any-source receive's counts, from rank 0: the old
+  // group's counts (and a joiner's ignorance of them) must not leak in.
+  std::array<uint64_t, 2> nonce{};
+  if (rank_ == 0) {
+    std::random_device rd;
+    nonce = {(uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd()};
+  }
+  check(chorusBroadcast(nonce.data(), nonce.data(), nonce.size(), chorusUint64, 0, comm, nullptr), comm,
+        "reconfigure (agreeing on the group's key prefix)");
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(nonce[0]),
+                static_cast<unsigned long long>(nonce[1]));
+  start(store, "chorus/p2p/" + groupNonce(id) + "/" + buf + "/");
+}
+
+void ProcessGroupChorus::start(const c10::intrusive_ptr<c10d::Store>& store, const std::string& ledgerPrefix) {
+  store_ = store;
+  ledger_ = std::make_unique<SendLedger>(store, ledgerPrefix, rank_, size_);
   completer_ = std::make_unique<Completer>();
   init();
   worker_ = std::thread([this] { workerLoop(); });
+}
+
+void ProcessGroupChorus::revoke() {
+  check(chorusCommRevoke(comm_->get()), comm_->get(), "revoke");
+}
+
+void ProcessGroupChorus::waitIdle() {
+  std::unique_lock<std::mutex> l(mu_);
+  if (coalescing_) fail("reconfigure while coalescing (batch_isend_irecv): end the batch first");
+  idleCv_.wait(l, [&] { return queue_.empty() && !busy_; });
+}
+
+c10::intrusive_ptr<ProcessGroupChorus> ProcessGroupChorus::shrink() {
+  waitIdle();
+  chorusComm_t nc = nullptr;
+  check(chorusCommShrink(comm_->get(), CHORUS_SHRINK_DEFAULT, &nc), comm_->get(), "shrink");
+  return c10::make_intrusive<ProcessGroupChorus>(store_, nc, id_, timeout_);
+}
+
+c10::intrusive_ptr<ProcessGroupChorus> ProcessGroupChorus::grow(int nnew) {
+  if (nnew < 1) fail("grow: nnew=" + std::to_string(nnew) + " must be at least 1");
+  waitIdle();
+  chorusComm_t nc = nullptr;
+  check(chorusCommGrow(comm_->get(), nnew, &nc), comm_->get(), "grow");
+  return c10::make_intrusive<ProcessGroupChorus>(store_, nc, id_, timeout_);
+}
+
+c10::intrusive_ptr<ProcessGroupChorus> ProcessGroupChorus::join(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                const chorusUniqueId& id,
+                                                                std::chrono::milliseconds timeout) {
+  chorusComm_t nc = nullptr;
+  check(chorusCommJoin(id, &nc), nullptr, "join");
+  return c10::make_intrusive<ProcessGroupChorus>(store, nc, id, timeout);
 }
 
 ProcessGroupChorus::~ProcessGroupChorus() {
@@ -496,8 +570,14 @@ void ProcessGroupChorus::workerLoop() {
       if (queue_.empty()) return;  // stop_ and drained
       item = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
     run(item);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      busy_ = false;
+    }
+    idleCv_.notify_all();
   }
 }
 
@@ -1120,6 +1200,60 @@ PYBIND11_MODULE(_chorus_torch, m) {
         chorusPg->abort();
       },
       py::arg("process_group"), "Aborts a chorus process group: every pending and future operation fails.");
+  auto asChorus = [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const char* op) {
+    auto* chorusPg = dynamic_cast<chorus_torch::ProcessGroupChorus*>(pg.get());
+    if (chorusPg == nullptr) throw py::type_error(std::string(op) + ": not a chorus process group");
+    return chorusPg;
+  };
+  m.def(
+      "supports_reconfigure",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+        auto* chorusPg = dynamic_cast<chorus_torch::ProcessGroupChorus*>(pg.get());
+        return chorusPg != nullptr && chorusPg->supportsReconfigure();
+      },
+      py::arg("process_group"), "Whether the group can be revoked, shrunk and grown (every chorus group can).");
+  m.def(
+      "revoke", [asChorus](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) { asChorus(pg, "revoke")->revoke(); },
+      py::arg("process_group"), py::call_guard<py::gil_scoped_release>(),
+      "Revokes the group on every rank: in-flight and later operations fail with chorusRevoked.");
+  m.def(
+      "shrink",
+      [asChorus](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+        c10::intrusive_ptr<c10d::ProcessGroup> out = asChorus(pg, "shrink")->shrink();
+        return out;
+      },
+      py::arg("process_group"), py::call_guard<py::gil_scoped_release>(),
+      "The group of the ranks still alive (collective over the survivors).");
+  m.def(
+      "grow",
+      [asChorus](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int nnew) {
+        c10::intrusive_ptr<c10d::ProcessGroup> out = asChorus(pg, "grow")->grow(nnew);
+        return out;
+      },
+      py::arg("process_group"), py::arg("nnew"), py::call_guard<py::gil_scoped_release>(),
+      "The group of this group's ranks followed by nnew processes that call join().");
+  m.def(
+      "join",
+      [](const c10::intrusive_ptr<c10d::Store>& store, const py::bytes& uid, std::chrono::milliseconds timeout) {
+        std::string raw = uid;
+        if (raw.size() != CHORUS_UNIQUE_ID_BYTES)
+          throw py::value_error("join: the unique id has " + std::to_string(raw.size()) + " bytes, not " +
+                                std::to_string(CHORUS_UNIQUE_ID_BYTES));
+        chorusUniqueId id;
+        std::memcpy(id.internal, raw.data(), CHORUS_UNIQUE_ID_BYTES);
+        py::gil_scoped_release nogil;
+        c10::intrusive_ptr<c10d::ProcessGroup> out = chorus_torch::ProcessGroupChorus::join(store, id, timeout);
+        return out;
+      },
+      py::arg("store"), py::arg("unique_id"), py::arg("timeout"),
+      "Joins the group whose unique_id is given when its ranks grow; returns the grown group.");
+  m.def(
+      "unique_id",
+      [asChorus](const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+        const chorusUniqueId& id = asChorus(pg, "unique_id")->uniqueId();
+        return py::bytes(id.internal, CHORUS_UNIQUE_ID_BYTES);
+      },
+      py::arg("process_group"), "The unique id a process joining this group's job needs.");
   m.def(
       "compressed_allreduce",
       [](const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& tensor, int compress, int fp8_block,

@@ -243,6 +243,35 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
   // Any thread: fails every queued and future operation of this group.
   void abort();
 
+  // ---- Surviving a failure (chorusCommRevoke / Shrink / Grow / Join).  torch
+  // 1.13's ProcessGroup fixes its rank and size at construction, so a
+  // reconfiguration yields a new group over the new communicator; newer
+  // torch's supportsReconfigure()/reconfigure() map onto these
+  // (chorus.torch.reconfigure installs the new group in place of this one).
+  bool supportsReconfigure() const { return true; }
+  // Any thread: every rank's in-flight and later operations on this group
+  // fail promptly with chorusRevoked (chorusCommRevoke).
+  void revoke();
+  // Every surviving rank, after a failure (and usually a revoke): waits until
+  // this group's queue has drained (every queued op fails fast once revoked),
+  // then returns the group of the ranks still alive, renumbered in order.
+  c10::intrusive_ptr<ProcessGroupChorus> shrink();
+  // Every rank of a healthy group, while `nnew` new processes call join():
+  // the group of this group's ranks followed by the joiners.
+  c10::intrusive_ptr<ProcessGroupChorus> grow(int nnew);
+  // A new process: joins the group whose root unique id is `id` (see
+  // uniqueId()) when its ranks grow; `store` is a torch Store with the same
+  // keys as theirs (the any-source receive's counts live there).
+  static c10::intrusive_ptr<ProcessGroupChorus> join(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const chorusUniqueId& id, std::chrono::milliseconds timeout);
+  // The unique id a joiner needs: that of the job's first communicator.
+  const chorusUniqueId& uniqueId() const { return id_; }
+
+  // Adopts a communicator made by shrink/grow/join (collective over its
+  // ranks: they agree on a fresh key prefix for the any-source receive).
+  ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& store, chorusComm_t comm, const chorusUniqueId& id,
+                     std::chrono::milliseconds timeout);
+
  private:
   using Task = std::function<void()>;  // runs on the worker, may throw
 
@@ -266,8 +295,16 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
     bool grouped = false;
   };
   void run(Item& item);
+  // Waits until no op is queued or running (they fail fast after a revoke).
+  void waitIdle();
+  void start(const c10::intrusive_ptr<c10d::Store>& store, const std::string& ledgerPrefix);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  chorusUniqueId id_{};
 
   std::mutex mu_;
+  std::condition_variable idleCv_;
+  bool busy_ = false;       // guarded by mu_: the worker runs an item
   std::condition_variable cv_;
   std::deque<Item> queue_;  // guarded by mu_
   bool stop_ = false;       // guarded by mu_
