@@ -106,8 +106,13 @@ class SealedStream {
   bool seal(const iovec* iov, int cnt, size_t skip, size_t take);
   // Reads from fd into in_ (up to what fits); -1/errno on error, 0 on EOF, else 1.
   int fill(int fd);
-  // Opens the record at the head of in_ when it is whole: 1 opened, 0 not whole, -1 bad (errno set).
-  int openOne();
+  // Opens the record at the head of in_ when it is whole, into `into` (room
+  // for the record's plaintext) or, when null, into plain_: 1 opened, 0 not
+  // whole, -1 bad (errno set).
+  int openOne(std::byte* into = nullptr);
+  // The plaintext length of the record at the head of in_ if it is whole and
+  // well-formed, else 0.
+  [[nodiscard]] size_t wholeRecord() const;
 
   WireProtect mode_;
   std::unique_ptr<Cipher> tx_, rx_;

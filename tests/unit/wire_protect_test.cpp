@@ -68,8 +68,11 @@ std::vector<std::byte> pump(SealedStream& tx, int a, SealedStream& rx, int b, co
         iovec iov[2] = {{const_cast<std::byte*>(data.data() + sent), half},
                         {const_cast<std::byte*>(data.data() + sent + half), n - half}};
         ssize_t w = tx.writev(a, iov, 2);
-        if (w > 0) sent += static_cast<size_t>(w);
-        else EXPECT_EQ(errno, EAGAIN);
+        if (w > 0) {
+          sent += static_cast<size_t>(w);
+        } else {
+          EXPECT_EQ(errno, EAGAIN);
+        }
       } else {
         EXPECT_GE(tx.flush(a), 0);
       }
@@ -77,8 +80,11 @@ std::vector<std::byte> pump(SealedStream& tx, int a, SealedStream& rx, int b, co
     size_t want = std::min<size_t>(data.size() - recvd, 1 + rng() % 100000);
     iovec r{got.data() + recvd, want};
     ssize_t n = rx.readv(b, &r, 1);
-    if (n > 0) recvd += static_cast<size_t>(n);
-    else if (n < 0) EXPECT_EQ(errno, EAGAIN) << rx.error();
+    if (n > 0) {
+      recvd += static_cast<size_t>(n);
+    } else if (n < 0) {
+      EXPECT_EQ(errno, EAGAIN) << rx.error();
+    }
   }
   EXPECT_EQ(recvd, data.size());
   return got;
