@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 namespace chorus::auth {
 namespace {
@@ -238,6 +239,15 @@ Result<std::vector<std::byte>> serverHandshake(int fd, const Secret& secret, net
 }
 
 bool serverBusy(const Status& s) { return s.code() == chorusInProgress; }
+
+Status retryWhileBusy(net::Clock::time_point deadline, const std::function<Status()>& attempt) {
+  Status s = attempt();
+  for (int n = 0; serverBusy(s) && net::Clock::now() < deadline; ++n) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(1 << std::min(n, 6), 50)));
+    s = attempt();
+  }
+  return s;
+}
 
 Status clientHandshake(int fd, const Secret& secret, std::span<const std::byte> hello,
                        net::Clock::time_point deadline, SessionKeys* keys) {

@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,6 +58,10 @@ constexpr std::byte kBusyByte{0xff};
 constexpr size_t kBusyBytes = 32;
 // The handshake failed because the server was busy: connect again.
 bool serverBusy(const Status& s);
+// Runs `attempt` (a connect and its client handshake) again while it ends in
+// serverBusy and the deadline has not passed, pausing 1, 2, 4 ... 50 ms
+// between tries; returns the last attempt's status.
+Status retryWhileBusy(net::Clock::time_point deadline, const std::function<Status()>& attempt);
 
 // Run on a connected socket.  Fails if the server does not prove the secret;
 // chorusInProgress (serverBusy) when the server dropped it for being busy.

@@ -703,17 +703,18 @@ Result<std::shared_ptr<Store>> connectStore(const net::SockAddr& server, const a
   auto deadline = deadlineAfter(static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)));
   auth::SessionKeys keys;
   const std::string hello = helloFor(protect);
-  Result<net::Fd> fd = makeError(chorusInternalError, "not connected");
-  Status hs;
+  net::Fd fd;
   // A store flooded by strangers may drop our connection before the
   // handshake ends (auth::serverBusy): connect again, with a growing pause.
-  for (int attempt = 0;; ++attempt) {
-    fd = net::connectTo(server, deadline);
-    if (!fd.isOk()) return fd.status().withContext("connecting to the rendezvous store: ");
-    hs = auth::clientHandshake(fd->get(), secret, toBytes(std::string_view(hello)), deadline, &keys);
-    if (!auth::serverBusy(hs) || Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(1 << std::min(attempt, 6), 50)));
-  }
+  bool connected = false;
+  Status hs = auth::retryWhileBusy(deadline, [&]() -> Status {
+    Result<net::Fd> c = net::connectTo(server, deadline);
+    connected = c.isOk();
+    if (!connected) return c.status();
+    fd = std::move(*c);
+    return auth::clientHandshake(fd.get(), secret, toBytes(std::string_view(hello)), deadline, &keys);
+  });
+  if (!connected) return hs.withContext("connecting to the rendezvous store: ");
   if (hs.code() == chorusRemoteError)
     return hs.withContext(fmt::format(
         "rendezvous store {}: whoever listens there is not this job's store, or does not know this job's secret (a "
@@ -722,7 +723,7 @@ Result<std::shared_ptr<Store>> connectStore(const net::SockAddr& server, const a
   CHORUS_RETURN_IF_ERROR(hs.withContext(fmt::format("rendezvous store {}: ", server.toString())));
   std::unique_ptr<auth::SealedStream> sealed;
   if (protect != auth::WireProtect::kOff) sealed = std::make_unique<auth::SealedStream>(protect, keys);
-  return std::shared_ptr<Store>(std::make_shared<StoreClient>(std::move(*fd), server, timeout, std::move(sealed)));
+  return std::shared_ptr<Store>(std::make_shared<StoreClient>(std::move(fd), server, timeout, std::move(sealed)));
 }
 
 Status storeBarrier(Store& store, std::string_view name, int nranks, std::chrono::milliseconds timeout) {

@@ -285,7 +285,9 @@ TEST(StoreServer, SealedStreamsServeEveryOperation) {
     EXPECT_TRUE((*c)->serverTimeNs().isOk());
     // A client that asks for another mode is refused (its first request fails).
     auto plain = connectStore(s.server->address(), s.secret, 5s, auth::WireProtect::kOff);
-    if (plain.isOk()) EXPECT_FALSE((*plain)->set("x", {}).isOk());
+    if (plain.isOk()) {
+      EXPECT_FALSE((*plain)->set("x", {}).isOk());
+    }
   }
   auth::Secret none;
   EXPECT_EQ(connectStore(net::SockAddr{}, none, 1s, auth::WireProtect::kMac).status().code(), chorusInvalidArgument);

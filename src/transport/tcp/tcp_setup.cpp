@@ -254,13 +254,10 @@ Status connectHigher(const TcpSetup& setup, bootstrap::Store& store, std::vector
       const bool rma = k == setup.sockets_per_peer;
       net::Fd& slot = rma ? link.rma : link.socks[static_cast<size_t>(k)];
       auth::SessionKeys& keys = rma ? link.rma_keys : link.keys[static_cast<size_t>(k)];
-      Status s = connectOne(setup, addr, link.rank, k, deadline, slot, keys);
       // A listener flooded by strangers may drop us before the handshake
       // ends (auth::serverBusy): connect again, with a growing pause.
-      for (int attempt = 0; auth::serverBusy(s) && Clock::now() < deadline; ++attempt) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(1 << std::min(attempt, 6), 50)));
-        s = connectOne(setup, addr, link.rank, k, deadline, slot, keys);
-      }
+      Status s = auth::retryWhileBusy(
+          deadline, [&] { return connectOne(setup, addr, link.rank, k, deadline, slot, keys); });
       if (!s.isOk())
         return s.withContext(fmt::format("tcp transport setup: rank {} connecting to rank {} at {}: ", setup.rank,
                                          link.rank, link.addr));
