@@ -18,6 +18,7 @@
 
 #include "bootstrap/auth.hpp"
 #include "support/relay.hpp"
+#include "support/wrapping_store.hpp"
 #include "bootstrap/memory_store.hpp"
 #include "kernels/reduce.hpp"
 #include "transport/tcp/tcp.hpp"
@@ -689,7 +690,7 @@ TEST(TcpTransport, StrangersDuringSetupAreRejectedAndSetupCompletes) {
 // A store that, as each rank publishes its listener, points strangers at it
 // first: silent sockets, slow ones (a byte now and then), garbage.  They
 // reach the listener's backlog before any honest peer can read the address.
-class StrangerStore final : public bootstrap::Store {
+class StrangerStore final : public chorus::testing::WrappingStore {
  public:
   Status set(std::string_view key, std::span<const std::byte> value) override {
     if (key.starts_with("tcp/") && value.size() == sizeof(net::SockAddr)) {
@@ -716,9 +717,8 @@ class StrangerStore final : public bootstrap::Store {
       std::byte b{1};
       for (int fd : slow_) (void)::send(fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
-    return base_.get(key, timeout);
+    return WrappingStore::get(key, timeout);
   }
-  Result<int64_t> add(std::string_view key, int64_t delta) override { return base_.add(key, delta); }
   size_t strangers() {
     std::lock_guard lock(mu_);
     return strangers_.size();
@@ -730,7 +730,6 @@ class StrangerStore final : public bootstrap::Store {
     EXPECT_TRUE(fd.isOk()) << fd.status().message();
     return fd.isOk() ? std::move(*fd) : net::Fd();
   }
-  bootstrap::MemoryStore base_;
   std::mutex mu_;
   std::vector<net::Fd> strangers_;
   std::vector<int> slow_;
@@ -817,7 +816,7 @@ TEST(TcpTransport, RanksThatDisagreeOnWireProtectionFailNamingIt) {
 }
 
 // The store rank 0 reads rank 1's address from: it hands out the relay's.
-class RelayStore final : public bootstrap::Store {
+class RelayStore final : public chorus::testing::WrappingStore {
  public:
   explicit RelayStore(size_t flip_at) : flip_at_(flip_at) {}
   Status set(std::string_view key, std::span<const std::byte> value) override {
@@ -830,15 +829,10 @@ class RelayStore final : public bootstrap::Store {
     }
     return base_.set(key, value);
   }
-  Result<bootstrap::Bytes> get(std::string_view key, std::chrono::milliseconds timeout) override {
-    return base_.get(key, timeout);
-  }
-  Result<int64_t> add(std::string_view key, int64_t delta) override { return base_.add(key, delta); }
   [[nodiscard]] bool flipped() const { return relay_ && relay_->flipped(); }
 
  private:
   size_t flip_at_;
-  bootstrap::MemoryStore base_;
   std::unique_ptr<chorus::testing::Relay> relay_;
 };
 
