@@ -3,6 +3,7 @@
 // WrappingStore method) for the real work.
 #pragma once
 
+#include "bootstrap/memory_store.hpp"
 #include "bootstrap/store.hpp"
 
 namespace chorus::testing {
