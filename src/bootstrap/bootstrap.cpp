@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "bootstrap/job_secret.hpp"
+#include "bootstrap/launcher_secret.hpp"
 #include "common/env.hpp"
 
 namespace chorus::bootstrap {
@@ -331,8 +332,12 @@ std::string oneHostEvidence(const EnvJob& job) {
   return "";
 }
 
-// The secret: CHORUS_SECRET, else CHORUS_SECRET_FILE, else (every rank on
-// this host) the per-job file of job_secret.hpp.  Without any, the reason.
+// How long the launcher's exchange may wait for every rank to get there.
+constexpr std::chrono::milliseconds kLauncherSecretTimeout{300000};
+
+// The secret: CHORUS_SECRET, else CHORUS_SECRET_FILE, else (mpirun, srun) the
+// launcher's PMIx exchange (launcher_secret.hpp), else (every rank on this
+// host) the per-job file of job_secret.hpp.  Without any, the reason.
 Status findJobSecret(EnvJob& job, const std::optional<std::string>& ompi_job) {
   if (auto hex = var("CHORUS_SECRET")) {
     auto s = auth::Secret::fromHex(*hex);
@@ -346,24 +351,40 @@ Status findJobSecret(EnvJob& job, const std::optional<std::string>& ompi_job) {
     job.secret_origin = fmt::format("CHORUS_SECRET_FILE={}", *file);
     return {};
   }
+  // How many times this process initialised from the environment (ranks do
+  // so alike): it tells apart the secrets of successive inits.
+  static std::atomic<int> inits{0};
+  const int instance = inits.fetch_add(1);
+  // mpirun and srun: their own PMIx exchange serves ranks on every host.
+  std::string no_launcher;
+  if ((job.source == "openmpi" || job.source == "slurm") && !var("PMIX_NAMESPACE")) {
+    no_launcher = "PMIX_NAMESPACE is not set: not under a PMIx launcher";
+  } else if (job.source == "openmpi" || job.source == "slurm") {
+    CHORUS_ASSIGN_OR_RETURN(auto launched,
+                            secretFromLauncher(job.world_size, instance, kLauncherSecretTimeout, &no_launcher));
+    if (launched) {
+      job.secret = launched->secret;
+      job.secret_origin = launched->origin;
+      return {};
+    }
+  }
   std::string evidence = oneHostEvidence(job);
   if (evidence.empty()) {
-    job.no_secret_reason = fmt::format("CHORUS_SECRET and CHORUS_SECRET_FILE are not set and this {} job's ranks may "
-                                       "be on several hosts, so no per-job file can serve them all",
+    job.no_secret_reason = fmt::format("CHORUS_SECRET and CHORUS_SECRET_FILE are not set{} and this {} job's ranks "
+                                       "may be on several hosts, so no per-job file can serve them all",
+                                       no_launcher.empty() ? "" : fmt::format(", no launcher exchange ({})", no_launcher),
                                        job.source);
     return {};
   }
   // What names this launch alike on every rank: the launcher's job id where
-  // it has one, the store's address, the world size, and how many times this
-  // process initialised from the environment (ranks do so alike).
-  static std::atomic<int> inits{0};
+  // it has one, the store's address, the world size, and the instance.
   std::string launch;
   if (job.source == "torchrun") launch = var("TORCHELASTIC_RUN_ID").value_or("");
   if (job.source == "openmpi") launch = ompi_job.value_or("");
   if (job.source == "slurm")
     launch = fmt::format("{}.{}", var("SLURM_JOB_ID").value_or(""), var("SLURM_STEP_ID").value_or(""));
   std::string key = fmt::format("{}|{}|{}|{}|{}|{}", job.source, launch, job.master_addr, job.master_port,
-                                job.world_size, inits.fetch_add(1));
+                                job.world_size, instance);
   std::string preferred = var("CHORUS_SECRET_DIR").value_or("");
   if (preferred.empty())
     if (auto xdg = var("XDG_RUNTIME_DIR"); xdg && privateSecretDir(*xdg).isOk()) preferred = *xdg;

@@ -399,12 +399,26 @@ def mpirun(main, np_):
     if exe is None or subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.find("Open MPI") < 0:
         print("launchers_test: Open MPI's mpirun is not installed: skipped")
         sys.exit(SKIP)
-    env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [exe, "--oversubscribe", "-n", str(np_), main]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    if proc.returncode != 0:
-        fail(f"mpirun exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    check_reports(proc.stdout, np_, "mpirun")
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o700)
+        # The job secret comes over mpirun's own PMIx exchange (it serves
+        # ranks on every host): no per-job file, no warning, and
+        # CHORUS_REQUIRE_SECRET=1 is satisfied.
+        env = clean_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", CHORUS_DEBUG="INFO",
+                        CHORUS_SECRET_DIR=d, CHORUS_REQUIRE_SECRET="1")
+        cmd = [exe, "--oversubscribe", "-n", str(np_), main]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        if proc.returncode != 0:
+            fail(f"mpirun exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        check_reports(proc.stdout, np_, "mpirun")
+        out = proc.stdout + proc.stderr
+        pmix = [l for l in out.splitlines() if "job secret from the launcher's PMIx exchange" in l]
+        if len(pmix) != np_:
+            fail(f"mpirun: {len(pmix)} of {np_} ranks took the job secret from PMIx:\n{out}")
+        if "has no secret" in out or os.listdir(d):
+            fail(f"mpirun: a warning or a per-job file ({os.listdir(d)}) although PMIx served the secret:\n{out}")
+        print(f"launchers_test: mpirun: every rank took the job secret from mpirun's PMIx exchange: {pmix[0][-60:]}")
 
 
 def main():
