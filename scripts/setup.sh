@@ -15,6 +15,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # network namespaces for the cluster tests (ip netns)
   iproute2
+  # the job secret over mpirun/srun's PMIx exchange (headers; libpmix.so.2 is loaded at run time)
+  libpmix-dev
   # the UCX transport (headers for the build, libucp and ucx_info / ucx_perftest at run time)
   libucx-dev ucx-utils
   # the libFuzzer targets of tests/fuzz (clang 14 with its sanitizer and fuzzer runtimes)
