@@ -8,6 +8,8 @@
 #
 #   bench/wire_protect.sh BUILD_DIR
 #
+# $CHORUS_BENCH_SETUPS (default "netns loopback") picks the setups;
+# $CHORUS_BENCH_ITERS (default 20) timed calls per size;
 # $CHORUS_BENCH_REPEATS (default 3) repeats, the modes in a rotating order per
 # repeat; prints median busbw per size and mode, each repeat's ratio to off,
 # and whether encrypt >= 0.9x off held at every size >= 1 MiB in each repeat.
@@ -20,8 +22,9 @@ build_dir=$(cd "$build_dir" && pwd)
 bench=$build_dir/tools/chorus-bench
 run=$build_dir/tools/chorus-run
 sizes=${CHORUS_BENCH_SIZES:-1M:16M}
-iters=${CHORUS_BENCH_ITERS:-5}
+iters=${CHORUS_BENCH_ITERS:-20}
 repeats=${CHORUS_BENCH_REPEATS:-3}
+setups=${CHORUS_BENCH_SETUPS:-netns loopback}
 out=${CHORUS_BENCH_OUT:-$PWD/bench_wire_protect.jsonl}
 job_timeout=300
 
@@ -81,7 +84,7 @@ run_loopback() {
 
 : >"$out"
 modes=(off mac encrypt)
-for setup in netns loopback; do
+for setup in $setups; do
   for rep in $(seq 1 "$repeats"); do
     for k in 0 1 2; do
       mode=${modes[$(((rep - 1 + k) % 3))]}
