@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "common/shown.hpp"
+
 namespace chorus {
 namespace {
 
@@ -216,18 +218,6 @@ Result<XmlElement> parseXml(std::string_view text, std::string_view origin, cons
   return Reader(text, origin, limits).run();
 }
 
-std::string xmlShown(std::string_view t) {
-  std::string s;
-  const size_t n = std::min<size_t>(t.size(), 40);
-  for (size_t i = 0; i < n; ++i) {
-    const auto c = static_cast<unsigned char>(t[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\')
-      s += static_cast<char>(c);
-    else
-      s += fmt::format("\\x{:02x}", c);
-  }
-  if (t.size() > n) s += "...";
-  return s;
-}
+std::string xmlShown(std::string_view t) { return shownUntrusted(t); }
 
 }  // namespace chorus

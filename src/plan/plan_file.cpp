@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 
+#include "common/shown.hpp"
 #include "plan/verify.hpp"
 
 namespace chorus::plan {
@@ -57,21 +58,7 @@ std::string_view inplaceName(PlanInPlace p) {
   return p == PlanInPlace::Yes ? "yes" : p == PlanInPlace::Both ? "both" : "no";
 }
 
-// A token as a message shows it: the input is untrusted, so at most 40 bytes
-// and every byte that is not printable ASCII as \xNN.
-std::string shown(std::string_view t) {
-  std::string s;
-  const size_t n = std::min<size_t>(t.size(), 40);
-  for (size_t i = 0; i < n; ++i) {
-    const auto c = static_cast<unsigned char>(t[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\')
-      s += static_cast<char>(c);
-    else
-      s += fmt::format("\\x{:02x}", c);
-  }
-  if (t.size() > n) s += "...";
-  return s;
-}
+std::string shown(std::string_view t) { return shownUntrusted(t); }
 
 bool validName(std::string_view s) {
   if (s.empty() || s.size() > kPlanMaxName) return false;
