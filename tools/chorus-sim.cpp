@@ -258,6 +258,7 @@ CLI::App* addSweep(CLI::App& app, CliOptions& o) {
       "sweep", "what-if: one collective, training layout or layout search on a grid of cluster and layout values, "
                "with what binds at each point");
   sw->add_option("--cluster", o.cluster_path, "cluster JSON (configs/clusters/): the base every point changes")->required();
+  sw->add_option("--node-topo", o.node_topo_path, "NCCL topology XML (NCCL_TOPO_FILE format): its node replaces the base cluster's before the axes vary it (docs/simulator.md)")->default_str("none");
   sw->add_option("--vary", o.vary,
                  "an axis KEY=V1,V2,... or KEY=LO:HI (doubling); repeatable, the grid is their product. Keys: "
                  "nic_gbit_s, oversubscription, nvlink_domain (GPUs per NVLink domain), nvlink_gbyte_s, hbm_gib, "

@@ -11,6 +11,7 @@
 #include "comm/wiring.hpp"
 #include "common/dtype.hpp"
 #include "plan/canonical.hpp"
+#include "plan/plan_file.hpp"
 
 namespace chorus {
 
@@ -23,6 +24,7 @@ Result<std::unique_ptr<Communicator>> Communicator::init(int nranks, int rank, c
   // here, with the verifier's counter-example, before any rank waits for
   // another at the rendezvous (every rank reads the same files).
   CHORUS_ASSIGN_OR_RETURN(plan::Registry plans, plan::Registry::withPlans(cfg.tune.plan_paths));
+  CHORUS_RETURN_IF_ERROR(plan::loadAlgoFiles(plans, cfg.tune.algo_spec));  // CHORUS_ALGO's coll:file:PATH
   CHORUS_ASSIGN_OR_RETURN(comm::Rendezvous rv, comm::joinRendezvous(rank, id, cfg, shared_server));
   std::unique_ptr<Communicator> c(new Communicator());
   c->rank_ = rank;
@@ -49,6 +51,7 @@ Status Communicator::setup(const bootstrap::UniqueId& id, const Config& cfg,
   if (!registry_loaded_) {
     CHORUS_ASSIGN_OR_RETURN(registry_, plan::Registry::withPlans(cfg.tune.plan_paths));
   }
+  CHORUS_RETURN_IF_ERROR(plan::loadAlgoFiles(registry_, cfg.tune.algo_spec));  // none left to load after init's
   registry_loaded_ = true;
   health_.bind(rank_, nranks_, cfg, store_.get());
   CHORUS_RETURN_IF_ERROR(comm::Health::makeFlightDir(cfg.flight.dir));
@@ -250,6 +253,7 @@ Result<Communicator::Prediction> Communicator::predict(plan::Collective coll, si
 
 Status Communicator::setAlgorithms(std::string_view spec) {
   return engine_.whileIdle([&]() -> Status {
+    CHORUS_RETURN_IF_ERROR(plan::loadAlgoFiles(registry_, spec));
     auto t = tune::Tuner::create(registry_, tuner_->topology(), spec, cfg_.tune.chunk_bytes, tuner_->profile());
     if (!t.isOk()) return t.status();
     *tuner_ = std::move(t.value());

@@ -35,7 +35,7 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_CHUNK_BYTES",     "0", "pipeline chunk size for large messages; 0 lets the tuner choose"},
   {"CHORUS_SPIN_US",         "50", "microseconds a waiting rank polls (yielding the core when ranks outnumber cores) before it blocks"},
   {"CHORUS_TUNE_FILE",       "", "tuning profile written by chorus-tune (default ~/.cache/chorus/profile.json)"},
-  {"CHORUS_ALGO",            "", "force algorithms per collective, e.g. allreduce:ring;allgather:recursive_doubling"},
+  {"CHORUS_ALGO",            "", "force algorithms per collective, e.g. allreduce:ring;allgather:recursive_doubling; allreduce:file:PATH runs the plan file PATH (MSCCL XML or chorus's plan text, proven as it loads; a call it does not take is an error)"},
   {"CHORUS_PLAN_PATH",       "", "plans from files (docs/plan-format.md): plan files and directories of them, separated by ':'; each plan is proven by the verifier when a communicator is set up, then CHORUS_ALGO can name it (allreduce:NAME) and the tuner may choose it"},
   {"CHORUS_TIMEOUT_MS",      "600000", "timeout of every operation and of init, in milliseconds"},
   {"CHORUS_SHRINK_WINDOW_MS", "2000", "how long chorusCommShrink waits for surviving ranks to join the agreement"},

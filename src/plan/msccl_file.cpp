@@ -30,6 +30,13 @@
 // by the program (thread-block order, depid/deps, messages): vector clocks
 // over the thread blocks decide it, and a race is refused with both steps.
 //
+// The thread blocks, channels, depid/deps and protocol stay with the plan as
+// its schedule (PlanSpec::streams, proto): each lowered step's thread block
+// and channel, and for the first step of an MSCCL step the steps its
+// depid/deps (and the nops before it) waited for.  The verifier and the
+// executor ignore it; the simulator prices the plan by it
+// (sim/program_flow.cpp).
+//
 // Fused steps become sequences chorus's verifier proves: rcs = recv + send of
 // what arrived; rrc = recvReduce; rrcs = recvReduce + send of the result;
 // rrs = recvReduce into a scratch chunk of its own + send of it (MSCCL
@@ -127,7 +134,7 @@ class Importer {
   Status checkGpu(int g);
   Status chunkCount();
   Status schedule(bool strict, bool emit);
-  Status lower(int g, const MTb& tb, const MStep& s);
+  Status lower(int g, int t, uint32_t idx);
   ChunkRef mapRef(int g, Buf b, int64_t off, bool alias) const;
   std::string where(int g, int t, size_t s) const;
 
@@ -141,6 +148,14 @@ class Importer {
   std::vector<uint32_t> gpu_line_;  // 0: no <gpu> yet
   PlanSpec spec_;
   std::vector<uint32_t> temp_top_;  // next private scratch chunk of each rank (rrs)
+  // The schedule (PlanSpec::streams): per gpu, tb and MSCCL step, the chorus
+  // steps whose completion is that step's (its last lowered step, or for a
+  // nop what it waited for); per gpu and tb, the waits of nops not yet
+  // passed on to a step.
+  std::vector<std::vector<std::vector<std::vector<uint32_t>>>> frontier_;
+  std::vector<std::vector<std::vector<uint32_t>>> carry_;
+  std::vector<std::vector<int64_t>> last_;  // per gpu and tb: its last lowered step, -1: none yet
+  uint64_t schedule_entries_ = 0;           // nop frontiers kept (bounded like the clocks)
 };
 
 Status Importer::allowed(const XmlElement& e, std::initializer_list<std::string_view> names) const {
@@ -410,8 +425,11 @@ ChunkRef Importer::mapRef(int g, Buf b, int64_t off, bool alias) const {
   return {b, c};
 }
 
-Status Importer::lower(int g, const MTb& tb, const MStep& s) {
+Status Importer::lower(int g, int t, uint32_t idx) {
+  const MTb& tb = gpus_[g].tbs[t];
+  const MStep& s = tb.steps[idx];
   auto& prog = spec_.programs[static_cast<size_t>(g)];
+  auto& streams = spec_.streams[static_cast<size_t>(g)];
   const auto n = static_cast<uint32_t>(s.cnt);
   const bool alias = spec_.inplace == PlanInPlace::Yes;
   const ChunkRef src = mapRef(g, s.srcbuf, s.srcoff, alias), dst = mapRef(g, s.dstbuf, s.dstoff, alias);
@@ -459,8 +477,39 @@ Status Importer::lower(int g, const MTb& tb, const MStep& s) {
                                                                : "reduce";
       return fail(s.line, "step", fmt::format("type=\"{}\" on gpu {}, as chorus's {}: {}", info(s.op).name, g, op, e));
     }
-    prog.push_back(c);
   }
+  // The schedule: each step in its thread block's stream on its channel; the
+  // first also waits for its depid/deps and what the nops before it waited for.
+  std::vector<uint32_t>& carry = carry_[g][t];
+  if (s.depid >= 0) {
+    const auto& dep = frontier_[g][s.depid][static_cast<size_t>(s.deps)];
+    carry.insert(carry.end(), dep.begin(), dep.end());
+  }
+  // A thread block's later step implies its earlier ones: the latest of each suffices.
+  std::sort(carry.begin(), carry.end(), [&](uint32_t a, uint32_t b) {
+    return std::pair{streams[a].tb, b} < std::pair{streams[b].tb, a};
+  });
+  carry.erase(std::unique(carry.begin(), carry.end(), [&](uint32_t a, uint32_t b) { return streams[a].tb == streams[b].tb; }),
+              carry.end());
+  std::vector<uint32_t>& mine = frontier_[g][t][idx];
+  if (out.empty()) {  // a nop: done when its dependency and its thread block's previous step are
+    mine = carry;
+    if (last_[g][t] >= 0) mine.push_back(static_cast<uint32_t>(last_[g][t]));
+    if ((schedule_entries_ += mine.size()) > kMaxClockEntries)
+      return fail(s.line, "step", "too many dependencies through nops to keep as the plan's schedule");
+    return {};
+  }
+  for (size_t k = 0; k < out.size(); ++k) {
+    StepStream st;
+    st.tb = t;
+    st.chan = tb.chan;
+    if (k == 0) st.waits = std::move(carry);
+    prog.push_back(out[k]);
+    streams.push_back(std::move(st));
+  }
+  carry.clear();
+  mine.assign(1, static_cast<uint32_t>(prog.size() - 1));
+  last_[g][t] = static_cast<int64_t>(prog.size() - 1);
   return {};
 }
 
@@ -616,7 +665,7 @@ Status Importer::schedule(bool strict, bool emit) {
       if (oi.reads_src) CHORUS_RETURN_IF_ERROR(raceCheck(g, gt, idx, s.srcbuf, s.srcoff, s.cnt, false));
       if (oi.reads_dst) CHORUS_RETURN_IF_ERROR(raceCheck(g, gt, idx, s.dstbuf, s.dstoff, s.cnt, false));
       if (oi.writes_dst) CHORUS_RETURN_IF_ERROR(raceCheck(g, gt, idx, s.dstbuf, s.dstoff, s.cnt, true));
-      CHORUS_RETURN_IF_ERROR(lower(g, tb, s));
+      CHORUS_RETURN_IF_ERROR(lower(g, t, idx));
     }
     ++pc[gt];
     if (clocks) clock[gt][gt] = pc[gt];
@@ -729,6 +778,16 @@ Result<PlanSpec> Importer::run(std::string_view text) {
   spec_.scratch = static_cast<uint32_t>(scratch + rrs);
   temp_top_.assign(static_cast<size_t>(ngpus_), static_cast<uint32_t>(scratch));
   spec_.programs.assign(static_cast<size_t>(ngpus_), {});
+  spec_.streams.assign(static_cast<size_t>(ngpus_), {});
+  spec_.proto = proto_ == "LL" ? PlanProto::LL : proto_ == "LL128" ? PlanProto::LL128 : PlanProto::Simple;
+  frontier_.assign(static_cast<size_t>(ngpus_), {});
+  carry_.assign(static_cast<size_t>(ngpus_), {});
+  last_.assign(static_cast<size_t>(ngpus_), {});
+  for (int g = 0; g < ngpus_; ++g) {
+    carry_[g].assign(gpus_[g].tbs.size(), {});
+    last_[g].assign(gpus_[g].tbs.size(), -1);
+    for (const MTb& tb : gpus_[g].tbs) frontier_[g].emplace_back(tb.steps.size());
+  }
   if (Status st = schedule(/*strict=*/true, /*emit=*/true); !st.isOk()) {
     // Tell a deadlock of MSCCL's own semantics from an order chorus cannot keep.
     if (st.message().find("no per-pair message order") != std::string::npos) {

@@ -518,7 +518,34 @@ Status checkPlanSpec(const PlanSpec& spec) {
       if (std::string e = stepError(spec, r, s); !e.empty())
         return invalidArgument("{}: rank {} step {} ({}): {}", o, r, i, opName(s.op), e);
     }
+  if (!spec.streams.empty()) {
+    if (spec.streams.size() != spec.programs.size())
+      return invalidArgument("{}: a schedule for {} ranks, {} programs", o, spec.streams.size(), spec.programs.size());
+    for (int r = 0; r < spec.nranks; ++r) {
+      if (spec.streams[r].size() != spec.programs[r].size())
+        return invalidArgument("{}: rank {}: a schedule of {} steps for {}", o, r, spec.streams[r].size(),
+                               spec.programs[r].size());
+      for (size_t i = 0; i < spec.streams[r].size(); ++i)
+        for (uint32_t w : spec.streams[r][i].waits)
+          if (w >= i) return invalidArgument("{}: rank {} step {} waits for step {}, which is not before it", o, r, i, w);
+    }
+  }
   return {};
+}
+
+bool hasSchedule(const Algorithm& a) {
+  const auto* f = dynamic_cast<const FileAlgorithm*>(&a);
+  return f != nullptr && !f->spec().streams.empty();
+}
+
+std::string_view planProtoName(PlanProto p) {
+  switch (p) {
+    case PlanProto::LL: return "LL";
+    case PlanProto::LL128: return "LL128";
+    case PlanProto::Simple: return "Simple";
+    case PlanProto::None: break;
+  }
+  return "";
 }
 
 // ---- FileAlgorithm -------------------------------------------------------------
@@ -706,6 +733,62 @@ Status loadPlans(Registry& reg, std::span<const std::string> paths) {
     if (ec) return systemError("plan directory '{}': {}", path, ec.message());
     std::sort(files.begin(), files.end());
     for (const fs::path& f : files) CHORUS_RETURN_IF_ERROR(loadFile(reg, f));
+  }
+  return {};
+}
+
+namespace {
+// Two spellings of one file's path name the same file.
+bool samePath(std::string_view a, std::string_view b) {
+  if (a == b) return true;
+  std::error_code ea, eb;
+  const auto ca = std::filesystem::weakly_canonical(std::filesystem::path(a), ea);
+  const auto cb = std::filesystem::weakly_canonical(std::filesystem::path(b), eb);
+  return !ea && !eb && ca == cb;
+}
+}  // namespace
+
+const FileAlgorithm* findPlanFile(const Registry& reg, Collective c, std::string_view path) {
+  for (const Algorithm* a : reg.forCollective(c))
+    if (const auto* f = dynamic_cast<const FileAlgorithm*>(a); f != nullptr && samePath(f->spec().origin, path)) return f;
+  return nullptr;
+}
+
+Status loadAlgoFiles(Registry& reg, std::string_view algo_spec) {
+  size_t pos = 0;
+  while (pos < algo_spec.size()) {
+    size_t end = algo_spec.find_first_of(";,", pos);
+    if (end == std::string_view::npos) end = algo_spec.size();
+    const std::string_view item = algo_spec.substr(pos, end - pos);
+    pos = end + 1;
+    const size_t colon = item.find(':');
+    if (colon == std::string_view::npos || item.substr(colon + 1).substr(0, kAlgoFilePrefix.size()) != kAlgoFilePrefix)
+      continue;  // not a file item: the tuner's to parse
+    const std::string_view cname = item.substr(0, colon);
+    const std::string path(item.substr(colon + 1 + kAlgoFilePrefix.size()));
+    Collective c;
+    if (!parseCollective(cname, &c))
+      return invalidArgument("CHORUS_ALGO names unknown collective '{}' ({})", cname, collectiveNamesText());
+    if (path.empty())
+      return invalidArgument("CHORUS_ALGO item '{}': 'file:' names no file (give {}:file:PATH)", item, cname);
+    if (findPlanFile(reg, c, path) != nullptr) continue;  // loaded already (CHORUS_PLAN_PATH, an earlier item)
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec))
+      return invalidArgument("CHORUS_ALGO item '{}': '{}' is not a plan file", item, path);
+    auto spec = readSpec(path);
+    if (!spec.isOk()) return spec.status().withContext(fmt::format("CHORUS_ALGO item '{}': ", item));
+    if (spec->coll != c)
+      return invalidArgument("CHORUS_ALGO item '{}': '{}' is {} plan '{}', not {} plan", item, path,
+                             collectiveName(spec->coll), spec->name, cname);
+    if (const Algorithm* other = reg.find(c, spec->name)) {
+      const auto* file = dynamic_cast<const FileAlgorithm*>(other);
+      return invalidArgument("CHORUS_ALGO item '{}': {} plan '{}' is already registered ({})", item, cname, spec->name,
+                             file ? fmt::format("loaded from '{}'", file->spec().origin)
+                                  : std::string("a built-in algorithm"));
+    }
+    auto algo = buildPlan(std::move(*spec));
+    if (!algo.isOk()) return algo.status().withContext(fmt::format("CHORUS_ALGO item '{}': ", item));
+    reg.add(std::move(*algo));
   }
   return {};
 }

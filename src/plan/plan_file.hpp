@@ -57,6 +57,20 @@ struct ChunkStep {
   uint32_t n = 1;
 };
 
+// How the runtime a plan came from schedules its steps, where the format
+// says (MSCCL's thread blocks, channels and protocol; chorus's text format
+// says nothing): what the simulator prices (sim/program_flow.cpp).  It
+// changes nothing the verifier proves or the executor runs.
+enum class PlanProto : uint8_t { None, LL, LL128, Simple };
+std::string_view planProtoName(PlanProto p);  // "", "LL", "LL128", "Simple"
+struct StepStream {
+  int32_t tb = -1;   // the rank's sequential stream (MSCCL thread block) the step runs in; -1: none
+  int32_t chan = 0;  // the channel its message travels on (a send or receive): one FIFO per (pair, channel)
+  // Earlier steps of the rank it waits for besides its stream's order and its
+  // message (MSCCL's depid/deps, through the nops that carried them).
+  std::vector<uint32_t> waits;
+};
+
 // A plan as every reader produces it, whatever its file format: what the
 // file declares and each rank's steps.  The loader checks it (checkPlanSpec),
 // makes the FileAlgorithm and proves it.
@@ -70,6 +84,10 @@ struct PlanSpec {
   int root = 0;          // rooted collectives
   PlanInPlace inplace = PlanInPlace::No;
   std::vector<std::vector<ChunkStep>> programs;  // programs[r]: rank r's steps, in program order
+  // The schedule, where the format has one: streams[r][i] for programs[r][i]
+  // (empty: none; checkPlanSpec checks the shape and that waits point back).
+  std::vector<std::vector<StepStream>> streams;
+  PlanProto proto = PlanProto::None;
 };
 
 // Chunks of buffer `buf` on `rank` for a plan of this collective, rank count
@@ -105,6 +123,10 @@ class FileAlgorithm final : public Algorithm {
   PlanSpec spec_;
   std::string requirement_;
 };
+
+// Whether `a` is a plan file's algorithm that carries its runtime's schedule
+// (PlanSpec::streams): the simulator runs such a plan's programs.
+bool hasSchedule(const Algorithm& a);
 
 // Parses chorus's plan text (docs/plan-format.md).  `origin` names the text in
 // messages ("ring4.plan:12: 'send': peer 7 is not a rank of a 4-rank plan").
@@ -157,5 +179,17 @@ Result<PlanSpec> readPlanFile(const std::string& path);
 // extension, a name a registered algorithm of the same collective already has
 // and a plan that fails its proof are errors naming the path.
 Status loadPlans(Registry& reg, std::span<const std::string> paths);
+
+// CHORUS_ALGO's items that name a plan file instead of a plan
+// (`allreduce:file:PATH`; PATH runs to the next ';' or ','): loads each file
+// that reg does not hold yet (read, checked and proven as loadPlans does)
+// and refuses a file whose plan is not of the item's collective, naming both.
+// Other items are left to the tuner, which then finds the file's plan with
+// findPlanFile and refuses calls the plan does not take (its requirement).
+Status loadAlgoFiles(Registry& reg, std::string_view algo_spec);
+// The plan of collective c that reg loaded from the file `path` (the same
+// file however the path is spelled), or nullptr.
+const FileAlgorithm* findPlanFile(const Registry& reg, Collective c, std::string_view path);
+inline constexpr std::string_view kAlgoFilePrefix = "file:";
 
 }  // namespace chorus::plan

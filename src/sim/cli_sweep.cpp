@@ -7,6 +7,7 @@
 #include "common/size.hpp"
 #include "sim/cli.hpp"
 #include "sim/cli_args.hpp"
+#include "sim/nccl_topo.hpp"
 #include "sim/report.hpp"
 #include "sim/sweep.hpp"
 
@@ -41,6 +42,13 @@ int runSweepCommand(CliOptions o) {
   job.mode = *mode, job.library = *lib;
   auto cluster = loadCluster(o.cluster_path);
   if (!cluster.isOk()) return fail(cluster.status());
+  if (!o.node_topo_path.empty()) {  // the base's node from an NCCL topology file; the axes vary that base
+    auto t = loadNodeTopo(o.node_topo_path);
+    if (!t.isOk()) return fail(t.status());
+    std::vector<std::string> report;
+    *cluster = applyNodeTopo(*cluster, *t, o.node_topo_path, &report);
+    for (const std::string& line : report) std::fprintf(stderr, "chorus-sim: --node-topo: %s\n", line.c_str());
+  }
   auto reg = plan::Registry::withPlans(o.plan_paths);
   if (!reg.isOk()) return fail(reg.status());
   std::optional<ModelSpec> model;

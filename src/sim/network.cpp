@@ -6,6 +6,8 @@
 #include <cmath>
 #include <queue>
 
+#include "plan/plan_file.hpp"
+
 namespace chorus::sim {
 
 using plan::Collective;
@@ -198,7 +200,11 @@ Seconds NetworkModel::scalingTime(const plan::Shape& sh) const {
 }
 
 Result<CollectiveCost> NetworkModel::price(const plan::Algorithm& a, const plan::Shape& sh, const GroupSet& g) {
-  if (mode_ == NetMode::Flow && g.size * g.groups <= kMaxProgramRanks) return programFlow(a, sh, g);
+  // A plan that carries its runtime's schedule (MSCCL's thread blocks and
+  // channels, plan::PlanSpec::streams) runs as that runtime runs it, in either
+  // mode: its concurrency is not a sequence of rounds (program_flow.cpp).
+  if ((mode_ == NetMode::Flow || plan::hasSchedule(a)) && g.size * g.groups <= kMaxProgramRanks)
+    return programFlow(a, sh, g);
   CHORUS_ASSIGN_OR_RETURN(std::vector<plan::Round> rounds, a.rounds(sh));
   CollectiveCost cost;
   cost.algo = std::string(a.name());

@@ -19,6 +19,23 @@
 //    runs one piece at a time on its own core, at the GPU's HBM rate
 //    (3 x bytes for a reduction, 2 x bytes for a copy or the op's Scale and
 //    Divide passes: reads and writes).
+//
+// A plan that carries its runtime's schedule (plan::PlanSpec::streams: the
+// thread blocks and channels of an MSCCL program) runs as that runtime runs
+// it instead (docs/msccl.md, "Pricing"):
+//  - each thread block is a sequential stream: a step starts when the one
+//    before it in its thread block has finished, and when its depid/deps
+//    steps have (as well as the builder's data dependencies, which the
+//    importer's race check proved the program orders anyway);
+//  - every (ordered pair, channel) is a connection of its own that carries
+//    its messages one after another, so channels and peers move data at once
+//    and share the links max-min fairly; nothing else orders the posts (no
+//    executor's receive gate, no per-peer posting order);
+//  - messages go eagerly into the receiver's connection buffer (NCCL's
+//    primitives under MSCCL: no rendezvous);
+//  - the protocol's line format sets the bytes on the wire: LL stores 4
+//    bytes of data with a 4-byte flag in every 8 (x2), LL128 120 of every
+//    128 (x128/120), Simple the data alone (NCCL's src/device/prims_ll*.h).
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -27,6 +44,7 @@
 #include <queue>
 #include <tuple>
 
+#include "plan/plan_file.hpp"
 #include "sim/network.hpp"
 
 namespace chorus::sim {
@@ -41,7 +59,7 @@ struct Flow {
   Seconds lat;
 };
 
-// Per ordered pair: the next message to start and whether one is on the wire.
+// Per ordered pair and channel: the next message to start and whether one is on the wire.
 struct PairStream {
   size_t next = 0;
   bool busy = false;
@@ -59,6 +77,7 @@ class NetworkModel::ProgramFlow {
         cap_(net.flowCapacities()), hbm_(net.c_.gpu.hbm_bw.value() * net.c_.gpu.hbm_efficiency),
         eb_(static_cast<double>(sh.elem_size)), rendezvous_(net.c_.network.rendezvous_bytes) {
     expand(sh);
+    schedule();
   }
   Status matchMessages();
   Result<CollectiveCost> run();
@@ -68,8 +87,19 @@ class NetworkModel::ProgramFlow {
   enum Kind : int { StepDone = 0, Deliver = 1, Grant = 2, Ready = 3 };
   using Event = std::tuple<double, int, uint32_t>;  // (time, kind, step)
   using Pair = std::pair<int64_t, int64_t>;
+  using Conn = std::tuple<int64_t, int64_t, int32_t>;  // (from, to, channel)
 
   void expand(const plan::Shape& sh);
+  void schedule();
+  [[nodiscard]] int32_t chanOf(uint32_t gid) const {
+    if (!streamed_) return 0;
+    const int64_t q = owner_[gid];
+    return chan_[static_cast<size_t>(q % n_)][gid - base_[static_cast<size_t>(q)]];
+  }
+  [[nodiscard]] Conn connOf(uint32_t send) const {
+    const int64_t q = owner_[send];
+    return {q, peerOf(q, stepOf(send).peer), chanOf(send)};
+  }
   // Rank q of the simulation is member q % n of group q / n; every group runs
   // the same programs.
   [[nodiscard]] const plan::Program& progOf(int64_t q) const { return progs_[static_cast<size_t>(q % n_)]; }
@@ -87,13 +117,13 @@ class NetworkModel::ProgramFlow {
     return eb_ * static_cast<double>(s.op == StepOp::Send ? s.src.count : s.dst.count);
   }
   [[nodiscard]] bool needsGrant(uint32_t send, double bytes) const {
-    return bytes >= rendezvous_ && rendezvous_ > 0 && crossNode(send) && !granted_[send];
+    return !streamed_ && bytes >= rendezvous_ && rendezvous_ > 0 && crossNode(send) && !granted_[send];
   }
   double onCpu(int64_t q, double at, double seconds);
   void tryFinishRecv(uint32_t r);
   void post(uint32_t gid);
   void postReady(uint32_t gid);
-  void tryStart(int64_t q, int64_t p);
+  void tryStart(const Conn& c);
   void complete(uint32_t gid);
   void rates();
   bool deliverSent();
@@ -108,17 +138,25 @@ class NetworkModel::ProgramFlow {
   const std::vector<double> cap_;  // by flow link
   const double hbm_, eb_, rendezvous_;
   std::vector<plan::Program> progs_;
+  // The runtime's schedule (streamed_): per member's program, each step's
+  // channel and the steps it waits for besides the builder's (CSR, both ways).
+  bool streamed_ = false;
+  double wire_ = 1;  // bytes on the wire per byte of data (the protocol)
+  std::vector<std::vector<int32_t>> chan_;
+  std::vector<std::vector<uint32_t>> xdep_begin_, xdeps_, xsucc_begin_, xsucc_;
   std::vector<uint32_t> base_;  // rank q's steps are base_[q] .. base_[q + 1]
   uint32_t total_ = 0;
   std::vector<int64_t> owner_;
   // Matching: the k-th send from q to p pairs with p's k-th receive from q.
   std::map<Pair, std::vector<uint32_t>> sends_, recvs_;
+  std::map<Conn, std::vector<uint32_t>> conn_sends_;  // each connection's sends in program order
   std::vector<uint32_t> match_, pending_;
 
   std::vector<int64_t> routes_;
   std::vector<Flow> flows_;  // active
-  std::map<Pair, PairStream> streams_;
+  std::map<Conn, PairStream> streams_;
   std::vector<char> posted_, arrived_, granted_, ready_;
+  std::vector<double> posted_at_, started_at_;  // streamed_: when a step was posted, a send's flow started
   std::vector<double> cpu_free_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   double now_ = 0, finish_ = 0;
@@ -151,6 +189,69 @@ void NetworkModel::ProgramFlow::expand(const plan::Shape& sh) {
   count_.assign(cap_.size(), 0);
 }
 
+// The schedule of a plan that carries one (plan::PlanSpec::streams): each
+// step's channel, and as extra dependencies the previous step of its thread
+// block and its depid/deps.  The op's Scale before and Divide after the
+// plan's steps (plan::expand) keep the builder's dependencies alone.
+void NetworkModel::ProgramFlow::schedule() {
+  const auto* file = dynamic_cast<const plan::FileAlgorithm*>(&a_);
+  if (file == nullptr || file->spec().streams.empty()) return;
+  const plan::PlanSpec& spec = file->spec();
+  if (spec.streams.size() != static_cast<size_t>(n_)) return;
+  std::vector<size_t> lead(static_cast<size_t>(n_));
+  for (int r = 0; r < n_; ++r) {
+    const plan::Program& p = progs_[static_cast<size_t>(r)];
+    size_t l = 0, t = 0;
+    while (l < p.size() && p.steps[l].op == StepOp::Scale) ++l;
+    while (t < p.size() - l && p.steps[p.size() - 1 - t].op == StepOp::Divide) ++t;
+    if (p.size() != l + spec.streams[static_cast<size_t>(r)].size() + t) return;  // not the file's steps: no schedule
+    lead[static_cast<size_t>(r)] = l;
+  }
+  streamed_ = true;
+  posted_at_.assign(total_, 0.0);
+  started_at_.assign(total_, 0.0);
+  switch (spec.proto) {
+    case plan::PlanProto::LL: wire_ = 2.0; break;
+    case plan::PlanProto::LL128: wire_ = 128.0 / 120.0; break;
+    default: wire_ = 1.0;
+  }
+  chan_.assign(static_cast<size_t>(n_), {});
+  xdep_begin_.assign(static_cast<size_t>(n_), {});
+  xdeps_.assign(static_cast<size_t>(n_), {});
+  xsucc_begin_.assign(static_cast<size_t>(n_), {});
+  xsucc_.assign(static_cast<size_t>(n_), {});
+  for (int r = 0; r < n_; ++r) {
+    const size_t R = static_cast<size_t>(r);
+    const size_t m = progs_[R].size(), l = lead[R];
+    const auto& st = spec.streams[R];
+    chan_[R].assign(m, 0);
+    auto& begin = xdep_begin_[R];
+    auto& deps = xdeps_[R];
+    begin.assign(1, 0);
+    std::map<int32_t, uint32_t> last;  // thread block -> its latest step
+    for (size_t i = 0; i < m; ++i) {
+      if (i >= l && i - l < st.size()) {
+        const plan::StepStream& ss = st[i - l];
+        chan_[R][i] = ss.chan;
+        if (ss.tb >= 0) {
+          if (auto it = last.find(ss.tb); it != last.end()) deps.push_back(it->second);
+          last[ss.tb] = static_cast<uint32_t>(i);
+        }
+        for (uint32_t w : ss.waits) deps.push_back(static_cast<uint32_t>(w + l));
+      }
+      begin.push_back(static_cast<uint32_t>(deps.size()));
+    }
+    std::vector<uint32_t> cnt(m + 1, 0);
+    for (uint32_t d : deps) ++cnt[d + 1];
+    for (size_t i = 0; i < m; ++i) cnt[i + 1] += cnt[i];
+    xsucc_begin_[R] = cnt;
+    xsucc_[R].assign(deps.size(), 0);
+    std::vector<uint32_t> fill(cnt.begin(), cnt.end() - 1);
+    for (uint32_t i = 0; i < m; ++i)
+      for (uint32_t j = begin[i]; j < begin[i + 1]; ++j) xsucc_[R][fill[deps[j]]++] = i;
+  }
+}
+
 // Pairs every send with its receive and counts each step's dependencies
 // (with the executor's receive gate: a receive after a send in program order
 // waits for that send to be posted).
@@ -162,12 +263,17 @@ Status NetworkModel::ProgramFlow::matchMessages() {
       const uint32_t gid = base_[static_cast<size_t>(q)] + i;
       const plan::Step& s = p.steps[i];
       pending_[gid] = static_cast<uint32_t>(p.depsOf(i).size());
+      if (streamed_) {
+        const size_t m = static_cast<size_t>(q % n_);
+        pending_[gid] += xdep_begin_[m][i + 1] - xdep_begin_[m][i];
+      }
       if (s.op == StepOp::Send) {
         sends_[{q, peerOf(q, s.peer)}].push_back(gid);
+        conn_sends_[connOf(gid)].push_back(gid);
         after_send = true;
       } else if (s.op == StepOp::Recv || s.op == StepOp::RecvReduce) {
         recvs_[{peerOf(q, s.peer), q}].push_back(gid);
-        if (after_send) ++pending_[gid];  // the receive gate
+        if (after_send && !streamed_) ++pending_[gid];  // the receive gate
       }
     }
   }
@@ -195,24 +301,32 @@ void NetworkModel::ProgramFlow::tryFinishRecv(uint32_t r) {
   if (!posted_[r] || !arrived_[r]) return;
   const plan::Step& s = stepOf(r);
   const double work = s.op == StepOp::RecvReduce ? 3 * bytesOf(s) / hbm_ : 0.0;
+  if (streamed_ && work > 0) {
+    // MSCCL's fused receive-reduce reduces the message as it streams in:
+    // from when the receive was posted and the message began to arrive.
+    const double from = std::max(posted_at_[r], started_at_[match_[r]]);
+    events_.push({std::max(now_, onCpu(owner_[r], from, work)), StepDone, r});
+    return;
+  }
   events_.push({work > 0 ? onCpu(owner_[r], now_, work) : now_, StepDone, r});
 }
 
 void NetworkModel::ProgramFlow::post(uint32_t gid) {
   posted_[gid] = 1;
+  if (streamed_) posted_at_[gid] = now_;
   const plan::Step& s = stepOf(gid);
   const int64_t q = owner_[gid];
   if (s.op == StepOp::Send) {
     // The receive gate: receives after this send, up to the next send.
     const plan::Program& p = progOf(q);
-    for (uint32_t i = gid - base_[static_cast<size_t>(q)] + 1; i < p.size(); ++i) {
+    for (uint32_t i = gid - base_[static_cast<size_t>(q)] + 1; i < p.size() && !streamed_; ++i) {
       const plan::Step& t = p.steps[i];
       if (t.op == StepOp::Send) break;
       if (t.op != StepOp::Recv && t.op != StepOp::RecvReduce) continue;
       const uint32_t r = base_[static_cast<size_t>(q)] + i;
       if (--pending_[r] == 0) events_.push({now_, Ready, r});
     }
-    tryStart(q, peerOf(q, s.peer));
+    tryStart(connOf(gid));
   } else {
     const uint32_t snd = match_[gid];
     if (needsGrant(snd, bytesOf(s))) {  // the grant crosses back to the sender
@@ -235,6 +349,10 @@ void NetworkModel::ProgramFlow::postReady(uint32_t gid) {
     events_.push({onCpu(q, now_, work), StepDone, gid});
     return;
   }
+  if (streamed_) {  // no posting order: each connection starts its sends in order (tryStart)
+    post(gid);
+    return;
+  }
   const bool snd = s.op == StepOp::Send;
   const Pair key = snd ? Pair{q, peerOf(q, s.peer)} : Pair{peerOf(q, s.peer), q};
   auto& order = snd ? sends_[key] : recvs_[key];
@@ -242,11 +360,12 @@ void NetworkModel::ProgramFlow::postReady(uint32_t gid) {
   while (k < order.size() && ready_[order[k]]) post(order[k++]);
 }
 
-// Starts q's next message to p when the pair's stream is free, the send is
-// posted and, for a rendezvous message, its grant has arrived.
-void NetworkModel::ProgramFlow::tryStart(int64_t q, int64_t p) {
-  PairStream& st = streams_[{q, p}];
-  const auto& order = sends_[{q, p}];
+// Starts a connection's next message (q to p on a channel) when it is free,
+// the send is posted and, for a rendezvous message, its grant has arrived.
+void NetworkModel::ProgramFlow::tryStart(const Conn& c) {
+  const int64_t q = std::get<0>(c), p = std::get<1>(c);
+  PairStream& st = streams_[c];
+  const auto& order = conn_sends_[c];
   if (st.busy || st.next >= order.size()) return;
   const uint32_t gid = order[st.next];
   if (!posted_[gid]) return;
@@ -254,7 +373,8 @@ void NetworkModel::ProgramFlow::tryStart(int64_t q, int64_t p) {
   if (needsGrant(gid, bytes)) return;
   ++st.next;
   st.busy = true;
-  Flow f{.step = gid, .left = bytes, .route_begin = static_cast<int64_t>(routes_.size()), .route_end = 0};
+  if (streamed_) started_at_[gid] = now_;
+  Flow f{.step = gid, .left = bytes * wire_, .route_begin = static_cast<int64_t>(routes_.size()), .route_end = 0};
   f.lat = net_.flowRoute(gpuOf(q), gpuOf(p), routes_);
   f.route_end = static_cast<int64_t>(routes_.size());
   flows_.push_back(f);
@@ -265,9 +385,17 @@ void NetworkModel::ProgramFlow::complete(uint32_t gid) {
   finish_ = std::max(finish_, now_);
   const int64_t q = owner_[gid];
   const plan::Program& p = progOf(q);
-  for (uint32_t succ : p.succOf(gid - base_[static_cast<size_t>(q)])) {
+  const uint32_t i = gid - base_[static_cast<size_t>(q)];
+  for (uint32_t succ : p.succOf(i)) {
     const uint32_t sg = base_[static_cast<size_t>(q)] + succ;
     if (--pending_[sg] == 0) events_.push({now_, Ready, sg});
+  }
+  if (streamed_) {
+    const size_t m = static_cast<size_t>(q % n_);
+    for (uint32_t k = xsucc_begin_[m][i]; k < xsucc_begin_[m][i + 1]; ++k) {
+      const uint32_t sg = base_[static_cast<size_t>(q)] + xsucc_[m][k];
+      if (--pending_[sg] == 0) events_.push({now_, Ready, sg});
+    }
   }
 }
 
@@ -319,7 +447,7 @@ bool NetworkModel::ProgramFlow::deliverSent() {
   bool any = false;
   for (size_t i = 0; i < flows_.size();) {
     Flow& f = flows_[i];
-    if (f.left > 1e-6 * std::max(1.0, bytesOf(stepOf(f.step))) && std::isfinite(f.rate)) {
+    if (f.left > 1e-6 * std::max(1.0, bytesOf(stepOf(f.step)) * wire_) && std::isfinite(f.rate)) {
       ++i;
       continue;
     }
@@ -327,12 +455,12 @@ bool NetworkModel::ProgramFlow::deliverSent() {
     max_lat_ = std::max(max_lat_, f.lat);
     events_.push({now_ + f.lat.value(), Deliver, match_[s]});
     events_.push({now_, StepDone, s});  // the send's buffer is free
-    const int64_t q = owner_[s];
-    streams_[{q, peerOf(q, stepOf(s).peer)}].busy = false;
+    const Conn c = connOf(s);
+    streams_[c].busy = false;
     flows_[i] = flows_.back();
     flows_.pop_back();
     any = true;
-    tryStart(q, peerOf(q, stepOf(s).peer));
+    tryStart(c);
   }
   return any;
 }
@@ -344,8 +472,7 @@ void NetworkModel::ProgramFlow::handle(const Event& e) {
     case Deliver: arrived_[gid] = 1, tryFinishRecv(gid); break;
     case Grant: {
       granted_[gid] = 1;
-      const int64_t q = owner_[gid];
-      tryStart(q, peerOf(q, stepOf(gid).peer));
+      tryStart(connOf(gid));
       break;
     }
     case Ready:

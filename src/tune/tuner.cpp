@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 
+#include "plan/plan_file.hpp"
+
 namespace chorus::tune {
 
 using plan::Collective;
@@ -44,6 +46,18 @@ Result<Tuner> Tuner::create(const plan::Registry& registry, Topology topo, std::
     std::string_view cname = item.substr(0, colon), aname = item.substr(colon + 1);
     if (!plan::parseCollective(cname, &c))
       return invalidArgument("CHORUS_ALGO names unknown collective '{}' ({})", cname, plan::collectiveNamesText());
+    if (aname.substr(0, plan::kAlgoFilePrefix.size()) == plan::kAlgoFilePrefix) {
+      // A plan file (plan::loadAlgoFiles loaded it into the registry): every
+      // call of the collective runs it, and one it does not take is an error.
+      const std::string_view path = aname.substr(plan::kAlgoFilePrefix.size());
+      const plan::FileAlgorithm* f = plan::findPlanFile(registry, c, path);
+      if (f == nullptr)
+        return invalidArgument("CHORUS_ALGO item '{}': no {} plan was loaded from '{}' (plan::loadAlgoFiles loads it)",
+                               item, cname, path);
+      t.forced_[static_cast<size_t>(c)] = f;
+      t.strict_[static_cast<size_t>(c)] = true;
+      continue;
+    }
     const plan::Algorithm* a = registry.find(c, aname);
     if (a == nullptr) {
       std::string valid;
@@ -51,6 +65,7 @@ Result<Tuner> Tuner::create(const plan::Registry& registry, Topology topo, std::
       return invalidArgument("CHORUS_ALGO names unknown {} algorithm '{}' (valid: {})", cname, aname, valid);
     }
     t.forced_[static_cast<size_t>(c)] = a;
+    t.strict_[static_cast<size_t>(c)] = false;
   }
   return t;
 }
@@ -116,6 +131,13 @@ Result<Choice> Tuner::choose(const plan::Shape& sh, chorusDataType_t dtype) {
   if (const plan::Algorithm* f = forced_[static_cast<size_t>(c)]; f != nullptr && eligible(f)) {
     ch.algo = f;
     return ch;
+  } else if (f != nullptr && strict_[static_cast<size_t>(c)]) {
+    const auto* file = dynamic_cast<const plan::FileAlgorithm*>(f);
+    return invalidArgument("CHORUS_ALGO {}:file:{} forces plan '{}', which does not take this call ({} ranks, count "
+                           "{}, {}{}{}): it needs {}", plan::collectiveName(c), file ? file->spec().origin : "",
+                           f->name(), sh.nranks, sh.count, sh.inplace ? "in place" : "out of place",
+                           compressed ? ", compressed" : "", exact || sh.canonical ? ", reproducible" : "",
+                           f->requirement());
   }
   const uint64_t bytes = sh.count * sh.elem_size;
   const Key key{static_cast<uint8_t>(c), static_cast<uint8_t>(std::bit_width(bytes)), sh.inplace,

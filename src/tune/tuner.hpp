@@ -91,6 +91,8 @@ class Tuner {
   const plan::Registry* registry_;
   Topology topo_;
   std::array<const plan::Algorithm*, plan::kNumCollectives> forced_{};
+  // Forced by a plan file (`coll:file:PATH`): a call the plan does not take is an error, not the tuner's.
+  std::array<bool, plan::kNumCollectives> strict_{};
   uint64_t chunk_override_ = 0;
   bool hosts_of_one_rank_ = false;  // every rank on a host of its own (the same on every rank)
   CostProfile profile_;

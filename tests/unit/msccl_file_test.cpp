@@ -218,6 +218,79 @@ TEST(MscclFile, ImportedPlansRunOnRanksOverTcp) {
   }
 }
 
+// CHORUS_ALGO=allreduce:file:PATH: the plan of a file no CHORUS_PLAN_PATH
+// names, loaded, proven and forced for every call of the collective; over
+// shm and tcp, and ucx where the build has it; MSCCL XML and chorus's text.
+TEST(MscclFile, AlgoFileRunsThePlan) {
+  const RunFile& f = kRunFiles[2];  // allreduce-1step-4n-ll-1pass: 4 ranks, in place, 8 chunks
+  const std::string path = (kData / (std::string(f.file) + ".xml")).string();
+  std::vector<std::string> transports{"shm", "tcp"};
+#if CHORUS_HAVE_UCX
+  transports.push_back("ucx");
+#endif
+  for (const std::string& t : transports) {
+    SCOPED_TRACE(t);
+    EXPECT_EQ(runImported(f.ranks, {}, "allreduce:file:" + path, f.coll, f.coll_name, f.file, {8, 24, 8008}, f.form, t),
+              "");
+  }
+  // chorus's plan text, beside another collective's forced built-in.
+  TempDir dir("algofile");
+  const Registry reg = Registry::builtin();
+  auto text = dumpPlanText(*reg.find(Collective::AllReduce, "ring"), 4, 4, {.name = "ring4t"});
+  ASSERT_TRUE(text.isOk()) << text.status().message();
+  const std::string plan = dir.write("ring4t.plan", *text);
+  EXPECT_EQ(runImported(4, {}, "allgather:ring;allreduce:file:" + plan, testing::Coll::AllReduce, "allreduce", "ring4t",
+                        {4, 12, 4004}, PlanInPlace::No, "shm"), "");
+  // The same file named by CHORUS_PLAN_PATH too (another spelling of its path) is one plan.
+  const std::string other = (dir.path / "." / "ring4t.plan").string();
+  EXPECT_EQ(runImported(4, {plan}, "allreduce:file:" + other, testing::Coll::AllReduce, "allreduce", "ring4t",
+                        {4, 12}, PlanInPlace::No, "shm"), "");
+}
+
+// What a forced file does not take is an error that says so: a plan of
+// another collective or a missing file when the communicator is made; a
+// call of another rank count or a count that is not whole chunks when it is
+// made (the tuner does not fall back to another algorithm).
+TEST(MscclFile, AlgoFileRefusesWhatItDoesNotTake) {
+  const std::string ar4 = (kData / "allreduce-1step-4n-ll-1pass.xml").string();
+  const std::string ar8 = (kData / "allreduce-allpairs-8n-ll-1pass-op.xml").string();
+  auto initError = [](const std::string& spec) {
+    Config cfg;
+    cfg.tune.algo_spec = spec;
+    return testing::failures(testing::runRanks(2, cfg, [](int, chorusComm_t) { return std::string(); }));
+  };
+  std::string err = initError("allgather:file:" + ar4);
+  EXPECT_NE(err.find("CHORUS_ALGO item 'allgather:file:" + ar4 + "': '" + ar4 +
+                     "' is allreduce plan 'allreduce-1step-4n-ll-1pass', not allgather plan"), std::string::npos) << err;
+  err = initError("allreduce:file:/nonexistent/x.xml");
+  EXPECT_NE(err.find("CHORUS_ALGO item 'allreduce:file:/nonexistent/x.xml': '/nonexistent/x.xml' is not a plan file"),
+            std::string::npos) << err;
+  err = initError("allreduce:file:");
+  EXPECT_NE(err.find("'file:' names no file"), std::string::npos) << err;
+
+  auto callError = [](const std::string& spec, size_t count, bool inplace) {
+    Config cfg;
+    cfg.tune.algo_spec = spec;
+    return testing::failures(testing::runRanks(4, cfg, [&](int, chorusComm_t comm) -> std::string {
+      std::vector<float> in(count, 1.0f), out(count, 0.0f);
+      const chorusResult_t rc = chorusAllReduce(in.data(), inplace ? in.data() : out.data(), count, chorusFloat32,
+                                                chorusSum, comm, nullptr);
+      if (rc == chorusSuccess) return std::string("the call ran");
+      return std::string(chorusGetLastError(comm));
+    }));
+  };
+  err = callError("allreduce:file:" + ar8, 16, false);
+  EXPECT_NE(err.find("CHORUS_ALGO allreduce:file:" + ar8 + " forces plan 'allreduce-allpairs-8n-ll-1pass-op', which "
+                     "does not take this call (4 ranks, count 16, out of place): it needs 8 ranks"), std::string::npos)
+      << err;
+  err = callError("allreduce:file:" + ar4, 12, true);
+  EXPECT_NE(err.find("does not take this call (4 ranks, count 12, in place): it needs 4 ranks, a count that is a "
+                     "positive multiple of 8"), std::string::npos) << err;
+  err = callError("allreduce:file:" + ar4, 16, false);  // the file claims the in-place form only
+  EXPECT_NE(err.find("(4 ranks, count 16, out of place): it needs"), std::string::npos) << err;
+  EXPECT_EQ(err.find("the call ran"), std::string::npos) << err;
+}
+
 // Every RCCL file on as many ranks as it has GPUs (threads), over shm:
 // float32 and int32 sums (and a max) at two counts, in the forms it claims.
 TEST(MscclFile, EveryRcclFileRunsOnRanks) {

@@ -283,5 +283,32 @@ TEST(NodeTopo, CollectiveCommandTakesNodeTopo) {
   std::filesystem::remove(bad);
 }
 
+// chorus-sim sweep --node-topo: the base cluster's node from the file (the
+// sweep read only the cluster file before); a bad file fails the command.
+TEST(NodeTopo, SweepCommandTakesNodeTopo) {
+  CliOptions o;
+  o.cluster_path = kCluster;
+  o.node_topo_path = kData + "topo_8p_940.xml";
+  o.gpus = 16;
+  o.collective = "allreduce";
+  o.bytes_text = "64M";
+  o.vary = {"nic_gbit_s=200,400"};
+  o.json = true;
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(runSweepCommand(o), 0);
+  ::testing::internal::GetCapturedStdout();
+  const std::string note = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(note.find("--node-topo"), std::string::npos) << note;
+  const std::string bad = (std::filesystem::temp_directory_path() / fmt::format("chorus-topo-sw-{}.xml", getpid())).string();
+  std::ofstream(bad) << "<system>\n<cpu>\n";
+  o.node_topo_path = bad;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(runSweepCommand(o), 1);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find(bad), std::string::npos) << err;
+  std::filesystem::remove(bad);
+}
+
 }  // namespace
 }  // namespace chorus::sim
