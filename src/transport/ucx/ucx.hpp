@@ -23,8 +23,13 @@
 #include <string>
 #include <vector>
 
+#include <cstddef>
+#include <functional>
+#include <span>
+
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
+#include "bootstrap/wire_protect.hpp"
 #include "transport/transport.hpp"
 
 namespace chorus::transport {
@@ -43,6 +48,15 @@ struct UcxSetup {
   int heartbeat_ms = 1000;
   std::chrono::microseconds spin{50};         // a wait polls this long before it sleeps (Config::spin)
   std::chrono::milliseconds timeout{600000};  // connection setup and the handshake
+  // Every message after the handshake (Config::net.wire_protect,
+  // CHORUS_WIRE_PROTECT; bootstrap/wire_protect.hpp, ucx_wire.hpp "sealing"):
+  // as it is, sealed with a MAC, or encrypted.  All ranks must agree (the
+  // handshake's proof carries it); a mode other than off needs a secret.
+  auth::WireProtect protect = auth::WireProtect::kOff;
+  // Tests only: called with every keyed message this rank receives (the
+  // sending rank, the channel: ucx_wire.hpp's Channel), before anything reads
+  // or opens it; it may change the bytes (an on-path attacker's flip).
+  std::function<void(int peer, int channel, std::span<std::byte> bytes)> test_received;
 };
 
 // Collective over setup.rank and its peers: publishes this rank's worker

@@ -107,6 +107,7 @@ struct Peer {
   bool staged = false;    // `header` arrived and waits in its stage for a receive
   std::deque<RecvPost> unmatched;
   Op* ctl = nullptr;      // the control receive
+  uint64_t ctl_send_seq = 0;  // sealed control messages sent (their nonces)
   // Set when the peer went (closed, failed, aborted, corrupt): what later
   // posts get.  hard: nothing of it is trusted any more (abort, corruption,
   // a mismatch), so even a held header is dropped.
@@ -161,6 +162,8 @@ class UcxTransport final : public Transport, public PostedRma {
         spin_(std::max(s.spin, std::chrono::microseconds(0))),
         timeout_(s.timeout),
         api_(fabric->api),
+        protect_(s.protect),
+        test_received_(s.test_received),
         regions_(rmaTransportTag("ucx"), s.rank),
         fabric_(std::move(fabric)) {}
   ~UcxTransport() override;
@@ -218,6 +221,19 @@ class UcxTransport final : public Transport, public PostedRma {
   void onCtl(Op* op, Status& first_error);
   void checkEndpoints(Status& first_error);
 
+  // ---- sealing (CHORUS_WIRE_PROTECT; ucx_wire.hpp, "sealing") ----
+  [[nodiscard]] bool sealed() const { return protect_ != auth::WireProtect::kOff; }
+  [[nodiscard]] size_t msgStage() const { return sealed() ? kMsgSealedStageBytes : kMsgStageBytes; }
+  [[nodiscard]] size_t ctlStage() const { return sizeof(CtlMsg) + (sealed() ? kSealTagBytes : 0); }
+  [[nodiscard]] size_t rmaStage() const { return kRmaStageBytes + (sealed() ? kSealTagBytes : 0); }
+  void received(const Peer& p, Channel ch, std::byte* data, size_t n) const {
+    if (test_received_) test_received_(p.rank, static_cast<int>(ch), std::span(data, n));
+  }
+  // Opens a received keyed message in place (ucx_wire.hpp, SealedLayout).
+  bool openMessage(const Peer& p, Channel ch, uint64_t seq, std::byte* data, const SealedLayout& at) const;
+  Status integrity(const Peer& p, std::string_view what, uint64_t seq) const;
+  void failIntegrity(Peer& p, const Status& why, Status& first_error);
+
   // ---- failure ----
   Status failure(const Peer& p, ucs_status_t st, std::string_view what) const;
   Status corrupt(const Peer& p, std::string_view what) const;
@@ -254,6 +270,8 @@ class UcxTransport final : public Transport, public PostedRma {
   const std::chrono::microseconds spin_;
   const std::chrono::milliseconds timeout_;
   const UcpApi* api_;
+  const auth::WireProtect protect_;
+  const std::function<void(int, int, std::span<std::byte>)> test_received_;
   std::vector<Peer> peers_;
   std::vector<int> index_of_;  // rank -> index in peers_, -1 for non-peers
   uint64_t current_sig_ = 0;   // the collective call of the latest request (noteCall)
@@ -297,21 +315,21 @@ Status UcxTransport::init() {
     p.rank = p.link->rank;
     index_of_[static_cast<size_t>(p.rank)] = static_cast<int>(i);
     p.header = fabric_->sink.alloc(Op::kRecvHeader, &p);
-    p.header->buf.resize(kMsgStageBytes);
+    p.header->buf.resize(msgStage());
     postHeader(p);
     p.ctl = fabric_->sink.alloc(Op::kRecvCtl, &p);
-    p.ctl->buf.resize(sizeof(CtlMsg));
-    fabric_->sink.recv(fabric_->worker, ctlTagIn(p), p.ctl, p.ctl->buf.data(), sizeof(CtlMsg));
+    p.ctl->buf.resize(ctlStage());
+    fabric_->sink.recv(fabric_->worker, ctlTagIn(p), p.ctl, p.ctl->buf.data(), ctlStage());
     p.rma_rx = fabric_->sink.alloc(Op::kRecvRma, &p);
-    p.rma_rx->buf.resize(kRmaStageBytes);
-    fabric_->sink.recv(fabric_->worker, rmaTagIn(p, 0), p.rma_rx, p.rma_rx->buf.data(), kRmaStageBytes);
+    p.rma_rx->buf.resize(rmaStage());
+    fabric_->sink.recv(fabric_->worker, rmaTagIn(p, 0), p.rma_rx, p.rma_rx->buf.data(), rmaStage());
   }
   return {};
 }
 
 void UcxTransport::postHeader(Peer& p) {
   p.header->seq = p.recv_seq;
-  fabric_->sink.recv(fabric_->worker, msgTagIn(p, p.recv_seq), p.header, p.header->buf.data(), kMsgStageBytes);
+  fabric_->sink.recv(fabric_->worker, msgTagIn(p, p.recv_seq), p.header, p.header->buf.data(), msgStage());
 }
 
 // Leaving: tell the peers (a close: what we sent before still counts), give
@@ -397,6 +415,10 @@ Status UcxTransport::postSend(int peer, const void* src, size_t bytes, Request* 
                                            bytes, peer));
   if (bytes > 0 && src == nullptr)
     return rejectPost(req, invalidArgument("ucx send of {} bytes to rank {} from a null buffer", bytes, peer));
+  if (sealed() && bytes > auth::MessageSealer::kMaxBody)
+    return rejectPost(req, invalidArgument("ucx send of {} bytes to rank {}: CHORUS_WIRE_PROTECT={} seals messages of "
+                                           "at most {} bytes (AES-GCM's limit)", bytes, peer,
+                                           auth::wireProtectName(protect_), auth::MessageSealer::kMaxBody));
   markPosted(req);
   noteCall(req->sig);  // may find the peer's held message a mismatch: the peer is failed then
   if (!p->gone.isOk()) return rejectPost(req, p->gone);
@@ -412,16 +434,47 @@ Status UcxTransport::postSend(int peer, const void* src, size_t bytes, Request* 
   lead->req = req;
   lead->seq = seq;
   lead->parts = inl ? 1 : 2;
-  lead->buf.resize(sizeof h + (inl ? bytes : 0));
-  std::memcpy(lead->buf.data(), &h, sizeof h);
-  if (inl && bytes > 0) std::memcpy(lead->buf.data() + sizeof h, src, bytes);
-  sink.send(p->link->ep, msgTagOut(*p, seq), lead, nullptr, lead->buf.size());
+  const size_t inline_bytes = inl ? bytes : 0;
+  const size_t trailer = msgTrailerBytes(h.flags, sealed());
+  lead->buf.resize(sizeof h + inline_bytes + trailer);
+  std::byte* msg = lead->buf.data();
+  std::memcpy(msg, &h, sizeof h);
+  if (inl && bytes > 0) std::memcpy(msg + sizeof h, src, bytes);
+  Op* d = nullptr;
+  const void* data_src = src;
   if (!inl) {
-    Op* d = sink.alloc(Op::kSendData, p);
+    d = sink.alloc(Op::kSendData, p);
     d->leader = lead;
     d->seq = seq;
-    sink.send(p->link->ep, dataTagOut(*p, seq), d, src, bytes);
   }
+  if (sealed()) {
+    // The payload first (its tag rides in the header), then the header
+    // message: header | inline payload | [payload tag] | tag.
+    auth::MessageSealer& seal = *p->link->seal;
+    const auto* from = static_cast<const std::byte*>(src);
+    bool ok = true;
+    if (!inl) {
+      std::byte* into = nullptr;
+      if (protect_ == auth::WireProtect::kEncrypt) {
+        d->buf.resize(bytes);
+        into = d->buf.data();
+        data_src = into;
+      }
+      ok = seal.seal(kChanData, seq, {}, std::span(from, bytes), into, msg + sizeof h);
+    }
+    const size_t clear = sizeof h + (inl ? 0 : kSealTagBytes);
+    ok = ok && seal.seal(kChanMsg, seq, std::span(msg, clear), std::span(msg + sizeof h, inline_bytes),
+                         msg + sizeof h, msg + lead->buf.size() - kSealTagBytes);
+    if (!ok) {  // libcrypto failed: the stream has a hole now, so the peer is gone for good
+      if (d != nullptr) sink.release(d);
+      sink.release(lead);
+      const Status why = internalError("ucx send to rank {}: sealing message {} failed (libcrypto)", peer, seq);
+      failPeer(*p, why, /*hard=*/true, deferred_error_);
+      return rejectPost(req, why);
+    }
+  }
+  sink.send(p->link->ep, msgTagOut(*p, seq), lead, nullptr, lead->buf.size());
+  if (d != nullptr) sink.send(p->link->ep, dataTagOut(*p, seq), d, data_src == src ? src : nullptr, bytes);
   return {};
 }
 
@@ -496,7 +549,7 @@ namespace {
 // A completed control receive holding the peer's abort (its token checked
 // again by onCtl, which handles it).
 bool isAbortNotice(const Op* op) {
-  if (op->kind != Op::kRecvCtl || op->status != UCS_OK || op->length != sizeof(CtlMsg)) return false;
+  if (op->kind != Op::kRecvCtl || op->status != UCS_OK || op->length < sizeof(CtlMsg)) return false;
   CtlMsg m;
   std::memcpy(&m, op->buf.data(), sizeof m);
   return m.kind == kCtlAbort && m.token == op->peer->link->in.token;
@@ -585,13 +638,30 @@ void UcxTransport::onHeader(Op* op, Status& first_error) {
     broken(corrupt(p, fmt::format("message header of {} bytes", op->length)));
     return;
   }
+  received(p, kChanMsg, op->buf.data(), op->length);
   std::memcpy(&h, op->buf.data(), sizeof h);
-  if (h.token != p.link->in.token) {
+  size_t length = op->length;  // without the seal's trailer
+  if (sealed()) {
+    // Nothing of it counts before its tag verified.  The flags (checked by
+    // the tag too) say whether a payload tag precedes the message's own.
+    SealedLayout at;
+    if (!sealedMsgLayout(h.flags, op->length, &at) || !openMessage(p, kChanMsg, p.recv_seq, op->buf.data(), at)) {
+      const Status why = integrity(p, "message", p.recv_seq);
+      fabric_->sink.release(op);
+      p.header = nullptr;
+      failIntegrity(p, why, first_error);
+      return;
+    }
+    std::memcpy(&h, op->buf.data(), sizeof h);
+    length = at.unsealed;
+  } else if (h.token != p.link->in.token) {
     stranger(p, "message header");
     postHeader(p);  // the same sequence again: the real one is still to come
     return;
   }
-  if (const char* bad = msgHeaderProblem(h, op->length); bad != nullptr) {
+  if (const char* bad = h.token != p.link->in.token ? "a sealed header without the pair's token"
+                                                    : msgHeaderProblem(h, length);
+      bad != nullptr) {
     broken(corrupt(p, fmt::format("message header (magic {:#x} flags {:#x} length {}): {}", h.magic, h.flags, h.length,
                                   bad)));
     return;
@@ -655,6 +725,7 @@ void UcxTransport::consume(Peer& p) {
     d->req = r.req;
     d->target = r.target;
     d->seq = seq;
+    if (sealed()) std::memcpy(d->tag.data(), hop->buf.data() + sizeof h, kSealTagBytes);
     std::byte* into = r.target.dst;
     if (r.target.reducer != nullptr) {
       d->buf.resize(h.length);
@@ -680,6 +751,18 @@ void UcxTransport::onData(Op* op, Status& first_error) {
   if (p.hard && op->status == UCS_OK) op->status = UCS_ERR_CANCELED;  // nothing of the peer counts any more
   if (op->status == UCS_OK && op->length == op->target.bytes) {
     const RecvTarget& t = op->target;
+    std::byte* got = t.reducer != nullptr ? op->buf.data() : t.dst;
+    received(p, kChanData, got, t.bytes);
+    // Sealed: the bytes count only once their tag (from the header) verified;
+    // `encrypt` decrypts them in place.
+    if (sealed() && !p.link->open->open(kChanData, op->seq, {}, std::span(got, t.bytes), got, op->tag.data())) {
+      const Status why = integrity(p, "message payload", op->seq);
+      if (protect_ == auth::WireProtect::kMac) std::memset(got, 0, t.bytes);  // (encrypt: wiped by open)
+      req->fail(why);
+      fabric_->sink.release(op);
+      failIntegrity(p, why, first_error);
+      return;
+    }
     if (t.reducer != nullptr && t.bytes > 0) {
       const std::byte* acc = t.accum != nullptr ? t.accum : t.dst;
       (*t.reducer)(t.dst, acc, op->buf.data(), t.bytes / t.reducer->elemSize());
@@ -713,14 +796,24 @@ void UcxTransport::onCtl(Op* op, Status& first_error) {
     return;
   }
   CtlMsg m;
-  bool ours = op->status == UCS_OK && op->length == sizeof m;
+  bool ours = op->status == UCS_OK && op->length == ctlStage();
   if (ours) {
+    received(p, kChanCtl, op->buf.data(), op->length);
+    SealedLayout at;
+    if (sealed() && !(sealedRecordLayout(kCtlClearBytes, op->length, &at) &&
+                      openMessage(p, kChanCtl, 0, op->buf.data(), at))) {
+      const Status why = integrity(p, "control message", 0);
+      p.ctl = nullptr;
+      fabric_->sink.release(op);
+      failPeer(p, why, true, first_error);
+      return;
+    }
     std::memcpy(&m, op->buf.data(), sizeof m);
     ours = m.token == p.link->in.token;
   }
   if (!ours) {  // another size or no token: not from the peer
     stranger(p, "control message");
-    fabric_->sink.recv(fabric_->worker, ctlTagIn(p), op, op->buf.data(), sizeof(CtlMsg));
+    fabric_->sink.recv(fabric_->worker, ctlTagIn(p), op, op->buf.data(), ctlStage());
     return;
   }
   p.ctl = nullptr;
@@ -755,6 +848,37 @@ void UcxTransport::checkEndpoints(Status& first_error) {
                          api_->text(static_cast<ucs_status_t>(e)), p.rank),
              false, first_error);
   }
+}
+
+// ---- sealing ----
+
+bool UcxTransport::openMessage(const Peer& p, Channel ch, uint64_t seq, std::byte* data, const SealedLayout& at) const {
+  return p.link->open->open(ch, seq, std::span(data, at.clear), std::span(data + at.body_at, at.body),
+                            data + at.body_at, data + at.tag_at);
+}
+
+Status UcxTransport::integrity(const Peer& p, std::string_view what, uint64_t seq) const {
+  return remoteError("ucx: {} #{} from rank {} failed its integrity check (CHORUS_WIRE_PROTECT={}): changed, replayed, "
+                     "reordered or dropped on the way, or sealed under other keys; nothing of it was used",
+                     what, seq, p.rank, auth::wireProtectName(protect_));
+}
+
+// The peer's bytes cannot be trusted any more: it is told why (so that it
+// fails naming this rank and the check), then failed for good.
+void UcxTransport::failIntegrity(Peer& p, const Status& why, Status& first_error) {
+  if (p.gone.isOk()) {
+    sendCtl(p, kCtlAbort, remoteError("rank {}: {}", rank_, why.message()));
+    // Handed to UCP before the endpoint is closed (bounded: a notice that
+    // does not go out leaves the peer to find the closed endpoint).
+    const auto until = Clock::now() + std::chrono::milliseconds(200);
+    bool pending = true;
+    while (pending && Clock::now() < until) {
+      pending = false;
+      forEachOutstanding([&](Op* o) { pending = pending || (o->kind == Op::kSendCtl && o->peer == &p); });
+      if (pending) fabric_->progress();
+    }
+  }
+  failPeer(p, why, /*hard=*/true, first_error);
 }
 
 // ---- failure ----
@@ -825,8 +949,18 @@ void UcxTransport::sendCtl(Peer& p, CtlKind kind, const Status& why) {
   }
   Op* op = fabric_->sink.alloc(Op::kSendCtl, &p);
   op->rma_op = 1;  // not a flush (the destructor counts those)
-  op->buf.assign(std::as_bytes(std::span(&m, 1)));
-  fabric_->sink.send(p.link->ep, ctlTagOut(p), op, nullptr, sizeof m);
+  op->buf.resize(ctlStage());
+  std::memcpy(op->buf.data(), &m, sizeof m);
+  if (sealed()) {
+    std::byte* b = op->buf.data();
+    if (!p.link->seal->seal(kChanCtl, p.ctl_send_seq++, std::span(b, kCtlClearBytes),
+                            std::span(b + kCtlClearBytes, sizeof m - kCtlClearBytes), b + kCtlClearBytes,
+                            b + sizeof m)) {
+      fabric_->sink.release(op);
+      return;
+    }
+  }
+  fabric_->sink.send(p.link->ep, ctlTagOut(p), op, nullptr, op->buf.size());
 }
 
 template <typename F>
@@ -1075,6 +1209,14 @@ Status UcxTransport::postRma(int peer, RmaOpKind kind, const void* local, size_t
         const auto* b = static_cast<const std::byte*>(local);
         extra.assign(b, b + bytes);
       }
+    } else if (sealed()) {
+      // The target's ucp_get_nbx / ucp_put_nbx would move these bytes outside
+      // any sealed message.
+      return rejectPost(req, invalidArgument("ucx rma on rank {}: a {}-byte {} with rank {}: with CHORUS_WIRE_PROTECT={} "
+                                             "one-sided accesses of at most {} bytes are sealed and larger ones are "
+                                             "refused (split it, or use two-sided messages)",
+                                             rank_, bytes, is_put ? "put" : "get", peer,
+                                             auth::wireProtectName(protect_), kRmaInlineBytes));
     } else {
       // The target moves the bytes: it needs this buffer, and only this
       // buffer, mapped for its access, and the remote key of it.
@@ -1115,10 +1257,19 @@ Status UcxTransport::postRma(int peer, RmaOpKind kind, const void* local, size_t
 void UcxTransport::sendRma(Peer& p, const RmaMsg& m, const std::byte* extra, size_t n) {
   if (p.link->ep == nullptr) return;
   Op* op = fabric_->sink.alloc(Op::kSendRma, &p);
-  op->buf.resize(sizeof m + n);
-  std::memcpy(op->buf.data(), &m, sizeof m);
-  if (n > 0) std::memcpy(op->buf.data() + sizeof m, extra, n);
-  fabric_->sink.send(p.link->ep, rmaTagOut(p, p.rma_send_seq++), op, nullptr, op->buf.size());
+  op->buf.resize(sizeof m + n + (sealed() ? kSealTagBytes : 0));
+  std::byte* b = op->buf.data();
+  std::memcpy(b, &m, sizeof m);
+  if (n > 0) std::memcpy(b + sizeof m, extra, n);
+  const uint64_t seq = p.rma_send_seq++;
+  if (sealed() &&
+      !p.link->seal->seal(kChanRma, seq, std::span(b, sizeof m), std::span(b + sizeof m, n), b + sizeof m, b + sizeof m + n)) {
+    fabric_->sink.release(op);  // a hole in the stream: the peer is gone for good
+    failPeer(p, internalError("ucx rma to rank {}: sealing record {} failed (libcrypto)", p.rank, seq), true,
+             deferred_error_);
+    return;
+  }
+  fabric_->sink.send(p.link->ep, rmaTagOut(p, seq), op, nullptr, op->buf.size());
 }
 
 void UcxTransport::answer(Peer& p, uint16_t kind, uint64_t op, RmaRefusal why, uint64_t detail,
@@ -1152,13 +1303,27 @@ void UcxTransport::onRma(Op* op, Status& first_error) {
              true, first_error);
     return;
   }
+  received(p, kChanRma, op->buf.data(), op->length);
+  size_t length = op->length;
+  if (sealed()) {
+    SealedLayout at;
+    if (!sealedRecordLayout(sizeof m, op->length, &at) || !openMessage(p, kChanRma, p.rma_recv_seq, op->buf.data(), at)) {
+      const Status why = integrity(p, "one-sided record", p.rma_recv_seq);
+      p.rma_rx = nullptr;
+      fabric_->sink.release(op);
+      failIntegrity(p, why, first_error);
+      return;
+    }
+    length = at.unsealed;
+  }
   std::memcpy(&m, op->buf.data(), sizeof m);
-  if (m.token != p.link->in.token) {
+  if (m.token != p.link->in.token && !sealed()) {
     stranger(p, "one-sided record");
-    fabric_->sink.recv(fabric_->worker, rmaTagIn(p, p.rma_recv_seq), op, op->buf.data(), kRmaStageBytes);
+    fabric_->sink.recv(fabric_->worker, rmaTagIn(p, p.rma_recv_seq), op, op->buf.data(), rmaStage());
     return;
   }
-  if (const char* bad = rmaProblem(m, op->length); bad != nullptr) {
+  if (const char* bad = m.token != p.link->in.token ? "a sealed record without the pair's token" : rmaProblem(m, length);
+      bad != nullptr) {
     p.rma_rx = nullptr;
     fabric_->sink.release(op);
     failPeer(p, corrupt(p, fmt::format("one-sided record (kind {} op {} region {} offset {} length {}): {}", m.kind,
@@ -1177,7 +1342,7 @@ void UcxTransport::onRma(Op* op, Status& first_error) {
     return;
   }
   ++p.rma_recv_seq;
-  fabric_->sink.recv(fabric_->worker, rmaTagIn(p, p.rma_recv_seq), op, op->buf.data(), kRmaStageBytes);
+  fabric_->sink.recv(fabric_->worker, rmaTagIn(p, p.rma_recv_seq), op, op->buf.data(), rmaStage());
 }
 
 void UcxTransport::onRmaRequest(Peer& p, const RmaMsg& m, const std::byte* extra, Status& first_error) {
