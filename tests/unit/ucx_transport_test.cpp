@@ -17,6 +17,7 @@
 
 #if CHORUS_HAVE_UCX
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -1245,6 +1246,73 @@ TEST(UcxRmaPair, NotificationArrivesAfterEveryEarlierPut) {
     for (Request& q : reqs) EXPECT_EQ(q.state.load(), Request::Done) << q.status.message();
     serveUntil(t, stop);
   });
+}
+
+// The origin's registration cache: puts and gets from one buffer map it once
+// and reuse the mapping; once the buffer leaves the address space (munmap)
+// and another is mapped at the same address, the next access maps it anew
+// and carries the new bytes; exactly the same buffer only (another length
+// or direction is its own mapping).
+TEST(UcxRmaPair, TheRegistrationCacheReusesABufferAndForgetsItWhenItIsUnmapped) {
+#if !CHORUS_UCX_REG_CACHE
+  GTEST_SKIP() << "no registration cache under the sanitizers (UCX's memory hooks)";
+#endif
+  bootstrap::MemoryStore store;
+  auto ts = createAll(2, store);
+  ASSERT_TRUE(ts[0] && ts[1]);
+  constexpr size_t kBytes = 64 * 1024;
+  std::atomic<bool> stop{false};
+  Guarded region(kBytes);
+  runRanks(2, [&](int me) {
+    Transport& t = *ts[static_cast<size_t>(me)];
+    Rma* rma = t.rma();
+    if (me == 1) {
+      auto id = rma->registerRegion(region.data(), region.n, Access::ReadWrite);
+      ASSERT_TRUE(id.isOk());
+      publishKey(store, "cache", 1, *rma->packKey(*id));
+      serveUntil(t, stop);
+      return;
+    }
+    auto key = rma->unpackKey(1, fetchKey(store, "cache", 1));
+    ASSERT_TRUE(key.isOk()) << key.status().message();
+    auto one = [&](bool put, void* buf, size_t n, uint64_t offset) {
+      Request q;
+      ASSERT_TRUE((put ? rma->put(1, buf, n, *key, offset, &q) : rma->get(1, buf, n, *key, offset, &q)).isOk());
+      ASSERT_TRUE(drive(t, {&q}).all_finished);
+      EXPECT_EQ(q.state.load(), Request::Done) << q.status.message();
+    };
+    constexpr size_t kBuf = 32 * 1024;
+    void* mem = ::mmap(nullptr, kBuf, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(mem, MAP_FAILED);
+    auto* buf = static_cast<std::byte*>(mem);
+    const auto a = pattern(kBuf, 0, 1, 1);
+    std::memcpy(buf, a.data(), kBuf);
+    const UcxRegistrationStats s0 = ucxRegistrationStats(t);
+    for (uint64_t off : {0u, 4096u, 8192u}) one(true, buf, kBuf, off);
+    const UcxRegistrationStats s1 = ucxRegistrationStats(t);
+    EXPECT_EQ(s1.maps - s0.maps, 1u) << "three puts from one buffer map it once";
+    EXPECT_EQ(s1.hits - s0.hits, 2u);
+    EXPECT_EQ(std::memcmp(region.data() + 8192, a.data(), kBuf), 0);
+    one(true, buf, kBuf - 8, 0);  // another length: its own mapping
+    one(false, buf, kBuf, 0);     // a get: another direction, its own mapping
+    const UcxRegistrationStats s2 = ucxRegistrationStats(t);
+    EXPECT_EQ(s2.maps - s1.maps, 2u);
+    // The buffer goes; another is mapped at the same address with other bytes.
+    ASSERT_EQ(::munmap(mem, kBuf), 0);
+    void* again = ::mmap(mem, kBuf, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    ASSERT_EQ(again, mem) << "the address could not be mapped again";
+    const auto b = pattern(kBuf, 0, 1, 2);
+    std::memcpy(buf, b.data(), kBuf);
+    one(true, buf, kBuf, 16384);
+    const UcxRegistrationStats s3 = ucxRegistrationStats(t);
+    EXPECT_EQ(s3.invalidated - s2.invalidated, 3u) << "the buffer's three mappings are dropped";
+    EXPECT_EQ(s3.maps - s2.maps, 1u) << "the new buffer is mapped anew";
+    EXPECT_EQ(s3.hits, s2.hits);
+    EXPECT_EQ(std::memcmp(region.data() + 16384, b.data(), kBuf), 0) << "the put carried the old buffer's bytes";
+    ASSERT_EQ(::munmap(mem, kBuf), 0);
+    stop.store(true);
+  });
+  EXPECT_TRUE(region.guardsIntact());
 }
 
 void expectRefused(const Request& req, const std::vector<std::string_view>& parts, const char* what) {

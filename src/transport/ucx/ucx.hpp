@@ -64,4 +64,27 @@ struct UcxSetup {
 // handshake.  The transport's rma() serves one-sided operations (rma.hpp).
 Result<std::unique_ptr<Transport>> createUcxTransport(const UcxSetup& setup, bootstrap::Store& store);
 
+// The origin's registration cache of large one-sided accesses (docs/ucx.md):
+// buffers mapped, accesses that reused a mapping, mappings dropped because
+// their buffer left the address space.  All zero for another transport.
+struct UcxRegistrationStats {
+  uint64_t maps = 0;
+  uint64_t hits = 0;
+  uint64_t invalidated = 0;
+};
+UcxRegistrationStats ucxRegistrationStats(const Transport& t);
+
+// Whether the cache is built in: not under ASan or TSan, whose interceptors
+// UCX's memory hooks (which the cache needs) would be patched beneath.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CHORUS_UCX_REG_CACHE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CHORUS_UCX_REG_CACHE 0
+#endif
+#endif
+#ifndef CHORUS_UCX_REG_CACHE
+#define CHORUS_UCX_REG_CACHE 1
+#endif
+
 }  // namespace chorus::transport

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -81,7 +82,31 @@ struct OriginOp {
   uint64_t offset = 0;
   uint64_t length = 0;
   ucp_mem_h memh = nullptr;  // the buffer, mapped for the target (large accesses)
+  int cached = -1;           // memh's entry in the registration cache (-1: mapped for this access alone)
 };
+
+// The registration cache (origin side of large one-sided accesses): a
+// buffer's mapping and packed remote key, kept after an access for the next
+// one on exactly the same buffer (address, length, rights), as a
+// registration (pinning, on RDMA) costs more than many accesses.  An entry
+// is dropped when any byte of its buffer leaves the address space (munmap,
+// mremap, a heap that shrinks, madvise(DONTNEED): UCX's memory events,
+// UCM_EVENT_VM_UNMAPPED), so a buffer freed and another mapped at the same
+// address is registered anew; without UCX's memory events there is no cache.
+struct RegEntry {
+  uintptr_t addr = 0;
+  size_t length = 0;
+  unsigned prot = 0;
+  ucp_mem_h memh = nullptr;
+  std::vector<std::byte> rkey;  // packed
+  int users = 0;                // accesses in flight that use it
+  bool stale = false;           // its buffer went: unmapped once unused
+  uint64_t last_use = 0;
+};
+constexpr size_t kRegCacheEntries = 32;
+// Unmapped ranges the memory-event callback records (no allocation there:
+// it runs inside munmap/free, on any thread) until the transport drains them.
+constexpr size_t kUnmappedSlots = 64;
 
 // A one-sided request of the peer, from its arrival until answered.
 struct TargetOp {
@@ -247,6 +272,22 @@ class UcxTransport final : public Transport, public PostedRma {
   bool drain(const std::function<bool()>& done, Clock::time_point deadline);
   void detachStuck(bool now, Status& first_error);
 
+  // ---- the registration cache (RegEntry) ----
+  static void onUnmapped(ucm_event_type_t type, ucm_event_t* event, void* arg);
+  void drainUnmapped();
+  // The cached mapping and packed key of exactly [addr, addr + length) with
+  // `prot` (mapped and inserted when absent): its index, or -1 with *err.
+  int regLookup(const void* addr, size_t length, unsigned prot, Status* err, int peer, bool is_put);
+  void regRelease(OriginOp& o);
+  void regEvict(size_t i);
+  // Installs the memory-event handler at the first large access (so that a
+  // job that makes none never has UCX's memory hooks): whether the cache is on.
+  bool regCacheOn();
+
+ public:
+  [[nodiscard]] UcxRegistrationStats regStats() const { return reg_stats_; }
+
+ private:
   // ---- one-sided ----
   Status postRma(int peer, RmaOpKind kind, const void* local, size_t bytes, const RemoteKey* key, uint64_t offset,
                  uint64_t value, Request* req) override;
@@ -298,12 +339,24 @@ class UcxTransport final : public Transport, public PostedRma {
   std::vector<RegionMap> region_maps_;  // by region index
   std::deque<std::pair<int, uint64_t>> notes_;
 
+  std::vector<RegEntry> reg_cache_;
+  bool reg_hooked_ = false;  // onUnmapped is installed: the cache is on
+  bool reg_tried_ = false;
+  uint64_t reg_clock_ = 0;
+  UcxRegistrationStats reg_stats_;
+  std::mutex unmapped_mu_;  // guards the four below; never held across an allocation or a UCX call
+  std::array<std::pair<uintptr_t, size_t>, kUnmappedSlots> unmapped_{};
+  size_t unmapped_n_ = 0;
+  bool unmapped_overflow_ = false;
+  std::atomic<bool> unmapped_pending_{false};
+
   std::unique_ptr<Fabric> fabric_;  // last: destroyed first (it holds the worker UCP calls back from)
 };
 
 Status UcxTransport::init() {
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_.valid()) return errnoError("eventfd (ucx transport)", errno);
+
   fabric_->wake_fd = wake_fd_.get();
   peers_.resize(fabric_->links.size());
   int max_rank = 0;
@@ -381,8 +434,11 @@ UcxTransport::~UcxTransport() {
     }
   }
   for (Peer& p : peers_)
-    for (auto& [n, o] : p.origin) unmap(o.memh);
+    for (auto& [n, o] : p.origin) regRelease(o);
   for (RegionMap& m : region_maps_) unmap(m.memh);
+  if (reg_hooked_) api_->ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, &UcxTransport::onUnmapped, this);
+  for (RegEntry& e : reg_cache_) unmap(e.memh);
+  reg_cache_.clear();
   fabric_.reset();
 }
 
@@ -1217,6 +1273,19 @@ Status UcxTransport::postRma(int peer, RmaOpKind kind, const void* local, size_t
                                              "refused (split it, or use two-sided messages)",
                                              rank_, bytes, is_put ? "put" : "get", peer,
                                              auth::wireProtectName(protect_), kRmaInlineBytes));
+    } else if (regCacheOn()) {
+      // The target moves the bytes: it needs this buffer, and only this
+      // buffer, mapped for its access, and the remote key of it (cached).
+      const unsigned prot = is_put ? (UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ)
+                                   : (UCP_MEM_MAP_PROT_LOCAL_WRITE | UCP_MEM_MAP_PROT_REMOTE_WRITE);
+      Status err;
+      o.cached = regLookup(local, bytes, prot, &err, peer, is_put);
+      if (o.cached < 0) return rejectPost(req, err);
+      const RegEntry& e = reg_cache_[static_cast<size_t>(o.cached)];
+      o.memh = e.memh;
+      extra = e.rkey;
+      m.kind = is_put ? kRmaPutRkey : kRmaGetRkey;
+      m.addr = reinterpret_cast<uint64_t>(local);
     } else {
       // The target moves the bytes: it needs this buffer, and only this
       // buffer, mapped for its access, and the remote key of it.
@@ -1523,7 +1592,7 @@ void UcxTransport::onRmaAnswer(Peer& p, const RmaMsg& m, const std::byte* extra,
     if (m.kind == kRmaGetData && m.extra > 0) std::memcpy(o.dst, extra, m.extra);
     req->complete();
   }
-  unmap(o.memh);
+  regRelease(o);
   p.origin.erase(it);
 }
 
@@ -1532,12 +1601,178 @@ void UcxTransport::onRmaAnswer(Peer& p, const RmaMsg& m, const std::byte* extra,
 void UcxTransport::failOrigin(Peer& p, const Status& why) {
   for (auto& [n, o] : p.origin) {
     o.req->fail(why);
-    unmap(o.memh);
+    regRelease(o);
   }
   p.origin.clear();
 }
 
+// ---- the registration cache ----
+
+bool UcxTransport::regCacheOn() {
+  if (reg_tried_) return reg_hooked_;
+  reg_tried_ = true;
+#if !CHORUS_UCX_REG_CACHE
+  // UCX's memory hooks patch munmap and friends under the sanitizers'
+  // interceptors: not combined; every access maps its buffer.
+  return false;
+#else
+  if (api_->ucm_set_event_handler == nullptr) return false;
+  reg_cache_.reserve(kRegCacheEntries);
+  reg_hooked_ = api_->ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 1000, &UcxTransport::onUnmapped, this) == UCS_OK;
+  if (!reg_hooked_)
+    log::info("ucx transport rank {}: UCX's memory events are off (UCX_MEM_EVENTS?): no registration cache", rank_);
+  return reg_hooked_;
+#endif
+}
+
+// UCX's memory event (inside munmap, free, brk, madvise; any thread): only
+// records the range.
+void UcxTransport::onUnmapped(ucm_event_type_t, ucm_event_t* event, void* arg) {
+  auto* t = static_cast<UcxTransport*>(arg);
+  const auto addr = reinterpret_cast<uintptr_t>(event->vm_unmapped.address);
+  const size_t size = event->vm_unmapped.size;
+  std::lock_guard lock(t->unmapped_mu_);
+  if (t->unmapped_n_ < kUnmappedSlots)
+    t->unmapped_[t->unmapped_n_++] = {addr, size};
+  else
+    t->unmapped_overflow_ = true;  // too many to keep: every entry is dropped
+  t->unmapped_pending_.store(true, std::memory_order_release);
+}
+
+// Marks the entries whose buffers lost a byte stale, and unmaps the unused ones.
+void UcxTransport::drainUnmapped() {
+  if (!unmapped_pending_.load(std::memory_order_acquire)) return;
+  std::array<std::pair<uintptr_t, size_t>, kUnmappedSlots> ranges;
+  size_t n = 0;
+  bool all = false;
+  {
+    std::lock_guard lock(unmapped_mu_);
+    n = unmapped_n_;
+    std::copy_n(unmapped_.begin(), n, ranges.begin());
+    all = unmapped_overflow_;
+    unmapped_n_ = 0;
+    unmapped_overflow_ = false;
+    unmapped_pending_.store(false, std::memory_order_release);
+  }
+  for (RegEntry& e : reg_cache_) {
+    if (e.stale) continue;
+    bool hit = all;
+    for (size_t i = 0; i < n && !hit; ++i) hit = overlaps(e.addr, e.length, ranges[i].first, ranges[i].second);
+    if (hit) {
+      e.stale = true;
+      ++reg_stats_.invalidated;
+    }
+  }
+  for (size_t i = reg_cache_.size(); i-- > 0;)
+    if (reg_cache_[i].stale && reg_cache_[i].users == 0) regEvict(i);
+}
+
+void UcxTransport::regEvict(size_t i) {
+  unmap(reg_cache_[i].memh);
+  // Indices of entries in use must not move: the last one takes the slot
+  // only when nobody uses it, else the slot stays as a tombstone.
+  const size_t last = reg_cache_.size() - 1;
+  if (i != last && reg_cache_[last].users == 0) {
+    reg_cache_[i] = std::move(reg_cache_[last]);
+    reg_cache_.pop_back();
+  } else if (i == last) {
+    reg_cache_.pop_back();
+  } else {
+    reg_cache_[i] = RegEntry{};
+    reg_cache_[i].stale = true;  // a free slot
+  }
+}
+
+int UcxTransport::regLookup(const void* addr, size_t length, unsigned prot, Status* err, int peer, bool is_put) {
+  drainUnmapped();
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  for (size_t i = 0; i < reg_cache_.size(); ++i) {
+    RegEntry& e = reg_cache_[i];
+    if (!e.stale && e.memh != nullptr && e.addr == a && e.length == length && e.prot == prot) {
+      ++e.users;
+      e.last_use = ++reg_clock_;
+      ++reg_stats_.hits;
+      return static_cast<int>(i);
+    }
+  }
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_PROT;
+  mp.address = const_cast<void*>(addr);
+  mp.length = length;
+  mp.prot = prot;
+  RegEntry e;
+  e.addr = a;
+  e.length = length;
+  e.prot = prot;
+  ucs_status_t st = api_->ucp_mem_map(fabric_->context, &mp, &e.memh);
+  if (st != UCS_OK) {
+    *err = systemError("ucx rma on rank {}: mapping the {}-byte buffer of a {} for rank {}: {}", rank_, length,
+                       is_put ? "put" : "get", peer, api_->text(st));
+    return -1;
+  }
+  void* rkb = nullptr;
+  size_t rks = 0;
+  st = api_->ucp_rkey_pack(fabric_->context, e.memh, &rkb, &rks);
+  if (st != UCS_OK || rks == 0 || rks > kMaxRkeyBytes) {
+    if (st == UCS_OK) api_->ucp_rkey_buffer_release(rkb);
+    unmap(e.memh);
+    *err = systemError("ucx rma on rank {}: packing the remote key of a buffer for rank {}: {}", rank_, peer,
+                       st != UCS_OK ? api_->text(st) : "a key of an unusable size");
+    return -1;
+  }
+  const auto* b = static_cast<const std::byte*>(rkb);
+  e.rkey.assign(b, b + rks);
+  api_->ucp_rkey_buffer_release(rkb);
+  e.users = 1;
+  e.last_use = ++reg_clock_;
+  ++reg_stats_.maps;
+  // Full: the least recently used entry nobody uses goes.
+  size_t live = 0;
+  for (const RegEntry& x : reg_cache_) live += x.memh != nullptr ? 1 : 0;
+  if (live >= kRegCacheEntries) {
+    size_t victim = reg_cache_.size();
+    for (size_t i = 0; i < reg_cache_.size(); ++i)
+      if (reg_cache_[i].memh != nullptr && reg_cache_[i].users == 0 &&
+          (victim == reg_cache_.size() || reg_cache_[i].last_use < reg_cache_[victim].last_use))
+        victim = i;
+    if (victim < reg_cache_.size()) {
+      unmap(reg_cache_[victim].memh);
+      reg_cache_[victim] = RegEntry{};
+      reg_cache_[victim].stale = true;
+    }
+  }
+  for (size_t i = 0; i < reg_cache_.size(); ++i)
+    if (reg_cache_[i].memh == nullptr && reg_cache_[i].users == 0) {  // a free slot
+      reg_cache_[i] = std::move(e);
+      return static_cast<int>(i);
+    }
+  reg_cache_.push_back(std::move(e));
+  return static_cast<int>(reg_cache_.size() - 1);
+}
+
+// The access is over: a cached mapping stays (unmapped if its buffer went),
+// a private one goes.
+void UcxTransport::regRelease(OriginOp& o) {
+  if (o.cached < 0) {
+    unmap(o.memh);
+    return;
+  }
+  RegEntry& e = reg_cache_[static_cast<size_t>(o.cached)];
+  o.cached = -1;
+  o.memh = nullptr;
+  if (--e.users == 0 && e.stale) {
+    unmap(e.memh);
+    e = RegEntry{};
+    e.stale = true;
+  }
+}
+
 }  // namespace
+
+UcxRegistrationStats ucxRegistrationStats(const Transport& t) {
+  const auto* u = dynamic_cast<const UcxTransport*>(&t);
+  return u != nullptr ? u->regStats() : UcxRegistrationStats{};
+}
 
 Result<std::unique_ptr<Transport>> createUcxTransport(const UcxSetup& setup, bootstrap::Store& store) {
   CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<Fabric> fabric, establish(setup, store));
