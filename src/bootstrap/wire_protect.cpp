@@ -79,6 +79,120 @@ SessionKeys deriveSessionKeys(const Secret& secret, std::span<const std::byte> n
   return k;
 }
 
+SessionKeys deriveMessageKeys(const Secret& secret, std::span<const std::byte> nonce_a,
+                              std::span<const std::byte> nonce_b, std::span<const std::byte> context, bool a) {
+  std::vector<std::byte> salt(nonce_a.begin(), nonce_a.end());
+  salt.insert(salt.end(), nonce_b.begin(), nonce_b.end());
+  const std::string ctx(reinterpret_cast<const char*>(context.data()), context.size());
+  auto a2b = hkdf(secret, salt, "chorus wire v1 msg a2b " + ctx);
+  auto b2a = hkdf(secret, salt, "chorus wire v1 msg b2a " + ctx);
+  SessionKeys k;
+  k.send = a ? a2b : b2a;
+  k.recv = a ? b2a : a2b;
+  k.valid = true;
+  OPENSSL_cleanse(a2b.data(), a2b.size());
+  OPENSSL_cleanse(b2a.data(), b2a.size());
+  return k;
+}
+
+// ---------------------------------------------------------------- MessageSealer
+
+struct MessageSealer::Ctx {
+  EVP_CIPHER_CTX* c = nullptr;
+  bool ok = false;
+  ~Ctx() { EVP_CIPHER_CTX_free(c); }
+};
+
+namespace {
+
+std::array<unsigned char, 12> messageIv(uint32_t stream, uint64_t seq) {
+  std::array<unsigned char, 12> v{};
+  for (int i = 0; i < 8; ++i) v[static_cast<size_t>(i)] = static_cast<unsigned char>(seq >> (8 * i));
+  for (int i = 0; i < 4; ++i) v[static_cast<size_t>(8 + i)] = static_cast<unsigned char>(stream >> (8 * i));
+  return v;
+}
+
+// EVP takes int lengths: big spans go in pieces.
+constexpr size_t kEvpPiece = size_t{1} << 30;
+
+bool aad(EVP_CIPHER_CTX* c, std::span<const std::byte> b, bool encrypt) {
+  int outl = 0;
+  for (size_t at = 0; at < b.size(); at += kEvpPiece) {
+    const size_t n = std::min(kEvpPiece, b.size() - at);
+    const auto* p = reinterpret_cast<const unsigned char*>(b.data() + at);
+    if ((encrypt ? EVP_EncryptUpdate(c, nullptr, &outl, p, static_cast<int>(n))
+                 : EVP_DecryptUpdate(c, nullptr, &outl, p, static_cast<int>(n))) != 1)
+      return false;
+  }
+  return true;
+}
+
+bool crypt(EVP_CIPHER_CTX* c, std::span<const std::byte> in, std::byte* out, bool encrypt) {
+  int outl = 0;
+  for (size_t at = 0; at < in.size(); at += kEvpPiece) {
+    const size_t n = std::min(kEvpPiece, in.size() - at);
+    const auto* p = reinterpret_cast<const unsigned char*>(in.data() + at);
+    auto* o = reinterpret_cast<unsigned char*>(out + at);
+    if ((encrypt ? EVP_EncryptUpdate(c, o, &outl, p, static_cast<int>(n))
+                 : EVP_DecryptUpdate(c, o, &outl, p, static_cast<int>(n))) != 1 ||
+        static_cast<size_t>(outl) != n)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+MessageSealer::MessageSealer(WireProtect mode, const std::array<std::byte, 32>& key, bool sealing)
+    : mode_(mode), sealing_(sealing), ctx_(std::make_unique<Ctx>()) {
+  ctx_->c = EVP_CIPHER_CTX_new();
+  const auto* k = reinterpret_cast<const unsigned char*>(key.data());
+  ctx_->ok = ctx_->c != nullptr && (sealing ? EVP_EncryptInit_ex(ctx_->c, EVP_aes_256_gcm(), nullptr, k, nullptr)
+                                            : EVP_DecryptInit_ex(ctx_->c, EVP_aes_256_gcm(), nullptr, k, nullptr)) == 1;
+}
+
+MessageSealer::~MessageSealer() = default;
+
+bool MessageSealer::seal(uint32_t stream, uint64_t seq, std::span<const std::byte> clear,
+                         std::span<const std::byte> body, std::byte* body_out, std::byte* tag) {
+  if (!sealing_ || !ctx_->ok || body.size() > kMaxBody) return false;
+  EVP_CIPHER_CTX* c = ctx_->c;
+  const auto iv = messageIv(stream, seq);
+  int outl = 0;
+  bool ok = EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, iv.data()) == 1 && aad(c, clear, true);
+  if (mode_ == WireProtect::kEncrypt)
+    ok = ok && (body.empty() || crypt(c, body, body_out, true));
+  else
+    ok = ok && aad(c, body, true);
+  unsigned char last[16];
+  return ok && EVP_EncryptFinal_ex(c, last, &outl) == 1 && outl == 0 &&
+         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kTagBytes), tag) == 1;
+}
+
+bool MessageSealer::open(uint32_t stream, uint64_t seq, std::span<const std::byte> clear,
+                         std::span<const std::byte> body, std::byte* body_out, const std::byte* tag) {
+  const bool enc = mode_ == WireProtect::kEncrypt;
+  auto fail = [&] {
+    if (enc && body_out != nullptr && !body.empty()) OPENSSL_cleanse(body_out, body.size());
+    return false;
+  };
+  if (sealing_ || !ctx_->ok || body.size() > kMaxBody) return fail();
+  EVP_CIPHER_CTX* c = ctx_->c;
+  const auto iv = messageIv(stream, seq);
+  std::array<std::byte, kTagBytes> t{};
+  std::memcpy(t.data(), tag, kTagBytes);
+  int outl = 0;
+  bool ok = EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, iv.data()) == 1 && aad(c, clear, false);
+  if (enc)
+    ok = ok && (body.empty() || crypt(c, body, body_out, false));
+  else
+    ok = ok && aad(c, body, false);
+  unsigned char last[16];
+  ok = ok && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kTagBytes), t.data()) == 1 &&
+       EVP_DecryptFinal_ex(c, last, &outl) == 1;
+  return ok ? true : fail();
+}
+
 // ---------------------------------------------------------------- SealedStream
 
 struct SealedStream::Cipher {

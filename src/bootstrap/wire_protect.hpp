@@ -64,6 +64,58 @@ struct SessionKeys {
 SessionKeys deriveSessionKeys(const Secret& secret, std::span<const std::byte> nonce_c,
                               std::span<const std::byte> nonce_s, bool client);
 
+// Keys of one pair of message endpoints that are not one connection (the
+// UCX transport: one pair of ranks, its handshake's two authenticated
+// nonces).  HKDF-SHA256 as above, with salt = nonce_a | nonce_b and info
+// "chorus wire v1 msg a2b" / "... b2a" followed by `context` (what names the
+// pair: transport, communicator, ranks), so keys of different pairs,
+// communicators and transports never coincide.  `a`: this end is the one
+// whose nonce is nonce_a (its send key is a2b).
+SessionKeys deriveMessageKeys(const Secret& secret, std::span<const std::byte> nonce_a,
+                              std::span<const std::byte> nonce_b, std::span<const std::byte> context, bool a);
+
+// Message-level protection, for a transport whose messages arrive whole and
+// each in a known place of a known stream (the UCX transport: a tagged
+// message of sequence k on channel c).  Each message is sealed on its own
+// with AES-256-GCM under the direction's key; the nonce is (stream u32,
+// sequence u64), which the receiver takes from where it expects the message,
+// never from the message: a message replayed, reordered, moved to another
+// stream or sealed under other keys fails its tag.  A message is a `clear`
+// part (authenticated only: headers the receiver parses first) and a `body`
+// (encrypted with `encrypt`, authenticated as additional data with `mac`),
+// then a 16-byte tag.  The caller never uses a (stream, sequence) twice
+// under one key (GCM's requirement).  Not thread-safe: one per direction.
+class MessageSealer {
+ public:
+  static constexpr size_t kTagBytes = 16;
+  // GCM's limit on one message's encrypted bytes (2^39 - 256 bits).
+  static constexpr uint64_t kMaxBody = (uint64_t{1} << 36) - 32;
+
+  MessageSealer(WireProtect mode, const std::array<std::byte, 32>& key, bool sealing);
+  ~MessageSealer();
+  MessageSealer(const MessageSealer&) = delete;
+  MessageSealer& operator=(const MessageSealer&) = delete;
+
+  [[nodiscard]] WireProtect mode() const { return mode_; }
+
+  // Seals one message.  `encrypt`: body_out (body.size() bytes; may be
+  // body.data() itself) gets the ciphertext; `mac`: body_out is not used.
+  // False on a libcrypto failure or a body over kMaxBody.
+  bool seal(uint32_t stream, uint64_t seq, std::span<const std::byte> clear, std::span<const std::byte> body,
+            std::byte* body_out, std::byte* tag);
+  // Opens one message: true when its tag verifies.  `encrypt`: body_out
+  // (may be body.data()) gets the plaintext, wiped when the tag fails; `mac`:
+  // body_out is not used, the body is the plaintext.
+  bool open(uint32_t stream, uint64_t seq, std::span<const std::byte> clear, std::span<const std::byte> body,
+            std::byte* body_out, const std::byte* tag);
+
+ private:
+  struct Ctx;
+  WireProtect mode_;
+  bool sealing_;
+  std::unique_ptr<Ctx> ctx_;
+};
+
 class SealedStream {
  public:
   static constexpr size_t kMaxRecord = 64 * 1024;

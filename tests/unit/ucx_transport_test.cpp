@@ -17,6 +17,7 @@
 
 #if CHORUS_HAVE_UCX
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -771,6 +772,312 @@ std::vector<std::byte> fetchKey(bootstrap::Store& store, const std::string& name
   return b.isOk() ? *b : std::vector<std::byte>{};
 }
 
+// ---------------------------------------------------------------------------
+// CHORUS_WIRE_PROTECT on UCX (bootstrap/wire_protect.hpp, ucx_wire.hpp
+// "sealing"): every keyed message sealed per pair and direction.
+
+using auth::WireProtect;
+
+// One MessageSealer pair: what one end seals the other opens, and nothing
+// else: another byte, stream, sequence or key fails, and `encrypt` leaves
+// no plaintext byte on the wire.
+TEST(UcxSealing, MessagesOpenOnlyWhereAndAsTheyWereSealed) {
+  const auth::Secret secret = testSecret();
+  std::array<std::byte, 32> na{}, nb{};
+  na.fill(std::byte{1});
+  nb.fill(std::byte{2});
+  const std::array<std::byte, 3> ctx{std::byte{'u'}, std::byte{'c'}, std::byte{'x'}};
+  const auth::SessionKeys ka = auth::deriveMessageKeys(secret, na, nb, ctx, true);
+  const auth::SessionKeys kb = auth::deriveMessageKeys(secret, na, nb, ctx, false);
+  EXPECT_EQ(ka.send, kb.recv);
+  EXPECT_EQ(ka.recv, kb.send);
+  EXPECT_NE(ka.send, ka.recv);
+  const std::array<std::byte, 3> other_ctx{std::byte{'u'}, std::byte{'c'}, std::byte{'y'}};
+  EXPECT_NE(auth::deriveMessageKeys(secret, na, nb, other_ctx, true).send, ka.send);
+  for (WireProtect mode : {WireProtect::kMac, WireProtect::kEncrypt}) {
+    SCOPED_TRACE(std::string(auth::wireProtectName(mode)));
+    auth::MessageSealer tx(mode, ka.send, true), rx(mode, kb.recv, false);
+    const std::vector<std::byte> head = pattern(32, 1, 2, 3), body = pattern(5000, 4, 5, 6);
+    std::vector<std::byte> wire_body = body;
+    std::array<std::byte, 16> tag{};
+    ASSERT_TRUE(tx.seal(1, 7, head, wire_body, wire_body.data(), tag.data()));
+    EXPECT_EQ(wire_body == body, mode == WireProtect::kMac) << "mac leaves the body readable, encrypt does not";
+    auto opens = [&](uint32_t stream, uint64_t seq, std::vector<std::byte> h, std::vector<std::byte> b,
+                     std::array<std::byte, 16> t) {
+      const bool ok = rx.open(stream, seq, h, b, b.data(), t.data());
+      if (ok) {
+        EXPECT_TRUE(b == body);
+      }
+      return ok;
+    };
+    EXPECT_TRUE(opens(1, 7, head, wire_body, tag));
+    EXPECT_FALSE(opens(1, 8, head, wire_body, tag)) << "another sequence (a replay or reorder)";
+    EXPECT_FALSE(opens(2, 7, head, wire_body, tag)) << "another stream";
+    auto h2 = head;
+    h2[5] ^= std::byte{1};
+    EXPECT_FALSE(opens(1, 7, h2, wire_body, tag)) << "a changed clear byte";
+    auto b2 = wire_body;
+    b2[4321] ^= std::byte{0x80};
+    EXPECT_FALSE(opens(1, 7, head, b2, tag)) << "a changed body byte";
+    auto t2 = tag;
+    t2[0] ^= std::byte{1};
+    EXPECT_FALSE(opens(1, 7, head, wire_body, t2)) << "a changed tag";
+    auth::MessageSealer foreign(mode, ka.recv, false);  // the other direction's key
+    auto b3 = wire_body;
+    EXPECT_FALSE(foreign.open(1, 7, head, b3, b3.data(), tag.data()));
+  }
+}
+
+UcxSetup protectedSetup(int rank, int nranks, WireProtect mode) {
+  UcxSetup s = setupFor(rank, nranks);
+  s.protect = mode;
+  return s;
+}
+
+Ranks createProtected(int nranks, bootstrap::Store& store, WireProtect mode,
+                      const std::function<void(UcxSetup&)>& tweak = {}) {
+  Ranks out(static_cast<size_t>(nranks));
+  runRanks(nranks, [&](int r) {
+    UcxSetup s = protectedSetup(r, nranks, mode);
+    if (tweak) tweak(s);
+    auto t = createUcxTransport(s, store);
+    EXPECT_TRUE(t.isOk()) << "rank " << r << ": " << t.status().message();
+    if (t.isOk()) out[static_cast<size_t>(r)] = std::move(*t);
+  });
+  return out;
+}
+
+class UcxProtected : public ::testing::TestWithParam<WireProtect> {};
+
+// Every size (inline, separate, rendezvous) in FIFO order between three
+// ranks, reductions out of the stage and a bounce buffer, small one-sided
+// operations; a large one-sided access, whose bytes no message would carry,
+// is refused naming the mode.
+TEST_P(UcxProtected, MessagesReductionsAndSmallOneSidedOperationsRunSealed) {
+  const WireProtect mode = GetParam();
+  bootstrap::MemoryStore store;
+  {
+    auto ts = createProtected(3, store, mode);
+    ASSERT_TRUE(ts[0] && ts[1] && ts[2]);
+    exchangeAll(ts, {0, 1, ucx::kInlineBytes, ucx::kInlineBytes + 1, 100, 65536, 3 * kMiB + 5, 7, 0, 20000});
+  }
+  bootstrap::MemoryStore store2;
+  auto ts = createProtected(2, store2, mode);
+  ASSERT_TRUE(ts[0] && ts[1]);
+  kernels::Reducer sum(chorusFloat32, kernels::BinOp::Sum);
+  for (size_t count : {size_t{7}, size_t{300001}}) {
+    std::vector<float> src(count), accum(count), dst(count, -1.0f);
+    for (size_t i = 0; i < count; ++i) {
+      src[i] = static_cast<float>(i % 1000);
+      accum[i] = static_cast<float>((i * 3) % 777);
+    }
+    runRanks(2, [&](int me) {
+      Request req;
+      if (me == 0) {
+        ASSERT_TRUE(ts[0]->postSend(1, src.data(), count * sizeof(float), &req).isOk());
+      } else {
+        RecvTarget tgt{reinterpret_cast<std::byte*>(dst.data()), count * sizeof(float),
+                       reinterpret_cast<const std::byte*>(accum.data()), &sum};
+        ASSERT_TRUE(ts[1]->postRecv(0, tgt, &req).isOk());
+      }
+      ASSERT_TRUE(drive(*ts[static_cast<size_t>(me)], {&req}).all_finished);
+      EXPECT_EQ(req.state.load(), Request::Done) << req.status.message();
+    });
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(dst[i], src[i] + accum[i]) << "element " << i;
+    }
+  }
+  // One-sided: rank 1's region, rank 0 puts, gets and notifies.
+  std::atomic<bool> stop{false};
+  runRanks(2, [&](int me) {
+    Transport& t = *ts[static_cast<size_t>(me)];
+    Rma* rma = t.rma();
+    if (me == 1) {
+      Guarded region(8192);
+      auto id = rma->registerRegion(region.data(), region.n, Access::ReadWrite);
+      ASSERT_TRUE(id.isOk());
+      publishKey(store2, "sealed", 1, *rma->packKey(*id));
+      const auto deadline = Clock::now() + 30s;
+      int from = -1;
+      uint64_t value = 0;
+      for (;;) {
+        auto r = t.poll();
+        ASSERT_TRUE(r.isOk()) << r.status().message();
+        if (*rma->takeNotification(&from, &value)) break;
+        ASSERT_LT(Clock::now(), deadline);
+        if (!*r) t.wait(1ms);
+      }
+      EXPECT_EQ(value, 42u);
+      EXPECT_EQ(std::memcmp(region.data() + 100, pattern(4000, 0, 1, 9).data(), 4000), 0);
+      EXPECT_TRUE(region.guardsIntact());
+      serveUntil(t, stop);
+      return;
+    }
+    auto key = rma->unpackKey(1, fetchKey(store2, "sealed", 1));
+    ASSERT_TRUE(key.isOk()) << key.status().message();
+    const auto data = pattern(4000, 0, 1, 9);
+    std::vector<std::byte> back(4000);
+    std::deque<Request> reqs;
+    ASSERT_TRUE(rma->put(1, data.data(), data.size(), *key, 100, &reqs.emplace_back()).isOk());
+    ASSERT_TRUE(rma->get(1, back.data(), back.size(), *key, 100, &reqs.emplace_back()).isOk());
+    ASSERT_TRUE(rma->notify(1, 42, &reqs.emplace_back()).isOk());
+    ASSERT_TRUE(drive(t, pointers(reqs)).all_finished);
+    for (Request& q : reqs) EXPECT_EQ(q.state.load(), Request::Done) << q.status.message();
+    EXPECT_TRUE(back == data);
+    std::vector<std::byte> big(8000);
+    Request refused;
+    EXPECT_FALSE(rma->put(1, big.data(), big.size(), *key, 0, &refused).isOk());
+    EXPECT_EQ(refused.state.load(), Request::Failed);
+    EXPECT_NE(refused.status.message().find("CHORUS_WIRE_PROTECT"), std::string::npos) << refused.status.message();
+    stop.store(true);
+  });
+}
+
+// The communicator over sealed ucx: every collective at 3 ranks (every
+// dtype at small counts, one large count) against the reference.
+TEST_P(UcxProtected, CollectivesMatchTheReference) {
+  Config cfg;
+  cfg.net.transport = "ucx";
+  cfg.net.wire_protect = GetParam();
+  cfg.timeout = std::chrono::milliseconds(60000);
+  auto cases = testing::standardCases(3, {0, 7}, /*all_dtypes=*/true);
+  for (const testing::Case& c : testing::standardCases(3, {100003}, /*all_dtypes=*/false)) cases.push_back(c);
+  auto msgs = testing::runRanks(3, cfg, [&](int r, chorusComm_t c) -> std::string {
+    if (api::commTransports(c) != std::vector<std::string>{"ucx"}) return fmt::format("rank {}: not ucx alone", r);
+    for (const testing::Case& k : cases)
+      if (std::string err = testing::runCase(c, k); !err.empty()) return err;
+    return "";
+  });
+  EXPECT_EQ(testing::failures(msgs), "");
+}
+INSTANTIATE_TEST_SUITE_P(Modes, UcxProtected, ::testing::Values(WireProtect::kMac, WireProtect::kEncrypt),
+                         [](const auto& info) { return std::string(auth::wireProtectName(info.param)); });
+
+// An on-path change of one byte: rank 1's receive hook (the test's attacker)
+// flips a byte of rank 0's first message, or swaps in an earlier message of
+// the same size (a replay).  Unprotected, the wrong bytes are delivered
+// silently; sealed, rank 1's receive fails naming rank 0 and the integrity
+// check, and rank 0's next operation with rank 1 fails naming rank 1 and it.
+struct Attack {
+  const char* name;
+  size_t bytes;  // each of the two messages
+  int channel;   // where the flip lands
+  bool replay;   // the second message replaced by the first
+};
+
+TEST(UcxSealing, ATamperedOrReplayedMessageIsAnErrorOnBothSidesNeverAWrongResult) {
+  const Attack attacks[] = {
+      {"flip in an inline payload", 1000, ucx::kChanMsg, false},
+      {"flip in a message header", 1000, ucx::kChanMsg, false},
+      {"flip in a separate payload", 200000, ucx::kChanData, false},
+      {"replayed inline message", 1000, ucx::kChanMsg, true},
+  };
+  for (const Attack& a : attacks) {
+    for (WireProtect mode : {WireProtect::kOff, WireProtect::kMac, WireProtect::kEncrypt}) {
+      SCOPED_TRACE(fmt::format("{}, {}", a.name, auth::wireProtectName(mode)));
+      const bool header_flip = std::string_view(a.name).find("header") != std::string_view::npos;
+      if (header_flip && mode == WireProtect::kOff) continue;  // every header field is checked even then
+      std::atomic<int> hits{0};
+      std::vector<std::byte> first;  // the replay's recording
+      bootstrap::MemoryStore store;
+      auto ts = createProtected(2, store, mode, [&](UcxSetup& s) {
+        if (s.rank != 1) return;
+        s.test_received = [&, a, header_flip](int peer, int channel, std::span<std::byte> b) {
+          if (peer != 0 || channel != a.channel) return;
+          const int n = hits++;
+          if (a.replay) {
+            if (n == 0) first.assign(b.begin(), b.end());
+            if (n == 1 && first.size() == b.size()) std::memcpy(b.data(), first.data(), b.size());
+            return;
+          }
+          if (n != 0) return;
+          const size_t at = header_flip ? 8 : a.channel == ucx::kChanData ? b.size() / 2 : 32 + 500;  // length / payload
+          b[at] ^= std::byte{0x04};
+        };
+      });
+      ASSERT_TRUE(ts[0] && ts[1]);
+      const auto m0 = pattern(a.bytes, 0, 1, 0), m1 = pattern(a.bytes, 0, 1, 1);
+      std::vector<std::byte> r0(a.bytes), r1(a.bytes);
+      Status rank0_later, rank1_first;
+      runRanks(2, [&](int me) {
+        Transport& t = *ts[static_cast<size_t>(me)];
+        std::deque<Request> reqs;
+        if (me == 0) {
+          ASSERT_TRUE(t.postSend(1, m0.data(), m0.size(), &reqs.emplace_back()).isOk());
+          ASSERT_TRUE(t.postSend(1, m1.data(), m1.size(), &reqs.emplace_back()).isOk());
+          EXPECT_TRUE(drive(t, pointers(reqs), 10s).all_finished);
+          // Rank 0's next operation with rank 1: a receive rank 1 answers
+          // with 8 bytes when it saw nothing wrong.
+          std::vector<std::byte> in(8);
+          Request& later = reqs.emplace_back();
+          (void)t.postRecv(1, RecvTarget{in.data(), in.size()}, &later);
+          EXPECT_TRUE(drive(t, {&later}, 10s).all_finished) << "rank 0 hangs instead of failing";
+          rank0_later = later.finished() && later.state.load() == Request::Failed ? later.status : Status();
+        } else {
+          Request& q0 = reqs.emplace_back();
+          Request& q1 = reqs.emplace_back();
+          ASSERT_TRUE(t.postRecv(0, RecvTarget{r0.data(), r0.size()}, &q0).isOk());
+          (void)t.postRecv(0, RecvTarget{r1.data(), r1.size()}, &q1);
+          EXPECT_TRUE(drive(t, pointers(reqs), 10s).all_finished) << "rank 1 hangs instead of failing";
+          for (Request* q : {&q0, &q1})
+            if (q->state.load() == Request::Failed && rank1_first.isOk()) rank1_first = q->status;
+          if (rank1_first.isOk()) {
+            std::vector<std::byte> ok(8);
+            Request reply;
+            ASSERT_TRUE(t.postSend(0, ok.data(), ok.size(), &reply).isOk());
+            EXPECT_TRUE(drive(t, {&reply}, 10s).all_finished);
+          }
+        }
+      });
+      if (mode == WireProtect::kOff) {
+        EXPECT_TRUE(rank1_first.isOk()) << rank1_first.message();
+        EXPECT_TRUE(rank0_later.isOk()) << rank0_later.message();
+        EXPECT_FALSE(r0 == m0 && r1 == m1) << "the attack changed nothing: the test does not test";
+        continue;
+      }
+      ASSERT_FALSE(rank1_first.isOk()) << "rank 1 took a tampered message";
+      EXPECT_NE(rank1_first.message().find("from rank 0 failed its integrity check"), std::string::npos)
+          << rank1_first.message();
+      EXPECT_FALSE(r0 == m0 && r1 == m1 && rank1_first.isOk());
+      // What was delivered is what was sent: nothing of a failed message.
+      if (!(r0 == m0)) {
+        EXPECT_TRUE(std::all_of(r0.begin(), r0.end(), [](std::byte b) { return b == std::byte{0}; }));
+      }
+      ASSERT_FALSE(rank0_later.isOk()) << "rank 0 did not learn of it";
+      EXPECT_NE(rank0_later.message().find("rank 1"), std::string::npos) << rank0_later.message();
+      EXPECT_NE(rank0_later.message().find("integrity check"), std::string::npos) << rank0_later.message();
+    }
+  }
+}
+
+// Ranks that disagree on the mode fail at setup, on both sides, naming
+// CHORUS_WIRE_PROTECT (not a timeout); a mode without a secret is refused.
+TEST(UcxSealing, RanksThatDisagreeOnTheModeFailAtSetupNamingIt) {
+  for (WireProtect other : {WireProtect::kOff, WireProtect::kEncrypt}) {
+    bootstrap::MemoryStore store;
+    std::vector<Status> results(2);
+    const auto start = Clock::now();
+    runRanks(2, [&](int r) {
+      auto t = createUcxTransport(protectedSetup(r, 2, r == 0 ? WireProtect::kMac : other), store);
+      results[static_cast<size_t>(r)] = t.isOk() ? Status() : t.status();
+    });
+    EXPECT_LT(Clock::now() - start, 10s) << "refused by a timeout, not by the proof";
+    for (int r = 0; r < 2; ++r) {
+      const Status& s = results[static_cast<size_t>(r)];
+      ASSERT_FALSE(s.isOk()) << "rank " << r << " accepted a peer of another mode";
+      EXPECT_NE(s.message().find(fmt::format("rank {} protects its messages with CHORUS_WIRE_PROTECT=", 1 - r)),
+                std::string::npos)
+          << s.message();
+    }
+  }
+  bootstrap::MemoryStore store;
+  UcxSetup s = protectedSetup(0, 1, WireProtect::kMac);
+  s.secret = auth::Secret{};
+  auto t = createUcxTransport(s, store);
+  ASSERT_FALSE(t.isOk());
+  EXPECT_NE(t.status().message().find("needs a job secret"), std::string::npos) << t.status().message();
+}
+
 class UcxRma : public ::testing::TestWithParam<int> {};
 
 // Every rank puts ranges of many sizes (inline and through the origin's
@@ -939,6 +1246,73 @@ TEST(UcxRmaPair, NotificationArrivesAfterEveryEarlierPut) {
     for (Request& q : reqs) EXPECT_EQ(q.state.load(), Request::Done) << q.status.message();
     serveUntil(t, stop);
   });
+}
+
+// The origin's registration cache: puts and gets from one buffer map it once
+// and reuse the mapping; once the buffer leaves the address space (munmap)
+// and another is mapped at the same address, the next access maps it anew
+// and carries the new bytes; exactly the same buffer only (another length
+// or direction is its own mapping).
+TEST(UcxRmaPair, TheRegistrationCacheReusesABufferAndForgetsItWhenItIsUnmapped) {
+#if !CHORUS_UCX_REG_CACHE
+  GTEST_SKIP() << "no registration cache under the sanitizers (UCX's memory hooks)";
+#endif
+  bootstrap::MemoryStore store;
+  auto ts = createAll(2, store);
+  ASSERT_TRUE(ts[0] && ts[1]);
+  constexpr size_t kBytes = 64 * 1024;
+  std::atomic<bool> stop{false};
+  Guarded region(kBytes);
+  runRanks(2, [&](int me) {
+    Transport& t = *ts[static_cast<size_t>(me)];
+    Rma* rma = t.rma();
+    if (me == 1) {
+      auto id = rma->registerRegion(region.data(), region.n, Access::ReadWrite);
+      ASSERT_TRUE(id.isOk());
+      publishKey(store, "cache", 1, *rma->packKey(*id));
+      serveUntil(t, stop);
+      return;
+    }
+    auto key = rma->unpackKey(1, fetchKey(store, "cache", 1));
+    ASSERT_TRUE(key.isOk()) << key.status().message();
+    auto one = [&](bool put, void* buf, size_t n, uint64_t offset) {
+      Request q;
+      ASSERT_TRUE((put ? rma->put(1, buf, n, *key, offset, &q) : rma->get(1, buf, n, *key, offset, &q)).isOk());
+      ASSERT_TRUE(drive(t, {&q}).all_finished);
+      EXPECT_EQ(q.state.load(), Request::Done) << q.status.message();
+    };
+    constexpr size_t kBuf = 32 * 1024;
+    void* mem = ::mmap(nullptr, kBuf, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(mem, MAP_FAILED);
+    auto* buf = static_cast<std::byte*>(mem);
+    const auto a = pattern(kBuf, 0, 1, 1);
+    std::memcpy(buf, a.data(), kBuf);
+    const UcxRegistrationStats s0 = ucxRegistrationStats(t);
+    for (uint64_t off : {0u, 4096u, 8192u}) one(true, buf, kBuf, off);
+    const UcxRegistrationStats s1 = ucxRegistrationStats(t);
+    EXPECT_EQ(s1.maps - s0.maps, 1u) << "three puts from one buffer map it once";
+    EXPECT_EQ(s1.hits - s0.hits, 2u);
+    EXPECT_EQ(std::memcmp(region.data() + 8192, a.data(), kBuf), 0);
+    one(true, buf, kBuf - 8, 0);  // another length: its own mapping
+    one(false, buf, kBuf, 0);     // a get: another direction, its own mapping
+    const UcxRegistrationStats s2 = ucxRegistrationStats(t);
+    EXPECT_EQ(s2.maps - s1.maps, 2u);
+    // The buffer goes; another is mapped at the same address with other bytes.
+    ASSERT_EQ(::munmap(mem, kBuf), 0);
+    void* again = ::mmap(mem, kBuf, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    ASSERT_EQ(again, mem) << "the address could not be mapped again";
+    const auto b = pattern(kBuf, 0, 1, 2);
+    std::memcpy(buf, b.data(), kBuf);
+    one(true, buf, kBuf, 16384);
+    const UcxRegistrationStats s3 = ucxRegistrationStats(t);
+    EXPECT_EQ(s3.invalidated - s2.invalidated, 3u) << "the buffer's three mappings are dropped";
+    EXPECT_EQ(s3.maps - s2.maps, 1u) << "the new buffer is mapped anew";
+    EXPECT_EQ(s3.hits, s2.hits);
+    EXPECT_EQ(std::memcmp(region.data() + 16384, b.data(), kBuf), 0) << "the put carried the old buffer's bytes";
+    ASSERT_EQ(::munmap(mem, kBuf), 0);
+    stop.store(true);
+  });
+  EXPECT_TRUE(region.guardsIntact());
 }
 
 void expectRefused(const Request& req, const std::vector<std::string_view>& parts, const char* what) {

@@ -23,8 +23,13 @@
 #include <string>
 #include <vector>
 
+#include <cstddef>
+#include <functional>
+#include <span>
+
 #include "bootstrap/auth.hpp"
 #include "bootstrap/store.hpp"
+#include "bootstrap/wire_protect.hpp"
 #include "transport/transport.hpp"
 
 namespace chorus::transport {
@@ -43,11 +48,43 @@ struct UcxSetup {
   int heartbeat_ms = 1000;
   std::chrono::microseconds spin{50};         // a wait polls this long before it sleeps (Config::spin)
   std::chrono::milliseconds timeout{600000};  // connection setup and the handshake
+  // Every message after the handshake (Config::net.wire_protect,
+  // CHORUS_WIRE_PROTECT; bootstrap/wire_protect.hpp, ucx_wire.hpp "sealing"):
+  // as it is, sealed with a MAC, or encrypted.  All ranks must agree (the
+  // handshake's proof carries it); a mode other than off needs a secret.
+  auth::WireProtect protect = auth::WireProtect::kOff;
+  // Tests only: called with every keyed message this rank receives (the
+  // sending rank, the channel: ucx_wire.hpp's Channel), before anything reads
+  // or opens it; it may change the bytes (an on-path attacker's flip).
+  std::function<void(int peer, int channel, std::span<std::byte> bytes)> test_received;
 };
 
 // Collective over setup.rank and its peers: publishes this rank's worker
 // address in the store ("ucx/<rank>"), connects to every peer and runs the
 // handshake.  The transport's rma() serves one-sided operations (rma.hpp).
 Result<std::unique_ptr<Transport>> createUcxTransport(const UcxSetup& setup, bootstrap::Store& store);
+
+// The origin's registration cache of large one-sided accesses (docs/ucx.md):
+// buffers mapped, accesses that reused a mapping, mappings dropped because
+// their buffer left the address space.  All zero for another transport.
+struct UcxRegistrationStats {
+  uint64_t maps = 0;
+  uint64_t hits = 0;
+  uint64_t invalidated = 0;
+};
+UcxRegistrationStats ucxRegistrationStats(const Transport& t);
+
+// Whether the cache is built in: not under ASan or TSan, whose interceptors
+// UCX's memory hooks (which the cache needs) would be patched beneath.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CHORUS_UCX_REG_CACHE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CHORUS_UCX_REG_CACHE 0
+#endif
+#endif
+#ifndef CHORUS_UCX_REG_CACHE
+#define CHORUS_UCX_REG_CACHE 1
+#endif
 
 }  // namespace chorus::transport

@@ -49,6 +49,13 @@ Loaded load() {
   CHORUS_UCP_FUNCTIONS(CHORUS_UCP_RESOLVE)
 #undef CHORUS_UCP_RESOLVE
   if (out.status.isOk()) {
+    out.api.ucm_set_event_handler =
+        reinterpret_cast<decltype(out.api.ucm_set_event_handler)>(::dlsym(handle, "ucm_set_event_handler"));
+    out.api.ucm_unset_event_handler =
+        reinterpret_cast<decltype(out.api.ucm_unset_event_handler)>(::dlsym(handle, "ucm_unset_event_handler"));
+    if (out.api.ucm_unset_event_handler == nullptr) out.api.ucm_set_event_handler = nullptr;
+  }
+  if (out.status.isOk()) {
     unsigned major = 0, minor = 0, release = 0;
     out.api.ucp_get_version(&major, &minor, &release);
     if (major != UCP_API_MAJOR || minor < 10)

@@ -13,6 +13,7 @@
 // the build's UCX (pkg-config ucx), so the types and constants are UCX's own.
 #pragma once
 
+#include <ucm/api/ucm.h>
 #include <ucp/api/ucp.h>
 
 #include "common/status.hpp"
@@ -65,6 +66,11 @@ struct UcpApi {
     return ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, params, config, context);
   }
   [[nodiscard]] const char* text(ucs_status_t s) const { return ucs_status_string(s); }
+
+  // Optional (libucm, which libucs loads): memory events, for the origin's
+  // registration cache (ucx_transport.cpp); null when absent: no cache.
+  decltype(&::ucm_set_event_handler) ucm_set_event_handler = nullptr;
+  decltype(&::ucm_unset_event_handler) ucm_unset_event_handler = nullptr;
 };
 
 // The loaded library's functions (loaded once per process, never unloaded:

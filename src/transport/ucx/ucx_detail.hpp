@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
+#include "bootstrap/wire_protect.hpp"
 #include "common/status.hpp"
 #include "transport/transport.hpp"
 #include "transport/ucx/ucx.hpp"
@@ -105,6 +106,8 @@ struct Op {
   // One-sided (target side): the queue entry it serves.
   uint64_t rma_op = 0;
   ucp_rkey_h rkey = nullptr;
+  // kRecvData of a sealed transport: the payload's tag (from its header).
+  std::array<std::byte, kSealTagBytes> tag{};
 };
 
 // Ops are allocated this many at a time.
@@ -152,6 +155,10 @@ struct PeerLink {
   std::atomic<int> ep_error{UCS_OK};
   PairKeys out;  // this rank -> the peer
   PairKeys in;   // the peer -> this rank
+  // CHORUS_WIRE_PROTECT=mac|encrypt: the pair's sealers, one per direction
+  // (keys from the job secret and the handshake's nonces); null when off.
+  std::unique_ptr<auth::MessageSealer> seal;  // this rank -> the peer
+  std::unique_ptr<auth::MessageSealer> open;  // the peer -> this rank
 };
 
 // The UCP objects of one transport.  Destroying it force-closes what is left

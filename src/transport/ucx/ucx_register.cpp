@@ -27,6 +27,7 @@ void registerTransport(TransportRegistry& r) {
     s.heartbeat_ms = cfg.tcp.heartbeat_ms;
     s.spin = cfg.spin;
     s.timeout = cfg.timeout;
+    s.protect = cfg.net.wire_protect;
     auto t = createUcxTransport(s, *c.store);
     if (!t.isOk()) return t.status().withContext(fmt::format("init: rank {}: UCX transport: ", s.rank));
     Created out;

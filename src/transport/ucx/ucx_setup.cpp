@@ -24,7 +24,11 @@
 //     nothing it could use.
 //  4. both ends derive the pair's keys from the secret and both
 //     (authenticated) nonces: the token every header carries and the
-//     offsets that key every tag of the pair (ucx_wire.hpp, PairKeys).
+//     offsets that key every tag of the pair (ucx_wire.hpp, PairKeys), and,
+//     with CHORUS_WIRE_PROTECT=mac|encrypt, one AES-256-GCM key per
+//     direction (HKDF, auth::deriveMessageKeys) that seals every later
+//     message.  The proof carries the prover's mode under its MAC, so ranks
+//     that disagree on it fail here, naming it, and nobody can downgrade it.
 // Every wait is bounded by setup.timeout.  Without a job secret (an
 // unauthenticated job) the MACs use the all-zero key, as auth.hpp does.
 #include <poll.h>
@@ -293,9 +297,9 @@ std::span<const std::byte> bytesOf(const T& v) {
 using Nonce = std::array<std::byte, kNonceBytes>;
 
 std::array<std::byte, kMacBytes> proofMac(const auth::Secret& secret, int32_t from, int32_t to, uint64_t comm_id,
-                                          const Nonce& echo, const Nonce& nonce) {
+                                          uint16_t protect, const Nonce& echo, const Nonce& nonce) {
   const std::span<const std::byte> parts[] = {label("chorus-ucx-proof"), bytesOf(from), bytesOf(to),
-                                              bytesOf(comm_id), echo, nonce};
+                                              bytesOf(comm_id), bytesOf(protect), echo, nonce};
   return auth::hmac(secret, parts);
 }
 
@@ -316,9 +320,28 @@ PairKeys deriveKeys(const auth::Secret& secret, int32_t from, int32_t to, uint64
   return out;
 }
 
+// The sealers of the pair (rank, peer): the lower rank's challenge is nonce_a.
+void makeSealers(const UcxSetup& s, PeerLink& l, const Nonce& mine, const Nonce& peer) {
+  if (s.protect == auth::WireProtect::kOff) return;
+  const bool a = s.rank < l.rank;
+  const int32_t lo = std::min(s.rank, l.rank), hi = std::max(s.rank, l.rank);
+  const std::span<const std::byte> ctx_parts[] = {label("ucx"), bytesOf(s.comm_id), bytesOf(lo), bytesOf(hi)};
+  std::vector<std::byte> ctx;
+  for (auto part : ctx_parts) ctx.insert(ctx.end(), part.begin(), part.end());
+  auth::SessionKeys k = auth::deriveMessageKeys(s.secret, a ? mine : peer, a ? peer : mine, ctx, a);
+  l.seal = std::make_unique<auth::MessageSealer>(s.protect, k.send, /*sealing=*/true);
+  l.open = std::make_unique<auth::MessageSealer>(s.protect, k.recv, /*sealing=*/false);
+  std::fill(k.send.begin(), k.send.end(), std::byte{0});
+  std::fill(k.recv.begin(), k.recv.end(), std::byte{0});
+}
+
 Status validate(const UcxSetup& s) {
   if (s.rank < 0 || s.rank >= kMaxRanks)
     return invalidArgument("ucx transport: rank {} is outside [0, {})", s.rank, kMaxRanks);
+  if (s.protect != auth::WireProtect::kOff && !s.secret.present)
+    return invalidArgument("ucx transport: CHORUS_WIRE_PROTECT={} needs a job secret (its keys derive from it); set "
+                           "CHORUS_SECRET or launch with chorus-run",
+                           auth::wireProtectName(s.protect));
   std::vector<int> sorted = s.peers;
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < sorted.size(); ++i) {
@@ -439,11 +462,14 @@ class Handshake {
       p.proof = postAuthRecv(p, kProofSeq, sizeof(Proof));
     }
     Status st = loop(deadline);
-    finish();
+    // A failed handshake still delivers this rank's proofs (bounded), so a
+    // peer that disagrees on the secret or the mode learns it from them too.
+    finish(/*sends_too=*/!st.isOk());
     CHORUS_RETURN_IF_ERROR(st);
     for (Pair& p : pairs_) {
       p.link->out = deriveKeys(s_.secret, s_.rank, p.link->rank, s_.comm_id, p.nonce_mine, p.nonce_peer);
       p.link->in = deriveKeys(s_.secret, p.link->rank, s_.rank, s_.comm_id, p.nonce_peer, p.nonce_mine);
+      makeSealers(s_, *p.link, p.nonce_mine, p.nonce_peer);
     }
     return {};
   }
@@ -525,9 +551,10 @@ class Handshake {
       pr.from = s_.rank;
       pr.to = p.link->rank;
       pr.comm_id = s_.comm_id;
+      pr.protect = static_cast<uint16_t>(s_.protect);
       pr.echo = h.nonce;
       pr.nonce = p.nonce_mine;
-      pr.mac = proofMac(s_.secret, pr.from, pr.to, pr.comm_id, pr.echo, pr.nonce);
+      pr.mac = proofMac(s_.secret, pr.from, pr.to, pr.comm_id, pr.protect, pr.echo, pr.nonce);
       sendRecord(p, kProofSeq, pr);
     }
     // The real peer's hello precedes its proof (one endpoint delivers in
@@ -554,13 +581,13 @@ class Handshake {
                                                                               : "a failed receive";
     } else {
       std::memcpy(&pr, op->buf.data(), sizeof pr);
-      if (pr.magic != kProofMagic || pr.version != kWireVersion || pr.zero != 0) bad = "not a chorus ucx proof (or another version)";
+      if (pr.magic != kProofMagic || pr.version != kWireVersion || pr.protect > kMaxProtect) bad = "not a chorus ucx proof (or another version)";
       else if (pr.from != p.link->rank || pr.to != s_.rank) bad = "a proof for other ranks";
       else if (pr.comm_id != s_.comm_id) bad = "a proof of another communicator";
       else if (!auth::equalMac(pr.echo, p.nonce_mine)) bad = "it answers a challenge this rank did not send";
     }
     if (bad == nullptr) {
-      const auto want = proofMac(s_.secret, pr.from, pr.to, pr.comm_id, pr.echo, pr.nonce);
+      const auto want = proofMac(s_.secret, pr.from, pr.to, pr.comm_id, pr.protect, pr.echo, pr.nonce);
       if (!auth::equalMac(pr.mac, want)) {
         f_.sink.release(op);
         // It answers the challenge only rank p received: rank p runs with
@@ -569,6 +596,14 @@ class Handshake {
                            "secret (its proof over this rank's challenge is wrong): do all ranks use the same "
                            "CHORUS_SECRET / unique id, and is rank {} a rank of this job?",
                            s_.rank, p.link->rank, p.link->rank);
+      }
+      if (pr.protect != static_cast<uint16_t>(s_.protect)) {
+        f_.sink.release(op);
+        // Under the MAC: rank p really runs that mode.
+        return remoteError("ucx transport setup on rank {}: rank {} protects its messages with CHORUS_WIRE_PROTECT={}, "
+                           "this rank with {} (set it alike on all ranks)",
+                           s_.rank, p.link->rank, auth::wireProtectName(static_cast<auth::WireProtect>(pr.protect)),
+                           auth::wireProtectName(s_.protect));
       }
       p.verified = true;
       p.nonce_peer = pr.nonce;
@@ -602,7 +637,7 @@ class Handshake {
 
   // Cancels the receives still posted and waits (bounded) until UCP gave
   // them back: their Ops must outlive UCP's use of them.
-  void finish() {
+  void finish(bool sends_too) {
     for (Pair& p : pairs_)
       for (Op* op : {p.hello, p.proof})
         if (op != nullptr) f_.sink.cancel(f_.worker, op);
@@ -610,6 +645,7 @@ class Handshake {
     for (;;) {
       bool pending = false;
       for (const Pair& p : pairs_) pending = pending || p.hello != nullptr || p.proof != nullptr;
+      pending = pending || (sends_too && f_.sink.outstanding > 0);
       if (!pending || Clock::now() >= until) break;
       f_.progress();
       std::vector<Op*> batch;

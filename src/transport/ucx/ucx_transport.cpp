@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -81,7 +82,31 @@ struct OriginOp {
   uint64_t offset = 0;
   uint64_t length = 0;
   ucp_mem_h memh = nullptr;  // the buffer, mapped for the target (large accesses)
+  int cached = -1;           // memh's entry in the registration cache (-1: mapped for this access alone)
 };
+
+// The registration cache (origin side of large one-sided accesses): a
+// buffer's mapping and packed remote key, kept after an access for the next
+// one on exactly the same buffer (address, length, rights), as a
+// registration (pinning, on RDMA) costs more than many accesses.  An entry
+// is dropped when any byte of its buffer leaves the address space (munmap,
+// mremap, a heap that shrinks, madvise(DONTNEED): UCX's memory events,
+// UCM_EVENT_VM_UNMAPPED), so a buffer freed and another mapped at the same
+// address is registered anew; without UCX's memory events there is no cache.
+struct RegEntry {
+  uintptr_t addr = 0;
+  size_t length = 0;
+  unsigned prot = 0;
+  ucp_mem_h memh = nullptr;
+  std::vector<std::byte> rkey;  // packed
+  int users = 0;                // accesses in flight that use it
+  bool stale = false;           // its buffer went: unmapped once unused
+  uint64_t last_use = 0;
+};
+constexpr size_t kRegCacheEntries = 32;
+// Unmapped ranges the memory-event callback records (no allocation there:
+// it runs inside munmap/free, on any thread) until the transport drains them.
+constexpr size_t kUnmappedSlots = 64;
 
 // A one-sided request of the peer, from its arrival until answered.
 struct TargetOp {
@@ -107,6 +132,7 @@ struct Peer {
   bool staged = false;    // `header` arrived and waits in its stage for a receive
   std::deque<RecvPost> unmatched;
   Op* ctl = nullptr;      // the control receive
+  uint64_t ctl_send_seq = 0;  // sealed control messages sent (their nonces)
   // Set when the peer went (closed, failed, aborted, corrupt): what later
   // posts get.  hard: nothing of it is trusted any more (abort, corruption,
   // a mismatch), so even a held header is dropped.
@@ -161,6 +187,8 @@ class UcxTransport final : public Transport, public PostedRma {
         spin_(std::max(s.spin, std::chrono::microseconds(0))),
         timeout_(s.timeout),
         api_(fabric->api),
+        protect_(s.protect),
+        test_received_(s.test_received),
         regions_(rmaTransportTag("ucx"), s.rank),
         fabric_(std::move(fabric)) {}
   ~UcxTransport() override;
@@ -218,6 +246,19 @@ class UcxTransport final : public Transport, public PostedRma {
   void onCtl(Op* op, Status& first_error);
   void checkEndpoints(Status& first_error);
 
+  // ---- sealing (CHORUS_WIRE_PROTECT; ucx_wire.hpp, "sealing") ----
+  [[nodiscard]] bool sealed() const { return protect_ != auth::WireProtect::kOff; }
+  [[nodiscard]] size_t msgStage() const { return sealed() ? kMsgSealedStageBytes : kMsgStageBytes; }
+  [[nodiscard]] size_t ctlStage() const { return sizeof(CtlMsg) + (sealed() ? kSealTagBytes : 0); }
+  [[nodiscard]] size_t rmaStage() const { return kRmaStageBytes + (sealed() ? kSealTagBytes : 0); }
+  void received(const Peer& p, Channel ch, std::byte* data, size_t n) const {
+    if (test_received_) test_received_(p.rank, static_cast<int>(ch), std::span(data, n));
+  }
+  // Opens a received keyed message in place (ucx_wire.hpp, SealedLayout).
+  bool openMessage(const Peer& p, Channel ch, uint64_t seq, std::byte* data, const SealedLayout& at) const;
+  Status integrity(const Peer& p, std::string_view what, uint64_t seq) const;
+  void failIntegrity(Peer& p, const Status& why, Status& first_error);
+
   // ---- failure ----
   Status failure(const Peer& p, ucs_status_t st, std::string_view what) const;
   Status corrupt(const Peer& p, std::string_view what) const;
@@ -231,6 +272,22 @@ class UcxTransport final : public Transport, public PostedRma {
   bool drain(const std::function<bool()>& done, Clock::time_point deadline);
   void detachStuck(bool now, Status& first_error);
 
+  // ---- the registration cache (RegEntry) ----
+  static void onUnmapped(ucm_event_type_t type, ucm_event_t* event, void* arg);
+  void drainUnmapped();
+  // The cached mapping and packed key of exactly [addr, addr + length) with
+  // `prot` (mapped and inserted when absent): its index, or -1 with *err.
+  int regLookup(const void* addr, size_t length, unsigned prot, Status* err, int peer, bool is_put);
+  void regRelease(OriginOp& o);
+  void regEvict(size_t i);
+  // Installs the memory-event handler at the first large access (so that a
+  // job that makes none never has UCX's memory hooks): whether the cache is on.
+  bool regCacheOn();
+
+ public:
+  [[nodiscard]] UcxRegistrationStats regStats() const { return reg_stats_; }
+
+ private:
   // ---- one-sided ----
   Status postRma(int peer, RmaOpKind kind, const void* local, size_t bytes, const RemoteKey* key, uint64_t offset,
                  uint64_t value, Request* req) override;
@@ -254,6 +311,8 @@ class UcxTransport final : public Transport, public PostedRma {
   const std::chrono::microseconds spin_;
   const std::chrono::milliseconds timeout_;
   const UcpApi* api_;
+  const auth::WireProtect protect_;
+  const std::function<void(int, int, std::span<std::byte>)> test_received_;
   std::vector<Peer> peers_;
   std::vector<int> index_of_;  // rank -> index in peers_, -1 for non-peers
   uint64_t current_sig_ = 0;   // the collective call of the latest request (noteCall)
@@ -280,12 +339,24 @@ class UcxTransport final : public Transport, public PostedRma {
   std::vector<RegionMap> region_maps_;  // by region index
   std::deque<std::pair<int, uint64_t>> notes_;
 
+  std::vector<RegEntry> reg_cache_;
+  bool reg_hooked_ = false;  // onUnmapped is installed: the cache is on
+  bool reg_tried_ = false;
+  uint64_t reg_clock_ = 0;
+  UcxRegistrationStats reg_stats_;
+  std::mutex unmapped_mu_;  // guards the four below; never held across an allocation or a UCX call
+  std::array<std::pair<uintptr_t, size_t>, kUnmappedSlots> unmapped_{};
+  size_t unmapped_n_ = 0;
+  bool unmapped_overflow_ = false;
+  std::atomic<bool> unmapped_pending_{false};
+
   std::unique_ptr<Fabric> fabric_;  // last: destroyed first (it holds the worker UCP calls back from)
 };
 
 Status UcxTransport::init() {
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_.valid()) return errnoError("eventfd (ucx transport)", errno);
+
   fabric_->wake_fd = wake_fd_.get();
   peers_.resize(fabric_->links.size());
   int max_rank = 0;
@@ -297,21 +368,21 @@ Status UcxTransport::init() {
     p.rank = p.link->rank;
     index_of_[static_cast<size_t>(p.rank)] = static_cast<int>(i);
     p.header = fabric_->sink.alloc(Op::kRecvHeader, &p);
-    p.header->buf.resize(kMsgStageBytes);
+    p.header->buf.resize(msgStage());
     postHeader(p);
     p.ctl = fabric_->sink.alloc(Op::kRecvCtl, &p);
-    p.ctl->buf.resize(sizeof(CtlMsg));
-    fabric_->sink.recv(fabric_->worker, ctlTagIn(p), p.ctl, p.ctl->buf.data(), sizeof(CtlMsg));
+    p.ctl->buf.resize(ctlStage());
+    fabric_->sink.recv(fabric_->worker, ctlTagIn(p), p.ctl, p.ctl->buf.data(), ctlStage());
     p.rma_rx = fabric_->sink.alloc(Op::kRecvRma, &p);
-    p.rma_rx->buf.resize(kRmaStageBytes);
-    fabric_->sink.recv(fabric_->worker, rmaTagIn(p, 0), p.rma_rx, p.rma_rx->buf.data(), kRmaStageBytes);
+    p.rma_rx->buf.resize(rmaStage());
+    fabric_->sink.recv(fabric_->worker, rmaTagIn(p, 0), p.rma_rx, p.rma_rx->buf.data(), rmaStage());
   }
   return {};
 }
 
 void UcxTransport::postHeader(Peer& p) {
   p.header->seq = p.recv_seq;
-  fabric_->sink.recv(fabric_->worker, msgTagIn(p, p.recv_seq), p.header, p.header->buf.data(), kMsgStageBytes);
+  fabric_->sink.recv(fabric_->worker, msgTagIn(p, p.recv_seq), p.header, p.header->buf.data(), msgStage());
 }
 
 // Leaving: tell the peers (a close: what we sent before still counts), give
@@ -363,8 +434,11 @@ UcxTransport::~UcxTransport() {
     }
   }
   for (Peer& p : peers_)
-    for (auto& [n, o] : p.origin) unmap(o.memh);
+    for (auto& [n, o] : p.origin) regRelease(o);
   for (RegionMap& m : region_maps_) unmap(m.memh);
+  if (reg_hooked_) api_->ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, &UcxTransport::onUnmapped, this);
+  for (RegEntry& e : reg_cache_) unmap(e.memh);
+  reg_cache_.clear();
   fabric_.reset();
 }
 
@@ -397,6 +471,10 @@ Status UcxTransport::postSend(int peer, const void* src, size_t bytes, Request* 
                                            bytes, peer));
   if (bytes > 0 && src == nullptr)
     return rejectPost(req, invalidArgument("ucx send of {} bytes to rank {} from a null buffer", bytes, peer));
+  if (sealed() && bytes > auth::MessageSealer::kMaxBody)
+    return rejectPost(req, invalidArgument("ucx send of {} bytes to rank {}: CHORUS_WIRE_PROTECT={} seals messages of "
+                                           "at most {} bytes (AES-GCM's limit)", bytes, peer,
+                                           auth::wireProtectName(protect_), auth::MessageSealer::kMaxBody));
   markPosted(req);
   noteCall(req->sig);  // may find the peer's held message a mismatch: the peer is failed then
   if (!p->gone.isOk()) return rejectPost(req, p->gone);
@@ -412,16 +490,47 @@ Status UcxTransport::postSend(int peer, const void* src, size_t bytes, Request* 
   lead->req = req;
   lead->seq = seq;
   lead->parts = inl ? 1 : 2;
-  lead->buf.resize(sizeof h + (inl ? bytes : 0));
-  std::memcpy(lead->buf.data(), &h, sizeof h);
-  if (inl && bytes > 0) std::memcpy(lead->buf.data() + sizeof h, src, bytes);
-  sink.send(p->link->ep, msgTagOut(*p, seq), lead, nullptr, lead->buf.size());
+  const size_t inline_bytes = inl ? bytes : 0;
+  const size_t trailer = msgTrailerBytes(h.flags, sealed());
+  lead->buf.resize(sizeof h + inline_bytes + trailer);
+  std::byte* msg = lead->buf.data();
+  std::memcpy(msg, &h, sizeof h);
+  if (inl && bytes > 0) std::memcpy(msg + sizeof h, src, bytes);
+  Op* d = nullptr;
+  const void* data_src = src;
   if (!inl) {
-    Op* d = sink.alloc(Op::kSendData, p);
+    d = sink.alloc(Op::kSendData, p);
     d->leader = lead;
     d->seq = seq;
-    sink.send(p->link->ep, dataTagOut(*p, seq), d, src, bytes);
   }
+  if (sealed()) {
+    // The payload first (its tag rides in the header), then the header
+    // message: header | inline payload | [payload tag] | tag.
+    auth::MessageSealer& seal = *p->link->seal;
+    const auto* from = static_cast<const std::byte*>(src);
+    bool ok = true;
+    if (!inl) {
+      std::byte* into = nullptr;
+      if (protect_ == auth::WireProtect::kEncrypt) {
+        d->buf.resize(bytes);
+        into = d->buf.data();
+        data_src = into;
+      }
+      ok = seal.seal(kChanData, seq, {}, std::span(from, bytes), into, msg + sizeof h);
+    }
+    const size_t clear = sizeof h + (inl ? 0 : kSealTagBytes);
+    ok = ok && seal.seal(kChanMsg, seq, std::span(msg, clear), std::span(msg + sizeof h, inline_bytes),
+                         msg + sizeof h, msg + lead->buf.size() - kSealTagBytes);
+    if (!ok) {  // libcrypto failed: the stream has a hole now, so the peer is gone for good
+      if (d != nullptr) sink.release(d);
+      sink.release(lead);
+      const Status why = internalError("ucx send to rank {}: sealing message {} failed (libcrypto)", peer, seq);
+      failPeer(*p, why, /*hard=*/true, deferred_error_);
+      return rejectPost(req, why);
+    }
+  }
+  sink.send(p->link->ep, msgTagOut(*p, seq), lead, nullptr, lead->buf.size());
+  if (d != nullptr) sink.send(p->link->ep, dataTagOut(*p, seq), d, data_src == src ? src : nullptr, bytes);
   return {};
 }
 
@@ -496,7 +605,7 @@ namespace {
 // A completed control receive holding the peer's abort (its token checked
 // again by onCtl, which handles it).
 bool isAbortNotice(const Op* op) {
-  if (op->kind != Op::kRecvCtl || op->status != UCS_OK || op->length != sizeof(CtlMsg)) return false;
+  if (op->kind != Op::kRecvCtl || op->status != UCS_OK || op->length < sizeof(CtlMsg)) return false;
   CtlMsg m;
   std::memcpy(&m, op->buf.data(), sizeof m);
   return m.kind == kCtlAbort && m.token == op->peer->link->in.token;
@@ -585,13 +694,30 @@ void UcxTransport::onHeader(Op* op, Status& first_error) {
     broken(corrupt(p, fmt::format("message header of {} bytes", op->length)));
     return;
   }
+  received(p, kChanMsg, op->buf.data(), op->length);
   std::memcpy(&h, op->buf.data(), sizeof h);
-  if (h.token != p.link->in.token) {
+  size_t length = op->length;  // without the seal's trailer
+  if (sealed()) {
+    // Nothing of it counts before its tag verified.  The flags (checked by
+    // the tag too) say whether a payload tag precedes the message's own.
+    SealedLayout at;
+    if (!sealedMsgLayout(h.flags, op->length, &at) || !openMessage(p, kChanMsg, p.recv_seq, op->buf.data(), at)) {
+      const Status why = integrity(p, "message", p.recv_seq);
+      fabric_->sink.release(op);
+      p.header = nullptr;
+      failIntegrity(p, why, first_error);
+      return;
+    }
+    std::memcpy(&h, op->buf.data(), sizeof h);
+    length = at.unsealed;
+  } else if (h.token != p.link->in.token) {
     stranger(p, "message header");
     postHeader(p);  // the same sequence again: the real one is still to come
     return;
   }
-  if (const char* bad = msgHeaderProblem(h, op->length); bad != nullptr) {
+  if (const char* bad = h.token != p.link->in.token ? "a sealed header without the pair's token"
+                                                    : msgHeaderProblem(h, length);
+      bad != nullptr) {
     broken(corrupt(p, fmt::format("message header (magic {:#x} flags {:#x} length {}): {}", h.magic, h.flags, h.length,
                                   bad)));
     return;
@@ -655,6 +781,7 @@ void UcxTransport::consume(Peer& p) {
     d->req = r.req;
     d->target = r.target;
     d->seq = seq;
+    if (sealed()) std::memcpy(d->tag.data(), hop->buf.data() + sizeof h, kSealTagBytes);
     std::byte* into = r.target.dst;
     if (r.target.reducer != nullptr) {
       d->buf.resize(h.length);
@@ -680,6 +807,18 @@ void UcxTransport::onData(Op* op, Status& first_error) {
   if (p.hard && op->status == UCS_OK) op->status = UCS_ERR_CANCELED;  // nothing of the peer counts any more
   if (op->status == UCS_OK && op->length == op->target.bytes) {
     const RecvTarget& t = op->target;
+    std::byte* got = t.reducer != nullptr ? op->buf.data() : t.dst;
+    received(p, kChanData, got, t.bytes);
+    // Sealed: the bytes count only once their tag (from the header) verified;
+    // `encrypt` decrypts them in place.
+    if (sealed() && !p.link->open->open(kChanData, op->seq, {}, std::span(got, t.bytes), got, op->tag.data())) {
+      const Status why = integrity(p, "message payload", op->seq);
+      if (protect_ == auth::WireProtect::kMac) std::memset(got, 0, t.bytes);  // (encrypt: wiped by open)
+      req->fail(why);
+      fabric_->sink.release(op);
+      failIntegrity(p, why, first_error);
+      return;
+    }
     if (t.reducer != nullptr && t.bytes > 0) {
       const std::byte* acc = t.accum != nullptr ? t.accum : t.dst;
       (*t.reducer)(t.dst, acc, op->buf.data(), t.bytes / t.reducer->elemSize());
@@ -713,14 +852,24 @@ void UcxTransport::onCtl(Op* op, Status& first_error) {
     return;
   }
   CtlMsg m;
-  bool ours = op->status == UCS_OK && op->length == sizeof m;
+  bool ours = op->status == UCS_OK && op->length == ctlStage();
   if (ours) {
+    received(p, kChanCtl, op->buf.data(), op->length);
+    SealedLayout at;
+    if (sealed() && !(sealedRecordLayout(kCtlClearBytes, op->length, &at) &&
+                      openMessage(p, kChanCtl, 0, op->buf.data(), at))) {
+      const Status why = integrity(p, "control message", 0);
+      p.ctl = nullptr;
+      fabric_->sink.release(op);
+      failPeer(p, why, true, first_error);
+      return;
+    }
     std::memcpy(&m, op->buf.data(), sizeof m);
     ours = m.token == p.link->in.token;
   }
   if (!ours) {  // another size or no token: not from the peer
     stranger(p, "control message");
-    fabric_->sink.recv(fabric_->worker, ctlTagIn(p), op, op->buf.data(), sizeof(CtlMsg));
+    fabric_->sink.recv(fabric_->worker, ctlTagIn(p), op, op->buf.data(), ctlStage());
     return;
   }
   p.ctl = nullptr;
@@ -755,6 +904,37 @@ void UcxTransport::checkEndpoints(Status& first_error) {
                          api_->text(static_cast<ucs_status_t>(e)), p.rank),
              false, first_error);
   }
+}
+
+// ---- sealing ----
+
+bool UcxTransport::openMessage(const Peer& p, Channel ch, uint64_t seq, std::byte* data, const SealedLayout& at) const {
+  return p.link->open->open(ch, seq, std::span(data, at.clear), std::span(data + at.body_at, at.body),
+                            data + at.body_at, data + at.tag_at);
+}
+
+Status UcxTransport::integrity(const Peer& p, std::string_view what, uint64_t seq) const {
+  return remoteError("ucx: {} #{} from rank {} failed its integrity check (CHORUS_WIRE_PROTECT={}): changed, replayed, "
+                     "reordered or dropped on the way, or sealed under other keys; nothing of it was used",
+                     what, seq, p.rank, auth::wireProtectName(protect_));
+}
+
+// The peer's bytes cannot be trusted any more: it is told why (so that it
+// fails naming this rank and the check), then failed for good.
+void UcxTransport::failIntegrity(Peer& p, const Status& why, Status& first_error) {
+  if (p.gone.isOk()) {
+    sendCtl(p, kCtlAbort, remoteError("rank {}: {}", rank_, why.message()));
+    // Handed to UCP before the endpoint is closed (bounded: a notice that
+    // does not go out leaves the peer to find the closed endpoint).
+    const auto until = Clock::now() + std::chrono::milliseconds(200);
+    bool pending = true;
+    while (pending && Clock::now() < until) {
+      pending = false;
+      forEachOutstanding([&](Op* o) { pending = pending || (o->kind == Op::kSendCtl && o->peer == &p); });
+      if (pending) fabric_->progress();
+    }
+  }
+  failPeer(p, why, /*hard=*/true, first_error);
 }
 
 // ---- failure ----
@@ -825,8 +1005,18 @@ void UcxTransport::sendCtl(Peer& p, CtlKind kind, const Status& why) {
   }
   Op* op = fabric_->sink.alloc(Op::kSendCtl, &p);
   op->rma_op = 1;  // not a flush (the destructor counts those)
-  op->buf.assign(std::as_bytes(std::span(&m, 1)));
-  fabric_->sink.send(p.link->ep, ctlTagOut(p), op, nullptr, sizeof m);
+  op->buf.resize(ctlStage());
+  std::memcpy(op->buf.data(), &m, sizeof m);
+  if (sealed()) {
+    std::byte* b = op->buf.data();
+    if (!p.link->seal->seal(kChanCtl, p.ctl_send_seq++, std::span(b, kCtlClearBytes),
+                            std::span(b + kCtlClearBytes, sizeof m - kCtlClearBytes), b + kCtlClearBytes,
+                            b + sizeof m)) {
+      fabric_->sink.release(op);
+      return;
+    }
+  }
+  fabric_->sink.send(p.link->ep, ctlTagOut(p), op, nullptr, op->buf.size());
 }
 
 template <typename F>
@@ -1075,6 +1265,27 @@ Status UcxTransport::postRma(int peer, RmaOpKind kind, const void* local, size_t
         const auto* b = static_cast<const std::byte*>(local);
         extra.assign(b, b + bytes);
       }
+    } else if (sealed()) {
+      // The target's ucp_get_nbx / ucp_put_nbx would move these bytes outside
+      // any sealed message.
+      return rejectPost(req, invalidArgument("ucx rma on rank {}: a {}-byte {} with rank {}: with CHORUS_WIRE_PROTECT={} "
+                                             "one-sided accesses of at most {} bytes are sealed and larger ones are "
+                                             "refused (split it, or use two-sided messages)",
+                                             rank_, bytes, is_put ? "put" : "get", peer,
+                                             auth::wireProtectName(protect_), kRmaInlineBytes));
+    } else if (regCacheOn()) {
+      // The target moves the bytes: it needs this buffer, and only this
+      // buffer, mapped for its access, and the remote key of it (cached).
+      const unsigned prot = is_put ? (UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ)
+                                   : (UCP_MEM_MAP_PROT_LOCAL_WRITE | UCP_MEM_MAP_PROT_REMOTE_WRITE);
+      Status err;
+      o.cached = regLookup(local, bytes, prot, &err, peer, is_put);
+      if (o.cached < 0) return rejectPost(req, err);
+      const RegEntry& e = reg_cache_[static_cast<size_t>(o.cached)];
+      o.memh = e.memh;
+      extra = e.rkey;
+      m.kind = is_put ? kRmaPutRkey : kRmaGetRkey;
+      m.addr = reinterpret_cast<uint64_t>(local);
     } else {
       // The target moves the bytes: it needs this buffer, and only this
       // buffer, mapped for its access, and the remote key of it.
@@ -1115,10 +1326,19 @@ Status UcxTransport::postRma(int peer, RmaOpKind kind, const void* local, size_t
 void UcxTransport::sendRma(Peer& p, const RmaMsg& m, const std::byte* extra, size_t n) {
   if (p.link->ep == nullptr) return;
   Op* op = fabric_->sink.alloc(Op::kSendRma, &p);
-  op->buf.resize(sizeof m + n);
-  std::memcpy(op->buf.data(), &m, sizeof m);
-  if (n > 0) std::memcpy(op->buf.data() + sizeof m, extra, n);
-  fabric_->sink.send(p.link->ep, rmaTagOut(p, p.rma_send_seq++), op, nullptr, op->buf.size());
+  op->buf.resize(sizeof m + n + (sealed() ? kSealTagBytes : 0));
+  std::byte* b = op->buf.data();
+  std::memcpy(b, &m, sizeof m);
+  if (n > 0) std::memcpy(b + sizeof m, extra, n);
+  const uint64_t seq = p.rma_send_seq++;
+  if (sealed() &&
+      !p.link->seal->seal(kChanRma, seq, std::span(b, sizeof m), std::span(b + sizeof m, n), b + sizeof m, b + sizeof m + n)) {
+    fabric_->sink.release(op);  // a hole in the stream: the peer is gone for good
+    failPeer(p, internalError("ucx rma to rank {}: sealing record {} failed (libcrypto)", p.rank, seq), true,
+             deferred_error_);
+    return;
+  }
+  fabric_->sink.send(p.link->ep, rmaTagOut(p, seq), op, nullptr, op->buf.size());
 }
 
 void UcxTransport::answer(Peer& p, uint16_t kind, uint64_t op, RmaRefusal why, uint64_t detail,
@@ -1152,13 +1372,27 @@ void UcxTransport::onRma(Op* op, Status& first_error) {
              true, first_error);
     return;
   }
+  received(p, kChanRma, op->buf.data(), op->length);
+  size_t length = op->length;
+  if (sealed()) {
+    SealedLayout at;
+    if (!sealedRecordLayout(sizeof m, op->length, &at) || !openMessage(p, kChanRma, p.rma_recv_seq, op->buf.data(), at)) {
+      const Status why = integrity(p, "one-sided record", p.rma_recv_seq);
+      p.rma_rx = nullptr;
+      fabric_->sink.release(op);
+      failIntegrity(p, why, first_error);
+      return;
+    }
+    length = at.unsealed;
+  }
   std::memcpy(&m, op->buf.data(), sizeof m);
-  if (m.token != p.link->in.token) {
+  if (m.token != p.link->in.token && !sealed()) {
     stranger(p, "one-sided record");
-    fabric_->sink.recv(fabric_->worker, rmaTagIn(p, p.rma_recv_seq), op, op->buf.data(), kRmaStageBytes);
+    fabric_->sink.recv(fabric_->worker, rmaTagIn(p, p.rma_recv_seq), op, op->buf.data(), rmaStage());
     return;
   }
-  if (const char* bad = rmaProblem(m, op->length); bad != nullptr) {
+  if (const char* bad = m.token != p.link->in.token ? "a sealed record without the pair's token" : rmaProblem(m, length);
+      bad != nullptr) {
     p.rma_rx = nullptr;
     fabric_->sink.release(op);
     failPeer(p, corrupt(p, fmt::format("one-sided record (kind {} op {} region {} offset {} length {}): {}", m.kind,
@@ -1177,7 +1411,7 @@ void UcxTransport::onRma(Op* op, Status& first_error) {
     return;
   }
   ++p.rma_recv_seq;
-  fabric_->sink.recv(fabric_->worker, rmaTagIn(p, p.rma_recv_seq), op, op->buf.data(), kRmaStageBytes);
+  fabric_->sink.recv(fabric_->worker, rmaTagIn(p, p.rma_recv_seq), op, op->buf.data(), rmaStage());
 }
 
 void UcxTransport::onRmaRequest(Peer& p, const RmaMsg& m, const std::byte* extra, Status& first_error) {
@@ -1358,7 +1592,7 @@ void UcxTransport::onRmaAnswer(Peer& p, const RmaMsg& m, const std::byte* extra,
     if (m.kind == kRmaGetData && m.extra > 0) std::memcpy(o.dst, extra, m.extra);
     req->complete();
   }
-  unmap(o.memh);
+  regRelease(o);
   p.origin.erase(it);
 }
 
@@ -1367,12 +1601,178 @@ void UcxTransport::onRmaAnswer(Peer& p, const RmaMsg& m, const std::byte* extra,
 void UcxTransport::failOrigin(Peer& p, const Status& why) {
   for (auto& [n, o] : p.origin) {
     o.req->fail(why);
-    unmap(o.memh);
+    regRelease(o);
   }
   p.origin.clear();
 }
 
+// ---- the registration cache ----
+
+bool UcxTransport::regCacheOn() {
+  if (reg_tried_) return reg_hooked_;
+  reg_tried_ = true;
+#if !CHORUS_UCX_REG_CACHE
+  // UCX's memory hooks patch munmap and friends under the sanitizers'
+  // interceptors: not combined; every access maps its buffer.
+  return false;
+#else
+  if (api_->ucm_set_event_handler == nullptr) return false;
+  reg_cache_.reserve(kRegCacheEntries);
+  reg_hooked_ = api_->ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 1000, &UcxTransport::onUnmapped, this) == UCS_OK;
+  if (!reg_hooked_)
+    log::info("ucx transport rank {}: UCX's memory events are off (UCX_MEM_EVENTS?): no registration cache", rank_);
+  return reg_hooked_;
+#endif
+}
+
+// UCX's memory event (inside munmap, free, brk, madvise; any thread): only
+// records the range.
+void UcxTransport::onUnmapped(ucm_event_type_t, ucm_event_t* event, void* arg) {
+  auto* t = static_cast<UcxTransport*>(arg);
+  const auto addr = reinterpret_cast<uintptr_t>(event->vm_unmapped.address);
+  const size_t size = event->vm_unmapped.size;
+  std::lock_guard lock(t->unmapped_mu_);
+  if (t->unmapped_n_ < kUnmappedSlots)
+    t->unmapped_[t->unmapped_n_++] = {addr, size};
+  else
+    t->unmapped_overflow_ = true;  // too many to keep: every entry is dropped
+  t->unmapped_pending_.store(true, std::memory_order_release);
+}
+
+// Marks the entries whose buffers lost a byte stale, and unmaps the unused ones.
+void UcxTransport::drainUnmapped() {
+  if (!unmapped_pending_.load(std::memory_order_acquire)) return;
+  std::array<std::pair<uintptr_t, size_t>, kUnmappedSlots> ranges;
+  size_t n = 0;
+  bool all = false;
+  {
+    std::lock_guard lock(unmapped_mu_);
+    n = unmapped_n_;
+    std::copy_n(unmapped_.begin(), n, ranges.begin());
+    all = unmapped_overflow_;
+    unmapped_n_ = 0;
+    unmapped_overflow_ = false;
+    unmapped_pending_.store(false, std::memory_order_release);
+  }
+  for (RegEntry& e : reg_cache_) {
+    if (e.stale) continue;
+    bool hit = all;
+    for (size_t i = 0; i < n && !hit; ++i) hit = overlaps(e.addr, e.length, ranges[i].first, ranges[i].second);
+    if (hit) {
+      e.stale = true;
+      ++reg_stats_.invalidated;
+    }
+  }
+  for (size_t i = reg_cache_.size(); i-- > 0;)
+    if (reg_cache_[i].stale && reg_cache_[i].users == 0) regEvict(i);
+}
+
+void UcxTransport::regEvict(size_t i) {
+  unmap(reg_cache_[i].memh);
+  // Indices of entries in use must not move: the last one takes the slot
+  // only when nobody uses it, else the slot stays as a tombstone.
+  const size_t last = reg_cache_.size() - 1;
+  if (i != last && reg_cache_[last].users == 0) {
+    reg_cache_[i] = std::move(reg_cache_[last]);
+    reg_cache_.pop_back();
+  } else if (i == last) {
+    reg_cache_.pop_back();
+  } else {
+    reg_cache_[i] = RegEntry{};
+    reg_cache_[i].stale = true;  // a free slot
+  }
+}
+
+int UcxTransport::regLookup(const void* addr, size_t length, unsigned prot, Status* err, int peer, bool is_put) {
+  drainUnmapped();
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  for (size_t i = 0; i < reg_cache_.size(); ++i) {
+    RegEntry& e = reg_cache_[i];
+    if (!e.stale && e.memh != nullptr && e.addr == a && e.length == length && e.prot == prot) {
+      ++e.users;
+      e.last_use = ++reg_clock_;
+      ++reg_stats_.hits;
+      return static_cast<int>(i);
+    }
+  }
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_PROT;
+  mp.address = const_cast<void*>(addr);
+  mp.length = length;
+  mp.prot = prot;
+  RegEntry e;
+  e.addr = a;
+  e.length = length;
+  e.prot = prot;
+  ucs_status_t st = api_->ucp_mem_map(fabric_->context, &mp, &e.memh);
+  if (st != UCS_OK) {
+    *err = systemError("ucx rma on rank {}: mapping the {}-byte buffer of a {} for rank {}: {}", rank_, length,
+                       is_put ? "put" : "get", peer, api_->text(st));
+    return -1;
+  }
+  void* rkb = nullptr;
+  size_t rks = 0;
+  st = api_->ucp_rkey_pack(fabric_->context, e.memh, &rkb, &rks);
+  if (st != UCS_OK || rks == 0 || rks > kMaxRkeyBytes) {
+    if (st == UCS_OK) api_->ucp_rkey_buffer_release(rkb);
+    unmap(e.memh);
+    *err = systemError("ucx rma on rank {}: packing the remote key of a buffer for rank {}: {}", rank_, peer,
+                       st != UCS_OK ? api_->text(st) : "a key of an unusable size");
+    return -1;
+  }
+  const auto* b = static_cast<const std::byte*>(rkb);
+  e.rkey.assign(b, b + rks);
+  api_->ucp_rkey_buffer_release(rkb);
+  e.users = 1;
+  e.last_use = ++reg_clock_;
+  ++reg_stats_.maps;
+  // Full: the least recently used entry nobody uses goes.
+  size_t live = 0;
+  for (const RegEntry& x : reg_cache_) live += x.memh != nullptr ? 1 : 0;
+  if (live >= kRegCacheEntries) {
+    size_t victim = reg_cache_.size();
+    for (size_t i = 0; i < reg_cache_.size(); ++i)
+      if (reg_cache_[i].memh != nullptr && reg_cache_[i].users == 0 &&
+          (victim == reg_cache_.size() || reg_cache_[i].last_use < reg_cache_[victim].last_use))
+        victim = i;
+    if (victim < reg_cache_.size()) {
+      unmap(reg_cache_[victim].memh);
+      reg_cache_[victim] = RegEntry{};
+      reg_cache_[victim].stale = true;
+    }
+  }
+  for (size_t i = 0; i < reg_cache_.size(); ++i)
+    if (reg_cache_[i].memh == nullptr && reg_cache_[i].users == 0) {  // a free slot
+      reg_cache_[i] = std::move(e);
+      return static_cast<int>(i);
+    }
+  reg_cache_.push_back(std::move(e));
+  return static_cast<int>(reg_cache_.size() - 1);
+}
+
+// The access is over: a cached mapping stays (unmapped if its buffer went),
+// a private one goes.
+void UcxTransport::regRelease(OriginOp& o) {
+  if (o.cached < 0) {
+    unmap(o.memh);
+    return;
+  }
+  RegEntry& e = reg_cache_[static_cast<size_t>(o.cached)];
+  o.cached = -1;
+  o.memh = nullptr;
+  if (--e.users == 0 && e.stale) {
+    unmap(e.memh);
+    e = RegEntry{};
+    e.stale = true;
+  }
+}
+
 }  // namespace
+
+UcxRegistrationStats ucxRegistrationStats(const Transport& t) {
+  const auto* u = dynamic_cast<const UcxTransport*>(&t);
+  return u != nullptr ? u->regStats() : UcxRegistrationStats{};
+}
 
 Result<std::unique_ptr<Transport>> createUcxTransport(const UcxSetup& setup, bootstrap::Store& store) {
   CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<Fabric> fabric, establish(setup, store));

@@ -72,15 +72,33 @@ static_assert(sizeof(Hello) == 56);
 struct Proof {
   uint32_t magic = kProofMagic;
   uint16_t version = kWireVersion;
-  uint16_t zero = 0;
+  uint16_t protect = 0;  // the prover's CHORUS_WIRE_PROTECT (0 off, 1 mac, 2 encrypt), bound by the MAC
   int32_t from = 0;
   int32_t to = 0;
   uint64_t comm_id = 0;
   std::array<std::byte, kNonceBytes> echo{};   // the challenge of `to` this answers
   std::array<std::byte, kNonceBytes> nonce{};  // the prover's own challenge (authenticated by the MAC)
-  std::array<std::byte, kMacBytes> mac{};      // HMAC(secret, "chorus-ucx-proof" | from | to | comm_id | echo | nonce)
+  std::array<std::byte, kMacBytes> mac{};      // HMAC(secret, "chorus-ucx-proof" | from | to | comm_id | protect | echo | nonce)
 };
 static_assert(sizeof(Proof) == 120);
+constexpr uint16_t kMaxProtect = 2;
+
+// ---- sealing (CHORUS_WIRE_PROTECT=mac|encrypt; auth::MessageSealer) ----
+//
+// With protection, every keyed message ends in a 16-byte AES-GCM tag over
+// its clear part (the record: header, control or one-sided record;
+// authenticated only) and its body (an inline payload, an abort's reason, a
+// one-sided record's bytes; encrypted with `encrypt`).  The nonce is the
+// channel and the sequence the receiver posted the receive for.  A header
+// whose payload travels separately also carries the payload's own tag, in
+// front of its own (the payload message is the payload alone):
+//   header message   MsgHeader | inline payload | [payload tag] | tag
+//   payload message  payload (ciphertext with `encrypt`)
+//   control          CtlMsg | tag          (clear: the first 32 bytes)
+//   one-sided        RmaMsg | extra | tag
+constexpr size_t kSealTagBytes = 16;
+// The control message's clear part: everything but the reason.
+constexpr size_t kCtlClearBytes = 32;
 
 // ---- two-sided messages (ucx_transport.cpp) ----
 
@@ -105,6 +123,52 @@ struct MsgHeader {
 };
 static_assert(sizeof(MsgHeader) == 32);
 constexpr size_t kMsgStageBytes = sizeof(MsgHeader) + kInlineBytes;
+// What a sealed header message carries after its payload: its own tag, and
+// for a separate payload that payload's tag.
+[[nodiscard]] constexpr size_t msgTrailerBytes(uint32_t flags, bool sealed) {
+  return !sealed ? 0 : kSealTagBytes + (flags == kMsgData ? kSealTagBytes : 0);
+}
+constexpr size_t kMsgSealedStageBytes = kMsgStageBytes + 2 * kSealTagBytes;
+
+// Where the parts of a sealed keyed message of `n` bytes lie:
+//   [0, clear)               authenticated only (the record, a payload's tag)
+//   [body_at, body_at+body)  the body (encrypted with `encrypt`)
+//   [tag_at, n)              the message's tag
+// and its length without the trailer (what msgHeaderProblem and rmaProblem
+// check).  For a header message `flags` is its header's (not trusted yet:
+// the tag covers it); false when `n` cannot hold the layout.
+struct SealedLayout {
+  size_t clear = 0;
+  size_t body_at = 0;
+  size_t body = 0;
+  size_t tag_at = 0;
+  size_t unsealed = 0;
+};
+[[nodiscard]] constexpr bool sealedMsgLayout(uint32_t flags, size_t n, SealedLayout* out) {
+  const bool data = flags == kMsgData;
+  const size_t trailer = msgTrailerBytes(data ? kMsgData : kMsgInline, true);
+  if (n < sizeof(MsgHeader) + trailer) return false;
+  out->clear = sizeof(MsgHeader) + (data ? kSealTagBytes : 0);
+  out->body_at = sizeof(MsgHeader);
+  out->body = n - sizeof(MsgHeader) - trailer;
+  out->tag_at = n - kSealTagBytes;
+  out->unsealed = n - trailer;
+  // A separate payload's header carries no inline bytes: its tag follows the header.
+  if (data && out->body != 0) return false;
+  if (data) out->body_at = out->clear;
+  return true;
+}
+// Control and one-sided records: the record's first `clear` bytes, then the
+// body, then the tag.
+[[nodiscard]] constexpr bool sealedRecordLayout(size_t clear, size_t n, SealedLayout* out) {
+  if (n < clear + kSealTagBytes) return false;
+  out->clear = clear;
+  out->body_at = clear;
+  out->body = n - clear - kSealTagBytes;
+  out->tag_at = n - kSealTagBytes;
+  out->unsealed = n - kSealTagBytes;
+  return true;
+}
 
 // What is wrong with a header (its token already checked) that arrived as a
 // `received`-byte message: nullptr when nothing is.
