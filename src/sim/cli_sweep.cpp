@@ -108,10 +108,13 @@ int runSweepCommand(CliOptions o) {
   } else {
     if (job.kind == SweepJob::Kind::Serve) {
       const InferConfig& ic = job.infer;
+      bool load_axis = false;  // a rate or concurrency axis sets the load per point
+      for (const SweepAxis& a : axes) load_axis = load_axis || a.key == "rate" || a.key == "concurrency";
       std::printf("# %s, %lld in / %lld out tokens, %s; SLOs TTFT %.3g s, TPOT %.3g ms\n", model->name.c_str(),
                   static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len),
-                  ic.max_throughput ? "offline" : ic.concurrency > 0 ? fmt::format("{} users", ic.concurrency).c_str()
-                                                                     : fmt::format("{:g} req/s", ic.rate).c_str(),
+                  load_axis ? "load per point" : ic.max_throughput ? "offline"
+                  : ic.concurrency > 0 ? fmt::format("{} users", ic.concurrency).c_str()
+                                       : fmt::format("{:g} req/s", ic.rate).c_str(),
                   ic.ttft_slo_s, 1e3 * ic.tpot_slo_s);
     }
     std::printf("# %s on %s, %zu points (%s, library %s)%s\n",
