@@ -250,6 +250,21 @@ TEST(SimFabric, PxnKeepsARailAllToAllOffTheSpine) {
   ClusterSpec single_off = single;
   single_off.network.pxn = 0;
   EXPECT_DOUBLE_EQ(run(single, 32, "alltoall", S, "auto").time_us, run(single_off, 32, "alltoall", S, "auto").time_us);
+  // The cluster file's key: a boolean, absent = NCCL's default (-1); anything else is refused by name.
+  auto withPxn = [](const char* v) {
+    return parseCluster(fmt::format(R"({{"name": "t", "nodes": 2,
+      "gpu": {{"name": "g", "peak_tflops": 989, "hbm_gib": 80, "hbm_gbyte_s": 3350}},
+      "node": {{"gpus": 8, "nvlink_gbyte_s": 450, "nvlink_latency_us": 1}},
+      "network": {{"topology": "rail-optimized", "nics_per_node": 8, "nic_gbit_s": 400, "latency_us": 2,
+                   "oversubscription": 1{}}}}})", v), "t.json");
+  };
+  ASSERT_TRUE(withPxn("").isOk() && withPxn(R"(, "pxn": false)").isOk() && withPxn(R"(, "pxn": true)").isOk());
+  EXPECT_EQ(withPxn("")->network.pxn, -1);
+  EXPECT_EQ(withPxn(R"(, "pxn": false)")->network.pxn, 0);
+  EXPECT_EQ(withPxn(R"(, "pxn": true)")->network.pxn, 1);
+  auto bad = withPxn(R"(, "pxn": "yes")");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("network.pxn"), std::string::npos) << bad.status().message();
   // A send/recv between the same local GPU of two nodes stays on its rail either way.
   const plan::Registry reg = plan::Registry::builtin();
   for (const char* pxn : {"auto", "off"}) {
