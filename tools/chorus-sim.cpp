@@ -223,6 +223,15 @@ CLI::App* addInfer(CLI::App& app, CliOptions& o) {
                  "reserve: a request's whole cache at admission (TensorRT-LLM's GUARANTEED_NO_EVICT); paged: as it "
                  "grows, the newest requests preempted and recomputed when it runs out (vLLM)");
   in->add_option("--e2e-slo", o.ic.e2e_slo_s, "end-to-end latency SLO for goodput (s; default none)");
+  in->add_option("--paged-overhead", o.ic.paged_overhead,
+                 "with --kv-alloc paged: the paged decode attention's extra time, a fraction of the cache read "
+                 "(default 0.20: vLLM's kernel, Kwon et al. 2023)");
+  in->add_option("--prefix-hit", o.ic.prefix_hit,
+                 "fraction of each prompt found in the prefix cache: not prefilled, its KV reused (default 0)");
+  in->add_option("--step-overhead", o.ic.step_overhead_s,
+                 "host time per engine step the GPU waits for, in s (scheduling, input preparation; default 0)");
+  in->add_option("--request-overhead", o.ic.request_overhead_s,
+                 "time per request before its prefill can start, in s (HTTP, tokenisation; default 0)");
   in->add_option("--spec-tokens", o.ic.spec_tokens, "speculative decoding: tokens drafted per step (default 0: off)");
   in->add_option("--spec-acceptance", o.ic.spec_acceptance, "probability that a drafted token is accepted");
   in->add_option("--draft-model", o.draft_path, "draft model (default: the model's MTP modules)");
@@ -263,14 +272,17 @@ CLI::App* addSweep(CLI::App& app, CliOptions& o) {
                  "an axis KEY=V1,V2,... or KEY=LO:HI (doubling); repeatable, the grid is their product. Keys: "
                  "nic_gbit_s, oversubscription, nvlink_domain (GPUs per NVLink domain), nvlink_gbyte_s, hbm_gib, "
                  "leaf_nodes, gpu (a cluster file whose GPU replaces the base's); training: tp, pp, dp, cp, ep, "
-                 "micro_batch")->required();
-  sw->add_option("--job", o.sweep_job, "collective, train or search (default: train with --model, else collective)");
+                 "micro_batch; serving (--job serve): rate, concurrency, gpus, tp, decode_tp, ep, prefill_replicas, "
+                 "pd (P:D replicas, filling --gpus), max_batch, input, output, prefix_hit")->required();
+  sw->add_option("--job", o.sweep_job,
+                 "collective, train, search or serve (default: train with --model, else collective)");
   sw->add_option("--gpus", o.gpus, "GPUs (collective: the first N; train/search: the job's)")->required();
   sw->add_option("--collective", o.collective, "collective job: allreduce, allgather, alltoall, ...");
   sw->add_option("--bytes", o.bytes_text, "collective job: size (nccl-tests convention)");
   sw->add_option("--algo", o.algo, "collective job: auto, a chorus plan or an NCCL algorithm");
   sw->add_option("--model", o.model_path, "train/search job: chorus model JSON, Hugging Face config.json or its directory");
-  sw->add_option("--tp", o.tc.tp, "train job: tensor parallel");
+  sw->add_option("--tp", o.tc.tp, "train job: tensor parallel (default 1); serve job: GPUs per replica (default: the smallest that fits)")
+      ->default_val(0);
   sw->add_option("--pp", o.tc.pp, "train job: pipeline parallel");
   sw->add_option("--dp", o.tc.dp, "train job: data parallel (0: gpus / (tp pp cp) at every point)")->default_val(0);
   sw->add_option("--cp", o.tc.cp, "train job: context parallel");
@@ -284,6 +296,22 @@ CLI::App* addSweep(CLI::App& app, CliOptions& o) {
   sw->add_flag("--fp8", o.tc.fp8, "fp8 GEMMs");
   sw->add_option("--network", o.network, "analytical or flow");
   sw->add_option("--library", o.library, "whose collectives: nccl (default), chorus or auto");
+  sw->add_option("--rate", o.ic.rate, "serve job: arrivals per second (open loop; default 10)");
+  sw->add_option("--concurrency", o.ic.concurrency, "serve job: closed loop of N users (default: open loop at --rate)");
+  sw->add_flag("--max-throughput", o.ic.max_throughput, "serve job: offline, every request at t = 0");
+  sw->add_option("--requests", o.ic.requests, "serve job: requests simulated per point");
+  sw->add_option("--input", o.ic.input_len, "serve job: mean input tokens");
+  sw->add_option("--output", o.ic.output_len, "serve job: mean output tokens");
+  sw->add_option("--ttft-slo", o.ic.ttft_slo_s, "serve job: time-to-first-token SLO (s)");
+  sw->add_option("--tpot-slo", o.ic.tpot_slo_s, "serve job: time-per-output-token SLO (s)");
+  sw->add_option("--max-batch", o.ic.max_batch, "serve job: running requests per replica");
+  sw->add_option("--prefill-tokens", o.ic.prefill_tokens, "serve job: tokens per prefill batch");
+  sw->add_flag("--chunked-prefill", o.ic.chunked_prefill, "serve job: chunked prefill (vLLM V1)");
+  sw->add_flag("--kv-fp8", o.ic.kv_fp8, "serve job: fp8 KV cache");
+  sw->add_option("--decode-tp", o.ic.decode_tp, "serve job: GPUs per decode replica of a split (default: --tp)");
+  sw->add_option("--prefix-hit", o.ic.prefix_hit, "serve job: fraction of each prompt in the prefix cache");
+  sw->add_option("--step-overhead", o.ic.step_overhead_s, "serve job: host time per engine step (s)");
+  sw->add_option("--seed", o.ic.seed, "serve job: random seed of the request stream");
   sw->add_option("--out", o.sweep_out, "also write the JSON here (tools/sweep_plot.py draws it)");
   sw->add_flag("--json", o.json, "print JSON");
   return sw;

@@ -5,8 +5,10 @@ usage: tools/sweep_plot.py SWEEP.json OUT.png
 
 The first axis is the x axis; every combination of the other axes is one
 line; the y axis is the time (collective: us, training: s per iteration).
-Each point is labelled with what binds at it (its first word).  Needs
-matplotlib; chorus-sim itself does not.
+A serving sweep (--job serve) draws two panels: TTFT p50 and TPOT p50
+(seconds, log scale) and output tokens/s per GPU, points that miss an SLO
+or overload the queue hollow.  Each point is labelled with what binds at it
+(its first word).  Needs matplotlib; chorus-sim itself does not.
 """
 import json
 import sys
@@ -27,6 +29,8 @@ def main(argv):
         return 3
     axes = [a["key"] for a in d["axes"]]
     x_key, rest = axes[0], axes[1:]
+    if d["job"] == "serve":
+        return plot_serve(d, x_key, rest, plt, argv[2])
     coll = d["job"] == "collective"
     lines = {}
     for p in d["points"]:
@@ -53,6 +57,58 @@ def main(argv):
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(argv[2], dpi=120)
+    return 0
+
+
+def serve_lines(d, x_key, rest):
+    """{label: [(x, point)]} for the points that ran, in the sweep's order."""
+    lines = {}
+    for p in d["points"]:
+        if not p["ok"]:
+            continue
+        label = ", ".join("%s %s" % (k, p["values"][k]) for k in rest) or p.get("mode", "serve")
+        lines.setdefault(label, []).append((p["values"][x_key], p))
+    return lines
+
+
+def plot_serve(d, x_key, rest, plt, out):
+    lines = serve_lines(d, x_key, rest)
+    fig, (lat, thr) = plt.subplots(1, 2, figsize=(12, 4.8))
+    xs_all = []
+    for x_list in lines.values():
+        for x, _ in x_list:
+            if x not in xs_all:
+                xs_all.append(x)
+    pos = {x: i for i, x in enumerate(xs_all)}
+    for n, (label, pts) in enumerate(lines.items()):
+        color = "C%d" % (n % 10)
+        xi = [pos[x] for x, _ in pts]
+        lat.plot(xi, [p["ttft_p50_s"] for _, p in pts], "o-", color=color, label="%s TTFT" % label)
+        lat.plot(xi, [p["tpot_p50_s"] for _, p in pts], "s--", color=color, label="%s TPOT" % label)
+        thr.plot(xi, [p["output_tokens_per_s_per_gpu"] for _, p in pts], "o-", color=color, label=label)
+        for i, (_, p) in zip(xi, pts):
+            missed = p["overloaded"] or not p["binds"].startswith("SLOs met")
+            y = p["output_tokens_per_s_per_gpu"]
+            if missed:
+                thr.plot([i], [y], "o", color="white", markeredgecolor=color, zorder=3)
+            thr.annotate(p["binds"].split(" ")[0], (i, y), textcoords="offset points", xytext=(0, 6),
+                         ha="center", fontsize=7)
+    for a in (lat, thr):
+        a.set_xticks(range(len(xs_all)))
+        a.set_xticklabels(xs_all)
+        a.set_xlabel(x_key)
+        a.grid(alpha=0.3)
+    lat.set_yscale("log")
+    lat.set_ylabel("seconds (p50)")
+    thr.set_ylabel("output tokens/s per GPU")
+    lat.legend(fontsize=7)
+    if len(lines) > 1:
+        thr.legend(fontsize=7)
+    s = d.get("serve", {})
+    fig.suptitle("%s on %s (%s in / %s out tokens; hollow: SLO missed or overloaded)"
+                 % (d.get("model", "serve"), d["cluster"], s.get("input_len", "?"), s.get("output_len", "?")))
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
     return 0
 
 

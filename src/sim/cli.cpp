@@ -610,6 +610,10 @@ int runInferCommand(CliOptions o) {
                 load.c_str(), static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len),
                 1e3 * r->prefill_s_per_request, 1e3 * r->decode_step_s, r->kv_bytes_per_request / 1e6,
                 r->weight_bytes_per_gpu / 1e9);
+    std::printf("  engine costs: sampling %.3f ms per token (batch 1); host %.2f ms per step, %.2f ms per request%s%s\n",
+                1e3 * r->sample_s, 1e3 * ic.step_overhead_s, 1e3 * ic.request_overhead_s,
+                ic.kv_paged ? fmt::format("; paged decode attention +{:.0f} %", 100 * ic.paged_overhead).c_str() : "",
+                ic.prefix_hit > 0 ? fmt::format("; prefix cache hit {:.0f} % of each prompt", 100 * ic.prefix_hit).c_str() : "");
     if (ic.spec_tokens > 0)
       std::printf("  speculative decoding: %d drafted tokens per step, acceptance %.2f: %.2f tokens per step expected, "
                   "drafting %.1f ms per step (batch 1)\n",

@@ -32,7 +32,11 @@ int runSweepCommand(CliOptions o) {
   if (kind == "collective") job.kind = SweepJob::Kind::Collective;
   else if (kind == "train") job.kind = SweepJob::Kind::Train;
   else if (kind == "search") job.kind = SweepJob::Kind::Search;
-  else return fail(invalidArgument("--job '{}' is not one of collective, train, search", o.sweep_job));
+  else if (kind == "serve") job.kind = SweepJob::Kind::Serve;
+  else return fail(invalidArgument("--job '{}' is not one of collective, train, search, serve", o.sweep_job));
+  // --tp 0 (not given): a training job's 1, a serving job's smallest replica that fits.
+  const int serve_tp = o.tc.tp;
+  if (o.tc.tp == 0) o.tc.tp = 1;
   if (job.kind != SweepJob::Kind::Collective && o.model_path.empty())
     return fail(invalidArgument("--job {} needs --model", kind));
   auto mode = parseNetMode(o.network);
@@ -75,6 +79,13 @@ int runSweepCommand(CliOptions o) {
     job.search.seq = o.tc.seq;
     job.search.top = 1;
     job.search.fp8 = o.tc.fp8;
+    if (job.kind == SweepJob::Kind::Serve) {
+      job.infer = o.ic;
+      job.infer.gpus = o.gpus, job.infer.tp = serve_tp, job.infer.ep = o.tc.ep > 1 ? o.tc.ep : 0;
+      job.infer.fp8 = o.tc.fp8;
+      Status st = checkInferConfig(job.infer);
+      if (!st.isOk()) return fail(st);
+    }
   }
   auto pts = runSweep(*cluster, axes, job, *reg);
   if (!pts.isOk()) return fail(pts.status());
@@ -86,6 +97,13 @@ int runSweepCommand(CliOptions o) {
     doc["collective"] = {{"collective", o.collective}, {"bytes", job.bytes}, {"gpus", o.gpus}, {"algo", o.algo}};
   else
     doc["model"] = model->name, doc["gpus"] = o.gpus;
+  if (job.kind == SweepJob::Kind::Serve) {
+    const InferConfig& ic = job.infer;
+    doc["serve"] = {{"input_len", ic.input_len}, {"output_len", ic.output_len}, {"requests", ic.requests},
+                    {"load", ic.max_throughput ? "offline" : ic.concurrency > 0 ? "closed_loop" : "open_loop"},
+                    {"rate", ic.rate}, {"concurrency", ic.concurrency}, {"ttft_slo_s", ic.ttft_slo_s},
+                    {"tpot_slo_s", ic.tpot_slo_s}, {"tp", ic.tp}};
+  }
   nlohmann::json ax = nlohmann::json::array();
   for (const SweepAxis& a : axes) ax.push_back({{"key", a.key}, {"values", a.values}});
   doc["axes"] = ax;
@@ -96,6 +114,17 @@ int runSweepCommand(CliOptions o) {
   if (o.json) {
     std::cout << doc.dump(2) << "\n";
   } else {
+    if (job.kind == SweepJob::Kind::Serve) {
+      const InferConfig& ic = job.infer;
+      bool load_axis = false;  // a rate or concurrency axis sets the load per point
+      for (const SweepAxis& a : axes) load_axis = load_axis || a.key == "rate" || a.key == "concurrency";
+      std::printf("# %s, %lld in / %lld out tokens, %s; SLOs TTFT %.3g s, TPOT %.3g ms\n", model->name.c_str(),
+                  static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len),
+                  load_axis ? "load per point" : ic.max_throughput ? "offline"
+                  : ic.concurrency > 0 ? fmt::format("{} users", ic.concurrency).c_str()
+                                       : fmt::format("{:g} req/s", ic.rate).c_str(),
+                  ic.ttft_slo_s, 1e3 * ic.tpot_slo_s);
+    }
     std::printf("# %s on %s, %zu points (%s, library %s)%s\n",
                 job.kind == SweepJob::Kind::Collective
                     ? fmt::format("{} of {} on {} GPUs", o.collective, o.bytes_text, o.gpus).c_str()

@@ -188,7 +188,8 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
 
   CHORUS_ASSIGN_OR_RETURN(Reader nw, top.object("network"));
   CHORUS_RETURN_IF_ERROR(nw.onlyKeys({"topology", "nics_per_node", "nic_gbit_s", "latency_us", "oversubscription",
-                                      "efficiency", "leaf_nodes", "group_nodes", "rendezvous_bytes", "dims", "sharp"}));
+                                      "efficiency", "leaf_nodes", "group_nodes", "rendezvous_bytes", "dims", "sharp",
+                                      "pxn"}));
   std::string topo;
   CHORUS_RETURN_IF_ERROR(nw.str("topology", &topo));
   bool found = false;
@@ -218,6 +219,11 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
     const json& v = nw.raw().at("sharp");
     if (!v.is_boolean()) return invalidArgument("{}: key 'network.sharp' = {} must be true or false", where, v.dump());
     c.network.sharp = v.get<bool>();
+  }
+  if (nw.has("pxn")) {
+    const json& v = nw.raw().at("pxn");
+    if (!v.is_boolean()) return invalidArgument("{}: key 'network.pxn' = {} must be true or false", where, v.dump());
+    c.network.pxn = v.get<bool>() ? 1 : 0;
   }
   CHORUS_RETURN_IF_ERROR(nd.num("nvls_reduce_tflops", &c.node.nvls_reduce_tflops, 0, 1e6, false));
   CHORUS_RETURN_IF_ERROR(g.str("arch", &c.gpu.arch, false));

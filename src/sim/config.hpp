@@ -78,6 +78,11 @@ struct NetworkSpec {
   double rendezvous_bytes = 0;
   // IB SHARP (NCCL's CollNet): the switches reduce in-network (docs).
   bool sharp = false;
+  // NCCL's PXN for point-to-point traffic (all-to-all, send/recv): -1 as
+  // NCCL decides (on for NCCL's collectives when the node's GPUs share NVLink:
+  // NCCL_PXN_DISABLE=0 and NCCL_P2P_PXN_LEVEL=2 by default since 2.12), 0 off
+  // (NCCL_PXN_DISABLE=1 or NCCL_P2P_PXN_LEVEL=0), 1 on (docs/simulator.md, "PXN").
+  int pxn = -1;
 };
 
 struct ClusterSpec {

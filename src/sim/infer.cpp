@@ -45,11 +45,30 @@ class Replica {
   // Prefill of requests with `tokens` input tokens in all; `sq` = sum of
   // squared lengths and `sq_win` the same capped by the window (2 x the
   // causal pairs a sliding layer attends, ~ 2 L W - W^2 for L > W).
-  [[nodiscard]] double prefill(double tokens, double sq, double sq_win) const {
+  // `keys` / `keys_win` > 0: the mean key length the queries attend (a
+  // prompt's uncached suffix [c, n) sees n keys: --prefix-hit).
+  [[nodiscard]] double prefill(double tokens, double sq, double sq_win, double keys = 0, double keys_win = 0) const {
     if (ep_ > 1) return step(0, 0, 0, tokens, sq / 2, sq_win / 2);  // the expert-parallel roofline step
     // Whole prompts: equal problems of L = sq / tokens queries and keys.
-    return passes(tokens, sq, sq_win, tokens > 0 ? sq / tokens : 0, tokens > 0 ? sq_win / tokens : 0);
+    if (keys <= 0) keys = tokens > 0 ? sq / tokens : 0;
+    if (keys_win <= 0) keys_win = tokens > 0 ? sq_win / tokens : 0;
+    return passes(tokens, sq, sq_win, keys, keys_win);
   }
+  // Turning `rows` rows of logits into tokens (one row per sequence that
+  // samples: a decode, a prompt's first token, each verified position of a
+  // speculative step).  vLLM's sampler (vllm/v1/sample/sampler.py): the head's
+  // 16-bit logits (written, 2 B) cast to fp32 (read 2, write 4), divided by the
+  // temperature in place (4 + 4), softmax (4 + 4), argmax (4): 28 bytes per
+  // vocabulary entry at the HBM rate, and 4 kernels beside the head GEMM.  The
+  // least a sampler does (greedy, no top-k/top-p); one GPU samples.
+  [[nodiscard]] double sample(double rows) const {
+    if (rows <= 0) return 0;
+    return rows * static_cast<double>(m_.vocab) * 28 / (g_.hbm_bw.value() * g_.hbm_efficiency) +
+           4 * g_.kernel_overhead.value();
+  }
+  // --kv-alloc paged: the decode attention reads the cache through a block
+  // table, `overhead` slower than a contiguous cache (InferConfig::paged_overhead).
+  void setPagedAttention(double overhead) { paged_ = overhead; }
   // Every layer's pass over `tokens` tokens by the per-operator model: the
   // GEMMs and the fused causal attention core as the training model prices
   // them (src/sim/compute.hpp: by shape from the GPU's data file), when the
@@ -104,7 +123,7 @@ class Replica {
     if (ep_ > 1 || chunk <= 0) return step(batch, context, context_win, chunk, pairs, pairs_win, q);
     const double tokens = batch * q + chunk;
     double t = passes(tokens, 2 * pairs, 2 * pairs_win, keys, keys_win);
-    const double kv = kvBytesFor(context, context_win);
+    const double kv = kvBytesFor(context, context_win) * (1 + paged_);
     const double hbm = g_.hbm_bw.value() * g_.hbm_efficiency;
     if (batch > 0) {
       double attn = 0;
@@ -152,7 +171,7 @@ class Replica {
     const double tokens = batch * q + chunk;
     if (tokens <= 0) return 0;
     const double h = static_cast<double>(m_.hidden), T = tp_;
-    const double kv = kvBytesFor(context, context_win);
+    const double kv = kvBytesFor(context, context_win) * (1 + paged_);  // as read: paged kernels' extra time as bytes
     // Attention over the cache per layer: MHA/GQA 2 x context x heads x (qk + v);
     // MLA decodes in the latent (the up-projections absorbed into Q and O),
     // so each head scores kv_lora + rope wide and gathers kv_lora wide.
@@ -248,6 +267,7 @@ class Replica {
   int tp_;
   int ep_ = 1;
   double a2a_alpha_ = 0, a2a_beta_ = 0;
+  double paged_ = 0;
   bool fp8_, w8_;
   double kv_bytes_;
   double ar_alpha_, ar_beta_;
@@ -315,16 +335,27 @@ struct Engine {
     return n;
   }
   // A decode (or mixed) step of the target, with the drafter's K steps before it.
+  // `firsts`: prompts that finish in the step and sample their first token.
+  // Every step also pays the engine's host time per step (--step-overhead).
   [[nodiscard]] double decodeCost(double batch, double context, double context_win, double chunk, double pairs,
-                                  double pairs_win, double keys = 0, double keys_win = 0) const {
-    if (spec_k == 0 || batch == 0) return rep.mixed(batch, context, context_win, chunk, pairs, pairs_win, keys, keys_win);
+                                  double pairs_win, double keys = 0, double keys_win = 0, double firsts = 0) const {
+    if (spec_k == 0 || batch == 0)
+      return rep.mixed(batch, context, context_win, chunk, pairs, pairs_win, keys, keys_win) +
+             rep.sample(batch + firsts) + cfg.step_overhead_s;
     return rep.mixed(batch, context, context_win, chunk, pairs, pairs_win, keys, keys_win, spec_k + 1) +
-           spec_k * drafter->decode(batch, context, context_win);
+           spec_k * (drafter->decode(batch, context, context_win) + drafter->sample(batch)) +
+           rep.sample(batch * (spec_k + 1) + firsts) + cfg.step_overhead_s;
+  }
+  // --prefix-hit: the prompt tokens found in the prefix cache (at least one is prefilled).
+  [[nodiscard]] int64_t cached(const Request* r) const {
+    if (cfg.prefix_hit <= 0) return 0;
+    return std::min<int64_t>(r->in - 1, static_cast<int64_t>(std::floor(cfg.prefix_hit * static_cast<double>(r->in))));
   }
 
   using Arrival = std::pair<double, Request*>;
   std::priority_queue<Arrival, std::vector<Arrival>, std::greater<>> arrivals;
-  void add(Request* r) { arrivals.push({prefill_here ? r->arrival : r->ready, r}); }
+  // A prefilling replica sees a request --request-overhead after it arrives.
+  void add(Request* r) { arrivals.push({prefill_here ? r->arrival + cfg.request_overhead_s : r->ready, r}); }
 
   void token(Request* r, double now) {
     if (itl && r->last_token >= 0) itl->push_back(now - r->last_token);
@@ -417,7 +448,7 @@ struct Engine {
     const bool preempted = makeRoom();
     double budget = static_cast<double>(cfg.prefill_tokens) - static_cast<double>(running.size());
     while (!preempted && !waiting.empty() && slots() < cfg.max_batch && admitKv(waiting.front())) {
-      prefilling.push_back({waiting.front(), 0});
+      prefilling.push_back({waiting.front(), cached(waiting.front())});
       admit(waiting.front());
       waiting.pop_front();
     }
@@ -443,8 +474,10 @@ struct Engine {
     }
     max_running = std::max<int64_t>(max_running, static_cast<int64_t>(running.size()));
     const double t0 = now;
+    double firsts = 0;  // prompts completed in this step: each samples its first token
+    for (auto [i, take] : parts) firsts += prefilling[i].made + take >= prompt(prefilling[i].r) ? 1 : 0;
     now += decodeCost(static_cast<double>(running.size()), context, context_win, chunk, pairs, pairs_win,
-                      pairs > 0 ? keyed / pairs : 0, pairs_win > 0 ? keyed_win / pairs_win : 0);
+                      pairs > 0 ? keyed / pairs : 0, pairs_win > 0 ? keyed_win / pairs_win : 0, firsts);
     const auto decodes = static_cast<int64_t>(running.size());
     advanceDecode(running, now, context, context_win, kv_now, kv_res);
     std::vector<Request*> started;
@@ -467,22 +500,29 @@ struct Engine {
 
   // A prefill batch up to the token budget (at least one request); true when it ran one.
   bool prefillBatch() {
-    double tok = 0, sq = 0, sq_w = 0;
+    // tok: the tokens prefilled (a prompt's uncached suffix [c, n)); sq, sq_w:
+    // 2 x the causal pairs they attend; keyed: the same weighted by their key length n.
+    double tok = 0, sq = 0, sq_w = 0, keyed = 0, keyed_w = 0;
     std::vector<Request*> batch;
     while (!waiting.empty() &&
-           (batch.empty() || tok + static_cast<double>(prompt(waiting.front())) <= static_cast<double>(cfg.prefill_tokens)) &&
+           (batch.empty() || tok + static_cast<double>(prompt(waiting.front()) - cached(waiting.front())) <=
+                                 static_cast<double>(cfg.prefill_tokens)) &&
            (!decode_here || static_cast<int64_t>(running.size() + batch.size()) < cfg.max_batch) &&
            (!decode_here || admitKv(waiting.front()))) {
       Request* r = waiting.front();
       waiting.pop_front();
-      const double n = static_cast<double>(prompt(r));
-      tok += n, sq += n * n, sq_w += sqWin(n, static_cast<double>(m_window()));
+      const double n = static_cast<double>(prompt(r)), c = static_cast<double>(cached(r));
+      const double w = static_cast<double>(m_window());
+      const double p2 = n * n - c * c, p2w = sqWin(n, w) - sqWin(c, w);
+      tok += n - c, sq += p2, sq_w += p2w;
+      keyed += p2 * n, keyed_w += p2w * (w > 0 ? std::min(n, w) : n);
       if (decode_here) admit(r);
       batch.push_back(r);
     }
     if (batch.empty()) return false;
     const double t0 = now;
-    now += rep.prefill(tok, sq, sq_w);
+    now += rep.prefill(tok, sq, sq_w, sq > 0 ? keyed / sq : 0, sq_w > 0 ? keyed_w / sq_w : 0) +
+           rep.sample(static_cast<double>(batch.size())) + cfg.step_overhead_s;
     log(t0, now, 0, static_cast<int64_t>(tok));
     for (Request* r : batch) {
       if (r->first < 0) r->first = now;
@@ -652,6 +692,13 @@ Status checkInferConfig(const InferConfig& cfg) {
   CHORUS_RETURN_IF_ERROR(checkRange<double>("--ttft-slo", cfg.ttft_slo_s, 1e-9, 1e9, "seconds, positive"));
   CHORUS_RETURN_IF_ERROR(checkRange<double>("--tpot-slo", cfg.tpot_slo_s, 1e-9, 1e9, "seconds, positive"));
   CHORUS_RETURN_IF_ERROR(checkRange<double>("--e2e-slo", cfg.e2e_slo_s, 0, 1e9, "seconds; 0 = none"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--prefix-hit", cfg.prefix_hit, 0, 1,
+                                            "fraction of each prompt found in the prefix cache"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--step-overhead", cfg.step_overhead_s, 0, 10, "seconds of host time per engine step"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--request-overhead", cfg.request_overhead_s, 0, 1e3,
+                                            "seconds per request before its prefill"));
+  CHORUS_RETURN_IF_ERROR(checkRange<double>("--paged-overhead", cfg.paged_overhead, 0, 10,
+                                            "paged decode attention's extra time, a fraction of the cache read"));
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--max-batch", cfg.max_batch, 1, 1 << 24, "running requests per replica"));
   CHORUS_RETURN_IF_ERROR(checkRange<int64_t>("--prefill-tokens", cfg.prefill_tokens, 1, kTokens, "tokens per prefill batch"));
   CHORUS_RETURN_IF_ERROR(checkRange<int>("--decode-tp", cfg.decode_tp, 0, 1 << 20, "GPUs per decode replica; 0 = --tp"));
@@ -882,6 +929,7 @@ Status Service::priceReplicas() {
     alpha = ab.first, beta = ab.second;
   }
   replica.emplace(m, c, tp, cfg.fp8, cfg.kv_fp8, Seconds(alpha), beta, cfg.attention_kernel);
+  if (cfg.kv_paged) replica->setPagedAttention(cfg.paged_overhead);
   if (ep > 1) {
     CHORUS_ASSIGN_OR_RETURN(auto ab, fit(plan::Collective::AllToAll, ep));
     replica->setExpertParallel(ep, ab.first, ab.second);
@@ -901,6 +949,7 @@ Status Service::priceReplicas() {
   const double in = static_cast<double>(cfg.input_len), w = static_cast<double>(m.window);
   rep.prefill_s_per_request = replica->prefill(in, in * in, sqWin(in, w));
   rep.decode_step_s = replica->decode(1, in, replica->capped(in));
+  rep.sample_s = replica->sample(1);
   if (drafter) rep.draft_step_s = cfg.spec_tokens * drafter->decode(1, in, drafter->capped(in));
   // KV bytes of one request's prompt (all of its replica's GPUs).
   rep.kv_bytes_per_request = replica->kvBytesOf(in) * m.kvCacheSplit(tp);
@@ -1048,6 +1097,7 @@ Status Service::prepareDecodePool() {
     d_alpha = ab.first, d_beta = ab.second;
   }
   decoder.emplace(m, c, dtp, cfg.fp8, cfg.kv_fp8, Seconds(d_alpha), d_beta, cfg.attention_kernel);
+  if (cfg.kv_paged) decoder->setPagedAttention(cfg.paged_overhead);  // the same paged kernel reads the decode pool's cache
   if (dep > 1) {  // the decode replica's own dispatch / combine over its dep GPUs
     if (dep == ep) {
       decoder->setExpertParallel(dep, replica->a2aAlpha(), replica->a2aBeta());

@@ -39,6 +39,21 @@ struct InferConfig {
   bool chunked_prefill = false;
   bool kv_fp8 = false;          // fp8 KV cache (1 byte per element)
   bool kv_paged = false;        // KV allocated as tokens grow, newest preempted when full (vLLM); false: reserved whole at admission (TensorRT-LLM's GUARANTEED_NO_EVICT)
+  // --kv-alloc paged: the paged decode-attention kernel's extra time over a
+  // contiguous-cache kernel, as a fraction of the cache read (vLLM's block-table
+  // lookups and branches: 20-26 % in Kwon et al. 2023, sec. 7.1, Fig. 18a; the
+  // low end by default; 0 for a kernel measured at parity).
+  double paged_overhead = 0.20;
+  // Engine costs beside the model's kernels (docs/simulator.md, "Engine costs"):
+  // the fraction of each prompt found in the prefix cache (its KV reused, its
+  // tokens not prefilled; at least one token of each prompt is); host time
+  // per engine step the GPU waits for (scheduling, input preparation: 0 by
+  // default, no public per-step figure for an engine that overlaps it); and
+  // per request before its prefill can start (HTTP, tokenisation: 0 by
+  // default, likewise).  Sampling is always priced (Replica::sample).
+  double prefix_hit = 0;
+  double step_overhead_s = 0;
+  double request_overhead_s = 0;
   double e2e_slo_s = 0;         // end-to-end latency SLO for goodput (0: none)
   int64_t requests = 2000;
   int64_t input_len = 1024, output_len = 256;  // means
@@ -133,6 +148,7 @@ struct InferReport {
   int tp = 1, ep = 1, replicas = 1;
   double a2a_latency_s = 0;  // --ep: the all-to-all's fixed cost over the replica's GPUs
   double prefill_s_per_request = 0, decode_step_s = 0;  // at the mean length, batch 1
+  double sample_s = 0;  // sampling one token of one request (logits to a token; Replica::sample)
   double kv_bytes_per_request = 0, kv_capacity_tokens = 0;
   double weight_bytes_per_gpu = 0, kv_capacity_bytes = 0;  // per GPU
   double draft_step_s = 0;          // speculative decoding: the drafter's K steps at batch 1

@@ -39,7 +39,7 @@ NetworkModel::RoundCost NetworkModel::referenceRound(const plan::Round& r, const
         double& x = load_[static_cast<size_t>(l)];
         if (x == 0) touched_.push_back(l);
         x += b;
-      }));
+      }, pxn_));
       if (j == 0 && r.reduce) recv[static_cast<size_t>(d)] += b;
     });
   }
@@ -67,7 +67,7 @@ NetworkModel::RoundCost NetworkModel::placeRound(const plan::Round& r, const Gro
   // one placement serves every size, both directions of a halving/doubling
   // pair and every plan using the same pattern (recursive doubling and
   // Rabenseifner share their Xor masks).
-  const PatternKey key{r.peers, r.arg, r.root, r.fold, r.subtree, g.size, g.stride, g.groups, g.offset};
+  const PatternKey key{r.peers, r.arg, r.root, r.fold, r.subtree, g.size, g.stride, g.groups, g.offset, pxn_};
   auto it = patterns_.find(key);
   if (it == patterns_.end()) it = patterns_.emplace(key, unitPattern(r, g)).first;
   const Pattern& p = it->second;
@@ -119,11 +119,11 @@ NetworkModel::Pattern NetworkModel::unitPattern(const plan::Round& round, const 
     for (int64_t v = 0; v < B; ++v) {
       const int64_t w = v ^ r.arg;
       if (w >= g.size) continue;
-      lat = std::max(lat, t_.route(base + v, base + w, [&](int64_t l) { add(l, 1.0); }));
+      lat = std::max(lat, t_.route(base + v, base + w, [&](int64_t l) { add(l, 1.0); }, pxn_));
       if (w < B) {
         recv_[static_cast<size_t>(w)] += 1;
       } else {
-        t_.route(base + w, base + v, [&](int64_t l) { add(l, 1.0); });
+        t_.route(base + w, base + v, [&](int64_t l) { add(l, 1.0); }, pxn_);
         recv_[static_cast<size_t>(v)] += 1;
       }
     }
@@ -144,13 +144,13 @@ NetworkModel::Pattern NetworkModel::unitPattern(const plan::Round& round, const 
     if (j == 0) {
       plan::forEachMessage(r, n, [&](int s, int d, uint64_t e) {
         const double w = static_cast<double>(e);
-        lat = std::max(lat, t_.route(base + s * stride, base + d * stride, [&](int64_t l) { add(l, w); }));
+        lat = std::max(lat, t_.route(base + s * stride, base + d * stride, [&](int64_t l) { add(l, w); }, pxn_));
         recv_[static_cast<size_t>(d)] += w;
       });
     } else {
       plan::forEachMessage(r, n, [&](int s, int d, uint64_t e) {
         const double w = static_cast<double>(e);
-        lat = std::max(lat, t_.route(base + s * stride, base + d * stride, [&](int64_t l) { add(l, w); }));
+        lat = std::max(lat, t_.route(base + s * stride, base + d * stride, [&](int64_t l) { add(l, w); }, pxn_));
       });
     }
   }
@@ -311,8 +311,11 @@ Result<CollectiveCost> NetworkModel::collective(Collective coll, Bytes bytes, co
   } else if (library_ == Library::Nccl && !named && !torus && coll == Collective::AllToAll) {
     // NCCL's all-to-all is grouped point-to-point, one send and one receive
     // per peer: chorus's pairwise exchange moves the same bytes per link with
-    // a latency per peer (Bruck's fewer, fuller rounds are not what NCCL runs).
+    // a latency per peer (Bruck's fewer, fuller rounds are not what NCCL runs),
+    // routed through PXN relays when NCCL would use them.
+    pxn_ = pxnOn();
     best = chorusCollective(coll, sh, g, "pairwise");
+    pxn_ = false;
   } else {
     best = chorusCollective(coll, sh, g, algo);
   }
@@ -478,12 +481,26 @@ void NetworkModel::leafCrossings(const GroupSet& g, NcclShape* s) const {
   s->direct_cross = *std::max_element(direct.begin(), direct.end());
 }
 
+// NCCL (2.12 on) relays a point-to-point message to another node through the
+// local GPU on the destination's rail when the node's GPUs share NVLink:
+// NCCL_PXN_DISABLE defaults to 0 and NCCL_P2P_PXN_LEVEL to 2 ("use PXN as
+// much as possible to maximize aggregation"); network.pxn forces it either
+// way.  Chorus's own transport does not relay.
+bool NetworkModel::pxnOn() const {
+  if (library_ == Library::Chorus || c_.network.pxn == 0) return false;
+  const bool torus = c_.network.topology == TopologyKind::Torus2d || c_.network.topology == TopologyKind::Torus3d;
+  if (torus || c_.node.gpus < 2 || std::min(c_.network.nics_per_node, c_.node.gpus) < 2) return false;
+  return c_.network.pxn == 1 || c_.node.nvlink_bw.value() > 0;
+}
+
 Result<CollectiveCost> NetworkModel::sendRecv(Bytes bytes, const GroupSet& g) {
   // Every member sends to the next one in its group (a pipeline stage boundary);
   // one Shift round of the group set.
   plan::Round r{.peers = plan::Peers::Shift, .arg = 1, .elems = static_cast<uint64_t>(bytes.value())};
   if (g.size < 2) return CollectiveCost{Seconds(0), "p2p", "none", Seconds(0)};
+  pxn_ = pxnOn();
   RoundCost rc = placeRound(r, g, 1);
+  pxn_ = false;
   return CollectiveCost{rc.time, "p2p", rc.bottleneck >= 0 ? t_.linkName(rc.bottleneck) : "latency", rc.latency};
 }
 
@@ -558,7 +575,8 @@ Seconds NetworkModel::flowRoute(int64_t src, int64_t dst, std::vector<int64_t>& 
   // ECMP: a deterministic hash of the endpoints picks the lane.
   const uint64_t hsh = (static_cast<uint64_t>(src) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(dst) * 0xC2B2AE3D27D4EB4Full);
   const int64_t lane = static_cast<int64_t>((hsh >> 17) % static_cast<uint64_t>(lanes));
-  return t_.route(src, dst, [&](int64_t l) { route.push_back(t_.isAggregated(l) ? base + (l - agg0) * lanes + lane : l); });
+  return t_.route(src, dst, [&](int64_t l) { route.push_back(t_.isAggregated(l) ? base + (l - agg0) * lanes + lane : l); },
+                  pxn_);
 }
 
 int64_t NetworkModel::topologyLinkOf(int64_t flow_link) const {

@@ -172,7 +172,11 @@ class NetworkModel {
   std::vector<double> recv_;      // per member of the first group (reductions)
   bool reference_ = false, symmetry_off_ = false;
   uint64_t chunk_bytes_ = 0;
-  using PatternKey = std::tuple<plan::Peers, int64_t, int32_t, int32_t, bool, int64_t, int64_t, int64_t, int64_t>;
+  // NCCL's PXN routes the point-to-point calls it prices (collective's
+  // all-to-all under Library::Nccl, sendRecv) while `pxn_` is set: pxnOn().
+  [[nodiscard]] bool pxnOn() const;
+  bool pxn_ = false;
+  using PatternKey = std::tuple<plan::Peers, int64_t, int32_t, int32_t, bool, int64_t, int64_t, int64_t, int64_t, bool>;
   std::map<PatternKey, Pattern> patterns_;
   using CacheKey = std::tuple<int, double, int64_t, int64_t, int64_t, int64_t, std::string>;
   std::map<CacheKey, CollectiveCost> cache_;

@@ -330,7 +330,7 @@ void NetworkModel::ProgramFlow::post(uint32_t gid) {
   } else {
     const uint32_t snd = match_[gid];
     if (needsGrant(snd, bytesOf(s))) {  // the grant crosses back to the sender
-      Seconds lat = net_.t_.route(gpuOf(q), gpuOf(owner_[snd]), [](int64_t) {});
+      Seconds lat = net_.t_.route(gpuOf(q), gpuOf(owner_[snd]), [](int64_t) {}, net_.pxn_);
       events_.push({now_ + lat.value(), Grant, snd});
     }
     tryFinishRecv(gid);

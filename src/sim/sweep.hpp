@@ -1,5 +1,6 @@
 // What-if sweeps (`chorus-sim sweep`, issue 42 item 5): one job -- a
-// collective, a training layout or a layout search -- priced on every point
+// collective, a training layout, a layout search or a serving deployment
+// (rate, replica layout, disaggregated P:D split) -- priced on every point
 // of a grid of cluster parameters (NIC rate, spine oversubscription, NVLink
 // domain size, NVLink rate, HBM capacity, GPU type, leaf size) and layout
 // values (tp, pp, dp, cp, ep, micro-batch), each point saying what binds.
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sim/infer.hpp"
 #include "sim/search.hpp"
 #include "sim/train.hpp"
 
@@ -28,6 +30,10 @@ Result<SweepAxis> parseSweepAxis(std::string_view text);
 // The keys an axis may name, for errors and --help.
 std::string sweepKeysText();
 bool isLayoutKey(std::string_view key);
+// Serving keys: rate (req/s, open loop), concurrency (closed loop), gpus,
+// tp, decode_tp, ep, prefill_replicas, pd ("P:D": P prefill and D decode
+// replicas, which must fill --gpus), max_batch, input, output, prefix_hit.
+bool isServeKey(std::string_view key);
 
 // Sets one cluster parameter.  nic_gbit_s (every NIC's line rate),
 // oversubscription (leaf down:up), nvlink_domain (GPUs per NVLink domain:
@@ -37,9 +43,11 @@ bool isLayoutKey(std::string_view key);
 Status applyClusterValue(ClusterSpec* c, std::string_view key, std::string_view value);
 // Sets one layout value (tp, pp, dp, cp, ep, micro_batch) of a training job.
 Status applyLayoutValue(TrainConfig* t, std::string_view key, std::string_view value);
+// Sets one serving value; `pd_decode` receives pd's D (0 when the key is not pd).
+Status applyServeValue(InferConfig* ic, std::string_view key, std::string_view value, int* pd_decode);
 
 struct SweepJob {
-  enum class Kind { Collective, Train, Search } kind = Kind::Collective;
+  enum class Kind { Collective, Train, Search, Serve } kind = Kind::Collective;
   // collective
   std::string collective = "allreduce", algo = "auto";
   double bytes = 0;
@@ -48,6 +56,9 @@ struct SweepJob {
   const ModelSpec* model = nullptr;
   TrainConfig train;
   SearchConfig search;
+  // serve: the service (InferConfig); with a split (pd or prefill_replicas)
+  // the point is that disaggregated split, else the aggregated service.
+  InferConfig infer;
   NetMode mode = NetMode::Analytical;
   Library library = Library::Nccl;
 };
@@ -62,7 +73,11 @@ struct SweepPoint {
   double memory_gib = 0;   // train, search
   std::string binds;       // what binds: the collective's link, or the step's bottleneck and its link
   std::string bound;       // train, search: the binding lower bound (resource)
-  std::string algo;        // collective: the algorithm; search: the best layout
+  std::string algo;        // collective: the algorithm; search: the best layout; serve: the mode ("aggregated", "disaggregated 1:3")
+  // serve: time_s is TTFT p50, rate output tokens/s, the rest below.
+  double ttft_p90_s = 0, tpot_p50_s = 0, tpot_p90_s = 0;
+  double throughput_rps = 0, goodput_rps = 0, slo_attainment = 0, capacity_rps = 0, tokens_per_s_per_gpu = 0;
+  bool overloaded = false;
 };
 
 // Every point of the grid (the first axis varies slowest), priced with a

@@ -62,8 +62,13 @@ class Topology {
 
   // Calls f(link) for every link on the route src -> dst (GPU ids) and
   // returns the route's latency.  O(hops).
+  // `pxn` (NCCL's PXN, PCI x NVLink): a message to another node leaves
+  // through the NIC of the source node's GPU on the destination's rail (the
+  // GPU with the destination's local index), reached over NVLink first, so
+  // it stays on the destination's rail: src -> relay over NVLink, the
+  // relay's port, the rail's leaf, the destination's port.
   template <typename F>
-  Seconds route(int64_t src, int64_t dst, F&& f) const {
+  Seconds route(int64_t src, int64_t dst, F&& f, bool pxn = false) const {
     // Node, port and leaf of a GPU come from O(GPUs) tables built once: the
     // divisions they replace dominated the cost of placing a round.
     const size_t us = static_cast<size_t>(src), ud = static_cast<size_t>(dst);
@@ -75,7 +80,16 @@ class Topology {
       return c_.node.nvlink_latency;
     }
     if (ndims_ > 0) return torusRoute(sn, dn, f);
-    const int64_t sp = port_[us], dp = port_[ud];
+    Seconds hop(0);
+    int64_t sp = port_[us];
+    const int64_t dp = port_[ud];
+    if (pxn && sp % ports_ != dp % ports_) {  // another rail: relay through the local GPU on the destination's rail
+      const int64_t relay = sn * gpn_ + dst % gpn_;
+      f(nvl_tx_ + src);
+      f(nvl_rx_ + relay);
+      sp = port_[static_cast<size_t>(relay)];
+      hop = c_.node.nvlink_latency;
+    }
     f(port_tx_ + sp);
     const int64_t sl = upper_[static_cast<size_t>(sp)], dl = upper_[static_cast<size_t>(dp)];
     if (sl != dl) {
@@ -83,7 +97,7 @@ class Topology {
       f(down_ + dl);
     }
     f(port_rx_ + dp);
-    return c_.network.latency;
+    return c_.network.latency + hop;
   }
 
  private:

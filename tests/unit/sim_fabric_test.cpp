@@ -200,5 +200,83 @@ TEST(SimFabric, AnalyticalAndFlowAgreeOnCrossings) {
   }
 }
 
+// NCCL's PXN (docs/simulator.md, "PXN") on a rail-optimized fabric: 4 nodes
+// of 8 GPUs and 8 NICs, all 4 under one leaf per rail (rail r's leaf joins
+// the 4 nodes' port r; different rails meet only at the spine).  An
+// all-to-all of S per rank, m = S/32 per message, every message in flight at
+// once (NCCL's grouped point-to-point):
+//  - without PXN a GPU's message to another node leaves through its own
+//    NIC: 24 m per port (NIC-bound: 24 port-times of m / 45 GB/s), and the
+//    21 of 24 that go to another rail climb to the spine: rail r's leaf sends
+//    4 nodes x 21 m through 4 x 45 GB/s / oversub = 21 x oversub port-times.
+//    1:1: the NICs bind (24 > 21); 2:1: the uplinks (42 port-times), 1.75x.
+//  - with PXN the message first crosses NVLink to the local GPU on the
+//    destination's rail, which sends it on that rail: still 24 m per port
+//    (that GPU relays for its 7 neighbours: 8 GPUs x 3 remote nodes), no
+//    byte climbs to the spine, NVLink carries 7 + 21 = 28 m per GPU at
+//    370.8 GB/s (under the NIC's 24 m at 45): 24 port-times at any
+//    oversubscription, and one NVLink hop (1 us) more latency.
+// NCCL turns PXN on by default (NCCL_PXN_DISABLE=0, NCCL_P2P_PXN_LEVEL=2);
+// `"pxn": false` in the cluster file is NCCL_PXN_DISABLE=1; chorus's own
+// all-to-all plans do not relay; a node of one GPU has nobody to relay through.
+TEST(SimFabric, PxnKeepsARailAllToAllOffTheSpine) {
+  const double S = kGiB, port = S / 32 / kNic, lat = 2e-6, nvl = 1e-6;
+  auto cluster = [](double oversub, const char* pxn) {
+    ClusterSpec c = fabric("rail-optimized", 4, 4, oversub);
+    if (std::string(pxn) != "auto") c.network.pxn = std::string(pxn) == "on" ? 1 : 0;
+    return c;
+  };
+  for (double oversub : {1.0, 2.0}) {
+    const CollectiveReport off = run(cluster(oversub, "off"), 32, "alltoall", S, "auto");
+    const CollectiveReport on = run(cluster(oversub, "auto"), 32, "alltoall", S, "auto");
+    const CollectiveReport forced = run(cluster(oversub, "on"), 32, "alltoall", S, "auto");
+    EXPECT_NEAR(off.time_us * 1e-6, lat + port * std::max(24.0, 21 * oversub), 1e-9) << oversub;
+    EXPECT_NEAR(on.time_us * 1e-6, lat + nvl + port * 24, 1e-9) << oversub;
+    EXPECT_DOUBLE_EQ(forced.time_us, on.time_us);
+    EXPECT_EQ(on.bottleneck.find("uplinks"), std::string::npos) << on.bottleneck;
+    if (oversub > 1) {
+      EXPECT_NE(off.bottleneck.find("uplinks (leaf->spine)"), std::string::npos) << off.bottleneck;
+      EXPECT_NEAR((off.time_us - 2) / (on.time_us - 3), 42.0 / 24, 1e-6);
+    }
+    // The flow model routes the same relays (max-min fair, within 5 %).
+    const CollectiveReport flow = run(cluster(oversub, "auto"), 32, "alltoall", S, "auto", Library::Nccl, NetMode::Flow);
+    EXPECT_NEAR(flow.time_us / on.time_us, 1, 0.05) << oversub << " flow " << flow.time_us << " ana " << on.time_us;
+  }
+  // Chorus's transport does not relay: its pairwise all-to-all pays the spine.
+  const CollectiveReport chorus = run(cluster(2, "auto"), 32, "alltoall", S, "pairwise", Library::Chorus);
+  EXPECT_NEAR(chorus.time_us * 1e-6, lat + port * 42, 1e-9);
+  // One GPU per node: no NVLink peer to relay through, PXN changes nothing.
+  const ClusterSpec single = fabric("rail-optimized", 32, 32, 2, 1, 1);
+  ClusterSpec single_off = single;
+  single_off.network.pxn = 0;
+  EXPECT_DOUBLE_EQ(run(single, 32, "alltoall", S, "auto").time_us, run(single_off, 32, "alltoall", S, "auto").time_us);
+  // The cluster file's key: a boolean, absent = NCCL's default (-1); anything else is refused by name.
+  auto withPxn = [](const char* v) {
+    return parseCluster(fmt::format(R"({{"name": "t", "nodes": 2,
+      "gpu": {{"name": "g", "peak_tflops": 989, "hbm_gib": 80, "hbm_gbyte_s": 3350}},
+      "node": {{"gpus": 8, "nvlink_gbyte_s": 450, "nvlink_latency_us": 1}},
+      "network": {{"topology": "rail-optimized", "nics_per_node": 8, "nic_gbit_s": 400, "latency_us": 2,
+                   "oversubscription": 1{}}}}})", v), "t.json");
+  };
+  ASSERT_TRUE(withPxn("").isOk() && withPxn(R"(, "pxn": false)").isOk() && withPxn(R"(, "pxn": true)").isOk());
+  EXPECT_EQ(withPxn("")->network.pxn, -1);
+  EXPECT_EQ(withPxn(R"(, "pxn": false)")->network.pxn, 0);
+  EXPECT_EQ(withPxn(R"(, "pxn": true)")->network.pxn, 1);
+  auto bad = withPxn(R"(, "pxn": "yes")");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("network.pxn"), std::string::npos) << bad.status().message();
+  // A send/recv between the same local GPU of two nodes stays on its rail either way.
+  const plan::Registry reg = plan::Registry::builtin();
+  for (const char* pxn : {"auto", "off"}) {
+    const ClusterSpec c = cluster(2, pxn);
+    auto topo = Topology::build(c);
+    ASSERT_TRUE(topo.isOk());
+    NetworkModel net(c, *topo, reg);
+    auto sr = net.sendRecv(Bytes(S), GroupSet{2, 8, 8});  // GPU g -> g + 8, g < 8
+    ASSERT_TRUE(sr.isOk()) << sr.status().message();
+    EXPECT_NEAR(sr->time.value(), lat + S / kNic, 1e-9) << pxn;
+  }
+}
+
 }  // namespace
 }  // namespace chorus::sim

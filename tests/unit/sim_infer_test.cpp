@@ -122,7 +122,8 @@ TEST(SimServe, ClosedLoopFollowsLittlesLaw) {
     EXPECT_TRUE(r->splits.empty());  // disaggregation is open-loop only
     EXPECT_NEAR(s.tokens_per_s, s.throughput_rps * 64, 1e-9 * s.tokens_per_s);
     if (n == 1) {
-      EXPECT_NEAR(s.ttft.p50, r->prefill_s_per_request, 1e-12);  // time since the arrival, in doubles
+      // time since the arrival, in doubles: the prefill and sampling its first token
+      EXPECT_NEAR(s.ttft.p50, r->prefill_s_per_request + r->sample_s, 1e-12);
       EXPECT_NEAR(s.itl.mean, s.tpot.mean, 1e-12);
       EXPECT_NEAR(s.e2e.mean, s.ttft.mean + 63 * s.tpot.mean, 1e-9);
       EXPECT_NEAR(s.per_user_tokens_per_s, 1 / s.tpot.mean, 1e-6 / s.tpot.mean);
@@ -589,6 +590,7 @@ TEST(SimServe, PagedKvAdmitsMoreAndPreemptsTheNewest) {
   small.max_throughput = true, small.requests = 32, small.max_batch = 32;
   auto a = simulateInference(m, small, node.net);
   small.kv_paged = true;
+  small.paged_overhead = 0;  // the allocation policy alone (the paged kernel's cost: PagedAttentionReadsTheCacheSlower)
   auto b = simulateInference(m, small, node.net);
   ASSERT_TRUE(a.isOk() && b.isOk());
   EXPECT_DOUBLE_EQ(a->aggregated.duration_s, b->aggregated.duration_s);
@@ -653,6 +655,89 @@ TEST(SimServe, BadInputIsRefused) {
   auto w = simulateInference(preset("Llama-3.1-70B"), one, node.net);
   ASSERT_FALSE(w.isOk());
   EXPECT_NE(w.status().message().find("exceed 90% of"), std::string::npos) << w.status().message();
+}
+
+// Engine costs (docs/simulator.md, "Engine costs"), each checked against
+// its own derivation on one user (closed loop, concurrency 1: every step is
+// that user's).  Sampling: 28 bytes per vocabulary entry at the HBM rate and
+// 4 kernels.  --step-overhead s: each step s longer, so TPOT (the decode
+// steps between the first and the last token) and TTFT (the prefill step)
+// each grow by exactly s.  --request-overhead r: TTFT grows by r, TPOT not.
+TEST(SimServe, EngineCostsPerStepAndPerRequest) {
+  OneNode node;
+  const ModelSpec m = gpt(4, 4096, 32);
+  InferConfig ic = base();
+  ic.concurrency = 1, ic.requests = 4;
+  auto a = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(a.isOk()) << a.status().message();
+  EXPECT_NEAR(a->sample_s, 51200.0 * 28 / (2039e9 * 0.8) + 4 * 4e-6, 1e-15);
+  ic.step_overhead_s = 1e-3;
+  auto b = simulateInference(m, ic, node.net);
+  ic.request_overhead_s = 5e-3;
+  auto c = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(b.isOk() && c.isOk());
+  EXPECT_NEAR(b->aggregated.tpot.mean - a->aggregated.tpot.mean, 1e-3, 1e-9);
+  EXPECT_NEAR(b->aggregated.ttft.mean - a->aggregated.ttft.mean, 1e-3, 1e-9);
+  EXPECT_NEAR(c->aggregated.ttft.mean - b->aggregated.ttft.mean, 5e-3, 1e-9);
+  EXPECT_NEAR(c->aggregated.tpot.mean, b->aggregated.tpot.mean, 1e-12);
+  ic.step_overhead_s = -1;
+  EXPECT_FALSE(simulateInference(m, ic, node.net).isOk());
+}
+
+// --prefix-hit h: the first floor(h n) tokens of each prompt come from the
+// cache, so the prefill runs the GEMMs of the rest only, while its queries
+// still attend every earlier key: a 4096-token prompt half cached costs
+// less than the whole prompt and more than a 2048-token prompt (same GEMM
+// tokens, longer attention); fully cached, one token is still prefilled.
+// Chunked prefill skips the cached part as well.
+TEST(SimServe, PrefixHitSkipsTheCachedPrompt) {
+  OneNode node;
+  const ModelSpec m = gpt(4, 4096, 32);
+  for (const bool chunked : {false, true}) {
+    InferConfig ic = base();
+    ic.concurrency = 1, ic.requests = 2, ic.input_len = 4096, ic.output_len = 4, ic.chunked_prefill = chunked;
+    ic.prefill_tokens = 8192;
+    auto ttft = [&](double hit, int64_t in) {
+      InferConfig x = ic;
+      x.prefix_hit = hit, x.input_len = in;
+      auto r = simulateInference(m, x, node.net);
+      EXPECT_TRUE(r.isOk()) << r.status().message();
+      return r.isOk() ? r->aggregated.ttft.mean : 0.0;
+    };
+    const double whole = ttft(0, 4096), half = ttft(0.5, 4096), short_prompt = ttft(0, 2048), all = ttft(1, 4096);
+    EXPECT_LT(half, whole) << chunked;
+    EXPECT_GT(half, short_prompt) << chunked;
+    EXPECT_GT(all, 0) << chunked;
+    EXPECT_LT(all, half) << chunked;
+  }
+  InferConfig bad = base();
+  bad.prefix_hit = 1.5;
+  EXPECT_FALSE(simulateInference(m, bad, node.net).isOk());
+}
+
+// --kv-alloc paged: the paged decode kernel reads the cache `paged_overhead`
+// slower (Kwon et al. 2023: 20-26 % over FasterTransformer's kernel).  One
+// user, no preemption: with overhead 0 paged and reserved allocation take
+// the same steps; with 0.2 each decode step (memory-bound at batch 1) gains
+// 0.2 x the cache it reads / (HBM x efficiency), between the prompt's cache
+// and the whole request's.
+TEST(SimServe, PagedAttentionReadsTheCacheSlower) {
+  OneNode node;
+  const ModelSpec m = gpt(4, 4096, 32);
+  InferConfig ic = base();
+  ic.concurrency = 1, ic.requests = 2, ic.input_len = 16384, ic.output_len = 64;
+  auto reserved = simulateInference(m, ic, node.net);
+  ic.kv_paged = true, ic.paged_overhead = 0;
+  auto even = simulateInference(m, ic, node.net);
+  ic.paged_overhead = 0.2;
+  auto paged = simulateInference(m, ic, node.net);
+  ASSERT_TRUE(reserved.isOk() && even.isOk() && paged.isOk());
+  EXPECT_NEAR(even->aggregated.tpot.mean, reserved->aggregated.tpot.mean, 1e-12);
+  const double per_token = reserved->kv_bytes_per_request / 16384.0, bw = 2039e9 * 0.8;
+  const double delta = paged->aggregated.tpot.mean - reserved->aggregated.tpot.mean;
+  EXPECT_GE(delta, 0.2 * per_token * 16384 / bw * (1 - 1e-9));
+  EXPECT_LE(delta, 0.2 * per_token * (16384 + 64) / bw * (1 + 1e-9));
+  EXPECT_DOUBLE_EQ(paged->aggregated.ttft.mean, reserved->aggregated.ttft.mean);  // the prefill reads no cache
 }
 
 }  // namespace

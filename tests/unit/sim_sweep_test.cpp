@@ -133,5 +133,58 @@ TEST(SimSweep, TrainingPointsSayWhatBinds) {
   EXPECT_FALSE((*pts)[3].bound.empty());
 }
 
+// A serving job (--job serve): rate x P:D split on 8 GPUs of Llama 3 8B.
+// Each point is the split it names (or the aggregated service); a rate far
+// above the service's capacity is named as overload, with the capacity the
+// same requests reach offline; the offered rate never lowers TTFT; a split
+// that does not fill the GPUs is that point's error.
+TEST(SimSweep, ServingPointsSayWhatBinds) {
+  const plan::Registry reg = plan::Registry::builtin();
+  auto m = loadModel(std::string(CHORUS_SOURCE_DIR) + "/configs/models/llama3-8b.json");
+  ASSERT_TRUE(m.isOk()) << m.status().message();
+  SweepJob j;
+  j.kind = SweepJob::Kind::Serve;
+  j.model = &*m;
+  j.infer.gpus = 8, j.infer.tp = 1, j.infer.requests = 400, j.infer.input_len = 2048, j.infer.output_len = 128;
+  auto rate = parseSweepAxis("rate=1,1000");
+  auto pd = parseSweepAxis("pd=2:6,3:5,3:3");
+  ASSERT_TRUE(rate.isOk() && pd.isOk()) << (rate.isOk() ? pd.status().message() : rate.status().message());
+  EXPECT_EQ(pd->values.size(), 3u);  // P:D is a value, not a LO:HI range
+  auto pts = runSweep(base(), {*rate, *pd}, j, reg);
+  ASSERT_TRUE(pts.isOk()) << pts.status().message();
+  ASSERT_EQ(pts->size(), 6u);
+  for (size_t i : {0u, 1u, 3u, 4u}) ASSERT_TRUE((*pts)[i].ok) << i << ": " << (*pts)[i].error;
+  EXPECT_EQ((*pts)[0].algo.rfind("disaggregated 2:6", 0), 0u) << (*pts)[0].algo;
+  EXPECT_EQ((*pts)[1].algo.rfind("disaggregated 3:5", 0), 0u) << (*pts)[1].algo;
+  EXPECT_FALSE((*pts)[2].ok);  // 3:3 leaves two GPUs out
+  EXPECT_NE((*pts)[2].error.find("3:5"), std::string::npos) << (*pts)[2].error;
+  // 1000 req/s of 2k-token prompts is far above what 8 GPUs prefill.
+  for (size_t i : {3u, 4u}) {
+    EXPECT_TRUE((*pts)[i].overloaded);
+    EXPECT_NE((*pts)[i].binds.find("overloaded"), std::string::npos) << (*pts)[i].binds;
+    EXPECT_GT((*pts)[i].capacity_rps, 0);
+    EXPECT_LT((*pts)[i].capacity_rps, 1000);
+    EXPECT_GT((*pts)[i].time_s, (*pts)[i - 3].time_s);  // TTFT p50 grows with the offered load
+  }
+  EXPECT_FALSE((*pts)[0].overloaded);
+  // The aggregated service when no split is named; serving keys need --job serve.
+  auto agg = runSweep(base(), {*parseSweepAxis("tp=1,2")}, j, reg);
+  ASSERT_TRUE(agg.isOk()) << agg.status().message();
+  ASSERT_TRUE((*agg)[0].ok && (*agg)[1].ok) << (*agg)[0].error << (*agg)[1].error;
+  EXPECT_EQ((*agg)[0].algo, "aggregated");
+  EXPECT_GT((*agg)[0].tokens_per_s_per_gpu, 0);
+  SweepJob train;
+  train.kind = SweepJob::Kind::Train;
+  train.model = &*m;
+  EXPECT_FALSE(runSweep(base(), {*rate}, train, reg).isOk());
+  EXPECT_FALSE(runSweep(base(), {*parseSweepAxis("pp=1,2")}, j, reg).isOk());
+  EXPECT_FALSE(parseSweepAxis("pd=1").isOk() && runSweep(base(), {*parseSweepAxis("pd=1")}, j, reg).isOk());
+  // JSON carries the serving figures tools/sweep_plot.py draws.
+  const nlohmann::json js = toJson((*pts)[0]);
+  for (const char* k : {"ttft_p50_s", "tpot_p50_s", "output_tokens_per_s_per_gpu", "goodput_rps", "overloaded", "mode"})
+    EXPECT_TRUE(js.contains(k)) << k;
+  EXPECT_NE(formatSweep({*rate, *pd}, *pts, SweepJob::Kind::Serve).find("TTFT p50"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace chorus::sim
