@@ -115,22 +115,32 @@ Result<std::vector<Desc>> kvBlockDescs(const KvModel& m, const KvSide& src, cons
   std::vector<Desc> out;
   if (h0 >= h1) return out;
   const uint64_t run = uint64_t{h1 - h0} * m.head_dim * m.elem_bytes;
-  for (size_t i = 0; i < src_blocks.size(); ++i)
+  // Walk the source in its storage order, so that pieces that continue each
+  // other on both sides are neighbours in the list and merge.
+  auto piece = [&](size_t i, uint32_t l, uint32_t p) -> Status {
+    for (uint32_t t = 0; t < m.block_tokens; ++t) {
+      CHORUS_ASSIGN_OR_RETURN(uint64_t so, kvElementOffset(m, src, l, p, src_blocks[i], t, h0, 0));
+      CHORUS_ASSIGN_OR_RETURN(uint64_t dof, kvElementOffset(m, dst, l, p, dst_blocks[i], t, h0, 0));
+      if (!out.empty()) {  // merge as we go: a block of equal TP is one run per plane
+        Desc& b = out.back();
+        if (b.local_offset + b.bytes == so && b.remote_offset + b.bytes == dof) {
+          b.bytes += run;
+          continue;
+        }
+      }
+      out.push_back(Desc{src.region, so, dst.region, dof, run});
+    }
+    return {};
+  };
+  if (src.order == KvOrder::LayerMajor) {
     for (uint32_t l = 0; l < m.layers; ++l)
       for (uint32_t p = 0; p < 2; ++p)
-        for (uint32_t t = 0; t < m.block_tokens; ++t) {
-          CHORUS_ASSIGN_OR_RETURN(uint64_t so, kvElementOffset(m, src, l, p, src_blocks[i], t, h0, 0));
-          CHORUS_ASSIGN_OR_RETURN(uint64_t dof, kvElementOffset(m, dst, l, p, dst_blocks[i], t, h0, 0));
-          Desc d{src.region, so, dst.region, dof, run};
-          if (!out.empty()) {  // merge as we go: a block of equal TP is one run per plane
-            Desc& b = out.back();
-            if (b.local_offset + b.bytes == so && b.remote_offset + b.bytes == dof) {
-              b.bytes += run;
-              continue;
-            }
-          }
-          out.push_back(d);
-        }
+        for (size_t i = 0; i < src_blocks.size(); ++i) CHORUS_RETURN_IF_ERROR(piece(i, l, p));
+  } else {
+    for (size_t i = 0; i < src_blocks.size(); ++i)
+      for (uint32_t l = 0; l < m.layers; ++l)
+        for (uint32_t p = 0; p < 2; ++p) CHORUS_RETURN_IF_ERROR(piece(i, l, p));
+  }
   return coalesce(out);
 }
 

@@ -302,7 +302,9 @@ TEST_P(KvEngineTest, AgentsJoinAndLeaveWithoutRestartingOthers) {
   // seen gone by its process id, which these threads share, so the
   // application tells prefill0 (disconnect) as its control plane would.
   b.reset();
-  if (GetParam() != "tcp") ASSERT_TRUE(a->disconnect("decode0").isOk());
+  if (GetParam() != "tcp") {
+    ASSERT_TRUE(a->disconnect("decode0").isOk());
+  }
   Desc d{hs->index, 0, hb->index, 0, 64};
   auto w = a->postWrite("decode0", std::span<const Desc>(&d, 1), false, 0);
   if (w.isOk()) {
