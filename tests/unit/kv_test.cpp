@@ -14,6 +14,10 @@
 #include <functional>
 #include <thread>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "bootstrap/memory_store.hpp"
 #include "prim/kv.hpp"
 
@@ -489,6 +493,69 @@ TEST(KvCApi, WriteWithNotificationOverARealStore) {
   EXPECT_EQ(chorusKvAgentDestroy(p), chorusSuccess);
   EXPECT_EQ(chorusKvProgress(p), chorusInvalidUsage);  // destroyed
 }
+
+
+// A peer agent in another process, killed (SIGKILL) with a batch to it on
+// the wire: the batch fails with chorusRemoteError naming it, over shared
+// memory (its process is gone) and TCP (its connection reset).
+class KvProcessTest : public testing::TestWithParam<std::string> {};
+
+TEST_P(KvProcessTest, KilledPeerProcessFailsItsTransfer) {
+  auto secret = auth::Secret{};
+  auto addr = net::resolve("127.0.0.1", 0);
+  ASSERT_TRUE(addr.isOk());
+  auto server = bootstrap::StoreServer::start(*addr, secret);
+  ASSERT_TRUE(server.isOk()) << server.status().message();
+  const net::SockAddr where = (*server)->address();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the victim: connects, registers, then sleeps without serving
+    close(ready[0]);
+    auto st = bootstrap::connectStore(where, secret, std::chrono::milliseconds(20000), auth::WireProtect::kOff);
+    if (!st.isOk()) _exit(2);
+    auto v = makeAgent("victim", *st, GetParam());
+    if (!v) _exit(3);
+    static std::vector<std::byte> mem(64 << 20);
+    if (!v->registerRegion(mem.data(), mem.size(), Access::Write).isOk()) _exit(4);
+    if (!v->publishMetadata().isOk() || !v->connect("prefill0", 20s).isOk()) _exit(5);
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(6);
+    pause();
+    _exit(0);
+  }
+  close(ready[1]);
+  auto st = bootstrap::connectStore(where, secret, std::chrono::milliseconds(20000), auth::WireProtect::kOff);
+  ASSERT_TRUE(st.isOk()) << st.status().message();
+  auto a = makeAgent("prefill0", *st, GetParam());
+  ASSERT_TRUE(a);
+  std::vector<std::byte> src(64 << 20);
+  auto hs = a->registerRegion(src.data(), src.size(), Access::Read);
+  ASSERT_TRUE(a->publishMetadata().isOk());
+  auto peer = a->connect("victim", 20s);
+  ASSERT_TRUE(peer.isOk()) << peer.status().message();
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  std::vector<Desc> big;
+  for (uint64_t i = 0; i < 64; ++i) big.push_back({hs->index, i << 20, 0, i << 20, 1 << 20});
+  auto w = a->postWrite("victim", big, true, 1);
+  ASSERT_TRUE(w.isOk()) << w.status().message();
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(a->progress().isOk());
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  Status why;
+  auto s = a->wait(*w, 60s, &why);
+  ASSERT_TRUE(s.isOk()) << s.status().message();
+  EXPECT_EQ(*s, XferState::Failed);
+  EXPECT_EQ(why.code(), chorusRemoteError) << why.message();
+  EXPECT_NE(why.message().find("victim"), std::string::npos) << why.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, KvProcessTest, testing::Values("shm", "tcp"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace chorus::prim::kv
