@@ -435,6 +435,67 @@ chorusResult_t chorusEpCombine(chorusEpHandle_t ep, const void* expertOut, const
 chorusResult_t chorusEpReturnTopk(chorusEpHandle_t ep, const float* rowValues, float* topkValues,
                                   chorusComm_t comm, chorusStream_t stream);
 
+/* ---------------------------------------------------------------------------
+ * KV-cache transfer engine (docs/kv.md): agents register memory, exchange a
+ * metadata blob, and move descriptor lists with one-sided writes and reads.
+ * Every pair of agents that load each other's metadata gets a transport of
+ * its own through the bootstrap store (no communicator).  An agent is used
+ * by one thread at a time; its transfers and its peers' accesses move only
+ * inside its calls (chorusKvTest, chorusKvWait, chorusKvProgress,
+ * chorusKvGetNotif). */
+typedef struct chorusKvAgent* chorusKvAgent_t;
+typedef struct {
+  uint32_t localRegion;  /* this agent's region (chorusKvRegister) */
+  uint64_t localOffset;
+  uint32_t remoteRegion; /* the peer's region, as its metadata lists it */
+  uint64_t remoteOffset;
+  uint64_t bytes;
+} chorusKvDesc_t;
+#define CHORUS_KV_READ 1  /* peers may read the region */
+#define CHORUS_KV_WRITE 2 /* peers may write it */
+/* name: [A-Za-z0-9_.-]{1,64}, unique among the store's agents.  storeId: the
+ * store's chorusGetUniqueId; serveStore != 0: this agent runs the store
+ * (the process that called chorusGetUniqueId; the store lives as long as
+ * this agent).  The config comes from the environment (CHORUS_*). */
+chorusResult_t chorusKvAgentCreate(chorusKvAgent_t* agent, const char* name, chorusUniqueId storeId, int serveStore);
+chorusResult_t chorusKvAgentDestroy(chorusKvAgent_t agent);
+/* access: CHORUS_KV_READ | CHORUS_KV_WRITE.  *region: its index. */
+chorusResult_t chorusKvRegister(chorusKvAgent_t agent, void* base, size_t bytes, int access, uint32_t* region);
+chorusResult_t chorusKvDeregister(chorusKvAgent_t agent, uint32_t region);
+/* The metadata blob into blob[capacity] (*size: its length; a NULL blob or a
+ * too-small capacity only sets *size).  chorusKvPublishMetadata puts it in
+ * the store, where chorusKvConnect finds it by name. */
+chorusResult_t chorusKvGetMetadata(chorusKvAgent_t agent, void* blob, size_t capacity, size_t* size);
+chorusResult_t chorusKvPublishMetadata(chorusKvAgent_t agent);
+/* Loads a peer's blob (untrusted bytes: validated); the first load of a peer
+ * sets up the pair's transport, collectively with the peer's load of this
+ * agent's blob (both must call it).  peerName (may be NULL): the peer's name,
+ * NUL-terminated, into nameCapacity bytes. */
+chorusResult_t chorusKvLoadRemote(chorusKvAgent_t agent, const void* blob, size_t size, char* peerName,
+                                  size_t nameCapacity);
+/* chorusKvLoadRemote of the blob `peer` published, waiting up to timeoutMs. */
+chorusResult_t chorusKvConnect(chorusKvAgent_t agent, const char* peer, int timeoutMs);
+chorusResult_t chorusKvDisconnect(chorusKvAgent_t agent, const char* peer);
+/* A batch of n descriptors to `peer`: writes (local -> remote) or reads
+ * (remote -> local).  notify != 0: the peer gets notifValue once every
+ * descriptor completed.  Checked before anything moves; *xfer: its id. */
+chorusResult_t chorusKvPostWrite(chorusKvAgent_t agent, const char* peer, const chorusKvDesc_t* descs, size_t n,
+                                 int notify, uint64_t notifValue, uint64_t* xfer);
+chorusResult_t chorusKvPostRead(chorusKvAgent_t agent, const char* peer, const chorusKvDesc_t* descs, size_t n,
+                                int notify, uint64_t notifValue, uint64_t* xfer);
+chorusResult_t chorusKvProgress(chorusKvAgent_t agent);
+/* chorusSuccess: done; chorusInProgress: pending; chorusAborted: cancelled;
+ * another code: the transfer failed (chorusGetLastError(NULL) says why). */
+chorusResult_t chorusKvTest(chorusKvAgent_t agent, uint64_t xfer);
+/* chorusKvTest's answers once the transfer is no longer pending, or
+ * chorusTimeout after timeoutMs. */
+chorusResult_t chorusKvWait(chorusKvAgent_t agent, uint64_t xfer, int timeoutMs);
+chorusResult_t chorusKvCancel(chorusKvAgent_t agent, uint64_t xfer);
+/* Forgets a finished transfer. */
+chorusResult_t chorusKvRelease(chorusKvAgent_t agent, uint64_t xfer);
+/* The oldest notification: *got = 1, its sender's name and value; or *got = 0. */
+chorusResult_t chorusKvGetNotif(chorusKvAgent_t agent, char* peerName, size_t nameCapacity, uint64_t* value, int* got);
+
 #ifdef __cplusplus
 }
 #endif

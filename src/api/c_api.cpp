@@ -183,6 +183,9 @@ inline Status inFunction(const char* fn, Status s) {
   if (!ref.status().isOk()) return report(ref.status());
 
 }  // namespace
+
+// The C API's other files (c_api_kv.cpp) report through the same last error.
+chorusResult_t reportStatus(const Status& st) { return report(st); }
 }  // namespace chorus::api
 
 using namespace chorus;
