@@ -35,7 +35,7 @@ struct Wire {
   [[nodiscard]] size_t ids() const { return row; }
   [[nodiscard]] size_t weights() const { return row + k * sizeof(int32_t); }
   [[nodiscard]] size_t origin() const { return row + k * (sizeof(int32_t) + sizeof(float)); }
-  [[nodiscard]] size_t bytes() const { return origin() + 2 * sizeof(uint64_t); }
+  [[nodiscard]] size_t bytes() const { return plan::ep::dispatchRowBytes(row, k); }
 };
 
 class Dispatch final : public Primitive {
