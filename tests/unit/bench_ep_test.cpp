@@ -108,12 +108,12 @@ TEST(EpBenchArgs, DispatchAndCombineTakeTheirOptions) {
 
 // The whole benchmark, 4 ranks on 2 "hosts", -c 1: rank 0's table and every
 // rank's count of wrong elements.
-struct Run {
+struct EpRun {
   bool combine;
   int max_hosts;
   std::string dtype;  // bf16, float, fp8
 };
-std::string runOnce(const Run& k, std::string* table) {
+std::string runOnce(const EpRun& k, std::string* table) {
   auto msgs = chorus::testing::runRanksPerRank(
       4,
       [](int r) {
@@ -144,9 +144,9 @@ std::string runOnce(const Run& k, std::string* table) {
   return chorus::testing::failures(msgs);
 }
 
-class EpBenchRun : public ::testing::TestWithParam<Run> {};
+class EpBenchRun : public ::testing::TestWithParam<EpRun> {};
 TEST_P(EpBenchRun, EveryElementRightInBothForms) {
-  const Run k = GetParam();
+  const EpRun k = GetParam();
   std::string table;
   EXPECT_EQ(runOnce(k, &table), "");
   EXPECT_THAT(table, HasSubstr(k.combine ? "# chorus-bench combine" : "# chorus-bench dispatch"));
@@ -160,9 +160,9 @@ TEST_P(EpBenchRun, EveryElementRightInBothForms) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(Cases, EpBenchRun,
-                         ::testing::Values(Run{false, 0, "bf16"}, Run{true, 0, "bf16"}, Run{false, 1, "bf16"},
-                                           Run{true, 1, "bf16"}, Run{true, 2, "float"}, Run{false, 2, "fp8"},
-                                           Run{true, 1, "fp8"}));
+                         ::testing::Values(EpRun{false, 0, "bf16"}, EpRun{true, 0, "bf16"}, EpRun{false, 1, "bf16"},
+                                           EpRun{true, 1, "bf16"}, EpRun{true, 2, "float"}, EpRun{false, 2, "fp8"},
+                                           EpRun{true, 1, "fp8"}));
 
 }  // namespace
 }  // namespace chorus::tools::bench
