@@ -102,6 +102,13 @@ struct State {
   std::vector<size_t> slots;
   std::vector<int32_t> slot_k;
 
+  // Scratch reused across calls: the wire buffers of dispatch and combine
+  // (hundreds of MB for a training step's tokens).  Allocated anew per call
+  // they would be fresh pages, each paying a fault and the kernel's zeroing
+  // on first touch, every call (DeepEP keeps its buffers in its Buffer too).
+  std::vector<uint8_t> scratch[3];
+  std::vector<float> fscratch[2];
+
   // The last low-latency dispatch (ep_ll_dispatch): the tokens sent to each
   // rank in block order (ll_sent[q]), and for each row received (source
   // block, position) its slots in recvX (ll_slot_begin / ll_slots: index
@@ -113,6 +120,14 @@ struct State {
   std::vector<size_t> ll_slots;
   size_t ll_tokens = 0;
 };
+
+// v's first n elements, growing v when it is shorter (never shrinking it,
+// never writing the elements it keeps).
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
 
 // The ep_* primitives' aux block.
 inline constexpr uint64_t kCallMagic = 0x63686f7275736570ull;  // "chorusep"
