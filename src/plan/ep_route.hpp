@@ -87,3 +87,30 @@ void countLastHop(const Geometry& g, const int32_t* ids, int only_host, std::vec
 void uniformRoute(uint64_t seed, int rank, size_t t, int experts, int topk, int nhosts, int max_hosts, int32_t* ids);
 
 }  // namespace chorus::plan::ep
+
+namespace chorus::plan::ep {
+
+// The proof of a step's routing (docs/ep.md, "What is proven"): runs the
+// library's routing -- each rank's firstHop, each relay's forward, the last
+// hop's countLastHop -- for every rank's ids and checks, with every
+// (rank, token, choice) as a tagged element:
+//   - it reaches the rank holding its expert exactly once, and no token
+//     reaches a rank that holds none of its experts;
+//   - a token crosses to each rank (direct) or host (node-limited) at most
+//     once, reaches at most max_hosts hosts, and forwarding stays inside the
+//     relay's host;
+//   - the counts the layout announces (countLastHop) are the rows that arrive,
+//     per rank and local expert;
+//   - combine, dispatch's exchanges reversed, brings each token one partial
+//     per row it sent, and those partials cover its topk experts once each.
+// ids[r]: rank r's tokens x topk ids (valid: in range, distinct per token).
+// Fails naming the first element or count that breaks a rule.
+Status verifyRouting(const Geometry& g, std::span<const std::vector<int32_t>> ids);
+
+// The same over given hops (what verifyRouting computes with firstHop and
+// forward; tests hand it corrupted ones to see it refuse them).  forwards is
+// empty for direct routing, one per rank otherwise.
+Status verifyDelivery(const Geometry& g, std::span<const std::vector<int32_t>> ids, std::span<const FirstHop> hops,
+                      std::span<const Forward> forwards);
+
+}  // namespace chorus::plan::ep

@@ -115,6 +115,10 @@ Result<EpPrice> priceEp(const EpPriceCase& c) {
         ec.add(d, q, rows * static_cast<double>(row));
       }
     }
+  // The routing priced is proven (plan::ep::verifyRouting): every token
+  // reaches exactly its experts, once, within the node limit, and the counts
+  // add up.
+  CHORUS_RETURN_IF_ERROR(plan::ep::verifyRouting(g, ids));
   return p;
 }
 
@@ -155,7 +159,8 @@ int runEpCommand(const EpPriceCase& c, bool json) {
               "%d, %.3g Gbit/s links, seed %llu\n",
               c.hosts, c.ranks_per_host, c.tokens, c.hidden, c.dtype.c_str(), c.topk, c.experts, c.max_hosts,
               c.link_gbps, static_cast<unsigned long long>(c.seed));
-  std::printf("# bytes from the library's routing (plan/ep_route.hpp); bound = busiest host link / link rate\n");
+  std::printf("# bytes from the library's routing (plan/ep_route.hpp), proven by plan::ep::verifyRouting; bound = "
+              "busiest host link / link rate\n");
   std::printf("%-10s %-9s %14s %14s %14s %12s\n", "form", "op", "busiest (MB)", "links (MB)", "inside (MB)",
               "bound (ms)");
   for (const Line& l : lines) {
