@@ -95,12 +95,14 @@ def main():
         counts = torch.bincount(flat, minlength=a.experts)  # per (rank, local expert)
         rcounts = torch.empty_like(counts)
         dist.all_to_all_single(rcounts, counts)
+        st.pop("recv_x", None)
         send = x.index_select(0, order // k)  # one row per (token, expert), sorted by expert
         sw = w.reshape(-1).index_select(0, order)
         ssplit = counts.reshape(n, L).sum(1).tolist()
         rsplit = rcounts.reshape(n, L).sum(1).tolist()
         recv = torch.empty((sum(rsplit), a.hidden), dtype=torch.bfloat16)
         dist.all_to_all_single(recv.view(torch.float16), send.view(torch.float16), rsplit, ssplit)
+        del send
         rw = torch.empty(sum(rsplit))
         dist.all_to_all_single(rw, sw, rsplit, ssplit)
         # source-major (then expert) -> expert-major (then source)
@@ -110,15 +112,19 @@ def main():
         st.update(recv_x=recv.index_select(0, emajor), recv_w=rw.index_select(0, emajor), emajor=emajor,
                   ssplit=ssplit, rsplit=rsplit)
 
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel())  # (token, choice) -> its row in the send order
+
     def combine():
         y = st["recv_x"]  # identity experts
         back = torch.empty_like(y)
         back.index_copy_(0, st["emajor"], y)  # expert-major -> source-major
         home = torch.empty((a.tokens * k, a.hidden), dtype=torch.bfloat16)
         dist.all_to_all_single(home.view(torch.float16), back.view(torch.float16), st["ssplit"], st["rsplit"])
-        rows = torch.empty_like(home)
-        rows.index_copy_(0, order, home)  # (token, k) order
-        out = (rows.float().reshape(a.tokens, k, a.hidden) * w.unsqueeze(-1)).sum(1)
+        del back
+        out = torch.zeros((a.tokens, a.hidden))
+        for j in range(k):  # weighted sum at home, one choice at a time (memory: 8 ranks share the host)
+            out += home.index_select(0, inv[j::k]).float() * w[:, j:j + 1]
         st["out"] = out.to(torch.bfloat16)
 
     dispatch()
