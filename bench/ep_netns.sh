@@ -16,7 +16,7 @@
 #
 # Then bench/ep_torch_a2a.py, the same exchange with torch.distributed's
 # all_to_all_single (gloo), as its own job on the same hosts (CHORUS_EP_TORCH=0
-# skips it).  Prints per layout and op the median time of each form, each repeat's ratio
+# skips it; CHORUS_EP_CHORUS=0 runs it alone).  Prints per layout and op the median time of each form, each repeat's ratio
 # (alltoallv / ep) and the ratio of the sums dispatch + combine; rows go to
 # $CHORUS_BENCH_OUT (default bench_ep_netns.jsonl).  Needs root, ip, tc,
 # nsenter, unshare, and memory: at 4096 x 7168 bf16 each rank holds about
@@ -135,6 +135,7 @@ for l in "${layouts[@]}"; do
   h=${l%x*}
   k=${l#*x}
   for op in dispatch combine; do
+    [[ ${CHORUS_EP_CHORUS:-1} == 1 ]] || continue
     echo "== $op on $h hosts x $k ranks, $rate links"
     run_job "$op" "$h" "$k"
     add_rows "$work/$op.${h}x$k.jsonl" "$l"
@@ -178,10 +179,13 @@ for layout in dict.fromkeys(r["layout"] for r in rows):
     tt = {op: t.get((op, "torch"), {}) for op in ("dispatch", "combine")}
     if tt["dispatch"] and tt["combine"]:
         tsum = [tt["dispatch"][i] + tt["combine"][i] for i in tt["dispatch"] if i in tt["combine"]]
-        esum = [t[("dispatch", "ep")][i] + t[("combine", "ep")][i] for i in reps]
-        print(f"  torch all_to_all_single (own job, after): dispatch {statistics.median(tt['dispatch'].values())/1e3:.1f} ms, "
-              f"combine {statistics.median(tt['combine'].values())/1e3:.1f} ms; dispatch+combine torch / ep (medians): "
-              f"{statistics.median(tsum) / statistics.median(esum):.2f}")
+        line = (f"  torch all_to_all_single (own job, after): dispatch {statistics.median(tt['dispatch'].values())/1e3:.1f} "
+                f"ms, combine {statistics.median(tt['combine'].values())/1e3:.1f} ms")
+        if ("dispatch", "ep") in t and ("combine", "ep") in t:
+            esum = [t[("dispatch", "ep")][i] + t[("combine", "ep")][i] for i in t[("dispatch", "ep")]
+                    if i in t[("combine", "ep")]]
+            line += f"; dispatch+combine torch / ep (medians): {statistics.median(tsum) / statistics.median(esum):.2f}"
+        print(line)
     wrong = [r["wrong"] for r in mine if r["wrong"] is not None]
     print(f"  checked rows: {len(wrong)}, wrong elements: {sum(wrong)}")
 PY
