@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
       chorus::kSizeGrammarHelp));
   bench::BenchArgs a;  // the defaults are BenchArgs'
   app.add_option("collective", a.collective,
-                 "allreduce|broadcast|reduce|allgather|reducescatter|alltoall|gather|scatter|sendrecv|barrier")
+                 "allreduce|broadcast|reduce|allgather|reducescatter|alltoall|gather|scatter|sendrecv|barrier|dispatch|combine")
       ->required();
   app.add_option("-b,--minbytes", a.min_bytes, "smallest size");
   app.add_option("-e,--maxbytes", a.max_bytes, "largest size");
@@ -101,6 +101,16 @@ int main(int argc, char** argv) {
   app.add_option("-T,--timeout", a.timeout_s, "a collective (or the init) that makes no progress for SEC seconds "
                                               "fails (CHORUS_TIMEOUT_MS), ending a hung benchmark with an error")
       ->default_str("CHORUS_TIMEOUT_MS (600 s)");
+  app.add_option("--tokens", a.tokens, "dispatch|combine: tokens per rank");
+  app.add_option("--hidden", a.hidden, "dispatch|combine: elements per token row");
+  app.add_option("--experts", a.experts, "dispatch|combine: experts (a multiple of the ranks)");
+  app.add_option("--topk", a.topk, "dispatch|combine: experts per token");
+  app.add_option("--max-hosts", a.max_hosts, "dispatch|combine: node-limited routing, each token's experts on at most "
+                                              "this many hosts (0: off)");
+  app.add_option("--form", a.form, "dispatch|combine: ep (chorusEp*), alltoallv (the same exchange as chorusAllToAllV) "
+                                   "or both, in turn at each repeat");
+  app.add_option("--repeats", a.repeats, "dispatch|combine: rounds of every form in turn (paired), each printed");
+  app.add_option("--seed", a.seed, "dispatch|combine: the routing's and the inputs' seed");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -108,6 +118,7 @@ int main(int argc, char** argv) {
   }
   a.np_given = app.count("--np") > 0;
   a.cputime_given = app.count("-C") > 0;
+  a.dtype_given = app.count("-d") > 0;
 
   const bench::BenchEnv env = benchEnv();
   auto plan = bench::planFromArgs(a, env);

@@ -11,6 +11,7 @@
 
 #include "sim/cli.hpp"
 #include "sim/config.hpp"
+#include "sim/ep_price.hpp"
 
 namespace {
 
@@ -317,6 +318,24 @@ CLI::App* addSweep(CLI::App& app, CliOptions& o) {
   return sw;
 }
 
+CLI::App* addEp(CLI::App& app, chorus::sim::EpPriceCase& e, bool& json) {
+  CLI::App* ep = app.add_subcommand(
+      "ep", "bytes per host link of one MoE dispatch + combine, from the library's routing code, and the "
+            "busiest link's bound (chorus-bench dispatch|combine's case; docs/ep.md)");
+  ep->add_option("--hosts", e.hosts, "hosts");
+  ep->add_option("--ranks-per-host", e.ranks_per_host, "ranks per host (consecutive ranks)");
+  ep->add_option("--tokens", e.tokens, "tokens per rank");
+  ep->add_option("--hidden", e.hidden, "elements per token row");
+  ep->add_option("--experts", e.experts, "experts (a multiple of the ranks)");
+  ep->add_option("--topk", e.topk, "experts per token");
+  ep->add_option("--max-hosts", e.max_hosts, "node-limited routing: at most this many hosts per token (0: off)");
+  ep->add_option("--dtype", e.dtype, "bf16, float, or fp8 (bf16 data, fp8 dispatch)");
+  ep->add_option("--link-gbps", e.link_gbps, "every host link's rate, each way (Gbit/s)");
+  ep->add_option("--seed", e.seed, "the uniform router's seed (chorus-bench --seed)");
+  ep->add_flag("--json", json, "print JSON");
+  return ep;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -331,6 +350,9 @@ int main(int argc, char** argv) {
   CLI::App* se = addSearch(app, o);
   CLI::App* in = addInfer(app, o);
   CLI::App* sw = addSweep(app, o);
+  EpPriceCase ep_case;
+  bool ep_json = false;
+  CLI::App* ep = addEp(app, ep_case, ep_json);
 
   o.tc.dp = 0;  // not given: gpus / (tp x pp x cp) (runTrainCommand)
   try {
@@ -374,5 +396,6 @@ int main(int argc, char** argv) {
   if (se->parsed()) return runSearchCommand(o);
   if (in->parsed()) return runInferCommand(o);
   if (sw->parsed()) return runSweepCommand(o);
+  if (ep->parsed()) return runEpCommand(ep_case, ep_json);
   return 0;
 }

@@ -392,9 +392,13 @@ typedef struct {
    * travel exactly.  fp8Block: 32..1024, or -1 (128). */
   int dispatchCompress;
   int fp8Block;
+  /* Low-latency mode (decode; chorusEpLowLatencyDispatch/Combine): at most
+   * this many tokens per rank per call, which sizes the fixed receive
+   * buffers; 0 = off.  Needs maxHostsPerToken = 0. */
+  int lowLatencyMaxTokens;
 } chorusEpConfig_t;
 #define CHORUS_EP_CONFIG_INITIALIZER \
-  { sizeof(chorusEpConfig_t), 0, 0, 0, chorusBfloat16, chorusInt64, 0, CHORUS_COMPRESS_OFF, -1 }
+  { sizeof(chorusEpConfig_t), 0, 0, 0, chorusBfloat16, chorusInt64, 0, CHORUS_COMPRESS_OFF, -1, 0 }
 /* Collective over comm: every rank's config is checked and compared (a bad or
  * differing one fails the call on every rank, naming the field). */
 chorusResult_t chorusEpCreate(chorusEpHandle_t* ep, const chorusEpConfig_t* config, chorusComm_t comm);
@@ -434,6 +438,26 @@ chorusResult_t chorusEpCombine(chorusEpHandle_t ep, const void* expertOut, const
  * (a torch backward's gradient of the gate scores). */
 chorusResult_t chorusEpReturnTopk(chorusEpHandle_t ep, const float* rowValues, float* topkValues,
                                   chorusComm_t comm, chorusStream_t stream);
+
+/* Low-latency mode (config.lowLatencyMaxTokens = M > 0; DeepEP's low-latency
+ * kernels' shape): no layout call and no count exchange before the data.
+ * Dispatch takes the router's ids itself and sends every rank one block of a
+ * fixed size (room for M rows, padding included: the bytes do not depend on
+ * the routing) in one all-to-all.  recvX: numLocalExperts x (nranks * M)
+ * rows of hidden elements, expert e's rows at [e * nranks * M, + recvCount[e])
+ * by source rank then token (the normal dispatch's grouping at fixed
+ * offsets); recvWeights (may be NULL) likewise, one float32 per row;
+ * recvCount[numLocalExperts].  numTokens > M on any rank (its blocks would
+ * overflow), or any bad argument, fails the call on every rank
+ * (chorusInvalidArgument, naming the rank) before anything is written.
+ * Combine undoes the last low-latency dispatch: expertOut and weights (may
+ * be NULL) in recvX's layout; out: numTokens x hidden, summed in the normal
+ * combine's order (the same bits as chorusEpCombine with direct routing). */
+chorusResult_t chorusEpLowLatencyDispatch(chorusEpHandle_t ep, const void* topkIdx, size_t numTokens, const void* x,
+                                          const float* topkWeights, void* recvX, float* recvWeights, size_t* recvCount,
+                                          chorusComm_t comm, chorusStream_t stream);
+chorusResult_t chorusEpLowLatencyCombine(chorusEpHandle_t ep, const void* expertOut, const float* weights, void* out,
+                                         chorusComm_t comm, chorusStream_t stream);
 
 /* ---------------------------------------------------------------------------
  * KV-cache transfer engine (docs/kv.md): agents register memory, exchange a

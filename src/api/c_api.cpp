@@ -1013,6 +1013,7 @@ CHORUS_EXPORT chorusResult_t chorusEpCreate(chorusEpHandle_t* ep, const chorusEp
   cfg.max_hosts = config->maxHostsPerToken;
   cfg.compress = config->dispatchCompress;
   cfg.fp8_block = config->fp8Block;
+  cfg.ll_max_tokens = config->lowLatencyMaxTokens;
   auto st = prim::ep::create(*ref.operator->(), cfg, ref->hostOf());
   if (!st.isOk()) return report(st.status().withContext(fmt::format("{}: ", fn)), c);
   auto* h = new chorusEpHandle{std::move(st.value()), c};
@@ -1112,6 +1113,31 @@ CHORUS_EXPORT chorusResult_t chorusEpReturnTopk(chorusEpHandle_t ep, const float
   call.state = ep->state.get();
   call.row_values = rowValues, call.topk_values = topkValues;
   return runEp(ref, stream, fn, "ep_return_topk", call);
+}
+
+CHORUS_EXPORT chorusResult_t chorusEpLowLatencyDispatch(chorusEpHandle_t ep, const void* topkIdx, size_t numTokens,
+                                                        const void* x, const float* topkWeights, void* recvX,
+                                                        float* recvWeights, size_t* recvCount, chorusComm_t comm,
+                                                        chorusStream_t stream) {
+  const char* fn = "chorusEpLowLatencyDispatch";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkEp(fn, ep, c));
+  prim::ep::Call call;
+  call.state = ep->state.get();
+  call.topk_idx = topkIdx, call.tokens = numTokens, call.x = x, call.topk_weights = topkWeights;
+  call.recv_x = recvX, call.recv_weights = recvWeights, call.recv_count = recvCount;
+  return runEp(ref, stream, fn, "ep_ll_dispatch", call);
+}
+
+CHORUS_EXPORT chorusResult_t chorusEpLowLatencyCombine(chorusEpHandle_t ep, const void* expertOut, const float* weights,
+                                                       void* out, chorusComm_t comm, chorusStream_t stream) {
+  const char* fn = "chorusEpLowLatencyCombine";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkEp(fn, ep, c));
+  prim::ep::Call call;
+  call.state = ep->state.get();
+  call.expert_out = expertOut, call.weights = weights, call.out = out;
+  return runEp(ref, stream, fn, "ep_ll_combine", call);
 }
 
 // ---- streams ---------------------------------------------------------------------

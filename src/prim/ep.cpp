@@ -32,6 +32,32 @@ Status checkConfig(const Config& c, int nranks) {
   if (c.fp8_block != -1 && (c.fp8_block < kFp8MinBlock || c.fp8_block > kFp8MaxBlock))
     return invalidArgument("config.fp8Block={} is outside {}..{} (or -1: {})", c.fp8_block, kFp8MinBlock, kFp8MaxBlock,
                            kFp8DefaultBlock);
+  if (c.ll_max_tokens < 0 || c.ll_max_tokens > (1 << 20))
+    return invalidArgument("config.lowLatencyMaxTokens={} must be in 0..2^20 (0: no low-latency mode)", c.ll_max_tokens);
+  if (c.ll_max_tokens > 0 && c.max_hosts > 0)
+    return invalidArgument("config.lowLatencyMaxTokens={} with maxHostsPerToken={}: the low-latency mode sends "
+                           "straight to the experts' ranks (no relays); use one or the other", c.ll_max_tokens,
+                           c.max_hosts);
+  return {};
+}
+
+Status readIds(const Config& cfg, const void* topk_idx, size_t tokens, std::vector<int32_t>* ids) {
+  const size_t k = static_cast<size_t>(cfg.topk);
+  const int E = cfg.experts;
+  if (tokens > (size_t{1} << 40)) return invalidArgument("numTokens={} is beyond 2^40", tokens);
+  if (tokens > 0 && topk_idx == nullptr) return invalidArgument("topkIdx is NULL but numTokens={}", tokens);
+  ids->resize(tokens * k);
+  for (size_t i = 0; i < ids->size(); ++i) {
+    const int64_t v = cfg.index_type == chorusInt32 ? static_cast<const int32_t*>(topk_idx)[i]
+                                                    : static_cast<const int64_t*>(topk_idx)[i];
+    if (v < 0 || v >= E)
+      return invalidArgument("topkIdx[{}] (token {}, choice {}) = {} is not an expert id (0..{})", i, i / k, i % k, v,
+                             E - 1);
+    for (size_t j = i - i % k; j < i; ++j)
+      if ((*ids)[j] == v)
+        return invalidArgument("topkIdx[{}] (token {}) = {} repeats choice {} of the same token", i, i / k, v, j % k);
+    (*ids)[i] = static_cast<int32_t>(v);
+  }
   return {};
 }
 
@@ -77,10 +103,12 @@ Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std
   Context ctx(comm);
   Status mine = checkConfig(cfg, ctx.size());
   const int64_t params[] = {cfg.experts, cfg.topk, static_cast<int64_t>(cfg.hidden), static_cast<int64_t>(cfg.dtype),
-                            static_cast<int64_t>(cfg.index_type), cfg.max_hosts, cfg.compress, cfg.fp8_block};
+                            static_cast<int64_t>(cfg.index_type), cfg.max_hosts, cfg.compress, cfg.fp8_block,
+                            cfg.ll_max_tokens};
   static constexpr const char* kNames[] = {"config.numExperts", "config.topk",      "config.hidden",
                                            "config.datatype",   "config.indexType", "config.maxHostsPerToken",
-                                           "config.dispatchCompress", "config.fp8Block"};
+                                           "config.dispatchCompress", "config.fp8Block",
+                                           "config.lowLatencyMaxTokens"};
   CHORUS_RETURN_IF_ERROR(agree(ctx, mine, params, kNames));
   auto st = std::make_unique<State>();
   st->cfg = cfg;
@@ -97,6 +125,7 @@ Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std
     if (r == st->rank) st->local_index = static_cast<int>(hr.size());
     hr.push_back(r);
   }
+  st->geo = plan::ep::Geometry::make(st->nranks, cfg.experts, cfg.topk, cfg.max_hosts, host_ids);
   return st;
 }
 

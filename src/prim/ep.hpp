@@ -24,6 +24,7 @@
 
 #include "common/status.hpp"
 #include "common/wire_format.hpp"
+#include "plan/ep_route.hpp"
 #include "prim/primitive.hpp"
 
 namespace chorus::prim::ep {
@@ -36,6 +37,7 @@ struct Config {
   int max_hosts = 0;
   int compress = CHORUS_COMPRESS_OFF;  // dispatch's wire: CHORUS_COMPRESS_OFF, _BF16 or _FP8
   int fp8_block = -1;                  // -1: 128
+  int ll_max_tokens = 0;               // low-latency mode: tokens per rank at most (0: off)
   // Dispatch's wire format when compressed (compress != OFF).
   [[nodiscard]] WireFormat wire() const {
     return {compress == CHORUS_COMPRESS_FP8 ? WireFormat::Fp8E4m3 : WireFormat::Bf16,
@@ -54,6 +56,7 @@ struct State {
   int nhosts = 1;
   std::vector<std::vector<int>> host_ranks;  // host -> its ranks, ascending
   int local_index = 0;                       // this rank's index among its host's ranks
+  plan::ep::Geometry geo;                    // the same, as the routing code (plan/ep_route.hpp) takes it
   [[nodiscard]] int localExperts() const { return cfg.experts / nranks; }
   [[nodiscard]] int rankOf(int expert) const { return expert / localExperts(); }
   [[nodiscard]] int hostOfExpert(int expert) const { return host_of[static_cast<size_t>(rankOf(expert))]; }
@@ -98,7 +101,33 @@ struct State {
   std::vector<size_t> slot_begin;
   std::vector<size_t> slots;
   std::vector<int32_t> slot_k;
+
+  // Scratch reused across calls: the wire buffers of dispatch and combine
+  // (hundreds of MB for a training step's tokens).  Allocated anew per call
+  // they would be fresh pages, each paying a fault and the kernel's zeroing
+  // on first touch, every call (DeepEP keeps its buffers in its Buffer too).
+  std::vector<uint8_t> scratch[3];
+  std::vector<float> fscratch[2];
+
+  // The last low-latency dispatch (ep_ll_dispatch): the tokens sent to each
+  // rank in block order (ll_sent[q]), and for each row received (source
+  // block, position) its slots in recvX (ll_slot_begin / ll_slots: index
+  // into [L][nranks * max] rows, ascending expert id).
+  bool ll_dispatched = false;
+  std::vector<std::vector<size_t>> ll_sent;
+  std::vector<size_t> ll_rows_from;   // rows received from each rank
+  std::vector<size_t> ll_slot_begin;  // per received row (sources ascending, block order), prefix
+  std::vector<size_t> ll_slots;
+  size_t ll_tokens = 0;
 };
+
+// v's first n elements, growing v when it is shorter (never shrinking it,
+// never writing the elements it keeps).
+template <class T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
 
 // The ep_* primitives' aux block.
 inline constexpr uint64_t kCallMagic = 0x63686f7275736570ull;  // "chorusep"
@@ -126,10 +155,25 @@ struct Call {
   // return_topk
   const float* row_values = nullptr;
   float* topk_values = nullptr;
+  // low-latency dispatch (also topk_idx, tokens, x, topk_weights, recv_x,
+  // recv_weights) and combine (expert_out, weights, out)
+  size_t* recv_count = nullptr;
 };
+
+// Low-latency mode's block from one rank to another: a header of two
+// uint64 (0 or the sender's refusal, then its rows), then room for
+// ll_max_tokens wire rows (plan::ep::dispatchRowBytes each; combine: rows of
+// the datatype).  A fixed-size all-to-all, so no count travels before the data.
+inline constexpr size_t kLlHeader = 2 * sizeof(uint64_t);
+inline constexpr uint64_t kLlRefused = 0x726566757365ull;  // "refuse"
 
 // The Call block of args (refused unless it is one), with its state.
 Result<const Call*> callOf(const Args& args);
+
+// The router's ids (tokens x topk of cfg.index_type) checked and read into
+// ids: each in [0, numExperts), none twice in a token's row (the error names
+// the entry).
+Status readIds(const Config& cfg, const void* topk_idx, size_t tokens, std::vector<int32_t>* ids);
 
 // The agreement before data moves.  `mine` is this rank's verdict on its own
 // arguments; `params` are values every rank must pass alike (each named in

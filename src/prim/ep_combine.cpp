@@ -13,6 +13,7 @@
 // +0, ascending rank, rounded: one row per host crosses the network), and the
 // home adds the hosts' partials from +0 in ascending host order, rounded.
 // The arithmetic runs as exec local operations (Accumulate, FromFloat).
+#include <algorithm>
 #include <numeric>
 
 #include "exec/local_ops.hpp"
@@ -45,7 +46,7 @@ class Combine final : public Primitive {
     const size_t row = s.rowBytes();
     const chorusDataType_t dt = s.cfg.dtype;
     const size_t rows_in = s.slot_begin.size() - 1;
-    std::vector<uint8_t> sendb(rows_in * row);
+    uint8_t* sendb = grow(s.scratch[0], rows_in * row);
     std::vector<float> acc(h);
     for (size_t i = 0; i < rows_in; ++i) {
       std::fill(acc.begin(), acc.end(), 0.0f);
@@ -58,21 +59,23 @@ class Combine final : public Primitive {
     }
     if (s.nodeLimited()) {
       // Back to the relays, which sum their host's partials per first-hop row.
-      std::vector<uint8_t> back(s.hop2_rows.size() * row);
-      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), s.recv_rows, back.data(), s.hop2_counts, row));
+      uint8_t* back = grow(s.scratch[1], s.hop2_rows.size() * row);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb, s.recv_rows, back, s.hop2_counts, row));
       const size_t rows1 = std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0});
-      std::vector<float> host(rows1 * h, 0.0f);
+      float* host = grow(s.fscratch[0], rows1 * h);
+      std::fill_n(host, rows1 * h, 0.0f);
       for (size_t p = 0; p < s.hop2_rows.size(); ++p)  // rank-major: each row's partials in ascending rank
         exec::runLocalOp(exec::LocalOp::accumulate(&host[s.hop2_rows[p] * h], &back[p * row], h, dt, 1.0f));
-      sendb.assign(rows1 * row, 0);
-      exec::runLocalOp(exec::LocalOp::fromFloat(sendb.data(), host.data(), host.size(), dt));
+      sendb = grow(s.scratch[0], rows1 * row);
+      exec::runLocalOp(exec::LocalOp::fromFloat(sendb, host, rows1 * h, dt));
     }
     const std::vector<size_t>& sent_back = s.nodeLimited() ? s.hop1_rows : s.recv_rows;
-    std::vector<uint8_t> recvb(s.send_order.size() * row);
-    CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), sent_back, recvb.data(), s.send_counts, row));
+    uint8_t* recvb = grow(s.scratch[2], s.send_order.size() * row);
+    CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb, sent_back, recvb, s.send_counts, row));
 
     // Home: each token's partials in ascending rank (direct) or host (node-limited) order.
-    std::vector<float> home(s.tokens * h, 0.0f);
+    float* home = grow(s.fscratch[1], s.tokens * h);
+    std::fill_n(home, s.tokens * h, 0.0f);
     std::vector<size_t> displ(n + 1, 0);
     for (size_t r = 0; r < n; ++r) displ[r + 1] = displ[r] + s.send_counts[r];
     auto addFrom = [&](size_t r) {
@@ -84,7 +87,7 @@ class Combine final : public Primitive {
     } else {
       for (int hh = 0; hh < s.nhosts; ++hh) addFrom(static_cast<size_t>(s.relayFor(hh)));
     }
-    exec::runLocalOp(exec::LocalOp::fromFloat(c.out, home.data(), home.size(), dt));
+    exec::runLocalOp(exec::LocalOp::fromFloat(c.out, home, s.tokens * h, dt));
     return {};
   }
 };

@@ -35,7 +35,7 @@ struct Wire {
   [[nodiscard]] size_t ids() const { return row; }
   [[nodiscard]] size_t weights() const { return row + k * sizeof(int32_t); }
   [[nodiscard]] size_t origin() const { return row + k * (sizeof(int32_t) + sizeof(float)); }
-  [[nodiscard]] size_t bytes() const { return origin() + 2 * sizeof(uint64_t); }
+  [[nodiscard]] size_t bytes() const { return plan::ep::dispatchRowBytes(row, k); }
 };
 
 class Dispatch final : public Primitive {
@@ -64,7 +64,7 @@ class Dispatch final : public Primitive {
     const bool z = s.cfg.compressed();
     const Wire wire{z ? wireBytes(s.cfg.wire(), s.cfg.hidden) : s.rowBytes(), k};
     const size_t W = wire.bytes();
-    std::vector<uint8_t> sendb(s.send_order.size() * W);
+    uint8_t* sendb = grow(s.scratch[0], s.send_order.size() * W);
     std::vector<float> tmp(z ? s.cfg.hidden : 0);
     for (size_t p = 0; p < s.send_order.size(); ++p) {
       const size_t t = s.send_order[p];
@@ -84,27 +84,27 @@ class Dispatch final : public Primitive {
       const uint64_t origin[2] = {static_cast<uint64_t>(s.rank), t};
       std::memcpy(w + wire.origin(), origin, sizeof origin);
     }
-    std::vector<uint8_t> recvb;
+    const size_t rows_in = std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0});
+    uint8_t* recvb = grow(s.scratch[1], rows_in * W);
     if (!s.nodeLimited()) {
-      recvb.resize(std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0}) * W);
-      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), s.send_counts, recvb.data(), s.recv_rows, W));
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb, s.send_counts, recvb, s.recv_rows, W));
     } else {
-      std::vector<uint8_t> hop1(std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0}) * W);
-      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb.data(), s.send_counts, hop1.data(), s.hop1_rows, W));
-      std::vector<uint8_t> fwd(s.hop2_rows.size() * W);
+      // The first hop lands in scratch[2]; the forwarded rows are packed into
+      // scratch[0] (the first hop's send buffer, done with).
+      uint8_t* hop1 = grow(s.scratch[2], std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0}) * W);
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb, s.send_counts, hop1, s.hop1_rows, W));
+      uint8_t* fwd = grow(s.scratch[0], s.hop2_rows.size() * W);
       for (size_t p = 0; p < s.hop2_rows.size(); ++p) std::memcpy(&fwd[p * W], &hop1[s.hop2_rows[p] * W], W);
-      recvb.resize(std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0}) * W);
-      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, fwd.data(), s.hop2_counts, recvb.data(), s.recv_rows, W));
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, fwd, s.hop2_counts, recvb, s.recv_rows, W));
     }
-    CHORUS_RETURN_IF_ERROR(unpack(s, c, wire, recvb));
+    CHORUS_RETURN_IF_ERROR(unpack(s, c, wire, recvb, rows_in));
     s.dispatched = true;
     return {};
   }
 
  private:
-  static Status unpack(State& s, const Call& c, const Wire& wire, const std::vector<uint8_t>& recvb) {
+  static Status unpack(State& s, const Call& c, const Wire& wire, const uint8_t* recvb, size_t rows_in) {
     const size_t W = wire.bytes();
-    const size_t rows_in = recvb.size() / W;
     const auto k = static_cast<size_t>(s.cfg.topk);
     const int L = s.localExperts();
     const int first = s.rank * L;

@@ -45,41 +45,19 @@ class Layout final : public Primitive {
     // local expert of the destination] per destination.
     const size_t w = 1 + static_cast<size_t>(L);
     std::vector<uint64_t> sc(w * static_cast<size_t>(n), 0), rc(sc.size(), 0);
-    auto countRow = [&](const int32_t* ids, int only_host) {
-      std::vector<int32_t> row(ids, ids + k);
-      std::sort(row.begin(), row.end());
-      int last = -1;
-      for (int32_t e : row) {
-        const int r = s.rankOf(e);
-        if (only_host >= 0 && s.host_of[static_cast<size_t>(r)] != only_host) continue;
-        if (r != last) sc[static_cast<size_t>(r) * w] += 1, last = r;
-        sc[static_cast<size_t>(r) * w + 1 + static_cast<size_t>(e - r * L)] += 1;
-      }
-    };
+    auto countRow = [&](const int32_t* ids, int only_host) { plan::ep::countLastHop(s.geo, ids, only_host, sc); };
     if (!s.nodeLimited()) {
       for (size_t t = 0; t < s.tokens; ++t) countRow(&s.ids[t * k], -1);
     } else {
       CHORUS_RETURN_IF_ERROR(relayHop(ctx, s));
+      // The relay's forwarding inside its host (plan/ep_route.hpp).
       const int my_host = s.host_of[static_cast<size_t>(s.rank)];
       const size_t rows1 = s.hop1_ids.size() / k;
-      std::vector<std::vector<size_t>> to(static_cast<size_t>(n));
-      for (size_t i = 0; i < rows1; ++i) {
-        const int32_t* ids = &s.hop1_ids[i * k];
-        std::vector<int> rs;
-        for (size_t j = 0; j < k; ++j)
-          if (s.hostOfExpert(ids[j]) == my_host) rs.push_back(s.rankOf(ids[j]));
-        if (rs.empty()) return internalError("a relayed row names no expert of this rank's host: the counts do not add up");
-        std::sort(rs.begin(), rs.end());
-        rs.erase(std::unique(rs.begin(), rs.end()), rs.end());
-        for (int q : rs) to[static_cast<size_t>(q)].push_back(i);
-        countRow(ids, my_host);
-      }
-      s.hop2_counts.assign(static_cast<size_t>(n), 0);
-      s.hop2_rows.clear();
-      for (size_t q = 0; q < static_cast<size_t>(n); ++q) {
-        s.hop2_counts[q] = to[q].size();
-        s.hop2_rows.insert(s.hop2_rows.end(), to[q].begin(), to[q].end());
-      }
+      auto fwd = plan::ep::forward(s.geo, s.rank, s.hop1_ids);
+      if (!fwd.isOk()) return fwd.status();
+      for (size_t i = 0; i < rows1; ++i) countRow(&s.hop1_ids[i * k], my_host);
+      s.hop2_counts = std::move(fwd->counts);
+      s.hop2_rows = std::move(fwd->rows);
     }
     CHORUS_RETURN_IF_ERROR(ctx.allToAll(sc.data(), rc.data(), w, chorusUint64));
     s.recv_rows.assign(static_cast<size_t>(n), 0);
@@ -130,56 +108,17 @@ class Layout final : public Primitive {
 
   // This rank's own part: validation, counts, send order.
   static Status local(const Call& c, State& s) {
-    const size_t k = static_cast<size_t>(s.cfg.topk);
-    const int E = s.cfg.experts;
-    if (c.tokens > (size_t{1} << 40)) return invalidArgument("numTokens={} is beyond 2^40", c.tokens);
-    if (c.tokens > 0 && c.topk_idx == nullptr) return invalidArgument("topkIdx is NULL but numTokens={}", c.tokens);
     s.tokens = c.tokens;
-    s.ids.resize(c.tokens * k);
-    for (size_t i = 0; i < s.ids.size(); ++i) {
-      const int64_t v = s.cfg.index_type == chorusInt32 ? static_cast<const int32_t*>(c.topk_idx)[i]
-                                                        : static_cast<const int64_t*>(c.topk_idx)[i];
-      if (v < 0 || v >= E)
-        return invalidArgument("topkIdx[{}] (token {}, choice {}) = {} is not an expert id (0..{})", i, i / k, i % k, v,
-                               E - 1);
-      for (size_t j = i - i % k; j < i; ++j)
-        if (s.ids[j] == v)
-          return invalidArgument("topkIdx[{}] (token {}) = {} repeats choice {} of the same token", i, i / k, v, j % k);
-      s.ids[i] = static_cast<int32_t>(v);
-    }
-    const auto n = static_cast<size_t>(s.nranks);
-    std::vector<size_t> per_rank(n, 0), per_host(static_cast<size_t>(s.nhosts), 0), per_expert(static_cast<size_t>(E), 0);
-    std::vector<std::vector<size_t>> to(n);
-    std::vector<char> in_rank(n), in_host(static_cast<size_t>(s.nhosts));
-    for (size_t t = 0; t < c.tokens; ++t) {
-      std::fill(in_rank.begin(), in_rank.end(), 0);
-      std::fill(in_host.begin(), in_host.end(), 0);
-      for (size_t j = 0; j < k; ++j) {
-        const int e = s.ids[t * k + j];
-        const auto r = static_cast<size_t>(s.rankOf(e));
-        per_expert[static_cast<size_t>(e)] += 1;
-        in_rank[r] = 1;
-        in_host[static_cast<size_t>(s.host_of[r])] = 1;
-      }
-      size_t hosts = 0;
-      for (size_t h = 0; h < in_host.size(); ++h) {
-        per_host[h] += in_host[h], hosts += in_host[h];
-        if (in_host[h] && s.nodeLimited()) to[static_cast<size_t>(s.relayFor(static_cast<int>(h)))].push_back(t);
-      }
-      if (s.nodeLimited() && hosts > static_cast<size_t>(s.cfg.max_hosts))
-        return invalidArgument("topkIdx row {} (token {}) reaches {} hosts but maxHostsPerToken={} (route within at most "
-                               "that many hosts, e.g. group-limited gating)", t, t, hosts, s.cfg.max_hosts);
-      for (size_t r = 0; r < n; ++r) {
-        per_rank[r] += in_rank[r];
-        if (in_rank[r] && !s.nodeLimited()) to[r].push_back(t);
-      }
-    }
-    s.send_counts.assign(n, 0);
-    s.send_order.clear();
-    for (size_t r = 0; r < n; ++r) {
-      s.send_counts[r] = to[r].size();
-      s.send_order.insert(s.send_order.end(), to[r].begin(), to[r].end());
-    }
+    CHORUS_RETURN_IF_ERROR(readIds(s.cfg, c.topk_idx, c.tokens, &s.ids));
+    // Per destination, the tokens that go there (plan/ep_route.hpp: the
+    // simulator prices the same send order).
+    auto hop = plan::ep::firstHop(s.geo, s.rank, s.ids);
+    if (!hop.isOk()) return hop.status();
+    s.send_counts = std::move(hop->send_counts);
+    s.send_order = std::move(hop->send_order);
+    const std::vector<size_t>& per_rank = hop->per_rank;
+    const std::vector<size_t>& per_host = hop->per_host;
+    const std::vector<size_t>& per_expert = hop->per_expert;
     if (c.tokens_per_rank != nullptr) std::copy(per_rank.begin(), per_rank.end(), c.tokens_per_rank);
     if (c.tokens_per_host != nullptr) std::copy(per_host.begin(), per_host.end(), c.tokens_per_host);
     if (c.tokens_per_expert != nullptr) std::copy(per_expert.begin(), per_expert.end(), c.tokens_per_expert);

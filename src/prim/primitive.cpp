@@ -85,6 +85,8 @@ PrimitiveRegistry& registry() {
     (void)reg->add(ep::makeEpDispatch());
     (void)reg->add(ep::makeEpCombine());
     (void)reg->add(ep::makeEpReturnTopk());
+    (void)reg->add(ep::makeEpLlDispatch());
+    (void)reg->add(ep::makeEpLlCombine());
     return reg;
   }();
   return *r;

@@ -105,6 +105,8 @@ std::unique_ptr<Primitive> makeEpLayout();
 std::unique_ptr<Primitive> makeEpDispatch();
 std::unique_ptr<Primitive> makeEpCombine();
 std::unique_ptr<Primitive> makeEpReturnTopk();
+std::unique_ptr<Primitive> makeEpLlDispatch();
+std::unique_ptr<Primitive> makeEpLlCombine();
 }  // namespace ep
 
 }  // namespace chorus::prim

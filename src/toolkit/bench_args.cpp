@@ -27,6 +27,43 @@ Status failure(std::string_view message) {
   return Status(chorusInvalidArgument, fmt::format("chorus-bench: {}", message));
 }
 
+// dispatch | combine: the MoE benchmark's options (toolkit/bench_ep.hpp).
+Result<EpBenchOptions> epOptions(const BenchArgs& a) {
+  EpBenchOptions e;
+  e.combine = a.collective == "combine";
+  if (!a.algo.empty() || !a.plan_paths.empty())
+    return usage(fmt::format("{}: --algo and --plan choose a collective's plan; {} is not one", a.collective,
+                             a.collective));
+  e.tokens = a.tokens, e.hidden = a.hidden, e.experts = a.experts, e.topk = a.topk, e.max_hosts = a.max_hosts;
+  if (a.tokens > (size_t{1} << 24) || a.hidden == 0 || a.hidden > (size_t{1} << 20))
+    return usage(fmt::format("--tokens {} / --hidden {}: tokens must be at most 2^24 and hidden 1..2^20", a.tokens,
+                             a.hidden));
+  if (a.max_hosts < 0) return usage(fmt::format("--max-hosts {} must be >= 0 (0: no node limit)", a.max_hosts));
+  if (a.repeats < 1 || a.repeats > 1000) return usage(fmt::format("--repeats {} must be in 1..1000", a.repeats));
+  const std::string d = a.dtype_given ? a.dtype : "bf16";
+  if (d == "fp8") {
+    e.dtype = chorusBfloat16, e.compress = CHORUS_COMPRESS_FP8;
+  } else if (d == "bf16" || d == "bfloat16") {
+    e.dtype = chorusBfloat16;
+  } else if (d == "float" || d == "float32") {
+    e.dtype = chorusFloat32;
+  } else {
+    return usage(fmt::format("{} -d {}: the payload is bf16 (default), fp8 (bf16 data, fp8 dispatch wire) or float",
+                             a.collective, d));
+  }
+  if (a.form == "ep") {
+    e.forms = {EpForm::Ep};
+  } else if (a.form == "alltoallv") {
+    e.forms = {EpForm::AllToAllV};
+  } else if (a.form != "both") {
+    return usage(fmt::format("--form {}: ep, alltoallv or both", a.form));
+  }
+  e.iters = a.iters, e.warmup = a.warmup, e.repeats = a.repeats, e.check = a.check != 0, e.average = a.average;
+  e.seed = a.seed;
+  e.json_path = a.json_path;
+  return e;
+}
+
 }  // namespace
 
 int exitStatus(const Status& s) { return s.code() == chorusInvalidUsage ? 2 : 1; }
@@ -55,9 +92,15 @@ Result<BenchPlan> planFromArgs(const BenchArgs& a, const BenchEnv& env) {
 
   BenchPlan plan;
   BenchOptions& o = plan.options;
-  auto coll = parseCollective(a.collective);
-  if (!coll.isOk()) return failure(coll.status().message());
-  o.collective = *coll;
+  if (a.collective == "dispatch" || a.collective == "combine") {
+    auto ep = epOptions(a);
+    if (!ep.isOk()) return ep.status();
+    plan.ep = std::move(ep.value());
+  } else {
+    auto coll = parseCollective(a.collective);
+    if (!coll.isOk()) return failure(coll.status().message() + " or dispatch|combine");
+    o.collective = *coll;
+  }
   for (auto [text, dst, flag] : {std::tuple{&a.min_bytes, &o.sweep.min_bytes, "-b"},
                                  std::tuple{&a.max_bytes, &o.sweep.max_bytes, "-e"},
                                  std::tuple{&a.step_bytes, &o.sweep.step_bytes, "-i"}}) {
@@ -78,7 +121,7 @@ Result<BenchPlan> planFromArgs(const BenchArgs& a, const BenchEnv& env) {
   if (a.dtype == "all") {
     o.dtypes.clear();
     for (int d = 0; d < chorusNumTypes; ++d) o.dtypes.push_back(static_cast<chorusDataType_t>(d));
-  } else if (!kernels::parseDtype(a.dtype, &o.dtypes[0])) {
+  } else if (!plan.ep && !kernels::parseDtype(a.dtype, &o.dtypes[0])) {
     return failure(fmt::format("unknown data type '{}' (-d float, half, bf16, double, int32, ...)", a.dtype));
   }
   if (a.op == "all") {
@@ -88,7 +131,7 @@ Result<BenchPlan> planFromArgs(const BenchArgs& a, const BenchEnv& env) {
     if (!op.isOk()) return failure(op.status().message());
     o.ops = {*op};
   }
-  if (auto sweep = sizeSweep(o.sweep); !sweep.isOk()) return failure(sweep.status().message());
+  if (auto sweep = sizeSweep(o.sweep); !sweep.isOk() && !plan.ep) return failure(sweep.status().message());
   plan.algo = a.algo;
   plan.plan_paths = a.plan_paths;
   plan.timeout_s = a.timeout_s;
@@ -188,7 +231,13 @@ int runRank(BenchPlan plan, const BenchEnv& env) {
     return fail(fmt::format("chorus-bench: chorusCommInitFromEnv failed: {}: {}", chorusGetErrorString(r),
                             chorusGetLastError(nullptr)));
   o.bookkeeping = book;
-  auto wrong = runBench(o, comm, stdout);
+  Result<uint64_t> wrong = uint64_t{0};
+  if (plan.ep) {
+    plan.ep->bookkeeping = book;
+    wrong = runEpBench(*plan.ep, comm, stdout);
+  } else {
+    wrong = runBench(o, comm, stdout);
+  }
   if (!wrong.isOk()) {
     fmt::print(stderr, "{}\n", wrong.status().message());
     chorusCommAbort(comm);

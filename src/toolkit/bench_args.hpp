@@ -15,12 +15,14 @@
 // own, 1 otherwise).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/config.hpp"
 #include "common/status.hpp"
 #include "toolkit/bench.hpp"
+#include "toolkit/bench_ep.hpp"
 
 namespace chorus::tools::bench {
 
@@ -54,6 +56,16 @@ struct BenchArgs {
   int cputime = 1;                    // -C
   bool cputime_given = false;         // -C was on the command line
   double timeout_s = 0;               // -T
+  bool dtype_given = false;           // -d was on the command line
+  // dispatch | combine (toolkit/bench_ep.hpp)
+  size_t tokens = 4096;               // --tokens
+  size_t hidden = 7168;               // --hidden
+  int experts = 64;                   // --experts
+  int topk = 8;                       // --topk
+  int max_hosts = 0;                  // --max-hosts
+  std::string form = "both";          // --form: ep, alltoallv or both
+  int repeats = 1;                    // --repeats
+  uint64_t seed = 1;                  // --seed
 };
 
 // Where the process runs, as the main reads it from the environment.
@@ -79,6 +91,8 @@ struct BenchPlan {
   // The sweep.  rankConfig fills what depends on the job's configuration
   // (algos, forced_algo, algo_spec, plan_paths).
   BenchOptions options;
+  // dispatch | combine: the MoE benchmark (runEpBench) instead of the sweep.
+  std::optional<EpBenchOptions> ep;
   // Kept for rankConfig.
   std::string algo;
   std::vector<std::string> plan_paths;
