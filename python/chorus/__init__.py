@@ -48,6 +48,7 @@ from ._chorus import (  # noqa: F401  (re-exported API)
     InternalError,
     InvalidArgumentError,
     InvalidUsageError,
+    KvAgent,
     MismatchError,
     RemoteError,
     Result,
@@ -98,6 +99,6 @@ __version__ = "{}.{}.{}".format(version() // 10000, version() // 100 % 100, vers
 __all__ = [
     "AbortedError", "RevokedError", "Communicator", "DataType", "Error", "ExpertParallel", "Handle",
     "InProgressError", "InternalError",
-    "InvalidArgumentError", "InvalidUsageError", "MismatchError", "Op", "RemoteError", "Result", "Stream",
+    "InvalidArgumentError", "InvalidUsageError", "KvAgent", "MismatchError", "Op", "RemoteError", "Result", "Stream",
     "UniqueId", "error_string", "group", "group_end", "group_start", "version",
 ]  # chorus.SystemError and chorus.TimeoutError stay qualified: a star import must not shadow the builtins

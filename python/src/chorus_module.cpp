@@ -18,10 +18,12 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -630,6 +632,174 @@ class ExpertParallel {
   size_t tokens_ = 0, recv_ = 0;
 };
 
+// ---------------------------------------------------------------- KV transfer engine
+
+size_t elementBytes(chorusDataType_t t) {
+  switch (t) {
+    case chorusInt8: case chorusUint8: case chorusFloat8e4m3: case chorusFloat8e5m2: return 1;
+    case chorusFloat16: case chorusBfloat16: return 2;
+    case chorusInt32: case chorusUint32: case chorusFloat32: return 4;
+    default: return 8;
+  }
+}
+
+// chorus.KvAgent: the C API's chorusKv* calls (docs/kv.md).  Registered
+// buffers are kept alive by the agent until deregistered or closed.
+class KvAgent {
+ public:
+  KvAgent(const std::string& name, const UniqueId& store, bool serveStore) {
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusKvAgentCreate(&agent_, name.c_str(), store.get(), serveStore ? 1 : 0);
+    }
+    check(r, nullptr, "KvAgent(" + name + ")");
+  }
+  ~KvAgent() { closeNoThrow(); }
+  KvAgent(const KvAgent&) = delete;
+  KvAgent& operator=(const KvAgent&) = delete;
+
+  void close() {
+    closeNoThrow();
+  }
+
+  uint32_t registerBuffer(py::object buf, const std::string& access) {
+    int acc = 0;
+    if (access.find('r') != std::string::npos) acc |= CHORUS_KV_READ;
+    if (access.find('w') != std::string::npos) acc |= CHORUS_KV_WRITE;
+    if (acc == 0 || access.find_first_not_of("rw") != std::string::npos)
+      throw py::value_error("KvAgent.register: access='" + access + "' must be 'r', 'w' or 'rw'");
+    View v = viewOf(buf, "KvAgent.register(buffer)", true);
+    uint32_t region = 0;
+    check(chorusKvRegister(live(), v.ptr, v.count * elementBytes(v.dtype), acc, &region), nullptr,
+          "KvAgent.register");
+    kept_[region] = std::move(buf);
+    return region;
+  }
+
+  void deregister(uint32_t region) {
+    check(chorusKvDeregister(live(), region), nullptr, "KvAgent.deregister");
+    kept_.erase(region);
+  }
+
+  py::bytes metadata() {
+    size_t size = 0;
+    check(chorusKvGetMetadata(live(), nullptr, 0, &size), nullptr, "KvAgent.metadata");
+    std::string blob(size, '\0');
+    check(chorusKvGetMetadata(live(), blob.data(), blob.size(), &size), nullptr, "KvAgent.metadata");
+    blob.resize(size);
+    return py::bytes(blob);
+  }
+
+  void publish() { check(chorusKvPublishMetadata(live()), nullptr, "KvAgent.publish"); }
+
+  std::string loadRemote(const py::bytes& blob) {
+    std::string b = blob;
+    char name[80] = {};
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusKvLoadRemote(live(), b.data(), b.size(), name, sizeof name);
+    }
+    check(r, nullptr, "KvAgent.load_remote");
+    return name;
+  }
+
+  void connect(const std::string& peer, int timeoutMs) {
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusKvConnect(live(), peer.c_str(), timeoutMs);
+    }
+    check(r, nullptr, "KvAgent.connect(" + peer + ")");
+  }
+
+  void disconnect(const std::string& peer) {
+    check(chorusKvDisconnect(live(), peer.c_str()), nullptr, "KvAgent.disconnect(" + peer + ")");
+  }
+
+  uint64_t post(bool write, const std::string& peer, const std::vector<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t, uint64_t>>& descs,
+                py::object notify) {
+    std::vector<chorusKvDesc_t> d(descs.size());
+    for (size_t i = 0; i < descs.size(); ++i) {
+      d[i].localRegion = std::get<0>(descs[i]);
+      d[i].localOffset = std::get<1>(descs[i]);
+      d[i].remoteRegion = std::get<2>(descs[i]);
+      d[i].remoteOffset = std::get<3>(descs[i]);
+      d[i].bytes = std::get<4>(descs[i]);
+    }
+    const bool note = !notify.is_none();
+    const uint64_t value = note ? notify.cast<uint64_t>() : 0;
+    uint64_t xfer = 0;
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = write ? chorusKvPostWrite(live(), peer.c_str(), d.data(), d.size(), note ? 1 : 0, value, &xfer)
+                : chorusKvPostRead(live(), peer.c_str(), d.data(), d.size(), note ? 1 : 0, value, &xfer);
+    }
+    check(r, nullptr, write ? "KvAgent.write" : "KvAgent.read");
+    return xfer;
+  }
+
+  void progress() {
+    py::gil_scoped_release nogil;
+    chorusResult_t r = chorusKvProgress(live());
+    if (r != chorusSuccess) {
+      py::gil_scoped_acquire gil;
+      raise(r, nullptr, "KvAgent.progress");
+    }
+  }
+
+  // "done", "pending" or "cancelled"; a failed transfer raises.
+  std::string test(uint64_t xfer) { return state(chorusKvTest(live(), xfer), "KvAgent.test"); }
+
+  std::string wait(uint64_t xfer, int timeoutMs) {
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusKvWait(live(), xfer, timeoutMs);
+    }
+    return state(r, "KvAgent.wait");
+  }
+
+  void cancel(uint64_t xfer) { check(chorusKvCancel(live(), xfer), nullptr, "KvAgent.cancel"); }
+  void release(uint64_t xfer) { check(chorusKvRelease(live(), xfer), nullptr, "KvAgent.release"); }
+
+  py::object notification() {
+    char name[80] = {};
+    uint64_t value = 0;
+    int got = 0;
+    check(chorusKvGetNotif(live(), name, sizeof name, &value, &got), nullptr, "KvAgent.notification");
+    if (!got) return py::none();
+    return py::make_tuple(std::string(name), value);
+  }
+
+ private:
+  chorusKvAgent_t live() const {
+    if (agent_ == nullptr) throw py::value_error("KvAgent: the agent was closed");
+    return agent_;
+  }
+  static std::string state(chorusResult_t r, const char* where) {
+    if (r == chorusSuccess) return "done";
+    if (r == chorusInProgress) return "pending";
+    if (r == chorusAborted) return "cancelled";
+    raise(r, nullptr, where);
+  }
+  void closeNoThrow() {
+    if (agent_ == nullptr) return;
+    chorusKvAgent_t a = agent_;
+    agent_ = nullptr;
+    {
+      py::gil_scoped_release nogil;
+      (void)chorusKvAgentDestroy(a);
+    }
+    kept_.clear();  // the memory outlives every access: the agent is gone
+  }
+
+  chorusKvAgent_t agent_ = nullptr;
+  std::map<uint32_t, py::object> kept_;
+};
+
 PYBIND11_MODULE(_chorus, m) {
   m.doc() = "Low-level binding of the chorus C API; use the `chorus` package.";
 
@@ -1000,4 +1170,41 @@ PYBIND11_MODULE(_chorus, m) {
            "in chorus.h's fixed order; weights None: all 1.")
       .def("return_topk", &ExpertParallel::returnTopk, py::arg("row_values"), py::arg("topk_values"),
            "return_topk(row_values, topk_values): per-row float32 values back to their (token, k) (tokens x topk).");
+
+  py::class_<KvAgent>(m, "KvAgent",
+      "A KV-cache transfer agent (chorus.h, 'KV-cache transfer engine'; docs/kv.md).\n"
+      "KvAgent(name, store_id, serve_store=False): store_id is a UniqueId whose process (the one with\n"
+      "serve_store=True) runs the store that agents meet through.  Registered buffers (NumPy arrays, CPU\n"
+      "tensors) are kept alive until deregistered or closed.  Transfers move only inside the agent's calls.")
+      .def(py::init<const std::string&, const UniqueId&, bool>(), py::arg("name"), py::arg("store_id"),
+           py::arg("serve_store") = false)
+      .def("close", &KvAgent::close, "Destroys the agent (its pairs and regions); later calls raise.")
+      .def("__enter__", [](KvAgent& a) -> KvAgent& { return a; }, py::return_value_policy::reference)
+      .def("__exit__", [](KvAgent& a, py::args) { a.close(); })
+      .def("register", &KvAgent::registerBuffer, py::arg("buffer"), py::arg("access") = "rw",
+           "register(buffer, access='rw') -> region index; access 'r' (peers read), 'w' (peers write) or 'rw'.")
+      .def("deregister", &KvAgent::deregister, py::arg("region"))
+      .def("metadata", &KvAgent::metadata, "This agent's metadata blob (name, instance, regions).")
+      .def("publish", &KvAgent::publish, "Puts the metadata in the store, for connect() by name.")
+      .def("load_remote", &KvAgent::loadRemote, py::arg("blob"),
+           "Loads a peer's blob (validated); the first load sets up the pair, with the peer loading ours.  Returns its name.")
+      .def("connect", &KvAgent::connect, py::arg("peer"), py::arg("timeout_ms") = 30000,
+           "load_remote of the blob `peer` published, waiting up to timeout_ms.")
+      .def("disconnect", &KvAgent::disconnect, py::arg("peer"))
+      .def("write", [](KvAgent& a, const std::string& peer, const std::vector<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t, uint64_t>>& d,
+                       py::object notify) { return a.post(true, peer, d, std::move(notify)); },
+           py::arg("peer"), py::arg("descs"), py::arg("notify") = py::none(),
+           "write(peer, descs, notify=None) -> transfer id: descs are (local_region, local_offset, remote_region,\n"
+           "remote_offset, bytes); notify: a value the peer gets once every descriptor landed.")
+      .def("read", [](KvAgent& a, const std::string& peer, const std::vector<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t, uint64_t>>& d,
+                      py::object notify) { return a.post(false, peer, d, std::move(notify)); },
+           py::arg("peer"), py::arg("descs"), py::arg("notify") = py::none(),
+           "read(peer, descs, notify=None) -> transfer id: the peer's bytes into ours.")
+      .def("progress", &KvAgent::progress)
+      .def("test", &KvAgent::test, py::arg("xfer"), "'done', 'pending' or 'cancelled'; a failed transfer raises.")
+      .def("wait", &KvAgent::wait, py::arg("xfer"), py::arg("timeout_ms") = 30000,
+           "Waits until the transfer is no longer pending: 'done' or 'cancelled'; raises on failure or timeout.")
+      .def("cancel", &KvAgent::cancel, py::arg("xfer"))
+      .def("release", &KvAgent::release, py::arg("xfer"), "Forgets a finished transfer.")
+      .def("notification", &KvAgent::notification, "The oldest notification as (peer, value), or None.");
 }
