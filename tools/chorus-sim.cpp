@@ -282,8 +282,7 @@ CLI::App* addSweep(CLI::App& app, CliOptions& o) {
   sw->add_option("--bytes", o.bytes_text, "collective job: size (nccl-tests convention)");
   sw->add_option("--algo", o.algo, "collective job: auto, a chorus plan or an NCCL algorithm");
   sw->add_option("--model", o.model_path, "train/search job: chorus model JSON, Hugging Face config.json or its directory");
-  sw->add_option("--tp", o.tc.tp, "train job: tensor parallel (default 1); serve job: GPUs per replica (default: the smallest that fits)")
-      ->default_val(0);
+  sw->add_option("--tp", o.sweep_tp, "train job: tensor parallel (default 1); serve job: GPUs per replica (default: the smallest that fits)");
   sw->add_option("--pp", o.tc.pp, "train job: pipeline parallel");
   sw->add_option("--dp", o.tc.dp, "train job: data parallel (0: gpus / (tp pp cp) at every point)")->default_val(0);
   sw->add_option("--cp", o.tc.cp, "train job: context parallel");

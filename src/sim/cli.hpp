@@ -59,6 +59,9 @@ struct CliOptions {
   // JSON goes besides --json's stdout
   std::vector<std::string> vary;
   std::string sweep_job = "auto", sweep_out;
+  // sweep --tp: 0 (not given) is a training job's 1 and a serving job's smallest replica that fits.  Its own
+  // field: a default_val on o.tc.tp would set every subcommand's tp to 0 when the sweep command is defined.
+  int sweep_tp = 0;
   std::string rate_text;       // --rate: one rate, a list or a range (parseRates); empty: ic.rate
   bool max_rate = false;       // --max-rate: the highest rate meeting the SLOs, per mode
   double slo_attainment = 0.9;  // --max-rate: the fraction of requests that must meet every SLO

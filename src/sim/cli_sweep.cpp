@@ -35,8 +35,8 @@ int runSweepCommand(CliOptions o) {
   else if (kind == "serve") job.kind = SweepJob::Kind::Serve;
   else return fail(invalidArgument("--job '{}' is not one of collective, train, search, serve", o.sweep_job));
   // --tp 0 (not given): a training job's 1, a serving job's smallest replica that fits.
-  const int serve_tp = o.tc.tp;
-  if (o.tc.tp == 0) o.tc.tp = 1;
+  const int serve_tp = o.sweep_tp;
+  o.tc.tp = o.sweep_tp > 0 ? o.sweep_tp : 1;
   if (job.kind != SweepJob::Kind::Collective && o.model_path.empty())
     return fail(invalidArgument("--job {} needs --model", kind));
   auto mode = parseNetMode(o.network);
