@@ -268,7 +268,7 @@ def several_hosts(main, np_, prefix, ip, mport):
 def flood(main, np_):
     """A descriptor-limited rank 0 (RLIMIT_NOFILE 256) whose store port is
     flooded with up to 300 connections held open and refilled as they close,
-    the whole time the job starts and runs: every rank still succeeds, and
+    from the moment it listens, while the other ranks start and the job runs: every rank still succeeds, and
     rank 0's log says so in a few summary lines, not one line per stranger."""
     import resource
     import threading
@@ -276,7 +276,27 @@ def flood(main, np_):
     stop = threading.Event()
     opened = [0]
 
+    def listening(p):
+        """A LISTEN socket on 127.0.0.1:p (or any address), from /proc/net/tcp."""
+        try:
+            with open("/proc/net/tcp") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            return False
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "0A" and int(fields[1].split(":")[1], 16) == p:
+                return True
+        return False
+
     def flooder():
+        # Only once rank 0's store listens: connecting to a port nobody holds
+        # yet, hundreds of thousands of times, ends in a TCP self-connect (a
+        # client's ephemeral port equal to the target's) that takes the port
+        # before rank 0 can bind it.
+        t_end = time.monotonic() + 30
+        while not listening(port + 1) and not stop.is_set() and time.monotonic() < t_end:
+            stop.wait(0.005)
         held = []
         while not stop.is_set():
             held = [c for c in held if c.fileno() >= 0]
