@@ -357,8 +357,13 @@ Status findJobSecret(EnvJob& job, const std::optional<std::string>& ompi_job) {
   const int instance = inits.fetch_add(1);
   // mpirun and srun: their own PMIx exchange serves ranks on every host.
   std::string no_launcher;
-  if ((job.source == "openmpi" || job.source == "slurm") && !var("PMIX_NAMESPACE")) {
-    no_launcher = "PMIX_NAMESPACE is not set: not under a PMIx launcher";
+  // A PMIx server advertises itself to the processes it starts (PMIx 2 to 4
+  // name the variable by protocol version); without one PMIx_Init has nothing
+  // to talk to.
+  const bool pmix_server = var("PMIX_SERVER_URI4") || var("PMIX_SERVER_URI41") || var("PMIX_SERVER_URI3") ||
+                           var("PMIX_SERVER_URI21") || var("PMIX_SERVER_URI2") || var("PMIX_SERVER_URI");
+  if ((job.source == "openmpi" || job.source == "slurm") && (!var("PMIX_NAMESPACE") || !pmix_server)) {
+    no_launcher = "no PMIx server in the environment (PMIX_NAMESPACE and PMIX_SERVER_URI*): not under a PMIx launcher";
   } else if (job.source == "openmpi" || job.source == "slurm") {
     CHORUS_ASSIGN_OR_RETURN(auto launched,
                             secretFromLauncher(job.world_size, instance, kLauncherSecretTimeout, &no_launcher));
