@@ -20,6 +20,7 @@
 
 #include "bootstrap/memory_store.hpp"
 #include "prim/kv.hpp"
+#include "support/guarded.hpp"
 
 namespace chorus::prim::kv {
 namespace {
@@ -27,24 +28,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kGuard = 4096;
-constexpr std::byte kGuardByte{0xA5};
-
-// `n` usable bytes between guard bytes.
-struct Guarded {
-  explicit Guarded(size_t bytes, std::byte fill = std::byte{0x5C}) : n(bytes), mem(bytes + 2 * kGuard, kGuardByte) {
-    std::fill(data(), data() + n, fill);
-  }
-  std::byte* data() { return mem.data() + kGuard; }
-  [[nodiscard]] bool guardsIntact() const {
-    for (size_t i = 0; i < kGuard; ++i)
-      if (mem[i] != kGuardByte || mem[kGuard + n + i] != kGuardByte) return false;
-    return true;
-  }
-  [[nodiscard]] bool all(std::byte v) { return std::all_of(data(), data() + n, [&](std::byte b) { return b == v; }); }
-  size_t n;
-  std::vector<std::byte> mem;
-};
+using chorus::support::Guarded;
 
 void fillPattern(std::byte* p, size_t n, uint64_t seed) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;

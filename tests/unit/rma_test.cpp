@@ -22,6 +22,7 @@
 #include "transport/rma.hpp"
 #include "transport/shm/shm.hpp"
 #include "transport/tcp/tcp.hpp"
+#include "support/guarded.hpp"
 
 namespace chorus::transport {
 namespace {
@@ -104,22 +105,7 @@ void fillPattern(std::byte* p, size_t n, uint64_t seed) {
   for (; i < n; ++i) p[i] = std::byte(seed + i);
 }
 
-// A buffer with kGuard guard bytes on each side of `bytes` usable ones.
-constexpr size_t kGuard = 4096;
-constexpr std::byte kGuardByte{0xA5};
-struct Guarded {
-  explicit Guarded(size_t bytes, std::byte fill = std::byte{0x5C}) : n(bytes), mem(bytes + 2 * kGuard, kGuardByte) {
-    std::fill(data(), data() + n, fill);
-  }
-  std::byte* data() { return mem.data() + kGuard; }
-  [[nodiscard]] bool guardsIntact() const {
-    for (size_t i = 0; i < kGuard; ++i)
-      if (mem[i] != kGuardByte || mem[kGuard + n + i] != kGuardByte) return false;
-    return true;
-  }
-  size_t n;
-  std::vector<std::byte> mem;
-};
+using chorus::support::Guarded;
 
 // Polls until every request finished; fails on a poll error or after `limit`.
 testing::AssertionResult drive(Transport& t, std::span<Request* const> reqs, std::chrono::milliseconds limit = 60s) {
