@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "common/dtype.hpp"
-#include "kernels/convert.hpp"
+#include "kernels/dispatch.hpp"
 #include "kernels/exact.hpp"
 #include "kernels/quantize.hpp"
 #include "kernels/reduce.hpp"
@@ -26,22 +26,12 @@ void runLocalOp(const LocalOp& op) {
       if (op.count) kernels::fromExact(*op.layout, op.dst, static_cast<const int64_t*>(op.src), op.count);
       break;
     case LocalOp::Kind::Accumulate: {
-      // Two roundings per element, never fused into one (this file is built
-      // with -ffp-contract=off): the order MoE combine documents.
-      auto* d = static_cast<float*>(op.dst);
-      if (op.dtype == chorusFloat32) {
-        const auto* x = static_cast<const float*>(op.src);
-        for (uint64_t i = 0; i < op.count; ++i) {
-          const float p = op.weight * x[i];
-          d[i] = d[i] + p;
-        }
-      } else {  // bfloat16 (the caller checked)
-        const auto* x = static_cast<const uint16_t*>(op.src);
-        for (uint64_t i = 0; i < op.count; ++i) {
-          const float p = op.weight * kernels::convert::bf16ToFloat(x[i]);
-          d[i] = d[i] + p;
-        }
-      }
+      // Two roundings per element, never fused into one (this file and the
+      // kernel tables are built with -ffp-contract=off): the order MoE
+      // combine documents.  bfloat16 otherwise (the caller checked).
+      const auto& k = kernels::activeKernels().accum;
+      if (op.dtype == chorusFloat32) k.accumulate_f32(static_cast<float*>(op.dst), static_cast<const float*>(op.src), op.count, op.weight);
+      else k.accumulate_bf16(static_cast<float*>(op.dst), static_cast<const uint16_t*>(op.src), op.count, op.weight);
       break;
     }
     case LocalOp::Kind::FromFloat: {
@@ -49,8 +39,7 @@ void runLocalOp(const LocalOp& op) {
       if (op.dtype == chorusFloat32) {
         if (op.count && op.dst != op.src) std::memcpy(op.dst, s, op.count * sizeof(float));
       } else {
-        auto* d = static_cast<uint16_t*>(op.dst);
-        for (uint64_t i = 0; i < op.count; ++i) d[i] = kernels::convert::floatToBf16(s[i]);
+        kernels::activeKernels().accum.float_to_bf16(static_cast<uint16_t*>(op.dst), s, op.count);
       }
       break;
     }
@@ -59,8 +48,7 @@ void runLocalOp(const LocalOp& op) {
       if (op.dtype == chorusFloat32) {
         if (op.count && op.dst != op.src) std::memcpy(d, op.src, op.count * sizeof(float));
       } else {
-        const auto* x = static_cast<const uint16_t*>(op.src);
-        for (uint64_t i = 0; i < op.count; ++i) d[i] = kernels::convert::bf16ToFloat(x[i]);
+        kernels::activeKernels().accum.bf16_to_float(d, static_cast<const uint16_t*>(op.src), op.count);
       }
       break;
     }

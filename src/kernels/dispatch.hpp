@@ -1,5 +1,5 @@
-// The per-ISA kernel tables and the one-time choice among them (internal to
-// src/kernels and its tests).
+// The per-ISA kernel tables and the one-time choice among them (src/kernels,
+// its tests, exec's local operations and the tuner's rate probe).
 //
 // The same kernel source (reduce_isa.hpp) is compiled three times, under
 // `#pragma GCC target` for AVX-512, for AVX2+F16C, and for the baseline, each
@@ -39,12 +39,25 @@ struct ExactFloatFns {
   void (*range)(const float* x, size_t count, uint32_t* max_e, uint32_t* min_e);
 };
 
+// MoE combine's float32 accumulators (exec::LocalOp Accumulate, ToFloat,
+// FromFloat): acc[i] = acc[i] + w * x[i] with the product and the sum each
+// rounded (never fused: the reduce_isa_*.cpp files are built with
+// -ffp-contract=off), x float32 or bf16; and bf16 <-> float32 over arrays
+// (convert.hpp's rounding, lane-wise).  Bitwise the scalar loops.
+struct FloatAccumFns {
+  void (*accumulate_f32)(float* acc, const float* x, size_t count, float w);
+  void (*accumulate_bf16)(float* acc, const uint16_t* x, size_t count, float w);
+  void (*bf16_to_float)(float* dst, const uint16_t* src, size_t count);
+  void (*float_to_bf16)(uint16_t* dst, const float* src, size_t count);
+};
+
 struct KernelTable {
   std::string_view isa;                   // "avx512", "avx2", "generic"
   ReduceFn reduce[chorusNumTypes][4];     // [dtype][BinOp]
   ScaleFn scale[chorusNumTypes];
   DivideFn divide[chorusNumTypes];
   ExactFloatFns exact;
+  FloatAccumFns accum;
 };
 
 enum class KernelIsa : uint8_t { Generic, Avx2, Avx512 };

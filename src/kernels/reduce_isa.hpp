@@ -518,6 +518,62 @@ void exactRangeFloat(const float* x, size_t n, uint32_t* max_e, uint32_t* min_e)
 
 // ---- the table, in chorusDataType_t order x BinOp order ----
 
+// ---- MoE combine's accumulators (dispatch.hpp, FloatAccumFns) ----
+
+inline Vec<float> splat(float s) {
+  Vec<float> v;
+  for (size_t k = 0; k < kLanes<float>; ++k) v[k] = s;
+  return v;
+}
+
+void accumulateF32(float* acc, const float* x, size_t n, float w) {
+  constexpr size_t L = kLanes<float>;
+  auto* d = reinterpret_cast<unsigned char*>(acc);
+  const auto* p = reinterpret_cast<const unsigned char*>(x);
+  const Vec<float> wv = splat(w);
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    const Vec<float> prod = wv * ld<Vec<float>>(p + i * 4);
+    st(d + i * 4, ld<Vec<float>>(d + i * 4) + prod);
+  }
+  for (; i < n; ++i) {
+    const float prod = w * x[i];
+    acc[i] = acc[i] + prod;
+  }
+}
+
+void accumulateBf16(float* acc, const uint16_t* x, size_t n, float w) {
+  constexpr size_t L = kLanes<float>;
+  auto* d = reinterpret_cast<unsigned char*>(acc);
+  const auto* p = reinterpret_cast<const unsigned char*>(x);
+  const Vec<float> wv = splat(w);
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    const Vec<float> prod = wv * Bf16Codec::loadV(p + i * 2);
+    st(d + i * 4, ld<Vec<float>>(d + i * 4) + prod);
+  }
+  for (; i < n; ++i) {
+    const float prod = w * convert::bf16ToFloat(x[i]);
+    acc[i] = acc[i] + prod;
+  }
+}
+
+void bf16ToFloatArray(float* dst, const uint16_t* src, size_t n) {
+  constexpr size_t L = kLanes<float>;
+  size_t i = 0;
+  for (; i + L <= n; i += L)
+    st(reinterpret_cast<unsigned char*>(dst + i), Bf16Codec::loadV(reinterpret_cast<const unsigned char*>(src + i)));
+  for (; i < n; ++i) dst[i] = convert::bf16ToFloat(src[i]);
+}
+
+void floatToBf16Array(uint16_t* dst, const float* src, size_t n) {
+  constexpr size_t L = kLanes<float>;
+  size_t i = 0;
+  for (; i + L <= n; i += L)
+    Bf16Codec::storeV(reinterpret_cast<unsigned char*>(dst + i), ld<Vec<float>>(reinterpret_cast<const unsigned char*>(src + i)));
+  for (; i < n; ++i) dst[i] = convert::floatToBf16(src[i]);
+}
+
 #define CHORUS_INT_ROW(S, U) \
   { &reduceDirect<U, Add>, &reduceDirect<U, Mul>, &reduceDirect<S, IntMax>, &reduceDirect<S, IntMin> }
 #define CHORUS_FLOAT_ROW(T) \
@@ -558,6 +614,7 @@ inline constexpr KernelTable kTable = {
         &divideFloat<double>, &divideNarrow<Bf16Codec>, &divideNarrow<E4m3Codec>, &divideNarrow<E5m2Codec>,
     },
     {&exactToWord, &exactFromWord, &exactRangeFloat},
+    {&accumulateF32, &accumulateBf16, &bf16ToFloatArray, &floatToBf16Array},
 };
 
 #undef CHORUS_INT_ROW

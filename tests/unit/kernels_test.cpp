@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/convert.hpp"
 #include "kernels/dispatch.hpp"
 #include "kernels/exact.hpp"
 #include "kernels/dtype.hpp"
@@ -944,6 +945,70 @@ TEST(ExactAccumulator, DecodeAddEqualsEncodeAddDecode) {
       fromExactAdd(l, inplace.data(), inplace.data(), wp.data(), n);
       EXPECT_EQ(want, got) << dtypeName(d) << (narrow ? " narrow" : " full") << " words " << l.words;
       EXPECT_EQ(want, inplace) << dtypeName(d) << " in place";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace chorus::kernels
+
+namespace chorus::kernels {
+namespace {
+
+// ---- MoE combine's accumulators (FloatAccumFns) ----
+
+// The definition, element by element: the product rounded, then the sum
+// rounded (volatile keeps this file's compiler from fusing them).
+float accumulateOne(float acc, float w, float x) {
+  volatile float prod = w * x;
+  volatile float sum = acc + prod;
+  return sum;
+}
+
+TEST(Kernels, AccumulatorsOfEveryTableMatchTheScalarDefinition) {
+  std::mt19937_64 rng(4242);
+  auto anyFloat = [&rng]() {
+    const uint64_t r = rng();
+    switch (r % 16) {
+      case 0: return std::bit_cast<float>(static_cast<uint32_t>(r >> 32));  // any bits: NaNs, subnormals, infinities
+      case 1: return std::ldexp(static_cast<float>(static_cast<int>(r >> 40) % 1000), -140);  // subnormal range
+      default: return std::ldexp(static_cast<float>(static_cast<int64_t>(r >> 40) - (int64_t{1} << 23)), static_cast<int>((r >> 8) % 41) - 30);
+    }
+  };
+  for (const KernelTable* t : availableTables()) {
+    SCOPED_TRACE(std::string(t->isa));
+    for (size_t n : {size_t{0}, size_t{1}, size_t{5}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{7168}}) {
+      for (size_t shift : {size_t{0}, size_t{1}, size_t{3}}) {  // unaligned starts
+        SCOPED_TRACE(fmt::format("n {} shift {}", n, shift));
+        const float w = anyFloat();
+        std::vector<float> acc(n + shift + 1), xf(n + shift), f(n + shift + 1);
+        std::vector<uint16_t> xb(n + shift), b(n + shift + 1);
+        for (auto& v : acc) v = anyFloat();
+        for (auto& v : xf) v = anyFloat();
+        for (auto& v : xb) v = static_cast<uint16_t>(rng());
+        std::vector<float> acc2 = acc, ref32 = acc, ref16 = acc;
+        for (size_t i = 0; i < n; ++i) {
+          ref32[shift + i] = accumulateOne(acc[shift + i], w, xf[shift + i]);
+          ref16[shift + i] = accumulateOne(acc[shift + i], w, convert::bf16ToFloat(xb[shift + i]));
+        }
+        t->accum.accumulate_f32(acc.data() + shift, xf.data() + shift, n, w);
+        t->accum.accumulate_bf16(acc2.data() + shift, xb.data() + shift, n, w);
+        // Bitwise, the guard element after the end included.
+        EXPECT_EQ(0, std::memcmp(acc.data(), ref32.data(), acc.size() * 4)) << "float32";
+        EXPECT_EQ(0, std::memcmp(acc2.data(), ref16.data(), acc2.size() * 4)) << "bfloat16";
+
+        const float guard = 12345.0f;
+        f.back() = guard;
+        b.back() = 0xa5a5;
+        t->accum.bf16_to_float(f.data() + shift, xb.data() + shift, n);
+        t->accum.float_to_bf16(b.data() + shift, xf.data() + shift, n);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(f[shift + i]), static_cast<uint32_t>(xb[shift + i]) << 16) << i;
+          ASSERT_EQ(b[shift + i], convert::floatToBf16(xf[shift + i])) << i;
+        }
+        EXPECT_EQ(f.back(), guard);
+        EXPECT_EQ(b.back(), 0xa5a5);
+      }
     }
   }
 }
