@@ -107,7 +107,9 @@ struct State {
   // they would be fresh pages, each paying a fault and the kernel's zeroing
   // on first touch, every call (DeepEP keeps its buffers in its Buffer too).
   std::vector<uint8_t> scratch[3];
-  std::vector<float> fscratch[2];
+  // Combine's summation lists (ep_combine's sumRows): for each output row,
+  // the input rows it adds, in the documented order.
+  std::vector<size_t> sum_begin, sum_rows;
 
   // The last low-latency dispatch (ep_ll_dispatch): the tokens sent to each
   // rank in block order (ll_sent[q]), and for each row received (source
