@@ -814,17 +814,20 @@ class ExpertParallel {
   // dispatchCompress: CHORUS_COMPRESS_OFF, _BF16 or _FP8 (dispatch's wire; fp8Block -1: 128).
   static Result<ExpertParallel> create(const Communicator& comm, int numExperts, int topk, size_t hidden,
                                        int maxHostsPerToken = 0, int dispatchCompress = CHORUS_COMPRESS_OFF,
-                                       int fp8Block = -1) {
+                                       int fp8Block = -1, int lowLatencyMaxTokens = 0) {
     chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
     cfg.numExperts = numExperts, cfg.topk = topk, cfg.hidden = hidden, cfg.maxHostsPerToken = maxHostsPerToken;
     cfg.dispatchCompress = dispatchCompress, cfg.fp8Block = fp8Block;
+    cfg.lowLatencyMaxTokens = lowLatencyMaxTokens;
     cfg.datatype = static_cast<chorusDataType_t>(dataTypeOf<T>);
     cfg.indexType = static_cast<chorusDataType_t>(dataTypeOf<I>);
     chorusEpHandle_t h = nullptr;
     if (chorusResult_t r = chorusEpCreate(&h, &cfg, comm.native()); r != chorusSuccess) return Status::fromC(r);
     int hosts = 0, locals = 0;
     (void)chorusEpGetInfo(h, &hosts, &locals);
-    return ExpertParallel(h, comm.native(), comm.size(), topk, hidden, hosts, locals, numExperts);
+    ExpertParallel ep(h, comm.native(), comm.size(), topk, hidden, hosts, locals, numExperts);
+    ep.ll_max_ = static_cast<size_t>(std::max(lowLatencyMaxTokens, 0));
+    return ep;
   }
   ExpertParallel(ExpertParallel&& o) noexcept { *this = std::move(o); }
   ExpertParallel& operator=(ExpertParallel&& o) noexcept {
@@ -833,6 +836,7 @@ class ExpertParallel {
       h_ = std::exchange(o.h_, nullptr);
       comm_ = o.comm_, nranks_ = o.nranks_, topk_ = o.topk_, hidden_ = o.hidden_, hosts_ = o.hosts_;
       locals_ = o.locals_, experts_ = o.experts_, tokens_ = o.tokens_, recv_ = o.recv_;
+      ll_max_ = o.ll_max_, ll_tokens_ = o.ll_tokens_;
     }
     return *this;
   }
@@ -901,6 +905,50 @@ class ExpertParallel {
     return Status::fromC(chorusEpReturnTopk(h_, rowValues.data(), topkValues.data(), comm_, s.native()));
   }
 
+  // Low-latency mode (create(..., lowLatencyMaxTokens = M > 0); chorus.h,
+  // chorusEpLowLatencyDispatch): no layout call.  topkIdx: tokens x topk
+  // (tokens <= M on every rank, or every rank fails); x: tokens x hidden;
+  // topkWeights: tokens x topk or empty.  recvX: lowLatencyRows() rows of
+  // hidden, expert e's at [e x size x M, + recvCount[e]); recvWeights: empty
+  // or lowLatencyRows(); recvCount: numLocalExperts().
+  [[nodiscard]] size_t lowLatencyRows() const { return static_cast<size_t>(locals_) * static_cast<size_t>(nranks_) * ll_max_; }
+  Status lowLatencyDispatch(std::span<const std::type_identity_t<I>> topkIdx, std::span<const std::type_identity_t<T>> x,
+                            std::span<const float> topkWeights, std::span<T> recvX, std::span<float> recvWeights,
+                            std::span<size_t> recvCount, StreamRef s = {}) {
+    const auto k = static_cast<size_t>(topk_);
+    if (topkIdx.size() % k != 0)
+      return Status(Code::InvalidArgument, "chorus::ExpertParallel::lowLatencyDispatch: topkIdx.size()=" +
+                                               std::to_string(topkIdx.size()) + " is not a multiple of topk=" + std::to_string(topk_));
+    const size_t tokens = topkIdx.size() / k;
+    if (x.size() != tokens * hidden_) return sizeError("lowLatencyDispatch", "x", x.size(), tokens * hidden_);
+    if (!topkWeights.empty() && topkWeights.size() != tokens * k)
+      return sizeError("lowLatencyDispatch", "topkWeights", topkWeights.size(), tokens * k);
+    if (recvX.size() != lowLatencyRows() * hidden_)
+      return sizeError("lowLatencyDispatch", "recvX", recvX.size(), lowLatencyRows() * hidden_);
+    if (!recvWeights.empty() && recvWeights.size() != lowLatencyRows())
+      return sizeError("lowLatencyDispatch", "recvWeights", recvWeights.size(), lowLatencyRows());
+    if (recvCount.size() != static_cast<size_t>(locals_))
+      return sizeError("lowLatencyDispatch", "recvCount", recvCount.size(), static_cast<size_t>(locals_));
+    chorusResult_t r = chorusEpLowLatencyDispatch(h_, topkIdx.data(), tokens, x.data(),
+                                                  topkWeights.empty() ? nullptr : topkWeights.data(), recvX.data(),
+                                                  recvWeights.empty() ? nullptr : recvWeights.data(), recvCount.data(),
+                                                  comm_, s.native());
+    ll_tokens_ = r == chorusSuccess ? tokens : 0;
+    return Status::fromC(r);
+  }
+  // Undoes the last lowLatencyDispatch: expertOut and weights (may be empty)
+  // in recvX's layout; out: that dispatch's tokens x hidden.
+  Status lowLatencyCombine(std::span<const std::type_identity_t<T>> expertOut, std::span<const float> weights,
+                           std::span<T> out, StreamRef s = {}) {
+    if (expertOut.size() != lowLatencyRows() * hidden_)
+      return sizeError("lowLatencyCombine", "expertOut", expertOut.size(), lowLatencyRows() * hidden_);
+    if (!weights.empty() && weights.size() != lowLatencyRows())
+      return sizeError("lowLatencyCombine", "weights", weights.size(), lowLatencyRows());
+    if (out.size() != ll_tokens_ * hidden_) return sizeError("lowLatencyCombine", "out", out.size(), ll_tokens_ * hidden_);
+    return Status::fromC(chorusEpLowLatencyCombine(h_, expertOut.data(), weights.empty() ? nullptr : weights.data(),
+                                                   out.data(), comm_, s.native()));
+  }
+
  private:
   ExpertParallel(chorusEpHandle_t h, chorusComm_t c, int nranks, int topk, size_t hidden, int hosts, int locals, int experts)
       : h_(h), comm_(c), nranks_(nranks), topk_(topk), hidden_(hidden), hosts_(hosts), locals_(locals), experts_(experts) {}
@@ -919,6 +967,7 @@ class ExpertParallel {
   size_t hidden_ = 1;
   int hosts_ = 1, locals_ = 0, experts_ = 0;
   size_t tokens_ = 0, recv_ = 0;
+  size_t ll_max_ = 0, ll_tokens_ = 0;  // low-latency mode: M, and the last dispatch's tokens
 };
 
 }  // namespace cpp_v0

@@ -21,6 +21,9 @@ dispatch_compress ("bf16" or "fp8", fp8_block): dispatch's wire is compressed (c
 dispatchCompress); the gradient treats it as exact (straight through), and combine's backward, being a
 dispatch of the output's gradient, crosses compressed too.
 
+Decode (low_latency_max_tokens = M > 0): ``low_latency_dispatch`` / ``low_latency_combine`` skip the
+layout and the count exchange (fixed blocks of M tokens per rank, DeepEP's low-latency shape); no autograd.
+
 One handle holds one layer's routing: a layer's dispatch, combine and their
 backward must not interleave with another layer's on the same handle (use one
 ExpertParallel per MoE layer).
@@ -39,13 +42,15 @@ class ExpertParallel:
     """Collective: every rank creates it with the same arguments."""
 
     def __init__(self, comm, num_experts, topk, hidden, dtype=torch.float32, max_hosts_per_token=0,
-                 dispatch_compress="off", fp8_block=-1):
+                 dispatch_compress="off", fp8_block=-1, low_latency_max_tokens=0):
         if dtype not in _DTYPES:
             raise TypeError("dtype must be torch.float32 or torch.bfloat16, got {}".format(dtype))
         self.comm = comm
         self.num_experts, self.topk, self.hidden, self.dtype = num_experts, topk, hidden, dtype
         self.handle = _chorus.ExpertParallel(comm, num_experts, topk, hidden, _DTYPES[dtype], "int64",
-                                             max_hosts_per_token, dispatch_compress, fp8_block)
+                                             max_hosts_per_token, dispatch_compress, fp8_block,
+                                             low_latency_max_tokens)
+        self.low_latency_max_tokens = low_latency_max_tokens
         self.last_layout = None
 
     @property
@@ -69,6 +74,32 @@ class ExpertParallel:
         """tokens x hidden: each token's expert rows (expert_out, rows as dispatch's recv_x) weighted by
         weights (dispatch's recv_weights) and summed; both differentiable."""
         return _Combine.apply(self, expert_out, weights)
+
+    def low_latency_dispatch(self, x, topk_idx, topk_weights=None):
+        """Decode's dispatch (low_latency_max_tokens = M > 0; no layout, no count exchange first):
+        (recv_x, recv_weights, counts) with recv_x num_local_experts x (size x M) x hidden, expert e's
+        rows first in recv_x[e] (counts[e] of them), recv_weights num_local_experts x (size x M).  No
+        autograd (inference)."""
+        rows = self.handle.low_latency_rows
+        if rows == 0:
+            raise ValueError("low_latency_dispatch needs low_latency_max_tokens > 0")
+        per = rows // self.num_local_experts
+        recv_x = torch.empty((self.num_local_experts, per, self.hidden), dtype=self.dtype)
+        recv_w = torch.empty((self.num_local_experts, per), dtype=torch.float32)
+        counts = torch.empty((self.num_local_experts,), dtype=torch.int64)
+        w = None if topk_weights is None else topk_weights.detach().to(torch.float32).contiguous()
+        self.handle.low_latency_dispatch(topk_idx.to(torch.int64).contiguous(), x.detach().contiguous(), w,
+                                         recv_x, recv_w, counts)
+        self._ll_tokens = x.shape[0]
+        return recv_x, recv_w, counts.tolist()
+
+    def low_latency_combine(self, expert_out, weights=None):
+        """Undoes the last low_latency_dispatch: expert_out (recv_x's shape) weighted by weights
+        (recv_weights, or None: all 1) and summed per token, the same bits as combine.  No autograd."""
+        out = torch.empty((self._ll_tokens, self.hidden), dtype=self.dtype)
+        w = None if weights is None else weights.detach().to(torch.float32).contiguous()
+        self.handle.low_latency_combine(expert_out.detach().contiguous(), w, out)
+        return out
 
     # The raw collectives, on fresh tensors.
     def _dispatch_raw(self, x, topk_weights):

@@ -485,7 +485,8 @@ struct GroupGuard {
 class ExpertParallel {
  public:
   ExpertParallel(py::object comm, int numExperts, int topk, size_t hidden, const std::string& dtype,
-                 const std::string& indexDtype, int maxHostsPerToken, const std::string& dispatchCompress, int fp8Block)
+                 const std::string& indexDtype, int maxHostsPerToken, const std::string& dispatchCompress, int fp8Block,
+                 int lowLatencyMaxTokens)
       : comm_obj_(std::move(comm)), topk_(topk), hidden_(hidden) {
     comm_ = comm_obj_.cast<Communicator&>().live("ExpertParallel");
     chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
@@ -497,6 +498,7 @@ class ExpertParallel {
     else if (dispatchCompress == "fp8") cfg.dispatchCompress = CHORUS_COMPRESS_FP8;
     else throw py::value_error("dispatch_compress='" + dispatchCompress + "': 'off', 'bf16' or 'fp8'");
     cfg.fp8Block = fp8Block;
+    cfg.lowLatencyMaxTokens = lowLatencyMaxTokens;
     dtype_ = cfg.datatype, itype_ = cfg.indexType;
     chorusResult_t r;
     {
@@ -505,6 +507,9 @@ class ExpertParallel {
     }
     check(r, comm_, "ExpertParallel");
     chorusEpGetInfo(h_, &hosts_, &locals_);
+    int n = 0;
+    chorusCommCount(comm_, &n);
+    ll_rows_ = static_cast<size_t>(locals_) * static_cast<size_t>(n) * static_cast<size_t>(std::max(lowLatencyMaxTokens, 0));
   }
   ~ExpertParallel() {
     if (h_ != nullptr) chorusEpDestroy(h_);
@@ -602,8 +607,69 @@ class ExpertParallel {
     check(r, comm_, "ExpertParallel.return_topk");
   }
 
+  // Low-latency mode (chorusEpLowLatencyDispatch/Combine): no layout.
+  void lowLatencyDispatch(py::object topkIdx, py::object x, py::object topkWeights, py::object recvX,
+                          py::object recvWeights, py::object recvCount) {
+    View iv = viewOf(topkIdx, "topk_idx", false), xv = viewOf(x, "x", false), rv = viewOf(recvX, "recv_x", true);
+    View cv = viewOf(recvCount, "recv_count", true);
+    if (iv.dtype != itype_) throw py::type_error("low_latency_dispatch: topk_idx's dtype is not the handle's index_dtype");
+    payload(xv, "x"), payload(rv, "recv_x");
+    if (cv.dtype != chorusInt64 && cv.dtype != chorusUint64) throw py::type_error("recv_count: must be int64");
+    if (iv.count % static_cast<size_t>(topk_) != 0)
+      throw py::value_error("low_latency_dispatch: topk_idx has " + std::to_string(iv.count) +
+                            " elements, not a multiple of topk=" + std::to_string(topk_));
+    const size_t tokens = iv.count / static_cast<size_t>(topk_);
+    requireSizes(chorus::sizes::equal("low_latency_dispatch", "x.size", xv.count, "tokens*hidden", tokens * hidden_));
+    requireSizes(chorus::sizes::equal("low_latency_dispatch", "recv_x.size", rv.count, "low_latency_rows*hidden",
+                                      ll_rows_ * hidden_));
+    requireSizes(chorus::sizes::equal("low_latency_dispatch", "recv_count.size", cv.count, "num_local_experts",
+                                      static_cast<size_t>(locals_)));
+    std::optional<View> wv, rwv;
+    if (!topkWeights.is_none()) {
+      wv = viewOf(topkWeights, "topk_weights", false);
+      f32(*wv, "topk_weights");
+      requireSizes(chorus::sizes::equal("low_latency_dispatch", "topk_weights.size", wv->count, "tokens*topk", tokens * topk_));
+    }
+    if (!recvWeights.is_none()) {
+      rwv = viewOf(recvWeights, "recv_weights", true);
+      f32(*rwv, "recv_weights");
+      requireSizes(chorus::sizes::equal("low_latency_dispatch", "recv_weights.size", rwv->count, "low_latency_rows", ll_rows_));
+    }
+    static_assert(sizeof(size_t) == sizeof(int64_t));
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusEpLowLatencyDispatch(h_, iv.ptr, tokens, xv.ptr, wv ? static_cast<const float*>(wv->ptr) : nullptr, rv.ptr,
+                                     rwv ? static_cast<float*>(rwv->ptr) : nullptr, static_cast<size_t*>(cv.ptr), comm_,
+                                     nullptr);
+    }
+    ll_tokens_ = r == chorusSuccess ? tokens : 0;
+    check(r, comm_, "ExpertParallel.low_latency_dispatch");
+  }
+
+  void lowLatencyCombine(py::object y, py::object weights, py::object out) {
+    View yv = viewOf(y, "expert_out", false), ov = viewOf(out, "out", true);
+    payload(yv, "expert_out"), payload(ov, "out");
+    requireSizes(chorus::sizes::equal("low_latency_combine", "expert_out.size", yv.count, "low_latency_rows*hidden",
+                                      ll_rows_ * hidden_));
+    requireSizes(chorus::sizes::equal("low_latency_combine", "out.size", ov.count, "tokens*hidden", ll_tokens_ * hidden_));
+    std::optional<View> wv;
+    if (!weights.is_none()) {
+      wv = viewOf(weights, "weights", false);
+      f32(*wv, "weights");
+      requireSizes(chorus::sizes::equal("low_latency_combine", "weights.size", wv->count, "low_latency_rows", ll_rows_));
+    }
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusEpLowLatencyCombine(h_, yv.ptr, wv ? static_cast<const float*>(wv->ptr) : nullptr, ov.ptr, comm_, nullptr);
+    }
+    check(r, comm_, "ExpertParallel.low_latency_combine");
+  }
+
   int numLocalExperts() const { return locals_; }
   int numHosts() const { return hosts_; }
+  size_t lowLatencyRows() const { return ll_rows_; }
 
  private:
   static chorusDataType_t dtypeArg(const std::string& s, const char* arg) {
@@ -630,6 +696,7 @@ class ExpertParallel {
   size_t hidden_ = 1;
   int hosts_ = 1, locals_ = 0;
   size_t tokens_ = 0, recv_ = 0;
+  size_t ll_rows_ = 0, ll_tokens_ = 0;  // low-latency: recvX's rows, the last dispatch's tokens
 };
 
 // ---------------------------------------------------------------- KV transfer engine
@@ -1151,10 +1218,21 @@ PYBIND11_MODULE(_chorus, m) {
       "ExpertParallel(comm, num_experts, topk, hidden, dtype='bfloat16', index_dtype='int64',\n"
       "max_hosts_per_token=0, dispatch_compress='off', fp8_block=-1): collective; expert e lives on rank e // (num_experts // size).  Every method is\n"
       "collective and blocking; buffers are CPU torch tensors or NumPy arrays, never copied.")
-      .def(py::init<py::object, int, int, size_t, const std::string&, const std::string&, int, const std::string&, int>(),
+      .def(py::init<py::object, int, int, size_t, const std::string&, const std::string&, int, const std::string&, int, int>(),
            py::arg("comm"), py::arg("num_experts"), py::arg("topk"), py::arg("hidden"), py::arg("dtype") = "bfloat16",
            py::arg("index_dtype") = "int64", py::arg("max_hosts_per_token") = 0, py::arg("dispatch_compress") = "off",
-           py::arg("fp8_block") = -1)
+           py::arg("fp8_block") = -1, py::arg("low_latency_max_tokens") = 0)
+      .def_property_readonly("low_latency_rows", &ExpertParallel::lowLatencyRows,
+           "Rows of low_latency_dispatch's recv_x: num_local_experts x size x low_latency_max_tokens.")
+      .def("low_latency_dispatch", &ExpertParallel::lowLatencyDispatch, py::arg("topk_idx"), py::arg("x"),
+           py::arg("topk_weights"), py::arg("recv_x"), py::arg("recv_weights"), py::arg("recv_count"),
+           "low_latency_dispatch(topk_idx, x, topk_weights, recv_x, recv_weights, recv_count): decode's dispatch\n"
+           "(low_latency_max_tokens > 0): no layout; expert e's rows land at e x size x M in recv_x\n"
+           "(low_latency_rows x hidden), recv_count (num_local_experts int64) says how many.")
+      .def("low_latency_combine", &ExpertParallel::lowLatencyCombine, py::arg("expert_out"), py::arg("weights"),
+           py::arg("out"),
+           "low_latency_combine(expert_out, weights, out): undoes the last low_latency_dispatch (rows in its\n"
+           "recv_x layout); out: its tokens x hidden, the same bits as combine.")
       .def_property_readonly("num_local_experts", &ExpertParallel::numLocalExperts)
       .def_property_readonly("num_hosts", &ExpertParallel::numHosts)
       .def("layout", &ExpertParallel::layout, py::arg("topk_idx"),

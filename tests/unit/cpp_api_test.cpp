@@ -167,6 +167,69 @@ TEST(CppApi, ExpertParallelDispatchCombine) {
             "");
 }
 
+// chorus::ExpertParallel's low-latency mode: 2 ranks, 4 experts, top-2,
+// hidden 3, M = 3 tokens per rank.  Against the normal path on the same
+// input: recvCount is the layout's recvPerExpert, expert e's rows sit at e x
+// (2 x M) in the normal grouping's order, the combine is bit for bit the
+// normal one; more tokens than M fail both ranks; a wrong span is refused here.
+TEST(CppApi, ExpertParallelLowLatencyMatchesTheNormalPath) {
+  EXPECT_EQ(runComms(2, [](Communicator& c) -> std::string {
+              const int r = c.rank();
+              constexpr size_t H = 3, M = 3, L = 2;
+              auto normal = chorus::ExpertParallel<float, int32_t>::create(c, 4, 2, H);
+              auto llr = chorus::ExpertParallel<float, int32_t>::create(c, 4, 2, H, 0, CHORUS_COMPRESS_OFF, -1, M);
+              CHECK_THAT(normal.ok() && llr.ok(), "create: " + llr.status().toString());
+              auto& ep = *normal;
+              auto& ll = *llr;
+              CHECK_THAT(ll.lowLatencyRows() == L * 2 * M, "lowLatencyRows");
+              // Rank 0: 3 tokens, rank 1: 2 tokens (fewer than M).
+              const std::vector<int32_t> ids = r == 0 ? std::vector<int32_t>{0, 3, 2, 1, 1, 0} : std::vector<int32_t>{3, 2, 0, 2};
+              const size_t tokens = ids.size() / 2;
+              std::vector<float> x(tokens * H), w(tokens * 2);
+              for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i + 1) + static_cast<float>(r);
+              for (size_t i = 0; i < w.size(); ++i) w[i] = 0.3f + 0.17f * static_cast<float>(i);
+              auto lay = ep.layout(ids);
+              CHECK_THAT(lay.ok(), "layout");
+              std::vector<float> rx(lay->numRecv * H), rw(lay->numRecv);
+              CHECK_OK(ep.dispatch(x, w, std::span(rx), std::span(rw)));
+              std::vector<float> lx(ll.lowLatencyRows() * H, -7.0f), lw(ll.lowLatencyRows(), -7.0f);
+              std::vector<size_t> count(L, 99);
+              CHECK_OK(ll.lowLatencyDispatch(ids, x, w, std::span(lx), std::span(lw), std::span(count)));
+              CHECK_THAT(count == lay->recvPerExpert, "recvCount is not the layout's recvPerExpert");
+              size_t q = 0;  // the normal path's row
+              for (size_t e = 0; e < L; ++e)
+                for (size_t i = 0; i < count[e]; ++i, ++q) {
+                  const size_t at = e * 2 * M + i;
+                  CHECK_THAT(lw[at] == rw[q], "weight of row " + std::to_string(at));
+                  for (size_t j = 0; j < H; ++j) CHECK_THAT(lx[at * H + j] == rx[q * H + j], "row " + std::to_string(at));
+                }
+              // Experts: row i scaled by (i + 1); the padding rows hold -7s that combine must not read.
+              std::vector<float> y(rx.size()), ly(lx);
+              q = 0;
+              for (size_t e = 0; e < L; ++e)
+                for (size_t i = 0; i < count[e]; ++i, ++q)
+                  for (size_t j = 0; j < H; ++j) {
+                    y[q * H + j] = rx[q * H + j] * static_cast<float>(q + 1);
+                    ly[(e * 2 * M + i) * H + j] = y[q * H + j];
+                  }
+              std::vector<float> out(tokens * H), lout(tokens * H);
+              CHECK_OK(ep.combine(std::span<const float>(y), rw, std::span(out)));
+              CHECK_OK(ll.lowLatencyCombine(std::span<const float>(ly), lw, std::span(lout)));
+              CHECK_THAT(std::memcmp(out.data(), lout.data(), out.size() * sizeof(float)) == 0, "combine differs");
+              // A span of the wrong size: refused here, on this rank only.
+              CHECK_THAT(ll.lowLatencyCombine(std::span<const float>(ly), lw, std::span(lout).first(H)).code() ==
+                             Code::InvalidArgument, "short out accepted");
+              // M + 1 tokens on rank 1: both ranks fail.
+              std::vector<int32_t> many = ids;
+              if (r == 1) many = {0, 1, 1, 2, 2, 3, 3, 0};
+              std::vector<float> mx(many.size() / 2 * H, 1.0f);
+              const Status over = ll.lowLatencyDispatch(many, mx, {}, std::span(lx), {}, std::span(count));
+              CHECK_THAT(over.code() == Code::InvalidArgument, "overflow on rank 1 not refused here: " + over.toString());
+              return "";
+            }),
+            "");
+}
+
 TEST(CppApi, AllReduceTyped) {
   const int n = 3;
   auto err = runComms(n, [&](Communicator& comm) -> std::string {
