@@ -3,6 +3,7 @@
 //   chorus-run -n 4 chorus-bench allreduce -b 8 -e 64M -f 2      (one rank of a job)
 //   chorus-bench allreduce --np 4 -b 8 -e 64M -f 2               (launches its own job)
 //   chorus-bench allreduce -g 4 -b 8 -e 64M -f 2                 (the same, as nccl-tests' -g 4)
+//   chorus-bench kv -b 64K -e 4M -f 4 --blocks 32                 (KV-cache blocks between 2 agents, docs/kv.md)
 //
 // nccl-tests' flags keep their meaning where it applies to CPU ranks: -t/-g
 // (ranks = threads x GPUs per process: here that many local rank processes),
@@ -51,7 +52,8 @@ int main(int argc, char** argv) {
       chorus::kSizeGrammarHelp));
   bench::BenchArgs a;  // the defaults are BenchArgs'
   app.add_option("collective", a.collective,
-                 "allreduce|broadcast|reduce|allgather|reducescatter|alltoall|gather|scatter|sendrecv|barrier|dispatch|combine")
+                 "allreduce|broadcast|reduce|allgather|reducescatter|alltoall|gather|scatter|sendrecv|barrier|dispatch|combine|"
+                 "kv")
       ->required();
   app.add_option("-b,--minbytes", a.min_bytes, "smallest size");
   app.add_option("-e,--maxbytes", a.max_bytes, "largest size");
@@ -111,6 +113,12 @@ int main(int argc, char** argv) {
                                    "or both, in turn at each repeat");
   app.add_option("--repeats", a.repeats, "dispatch|combine: rounds of every form in turn (paired), each printed");
   app.add_option("--seed", a.seed, "dispatch|combine: the routing's and the inputs' seed");
+  app.add_option("--blocks", a.kv_blocks, "kv: KV blocks per batch (-b..-e: the bytes of one block, every layer's K "
+                                         "and V)");
+  app.add_option("--layers", a.kv_layers, "kv: layers of a block (a layer-major batch has 2 x layers descriptors "
+                                         "per block)");
+  app.add_option("--layout", a.kv_layout, "kv: layer (layer-major pools), block (block-major) or both, in turn");
+  app.add_option("--kv-op", a.kv_op, "kv: write (rank 0 pushes to rank 1), read (rank 0 pulls) or both, in turn");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

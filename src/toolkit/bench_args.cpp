@@ -64,6 +64,42 @@ Result<EpBenchOptions> epOptions(const BenchArgs& a) {
   return e;
 }
 
+// kv: the KV-cache transfer benchmark's options (toolkit/bench_kv.hpp); the
+// block sizes are the sweep's (-b, -e, -f, -i).
+Result<KvBenchOptions> kvOptions(const BenchArgs& a, const SweepOptions& sweep) {
+  KvBenchOptions k;
+  if (!a.algo.empty() || !a.plan_paths.empty())
+    return usage("kv: --algo and --plan choose a collective's plan; kv is not one");
+  if (a.kv_blocks == 0 || a.kv_blocks > (uint64_t{1} << 20))
+    return usage(fmt::format("--blocks {} must be in 1..2^20", a.kv_blocks));
+  if (a.kv_layers == 0 || a.kv_layers > 1024) return usage(fmt::format("--layers {} must be in 1..1024", a.kv_layers));
+  k.blocks = a.kv_blocks, k.layers = a.kv_layers;
+  if (a.kv_layout == "layer") {
+    k.layouts = {0};
+  } else if (a.kv_layout == "block") {
+    k.layouts = {1};
+  } else if (a.kv_layout != "both") {
+    return usage(fmt::format("--layout {}: layer, block or both", a.kv_layout));
+  }
+  if (a.kv_op == "write") {
+    k.writes = {true};
+  } else if (a.kv_op == "read") {
+    k.writes = {false};
+  } else if (a.kv_op != "both") {
+    return usage(fmt::format("--kv-op {}: write, read or both", a.kv_op));
+  }
+  auto sizes = sizeSweep(sweep);
+  if (!sizes.isOk()) return usage(sizes.status().message());
+  for (uint64_t b : *sizes)
+    if (b < 2 * uint64_t{a.kv_layers})
+      return usage(fmt::format("kv: a block of {} bytes is less than a byte per (layer, K|V) of --layers {}", b,
+                               a.kv_layers));
+  k.block_bytes = std::move(sizes.value());
+  k.iters = a.iters, k.warmup = a.warmup, k.check = a.check != 0;
+  k.json_path = a.json_path;
+  return k;
+}
+
 }  // namespace
 
 int exitStatus(const Status& s) { return s.code() == chorusInvalidUsage ? 2 : 1; }
@@ -96,9 +132,9 @@ Result<BenchPlan> planFromArgs(const BenchArgs& a, const BenchEnv& env) {
     auto ep = epOptions(a);
     if (!ep.isOk()) return ep.status();
     plan.ep = std::move(ep.value());
-  } else {
+  } else if (a.collective != "kv") {
     auto coll = parseCollective(a.collective);
-    if (!coll.isOk()) return failure(coll.status().message() + " or dispatch|combine");
+    if (!coll.isOk()) return failure(coll.status().message() + " or dispatch|combine|kv");
     o.collective = *coll;
   }
   for (auto [text, dst, flag] : {std::tuple{&a.min_bytes, &o.sweep.min_bytes, "-b"},
@@ -132,6 +168,11 @@ Result<BenchPlan> planFromArgs(const BenchArgs& a, const BenchEnv& env) {
     o.ops = {*op};
   }
   if (auto sweep = sizeSweep(o.sweep); !sweep.isOk() && !plan.ep) return failure(sweep.status().message());
+  if (a.collective == "kv") {
+    auto kv = kvOptions(a, o.sweep);
+    if (!kv.isOk()) return kv.status();
+    plan.kv = std::move(kv.value());
+  }
   plan.algo = a.algo;
   plan.plan_paths = a.plan_paths;
   plan.timeout_s = a.timeout_s;
@@ -146,7 +187,8 @@ Result<BenchPlan> planFromArgs(const BenchArgs& a, const BenchEnv& env) {
     if (a.cputime_given && a.cputime == 0)
       plan.notes.emplace_back("chorus-bench: -C 0: not applicable on CPU ranks: there is no GPU event timer; times "
                               "are CPU wall time, as -C 1");
-    plan.launch_ranks = a.np_given ? a.np : a.threads * a.gpus;
+    // kv: the two agents, unless --np says otherwise (and fails in the ranks).
+    plan.launch_ranks = a.np_given ? a.np : plan.kv && a.threads * a.gpus == 1 ? 2 : a.threads * a.gpus;
     return plan;
   }
   // The ranks chorus-bench launched itself see its own -t/-g/--np again.
@@ -235,6 +277,8 @@ int runRank(BenchPlan plan, const BenchEnv& env) {
   if (plan.ep) {
     plan.ep->bookkeeping = book;
     wrong = runEpBench(*plan.ep, comm, stdout);
+  } else if (plan.kv) {
+    wrong = runKvBench(*plan.kv, book, stdout);
   } else {
     wrong = runBench(o, comm, stdout);
   }

@@ -23,6 +23,7 @@
 #include "common/status.hpp"
 #include "toolkit/bench.hpp"
 #include "toolkit/bench_ep.hpp"
+#include "toolkit/bench_kv.hpp"
 
 namespace chorus::tools::bench {
 
@@ -66,6 +67,11 @@ struct BenchArgs {
   std::string form = "both";          // --form: ep, alltoallv or both
   int repeats = 1;                    // --repeats
   uint64_t seed = 1;                  // --seed
+  // kv (toolkit/bench_kv.hpp)
+  uint64_t kv_blocks = 64;            // --blocks
+  uint32_t kv_layers = 32;            // --layers
+  std::string kv_layout = "both";     // --layout: layer, block or both
+  std::string kv_op = "both";         // --kv-op: write, read or both
 };
 
 // Where the process runs, as the main reads it from the environment.
@@ -93,6 +99,8 @@ struct BenchPlan {
   BenchOptions options;
   // dispatch | combine: the MoE benchmark (runEpBench) instead of the sweep.
   std::optional<EpBenchOptions> ep;
+  // kv: the KV-cache transfer benchmark (runKvBench) instead of the sweep.
+  std::optional<KvBenchOptions> kv;
   // Kept for rankConfig.
   std::string algo;
   std::vector<std::string> plan_paths;
