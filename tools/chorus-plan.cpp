@@ -1,7 +1,7 @@
 // chorus-plan: reads plans written elsewhere and writes chorus's (docs/plan-format.md, docs/msccl.md).
 //
-//   chorus-plan import FILE [--out F.plan] [--json]   read a plan file (.plan, MSCCL .xml), prove it, say so
-//   chorus-plan export --algo NAME --ranks N --format msccl-xml|msccl++-json|chorus [--collective C] [--chunks K] [-o F]
+//   chorus-plan import FILE [--out F.plan] [--json]   read a plan file (.plan, MSCCL .xml, MSCCL++ .json), prove it, say so
+//   chorus-plan export --algo NAME --ranks N --format msccl-xml|mscclpp-json|chorus [--collective C] [--chunks K] [-o F]
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   std::string file, out, algo, format = "msccl-xml", coll = "allreduce";
   int ranks = 0, chunks = 0;
   bool json = false;
-  auto* imp = app.add_subcommand("import", "read a plan file (.plan, MSCCL .xml) and prove it");
+  auto* imp = app.add_subcommand("import", "read a plan file (.plan, MSCCL .xml, MSCCL++ .json) and prove it");
   imp->add_option("file", file, "the plan file")->required();
   imp->add_option("--out", out, "also write it as a chorus .plan file");
   imp->add_flag("--json", json, "print JSON instead of text");
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   exp->add_option("--ranks", ranks, "the rank count")->required();
   exp->add_option("--collective", coll, "the collective")->capture_default_str();
   exp->add_option("--chunks", chunks, "chunks per rank block (default: the rank count)");
-  exp->add_option("--format", format, "msccl-xml, msccl++-json or chorus")->capture_default_str();
+  exp->add_option("--format", format, "msccl-xml, mscclpp-json (also msccl++-json) or chorus")->capture_default_str();
   exp->add_option("-o,--output", out, "the file to write (default: stdout)");
   CLI11_PARSE(app, argc, argv);
 

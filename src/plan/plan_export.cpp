@@ -1,7 +1,10 @@
 // chorus's plans written for other runtimes (plan_export.hpp, docs/msccl.md).
 #include "plan/plan_export.hpp"
 
+#include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "plan/plan_file.hpp"
 
@@ -164,6 +167,161 @@ Result<std::string> writeMscclXml(const Algorithm& algo, int nranks, int chunks,
   return out;
 }
 
+// MSCCL++'s execution plan (plan_export.hpp).  Messages first: the k-th send
+// from a to b is the k-th receive of b from a; each gets a landing run of
+// scratch chunks of its own on b, after the algorithm's own scratch.
+Result<std::string> writeMscclppJson(const Algorithm& algo, int nranks, int chunks, const ExportOptions& opt) {
+  using Json = nlohmann::ordered_json;
+  const Collective c = algo.collective();
+  const std::string where = fmt::format("mscclpp-json export of {} '{}'", collectiveName(c), algo.name());
+  if (c != Collective::AllReduce && c != Collective::AllGather && c != Collective::AllToAll &&
+      c != Collective::ReduceScatter)
+    return invalidArgument("{}: MSCCL++'s execution plans have no root and no per-rank counts: allreduce, allgather, "
+                           "alltoall and reducescatter are written", where);
+  if (nranks < kPlanMinRanks || nranks > kPlanMaxRanks)
+    return invalidArgument("{}: {} ranks (2 to {})", where, nranks, kPlanMaxRanks);
+  if (chunks < 1 || static_cast<uint32_t>(chunks) > kPlanMaxChunks)
+    return invalidArgument("{}: {} chunks (1 to {})", where, chunks, kPlanMaxChunks);
+  if (algo.compressed() || algo.exact())
+    return invalidArgument("{}: a compressed or exact plan's steps have no MSCCL++ form", where);
+  Shape sh;
+  sh.coll = c;
+  sh.nranks = nranks;
+  sh.count = static_cast<uint64_t>(chunks);
+  if (!algo.supports(sh))
+    return invalidArgument("{}: does not take {} ranks at {} chunks (it needs {})", where, nranks, chunks,
+                           algo.requirement().empty() ? std::string_view("another shape") : algo.requirement());
+  const auto n = static_cast<size_t>(nranks);
+  std::vector<Program> progs(n);
+  for (int r = 0; r < nranks; ++r) expand(algo, sh, r, &progs[static_cast<size_t>(r)]);
+  // landing[b][a]: the landing offsets of b's receives from a, in order.
+  std::vector<std::vector<std::vector<uint64_t>>> landing(n, std::vector<std::vector<uint64_t>>(n));
+  std::vector<uint64_t> scratch(n);
+  for (size_t b = 0; b < n; ++b) {
+    uint64_t top = progs[b].scratch_elems;
+    for (const Step& s : progs[b].steps) {
+      const Region* regs[] = {&s.dst, &s.src, &s.src2};
+      for (const Region* g : regs)
+        if (g->count != 0 && g->buf != Buf::Input && g->buf != Buf::Output && g->buf != Buf::Scratch)
+          return invalidArgument("{}: rank {} uses a buffer MSCCL++ lacks", where, b);
+      if (s.op == StepOp::Recv || s.op == StepOp::RecvReduce) {
+        landing[b][static_cast<size_t>(s.peer)].push_back(top);
+        top += s.op == StepOp::Recv ? s.dst.count : s.src.count;
+      }
+    }
+    scratch[b] = top;
+    if (top > kPlanMaxScratch) return invalidArgument("{}: rank {} needs {} scratch chunks (at most {})", where, b, top,
+                                                      kPlanMaxScratch);
+  }
+  auto operand = [](const Region& g) {
+    return Json{{"type", std::string(letter(g.buf))}, {"index", g.offset}, {"size", g.count}};
+  };
+  Json gpus = Json::array();
+  for (size_t r = 0; r < n; ++r) {
+    const Program& prog = progs[r];
+    // Peers: one memory channel to each GPU it talks to; a remote buffer (the
+    // peer's scratch) for each it sends to.
+    std::set<int> peers, targets;
+    for (const Step& s : prog.steps)
+      if (!isLocal(s.op)) {
+        peers.insert(s.peer);
+        if (s.op == StepOp::Send) targets.insert(s.peer);
+      }
+    for (size_t b = 0; b < n; ++b)
+      for (const Step& s : progs[b].steps)
+        if (!isLocal(s.op) && s.peer == static_cast<int>(r)) peers.insert(static_cast<int>(b));
+    std::map<int, int> chan_of, buf_of;
+    Json connected = Json::array(), chan_ids = Json::array(), rbufs = Json::array(), rbuf_ids = Json::array();
+    for (int p : peers) {
+      chan_of[p] = static_cast<int>(chan_of.size());
+      connected.push_back(p);
+      chan_ids.push_back(chan_of[p]);
+    }
+    for (int p : targets) {
+      buf_of[p] = static_cast<int>(buf_of.size());
+      rbufs.push_back(Json{{"rank", p}, {"type", "s"}, {"access_channel_types", Json::array({"memory"})}});
+      rbuf_ids.push_back(buf_of[p]);
+    }
+    std::vector<size_t> sent(n), got(n);
+    Json ops = Json::array();
+    auto chan = [&](int p) { return Json{{"channel_ids", Json::array({chan_of[p]})}, {"channel_type", "memory"}}; };
+    for (size_t i = 0; i < prog.steps.size(); ++i) {
+      const Step& s = prog.steps[i];
+      auto recvSlot = [&](uint64_t cnt) {
+        const auto p = static_cast<size_t>(s.peer);
+        return Json{{"type", "s"}, {"index", landing[r][p][got[p]++]}, {"size", cnt}};
+      };
+      switch (s.op) {
+        case StepOp::Send: {
+          const auto p = static_cast<size_t>(s.peer);
+          const uint64_t at = landing[p][r][sent[p]++];
+          Json put{{"name", "put"},
+                   {"src_buff", Json::array({operand(s.src)})},
+                   {"dst_buff", Json::array({Json{{"buffer_id", buf_of[s.peer]}, {"index", at}, {"size", s.src.count}}})},
+                   {"channel_type", "memory"}};
+          ops.push_back(std::move(put));
+          Json sig{{"name", "signal"}};
+          sig.update(chan(s.peer));
+          ops.push_back(std::move(sig));
+          break;
+        }
+        case StepOp::Recv:
+        case StepOp::RecvReduce: {
+          Json w{{"name", "wait"}};
+          w.update(chan(s.peer));
+          ops.push_back(std::move(w));
+          if (s.op == StepOp::Recv) {
+            ops.push_back(Json{{"name", "copy"},
+                               {"src_buff", Json::array({recvSlot(s.dst.count)})},
+                               {"dst_buff", Json::array({operand(s.dst)})}});
+          } else {
+            ops.push_back(Json{{"name", "re"},
+                               {"src_buff", Json::array({operand(s.src), recvSlot(s.src.count)})},
+                               {"dst_buff", Json::array({operand(s.dst)})}});
+          }
+          break;
+        }
+        case StepOp::Copy:
+          if (s.dst.count == 0 || (s.dst.buf == s.src.buf && s.dst.offset == s.src.offset)) break;
+          ops.push_back(Json{{"name", "copy"},
+                             {"src_buff", Json::array({operand(s.src)})},
+                             {"dst_buff", Json::array({operand(s.dst)})}});
+          break;
+        case StepOp::Reduce:
+          ops.push_back(Json{{"name", "re"},
+                             {"src_buff", Json::array({operand(s.src), operand(s.src2)})},
+                             {"dst_buff", Json::array({operand(s.dst)})}});
+          break;
+        default:
+          return invalidArgument("{}: rank {} step {} is a step MSCCL++'s plans lack (op {})", where, r, i,
+                                 static_cast<int>(s.op));
+      }
+    }
+    Json tb{{"id", 0}, {"ops", std::move(ops)},
+            {"channels", Json::array({Json{{"channel_type", "memory"}, {"channel_ids", chan_ids}}})},
+            {"remote_buffer_refs",
+             Json::array({Json{{"access_channel_type", "memory"}, {"remote_buffer_ids", rbuf_ids}}})}};
+    gpus.push_back(Json{{"id", r},
+                        {"input_chunks", sh.inputElems(static_cast<int>(r))},
+                        {"output_chunks", sh.outputElems(static_cast<int>(r))},
+                        {"scratch_chunks", scratch[r]},
+                        {"channels", Json::array({Json{{"channel_type", "memory"}, {"connected_to", connected}}})},
+                        {"remote_buffers", std::move(rbufs)},
+                        {"threadblocks", Json::array({std::move(tb)})}});
+  }
+  Json doc{{"name", opt.name.empty() ? fmt::format("{}{}", algo.name(), nranks) : opt.name},
+           {"collective", std::string(collectiveName(c))},
+           {"protocol", "Simple"},
+           {"inplace", false},
+           {"reuse_resources", false},
+           {"num_threads_per_block", 1024},
+           {"use_double_scratch_buffer", false},
+           {"min_message_size", 0},
+           {"max_message_size", std::numeric_limits<uint64_t>::max()},
+           {"gpus", std::move(gpus)}};
+  return doc.dump(1) + "\n";
+}
+
 Result<std::string> exportPlan(const ExportOptions& opt) {
   Collective c;
   if (!parseCollective(opt.collective, &c))
@@ -180,10 +338,8 @@ Result<std::string> exportPlan(const ExportOptions& opt) {
   if (opt.format == "msccl-xml") return writeMscclXml(*algo, opt.ranks, chunks, opt);
   if (opt.format == "chorus")
     return dumpPlanText(*algo, opt.ranks, chunks, {.name = opt.name, .inplace = PlanInPlace::No});
-  if (opt.format == "msccl++-json")
-    return invalidArgument("export: format 'msccl++-json' is not written yet (docs/msccl.md says why); msccl-xml and "
-                           "chorus are");
-  return invalidArgument("export: format '{}' is not one of msccl-xml, chorus", opt.format);
+  if (opt.format == "mscclpp-json" || opt.format == "msccl++-json") return writeMscclppJson(*algo, opt.ranks, chunks, opt);
+  return invalidArgument("export: format '{}' is not one of msccl-xml, mscclpp-json, chorus", opt.format);
 }
 
 }  // namespace chorus::plan

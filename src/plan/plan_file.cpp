@@ -387,6 +387,7 @@ Status TextParser::stepLine(const Tokens& k, StepOp op) {
 constexpr PlanReader kReaders[] = {
     {"chorus", ".plan", &parsePlanText},
     {"msccl", ".xml", &parseMscclXml},
+    {"mscclpp", ".json", &parseMscclppJson},
 };
 
 const PlanReader* readerFor(const std::filesystem::path& p) {

@@ -140,6 +140,15 @@ Result<PlanSpec> parsePlanText(std::string_view text, std::string_view origin);
 // and the attribute.  The plan's name is the file's stem.
 Result<PlanSpec> parseMscclXml(std::string_view text, std::string_view origin);
 
+// Reads MSCCL++'s JSON execution plans (the files its executor loads and
+// chorus-plan export --format mscclpp-json writes): gpus holding thread
+// blocks holding operations; puts, signals and waits become chorus's sends
+// and receives (src/plan/mscclpp_file.cpp and docs/msccl.md say how, and
+// what is refused).  Errors name the origin and the key path
+// ("a.json: gpus[1].threadblocks[0].ops[3].name: ...").  The plan's name is
+// the file's "name".
+Result<PlanSpec> parseMscclppJson(std::string_view text, std::string_view origin);
+
 // Writes `algo` in chorus's plan text: its programs for `nranks` ranks
 // expanded at count = chunks, so every region is whole chunks of one element
 // (an error when a step is not one the format has, or a buffer is not in, out

@@ -1,5 +1,7 @@
 #include "sim/config.hpp"
 
+#include "sim/nccl_topo.hpp"
+
 #include <cctype>
 #include <algorithm>
 #include <filesystem>
@@ -150,8 +152,10 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   Reader top(j, std::string(where));
   ClusterSpec c;
   double d = 0;
-  CHORUS_RETURN_IF_ERROR(top.onlyKeys({"name", "nodes", "gpu", "node", "network"}));
+  CHORUS_RETURN_IF_ERROR(top.onlyKeys({"name", "nodes", "gpu", "node", "network", "node_topo"}));
   CHORUS_RETURN_IF_ERROR(top.str("name", &c.name));
+  std::string node_topo;  // loadCluster applies it (it names a file relative to the cluster file)
+  CHORUS_RETURN_IF_ERROR(top.str("node_topo", &node_topo, false));
   CHORUS_RETURN_IF_ERROR(top.integer("nodes", &c.nodes, 1, 1 << 20));
 
   CHORUS_ASSIGN_OR_RETURN(Reader g, top.object("gpu"));
@@ -368,7 +372,19 @@ Result<ModelSpec> parseModel(std::string_view text, std::string_view where, std:
 
 Result<ClusterSpec> loadCluster(const std::string& path) {
   CHORUS_ASSIGN_OR_RETURN(std::string text, readFile(path));
-  return parseCluster(text, path);
+  CHORUS_ASSIGN_OR_RETURN(ClusterSpec c, parseCluster(text, path));
+  // "node_topo": an NCCL topology file (relative to the cluster file's
+  // directory) whose node replaces the fields it gives, as --node-topo does
+  // (sim/nccl_topo.hpp); the cluster's name then says so.
+  const json j = json::parse(text, nullptr, false);
+  const auto it = j.is_object() ? j.find("node_topo") : j.end();
+  if (!j.is_object() || it == j.end() || !it->is_string()) return c;  // parseCluster checked the type
+  namespace fs = std::filesystem;
+  fs::path topo(it->get<std::string>());
+  if (topo.is_relative()) topo = fs::path(path).parent_path() / topo;
+  auto t = loadNodeTopo(topo.string());
+  if (!t.isOk()) return invalidArgument("{}: node_topo: {}", path, t.status().message());
+  return applyNodeTopo(c, *t, topo.string());
 }
 Result<ModelSpec> loadModel(const std::string& path, bool allow_unknown_keys) {
   namespace fs = std::filesystem;

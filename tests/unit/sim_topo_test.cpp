@@ -15,6 +15,8 @@
 #include <regex>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "sim/cli.hpp"
 #include "sim/config.hpp"
 #include "sim/nccl_topo.hpp"
@@ -308,6 +310,79 @@ TEST(NodeTopo, SweepCommandTakesNodeTopo) {
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find(bad), std::string::npos) << err;
   std::filesystem::remove(bad);
+}
+
+// A cluster file's "node_topo" key names an NCCL topology file (relative to
+// the cluster file's directory): loadCluster applies it as --node-topo does,
+// so every command that reads the cluster file prices the node it names.
+TEST(NodeTopo, ClusterFileKeyNamesTheNode) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("chorus-topo-key-{}", getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir / "topo");
+  fs::copy_file(kData + "topo_8p_940.xml", dir / "topo" / "mi300x.xml");
+  nlohmann::json j = nlohmann::json::parse(slurp(kCluster));
+  j["node_topo"] = "topo/mi300x.xml";
+  const std::string path = (dir / "cluster.json").string();
+  std::ofstream(path) << j.dump(1);
+
+  auto c = loadCluster(path);
+  ASSERT_TRUE(c.isOk()) << c.status().message();
+  auto base = loadCluster(kCluster);
+  auto t = loadNodeTopo(kData + "topo_8p_940.xml");
+  ASSERT_TRUE(base.isOk() && t.isOk());
+  const ClusterSpec flag = applyNodeTopo(*base, *t, "x");
+  ASSERT_NE(flag.node.nvlink_bw, base->node.nvlink_bw);  // the file changes the node
+  EXPECT_EQ(c->node.gpus, flag.node.gpus);
+  EXPECT_EQ(c->node.nvlink_bw, flag.node.nvlink_bw);
+  EXPECT_EQ(c->network.nics_per_node, flag.network.nics_per_node);
+  EXPECT_EQ(c->network.nic_bw, flag.network.nic_bw);
+  EXPECT_EQ(c->node.nvls, flag.node.nvls);
+  EXPECT_NE(c->name.find("(node from " + (dir / "topo" / "mi300x.xml").string() + ")"), std::string::npos) << c->name;
+
+  // The collective command prices the cluster file's node as it does --node-topo's.
+  CliOptions o;
+  o.cluster_path = path;
+  o.gpus = 16;
+  o.bytes_text = "64M";
+  o.json = true;
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(runCollectiveCommand(o), 0);
+  const std::string by_key = ::testing::internal::GetCapturedStdout();
+  o.cluster_path = kCluster;
+  o.node_topo_path = kData + "topo_8p_940.xml";
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(runCollectiveCommand(o), 0);
+  const std::string by_flag = ::testing::internal::GetCapturedStdout();
+  ::testing::internal::GetCapturedStderr();
+  auto a = nlohmann::json::parse(by_key, nullptr, false), b = nlohmann::json::parse(by_flag, nullptr, false);
+  ASSERT_TRUE(a.is_object()) << by_key;
+  ASSERT_TRUE(b.is_object()) << by_flag;
+  a.erase("cluster");
+  b.erase("cluster");
+  EXPECT_EQ(a, b);
+
+  // A file it cannot read fails the cluster file, naming the key.
+  j["node_topo"] = "topo/none.xml";
+  std::ofstream(path) << j.dump(1);
+  auto bad = loadCluster(path);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("node_topo"), std::string::npos) << bad.status().message();
+  j["node_topo"] = 7;
+  std::ofstream(path) << j.dump(1);
+  EXPECT_FALSE(loadCluster(path).isOk());
+  fs::remove_all(dir);
+
+  // The MI300X cluster of the test data: its node from RCCL's file (8 GPUs,
+  // 7 xGMI links x 64 GB/s), its GPU from AMD's data sheet.
+  auto mi = loadCluster(kData + "mi300x-rail.json");
+  ASSERT_TRUE(mi.isOk()) << mi.status().message();
+  EXPECT_EQ(mi->node.gpus, 8);
+  EXPECT_NEAR(mi->node.nvlink_bw / gbytePerS(1), 7 * 64, 1e-9);
+  EXPECT_EQ(mi->network.nics_per_node, 8);
+  EXPECT_NEAR(mi->gpu.hbm_bw / gbytePerS(1), 5300, 1e-9);
+  EXPECT_NE(mi->name.find("topo_8p_940.xml"), std::string::npos) << mi->name;
 }
 
 }  // namespace
