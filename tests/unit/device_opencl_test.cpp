@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <mutex>
 #include <dlfcn.h>
 #include <string>
 #include <vector>
@@ -85,7 +86,15 @@ struct ClRank {
   chorusStream_t stream = nullptr;
   std::string error;
 
+  // Seen with POCL here: a rank's first clCreateBuffer failed when another
+  // thread created its context at the same time, so ranks-as-threads set up
+  // (and tear down) their OpenCL objects one at a time; processes need not.
+  static std::mutex& setupMutex() {
+    static std::mutex mu;
+    return mu;
+  }
   ClRank() {
+    std::lock_guard lock(setupMutex());
     cl_platform_id platform = nullptr;
     cl_device_id dev = nullptr;
     cl_int e = clGetPlatformIDs(1, &platform, nullptr);
@@ -100,6 +109,7 @@ struct ClRank {
       error = fmt::format("chorusStreamCreateOpenCL: {}", chorusGetLastError(nullptr));
   }
   ~ClRank() {
+    std::lock_guard lock(setupMutex());
     if (stream) chorusStreamDestroy(stream);
     if (queue) clReleaseCommandQueue(queue);
     if (ctx) clReleaseContext(ctx);
@@ -211,7 +221,7 @@ TEST(DeviceOpenCL, ResultInQueueOrderAndEvent) {
     for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(i % 1000) + static_cast<float>(r);
     cl_int e = CL_SUCCESS;
     cl_mem mem = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
-    if (e != CL_SUCCESS) return "clCreateBuffer";
+    if (e != CL_SUCCESS) return fmt::format("clCreateBuffer: {}", e);
     clEnqueueWriteBuffer(cl.queue, mem, CL_FALSE, 0, count * 4, host.data(), 0, nullptr, nullptr);
     void* dev = nullptr;
     if (chorusMemRegisterOpenCL(mem, &dev) != chorusSuccess) return chorusGetLastError(nullptr);
