@@ -1,6 +1,7 @@
 // An OpenCL device of the process's own (cl_device.hpp).
 #include "device/cl_device.hpp"
 
+#include <mutex>
 #include <vector>
 
 #include "device/memory.hpp"
@@ -71,6 +72,10 @@ class ClDeviceImpl final : public ClDevice {
 
 Result<std::unique_ptr<ClDevice>> openClDevice() {
   CHORUS_RETURN_IF_ERROR(spaceAvailable(Space::OpenCL));
+  // One set-up at a time per process: POCL's context set-up failed a later
+  // clCreateBuffer when two threads (ranks as threads) ran it at once.
+  static std::mutex setup;
+  std::lock_guard lock(setup);
   cl_platform_id platform = nullptr;
   cl_device_id dev = nullptr;
   cl_int e = clGetPlatformIDs(1, &platform, nullptr);

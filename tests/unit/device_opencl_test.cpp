@@ -23,6 +23,7 @@
 #include "kernels/dtype.hpp"
 #include "kernels/reduce.hpp"
 #include "support/collective_check.hpp"
+#include "toolkit/bench.hpp"
 #include "support/rank_threads.hpp"
 
 #ifdef CHORUS_HAVE_OPENCL
@@ -385,6 +386,36 @@ TEST(DeviceOpenCL, ReductionKernelsMatchHost) {
     clReleaseMemObject(ma);
     clReleaseMemObject(mb);
     clReleaseMemObject(md);
+  }
+}
+
+// chorus-bench --memory opencl: a sweep on device buffers measures and its
+// check finds every element right (the check reads the device's output).
+TEST(DeviceOpenCL, BenchOnDeviceBuffers) {
+  SKIP_WITHOUT_OPENCL();
+  for (auto c : {tools::bench::Collective::AllReduce, tools::bench::Collective::AllGather,
+                 tools::bench::Collective::ReduceScatter}) {
+    tools::bench::BenchOptions o;
+    o.collective = c;
+    o.sweep = {64, 65536, 32, 0};
+    o.iters = 2;
+    o.warmup = 1;
+    o.memory = "opencl";
+    std::vector<std::string> tables(2);
+    auto msgs = runRanks(2, [&](int rank, chorusComm_t comm) -> std::string {
+      char* buf = nullptr;
+      size_t len = 0;
+      std::FILE* out = ::open_memstream(&buf, &len);
+      auto wrong = tools::bench::runBench(o, comm, out);
+      std::fclose(out);
+      tables[rank].assign(buf, len);
+      std::free(buf);
+      if (!wrong.isOk()) return wrong.status().message();
+      return *wrong == 0 ? "" : fmt::format("rank {}: {} wrong elements", rank, *wrong);
+    });
+    ASSERT_EQ(failures(msgs), "");
+    EXPECT_NE(tables[0].find("# buffers: opencl ("), std::string::npos) << tables[0];
+    EXPECT_NE(tables[0].find("# Out of bounds values : 0 OK"), std::string::npos) << tables[0];
   }
 }
 
