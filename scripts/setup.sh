@@ -27,6 +27,9 @@ packages=(
   python3-matplotlib hyperfine
   # the IEEE 1588 peer for chorus-ptp's interop test (ptp4l, pmc)
   linuxptp
+  # the OpenCL memory space (docs/device.md): headers and ICD loader for the build, POCL (an OpenCL
+  # implementation on the CPU) so that the device tests run here and in CI, clinfo, and pyopencl
+  opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo python3-pyopencl
   # the Python package and the torch.distributed backend (python/, tests/python)
   python3-dev python3-numpy python3-torch libtorch-dev pybind11-dev python3-pybind11 python3-pytest
 )

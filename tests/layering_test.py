@@ -38,7 +38,8 @@ DIRECT = {
     "exec": ["transport", "trace", "plan"],
     "comm": ["exec", "tune"],
     "prim": ["comm"],
-    "api": ["prim"],
+    "device": ["common"],
+    "api": ["prim", "device"],
     "toolkit": ["api", "tune", "bootstrap"],
 }
 # Layers that reach transports only through the registry (transport/registry.hpp)

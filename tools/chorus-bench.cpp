@@ -92,6 +92,9 @@ int main(int argc, char** argv) {
   app.add_option("-z,--blocking", a.blocking, "1: every timed call returns when it is complete; 0: the timed calls "
                                               "are queued on a chorus stream and waited for once (nccl-tests' default "
                                               "is 0)");
+  app.add_option("--memory", a.memory, "the buffers' memory space: host, or opencl (device buffers of this "
+                                      "process's first OpenCL device, calls on an OpenCL stream; docs/device.md)")
+      ->check(CLI::IsMember({"host", "opencl", "cuda"}));
   app.add_option("-a,--average", a.average, "time reported per size from each rank's mean: 0 rank 0's, 1 the mean "
                                             "over ranks, 2 the fastest rank's, 3 the slowest rank's (nccl-tests' "
                                             "default is 1)")

@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   }
   if (print_env) {
     std::fputs(chorus::tools::formatKnobTable().c_str(), stdout);
+    std::fputs(("\n" + chorus::tools::formatMemorySpaces("")).c_str(), stdout);
     return 0;
   }
   opts.argv = app.remaining();

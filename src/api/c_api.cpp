@@ -6,6 +6,7 @@
 // communicator is an error, not a crash) and, per thread, the last error
 // message and the open group.
 #include <chorus/chorus.h>
+#include <chorus/device.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "api/compress.hpp"
 #include "api/config.hpp"
+#include "api/device_calls.hpp"
 #include "bootstrap/bootstrap.hpp"
 #include "clock/offset.hpp"
 #include "comm/communicator.hpp"
@@ -38,6 +40,8 @@ struct chorusComm {
 
 struct chorusStream {
   chorus::exec::Stream s;
+  // A device stream's device side (chorusStreamCreateOpenCL); null: a host stream.
+  std::unique_ptr<chorus::device::ClStream> cl;
 };
 
 namespace chorus::api {
@@ -157,6 +161,17 @@ Status checkBuf(const char* fn, const char* what, const void* p, size_t count) {
 
 // Queues op in the open group, or submits it.
 chorusResult_t issue(CommRef& ref, chorusStream_t stream, OpDesc& op) {
+  if (stream != nullptr && stream->cl) {
+    // Device memory (docs/device.md): staged around a blocking host call.
+    if (t_group_depth > 0)
+      return report(invalidUsage("{}: a call on an OpenCL stream cannot be part of a group yet (docs/device.md)",
+                                 entryName(op)),
+                    ref.handle());
+    return report(runOnDevice(*stream->cl, std::move(op), ref->rank(), ref->size(),
+                              [&](OpDesc& host_op) { return ref->submitOne(host_op, nullptr); }),
+                  ref.handle());
+  }
+  if (Status st = checkHostBuffers(op); !st.isOk()) return report(st, ref.handle());
   exec::Stream* s = stream ? &stream->s : nullptr;
   if (t_group_depth > 0) {
     t_group.push_back({ref.handle(), s, std::move(op)});
@@ -1150,12 +1165,13 @@ CHORUS_EXPORT chorusResult_t chorusStreamCreate(chorusStream_t* stream) {
 
 CHORUS_EXPORT chorusResult_t chorusStreamSynchronize(chorusStream_t stream) {
   if (stream == nullptr) return chorusSuccess;  // the NULL stream is always synchronous
+  if (stream->cl) return report(stream->cl->synchronize());
   return report(stream->s.synchronize());
 }
 
 CHORUS_EXPORT chorusResult_t chorusStreamQuery(chorusStream_t stream) {
   if (stream == nullptr) return chorusSuccess;
-  Status st = stream->s.query();
+  Status st = stream->cl ? stream->cl->query() : stream->s.query();
   if (st.code() == chorusInProgress) return chorusInProgress;
   return report(st);
 }
@@ -1165,4 +1181,65 @@ CHORUS_EXPORT chorusResult_t chorusStreamDestroy(chorusStream_t stream) {
   Status st = stream->s.synchronize();  // queued work refers to it
   delete stream;
   return report(st);
+}
+
+// ---- memory spaces (docs/device.md) ------------------------------------------
+
+namespace {
+Status checkSpace(const char* fn, const chorusMemSpace_t& space) {
+  const int v = rawEnum(space);
+  if (v < 0 || v >= chorusNumMemSpaces)
+    return invalidArgument("{}: space={} is not a chorusMemSpace_t (0..{})", fn, v, chorusNumMemSpaces - 1);
+  return {};
+}
+}  // namespace
+
+CHORUS_EXPORT chorusResult_t chorusMemSpaceQuery(chorusMemSpace_t space, int* available, char* why, size_t len) {
+  const char* fn = "chorusMemSpaceQuery";
+  if (Status st = checkSpace(fn, space); !st.isOk()) return report(st);
+  if (available == nullptr) return report(invalidArgument("{}: available is NULL", fn));
+  const Status st = device::spaceAvailable(static_cast<device::Space>(rawEnum(space)));
+  *available = st.isOk() ? 1 : 0;
+  if (why != nullptr && len > 0) {
+    const std::string msg = st.isOk() ? std::string() : st.message();
+    const size_t n = std::min(msg.size(), len - 1);
+    std::memcpy(why, msg.data(), n);
+    why[n] = '\0';
+  }
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusMemRegisterOpenCL(void* clMem, void** devPtr) {
+  if (devPtr == nullptr) return report(invalidArgument("chorusMemRegisterOpenCL: devPtr is NULL"));
+  auto r = device::registerOpenCL(clMem);
+  if (!r.isOk()) return report(r.status());
+  *devPtr = r.value();
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusMemDeregister(void* devPtr) { return report(device::deregister(devPtr)); }
+
+CHORUS_EXPORT chorusResult_t chorusStreamCreateOpenCL(chorusStream_t* stream, void* clQueue) {
+  if (stream == nullptr) return report(invalidArgument("chorusStreamCreateOpenCL: stream is NULL"));
+  auto cl = device::makeClStream(clQueue);
+  if (!cl.isOk()) return report(cl.status());
+  auto* s = new chorusStream();
+  s->cl = std::move(cl).value();
+  *stream = s;
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusStreamGetMemSpace(chorusStream_t stream, chorusMemSpace_t* space) {
+  if (space == nullptr) return report(invalidArgument("chorusStreamGetMemSpace: space is NULL"));
+  *space = stream != nullptr && stream->cl ? chorusMemOpenCL : chorusMemHost;
+  return chorusSuccess;
+}
+
+CHORUS_EXPORT chorusResult_t chorusStreamGetEventOpenCL(chorusStream_t stream, void** clEvent) {
+  const char* fn = "chorusStreamGetEventOpenCL";
+  if (clEvent == nullptr) return report(invalidArgument("{}: clEvent is NULL", fn));
+  if (stream == nullptr || !stream->cl)
+    return report(invalidArgument("{}: stream is not an OpenCL stream (chorusStreamCreateOpenCL)", fn));
+  *clEvent = stream->cl->lastEvent();
+  return chorusSuccess;
 }

@@ -206,6 +206,10 @@ struct BenchOptions {
   // nccl-tests -z: 1 each timed call returns when complete (a blocking call);
   // 0 the timed calls are queued on a chorus stream and waited for once.
   bool blocking = true;
+  // --memory: "host", or "opencl" (the buffers are registered cl_mem buffers of
+  // this process's first OpenCL device and every call goes to an OpenCL stream;
+  // the check copies its input up and the output down, outside the timing).
+  std::string memory = "host";
 };
 
 // The names of nccl-tests' -a values: "rank0", "avg", "min", "max".

@@ -52,6 +52,7 @@ struct BenchArgs {
   int gpus = 1;                       // -g
   int parallel_init = 0;              // -p
   int blocking = 1;                   // -z
+  std::string memory = "host";        // --memory
   int average = 3;                    // -a
   int cudagraph = 0;                  // -G
   int cputime = 1;                    // -C

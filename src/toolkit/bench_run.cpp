@@ -1,4 +1,6 @@
 // runBench: the measuring loop of chorus-bench, over the C API.
+#include <chorus/device.h>
+
 #include <cmath>
 #include <chrono>
 #include <cstdlib>
@@ -7,9 +9,11 @@
 #include <memory>
 
 #include "common/env.hpp"
+#include "device/cl_device.hpp"
 #include "kernels/dtype.hpp"
 #include "plan/plan.hpp"
 #include "toolkit/bench.hpp"
+#include "toolkit/launcher.hpp"
 
 namespace chorus::tools::bench {
 namespace {
@@ -104,14 +108,21 @@ struct Issue {
   chorusComm_t comm;
   chorusStream_t stream;  // nullptr: blocking calls
   const std::string& where;
+  chorusStream_t device = nullptr;  // --memory opencl: every call goes to this OpenCL stream
 
   Status once() const {
-    chorusResult_t r = issue(c, p.send, p.recv, shape, d, op, root, rank, nranks, comm, nullptr);
+    chorusResult_t r = issue(c, p.send, p.recv, shape, d, op, root, rank, nranks, comm, device);
     return r == chorusSuccess ? Status::ok() : apiError(comm, rank, where, r);
   }
 
-  // k timed calls: blocking, or (-z 0) queued on the stream and waited for once.
+  // k timed calls: blocking, or (-z 0) queued on the stream and waited for once;
+  // on a device, issued on its stream and waited for once (the queue drained).
   Status timed(int k) const {
+    if (device != nullptr) {
+      for (int i = 0; i < k; ++i) CHORUS_RETURN_IF_ERROR(once());
+      chorusResult_t r = chorusStreamSynchronize(device);
+      return r == chorusSuccess ? Status::ok() : apiError(comm, rank, where + " (OpenCL stream)", r);
+    }
     if (stream == nullptr) {
       for (int i = 0; i < k; ++i) CHORUS_RETURN_IF_ERROR(once());
       return {};
@@ -175,6 +186,16 @@ class Bench {
       }
     CHORUS_ASSIGN_OR_RETURN(sendbuf_, allocate(max_bytes));
     CHORUS_ASSIGN_OR_RETURN(recvbuf_, allocate(max_bytes));
+    max_bytes_ = max_bytes;
+    if (o_.memory == "opencl") {
+      auto dev = device::openClDevice();
+      if (!dev.isOk()) return dev.status().withContext("chorus-bench --memory opencl: ");
+      cl_ = std::move(dev).value();
+      CHORUS_ASSIGN_OR_RETURN(dev_send_, cl_->allocate(max_bytes));
+      CHORUS_ASSIGN_OR_RETURN(dev_recv_, cl_->allocate(max_bytes));
+      if (chorusResult_t r = chorusStreamCreateOpenCL(&device_stream_.stream, cl_->queue()); r != chorusSuccess)
+        return apiError(comm_, rank_, "chorusStreamCreateOpenCL (--memory opencl)", r);
+    }
 
     if (rank_ == 0 && !o_.json_path.empty()) {
       json_.open(o_.json_path, std::ios::out | std::ios::trunc);
@@ -188,6 +209,8 @@ class Bench {
                                                : fmt::format("{}(bytes)", o_.sweep.step_bytes),
                       o_.warmup, o_.iters, o_.check ? 1 : 0, algo_, o_.average, averageName(o_.average),
                       o_.blocking ? 1 : 0));
+    print(formatMemorySpaces("# "));
+    print(fmt::format("# buffers: {}\n", cl_ ? "opencl (" + cl_->name() + "), staged through host memory" : "host"));
     print(formatHeader());
     return {};
   }
@@ -300,7 +323,7 @@ class Bench {
                               chosen);
       return false;
     }
-    const Issue call{c_,
+    Issue call{c_,
                      place(c_, in_place, sendbuf_.get(), recvbuf_.get(), row.shape, elem, rank_),
                      row.shape,
                      d,
@@ -311,10 +334,31 @@ class Bench {
                      comm_,
                      o_.blocking ? nullptr : stream_.stream,
                      where};
+    if (cl_) {
+      // The same placement in the device buffers (device addresses keep the offsets).
+      auto onDevice = [&](const void* host) -> std::byte* {
+        auto* h = static_cast<const std::byte*>(host);
+        if (h >= sendbuf_.get() && h < sendbuf_.get() + max_bytes_) return dev_send_ + (h - sendbuf_.get());
+        return dev_recv_ + (h - recvbuf_.get());
+      };
+      call.p.send = onDevice(call.p.send);
+      call.p.recv = onDevice(call.p.recv);
+      call.device = device_stream_.stream;
+    }
     Measurement m;
     if (o_.check) {
       pattern.fill(call.p.input, rank_, row.shape.send_count);
+      if (cl_) {
+        CHORUS_RETURN_IF_ERROR(cl_->upload(dev_send_, sendbuf_.get(), max_bytes_));
+        CHORUS_RETURN_IF_ERROR(cl_->upload(dev_recv_, recvbuf_.get(), max_bytes_));
+      }
       CHORUS_RETURN_IF_ERROR(call.once());
+      if (cl_) {
+        if (chorusResult_t r = chorusStreamSynchronize(call.device); r != chorusSuccess)
+          return apiError(comm_, rank_, "chorusStreamSynchronize (OpenCL)", r);
+        CHORUS_RETURN_IF_ERROR(cl_->download(sendbuf_.get(), dev_send_, max_bytes_));
+        CHORUS_RETURN_IF_ERROR(cl_->download(recvbuf_.get(), dev_recv_, max_bytes_));
+      }
       // Summed as float64 (exact below 2^53): CHORUS_REPRODUCIBLE=exact
       // refuses integer sums, and the bench must run in every mode.
       double wrong_sum = static_cast<double>(countWrong(c_, pattern, row.shape, o_.root, rank_, call.p.output));
@@ -400,6 +444,13 @@ class Bench {
   int nranks_ = 0;
   int rank_ = 0;
   StreamGuard stream_;
+  // --memory opencl: the device, its buffers (device addresses) and stream.
+  // device_stream_ is declared after cl_: it is destroyed before the device.
+  std::unique_ptr<device::ClDevice> cl_;
+  std::byte* dev_send_ = nullptr;
+  std::byte* dev_recv_ = nullptr;
+  StreamGuard device_stream_;
+  size_t max_bytes_ = 0;
   plan::Collective plan_collective_{};
   bool known_to_plans_ = false;
   // The communicator's plans (built-in and loaded), to say why a forced one

@@ -18,6 +18,8 @@
 #include <cerrno>
 #include <string_view>
 
+#include <chorus/device.h>
+
 #include "bootstrap/auth.hpp"
 #include "common/env.hpp"
 
@@ -204,6 +206,20 @@ std::string describeExit(int rank, const RankExit& e) {
     return fmt::format("rank {} was killed by signal {} (SIG{})", rank, e.code, abbrev ? abbrev : "?");
   }
   return fmt::format("rank {} exited with status {}", rank, e.code);
+}
+
+std::string formatMemorySpaces(std::string_view prefix) {
+  std::string out;
+  const std::pair<chorusMemSpace_t, const char*> spaces[] = {
+      {chorusMemHost, "host"}, {chorusMemOpenCL, "opencl"}, {chorusMemCuda, "cuda"}};
+  for (const auto& [space, name] : spaces) {
+    int available = 0;
+    char why[512] = {};
+    if (chorusMemSpaceQuery(space, &available, why, sizeof why) != chorusSuccess) continue;
+    out += fmt::format("{}memory space {:<6}: {}\n", prefix, name,
+                       available ? std::string("yes") : fmt::format("no ({})", why));
+  }
+  return out;
 }
 
 std::string formatKnobTable() {

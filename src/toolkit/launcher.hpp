@@ -121,5 +121,10 @@ std::string describeExit(int rank, const RankExit& e);
 // The table that `chorus-run --print-env` prints: every knob of env::knobs()
 // with its default and meaning.
 std::string formatKnobTable();
+// Which memory spaces this chorus can use here (chorusMemSpaceQuery), one
+// line each, each line starting with `prefix`: "host: yes", "opencl: yes",
+// "cuda: no (no CUDA driver (libcuda.so.1: ...))".  chorus-run --print-env and
+// chorus-bench print it.
+std::string formatMemorySpaces(std::string_view prefix);
 
 }  // namespace chorus::tools

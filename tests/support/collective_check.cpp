@@ -176,7 +176,7 @@ std::string Case::name() const {
                      inplace ? "inplace" : "outofplace");
 }
 
-std::string runCase(chorusComm_t comm, const Case& c, chorusStream_t stream) {
+std::string runCase(chorusComm_t comm, const Case& c, chorusStream_t stream, DeviceMirror* mirror) {
   int n = 0, r = 0;
   chorusCommCount(comm, &n);
   chorusCommUserRank(comm, &r);
@@ -270,6 +270,18 @@ std::string runCase(chorusComm_t comm, const Case& c, chorusStream_t stream) {
     if (chorusRedOpCreatePreMulSum(&op, two, c.dtype, chorusScalarHostImmediate, comm) != chorusSuccess)
       return fmt::format("chorusRedOpCreatePreMulSum failed: {}", chorusGetLastError(comm));
   }
+  // Host pointers (checked below) and the pointers the call gets.
+  std::byte* const host_recvp = recvp;
+  if (mirror != nullptr) {
+    std::byte* dev_in = static_cast<std::byte*>(mirror->upload(inbuf.data(), inbuf.size()));
+    std::byte* dev_out = static_cast<std::byte*>(mirror->upload(outbuf.data(), outbuf.size()));
+    auto translate = [&](std::byte* p) -> std::byte* {
+      if (p >= inbuf.data() && p < inbuf.data() + inbuf.size()) return dev_in + (p - inbuf.data());
+      return dev_out + (p - outbuf.data());
+    };
+    sendp = translate(sendp);
+    recvp = translate(recvp);
+  }
   chorusResult_t res = chorusSuccess;
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   switch (c.coll) {
@@ -299,11 +311,19 @@ std::string runCase(chorusComm_t comm, const Case& c, chorusStream_t stream) {
   }
   if (res == chorusSuccess && stream) res = chorusStreamSynchronize(stream);
   if (c.op == chorusNumOps) chorusRedOpDestroy(op, comm);
-  if (res != chorusSuccess) return fmt::format("{}: returned {}: {}", c.name(), static_cast<int>(res), chorusGetLastError(comm));
+  if (res != chorusSuccess) {
+    if (mirror != nullptr) mirror->clear();
+    return fmt::format("{}: returned {}: {}", c.name(), static_cast<int>(res), chorusGetLastError(comm));
+  }
+  if (mirror != nullptr) {
+    std::string err = mirror->download();
+    mirror->clear();
+    if (!err.empty()) return fmt::format("{}: {}", c.name(), err);
+  }
 
   std::string why;
   auto bad = [&](size_t i, const std::string& w) { return fmt::format("{}: rank {} element {}: {}", c.name(), r, i, w); };
-  const std::byte* o = recvp;
+  const std::byte* o = host_recvp;
   switch (c.coll) {
     case Coll::AllReduce:
       for (size_t i = 0; i < cnt; ++i)

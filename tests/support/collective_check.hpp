@@ -10,6 +10,7 @@
 
 #include <chorus/chorus.h>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -30,10 +31,27 @@ struct Case {
   [[nodiscard]] std::string name() const;
 };
 
+// Device memory for runCase (tests/unit/device_*_test.cpp): each host buffer
+// of the case is mirrored into a device buffer before the call, the call gets
+// the device addresses (same offsets, so in-place stays in place), and after
+// it every device buffer is copied back over its host buffer, which the
+// reference then checks.
+class DeviceMirror {
+ public:
+  virtual ~DeviceMirror() = default;
+  // A device copy of [host, host + bytes); returns its device address.
+  virtual void* upload(std::byte* host, size_t bytes) = 0;
+  // Copies every device buffer back over its host buffer ("" or an error).
+  virtual std::string download() = 0;
+  // Frees the device buffers.
+  virtual void clear() = 0;
+};
+
 // Runs one case on comm (every rank calls it with the same case; stream may
 // be NULL).  Returns "" when every element is right, else a description of
 // the first wrong element.
-std::string runCase(chorusComm_t comm, const Case& c, chorusStream_t stream = nullptr);
+// With a mirror, stream is a stream of the mirror's memory space.
+std::string runCase(chorusComm_t comm, const Case& c, chorusStream_t stream = nullptr, DeviceMirror* mirror = nullptr);
 
 // The standard matrix: every collective x dtype x op (with in-place and
 // out-of-place) at small counts, plus float32 at the given large counts.

@@ -1,0 +1,64 @@
+/*
+ * chorus — memory spaces: collectives on device buffers (docs/device.md).
+ *
+ * An extension of the C ABI of <chorus/chorus.h>, in a header of its own.
+ */
+#ifndef CHORUS_DEVICE_H_
+#define CHORUS_DEVICE_H_
+
+#include <chorus/chorus.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Memory spaces (docs/device.md).  A call's buffers are in the memory space
+ * of the stream it is issued on: host memory on the NULL stream and on
+ * chorusStreamCreate's streams; OpenCL buffers on a stream made from an
+ * OpenCL command queue (chorusStreamCreateOpenCL), as NCCL's calls take device
+ * pointers and a cudaStream_t.  Host calls are unchanged.
+ *
+ * OpenCL buffers are named by device addresses: chorusMemRegisterOpenCL(clMem,
+ * &dev) gives the cl_mem a range of reserved address space as long as the
+ * buffer (never host memory; not dereferenceable), and a call passes
+ * dev + byte offset where it would pass a pointer (in-place calls as usual:
+ * the same address, or an address inside the other buffer).  A call on an
+ * OpenCL stream checks each buffer: a host pointer (not in a registered
+ * buffer), a length past the end of its cl_mem (CL_MEM_SIZE), or a buffer of
+ * another context than the queue's is chorusInvalidArgument naming the
+ * argument; a device address on a host stream likewise.
+ *
+ * Completion follows the queue's order: the call reads its inputs after the
+ * queue's earlier commands (the host waits for them), runs the collective, and
+ * enqueues the writes of its outputs on the queue, so later commands of the
+ * queue see them; chorusStreamSynchronize (clFinish) or the call's event
+ * (chorusStreamGetEventOpenCL) waits for them.  Not yet on an OpenCL stream:
+ * groups, send/recv, the v-collectives (chorusInvalidUsage).  The OpenCL types
+ * are passed as void* so that this header needs no OpenCL header. */
+typedef enum {
+  chorusMemHost = 0,
+  chorusMemOpenCL = 1,
+  chorusMemCuda = 2, /* the driver is detected (chorusMemSpaceQuery); no data path yet */
+  chorusNumMemSpaces = 3,
+  chorusMemSpaceMaxValue_ = 0x7fffffff /* not a space: makes the range all of int, as chorus.h's enums */
+} chorusMemSpace_t;
+/* *available = 1 when this process can use the space, else 0 and the reason
+ * in why (NUL-terminated, truncated to len; why may be NULL): "no OpenCL
+ * platform", "no CUDA driver (libcuda.so.1: ...)", "built without OpenCL". */
+chorusResult_t chorusMemSpaceQuery(chorusMemSpace_t space, int* available, char* why, size_t len);
+/* clMem: a cl_mem buffer (clCreateBuffer; not a sub-buffer).  *devPtr: its
+ * device address.  The cl_mem is retained until chorusMemDeregister. */
+chorusResult_t chorusMemRegisterOpenCL(void* clMem, void** devPtr);
+chorusResult_t chorusMemDeregister(void* devPtr);
+/* clQueue: an in-order cl_command_queue (retained by the stream). */
+chorusResult_t chorusStreamCreateOpenCL(chorusStream_t* stream, void* clQueue);
+chorusResult_t chorusStreamGetMemSpace(chorusStream_t stream, chorusMemSpace_t* space);
+/* *clEvent: the cl_event of the stream's last call (complete when its outputs
+ * are written), retained for the caller (clReleaseEvent it), or NULL. */
+chorusResult_t chorusStreamGetEventOpenCL(chorusStream_t stream, void** clEvent);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHORUS_DEVICE_H_ */

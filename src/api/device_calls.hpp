@@ -1,0 +1,27 @@
+// Calls on device memory (docs/device.md): the API layer's side of
+// src/device/.  A call on an OpenCL stream is checked, its device buffers are
+// staged through host memory by the stream, and the unchanged host call runs
+// on the staging; a call on a host stream that names a device address is
+// refused, naming the argument.
+#pragma once
+
+#include <functional>
+
+#include "comm/op.hpp"
+#include "common/status.hpp"
+#include "device/memory.hpp"
+
+namespace chorus::api {
+
+// The C entry point's name for error messages.
+const char* entryName(const OpDesc& op);
+
+// On a host stream: ok unless a buffer of op is a registered device address
+// (one relaxed load when nothing is registered).
+Status checkHostBuffers(const OpDesc& op);
+
+// Runs op on the OpenCL stream `cl`: submit(op) receives op with its buffers
+// replaced by the host staging.  rank/nranks: the communicator's.
+Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks, const std::function<Status(OpDesc&)>& submit);
+
+}  // namespace chorus::api

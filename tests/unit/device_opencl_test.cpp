@@ -1,0 +1,427 @@
+// Collectives on OpenCL buffers (docs/device.md) through the C API, ranks as
+// threads, each rank with its own OpenCL context and in-order queue (as
+// separate processes would have), checked element by element against the
+// independent reference of support/collective_check.  Runs on any OpenCL
+// platform; here POCL's CPU device (scripts/setup.sh installs it).  Skipped,
+// saying why, only where no OpenCL platform exists or chorus was built
+// without OpenCL.
+#include <chorus/device.h>
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <mutex>
+#include <dlfcn.h>
+#include <string>
+#include <vector>
+
+#include <cmath>
+#include <random>
+
+#include "device/cl_reduce.hpp"
+#include "kernels/dtype.hpp"
+#include "kernels/reduce.hpp"
+#include "support/collective_check.hpp"
+#include "toolkit/bench.hpp"
+#include "support/rank_threads.hpp"
+
+#ifdef CHORUS_HAVE_OPENCL
+#include <CL/cl.h>
+#endif
+
+namespace chorus::testing {
+namespace {
+
+// Why the OpenCL tests cannot run here, or "".
+std::string skipReason() {
+  int available = 0;
+  char why[512] = {};
+  if (chorusMemSpaceQuery(chorusMemOpenCL, &available, why, sizeof why) != chorusSuccess)
+    return "chorusMemSpaceQuery failed";
+  return available ? "" : why;
+}
+
+#define SKIP_WITHOUT_OPENCL()                                                 \
+  do {                                                                        \
+    const std::string reason_ = skipReason();                                 \
+    if (!reason_.empty()) GTEST_SKIP() << "OpenCL unavailable: " << reason_; \
+  } while (0)
+
+TEST(DeviceSpaces, QueryNamesEachSpace) {
+  int available = -1;
+  char why[512] = {};
+  ASSERT_EQ(chorusMemSpaceQuery(chorusMemHost, &available, why, sizeof why), chorusSuccess);
+  EXPECT_EQ(available, 1);
+  EXPECT_STREQ(why, "");
+  // CUDA: whatever this machine has, the answer is consistent with the
+  // driver's presence, and a missing driver is named.
+  ASSERT_EQ(chorusMemSpaceQuery(chorusMemCuda, &available, why, sizeof why), chorusSuccess);
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    EXPECT_EQ(available, 0);
+    EXPECT_NE(std::string(why).find("no CUDA driver"), std::string::npos) << why;
+  } else {
+    dlclose(lib);
+    if (available == 0) {
+      EXPECT_NE(std::string(why).find("CUDA"), std::string::npos) << why;
+    }
+  }
+  // A value outside the enum is refused, naming the argument.
+  EXPECT_EQ(chorusMemSpaceQuery(static_cast<chorusMemSpace_t>(7), &available, why, sizeof why), chorusInvalidArgument);
+  EXPECT_NE(std::string(chorusGetLastError(nullptr)).find("space=7"), std::string::npos);
+  chorusStream_t s = nullptr;
+  ASSERT_EQ(chorusStreamCreate(&s), chorusSuccess);
+  chorusMemSpace_t space = chorusMemOpenCL;
+  EXPECT_EQ(chorusStreamGetMemSpace(s, &space), chorusSuccess);
+  EXPECT_EQ(space, chorusMemHost);
+  chorusStreamDestroy(s);
+}
+
+#ifdef CHORUS_HAVE_OPENCL
+
+// One rank's OpenCL device: a context and an in-order queue of its own.
+struct ClRank {
+  cl_context ctx = nullptr;
+  cl_command_queue queue = nullptr;
+  chorusStream_t stream = nullptr;
+  std::string error;
+
+  // Seen with POCL here: a rank's first clCreateBuffer failed when another
+  // thread created its context at the same time, so ranks-as-threads set up
+  // (and tear down) their OpenCL objects one at a time; processes need not.
+  static std::mutex& setupMutex() {
+    static std::mutex mu;
+    return mu;
+  }
+  ClRank() {
+    std::lock_guard lock(setupMutex());
+    cl_platform_id platform = nullptr;
+    cl_device_id dev = nullptr;
+    cl_int e = clGetPlatformIDs(1, &platform, nullptr);
+    if (e == CL_SUCCESS) e = clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, nullptr);
+    if (e == CL_SUCCESS) ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &e);
+    if (e == CL_SUCCESS) queue = clCreateCommandQueue(ctx, dev, 0, &e);
+    if (e != CL_SUCCESS) {
+      error = fmt::format("OpenCL setup failed: {}", e);
+      return;
+    }
+    if (chorusStreamCreateOpenCL(&stream, queue) != chorusSuccess)
+      error = fmt::format("chorusStreamCreateOpenCL: {}", chorusGetLastError(nullptr));
+  }
+  ~ClRank() {
+    std::lock_guard lock(setupMutex());
+    if (stream) chorusStreamDestroy(stream);
+    if (queue) clReleaseCommandQueue(queue);
+    if (ctx) clReleaseContext(ctx);
+  }
+  ClRank(const ClRank&) = delete;
+  ClRank& operator=(const ClRank&) = delete;
+};
+
+// The case's host buffers mirrored into registered cl_mem buffers.  Uploads
+// are non-blocking writes on the rank's queue, so the call must read its
+// input after them in queue order; downloads are blocking reads on the same
+// queue.
+class ClMirror final : public DeviceMirror {
+ public:
+  explicit ClMirror(ClRank& rank) : rank_(rank) {}
+  ~ClMirror() override { clear(); }
+  void* upload(std::byte* host, size_t bytes) override {
+    Alloc a{host, bytes, nullptr, nullptr};
+    cl_int e = CL_SUCCESS;
+    a.mem = clCreateBuffer(rank_.ctx, CL_MEM_READ_WRITE, std::max<size_t>(bytes, 1), nullptr, &e);
+    if (e != CL_SUCCESS) return nullptr;
+    if (bytes > 0) clEnqueueWriteBuffer(rank_.queue, a.mem, CL_FALSE, 0, bytes, host, 0, nullptr, nullptr);
+    chorusMemRegisterOpenCL(a.mem, &a.dev);
+    allocs_.push_back(a);
+    return a.dev;
+  }
+  std::string download() override {
+    for (const Alloc& a : allocs_) {
+      if (a.bytes == 0) continue;
+      const cl_int e = clEnqueueReadBuffer(rank_.queue, a.mem, CL_TRUE, 0, a.bytes, a.host, 0, nullptr, nullptr);
+      if (e != CL_SUCCESS) return fmt::format("clEnqueueReadBuffer: {}", e);
+    }
+    return "";
+  }
+  void clear() override {
+    clFinish(rank_.queue);
+    for (const Alloc& a : allocs_) {
+      chorusMemDeregister(a.dev);
+      clReleaseMemObject(a.mem);
+    }
+    allocs_.clear();
+  }
+
+ private:
+  struct Alloc {
+    std::byte* host;
+    size_t bytes;
+    cl_mem mem;
+    void* dev;
+  };
+  ClRank& rank_;
+  std::vector<Alloc> allocs_;
+};
+
+// The collectives a device stream runs (not yet: the v-forms, send/recv).
+std::vector<Case> deviceCases(int n, const std::vector<size_t>& counts, bool all_dtypes) {
+  std::vector<Case> out;
+  for (const Case& c : standardCases(n, counts, all_dtypes))
+    if (c.coll != Coll::AllGatherV && c.coll != Coll::AllToAllV && c.coll != Coll::SendRecv) out.push_back(c);
+  return out;
+}
+
+std::string runOnDevice(int rank, chorusComm_t comm, const std::vector<Case>& cases) {
+  ClRank cl;
+  if (!cl.error.empty()) return cl.error;
+  ClMirror mirror(cl);
+  for (const Case& c : cases) {
+    std::string err = runCase(comm, c, cl.stream, &mirror);
+    if (!err.empty()) return fmt::format("rank {}: {}", rank, err);
+  }
+  return "";
+}
+
+class DeviceRanks : public ::testing::TestWithParam<int> {};
+
+// Every collective a device stream runs x every dtype x op, in place and
+// not, at small ragged counts (0 included).
+TEST_P(DeviceRanks, AllDtypesAllOps) {
+  SKIP_WITHOUT_OPENCL();
+  const int n = GetParam();
+  auto cases = deviceCases(n, {0, 1, 7}, /*all_dtypes=*/true);
+  auto msgs = runRanks(n, [&](int r, chorusComm_t c) { return runOnDevice(r, c, cases); });
+  EXPECT_EQ(failures(msgs), "");
+}
+
+// Larger, non-divisible counts: the staging grows, the plans pipeline.
+TEST_P(DeviceRanks, LargerCountsFloat) {
+  SKIP_WITHOUT_OPENCL();
+  const int n = GetParam();
+  auto cases = deviceCases(n, {4099, 300007}, /*all_dtypes=*/false);
+  auto msgs = runRanks(n, [&](int r, chorusComm_t c) { return runOnDevice(r, c, cases); });
+  EXPECT_EQ(failures(msgs), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, DeviceRanks, ::testing::Values(2, 4), [](const auto& info) {
+  return fmt::format("n{}", info.param);
+});
+
+// The call's result is written in the queue's order: a blocking read on the
+// same queue right after the call (no chorusStreamSynchronize) sees it, and
+// the call's event completes.
+TEST(DeviceOpenCL, ResultInQueueOrderAndEvent) {
+  SKIP_WITHOUT_OPENCL();
+  auto msgs = runRanks(2, [&](int r, chorusComm_t comm) -> std::string {
+    ClRank cl;
+    if (!cl.error.empty()) return cl.error;
+    const size_t count = 1 << 18;
+    std::vector<float> host(count);
+    for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(i % 1000) + static_cast<float>(r);
+    cl_int e = CL_SUCCESS;
+    cl_mem mem = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
+    if (e != CL_SUCCESS) return fmt::format("clCreateBuffer: {}", e);
+    clEnqueueWriteBuffer(cl.queue, mem, CL_FALSE, 0, count * 4, host.data(), 0, nullptr, nullptr);
+    void* dev = nullptr;
+    if (chorusMemRegisterOpenCL(mem, &dev) != chorusSuccess) return chorusGetLastError(nullptr);
+    std::string err;
+    if (chorusAllReduce(dev, dev, count, chorusFloat32, chorusSum, comm, cl.stream) != chorusSuccess)
+      err = chorusGetLastError(comm);
+    void* ev = nullptr;
+    if (err.empty() && (chorusStreamGetEventOpenCL(cl.stream, &ev) != chorusSuccess || ev == nullptr))
+      err = "no event for the call";
+    std::vector<float> out(count, -1.0f);
+    if (err.empty()) {
+      clEnqueueReadBuffer(cl.queue, mem, CL_TRUE, 0, count * 4, out.data(), 0, nullptr, nullptr);
+      auto event = static_cast<cl_event>(ev);
+      cl_int st = -1;
+      clGetEventInfo(event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, nullptr);
+      if (st != CL_COMPLETE) err = fmt::format("the call's event is not complete after a later read ({})", st);
+      clReleaseEvent(event);
+      for (size_t i = 0; i < count && err.empty(); ++i)
+        if (out[i] != 2.0f * static_cast<float>(i % 1000) + 1.0f)
+          err = fmt::format("element {}: {} (expected {})", i, out[i], 2.0f * static_cast<float>(i % 1000) + 1.0f);
+    }
+    if (err.empty() && chorusStreamQuery(cl.stream) != chorusSuccess) err = "chorusStreamQuery after the read";
+    chorusMemDeregister(dev);
+    clReleaseMemObject(mem);
+    return err;
+  });
+  EXPECT_EQ(failures(msgs), "");
+}
+
+// Misuse: each is chorusInvalidArgument naming the argument, before any data
+// moves (so a one-rank communicator shows it).
+TEST(DeviceOpenCL, MisuseIsNamed) {
+  SKIP_WITHOUT_OPENCL();
+  auto msgs = runRanks(1, [&](int, chorusComm_t comm) -> std::string {
+    ClRank a, b;
+    if (!a.error.empty()) return a.error;
+    if (!b.error.empty()) return b.error;
+    cl_int e = CL_SUCCESS;
+    cl_mem mem = clCreateBuffer(a.ctx, CL_MEM_READ_WRITE, 256, nullptr, &e);
+    cl_mem other = clCreateBuffer(b.ctx, CL_MEM_READ_WRITE, 256, nullptr, &e);
+    void *dev = nullptr, *dev_other = nullptr;
+    chorusMemRegisterOpenCL(mem, &dev);
+    chorusMemRegisterOpenCL(other, &dev_other);
+    std::vector<std::string> errs;
+    auto expect = [&](const char* what, chorusResult_t got, std::initializer_list<const char*> needles) {
+      const std::string msg = chorusGetLastError(comm);
+      if (got != chorusInvalidArgument) {
+        errs.push_back(fmt::format("{}: returned {} ({})", what, static_cast<int>(got), msg));
+        return;
+      }
+      for (const char* n : needles)
+        if (msg.find(n) == std::string::npos) errs.push_back(fmt::format("{}: '{}' lacks '{}'", what, msg, n));
+    };
+    float host[64] = {};
+    auto* d = static_cast<std::byte*>(dev);
+    // A host pointer on an OpenCL stream.
+    expect("host pointer", chorusAllReduce(host, dev, 64, chorusFloat32, chorusSum, comm, a.stream),
+           {"chorusAllReduce", "sendbuff", "not in a registered OpenCL buffer"});
+    // Past the end of the cl_mem (256 bytes): 64 floats at offset 4.
+    expect("past the end", chorusAllReduce(d + 4, d + 4, 64, chorusFloat32, chorusSum, comm, a.stream),
+           {"sendbuff", "256 bytes at offset 4", "CL_MEM_SIZE"});
+    expect("allgather output past the end",
+           chorusAllGather(d, d + 128, 40, chorusFloat32, comm, a.stream), {"recvbuff", "160 bytes at offset 128"});
+    // A buffer of another context than the queue's.
+    expect("other context", chorusBroadcast(dev_other, dev, 8, chorusFloat32, 0, comm, a.stream),
+           {"sendbuff", "context"});
+    // A device address on a host stream.
+    expect("host stream", chorusAllReduce(dev, dev, 8, chorusFloat32, chorusSum, comm, nullptr),
+           {"chorusAllReduce", "sendbuff", "opencl device address", "host stream"});
+    // Registration and streams.
+    void* p = nullptr;
+    if (chorusMemRegisterOpenCL(nullptr, &p) != chorusInvalidArgument) errs.push_back("register NULL accepted");
+    if (chorusMemDeregister(host) != chorusInvalidArgument) errs.push_back("deregister of a host pointer accepted");
+    if (chorusMemDeregister(d + 4) != chorusInvalidArgument) errs.push_back("deregister inside a buffer accepted");
+    chorusStream_t s = nullptr;
+    if (chorusStreamCreateOpenCL(&s, nullptr) != chorusInvalidArgument) errs.push_back("a NULL queue accepted");
+    cl_device_id dev_id = nullptr;
+    clGetCommandQueueInfo(a.queue, CL_QUEUE_DEVICE, sizeof dev_id, &dev_id, nullptr);
+    cl_command_queue ooo = clCreateCommandQueue(a.ctx, dev_id, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &e);
+    if (e == CL_SUCCESS) {
+      if (chorusStreamCreateOpenCL(&s, ooo) != chorusInvalidArgument ||
+          std::string(chorusGetLastError(nullptr)).find("out-of-order") == std::string::npos)
+        errs.push_back("an out-of-order queue accepted");
+      clReleaseCommandQueue(ooo);
+    }
+    // Not yet on a device stream: refused by name, not run on wrong memory.
+    size_t counts[1] = {4}, displs[1] = {0};
+    if (chorusAllGatherV(dev, 4, dev, counts, displs, chorusFloat32, comm, a.stream) != chorusInvalidUsage)
+      errs.push_back("allgatherv on an OpenCL stream was not refused");
+    chorusMemDeregister(dev);
+    chorusMemDeregister(dev_other);
+    clReleaseMemObject(mem);
+    clReleaseMemObject(other);
+    std::string all;
+    for (const auto& m : errs) all += m + "\n";
+    return all;
+  });
+  EXPECT_EQ(failures(msgs), "");
+}
+
+// The device reduction kernels give the host kernels' results bit for bit
+// (a NaN may differ in its payload only): every dtype x op, on random bit
+// patterns (NaN, infinities and subnormals included) and, for fp8, every pair
+// of values; out of place and in place.
+TEST(DeviceOpenCL, ReductionKernelsMatchHost) {
+  SKIP_WITHOUT_OPENCL();
+  ClRank cl;
+  ASSERT_EQ(cl.error, "");
+  const chorusDataType_t dtypes[] = {chorusInt8,    chorusUint8,  chorusInt32,      chorusUint32,
+                                     chorusInt64,   chorusUint64, chorusFloat16,    chorusBfloat16,
+                                     chorusFloat32, chorusFloat64, chorusFloat8e4m3, chorusFloat8e5m2};
+  std::mt19937_64 rng(41);
+  for (chorusDataType_t d : dtypes) {
+    const size_t es = kernels::dtypeSize(d);
+    const size_t n = 65536 + 3;  // fp8: every pair (a, b), then 3 more
+    std::vector<std::byte> a(n * es), b(n * es);
+    for (size_t i = 0; i < n * es; ++i) {
+      a[i] = static_cast<std::byte>(rng());
+      b[i] = static_cast<std::byte>(rng());
+    }
+    if (es == 1)
+      for (size_t i = 0; i < 65536; ++i) {
+        a[i] = static_cast<std::byte>(i & 0xff);
+        b[i] = static_cast<std::byte>(i >> 8);
+      }
+    cl_int e = CL_SUCCESS;
+    // Offsets inside the buffers: one element of padding before each operand.
+    cl_mem ma = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, (n + 1) * es, nullptr, &e);
+    cl_mem mb = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, (n + 1) * es, nullptr, &e);
+    cl_mem md = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, n * es, nullptr, &e);
+    ASSERT_EQ(e, CL_SUCCESS);
+    for (BinOp op : {BinOp::Sum, BinOp::Prod, BinOp::Max, BinOp::Min}) {
+      const std::string what = fmt::format("{} op {}", kernels::dtypeName(d), static_cast<int>(op));
+      clEnqueueWriteBuffer(cl.queue, ma, CL_TRUE, es, n * es, a.data(), 0, nullptr, nullptr);
+      clEnqueueWriteBuffer(cl.queue, mb, CL_TRUE, es, n * es, b.data(), 0, nullptr, nullptr);
+      std::vector<std::byte> want(n * es), got(n * es), got_inplace(n * es);
+      kernels::Reducer(d, op)(want.data(), a.data(), b.data(), n);
+      Status st = device::enqueueReduce(cl.queue, d, op, md, 0, ma, es, mb, es, n);
+      ASSERT_TRUE(st.isOk()) << what << ": " << st.message();
+      st = device::enqueueReduce(cl.queue, d, op, ma, es, ma, es, mb, es, n);  // in place: dst is a
+      ASSERT_TRUE(st.isOk()) << what << ": " << st.message();
+      clEnqueueReadBuffer(cl.queue, md, CL_TRUE, 0, n * es, got.data(), 0, nullptr, nullptr);
+      clEnqueueReadBuffer(cl.queue, ma, CL_TRUE, es, n * es, got_inplace.data(), 0, nullptr, nullptr);
+      size_t wrong = 0;
+      std::string first;
+      for (const auto* out : {&got, &got_inplace})
+        for (size_t i = 0; i < n; ++i) {
+          const std::byte* w = want.data() + i * es;
+          const std::byte* g = out->data() + i * es;
+          if (std::memcmp(w, g, es) == 0) continue;
+          if (kernels::isFloatType(d) && std::isnan(kernels::loadAsDouble(w, d)) &&
+              std::isnan(kernels::loadAsDouble(g, d)))
+            continue;
+          if (wrong++ == 0)
+            first = fmt::format("element {}: {} op {} = {} on the device, {} on the host", i,
+                                kernels::loadAsDouble(a.data() + i * es, d), kernels::loadAsDouble(b.data() + i * es, d),
+                                kernels::loadAsDouble(g, d), kernels::loadAsDouble(w, d));
+        }
+      EXPECT_EQ(wrong, 0u) << what << ": " << first;
+    }
+    clReleaseMemObject(ma);
+    clReleaseMemObject(mb);
+    clReleaseMemObject(md);
+  }
+}
+
+// chorus-bench --memory opencl: a sweep on device buffers measures and its
+// check finds every element right (the check reads the device's output).
+TEST(DeviceOpenCL, BenchOnDeviceBuffers) {
+  SKIP_WITHOUT_OPENCL();
+  for (auto c : {tools::bench::Collective::AllReduce, tools::bench::Collective::AllGather,
+                 tools::bench::Collective::ReduceScatter}) {
+    tools::bench::BenchOptions o;
+    o.collective = c;
+    o.sweep = {64, 65536, 32, 0};
+    o.iters = 2;
+    o.warmup = 1;
+    o.memory = "opencl";
+    std::vector<std::string> tables(2);
+    auto msgs = runRanks(2, [&](int rank, chorusComm_t comm) -> std::string {
+      char* buf = nullptr;
+      size_t len = 0;
+      std::FILE* out = ::open_memstream(&buf, &len);
+      auto wrong = tools::bench::runBench(o, comm, out);
+      std::fclose(out);
+      tables[rank].assign(buf, len);
+      std::free(buf);
+      if (!wrong.isOk()) return wrong.status().message();
+      return *wrong == 0 ? "" : fmt::format("rank {}: {} wrong elements", rank, *wrong);
+    });
+    ASSERT_EQ(failures(msgs), "");
+    EXPECT_NE(tables[0].find("# buffers: opencl ("), std::string::npos) << tables[0];
+    EXPECT_NE(tables[0].find("# Out of bounds values : 0 OK"), std::string::npos) << tables[0];
+  }
+}
+
+#else
+TEST(DeviceOpenCL, NotBuilt) { GTEST_SKIP() << "chorus was built without OpenCL (" << skipReason() << ")"; }
+#endif
+
+}  // namespace
+}  // namespace chorus::testing
