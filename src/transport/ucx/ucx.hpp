@@ -57,6 +57,11 @@ struct UcxSetup {
   // sending rank, the channel: ucx_wire.hpp's Channel), before anything reads
   // or opens it; it may change the bytes (an on-path attacker's flip).
   std::function<void(int peer, int channel, std::span<std::byte> bytes)> test_received;
+  // Tests only: called with every message this rank sends to a peer (the
+  // sequence of its header on the message channel); true drops it (its
+  // header and its payload never leave, its send completes as if they had:
+  // a message lost on the way).
+  std::function<bool(int peer, uint64_t seq)> test_drop_send;
 };
 
 // Collective over setup.rank and its peers: publishes this rank's worker
