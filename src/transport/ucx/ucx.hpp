@@ -42,9 +42,11 @@ struct UcxSetup {
   // UCX_TLS for this transport's context (Config::ucx.tls, CHORUS_UCX_TLS);
   // "" leaves UCX's own choice, which honours UCX_TLS from the environment.
   std::string tls;
-  // UCP's keepalive period (Config::tcp.heartbeat_ms, CHORUS_HEARTBEAT_MS): a
-  // peer that vanished without closing its connections is found within a few
-  // periods.  0 leaves UCX's default.
+  // The transport's heartbeat and UCP's keepalive period
+  // (Config::tcp.heartbeat_ms, CHORUS_HEARTBEAT_MS): a peer that vanished
+  // without closing its connections (its host cut off) is declared
+  // unreachable after 3 periods of silence (ucx_heartbeat.cpp).  0: no
+  // heartbeat, and UCX's default keepalive.
   int heartbeat_ms = 1000;
   std::chrono::microseconds spin{50};         // a wait polls this long before it sleeps (Config::spin)
   std::chrono::milliseconds timeout{600000};  // connection setup and the handshake
