@@ -11,13 +11,14 @@
 #   sealed       2 hosts x 1 rank, CHORUS_WIRE_PROTECT=encrypt: a chorus-bench
 #                allreduce sweep 1 KiB..4 MiB with 0 wrong elements;
 #   kill         3 hosts x 1 rank: SIGKILL a random rank mid-stream (4 trials):
-#                every survivor fails naming it within 5 s, exits, leaves nothing.
-# Not here: netns_fault_test.sh's "cut" case (a host's link goes down, then its
-# rank is killed).  Over UCX's tcp lane nothing notices it within the bound:
-# UCX 1.13's keepalive completes locally on a socket whose peer vanished, its
-# TCP keepalive (UCX_TCP_KEEPIDLE, 10 s) only probes idle connections, and
-# chorus cannot read UCX's sockets' TCP_INFO as its TCP transport does; the
-# survivors fail at CHORUS_TIMEOUT_MS (docs/ucx.md, "Limits").
+#                every survivor fails naming it within 5 s, exits, leaves nothing;
+#   cut          3 hosts x 1 rank: a whole host vanishes (its link to the
+#                bridge goes down, then its rank is killed, so no FIN or RST
+#                gets out; 2 trials): every survivor fails naming it within
+#                3 x CHORUS_HEARTBEAT_MS + 2 s.  UCX itself does not notice
+#                (its keepalive completes locally on a socket whose peer
+#                vanished); the transport's own heartbeat does
+#                (ucx_heartbeat.cpp, docs/ucx.md "Faults").
 #
 # Needs root, `ip netns`, nsenter, python3 and a build with the ucx transport;
 # without root or the tools it FAILS with a message unless CHORUS_SKIP_CLUSTER=1
@@ -169,4 +170,6 @@ fault_run() {
   [[ $rc == 0 ]] || status=1
 }
 fault_run kill --trials "${CHORUS_FAULT_TRIALS:-4}" --bound-s 5
+fault_run cut --trials "${CHORUS_CUT_TRIALS:-2}" --bound-s $((3 * heartbeat_ms / 1000 + 2)) \
+  --cut-cmd "ip -n $switch_ns link set port{host} {state}"
 exit $status

@@ -591,6 +591,75 @@ TEST(UcxTransport, AKilledPeerProcessFailsPendingWorkNamingItsRank) {
   }
 }
 
+// A peer whose process stops (SIGSTOP: as a host cut off the network, its
+// connections stay open and nothing resets them, so UCP reports nothing) is
+// found by the transport's heartbeat within 3 x CHORUS_HEARTBEAT_MS: the
+// receives from it fail naming it and the silence, instead of waiting for
+// the operation's timeout.  Without the heartbeat they would wait forever
+// (the drive's 15 s limit).  The same peer (runPeerIfAsked) as above.
+TEST(UcxTransport, AStoppedPeerIsFoundByTheHeartbeatNamingItsRank) {
+  const auth::Secret secret = testSecret();
+  auto bind = net::resolve("127.0.0.1", 0);
+  ASSERT_TRUE(bind.isOk());
+  auto server = bootstrap::StoreServer::start(*bind, secret);
+  ASSERT_TRUE(server.isOk()) << server.status().message();
+  const std::string peer_env = "CHORUS_UCX_TEST_PEER=" + std::to_string((*server)->address().port());
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  envp.push_back(const_cast<char*>(peer_env.c_str()));
+  envp.push_back(nullptr);
+  char exe[] = "/proc/self/exe";
+  char* argv[] = {exe, nullptr};
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::execve(exe, argv, envp.data());
+    ::_exit(127);
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{child};
+  auto store = bootstrap::connectStore((*server)->address(), secret, 20s);
+  ASSERT_TRUE(store.isOk()) << store.status().message();
+  UcxSetup s = setupFor(0, 2);
+  s.heartbeat_ms = 300;  // silent for 900 ms: unreachable
+  auto t = createUcxTransport(s, **store);
+  ASSERT_TRUE(t.isOk()) << t.status().message();
+  uint64_t v = 41, back = 0;
+  Request send, recv;
+  ASSERT_TRUE((*t)->postSend(1, &v, sizeof v, &send).isOk());
+  ASSERT_TRUE((*t)->postRecv(1, RecvTarget{reinterpret_cast<std::byte*>(&back), sizeof back}, &recv).isOk());
+  ASSERT_TRUE(drive(**t, {&send, &recv}).all_finished);
+  ASSERT_EQ(recv.state.load(), Request::Done) << recv.status.message();
+  EXPECT_EQ(back, 42u);
+  // Alive and beating: nothing is declared while the peer runs (1.5 s, over
+  // the 900 ms bound).
+  for (auto until = Clock::now() + 1500ms; Clock::now() < until;) {
+    auto r = (*t)->poll();
+    ASSERT_TRUE(r.isOk()) << r.status().message();
+    (*t)->wait(1ms);
+  }
+  ASSERT_EQ(::kill(child, SIGSTOP), 0);
+  std::vector<std::byte> big(kPeerBigBytes), in(64);
+  Request large, pending;
+  ASSERT_TRUE((*t)->postRecv(1, RecvTarget{big.data(), big.size()}, &large).isOk());
+  ASSERT_TRUE((*t)->postRecv(1, RecvTarget{in.data(), in.size()}, &pending).isOk());
+  Driven d = drive(**t, {&large, &pending}, 15s);
+  ASSERT_TRUE(d.all_finished) << "the receives from the stopped rank did not fail within 15 s";
+  for (Request* q : {&large, &pending}) {
+    EXPECT_EQ(q->state.load(), Request::Failed);
+    EXPECT_EQ(q->status.code(), chorusRemoteError) << q->status.message();
+  }
+  EXPECT_NE(pending.status.message().find("rank 1 is unreachable: nothing heard from it"), std::string::npos)
+      << pending.status.message();
+  EXPECT_NE(d.poll_error.message().find("rank 1"), std::string::npos) << d.poll_error.message();
+}
+
 // Rank 1 of the test above, in the re-executed binary: connects to the
 // test's store (its port in CHORUS_UCX_TEST_PEER), echoes one message, sends
 // a large one, then waits to be killed.  Exits (never returning into gtest)
@@ -1047,6 +1116,53 @@ TEST(UcxSealing, ATamperedOrReplayedMessageIsAnErrorOnBothSidesNeverAWrongResult
       EXPECT_NE(rank0_later.message().find("rank 1"), std::string::npos) << rank0_later.message();
       EXPECT_NE(rank0_later.message().find("integrity check"), std::string::npos) << rank0_later.message();
     }
+  }
+}
+
+// A message lost on the way (the sender's test hook drops the second of
+// three): the receive that waits for it fails as soon as the third has
+// arrived, naming the sender and the missing message, and the sender's next
+// operation with the receiver fails naming it (its abort notice), on the
+// clear wire and sealed alike.  Without the check both would wait for the
+// call's timeout (here: the drive's 10 s limit).
+TEST(UcxTransport, ALostMessageFailsTheWaitingReceiveAtOnceNamingThePeer) {
+  for (WireProtect mode : {WireProtect::kOff, WireProtect::kMac}) {
+    SCOPED_TRACE(auth::wireProtectName(mode));
+    bootstrap::MemoryStore store;
+    auto ts = createProtected(2, store, mode, [](UcxSetup& s) {
+      if (s.rank == 0) s.test_drop_send = [](int peer, uint64_t seq) { return peer == 1 && seq == 1; };
+    });
+    ASSERT_TRUE(ts[0] && ts[1]);
+    const auto m0 = pattern(100, 0, 1, 0), m1 = pattern(100, 0, 1, 1), m2 = pattern(100, 0, 1, 2);
+    std::vector<std::byte> r0(100), r1(100), r2(100);
+    Status rank0_later;
+    std::deque<Request> got;
+    runRanks(2, [&](int me) {
+      Transport& t = *ts[static_cast<size_t>(me)];
+      if (me == 0) {
+        std::deque<Request> reqs;
+        for (const auto* m : {&m0, &m1, &m2}) ASSERT_TRUE(t.postSend(1, m->data(), m->size(), &reqs.emplace_back()).isOk());
+        EXPECT_TRUE(drive(t, pointers(reqs), 10s).all_finished);
+        std::vector<std::byte> in(8);
+        Request& later = reqs.emplace_back();
+        (void)t.postRecv(1, RecvTarget{in.data(), in.size()}, &later);
+        EXPECT_TRUE(drive(t, {&later}, 10s).all_finished) << "rank 0 hangs instead of failing";
+        rank0_later = later.finished() && later.state.load() == Request::Failed ? later.status : Status();
+      } else {
+        for (auto* r : {&r0, &r1, &r2}) (void)t.postRecv(0, RecvTarget{r->data(), r->size()}, &got.emplace_back());
+        EXPECT_TRUE(drive(t, pointers(got), 10s).all_finished) << "rank 1 waits for the lost message";
+      }
+    });
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[0].state.load(), Request::Done) << got[0].status.message();
+    EXPECT_EQ(r0, m0);
+    ASSERT_EQ(got[1].state.load(), Request::Failed);
+    EXPECT_NE(got[1].status.message().find("message #1 from rank 0 is missing"), std::string::npos)
+        << got[1].status.message();
+    EXPECT_EQ(got[2].state.load(), Request::Failed);
+    ASSERT_FALSE(rank0_later.isOk()) << "rank 0 did not learn of it";
+    EXPECT_NE(rank0_later.message().find("rank 1"), std::string::npos) << rank0_later.message();
+    EXPECT_NE(rank0_later.message().find("is missing"), std::string::npos) << rank0_later.message();
   }
 }
 

@@ -42,9 +42,11 @@ struct UcxSetup {
   // UCX_TLS for this transport's context (Config::ucx.tls, CHORUS_UCX_TLS);
   // "" leaves UCX's own choice, which honours UCX_TLS from the environment.
   std::string tls;
-  // UCP's keepalive period (Config::tcp.heartbeat_ms, CHORUS_HEARTBEAT_MS): a
-  // peer that vanished without closing its connections is found within a few
-  // periods.  0 leaves UCX's default.
+  // The transport's heartbeat and UCP's keepalive period
+  // (Config::tcp.heartbeat_ms, CHORUS_HEARTBEAT_MS): a peer that vanished
+  // without closing its connections (its host cut off) is declared
+  // unreachable after 3 periods of silence (ucx_heartbeat.cpp).  0: no
+  // heartbeat, and UCX's default keepalive.
   int heartbeat_ms = 1000;
   std::chrono::microseconds spin{50};         // a wait polls this long before it sleeps (Config::spin)
   std::chrono::milliseconds timeout{600000};  // connection setup and the handshake
@@ -57,6 +59,11 @@ struct UcxSetup {
   // sending rank, the channel: ucx_wire.hpp's Channel), before anything reads
   // or opens it; it may change the bytes (an on-path attacker's flip).
   std::function<void(int peer, int channel, std::span<std::byte> bytes)> test_received;
+  // Tests only: called with every message this rank sends to a peer (the
+  // sequence of its header on the message channel); true drops it (its
+  // header and its payload never leave, its send completes as if they had:
+  // a message lost on the way).
+  std::function<bool(int peer, uint64_t seq)> test_drop_send;
 };
 
 // Collective over setup.rank and its peers: publishes this rank's worker

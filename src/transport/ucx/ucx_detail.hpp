@@ -136,6 +136,9 @@ struct Sink {
   void put(ucp_ep_h ep, const void* src, size_t bytes, uint64_t remote_addr, ucp_rkey_h rkey, ucp_mem_h memh, Op* op);
   void get(ucp_ep_h ep, void* dst, size_t bytes, uint64_t remote_addr, ucp_rkey_h rkey, ucp_mem_h memh, Op* op);
   void flush(ucp_ep_h ep, Op* op);
+  // Completes the Op at once as a successful post would (a send a test
+  // hook dropped).
+  void completeNow(Op* op);
   // Cancels an outstanding receive (its callback then reports UCS_ERR_CANCELED).
   void cancel(ucp_worker_h worker, Op* op);
 
@@ -153,12 +156,28 @@ struct PeerLink {
   // failed (a ucs_status_t).  Atomic: UCP may call the handler from its
   // async thread.
   std::atomic<int> ep_error{UCS_OK};
+  // Set by the heartbeat thread (Heartbeat): nothing came from the peer's
+  // heartbeat for this many milliseconds, over the bound (> 0: declared
+  // unreachable; the poll loop fails the peer as for ep_error).
+  std::atomic<int64_t> silent_ms{0};
   PairKeys out;  // this rank -> the peer
   PairKeys in;   // the peer -> this rank
   // CHORUS_WIRE_PROTECT=mac|encrypt: the pair's sealers, one per direction
   // (keys from the job secret and the handshake's nonces); null when off.
   std::unique_ptr<auth::MessageSealer> seal;  // this rank -> the peer
   std::unique_ptr<auth::MessageSealer> open;  // the peer -> this rank
+};
+
+// The liveness check between the ranks of a transport (ucx_heartbeat.cpp;
+// docs/ucx.md, "Faults"): a second UCP worker of the transport's context,
+// driven by a thread of its own, sends every peer a small keyed beat every
+// CHORUS_HEARTBEAT_MS / 4 and declares a peer whose beats stopped for
+// 3 x CHORUS_HEARTBEAT_MS unreachable (PeerLink::silent_ms).  Its own thread
+// keeps beating while the rank computes outside chorus, so only a peer whose
+// process or host stopped falls silent.
+class Heartbeat;
+struct HeartbeatDelete {  // ucx_heartbeat.cpp: stops the thread, releases the worker
+  void operator()(Heartbeat* hb) const;
 };
 
 // The UCP objects of one transport.  Destroying it force-closes what is left
@@ -175,6 +194,9 @@ struct Fabric {
   int wake_fd = -1;  // the transport's eventfd: the error handler writes it (sleep() watches it)
   std::vector<void*> closing;  // endpoint close requests UCP has not finished
   Sink sink;
+  // The heartbeat's worker and thread (null when CHORUS_HEARTBEAT_MS=0);
+  // stopped and released first when the Fabric goes.
+  std::unique_ptr<Heartbeat, HeartbeatDelete> heartbeat;
 
   Fabric() = default;
   Fabric(const Fabric&) = delete;
@@ -201,5 +223,14 @@ struct Fabric {
 // Creates the context and the worker, publishes the worker's address,
 // connects to every peer and runs the handshake (ucx_setup.cpp).
 Result<std::unique_ptr<Fabric>> establish(const UcxSetup& setup, bootstrap::Store& store);
+
+// The heartbeat (ucx_heartbeat.cpp).  createHeartbeat makes its worker and
+// publishes its address ("ucxhb/<rank>", before the transport's own address,
+// so a peer that read that one finds this one); connectHeartbeat, after the
+// handshake (the beats carry the pair's token), connects to every peer's;
+// startHeartbeat starts its thread once the transport's wake fd is set.
+Status createHeartbeat(const UcxSetup& setup, Fabric& f, bootstrap::Store& store);
+Status connectHeartbeat(Fabric& f, bootstrap::Store& store, std::chrono::milliseconds timeout);
+void startHeartbeat(Fabric& f);
 
 }  // namespace chorus::transport::ucx

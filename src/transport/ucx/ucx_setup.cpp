@@ -200,6 +200,12 @@ void Sink::flush(ucp_ep_h ep, Op* op) {
   track(api->ucp_ep_flush_nbx(ep, &p), op);
 }
 
+void Sink::completeNow(Op* op) {
+  op->outstanding = true;
+  ++outstanding;
+  finish(op, nullptr, UCS_OK);
+}
+
 void Sink::cancel(ucp_worker_h worker, Op* op) {
   if (op->outstanding && op->ucp != nullptr) api->ucp_request_cancel(worker, op->ucp);
 }
@@ -207,6 +213,7 @@ void Sink::cancel(ucp_worker_h worker, Op* op) {
 // ---- Fabric ----
 
 Fabric::~Fabric() {
+  heartbeat.reset();  // its thread first: it reads the links
   if (api == nullptr) return;
   if (worker != nullptr) {
     const auto deadline = Clock::now() + std::chrono::seconds(2);
@@ -382,6 +389,10 @@ Status createWorker(const UcxSetup& s, Fabric& f) {
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
   p.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
   p.estimated_num_eps = std::max<size_t>(s.peers.size(), 1);
+  if (s.heartbeat_ms > 0) {  // the heartbeat's worker runs on a thread of its own (ucx_heartbeat.cpp)
+    p.field_mask |= UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    p.mt_workers_shared = 1;
+  }
   st = api.init(&p, cfg, &f.context);
   api.ucp_config_release(cfg);
   if (st != UCS_OK)
@@ -679,10 +690,12 @@ Result<std::unique_ptr<Fabric>> establish(const UcxSetup& s, bootstrap::Store& s
   f->rank = s.rank;
   f->sink.api = api;
   CHORUS_RETURN_IF_ERROR(createWorker(s, *f));
+  CHORUS_RETURN_IF_ERROR(createHeartbeat(s, *f, store));  // published before "ucx/<rank>"
   CHORUS_RETURN_IF_ERROR(publishAddress(s, *f, store));
   CHORUS_RETURN_IF_ERROR(connectPeers(s, *f, store, deadline));
   Handshake hs(s, *f);
   CHORUS_RETURN_IF_ERROR(hs.run(deadline));
+  CHORUS_RETURN_IF_ERROR(connectHeartbeat(*f, store, remaining(deadline)));
   return f;
 }
 

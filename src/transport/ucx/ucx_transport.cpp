@@ -186,9 +186,11 @@ class UcxTransport final : public Transport, public PostedRma {
       : rank_(s.rank),
         spin_(std::max(s.spin, std::chrono::microseconds(0))),
         timeout_(s.timeout),
+        heartbeat_ms_(s.heartbeat_ms),
         api_(fabric->api),
         protect_(s.protect),
         test_received_(s.test_received),
+        test_drop_send_(s.test_drop_send),
         regions_(rmaTransportTag("ucx"), s.rank),
         fabric_(std::move(fabric)) {}
   ~UcxTransport() override;
@@ -245,6 +247,7 @@ class UcxTransport final : public Transport, public PostedRma {
   void onData(Op* op, Status& first_error);
   void onCtl(Op* op, Status& first_error);
   void checkEndpoints(Status& first_error);
+  bool checkGaps(Status& first_error);
 
   // ---- sealing (CHORUS_WIRE_PROTECT; ucx_wire.hpp, "sealing") ----
   [[nodiscard]] bool sealed() const { return protect_ != auth::WireProtect::kOff; }
@@ -310,9 +313,11 @@ class UcxTransport final : public Transport, public PostedRma {
   const int rank_;
   const std::chrono::microseconds spin_;
   const std::chrono::milliseconds timeout_;
+  const int heartbeat_ms_;
   const UcpApi* api_;
   const auth::WireProtect protect_;
   const std::function<void(int, int, std::span<std::byte>)> test_received_;
+  const std::function<bool(int, uint64_t)> test_drop_send_;
   std::vector<Peer> peers_;
   std::vector<int> index_of_;  // rank -> index in peers_, -1 for non-peers
   uint64_t current_sig_ = 0;   // the collective call of the latest request (noteCall)
@@ -377,6 +382,7 @@ Status UcxTransport::init() {
     p.rma_rx->buf.resize(rmaStage());
     fabric_->sink.recv(fabric_->worker, rmaTagIn(p, 0), p.rma_rx, p.rma_rx->buf.data(), rmaStage());
   }
+  startHeartbeat(*fabric_);  // once wake_fd is set: it wakes a sleeping wait()
   return {};
 }
 
@@ -528,6 +534,11 @@ Status UcxTransport::postSend(int peer, const void* src, size_t bytes, Request* 
       failPeer(*p, why, /*hard=*/true, deferred_error_);
       return rejectPost(req, why);
     }
+  }
+  if (test_drop_send_ && test_drop_send_(peer, seq)) {  // a test's lost message
+    sink.completeNow(lead);
+    if (d != nullptr) sink.completeNow(d);
+    return {};
   }
   sink.send(p->link->ep, msgTagOut(*p, seq), lead, nullptr, lead->buf.size());
   if (d != nullptr) sink.send(p->link->ep, dataTagOut(*p, seq), d, data_src == src ? src : nullptr, bytes);
@@ -897,13 +908,61 @@ void UcxTransport::checkEndpoints(Status& first_error) {
   seen_ep_errors_ = fabric_->ep_errors.load(std::memory_order_acquire);
   for (Peer& p : peers_) {
     const int e = p.link->ep_error.load(std::memory_order_acquire);
-    if (e == UCS_OK || p.ep_seen) continue;
+    const int64_t silent = p.link->silent_ms.load(std::memory_order_acquire);
+    if ((e == UCS_OK && silent == 0) || p.ep_seen) continue;
     p.ep_seen = true;
-    failPeer(p,
-             remoteError("ucx: rank {} is unreachable: {} (did rank {} exit, fail or abort?)", p.rank,
-                         api_->text(static_cast<ucs_status_t>(e)), p.rank),
-             false, first_error);
+    if (e != UCS_OK)
+      failPeer(p,
+               remoteError("ucx: rank {} is unreachable: {} (did rank {} exit, fail or abort?)", p.rank,
+                           api_->text(static_cast<ucs_status_t>(e)), p.rank),
+               false, first_error);
+    else  // the heartbeat (ucx_heartbeat.cpp)
+      failPeer(p,
+               remoteError("ucx: rank {} is unreachable: nothing heard from it for {} ms (its heartbeat; "
+                           "CHORUS_HEARTBEAT_MS={}: is its host down or cut off the network, or its process "
+                           "stopped?)", p.rank, silent, heartbeat_ms_),
+               false, first_error);
   }
+}
+
+// A lost message (docs/ucx.md, "Faults").  Headers of one peer arrive in
+// order (one endpoint, eager), and this rank always has the receive of the
+// peer's next header posted unless it holds one: so a later header of the
+// peer waiting unexpected in UCP while that receive is still open means the
+// expected one was lost on the way.  Looked for only when a wait is about to
+// sleep (nothing moved), with one probe per peer; an unexpected message on
+// the peer's message channel whose sequence is not just ahead of the
+// expected one (a stranger's: it would have to guess the pair's 40-bit tag
+// offset) is received and dropped instead.
+bool UcxTransport::checkGaps(Status& first_error) {
+  constexpr uint64_t kGapWindow = uint64_t{1} << 16;  // how far ahead a real later header can be
+  bool found = false;
+  for (Peer& p : peers_) {
+    if (p.header == nullptr || p.staged || p.hard || !p.gone.isOk() || p.unmatched.empty()) continue;
+    const uint64_t want = msgTagIn(p, p.recv_seq);
+    for (int tries = 0; tries < 4; ++tries) {
+      ucp_tag_recv_info_t info{};
+      if (api_->ucp_tag_probe_nb(fabric_->worker, want, ~kSeqMask, /*remove=*/0, &info) == nullptr) break;
+      const uint64_t ahead = ((info.sender_tag & kSeqMask) - (want & kSeqMask)) & kSeqMask;
+      if (ahead > 0 && ahead < kGapWindow) {
+        failIntegrity(p,
+                      remoteError("ucx: message #{} from rank {} is missing: message #{} arrived while this rank "
+                                  "still waited for it (lost on the way?)",
+                                  p.recv_seq, p.rank, p.recv_seq + ahead),
+                      first_error);
+        found = true;
+        break;
+      }
+      stranger(p, "message header");
+      ucp_tag_message_h msg = api_->ucp_tag_probe_nb(fabric_->worker, want, ~kSeqMask, /*remove=*/1, &info);
+      if (msg == nullptr) break;
+      ucp_request_param_t prm{};  // no callback: released by UCP once it completes
+      std::byte none{};
+      ucs_status_ptr_t r = api_->ucp_tag_msg_recv_nbx(fabric_->worker, &none, 0, msg, &prm);
+      if (r != nullptr && !UCS_PTR_IS_ERR(r)) api_->ucp_request_free(r);
+    }
+  }
+  return found;
 }
 
 // ---- sealing ----
@@ -1149,6 +1208,9 @@ void UcxTransport::wait(std::chrono::microseconds timeout) {
         }
       }
     }
+    // Nothing moved: a peer whose next message is missing while a later one
+    // already arrived is failed now, not at the call's timeout.
+    if (slept && checkGaps(deferred_error_)) slept = false;
     if (slept) fabric_->sleep(timeout);
   }
   woken_.store(false, std::memory_order_release);
