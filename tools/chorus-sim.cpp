@@ -4,8 +4,14 @@
 // (src/sim/cli.cpp: check, run src/sim, print).
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -43,6 +49,38 @@ constexpr const char* a2a_overlap_help =
     "combined 1F1B (Megatron-Core's --overlap-moe-expert-parallel-comm): a forward and a backward of two "
     "micro-batches as one step, each one's expert all-to-all under the other's compute; needs ep >= 2, pp 1 or "
     "vpp >= 2, no full recomputation";
+
+// `chorus-sim calibrate ARGS`: the calibration is torch's kernels and chorus-bench, so it is the Python module
+// chorus.examples.calibrate (python/chorus/examples/calibrate.py); this runs it with the interpreter the package
+// is built for (CHORUS_PYTHON, default /usr/bin/python3), the build tree's package first on PYTHONPATH when
+// chorus-sim runs from a build tree, and CHORUS_BENCH set to the chorus-bench beside chorus-sim.
+int runCalibrate(const std::vector<std::string>& args) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path dir = self.parent_path();
+    const fs::path pkg = dir.parent_path() / "python";
+    if (fs::exists(pkg / "chorus" / "examples" / "calibrate.py", ec)) {
+      const char* old = std::getenv("PYTHONPATH");
+      const std::string path = old && *old ? pkg.string() + ":" + old : pkg.string();
+      setenv("PYTHONPATH", path.c_str(), 1);
+    }
+    if (!std::getenv("CHORUS_BENCH") && fs::exists(dir / "chorus-bench", ec))
+      setenv("CHORUS_BENCH", (dir / "chorus-bench").c_str(), 1);
+  }
+  const char* py = std::getenv("CHORUS_PYTHON");
+  const std::string python = py && *py ? py : "/usr/bin/python3";
+  std::vector<std::string> argv_s = {python, "-m", "chorus.examples.calibrate"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv_c;
+  for (std::string& a : argv_s) argv_c.push_back(a.data());
+  argv_c.push_back(nullptr);
+  execv(python.c_str(), argv_c.data());
+  std::fprintf(stderr, "chorus-sim calibrate: cannot run %s: %s (set CHORUS_PYTHON to the interpreter chorus's "
+               "Python package is built for)\n", python.c_str(), std::strerror(errno));
+  return 1;
+}
 
 CLI::App* addModel(CLI::App& app, CliOptions& o) {
   CLI::App* mo = app.add_subcommand("model", "describe a model: parameters, FLOPs and KV cache per token, layer shapes");
@@ -352,6 +390,11 @@ int main(int argc, char** argv) {
   EpPriceCase ep_case;
   bool ep_json = false;
   CLI::App* ep = addEp(app, ep_case, ep_json);
+  CLI::App* cal = app.add_subcommand(
+      "calibrate", "measure this machine (torch kernels at a CPU job's shapes, chorus-bench over shm/tcp) and write "
+                   "a cluster file: runs python3 -m chorus.examples.calibrate with the arguments (--help: its own)");
+  cal->prefix_command();
+  cal->set_help_flag();  // --help goes to the module, which lists its options
 
   o.tc.dp = 0;  // not given: gpus / (tp x pp x cp) (runTrainCommand)
   try {
@@ -396,5 +439,6 @@ int main(int argc, char** argv) {
   if (in->parsed()) return runInferCommand(o);
   if (sw->parsed()) return runSweepCommand(o);
   if (ep->parsed()) return runEpCommand(ep_case, ep_json);
+  if (cal->parsed()) return runCalibrate(cal->remaining());
   return 0;
 }

@@ -152,7 +152,9 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   Reader top(j, std::string(where));
   ClusterSpec c;
   double d = 0;
-  CHORUS_RETURN_IF_ERROR(top.onlyKeys({"name", "nodes", "gpu", "node", "network", "node_topo"}));
+  // "calibration": the measurements a calibrated file was derived from (python -m chorus.examples.calibrate,
+  // docs/simulator.md "Calibrating a CPU cluster"): provenance for its reader, not read here.
+  CHORUS_RETURN_IF_ERROR(top.onlyKeys({"name", "nodes", "gpu", "node", "network", "node_topo", "calibration"}));
   CHORUS_RETURN_IF_ERROR(top.str("name", &c.name));
   std::string node_topo;  // loadCluster applies it (it names a file relative to the cluster file)
   CHORUS_RETURN_IF_ERROR(top.str("node_topo", &node_topo, false));
