@@ -22,6 +22,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "$update" = 1 ]; then
-  args+=(--update-doc "$here/docs/validation.md" --write-summary "$here/bench/validation/summary.json")
+  args+=(--update-doc "$here/docs/validation.md" --write-summary "$here/bench/validation/summary.json"
+        --write-errors "$here/bench/validation/errors.json")
 fi
 exec python3 "$here/bench/validation/validate.py" "${args[@]}"

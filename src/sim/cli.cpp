@@ -16,9 +16,15 @@
 #include "sim/placement.hpp"
 #include "sim/report.hpp"
 #include "sim/trace.hpp"
+#include "sim/uncertainty.hpp"
 
 namespace chorus::sim {
 namespace {
+
+// The band of a training prediction (dense or MoE by the model) on cluster c.
+Band trainBand(const ModelSpec& m, const ClusterSpec& c) {
+  return uncertaintyBand(m.moe.experts > 0 ? PredictionKind::MoeTrain : PredictionKind::DenseTrain, c.gpu.name);
+}
 
 // 1536 -> "1.50 KiB".
 std::string formatBytes(double b) {
@@ -45,23 +51,26 @@ void printCollectiveLines(const TrainReport& r) {
 }
 
 void printTrain(const ModelSpec& m, const ClusterSpec& c, const TrainReport& r) {
-  std::printf("%s on %lld GPUs of %s: %.3f s/iteration, %.0f tokens/s, MFU %.1f%% (full attention, Megatron's formula; "
+  const Band band = trainBand(m, c);
+  std::printf("%s on %lld GPUs of %s: %.3f s/iteration%s, %.0f tokens/s, MFU %.1f%% (full attention, Megatron's formula; "
               "causal %.1f%%), %.1f GiB/GPU + %.1f reserve (headroom %.1f), bottleneck %s (%s)\n",
-              m.name.c_str(), static_cast<long long>(r.config.gpus), c.name.c_str(), r.iteration_s, r.tokens_per_s,
+              m.name.c_str(), static_cast<long long>(r.config.gpus), c.name.c_str(), r.iteration_s,
+              band.suffix().c_str(), r.tokens_per_s,
               100 * r.mfu, 100 * r.mfu_causal, r.memory_gib_per_gpu, r.memory.reserve_gib, r.memory.headroom_gib,
               r.bottleneck.c_str(), r.bottleneck_link.c_str());
   std::printf("  placement: %s\n", r.placement.c_str());
   if (r.config.schedule)
-    std::printf("  simulated schedule: %lld tasks (%d layer%s per task); closed-form estimate %.3f s\n",
+    std::printf("  simulated schedule: %lld tasks (%d layer%s per task); closed-form estimate %.3f s%s\n",
                 static_cast<long long>(r.schedule_tasks), r.schedule_merged_layers,
-                r.schedule_merged_layers == 1 ? "" : "s", r.estimate_s);
-  for (const auto& [k, v] : r.breakdown) std::printf("  %-12s %.4f s\n", k.c_str(), v);
+                r.schedule_merged_layers == 1 ? "" : "s", r.estimate_s, band.suffix().c_str());
+  for (const auto& [k, v] : r.breakdown) std::printf("  %-12s %.4f s%s\n", k.c_str(), v, band.suffix().c_str());
   printCollectiveLines(r);
   std::string bounds;
   for (const auto& [k, v] : r.bounds.seconds) bounds += fmt::format("{}{} {:.3f} s", bounds.empty() ? "" : ", ", k, v);
   std::printf("  lower bounds (each resource's bytes or FLOPs at its full rate; no iteration is shorter): %s\n"
               "  binding bound: %s (%.3f s of the %.3f s iteration)\n",
               bounds.c_str(), r.bounds.binding.c_str(), r.bounds.max(), r.iteration_s);
+  std::printf("  %s\n", band.line().c_str());
 }
 
 void printServe(const ServeStats& s) {
@@ -250,6 +259,7 @@ int runCollectiveCommand(const CliOptions& o) {
     if (!bytes.isOk()) return fail(bytes.status());
     sizes.push_back(static_cast<double>(*bytes));
   }
+  const Band band = uncertaintyBand(PredictionKind::Collective, cluster->gpu.name);
   nlohmann::json rows = nlohmann::json::array();
   for (double b : sizes) {
     auto r = simulateCollective(*cluster, gpus, collective, b, algo, reg, *mode, *lib, *compress);
@@ -258,21 +268,24 @@ int runCollectiveCommand(const CliOptions& o) {
       nlohmann::json j = toJson(*r);
       j["network"] = network;
       j["library"] = library;
+      j["uncertainty"] = band.toJson();
+      j["time_us_range"] = band.range(r->time_us);
       rows.push_back(j);
     } else if (sizes.size() > 1) {
       if (b == sizes.front())
         std::printf("# %s on %lld GPUs of %s (%s, library %s)\n# %14s %12s %10s %10s  %-22s %s\n", r->collective.c_str(),
                     static_cast<long long>(gpus), cluster->name.c_str(), network.c_str(), library.c_str(), "size (B)",
                     "time (us)", "algbw", "busbw", "algo", "bottleneck");
-      std::printf("  %14.0f %12.1f %10.2f %10.2f  %-22s %s\n", r->bytes, r->time_us, r->algbw_gbps, r->busbw_gbps,
-                  r->algo.c_str(), r->bottleneck.c_str());
+      std::printf("  %14.0f %12.1f %10.2f %10.2f  %-22s %s%s\n", r->bytes, r->time_us, r->algbw_gbps, r->busbw_gbps,
+                  r->algo.c_str(), r->bottleneck.c_str(), band.suffix().c_str());
     } else {
-      std::printf("%s %.0f bytes on %lld GPUs of %s (%s): %.1f us, algbw %.2f GB/s, busbw %.2f GB/s, algo %s, bottleneck %s\n",
+      std::printf("%s %.0f bytes on %lld GPUs of %s (%s): %.1f us%s, algbw %.2f GB/s, busbw %.2f GB/s, algo %s, bottleneck %s\n",
                   r->collective.c_str(), r->bytes, static_cast<long long>(gpus), cluster->name.c_str(), network.c_str(),
-                  r->time_us, r->algbw_gbps, r->busbw_gbps, r->algo.c_str(), r->bottleneck.c_str());
+                  r->time_us, band.suffix().c_str(), r->algbw_gbps, r->busbw_gbps, r->algo.c_str(), r->bottleneck.c_str());
     }
   }
   if (json) std::cout << (rows.size() == 1 ? rows[0] : rows).dump(2) << "\n";
+  else std::printf("%s%s\n", sizes.size() > 1 ? "# " : "  ", band.line().c_str());
   return 0;
 }
 
@@ -352,6 +365,11 @@ int runTrainCommand(CliOptions o) {
   if (!r.isOk()) return fail(r.status());
   nlohmann::json j = toJson(*r);
   j["network"] = network;
+  {
+    const Band band = trainBand(*model, *cluster);
+    j["uncertainty"] = band.toJson();
+    j["iteration_time_s_range"] = band.range(r->iteration_s);
+  }
   if (!trace_path.empty()) {
     std::ofstream f(trace_path);
     if (!f) return fail(systemError("--trace: cannot open '{}' for writing", trace_path));
@@ -410,8 +428,10 @@ int runSearchCommand(CliOptions o) {
   auto r = searchLayouts(*model, sc, net, progress);
   if (!r.isOk()) return fail(r.status());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Band band = trainBand(*model, *cluster);
   if (json) {
     nlohmann::json j = toJson(*r);
+    j["uncertainty"] = band.toJson();
     j["search_seconds"] = secs;
     j["model"] = model->name;
     j["cluster"] = cluster->name;
@@ -427,9 +447,9 @@ int runSearchCommand(CliOptions o) {
       std::printf("ranked by the schedule of the best %lld by the closed-form estimate (estimates %.1f s, schedules "
                   "%.1f s)\n", static_cast<long long>(r->resimulated), r->estimate_seconds, r->schedule_seconds);
     for (const TrainReport& t : r->top)
-      std::printf("%2d. %-62s %8.3f s (estimate %.3f s)  MFU %5.1f%%  %5.1f GiB + %.1f reserve, headroom %5.1f GiB  "
+      std::printf("%2d. %-62s %8.3f s%s (estimate %.3f s)  MFU %5.1f%%  %5.1f GiB + %.1f reserve, headroom %5.1f GiB  "
                   "binding %s  bottleneck %s\n", i++,
-                  layoutName(t.config).c_str(), t.iteration_s, t.estimate_s, 100 * t.mfu, t.memory_gib_per_gpu,
+                  layoutName(t.config).c_str(), t.iteration_s, band.suffix().c_str(), t.estimate_s, 100 * t.mfu, t.memory_gib_per_gpu,
                   t.memory.reserve_gib, t.memory.headroom_gib, t.bounds.binding.c_str(), t.bottleneck.c_str());
     if (!r->top.empty()) {
       const TrainReport::Memory& mm = r->top.front().memory;
@@ -443,10 +463,12 @@ int runSearchCommand(CliOptions o) {
       std::printf("dropped for memory: %lld layouts; the nearest misses:\n",
                   static_cast<long long>(r->dropped_memory));
       for (const TrainReport& t : r->dropped)
-        std::printf("    %-62s estimate %8.3f s  needs %5.1f GiB + %.1f reserve > %.1f GiB HBM (short by %.1f GiB)\n",
-                    layoutName(t.config).c_str(), t.iteration_s, t.memory_gib_per_gpu, t.memory.reserve_gib,
-                    t.memory_gib_per_gpu + t.memory.reserve_gib + t.memory.headroom_gib, -t.memory.headroom_gib);
+        std::printf("    %-62s estimate %8.3f s%s  needs %5.1f GiB + %.1f reserve > %.1f GiB HBM (short by %.1f GiB)\n",
+                    layoutName(t.config).c_str(), t.iteration_s, band.suffix().c_str(), t.memory_gib_per_gpu,
+                    t.memory.reserve_gib, t.memory_gib_per_gpu + t.memory.reserve_gib + t.memory.headroom_gib,
+                    -t.memory.headroom_gib);
     }
+    std::printf("%s\n", band.line().c_str());
   }
   return 0;
 }
@@ -491,6 +513,7 @@ int runInferCommand(CliOptions o) {
     ic.draft_model = std::make_shared<const ModelSpec>(*dm);
   }
   ic.dist = *d;
+  const Band band = uncertaintyBand(PredictionKind::Inference, cluster->gpu.name);
   if (!plot_path.empty() && sweep.size() < 2)
     return fail(invalidArgument("--plot '{}' draws a concurrency sweep: give --concurrency a list (1,2,4,...)", plot_path));
   if (!trace_path.empty() && sweep.size() > 1)
@@ -513,7 +536,8 @@ int runInferCommand(CliOptions o) {
                         {"simulations", x.runs}});
       std::cout << nlohmann::json{{"max_rate", {{"slo_attainment", o.slo_attainment}, {"ttft_slo_s", ic.ttft_slo_s},
                                                 {"tpot_slo_s", ic.tpot_slo_s}, {"e2e_slo_s", ic.e2e_slo_s},
-                                                {"modes", rows}}}}.dump(2) << "\n";
+                                                {"modes", rows}}},
+                                  {"uncertainty", band.toJson()}}.dump(2) << "\n";
     } else {
       std::printf("%s on %lld GPUs of %s, %lld in / %lld out tokens: the highest rate with %.0f%% of requests within "
                   "TTFT %.2f s and TPOT %.0f ms\n", model->name.c_str(), static_cast<long long>(ic.gpus),
@@ -525,6 +549,7 @@ int runInferCommand(CliOptions o) {
                     x.max_rate_rps == 0 ? "  (no rate meets the SLOs)"
                     : x.capped          ? "  (= capacity: the SLOs still hold there)"
                                         : "");
+      std::printf("%s\n", band.line().c_str());
     }
     return 0;
   }
@@ -549,7 +574,8 @@ int runInferCommand(CliOptions o) {
                     a.overloaded ? "  OVERLOADED (aggregated)" : "");
       }
     }
-    if (json) std::cout << nlohmann::json{{"rate_sweep", runs}}.dump(2) << "\n";
+    if (json) std::cout << nlohmann::json{{"rate_sweep", runs}, {"uncertainty", band.toJson()}}.dump(2) << "\n";
+    else std::printf("%s\n", band.line().c_str());
     return 0;
   }
   if (sweep.size() > 1) {  // a concurrency sweep: one closed-loop run per value
@@ -576,7 +602,8 @@ int runInferCommand(CliOptions o) {
                     1e3 * s.itl.p50, 1e3 * s.itl.p99, 1e3 * s.tpot.p50, s.e2e.p50);
       }
     }
-    if (json) std::cout << nlohmann::json{{"sweep", runs}}.dump(2) << "\n";
+    if (json) std::cout << nlohmann::json{{"sweep", runs}, {"uncertainty", band.toJson()}}.dump(2) << "\n";
+    else std::printf("%s\n", band.line().c_str());
     if (!plot_path.empty()) {
       Status st = plotServeSweep(points, fmt::format("{} on {} GPUs, {}/{} tokens", model->name, ic.gpus,
                                                      ic.input_len, ic.output_len), plot_path);
@@ -596,7 +623,9 @@ int runInferCommand(CliOptions o) {
       std::fprintf(stderr, "trace: %s (%zu steps, %zu requests)\n", trace_path.c_str(), r->steps.size(), r->requests.size());
   }
   if (json) {
-    std::cout << toJson(*r).dump(2) << "\n";
+    nlohmann::json j = toJson(*r);
+    j["uncertainty"] = band.toJson();
+    std::cout << j.dump(2) << "\n";
   } else {
     const std::string load = ic.max_throughput ? "offline (all at once)"
                              : ic.concurrency > 0 ? fmt::format("{} users, closed loop", ic.concurrency)
@@ -604,11 +633,12 @@ int runInferCommand(CliOptions o) {
     if (r->ep > 1)
       std::printf("expert parallel: replicas of %d GPUs, %d attention groups of tp %d; all-to-all latency %.1f us\n",
                   r->ep, r->ep / r->tp, r->tp, 1e6 * r->a2a_latency_s);
-    std::printf("%s on %lld GPUs of %s: %d replicas of tp %d; %s, %lld in / %lld out tokens; prefill %.1f ms per "
-                "request, decode step %.1f ms (batch 1), KV %.1f MB per request, weights %.1f GB per GPU\n",
+    std::printf("%s on %lld GPUs of %s: %d replicas of tp %d; %s, %lld in / %lld out tokens; prefill %.1f ms%s per "
+                "request, decode step %.1f ms%s (batch 1), KV %.1f MB per request, weights %.1f GB per GPU\n",
                 model->name.c_str(), static_cast<long long>(ic.gpus), cluster->name.c_str(), r->replicas, r->tp,
                 load.c_str(), static_cast<long long>(ic.input_len), static_cast<long long>(ic.output_len),
-                1e3 * r->prefill_s_per_request, 1e3 * r->decode_step_s, r->kv_bytes_per_request / 1e6,
+                1e3 * r->prefill_s_per_request, band.suffix().c_str(), 1e3 * r->decode_step_s, band.suffix().c_str(),
+                r->kv_bytes_per_request / 1e6,
                 r->weight_bytes_per_gpu / 1e9);
     std::printf("  engine costs: sampling %.3f ms per token (batch 1); host %.2f ms per step, %.2f ms per request%s%s\n",
                 1e3 * r->sample_s, 1e3 * ic.step_overhead_s, 1e3 * ic.request_overhead_s,
@@ -625,6 +655,7 @@ int runInferCommand(CliOptions o) {
       for (const ServeStats& sp : r->splits) printServe(sp);
     }
     std::printf("  best under SLOs (TTFT %.2f s, TPOT %.0f ms): %s\n", ic.ttft_slo_s, 1e3 * ic.tpot_slo_s, r->best.c_str());
+    std::printf("  %s\n", band.line().c_str());
   }
   return 0;
 }

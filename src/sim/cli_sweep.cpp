@@ -10,6 +10,7 @@
 #include "sim/nccl_topo.hpp"
 #include "sim/report.hpp"
 #include "sim/sweep.hpp"
+#include "sim/uncertainty.hpp"
 
 namespace chorus::sim {
 
@@ -104,6 +105,13 @@ int runSweepCommand(CliOptions o) {
                     {"rate", ic.rate}, {"concurrency", ic.concurrency}, {"ttft_slo_s", ic.ttft_slo_s},
                     {"tpot_slo_s", ic.tpot_slo_s}, {"tp", ic.tp}};
   }
+  // The band of every time of the sweep: its points are of one kind on one cluster.
+  const PredictionKind pk = job.kind == SweepJob::Kind::Collective ? PredictionKind::Collective
+                            : job.kind == SweepJob::Kind::Serve    ? PredictionKind::Inference
+                            : model->moe.experts > 0               ? PredictionKind::MoeTrain
+                                                                   : PredictionKind::DenseTrain;
+  const Band band = uncertaintyBand(pk, cluster->gpu.name);
+  doc["uncertainty"] = band.toJson();
   nlohmann::json ax = nlohmann::json::array();
   for (const SweepAxis& a : axes) ax.push_back({{"key", a.key}, {"values", a.values}});
   doc["axes"] = ax;
@@ -133,6 +141,7 @@ int runSweepCommand(CliOptions o) {
                 o.sweep_out.empty() ? "" : fmt::format("; JSON: {} (plot: tools/sweep_plot.py {} out.png)",
                                                        o.sweep_out, o.sweep_out).c_str());
     std::fputs(formatSweep(axes, *pts, job.kind).c_str(), stdout);
+    std::printf("# %s\n", band.line().c_str());
   }
   return 0;
 }

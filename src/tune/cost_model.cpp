@@ -384,13 +384,18 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
       host[static_cast<size_t>(q)] = index.try_emplace(host_of[static_cast<size_t>(q)], static_cast<int>(index.size())).first->second;
   }
   auto hostOf = [&](int r) { return host[static_cast<size_t>(r)]; };
+  // The machine whose cores and cache a rank shares: its host group's, or
+  // every rank's on one machine (Links::one_machine).
+  auto machineOf = [&](int r) { return links.one_machine ? 0 : hostOf(r); };
   // Share of the call's bytes that stays in the cache: its footprint is the
   // input and output of every rank on the busiest host.
   std::vector<int> per_host(static_cast<size_t>(n), 0);
   int most = 1;
-  for (int q = 0; q < n; ++q) most = std::max(most, ++per_host[static_cast<size_t>(hostOf(q))]);
-  const Bytes footprint(static_cast<double>(most) * static_cast<double>(shape.inputElems(0) + shape.outputElems(0)) *
-                        shape.elem_size);
+  for (int q = 0; q < n; ++q) most = std::max(most, ++per_host[static_cast<size_t>(machineOf(q))]);
+  // An in-place call's input and output are the same bytes (the larger of the two: an allgather's output holds its input).
+  const uint64_t per_rank_elems = shape.inplace ? std::max(shape.inputElems(0), shape.outputElems(0))
+                                                : shape.inputElems(0) + shape.outputElems(0);
+  const Bytes footprint(static_cast<double>(most) * static_cast<double>(per_rank_elems) * shape.elem_size);
   const double hot = footprint <= prof.cache_size ? 1.0 : prof.cache_size / footprint;
   auto beta = [&](const LinkCost& l) {
     return l.beta_large > SecondsPerByte() ? hot * l.beta + (1 - hot) * l.beta_large : l.beta;
@@ -406,11 +411,11 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
   auto slowest = [&](const std::vector<Seconds>& l, const std::vector<Seconds>& w, const std::vector<char>& on) {
     std::fill(active.begin(), active.end(), 0);
     for (int q = 0; q < n; ++q)
-      if (on[static_cast<size_t>(q)]) ++active[static_cast<size_t>(hostOf(q))];
+      if (on[static_cast<size_t>(q)]) ++active[static_cast<size_t>(machineOf(q))];
     Seconds worst;
     for (int q = 0; q < n; ++q) {
       if (!on[static_cast<size_t>(q)]) continue;
-      const double turns = std::max(1.0, static_cast<double>(active[static_cast<size_t>(hostOf(q))]) / prof.cores);
+      const double turns = std::max(1.0, static_cast<double>(active[static_cast<size_t>(machineOf(q))]) / prof.cores);
       worst = std::max(worst, (l[static_cast<size_t>(q)] + w[static_cast<size_t>(q)]) * turns);
     }
     return worst;
@@ -427,6 +432,14 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
     Bytes most_bytes;
     for (size_t h = 0; h < out.size(); ++h) most_bytes = std::max({most_bytes, out[h], in[h]});
     return most_bytes > Bytes() ? most_bytes * inter.beta : Seconds();
+  };
+  // The bytes of one message as the transport sees it: the executor cuts a
+  // message into pipeline slices of shape.chunk_elems (0: whole), and a
+  // pipelined plan's rounds carry S slices' worth.
+  auto sliceBytes = [&](uint64_t elems) {
+    uint64_t e = S > 1 ? (elems + S - 1) / S : elems;
+    if (shape.chunk_elems > 0) e = std::min(e, shape.chunk_elems);
+    return e * shape.elem_size;
   };
   for (const plan::Round& r : rounds) {
     std::fill(lat.begin(), lat.end(), Seconds());
@@ -449,7 +462,11 @@ Result<Seconds> modelSeconds(const plan::Algorithm& algo, const plan::Shape& sha
         return;
       }
       lat[d] = std::max(lat[d], l.alpha);
-      work[d] += l.overhead + bytes * beta(l) + (r.reduce ? bytes * gamma_eff * (r.staged ? 2.0 : 1.0) : Seconds());
+      // Reduced straight out of the shared-memory ring: the copy in, not the copy out (shm_ring_bytes).
+      const bool from_ring = r.reduce && !r.staged && hostOf(src) == hostOf(dst) && links.intra == "shm" &&
+                             sliceBytes(elems) < prof.shm_ring_bytes;
+      work[d] += l.overhead + bytes * beta(l) * (from_ring ? 0.5 : 1.0) +
+                 (r.reduce ? bytes * gamma_eff * (r.staged ? 2.0 : 1.0) : Seconds());
       work[static_cast<size_t>(src)] += l.overhead;
       seen[static_cast<size_t>(src)] = seen[d] = 1;
     });

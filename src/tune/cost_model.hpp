@@ -9,8 +9,11 @@
 //   max α of its incoming messages + Σ_in (o + b·β + b·γ·[reduce](1 + [staged]))
 //                                  + Σ_out o
 // (a staged reduction lands in scratch first and pays one more pass over the
-// bytes; β and γ are the out-of-cache figures in proportion to how much of the
-// call's footprint on the host exceeds the last-level cache), the round lasts as long as its busiest rank, and a host whose ranks
+// bytes; a reduction straight out of the shared-memory ring pays β / 2, the
+// copy in, instead of β: CostProfile::shm_ring_bytes; β and γ are the
+// out-of-cache figures in proportion to how much of the call's footprint on
+// the host -- input and output of its ranks, once for an in-place call --
+// exceeds the last-level cache), the round lasts as long as its busiest rank, and a host whose ranks
 // active in the round outnumber its cores runs them in turns (active / cores).
 // For the one-message-per-rank patterns (ring, trees, recursive doubling) this
 // is α + 2o + b·β (+ b·γ) per round; for the all-pairs rounds of the direct
@@ -62,6 +65,12 @@ struct LinkCost {
 struct Links {
   std::string intra = "shm";
   std::string inter = "tcp";
+  // Every rank on this machine (tune::Topology::one_machine): the network
+  // transport is loopback, so the host groups share this machine's cores and
+  // cache -- ranks beyond the cores take turns and the footprint is every
+  // rank's -- whatever groups the transports form (CHORUS_TRANSPORT=tcp on
+  // one host: each rank a group of its own).
+  bool one_machine = false;
   bool operator==(const Links&) const = default;
 };
 // The route of a whole communicator, which keys chorus-tune's corrections:
@@ -108,6 +117,18 @@ struct CostProfile {
   // in the writer's cache, not streamed like the ring's pieces, so this is
   // measured apart (chorus-tune: a 4 KiB against an 8-byte board call).
   SecondsPerByte board_beta;
+  // Messages of the "shm" link below this size stream through the sender's
+  // ring in the receiver's segment (transport/shm: every message below the
+  // cross-memory-attach threshold, kCmaThreshold = CHORUS_SHM_CMA_BYTES'
+  // default, 1 MiB; a pipelined plan's slices are its messages).  A copying
+  // receive there is the sender's copy into the ring and the receiver's copy
+  // out: the link's β, which chorus-tune measures with ring allgather rounds
+  // (each rank copies every byte in and out), is those two memcpy of the same
+  // bytes, half each.  A reducing receive (Round::reduce, not staged) reduces
+  // straight out of the ring: it pays the copy in (β / 2) and the reduction
+  // (γ), not the copy out.  What the library does, not a measurement: the
+  // profile's JSON does not carry it; 0: every receive pays β.
+  uint64_t shm_ring_bytes = uint64_t{1} << 20;
   // Calls whose buffers (input and output of every rank of a host) exceed the
   // last-level cache move bytes at beta_large and reduce no faster than
   // reduce_mem (fp32, out of the caches); in between, in proportion: the

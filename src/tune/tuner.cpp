@@ -101,7 +101,9 @@ uint64_t Tuner::defaultChunk() const {
 }
 
 Result<double> Tuner::price(const plan::Algorithm& algo, const plan::Shape& sh, chorusDataType_t dtype) const {
-  CHORUS_ASSIGN_OR_RETURN(Seconds t, predictSeconds(algo, sh, dtype, profile_, topo_.host_of, topo_.links));
+  Links links = topo_.links;
+  links.one_machine = topo_.one_machine;
+  CHORUS_ASSIGN_OR_RETURN(Seconds t, predictSeconds(algo, sh, dtype, profile_, topo_.host_of, links));
   return t.value();
 }
 

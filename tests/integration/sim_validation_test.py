@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATE = ROOT / "bench" / "validation" / "validate.py"
 SUMMARY = ROOT / "bench" / "validation" / "summary.json"
+ERRORS = ROOT / "bench" / "validation" / "errors.json"  # chorus-sim's uncertainty bands are built from it
 DOC = ROOT / "docs" / "validation.md"
 
 
@@ -44,7 +45,8 @@ def main() -> None:
         fail(f"{DOC}'s summary line {doc_line} differs from {SUMMARY} {base}: rerun "
              f"`bash bench/sim_validate.sh --update-doc`")
 
-    p = subprocess.run([sys.executable, str(VALIDATE), "--sim", sim, "--quiet", "--check", str(SUMMARY)],
+    p = subprocess.run([sys.executable, str(VALIDATE), "--sim", sim, "--quiet", "--check", str(SUMMARY),
+                        "--check-errors", str(ERRORS)],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     print(p.stdout, end="")
     print(p.stderr, end="", file=sys.stderr)

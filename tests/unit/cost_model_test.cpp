@@ -82,14 +82,16 @@ TEST(CostModel, OneShotIsPricedAtTheBoardsCostWithinItsSize) {
 TEST(CostModel, OneMessagePerRankRoundsCostAlphaTwoOverheadsAndBytes) {
   const plan::Registry reg = plan::Registry::builtin();
   const CostProfile p = testProfile(8);
-  // Ring on 2 ranks, 1000 floats: a reducing round and a copying round of 2000 bytes each.
+  // Ring on 2 ranks, 1000 floats: a reducing round and a copying round of 2000 bytes each; the
+  // reducing receive reduces straight out of the shared-memory ring, so it pays the copy in (β / 2),
+  // not the copy out (CostProfile::shm_ring_bytes).
   const double b = 2000;
-  const double ring = 2e-6 + (1e-6 + 0.2e-6 + b * 1e-9 + b * 0.5e-9) + (1e-6 + 0.2e-6 + b * 1e-9);
+  const double ring = 2e-6 + (1e-6 + 0.2e-6 + b * 0.5e-9 + b * 0.5e-9) + (1e-6 + 0.2e-6 + b * 1e-9);
   EXPECT_NEAR(price(reg, "ring", shape(2, 1000, nullptr), p, {}), ring, 1e-12);
   // Recursive doubling out of place reduces its first round straight out of
   // the transport; in place it lands it in scratch and reduces in a separate
   // pass (staged): twice γ.
-  const double rd = 2e-6 + (1e-6 + 0.2e-6 + 2 * b * 1e-9 + 2 * b * 0.5e-9);
+  const double rd = 2e-6 + (1e-6 + 0.2e-6 + 2 * b * 0.5e-9 + 2 * b * 0.5e-9);
   EXPECT_NEAR(price(reg, "recursive_doubling", shape(2, 1000, nullptr), p, {}), rd, 1e-12);
   plan::Shape inplace = shape(2, 1000, nullptr);
   inplace.inplace = true;
@@ -105,8 +107,8 @@ TEST(CostModel, AllPairsRoundsOverlapLatencyButNotWork) {
   std::vector<int> one_host(4, 0);
   const plan::Shape sh = shape(4, 4000, &one_host);  // blocks of 1000 floats
   const double b = 4000;
-  // Each rank receives 3 blocks (α once) and sends 3.
-  const double rs = 1e-6 + 3 * (0.1e-6 + b * 1e-9 + b * 0.5e-9) + 3 * 0.1e-6;
+  // Each rank receives 3 blocks (α once) and sends 3; the reductions straight out of the ring.
+  const double rs = 1e-6 + 3 * (0.1e-6 + b * 0.5e-9 + b * 0.5e-9) + 3 * 0.1e-6;
   const double ag = 1e-6 + 3 * (0.1e-6 + b * 1e-9) + 3 * 0.1e-6;
   EXPECT_NEAR(price(reg, "direct", sh, testProfile(8), {0, 0, 0, 0}), 2e-6 + rs + ag, 1e-12);
   // 4 ranks on 2 cores take turns: every round costs twice as much.
@@ -138,13 +140,86 @@ TEST(CostModel, CallsBeyondTheCacheMoveAndReduceAtTheOutOfCacheRates) {
   p.reduce_mem = SecondsPerByte(2e-9);
   // 2 ranks x (input + output) of 2^20 floats = 16 MiB on the host, 16x the
   // 1 MiB cache: 1/16 of the bytes at the in-cache rates, 15/16 out of it.
+  // The 2 MiB messages go by cross-memory attach (beyond shm_ring_bytes): β in full.
   const double hot = 1.0 / 16, b = 2.0 * (1 << 20);
   const double beta = hot * 1e-9 + (1 - hot) * 4e-9, gamma = hot * 0.5e-9 + (1 - hot) * 2e-9;
   const double ring = 2e-6 + (1e-6 + 0.2e-6 + b * beta + b * gamma) + (1e-6 + 0.2e-6 + b * beta);
   EXPECT_NEAR(price(reg, "ring", shape(2, 1 << 20, nullptr), p, {}), ring, 1e-9);
-  // Within the cache the in-cache rates alone.
-  const double small = 2e-6 + 2 * (1e-6 + 0.2e-6 + 2000 * 1e-9) + 2000 * 0.5e-9;
+  // Within the cache the in-cache rates alone (the reducing receive out of the ring: β / 2).
+  const double small = 2e-6 + 2 * (1e-6 + 0.2e-6) + 2000 * 0.5e-9 + 2000 * 1e-9 + 2000 * 0.5e-9;
   EXPECT_NEAR(price(reg, "ring", shape(2, 1000, nullptr), p, {}), small, 1e-12);
+}
+
+// A reducing receive over shared memory reduces straight out of the sender's
+// ring: of the link's β (a copy into the ring and one out of it, as chorus-tune
+// measures it with ring allgather rounds) it pays the copy in, β / 2, then γ.
+// Messages from shm_ring_bytes on go by cross-memory attach (β in full); TCP
+// receives land in a bounce buffer first (β in full); staged reductions land
+// in scratch (β in full, 2γ).  An in-place call's footprint counts its buffer
+// once.
+TEST(CostModel, ReductionsOutOfTheShmRingPayHalfTheLinksBeta) {
+  const plan::Registry reg = plan::Registry::builtin();
+  CostProfile p = testProfile(8);
+  const plan::Algorithm& ring = *reg.find(Collective::AllReduce, "ring");
+  auto model = [&](const plan::Shape& sh, const std::vector<int>& hosts, const Links& links = {}) {
+    auto t = modelSeconds(ring, sh, chorusFloat32, p, hosts, links);
+    EXPECT_TRUE(t.isOk()) << t.status().message();
+    return t.isOk() ? t->value() : -1;
+  };
+  // 2 ranks, 64 Ki floats: rounds of 128 KiB messages.
+  const double b = 128 * 1024;
+  plan::Shape sh = shape(2, 64 * 1024, nullptr);
+  const double copy_round = 1e-6 + 0.2e-6 + b * 1e-9;
+  EXPECT_NEAR(model(sh, {0, 0}), 2e-6 + (1e-6 + 0.2e-6 + b * 0.5e-9 + b * 0.5e-9) + copy_round, 1e-12);
+  // The same bytes over TCP between two hosts: the bounce buffer's copy, β in full.
+  EXPECT_NEAR(model(sh, {0, 1}), 2e-6 + 2 * (10e-6 + 2e-6 + b * 4e-9) + b * 0.5e-9, 1e-12);
+  // A one-host communicator whose host-local transport is not shm: β in full.
+  EXPECT_NEAR(model(sh, {0, 0}, Links{.intra = "other", .inter = "tcp"}),
+              2e-6 + 2 * (1e-6 + 0.2e-6 + b * 1e-9) + b * 0.5e-9, 1e-12);
+  // Slices at or above shm_ring_bytes go by cross-memory attach: β in full.
+  p.shm_ring_bytes = 64 * 1024;
+  EXPECT_NEAR(model(sh, {0, 0}), 2e-6 + 2 * (1e-6 + 0.2e-6 + b * 1e-9) + b * 0.5e-9, 1e-12);
+  // ... unless the executor cuts them into smaller pipeline slices (the ring's rounds are unsliced in
+  // the model, but the transport sees the slices).
+  sh.chunk_elems = 8 * 1024;  // 32 KiB slices
+  EXPECT_NEAR(model(sh, {0, 0}), 2e-6 + (1e-6 + 0.2e-6 + b * 0.5e-9 + b * 0.5e-9) + copy_round, 1e-12);
+}
+
+// Ranks on one machine over a network transport (CHORUS_TRANSPORT=tcp on one
+// host: each rank a host group of its own) share the machine's cores: 4 ranks
+// on 2 cores take turns, as 4 shared-memory ranks do; on 4 machines they do not.
+TEST(CostModel, LoopbackRanksShareTheMachinesCores) {
+  const plan::Registry reg = plan::Registry::builtin();
+  const CostProfile p = testProfile(2);
+  const plan::Algorithm& ring = *reg.find(Collective::AllReduce, "ring");
+  const std::vector<int> hosts{0, 1, 2, 3};
+  const plan::Shape sh = shape(4, 4000, nullptr);
+  Links apart, loopback;
+  loopback.one_machine = true;
+  auto apart_t = modelSeconds(ring, sh, chorusFloat32, p, hosts, apart);
+  auto loop_t = modelSeconds(ring, sh, chorusFloat32, p, hosts, loopback);
+  ASSERT_TRUE(apart_t.isOk() && loop_t.isOk());
+  // 6 rounds of 4000-byte messages over TCP; each round's work twice on one machine.
+  const double b = 4000, round = 10e-6 + 2e-6 + b * 4e-9;
+  EXPECT_NEAR(apart_t->value(), 2e-6 + 6 * round + 3 * b * 0.5e-9, 1e-12);
+  EXPECT_NEAR(loop_t->value(), 2e-6 + 2 * (6 * round + 3 * b * 0.5e-9), 1e-12);
+}
+
+TEST(CostModel, AnInPlaceCallsFootprintCountsItsBufferOnce) {
+  const plan::Registry reg = plan::Registry::builtin();
+  CostProfile p = testProfile(8);
+  p.links["shm"].beta_large = SecondsPerByte(4e-9);
+  p.reduce_mem = SecondsPerByte(2e-9);
+  p.shm_ring_bytes = 0;  // β in full: this test is of the cache share
+  // 2 ranks x 2^18 floats: out of place 2 x (1 + 1) MiB = 4x the 1 MiB cache, in place 2 x 1 MiB = 2x.
+  plan::Shape sh = shape(2, 1 << 18, nullptr);
+  auto ringTime = [&](double hot) {
+    const double b = 512.0 * 1024, beta = hot * 1e-9 + (1 - hot) * 4e-9, gamma = hot * 0.5e-9 + (1 - hot) * 2e-9;
+    return 2e-6 + (1e-6 + 0.2e-6 + b * beta + b * gamma) + (1e-6 + 0.2e-6 + b * beta);
+  };
+  EXPECT_NEAR(price(reg, "ring", sh, p, {}), ringTime(0.25), 1e-12);
+  sh.inplace = true;
+  EXPECT_NEAR(price(reg, "ring", sh, p, {}), ringTime(0.5), 1e-12);
 }
 
 // chorus-tune's effective cache: the hot share h of a footprint equal to the
@@ -212,6 +287,7 @@ Result<Choice> choose(const plan::Registry& reg, std::vector<int> host_of, uint6
   topo.nranks = static_cast<int>(host_of.size());
   topo.host_of = host_of;
   topo.all_local = std::all_of(host_of.begin(), host_of.end(), [&](int h) { return h == host_of[0]; });
+  topo.one_machine = topo.all_local;  // host groups here are separate machines
   auto t = Tuner::create(reg, topo, "", 0, testProfile(cores));
   if (!t.isOk()) return t.status();
   plan::Shape sh = shape(topo.nranks, count, &host_of);
