@@ -89,7 +89,7 @@ TEST(MscclppJson, ReadsAPutSignalWaitReducePlan) {
 
   // The reduction reads only the scratch: the proof's counter-example.
   j["inplace"] = false;
-  ops(j, 0)[3]["src_buff"] = {local("s", 0)};
+  ops(j, 0)[3]["src_buff"] = Json::array({local("s", 0)});
   const std::string msg = load(j);
   EXPECT_NE(msg.find("p.json: plan 'pair' fails its proof"), std::string::npos) << msg;
   EXPECT_NE(msg.find("rank 0: output element 0 holds ranks {1}"), std::string::npos) << msg;
@@ -171,7 +171,7 @@ TEST(MscclppJson, RefusalsNameTheKeyPath) {
        "p.json: gpus[1].threadblocks[0]: a put to gpu 0 is never signalled"},
       {"a signal never waited for", [](Json& j) { ops(j, 1).erase(2); },
        "p.json: gpu 0's signal to gpu 1 on a memory channel (its 0 to that peer) is never waited for"},
-      {"writing the input", [](Json& j) { ops(j, 0)[3]["dst_buff"] = {local("i", 0)}; },
+      {"writing the input", [](Json& j) { ops(j, 0)[3]["dst_buff"] = Json::array({local("i", 0)}); },
        "p.json: gpus[0].threadblocks[0].ops[3]:"},
       {"a remote operand to a copy", [](Json& j) { ops(j, 0)[3] = {{"name", "copy"}, {"src_buff", {remote(0, 0)}},
                                                                      {"dst_buff", {local("o", 0)}}}; },
