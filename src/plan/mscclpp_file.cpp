@@ -258,6 +258,8 @@ Result<PlanSpec> Reader::run(std::string_view text) {
     doc = Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error& e) {
     return invalidArgument("{}: byte {}: not JSON ({})", origin_, e.byte, e.what());
+  } catch (const Json::exception& e) {  // the parser's others, e.g. a number past a double (out_of_range.406)
+    return invalidArgument("{}: not JSON ({})", origin_, e.what());
   }
   if (!doc.is_object()) return fail("(top level)", fmt::format("{} is not an object", shown(doc)));
   CHORUS_RETURN_IF_ERROR(keys(doc, "", {"name", "collective", "protocol", "inplace", "gpus", "num_threads_per_block",
