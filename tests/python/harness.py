@@ -81,6 +81,20 @@ def run(fn, world, timeout_s, *args, expect_exit=None):
         raise AssertionError("\n".join(msg))
 
 
+def comm(rank, world, ids):
+    """A chorus.Communicator of `world` ranks: rank 0 makes the UniqueId and
+    hands it to the others through the queue `ids`."""
+    import chorus
+
+    if rank == 0:
+        uid = chorus.UniqueId()
+        for _ in range(world - 1):
+            ids.put(bytes(uid))
+    else:
+        uid = chorus.UniqueId.from_bytes(ids.get(timeout=60))
+    return chorus.Communicator.from_unique_id(world, uid, rank)
+
+
 def store_path(tag):
     """A fresh path for a torch FileStore: rendezvous without any port."""
     d = tempfile.mkdtemp(prefix="chorus-py-{}-".format(tag))

@@ -14,18 +14,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 
-def _comm(rank, world, ids):
-    import chorus
-
-    if rank == 0:
-        uid = chorus.UniqueId()
-        for _ in range(world - 1):
-            ids.put(bytes(uid))
-    else:
-        uid = chorus.UniqueId.from_bytes(ids.get(timeout=60))
-    return chorus.Communicator.from_unique_id(world, uid, rank)
-
-
 def _data(rank, n, dtype, salt=0):
     # Small integers: exact in every dtype, sums and products included.
     return ((np.arange(n) * (rank + 3) + salt + rank) % 5 + 1).astype(dtype)
@@ -34,7 +22,7 @@ def _data(rank, n, dtype, salt=0):
 def _numpy_collectives(rank, world, ids):
     import chorus
 
-    comm = _comm(rank, world, ids)
+    comm = harness.comm(rank, world, ids)
     assert comm.rank == rank and comm.size == world
     all_in = lambda n, dt, salt=0: [_data(r, n, dt, salt) for r in range(world)]  # noqa: E731
     for dt in (np.float32, np.float64, np.int32, np.int64, np.int8, np.uint8, np.float16, np.uint32, np.uint64):
@@ -123,7 +111,7 @@ def _torch_and_streams(rank, world, ids):
     import chorus
     import torch
 
-    comm = _comm(rank, world, ids)
+    comm = harness.comm(rank, world, ids)
     # Zero-copy on torch tensors: the tensor itself changes, every dtype.
     for dt in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.int8):
         t = torch.full((3, 5), rank + 1, dtype=dt)
@@ -194,7 +182,7 @@ def _size_checks(rank, world, ids):
     0 for the rooted ones), and the ranks' next collective still matches."""
     import chorus
 
-    comm = _comm(rank, world, ids)
+    comm = harness.comm(rank, world, ids)
     f = np.float32
     z = lambda n: np.zeros(n, f)  # noqa: E731
     if rank == 0:

@@ -20,25 +20,13 @@ HIDDEN = 24
 M = 6
 
 
-def _comm(rank, world, ids):
-    import chorus
-
-    if rank == 0:
-        uid = chorus.UniqueId()
-        for _ in range(world - 1):
-            ids.put(bytes(uid))
-    else:
-        uid = chorus.UniqueId.from_bytes(ids.get(timeout=60))
-    return chorus.Communicator.from_unique_id(world, uid, rank)
-
-
 def _case(rank, world, ids):
     import torch
 
     import chorus
     import chorus.moe
 
-    comm = _comm(rank, world, ids)
+    comm = harness.comm(rank, world, ids)
     experts = world * E_PER_RANK
     for dtype in (torch.float32, torch.bfloat16):
         g = torch.Generator().manual_seed(99 + rank)

@@ -23,18 +23,6 @@ TOPK = 3
 HIDDEN = 16
 
 
-def _comm(rank, world, ids):
-    import chorus
-
-    if rank == 0:
-        uid = chorus.UniqueId()
-        for _ in range(world - 1):
-            ids.put(bytes(uid))
-    else:
-        uid = chorus.UniqueId.from_bytes(ids.get(timeout=60))
-    return chorus.Communicator.from_unique_id(world, uid, rank)
-
-
 def _params(world):
     """Every rank's tokens and router copy, every expert, the loss weights: the same in every process."""
     import torch
@@ -169,7 +157,7 @@ def _moe(rank, world, ids):
     import chorus.torch  # noqa: F401  (chorus.torch.ExpertParallel is chorus.moe's)
 
     torch.set_num_threads(1)
-    comm = _comm(rank, world, ids)
+    comm = harness.comm(rank, world, ids)
     experts, xs0, wg0, we0, lossw = _params(world)
     ep = chorus.torch.ExpertParallel(comm, experts, TOPK, HIDDEN, torch.float32)
     assert ep.num_local_experts == E_PER_RANK
@@ -206,7 +194,7 @@ def _errors(rank, world, ids):
     import chorus
     import chorus.moe
 
-    comm = _comm(rank, world, ids)
+    comm = harness.comm(rank, world, ids)
     ep = chorus.moe.ExpertParallel(comm, 2 * world, 2, 4, torch.float32)
     idx = torch.tensor([[0, 1], [1, 2]], dtype=torch.int64)
     if rank == world - 1:
