@@ -47,30 +47,13 @@ test_name=bench/compress.sh
 # shellcheck source=../tests/cluster/netns_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../tests/cluster/netns_lib.sh"
 cluster_require ip tc unshare nsenter timeout python3 -- "$bench"
-netns_remove_stale
-
-tag=chorus-$$
-switch_ns=$tag-sw
-subnet=10.232.$((RANDOM % 250 + 1))
-work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-compress.XXXXXX")
-keepers=()
-ranks=()
-profile=$work/profile.json
-echo '{"tcp": {"bandwidth_gbps": 0.125}}' >"$profile"
-created_ns=()
-trap netns_cleanup EXIT
-trap 'exit 130' INT TERM
-
 max_hosts=0
 for l in "${layouts[@]}"; do max_hosts=$((${l%x*} > max_hosts ? ${l%x*} : max_hosts)); done
-hosts=()
-for i in $(seq 0 $((max_hosts - 1))); do hosts+=("$tag-h$i"); done
-netns_make_hosts "$switch_ns" "$subnet" "${hosts[@]}"
-# 1 Gbit/s out of every host (a token bucket: 1 Mbit/s of burst, 50 ms of queue).
-for ns in "${hosts[@]}"; do
-  ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate 1gbit burst 128kb latency 50ms
-done
-netns_start_keepers 1g $((job_timeout * 8)) "${hosts[@]}"
+netns_bench_cluster compress 10.232 "$max_hosts" $((job_timeout * 8))
+# 1 Gbit/s out of every host.
+netns_shape_links 1gbit
+profile=$work/profile.json
+echo '{"tcp": {"bandwidth_gbps": 0.125}}' >"$profile"
 
 # run_bench LAYOUT MODE REPEAT: chorus-bench allreduce on HOSTS x PER ranks
 # with CHORUS_COMPRESS=MODE; rank r's --json rows go to $work/LAYOUT.MODE.REPEAT.r.jsonl.
@@ -81,7 +64,7 @@ run_bench() {
   ranks=()
   for r in $(seq 0 $((world - 1))); do
     host=$((r / per))
-    nsenter --target "${keepers[$host]}" --mount --net -- \
+    on_host "$host" \
       env CHORUS_RANK=$r CHORUS_WORLD_SIZE=$world CHORUS_LOCAL_RANK=$((r % per)) \
       CHORUS_MASTER_ADDR="$subnet.1" CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" \
       CHORUS_COMPRESS="$mode" CHORUS_TUNE_FILE="$profile" \

@@ -32,28 +32,8 @@ test_name=bench/ucx_netns.sh
 # shellcheck source=../tests/cluster/netns_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../tests/cluster/netns_lib.sh"
 cluster_require ip unshare nsenter timeout python3 ucx_perftest -- "$bench"
-netns_remove_stale
-
-tag=chorus-$$
-switch_ns=$tag-sw
-subnet=10.234.$((RANDOM % 250 + 1))
-work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-ucxb.XXXXXX")
-keepers=()
-ranks=()
-created_ns=()
-trap netns_cleanup EXIT
-trap 'exit 130' INT TERM
-hosts=("$tag-h0" "$tag-h1")
-netns_make_hosts "$switch_ns" "$subnet" "${hosts[@]}"
-netns_start_keepers 1g $((job_timeout * 12)) "${hosts[@]}"
+netns_bench_cluster ucxb 10.234 2 $((job_timeout * 12))
 export UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
-
-# on_host H CMD...: runs CMD on emulated host H (its netns and /dev/shm).
-on_host() {
-  local h=$1
-  shift
-  nsenter --target "${keepers[$h]}" --mount --net -- "$@"
-}
 
 # run_chorus TRANSPORT NAME REPEAT ARGS...: one rank per host; rank 0's rows
 # to $work/NAME.TRANSPORT.REPEAT.jsonl.

@@ -32,23 +32,8 @@ test_name=bench/wire_protect.sh
 # shellcheck source=../tests/cluster/netns_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../tests/cluster/netns_lib.sh"
 cluster_require ip tc unshare nsenter timeout python3 -- "$bench"
-netns_remove_stale
-
-tag=chorus-$$
-switch_ns=$tag-sw
-subnet=10.233.$((RANDOM % 250 + 1))
-work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-wire.XXXXXX")
-keepers=()
-ranks=()
-created_ns=()
-trap netns_cleanup EXIT
-trap 'exit 130' INT TERM
-hosts=("$tag-h0" "$tag-h1")
-netns_make_hosts "$switch_ns" "$subnet" "${hosts[@]}"
-for ns in "${hosts[@]}"; do
-  ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate 1gbit burst 128kb latency 50ms
-done
-netns_start_keepers 1g $((job_timeout * 8)) "${hosts[@]}"
+netns_bench_cluster wire 10.233 2 $((job_timeout * 8))
+netns_shape_links 1gbit
 
 bench_args=(allreduce -b "${sizes%:*}" -e "${sizes#*:}" -f 2 -n "$iters" -w 2 --warmup-ms 500)
 
@@ -58,7 +43,7 @@ run_netns() {
   secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
   ranks=()
   for r in 0 1; do
-    nsenter --target "${keepers[$r]}" --mount --net -- \
+    on_host "$r" \
       env CHORUS_RANK=$r CHORUS_WORLD_SIZE=2 CHORUS_LOCAL_RANK=0 CHORUS_MASTER_ADDR="$subnet.1" \
       CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" CHORUS_WIRE_PROTECT="$mode" \
       timeout -k 5 "$job_timeout" "$bench" "${bench_args[@]}" --json "$work/netns.$mode.$rep.$r.jsonl" \

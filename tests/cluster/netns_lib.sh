@@ -115,6 +115,49 @@ netns_start_keepers() {
   done
 }
 
+# netns_bench_cluster NAME SUBNET_PREFIX HOSTS KEEPER_SECONDS: a bench
+# script's emulated cluster in one call: removes stale namespaces, sets tag,
+# switch_ns, subnet (SUBNET_PREFIX.<random>), work (a fresh scratch dir named
+# after NAME), the arrays keepers=() ranks=() created_ns=() and hosts=() (HOSTS
+# namespaces), installs the cleanup traps, makes the hosts and starts their
+# keepers (each with a 1 GiB /dev/shm, living KEEPER_SECONDS).
+netns_bench_cluster() {
+  local name=$1 prefix=$2 n=$3 seconds=$4 i
+  netns_remove_stale
+  tag=chorus-$$
+  switch_ns=$tag-sw
+  subnet=$prefix.$((RANDOM % 250 + 1))
+  work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-$name.XXXXXX")
+  keepers=()
+  ranks=()
+  created_ns=()
+  trap netns_cleanup EXIT
+  trap 'exit 130' INT TERM
+  hosts=()
+  for ((i = 0; i < n; i++)); do hosts+=("$tag-h$i"); done
+  netns_make_hosts "$switch_ns" "$subnet" "${hosts[@]}"
+  netns_start_keepers 1g "$seconds" "${hosts[@]}"
+}
+
+# netns_shape_links RATE [both]: a token bucket of RATE (128 kB of burst,
+# 50 ms of queue) on every host's egress; with `both`, on its switch port's
+# egress too, so the host's ingress is shaped as well.
+netns_shape_links() {
+  local rate=$1 both=${2:-} i
+  for i in "${!hosts[@]}"; do
+    ip netns exec "${hosts[$i]}" tc qdisc add dev eth0 root tbf rate "$rate" burst 128kb latency 50ms
+    [[ $both == both ]] && ip netns exec "$switch_ns" tc qdisc add dev "port$i" root tbf rate "$rate" burst 128kb latency 50ms
+  done
+  return 0
+}
+
+# on_host H CMD...: runs CMD on emulated host H (its netns and /dev/shm).
+on_host() {
+  local h=$1
+  shift
+  nsenter --target "${keepers[$h]}" --mount --net -- "$@"
+}
+
 # ptp4l_cfg NAME [LINE...]: writes $work/NAME.cfg, a ptp4l configuration for
 # the PTP cluster tests (software timestamps, free-running clock, Sync and
 # Delay_Req every 2^log_sync s, announce every second; its own UDS socket and

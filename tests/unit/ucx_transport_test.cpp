@@ -530,36 +530,54 @@ TEST(UcxTransport, APeerThatClosesFailsWhatItCanNoLongerSatisfyNamingIt) {
 // (runPeerIfAsked, below) and never reaches the tests.
 constexpr size_t kPeerBigBytes = 8 * kMiB;
 
-TEST(UcxTransport, AKilledPeerProcessFailsPendingWorkNamingItsRank) {
-  const auth::Secret secret = testSecret();
-  auto bind = net::resolve("127.0.0.1", 0);
-  ASSERT_TRUE(bind.isOk());
-  auto server = bootstrap::StoreServer::start(*bind, secret);
-  ASSERT_TRUE(server.isOk()) << server.status().message();
-  const std::string peer_env = "CHORUS_UCX_TEST_PEER=" + std::to_string((*server)->address().port());
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-  envp.push_back(const_cast<char*>(peer_env.c_str()));
-  envp.push_back(nullptr);
-  char exe[] = "/proc/self/exe";
-  char* argv[] = {exe, nullptr};
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::execve(exe, argv, envp.data());
-    ::_exit(127);
+// Rank 1 as another process: a store served here, this binary run again as
+// its peer (fork and exec), this rank's store connection; the peer is killed
+// and reaped when the test ends.  start() reports a failure through gtest.
+struct PeerProcess {
+  std::unique_ptr<bootstrap::StoreServer> server;
+  std::shared_ptr<bootstrap::Store> store;
+  pid_t pid = -1;
+
+  void start() {
+    const auth::Secret secret = testSecret();
+    auto bind = net::resolve("127.0.0.1", 0);
+    ASSERT_TRUE(bind.isOk());
+    auto started = bootstrap::StoreServer::start(*bind, secret);
+    ASSERT_TRUE(started.isOk()) << started.status().message();
+    server = std::move(*started);
+    const std::string peer_env = "CHORUS_UCX_TEST_PEER=" + std::to_string(server->address().port());
+    std::vector<char*> envp;
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    envp.push_back(const_cast<char*>(peer_env.c_str()));
+    envp.push_back(nullptr);
+    char exe[] = "/proc/self/exe";
+    char* argv[] = {exe, nullptr};
+    pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::execve(exe, argv, envp.data());
+      ::_exit(127);
+    }
+    auto connected = bootstrap::connectStore(server->address(), secret, 20s);
+    ASSERT_TRUE(connected.isOk()) << connected.status().message();
+    store = std::move(*connected);
   }
-  struct Reap {
-    pid_t pid;
-    ~Reap() {
+  PeerProcess() = default;
+  PeerProcess(const PeerProcess&) = delete;
+  PeerProcess& operator=(const PeerProcess&) = delete;
+  ~PeerProcess() {
+    if (pid > 0) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
-  } reap{child};
-  auto store = bootstrap::connectStore((*server)->address(), secret, 20s);
-  ASSERT_TRUE(store.isOk()) << store.status().message();
-  auto t = createUcxTransport(setupFor(0, 2), **store);
+  }
+};
+
+TEST(UcxTransport, AKilledPeerProcessFailsPendingWorkNamingItsRank) {
+  PeerProcess peer;
+  ASSERT_NO_FATAL_FAILURE(peer.start());
+  auto t = createUcxTransport(setupFor(0, 2), *peer.store);
   ASSERT_TRUE(t.isOk()) << t.status().message();
   uint64_t v = 41, back = 0;
   Request send, recv;
@@ -574,8 +592,9 @@ TEST(UcxTransport, AKilledPeerProcessFailsPendingWorkNamingItsRank) {
     ASSERT_TRUE((*t)->poll().isOk());
     (*t)->wait(1ms);
   }
-  ASSERT_EQ(::kill(child, SIGKILL), 0);
-  ::waitpid(child, nullptr, 0);
+  ASSERT_EQ(::kill(peer.pid, SIGKILL), 0);
+  ::waitpid(peer.pid, nullptr, 0);
+  peer.pid = -1;
   std::vector<std::byte> big(kPeerBigBytes), in(64);
   Request large, pending;
   ASSERT_TRUE((*t)->postRecv(1, RecvTarget{big.data(), big.size()}, &large).isOk());
@@ -598,37 +617,11 @@ TEST(UcxTransport, AKilledPeerProcessFailsPendingWorkNamingItsRank) {
 // the operation's timeout.  Without the heartbeat they would wait forever
 // (the drive's 15 s limit).  The same peer (runPeerIfAsked) as above.
 TEST(UcxTransport, AStoppedPeerIsFoundByTheHeartbeatNamingItsRank) {
-  const auth::Secret secret = testSecret();
-  auto bind = net::resolve("127.0.0.1", 0);
-  ASSERT_TRUE(bind.isOk());
-  auto server = bootstrap::StoreServer::start(*bind, secret);
-  ASSERT_TRUE(server.isOk()) << server.status().message();
-  const std::string peer_env = "CHORUS_UCX_TEST_PEER=" + std::to_string((*server)->address().port());
-  std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-  envp.push_back(const_cast<char*>(peer_env.c_str()));
-  envp.push_back(nullptr);
-  char exe[] = "/proc/self/exe";
-  char* argv[] = {exe, nullptr};
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::execve(exe, argv, envp.data());
-    ::_exit(127);
-  }
-  struct Reap {
-    pid_t pid;
-    ~Reap() {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  } reap{child};
-  auto store = bootstrap::connectStore((*server)->address(), secret, 20s);
-  ASSERT_TRUE(store.isOk()) << store.status().message();
+  PeerProcess peer;
+  ASSERT_NO_FATAL_FAILURE(peer.start());
   UcxSetup s = setupFor(0, 2);
   s.heartbeat_ms = 300;  // silent for 900 ms: unreachable
-  auto t = createUcxTransport(s, **store);
+  auto t = createUcxTransport(s, *peer.store);
   ASSERT_TRUE(t.isOk()) << t.status().message();
   uint64_t v = 41, back = 0;
   Request send, recv;
@@ -644,7 +637,7 @@ TEST(UcxTransport, AStoppedPeerIsFoundByTheHeartbeatNamingItsRank) {
     ASSERT_TRUE(r.isOk()) << r.status().message();
     (*t)->wait(1ms);
   }
-  ASSERT_EQ(::kill(child, SIGSTOP), 0);
+  ASSERT_EQ(::kill(peer.pid, SIGSTOP), 0);
   std::vector<std::byte> big(kPeerBigBytes), in(64);
   Request large, pending;
   ASSERT_TRUE((*t)->postRecv(1, RecvTarget{big.data(), big.size()}, &large).isOk());
