@@ -184,7 +184,7 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
 
   CHORUS_ASSIGN_OR_RETURN(Reader nd, top.object("node"));
   CHORUS_RETURN_IF_ERROR(nd.onlyKeys({"gpus", "nvlink_gbyte_s", "nvlink_latency_us", "nvlink_efficiency", "nvls",
-                                      "nvls_reduce_tflops"}));
+                                      "nvls_reduce_tflops", "mesh", "peer_gbyte_s"}));
   CHORUS_RETURN_IF_ERROR(nd.integer("gpus", &c.node.gpus, 1, 4096));
   CHORUS_RETURN_IF_ERROR(nd.num("nvlink_gbyte_s", &d, 1e-3, 1e6));
   c.node.nvlink_bw = gbytePerS(d);
@@ -232,6 +232,16 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
     c.network.pxn = v.get<bool>() ? 1 : 0;
   }
   CHORUS_RETURN_IF_ERROR(nd.num("nvls_reduce_tflops", &c.node.nvls_reduce_tflops, 0, 1e6, false));
+  // A mesh node (NodeSpec::mesh): "mesh": true, and/or the per-pair rate.
+  CHORUS_RETURN_IF_ERROR(nd.boolean("mesh", &c.node.mesh));
+  d = 0;
+  CHORUS_RETURN_IF_ERROR(nd.num("peer_gbyte_s", &d, 1e-3, 1e6, false));
+  if (nd.has("peer_gbyte_s")) {
+    if (nd.has("mesh") && !c.node.mesh)
+      return invalidArgument("{}: key 'node.peer_gbyte_s' is a mesh node's per-pair rate, but 'node.mesh' is false", where);
+    c.node.mesh = true;
+    c.node.peer_bw = gbytePerS(d);
+  }
   CHORUS_RETURN_IF_ERROR(g.str("arch", &c.gpu.arch, false));
   if (!c.gpu.arch.empty() && c.gpu.arch != "volta" && c.gpu.arch != "ampere" && c.gpu.arch != "hopper" &&
       c.gpu.arch != "blackwell" && c.gpu.arch != "other")

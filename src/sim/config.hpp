@@ -55,6 +55,17 @@ struct NodeSpec {
   // node's NVSwitch reduction throughput (fp32 adds/s; 0 = by generation).
   int nvls = -1;
   double nvls_reduce_tflops = 0;
+  // A full mesh of point-to-point links (AMD's xGMI, NVLink without an
+  // NVSwitch) instead of a switch: each GPU pair has links of its own,
+  // `peer_bw` per direction (0: nvlink_bw / (domain GPUs - 1)), and a GPU's
+  // egress and ingress are bounded by the sum of its links and nvlink_bw
+  // (docs/simulator.md, "Mesh nodes").  Keys "mesh", "peer_gbyte_s".
+  bool mesh = false;
+  BytesPerSecond peer_bw;
+  [[nodiscard]] BytesPerSecond peerBw() const {
+    if (peer_bw.value() > 0 || domainSize() < 2) return peer_bw;
+    return nvlink_bw / static_cast<double>(domainSize() - 1);
+  }
   // Set by placedCluster (sim/placement.hpp), not by cluster files: the
   // physical domain size when a job uses only `gpus` of each domain (0: all).
   int64_t domain_gpus = 0;

@@ -129,7 +129,7 @@ bool price(const NcclShape& s, NcclAlgo a, NcclProto p, NcclCost* out) {
   const double inter = std::min(nic, ring_up);
   const double bus = std::min(intra, inter);
   auto name3 = [&](double in, double n_ic, double up) -> std::string {
-    if (in <= n_ic && in <= up) return "nvlink (gpu->nvswitch)";
+    if (in <= n_ic && in <= up) return s.intra_tier;
     return n_ic <= up ? "nic (node->leaf)" : s.up_tier;
   };
   const std::string link = name3(intra, nic, ring_up);
@@ -192,7 +192,7 @@ bool price(const NcclShape& s, NcclAlgo a, NcclProto p, NcclCost* out) {
       const double t_red = (ar || c == Collective::ReduceScatter) && s.nvls_reduce > 0
                                ? (ppn - 1) * S / 4 / s.nvls_reduce : 0;
       t_bw = std::max(t_link, t_red);
-      bottleneck = t_red > t_link ? "nvswitch reduction" : "nvlink (gpu->nvswitch)";
+      bottleneck = t_red > t_link ? "nvswitch reduction" : s.intra_tier;
       lat = kNvlinkLat[3][2];
       if (multi) {
         // Between nodes a tree over the nodes' reduced buffers: on 2 nodes
@@ -223,7 +223,7 @@ bool price(const NcclShape& s, NcclAlgo a, NcclProto p, NcclCost* out) {
       const double t_up = s.leaf_up_bw > 0 ? s.collnet_cross * S / s.leaf_up_bw : 0;
       const double t_net = std::max(t_nic, t_up);
       t_bw = std::max(t_intra, t_net);
-      bottleneck = t_net >= t_intra ? (t_up > t_nic ? s.up_tier : "nic (node->leaf)") : "nvlink (gpu->nvswitch)";
+      bottleneck = t_net >= t_intra ? (t_up > t_nic ? s.up_tier : "nic (node->leaf)") : s.intra_tier;
       lat = 2 * (std::min(1.0, ppn - 1) * kNvlinkLat[2][2] + 0.4 * (ppn - 1)) + kNetLat[2][2];
       break;
     }

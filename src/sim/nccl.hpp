@@ -64,6 +64,9 @@ struct NcclShape {
   double leaf_up_bw = 0;
   double ring_cross = 0, tree_cross = 0, collnet_cross = 0, direct_cross = 0;
   std::string up_tier = "leaf uplinks (leaf->spine)";  // how the report names that link
+  // How the report names the scale-up port: a mesh node (NodeSpec::mesh) has
+  // no switch; nvl_bw there is the links to the group's other ranks on the node.
+  std::string intra_tier = "nvlink (gpu->nvswitch)";
 };
 
 struct NcclCost {

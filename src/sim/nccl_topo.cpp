@@ -216,14 +216,18 @@ class Reader {
                                              t_.vendor, key, first->line));
       }
       int n = 0;
+      std::map<std::string, int> to;  // links by target busid
       for (const XmlElement& c : e.children) {
         if (c.name == "c2c") continue;  // a GPU-CPU link (Grace): not a path between GPUs
         if (t_.link_element.empty()) t_.link_element = c.name;
         CHORUS_ASSIGN_OR_RETURN(const XmlAttribute* cnt, need(c, "count", "the number of links"));
         CHORUS_ASSIGN_OR_RETURN(int64_t v, integer(c, *cnt, 1, 1024));
         n += static_cast<int>(v);
+        const XmlAttribute* tg = c.find("target");
+        to[tg ? lowerCase(tg->value) : std::string()] += static_cast<int>(v);
       }
       links.push_back(n);
+      link_targets_.push_back(std::move(to));
     }
     if (gpu_nodes_.empty())
       return invalidArgument("{}:{}: <system>: no <gpu> element: a node description needs at least one GPU", origin_,
@@ -260,7 +264,59 @@ class Reader {
       }
       t_.scaleup_gbyte_s = g == 0 ? bw : std::min(t_.scaleup_gbyte_s, bw);
     }
+    if (t_.links_max > 0) readMesh();
     return {};
+  }
+
+  // A mesh when every link of every GPU targets another GPU of the file (by
+  // the busid of the <pci> the GPU sits in; NVSwitches and CPUs are other
+  // targets) and every pair has links; the pair's rate is its link count x
+  // the generation's per-link rate.
+  void readMesh() {
+    std::map<std::string, size_t> gpu_of;  // busid -> GPU index
+    for (size_t g = 0; g < gpu_nodes_.size(); ++g) {
+      const int p = nodes_[static_cast<size_t>(gpu_nodes_[g])].parent;
+      if (p < 0) continue;
+      if (const XmlAttribute* b = nodes_[static_cast<size_t>(p)].e->find("busid")) gpu_of[lowerCase(b->value)] = g;
+    }
+    const size_t n = gpu_nodes_.size();
+    std::vector<int> pair(n * n, 0);
+    for (size_t g = 0; g < n; ++g) {
+      for (const auto& [target, count] : link_targets_[g]) {
+        const auto it = gpu_of.find(target);
+        if (it == gpu_of.end() || it->second == g) {
+          t_.mesh_note = fmt::format("GPU {}'s <{}> links go to '{}', not another GPU of the file (a switch): "
+                                     "modelled as a switch", gpu_devs_[g], t_.link_element,
+                                     target.empty() ? "(no target)" : target);
+          return;
+        }
+        pair[g * n + it->second] += count;
+      }
+    }
+    int lo = 0, hi = 0, unlinked = 0;
+    bool first = true;
+    for (size_t a = 0; a < n; ++a)
+      for (size_t b = 0; b < n; ++b) {
+        if (a == b) continue;
+        const int k = pair[a * n + b];
+        if (k == 0) ++unlinked;
+        lo = first ? k : std::min(lo, k);
+        hi = first ? k : std::max(hi, k);
+        first = false;
+      }
+    if (unlinked > 0) {
+      t_.mesh_note = fmt::format("GPU-to-GPU <{}> links, but {} of the {} ordered GPU pairs have none (a partial mesh: "
+                                 "the simulator does not route a pair over another GPU): modelled as a switch at "
+                                 "the GPU's links, optimistic for pairs that share or lack links", t_.link_element, unlinked, n * (n - 1));
+      return;
+    }
+    t_.mesh = n > 1;
+    t_.pair_links_min = lo;
+    t_.pair_links_max = hi;
+  }
+  static std::string lowerCase(std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return s;
   }
 
   Status readNets() {
@@ -329,6 +385,7 @@ class Reader {
   std::string_view origin_;
   std::vector<Node> nodes_;
   std::vector<int> gpu_nodes_, gpu_devs_;
+  std::vector<std::map<std::string, int>> link_targets_;  // per GPU: links by target busid ("": no target)
   NodeTopo t_;
 };
 
@@ -366,6 +423,17 @@ ClusterSpec applyNodeTopo(const ClusterSpec& base, const NodeTopo& t, std::strin
     r.push_back(fmt::format("node.nvlink_gbyte_s = {:g}: file (PCIe: the narrowest link_width x link_speed on a GPU's "
                             "path to the CPU{})",
                             t.scaleup_gbyte_s, t.links_max > 0 ? ", some GPUs have no links" : ", no <nvlink>/<xgmi> links"));
+  c.node.mesh = t.mesh;
+  c.node.peer_bw = gbytePerS(t.mesh ? t.pair_links_min * t.link_gbyte_s : 0);
+  if (t.mesh)
+    r.push_back(fmt::format("node.mesh = on, peer_gbyte_s = {:g}: file (every GPU pair joined by its own <{}> links, {} "
+                            "per pair{}, {:g} GB/s each; no switch)",
+                            t.pair_links_min * t.link_gbyte_s, t.link_element, t.pair_links_min,
+                            t.pair_links_max > t.pair_links_min ? fmt::format(" (up to {}: the fewest taken)", t.pair_links_max)
+                                                                : std::string(),
+                            t.link_gbyte_s));
+  else
+    r.push_back(fmt::format("node.mesh = off: file ({})", t.mesh_note.empty() ? "no GPU-to-GPU links" : t.mesh_note));
   if (t.vendor == "amd" && c.node.nvls != 0) {  // NVLink SHARP is an NVSwitch feature
     c.node.nvls = 0;
     r.push_back("node.nvls = off: file (AMD GPUs; the base's NVLS setting is for NVSwitch nodes)");

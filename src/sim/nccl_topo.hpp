@@ -50,6 +50,13 @@ struct NodeTopo {
   double link_gbyte_s = 0;     // per link, per direction (0: no links)
   double scaleup_gbyte_s = 0;  // per GPU, per direction: links_min x link rate, or the PCIe bottleneck
   bool via_pcie = false;       // no links: GPUs reach each other over PCIe
+  // A full mesh: every link's target is another GPU of the file (its <pci>
+  // busid) and every pair of GPUs has at least one (NodeSpec::mesh).
+  // pair_links_min/max: links per ordered pair, over the pairs (0: not a
+  // mesh).  mesh_note: why a node with links is not a mesh ("" when it is).
+  bool mesh = false;
+  int pair_links_min = 0, pair_links_max = 0;
+  std::string mesh_note;
   std::vector<NodeTopoNet> nets;
   int nics = 0;                // the fastest nets
   double nic_gbit_s = 0;       // their speed, capped by their PCIe path

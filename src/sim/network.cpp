@@ -389,6 +389,14 @@ NcclShape NetworkModel::ncclShape(Collective coll, Bytes bytes, const GroupSet& 
   active = std::max(active, s.ppn);
   const double share = static_cast<double>(s.ppn) / static_cast<double>(active);
   s.nvl_bw = c_.node.nvlink_bw.value() * c_.node.nvlink_efficiency;
+  if (c_.node.mesh && s.ppn > 1) {
+    // A mesh node: a rank reaches the group's other ranks on its node over
+    // one set of links each, so whatever NCCL/RCCL spreads its channels over
+    // it has at most (ppn - 1) pairs' links (docs/simulator.md, "Mesh nodes").
+    const double links = c_.node.peerBw().value() * c_.node.nvlink_efficiency * static_cast<double>(s.ppn - 1);
+    s.nvl_bw = std::min(s.nvl_bw, links);
+    s.intra_tier = "mesh links (gpu->its peers)";
+  }
   s.net_bw = c_.network.nic_bw.value() * c_.network.efficiency * c_.network.nics_per_node * share;
   // The leaf tier (dragonfly: groups): priced by the edges that cross it
   // (leafCrossings), not by dividing the NICs.

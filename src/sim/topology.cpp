@@ -12,11 +12,25 @@ Result<Topology> Topology::build(const ClusterSpec& c) {
   t.gpus_ = c.gpus();
   t.ports_ = std::min(c.network.nics_per_node, c.node.gpus);
   t.nvl_cap_ = c.node.nvlink_bw * c.node.nvlink_efficiency;
+  // A mesh node: each ordered pair of its GPUs has its own links, and a
+  // GPU's port carries at most the sum of its links to the node's others.
+  t.mesh_on_ = c.node.mesh && t.gpn_ > 1;
+  if (t.mesh_on_) {
+    if (c.node.peerBw().value() <= 0) return invalidArgument("cluster '{}': a mesh node needs a per-pair rate", c.name);
+    t.mesh_cap_ = c.node.peerBw() * c.node.nvlink_efficiency;
+    t.nvl_cap_ = std::min(t.nvl_cap_, t.mesh_cap_ * static_cast<double>(t.gpn_ - 1));
+  }
   // Several NICs behind one GPU pool their bandwidth into its port.
   t.port_cap_ = c.network.nic_bw * (c.network.efficiency * c.network.nics_per_node / t.ports_);
   int64_t next = 0;
   t.nvl_tx_ = next, next += t.gpus_;
   t.nvl_rx_ = next, next += t.gpus_;
+  t.mesh_ = next;
+  if (t.mesh_on_) {
+    if (t.gpn_ > 4096 || t.gpus_ * (t.gpn_ - 1) > (int64_t{1} << 40))
+      return invalidArgument("cluster '{}': a mesh of {} GPUs per node is too large to route", c.name, t.gpn_);
+    next += t.gpus_ * (t.gpn_ - 1);
+  }
   switch (c.network.topology) {
     case TopologyKind::Torus2d:
     case TopologyKind::Torus3d:
@@ -69,6 +83,7 @@ Result<Topology> Topology::build(const ClusterSpec& c) {
 
 BytesPerSecond Topology::capacity(int64_t l) const {
   if (l < nvl_rx_ + gpus_) return nvl_cap_;
+  if (l < mesh_ + (mesh_on_ ? gpus_ * (gpn_ - 1) : 0)) return mesh_cap_;
   if (ndims_ > 0) return torus_cap_;
   if (l < up_) return port_cap_;
   return up_cap_;
@@ -80,6 +95,14 @@ std::string Topology::linkName(int64_t l) const {
   // group's links to the tier above.
   const bool df = c_.network.topology == TopologyKind::Dragonfly;
   const char* upper = df ? "group" : "leaf";
+  if (mesh_on_) {  // no switch: a GPU's port is the sum of its mesh links
+    if (l < nvl_rx_) return fmt::format("scale-up tx of gpu {} (all its mesh links)", l - nvl_tx_);
+    if (l < mesh_) return fmt::format("scale-up rx of gpu {} (all its mesh links)", l - nvl_rx_);
+    if (l < mesh_ + gpus_ * (gpn_ - 1)) {
+      const int64_t k = l - mesh_, a = k / (gpn_ - 1), j = k % (gpn_ - 1), la = a % gpn_;
+      return fmt::format("mesh link gpu {} -> gpu {}", a, a - la + (j < la ? j : j + 1));
+    }
+  }
   if (l < nvl_rx_) return fmt::format("nvlink tx of gpu {} (gpu->nvswitch)", l - nvl_tx_);
   if (l < nvl_rx_ + gpus_) return fmt::format("nvlink rx of gpu {} (nvswitch->gpu)", l - nvl_rx_);
   if (ndims_ > 0) {

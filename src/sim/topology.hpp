@@ -5,6 +5,10 @@
 // models keep one load counter per link.  Links are directional.
 //
 //   GPU g's scale-up port:       nvl_tx[g], nvl_rx[g]  (NVSwitch: full bisection inside the node)
+//   mesh nodes (NodeSpec::mesh): pair[n][a][b], the links from local GPU a to
+//                                local GPU b of node n (one per ordered pair;
+//                                a transfer inside the node takes nvl_tx[a],
+//                                pair[a][b], nvl_rx[b])
 //   scale-out port p of node n:  port_tx, port_rx       (ports = min(nics, gpus) per node; GPU l uses port l*ports/gpus)
 //   fat-tree / rail-optimized:   leaf_up[L], leaf_down[L]  (a leaf's aggregated uplinks to a
 //                                non-blocking spine; capacity = leaf ports / oversubscription)
@@ -50,7 +54,8 @@ class Topology {
   // port, the leaf's or group's first GPU.  Not for tori.
   [[nodiscard]] int64_t firstGpuOf(int64_t link) const {
     if (link < nvl_rx_) return link - nvl_tx_;
-    if (link < port_tx_) return link - nvl_rx_;
+    if (link < mesh_) return link - nvl_rx_;
+    if (link < port_tx_) return (link - mesh_) / (gpn_ - 1);  // the sending GPU
     if (link < up_) return ((link - port_tx_) % (up_ - port_rx_)) / ports_ * gpn_;
     const int64_t u = (link - up_) % (down_ - up_);
     switch (c_.network.topology) {
@@ -76,6 +81,7 @@ class Topology {
     if (sn == dn) {
       if (src == dst) return Seconds(0);
       f(nvl_tx_ + src);
+      if (mesh_on_) f(meshLink(src, dst));
       f(nvl_rx_ + dst);
       return c_.node.nvlink_latency;
     }
@@ -86,6 +92,7 @@ class Topology {
     if (pxn && sp % ports_ != dp % ports_) {  // another rail: relay through the local GPU on the destination's rail
       const int64_t relay = sn * gpn_ + dst % gpn_;
       f(nvl_tx_ + src);
+      if (mesh_on_ && relay != src) f(meshLink(src, relay));
       f(nvl_rx_ + relay);
       sp = port_[static_cast<size_t>(relay)];
       hop = c_.node.nvlink_latency;
@@ -138,14 +145,21 @@ class Topology {
     return x[0] + c_.network.dims[0] * (x[1] + int64_t{c_.network.dims[1]} * x[2]);
   }
 
+  // The mesh link from GPU a to GPU b of the same node.
+  [[nodiscard]] int64_t meshLink(int64_t a, int64_t b) const {
+    const int64_t la = a % gpn_, lb = b % gpn_;
+    return mesh_ + (a - la) / gpn_ * gpn_ * (gpn_ - 1) + la * (gpn_ - 1) + (lb < la ? lb : lb - 1);
+  }
+
   ClusterSpec c_;
   int64_t gpus_ = 0, gpn_ = 1, ports_ = 1;
+  bool mesh_on_ = false;
   int ndims_ = 0;
   // First link index of each class (the next class's start ends it).
-  int64_t nvl_tx_ = 0, nvl_rx_ = 0, port_tx_ = 0, port_rx_ = 0, up_ = 0, down_ = 0, torus_ = 0, end_ = 0;
+  int64_t nvl_tx_ = 0, nvl_rx_ = 0, mesh_ = 0, port_tx_ = 0, port_rx_ = 0, up_ = 0, down_ = 0, torus_ = 0, end_ = 0;
   int64_t lanes_ = 1;
   int64_t sym_block_ = 0;
-  BytesPerSecond nvl_cap_, port_cap_, up_cap_, torus_cap_;
+  BytesPerSecond nvl_cap_, mesh_cap_, port_cap_, up_cap_, torus_cap_;
   std::vector<int32_t> node_;   // per GPU: its node
   std::vector<int32_t> port_;   // per GPU: its scale-out port (node * ports + local port); not for tori
   std::vector<int32_t> upper_;  // per port: the leaf or group above it
