@@ -199,17 +199,76 @@ bool conflicts(const Access& earlier, const Access& later) {
 }
 }  // namespace
 
+namespace {
+// Which earlier steps touch which part of each buffer: every buffer's extent
+// cut into at most kBlocks blocks, each listing the steps (in program order)
+// that read or write it.  An earlier step that conflicts with a step shares
+// one of its blocks, so finish() tests only those, not every earlier step.
+class TouchIndex {
+ public:
+  explicit TouchIndex(const std::vector<Access>& acc) {
+    for (const Access& a : acc)
+      forEachRegion(a, [&](const Region& g) {
+        Lanes& l = lanes_[static_cast<uint8_t>(g.buf)];
+        l.last = std::max(l.last, last(g));
+        l.used = true;
+      });
+    for (Lanes& l : lanes_) {
+      if (!l.used) continue;
+      while ((l.last >> l.shift) >= kBlocks) ++l.shift;
+      l.steps.resize(static_cast<size_t>(l.last >> l.shift) + 1);
+    }
+  }
+  // f(step) for each step listed in a block that i's regions touch, latest
+  // first, down to (not below) `from`; a step may come more than once.
+  template <class F>
+  void forEachEarlier(const Access& a, uint32_t from, F&& f) const {
+    forEachRegion(a, [&](const Region& g) {
+      const Lanes& l = lanes_[static_cast<uint8_t>(g.buf)];
+      for (uint64_t b = g.offset >> l.shift; b <= last(g) >> l.shift; ++b)
+        for (auto it = l.steps[b].rbegin(); it != l.steps[b].rend() && *it >= from; ++it) f(*it);
+    });
+  }
+  void add(const Access& a, uint32_t step) {
+    forEachRegion(a, [&](const Region& g) {
+      Lanes& l = lanes_[static_cast<uint8_t>(g.buf)];
+      for (uint64_t b = g.offset >> l.shift; b <= last(g) >> l.shift; ++b) l.steps[b].push_back(step);
+    });
+  }
+
+ private:
+  static constexpr uint64_t kBlocks = 256;
+  struct Lanes {
+    bool used = false;
+    uint64_t last = 0;  // the last element any step touches
+    int shift = 0;      // block = element >> shift
+    std::vector<std::vector<uint32_t>> steps;
+  };
+  template <class F>
+  static void forEachRegion(const Access& a, F&& f) {
+    for (const Region& g : {a.reads[0], a.reads[1], a.write})
+      if (g.count != 0) f(g);
+  }
+  static uint64_t last(const Region& g) {  // saturating: an absurd region still lands in a block
+    return g.offset > UINT64_MAX - (g.count - 1) ? UINT64_MAX : g.offset + (g.count - 1);
+  }
+  std::array<Lanes, 256> lanes_;
+};
+}  // namespace
+
 void ProgramBuilder::finish(Program* out) {
   const size_t n = prog_.steps.size();
   std::vector<Access> acc(n);
   for (size_t i = 0; i < n; ++i) acc[i] = accessOf(prog_.steps[i]);
 
-  // Dependencies: every earlier conflicting step, plus fences.  Quadratic in
-  // the steps of one rank, which stay in the hundreds to low thousands
-  // (chunks x rounds); programs are cached per shape by the communicator.
+  // Dependencies: every earlier conflicting step, plus fences.  Candidates
+  // come from the steps touching the same blocks of the same buffers
+  // (TouchIndex), tested and listed in program order.
   prog_.dep_begin.assign(1, 0);
   size_t next_fence = 0;
   uint32_t seg_start = 0, prev_seg_start = 0;  // current and previous fence segments
+  TouchIndex touched(acc);
+  std::vector<uint32_t> seen(n, UINT32_MAX), cand;
   for (uint32_t i = 0; i < n; ++i) {
     while (next_fence < fences_.size() && fences_[next_fence] <= i) {
       prev_seg_start = seg_start;
@@ -218,9 +277,18 @@ void ProgramBuilder::finish(Program* out) {
     // A fence orders i after every earlier step; depending on the previous
     // segment suffices, since that segment depends on everything before it.
     for (uint32_t j = prev_seg_start; j < seg_start; ++j) prog_.deps.push_back(j);
-    for (uint32_t j = seg_start; j < i; ++j)
+    cand.clear();
+    touched.forEachEarlier(acc[i], seg_start, [&](uint32_t j) {
+      if (seen[j] != i) {
+        seen[j] = i;
+        cand.push_back(j);
+      }
+    });
+    std::sort(cand.begin(), cand.end());
+    for (uint32_t j : cand)
       if (conflicts(acc[j], acc[i])) prog_.deps.push_back(j);
     prog_.dep_begin.push_back(static_cast<uint32_t>(prog_.deps.size()));
+    touched.add(acc[i], i);
   }
 
   // Reverse edges (CSR).

@@ -25,23 +25,22 @@ struct XTb {
   std::vector<XStep> steps;
 };
 
-}  // namespace
-
-Result<std::string> writeMscclXml(const Algorithm& algo, int nranks, int chunks, const ExportOptions& opt) {
+// What both formats take: a rootless collective with equal counts, a rank
+// count and chunk count in the plan IR's bounds, a plain (not compressed, not
+// exact) plan that supports that shape.  Returns the shape to expand.
+Result<Shape> exportShape(const Algorithm& algo, int nranks, int chunks, std::string_view where,
+                          std::string_view format) {
   const Collective c = algo.collective();
-  const std::string where = fmt::format("msccl-xml export of {} '{}'", collectiveName(c), algo.name());
   if (c != Collective::AllReduce && c != Collective::AllGather && c != Collective::AllToAll &&
       c != Collective::ReduceScatter)
-    return invalidArgument("{}: MSCCL's XML has no root and no per-rank counts: allreduce, allgather, alltoall and "
-                           "reducescatter are written", where);
+    return invalidArgument("{}: {} have no root and no per-rank counts: allreduce, allgather, alltoall and "
+                           "reducescatter are written", where, format);
   if (nranks < kPlanMinRanks || nranks > kPlanMaxRanks)
     return invalidArgument("{}: {} ranks (2 to {})", where, nranks, kPlanMaxRanks);
   if (chunks < 1 || static_cast<uint32_t>(chunks) > kPlanMaxChunks)
     return invalidArgument("{}: {} chunks (1 to {})", where, chunks, kPlanMaxChunks);
   if (algo.compressed() || algo.exact())
-    return invalidArgument("{}: a compressed or exact plan's steps have no MSCCL form", where);
-  if (opt.proto != "LL" && opt.proto != "LL128" && opt.proto != "Simple")
-    return invalidArgument("{}: protocol '{}' is not LL, LL128 or Simple", where, opt.proto);
+    return invalidArgument("{}: a compressed or exact plan's steps have no form in {}", where, format);
   Shape sh;
   sh.coll = c;
   sh.nranks = nranks;
@@ -49,6 +48,19 @@ Result<std::string> writeMscclXml(const Algorithm& algo, int nranks, int chunks,
   if (!algo.supports(sh))
     return invalidArgument("{}: does not take {} ranks at {} chunks (it needs {})", where, nranks, chunks,
                            algo.requirement().empty() ? std::string_view("another shape") : algo.requirement());
+  return sh;
+}
+
+}  // namespace
+
+Result<std::string> writeMscclXml(const Algorithm& algo, int nranks, int chunks, const ExportOptions& opt) {
+  const Collective c = algo.collective();
+  const std::string where = fmt::format("msccl-xml export of {} '{}'", collectiveName(c), algo.name());
+  if (opt.proto != "LL" && opt.proto != "LL128" && opt.proto != "Simple")
+    return invalidArgument("{}: protocol '{}' is not LL, LL128 or Simple", where, opt.proto);
+  auto shape = exportShape(algo, nranks, chunks, where, "MSCCL's XML");
+  if (!shape.isOk()) return shape.status();
+  const Shape sh = *shape;
   const std::string name = opt.name.empty() ? fmt::format("{}{}", algo.name(), nranks) : opt.name;
   const uint64_t per_loop = c == Collective::AllReduce ? sh.count : sh.count * static_cast<uint64_t>(nranks);
   std::string out = fmt::format("<!-- {} '{}' on {} ranks, {} chunks per rank block: written by chorus-plan export "
@@ -174,23 +186,9 @@ Result<std::string> writeMscclppJson(const Algorithm& algo, int nranks, int chun
   using Json = nlohmann::ordered_json;
   const Collective c = algo.collective();
   const std::string where = fmt::format("mscclpp-json export of {} '{}'", collectiveName(c), algo.name());
-  if (c != Collective::AllReduce && c != Collective::AllGather && c != Collective::AllToAll &&
-      c != Collective::ReduceScatter)
-    return invalidArgument("{}: MSCCL++'s execution plans have no root and no per-rank counts: allreduce, allgather, "
-                           "alltoall and reducescatter are written", where);
-  if (nranks < kPlanMinRanks || nranks > kPlanMaxRanks)
-    return invalidArgument("{}: {} ranks (2 to {})", where, nranks, kPlanMaxRanks);
-  if (chunks < 1 || static_cast<uint32_t>(chunks) > kPlanMaxChunks)
-    return invalidArgument("{}: {} chunks (1 to {})", where, chunks, kPlanMaxChunks);
-  if (algo.compressed() || algo.exact())
-    return invalidArgument("{}: a compressed or exact plan's steps have no MSCCL++ form", where);
-  Shape sh;
-  sh.coll = c;
-  sh.nranks = nranks;
-  sh.count = static_cast<uint64_t>(chunks);
-  if (!algo.supports(sh))
-    return invalidArgument("{}: does not take {} ranks at {} chunks (it needs {})", where, nranks, chunks,
-                           algo.requirement().empty() ? std::string_view("another shape") : algo.requirement());
+  auto shape = exportShape(algo, nranks, chunks, where, "MSCCL++'s execution plans");
+  if (!shape.isOk()) return shape.status();
+  const Shape sh = *shape;
   const auto n = static_cast<size_t>(nranks);
   std::vector<Program> progs(n);
   for (int r = 0; r < nranks; ++r) expand(algo, sh, r, &progs[static_cast<size_t>(r)]);

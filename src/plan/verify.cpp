@@ -102,8 +102,15 @@ struct RankState {
   std::vector<Value> wire;
   std::vector<bool> done;
   size_t ndone = 0;
+  // Messages to (from) a peer complete in program order: a send or receive
+  // step's turn is its place among the steps of its (peer, direction), and
+  // next_turn counts those done, so the step may run when the two agree.
+  std::vector<uint32_t> turn;
+  std::map<std::pair<int, bool>, uint32_t> next_turn;  // (peer, sends)
   uint64_t heard = 0;  // ranks whose messages reached this rank, transitively (barrier)
 };
+
+bool isMessage(StepOp op) { return op == StepOp::Send || op == StepOp::Recv || op == StepOp::RecvReduce; }
 
 struct Message {
   std::vector<Value> data;
@@ -224,6 +231,11 @@ void Verifier::setUp() {
         B[0][i] = v;
     }
     st_[r].done.assign(st_[r].prog.size(), false);
+    st_[r].turn.assign(st_[r].prog.size(), 0);
+    std::map<std::pair<int, bool>, uint32_t> turns;
+    for (size_t i = 0; i < st_[r].prog.size(); ++i)
+      if (const Step& step = st_[r].prog.steps[i]; isMessage(step.op))
+        st_[r].turn[i] = turns[{step.peer, step.op == StepOp::Send}]++;
     st_[r].heard = 1ull << r;
   }
 }
@@ -244,6 +256,7 @@ Status Verifier::execute() {
         if (!ran) continue;
         s.done[i] = true;
         ++s.ndone;
+        if (const Step& step = s.prog.steps[i]; isMessage(step.op)) ++s.next_turn[{step.peer, step.op == StepOp::Send}];
         progress = true;
       }
     }
@@ -258,15 +271,7 @@ Result<bool> Verifier::step(int r, size_t i) {
   const Step& step = s.prog.steps[i];
   // Messages to/from a peer are posted in program order: an earlier
   // unfinished send (receive) to the same peer blocks this one.
-  auto inOrder = [&](bool sends) {
-    for (size_t j = 0; j < i; ++j) {
-      const Step& o = s.prog.steps[j];
-      bool same = o.peer == step.peer && (sends ? o.op == StepOp::Send
-                                                : (o.op == StepOp::Recv || o.op == StepOp::RecvReduce));
-      if (same && !s.done[j]) return false;
-    }
-    return true;
-  };
+  auto inOrder = [&](bool sends) { return s.turn[i] == s.next_turn[{step.peer, sends}]; };
   switch (step.op) {
     case StepOp::Send: {
       if (!inOrder(true)) return false;
