@@ -8,6 +8,7 @@ decode process continues every sequence with continuous batching.
     python -m chorus.kv_disagg decode  --uid-file F --out d.json  # reads F
     python -m chorus.kv_disagg local   --out d.json               # both, as two local processes (shm)
     python -m chorus.kv_disagg kernels --out k.json               # timings of the model's own kernels
+    python -m chorus.kv_disagg calibrate --out c.json             # per-op costs: what chorus-sim is given
 
 The model is a small decoder-only transformer on the CPU (torch, float32, one
 thread, greedy decoding), weights drawn from --seed.  Its KV cache is paged
@@ -395,9 +396,52 @@ def kernels(c: Config, reps=20):
     return out
 
 
+def calibrate(c: Config, reps=2000):
+    """The workers' fixed costs beside the model's kernels (what `kernels`
+    times), each measured alone: an agent's progress call, building a
+    request's descriptor list, a decode step's bookkeeping per request and
+    an idle worker's poll sleep.  With `kernels` and the link's setting they
+    make the host emulation chorus-sim predicts the demo from
+    (src/sim/infer_host.hpp, bench/kv_disagg_validate.sh); nothing here runs
+    a prefill, a decode step or a transfer."""
+    def med(fn, n=reps):
+        for _ in range(max(3, n // 20)):
+            fn()
+        ts = []
+        for _ in range(n):
+            s = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - s)
+        return statistics.median(ts)
+
+    cache = PagedCache(c, 1)
+    table, dst, bpr = block_table(c, 0, 0), block_table(c, 0, 1), c.blocks_per_request
+
+    def descs():
+        return [(0, cache.offset(l, p, table[j]), 0, cache.offset(l, p, dst[j]), c.block_bytes)
+                for l in range(c.layers) for p in range(2) for j in range(bpr) if j * c.block_tokens < c.input]
+
+    def bookkeeping():  # run_decode's per-request work in a step besides model.decode
+        toks, times = [1], []
+        block_table(c, 0, 1)
+        toks.append(2)
+        times.append(0.0)
+        return len(toks) == c.output
+
+    out = {"post_s": med(descs, reps // 10), "decode_request_s": med(bookkeeping),
+           "poll_s": med(lambda: time.sleep(0.0002), reps // 10)}
+    try:  # an agent's progress call (no peer connected: the C call and its polls)
+        import chorus
+        with chorus.KvAgent("calibrate", chorus.UniqueId(), serve_store=True) as agent:
+            out["progress_s"] = med(agent.progress)
+    except Exception as e:  # noqa: BLE001 -- reported; the caller decides
+        out["progress_error"] = str(e)
+    return out
+
+
 def _args(argv):
     ap = argparse.ArgumentParser(prog="python -m chorus.kv_disagg", description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["single", "prefill", "decode", "local", "kernels"])
+    ap.add_argument("mode", choices=["single", "prefill", "decode", "local", "kernels", "calibrate"])
     ap.add_argument("--uid-file", default="", help="prefill writes the store's UniqueId here, decode reads it")
     ap.add_argument("--out", default="", help="JSON result (default: stdout)")
     ap.add_argument("--ref", default="", help="decode/local: a `single` result to compare the tokens with")
@@ -436,6 +480,8 @@ def main(argv=None):
                    "logits": {str(k): v[1] for k, v in ref.items()}}
         elif a.mode == "kernels":
             out = kernels(c)
+        elif a.mode == "calibrate":
+            out = calibrate(c)
         elif a.mode == "prefill":
             out = run_prefill(c, a.uid_file, a.corrupt, a.timeout)
         elif a.mode == "decode":
