@@ -27,6 +27,7 @@ runs=${2:-3}
 build_dir=$(cd "$build_dir" && pwd)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rate=${CHORUS_KV_RATE:-200mbit}
+# The workload, given to the demo and to chorus-sim alike (flags both take: --requests --rate --input --output).
 serve_args=${CHORUS_KV_SERVE_ARGS:---requests 24 --rate 1 --input 128 --output 32}
 out=${CHORUS_BENCH_OUT:-$PWD/kv_disagg_validate.jsonl}
 sim=$build_dir/tools/chorus-sim
@@ -80,8 +81,7 @@ EOF
   CHORUS_BENCH_REPEATS=1 CHORUS_BENCH_OUT="$work/serve.jsonl" "$here/kv_netns.sh" "$build_dir" serve
   # shellcheck disable=SC2086
   "$sim" infer --disaggregated --model "$here/kv_disagg_model.json" --cluster "$work/cluster.json" --gpus 2 \
-    $(echo $serve_args | sed 's/--requests [0-9]*//') --requests "$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))))' "$work/arrivals.json")" \
-    --arrivals "$work/arrivals.json" --json >"$work/sim.json"
+    $serve_args --arrivals "$work/arrivals.json" --json >"$work/sim.json"
   /usr/bin/python3 - "$run" "$out" "$work" "$rate" <<'EOF'
 import json, sys
 run, out, work, rate = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
