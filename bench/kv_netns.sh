@@ -12,6 +12,7 @@
 # bench: chorus-bench kv, rank 0 (the prefill agent) on host 0 and rank 1 (the
 #   decode agent) on host 1: blocks of $CHORUS_KV_SIZES (-b 64K -e 1M -f 4) in
 #   batches of $CHORUS_KV_BLOCKS (16), 32 layers, layer- and block-major,
+#   $CHORUS_KV_BENCH_ARGS appended (e.g. --tp-prefill 2 --tp-decode 1),
 #   write and read, -c 1 (every byte checked).  $CHORUS_BENCH_REPEATS (3) runs
 #   one after the other, each running every row in turn (so the repeats of a
 #   row are interleaved with the other rows); prints per row the median over
@@ -36,6 +37,7 @@ bench=$build_dir/tools/chorus-bench
 rate=${CHORUS_KV_RATE:-200mbit}
 sizes=${CHORUS_KV_SIZES:--b 64K -e 1M -f 4}
 blocks=${CHORUS_KV_BLOCKS:-16}
+extra=${CHORUS_KV_BENCH_ARGS:-}  # more chorus-bench kv flags, e.g. --tp-prefill 2 --tp-decode 1
 repeats=${CHORUS_BENCH_REPEATS:-3}
 serve_args=${CHORUS_KV_SERVE_ARGS:---requests 24 --rate 1 --input 128 --output 32}
 out=${CHORUS_BENCH_OUT:-$PWD/bench_kv_netns.jsonl}
@@ -92,7 +94,7 @@ run_bench() {  # run_bench REPEAT
     nsenter --target "${keepers[$r]}" --mount --net -- \
       env CHORUS_RANK=$r CHORUS_WORLD_SIZE=2 CHORUS_LOCAL_RANK=0 CHORUS_MASTER_ADDR="$subnet.1" \
       CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) \
-      timeout -k 5 "$job_timeout" "$bench" kv $sizes --blocks "$blocks" --layers 32 -n 5 -w 1 -c 1 \
+      timeout -k 5 "$job_timeout" "$bench" kv $sizes --blocks "$blocks" --layers 32 -n 5 -w 1 -c 1 $extra \
       --json "$work/bench.$rep.jsonl" >"$work/bench$rep.$r.out" 2>"$work/bench$rep.$r.err" </dev/null &
     ranks+=($!)
   done

@@ -121,6 +121,10 @@ int main(int argc, char** argv) {
   app.add_option("--layers", a.kv_layers, "kv: layers of a block (a layer-major batch has 2 x layers descriptors "
                                          "per block)");
   app.add_option("--layout", a.kv_layout, "kv: layer (layer-major pools), block (block-major) or both, in turn");
+  app.add_option("--tp-prefill", a.kv_tp_prefill, "kv: TP degree of rank 0's side (its pool holds that many ranks' "
+                 "regions; default 1)");
+  app.add_option("--tp-decode", a.kv_tp_decode, "kv: TP degree of rank 1's side; a batch is every (prefill rank, decode "
+                 "rank) pair's pieces for the heads they share (default 1)");
   app.add_option("--kv-op", a.kv_op, "kv: write (rank 0 pushes to rank 1), read (rank 0 pulls) or both, in turn");
   try {
     app.parse(argc, argv);

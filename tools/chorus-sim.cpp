@@ -286,6 +286,12 @@ CLI::App* addInfer(CLI::App& app, CliOptions& o) {
   in->add_option("--max-batch", o.ic.max_batch, "running requests per replica");
   in->add_option("--prefill-tokens", o.ic.prefill_tokens, "tokens per prefill batch");
   in->add_option("--prefill-replicas", o.ic.prefill_replicas, "disaggregated split (default: try all)");
+  in->add_flag_callback("--disaggregated", [&o] { o.ic.aggregated = false; },
+                        "only the disaggregated service (required with a host emulation --cluster: the "
+                        "prefill/decode demo, docs/kv.md)");
+  in->add_option("--arrivals", o.ic.arrivals_path,
+                 "host emulation: the request arrival times (a JSON list, or `kv_disagg prefill --out`) instead of "
+                 "a Poisson draw at --rate");
   in->add_option("--decode-tp", o.ic.decode_tp,
                  "disaggregated: GPUs per decode replica (default: --tp); with --ep, its attention group");
   in->add_option("--decode-ep", o.ic.decode_ep,

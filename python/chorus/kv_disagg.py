@@ -8,6 +8,7 @@ decode process continues every sequence with continuous batching.
     python -m chorus.kv_disagg decode  --uid-file F --out d.json  # reads F
     python -m chorus.kv_disagg local   --out d.json               # both, as two local processes (shm)
     python -m chorus.kv_disagg kernels --out k.json               # timings of the model's own kernels
+    python -m chorus.kv_disagg calibrate --out c.json             # per-op costs: what chorus-sim is given
 
 The model is a small decoder-only transformer on the CPU (torch, float32, one
 thread, greedy decoding), weights drawn from --seed.  Its KV cache is paged
@@ -371,10 +372,15 @@ def metrics(decode_out):
     return out
 
 
-def kernels(c: Config, reps=20):
-    """Median times of the model's own kernels on this machine: a prefill of
+def kernels(c: Config, reps=20, sustained_s=2.0):
+    """Times of the model's own kernels on this machine: a prefill of
     --input tokens, and one decode token at a few context lengths; what
-    chorus-sim is given as this machine's compute rate (docs/kv.md)."""
+    chorus-sim is given as this machine's compute rate (docs/kv.md).
+    `prefill_s` / `decode_s`: medians of `reps` runs (an uncontended run's
+    time); `prefill_mean_s` / `decode_mean_s`: the mean of back-to-back runs
+    for `sustained_s` seconds each, the rate a worker that computes without
+    pause gets from a CPU it shares (time slices and all): what the demo's
+    workers see, and what bench/kv_disagg_validate.sh calibrates with."""
     model = Model(c)
     cache = PagedCache(c, c.blocks_per_request)
     table = list(range(c.blocks_per_request))
@@ -389,15 +395,73 @@ def kernels(c: Config, reps=20):
             ts.append(time.perf_counter() - s)
         return statistics.median(ts)
 
-    out = {"prefill_s": med(lambda: model.prefill(prompt, cache, table))}
+    def mean(fn):
+        fn()
+        n, s = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            t = time.perf_counter() - s
+            if t >= sustained_s and n >= 3:
+                return t / n
+
+    def prefill():
+        model.prefill(prompt, cache, table)
+
+    out = {"prefill_s": med(prefill), "prefill_mean_s": mean(prefill)}
     ctx = sorted({c.input, c.input + c.output // 2, c.input + c.output - 1})
     out["decode_s"] = {str(p): med(lambda p=p: model.decode(1, p, cache, table)) for p in ctx}
+    out["decode_mean_s"] = {str(p): mean(lambda p=p: model.decode(1, p, cache, table)) for p in ctx}
+    out["sustained_s"] = sustained_s
+    return out
+
+
+def calibrate(c: Config, reps=2000):
+    """The workers' fixed costs beside the model's kernels (what `kernels`
+    times), each measured alone: an agent's progress call, building a
+    request's descriptor list, a decode step's bookkeeping per request and
+    an idle worker's poll sleep.  With `kernels` and the link's setting they
+    make the host emulation chorus-sim predicts the demo from
+    (src/sim/infer_host.hpp, bench/kv_disagg_validate.sh); nothing here runs
+    a prefill, a decode step or a transfer."""
+    def med(fn, n=reps):
+        for _ in range(max(3, n // 20)):
+            fn()
+        ts = []
+        for _ in range(n):
+            s = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - s)
+        return statistics.median(ts)
+
+    cache = PagedCache(c, 1)
+    table, dst, bpr = block_table(c, 0, 0), block_table(c, 0, 1), c.blocks_per_request
+
+    def descs():
+        return [(0, cache.offset(l, p, table[j]), 0, cache.offset(l, p, dst[j]), c.block_bytes)
+                for l in range(c.layers) for p in range(2) for j in range(bpr) if j * c.block_tokens < c.input]
+
+    def bookkeeping():  # run_decode's per-request work in a step besides model.decode
+        toks, times = [1], []
+        block_table(c, 0, 1)
+        toks.append(2)
+        times.append(0.0)
+        return len(toks) == c.output
+
+    out = {"post_s": med(descs, reps // 10), "decode_request_s": med(bookkeeping),
+           "poll_s": med(lambda: time.sleep(0.0002), reps // 10)}
+    try:  # an agent's progress call (no peer connected: the C call and its polls)
+        import chorus
+        with chorus.KvAgent("calibrate", chorus.UniqueId(), serve_store=True) as agent:
+            out["progress_s"] = med(agent.progress)
+    except Exception as e:  # noqa: BLE001 -- reported; the caller decides
+        out["progress_error"] = str(e)
     return out
 
 
 def _args(argv):
     ap = argparse.ArgumentParser(prog="python -m chorus.kv_disagg", description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["single", "prefill", "decode", "local", "kernels"])
+    ap.add_argument("mode", choices=["single", "prefill", "decode", "local", "kernels", "calibrate"])
     ap.add_argument("--uid-file", default="", help="prefill writes the store's UniqueId here, decode reads it")
     ap.add_argument("--out", default="", help="JSON result (default: stdout)")
     ap.add_argument("--ref", default="", help="decode/local: a `single` result to compare the tokens with")
@@ -436,6 +500,8 @@ def main(argv=None):
                    "logits": {str(k): v[1] for k, v in ref.items()}}
         elif a.mode == "kernels":
             out = kernels(c)
+        elif a.mode == "calibrate":
+            out = calibrate(c)
         elif a.mode == "prefill":
             out = run_prefill(c, a.uid_file, a.corrupt, a.timeout)
         elif a.mode == "decode":

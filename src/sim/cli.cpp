@@ -8,9 +8,11 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "common/size.hpp"
 #include "sim/cli_args.hpp"
+#include "sim/infer_host.hpp"
 #include "sim/model_info.hpp"
 #include "sim/nccl_topo.hpp"
 #include "sim/placement.hpp"
@@ -495,6 +497,17 @@ int runInferCommand(CliOptions o) {
     }
     Status st = checkInferConfig(ic);
     if (!st.isOk()) return fail(st);
+  }
+  {  // a host emulation of the prefill/decode demo (sim/infer_host.hpp)
+    std::ifstream f(o.cluster_path);
+    std::stringstream text;
+    if (f) text << f.rdbuf();
+    if (f && isHostEmulation(text.str())) {
+      auto r = runHostInference(o.model_path, o.allow_unknown_keys, o.cluster_path, text.str(), ic, json);
+      if (!r.isOk()) return fail(r.status());
+      std::fputs(r->c_str(), stdout);
+      return 0;
+    }
   }
   auto setup = openModelAndNetwork(o);
   if (!setup.isOk()) return fail(setup.status());

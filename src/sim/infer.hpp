@@ -84,6 +84,9 @@ struct InferConfig {
   bool aggregated = true;     // run the aggregated service
   bool disaggregated = true;  // run the disaggregated splits (open loop and offline)
   bool capacity = true;       // open loop: also run the same requests offline for each mode's capacity
+  // A host emulation (sim/infer_host.hpp): the demo's arrival times (a JSON
+  // list, or `kv_disagg prefill --out`'s requests) instead of a Poisson draw.
+  std::string arrivals_path;
   uint64_t seed = 1;
   [[nodiscard]] LoadMode load() const {
     return max_throughput ? LoadMode::Offline : concurrency > 0 ? LoadMode::ClosedLoop : LoadMode::OpenLoop;

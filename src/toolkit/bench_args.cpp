@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <numeric>
 #include <optional>
 #include <string_view>
 #include <tuple>
@@ -74,6 +75,10 @@ Result<KvBenchOptions> kvOptions(const BenchArgs& a, const SweepOptions& sweep) 
     return usage(fmt::format("--blocks {} must be in 1..2^20", a.kv_blocks));
   if (a.kv_layers == 0 || a.kv_layers > 1024) return usage(fmt::format("--layers {} must be in 1..1024", a.kv_layers));
   k.blocks = a.kv_blocks, k.layers = a.kv_layers;
+  if (a.kv_tp_prefill == 0 || a.kv_tp_prefill > 64 || a.kv_tp_decode == 0 || a.kv_tp_decode > 64)
+    return usage(fmt::format("--tp-prefill {} and --tp-decode {} must be in 1..64", a.kv_tp_prefill, a.kv_tp_decode));
+  k.tp_prefill = a.kv_tp_prefill, k.tp_decode = a.kv_tp_decode;
+  const uint64_t heads = std::lcm(uint64_t{a.kv_tp_prefill}, uint64_t{a.kv_tp_decode});
   if (a.kv_layout == "layer") {
     k.layouts = {0};
   } else if (a.kv_layout == "block") {
@@ -91,8 +96,11 @@ Result<KvBenchOptions> kvOptions(const BenchArgs& a, const SweepOptions& sweep) 
   auto sizes = sizeSweep(sweep);
   if (!sizes.isOk()) return usage(sizes.status().message());
   for (uint64_t b : *sizes)
-    if (b < 2 * uint64_t{a.kv_layers})
-      return usage(fmt::format("kv: a block of {} bytes is less than a byte per (layer, K|V) of --layers {}", b,
+    if (b < 2 * uint64_t{a.kv_layers} * heads)
+      return usage(fmt::format("kv: a block of {} bytes is less than a byte per (layer, K|V{}) of --layers {}", b,
+                               heads > 1 ? fmt::format(", head of the {} that TP {} and {} split", heads,
+                                                       a.kv_tp_prefill, a.kv_tp_decode)
+                                         : std::string(),
                                a.kv_layers));
   k.block_bytes = std::move(sizes.value());
   k.iters = a.iters, k.warmup = a.warmup, k.check = a.check != 0;

@@ -73,6 +73,7 @@ struct BenchArgs {
   uint32_t kv_layers = 32;            // --layers
   std::string kv_layout = "both";     // --layout: layer, block or both
   std::string kv_op = "both";         // --kv-op: write, read or both
+  uint32_t kv_tp_prefill = 1, kv_tp_decode = 1;  // --tp-prefill, --tp-decode
 };
 
 // Where the process runs, as the main reads it from the environment.

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <numeric>
 
 #include "prim/kv.hpp"
 
@@ -84,8 +85,9 @@ class KvBench {
 
   Status run() {
     if (rank_ == 0) {
-      print(fmt::format("# chorus-bench kv: 2 agents, {} blocks per batch, {} layers, iters {} warmup {}, check {}\n",
-                        o_.blocks, o_.layers, o_.iters, o_.warmup, o_.check ? 1 : 0));
+      print(fmt::format("# chorus-bench kv: 2 agents, {} blocks per batch, {} layers, TP {} (kv0) -> {} (kv1), iters {} "
+                        "warmup {}, check {}\n",
+                        o_.blocks, o_.layers, o_.tp_prefill, o_.tp_decode, o_.iters, o_.warmup, o_.check ? 1 : 0));
       print(fmt::format("# {:>10}  {:>8}  {:>10}  {:>6}  {:>6}  {:>5}  {:>9}  {:>9}  {:>9}  {:>7}\n", "size",
                         "blocks", "block", "descs", "layout", "op", "time", "p50", "algbw", "#wrong"));
       print(fmt::format("# {:>10}  {:>8}  {:>10}  {:>6}  {:>6}  {:>5}  {:>9}  {:>9}  {:>9}  {:>7}\n", "(B)", "",
@@ -119,20 +121,39 @@ class KvBench {
   // rank 1 for a read (its blocks 0..n-1), the destination the other side
   // (its blocks 2(n-1-i)+1).
   Status row(uint64_t block_in, int layout, bool write) {
-    const uint64_t n = o_.blocks, piece = block_in / (2 * o_.layers), block = piece * 2 * o_.layers;
+    // Heads: enough for both TP degrees (each side's ranks hold kv_heads / tp of them).
+    const uint32_t heads = std::lcm(o_.tp_prefill, o_.tp_decode);
+    const uint64_t n = o_.blocks, piece = block_in / (2 * o_.layers) / heads, block = piece * heads * 2 * o_.layers;
+    if (piece == 0)
+      return invalidArgument("chorus-bench kv: a block of {} bytes has less than a byte per (layer, K|V, head) of {} "
+                             "layers and {} heads (TP {} and {})", block_in, o_.layers, heads, o_.tp_prefill, o_.tp_decode);
     if (piece > UINT32_MAX) return invalidArgument("chorus-bench kv: a block of {} bytes is too large", block_in);
-    // One byte elements, one token per block, one head of `piece` bytes: a
-    // (layer, plane) piece of a block is one run of `piece` bytes.
-    const kv::KvModel m{.layers = o_.layers, .kv_heads = 1, .head_dim = static_cast<uint32_t>(piece),
+    // One byte elements, one token per block, `heads` heads of `piece`
+    // bytes: a (layer, plane) piece of a block is one run of heads x piece
+    // bytes, of which a TP rank holds its heads' share.
+    const kv::KvModel m{.layers = o_.layers, .kv_heads = heads, .head_dim = static_cast<uint32_t>(piece),
                         .elem_bytes = 1, .block_tokens = 1};
     const auto order = layout == 0 ? kv::KvOrder::LayerMajor : kv::KvOrder::BlockMajor;
     const bool source = (rank_ == 0) == write;
+    // Each agent's pool holds its side's TP ranks' regions one after another
+    // (rank r's from r x pool / tp): rank 0's side has --tp-prefill ranks,
+    // rank 1's --tp-decode.  A write moves rank 0's side into rank 1's, a
+    // read rank 1's side into rank 0's.
+    const uint32_t src_tp = write ? o_.tp_prefill : o_.tp_decode, dst_tp = write ? o_.tp_decode : o_.tp_prefill;
     const uint32_t src_region = write ? reg0_ : reg1_, dst_region = write ? reg1_ : reg0_;
-    kv::KvSide src{.order = order, .blocks = 2 * n, .region = src_region};
-    kv::KvSide dst{.order = order, .blocks = 2 * n, .region = dst_region};
+    auto side = [&](uint32_t tp, uint32_t r, uint32_t region) {
+      return kv::KvSide{.order = order, .tp = tp, .tp_rank = r, .blocks = 2 * n, .region = region,
+                        .base_offset = r * (2 * n * block / tp)};
+    };
     std::vector<uint64_t> sb(n), db(n);
     for (uint64_t i = 0; i < n; ++i) sb[i] = i, db[i] = 2 * (n - 1 - i) + 1;
-    CHORUS_ASSIGN_OR_RETURN(std::vector<kv::Desc> descs, kv::kvBlockDescs(m, src, dst, sb, db));
+    std::vector<kv::Desc> descs;
+    for (uint32_t sr = 0; sr < src_tp; ++sr)
+      for (uint32_t dr = 0; dr < dst_tp; ++dr) {
+        CHORUS_ASSIGN_OR_RETURN(std::vector<kv::Desc> d,
+                                kv::kvBlockDescs(m, side(src_tp, sr, src_region), side(dst_tp, dr, dst_region), sb, db));
+        descs.insert(descs.end(), d.begin(), d.end());
+      }
     // Rank 0 posts: a write's local side is the source, a read's the destination.
     const std::vector<kv::Desc> posted = write ? descs : kv::swapSides(descs);
     std::vector<chorusKvDesc_t> cd(posted.size());
@@ -192,12 +213,20 @@ class KvBench {
     }
     uint64_t wrong = 0;
     if (o_.check && !source) {
-      // What the destination must hold: every descriptor's bytes of the
-      // source pattern, zero elsewhere (the descriptors are the layout's;
-      // kv_layout_test checks those against an independent walk).
+      // What the destination must hold, element by element from the layout's
+      // offsets (not from the descriptors): each (block, layer, plane, head)
+      // of the batch from the source rank that holds the head, in the
+      // destination rank that holds it; zero elsewhere.
       std::memset(expect_.get(), 0, region_bytes);
-      for (const kv::Desc& d : descs)
-        for (uint64_t i = 0; i < d.bytes; ++i) expect_[d.remote_offset + i] = pattern(row_, d.local_offset + i);
+      for (uint64_t i = 0; i < n; ++i)
+        for (uint32_t l = 0; l < o_.layers; ++l)
+          for (uint32_t kvp = 0; kvp < 2; ++kvp)
+            for (uint32_t h = 0; h < heads; ++h) {
+              const uint32_t sr = h / (heads / src_tp), dr = h / (heads / dst_tp);
+              CHORUS_ASSIGN_OR_RETURN(uint64_t so, kv::kvElementOffset(m, side(src_tp, sr, src_region), l, kvp, sb[i], 0, h, 0));
+              CHORUS_ASSIGN_OR_RETURN(uint64_t dof, kv::kvElementOffset(m, side(dst_tp, dr, dst_region), l, kvp, db[i], 0, h, 0));
+              for (uint64_t e = 0; e < piece; ++e) expect_[dof + e] = pattern(row_, so + e);
+            }
       for (uint64_t i = 0; i < region_bytes; ++i) wrong += pool_[i] != expect_[i];
     }
     uint64_t total = 0;
@@ -219,8 +248,9 @@ class KvBench {
       if (json_)
         json_ << fmt::format("{{\"op\":\"kv\",\"kv_op\":\"{}\",\"layout\":\"{}\",\"bytes\":{},\"blocks\":{},"
                              "\"block_bytes\":{},\"layers\":{},\"descs\":{},\"time_us\":{:.3f},\"p50_us\":{:.3f},"
-                             "\"algbw_gbps\":{:.6f},\"wrong\":{}}}\n",
-                             op, lname, bytes, n, block, o_.layers, descs.size(), mean, p50, gbps, total);
+                             "\"algbw_gbps\":{:.6f},\"wrong\":{},\"tp_prefill\":{},\"tp_decode\":{}}}\n",
+                             op, lname, bytes, n, block, o_.layers, descs.size(), mean, p50, gbps, total, o_.tp_prefill,
+                             o_.tp_decode);
     }
     return Status();
   }

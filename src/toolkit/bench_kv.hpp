@@ -40,6 +40,11 @@ struct KvBenchOptions {
   std::vector<uint64_t> block_bytes;  // the sizes -b..-e: bytes of one block (all layers, K and V)
   uint64_t blocks = 64;               // --blocks: blocks per batch
   uint32_t layers = 32;               // --layers
+  // --tp-prefill, --tp-decode: the TP degree of rank 0's side (kv0) and rank
+  // 1's (kv1).  Each agent's pool holds its side's TP ranks' regions, and a
+  // batch is every (source rank, destination rank) pair's descriptors for
+  // the heads they share (kv_layout's conversion: split or merged heads).
+  uint32_t tp_prefill = 1, tp_decode = 1;
   std::vector<int> layouts = {0, 1};  // --layout: 0 layer-major, 1 block-major
   std::vector<bool> writes = {true, false};  // --kv-op: write, read
   int iters = 20, warmup = 5;
