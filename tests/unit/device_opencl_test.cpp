@@ -257,6 +257,58 @@ INSTANTIATE_TEST_SUITE_P(Shm, DeviceStaging,
                            return fmt::format("n{}_{}", std::get<0>(info.param), std::get<1>(info.param));
                          });
 
+// A v-collective writes its blocks, not the gaps between them: the gaps keep
+// the device's bytes in every staging mode (whole and pipeline stage the
+// output, so they must start from the device's copy).
+TEST(DeviceOpenCL, VCollectiveGapsKeepDeviceBytes) {
+  SKIP_WITHOUT_OPENCL();
+  for (const char* mode : {"map", "pipeline", "whole"}) {
+    ScopedEnv staging("CHORUS_DEVICE_STAGING", mode);
+    auto msgs = runRanks(2, [&](int r, chorusComm_t comm) -> std::string {
+      ClRank cl;
+      if (!cl.error.empty()) return cl.error;
+      // Blocks of 5 and 3 floats at displacements 1 and 9 of 16: gaps at 0, 6-8, 12-15.
+      const size_t counts[2] = {5, 3}, displs[2] = {1, 9}, total = 16;
+      std::vector<float> in(counts[r]), out(total, -3.0f);
+      for (size_t i = 0; i < counts[r]; ++i) in[i] = static_cast<float>(100 * r + i);
+      cl_int e = CL_SUCCESS;
+      cl_mem mi = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, 64, nullptr, &e);
+      cl_mem mo = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, total * 4, nullptr, &e);
+      if (e != CL_SUCCESS) return fmt::format("clCreateBuffer: {}", e);
+      clEnqueueWriteBuffer(cl.queue, mi, CL_FALSE, 0, counts[r] * 4, in.data(), 0, nullptr, nullptr);
+      clEnqueueWriteBuffer(cl.queue, mo, CL_FALSE, 0, total * 4, out.data(), 0, nullptr, nullptr);
+      void *di = nullptr, *dout = nullptr;
+      chorusMemRegisterOpenCL(mi, &di);
+      chorusMemRegisterOpenCL(mo, &dout);
+      std::string err;
+      // Twice: the second call's staging holds the first call's bytes.
+      for (int round = 0; round < 2 && err.empty(); ++round) {
+        if (chorusAllGatherV(di, counts[r], dout, counts, displs, chorusFloat32, comm, cl.stream) != chorusSuccess)
+          err = fmt::format("{}: {}", mode, chorusGetLastError(comm));
+        if (round == 0 && err.empty()) {
+          std::vector<float> junk(total, 55.0f);  // the gaps change on the device between the calls
+          clEnqueueWriteBuffer(cl.queue, mo, CL_TRUE, 0, total * 4, junk.data(), 0, nullptr, nullptr);
+        }
+      }
+      if (err.empty()) {
+        clEnqueueReadBuffer(cl.queue, mo, CL_TRUE, 0, total * 4, out.data(), 0, nullptr, nullptr);
+        for (size_t i = 0; i < total && err.empty(); ++i) {
+          float want = 55.0f;
+          for (int j = 0; j < 2; ++j)
+            if (i >= displs[j] && i < displs[j] + counts[j]) want = static_cast<float>(100 * j + (i - displs[j]));
+          if (out[i] != want) err = fmt::format("{}: element {} is {}, expected {}", mode, i, out[i], want);
+        }
+      }
+      chorusMemDeregister(di);
+      chorusMemDeregister(dout);
+      clReleaseMemObject(mi);
+      clReleaseMemObject(mo);
+      return err;
+    });
+    EXPECT_EQ(failures(msgs), "");
+  }
+}
+
 // A group of several calls on device buffers (two allreduces on one stream and a
 // broadcast on another, one chorusGroupEnd), each mode: every result lands.
 TEST(DeviceOpenCL, GroupOfDeviceCalls) {
