@@ -457,8 +457,11 @@ class ClStreamImpl final : public ClStream {
   Status runWhole(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
                   const HostCall& host) {
     const Layout l = layout(call, in, out);
-    // The previous call's write-back reads the staging until its event completes.
-    CHORUS_RETURN_IF_ERROR(waitLast());
+    // The previous call's write-back reads the staging until its event
+    // completes.  A call that reads its input first need not wait for it: the
+    // queue is in order, so the blocking read below returns after it (one
+    // wait per call, not two); a call without input writes the staging at once.
+    if (!in || l.total > cap_) CHORUS_RETURN_IF_ERROR(waitLast());
     CHORUS_RETURN_IF_ERROR(ensureStaging(l.total));
     cl_int e = CL_SUCCESS;
     if (l.unite) {
@@ -529,7 +532,9 @@ class ClStreamImpl final : public ClStream {
     const uint64_t chunk = ce * es;
     const uint64_t recv_at = in && out && !inplace ? (chunk + 63) / 64 * 64 : 0;
     const uint64_t slot = (recv_at + chunk + 63) / 64 * 64;
-    CHORUS_RETURN_IF_ERROR(waitLast());
+    // As runWhole: with an input, the reads (in queue order) follow the
+    // previous call's writes out of the staging.
+    if (!in || slot * kSlots > cap_) CHORUS_RETURN_IF_ERROR(waitLast());
     CHORUS_RETURN_IF_ERROR(ensureStaging(slot * kSlots));
     Events reads, writes;
     reads.ev.assign(nchunks, nullptr);
