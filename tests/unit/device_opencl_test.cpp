@@ -309,8 +309,9 @@ TEST(DeviceOpenCL, VCollectiveGapsKeepDeviceBytes) {
   }
 }
 
-// A group of several calls on device buffers (two allreduces on one stream and a
-// broadcast on another, one chorusGroupEnd), each mode: every result lands.
+// A group of several calls on device buffers (two allreduces on one stream, a
+// broadcast on another, and a host call on a host stream, one chorusGroupEnd),
+// each mode: every result lands.
 TEST(DeviceOpenCL, GroupOfDeviceCalls) {
   SKIP_WITHOUT_OPENCL();
   for (const char* mode : {"map", "pipeline"}) {
@@ -339,11 +340,22 @@ TEST(DeviceOpenCL, GroupOfDeviceCalls) {
       chorusMemRegisterOpenCL(mb, &db);
       chorusMemRegisterOpenCL(mc, &dc);
       std::string err;
+      // A host call on a host stream in the same group: the batch runs on that
+      // stream, and chorusGroupEnd waits for it before unmapping.
+      chorusStream_t hs = nullptr;
+      chorusStreamCreate(&hs);
+      std::vector<int32_t> h(count, r + 1);
       chorusGroupStart();
+      chorusResult_t r0 = chorusAllReduce(h.data(), h.data(), count, chorusInt32, chorusSum, comm, hs);
       chorusResult_t r1 = chorusAllReduce(da, da, count, chorusFloat32, chorusSum, comm, cl.stream);
       chorusResult_t r2 = chorusAllReduce(db, db, count, chorusFloat32, chorusMax, comm, cl.stream);
       chorusResult_t r3 = chorusBroadcast(dc, dc, count, chorusFloat32, 1, comm, cl2.stream);
       chorusResult_t r4 = chorusGroupEnd();
+      if (r0 != chorusSuccess || chorusStreamSynchronize(hs) != chorusSuccess)
+        err = fmt::format("{}: the host call of the group: {}", mode, chorusGetLastError(comm));
+      else if (h[0] != 6 || h[count - 1] != 6)
+        err = fmt::format("{}: the host call of the group gave {} (expected 6)", mode, h[0]);
+      chorusStreamDestroy(hs);
       if (r1 != chorusSuccess || r2 != chorusSuccess || r3 != chorusSuccess || r4 != chorusSuccess)
         err = fmt::format("{}: group returned {} {} {} {}: {}", mode, static_cast<int>(r1), static_cast<int>(r2),
                           static_cast<int>(r3), static_cast<int>(r4), chorusGetLastError(comm));
