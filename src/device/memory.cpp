@@ -421,7 +421,8 @@ class ClStreamImpl final : public ClStream {
   Status mapResolved(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
                      MappedCall& m) {
     const Layout l = layout(call, in, out);
-    auto map = [&](const Resolved& r, uint64_t off, uint64_t bytes, cl_map_flags flags, bool last) -> Result<std::byte*> {
+    auto map = [&](const Resolved& r, uint64_t off, uint64_t bytes, cl_map_flags flags,
+                   bool last) -> Result<std::byte*> {
       cl_int e = CL_SUCCESS;
       auto mem = static_cast<cl_mem>(r.reg.handle);
       void* p = clEnqueueMapBuffer(q_, mem, last ? CL_TRUE : CL_FALSE, flags, off, bytes, 0, nullptr, nullptr, &e);

@@ -460,7 +460,8 @@ TEST(DeviceOpenCL, StagingModesChunkAndMap) {
       call.elem_bytes = 4;
       call.send = shape == Shape::InPlace ? db : da;
       call.recv = db;
-      if (shape == Shape::InPlace) clEnqueueWriteBuffer(cl.queue, mb, CL_FALSE, 0, count * 4, in.data(), 0, nullptr, nullptr);
+      if (shape == Shape::InPlace)
+        clEnqueueWriteBuffer(cl.queue, mb, CL_FALSE, 0, count * 4, in.data(), 0, nullptr, nullptr);
       call.send_bytes = shape == Shape::NoInput ? 0 : count * 4;
       call.recv_bytes = shape == Shape::NoOutput ? 0 : count * 4;
       call.recv_written = shape != Shape::NoOutput;
