@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device check a machine with an accelerator runs (issue 41, item 4): builds chorus, says which memory
-# spaces this process can use, runs the device collective tests on the accelerator's OpenCL device, and a
-# paired, interleaved chorus-bench sweep of allreduce on device buffers next to the same sweep on host
-# buffers (2 and 4 ranks sharing the device, shared memory).  No network; about 5-7 minutes on 16 cores.
+# spaces this process can use, runs the device collective tests on the accelerator's OpenCL device, and
+# bench/device_ab.sh: paired, interleaved chorus-bench sweeps of allreduce on device buffers under each staging
+# mode next to the same sweep on host buffers (2 and 4 ranks sharing the device, shared memory).  No network;
+# about 5-7 minutes on 16 cores (34 s here on POCL with --np 2 --repeats 1 and no build).
 #
 #   bash bench/device_check.sh [--build DIR] [--np 2,4] [--repeats 3] [--out DIR] [--no-build]
 #
@@ -77,56 +78,13 @@ else
   grep -E '^\[  FAILED  \]|Failure' "$out/device_opencl_test.log" | head -10 | tee -a "$out/summary.txt"
 fi
 
-# 4. Paired, interleaved sweeps: host, opencl (and the reverse order on even repeats), 3 repeats.
-sweep() {  # memory np repeat
-  local m=$1 np=$2 r=$3
-  timeout 120 "$bench" allreduce --np "$np" -b 1M -e 64M -f 4 -n 10 -w 3 -c 1 --memory "$m" \
-    --json "$out/$m.np$np.large.r$r.jsonl" >"$out/$m.np$np.large.r$r.txt" 2>&1 || echo "sweep $m np$np r$r failed" >>"$out/errors.txt"
-  timeout 60 "$bench" allreduce --np "$np" -b 8 -e 8 -n 500 -w 50 -c 1 --memory "$m" \
-    --json "$out/$m.np$np.small.r$r.jsonl" >"$out/$m.np$np.small.r$r.txt" 2>&1 || echo "sweep $m np$np 8B r$r failed" >>"$out/errors.txt"
-}
-for r in $(seq 1 "$repeats"); do
-  for np in ${nps//,/ }; do
-    if [ $((r % 2)) -eq 1 ]; then sweep host "$np" "$r"; sweep opencl "$np" "$r"
-    else sweep opencl "$np" "$r"; sweep host "$np" "$r"; fi
-  done
-done
+# 4. Paired, interleaved sweeps (bench/device_ab.sh): host, then each staging mode, rotated every repeat;
+#    medians and paired ratios.  On a discrete GPU auto is pipeline.
+bash "$here/bench/device_ab.sh" --build "$build" --modes pipeline,map,whole --np "$nps" --repeats "$repeats" \
+  --iters 10 --sizes 1M,64M,4 --out "$out/ab" 2>&1 | tee -a "$out/summary.txt"
+grep -h '^# buffers' "$out"/ab/map.np*.large.r1.txt 2>/dev/null | sort -u | tee -a "$out/summary.txt"
 # --memory cuda: refused until the CUDA data path exists; record what it says.
 "$bench" allreduce --np 2 -b 1M -e 1M -n 2 -w 1 --memory cuda >"$out/cuda.txt" 2>&1
 log "cuda: $(grep -m1 -iE 'cuda' "$out/cuda.txt" || echo 'no output')"
-grep -h '^# buffers' "$out"/opencl.np*.large.r1.txt 2>/dev/null | sort -u | tee -a "$out/summary.txt"
-
-# 5. The table: medians over the repeats and the median of the paired ratios (opencl / host).
-python3 - "$out" "$repeats" "$nps" <<'EOF' | tee -a "$out/summary.txt"
-import json, statistics, sys, pathlib
-out, repeats, nps = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
-def rows(path):
-    try:
-        return {r["bytes"]: r for r in map(json.loads, path.read_text().splitlines())
-                if "bytes" in r and not r.get("inplace")}
-    except (OSError, ValueError):
-        return {}
-print("| ranks | size | host busbw GB/s (median) | opencl busbw GB/s (median) | paired ratio (median) | time us host / opencl |")
-print("|---:|---:|---:|---:|---:|---|")
-for np in nps:
-    for kind in ("small", "large"):
-        per = {}
-        for r in range(1, repeats + 1):
-            h, d = rows(out / f"host.np{np}.{kind}.r{r}.jsonl"), rows(out / f"opencl.np{np}.{kind}.r{r}.jsonl")
-            for size in h:
-                if size in d:
-                    per.setdefault(size, []).append((h[size], d[size]))
-        for size, pairs in sorted(per.items()):
-            hb = statistics.median(p[0].get("busbw_gbps", 0) for p in pairs)
-            db = statistics.median(p[1].get("busbw_gbps", 0) for p in pairs)
-            ht = statistics.median(p[0].get("time_us", 0) for p in pairs)
-            dt = statistics.median(p[1].get("time_us", 0) for p in pairs)
-            if kind == "small":
-                ratio = statistics.median(p[1]["time_us"] / p[0]["time_us"] for p in pairs if p[0].get("time_us"))
-                print(f"| {np} | {size} B | - | - | time x{ratio:.2f} ({len(pairs)} pairs) | {ht:.2f} / {dt:.2f} |")
-            else:
-                ratio = statistics.median(p[1]["busbw_gbps"] / p[0]["busbw_gbps"] for p in pairs if p[0].get("busbw_gbps"))
-                print(f"| {np} | {size >> 20} MiB | {hb:.2f} | {db:.2f} | {ratio:.2f} ({len(pairs)} pairs) | {ht:.0f} / {dt:.0f} |")
-EOF
 [ -f "$out/errors.txt" ] && { log "errors:"; tee -a "$out/summary.txt" <"$out/errors.txt"; }
 log "# done in $(( $(date +%s) - start )) s; raw rows in $out"
