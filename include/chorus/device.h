@@ -32,9 +32,11 @@ extern "C" {
  * queue's earlier commands (the host waits for them), runs the collective, and
  * enqueues the writes of its outputs on the queue, so later commands of the
  * queue see them; chorusStreamSynchronize (clFinish) or the call's event
- * (chorusStreamGetEventOpenCL) waits for them.  Not yet on an OpenCL stream:
- * groups, send/recv, the v-collectives (chorusInvalidUsage).  The OpenCL types
- * are passed as void* so that this header needs no OpenCL header. */
+ * (chorusStreamGetEventOpenCL) waits for them.  CHORUS_DEVICE_STAGING says how
+ * the bytes move (map, pipelined chunks, whole buffers; docs/device.md).
+ * Every collective, send/recv and groups run on an OpenCL stream; primitives
+ * and the EP calls do not (chorusInvalidUsage).  The OpenCL types are passed
+ * as void* so that this header needs no OpenCL header. */
 typedef enum {
   chorusMemHost = 0,
   chorusMemOpenCL = 1,

@@ -74,6 +74,13 @@ struct PendingOp {
 };
 thread_local int t_group_depth = 0;
 thread_local std::vector<PendingOp> t_group;
+// The group's calls on OpenCL streams: their mapped buffers, unmapped at
+// chorusGroupEnd after the batch (docs/device.md).
+struct PendingDevice {
+  chorus::device::ClStream* cl;
+  chorus::device::MappedCall mapped;
+};
+thread_local std::vector<PendingDevice> t_group_device;
 
 chorusResult_t report(const Status& st, chorusComm* comm = nullptr) {
   if (st.isOk()) return chorusSuccess;
@@ -163,10 +170,18 @@ Status checkBuf(const char* fn, const char* what, const void* p, size_t count) {
 chorusResult_t issue(CommRef& ref, chorusStream_t stream, OpDesc& op) {
   if (stream != nullptr && stream->cl) {
     // Device memory (docs/device.md): staged around a blocking host call.
-    if (t_group_depth > 0)
-      return report(invalidUsage("{}: a call on an OpenCL stream cannot be part of a group yet (docs/device.md)",
-                                 entryName(op)),
-                    ref.handle());
+    if (t_group_depth > 0) {
+      // In a group: the buffers are mapped now (in queue order), the host
+      // operation joins the group's batch, and chorusGroupEnd unmaps them once
+      // the batch ran.
+      auto m = stream->cl->mapCall(describeOnDevice(op, ref->rank(), ref->size()));
+      if (!m.isOk()) return report(m.status(), ref.handle());
+      op.send = m->send;
+      op.recv = m->recv;
+      t_group_device.push_back({stream->cl.get(), std::move(m).value()});
+      t_group.push_back({ref.handle(), nullptr, std::move(op)});
+      return chorusSuccess;
+    }
     return report(runOnDevice(*stream->cl, std::move(op), ref->rank(), ref->size(),
                               [&](OpDesc& host_op) { return ref->submitOne(host_op, nullptr); }),
                   ref.handle());
@@ -178,6 +193,16 @@ chorusResult_t issue(CommRef& ref, chorusStream_t stream, OpDesc& op) {
     return chorusSuccess;
   }
   return report(ref->submitOne(op, s), ref.handle());
+}
+
+// Primitives and the EP calls run on host memory only: an OpenCL stream is
+// refused by name (its buffers would be device addresses).
+Status refuseDevice(const char* fn, chorusStream_t stream) {
+  if (stream != nullptr && stream->cl)
+    return invalidUsage("{}: not supported on an OpenCL stream (primitives and the EP calls take host memory; "
+                        "docs/device.md)",
+                        fn);
+  return {};
 }
 
 #define CHORUS_CHECK(expr)                                 \
@@ -887,12 +912,15 @@ CHORUS_EXPORT chorusResult_t chorusGroupEnd(void) {
   if (--t_group_depth > 0) return chorusSuccess;
   std::vector<PendingOp> ops = std::move(t_group);
   t_group.clear();
+  std::vector<PendingDevice> device_ops = std::move(t_group_device);
+  t_group_device.clear();
   // One batch per communicator, in issue order.
   std::vector<chorusComm*> comms;
   for (auto& p : ops)
     if (std::find(comms.begin(), comms.end(), p.comm) == comms.end()) comms.push_back(p.comm);
   const bool several = comms.size() > 1;
   std::vector<std::unique_ptr<exec::Stream>> waits;
+  std::vector<exec::Stream*> used;  // the batches' streams
   Status first;
   for (chorusComm* c : comms) {
     CommRef ref(c, "chorusGroupEnd");
@@ -914,6 +942,7 @@ CHORUS_EXPORT chorusResult_t chorusGroupEnd(void) {
       stream = waits.back().get();
     }
     Status st = ref->submit(std::move(batch), stream);
+    if (stream != nullptr) used.push_back(stream);
     if (!st.isOk()) {
       report(st, c);
       if (first.isOk()) first = st;
@@ -921,6 +950,16 @@ CHORUS_EXPORT chorusResult_t chorusGroupEnd(void) {
   }
   for (auto& w : waits) {
     Status st = w->synchronize();
+    if (!st.isOk() && first.isOk()) first = st;
+  }
+  // Device buffers are unmapped below: their host operations must be done.
+  if (!device_ops.empty())
+    for (exec::Stream* u : used) {
+      Status st = u->synchronize();
+      if (!st.isOk() && first.isOk()) first = st;
+    }
+  for (PendingDevice& d : device_ops) {
+    Status st = d.cl->unmapCall(d.mapped);
     if (!st.isOk() && first.isOk()) first = st;
   }
   return report(first);
@@ -939,6 +978,13 @@ CHORUS_EXPORT chorusResult_t chorusPrimitive(const char* name, const chorusPrimi
                                   "CHORUS_PRIMITIVE_ARGS_INITIALIZER)", fn, args->size, sizeof(chorusPrimitiveArgs_t)), c);
   if (t_group_depth > 0)
     return report(invalidUsage("{}: primitives cannot be part of a group (call it outside chorusGroupStart/End)", fn), c);
+  CHORUS_CHECK(refuseDevice(fn, stream));
+  for (const auto& [arg, p] : {std::pair<const char*, const void*>{"args->sendbuff", args->sendbuff},
+                               std::pair<const char*, const void*>{"args->recvbuff", args->recvbuff}})
+    if (p != nullptr && device::anyRegistered() && device::find(p))
+      return report(invalidUsage("{}: {}={} is {}: primitives run on host memory only (docs/device.md)", fn, arg, p,
+                                 device::describe(p)),
+                    c);
   if ((args->counts == nullptr) != (args->ncounts == 0))
     return report(invalidArgument("{}: counts and ncounts must be both set or both empty", fn), c);
   if ((args->outCounts == nullptr) != (args->nOutCounts == 0))
@@ -1000,6 +1046,7 @@ Status checkEp(const char* fn, chorusEpHandle* ep, chorusComm* c) {
 // Runs the ep_* primitive `name` with the call block.
 chorusResult_t runEp(CommRef& ref, chorusStream_t stream, const char* fn, const char* name, prim::ep::Call& call) {
   chorusComm* c = ref.handle();
+  CHORUS_CHECK(refuseDevice(fn, stream));
   if (stream != nullptr) CHORUS_CHECK(stream->s.synchronize());
   prim::Args a;
   a.aux = &call;
@@ -1221,7 +1268,9 @@ CHORUS_EXPORT chorusResult_t chorusMemDeregister(void* devPtr) { return report(d
 
 CHORUS_EXPORT chorusResult_t chorusStreamCreateOpenCL(chorusStream_t* stream, void* clQueue) {
   if (stream == nullptr) return report(invalidArgument("chorusStreamCreateOpenCL: stream is NULL"));
-  auto cl = device::makeClStream(clQueue);
+  auto staging = deviceStagingFromEnv();
+  if (!staging.isOk()) return report(staging.status().withContext("chorusStreamCreateOpenCL: "));
+  auto cl = device::makeClStream(clQueue, *staging);
   if (!cl.isOk()) return report(cl.status());
   auto* s = new chorusStream();
   s->cl = std::move(cl).value();

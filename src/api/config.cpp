@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "api/device_calls.hpp"
 #include "bootstrap/wire_protect.hpp"
 #include "common/env.hpp"
 #include "kernels/quantize.hpp"
@@ -57,6 +58,22 @@ class Reader {
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
+// The staging of OpenCL streams: not part of Config (a stream reads it when it
+// is made, api/c_api.cpp), but validated with the rest at init.
+Result<device::StagingOptions> parseDeviceStaging(const Reader& r) {
+  device::StagingOptions o;
+  const std::string mode = r.str("CHORUS_DEVICE_STAGING");
+  auto m = device::parseStaging(mode);
+  if (!m)
+    return invalidArgument("CHORUS_DEVICE_STAGING='{}' is not a staging mode (accepted: auto, map, pipeline, whole)",
+                           mode);
+  o.mode = *m;
+  CHORUS_ASSIGN_OR_RETURN(int64_t chunk,
+                          r.integer("CHORUS_DEVICE_CHUNK_BYTES", 1, kInt64Max, "a positive number of bytes"));
+  o.chunk_bytes = static_cast<uint64_t>(chunk);
+  return o;
+}
+
 }  // namespace
 
 Result<Config> parseConfig(const Lookup& lookup) {
@@ -66,6 +83,7 @@ Result<Config> parseConfig(const Lookup& lookup) {
   CHORUS_ASSIGN_OR_RETURN(int64_t timeout, r.integer("CHORUS_TIMEOUT_MS", 1, kInt64Max, "a positive number of ms"));
   c.timeout = std::chrono::milliseconds(timeout);
   CHORUS_ASSIGN_OR_RETURN(c.check, r.boolean("CHORUS_CHECK"));
+  CHORUS_RETURN_IF_ERROR(parseDeviceStaging(r).status());
   const std::string repro = r.str("CHORUS_REPRODUCIBLE");
   if (repro == "off" || repro.empty())
     c.reproducible = Reproducible::Off;
@@ -171,6 +189,11 @@ std::optional<std::string> fromEnvironment(std::string_view name) {
 }  // namespace
 
 Result<Config> configFromEnv() { return parseConfig(fromEnvironment); }
+
+Result<device::StagingOptions> deviceStagingFromEnv() {
+  const Lookup lookup = fromEnvironment;
+  return parseDeviceStaging(Reader(lookup));
+}
 
 std::string envSocketIfname() {
   const Lookup lookup = fromEnvironment;

@@ -1,6 +1,8 @@
 // Calls on device memory (device_calls.hpp).
 #include "api/device_calls.hpp"
 
+#include <algorithm>
+
 #include "kernels/dtype.hpp"
 
 namespace chorus::api {
@@ -29,36 +31,75 @@ Status checkHostBuffers(const OpDesc& op) {
   return check("recvbuff", op.recv);
 }
 
-Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks,
-                   const std::function<Status(OpDesc&)>& submit) {
-  const char* fn = entryName(op);
-  if (op.pointToPoint() || plan::variable(op.coll))
-    return invalidUsage("{}: not supported on an OpenCL stream yet (device memory covers the collectives with one "
-                        "count: allreduce, broadcast, reduce, allgather, reducescatter, alltoall, gather, scatter, "
-                        "barrier; docs/device.md)",
-                        fn);
+namespace {
+// The extent of a v-collective's buffer: the end of its last nonempty block.
+uint64_t extent(const std::vector<size_t>& counts, const std::vector<size_t>& displs) {
+  uint64_t t = 0;
+  for (size_t i = 0; i < counts.size() && i < displs.size(); ++i)
+    if (counts[i] != 0) t = std::max<uint64_t>(t, uint64_t{counts[i]} + displs[i]);
+  return t;
+}
+}  // namespace
+
+device::StagedCall describeOnDevice(const OpDesc& op, int rank, int nranks) {
+  const uint64_t es = kernels::dtypeSize(op.dtype);
+  device::StagedCall call;
+  call.fn = entryName(op);
+  call.send = op.send;
+  call.recv = op.recv;
+  call.count = op.count;
+  call.elem_bytes = es;
+  if (op.pointToPoint()) {
+    // A send reads count elements, a receive writes them.
+    if (op.kind == OpKind::Send) {
+      call.send_bytes = uint64_t{op.count} * es;
+    } else {
+      call.recv_bytes = uint64_t{op.count} * es;
+      call.recv_written = true;
+    }
+    return call;
+  }
+  using plan::Collective;
+  if (op.coll == Collective::Barrier) return call;
+  if (op.coll == Collective::AllGatherV) {
+    call.send_bytes = uint64_t{op.count} * es;
+    call.recv_bytes = extent(op.counts, op.displs) * es;
+    call.recv_written = call.recv_partial = true;  // the blocks, not the gaps between them
+    return call;
+  }
+  if (op.coll == Collective::AllToAllV) {
+    call.send_bytes = extent(op.counts, op.displs) * es;
+    call.recv_bytes = extent(op.counts2, op.displs2) * es;
+    call.recv_written = call.recv_partial = true;
+    return call;
+  }
   const plan::CollectiveFacts& f = plan::facts(op.coll);
-  const uint64_t unit = uint64_t{op.count} * kernels::dtypeSize(op.dtype);
+  const uint64_t unit = uint64_t{op.count} * es;
   const uint64_t n = static_cast<uint64_t>(nranks);
   const bool at_root = rank == op.root;
-  using plan::Collective;
   // Which buffers this rank's part of the call reads and writes (NCCL's rules:
   // a broadcast's or scatter's input only at the root, a reduce's or gather's
   // output only at the root).
   const bool reads = !(op.coll == Collective::Broadcast || op.coll == Collective::Scatter) || at_root;
   const bool writes = !(op.coll == Collective::Reduce || op.coll == Collective::Gather) || at_root;
-  device::StagedCall call;
-  call.fn = fn;
-  call.send = op.send;
-  call.recv = op.recv;
-  if (op.coll != Collective::Barrier) {
-    call.send_bytes = reads ? unit * (f.input_per_rank ? n : 1) : 0;
-    call.recv_bytes = writes ? unit * (f.output_per_rank ? n : 1) : 0;
-    call.recv_written = writes;
-  }
-  return cl.run(call, [&](const void* send, void* recv) {
+  call.send_bytes = reads ? unit * (f.input_per_rank ? n : 1) : 0;
+  call.recv_bytes = writes ? unit * (f.output_per_rank ? n : 1) : 0;
+  call.recv_written = writes;
+  // Chunks of an elementwise call are calls of their own; a compressed call's
+  // scale blocks and its error feedback span the whole buffer, so it is not.
+  call.elementwise = (op.coll == Collective::AllReduce || op.coll == Collective::Broadcast ||
+                      op.coll == Collective::Reduce) &&
+                     !op.wire.has_value();
+  return call;
+}
+
+Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks,
+                   const std::function<Status(OpDesc&)>& submit) {
+  const device::StagedCall call = describeOnDevice(op, rank, nranks);
+  return cl.run(call, [&](const void* send, void* recv, uint64_t count) {
     op.send = send;
     op.recv = recv;
+    op.count = static_cast<size_t>(count);
     return submit(op);
   });
 }

@@ -20,6 +20,14 @@ const char* entryName(const OpDesc& op);
 // (one relaxed load when nothing is registered).
 Status checkHostBuffers(const OpDesc& op);
 
+// The staging of OpenCL streams (CHORUS_DEVICE_STAGING, CHORUS_DEVICE_CHUNK_BYTES;
+// read in api/config.cpp, as every knob).
+Result<device::StagingOptions> deviceStagingFromEnv();
+
+// What op reads and writes of its buffers on this rank (point-to-point and
+// the v-collectives included).
+device::StagedCall describeOnDevice(const OpDesc& op, int rank, int nranks);
+
 // Runs op on the OpenCL stream `cl`: submit(op) receives op with its buffers
 // replaced by the host staging.  rank/nranks: the communicator's.
 Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks, const std::function<Status(OpDesc&)>& submit);

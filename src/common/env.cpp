@@ -46,6 +46,8 @@ constexpr Knob kKnobs[] = {
   {"CHORUS_DEBUG",           "WARN", "log level: NONE, WARN, INFO, TRACE"},
   {"CHORUS_COMPRESS",        "off", "the communicator's default wire format for fp32 allreduce, reduce-scatter (sum, avg, premulsum) and allgather: off, bf16, fp8 (e4m3, one scale per 128 elements) or fp8:BLOCK (BLOCK 32..1024); other calls stay uncompressed, a call's options override it (docs/algorithms.md, Compressed reductions)"},
   {"CHORUS_REPRODUCIBLE",    "off", "reductions (sum, avg, premulsum) that do not depend on the plan: off; canonical: bitwise identical for a given number of ranks whatever the algorithm, chunk size, transport or rank placement (one fixed combination tree); exact: the correctly rounded sum, also identical across numbers of ranks (floating-point types only; docs/algorithms.md)"},
+  {"CHORUS_DEVICE_STAGING",  "auto", "how a call on an OpenCL stream reaches its device buffers (docs/device.md): auto (map where the device's memory is the host's, CL_DEVICE_HOST_UNIFIED_MEMORY, else pipeline), map (the host call runs on the mapped buffers), pipeline (chunked copies through pinned host memory overlapped with the chunks' calls), whole (one copy in, one copy out); read when the stream is created"},
+  {"CHORUS_DEVICE_CHUNK_BYTES", "1048576", "the chunk of pipelined device staging (CHORUS_DEVICE_STAGING=pipeline), bytes per buffer"},
   {"CHORUS_CHECK",           "0", "1: every collective first exchanges its signature (kind, sequence, count, dtype, op, root) and a mismatch between ranks returns chorusMismatch on every rank; the first collective of each communicator is always checked"},
 };
 // clang-format on

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "device/cuda_driver.hpp"
 
@@ -26,6 +27,22 @@ const char* spaceName(Space s) {
     case Space::Cuda: return "cuda";
   }
   return "?";
+}
+
+const char* stagingName(Staging s) {
+  switch (s) {
+    case Staging::Auto: return "auto";
+    case Staging::Map: return "map";
+    case Staging::Pipeline: return "pipeline";
+    case Staging::Whole: return "whole";
+  }
+  return "?";
+}
+
+std::optional<Staging> parseStaging(std::string_view s) {
+  for (Staging m : {Staging::Auto, Staging::Map, Staging::Pipeline, Staging::Whole})
+    if (s == stagingName(m)) return m;
+  return std::nullopt;
 }
 
 bool spaceBuilt(Space s) {
@@ -220,9 +237,33 @@ Result<Resolved> resolve(const char* fn, const char* arg, const void* p, uint64_
   return Resolved{*reg, off};
 }
 
+// Whether the device's memory is the host's (CPUs, integrated GPUs): mapping a
+// buffer then hands out the buffer itself, with no copy.
+bool hostUnified(cl_command_queue q) {
+  cl_device_id dev = nullptr;
+  if (clGetCommandQueueInfo(q, CL_QUEUE_DEVICE, sizeof dev, &dev, nullptr) != CL_SUCCESS) return false;
+  cl_bool unified = CL_FALSE;
+  if (clGetDeviceInfo(dev, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, nullptr) != CL_SUCCESS)
+    return false;
+  return unified == CL_TRUE;
+}
+
+// Releases the events it holds.
+struct Events {
+  std::vector<cl_event> ev;
+  ~Events() {
+    for (cl_event e : ev)
+      if (e) clReleaseEvent(e);
+  }
+};
+
 class ClStreamImpl final : public ClStream {
  public:
-  ClStreamImpl(cl_command_queue q, cl_context ctx) : q_(q), ctx_(ctx) { clRetainCommandQueue(q_); }
+  ClStreamImpl(cl_command_queue q, cl_context ctx, const StagingOptions& o) : q_(q), ctx_(ctx), opt_(o) {
+    clRetainCommandQueue(q_);
+    resolved_ = opt_.mode != Staging::Auto ? opt_.mode : hostUnified(q_) ? Staging::Map : Staging::Pipeline;
+    stats_.resolved = resolved_;
+  }
   ~ClStreamImpl() override {
     (void)waitLast();
     if (last_) clReleaseEvent(last_);
@@ -238,55 +279,17 @@ class ClStreamImpl final : public ClStream {
     if (call.recv_bytes > 0) {
       CHORUS_ASSIGN_OR_RETURN(out, resolve(call.fn, "recvbuff", call.recv, call.recv_bytes, ctx_));
     }
-    // Host staging.  Buffers that overlap in one cl_mem are staged as their
-    // union, so that the host pointers keep the device addresses' relation
-    // (in-place calls stay in place); otherwise each gets its own range.
-    uint64_t send_at = 0, recv_at = 0, read_from = 0, total = 0;
-    const bool unite = in && out && in->reg.handle == out->reg.handle && in->offset < out->offset + call.recv_bytes &&
-                       out->offset < in->offset + call.send_bytes;
-    if (unite) {
-      const uint64_t lo = std::min(in->offset, out->offset);
-      total = std::max(in->offset + call.send_bytes, out->offset + call.recv_bytes) - lo;
-      send_at = in->offset - lo;
-      recv_at = out->offset - lo;
-    } else {
-      recv_at = (call.send_bytes + 63) / 64 * 64;
-      total = recv_at + call.recv_bytes;
+    ++stats_.calls;
+    if (resolved_ == Staging::Map) {
+      ++stats_.mapped_calls;
+      return runMapped(call, in, out, host);
     }
-    read_from = send_at;
-    // The previous call's write-back reads the staging until its event completes.
-    CHORUS_RETURN_IF_ERROR(waitLast());
-    CHORUS_RETURN_IF_ERROR(ensureStaging(total));
-    cl_int e = CL_SUCCESS;
-    if (in) {
-      // In queue order: after the queue's earlier commands (the producer of the input).
-      e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(in->reg.handle), CL_TRUE, in->offset, call.send_bytes,
-                              stage_ + read_from, 0, nullptr, nullptr);
-      if (e != CL_SUCCESS) return clFailed("clEnqueueReadBuffer (sendbuff into host staging)", e);
+    if (resolved_ == Staging::Pipeline && pipelinable(call, in, out)) {
+      ++stats_.pipelined_calls;
+      return runPipelined(call, in, out, host);
     }
-    // A buffer the call does not use on this rank (a broadcast's sendbuff off
-    // the root, a reduce's recvbuff) is passed on only as the other one's
-    // alias, so that the host call still sees an in-place call as in place.
-    std::byte* send_host = in ? stage_ + send_at : nullptr;
-    std::byte* recv_host = out ? stage_ + recv_at : nullptr;
-    if (!in && out && call.send == call.recv) send_host = recv_host;
-    if (!out && in && call.recv == call.send) recv_host = send_host;
-    CHORUS_RETURN_IF_ERROR(host(send_host, recv_host));
-    if (out && call.recv_written) {
-      cl_event ev = nullptr;
-      e = clEnqueueWriteBuffer(q_, static_cast<cl_mem>(out->reg.handle), CL_FALSE, out->offset, call.recv_bytes,
-                               stage_ + recv_at, 0, nullptr, &ev);
-      if (e != CL_SUCCESS) return clFailed("clEnqueueWriteBuffer (host staging into recvbuff)", e);
-      setLast(ev);
-      clFlush(q_);
-    } else {
-      // Nothing to write back: a marker gives the call its place in the queue.
-      cl_event ev = nullptr;
-      e = clEnqueueMarkerWithWaitList(q_, 0, nullptr, &ev);
-      if (e != CL_SUCCESS) return clFailed("clEnqueueMarkerWithWaitList", e);
-      setLast(ev);
-    }
-    return {};
+    ++stats_.whole_calls;
+    return runWhole(call, in, out, host);
   }
 
   Status synchronize() override {
@@ -311,8 +314,283 @@ class ClStreamImpl final : public ClStream {
     return last_;
   }
   [[nodiscard]] void* queue() const override { return q_; }
+  [[nodiscard]] StagingStats stats() const override { return stats_; }
 
  private:
+  // Where the host call sees the two buffers: overlapping buffers of one
+  // cl_mem are one region (their union), so the host pointers keep the device
+  // addresses' relation (in-place calls stay in place); otherwise each buffer
+  // is a region of its own.
+  struct Layout {
+    bool unite = false;
+    uint64_t lo = 0, total = 0;  // unite: the union's offset in the cl_mem and length
+    uint64_t send_at = 0, recv_at = 0;  // offsets of the buffers in the host region(s)
+  };
+  static Layout layout(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out) {
+    Layout l;
+    l.unite = in && out && in->reg.handle == out->reg.handle && in->offset < out->offset + call.recv_bytes &&
+              out->offset < in->offset + call.send_bytes;
+    if (l.unite) {
+      l.lo = std::min(in->offset, out->offset);
+      l.total = std::max(in->offset + call.send_bytes, out->offset + call.recv_bytes) - l.lo;
+      l.send_at = in->offset - l.lo;
+      l.recv_at = out->offset - l.lo;
+    } else {
+      l.recv_at = (call.send_bytes + 63) / 64 * 64;
+      l.total = l.recv_at + call.recv_bytes;
+    }
+    return l;
+  }
+
+  // A buffer the call does not use on this rank (a broadcast's sendbuff off
+  // the root, a reduce's recvbuff) is passed on only as the other one's
+  // alias, so that the host call still sees an in-place call as in place.
+  static void aliasUnused(const StagedCall& call, std::byte*& send_host, std::byte*& recv_host) {
+    if (send_host == nullptr && recv_host != nullptr && call.send == call.recv) send_host = recv_host;
+    if (recv_host == nullptr && send_host != nullptr && call.recv == call.send) recv_host = send_host;
+  }
+  static Status callHost(const StagedCall& call, const HostCall& host, std::byte* send_host, std::byte* recv_host,
+                         uint64_t count) {
+    aliasUnused(call, send_host, recv_host);
+    return host(send_host, recv_host, count);
+  }
+
+  // Nothing written back: a marker gives the call its place in the queue.
+  Status markLast() {
+    cl_event ev = nullptr;
+    const cl_int e = clEnqueueMarkerWithWaitList(q_, 0, nullptr, &ev);
+    if (e != CL_SUCCESS) return clFailed("clEnqueueMarkerWithWaitList", e);
+    setLast(ev);
+    return {};
+  }
+
+  // Staging::Map.  The buffers are mapped (overlapping ones as their union),
+  // the host call runs on the mapped memory, and the unmaps are enqueued:
+  // the last unmap's event is the call's.  On a device whose memory is the
+  // host's a map is the buffer itself: no byte is copied.  One wait per call
+  // (the last map, in queue order after the queue's earlier commands).
+  Status runMapped(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
+                   const HostCall& host) {
+    MappedCall m;
+    Status st = mapResolved(call, in, out, m);
+    if (st.isOk()) st = host(m.send, m.recv, call.count);
+    const Status un = unmapCall(m);
+    return st.isOk() ? un : st;
+  }
+
+ public:
+  Result<MappedCall> mapCall(const StagedCall& call) override {
+    std::optional<Resolved> in, out;
+    if (call.send_bytes > 0) {
+      CHORUS_ASSIGN_OR_RETURN(in, resolve(call.fn, "sendbuff", call.send, call.send_bytes, ctx_));
+    }
+    if (call.recv_bytes > 0) {
+      CHORUS_ASSIGN_OR_RETURN(out, resolve(call.fn, "recvbuff", call.recv, call.recv_bytes, ctx_));
+    }
+    ++stats_.calls;
+    ++stats_.mapped_calls;
+    MappedCall m;
+    Status st = mapResolved(call, in, out, m);
+    if (!st.isOk()) {
+      (void)unmapCall(m);
+      return st;
+    }
+    return m;
+  }
+
+  Status unmapCall(MappedCall& m) override {
+    Status st;
+    cl_event ev = nullptr;
+    for (const auto& [mem, ptr] : m.maps) {
+      if (ev) clReleaseEvent(ev);
+      ev = nullptr;
+      const cl_int e = clEnqueueUnmapMemObject(q_, static_cast<cl_mem>(mem), ptr, 0, nullptr, &ev);
+      if (e != CL_SUCCESS && st.isOk()) st = clFailed("clEnqueueUnmapMemObject", e);
+    }
+    m.maps.clear();
+    if (ev) {
+      setLast(ev);
+      clFlush(q_);
+    } else if (st.isOk()) {
+      st = markLast();
+    }
+    return st;
+  }
+
+ private:
+  Status mapResolved(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
+                     MappedCall& m) {
+    const Layout l = layout(call, in, out);
+    auto map = [&](const Resolved& r, uint64_t off, uint64_t bytes, cl_map_flags flags,
+                   bool last) -> Result<std::byte*> {
+      cl_int e = CL_SUCCESS;
+      auto mem = static_cast<cl_mem>(r.reg.handle);
+      void* p = clEnqueueMapBuffer(q_, mem, last ? CL_TRUE : CL_FALSE, flags, off, bytes, 0, nullptr, nullptr, &e);
+      if (e != CL_SUCCESS) return clFailed("clEnqueueMapBuffer (a device buffer of the call)", e);
+      m.maps.emplace_back(mem, p);
+      return static_cast<std::byte*>(p);
+    };
+    // What the host may find in recvbuff: written whole, the device's bytes
+    // need not be read (a discrete device then copies nothing to the host).
+    const bool out_whole = out && call.recv_written && !call.recv_partial;
+    const cl_map_flags out_flags = out_whole ? CL_MAP_WRITE_INVALIDATE_REGION : (CL_MAP_READ | CL_MAP_WRITE);
+    std::byte *send_host = nullptr, *recv_host = nullptr;
+    if (l.unite) {
+      CHORUS_ASSIGN_OR_RETURN(std::byte * p, map(*in, l.lo, l.total, CL_MAP_READ | CL_MAP_WRITE, true));
+      send_host = p + l.send_at;
+      recv_host = p + l.recv_at;
+    } else {
+      if (in) {
+        CHORUS_ASSIGN_OR_RETURN(send_host, map(*in, in->offset, call.send_bytes, CL_MAP_READ, !out));
+      }
+      if (out) {
+        CHORUS_ASSIGN_OR_RETURN(recv_host, map(*out, out->offset, call.recv_bytes, out_flags, true));
+      }
+    }
+    aliasUnused(call, send_host, recv_host);
+    m.send = send_host;
+    m.recv = recv_host;
+    return {};
+  }
+
+  // Staging::Whole: one blocking read of the input into pinned staging, the
+  // host call, one non-blocking write of the output.
+  Status runWhole(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
+                  const HostCall& host) {
+    const Layout l = layout(call, in, out);
+    // The previous call's write-back reads the staging until its event
+    // completes.  A call that reads its input first need not wait for it: the
+    // queue is in order, so the blocking read below returns after it (one
+    // wait per call, not two); a call without input writes the staging at once.
+    if (!in || l.total > cap_) CHORUS_RETURN_IF_ERROR(waitLast());
+    CHORUS_RETURN_IF_ERROR(ensureStaging(l.total));
+    cl_int e = CL_SUCCESS;
+    if (l.unite) {
+      // One read of the union: the input, and the output's bytes the call leaves.
+      e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(in->reg.handle), CL_TRUE, l.lo, l.total, stage_, 0, nullptr,
+                              nullptr);
+      if (e != CL_SUCCESS) return clFailed("clEnqueueReadBuffer (sendbuff into host staging)", e);
+    } else {
+      // In queue order: after the queue's earlier commands (the producer of the input).
+      if (out && call.recv_partial) {
+        e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(out->reg.handle), in ? CL_FALSE : CL_TRUE, out->offset,
+                                call.recv_bytes, stage_ + l.recv_at, 0, nullptr, nullptr);
+        if (e != CL_SUCCESS) return clFailed("clEnqueueReadBuffer (recvbuff into host staging)", e);
+      }
+      if (in) {
+        e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(in->reg.handle), CL_TRUE, in->offset, call.send_bytes,
+                                stage_ + l.send_at, 0, nullptr, nullptr);
+        if (e != CL_SUCCESS) return clFailed("clEnqueueReadBuffer (sendbuff into host staging)", e);
+      }
+    }
+    CHORUS_RETURN_IF_ERROR(callHost(call, host, in ? stage_ + l.send_at : nullptr, out ? stage_ + l.recv_at : nullptr,
+                                    call.count));
+    if (out && call.recv_written) {
+      cl_event ev = nullptr;
+      e = clEnqueueWriteBuffer(q_, static_cast<cl_mem>(out->reg.handle), CL_FALSE, out->offset, call.recv_bytes,
+                               stage_ + l.recv_at, 0, nullptr, &ev);
+      if (e != CL_SUCCESS) return clFailed("clEnqueueWriteBuffer (host staging into recvbuff)", e);
+      setLast(ev);
+      clFlush(q_);
+      return {};
+    }
+    return markLast();
+  }
+
+  // An elementwise call of at least two chunks whose buffers are the same
+  // (in place) or disjoint.
+  bool pipelinable(const StagedCall& call, const std::optional<Resolved>& in,
+                   const std::optional<Resolved>& out) const {
+    if (!call.elementwise || call.elem_bytes == 0 || call.recv_partial) return false;
+    if (in && call.send_bytes != call.count * call.elem_bytes) return false;
+    if (out && call.recv_bytes != call.count * call.elem_bytes) return false;
+    if (call.count <= chunkElems(call)) return false;
+    if (in && out && in->reg.handle == out->reg.handle && in->offset != out->offset &&
+        in->offset < out->offset + call.recv_bytes && out->offset < in->offset + call.send_bytes)
+      return false;
+    return true;
+  }
+  uint64_t chunkElems(const StagedCall& call) const {
+    return std::max<uint64_t>(1, opt_.chunk_bytes / std::max<uint64_t>(call.elem_bytes, 1));
+  }
+
+  // Staging::Pipeline.  Chunk k's input is read (non-blocking, with an
+  // event) into slot k % kSlots of a ring of pinned chunks while earlier
+  // chunks run: with kAhead reads in flight, the read of chunk k+1.. overlaps
+  // chunk k's host call (its wire transfers and reductions), and the write of
+  // chunk k-1 back into the device buffer, enqueued right after its host call,
+  // overlaps it too.  The queue is in order, so a slot's next read follows
+  // its previous write; where no read orders them (a broadcast off the root)
+  // the host waits for the slot's previous write before reusing it.
+  static constexpr uint64_t kAhead = 2;
+  static constexpr uint64_t kSlots = kAhead + 1;
+  Status runPipelined(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
+                      const HostCall& host) {
+    const uint64_t es = call.elem_bytes;
+    const uint64_t ce = chunkElems(call);
+    const uint64_t nchunks = (call.count + ce - 1) / ce;
+    const bool inplace = in && out && in->reg.handle == out->reg.handle && in->offset == out->offset;
+    const uint64_t chunk = ce * es;
+    const uint64_t recv_at = in && out && !inplace ? (chunk + 63) / 64 * 64 : 0;
+    const uint64_t slot = (recv_at + chunk + 63) / 64 * 64;
+    // As runWhole: with an input, the reads (in queue order) follow the
+    // previous call's writes out of the staging.
+    if (!in || slot * kSlots > cap_) CHORUS_RETURN_IF_ERROR(waitLast());
+    CHORUS_RETURN_IF_ERROR(ensureStaging(slot * kSlots));
+    Events reads, writes;
+    reads.ev.assign(nchunks, nullptr);
+    writes.ev.assign(nchunks, nullptr);
+    auto bytesOf = [&](uint64_t k) { return std::min(ce, call.count - k * ce) * es; };
+    auto slotOf = [&](uint64_t k) { return stage_ + (k % kSlots) * slot; };
+    auto read = [&](uint64_t k) -> Status {
+      if (!in) return {};
+      const cl_int e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(in->reg.handle), CL_FALSE, in->offset + k * chunk,
+                                           bytesOf(k), slotOf(k), 0, nullptr, &reads.ev[k]);
+      if (e != CL_SUCCESS) return clFailed("clEnqueueReadBuffer (a chunk of sendbuff)", e);
+      return {};
+    };
+    Status st;
+    for (uint64_t k = 0; k < std::min(kAhead, nchunks) && st.isOk(); ++k) st = read(k);
+    clFlush(q_);
+    for (uint64_t k = 0; k < nchunks && st.isOk(); ++k) {
+      cl_int e = CL_SUCCESS;
+      if (reads.ev[k]) {
+        e = clWaitForEvents(1, &reads.ev[k]);
+      } else if (k >= kSlots && writes.ev[k - kSlots]) {
+        e = clWaitForEvents(1, &writes.ev[k - kSlots]);
+      }
+      if (e != CL_SUCCESS) {
+        st = clFailed("clWaitForEvents (a chunk's copy)", e);
+        break;
+      }
+      std::byte* s = slotOf(k);
+      st = callHost(call, host, in ? s : nullptr, out ? s + recv_at : nullptr, bytesOf(k) / es);
+      if (!st.isOk()) break;
+      if (out && call.recv_written) {
+        e = clEnqueueWriteBuffer(q_, static_cast<cl_mem>(out->reg.handle), CL_FALSE, out->offset + k * chunk,
+                                 bytesOf(k), s + recv_at, 0, nullptr, &writes.ev[k]);
+        if (e != CL_SUCCESS) {
+          st = clFailed("clEnqueueWriteBuffer (a chunk into recvbuff)", e);
+          break;
+        }
+      }
+      if (k + kAhead < nchunks) st = read(k + kAhead);
+      clFlush(q_);
+    }
+    stats_.chunks += nchunks;
+    if (!st.isOk()) {
+      // The staging stays busy until the enqueued copies are done.
+      (void)synchronize();
+      return st;
+    }
+    if (out && call.recv_written && writes.ev[nchunks - 1]) {
+      clRetainEvent(writes.ev[nchunks - 1]);
+      setLast(writes.ev[nchunks - 1]);
+      return {};
+    }
+    return markLast();
+  }
+
   void setLast(cl_event ev) {
     if (last_) clReleaseEvent(last_);
     last_ = ev;
@@ -358,6 +636,9 @@ class ClStreamImpl final : public ClStream {
 
   cl_command_queue q_;
   cl_context ctx_;
+  StagingOptions opt_;
+  Staging resolved_ = Staging::Whole;
+  StagingStats stats_;
   cl_event last_ = nullptr;
   cl_mem pinned_ = nullptr;
   std::byte* stage_ = nullptr;
@@ -367,7 +648,7 @@ class ClStreamImpl final : public ClStream {
 }  // namespace
 #endif
 
-Result<std::unique_ptr<ClStream>> makeClStream(void* queue) {
+Result<std::unique_ptr<ClStream>> makeClStream(void* queue, const StagingOptions& options) {
 #ifdef CHORUS_HAVE_OPENCL
   if (queue == nullptr) return invalidArgument("chorusStreamCreateOpenCL: clQueue is NULL (pass a cl_command_queue)");
   auto q = static_cast<cl_command_queue>(queue);
@@ -383,9 +664,11 @@ Result<std::unique_ptr<ClStream>> makeClStream(void* queue) {
     return invalidArgument("chorusStreamCreateOpenCL: clQueue={} is an out-of-order queue; a stream needs an in-order "
                            "queue (its calls complete in queue order)",
                            queue);
-  return std::unique_ptr<ClStream>(new ClStreamImpl(q, ctx));
+  if (options.chunk_bytes == 0) return invalidArgument("chorusStreamCreateOpenCL: a staging chunk of 0 bytes");
+  return std::unique_ptr<ClStream>(new ClStreamImpl(q, ctx, options));
 #else
   (void)queue;
+  (void)options;
   return spaceAvailable(Space::OpenCL).withContext("chorusStreamCreateOpenCL: ");
 #endif
 }

@@ -17,6 +17,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/status.hpp"
 
@@ -62,19 +65,70 @@ struct StagedCall {
   uint64_t send_bytes = 0;  // 0: the call reads no input on this rank
   void* recv = nullptr;
   uint64_t recv_bytes = 0;    // what the call may touch of recvbuff on this rank
-  bool recv_written = false;  // the call writes all of recv_bytes on this rank (copied back)
+  bool recv_written = false;  // the call writes recvbuff on this rank (copied back)
+  // The call writes only parts of recv_bytes (the v-collectives' displacements
+  // leave gaps): the rest must keep the device's bytes, so the staging starts
+  // as a copy of them.
+  bool recv_partial = false;
+  // Elementwise calls (allreduce, broadcast, reduce; uncompressed): element i
+  // of the output depends only on element i of the inputs, so the call may run
+  // as consecutive chunks of `count` elements of `elem_bytes`, each a call of
+  // its own on every rank (ranks chunk alike: the count and the chunk size
+  // are the same everywhere).
+  bool elementwise = false;
+  uint64_t count = 0;
+  uint64_t elem_bytes = 0;
 };
 
 // The host collective that runs on the staged buffers: send and recv are host
 // pointers with the same relation to each other as the device addresses
-// (in-place calls stay in place).
-using HostCall = std::function<Status(const void* send, void* recv)>;
+// (in-place calls stay in place); count is the call's count, or a chunk's
+// when an elementwise call is pipelined.
+using HostCall = std::function<Status(const void* send, void* recv, uint64_t count)>;
+
+// How a stream moves a call's device buffers to the host collective
+// (docs/device.md, "The data path").
+enum class Staging : uint8_t {
+  Auto,      // Map on a device whose memory is the host's (CL_DEVICE_HOST_UNIFIED_MEMORY: CPUs, integrated
+             // GPUs), else Pipeline
+  Map,       // clEnqueueMapBuffer: the host call runs on the mapped buffers (zero-copy where memory is shared)
+  Pipeline,  // chunked copies through a ring of pinned chunks, overlapped with the chunks' host calls
+             // (elementwise calls of at least two chunks; others as Whole)
+  Whole,     // one read of the whole input, the host call, one write of the whole output
+};
+const char* stagingName(Staging s);
+// "auto", "map", "pipeline", "whole"; nullopt for anything else.
+std::optional<Staging> parseStaging(std::string_view s);
+
+struct StagingOptions {
+  Staging mode = Staging::Auto;
+  uint64_t chunk_bytes = uint64_t{1} << 20;  // Pipeline: bytes of one chunk (per buffer)
+};
+
+// What a stream did, for tests and the bench's header.
+struct StagingStats {
+  Staging resolved = Staging::Whole;  // what Auto became on this queue's device
+  uint64_t calls = 0;
+  uint64_t mapped_calls = 0;
+  uint64_t pipelined_calls = 0;
+  uint64_t chunks = 0;  // host calls of pipelined calls
+  uint64_t whole_calls = 0;
+};
+
+// A call's buffers mapped into host memory for a host call that runs later
+// (a call inside chorusGroupStart/End): send and recv as the host call takes
+// them, and the mappings to undo.
+struct MappedCall {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::vector<std::pair<void*, void*>> maps;  // (cl_mem, mapped pointer)
+};
 
 // An OpenCL command queue as a chorus stream's device side.  A call on it
-// waits (on the host) for the queue's earlier work, copies its device inputs
-// into host staging, runs the host collective, and enqueues the copies of
-// the results back into the device buffers on the queue: later work on the
-// queue sees them, and lastEvent() completes when they are written.
+// waits (on the host) until its inputs are on the host (after the queue's
+// earlier work), runs the host collective, and enqueues the writes of the
+// results into the device buffers on the queue: later work on the queue sees
+// them, and lastEvent() completes when they are written.
 class ClStream {
  public:
   virtual ~ClStream() = default;
@@ -87,9 +141,15 @@ class ClStream {
   // (nullptr when no call has run).
   virtual void* lastEvent() = 0;
   [[nodiscard]] virtual void* queue() const = 0;
+  [[nodiscard]] virtual StagingStats stats() const = 0;
+  // A call in two halves, whatever the stream's staging: its buffers mapped
+  // (in queue order; the host waits for the maps), then, once its host call
+  // ran, unmapped (enqueued; the stream's last event).
+  virtual Result<MappedCall> mapCall(const StagedCall& call) = 0;
+  virtual Status unmapCall(MappedCall& m) = 0;
 };
 // Checks the queue (a valid cl_command_queue, in order) and makes its stream.
-Result<std::unique_ptr<ClStream>> makeClStream(void* cl_queue);
+Result<std::unique_ptr<ClStream>> makeClStream(void* cl_queue, const StagingOptions& options = {});
 
 // For error messages: "OpenCL buffer 0x... (N bytes)" or "host memory".
 std::string describe(const void* p);

@@ -210,7 +210,10 @@ class Bench {
                       o_.warmup, o_.iters, o_.check ? 1 : 0, algo_, o_.average, averageName(o_.average),
                       o_.blocking ? 1 : 0));
     print(formatMemorySpaces("# "));
-    print(fmt::format("# buffers: {}\n", cl_ ? "opencl (" + cl_->name() + "), staged through host memory" : "host"));
+    print(fmt::format("# buffers: {}\n", cl_ ? "opencl (" + cl_->name() +
+                                                  "), calls on an OpenCL stream (staging: CHORUS_DEVICE_STAGING, "
+                                                  "docs/device.md)"
+                                            : "host"));
     print(formatHeader());
     return {};
   }

@@ -170,6 +170,8 @@ TEST(ConfigParse, EachKnobHasOneRuleAndItsMessageSaysWhatIsAccepted) {
       {"CHORUS_SHRINK_WINDOW_MS", "-5", "an integer >= 0"},
       {"CHORUS_CLOCK_SYNC_S", "86401", "0..86400"},
       {"CHORUS_CLOCK_OFFSET_NS", "1.5", "an integer"},
+      {"CHORUS_DEVICE_STAGING", "gpu", "auto, map, pipeline, whole"},
+      {"CHORUS_DEVICE_CHUNK_BYTES", "0", "a positive number of bytes"},
   };
   for (const Bad& b : cases) {
     const std::string m = errorOf(b.knob, b.value);

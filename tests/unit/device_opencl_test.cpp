@@ -10,7 +10,10 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <tuple>
 #include <mutex>
 #include <dlfcn.h>
 #include <string>
@@ -20,6 +23,7 @@
 #include <random>
 
 #include "device/cl_reduce.hpp"
+#include "device/memory.hpp"
 #include "kernels/dtype.hpp"
 #include "kernels/reduce.hpp"
 #include "support/collective_check.hpp"
@@ -165,12 +169,30 @@ class ClMirror final : public DeviceMirror {
   std::vector<Alloc> allocs_;
 };
 
-// The collectives a device stream runs (not yet: the v-forms, send/recv).
+// Sets an environment variable for a scope (the main thread, before the ranks
+// start: a stream reads CHORUS_DEVICE_STAGING when it is made).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// Every collective of the matrix: the v-forms and send/recv (a ring shift
+// inside chorusGroupStart/End) included.
 std::vector<Case> deviceCases(int n, const std::vector<size_t>& counts, bool all_dtypes) {
-  std::vector<Case> out;
-  for (const Case& c : standardCases(n, counts, all_dtypes))
-    if (c.coll != Coll::AllGatherV && c.coll != Coll::AllToAllV && c.coll != Coll::SendRecv) out.push_back(c);
-  return out;
+  return standardCases(n, counts, all_dtypes);
 }
 
 std::string runOnDevice(int rank, chorusComm_t comm, const std::vector<Case>& cases) {
@@ -186,8 +208,8 @@ std::string runOnDevice(int rank, chorusComm_t comm, const std::vector<Case>& ca
 
 class DeviceRanks : public ::testing::TestWithParam<int> {};
 
-// Every collective a device stream runs x every dtype x op, in place and
-// not, at small ragged counts (0 included).
+// Every collective x every dtype x op, in place and not, at small ragged
+// counts (0 included), under the default staging (auto: map on POCL).
 TEST_P(DeviceRanks, AllDtypesAllOps) {
   SKIP_WITHOUT_OPENCL();
   const int n = GetParam();
@@ -196,18 +218,168 @@ TEST_P(DeviceRanks, AllDtypesAllOps) {
   EXPECT_EQ(failures(msgs), "");
 }
 
-// Larger, non-divisible counts: the staging grows, the plans pipeline.
-TEST_P(DeviceRanks, LargerCountsFloat) {
+INSTANTIATE_TEST_SUITE_P(Shm, DeviceRanks, ::testing::Values(2, 4), [](const auto& info) {
+  return fmt::format("n{}", info.param);
+});
+
+// 1, 3 and 8 ranks: every collective on float32, in place and not.
+class DeviceRanksFloat : public ::testing::TestWithParam<int> {};
+TEST_P(DeviceRanksFloat, EveryCollective) {
   SKIP_WITHOUT_OPENCL();
   const int n = GetParam();
+  auto cases = deviceCases(n, {0, 7}, /*all_dtypes=*/false);
+  auto msgs = runRanks(n, [&](int r, chorusComm_t c) { return runOnDevice(r, c, cases); });
+  EXPECT_EQ(failures(msgs), "");
+}
+INSTANTIATE_TEST_SUITE_P(Shm, DeviceRanksFloat, ::testing::Values(1, 3, 8), [](const auto& info) {
+  return fmt::format("n{}", info.param);
+});
+
+// Larger, non-divisible counts under each staging mode (docs/device.md):
+// map, pipeline (256 KiB chunks: 300007 floats are 5 chunks, the last one
+// short) and whole.
+class DeviceStaging : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+TEST_P(DeviceStaging, LargerCountsFloat) {
+  SKIP_WITHOUT_OPENCL();
+  const auto& [n, mode] = GetParam();
+  ScopedEnv staging("CHORUS_DEVICE_STAGING", mode);
+  ScopedEnv chunk("CHORUS_DEVICE_CHUNK_BYTES", "262144");
   auto cases = deviceCases(n, {4099, 300007}, /*all_dtypes=*/false);
   auto msgs = runRanks(n, [&](int r, chorusComm_t c) { return runOnDevice(r, c, cases); });
   EXPECT_EQ(failures(msgs), "");
 }
+INSTANTIATE_TEST_SUITE_P(Shm, DeviceStaging,
+                         ::testing::Values(std::tuple<int, std::string>{4, "map"},
+                                           std::tuple<int, std::string>{3, "pipeline"},
+                                           std::tuple<int, std::string>{2, "whole"}),
+                         [](const auto& info) {
+                           return fmt::format("n{}_{}", std::get<0>(info.param), std::get<1>(info.param));
+                         });
 
-INSTANTIATE_TEST_SUITE_P(Shm, DeviceRanks, ::testing::Values(2, 4), [](const auto& info) {
-  return fmt::format("n{}", info.param);
-});
+// A v-collective writes its blocks, not the gaps between them: the gaps keep
+// the device's bytes in every staging mode (whole and pipeline stage the
+// output, so they must start from the device's copy).
+TEST(DeviceOpenCL, VCollectiveGapsKeepDeviceBytes) {
+  SKIP_WITHOUT_OPENCL();
+  for (const char* mode : {"map", "pipeline", "whole"}) {
+    ScopedEnv staging("CHORUS_DEVICE_STAGING", mode);
+    auto msgs = runRanks(2, [&](int r, chorusComm_t comm) -> std::string {
+      ClRank cl;
+      if (!cl.error.empty()) return cl.error;
+      // Blocks of 5 and 3 floats at displacements 1 and 9 of 16: gaps at 0, 6-8, 12-15.
+      const size_t counts[2] = {5, 3}, displs[2] = {1, 9}, total = 16;
+      std::vector<float> in(counts[r]), out(total, -3.0f);
+      for (size_t i = 0; i < counts[r]; ++i) in[i] = static_cast<float>(100 * r + i);
+      cl_int e = CL_SUCCESS;
+      cl_mem mi = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, 64, nullptr, &e);
+      cl_mem mo = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, total * 4, nullptr, &e);
+      if (e != CL_SUCCESS) return fmt::format("clCreateBuffer: {}", e);
+      clEnqueueWriteBuffer(cl.queue, mi, CL_FALSE, 0, counts[r] * 4, in.data(), 0, nullptr, nullptr);
+      clEnqueueWriteBuffer(cl.queue, mo, CL_FALSE, 0, total * 4, out.data(), 0, nullptr, nullptr);
+      void *di = nullptr, *dout = nullptr;
+      chorusMemRegisterOpenCL(mi, &di);
+      chorusMemRegisterOpenCL(mo, &dout);
+      std::string err;
+      // Twice: the second call's staging holds the first call's bytes.
+      for (int round = 0; round < 2 && err.empty(); ++round) {
+        if (chorusAllGatherV(di, counts[r], dout, counts, displs, chorusFloat32, comm, cl.stream) != chorusSuccess)
+          err = fmt::format("{}: {}", mode, chorusGetLastError(comm));
+        if (round == 0 && err.empty()) {
+          std::vector<float> junk(total, 55.0f);  // the gaps change on the device between the calls
+          clEnqueueWriteBuffer(cl.queue, mo, CL_TRUE, 0, total * 4, junk.data(), 0, nullptr, nullptr);
+        }
+      }
+      if (err.empty()) {
+        clEnqueueReadBuffer(cl.queue, mo, CL_TRUE, 0, total * 4, out.data(), 0, nullptr, nullptr);
+        for (size_t i = 0; i < total && err.empty(); ++i) {
+          float want = 55.0f;
+          for (int j = 0; j < 2; ++j)
+            if (i >= displs[j] && i < displs[j] + counts[j]) want = static_cast<float>(100 * j + (i - displs[j]));
+          if (out[i] != want) err = fmt::format("{}: element {} is {}, expected {}", mode, i, out[i], want);
+        }
+      }
+      chorusMemDeregister(di);
+      chorusMemDeregister(dout);
+      clReleaseMemObject(mi);
+      clReleaseMemObject(mo);
+      return err;
+    });
+    EXPECT_EQ(failures(msgs), "");
+  }
+}
+
+// A group of several calls on device buffers (two allreduces on one stream, a
+// broadcast on another, and a host call on a host stream, one chorusGroupEnd),
+// each mode: every result lands.
+TEST(DeviceOpenCL, GroupOfDeviceCalls) {
+  SKIP_WITHOUT_OPENCL();
+  for (const char* mode : {"map", "pipeline"}) {
+    ScopedEnv staging("CHORUS_DEVICE_STAGING", mode);
+    auto msgs = runRanks(3, [&](int r, chorusComm_t comm) -> std::string {
+      ClRank cl, cl2;
+      if (!cl.error.empty()) return cl.error;
+      if (!cl2.error.empty()) return cl2.error;
+      const size_t count = 1000;
+      std::vector<float> a(count), b(count), c(count);
+      for (size_t i = 0; i < count; ++i) {
+        a[i] = static_cast<float>(i + r);
+        b[i] = static_cast<float>(r + 1) * 0.5f;
+        c[i] = r == 1 ? static_cast<float>(i) * 3.0f : -1.0f;
+      }
+      cl_int e = CL_SUCCESS;
+      cl_mem ma = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
+      cl_mem mb = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
+      cl_mem mc = clCreateBuffer(cl2.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
+      if (e != CL_SUCCESS) return fmt::format("clCreateBuffer: {}", e);
+      clEnqueueWriteBuffer(cl.queue, ma, CL_FALSE, 0, count * 4, a.data(), 0, nullptr, nullptr);
+      clEnqueueWriteBuffer(cl.queue, mb, CL_FALSE, 0, count * 4, b.data(), 0, nullptr, nullptr);
+      clEnqueueWriteBuffer(cl2.queue, mc, CL_FALSE, 0, count * 4, c.data(), 0, nullptr, nullptr);
+      void *da = nullptr, *db = nullptr, *dc = nullptr;
+      chorusMemRegisterOpenCL(ma, &da);
+      chorusMemRegisterOpenCL(mb, &db);
+      chorusMemRegisterOpenCL(mc, &dc);
+      std::string err;
+      // A host call on a host stream in the same group: the batch runs on that
+      // stream, and chorusGroupEnd waits for it before unmapping.
+      chorusStream_t hs = nullptr;
+      chorusStreamCreate(&hs);
+      std::vector<int32_t> h(count, r + 1);
+      chorusGroupStart();
+      chorusResult_t r0 = chorusAllReduce(h.data(), h.data(), count, chorusInt32, chorusSum, comm, hs);
+      chorusResult_t r1 = chorusAllReduce(da, da, count, chorusFloat32, chorusSum, comm, cl.stream);
+      chorusResult_t r2 = chorusAllReduce(db, db, count, chorusFloat32, chorusMax, comm, cl.stream);
+      chorusResult_t r3 = chorusBroadcast(dc, dc, count, chorusFloat32, 1, comm, cl2.stream);
+      chorusResult_t r4 = chorusGroupEnd();
+      if (r0 != chorusSuccess || chorusStreamSynchronize(hs) != chorusSuccess)
+        err = fmt::format("{}: the host call of the group: {}", mode, chorusGetLastError(comm));
+      else if (h[0] != 6 || h[count - 1] != 6)
+        err = fmt::format("{}: the host call of the group gave {} (expected 6)", mode, h[0]);
+      chorusStreamDestroy(hs);
+      if (r1 != chorusSuccess || r2 != chorusSuccess || r3 != chorusSuccess || r4 != chorusSuccess)
+        err = fmt::format("{}: group returned {} {} {} {}: {}", mode, static_cast<int>(r1), static_cast<int>(r2),
+                          static_cast<int>(r3), static_cast<int>(r4), chorusGetLastError(comm));
+      if (err.empty()) {
+        clEnqueueReadBuffer(cl.queue, ma, CL_TRUE, 0, count * 4, a.data(), 0, nullptr, nullptr);
+        clEnqueueReadBuffer(cl.queue, mb, CL_TRUE, 0, count * 4, b.data(), 0, nullptr, nullptr);
+        clEnqueueReadBuffer(cl2.queue, mc, CL_TRUE, 0, count * 4, c.data(), 0, nullptr, nullptr);
+        for (size_t i = 0; i < count && err.empty(); ++i) {
+          const float want_a = 3.0f * static_cast<float>(i) + 3.0f;  // (i+0) + (i+1) + (i+2)
+          if (a[i] != want_a || b[i] != 1.5f || c[i] != static_cast<float>(i) * 3.0f)
+            err = fmt::format("{}: element {}: {} {} {} (expected {} 1.5 {})", mode, i, a[i], b[i], c[i], want_a,
+                              static_cast<float>(i) * 3.0f);
+        }
+      }
+      chorusMemDeregister(da);
+      chorusMemDeregister(db);
+      chorusMemDeregister(dc);
+      clReleaseMemObject(ma);
+      clReleaseMemObject(mb);
+      clReleaseMemObject(mc);
+      return err;
+    });
+    EXPECT_EQ(failures(msgs), "");
+  }
+}
 
 // The call's result is written in the queue's order: a blocking read on the
 // same queue right after the call (no chorusStreamSynchronize) sees it, and
@@ -250,6 +422,102 @@ TEST(DeviceOpenCL, ResultInQueueOrderAndEvent) {
     return err;
   });
   EXPECT_EQ(failures(msgs), "");
+}
+
+// The staging modes on one stream, without a communicator: a host call that
+// computes out[i] = 2 * in[i] + 1 (or out[i] = i with no input) sees the
+// right bytes in every chunk, chunks come in order with the right lengths
+// (10000 floats in 4 KiB chunks: nine of 1024 and one of 784), and the
+// device buffer holds every chunk's result.
+TEST(DeviceOpenCL, StagingModesChunkAndMap) {
+  SKIP_WITHOUT_OPENCL();
+  ClRank cl;
+  ASSERT_EQ(cl.error, "");
+  const uint64_t count = 10000;
+  std::vector<float> in(count), out(count);
+  for (uint64_t i = 0; i < count; ++i) in[i] = static_cast<float>(i % 977);
+  cl_int e = CL_SUCCESS;
+  cl_mem ma = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
+  cl_mem mb = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
+  ASSERT_EQ(e, CL_SUCCESS);
+  void *da = nullptr, *db = nullptr;
+  ASSERT_EQ(chorusMemRegisterOpenCL(ma, &da), chorusSuccess);
+  ASSERT_EQ(chorusMemRegisterOpenCL(mb, &db), chorusSuccess);
+  enum class Shape { OutOfPlace, InPlace, NoInput, NoOutput };
+  for (device::Staging mode : {device::Staging::Pipeline, device::Staging::Map, device::Staging::Whole}) {
+    for (Shape shape : {Shape::OutOfPlace, Shape::InPlace, Shape::NoInput, Shape::NoOutput}) {
+      const std::string what = fmt::format("{} shape {}", device::stagingName(mode), static_cast<int>(shape));
+      auto made = device::makeClStream(cl.queue, device::StagingOptions{mode, 4096});
+      ASSERT_TRUE(made.isOk()) << made.status().message();
+      device::ClStream& stream = **made;
+      clEnqueueWriteBuffer(cl.queue, ma, CL_FALSE, 0, count * 4, in.data(), 0, nullptr, nullptr);
+      std::vector<float> poison(count, -7.0f);
+      clEnqueueWriteBuffer(cl.queue, mb, CL_FALSE, 0, count * 4, poison.data(), 0, nullptr, nullptr);
+      device::StagedCall call;
+      call.fn = "test";
+      call.elementwise = true;
+      call.count = count;
+      call.elem_bytes = 4;
+      call.send = shape == Shape::InPlace ? db : da;
+      call.recv = db;
+      if (shape == Shape::InPlace)
+        clEnqueueWriteBuffer(cl.queue, mb, CL_FALSE, 0, count * 4, in.data(), 0, nullptr, nullptr);
+      call.send_bytes = shape == Shape::NoInput ? 0 : count * 4;
+      call.recv_bytes = shape == Shape::NoOutput ? 0 : count * 4;
+      call.recv_written = shape != Shape::NoOutput;
+      std::vector<uint64_t> chunks;
+      uint64_t first = 0;
+      Status st = stream.run(call, [&](const void* send, void* recv, uint64_t n) -> Status {
+        chunks.push_back(n);
+        const auto* s = static_cast<const float*>(send);
+        auto* r = static_cast<float*>(recv);
+        if (shape == Shape::NoInput && s != nullptr) return invalidArgument("a send pointer without input");
+        for (uint64_t i = 0; i < n; ++i) {
+          if (s != nullptr && s[i] != in[first + i])
+            return invalidArgument("element {} of the input reads {}", first + i, s[i]);
+          if (shape != Shape::NoOutput) r[i] = s != nullptr ? 2.0f * s[i] + 1.0f : static_cast<float>(first + i);
+        }
+        first += n;
+        return {};
+      });
+      ASSERT_TRUE(st.isOk()) << what << ": " << st.message();
+      ASSERT_EQ(first, count) << what;
+      const device::StagingStats stats = stream.stats();
+      if (mode == device::Staging::Pipeline) {
+        EXPECT_EQ(chunks.size(), 10u) << what;
+        EXPECT_EQ(chunks.front(), 1024u) << what;
+        EXPECT_EQ(chunks.back(), 784u) << what;
+        EXPECT_EQ(stats.pipelined_calls, 1u) << what;
+        EXPECT_EQ(stats.chunks, 10u) << what;
+      } else {
+        EXPECT_EQ(chunks.size(), 1u) << what;
+        EXPECT_EQ(mode == device::Staging::Map ? stats.mapped_calls : stats.whole_calls, 1u) << what;
+      }
+      // In queue order: a blocking read right after the call sees it.
+      clEnqueueReadBuffer(cl.queue, mb, CL_TRUE, 0, count * 4, out.data(), 0, nullptr, nullptr);
+      for (uint64_t i = 0; i < count; ++i) {
+        const float want = shape == Shape::NoOutput ? -7.0f
+                           : shape == Shape::NoInput ? static_cast<float>(i)
+                                                     : 2.0f * in[i] + 1.0f;
+        if (out[i] != want) {
+          ADD_FAILURE() << what << ": element " << i << " is " << out[i] << ", expected " << want;
+          break;
+        }
+      }
+    }
+  }
+  // Auto: map where the device's memory is the host's (POCL's CPU device).
+  cl_device_id dev_id = nullptr;
+  clGetCommandQueueInfo(cl.queue, CL_QUEUE_DEVICE, sizeof dev_id, &dev_id, nullptr);
+  cl_bool unified = CL_FALSE;
+  clGetDeviceInfo(dev_id, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, nullptr);
+  auto made = device::makeClStream(cl.queue);
+  ASSERT_TRUE(made.isOk());
+  EXPECT_EQ((*made)->stats().resolved, unified == CL_TRUE ? device::Staging::Map : device::Staging::Pipeline);
+  chorusMemDeregister(da);
+  chorusMemDeregister(db);
+  clReleaseMemObject(ma);
+  clReleaseMemObject(mb);
 }
 
 // Misuse: each is chorusInvalidArgument naming the argument, before any data
@@ -308,10 +576,21 @@ TEST(DeviceOpenCL, MisuseIsNamed) {
         errs.push_back("an out-of-order queue accepted");
       clReleaseCommandQueue(ooo);
     }
-    // Not yet on a device stream: refused by name, not run on wrong memory.
-    size_t counts[1] = {4}, displs[1] = {0};
-    if (chorusAllGatherV(dev, 4, dev, counts, displs, chorusFloat32, comm, a.stream) != chorusInvalidUsage)
-      errs.push_back("allgatherv on an OpenCL stream was not refused");
+    // Not on a device stream: refused by name, not run on wrong memory.
+    chorusPrimitiveArgs_t pa = CHORUS_PRIMITIVE_ARGS_INITIALIZER;
+    pa.sendbuff = dev;
+    pa.recvbuff = dev;
+    pa.count = 4;
+    if (chorusPrimitive("allreduce", &pa, comm, a.stream) != chorusInvalidUsage ||
+        std::string(chorusGetLastError(comm)).find("OpenCL stream") == std::string::npos)
+      errs.push_back(fmt::format("a primitive on an OpenCL stream was not refused ({})", chorusGetLastError(comm)));
+    if (chorusPrimitive("allreduce", &pa, comm, nullptr) != chorusInvalidUsage ||
+        std::string(chorusGetLastError(comm)).find("args->sendbuff") == std::string::npos)
+      errs.push_back(fmt::format("a primitive on device addresses was not refused ({})", chorusGetLastError(comm)));
+    // A v-collective's extent past the end: 40 floats at displacement 40 of 64.
+    size_t counts[1] = {40}, displs[1] = {40};
+    expect("allgatherv past the end", chorusAllGatherV(dev, 40, d + 64, counts, displs, chorusFloat32, comm, a.stream),
+           {"recvbuff", "CL_MEM_SIZE"});
     chorusMemDeregister(dev);
     chorusMemDeregister(dev_other);
     clReleaseMemObject(mem);
