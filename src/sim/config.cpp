@@ -249,6 +249,9 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
     const json& v = nd.raw().at("peer_links");
     if (!nd.has("peer_gbyte_s"))
       return invalidArgument("{}: key 'node.peer_links' needs 'node.peer_gbyte_s' (the rate of one link)", where);
+    if (c.node.gpus > NodeSpec::kMaxPartialMeshGpus)
+      return invalidArgument("{}: key 'node.peer_links' on a node of {} GPUs: at most {}", where, c.node.gpus,
+                             NodeSpec::kMaxPartialMeshGpus);
     if (!v.is_array() || v.empty() || v.size() > 65536)
       return invalidArgument("{}: key 'node.peer_links' must be a list of 1 to 65536 [a, b, count] entries", where);
     const auto n = static_cast<size_t>(c.node.gpus);

@@ -73,6 +73,7 @@ struct NodeSpec {
   // set, peer_bw is the rate of ONE link and a pair's rate is its count x
   // peer_bw.  Key "peer_links": [[a, b, count], ...] (both directions).
   std::vector<int> pair_links;
+  static constexpr int kMaxPartialMeshGpus = 128;  // routes are searched in O(GPUs^3)
   [[nodiscard]] int pairLinks(int64_t a, int64_t b) const {
     return pair_links[static_cast<size_t>(a * domainSize() + b)];
   }

@@ -295,14 +295,22 @@ class Reader {
       }
     }
     int lo = 0, hi = 0, unlinked = 0;
+    const bool small = n <= static_cast<size_t>(NodeSpec::kMaxPartialMeshGpus);
     for (size_t a = 0; a < n; ++a)
       for (size_t b = 0; b < n; ++b) {
         if (a == b) continue;
         const int k = pair[a * n + b];
         if (k == 0) {
           ++unlinked;
-          bool relay = false;  // a GPU linked to both
-          for (size_t m = 0; m < n && !relay; ++m) relay = m != a && m != b && pair[a * n + m] > 0 && pair[m * n + b] > 0;
+          bool relay = false;  // a GPU linked to both (not searched on nodes too large to route)
+          for (size_t m = 0; m < n && !relay && small; ++m) relay = m != a && m != b && pair[a * n + m] > 0 && pair[m * n + b] > 0;
+          if (!relay && !small) {
+            t_.mesh_note = fmt::format("GPU-to-GPU <{}> links, but GPUs {} and {} have none, on a node of {} GPUs (a "
+                                       "partial mesh is modelled up to {} GPUs): modelled as a switch at the GPU's "
+                                       "links, optimistic for pairs that share or lack links", t_.link_element,
+                                       gpu_devs_[a], gpu_devs_[b], n, NodeSpec::kMaxPartialMeshGpus);
+            return;
+          }
           if (!relay) {
             t_.mesh_note = fmt::format("GPU-to-GPU <{}> links, but GPUs {} and {} have none and no GPU is linked to "
                                        "both (the simulator routes a pair over at most one other GPU): modelled as a "
@@ -319,7 +327,9 @@ class Reader {
     t_.pair_links_min = lo;
     t_.pair_links_max = hi;
     t_.unlinked_pairs = unlinked;
-    if (unlinked > 0 || lo != hi) t_.pair_links = std::move(pair);
+    // Uneven pairs beyond the per-pair limit: the fewest-linked pair's rate
+    // for all (the report says so).
+    if (unlinked > 0 || (lo != hi && small)) t_.pair_links = std::move(pair);
   }
   static std::string lowerCase(std::string s) {
     std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });

@@ -89,6 +89,8 @@ Result<Topology> Topology::build(const ClusterSpec& c) {
 Status Topology::buildPartialMesh() {
   const NodeSpec& nd = c_.node;
   const int64_t dom = nd.domainSize(), n = gpn_;
+  if (dom > NodeSpec::kMaxPartialMeshGpus)
+    return invalidArgument("cluster '{}': a partial mesh of {} GPUs (at most {})", c_.name, dom, NodeSpec::kMaxPartialMeshGpus);
   if (static_cast<int64_t>(nd.pair_links.size()) != dom * dom)
     return invalidArgument("cluster '{}': node.pair_links has {} entries, not {} (the domain's GPUs squared)", c_.name,
                            nd.pair_links.size(), dom * dom);

@@ -328,6 +328,11 @@ TEST(SimMesh, PartialMeshReadsPerPairRates) {
   auto g = parseCluster(j.dump(), "m.json");
   ASSERT_TRUE(g.isOk()) << g.status().message();
   EXPECT_FALSE(Topology::build(*g).isOk());
+  // Routes are searched in O(GPUs^3): per-pair links on at most 128 GPUs.
+  j["node"]["gpus"] = NodeSpec::kMaxPartialMeshGpus + 1;
+  auto big = parseCluster(j.dump(), "m.json");
+  ASSERT_FALSE(big.isOk());
+  EXPECT_NE(big.status().message().find("at most 128"), std::string::npos) << big.status().message();
 }
 
 // A transfer between two unlinked GCDs (0 -> 2) goes over one intermediate:
