@@ -25,6 +25,21 @@ LinkClass LinkDemand::dominant() const {
 
 LinkLedger::LinkLedger(const ClusterSpec& c, int64_t job_gpus) : c_(c), gpus_(job_gpus), gpn_(c.node.gpus) {
   nvl_cap_ = (c.node.nvlink_bw * c.node.nvlink_efficiency).value();
+  if (c.node.mesh && gpn_ > 1) {
+    // A mesh node (docs/simulator.md, "Mesh nodes"): GPU 0's port is at most
+    // the sum of its links to the node's others (the larger direction's,
+    // whichever way a collective's bytes go), as the topology caps it.
+    double out = 0, in = 0;
+    if (c.node.pair_links.empty()) {
+      out = in = c.node.peerBw().value() * static_cast<double>(gpn_ - 1);
+    } else {
+      for (int64_t b = 1; b < gpn_; ++b) {
+        out += c.node.pairLinks(0, b) * c.node.peerBw().value();
+        in += c.node.pairLinks(b, 0) * c.node.peerBw().value();
+      }
+    }
+    nvl_cap_ = std::min(nvl_cap_, std::max(out, in) * c.node.nvlink_efficiency);
+  }
   // NVLS as the network model decides it (network.cpp): on, or by default on
   // Hopper and Blackwell NVSwitch nodes.
   const GpuArch arch = gpuArch(c.gpu);
@@ -121,6 +136,19 @@ LinkDemand LinkLedger::sendRecv(double bytes, const GroupSet& pairs, double send
   d.s[1] = crossing(gpn_) / node_cap_;
   if (pod_gpus_ > 0 && pod_gpus_ < gpus_) d.s[2] = crossing(pod_gpus_) / pod_cap_;
   return d;
+}
+
+double scaleUpBound(const Topology& t, int64_t n, const std::vector<double>& pair_bytes) {
+  std::map<int64_t, double> load;
+  for (int64_t a = 0; a < n; ++a)
+    for (int64_t b = 0; b < n; ++b) {
+      const double x = pair_bytes[static_cast<size_t>(a * n + b)];
+      if (a == b || x <= 0) continue;
+      t.route(a, b, [&](int64_t l) { load[l] += x; });
+    }
+  double worst = 0;
+  for (const auto& [l, x] : load) worst = std::max(worst, x / t.capacity(l).value());
+  return worst;
 }
 
 double Bounds::max() const {

@@ -16,10 +16,12 @@
 #include <array>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "plan/plan.hpp"
 #include "sim/config.hpp"
 #include "sim/network.hpp"
+#include "sim/topology.hpp"
 
 namespace chorus::sim {
 
@@ -69,6 +71,14 @@ class LinkLedger {
   double nvl_cap_ = 0, node_cap_ = 0, pod_cap_ = 0;
   bool nvls_ = false;  // in-switch reduction inside a node
 };
+
+// The busiest link's seconds when GPU a sends pair_bytes[a * n + b] bytes to
+// GPU b, for a, b in [0, n) on one node of `t` (a plan whose bytes per pair
+// are known, counted from its programs), each routed as the network model
+// routes it: on a mesh node (docs/simulator.md, "Mesh nodes") the pair's own
+// link, a pair without one over its intermediate GPU's two links; on a
+// switch node the GPUs' ports.  No schedule of those bytes is shorter.
+double scaleUpBound(const Topology& t, int64_t n, const std::vector<double>& pair_bytes);
 
 // The resources' busy seconds over one iteration and the largest.
 struct Bounds {

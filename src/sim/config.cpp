@@ -184,7 +184,7 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
 
   CHORUS_ASSIGN_OR_RETURN(Reader nd, top.object("node"));
   CHORUS_RETURN_IF_ERROR(nd.onlyKeys({"gpus", "nvlink_gbyte_s", "nvlink_latency_us", "nvlink_efficiency", "nvls",
-                                      "nvls_reduce_tflops", "mesh", "peer_gbyte_s"}));
+                                      "nvls_reduce_tflops", "mesh", "peer_gbyte_s", "peer_links"}));
   CHORUS_RETURN_IF_ERROR(nd.integer("gpus", &c.node.gpus, 1, 4096));
   CHORUS_RETURN_IF_ERROR(nd.num("nvlink_gbyte_s", &d, 1e-3, 1e6));
   c.node.nvlink_bw = gbytePerS(d);
@@ -241,6 +241,37 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
       return invalidArgument("{}: key 'node.peer_gbyte_s' is a mesh node's per-pair rate, but 'node.mesh' is false", where);
     c.node.mesh = true;
     c.node.peer_bw = gbytePerS(d);
+  }
+  // A partial or uneven mesh: "peer_links": [[a, b, count], ...], each entry
+  // `count` links between local GPUs a and b (both directions), each at
+  // peer_gbyte_s; pairs not listed have no direct link.
+  if (nd.has("peer_links")) {
+    const json& v = nd.raw().at("peer_links");
+    if (!nd.has("peer_gbyte_s"))
+      return invalidArgument("{}: key 'node.peer_links' needs 'node.peer_gbyte_s' (the rate of one link)", where);
+    if (c.node.gpus > NodeSpec::kMaxPartialMeshGpus)
+      return invalidArgument("{}: key 'node.peer_links' on a node of {} GPUs: at most {}", where, c.node.gpus,
+                             NodeSpec::kMaxPartialMeshGpus);
+    if (!v.is_array() || v.empty() || v.size() > 65536)
+      return invalidArgument("{}: key 'node.peer_links' must be a list of 1 to 65536 [a, b, count] entries", where);
+    const auto n = static_cast<size_t>(c.node.gpus);
+    c.node.pair_links.assign(n * n, 0);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const json& e = v[i];
+      const bool ok = e.is_array() && e.size() == 3 && e[0].is_number_integer() && e[1].is_number_integer() &&
+                      e[2].is_number_integer();
+      const int64_t a = ok ? e[0].get<int64_t>() : -1, b = ok ? e[1].get<int64_t>() : -1,
+                    k = ok ? e[2].get<int64_t>() : 0;
+      if (!ok || a < 0 || b < 0 || a >= c.node.gpus || b >= c.node.gpus || a == b || k < 1 || k > 1024)
+        return invalidArgument("{}: key 'node.peer_links' entry {} = {}: must be [a, b, count] with a != b in [0, {}) "
+                               "and count in [1, 1024]", where, i, e.dump(), c.node.gpus);
+      int& ab = c.node.pair_links[static_cast<size_t>(a) * n + static_cast<size_t>(b)];
+      if (ab != 0)
+        return invalidArgument("{}: key 'node.peer_links' entry {} = {}: GPUs {} and {} are listed twice", where, i,
+                               e.dump(), a, b);
+      ab = static_cast<int>(k);
+      c.node.pair_links[static_cast<size_t>(b) * n + static_cast<size_t>(a)] = static_cast<int>(k);
+    }
   }
   CHORUS_RETURN_IF_ERROR(g.str("arch", &c.gpu.arch, false));
   if (!c.gpu.arch.empty() && c.gpu.arch != "volta" && c.gpu.arch != "ampere" && c.gpu.arch != "hopper" &&

@@ -66,6 +66,17 @@ struct NodeSpec {
     if (peer_bw.value() > 0 || domainSize() < 2) return peer_bw;
     return nvlink_bw / static_cast<double>(domainSize() - 1);
   }
+  // A partial or uneven mesh (AMD's MI250X, RCCL's 6-link MI100 model): the
+  // links of each ordered pair of the domain's GPUs, row-major, domainSize()^2
+  // entries, 0 for a pair without a direct link (routed over one GPU linked
+  // to both).  Empty: every pair has one set of links at peerBw().  When
+  // set, peer_bw is the rate of ONE link and a pair's rate is its count x
+  // peer_bw.  Key "peer_links": [[a, b, count], ...] (both directions).
+  std::vector<int> pair_links;
+  static constexpr int kMaxPartialMeshGpus = 128;  // routes are searched in O(GPUs^3)
+  [[nodiscard]] int pairLinks(int64_t a, int64_t b) const {
+    return pair_links[static_cast<size_t>(a * domainSize() + b)];
+  }
   // Set by placedCluster (sim/placement.hpp), not by cluster files: the
   // physical domain size when a job uses only `gpus` of each domain (0: all).
   int64_t domain_gpus = 0;

@@ -270,8 +270,9 @@ class Reader {
 
   // A mesh when every link of every GPU targets another GPU of the file (by
   // the busid of the <pci> the GPU sits in; NVSwitches and CPUs are other
-  // targets) and every pair has links; the pair's rate is its link count x
-  // the generation's per-link rate.
+  // targets) and every pair has links or a GPU linked to both (a partial
+  // mesh: RCCL's MI250X and 6-link MI100 models); the pair's rate is its
+  // link count x the generation's per-link rate.
   void readMesh() {
     std::map<std::string, size_t> gpu_of;  // busid -> GPU index
     for (size_t g = 0; g < gpu_nodes_.size(); ++g) {
@@ -294,25 +295,41 @@ class Reader {
       }
     }
     int lo = 0, hi = 0, unlinked = 0;
-    bool first = true;
+    const bool small = n <= static_cast<size_t>(NodeSpec::kMaxPartialMeshGpus);
     for (size_t a = 0; a < n; ++a)
       for (size_t b = 0; b < n; ++b) {
         if (a == b) continue;
         const int k = pair[a * n + b];
-        if (k == 0) ++unlinked;
-        lo = first ? k : std::min(lo, k);
-        hi = first ? k : std::max(hi, k);
-        first = false;
+        if (k == 0) {
+          ++unlinked;
+          bool relay = false;  // a GPU linked to both (not searched on nodes too large to route)
+          for (size_t m = 0; m < n && !relay && small; ++m) relay = m != a && m != b && pair[a * n + m] > 0 && pair[m * n + b] > 0;
+          if (!relay && !small) {
+            t_.mesh_note = fmt::format("GPU-to-GPU <{}> links, but GPUs {} and {} have none, on a node of {} GPUs (a "
+                                       "partial mesh is modelled up to {} GPUs): modelled as a switch at the GPU's "
+                                       "links, optimistic for pairs that share or lack links", t_.link_element,
+                                       gpu_devs_[a], gpu_devs_[b], n, NodeSpec::kMaxPartialMeshGpus);
+            return;
+          }
+          if (!relay) {
+            t_.mesh_note = fmt::format("GPU-to-GPU <{}> links, but GPUs {} and {} have none and no GPU is linked to "
+                                       "both (the simulator routes a pair over at most one other GPU): modelled as a "
+                                       "switch at the GPU's links, optimistic for pairs that share or lack links",
+                                       t_.link_element, gpu_devs_[a], gpu_devs_[b]);
+            return;
+          }
+          continue;
+        }
+        lo = lo == 0 ? k : std::min(lo, k);
+        hi = std::max(hi, k);
       }
-    if (unlinked > 0) {
-      t_.mesh_note = fmt::format("GPU-to-GPU <{}> links, but {} of the {} ordered GPU pairs have none (a partial mesh: "
-                                 "the simulator does not route a pair over another GPU): modelled as a switch at "
-                                 "the GPU's links, optimistic for pairs that share or lack links", t_.link_element, unlinked, n * (n - 1));
-      return;
-    }
     t_.mesh = n > 1;
     t_.pair_links_min = lo;
     t_.pair_links_max = hi;
+    t_.unlinked_pairs = unlinked;
+    // Uneven pairs beyond the per-pair limit: the fewest-linked pair's rate
+    // for all (the report says so).
+    if (unlinked > 0 || (lo != hi && small)) t_.pair_links = std::move(pair);
   }
   static std::string lowerCase(std::string s) {
     std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -425,7 +442,26 @@ ClusterSpec applyNodeTopo(const ClusterSpec& base, const NodeTopo& t, std::strin
                             t.scaleup_gbyte_s, t.links_max > 0 ? ", some GPUs have no links" : ", no <nvlink>/<xgmi> links"));
   c.node.mesh = t.mesh;
   c.node.peer_bw = gbytePerS(t.mesh ? t.pair_links_min * t.link_gbyte_s : 0);
-  if (t.mesh)
+  c.node.pair_links.clear();
+  if (t.mesh && !t.pair_links.empty()) {  // per-pair rates: peer_bw is one link's
+    c.node.pair_links = t.pair_links;
+    c.node.peer_bw = gbytePerS(t.link_gbyte_s);
+    std::string rows;
+    for (int a = 0; a < t.gpus; ++a) {
+      rows += a == 0 ? "" : "; ";
+      for (int b = 0; b < t.gpus; ++b) rows += fmt::format("{}{}", b == 0 ? "" : " ", t.pair_links[static_cast<size_t>(a * t.gpus + b)]);
+    }
+    r.push_back(fmt::format("node.mesh = on, peer_gbyte_s = {:g} per link, peer_links from the file ({} <{}> links per "
+                            "linked GPU pair, {}; no switch; links per pair by <gpu> order: {}){}",
+                            t.link_gbyte_s, t.pair_links_min == t.pair_links_max
+                                ? fmt::format("{}", t.pair_links_min) : fmt::format("{}..{}", t.pair_links_min, t.pair_links_max),
+                            t.link_element, t.generation, rows,
+                            t.unlinked_pairs > 0
+                                ? fmt::format("; a partial mesh: {} of the {} ordered GPU pairs have no link and go over "
+                                              "the GPU linked to both whose narrower link is widest", t.unlinked_pairs,
+                                              t.gpus * (t.gpus - 1))
+                                : std::string()));
+  } else if (t.mesh)
     r.push_back(fmt::format("node.mesh = on, peer_gbyte_s = {:g}: file (every GPU pair joined by its own <{}> links, {} "
                             "per pair{}, {:g} GB/s each; no switch)",
                             t.pair_links_min * t.link_gbyte_s, t.link_element, t.pair_links_min,

@@ -50,12 +50,17 @@ struct NodeTopo {
   double link_gbyte_s = 0;     // per link, per direction (0: no links)
   double scaleup_gbyte_s = 0;  // per GPU, per direction: links_min x link rate, or the PCIe bottleneck
   bool via_pcie = false;       // no links: GPUs reach each other over PCIe
-  // A full mesh: every link's target is another GPU of the file (its <pci>
-  // busid) and every pair of GPUs has at least one (NodeSpec::mesh).
-  // pair_links_min/max: links per ordered pair, over the pairs (0: not a
-  // mesh).  mesh_note: why a node with links is not a mesh ("" when it is).
+  // A mesh: every link's target is another GPU of the file (its <pci>
+  // busid), and every pair of GPUs has links or a GPU linked to both
+  // (NodeSpec::mesh).  pair_links_min/max: links per linked ordered pair
+  // (0: not a mesh); unlinked_pairs: ordered pairs without a link (a partial
+  // mesh).  pair_links: links per ordered pair by <gpu> element order,
+  // row-major (NodeSpec::pair_links), set when the pairs differ (a partial
+  // or uneven mesh), empty for a mesh of equal pairs.  mesh_note: why a node
+  // with links is not a mesh ("" when it is).
   bool mesh = false;
-  int pair_links_min = 0, pair_links_max = 0;
+  int pair_links_min = 0, pair_links_max = 0, unlinked_pairs = 0;
+  std::vector<int> pair_links;
   std::string mesh_note;
   std::vector<NodeTopoNet> nets;
   int nics = 0;                // the fastest nets

@@ -393,7 +393,11 @@ NcclShape NetworkModel::ncclShape(Collective coll, Bytes bytes, const GroupSet& 
     // A mesh node: a rank reaches the group's other ranks on its node over
     // one set of links each, so whatever NCCL/RCCL spreads its channels over
     // it has at most (ppn - 1) pairs' links (docs/simulator.md, "Mesh nodes").
-    const double links = c_.node.peerBw().value() * c_.node.nvlink_efficiency * static_cast<double>(s.ppn - 1);
+    // A partial mesh: each GPU's (ppn - 1) widest routes (a pair without
+    // links counts at its two-hop route's narrower link), the least GPU's.
+    const double links = c_.node.pair_links.empty()
+                             ? c_.node.peerBw().value() * c_.node.nvlink_efficiency * static_cast<double>(s.ppn - 1)
+                             : t_.meshRate(s.ppn - 1);
     s.nvl_bw = std::min(s.nvl_bw, links);
     s.intra_tier = "mesh links (gpu->its peers)";
   }

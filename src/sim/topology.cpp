@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <functional>
 #include <limits>
 
 namespace chorus::sim {
@@ -18,7 +19,11 @@ Result<Topology> Topology::build(const ClusterSpec& c) {
   if (t.mesh_on_) {
     if (c.node.peerBw().value() <= 0) return invalidArgument("cluster '{}': a mesh node needs a per-pair rate", c.name);
     t.mesh_cap_ = c.node.peerBw() * c.node.nvlink_efficiency;
-    t.nvl_cap_ = std::min(t.nvl_cap_, t.mesh_cap_ * static_cast<double>(t.gpn_ - 1));
+    if (c.node.pair_links.empty()) {
+      t.nvl_cap_ = std::min(t.nvl_cap_, t.mesh_cap_ * static_cast<double>(t.gpn_ - 1));
+    } else {
+      CHORUS_RETURN_IF_ERROR(t.buildPartialMesh());
+    }
   }
   // Several NICs behind one GPU pool their bandwidth into its port.
   t.port_cap_ = c.network.nic_bw * (c.network.efficiency * c.network.nics_per_node / t.ports_);
@@ -81,9 +86,86 @@ Result<Topology> Topology::build(const ClusterSpec& c) {
   return t;
 }
 
+Status Topology::buildPartialMesh() {
+  const NodeSpec& nd = c_.node;
+  const int64_t dom = nd.domainSize(), n = gpn_;
+  if (dom > NodeSpec::kMaxPartialMeshGpus)
+    return invalidArgument("cluster '{}': a partial mesh of {} GPUs (at most {})", c_.name, dom, NodeSpec::kMaxPartialMeshGpus);
+  if (static_cast<int64_t>(nd.pair_links.size()) != dom * dom)
+    return invalidArgument("cluster '{}': node.pair_links has {} entries, not {} (the domain's GPUs squared)", c_.name,
+                           nd.pair_links.size(), dom * dom);
+  // The job's GPUs are the domain's first `n` (placedCluster); routes stay
+  // among them.
+  const auto un = static_cast<size_t>(n);
+  pair_cap_.assign(un * un, 0.0);
+  tx_cap_.assign(un, 0.0);
+  rx_cap_.assign(un, 0.0);
+  for (int64_t a = 0; a < n; ++a)
+    for (int64_t b = 0; b < n; ++b) {
+      if (a == b) continue;
+      const double cap = nd.pairLinks(a, b) * mesh_cap_.value();
+      pair_cap_[static_cast<size_t>(a * n + b)] = cap;
+      tx_cap_[static_cast<size_t>(a)] += cap;
+      rx_cap_[static_cast<size_t>(b)] += cap;
+    }
+  for (size_t a = 0; a < un; ++a) {
+    tx_cap_[a] = std::min(tx_cap_[a], nvl_cap_.value());
+    rx_cap_[a] = std::min(rx_cap_[a], nvl_cap_.value());
+  }
+  // A pair without links: through the GPU m linked to both whose narrower
+  // link is widest, ties to the lowest m (NCCL's path search likewise keeps
+  // the fewest hops, then the widest path, a path's width being its
+  // narrowest link: docs/simulator.md, "Mesh nodes").
+  via_.assign(un * un, -1);
+  for (int64_t a = 0; a < n; ++a)
+    for (int64_t b = 0; b < n; ++b) {
+      if (a == b || pair_cap_[static_cast<size_t>(a * n + b)] > 0) continue;
+      double best = 0;
+      for (int64_t m = 0; m < n; ++m) {
+        if (m == a || m == b) continue;
+        const double w = std::min(pair_cap_[static_cast<size_t>(a * n + m)], pair_cap_[static_cast<size_t>(m * n + b)]);
+        if (w > best) best = w, via_[static_cast<size_t>(a * n + b)] = static_cast<int32_t>(m);
+      }
+      if (best <= 0)
+        return invalidArgument("cluster '{}': GPUs {} and {} of a mesh node have no link and no GPU of the job's {} "
+                               "per node linked to both (routes take at most one intermediate GPU)",
+                               c_.name, a, b, n);
+    }
+  return {};
+}
+
+double Topology::meshRate(int64_t peers) const {
+  if (!mesh_on_ || peers < 1) return nvl_cap_.value();
+  if (pair_cap_.empty()) return std::min(nvl_cap_.value(), mesh_cap_.value() * static_cast<double>(peers));
+  const int64_t n = gpn_;
+  double least = -1;
+  std::vector<double> r;
+  for (int64_t a = 0; a < n; ++a) {
+    r.clear();
+    for (int64_t b = 0; b < n; ++b) {
+      if (b == a) continue;
+      const int64_t m = meshVia(a, b);
+      r.push_back(m < 0 ? pair_cap_[static_cast<size_t>(a * n + b)]
+                        : std::min(pair_cap_[static_cast<size_t>(a * n + m)], pair_cap_[static_cast<size_t>(m * n + b)]));
+    }
+    std::sort(r.begin(), r.end(), std::greater<>());
+    double sum = 0;
+    for (size_t i = 0; i < r.size() && static_cast<int64_t>(i) < peers; ++i) sum += r[i];
+    sum = std::min({sum, tx_cap_[static_cast<size_t>(a)], rx_cap_[static_cast<size_t>(a)]});
+    least = least < 0 ? sum : std::min(least, sum);
+  }
+  return least;
+}
+
 BytesPerSecond Topology::capacity(int64_t l) const {
-  if (l < nvl_rx_ + gpus_) return nvl_cap_;
-  if (l < mesh_ + (mesh_on_ ? gpus_ * (gpn_ - 1) : 0)) return mesh_cap_;
+  if (l < nvl_rx_) return tx_cap_.empty() ? nvl_cap_ : BytesPerSecond(tx_cap_[static_cast<size_t>((l - nvl_tx_) % gpn_)]);
+  if (l < nvl_rx_ + gpus_)
+    return rx_cap_.empty() ? nvl_cap_ : BytesPerSecond(rx_cap_[static_cast<size_t>((l - nvl_rx_) % gpn_)]);
+  if (l < mesh_ + (mesh_on_ ? gpus_ * (gpn_ - 1) : 0)) {
+    if (pair_cap_.empty()) return mesh_cap_;
+    const int64_t k = l - mesh_, la = (k / (gpn_ - 1)) % gpn_, j = k % (gpn_ - 1);
+    return BytesPerSecond(pair_cap_[static_cast<size_t>(la * gpn_ + (j < la ? j : j + 1))]);
+  }
   if (ndims_ > 0) return torus_cap_;
   if (l < up_) return port_cap_;
   return up_cap_;

@@ -8,7 +8,12 @@
 //   mesh nodes (NodeSpec::mesh): pair[n][a][b], the links from local GPU a to
 //                                local GPU b of node n (one per ordered pair;
 //                                a transfer inside the node takes nvl_tx[a],
-//                                pair[a][b], nvl_rx[b])
+//                                pair[a][b], nvl_rx[b]); a partial mesh
+//                                (NodeSpec::pair_links) gives each pair its
+//                                own rate, and a pair without links goes
+//                                a -> m -> b over the GPU m whose two links
+//                                are widest (the narrower of the two; ties:
+//                                the lowest m), taking m's rx and tx too
 //   scale-out port p of node n:  port_tx, port_rx       (ports = min(nics, gpus) per node; GPU l uses port l*ports/gpus)
 //   fat-tree / rail-optimized:   leaf_up[L], leaf_down[L]  (a leaf's aggregated uplinks to a
 //                                non-blocking spine; capacity = leaf ports / oversubscription)
@@ -35,6 +40,17 @@ class Topology {
   [[nodiscard]] BytesPerSecond capacity(int64_t link) const;
   [[nodiscard]] std::string linkName(int64_t link) const;
   [[nodiscard]] int64_t nodeOf(int64_t gpu) const { return gpu / gpn_; }
+  // Mesh nodes: whether the node is one, and the intermediate local GPU a
+  // transfer from local GPU a to local GPU b goes through (-1: direct).
+  [[nodiscard]] bool mesh() const { return mesh_on_; }
+  [[nodiscard]] int64_t meshVia(int64_t a, int64_t b) const {
+    return via_.empty() ? -1 : via_[static_cast<size_t>(a * gpn_ + b)];
+  }
+  // A mesh node's rate (with efficiency) from one GPU to `peers` others at
+  // once: each GPU's `peers` widest routes to the others (a route's rate is
+  // its narrowest link), summed, capped at its port; the least over the
+  // node's GPUs.  The NCCL model's scale-up rate on a mesh.
+  [[nodiscard]] double meshRate(int64_t peers) const;
   // ECMP view for the flow model: an aggregated leaf/group up or down link is
   // really `lanes()` parallel cables (one per spine) of `laneCapacity()` each,
   // and a flow hashes onto one of them.
@@ -81,9 +97,9 @@ class Topology {
     if (sn == dn) {
       if (src == dst) return Seconds(0);
       f(nvl_tx_ + src);
-      if (mesh_on_) f(meshLink(src, dst));
+      const int hops = mesh_on_ ? meshHops(src, dst, f) : 1;
       f(nvl_rx_ + dst);
-      return c_.node.nvlink_latency;
+      return c_.node.nvlink_latency * static_cast<double>(hops);
     }
     if (ndims_ > 0) return torusRoute(sn, dn, f);
     Seconds hop(0);
@@ -92,10 +108,10 @@ class Topology {
     if (pxn && sp % ports_ != dp % ports_) {  // another rail: relay through the local GPU on the destination's rail
       const int64_t relay = sn * gpn_ + dst % gpn_;
       f(nvl_tx_ + src);
-      if (mesh_on_ && relay != src) f(meshLink(src, relay));
+      const int hops = mesh_on_ && relay != src ? meshHops(src, relay, f) : 1;
       f(nvl_rx_ + relay);
       sp = port_[static_cast<size_t>(relay)];
-      hop = c_.node.nvlink_latency;
+      hop = c_.node.nvlink_latency * static_cast<double>(hops);
     }
     f(port_tx_ + sp);
     const int64_t sl = upper_[static_cast<size_t>(sp)], dl = upper_[static_cast<size_t>(dp)];
@@ -109,6 +125,8 @@ class Topology {
 
  private:
   explicit Topology(const ClusterSpec& c) : c_(c) {}
+  // The partial mesh's tables (pair_cap_, via_, tx_cap_, rx_cap_).
+  Status buildPartialMesh();
   // The leaf (fat-tree, rail) or group (dragonfly) above a node's port.
   [[nodiscard]] int64_t upperOf(int64_t node, int64_t port) const {
     switch (c_.network.topology) {
@@ -151,6 +169,23 @@ class Topology {
     return mesh_ + (a - la) / gpn_ * gpn_ * (gpn_ - 1) + la * (gpn_ - 1) + (lb < la ? lb : lb - 1);
   }
 
+  // The mesh links between GPU a's port and GPU b's (same node): the pair's
+  // link, or the two links through the intermediate GPU and its rx and tx.
+  template <typename F>
+  int meshHops(int64_t a, int64_t b, F& f) const {
+    const int64_t m = meshVia(a % gpn_, b % gpn_);
+    if (m < 0) {
+      f(meshLink(a, b));
+      return 1;
+    }
+    const int64_t mid = a - a % gpn_ + m;
+    f(meshLink(a, mid));
+    f(nvl_rx_ + mid);
+    f(nvl_tx_ + mid);
+    f(meshLink(mid, b));
+    return 2;
+  }
+
   ClusterSpec c_;
   int64_t gpus_ = 0, gpn_ = 1, ports_ = 1;
   bool mesh_on_ = false;
@@ -160,6 +195,13 @@ class Topology {
   int64_t lanes_ = 1;
   int64_t sym_block_ = 0;
   BytesPerSecond nvl_cap_, mesh_cap_, port_cap_, up_cap_, torus_cap_;
+  // A partial mesh (NodeSpec::pair_links; all empty otherwise), by local
+  // GPU: each ordered pair's capacity (0: no link), the intermediate GPU of
+  // each pair (-1: direct), each GPU's tx and rx port (min of nvl_cap_ and
+  // the sum of its links out, in).
+  std::vector<double> pair_cap_;
+  std::vector<int32_t> via_;
+  std::vector<double> tx_cap_, rx_cap_;
   std::vector<int32_t> node_;   // per GPU: its node
   std::vector<int32_t> port_;   // per GPU: its scale-out port (node * ports + local port); not for tori
   std::vector<int32_t> upper_;  // per port: the leaf or group above it
