@@ -427,6 +427,20 @@ chorusResult_t chorusEpSendOrder(chorusEpHandle_t ep, size_t* order, size_t len,
  * recvCapacity float32, row i receives the weight of its (token, expert). */
 chorusResult_t chorusEpDispatch(chorusEpHandle_t ep, const void* x, const float* topkWeights, void* recvX,
                                 float* recvWeights, size_t recvCapacity, chorusComm_t comm, chorusStream_t stream);
+/* chorusEpDispatch handing the experts the fp8 wire itself (DeepEP's fp8
+ * recv_x and its per-block scales), not decoded: config.dispatchCompress must
+ * be CHORUS_COMPRESS_FP8 and config.hidden a multiple of the fp8 block
+ * (config.fp8Block, -1: 128).  recvCodes: room for recvCapacity rows of
+ * hidden e4m3 codes (uint8, row i at i * hidden, the rows grouped as
+ * chorusEpDispatch's recvX); recvScales: scalesCapacity float32 (>= numRecv *
+ * hidden / block), row i's scales at i * hidden / block, block j's at + j.
+ * Element h of row i is e4m3(recvCodes[i * hidden + h]) * its block's scale:
+ * the codes and scales the sender's quantizer made (scale = amax / 256 per
+ * block; docs/ep.md).  recvWeights and recvCapacity as chorusEpDispatch; a
+ * chorusEpCombine after it undoes it (expertOut in the datatype). */
+chorusResult_t chorusEpDispatchFp8(chorusEpHandle_t ep, const void* x, const float* topkWeights, uint8_t* recvCodes,
+                                   float* recvScales, size_t scalesCapacity, float* recvWeights, size_t recvCapacity,
+                                   chorusComm_t comm, chorusStream_t stream);
 /* expertOut: numRecv x hidden of datatype, rows as dispatch's recvX.
  * weights: numRecv float32 (e.g. dispatch's recvWeights) or NULL (all 1).
  * out: numTokens x hidden of datatype (the layout's tokens). */

@@ -887,6 +887,22 @@ class ExpertParallel {
     return Status::fromC(chorusEpDispatch(h_, x.data(), topkWeights.empty() ? nullptr : topkWeights.data(), recvX.data(),
                                           recvWeights.empty() ? nullptr : recvWeights.data(), cap, comm_, s.native()));
   }
+  // dispatch handing the experts the fp8 wire (chorusEpDispatchFp8; the
+  // handle made with dispatchCompress = CHORUS_COMPRESS_FP8, hidden a
+  // multiple of the block): recvCodes holds rows of hidden e4m3 codes (its
+  // rows are the capacity), recvScales hidden / block float32 per row.
+  Status dispatchFp8(std::span<const std::type_identity_t<T>> x, std::span<const float> topkWeights,
+                     std::span<uint8_t> recvCodes, std::span<float> recvScales, std::span<float> recvWeights = {},
+                     StreamRef s = {}) {
+    if (x.size() != tokens_ * hidden_) return sizeError("dispatchFp8", "x", x.size(), tokens_ * hidden_);
+    if (!topkWeights.empty() && topkWeights.size() != tokens_ * static_cast<size_t>(topk_))
+      return sizeError("dispatchFp8", "topkWeights", topkWeights.size(), tokens_ * static_cast<size_t>(topk_));
+    size_t cap = recvCodes.size() / hidden_;
+    if (!recvWeights.empty()) cap = std::min(cap, recvWeights.size());
+    return Status::fromC(chorusEpDispatchFp8(h_, x.data(), topkWeights.empty() ? nullptr : topkWeights.data(),
+                                             recvCodes.data(), recvScales.data(), recvScales.size(),
+                                             recvWeights.empty() ? nullptr : recvWeights.data(), cap, comm_, s.native()));
+  }
   // expertOut: numRecv x hidden (rows as dispatch's recvX); weights: numRecv
   // or empty (all 1); out: tokens x hidden.
   Status combine(std::span<const std::type_identity_t<T>> expertOut, std::span<const float> weights, std::span<T> out,

@@ -19,7 +19,8 @@ single process computes in that order (tests/python/test_torch_moe.py).
 
 dispatch_compress ("bf16" or "fp8", fp8_block): dispatch's wire is compressed (chorus.h's
 dispatchCompress); the gradient treats it as exact (straight through), and combine's backward, being a
-dispatch of the output's gradient, crosses compressed too.
+dispatch of the output's gradient, crosses compressed too.  ``dispatch_fp8`` hands the experts the fp8
+codes and per-block scales themselves instead of decoding them (no autograd).
 
 Decode (low_latency_max_tokens = M > 0): ``low_latency_dispatch`` / ``low_latency_combine`` skip the
 layout and the count exchange (fixed blocks of M tokens per rank, DeepEP's low-latency shape); no autograd.
@@ -51,6 +52,7 @@ class ExpertParallel:
                                              max_hosts_per_token, dispatch_compress, fp8_block,
                                              low_latency_max_tokens)
         self.low_latency_max_tokens = low_latency_max_tokens
+        self.fp8_block = fp8_block
         self.last_layout = None
 
     @property
@@ -69,6 +71,25 @@ class ExpertParallel:
         lay = self.layout(topk_idx)
         recv_x, recv_w = _Dispatch.apply(self, x, topk_weights)
         return recv_x, recv_w, list(lay["recv_per_expert"])
+
+    def dispatch_fp8(self, x, topk_idx, topk_weights=None):
+        """dispatch with the fp8 wire handed to the experts (dispatch_compress="fp8", hidden a multiple
+        of fp8_block; DeepEP's fp8 recv_x): (recv_codes, recv_scales, recv_weights, recv_per_expert) with
+        recv_codes num_recv x hidden e4m3 codes (torch.float8_e4m3fn where torch has it, else uint8
+        bytes), recv_scales num_recv x (hidden / block) float32: element h of row i is
+        codes[i, h] * scales[i, h // block], as the sender quantized it.  Rows grouped as dispatch's
+        recv_x; combine undoes it.  No autograd (the codes are not differentiable)."""
+        lay = self.layout(topk_idx)
+        n = lay["num_recv"]
+        block = 128 if self.fp8_block < 0 else self.fp8_block
+        codes = torch.empty((n, self.hidden), dtype=torch.uint8)
+        scales = torch.empty((n, self.hidden // block if self.hidden % block == 0 else 0), dtype=torch.float32)
+        recv_w = torch.empty((n,), dtype=torch.float32)
+        w = None if topk_weights is None else topk_weights.detach().to(torch.float32).contiguous()
+        self.handle.dispatch_fp8(x.detach().contiguous(), w, codes, scales, recv_w)
+        if hasattr(torch, "float8_e4m3fn"):
+            codes = codes.view(torch.float8_e4m3fn)
+        return codes, scales, recv_w, list(lay["recv_per_expert"])
 
     def combine(self, expert_out, weights):
         """tokens x hidden: each token's expert rows (expert_out, rows as dispatch's recv_x) weighted by

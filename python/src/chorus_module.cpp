@@ -575,6 +575,38 @@ class ExpertParallel {
     check(r, comm_, "ExpertParallel.dispatch");
   }
 
+  // chorusEpDispatchFp8: recv_codes (uint8, rows x hidden) and recv_scales
+  // (float32, rows x hidden / block) receive the fp8 wire as it came.
+  void dispatchFp8(py::object x, py::object topkWeights, py::object recvCodes, py::object recvScales,
+                   py::object recvWeights) {
+    View xv = viewOf(x, "x", false), cv = viewOf(recvCodes, "recv_codes", true),
+         sv = viewOf(recvScales, "recv_scales", true);
+    payload(xv, "x"), f32(sv, "recv_scales");
+    if (cv.dtype != chorusUint8 && cv.dtype != chorusInt8 && cv.dtype != chorusFloat8e4m3)
+      throw py::type_error("recv_codes: must be uint8 (the e4m3 codes' bytes)");
+    requireSizes(chorus::sizes::equal("dispatch_fp8", "x.size", xv.count, "tokens*hidden", tokens_ * hidden_));
+    std::optional<View> wv, rwv;
+    if (!topkWeights.is_none()) {
+      wv = viewOf(topkWeights, "topk_weights", false);
+      f32(*wv, "topk_weights");
+      requireSizes(chorus::sizes::equal("dispatch_fp8", "topk_weights.size", wv->count, "tokens*topk", tokens_ * topk_));
+    }
+    size_t cap = cv.count / hidden_;
+    if (!recvWeights.is_none()) {
+      rwv = viewOf(recvWeights, "recv_weights", true);
+      f32(*rwv, "recv_weights");
+      cap = std::min(cap, rwv->count);
+    }
+    chorusResult_t r;
+    {
+      py::gil_scoped_release nogil;
+      r = chorusEpDispatchFp8(h_, xv.ptr, wv ? static_cast<const float*>(wv->ptr) : nullptr,
+                              static_cast<uint8_t*>(cv.ptr), static_cast<float*>(sv.ptr), sv.count,
+                              rwv ? static_cast<float*>(rwv->ptr) : nullptr, cap, comm_, nullptr);
+    }
+    check(r, comm_, "ExpertParallel.dispatch_fp8");
+  }
+
   void combine(py::object y, py::object weights, py::object out) {
     View yv = viewOf(y, "expert_out", false), ov = viewOf(out, "out", true);
     payload(yv, "expert_out"), payload(ov, "out");
@@ -1243,6 +1275,11 @@ PYBIND11_MODULE(_chorus, m) {
            py::arg("recv_weights") = py::none(),
            "dispatch(x, topk_weights, recv_x, recv_weights=None): recv_x (num_recv x hidden) receives the tokens\n"
            "grouped by local expert; recv_weights (num_recv float32) their gate weights.")
+      .def("dispatch_fp8", &ExpertParallel::dispatchFp8, py::arg("x"), py::arg("topk_weights"), py::arg("recv_codes"),
+           py::arg("recv_scales"), py::arg("recv_weights") = py::none(),
+           "dispatch_fp8(x, topk_weights, recv_codes, recv_scales, recv_weights=None): dispatch_compress='fp8' only;\n"
+           "recv_codes (uint8, num_recv x hidden) receives the e4m3 codes, recv_scales (float32, num_recv x\n"
+           "hidden / fp8_block) their per-block scales, as the sender quantized them (DeepEP's fp8 recv_x).")
       .def("combine", &ExpertParallel::combine, py::arg("expert_out"), py::arg("weights"), py::arg("out"),
            "combine(expert_out, weights, out): out (tokens x hidden) = the weighted sum of the token's expert rows,\n"
            "in chorus.h's fixed order; weights None: all 1.")

@@ -1155,6 +1155,21 @@ CHORUS_EXPORT chorusResult_t chorusEpDispatch(chorusEpHandle_t ep, const void* x
   return runEp(ref, stream, fn, "ep_dispatch", call);
 }
 
+CHORUS_EXPORT chorusResult_t chorusEpDispatchFp8(chorusEpHandle_t ep, const void* x, const float* topkWeights,
+                                                 uint8_t* recvCodes, float* recvScales, size_t scalesCapacity,
+                                                 float* recvWeights, size_t recvCapacity, chorusComm_t comm,
+                                                 chorusStream_t stream) {
+  const char* fn = "chorusEpDispatchFp8";
+  CHORUS_COMM_PROLOGUE(fn);
+  CHORUS_CHECK(checkEp(fn, ep, c));
+  prim::ep::Call call;
+  call.state = ep->state.get();
+  call.x = x, call.topk_weights = topkWeights, call.recv_x = recvCodes, call.recv_weights = recvWeights;
+  call.recv_capacity = recvCapacity;
+  call.fp8_out = true, call.recv_scales = recvScales, call.scales_capacity = scalesCapacity;
+  return runEp(ref, stream, fn, "ep_dispatch", call);
+}
+
 CHORUS_EXPORT chorusResult_t chorusEpCombine(chorusEpHandle_t ep, const void* expertOut, const float* weights, void* out,
                                              chorusComm_t comm, chorusStream_t stream) {
   const char* fn = "chorusEpCombine";

@@ -89,13 +89,14 @@ Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params, 
 }
 
 Status exchangeRows(Context& ctx, const void* send, std::span<const size_t> send_rows, void* recv,
-                    std::span<const size_t> recv_rows, size_t row_bytes) {
+                    std::span<const size_t> recv_rows, size_t row_bytes, int skip) {
   const size_t n = send_rows.size();
   std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
   for (size_t r = 0, sa = 0, ra = 0; r < n; ++r) {
     sc[r] = send_rows[r] * row_bytes, sd[r] = sa, sa += sc[r];
     rc[r] = recv_rows[r] * row_bytes, rd[r] = ra, ra += rc[r];
   }
+  if (skip >= 0 && static_cast<size_t>(skip) < n) sc[static_cast<size_t>(skip)] = rc[static_cast<size_t>(skip)] = 0;
   return ctx.allToAllV(send, sc, sd, recv, rc, rd, chorusUint8);
 }
 

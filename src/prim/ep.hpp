@@ -150,6 +150,12 @@ struct Call {
   void* recv_x = nullptr;
   float* recv_weights = nullptr;
   size_t recv_capacity = 0;
+  // dispatch with fp8 codes out (chorusEpDispatchFp8): recv_x receives the
+  // e4m3 codes (hidden bytes per row), recv_scales the row's float32 scales
+  // (hidden / fp8Block per row; room for scales_capacity floats).
+  bool fp8_out = false;
+  float* recv_scales = nullptr;
+  size_t scales_capacity = 0;
   // combine
   const void* expert_out = nullptr;
   const float* weights = nullptr;
@@ -187,8 +193,10 @@ Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params =
 
 // One all-to-all-v of rows of rowBytes bytes: send_rows[p] rows to rank p
 // (packed in rank order), recv_rows[p] from rank p (packed in rank order).
+// skip >= 0: the block to and from rank `skip` (this rank) is left out, its
+// place in recv unwritten (the caller reads those rows from send).
 Status exchangeRows(Context& ctx, const void* send, std::span<const size_t> send_rows, void* recv,
-                    std::span<const size_t> recv_rows, size_t row_bytes);
+                    std::span<const size_t> recv_rows, size_t row_bytes, int skip = -1);
 
 // Collective: checks and compares every rank's config.
 Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std::vector<int> host_ids);

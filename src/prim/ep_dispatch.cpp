@@ -12,7 +12,9 @@
 // (float32) and its origin (source rank, token index: 2 x uint64).  With
 // dispatchCompress the payload is the row quantized (bf16, or fp8 e4m3 with
 // per-block scales: kernels/quantize.hpp's encoding) from its float32 value;
-// the receiver decodes it once and rounds it to the datatype.  The
+// the receiver decodes it once and rounds it to the datatype (or, with
+// chorusEpDispatchFp8, hands the experts the codes and the scales as they
+// came: DeepEP's fp8 recv_x and its scales).  The
 // receiver writes each row's payload into the groups of its local experts in
 // ascending expert id; groups are in expert order, within a group by origin
 // (source rank, then token), whichever way the rows came.  It keeps where
@@ -58,6 +60,7 @@ class Dispatch final : public Primitive {
       mine = invalidArgument("recvCapacity={} rows but {} rows arrive at rank {} (the layout's numRecv)", c.recv_capacity,
                              s.num_recv, s.rank);
     else if (s.num_recv > 0 && c.recv_x == nullptr) mine = invalidArgument("recvX is NULL but {} rows arrive", s.num_recv);
+    else if (c.fp8_out) mine = checkFp8Out(s, c);
     CHORUS_RETURN_IF_ERROR(agree(ctx, mine));
 
     const auto k = static_cast<size_t>(s.cfg.topk);
@@ -86,25 +89,68 @@ class Dispatch final : public Primitive {
     }
     const size_t rows_in = std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0});
     uint8_t* recvb = grow(s.scratch[1], rows_in * W);
+    // The rows this rank sends itself do not cross the exchange (its block
+    // to itself is left out): unpack reads them where they already are, so
+    // the relay copies and the exchange's self-copy of those rows are saved.
+    // rowp[i]: where arrival i's wire row is (arrival order: by source rank).
+    const auto self = static_cast<size_t>(s.rank);
+    size_t self_at = 0;  // arrival index of the first row from this rank
+    for (size_t q = 0; q < self; ++q) self_at += s.recv_rows[q];
+    std::vector<const uint8_t*> rowp(rows_in);
+    for (size_t i = 0; i < rows_in; ++i) rowp[i] = &recvb[i * W];
     if (!s.nodeLimited()) {
-      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb, s.send_counts, recvb, s.recv_rows, W));
+      if (s.send_counts[self] != s.recv_rows[self])
+        return internalError("this rank sends itself {} rows but expects {} from itself", s.send_counts[self],
+                             s.recv_rows[self]);
+      size_t from = 0;
+      for (size_t q = 0; q < self; ++q) from += s.send_counts[q];
+      for (size_t j = 0; j < s.recv_rows[self]; ++j) rowp[self_at + j] = &sendb[(from + j) * W];
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb, s.send_counts, recvb, s.recv_rows, W, s.rank));
     } else {
-      // The first hop lands in scratch[2]; the forwarded rows are packed into
-      // scratch[0] (the first hop's send buffer, done with).
+      // The first hop lands in scratch[2]; the rows forwarded to the other
+      // ranks of the host are packed into scratch[0] (the first hop's send
+      // buffer, done with); those the relay keeps are read from scratch[2].
       uint8_t* hop1 = grow(s.scratch[2], std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0}) * W);
       CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb, s.send_counts, hop1, s.hop1_rows, W));
+      if (s.hop2_counts[self] != s.recv_rows[self])
+        return internalError("this relay keeps {} rows but expects {} from itself", s.hop2_counts[self], s.recv_rows[self]);
+      size_t keep = 0;  // the first hop2 entry this relay keeps
+      for (size_t q = 0; q < self; ++q) keep += s.hop2_counts[q];
+      const size_t keep_end = keep + s.hop2_counts[self];
       uint8_t* fwd = grow(s.scratch[0], s.hop2_rows.size() * W);
-      for (size_t p = 0; p < s.hop2_rows.size(); ++p) std::memcpy(&fwd[p * W], &hop1[s.hop2_rows[p] * W], W);
-      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, fwd, s.hop2_counts, recvb, s.recv_rows, W));
+      for (size_t p = 0; p < s.hop2_rows.size(); ++p) {
+        if (p >= keep && p < keep_end) rowp[self_at + (p - keep)] = &hop1[s.hop2_rows[p] * W];
+        else std::memcpy(&fwd[p * W], &hop1[s.hop2_rows[p] * W], W);
+      }
+      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, fwd, s.hop2_counts, recvb, s.recv_rows, W, s.rank));
     }
-    CHORUS_RETURN_IF_ERROR(unpack(s, c, wire, recvb, rows_in));
+    CHORUS_RETURN_IF_ERROR(unpack(s, c, wire, rowp));
     s.dispatched = true;
     return {};
   }
 
  private:
-  static Status unpack(State& s, const Call& c, const Wire& wire, const uint8_t* recvb, size_t rows_in) {
-    const size_t W = wire.bytes();
+  // chorusEpDispatchFp8's own conditions: the fp8 wire, whole blocks (the
+  // experts' fp8 GEMMs take one scale per block of a row: DeepEP's per-128
+  // scales), room for every arriving row's scales.
+  static Status checkFp8Out(const State& s, const Call& c) {
+    if (s.cfg.compress != CHORUS_COMPRESS_FP8)
+      return invalidArgument("chorusEpDispatchFp8 needs config.dispatchCompress=CHORUS_COMPRESS_FP8 ({}), the handle has "
+                             "{}: the codes and scales are the fp8 wire's", CHORUS_COMPRESS_FP8, s.cfg.compress);
+    const auto block = static_cast<size_t>(s.cfg.wire().block);
+    if (s.cfg.hidden % block != 0)
+      return invalidArgument("config.hidden={} is not a multiple of the fp8 block {} (config.fp8Block): "
+                             "chorusEpDispatchFp8 hands out one scale per whole block", s.cfg.hidden, block);
+    const size_t need = s.num_recv * (s.cfg.hidden / block);
+    if (c.scales_capacity < need)
+      return invalidArgument("recvScales holds {} floats but {} rows x {} scales = {} arrive at rank {}", c.scales_capacity,
+                             s.num_recv, s.cfg.hidden / block, need, s.rank);
+    if (need > 0 && c.recv_scales == nullptr) return invalidArgument("recvScales is NULL but {} scales arrive", need);
+    return {};
+  }
+
+  static Status unpack(State& s, const Call& c, const Wire& wire, const std::vector<const uint8_t*>& rowp) {
+    const size_t rows_in = rowp.size();
     const auto k = static_cast<size_t>(s.cfg.topk);
     const int L = s.localExperts();
     const int first = s.rank * L;
@@ -113,7 +159,7 @@ class Dispatch final : public Primitive {
     std::vector<std::pair<std::pair<uint64_t, uint64_t>, size_t>> by_origin(rows_in);
     s.slot_begin.assign(rows_in + 1, 0);
     for (size_t i = 0; i < rows_in; ++i) {
-      const uint8_t* w = &recvb[i * W];
+      const uint8_t* w = rowp[i];
       for (size_t j = 0; j < k; ++j) {
         int32_t e;
         std::memcpy(&e, w + wire.ids() + j * sizeof(int32_t), sizeof e);
@@ -127,8 +173,11 @@ class Dispatch final : public Primitive {
       s.slot_begin[i + 1] = s.slot_begin[i] + mine[i].size();
     }
     std::sort(by_origin.begin(), by_origin.end());
-    const bool z = s.cfg.compressed();
-    const size_t row = s.rowBytes();
+    const bool z = s.cfg.compressed() && !c.fp8_out;
+    // fp8 out: recvX's rows are the wire's codes (hidden bytes), the scales
+    // go to recv_scales (nb per row), both copied from the wire unchanged.
+    const size_t nb = c.fp8_out ? wireScales(s.cfg.wire(), s.cfg.hidden) : 0;
+    const size_t row = c.fp8_out ? s.cfg.hidden : s.rowBytes();
     std::vector<float> tmp(z ? s.cfg.hidden : 0);
     std::vector<uint8_t> decoded(z ? row : 0);
     std::vector<size_t> off(static_cast<size_t>(L), 0), cur(static_cast<size_t>(L), 0);
@@ -137,8 +186,8 @@ class Dispatch final : public Primitive {
     s.slots.assign(s.slot_begin[rows_in], 0);
     s.slot_k.assign(s.slot_begin[rows_in], 0);
     for (const auto& [origin, i] : by_origin) {
-      const uint8_t* w = &recvb[i * W];
-      const uint8_t* payload = w;
+      const uint8_t* w = rowp[i];
+      const uint8_t* payload = c.fp8_out ? w + nb * sizeof(float) : w;
       if (z) {  // decoded once, rounded to the datatype once, copied into each group
         exec::runLocalOp(exec::LocalOp::dequantize(tmp.data(), w, s.cfg.hidden, s.cfg.wire()));
         exec::runLocalOp(exec::LocalOp::fromFloat(decoded.data(), tmp.data(), s.cfg.hidden, s.cfg.dtype));
@@ -152,6 +201,7 @@ class Dispatch final : public Primitive {
                                s.recv_per_expert[le]);
         const size_t slot = off[le] + cur[le]++;
         std::memcpy(static_cast<uint8_t*>(c.recv_x) + slot * row, payload, row);
+        if (c.fp8_out) std::memcpy(&c.recv_scales[slot * nb], w, nb * sizeof(float));
         if (c.recv_weights != nullptr)
           std::memcpy(&c.recv_weights[slot], w + wire.weights() + static_cast<size_t>(j) * sizeof(float), sizeof(float));
         s.slots[q] = slot;

@@ -47,6 +47,8 @@ struct Job {
   // Dispatch's wire (CHORUS_COMPRESS_*) and fp8 block (-1: 128).
   int compress = CHORUS_COMPRESS_OFF;
   int block = -1;
+  // fp8 wire handed out as codes and scales (chorusEpDispatchFp8).
+  bool fp8_out = false;
   // Host index of rank r (labels numbered by first appearance), the ranks of
   // each host, and the relay of host h for rank r.
   [[nodiscard]] std::vector<int> hostIndex() const {
@@ -145,6 +147,38 @@ std::vector<float> delivered(const Job& j, const float* x) {
   }
   for (float& f : v) f = roundTo(j, f);
   return v;
+}
+
+// The e4m3 code (FN: S.EEEE.MMM, bias 7) of a value e4m3Round returned.
+uint8_t e4m3Code(float v) {
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const float a = std::fabs(v);
+  if (a < 0x1p-6f) return static_cast<uint8_t>(sign | static_cast<uint8_t>(a / 0x1p-9f));  // subnormal: m x 2^-9
+  int ex = 0;
+  std::frexp(a, &ex);  // a = 2^(ex-1) x (1 + m/8)
+  const float m = (a / std::ldexp(1.0f, ex - 1) - 1.0f) * 8.0f;
+  return static_cast<uint8_t>(sign | ((ex - 1 + 7) << 3) | static_cast<uint8_t>(m));
+}
+// The reference quantizer (the documented rule, written again here): a row's
+// e4m3 codes and its per-block scales.
+void quantizeRef(const Job& j, const float* x, std::vector<uint8_t>* codes, std::vector<float>* scales) {
+  const size_t b = j.block < 0 ? 128 : static_cast<size_t>(j.block);
+  codes->assign(j.hidden, 0), scales->clear();
+  for (size_t s = 0; s < j.hidden; s += b) {
+    const size_t e = std::min(j.hidden, s + b);
+    float amax = 0;
+    for (size_t i = s; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float scale = amax >= 0x1p-118f ? amax * (1.0f / 256.0f) : 0.0f;
+    const float inv = scale > 0 ? 256.0f / amax : 0.0f;
+    scales->push_back(scale);
+    for (size_t i = s; i < e; ++i) (*codes)[i] = e4m3Code(e4m3Round(x[i] * inv));
+  }
+}
+// An e4m3 code's value by its defining formula.
+float e4m3Value(uint8_t c) {
+  const int ex = (c >> 3) & 15, m = c & 7;
+  const float a = ex == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, ex - 7);
+  return (c & 0x80) ? -a : a;
 }
 
 // The experts' computation in this test: y = round(x * (0.5 + e/4) + e/8).
@@ -249,8 +283,42 @@ std::string runStep(const Job& j, int r, chorusComm_t c) {
   for (size_t t = 0; t < me.count; ++t) putRow(j, x.data(), t, &me.x[t * j.hidden]);
   std::vector<uint8_t> recv((num_recv + 2) * j.hidden * es, 0xAB);
   std::vector<float> rw(num_recv + 2, -7.0f);
-  if (chorusEpDispatch(ep, x.data(), me.w.data(), recv.data(), rw.data(), num_recv + 2, c, nullptr) != chorusSuccess)
-    return fmt::format("rank {} dispatch: {}", r, chorusGetLastError(c));
+  if (!j.fp8_out) {
+    if (chorusEpDispatch(ep, x.data(), me.w.data(), recv.data(), rw.data(), num_recv + 2, c, nullptr) != chorusSuccess)
+      return fmt::format("rank {} dispatch: {}", r, chorusGetLastError(c));
+  } else {
+    // The codes and scales: exactly the reference quantizer's for the
+    // source row, nothing written past numRecv; then decoded (code x scale,
+    // rounded to the datatype, as an expert would) into recv, which the
+    // checks below compare with the decoding dispatch's rows.
+    const size_t nb = j.hidden / static_cast<size_t>(j.block < 0 ? 128 : j.block);
+    std::vector<uint8_t> codes((num_recv + 2) * j.hidden, 0xAB);
+    std::vector<float> scales((num_recv + 2) * nb, -3.0f);
+    if (chorusEpDispatchFp8(ep, x.data(), me.w.data(), codes.data(), scales.data(), scales.size(), rw.data(),
+                            num_recv + 2, c, nullptr) != chorusSuccess)
+      return fmt::format("rank {} dispatch fp8: {}", r, chorusGetLastError(c));
+    std::vector<uint8_t> rc;
+    std::vector<float> rs;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const Row& w = want[i];
+      quantizeRef(j, &all[static_cast<size_t>(w.src)].x[w.t * j.hidden], &rc, &rs);
+      for (size_t b = 0; b < nb; ++b)
+        if (std::bit_cast<uint32_t>(scales[i * nb + b]) != std::bit_cast<uint32_t>(rs[b]))
+          return fmt::format("rank {}: recvScales row {} block {} = {} expected {}", r, i, b, scales[i * nb + b], rs[b]);
+      std::vector<float> dec(j.hidden);
+      for (size_t h = 0; h < j.hidden; ++h) {
+        if (codes[i * j.hidden + h] != rc[h])
+          return fmt::format("rank {}: recvCodes row {} element {} = {:#x} expected {:#x}", r, i, h,
+                             codes[i * j.hidden + h], rc[h]);
+        dec[h] = roundTo(j, e4m3Value(rc[h]) * rs[h / (j.hidden / nb)]);
+      }
+      putRow(j, recv.data(), i, dec.data());
+    }
+    for (size_t b = num_recv * j.hidden; b < codes.size(); ++b)
+      if (codes[b] != 0xAB) return fmt::format("rank {}: recvCodes written past numRecv", r);
+    for (size_t b = num_recv * nb; b < scales.size(); ++b)
+      if (scales[b] != -3.0f) return fmt::format("rank {}: recvScales written past numRecv", r);
+  }
   for (size_t i = 0; i < want.size(); ++i) {
     const Row& w = want[i];
     const std::vector<float> row = delivered(j, &all[static_cast<size_t>(w.src)].x[w.t * j.hidden]);
@@ -329,14 +397,16 @@ struct Case {
   int n, experts, topk;
   chorusDataType_t dtype, itype;
   int compress = CHORUS_COMPRESS_OFF, block = -1;
+  bool fp8_out = false;
 };
 class EpStep : public ::testing::TestWithParam<Case> {};
 TEST_P(EpStep, MatchesTheReference) {
   const Case k = GetParam();
   for (uint32_t seed = 1; seed <= 3; ++seed) {
     Job j{k.n, k.experts, k.topk, 5, k.dtype, k.itype, seed};
-    j.compress = k.compress, j.block = k.block;
+    j.compress = k.compress, j.block = k.block, j.fp8_out = k.fp8_out;
     if (seed == 3) j.hidden = 130;
+    if (k.fp8_out) j.hidden = static_cast<size_t>(k.block < 0 ? 128 : k.block) * (seed == 3 ? 3 : 2);  // whole blocks
     auto msgs = runRanks(k.n, [&](int r, chorusComm_t c) { return runStep(j, r, c); });
     EXPECT_EQ(failures(msgs), "") << "seed " << seed;
   }
@@ -350,7 +420,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // dispatch's wire compressed: fp8 (block 128: a partial block at hidden 130; block 32), bf16
                       Case{2, 8, 2, chorusFloat32, chorusInt64, CHORUS_COMPRESS_FP8},
                       Case{3, 6, 4, chorusBfloat16, chorusInt64, CHORUS_COMPRESS_FP8, 32},
-                      Case{4, 8, 3, chorusFloat32, chorusInt32, CHORUS_COMPRESS_BF16}));
+                      Case{4, 8, 3, chorusFloat32, chorusInt32, CHORUS_COMPRESS_BF16},
+                      // the fp8 codes and scales handed out (chorusEpDispatchFp8), block 128 and 32
+                      Case{2, 8, 2, chorusFloat32, chorusInt64, CHORUS_COMPRESS_FP8, -1, true},
+                      Case{3, 6, 4, chorusBfloat16, chorusInt32, CHORUS_COMPRESS_FP8, 32, true}));
 
 // Node-limited routing on ranks of several "hosts" (net.host_id per rank; the
 // hosts' ranks talk over TCP): one copy per host to the host's relay, then
@@ -384,6 +457,22 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(NlCase{{0, 0, 1, 1}, 8, 3, 1, chorusFloat32}, NlCase{{0, 0, 1, 1}, 8, 4, 2, chorusBfloat16},
                       NlCase{{0, 1, 0, 1}, 8, 3, 1, chorusFloat32}, NlCase{{0, 0, 0, 1, 1, 2}, 12, 4, 2, chorusFloat32},
                       NlCase{{0, 1, 2, 0, 1, 2}, 6, 2, 2, chorusBfloat16}));
+
+// chorusEpDispatchFp8 with node-limited routing: the codes and scales cross
+// to the relay and are forwarded unchanged.
+TEST(EpNodeLimited, Fp8CodesAndScalesMatchTheReferenceQuantizer) {
+  Job j{4, 8, 3, 64, chorusBfloat16, chorusInt64, 2, {0, 0, 1, 1}, 2};
+  j.compress = CHORUS_COMPRESS_FP8, j.block = 32, j.fp8_out = true;
+  auto msgs = runRanksPerRank(
+      4,
+      [&](int r) {
+        Config cfg;
+        cfg.net.host_id = fmt::format("ephost{}", j.host[static_cast<size_t>(r)]);
+        return cfg;
+      },
+      [&](int r, chorusComm_t c) { return runStep(j, r, c); });
+  EXPECT_EQ(failures(msgs), "");
+}
 
 // Runs body after creating a handle (float32, 12 experts, top-2, hidden 4).
 std::string withEp(int r, chorusComm_t c, const std::function<std::string(chorusEpHandle_t)>& body) {
@@ -482,6 +571,48 @@ TEST(EpBadInput, ARecvBufferTooSmallFailsEveryRankWithoutAWrite) {
                  "call chorusEpDispatch first", "");
       return e.empty() ? goodStep(r, c, ep) : e;
     });
+  });
+  EXPECT_EQ(failures(msgs), "");
+}
+
+// chorusEpDispatchFp8's bad input, refused on every rank before a write:
+// a handle without the fp8 wire, hidden not a multiple of the block (every
+// rank: the config is the same), a scale buffer too short on one rank.
+TEST(EpBadInput, Fp8OutRefusesBadScalesOrBlocksOnEveryRank) {
+  auto run = [](int r, chorusComm_t c, int compress, size_t hidden, bool short_scales, const std::string& needle,
+                const std::string& other) -> std::string {
+    chorusEpConfig_t cfg = CHORUS_EP_CONFIG_INITIALIZER;
+    cfg.numExperts = 4, cfg.topk = 2, cfg.hidden = hidden, cfg.datatype = chorusFloat32, cfg.indexType = chorusInt32;
+    cfg.dispatchCompress = compress, cfg.fp8Block = 32;
+    chorusEpHandle_t ep = nullptr;
+    if (chorusEpCreate(&ep, &cfg, c) != chorusSuccess) return fmt::format("rank {} create: {}", r, chorusGetLastError(c));
+    std::unique_ptr<chorusEpHandle, decltype(&chorusEpDestroy)> guard(ep, &chorusEpDestroy);
+    std::vector<int32_t> ids = {0, 3, 1, 2};
+    size_t nr = 0;
+    if (chorusEpLayout(ep, ids.data(), 2, nullptr, nullptr, nullptr, nullptr, &nr, c, nullptr) != chorusSuccess)
+      return chorusGetLastError(c);
+    const size_t nb = (hidden + 31) / 32;
+    const size_t scap = nr * nb - (short_scales && r == 1 ? 1 : 0);
+    std::vector<float> x(2 * hidden, 3.0f), scales(nr * nb, -5.0f), rw(nr, -5.0f);
+    std::vector<uint8_t> codes(nr * hidden, 0xAB);
+    std::string e = expect(r, c,
+                           chorusEpDispatchFp8(ep, x.data(), nullptr, codes.data(), scales.data(), scap, rw.data(), nr, c,
+                                               nullptr),
+                           chorusInvalidArgument, !short_scales || r == 1, needle, other);
+    if (!e.empty()) return e;
+    for (uint8_t v : codes)
+      if (v != 0xAB) return fmt::format("rank {}: recvCodes written by a refused dispatch", r);
+    for (float v : scales)
+      if (v != -5.0f) return fmt::format("rank {}: recvScales written by a refused dispatch", r);
+    for (float v : rw)
+      if (v != -5.0f) return fmt::format("rank {}: recvWeights written by a refused dispatch", r);
+    return "";
+  };
+  auto msgs = runRanks(2, [&](int r, chorusComm_t c) {
+    std::string e = run(r, c, CHORUS_COMPRESS_OFF, 64, false, "needs config.dispatchCompress=CHORUS_COMPRESS_FP8", "");
+    if (e.empty()) e = run(r, c, CHORUS_COMPRESS_FP8, 40, false, "config.hidden=40 is not a multiple of the fp8 block 32", "");
+    if (e.empty()) e = run(r, c, CHORUS_COMPRESS_FP8, 64, true, "recvScales holds", "rank 1 refused");
+    return e;
   });
   EXPECT_EQ(failures(msgs), "");
 }
