@@ -5,7 +5,8 @@
 Each OUT_DIR is one repeat (its own calibration, its own runs, its rows.jsonl).  Per layout: each repeat's
 measured step, prediction and error; the median measured and predicted; per repeat the count within 10 % and
 whether chorus-sim ranks the layouts as measured; the repeat-to-repeat spread of the measurements (max/min of
-each layout's measured step), which bounds what any model can match.
+each layout's measured step), which bounds what any model can match, and whether the median prediction lies
+inside the measured range.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main(argv):
     n = len(reps)
     head = ["layout", "ranks"] + ["measured {} (s)".format(i + 1) for i in range(n)] + \
         ["predicted {} (s)".format(i + 1) for i in range(n)] + ["error {}".format(i + 1) for i in range(n)] + \
-        ["measured spread"]
+        ["measured spread", "median predicted inside measured range"]
     print("| " + " | ".join(head) + " |")
     print("|---|" + "---:|" * (len(head) - 1))
     for lay in layouts:
@@ -46,7 +47,8 @@ def main(argv):
         errs = ["{:+.1f} %".format(100 * (p / m - 1)) for p, m in zip(pred, meas)]
         print("| " + " | ".join([lay.replace(" dp1", "").replace(" pp1", "").replace("tp1 ", ""), str(rs[0]["ranks"])] +
                                 ["{:.3f}".format(x) for x in meas] + ["{:.3f}".format(x) for x in pred] + errs +
-                                ["{:.2f}x".format(max(meas) / min(meas))]) + " |")
+                                ["{:.2f}x".format(max(meas) / min(meas)),
+                                 "yes" if min(meas) <= statistics.median(pred) <= max(meas) else "no"]) + " |")
     print()
     for i, r in enumerate(reps):
         errs = [abs(x["predicted_s"] / x["measured_s"] - 1) for x in r.values()]

@@ -164,7 +164,7 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   CHORUS_RETURN_IF_ERROR(g.onlyKeys({"name", "peak_tflops", "fp8_tflops", "hbm_gib", "hbm_gbyte_s", "gemm_efficiency",
                                      "gemm_half_size", "hbm_efficiency", "kernel_overhead_us", "comm_sm_fraction", "sms", "arch"}));
   CHORUS_RETURN_IF_ERROR(g.str("name", &c.gpu.name));
-  CHORUS_RETURN_IF_ERROR(g.num("peak_tflops", &d, 1e-3, 1e6));
+  CHORUS_RETURN_IF_ERROR(g.num("peak_tflops", &d, 1e-6, 1e6));  // a loaded CPU rank: below 1 GFLOP/s
   c.gpu.peak16 = tflops(d);
   d *= 2;
   CHORUS_RETURN_IF_ERROR(g.num("fp8_tflops", &d, 1e-3, 1e6, false));
@@ -184,7 +184,7 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
 
   CHORUS_ASSIGN_OR_RETURN(Reader nd, top.object("node"));
   CHORUS_RETURN_IF_ERROR(nd.onlyKeys({"gpus", "nvlink_gbyte_s", "nvlink_latency_us", "nvlink_efficiency", "nvls",
-                                      "nvls_reduce_tflops", "cpu_cores"}));
+                                      "nvls_reduce_tflops", "cpu_cores", "cpu_capacity"}));
   CHORUS_RETURN_IF_ERROR(nd.integer("gpus", &c.node.gpus, 1, 4096));
   CHORUS_RETURN_IF_ERROR(nd.num("nvlink_gbyte_s", &d, 1e-3, 1e6));
   c.node.nvlink_bw = gbytePerS(d);
@@ -193,6 +193,7 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   CHORUS_RETURN_IF_ERROR(nd.num("nvlink_efficiency", &c.node.nvlink_efficiency, 0.01, 1, false));
   // CPU ranks (issue 35): the host's cores and the framework's host time per layer pass.
   CHORUS_RETURN_IF_ERROR(nd.integer("cpu_cores", &c.node.cpu_cores, 0, 1 << 20, false));
+  CHORUS_RETURN_IF_ERROR(nd.num("cpu_capacity", &c.node.cpu_capacity, 0, 1 << 20, false));
   if (top.has("host")) {
     CHORUS_ASSIGN_OR_RETURN(Reader hs, top.object("host"));
     CHORUS_RETURN_IF_ERROR(hs.onlyKeys({"layer_fwd_us", "layer_bwd_us", "head_fwd_us", "head_bwd_us", "step_layer_us"}));

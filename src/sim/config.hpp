@@ -60,6 +60,12 @@ struct NodeSpec {
   // collectives time-share the cores (docs/simulator.md, "A CPU training job
   // and its calibration").  0: every rank has a processor of its own (GPUs).
   int cpu_cores = 0;
+  // What the host's cores gave this job when the rates were measured: the
+  // throughput of cpu_cores concurrent busy processes over one alone's
+  // (chorus-sim calibrate measures it), in [1, cpu_cores]; lower than the
+  // cores when other work shares them (the kernel's scheduler shares them
+  // between sessions, not threads).  0: cpu_cores.
+  double cpu_capacity = 0;
   // Set by placedCluster (sim/placement.hpp), not by cluster files: the
   // physical domain size when a job uses only `gpus` of each domain (0: all).
   int64_t domain_gpus = 0;

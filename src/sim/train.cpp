@@ -244,14 +244,18 @@ Status checkLayout(const ModelSpec& m, const ClusterSpec& c, const TrainConfig& 
 
 namespace detail {
 
-// Ranks per core on the busiest host (the job's ranks fill node.gpus per
-// host): a host of `cpu_cores` cores running more ranks than that
-// time-shares them, each rank getting cores / ranks of one (processor
-// sharing; docs/simulator.md, "A CPU training job and its calibration").
+// How much slower a rank runs than the calibration measured, on the busiest
+// host (the job's ranks fill node.gpus per host): its ranks time-share the
+// capacity the host gave the calibration, R times one thread's rate
+// (node.cpu_capacity, measured; the cores when not), each getting R / ranks
+// of a calibrated thread's rate when that is below one (processor sharing;
+// docs/simulator.md, "A CPU training job and its calibration").
 double coreShare(const ClusterSpec& c, int64_t gpus) {
   if (c.node.cpu_cores <= 0) return 1;
   const double ranks = static_cast<double>(std::min<int64_t>(gpus, c.node.gpus));
-  return std::max(1.0, ranks / static_cast<double>(c.node.cpu_cores));
+  const double capacity = c.node.cpu_capacity > 0 ? std::clamp(c.node.cpu_capacity, 1.0, double(c.node.cpu_cores))
+                                                  : static_cast<double>(c.node.cpu_cores);
+  return std::max(1.0, ranks / capacity);
 }
 
 GpuSpec sharedGpu(const GpuSpec& g, double share) {

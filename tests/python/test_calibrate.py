@@ -43,6 +43,9 @@ def _check_schema(c, ranks_per_host):
     n = c["node"]
     assert n["gpus"] == ranks_per_host, n
     assert n["cpu_cores"] == len(os.sched_getaffinity(0)), n
+    cap = c["calibration"]["capacity"]
+    assert n["cpu_capacity"] == cap["capacity"] and 1 <= n["cpu_capacity"] <= n["cpu_cores"], (n, cap)
+    assert len(cap["trials"]) == 3 and all(t["alone_s"] > 0 for t in cap["trials"]), cap
     _positive(n["nvlink_gbyte_s"], "node.nvlink_gbyte_s")
     _positive(n["nvlink_latency_us"], "node.nvlink_latency_us")
     w = c["network"]

@@ -75,6 +75,10 @@ TEST(SimCpuTrain, RanksBeyondTheCoresTimeShareThem) {
     EXPECT_GT(alone, 0);
     EXPECT_NEAR(shared / alone, x, 1e-9 * x) << tp << pp << dp;
   }
+  // Other work left the job 1.25 cores' worth of one thread's rate: 4 ranks share it (3.2x), 2 ranks 1.6x.
+  const ClusterSpec busy = cpuCluster(R"(, "cpu_cores": 2, "cpu_capacity": 1.25)");
+  EXPECT_NEAR(run(m, busy, job(4, 1, 1)).iteration_s / run(m, own, job(4, 1, 1)).iteration_s, 3.2, 1e-9);
+  EXPECT_NEAR(run(m, busy, job(1, 1, 2)).iteration_s / run(m, own, job(1, 1, 2)).iteration_s, 1.6, 1e-9);
   auto bad = parseCluster(R"({"name": "x", "nodes": 1, "gpu": {"name": "g", "peak_tflops": 1, "hbm_gib": 1,
     "hbm_gbyte_s": 1}, "node": {"gpus": 2, "nvlink_gbyte_s": 1, "nvlink_latency_us": 1, "cpu_cores": -1},
     "network": {"topology": "fat-tree", "nics_per_node": 1, "nic_gbit_s": 1, "latency_us": 1, "oversubscription": 1}})",

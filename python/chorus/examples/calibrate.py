@@ -29,7 +29,11 @@ Nothing here sees a training run.  What is measured, with torch.set_num_threads(
   written as 0 (the one-element add stays in ``calibration.kernel_overhead_s``; the GEMM fit's half size still
   subtracts it).
 - **Cores**: ``node.cpu_cores`` is the number of cores this process may run on (``sched_getaffinity``):
-  chorus-sim time-shares them among the ranks of a host that has more ranks than cores.
+  chorus-sim time-shares them among the ranks of a host that has more ranks than cores.  ``node.cpu_capacity`` is
+  what the host gives this job now: the throughput of ``cpu_cores`` concurrent busy processes over one alone's
+  (the median of 3 interleaved trials), between 1 and the cores.  Other work lowers it: Linux's scheduler shares
+  the cores between sessions (autogroup) before threads, so a job's ranks share its session's part whatever
+  their number, and the load average does not say what that part is.
 - **Optimizer**: torch.optim.SGD's step over a 4 M-element parameter (reads the parameter and gradient,
   writes the parameter: 12 B per element), recorded in ``calibration.optimizer``.
 - **Transport**: chorus-bench (the transport's own benchmark) ``sendrecv`` and ``allreduce`` between 2 local
@@ -193,6 +197,52 @@ def measure_host(a, repeats):
     }
 
 
+def _spin(n):
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+def _timed_spin(n, conn):
+    t0 = time.perf_counter()
+    _spin(n)
+    conn.send(time.perf_counter() - t0)
+
+
+def measure_capacity(_unused=None, seconds=0.3, trials=3):
+    """Throughput of `cores` concurrent busy processes over one alone's, median of `trials` interleaved pairs."""
+    import multiprocessing as mp
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    n = 200000
+    t0 = time.perf_counter()
+    _spin(n)
+    n = max(n, int(n * seconds / max(time.perf_counter() - t0, 1e-6)))
+    ctx = mp.get_context("fork")
+
+    def run(k):
+        pipes = [ctx.Pipe() for _ in range(k)]
+        procs = [ctx.Process(target=_timed_spin, args=(n, w)) for _, w in pipes]
+        for p in procs:
+            p.start()
+        times = [r.recv() for r, _ in pipes]
+        for p in procs:
+            p.join()
+        return times
+
+    rows = []
+    for _ in range(trials):
+        alone = run(1)[0]
+        together = run(cores)
+        rows.append({"alone_s": alone, "concurrent_s": together,
+                     "ratio": cores * alone / max(together)})
+    ratio = statistics.median(r["ratio"] for r in rows)
+    return {"cores": cores, "work": n, "trials": rows, "capacity": round(min(float(cores), max(1.0, ratio)), 3)}
+
+
 def _bench_path(a):
     if a.bench:
         return a.bench
@@ -278,6 +328,7 @@ def calibrate(a):
     fit = fit_gemm(gemms, overhead)
     opt = measure_optimizer(a)
     host = measure_host(a, max(a.repeats, 7))
+    capacity = measure_capacity()
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -312,6 +363,7 @@ def calibrate(a):
             "nvlink_latency_us": shm_link["latency_us"],
             "nvlink_efficiency": 1.0,
             "cpu_cores": cores,
+            "cpu_capacity": capacity["capacity"],
         },
         "host": {k + "_us": host[k + "_s"] * 1e6
                  for k in ("layer_fwd", "layer_bwd", "head_fwd", "head_bwd", "step_layer")},
@@ -341,6 +393,7 @@ def calibrate(a):
             "elementwise": ew,
             "kernel_overhead_s": overhead,
             "host": host,
+            "capacity": capacity,
             "optimizer": opt,
             "transport": transport,
         },
@@ -359,10 +412,11 @@ def main(argv=None):
     g = cluster["gpu"]
     hs = cluster["host"]
     print("calibrate: wrote {}: GEMM {:.1f} GFLOP/s (half size {:.3g}), element-wise {:.2f} GB/s, "
-          "host per layer {:.0f} + {:.0f} us (head {:.0f} + {:.0f} us, step {:.0f} us/layer), {} cores, "
+          "host per layer {:.0f} + {:.0f} us (head {:.0f} + {:.0f} us, step {:.0f} us/layer), {} cores (capacity {}), "
           "shm {:.2f} GB/s {:.1f} us, network {:.2f} Gbit/s {:.1f} us; load average {:.2f}".format(
               a.out, g["peak_tflops"] * 1e3, g["gemm_half_size"], g["hbm_gbyte_s"], hs["layer_fwd_us"],
               hs["layer_bwd_us"], hs["head_fwd_us"], hs["head_bwd_us"], hs["step_layer_us"], cluster["node"]["cpu_cores"],
+              cluster["node"]["cpu_capacity"],
               cluster["node"]["nvlink_gbyte_s"], cluster["node"]["nvlink_latency_us"],
               cluster["network"]["nic_gbit_s"], cluster["network"]["latency_us"],
               cluster["calibration"]["load_average_start"][0]), flush=True)
