@@ -2,6 +2,9 @@
 # chorus-sim train against the real CPU training job (issue 35 item 3; docs/validation.md, "CPU training runs").
 #
 #   bash bench/train_gpt_validate.sh [BUILD_DIR] [OUT_DIR]
+#   PREDICT_ONLY=1 bash bench/train_gpt_validate.sh BUILD_DIR OUT_DIR   # chorus-sim again on OUT_DIR's runs and
+#                                                                       # calibration (after a model change)
+#   python3 bench/train_gpt_summary.py OUT_DIR...                       # repeats side by side
 #
 # 1. `chorus-sim calibrate` measures this machine (kernels at the job's shapes, chorus-bench over shm): the
 #    cluster file.  2. The job prints its own model file.  3. Each layout below (fixed before any run) trains
@@ -25,13 +28,17 @@ LAYERS=${LAYERS:-4} HIDDEN=${HIDDEN:-128} HEADS=${HEADS:-8} VOCAB=${VOCAB:-1024}
 MB=${MB:-2} GLOBAL=${GLOBAL:-16} STEPS=${STEPS:-4} WARMUP=${WARMUP:-1}
 job=(--layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS" --vocab "$VOCAB" --seq "$SEQ" --micro-batch "$MB")
 # The job as chorus-sim's flags say it: chorus's collectives, plain tp (allreduces, no sequence parallelism, no
-# asynchronous tp backward), the s x s scores materialised, no recomputation, the dp allreduce after the backward.
+# asynchronous tp backward), the s x s scores materialised, no recomputation, the dp allreduce after the backward,
+# SGD; the model file says fp32, the cluster file the host's cores and the framework's host time per layer.
 # The layouts, tp:pp:dp, chosen before the runs (docs/validation.md lists them).
 layouts=(${LAYOUTS:-2:1:1 1:2:1 1:1:2 4:1:1 2:2:1 2:1:2 1:2:2 1:4:1 2:2:2 1:2:4})
 
+predict_only=${PREDICT_ONLY:-0}
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$sim" calibrate --out "$out/cluster.json" "${job[@]:2}" --tp 1,2,4 --ranks-per-host 8 --threads 1 |
-  tee "$out/calibrate.log"
+if [ "$predict_only" = 0 ]; then
+  "$sim" calibrate --out "$out/cluster.json" "${job[@]:2}" --tp 1,2,4 --ranks-per-host 8 --threads 1 |
+    tee "$out/calibrate.log"
+fi
 "$py" -m chorus.examples.train_gpt --print-model-json "${job[@]}" >"$out/model.json"
 
 : >"$out/rows.jsonl"
@@ -39,11 +46,13 @@ for l in "${layouts[@]}"; do
   IFS=: read -r tp pp dp <<<"$l"
   n=$((tp * pp * dp))
   m=$((GLOBAL / MB / dp))
-  "$run" -n "$n" --timeout 900 --no-prefix -- "$py" -m chorus.examples.train_gpt --tp "$tp" --pp "$pp" --dp "$dp" \
-    "${job[@]}" --micro-batches "$m" --steps "$STEPS" --warmup "$WARMUP" >"$out/run_$tp.$pp.$dp.log" 2>&1 ||
-    { echo "layout tp$tp pp$pp dp$dp failed: $out/run_$tp.$pp.$dp.log" >&2; exit 1; }
+  if [ "$predict_only" = 0 ]; then
+    "$run" -n "$n" --timeout 900 --no-prefix -- "$py" -m chorus.examples.train_gpt --tp "$tp" --pp "$pp" --dp "$dp" \
+      "${job[@]}" --micro-batches "$m" --steps "$STEPS" --warmup "$WARMUP" >"$out/run_$tp.$pp.$dp.log" 2>&1 ||
+      { echo "layout tp$tp pp$pp dp$dp failed: $out/run_$tp.$pp.$dp.log" >&2; exit 1; }
+  fi
   "$sim" train --model "$out/model.json" --cluster "$out/cluster.json" --gpus "$n" --tp "$tp" --pp "$pp" --dp "$dp" \
-    --global-batch "$GLOBAL" --micro-batch "$MB" --seq "$SEQ" --zero 0 --library chorus --no-sequence-parallel \
+    --global-batch "$GLOBAL" --micro-batch "$MB" --seq "$SEQ" --zero 0 --optimizer sgd --library chorus --no-sequence-parallel \
     --no-flash-attention --recompute none --no-async-tp --no-overlap-dp --json >"$out/sim_$tp.$pp.$dp.json"
   "$py" - "$out" "$tp" "$pp" "$dp" <<'EOF' >>"$out/rows.jsonl"
 import json, sys

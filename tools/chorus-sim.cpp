@@ -148,6 +148,9 @@ CLI::App* addTrain(CLI::App& app, CliOptions& o) {
   tr->add_option("--rank-order", o.rank_order,
                  "how ranks are numbered, innermost first: tp-cp-ep-dp-pp (Megatron's default) or tp-cp-ep-pp-dp "
                  "(Megatron's --use-tp-pp-dp-mapping: pipeline neighbours adjacent; without ep, cp or dp of 1)");
+  tr->add_option("--optimizer", o.optimizer,
+                 "adam (Megatron's, the default) or sgd (plain SGD without momentum: no state, the step reads the "
+                 "parameter and gradient and writes the parameter; the CPU job chorus.examples.train_gpt)");
   tr->add_option("--optimizer-moments", o.moments,
                  "Adam's two moments: fp32 or bf16 (DeepSeek-V3's low-precision optimizer states; Megatron's "
                  "--exp-avg-dtype / --exp-avg-sq-dtype bf16); the fp32 master weights stay");

@@ -294,7 +294,7 @@ int runCollectiveCommand(const CliOptions& o) {
 int runTrainCommand(CliOptions o) {
   TrainConfig& tc = o.tc;
   const std::string &micro = o.micro, &rank_order = o.rank_order, &recompute = o.recompute,
-                    &grad_dtype = o.grad_dtype, &moments = o.moments, &recompute_modules = o.recompute_modules,
+                    &grad_dtype = o.grad_dtype, &moments = o.moments, &optimizer = o.optimizer, &recompute_modules = o.recompute_modules,
                     &pp_schedule = o.pp_schedule, &moe_dispatch = o.moe_dispatch, &network = o.network,
                     &trace_path = o.trace_path, &plot_path = o.plot_path;
   const bool json = o.json, no_sp = o.no_sp, no_flash = o.no_flash, estimate_only = o.estimate_only,
@@ -338,6 +338,9 @@ int runTrainCommand(CliOptions o) {
   if (moments != "fp32" && moments != "bf16")
     return fail(invalidArgument("--optimizer-moments '{}' is not one of fp32, bf16", moments));
   tc.moment_bytes = moments == "bf16" ? 2 : 4;
+  if (optimizer != "adam" && optimizer != "sgd")
+    return fail(invalidArgument("--optimizer '{}' is not one of adam, sgd", optimizer));
+  tc.optimizer = optimizer == "sgd" ? TrainConfig::Optimizer::Sgd : TrainConfig::Optimizer::Adam;
   if (!recompute_modules.empty()) {
     if (tc.recompute != Recompute::Selective)
       return fail(invalidArgument("--recompute-modules {} needs --recompute selective (got --recompute {})",

@@ -43,7 +43,7 @@ struct CliOptions {
   // train
   TrainConfig tc;
   std::string recompute = "selective", micro = "1", trace_path, plot_path, pp_schedule = "1f1b",
-              moe_dispatch = "alltoall", recompute_modules, grad_dtype = "fp32", moments = "fp32",
+              moe_dispatch = "alltoall", recompute_modules, grad_dtype = "fp32", moments = "fp32", optimizer = "adam",
               rank_order = "tp-cp-ep-dp-pp";
   std::string clock = "sustained";
   bool no_sp = false, no_flash = false, estimate_only = false, sync_tp = false, no_overlap_dp = false,

@@ -154,7 +154,7 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   double d = 0;
   // "calibration": the measurements a calibrated file was derived from (python -m chorus.examples.calibrate,
   // docs/simulator.md "Calibrating a CPU cluster"): provenance for its reader, not read here.
-  CHORUS_RETURN_IF_ERROR(top.onlyKeys({"name", "nodes", "gpu", "node", "network", "node_topo", "calibration"}));
+  CHORUS_RETURN_IF_ERROR(top.onlyKeys({"name", "nodes", "gpu", "node", "network", "node_topo", "calibration", "host"}));
   CHORUS_RETURN_IF_ERROR(top.str("name", &c.name));
   std::string node_topo;  // loadCluster applies it (it names a file relative to the cluster file)
   CHORUS_RETURN_IF_ERROR(top.str("node_topo", &node_topo, false));
@@ -164,7 +164,7 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
   CHORUS_RETURN_IF_ERROR(g.onlyKeys({"name", "peak_tflops", "fp8_tflops", "hbm_gib", "hbm_gbyte_s", "gemm_efficiency",
                                      "gemm_half_size", "hbm_efficiency", "kernel_overhead_us", "comm_sm_fraction", "sms", "arch"}));
   CHORUS_RETURN_IF_ERROR(g.str("name", &c.gpu.name));
-  CHORUS_RETURN_IF_ERROR(g.num("peak_tflops", &d, 1e-3, 1e6));
+  CHORUS_RETURN_IF_ERROR(g.num("peak_tflops", &d, 1e-6, 1e6));  // a loaded CPU rank: below 1 GFLOP/s
   c.gpu.peak16 = tflops(d);
   d *= 2;
   CHORUS_RETURN_IF_ERROR(g.num("fp8_tflops", &d, 1e-3, 1e6, false));
@@ -184,13 +184,28 @@ Result<ClusterSpec> parseCluster(std::string_view text, std::string_view where) 
 
   CHORUS_ASSIGN_OR_RETURN(Reader nd, top.object("node"));
   CHORUS_RETURN_IF_ERROR(nd.onlyKeys({"gpus", "nvlink_gbyte_s", "nvlink_latency_us", "nvlink_efficiency", "nvls",
-                                      "nvls_reduce_tflops", "mesh", "peer_gbyte_s", "peer_links"}));
+                                      "nvls_reduce_tflops", "mesh", "peer_gbyte_s", "peer_links", "cpu_cores",
+                                      "cpu_capacity"}));
   CHORUS_RETURN_IF_ERROR(nd.integer("gpus", &c.node.gpus, 1, 4096));
   CHORUS_RETURN_IF_ERROR(nd.num("nvlink_gbyte_s", &d, 1e-3, 1e6));
   c.node.nvlink_bw = gbytePerS(d);
   CHORUS_RETURN_IF_ERROR(nd.num("nvlink_latency_us", &d, 0, 1e6));
   c.node.nvlink_latency = us(d);
   CHORUS_RETURN_IF_ERROR(nd.num("nvlink_efficiency", &c.node.nvlink_efficiency, 0.01, 1, false));
+  // CPU ranks (issue 35): the host's cores and the framework's host time per layer pass.
+  CHORUS_RETURN_IF_ERROR(nd.integer("cpu_cores", &c.node.cpu_cores, 0, 1 << 20, false));
+  CHORUS_RETURN_IF_ERROR(nd.num("cpu_capacity", &c.node.cpu_capacity, 0, 1 << 20, false));
+  if (top.has("host")) {
+    CHORUS_ASSIGN_OR_RETURN(Reader hs, top.object("host"));
+    CHORUS_RETURN_IF_ERROR(hs.onlyKeys({"layer_fwd_us", "layer_bwd_us", "head_fwd_us", "head_bwd_us", "step_layer_us"}));
+    for (auto [key, dst] : {std::pair{"layer_fwd_us", &c.host.layer_fwd}, {"layer_bwd_us", &c.host.layer_bwd},
+                            {"head_fwd_us", &c.host.head_fwd}, {"head_bwd_us", &c.host.head_bwd},
+                            {"step_layer_us", &c.host.step_layer}}) {
+      d = 0;
+      CHORUS_RETURN_IF_ERROR(hs.num(key, &d, 0, 1e7, false));
+      *dst = us(d);
+    }
+  }
 
   CHORUS_ASSIGN_OR_RETURN(Reader nw, top.object("network"));
   CHORUS_RETURN_IF_ERROR(nw.onlyKeys({"topology", "nics_per_node", "nic_gbit_s", "latency_us", "oversubscription",
@@ -311,7 +326,7 @@ Result<ModelSpec> parseModel(std::string_view text, std::string_view where, std:
   m.source = "chorus";
   CHORUS_RETURN_IF_ERROR(top.onlyKeys({"name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab",
                                        "activation", "dropout", "tie_embeddings", "qkv_bias", "o_bias", "window",
-                                       "weight_bytes", "expert_weight_bytes", "mtp_layers", "mla", "moe"}));
+                                       "weight_bytes", "expert_weight_bytes", "mtp_layers", "mla", "moe", "dtype"}));
   CHORUS_RETURN_IF_ERROR(top.str("name", &m.name));
   CHORUS_RETURN_IF_ERROR(top.integer("layers", &m.layers, 1, 1e5));
   CHORUS_RETURN_IF_ERROR(top.integer("hidden", &m.hidden, 1, 1e7));
@@ -335,6 +350,11 @@ Result<ModelSpec> parseModel(std::string_view text, std::string_view where, std:
   CHORUS_RETURN_IF_ERROR(top.num("expert_weight_bytes", &m.expert_weight_bytes, 0.0625, 8, false));
   m.weight_format = m.weight_bytes == 2 ? "bf16" : m.weight_bytes == 1 ? "fp8" : fmt::format("{} B/param", m.weight_bytes);
   CHORUS_RETURN_IF_ERROR(top.integer("mtp_layers", &m.mtp_layers, 0, 64, false));
+  std::string dtype = "bf16";  // the training job's activation / gradient element (issue 35)
+  CHORUS_RETURN_IF_ERROR(top.str("dtype", &dtype, false));
+  if (dtype == "bf16" || dtype == "fp16") m.act_bytes = 2;
+  else if (dtype == "fp32" || dtype == "float32") m.act_bytes = 4;
+  else return invalidArgument("{}: key 'dtype' = \"{}\" is not one of bf16, fp16, fp32", where, dtype);
   if (m.head_dim == 0 && m.hidden % m.heads != 0)
     return invalidArgument("{}: key 'hidden' = {} is not a multiple of 'heads' = {} (set 'head_dim' if the heads are "
                            "not hidden / heads wide)", where, m.hidden, m.heads);

@@ -77,6 +77,17 @@ struct NodeSpec {
   [[nodiscard]] int pairLinks(int64_t a, int64_t b) const {
     return pair_links[static_cast<size_t>(a * domainSize() + b)];
   }
+  // CPU ranks (chorus-sim calibrate): the cores one host has.  When more ranks
+  // than cores share a host, their compute and the CPU-side copies of their
+  // collectives time-share the cores (docs/simulator.md, "A CPU training job
+  // and its calibration").  0: every rank has a processor of its own (GPUs).
+  int cpu_cores = 0;
+  // What the host's cores gave this job when the rates were measured: the
+  // throughput of cpu_cores concurrent busy processes over one alone's
+  // (chorus-sim calibrate measures it), in [1, cpu_cores]; lower than the
+  // cores when other work shares them (the kernel's scheduler shares them
+  // between sessions, not threads).  0: cpu_cores.
+  double cpu_capacity = 0;
   // Set by placedCluster (sim/placement.hpp), not by cluster files: the
   // physical domain size when a job uses only `gpus` of each domain (0: all).
   int64_t domain_gpus = 0;
@@ -107,8 +118,19 @@ struct NetworkSpec {
   int pxn = -1;
 };
 
+// The host-side time of a framework's layer pass that no kernel accounts for
+// (Python, autograd's graph, the operator dispatch), measured by chorus-sim
+// calibrate on the job's own layer at tiny shapes (issue 35).  Per micro-batch:
+// one decoder layer's forward and backward, the embedding + head + loss's;
+// per step: the optimizer's per-layer work (one call per parameter tensor).
+// All zero: not priced (GPU clusters, whose host work overlaps the kernels).
+struct HostSpec {
+  Seconds layer_fwd, layer_bwd, head_fwd, head_bwd, step_layer;
+};
+
 struct ClusterSpec {
   std::string name;
+  HostSpec host;
   int nodes = 1;
   GpuSpec gpu;
   NodeSpec node;
@@ -180,6 +202,10 @@ struct ModelSpec {
   // (0: weight_bytes).  Embeddings, head, norms and routers stay 16-bit.
   double weight_bytes = 2;
   double expert_weight_bytes = 0;
+  // Bytes of one activation / gradient element of the training job ("dtype":
+  // bf16 or fp16 2, fp32 4): every activation, gradient and element-wise byte
+  // count of `train` (the fp32 CPU job of issue 35 is 4).
+  double act_bytes = 2;
   std::string weight_format = "bf16";
   // Multi-token-prediction modules (DeepSeek-V3's num_nextn_predict_layers):
   // each one transformer layer + a 2h x h projection + 2 norms, sharing the

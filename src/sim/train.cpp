@@ -244,6 +244,27 @@ Status checkLayout(const ModelSpec& m, const ClusterSpec& c, const TrainConfig& 
 
 namespace detail {
 
+// How much slower a rank runs than the calibration measured, on the busiest
+// host (the job's ranks fill node.gpus per host): its ranks time-share the
+// capacity the host gave the calibration, R times one thread's rate
+// (node.cpu_capacity, measured; the cores when not), each getting R / ranks
+// of a calibrated thread's rate when that is below one (processor sharing;
+// docs/simulator.md, "A CPU training job and its calibration").
+double coreShare(const ClusterSpec& c, int64_t gpus) {
+  if (c.node.cpu_cores <= 0) return 1;
+  const double ranks = static_cast<double>(std::min<int64_t>(gpus, c.node.gpus));
+  const double capacity = c.node.cpu_capacity > 0 ? std::clamp(c.node.cpu_capacity, 1.0, double(c.node.cpu_cores))
+                                                  : static_cast<double>(c.node.cpu_cores);
+  return std::max(1.0, ranks / capacity);
+}
+
+GpuSpec sharedGpu(const GpuSpec& g, double share) {
+  GpuSpec x = g;
+  x.peak16 = g.peak16 / share, x.peak8 = g.peak8 / share, x.hbm_bw = g.hbm_bw / share;
+  x.kernel_overhead = g.kernel_overhead * share;
+  return x;
+}
+
 Trainer::Trainer(const ModelSpec& model, const TrainConfig& config, NetworkModel& network)
     : m(model),
       cfg(config),
@@ -257,8 +278,11 @@ Trainer::Trainer(const ModelSpec& model, const TrainConfig& config, NetworkModel
       v(config.vpp),
       etp(config.etp > 0 ? config.etp : config.tp),
       b(config.micro_batch),
-      raw_gpu{c.gpu, config.fp8, config.attention_kernel,
-              config.burst_clock ? Compute::Load::Burst : Compute::Load::Sustained},
+      share(coreShare(c, config.gpus)),
+      cpu_spec(sharedGpu(c.gpu, share)),
+      act(model.act_bytes),
+      raw_gpu{cpu_spec, config.fp8, config.attention_kernel,
+              config.burst_clock ? Compute::Load::Burst : Compute::Load::Sustained, model.act_bytes},
       sp(config.sequence_parallel && config.tp > 1),
       moe(model.moe.experts > 0),
       h(static_cast<double>(model.hidden)),
@@ -402,6 +426,12 @@ Status Trainer::checkSchedule() {
   // read and written 8, moments read and written 4 x moment, gradient read
   // 4, bf16 weight copy 6): 12 and 38 with fp32 moments.
   opt_state = 4 + 2.0 * cfg.moment_bytes, opt_step = 22 + 4.0 * cfg.moment_bytes;
+  // SGD (without momentum, torch.optim.SGD's default): no state; the step
+  // reads the parameter and its gradient and writes the parameter (12 B for
+  // the fp32 job); a 16-bit model also keeps fp32 master weights, read and
+  // written, and writes its 16-bit copy.
+  if (cfg.optimizer == TrainConfig::Optimizer::Sgd)
+    opt_state = act >= 4 ? 0 : 4, opt_step = act >= 4 ? 2 * act + cfg.grad_bytes : 8 + cfg.grad_bytes + act;
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     return invalidArgument("gradient buffer of {} bytes per parameter: 2 (bf16) or 4 (fp32)", cfg.grad_bytes);
   CHORUS_RETURN_IF_ERROR(checkCompression(cfg.grad_compress, plan::Collective::ReduceScatter,
@@ -549,11 +579,11 @@ Status Trainer::fitMemory() {
   // 2h), MLA's latents, the projection input (2h -> h), the experts' routed
   // copies and the activation outputs that FC2 reads (2f -> f).  Layer-norm
   // inputs, Q, K, V and the FC1 outputs (the inputs of non-GEMM ops) stay 16-bit.
-  gb = cfg.fp8 ? 1 : 2;
+  gb = cfg.fp8 ? 1 : act;
   latents = m.hasMla() ? gb * static_cast<double>(m.mla.q_lora_rank + m.mla.kv_lora_rank) +
                              2 * static_cast<double>(m.mla.qk_rope_head_dim)
                        : 0;
-  const double checkpoint = 2 * bs * h / (sp ? T : 1);  // full recomputation keeps only the layer's input
+  const double checkpoint = act * bs * h / (sp ? T : 1);  // full recomputation keeps only the layer's input
   // 1F1B: stage s holds the activations of min(p - s, m) micro-batches;
   // interleaved: of its warm-up chunks plus one, (p - s - 1) 2 + (v - 1) p + 1
   // (Megatron's schedule; at s = 0 Korthikanti's x (1 + (p-1)/(p v))).  The
@@ -613,7 +643,8 @@ Status Trainer::fitMemory() {
     }
     if (any_full) act += full_layer;  // one layer's activations live again in its backward
     TrainReport::Memory mem;
-    mem.weights_gib = toGib(Bytes(sharded(2, params, expert, 3) + (cfg.zero >= 3 ? 2 * 2 * widest : 0)));
+    const double wb = m.act_bytes;  // the weights in the job's dtype (`act` here is the stage's activations)
+    mem.weights_gib = toGib(Bytes(sharded(wb, params, expert, 3) + (cfg.zero >= 3 ? 2 * wb * widest : 0)));
     const double gbytes = static_cast<double>(cfg.grad_bytes);  // fp32 main gradients, or bf16 (--grad-dtype)
     mem.grads_gib = toGib(Bytes(sharded(gbytes, params, expert, 2) + (cfg.zero >= 3 ? gbytes * widest : 0)));
     mem.optimizer_gib = toGib(Bytes(sharded(opt_state, params, expert, 1)));

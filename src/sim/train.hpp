@@ -90,6 +90,9 @@ struct TrainConfig {
   // --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16); the fp32 master weights
   // stay.  --optimizer-moments.
   int moment_bytes = 4;
+  // The optimizer (--optimizer): Adam (Megatron's; the moments above) or
+  // plain SGD without momentum (the CPU job of issue 35: torch.optim.SGD).
+  enum class Optimizer { Adam, Sgd } optimizer = Optimizer::Adam;
   bool sequence_parallel = true;
   bool flash_attention = true;  // false: s x s scores materialised (Megatron 2022)
   // --attention-kernel: whose fused attention curves price the core (a name in

@@ -17,7 +17,6 @@
 
 namespace chorus::sim::detail {
 
-constexpr double kAct = 2;  // bytes per 16-bit activation element
 
 
 // A GEMM's time on one GPU and an element-wise kernel's: the per-operator
@@ -29,6 +28,7 @@ struct Gpu {
   bool fp8;
   std::string_view attention_kernel;  // "" = the generation's default
   Compute::Load load = Compute::Load::Sustained;
+  double elem = 2;  // bytes per activation element (the model's dtype: 2, or 4 for the fp32 CPU job)
   Compute c{g, fp8, attention_kernel, load};
   // Forward GEMM: output m x n, reduction k.
   [[nodiscard]] Seconds gemm(double m, double n, double k, double batch = 1) const { return c.gemm(m, n, k, batch); }
@@ -47,7 +47,7 @@ struct Gpu {
 
 // Counts the work the per-op costs are asked for (what the tensor-core and
 // HBM bounds sum): every GEMM's FLOPs and its operands and output, each moved
-// through HBM once (1 B per element in fp8, else 2), and every element-wise
+// through HBM once (1 B per element in fp8, else the model's element size), and every element-wise
 // kernel's bytes; it forwards each call to the cost source unchanged.
 struct Meter {
   const Gpu& g;
@@ -56,7 +56,7 @@ struct Meter {
   void count(double m, double n, double k, double batch, double* flops, double* bytes) const {
     if (m <= 0 || n <= 0 || k <= 0) return;
     *flops += 2 * m * n * k * batch;
-    *bytes += (g.fp8 ? 1 : kAct) * batch * (m * k + k * n + m * n);
+    *bytes += (g.fp8 ? 1 : g.elem) * batch * (m * k + k * n + m * n);
   }
   Seconds gemm(double m, double n, double k, double batch = 1) {
     count(m, n, k, batch, &fwd_flops, &fwd_bytes);
@@ -87,7 +87,7 @@ struct Meter {
   // output once through HBM.
   Seconds attention(double heads, double sq, double skv, double d_qk, double d_v, bool causal, bool backward) {
     const double flops = 2 * heads * sq * skv * (d_qk + d_v) * (causal ? 0.5 : 1) * (backward ? 2 : 1);
-    const double bytes = kAct * heads * (sq * (d_qk + d_v) + skv * (d_qk + d_v));
+    const double bytes = g.elem * heads * (sq * (d_qk + d_v) + skv * (d_qk + d_v));
     *(backward ? &bwd_flops : &fwd_flops) += flops;
     *(backward ? &bwd_bytes : &fwd_bytes) += bytes;
     return g.attention(heads, sq, skv, d_qk, d_v, causal, backward);
@@ -182,6 +182,24 @@ class Trainer {
 
   // ---- collectives
   void note(const std::string& dim, const CollectiveCost& cc);
+  // A collective's time when `share` ranks time-share each core (its copies and reductions run on them).
+  [[nodiscard]] CollectiveCost shared(CollectiveCost cc) const {
+    cc.time = cc.time * share;
+    return cc;
+  }
+  [[nodiscard]] Seconds host(Seconds x) const { return x * share; }  // host-side time of a rank
+  // Bytes per parameter the gradients' zeroing writes: Megatron's fp32 main
+  // gradients (4), or the SGD job's own gradient buffer.
+  [[nodiscard]] double zeroed() const {
+    return cfg.optimizer == TrainConfig::Optimizer::Sgd ? static_cast<double>(cfg.grad_bytes) : 4.0;
+  }
+  // The optimizer step over `params` (`expert` of them expert parameters) of
+  // `layers` layers: its bytes at the memory rate, the gradients zeroed, the
+  // framework's host time per layer.
+  [[nodiscard]] Seconds optimizerTime(double params, double expert, double layers) const {
+    return raw_gpu.mem(sharded(opt_step, params, expert, 1)) + raw_gpu.mem(sharded(zeroed(), params, expert, 2)) +
+           host(c.host.step_layer) * layers;
+  }
   // note(), and the call in rep.collectives (once per distinct call).
   void record(const std::string& dim, std::string_view what, double bytes, const GroupSet& g, const CollectiveCost& cc);
   Result<Seconds> coll(plan::Collective k, double bytes, const GroupSet& g, const char* dim);
@@ -189,7 +207,7 @@ class Trainer {
   void tpComm(const LayerTimes& lt, Seconds* fwd, Seconds* bwd) const;
   Seconds tpHidden(const LayerTimes& lt) const;
   [[nodiscard]] double wireBytes(plan::Collective k) const {
-    return k == plan::Collective::ReduceScatter ? grad_wire : 2.0;
+    return k == plan::Collective::ReduceScatter ? grad_wire : act;
   }
   Result<Seconds> gradColl(plan::Collective k, double bytes, const GroupSet& g);
   Seconds quantizeTime(double params, int64_t n) const;
@@ -221,6 +239,12 @@ class Trainer {
   const ClusterSpec& c;
   const int64_t t, p, d, cp, ep, v, etp, b;
   int64_t mb = 0;  // micro-batches per iteration per pipeline
+  // CPU ranks (node.cpu_cores > 0): how many ranks share each core when the
+  // host runs more ranks than it has cores (>= 1; 1 on GPUs); every compute
+  // and collective time of a rank is that many times longer (time-sharing).
+  const double share;
+  const GpuSpec cpu_spec;  // the cluster's GPU with its rates divided by `share`
+  const double act;        // bytes per activation / gradient element (the model's dtype)
   const Gpu raw_gpu;
   Meter gpu{raw_gpu};  // every per-op cost goes through the meter
   const bool sp, moe;

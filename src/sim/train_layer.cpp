@@ -21,7 +21,8 @@ void Trainer::record(const std::string& dim, std::string_view what, double bytes
 }
 
 Result<Seconds> Trainer::coll(plan::Collective k, double bytes, const GroupSet& g, const char* dim) {
-  CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, net.collective(k, Bytes(bytes), g, cfg.algo));
+  CHORUS_ASSIGN_OR_RETURN(CollectiveCost raw, net.collective(k, Bytes(bytes), g, cfg.algo));
+  const CollectiveCost cc = shared(raw);
   record(dim, plan::collectiveName(k), bytes, g, cc);
   return cc.time;
 }
@@ -34,7 +35,7 @@ Status Trainer::priceCollectives() {
   epg = cfg.etp > 0 ? GroupSet{ep, etp, cfg.gpus / ep} : GroupSet{ep, t * cp, cfg.gpus / ep};
   pp_stride = cfg.pp_before_dp ? t * cp : t * cp * d, dp_stride = cfg.pp_before_dp ? t * cp * p : t * cp;
   ppg = GroupSet{p, pp_stride, cfg.gpus / p};
-  act_bytes = bs * h * kAct;
+  act_bytes = bs * h * act;
   if (t > 1) {
     if (sp) {
       CHORUS_ASSIGN_OR_RETURN(tp_ag, coll(plan::Collective::AllGather, act_bytes, tpg, "tp_comm_s"));
@@ -43,7 +44,7 @@ Status Trainer::priceCollectives() {
       CHORUS_ASSIGN_OR_RETURN(tp_ar, coll(plan::Collective::AllReduce, act_bytes, tpg, "tp_comm_s"));
     }
   }
-  cp_bytes = static_cast<double>(b) * s * m.kvWidth() / m.kvSplit(T) * kAct * cp;
+  cp_bytes = static_cast<double>(b) * s * m.kvWidth() / m.kvSplit(T) * act * cp;
   if (cp > 1) {
     CHORUS_ASSIGN_OR_RETURN(cp_fwd, coll(plan::Collective::AllGather, cp_bytes, cpg, "cp_comm_s"));
   }
@@ -62,8 +63,8 @@ Status Trainer::priceExpertDispatch() {
   const double local_n = moe ? static_cast<double>(m.moe.experts) / static_cast<double>(ep) : 1;
   imb = (local_n - 1 + cfg.moe_imbalance) / local_n;
   const double copies_elems = bs * m.moe.top_k * h / T * imb;  // routed copies this GPU sends (and receives)
-  a2a_bytes = copies_elems * kAct;                             // the combine, bf16
-  dispatch_bytes = copies_elems * (cfg.fp8_dispatch ? 1 + 4.0 / 128 : kAct);
+  a2a_bytes = copies_elems * act;                             // the combine, bf16
+  dispatch_bytes = copies_elems * (cfg.fp8_dispatch ? 1 + 4.0 / 128 : act);
   // Hierarchical: the expert group's members on one node (e_node, at the
   // group's stride) and its nodes (n_nodes, one GPU each at the same local
   // rank: a rail); each token crosses to each distinct remote node it is
@@ -213,8 +214,8 @@ Seconds Trainer::attentionBlock(LayerSums& x) {
   if (cfg.flash_attention) x.bw += gpu.attention(b * heads_local, s, s * cp, m.qkHeadDim(), m.vHeadDim(), true, true);
   Seconds core_ew(0);
   if (!cfg.flash_attention) {  // scale, mask, softmax, dropout over the b a/t s x s scores
-    core_ew += gpu.mem(9.0 * b * heads_local * s * s * cp);
-    core_ew += gpu.mem(2 * kAct * bs * heads_v / T);  // the context's [b np s hn] -> [s b h] permute copy
+    core_ew += gpu.mem(4.5 * act * b * heads_local * s * s * cp);  // 9 B per score in 16 bits
+    core_ew += gpu.mem(2 * act * bs * heads_v / T);  // the context's [b np s hn] -> [s b h] permute copy
   }
   core += core_ew;
   x.f += core - core_ew;
@@ -226,7 +227,7 @@ void Trainer::denseFfn(LayerSums& x) {
   const double ff = static_cast<double>(m.ffn_hidden) / T;
   x.f += mm(x, bs, (mats - 1) * ff, h, 1, &x.lt.fc1_dgrad, &x.lt.fc1_wgrad) + mm(x, bs, h, ff, 1);
   q8(x, bs, (mats - 1) * ff, h, 1), q8(x, bs, h, ff, 1);
-  x.ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * kAct / 2);  // activation function
+  x.ew += gpu.mem((mats == 3 ? 6 : 4) * bs * ff * act / 2);  // activation function
 }
 
 // A MoE block: the experts' grouped GEMMs (paced by the busiest expert's
@@ -263,7 +264,7 @@ void Trainer::moeBlock(LayerSums& x) {
   // by local expert and back (a read and a write of every copy each).
   // The permutes run on the sender's own tokens (the mean load); the
   // sorts on what the busiest expert's GPU receives (x imb).
-  const double received = a2a_bytes, sent = a2a_bytes / imb, tokens = bs * h * kAct / T;
+  const double received = a2a_bytes, sent = a2a_bytes / imb, tokens = bs * h * act / T;
   if (hier) {
     // DeepEP reads the tokens in its dispatch kernel (no permute before
     // it) and delivers one copy per GPU hit: a permute of what arrived
@@ -285,7 +286,7 @@ Seconds Trainer::selectiveRecompute(bool dense, Seconds core, LayerTimes& lt) co
   auto rgemm = [&](double mm_m, double mm_n, double mm_k, double batch = 1) {
     if (mm_m <= 0 || mm_n <= 0 || mm_k <= 0) return Seconds(0);
     lt.recompute_flops += 2 * mm_m * mm_n * mm_k * batch;
-    lt.recompute_bytes += (cfg.fp8 ? 1 : kAct) * batch * (mm_m * mm_k + mm_k * mm_n + mm_m * mm_n);
+    lt.recompute_bytes += (cfg.fp8 ? 1 : act) * batch * (mm_m * mm_k + mm_k * mm_n + mm_m * mm_n);
     Seconds x = raw_gpu.gemm(mm_m, mm_n, mm_k, batch);
     if (cfg.fp8) x += raw_gpu.mem(4 * mm_m * mm_k * batch), lt.recompute_bytes += 4 * mm_m * mm_k * batch;  // its input's cast
     return x;
@@ -298,23 +299,23 @@ Seconds Trainer::selectiveRecompute(bool dense, Seconds core, LayerTimes& lt) co
   const double act_bytes_per = mats == 3 ? 6 : 4;  // the activation kernel's bytes per output element (2 B)
   Seconds r(0);
   if (rm.core_attn) r += core;
-  if (rm.layernorm) r += rmem(2 * 4 * bs * hsp);
+  if (rm.layernorm) r += rmem(2 * 2 * act * bs * hsp);
   if (rm.mla_up_proj && m.hasMla()) {
     const double a_l = static_cast<double>(heads_local);
     if (m.mla.q_lora_rank > 0) r += rgemm(bs, a_l * m.qkHeadDim(), static_cast<double>(m.mla.q_lora_rank));
     r += rgemm(bs, a_l * static_cast<double>(m.mla.qk_nope_head_dim + m.mla.v_head_dim),
                static_cast<double>(m.mla.kv_lora_rank));
-    r += rmem(kAct * 2 * bs * a_l * static_cast<double>(m.mla.qk_rope_head_dim));  // rotary on q and k
+    r += rmem(act * 2 * bs * a_l * static_cast<double>(m.mla.qk_rope_head_dim));  // rotary on q and k
   }
   if (dense && rm.mlp) {
     const double ff = static_cast<double>(m.ffn_hidden) / T;
-    r += rgemm(bs, (mats - 1) * ff, h) + rmem(act_bytes_per * bs * ff * kAct / 2);
+    r += rgemm(bs, (mats - 1) * ff, h) + rmem(act_bytes_per * bs * ff * act / 2);
   }
   if (!dense && rm.moe_act)
     r += rmem(act_bytes_per * bs * m.moe.top_k * static_cast<double>(m.moe.expert_ffn_hidden) / static_cast<double>(etp));
   if (!dense && rm.shared_experts && m.moe.shared_experts) {
     const double sf = m.sharedFfn() / T;
-    r += rgemm(bs, (mats - 1) * sf, h) + rmem(act_bytes_per * bs * sf * kAct / 2);
+    r += rgemm(bs, (mats - 1) * sf, h) + rmem(act_bytes_per * bs * sf * act / 2);
   }
   return r;
 }
@@ -328,12 +329,17 @@ LayerTimes Trainer::layerTimes(int layer) {
   else moeBlock(x);
   // Two layer norms (read + write) and two dropout + residual adds (read x,
   // mask, residual; write) over the (sequence-split) hidden state.
-  x.ew += gpu.mem(2 * 4 * bs * hsp) + gpu.mem(2 * (m.dropout ? 7 : 6) * bs * hsp);  // no dropout: no mask byte
+  // In 16 bits 4 B and 7 B per element; the mask is 1 B whatever the dtype.
+  x.ew += gpu.mem(2 * 2 * act * bs * hsp) + gpu.mem(2 * ((m.dropout ? 1 : 0) + 3 * act) * bs * hsp);
   LayerTimes& lt = x.lt;
   lt.fwd = x.f + x.ew + x.q8_fwd;
   lt.attn_core_fwd = core;
   lt.recompute_sel = selectiveRecompute(dense, core, lt);
   lt.bwd = x.bw + x.ew * 2 - x.perm + x.q8_bwd;  // element-wise backward kernels move about twice the forward's bytes
+  // The framework's host time per layer pass (Python, autograd, dispatch:
+  // the cluster's `host`, measured by chorus-sim calibrate; zero on GPUs).
+  lt.fwd += host(c.host.layer_fwd);
+  lt.bwd += host(c.host.layer_bwd);
   // Unfused gradient accumulation: each of this GPU's parameters of the
   // layer gets its 16-bit gradient added into the buffer (read it, read and
   // write the buffer element) by a kernel of its own in the backward; the
@@ -341,7 +347,7 @@ LayerTimes Trainer::layerTimes(int layer) {
   // AccumulateGrad), so per micro-batch on average (mb - 1) / mb of that.
   if (!cfg.grad_accum_fusion && mb > 1) {
     double widest = 0;
-    const double acc = paramsOf(layer, 1, false, &widest) * (kAct + 2.0 * cfg.grad_bytes);
+    const double acc = paramsOf(layer, 1, false, &widest) * (act + 2.0 * cfg.grad_bytes);
     const double share = static_cast<double>(mb - 1) / static_cast<double>(mb);
     lt.bwd += raw_gpu.mem(acc) * share;
     gpu.bwd_bytes += acc * share;
@@ -420,9 +426,12 @@ void Trainer::priceLogits(RangeCost& rc) {
   const double heads = 1.0 + cfg.mtp_layers;
   const Meter before = gpu;
   const Seconds logit_gemm = gpu.gemm(bs, V / T, h), logit_wgrad = gpu.wgrad(bs, V / T, h);
-  const Seconds head_f = logit_gemm + gpu.mem(12 * bs * V / T);
+  // The loss in fp32: 12 B per logit in 16 bits (its write and read, the fp32
+  // copy's), 8 B backward; the dtype's share scales with its size.
+  const double ce_f = 2 * act + 8, ce_b = 2 * act + 4;
+  const Seconds head_f = logit_gemm + gpu.mem(ce_f * bs * V / T) + host(c.host.head_fwd);
   const double fwd_ew = gpu.ew_bytes - before.ew_bytes;
-  const Seconds head_b = gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(8 * bs * V / T);
+  const Seconds head_b = gpu.dgrad(bs, V / T, h) + logit_wgrad + gpu.mem(ce_b * bs * V / T) + host(c.host.head_bwd);
   const Work head{gpu.fwd_flops - before.fwd_flops, gpu.fwd_bytes - before.fwd_bytes + fwd_ew,
                   gpu.bwd_flops - before.bwd_flops,
                   gpu.bwd_bytes - before.bwd_bytes + (gpu.ew_bytes - before.ew_bytes - fwd_ew)};
@@ -430,21 +439,22 @@ void Trainer::priceLogits(RangeCost& rc) {
   Work proj;
   if (cfg.mtp_layers > 0) {
     const Meter pb = gpu;
-    proj_f = gpu.gemm(bs, h / T, 2 * h) + gpu.mem(2 * 2 * kAct * bs * hsp);  // + the two RMSNorms
+    proj_f = gpu.gemm(bs, h / T, 2 * h) + gpu.mem(2 * 2 * act * bs * hsp);  // + the two RMSNorms
     const double pew = gpu.ew_bytes - pb.ew_bytes;
-    proj_b = gpu.dgrad(bs, h / T, 2 * h) + gpu.wgrad(bs, h / T, 2 * h) + gpu.mem(2 * 2 * 2 * kAct * bs * hsp);
+    proj_b = gpu.dgrad(bs, h / T, 2 * h) + gpu.wgrad(bs, h / T, 2 * h) + gpu.mem(2 * 2 * 2 * act * bs * hsp);
     proj = Work{gpu.fwd_flops - pb.fwd_flops, gpu.fwd_bytes - pb.fwd_bytes + pew, gpu.bwd_flops - pb.bwd_flops,
                 gpu.bwd_bytes - pb.bwd_bytes + (gpu.ew_bytes - pb.ew_bytes - pew)};
-    proj_raw_f = raw_gpu.gemm(bs, h / T, 2 * h) + raw_gpu.mem(2 * 2 * kAct * bs * hsp);
+    proj_raw_f = raw_gpu.gemm(bs, h / T, 2 * h) + raw_gpu.mem(2 * 2 * act * bs * hsp);
     proj_raw_b = raw_gpu.dgrad(bs, h / T, 2 * h) + raw_gpu.wgrad(bs, h / T, 2 * h) +
-                 raw_gpu.mem(2 * 2 * 2 * kAct * bs * hsp);
+                 raw_gpu.mem(2 * 2 * 2 * act * bs * hsp);
   }
   const double depth = cfg.mtp_layers;
   rc.fwd += head_f * heads + proj_f * depth;
   rc.bwd += head_b * heads + proj_b * depth;
   rc.wgrad += logit_wgrad * heads;
-  logit_fwd = (logit_gemm + raw_gpu.mem(12 * bs * V / T)) * heads + proj_raw_f * depth;
-  logit_bwd = (raw_gpu.dgrad(bs, V / T, h) + logit_wgrad + raw_gpu.mem(8 * bs * V / T)) * heads + proj_raw_b * depth;
+  logit_fwd = (logit_gemm + raw_gpu.mem(ce_f * bs * V / T) + host(c.host.head_fwd)) * heads + proj_raw_f * depth;
+  logit_bwd = (raw_gpu.dgrad(bs, V / T, h) + logit_wgrad + raw_gpu.mem(ce_b * bs * V / T) + host(c.host.head_bwd)) * heads +
+              proj_raw_b * depth;
   logit_wgrad_s = logit_wgrad * heads;
   if (!logit_work)
     logit_work = Work{head.f_flops * heads + proj.f_flops * depth, head.f_bytes * heads + proj.f_bytes * depth,

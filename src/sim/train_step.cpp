@@ -31,7 +31,8 @@ Status Trainer::estimatePipeline() {
   // 1/t of the tensor and all-gathers it over NVLink on arrival) per
   // micro-batch and virtual-stage boundary, forward and backward.
   if (p > 1) {
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost pc, net.sendRecv(Bytes(act_bytes / T), ppg));
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost pc_raw, net.sendRecv(Bytes(act_bytes / T), ppg));
+    const CollectiveCost pc = shared(pc_raw);
     record("pp_comm_s", "sendrecv", act_bytes / T, ppg, pc);
     p2p = pc.time;
     if (!sp && t > 1) {
@@ -61,7 +62,8 @@ Status Trainer::estimatePipeline() {
 // reduction along hops or in the network).
 Result<Seconds> Trainer::gradColl(plan::Collective k, double bytes, const GroupSet& g) {
   if (k != plan::Collective::ReduceScatter || !cfg.grad_compress.on()) return coll(k, bytes, g, "dp_comm_s");
-  CHORUS_ASSIGN_OR_RETURN(CollectiveCost cc, compressedCost(net, k, bytes, bytes / grad_wire * grad_data, g, cfg.algo));
+  CHORUS_ASSIGN_OR_RETURN(CollectiveCost raw, compressedCost(net, k, bytes, bytes / grad_wire * grad_data, g, cfg.algo));
+  const CollectiveCost cc = shared(raw);
   record("dp_comm_s", "reducescatter (compressed)", bytes, g, cc);
   return cc.time;
 }
@@ -164,8 +166,10 @@ Status Trainer::priceDataParallel() {
   // The optimizer step (fused, memory bound) over the parameters this GPU
   // updates: gradient-norm read (fp32, 4 B), Adam (fp32 master, m, v read and
   // written and the fp32 gradient read: 28 B), the bf16 copy of the updated
-  // weights (6 B); then every held fp32 gradient is zeroed (4 B).
-  optimizer = gpu.mem(sharded(opt_step, stage_params, stage_expert, 1)) + gpu.mem(sharded(4, stage_params, stage_expert, 2));
+  // weights (6 B), or SGD's (checkSchedule); then every held gradient is
+  // zeroed (the buffer's bytes); and the framework's host time per layer
+  // (one call per parameter tensor: the cluster's host.step_layer).
+  optimizer = optimizerTime(stage_params, stage_expert, static_cast<double>(layers_per_stage));
   return {};
 }
 
@@ -290,9 +294,10 @@ void Trainer::bounds() {
   std::array<double, kLinkClasses> links{};
   for (size_t sd = 0; sd < static_cast<size_t>(p); ++sd) {
     const double ex = edp_own ? x.expert[sd] : 0;  // expert gradients reduce over their own group
-    x.link[sd] += u_dag.scaled(2 * (x.params[sd] - ex) * dp_ag_runs) += u_eag.scaled(2 * ex * dp_ag_runs);
+    x.link[sd] += u_dag.scaled(act * (x.params[sd] - ex) * dp_ag_runs) += u_eag.scaled(act * ex * dp_ag_runs);
     x.link[sd] += u_drs.scaled(grad_wire * (x.params[sd] - ex) * dp_rs_runs) += u_ers.scaled(grad_wire * ex * dp_rs_runs);
-    x.bytes[sd] += sharded(opt_step, x.params[sd], x.expert[sd], 1) + sharded(4, x.params[sd], x.expert[sd], 2);  // optimizer
+    x.bytes[sd] += sharded(opt_step, x.params[sd], x.expert[sd], 1) +
+                   sharded(zeroed(), x.params[sd], x.expert[sd], 2);  // optimizer
     tensor = std::max(tensor, x.flops[sd] / (cfg.fp8 ? c.gpu.peak8 : c.gpu.peak16).value());
     hbm = std::max(hbm, x.bytes[sd] / c.gpu.hbm_bw.value());
     for (size_t i = 0; i < links.size(); ++i) links[i] = std::max(links[i], x.link[sd].s[i]);
@@ -321,8 +326,10 @@ void Trainer::bounds() {
 
 namespace {
 
-Transfer transferOf(Seconds time, const LinkDemand& unit_demand, double bytes) {
-  return Transfer{time.value(), unit_demand.scaled(bytes)};
+// `share`: ranks per core (Trainer::share); the link-seconds of a CPU rank's
+// copies stretch with its time like the transfer's time (already scaled).
+Transfer transferOf(double share, Seconds time, const LinkDemand& unit_demand, double bytes) {
+  return Transfer{time.value(), unit_demand.scaled(bytes * share)};
 }
 
 }  // namespace
@@ -332,14 +339,15 @@ Status Trainer::dpTransfers(double params, Transfer* ag_t, Transfer* rs_t, doubl
   if (!any_dp || params <= 0) return {};
   if (!edp_own) expert = 0;
   auto add = [&](double n_params, const GroupSet& g, const LinkDemand& u_ag, const LinkDemand& u_rs) -> Status {
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost a, net.collective(plan::Collective::AllGather, Bytes(2 * n_params), g, cfg.algo));
-    CHORUS_ASSIGN_OR_RETURN(CollectiveCost r,
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost a_raw, net.collective(plan::Collective::AllGather, Bytes(act * n_params), g, cfg.algo));
+    CHORUS_ASSIGN_OR_RETURN(CollectiveCost r_raw,
                             cfg.grad_compress.on()
                                 ? compressedCost(net, plan::Collective::ReduceScatter, grad_wire * n_params,
                                                  grad_data * n_params, g, cfg.algo)
                                 : net.collective(plan::Collective::ReduceScatter, Bytes(grad_wire * n_params), g, cfg.algo));
-    *ag_t += transferOf(a.time, u_ag, 2 * n_params);
-    *rs_t += transferOf(r.time + quantizeTime(n_params, g.size), u_rs, grad_wire * n_params);
+    const CollectiveCost a = shared(a_raw), r = shared(r_raw);
+    *ag_t += transferOf(share, a.time, u_ag, act * n_params);
+    *rs_t += transferOf(share, r.time + quantizeTime(n_params, g.size), u_rs, grad_wire * n_params);
     return {};
   };
   const double dense = params - expert;
@@ -363,8 +371,8 @@ LayerPlan Trainer::planLayer(int l, const Transfer& tp_fwd_t, const Transfer& tp
   lp.wgrad = lt.wgrad.value();
   if (t > 1) lp.wgrad_async = (lt.qkv_wgrad + lt.fc1_wgrad).value();
   lp.tp_fwd = tp_fwd_t, lp.tp_bwd = tp_bwd_t, lp.tp_async = tp_async_t;
-  if (cp > 1) lp.cp = transferOf(cp_fwd, u_cp, cp_bytes);
-  if (m.isMoeLayer(l) && ep > 1) lp.ep = transferOf(ep_fwd, ep_demand, 1);
+  if (cp > 1) lp.cp = transferOf(share, cp_fwd, u_cp, cp_bytes);
+  if (m.isMoeLayer(l) && ep > 1) lp.ep = transferOf(share, ep_fwd, ep_demand, 1);
   if (full) {  // the recomputed forward communicates again (exposed, before the backward)
     lp.tp_recompute = tp_fwd_t;
     lp.tp_recompute += lp.cp;
@@ -386,17 +394,18 @@ Status Trainer::buildSchedule() {
   Transfer tp_fwd_t, tp_bwd_t, tp_async_t;
   if (t > 1) {
     if (sp) {
-      tp_fwd_t = transferOf((tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
-      tp_bwd_t = transferOf(tp_ag * 2, u_tag, 2 * act_bytes);
-      tp_async_t = transferOf((tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
+      tp_fwd_t = transferOf(share, (tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
+      tp_bwd_t = transferOf(share, tp_ag * 2, u_tag, 2 * act_bytes);
+      tp_async_t = transferOf(share, (tp_ag + tp_rs) * 2, u_tag.scaled(2) += u_trs.scaled(2), act_bytes);
     } else {
-      tp_fwd_t = transferOf(tp_ar * 2, u_tar, 2 * act_bytes);
-      tp_async_t = transferOf(tp_ar * 2, u_tar, 2 * act_bytes);
+      tp_fwd_t = transferOf(share, tp_ar * 2, u_tar, 2 * act_bytes);
+      tp_async_t = transferOf(share, tp_ar * 2, u_tar, 2 * act_bytes);
     }
   }
   spec.chunks.resize(static_cast<size_t>(vs_count));
   spec.optimizer_s.assign(static_cast<size_t>(p), 0);
   std::vector<double> params_of_stage(static_cast<size_t>(p), 0), expert_of_stage(static_cast<size_t>(p), 0);
+  std::vector<double> stage_layers(static_cast<size_t>(p), 0);  // for the optimizer's host time per layer
   int next = 0;
   for (int64_t k = 0; k < vs_count; ++k) {
     const int count = vs_layers[static_cast<size_t>(k)];
@@ -406,6 +415,7 @@ Status Trainer::buildSchedule() {
       double widest = 0;
       const double lparams = paramsOf(l, 1, false, &widest);
       params_of_stage[static_cast<size_t>(k % p)] += lparams;
+      stage_layers[static_cast<size_t>(k % p)] += 1;
       expert_of_stage[static_cast<size_t>(k % p)] += expertParamsOf(l, 1);
       CHORUS_RETURN_IF_ERROR(dpTransfers(lparams, &lp.dp_ag, &lp.dp_rs, expertParamsOf(l, 1)));
       layers.push_back(lp);
@@ -425,12 +435,12 @@ Status Trainer::buildSchedule() {
   LayerPlan& first = spec.chunks.front().front();
   LayerPlan& last = spec.chunks.back().back();
   if (t > 1) {
-    first.tp_fwd += transferOf(sp ? tp_rs : tp_ar, sp ? u_trs : u_tar, act_bytes);
-    if (sp) first.tp_bwd += transferOf(tp_ag, u_tag, act_bytes);
+    first.tp_fwd += transferOf(share, sp ? tp_rs : tp_ar, sp ? u_trs : u_tar, act_bytes);
+    if (sp) first.tp_bwd += transferOf(share, tp_ag, u_tag, act_bytes);
     const double heads = 1.0 + cfg.mtp_layers;
-    last.tp_fwd += transferOf((ce * 3 + (sp ? tp_ag : Seconds(0))) * heads,
+    last.tp_fwd += transferOf(share, (ce * 3 + (sp ? tp_ag : Seconds(0))) * heads,
                               u_tar.scaled(12 * bs) += (sp ? u_tag.scaled(act_bytes) : LinkDemand{}), heads);
-    last.tp_async += transferOf((sp ? tp_rs : tp_ar) * heads, sp ? u_trs : u_tar, act_bytes * heads);
+    last.tp_async += transferOf(share, (sp ? tp_rs : tp_ar) * heads, sp ? u_trs : u_tar, act_bytes * heads);
     last.bwd_async += logit_wgrad_s.value();
     last.wgrad_async += logit_wgrad_s.value();
   }
@@ -447,8 +457,9 @@ Status Trainer::buildSchedule() {
     spec.options.dualpipe = true;
     spec.chunks.reserve(static_cast<size_t>(2 * p));
     for (int64_t k = 0; k < p; ++k) spec.chunks.push_back(spec.chunks[static_cast<size_t>(k)]);
-    const auto ps0 = params_of_stage, es0 = expert_of_stage;
+    const auto ps0 = params_of_stage, es0 = expert_of_stage, ls0 = stage_layers;
     for (size_t r = 0; r < static_cast<size_t>(p); ++r) {
+      stage_layers[r] = ls0[r] + ls0[static_cast<size_t>(p) - 1 - r];
       params_of_stage[r] = ps0[r] + ps0[static_cast<size_t>(p) - 1 - r];
       expert_of_stage[r] = es0[r] + es0[static_cast<size_t>(p) - 1 - r];
     }
@@ -456,12 +467,12 @@ Status Trainer::buildSchedule() {
   for (int64_t sd = 0; sd < p; ++sd) {
     const double ps = params_of_stage[static_cast<size_t>(sd)], es = expert_of_stage[static_cast<size_t>(sd)];
     spec.optimizer_s[static_cast<size_t>(sd)] =
-        (raw_gpu.mem(sharded(opt_step, ps, es, 1)) + raw_gpu.mem(sharded(4, ps, es, 2))).value();
+        optimizerTime(ps, es, static_cast<double>(stage_layers[static_cast<size_t>(sd)])).value();
   }
   if (p > 1) {
     spec.p2p.s = p2p.value();
-    spec.p2p.link = ledger.sendRecv(act_bytes / T, ppg, 1);
-    if (!sp && t > 1) spec.p2p.link += u_tag.scaled(act_bytes);
+    spec.p2p.link = ledger.sendRecv(act_bytes / T, ppg, share);
+    if (!sp && t > 1) spec.p2p.link += u_tag.scaled(act_bytes * share);
   }
   return {};
 }
@@ -564,15 +575,18 @@ Status Trainer::stageCosts() {
     TrainReport::StageTail& tail = rep.stages[static_cast<size_t>(sd)];
     if (sd == 0 || sd == p - 1) tail.params += V * h / T;  // the embedding or logits shard (tied when p = 1)
     if (d * cp > 1) {  // priced outside coll(): the bottleneck link stays the pacing stage's
-      CHORUS_ASSIGN_OR_RETURN(CollectiveCost rs, net.collective(plan::Collective::ReduceScatter,
-                                                                Bytes(tail.params * 2), dcg, cfg.algo));
-      CHORUS_ASSIGN_OR_RETURN(CollectiveCost ag,
-                              net.collective(plan::Collective::AllGather, Bytes(tail.params * 2), dcg, cfg.algo));
+      CHORUS_ASSIGN_OR_RETURN(CollectiveCost rs_raw, net.collective(plan::Collective::ReduceScatter,
+                                                                    Bytes(tail.params * act), dcg, cfg.algo));
+      CHORUS_ASSIGN_OR_RETURN(CollectiveCost ag_raw,
+                              net.collective(plan::Collective::AllGather, Bytes(tail.params * act), dcg, cfg.algo));
+      const CollectiveCost rs = shared(rs_raw), ag = shared(ag_raw);
       tail.dp_rs_s = overlapped(rs.time, Seconds(stage_chunk_bwd[static_cast<size_t>(sd)]), smf).value();
       tail.dp_ag_s = overlapped(ag.time, Seconds(stage_chunk_fwd[static_cast<size_t>(sd)]), smf).value();
     }
     const double te = tail_expert[static_cast<size_t>(sd)];
-    tail.optimizer_s = (gpu.mem(sharded(opt_step, tail.params, te, 1)) + gpu.mem(sharded(4, tail.params, te, 2))).value();
+    double layers_sd = 0;
+    for (int64_t k = sd; k < vs_count; k += p) layers_sd += vs_layers[static_cast<size_t>(k)];
+    tail.optimizer_s = optimizerTime(tail.params, te, layers_sd).value();
   }
   return {};
 }

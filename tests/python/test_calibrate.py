@@ -29,16 +29,23 @@ def _positive(x, what):
 
 
 def _check_schema(c, ranks_per_host):
-    assert set(c) == {"name", "nodes", "gpu", "node", "network", "calibration"}, sorted(c)
+    assert set(c) == {"name", "nodes", "gpu", "node", "network", "host", "calibration"}, sorted(c)
     assert isinstance(c["name"], str) and c["name"]
     assert c["nodes"] == 1
     g = c["gpu"]
-    for k in ("peak_tflops", "hbm_gib", "hbm_gbyte_s", "kernel_overhead_us"):
+    for k in ("peak_tflops", "hbm_gib", "hbm_gbyte_s"):
         _positive(g[k], "gpu." + k)
+    # Every operator's fixed cost is in the host time per layer pass, not again per kernel.
+    assert g["kernel_overhead_us"] == 0.0, g
+    _positive(c["calibration"]["kernel_overhead_s"], "calibration.kernel_overhead_s")
     assert g["gemm_efficiency"] == 1.0 and g["hbm_efficiency"] == 1.0, g
     assert g["gemm_half_size"] >= 0, g
     n = c["node"]
     assert n["gpus"] == ranks_per_host, n
+    assert n["cpu_cores"] == len(os.sched_getaffinity(0)), n
+    cap = c["calibration"]["capacity"]
+    assert n["cpu_capacity"] == cap["capacity"] and 1 <= n["cpu_capacity"] <= n["cpu_cores"], (n, cap)
+    assert len(cap["trials"]) == 3 and all(t["alone_s"] > 0 for t in cap["trials"]), cap
     _positive(n["nvlink_gbyte_s"], "node.nvlink_gbyte_s")
     _positive(n["nvlink_latency_us"], "node.nvlink_latency_us")
     w = c["network"]
@@ -61,6 +68,15 @@ def _check_schema(c, ranks_per_host):
     assert n["nvlink_gbyte_s"] == largest["algbw_gbps"], (n, largest)
     assert cal["transport"]["shm"]["allreduce"]["rows"], cal["transport"]["shm"]
     assert cal["threads"] == 1 and len(cal["load_average_start"]) == 3
+    # The host time per layer pass: the tiny-shape model's medians, and the file's figures are their differences.
+    hm = cal["host"]
+    for depth in ("one_layer", "three_layers"):
+        for k in ("fwd", "fwd_bwd", "step"):
+            _positive(hm[depth][k], "calibration.host.{}.{}".format(depth, k))
+    assert set(c["host"]) == {"layer_fwd_us", "layer_bwd_us", "head_fwd_us", "head_bwd_us", "step_layer_us"}, c["host"]
+    assert abs(c["host"]["layer_fwd_us"] - 1e6 * max(0.0, (hm["three_layers"]["fwd"] - hm["one_layer"]["fwd"]) / 2)) \
+        <= 1e-6 * (1 + c["host"]["layer_fwd_us"]), (c["host"], hm)
+    _positive(c["host"]["layer_fwd_us"] + c["host"]["layer_bwd_us"], "host per layer")
 
 
 def _calibrate_and_train():

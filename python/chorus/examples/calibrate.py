@@ -18,6 +18,22 @@ Nothing here sees a training run.  What is measured, with torch.set_num_threads(
 - **Element-wise kernels** at the activation shape (B x S x H fp32): add, GELU, layer norm, softmax over
   the attention scores; bytes moved / median time, each; ``gpu.hbm_gbyte_s`` is the median rate over them
   (``hbm_efficiency`` 1).
+- **Host time per layer pass** (Python, autograd's graph, operator dispatch: what no kernel rate sees): the job's
+  own model (``chorus.examples.train_gpt``'s Stage, one process, no collectives) at tiny shapes (hidden 8, 2
+  heads, sequence 4, one sequence, vocabulary 8), where every kernel is a few elements and the time is the
+  framework's.  The medians of its forward, its forward + backward and its SGD step (``zero_grad`` + ``step``)
+  with 1 and 3 layers give per micro-batch one layer's forward and backward (the difference of the two
+  depths, / 2) and the embedding + head + loss's (the 1-layer model less one layer), and per step the
+  optimizer's time per layer: ``host.layer_fwd_us``, ``layer_bwd_us``, ``head_fwd_us``, ``head_bwd_us``,
+  ``step_layer_us``.  Since that host time holds every operator's fixed cost, ``gpu.kernel_overhead_us`` is
+  written as 0 (the one-element add stays in ``calibration.kernel_overhead_s``; the GEMM fit's half size still
+  subtracts it).
+- **Cores**: ``node.cpu_cores`` is the number of cores this process may run on (``sched_getaffinity``):
+  chorus-sim time-shares them among the ranks of a host that has more ranks than cores.  ``node.cpu_capacity`` is
+  what the host gives this job now: the throughput of ``cpu_cores`` concurrent busy processes over one alone's
+  (the median of 3 interleaved trials), between 1 and the cores.  Other work lowers it: Linux's scheduler shares
+  the cores between sessions (autogroup) before threads, so a job's ranks share its session's part whatever
+  their number, and the load average does not say what that part is.
 - **Optimizer**: torch.optim.SGD's step over a 4 M-element parameter (reads the parameter and gradient,
   writes the parameter: 12 B per element), recorded in ``calibration.optimizer``.
 - **Transport**: chorus-bench (the transport's own benchmark) ``sendrecv`` and ``allreduce`` between 2 local
@@ -143,6 +159,90 @@ def measure_optimizer(a):
             "gbyte_s": p.numel() * 12 / sec / 1e9, "params_per_s": p.numel() / sec}
 
 
+def measure_host(a, repeats):
+    """The framework's host time per layer pass: train_gpt's own Stage at tiny shapes (see the docstring)."""
+    from chorus.examples import train_gpt
+
+    def times(layers):
+        ja = train_gpt.parse(["--layers", str(layers), "--hidden", "8", "--heads", "2", "--vocab", "8", "--seq", "4",
+                              "--micro-batch", "1", "--micro-batches", "1", "--threads", str(a.threads)])
+        stage = train_gpt.Stage(ja, train_gpt.Layout(1, 1, 1, 0), None)
+        opt = torch.optim.SGD(stage.parameters(), lr=1e-6)
+        ids, target = train_gpt._batch(ja, 0, 0)
+
+        def fwd():
+            stage(ids, target)
+
+        def fwd_bwd():
+            stage(ids, target).backward()
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            opt.step()
+
+        fwd_bwd()  # gradients exist before the optimizer is timed
+        return {"fwd": _median_time(fwd, repeats), "fwd_bwd": _median_time(fwd_bwd, repeats),
+                "step": _median_time(step, repeats), "tensors": len(list(stage.parameters()))}
+
+    one, three = times(1), times(3)
+    layer_f = max(0.0, (three["fwd"] - one["fwd"]) / 2)
+    layer_fb = max(0.0, (three["fwd_bwd"] - one["fwd_bwd"]) / 2)
+    layer_b = max(0.0, layer_fb - layer_f)
+    return {
+        "model": "train_gpt Stage: hidden 8, heads 2, seq 4, micro-batch 1, vocab 8; 1 and 3 layers",
+        "one_layer": one, "three_layers": three,
+        "layer_fwd_s": layer_f, "layer_bwd_s": layer_b,
+        "head_fwd_s": max(0.0, one["fwd"] - layer_f), "head_bwd_s": max(0.0, one["fwd_bwd"] - one["fwd"] - layer_b),
+        "step_layer_s": max(0.0, (three["step"] - one["step"]) / 2),
+    }
+
+
+def _spin(n):
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+def _timed_spin(n, conn):
+    t0 = time.perf_counter()
+    _spin(n)
+    conn.send(time.perf_counter() - t0)
+
+
+def measure_capacity(_unused=None, seconds=0.3, trials=3):
+    """Throughput of `cores` concurrent busy processes over one alone's, median of `trials` interleaved pairs."""
+    import multiprocessing as mp
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    n = 200000
+    t0 = time.perf_counter()
+    _spin(n)
+    n = max(n, int(n * seconds / max(time.perf_counter() - t0, 1e-6)))
+    ctx = mp.get_context("fork")
+
+    def run(k):
+        pipes = [ctx.Pipe() for _ in range(k)]
+        procs = [ctx.Process(target=_timed_spin, args=(n, w)) for _, w in pipes]
+        for p in procs:
+            p.start()
+        times = [r.recv() for r, _ in pipes]
+        for p in procs:
+            p.join()
+        return times
+
+    rows = []
+    for _ in range(trials):
+        alone = run(1)[0]
+        together = run(cores)
+        rows.append({"alone_s": alone, "concurrent_s": together,
+                     "ratio": cores * alone / max(together)})
+    ratio = statistics.median(r["ratio"] for r in rows)
+    return {"cores": cores, "work": n, "trials": rows, "capacity": round(min(float(cores), max(1.0, ratio)), 3)}
+
+
 def _bench_path(a):
     if a.bench:
         return a.bench
@@ -227,6 +327,12 @@ def calibrate(a):
     gemms = measure_gemms(a)
     fit = fit_gemm(gemms, overhead)
     opt = measure_optimizer(a)
+    host = measure_host(a, max(a.repeats, 7))
+    capacity = measure_capacity()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
     shm = {"sendrecv": run_bench(a, "sendrecv", "shm"), "allreduce": run_bench(a, "allreduce", "shm")}
     shm_link = link_figures(shm["sendrecv"])
     transport = {"shm": shm}
@@ -248,7 +354,7 @@ def calibrate(a):
             "gemm_efficiency": 1.0,
             "gemm_half_size": fit["gemm_half_size"],
             "hbm_efficiency": 1.0,
-            "kernel_overhead_us": overhead * 1e6,
+            "kernel_overhead_us": 0.0,
             "comm_sm_fraction": 0.0,
         },
         "node": {
@@ -256,7 +362,11 @@ def calibrate(a):
             "nvlink_gbyte_s": shm_link["gbyte_s"],
             "nvlink_latency_us": shm_link["latency_us"],
             "nvlink_efficiency": 1.0,
+            "cpu_cores": cores,
+            "cpu_capacity": capacity["capacity"],
         },
+        "host": {k + "_us": host[k + "_s"] * 1e6
+                 for k in ("layer_fwd", "layer_bwd", "head_fwd", "head_bwd", "step_layer")},
         "network": {
             "topology": "fat-tree",
             "nics_per_node": 1,
@@ -270,6 +380,7 @@ def calibrate(a):
             "argv": sys.argv[1:],
             "host": platform.node(),
             "cpus": os.cpu_count(),
+            "cpu_cores": cores,
             "threads": a.threads,
             "torch": torch.__version__,
             "load_average_start": list(load),
@@ -281,6 +392,8 @@ def calibrate(a):
             "gemm_fit": fit,
             "elementwise": ew,
             "kernel_overhead_s": overhead,
+            "host": host,
+            "capacity": capacity,
             "optimizer": opt,
             "transport": transport,
         },
@@ -297,9 +410,13 @@ def main(argv=None):
         f.write("\n")
     os.replace(tmp, a.out)
     g = cluster["gpu"]
-    print("calibrate: wrote {}: GEMM {:.1f} GFLOP/s (half size {:.3g}), element-wise {:.2f} GB/s, kernel {:.1f} us, "
+    hs = cluster["host"]
+    print("calibrate: wrote {}: GEMM {:.1f} GFLOP/s (half size {:.3g}), element-wise {:.2f} GB/s, "
+          "host per layer {:.0f} + {:.0f} us (head {:.0f} + {:.0f} us, step {:.0f} us/layer), {} cores (capacity {}), "
           "shm {:.2f} GB/s {:.1f} us, network {:.2f} Gbit/s {:.1f} us; load average {:.2f}".format(
-              a.out, g["peak_tflops"] * 1e3, g["gemm_half_size"], g["hbm_gbyte_s"], g["kernel_overhead_us"],
+              a.out, g["peak_tflops"] * 1e3, g["gemm_half_size"], g["hbm_gbyte_s"], hs["layer_fwd_us"],
+              hs["layer_bwd_us"], hs["head_fwd_us"], hs["head_bwd_us"], hs["step_layer_us"], cluster["node"]["cpu_cores"],
+              cluster["node"]["cpu_capacity"],
               cluster["node"]["nvlink_gbyte_s"], cluster["node"]["nvlink_latency_us"],
               cluster["network"]["nic_gbit_s"], cluster["network"]["latency_us"],
               cluster["calibration"]["load_average_start"][0]), flush=True)

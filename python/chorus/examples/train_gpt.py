@@ -384,7 +384,7 @@ def model_json(a):
         "name": "train_gpt-L{}-H{}-A{}".format(a.layers, a.hidden, a.heads),
         "layers": a.layers, "hidden": a.hidden, "heads": a.heads, "ffn_hidden": 4 * a.hidden,
         "vocab": a.vocab, "activation": "gelu", "dropout": False, "qkv_bias": True, "o_bias": True,
-        "tie_embeddings": False, "weight_bytes": 4,
+        "tie_embeddings": False, "weight_bytes": 4, "dtype": "fp32",
     }
 
 
