@@ -45,33 +45,15 @@ test_name=bench/ep_netns.sh
 # shellcheck source=../tests/cluster/netns_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../tests/cluster/netns_lib.sh"
 cluster_require ip tc unshare nsenter timeout python3 -- "$bench"
-netns_remove_stale
-
-tag=chorus-$$
-switch_ns=$tag-sw
-subnet=10.234.$((RANDOM % 250 + 1))
-work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-ep.XXXXXX")
-keepers=()
-ranks=()
-created_ns=()
-trap netns_cleanup EXIT
-trap 'exit 130' INT TERM
-
 # The most hosts any layout needs, made once; a layout uses the first H.
 max_h=0
 for l in "${layouts[@]}"; do
   h=${l%x*}
   ((h > max_h)) && max_h=$h
 done
-hosts=()
-for i in $(seq 0 $((max_h - 1))); do hosts+=("$tag-h$i"); done
-netns_make_hosts "$switch_ns" "$subnet" "${hosts[@]}"
-for i in "${!hosts[@]}"; do
-  # 1 Gbit/s each way: the host's egress and its switch port's egress.
-  ip netns exec "${hosts[$i]}" tc qdisc add dev eth0 root tbf rate "$rate" burst 128kb latency 50ms
-  ip netns exec "$switch_ns" tc qdisc add dev "port$i" root tbf rate "$rate" burst 128kb latency 50ms
-done
-netns_start_keepers 4g $((job_timeout * 8)) "${hosts[@]}"
+netns_bench_cluster ep 10.234 "$max_h" $((job_timeout * 8)) 4g
+# $rate each way: the host's egress and its switch port's egress.
+netns_shape_links "$rate" both
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 add_rows() {
@@ -86,7 +68,7 @@ run_job() {
   secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
   ranks=()
   for r in $(seq 0 $((world - 1))); do
-    nsenter --target "${keepers[$((r / k))]}" --mount --net -- \
+    on_host $((r / k)) \
       env CHORUS_RANK=$r CHORUS_WORLD_SIZE=$world CHORUS_LOCAL_RANK=$((r % k)) CHORUS_MASTER_ADDR="$subnet.1" \
       CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) \
       timeout -k 5 "$job_timeout" "$bench" "$op" --tokens "$tokens" --hidden "$hidden" --experts "$experts" \
@@ -111,7 +93,7 @@ run_torch() {
   local h=$1 k=$2 r port=$((29900 + RANDOM % 90)) failed=0 world=$(($1 * $2))
   ranks=()
   for r in $(seq 0 $((world - 1))); do
-    nsenter --target "${keepers[$((r / k))]}" --mount --net -- \
+    on_host $((r / k)) \
       env RANK=$r WORLD_SIZE=$world LOCAL_RANK=$((r % k)) MASTER_ADDR="$subnet.1" MASTER_PORT="$port" \
       GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
       timeout -k 5 "$job_timeout" /usr/bin/python3 "$here/ep_torch_a2a.py" --tokens "$tokens" --hidden "$hidden" \

@@ -51,25 +51,8 @@ if [[ $what == serve ]]; then
 else
   cluster_require ip tc unshare nsenter timeout python3 -- "$bench"
 fi
-netns_remove_stale
-
-tag=chorus-$$
-switch_ns=$tag-sw
-subnet=10.235.$((RANDOM % 250 + 1))
-work=$(mktemp -d "${TMPDIR:-/tmp}/chorus-kv.XXXXXX")
-keepers=()
-ranks=()
-created_ns=()
-trap netns_cleanup EXIT
-trap 'exit 130' INT TERM
-
-hosts=("$tag-h0" "$tag-h1")
-netns_make_hosts "$switch_ns" "$subnet" "${hosts[@]}"
-for i in "${!hosts[@]}"; do
-  ip netns exec "${hosts[$i]}" tc qdisc add dev eth0 root tbf rate "$rate" burst 128kb latency 50ms
-  ip netns exec "$switch_ns" tc qdisc add dev "port$i" root tbf rate "$rate" burst 128kb latency 50ms
-done
-netns_start_keepers 1g $((job_timeout * 8)) "${hosts[@]}"
+netns_bench_cluster kv 10.235 2 $((job_timeout * 8))
+netns_shape_links "$rate" both
 echo "# $test_name: link $rate (tbf both ways), load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores"
 
 # wait_ranks NAME: waits for $ranks; prints the failures' stderr.
@@ -91,7 +74,7 @@ run_bench() {  # run_bench REPEAT
   secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
   for r in 0 1; do
     # shellcheck disable=SC2086 # $sizes is a list of flags
-    nsenter --target "${keepers[$r]}" --mount --net -- \
+    on_host "$r" \
       env CHORUS_RANK=$r CHORUS_WORLD_SIZE=2 CHORUS_LOCAL_RANK=0 CHORUS_MASTER_ADDR="$subnet.1" \
       CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) \
       timeout -k 5 "$job_timeout" "$bench" kv $sizes --blocks "$blocks" --layers 32 -n 5 -w 1 -c 1 $extra \
@@ -108,7 +91,7 @@ run_serve() {  # run_serve REPEAT
   for r in 0 1; do
     role=$([[ $r == 0 ]] && echo prefill || echo decode)
     # shellcheck disable=SC2086 # $serve_args is a list of flags
-    nsenter --target "${keepers[$r]}" --mount --net -- \
+    on_host "$r" \
       env PYTHONPATH="$build_dir/python" OMP_NUM_THREADS=1 CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) \
       timeout -k 5 "$job_timeout" /usr/bin/python3 -m chorus.kv_disagg "$role" $serve_args --uid-file "$work/uid" \
       --timeout "$job_timeout" --out "$work/serve.$rep.$role.json" \

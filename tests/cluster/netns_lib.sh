@@ -115,14 +115,14 @@ netns_start_keepers() {
   done
 }
 
-# netns_bench_cluster NAME SUBNET_PREFIX HOSTS KEEPER_SECONDS: a bench
+# netns_bench_cluster NAME SUBNET_PREFIX HOSTS KEEPER_SECONDS [SHM_SIZE]: a bench
 # script's emulated cluster in one call: removes stale namespaces, sets tag,
 # switch_ns, subnet (SUBNET_PREFIX.<random>), work (a fresh scratch dir named
 # after NAME), the arrays keepers=() ranks=() created_ns=() and hosts=() (HOSTS
 # namespaces), installs the cleanup traps, makes the hosts and starts their
-# keepers (each with a 1 GiB /dev/shm, living KEEPER_SECONDS).
+# keepers (each with a /dev/shm of SHM_SIZE, default 1g, living KEEPER_SECONDS).
 netns_bench_cluster() {
-  local name=$1 prefix=$2 n=$3 seconds=$4 i
+  local name=$1 prefix=$2 n=$3 seconds=$4 shm=${5:-1g} i
   netns_remove_stale
   tag=chorus-$$
   switch_ns=$tag-sw
@@ -136,7 +136,7 @@ netns_bench_cluster() {
   hosts=()
   for ((i = 0; i < n; i++)); do hosts+=("$tag-h$i"); done
   netns_make_hosts "$switch_ns" "$subnet" "${hosts[@]}"
-  netns_start_keepers 1g "$seconds" "${hosts[@]}"
+  netns_start_keepers "$shm" "$seconds" "${hosts[@]}"
 }
 
 # netns_shape_links RATE [both]: a token bucket of RATE (128 kB of burst,
