@@ -550,27 +550,46 @@ class ExpertParallel {
     return o;
   }
 
-  void dispatch(py::object x, py::object topkWeights, py::object recvX, py::object recvWeights) {
-    View xv = viewOf(x, "x", false), rv = viewOf(recvX, "recv_x", true);
-    payload(xv, "x"), payload(rv, "recv_x");
-    requireSizes(chorus::sizes::equal("dispatch", "x.size", xv.count, "tokens*hidden", tokens_ * hidden_));
-    std::optional<View> wv, rwv;
+  // What dispatch and dispatch_fp8 take alike: the tokens x (tokens x
+  // hidden), the gate's weights (tokens x topk, float32, optional) and the
+  // receive weights (float32, optional: they bound the rows received).
+  // checkRecv checks the call's own receive buffers, after x.
+  struct DispatchIn {
+    View x;
+    std::optional<View> w, recv_w;
+    size_t rows = SIZE_MAX;  // the receive weights' rows
+    [[nodiscard]] const float* weights() const { return w ? static_cast<const float*>(w->ptr) : nullptr; }
+    [[nodiscard]] float* recvWeights() const { return recv_w ? static_cast<float*>(recv_w->ptr) : nullptr; }
+  };
+  template <class CheckRecv>
+  DispatchIn dispatchIn(const char* call, py::object x, py::object topkWeights, py::object recvWeights,
+                        CheckRecv checkRecv) {
+    DispatchIn in;
+    in.x = viewOf(x, "x", false);
+    payload(in.x, "x");
+    checkRecv();
+    requireSizes(chorus::sizes::equal(call, "x.size", in.x.count, "tokens*hidden", tokens_ * hidden_));
     if (!topkWeights.is_none()) {
-      wv = viewOf(topkWeights, "topk_weights", false);
-      f32(*wv, "topk_weights");
-      requireSizes(chorus::sizes::equal("dispatch", "topk_weights.size", wv->count, "tokens*topk", tokens_ * topk_));
+      in.w = viewOf(topkWeights, "topk_weights", false);
+      f32(*in.w, "topk_weights");
+      requireSizes(chorus::sizes::equal(call, "topk_weights.size", in.w->count, "tokens*topk", tokens_ * topk_));
     }
-    size_t cap = rv.count / hidden_;
     if (!recvWeights.is_none()) {
-      rwv = viewOf(recvWeights, "recv_weights", true);
-      f32(*rwv, "recv_weights");
-      cap = std::min(cap, rwv->count);
+      in.recv_w = viewOf(recvWeights, "recv_weights", true);
+      f32(*in.recv_w, "recv_weights");
+      in.rows = in.recv_w->count;
     }
+    return in;
+  }
+
+  void dispatch(py::object x, py::object topkWeights, py::object recvX, py::object recvWeights) {
+    View rv = viewOf(recvX, "recv_x", true);
+    DispatchIn in = dispatchIn("dispatch", x, topkWeights, recvWeights, [&] { payload(rv, "recv_x"); });
+    const size_t cap = std::min(rv.count / hidden_, in.rows);
     chorusResult_t r;
     {
       py::gil_scoped_release nogil;
-      r = chorusEpDispatch(h_, xv.ptr, wv ? static_cast<const float*>(wv->ptr) : nullptr, rv.ptr,
-                           rwv ? static_cast<float*>(rwv->ptr) : nullptr, cap, comm_, nullptr);
+      r = chorusEpDispatch(h_, in.x.ptr, in.weights(), rv.ptr, in.recvWeights(), cap, comm_, nullptr);
     }
     check(r, comm_, "ExpertParallel.dispatch");
   }
@@ -579,30 +598,18 @@ class ExpertParallel {
   // (float32, rows x hidden / block) receive the fp8 wire as it came.
   void dispatchFp8(py::object x, py::object topkWeights, py::object recvCodes, py::object recvScales,
                    py::object recvWeights) {
-    View xv = viewOf(x, "x", false), cv = viewOf(recvCodes, "recv_codes", true),
-         sv = viewOf(recvScales, "recv_scales", true);
-    payload(xv, "x"), f32(sv, "recv_scales");
-    if (cv.dtype != chorusUint8 && cv.dtype != chorusInt8 && cv.dtype != chorusFloat8e4m3)
-      throw py::type_error("recv_codes: must be uint8 (the e4m3 codes' bytes)");
-    requireSizes(chorus::sizes::equal("dispatch_fp8", "x.size", xv.count, "tokens*hidden", tokens_ * hidden_));
-    std::optional<View> wv, rwv;
-    if (!topkWeights.is_none()) {
-      wv = viewOf(topkWeights, "topk_weights", false);
-      f32(*wv, "topk_weights");
-      requireSizes(chorus::sizes::equal("dispatch_fp8", "topk_weights.size", wv->count, "tokens*topk", tokens_ * topk_));
-    }
-    size_t cap = cv.count / hidden_;
-    if (!recvWeights.is_none()) {
-      rwv = viewOf(recvWeights, "recv_weights", true);
-      f32(*rwv, "recv_weights");
-      cap = std::min(cap, rwv->count);
-    }
+    View cv = viewOf(recvCodes, "recv_codes", true), sv = viewOf(recvScales, "recv_scales", true);
+    DispatchIn in = dispatchIn("dispatch_fp8", x, topkWeights, recvWeights, [&] {
+      f32(sv, "recv_scales");
+      if (cv.dtype != chorusUint8 && cv.dtype != chorusInt8 && cv.dtype != chorusFloat8e4m3)
+        throw py::type_error("recv_codes: must be uint8 (the e4m3 codes' bytes)");
+    });
+    const size_t cap = std::min(cv.count / hidden_, in.rows);
     chorusResult_t r;
     {
       py::gil_scoped_release nogil;
-      r = chorusEpDispatchFp8(h_, xv.ptr, wv ? static_cast<const float*>(wv->ptr) : nullptr,
-                              static_cast<uint8_t*>(cv.ptr), static_cast<float*>(sv.ptr), sv.count,
-                              rwv ? static_cast<float*>(rwv->ptr) : nullptr, cap, comm_, nullptr);
+      r = chorusEpDispatchFp8(h_, in.x.ptr, in.weights(), static_cast<uint8_t*>(cv.ptr), static_cast<float*>(sv.ptr),
+                              sv.count, in.recvWeights(), cap, comm_, nullptr);
     }
     check(r, comm_, "ExpertParallel.dispatch_fp8");
   }

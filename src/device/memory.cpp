@@ -271,14 +271,24 @@ class ClStreamImpl final : public ClStream {
     clReleaseCommandQueue(q_);
   }
 
-  Status run(const StagedCall& call, const HostCall& host) override {
-    std::optional<Resolved> in, out;
+  // The call's device buffers (none where it has no bytes), each checked
+  // against its cl_mem.
+  using CallBuffers = std::pair<std::optional<Resolved>, std::optional<Resolved>>;
+  Result<CallBuffers> resolveCall(const StagedCall& call) const {
+    CallBuffers b;
     if (call.send_bytes > 0) {
-      CHORUS_ASSIGN_OR_RETURN(in, resolve(call.fn, "sendbuff", call.send, call.send_bytes, ctx_));
+      CHORUS_ASSIGN_OR_RETURN(b.first, resolve(call.fn, "sendbuff", call.send, call.send_bytes, ctx_));
     }
     if (call.recv_bytes > 0) {
-      CHORUS_ASSIGN_OR_RETURN(out, resolve(call.fn, "recvbuff", call.recv, call.recv_bytes, ctx_));
+      CHORUS_ASSIGN_OR_RETURN(b.second, resolve(call.fn, "recvbuff", call.recv, call.recv_bytes, ctx_));
     }
+    return b;
+  }
+
+  Status run(const StagedCall& call, const HostCall& host) override {
+    CHORUS_ASSIGN_OR_RETURN(auto bufs, resolveCall(call));
+    const std::optional<Resolved>& in = bufs.first;
+    const std::optional<Resolved>& out = bufs.second;
     ++stats_.calls;
     if (resolved_ == Staging::Map) {
       ++stats_.mapped_calls;
@@ -380,13 +390,9 @@ class ClStreamImpl final : public ClStream {
 
  public:
   Result<MappedCall> mapCall(const StagedCall& call) override {
-    std::optional<Resolved> in, out;
-    if (call.send_bytes > 0) {
-      CHORUS_ASSIGN_OR_RETURN(in, resolve(call.fn, "sendbuff", call.send, call.send_bytes, ctx_));
-    }
-    if (call.recv_bytes > 0) {
-      CHORUS_ASSIGN_OR_RETURN(out, resolve(call.fn, "recvbuff", call.recv, call.recv_bytes, ctx_));
-    }
+    CHORUS_ASSIGN_OR_RETURN(auto bufs, resolveCall(call));
+    const std::optional<Resolved>& in = bufs.first;
+    const std::optional<Resolved>& out = bufs.second;
     ++stats_.calls;
     ++stats_.mapped_calls;
     MappedCall m;

@@ -76,13 +76,9 @@ double busiestPairBytes(const plan::Algorithm& a, int n, double bytes) {
 // AMD's 128 GB/s per link in both directions, times the model's link
 // efficiency), in either network mode.  Fails on the switch model, which gave
 // every pair the GPU's 448 GB/s (checked by clearing node.mesh in cluster()).
-TEST(SimMesh, NoPlanBeatsThePairLink) {
-  const ClusterSpec c = cluster(kMi300x);
-  ASSERT_TRUE(c.node.mesh);
-  const double link = c.node.peerBw().value() * c.node.nvlink_efficiency;
-  ASSERT_NEAR(c.node.peerBw().value(), 64e9, 1);  // what the test's claim is about
-  plan::Registry reg = plan::Registry::builtin();
-  std::vector<std::string> files;
+// RCCL's 8-GPU MSCCL files (tests/data/msccl), each read, built and added to
+// reg under its file's stem, listed in files.
+void addRccl8GpuFiles(plan::Registry& reg, std::vector<std::string>& files) {
   for (const auto& e : fs::directory_iterator(kSrc / "tests/data/msccl")) {
     if (e.path().extension() != ".xml") continue;
     const std::string text = slurp(e.path());
@@ -95,6 +91,16 @@ TEST(SimMesh, NoPlanBeatsThePairLink) {
     reg.add(std::move(*algo));
     files.push_back(name);
   }
+}
+
+TEST(SimMesh, NoPlanBeatsThePairLink) {
+  const ClusterSpec c = cluster(kMi300x);
+  ASSERT_TRUE(c.node.mesh);
+  const double link = c.node.peerBw().value() * c.node.nvlink_efficiency;
+  ASSERT_NEAR(c.node.peerBw().value(), 64e9, 1);  // what the test's claim is about
+  plan::Registry reg = plan::Registry::builtin();
+  std::vector<std::string> files;
+  ASSERT_NO_FATAL_FAILURE(addRccl8GpuFiles(reg, files));
   ASSERT_GE(files.size(), 15u);
   const double bytes = 1572864;  // 1.5 MiB: whole chunks of every file
   int checked = 0, from_files = 0;
@@ -222,7 +228,9 @@ TEST(SimMesh, TopoReaderTellsMeshFromSwitch) {
       EXPECT_EQ(t->pair_links_min, 1);
       EXPECT_DOUBLE_EQ(c.node.peerBw().value(), w.peer * 1e9);
       EXPECT_NE(all.find(fmt::format("peer_gbyte_s = {:g}", w.peer)), std::string::npos) << all;
-      if (w.unlinked > 0) EXPECT_NE(all.find("a partial mesh"), std::string::npos) << all;
+      if (w.unlinked > 0) {
+        EXPECT_NE(all.find("a partial mesh"), std::string::npos) << all;
+      }
     } else {
       EXPECT_NE(all.find("node.mesh = off"), std::string::npos) << all;
     }
@@ -435,18 +443,7 @@ TEST(SimMesh, NoPlanBeatsTheBusiestLinkOnAPartialMesh) {
   };
   plan::Registry reg = plan::Registry::builtin();
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(kSrc / "tests/data/msccl")) {
-    if (e.path().extension() != ".xml") continue;
-    const std::string text = slurp(e.path());
-    if (text.find("ngpus=\"8\"") == std::string::npos) continue;
-    const std::string name = e.path().stem().string();
-    auto spec = plan::parseMscclXml(text, name + ".xml");
-    ASSERT_TRUE(spec.isOk()) << name << ": " << spec.status().message();
-    auto algo = plan::buildPlan(std::move(*spec));
-    ASSERT_TRUE(algo.isOk()) << name << ": " << algo.status().message();
-    reg.add(std::move(*algo));
-    files.push_back(name);
-  }
+  ASSERT_NO_FATAL_FAILURE(addRccl8GpuFiles(reg, files));
   const LinkLedger ledger(c, 8);
   const double bytes = 1572864;  // 1.5 MiB: whole chunks of every file
   int checked = 0, tighter = 0;
