@@ -11,7 +11,7 @@
 #
 # bench: chorus-bench kv, rank 0 (the prefill agent) on host 0 and rank 1 (the
 #   decode agent) on host 1: blocks of $CHORUS_KV_SIZES (-b 64K -e 1M -f 4) in
-#   batches of $CHORUS_KV_BLOCKS (16), 32 layers, layer- and block-major,
+#   batches of $CHORUS_KV_BLOCKS (16), $CHORUS_KV_LAYERS (32) layers, layer- and block-major,
 #   $CHORUS_KV_BENCH_ARGS appended (e.g. --tp-prefill 2 --tp-decode 1),
 #   write and read, -c 1 (every byte checked).  $CHORUS_BENCH_REPEATS (3) runs
 #   one after the other, each running every row in turn (so the repeats of a
@@ -77,7 +77,7 @@ run_bench() {  # run_bench REPEAT
     on_host "$r" \
       env CHORUS_RANK=$r CHORUS_WORLD_SIZE=2 CHORUS_LOCAL_RANK=0 CHORUS_MASTER_ADDR="$subnet.1" \
       CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) \
-      timeout -k 5 "$job_timeout" "$bench" kv $sizes --blocks "$blocks" --layers 32 -n 5 -w 1 -c 1 $extra \
+      timeout -k 5 "$job_timeout" "$bench" kv $sizes --blocks "$blocks" --layers "${CHORUS_KV_LAYERS:-32}" -n 5 -w 1 -c 1 $extra \
       --json "$work/bench.$rep.jsonl" >"$work/bench$rep.$r.out" 2>"$work/bench$rep.$r.err" </dev/null &
     ranks+=($!)
   done
@@ -136,15 +136,32 @@ if [[ $what == serve || $what == all ]]; then
 import json, statistics, sys
 rate, out, repeats, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 runs = [json.load(open(f"{work}/serve.{i}.decode.json")) for i in range(1, repeats + 1)]
+pre = [json.load(open(f"{work}/serve.{i}.prefill.json")) for i in range(1, repeats + 1)]
+
+
+def timeline(dec, pre):
+    """Each request's path (s after the run's start): arrival, prefill start and end (the prefill worker's
+    clock), first token seen by decode; the two processes read the same CLOCK_MONOTONIC."""
+    p = {q["rid"]: q for q in pre["requests"]}
+    return [{"rid": q["rid"], "arrival": q["arrival"], "start": p[q["rid"]]["start"],
+             "prefill_done": p[q["rid"]]["prefill_done"], "first_token": q["times"][0]} for q in dec["requests"]]
+
+
 with open(out, "a") as o:
     for i, r in enumerate(runs):
         o.write(json.dumps({"op": "kv_disagg", "repeat": i + 1, "link": rate, "metrics": r["metrics"],
-                            "mismatched": r["mismatched"]}) + "\n")
+                            "mismatched": r["mismatched"], "timeline": timeline(r, pre[i])}) + "\n")
 print(f"# kv_disagg over {rate}: medians of {repeats} runs (each run's median / p90)")
 for k in ("ttft_ms", "itl_ms"):
     for q in ("median", "p90"):
         xs = [r["metrics"][k][q] for r in runs]
         print(f"  {k:8} {q:6} {statistics.median(xs):8.2f} ms   runs: " + " ".join(f"{x:.2f}" for x in xs))
+# Where a request's TTFT goes: waiting for the prefill worker, the prefill, then the pages' transfer and the
+# notification until decode emits the first token.
+for name, a, b in (("wait", "arrival", "start"), ("prefill", "start", "prefill_done"),
+                   ("transfer+notify", "prefill_done", "first_token")):
+    xs = [1e3 * (t[b] - t[a]) for i, r in enumerate(runs) for t in timeline(r, pre[i])]
+    print(f"  ttft part {name:15} median {statistics.median(xs):8.2f} ms")
 bad = [r["mismatched"] for r in runs if r["mismatched"]]
 print("  tokens and logits equal the one-process run in every run" if not bad else f"  MISMATCH: {bad}")
 sys.exit(1 if bad else 0)
