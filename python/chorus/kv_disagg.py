@@ -258,11 +258,12 @@ def run_prefill(c: Config, uid_file: str, corrupt=None, timeout_s=120.0):
         t0 = time.monotonic() + 0.2
         agent.wait(agent.write("decode", [], notify=NOTIFY_START | int(t0 * 1e6)), int(timeout_s * 1000))
         pending = {}
+        acked = {}
         times = []
         for rid, prompt in enumerate(prompts):
             while time.monotonic() < t0 + arrivals[rid]:
                 agent.progress()
-                _retire(agent, pending)
+                _retire(agent, pending, acked)
                 time.sleep(0.0002)
             start = time.monotonic()
             table = block_table(c, rid, 0)
@@ -279,9 +280,11 @@ def run_prefill(c: Config, uid_file: str, corrupt=None, timeout_s=120.0):
                           "bytes": len(descs) * c.block_bytes, "descs": len(descs)})
         deadline = time.monotonic() + timeout_s
         while pending and time.monotonic() < deadline:
-            _retire(agent, pending)
+            _retire(agent, pending, acked)
         if pending:
             raise RuntimeError(f"prefill: transfers of requests {sorted(pending.values())} did not complete")
+        for t in times:
+            t["acked"] = acked[t["rid"]] - t0
         while time.monotonic() < deadline:  # serve until decode says goodbye
             n = agent.notification()
             if n is not None and n[1] == NOTIFY_BYE:
@@ -292,12 +295,15 @@ def run_prefill(c: Config, uid_file: str, corrupt=None, timeout_s=120.0):
     return {"role": "prefill", "requests": times}
 
 
-def _retire(agent, pending):
+def _retire(agent, pending, acked):
+    """Releases the finished transfers; acked[rid]: when the prefill worker saw its batch complete (every
+    page acknowledged by the decode side), for the TTFT timeline (bench/kv_netns.sh)."""
     for x in list(pending):
         st = agent.test(x)
         if st != "pending":
             if st != "done":
                 raise RuntimeError(f"prefill: transfer of request {pending[x]}: {st}")
+            acked[pending[x]] = time.monotonic()
             agent.release(x)
             del pending[x]
 
