@@ -45,11 +45,12 @@ ClusterSpec cluster(const std::string& path) {
   return c.isOk() ? *c : ClusterSpec{};
 }
 
-// The most bytes any ordered pair of ranks exchanges in `a`'s programs at the
-// shape the simulator builds for `bytes` (sim/network.cpp: one-byte elements,
-// allgather/reducescatter/alltoall counts per rank, 512 KiB slices on one node;
-// the other form when the plan claims only one).
-double busiestPairBytes(const plan::Algorithm& a, int n, double bytes) {
+// Bytes each ordered pair of ranks sends in `a`'s programs (row-major, n x n)
+// at the shape the simulator builds for `bytes` (sim/network.cpp: one-byte
+// elements, allgather/reducescatter/alltoall counts per rank, 512 KiB slices
+// on one node; the other form when the plan claims only one); empty when the
+// plan takes neither form.
+std::vector<double> pairBytes(const plan::Algorithm& a, int n, double bytes) {
   plan::Shape sh;
   sh.coll = a.collective();
   sh.nranks = n;
@@ -59,7 +60,7 @@ double busiestPairBytes(const plan::Algorithm& a, int n, double bytes) {
                         sh.coll == plan::Collective::AllToAll;
   sh.count = static_cast<uint64_t>(bytes) / (per_rank ? static_cast<uint64_t>(n) : 1);
   if (!a.supports(sh)) sh.inplace = true;
-  if (!a.supports(sh)) return -1;
+  if (!a.supports(sh)) return {};
   std::vector<double> pair(static_cast<size_t>(n * n), 0.0);
   for (int r = 0; r < n; ++r) {
     plan::Program p;
@@ -67,7 +68,14 @@ double busiestPairBytes(const plan::Algorithm& a, int n, double bytes) {
     for (const plan::Step& s : p.steps)
       if (s.op == plan::StepOp::Send) pair[static_cast<size_t>(r * n + s.peer)] += static_cast<double>(plan::regionBytes(s.src, 1));
   }
-  return *std::max_element(pair.begin(), pair.end());
+  return pair;
+}
+
+// The most bytes any ordered pair of ranks sends (pairBytes); -1 when the plan
+// does not take the shape.
+double busiestPairBytes(const plan::Algorithm& a, int n, double bytes) {
+  const std::vector<double> pair = pairBytes(a, n, bytes);
+  return pair.empty() ? -1 : *std::max_element(pair.begin(), pair.end());
 }
 
 // RCCL's 8-GPU MSCCL files and every chorus plan of the four collectives that
@@ -372,29 +380,6 @@ TEST(SimMesh, UnlinkedPairTakesTwoHops) {
     EXPECT_GE(far->time.value(), bytes / slower) << far->bottleneck;
     EXPECT_LT(near->time.value(), far->time.value());
   }
-}
-
-// Bytes each ordered pair of ranks sends in `a`'s programs (the shape of
-// busiestPairBytes); empty when the plan does not take the shape.
-std::vector<double> pairBytes(const plan::Algorithm& a, int n, double bytes) {
-  plan::Shape sh;
-  sh.coll = a.collective();
-  sh.nranks = n;
-  sh.elem_size = 1;
-  sh.chunk_elems = plan::kChunkBytesOneHost;
-  const bool per_rank = sh.coll == plan::Collective::AllGather || sh.coll == plan::Collective::ReduceScatter ||
-                        sh.coll == plan::Collective::AllToAll;
-  sh.count = static_cast<uint64_t>(bytes) / (per_rank ? static_cast<uint64_t>(n) : 1);
-  if (!a.supports(sh)) sh.inplace = true;
-  if (!a.supports(sh)) return {};
-  std::vector<double> pair(static_cast<size_t>(n * n), 0.0);
-  for (int r = 0; r < n; ++r) {
-    plan::Program p;
-    plan::expand(a, sh, r, &p);
-    for (const plan::Step& s : p.steps)
-      if (s.op == plan::StepOp::Send) pair[static_cast<size_t>(r * n + s.peer)] += static_cast<double>(plan::regionBytes(s.src, 1));
-  }
-  return pair;
 }
 
 // No plan on the MI250X node beats its busiest link: every chorus plan of the
