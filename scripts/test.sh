@@ -38,12 +38,15 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
 # A transport's whole collective matrix runs in the default phase only (its
 # code paths under the sanitizers: the 2-rank cases and the targeted tests).
-default_only='(Loop|Ucx)Matrix\.EveryCollective.*/[2-9]|LoopTransport\.EightRanks|UcxCollectives\.EightRanks'
+# So do the UCX tests added for issue 38 after CI's time budget was set (a
+# lost payload, the tcp lane's defaults), and OpenSSL at exit (its children exit
+# with a thread running, which the sanitizers' exit checks would report).
+default_only='(Loop|Ucx)Matrix\.EveryCollective.*/[2-9]|LoopTransport\.EightRanks|UcxCollectives\.EightRanks|UcxTransport\.ALostPayload|UcxPair\.TheTcpLane|OpenSslAtExit'
 # What tests data volume rather than code paths (the default phase runs it):
 # the 1,000,003-element collectives at 3+ ranks, and the compressed
 # collectives' error bound at 4-8 ranks (55 of ASan's 153 s; 2 and 3 ranks
-# run the same code).
-volume_only='LargeCountsFloat/[3-9]|CompressedCollectives\.ErrorWithinTheDerivedBound/[4-9]_'
+# run the same code); MoE's pipelined exchanges at 128-256 KiB rows.
+volume_only='LargeCountsFloat/[3-9]|CompressedCollectives\.ErrorWithinTheDerivedBound/[4-9]_|EpPipelined\.'
 
 # The phases run in an `||` context, where set -e is off: chain with &&.
 phase_default() {

@@ -34,6 +34,16 @@ constexpr std::string_view kHint = "do all ranks use the same CHORUS_SECRET / un
 
 using Nonce = std::array<std::byte, kNonceBytes>;
 
+// OpenSSL frees its state in an atexit handler unless told not to.  The
+// library's background threads may still draw nonces while a process exits:
+// a rank whose main returned while strangers still knock on its store has
+// the store's gate answering them, and RAND_bytes then runs on freed locks
+// (SIGSEGV; caught in cluster.netns_strangers' flood job, a core's backtrace:
+// exit -> OPENSSL_cleanup in one thread, Gate::acceptReady -> RAND_bytes in
+// the other).  Initialised here, before the library's first OpenSSL call,
+// without that handler: the OS reclaims the memory at exit anyway.
+[[maybe_unused]] const bool kOpenSslWithoutAtexit = OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+
 std::string peerName(int fd) {
   net::SockAddr a;
   a.len = sizeof a.ss;
