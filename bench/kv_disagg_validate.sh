@@ -10,8 +10,10 @@
 #      kernels` (the model's own prefill and decode-token kernels, timed
 #      alone, back to back for 2 s each: the sustained mean) and `calibrate` (an agent's progress call, building a
 #      descriptor list, a decode step's bookkeeping, the idle poll's sleep),
-#      and writes the host emulation: those, and the link as bench/kv_netns.sh
-#      configures it ($CHORUS_KV_RATE, tbf burst 128 KiB, MTU 1500);
+#      and writes the host emulation: those, the engine's progress mode
+#      ($CHORUS_KV_PROGRESS: thread, the default, or caller; the demo runs
+#      with the same), and the link as bench/kv_netns.sh configures it
+#      ($CHORUS_KV_RATE, tbf burst 128 KiB, MTU 1500);
 #   2. runs the demo between two netns hosts: bench/kv_netns.sh BUILD serve,
 #      one repeat (tokens and logits checked against the one-process run);
 #   3. runs `chorus-sim infer --disaggregated` on that emulation with the
@@ -27,6 +29,9 @@ runs=${2:-3}
 build_dir=$(cd "$build_dir" && pwd)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rate=${CHORUS_KV_RATE:-200mbit}
+progress=${CHORUS_KV_PROGRESS:-thread}
+case $progress in thread | caller) ;; *) echo "kv_disagg_validate.sh: CHORUS_KV_PROGRESS=$progress (thread or caller)" >&2; exit 2 ;; esac
+export CHORUS_KV_PROGRESS=$progress
 # The workload, given to the demo and to chorus-sim alike (flags both take: --requests --rate --input --output).
 serve_args=${CHORUS_KV_SERVE_ARGS:---requests 24 --rate 1 --input 128 --output 32}
 out=${CHORUS_BENCH_OUT:-$PWD/kv_disagg_validate.jsonl}
@@ -38,16 +43,16 @@ export PYTHONPATH="$build_dir/python" OMP_NUM_THREADS=1
 : >"$out"
 
 for run in $(seq 1 "$runs"); do
-  echo "# run $run: calibrating at $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# run $run: calibrating at $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg), engine progress: $progress"
   # shellcheck disable=SC2086
   /usr/bin/python3 -m chorus.kv_disagg kernels $serve_args --out "$work/kernels.json"
   # shellcheck disable=SC2086
   /usr/bin/python3 -m chorus.kv_disagg calibrate $serve_args --out "$work/calibrate.json"
   # shellcheck disable=SC2086
-  /usr/bin/python3 - "$rate" "$work" $serve_args <<'EOF'
+  /usr/bin/python3 - "$rate" "$work" "$progress" $serve_args <<'EOF'
 import json, re, sys
 from chorus import kv_disagg as kd
-rate, work, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+rate, work, progress, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 a = kd._args(["single"] + argv)
 c = kd.Config(a)
 k = json.load(open(f"{work}/kernels.json"))
@@ -65,7 +70,7 @@ emu = {
         "prefill_s": [[c.input, k["prefill_mean_s"]]],
         "decode_token_s": [[int(p), s] for p, s in sorted(k["decode_mean_s"].items(), key=lambda x: int(x[0]))],
         "progress_s": cal["progress_s"], "post_s": cal["post_s"], "decode_request_s": cal["decode_request_s"],
-        "poll_s": cal["poll_s"], "block_tokens": c.block_tokens, "kv_elem_bytes": 4,
+        "poll_s": cal["poll_s"], "block_tokens": c.block_tokens, "kv_elem_bytes": 4, "progress": progress,
     },
     "link": {"rate_bit_s": bps, "burst_bytes": 128 * 1024, "mtu": 1500, "latency_s": 5e-5},
 }
@@ -88,7 +93,7 @@ run, out, work, rate = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 meas = [json.loads(l) for l in open(f"{work}/serve.jsonl") if json.loads(l).get("op") == "kv_disagg"][-1]
 sim = json.load(open(f"{work}/sim.json"))
 load = open("/proc/loadavg").read().split()[:3]
-row = {"run": run, "link": rate, "load": load, "mismatched": meas["mismatched"], "errors": {}}
+row = {"run": run, "link": rate, "progress": json.load(open(f"{work}/cluster.{run}.json"))["host"].get("progress", "thread"), "load": load, "mismatched": meas["mismatched"], "errors": {}}
 print(f"# run {run}: measured vs predicted (load average {' '.join(load)})")
 for key, skey in (("ttft_ms", "ttft_s"), ("itl_ms", "itl_s")):
     for q in ("median", "p90"):
@@ -97,6 +102,20 @@ for key, skey in (("ttft_ms", "ttft_s"), ("itl_ms", "itl_s")):
         row["errors"][f"{key}.{q}"] = err
         row[f"{key}.{q}"] = {"measured": m, "predicted": p}
         print(f"  {key:7} {q:6} measured {m:9.2f} ms  predicted {p:9.2f} ms  error {100 * err:+6.1f} %")
+# The TTFT's parts (bench/kv_netns.sh serve's timeline, medians over the requests) beside the model's
+# terms for an unloaded request: the prefill, and prefill end -> first token = post + the KV's wire time
+# past the burst + 3 latencies + half the decode worker's idle poll.
+import statistics
+host = json.load(open(f"{work}/cluster.{run}.json"))["host"]
+link = json.load(open(f"{work}/cluster.{run}.json"))["link"]
+tl = meas.get("timeline", [])
+if tl:
+    parts = {"prefill": (statistics.median(1e3 * (t["prefill_done"] - t["start"]) for t in tl), 1e3 * sim["prefill_s"]),
+             "prefill->first token": (statistics.median(1e3 * (t["first_token"] - t["prefill_done"]) for t in tl),
+                                      1e3 * (host["post_s"] + sim["kv_wire_s"] + 3 * link["latency_s"] + host["poll_s"] / 2))}
+    row["ttft_parts_ms"] = {k: {"measured": m, "model": p} for k, (m, p) in parts.items()}
+    for k, (m, p) in parts.items():
+        print(f"  ttft part {k:21} measured {m:8.2f} ms  model {p:8.2f} ms")
 row["sim"] = sim
 row["cluster"] = json.load(open(f"{work}/cluster.{run}.json"))
 with open(out, "a") as o:

@@ -22,6 +22,8 @@ struct chorusKvAgent {
 
 namespace chorus::api {
 chorusResult_t reportStatus(const Status& st);
+// CHORUS_KV_PROGRESS (api/config.cpp): true for a progress thread.
+Result<bool> kvProgressThreadFromEnv();
 namespace {
 
 namespace kv = prim::kv;
@@ -119,6 +121,9 @@ CHORUS_EXPORT chorusResult_t chorusKvAgentCreate(chorusKvAgent_t* agent, const c
   o.store = std::move(store.value());
   o.id = *id;
   o.cfg = *cfg;
+  auto threaded = api::kvProgressThreadFromEnv();
+  if (!threaded.isOk()) return reportStatus(threaded.status().withContext(std::string(fn) + ": "));
+  o.progress = *threaded ? prim::kv::Progress::Thread : prim::kv::Progress::Caller;
   auto a = prim::kv::Agent::create(std::move(o));
   if (!a.isOk()) return reportStatus(a.status());
   h->agent = std::move(a.value());

@@ -6,9 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -59,6 +63,14 @@ struct RankBlob {
 };
 
 }  // namespace
+
+Result<Progress> parseProgress(std::string_view s) {
+  if (s == "thread") return Progress::Thread;
+  if (s == "caller") return Progress::Caller;
+  return invalidArgument("kv progress '{}' is not thread or caller", s);
+}
+
+std::string_view progressName(Progress p) { return p == Progress::Caller ? "caller" : "thread"; }
 
 std::string_view xferStateName(XferState s) {
   switch (s) {
@@ -178,7 +190,30 @@ struct Xfer {
 
 }  // namespace
 
+// Threads (Progress::Thread).  `mu` guards everything below it and every
+// call into a pair's transport.  The progress thread holds it while it
+// drives the transports (drive()), and lets go of it while it blocks in one
+// transport's wait() (`in_wait`).  A caller that only reads state (test,
+// wait, takeNotifications, release, peers) takes `mu`; one that calls into
+// a transport or changes the pairs (post, cancel, register, connect, ...)
+// is Exclusive: it counts itself in `callers`, wakes the transport the
+// thread waits on and waits until the thread has left that wait; the thread
+// starts no new wait while `callers` is not 0.  The transports' wake() and
+// abort() are the only calls made from another thread than mu's holder
+// (transport.hpp allows both from any thread).
 struct Agent::Impl {
+  std::string name;
+  bool threaded = false;
+  std::mutex mu;
+  std::condition_variable cv;       // callers leaving / the thread leaving a wait / stop
+  std::condition_variable changed;  // drive() ran: a transfer or the notifications may have changed
+  std::atomic<int> callers{0};      // Exclusive callers waiting for or holding mu
+  transport::Transport* in_wait = nullptr;  // the transport the thread waits in, without mu
+  bool stop = false;
+  uint64_t epoch = 0;  // bumped by every Exclusive caller: the pairs or the transfers may have changed
+  size_t turn = 0;     // the thread's round robin over the pairs
+  std::thread thread;
+
   std::vector<LocalRegion> regions;
   uint64_t next_generation = 0;
   std::map<std::string, std::unique_ptr<Pair>> pairs;
@@ -188,14 +223,79 @@ struct Agent::Impl {
   std::deque<Notification> notes;
 };
 
+namespace {
+
+// A caller that calls into the pairs' transports or changes the pairs or
+// the transfers (Impl's comment): holds mu, with the progress thread out of
+// its transport wait and starting no other until the guard ends.
+class Exclusive {
+ public:
+  explicit Exclusive(Agent::Impl& impl) : impl_(impl) {
+    impl_.callers.fetch_add(1, std::memory_order_seq_cst);
+    lock_ = std::unique_lock(impl_.mu);
+    while (impl_.in_wait != nullptr) {
+      impl_.in_wait->wake();
+      impl_.cv.wait(lock_);
+    }
+  }
+  ~Exclusive() {
+    impl_.callers.fetch_sub(1, std::memory_order_seq_cst);  // under mu: the thread's check cannot miss it
+    ++impl_.epoch;
+    lock_.unlock();
+    impl_.cv.notify_all();
+  }
+  Exclusive(const Exclusive&) = delete;
+  Exclusive& operator=(const Exclusive&) = delete;
+
+ private:
+  Agent::Impl& impl_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+void drive(Agent::Impl& impl);
+bool driveOnce(Agent::Impl& impl);
+void progressLoop(Agent::Impl& impl);
+
+// A caller reading the agent's state: with Progress::Thread, under the mutex,
+// what the thread found; with Progress::Caller, holding the agent
+// (Exclusive) after driving it once.
+class Reading {
+ public:
+  explicit Reading(Agent::Impl& impl) {
+    if (impl.threaded) {
+      lock_ = std::unique_lock(impl.mu);
+    } else {
+      guard_.emplace(impl);
+      drive(impl);
+    }
+  }
+
+ private:
+  std::optional<Exclusive> guard_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+}  // namespace
+
 Agent::Agent(AgentOptions opts) : opts_(std::move(opts)), impl_(std::make_unique<Impl>()) {
   std::random_device rd;
   instance_ = (uint64_t{rd()} << 32) ^ rd();
   if (instance_ == 0) instance_ = 1;
   impl_->next_generation = ((uint64_t{rd()} << 32) ^ rd()) | 1;
+  impl_->name = opts_.name;
+  impl_->threaded = opts_.progress == Progress::Thread;
 }
 
 Agent::~Agent() {
+  if (impl_->thread.joinable()) {
+    {
+      std::lock_guard lock(impl_->mu);
+      impl_->stop = true;
+      if (impl_->in_wait != nullptr) impl_->in_wait->wake();
+    }
+    impl_->cv.notify_all();
+    impl_->thread.join();
+  }
   // Requests of transfers still on the wire belong to the transports: abort
   // those first so that no request outlives its transfer.
   for (auto& [name, p] : impl_->pairs)
@@ -207,7 +307,12 @@ Agent::~Agent() {
 Result<std::unique_ptr<Agent>> Agent::create(AgentOptions opts) {
   CHORUS_RETURN_IF_ERROR(checkName(opts.name));
   if (opts.store == nullptr) return invalidArgument("kv agent '{}': no store", opts.name);
-  return std::unique_ptr<Agent>(new Agent(std::move(opts)));
+  std::unique_ptr<Agent> a(new Agent(std::move(opts)));
+  if (a->impl_->threaded) {
+    Impl* impl = a->impl_.get();
+    a->impl_->thread = std::thread([impl] { progressLoop(*impl); });
+  }
+  return a;
 }
 
 namespace {
@@ -230,6 +335,7 @@ Result<RegionHandle> Agent::registerRegion(void* base, size_t bytes, Access acce
   if (!transport::allows(Access::ReadWrite, access) || static_cast<uint32_t>(access) == 0)
     return invalidArgument("kv agent '{}': register: access {} is not read, write or both", opts_.name,
                            static_cast<uint32_t>(access));
+  Exclusive guard(*impl_);
   auto& regs = impl_->regions;
   uint32_t index = 0;
   while (index < regs.size() && regs[index].generation != 0) ++index;
@@ -255,6 +361,7 @@ Result<RegionHandle> Agent::registerRegion(void* base, size_t bytes, Access acce
 }
 
 Status Agent::deregisterRegion(RegionHandle h) {
+  Exclusive guard(*impl_);
   auto& regs = impl_->regions;
   if (h.index >= regs.size() || regs[h.index].generation == 0 || regs[h.index].generation != h.generation)
     return invalidArgument("kv agent '{}': deregister: region {} (generation {:#x}) is not registered", opts_.name,
@@ -277,6 +384,7 @@ Status Agent::deregisterRegion(RegionHandle h) {
 }
 
 std::vector<std::byte> Agent::metadata() const {
+  std::lock_guard lock(impl_->mu);
   Metadata md;
   md.name = opts_.name;
   md.instance = instance_;
@@ -297,7 +405,7 @@ Result<std::string> Agent::connect(const std::string& peer, std::chrono::millise
 
 namespace {
 
-void advance(Agent::Impl& impl, const std::string& me, Xfer& x);
+bool advance(Agent::Impl& impl, const std::string& me, Xfer& x);
 
 // Fails the pair and every pending transfer of it: the pair's transport is
 // aborted and closed, and the requests it still held are failed here (no
@@ -323,6 +431,11 @@ void breakPair(Agent::Impl& impl, Pair& p, const Status& why) {
 }  // namespace
 
 Status Agent::disconnect(const std::string& peer) {
+  Exclusive guard(*impl_);
+  return disconnectLocked(peer);
+}
+
+Status Agent::disconnectLocked(const std::string& peer) {
   auto it = impl_->pairs.find(peer);
   if (it == impl_->pairs.end()) return invalidArgument("kv agent '{}': '{}' is not a connected agent", opts_.name, peer);
   breakPair(*impl_, *it->second,
@@ -340,15 +453,22 @@ Result<std::string> Agent::loadRemote(std::span<const std::byte> blob) {
   if (md.name == opts_.name)
     return invalidArgument("kv agent '{}': loading metadata: the blob is this agent's own name", opts_.name);
   const std::string peer = md.name;
-  if (auto it = impl_->pairs.find(peer); it != impl_->pairs.end()) {
-    if (it->second->peer_instance == md.instance) {
-      if (!it->second->broken.isOk()) return it->second->broken;
-      it->second->md = std::move(md);
-      return peer;
+  {
+    Exclusive guard(*impl_);
+    if (auto it = impl_->pairs.find(peer); it != impl_->pairs.end()) {
+      if (it->second->peer_instance == md.instance) {
+        if (!it->second->broken.isOk()) return it->second->broken;
+        it->second->md = std::move(md);
+        return peer;
+      }
+      log::info("kv agent '{}': agent '{}' came back as a new instance; dropping the old pair", opts_.name, peer);
+      CHORUS_RETURN_IF_ERROR(disconnectLocked(peer));
     }
-    log::info("kv agent '{}': agent '{}' came back as a new instance; dropping the old pair", opts_.name, peer);
-    CHORUS_RETURN_IF_ERROR(disconnect(peer));
   }
+  // The pair's setup waits for the peer (up to the timeout): without mu, so
+  // that the progress thread keeps serving the other pairs.  The new pair is
+  // this thread's until it joins `pairs`; `regions` changes only in this
+  // (the caller's) thread.
   auto p = std::make_unique<Pair>();
   p->peer = peer;
   p->peer_instance = md.instance;
@@ -417,11 +537,13 @@ Result<std::string> Agent::loadRemote(std::span<const std::byte> blob) {
   if (auto r = p->store->get(fmt::format("ready/{}", p->other), opts_.cfg.timeout); !r.isOk()) return ctx_err(r.status());
   p->md = std::move(md);
   log::info("kv agent '{}': connected to agent '{}' over {}", opts_.name, peer, p->transport_name);
+  Exclusive guard(*impl_);
   impl_->pairs[peer] = std::move(p);
   return peer;
 }
 
 std::vector<std::string> Agent::peers() const {
+  std::lock_guard lock(impl_->mu);
   std::vector<std::string> out;
   for (auto& [name, p] : impl_->pairs) out.push_back(name);
   return out;
@@ -445,9 +567,11 @@ Result<uint64_t> postBatch(Agent& a, Agent::Impl& impl, const std::string& me, c
                            std::span<const Desc> descs, bool notify, uint64_t value);
 
 Result<uint64_t> Agent::postWrite(const std::string& peer, std::span<const Desc> descs, bool notify, uint64_t value) {
+  Exclusive guard(*impl_);
   return postBatch(*this, *impl_, opts_.name, peer, true, descs, notify, value);
 }
 Result<uint64_t> Agent::postRead(const std::string& peer, std::span<const Desc> descs, bool notify, uint64_t value) {
+  Exclusive guard(*impl_);
   return postBatch(*this, *impl_, opts_.name, peer, false, descs, notify, value);
 }
 
@@ -507,9 +631,13 @@ Result<uint64_t> postBatch(Agent& a, Agent::Impl& impl, const std::string& me, c
 namespace {
 
 // Posts what the window allows, retires finished requests, and settles the
-// transfer's state.
-void advance(Agent::Impl& impl, const std::string& me, Xfer& x) {
-  if (x.state != XferState::Pending) return;
+// transfer's state.  True when it posted an operation (a transport may send
+// it only at its next poll).
+bool advance(Agent::Impl& impl, const std::string& me, Xfer& x) {
+  if (x.state != XferState::Pending) return false;
+  const size_t posted_before = x.reqs.size();
+  const bool notify_before = x.notify_posted;
+  const auto posted = [&] { return x.reqs.size() != posted_before || x.notify_posted != notify_before; };
   auto pit = impl.pairs.find(x.peer);
   Pair* p = pit == impl.pairs.end() || !pit->second->broken.isOk() ? nullptr : pit->second.get();
   if (p == nullptr && x.error.isOk())
@@ -539,9 +667,9 @@ void advance(Agent::Impl& impl, const std::string& me, Xfer& x) {
       break;
     }
   }
-  if (x.retired < x.reqs.size()) return;  // operations on the wire
+  if (x.retired < x.reqs.size()) return posted();  // operations on the wire
   if (!x.error.isOk() || x.cancelled || (x.next < x.descs.size() && p == nullptr)) {
-    if (x.notify_posted && !x.notify_req.finished()) return;
+    if (x.notify_posted && !x.notify_req.finished()) return posted();
     x.state = x.cancelled && x.error.isOk() ? XferState::Cancelled : XferState::Failed;
     if (x.state == XferState::Failed) {
       const Status& e = x.error;
@@ -549,33 +677,47 @@ void advance(Agent::Impl& impl, const std::string& me, Xfer& x) {
                        fmt::format("kv agent '{}': {} to agent '{}' (transfer {}) failed: {}", me,
                                    x.write ? "write" : "read", x.peer, x.id, e.message()));
     }
-    return;
+    return posted();
   }
-  if (x.next < x.descs.size()) return;
+  if (x.next < x.descs.size()) return posted();
   if (x.notify && !x.notify_posted) {
     x.notify_posted = true;
     Status st = p->rma->notify(p->other, x.value, &x.notify_req);
     if (!st.isOk() && !x.notify_req.finished()) x.notify_req.fail(st);
   }
-  if (x.notify && !x.notify_req.finished()) return;
+  if (x.notify && !x.notify_req.finished()) return posted();
   if (x.notify && x.notify_req.state.load() == transport::Request::Failed) {
     x.error = x.notify_req.status;
     x.state = XferState::Failed;
     x.error = Status(x.error.code(), fmt::format("kv agent '{}': notification to agent '{}' (transfer {}) failed: {}",
                                                  me, x.peer, x.id, x.error.message()));
-    return;
+    return posted();
   }
   x.state = XferState::Done;
+  return posted();
 }
 
 }  // namespace
 
-Status Agent::progress() {
-  for (auto& [name, p] : impl_->pairs) {
+namespace {
+
+// One round over every pair: poll its transport (a broken one breaks the
+// pair), take its notifications, then advance every transfer; again while
+// that posted operations (a transport sends what was posted after its poll
+// only at the next one, and a wait() does not count it as work to wake
+// for: the tcp transport's one-sided link), a few rounds at most.  Under mu.
+void drive(Agent::Impl& impl) {
+  for (int round = 0; round < 4; ++round) {
+    if (!driveOnce(impl)) return;
+  }
+}
+
+bool driveOnce(Agent::Impl& impl) {
+  for (auto& [name, p] : impl.pairs) {
     if (!p->broken.isOk()) continue;
     Result<bool> r = p->t->poll();
     if (!r.isOk()) {
-      breakPair(*impl_, *p,
+      breakPair(impl, *p,
                 Status(r.status().code(), fmt::format("peer agent '{}' failed or vanished: {}", name, r.status().message())));
       continue;
     }
@@ -584,29 +726,93 @@ Status Agent::progress() {
       uint64_t value = 0;
       Result<bool> got = p->rma->takeNotification(&from, &value);
       if (!got.isOk() || !*got) break;
-      impl_->notes.push_back({name, value});
+      impl.notes.push_back({name, value});
     }
   }
-  for (auto& [id, x] : impl_->xfers) advance(*impl_, opts_.name, *x);
+  bool posted = false;
+  for (auto& [id, x] : impl.xfers) posted |= advance(impl, impl.name, *x);
+  return posted;
+}
+
+// How long the progress thread blocks in one transport's wait: the only
+// pair's until something arrives, a caller wakes it or this passes (a
+// bound, so that a transport's timers run); with several pairs it takes
+// them in turn, each for a short slice (under a millisecond: the tcp
+// transport does not spin before such a wait).
+constexpr auto kWaitOne = std::chrono::milliseconds(20);
+constexpr auto kWaitSlice = std::chrono::microseconds(500);
+
+// Progress::Thread's loop (Impl's comment).
+void progressLoop(Agent::Impl& impl) {
+  std::unique_lock lock(impl.mu);
+  while (true) {
+    impl.cv.wait(lock, [&] { return impl.stop || impl.callers.load(std::memory_order_seq_cst) == 0; });
+    if (impl.stop) return;
+    drive(impl);
+    impl.changed.notify_all();
+    std::vector<transport::Transport*> live;
+    for (auto& [name, p] : impl.pairs)
+      if (p->broken.isOk() && p->t) live.push_back(p->t.get());
+    if (live.empty()) {
+      const uint64_t epoch = impl.epoch;
+      impl.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return impl.stop || impl.epoch != epoch; });
+      continue;
+    }
+    transport::Transport* t = live[impl.turn++ % live.size()];
+    impl.in_wait = t;
+    // A caller counted in before this (it found in_wait empty) is served
+    // first; one counted in after finds in_wait and wakes it.
+    if (impl.callers.load(std::memory_order_seq_cst) == 0) {
+      lock.unlock();
+      t->wait(live.size() == 1 ? std::chrono::microseconds(kWaitOne) : kWaitSlice);
+      lock.lock();
+    }
+    impl.in_wait = nullptr;
+    impl.cv.notify_all();
+  }
+}
+
+}  // namespace
+
+Status Agent::progress() {
+  if (impl_->threaded) return {};
+  Exclusive guard(*impl_);
+  drive(*impl_);
   return {};
 }
 
 Result<XferState> Agent::test(uint64_t xfer, Status* why) {
+  Reading reading(*impl_);
   auto it = impl_->xfers.find(xfer);
   if (it == impl_->xfers.end()) return invalidArgument("kv agent '{}': transfer {} is unknown (released?)", opts_.name, xfer);
-  CHORUS_RETURN_IF_ERROR(progress());
   if (why != nullptr) *why = it->second->state == XferState::Failed ? it->second->error : Status();
   return it->second->state;
 }
 
 Result<XferState> Agent::wait(uint64_t xfer, std::chrono::milliseconds timeout, Status* why) {
   const auto deadline = Clock::now() + timeout;
+  auto timedOut = [&] {
+    return makeError(chorusTimeout, "kv agent '{}': transfer {} not finished within {} ms", opts_.name, xfer,
+                     timeout.count());
+  };
+  if (impl_->threaded) {
+    std::unique_lock lock(impl_->mu);
+    while (true) {
+      auto it = impl_->xfers.find(xfer);
+      if (it == impl_->xfers.end())
+        return invalidArgument("kv agent '{}': transfer {} is unknown (released?)", opts_.name, xfer);
+      if (it->second->state != XferState::Pending) {
+        if (why != nullptr) *why = it->second->state == XferState::Failed ? it->second->error : Status();
+        return it->second->state;
+      }
+      if (Clock::now() > deadline) return timedOut();
+      impl_->changed.wait_until(lock, deadline);
+    }
+  }
   while (true) {
     CHORUS_ASSIGN_OR_RETURN(XferState s, test(xfer, why));
     if (s != XferState::Pending) return s;
-    if (Clock::now() > deadline)
-      return makeError(chorusTimeout, "kv agent '{}': transfer {} not finished within {} ms", opts_.name, xfer,
-                       timeout.count());
+    if (Clock::now() > deadline) return timedOut();
     if (impl_->pairs.size() == 1 && impl_->pairs.begin()->second->broken.isOk())
       impl_->pairs.begin()->second->t->wait(std::chrono::microseconds(500));
     else
@@ -615,6 +821,7 @@ Result<XferState> Agent::wait(uint64_t xfer, std::chrono::milliseconds timeout, 
 }
 
 Status Agent::cancel(uint64_t xfer) {
+  Exclusive guard(*impl_);
   auto it = impl_->xfers.find(xfer);
   if (it == impl_->xfers.end()) return invalidArgument("kv agent '{}': transfer {} is unknown (released?)", opts_.name, xfer);
   Xfer& x = *it->second;
@@ -625,6 +832,7 @@ Status Agent::cancel(uint64_t xfer) {
 }
 
 Status Agent::release(uint64_t xfer) {
+  std::lock_guard lock(impl_->mu);
   auto it = impl_->xfers.find(xfer);
   if (it == impl_->xfers.end()) return invalidArgument("kv agent '{}': transfer {} is unknown (released?)", opts_.name, xfer);
   if (it->second->state == XferState::Pending)
@@ -634,7 +842,7 @@ Status Agent::release(uint64_t xfer) {
 }
 
 Result<std::vector<Notification>> Agent::takeNotifications() {
-  CHORUS_RETURN_IF_ERROR(progress());
+  Reading reading(*impl_);
   std::vector<Notification> out(impl_->notes.begin(), impl_->notes.end());
   impl_->notes.clear();
   return out;

@@ -11,9 +11,16 @@
 // ucx when built).  A decode agent can join later or leave; the prefill
 // agents keep their other pairs.
 //
-// Threading: an Agent is used by one thread at a time.  Its transports move
-// only inside its calls (progress, test, wait, takeNotifications): a target
-// agent must keep calling one of them for peers' writes and reads to be
+// Threading: an Agent's calls are made by one thread at a time.  By default
+// (Progress::Thread, CHORUS_KV_PROGRESS=thread) the agent runs a progress
+// thread of its own that drives every pair's transport: transfers move,
+// peers' writes and reads are served and notifications are taken while the
+// caller computes or sleeps; test, wait and takeNotifications only read
+// what it found.  Progress::Thread's thread blocks in the transports' waits
+// (epoll, futex) when nothing moves.  With Progress::Caller
+// (CHORUS_KV_PROGRESS=caller) there is no thread: the transports move only
+// inside the agent's calls (progress, test, wait, takeNotifications), so a
+// target agent must keep calling one of them for peers' accesses to be
 // served.
 //
 // docs/kv.md describes the API, the metadata blob and the semantics.
@@ -26,6 +33,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bootstrap/bootstrap.hpp"
@@ -64,6 +72,15 @@ struct Notification {
   uint64_t value = 0;
 };
 
+// Who drives an agent's transports (docs/kv.md "Progress").
+enum class Progress : uint8_t {
+  Thread = 0,  // a progress thread of the agent's own
+  Caller = 1,  // the caller, inside the agent's calls
+};
+// "thread" or "caller" (CHORUS_KV_PROGRESS's values).
+[[nodiscard]] Result<Progress> parseProgress(std::string_view s);
+[[nodiscard]] std::string_view progressName(Progress p);
+
 struct AgentOptions {
   // The agent's name: [A-Za-z0-9_.-]{1,64}, unique among the agents of one
   // store (a later agent of the same name replaces it: its instance differs).
@@ -76,6 +93,8 @@ struct AgentOptions {
   Config cfg;
   // "" or "auto": the registry's choice per pair; "shm", "tcp", ...: that one.
   std::string transport;
+  // Who drives the transports (the C API: CHORUS_KV_PROGRESS).
+  Progress progress = Progress::Thread;
 };
 
 // Metadata blob (little endian): u32 magic "CKV1", u16 version 1, u16 name
@@ -147,13 +166,16 @@ class Agent {
   Result<uint64_t> postWrite(const std::string& peer, std::span<const Desc> descs, bool notify, uint64_t value);
   Result<uint64_t> postRead(const std::string& peer, std::span<const Desc> descs, bool notify, uint64_t value);
 
-  // Drives every pair's transport once (serves peers, completes requests).
+  // Progress::Caller: drives every pair's transport once (serves peers,
+  // completes requests).  Progress::Thread: nothing (the thread does it).
   Status progress();
-  // The transfer's state after one progress; an unknown id is an error.
+  // The transfer's state (Progress::Caller: after one progress); an unknown
+  // id is an error.
   // A failed transfer's error is in *why (when given).
   Result<XferState> test(uint64_t xfer, Status* why = nullptr);
-  // Progresses until the transfer is no longer Pending or timeout passes
-  // (chorusTimeout).
+  // Until the transfer is no longer Pending or timeout passes (chorusTimeout):
+  // Progress::Caller progresses, Progress::Thread sleeps until the thread
+  // settles it.
   Result<XferState> wait(uint64_t xfer, std::chrono::milliseconds timeout, Status* why = nullptr);
   // Stops posting the transfer's remaining descriptors and its notification;
   // operations already on the wire still finish (bytes of a cancelled write
@@ -161,16 +183,19 @@ class Agent {
   Status cancel(uint64_t xfer);
   // Forgets a finished transfer (Done, Failed, Cancelled).
   Status release(uint64_t xfer);
-  // Notifications that arrived (after one progress), oldest first.
+  // Notifications that arrived (Progress::Caller: after one progress), oldest
+  // first.
   Result<std::vector<Notification>> takeNotifications();
 
   // The peers connected now.
   [[nodiscard]] std::vector<std::string> peers() const;
+  [[nodiscard]] Progress progressMode() const { return opts_.progress; }
 
   struct Impl;
 
  private:
   explicit Agent(AgentOptions opts);
+  Status disconnectLocked(const std::string& peer);
   AgentOptions opts_;
   uint64_t instance_ = 0;
   std::unique_ptr<Impl> impl_;

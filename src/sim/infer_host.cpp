@@ -114,7 +114,13 @@ Result<HostEmulation> parseHostEmulation(std::string_view text, std::string_view
   const json& c = j["host"];
   const std::string hw = fmt::format("{}: host", where), lw = fmt::format("{}: link", where);
   CHORUS_RETURN_IF_ERROR(onlyKeys(c, hw, {"prefill_s", "decode_token_s", "progress_s", "post_s", "decode_request_s",
-                                          "poll_s", "block_tokens", "kv_elem_bytes"}));
+                                          "poll_s", "block_tokens", "kv_elem_bytes", "progress"}));
+  if (c.contains("progress")) {
+    const json& v = c["progress"];
+    if (!v.is_string() || (v.get<std::string>() != "thread" && v.get<std::string>() != "caller"))
+      return badKey(hw, "progress", "is not \"thread\" or \"caller\"");
+    h.progress_thread = v.get<std::string>() == "thread";
+  }
   CHORUS_RETURN_IF_ERROR(curve(c, hw, "prefill_s", &h.prefill_s));
   CHORUS_RETURN_IF_ERROR(curve(c, hw, "decode_token_s", &h.decode_token_s));
   CHORUS_RETURN_IF_ERROR(number(c, hw, "progress_s", 0, 1, &h.progress_s, true));
@@ -213,9 +219,13 @@ Result<HostServeResult> simulateHostDisaggregated(const ModelSpec& m, const Host
     posted[i] = done[i] + h.post_s;
     free = posted[i];
   }
-  // When the prefill worker next calls progress at or after t: the end of
-  // a layer of a prefill it is computing, else within its idle poll.
+  // When the origin's engine acts on what arrived at t.  Its progress
+  // thread (blocked in the transport's epoll or futex wait) at once.
+  // Without one, when the prefill worker next calls progress at or after t:
+  // the end of a layer of a prefill it is computing, else within its idle
+  // poll.
   auto pickup = [&](double t) {
+    if (h.progress_thread) return t;
     for (size_t j = 0; j < n; ++j)
       if (t >= start[j] && t < done[j]) {
         const double k = std::ceil((t - start[j]) / (r.prefill_s / L));
@@ -226,8 +236,8 @@ Result<HostServeResult> simulateHostDisaggregated(const ModelSpec& m, const Host
   // The link: FIFO, a token bucket of burst_bytes refilled at the rate (two
   // tbf of the same setting in series, host and switch port, pass what one
   // passes).  The last byte lands one latency later, its acknowledgement
-  // another latency later at the origin; the notification (sent at the
-  // origin's next progress call) one latency after that.
+  // another latency later at the origin; the notification (sent when the
+  // origin's engine acts on it: pickup) one latency after that.
   std::vector<double> notified(n);
   double link_free = 0, bucket = h.burst_bytes, bucket_t = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -19,9 +19,11 @@
 // prefill worker takes them FCFS, one at a time; a request's KV pages
 // (layers x K|V x the prompt's blocks) cross the link behind the earlier
 // requests' (a token bucket: the burst passes at once, the rest at the
-// rate, every packet's TCP/IP/Ethernet headers included); the origin sees
-// the last acknowledgement at its next progress call (between layers of a
-// prefill, or its idle poll) and sends the notification; the decode worker
+// rate, every packet's TCP/IP/Ethernet headers included); the origin's
+// engine sees the last acknowledgement and sends the notification at once
+// (its progress thread, the default) or at the worker's next progress call
+// (between layers of a prefill, or its idle poll; "progress": "caller",
+// CHORUS_KV_PROGRESS=caller); the decode worker
 // admits the request when it next polls (at the end of its current step);
 // a decode step runs one token of every running request, one request after
 // another (the demo's kernels are per request), and emits them at its end.
@@ -46,6 +48,9 @@ struct HostEmulation {
   double post_s = 0;            // building and posting one request's descriptor list
   double decode_request_s = 0;  // a decode step's bookkeeping per running request
   double poll_s = 0;            // an idle worker's sleep between polls
+  // Who drives the engine (CHORUS_KV_PROGRESS, docs/kv.md "Progress"): its
+  // progress thread (true: "thread", the default) or the worker's calls.
+  bool progress_thread = true;
   int64_t block_tokens = 16;    // tokens per KV page
   double kv_elem_bytes = 4;     // bytes per cached K or V element
   // The link (as configured): tbf rate and burst, the MTU its packets carry,

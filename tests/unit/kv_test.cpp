@@ -11,7 +11,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include <signal.h>
@@ -21,6 +23,7 @@
 #include "bootstrap/memory_store.hpp"
 #include "prim/kv.hpp"
 #include "support/guarded.hpp"
+#include "support/kv_pair.hpp"
 
 namespace chorus::prim::kv {
 namespace {
@@ -29,6 +32,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 using chorus::support::Guarded;
+using chorus::support::connectBoth;
 
 void fillPattern(std::byte* p, size_t n, uint64_t seed) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
@@ -40,12 +44,21 @@ void fillPattern(std::byte* p, size_t n, uint64_t seed) {
   }
 }
 
+// Who drives the agents: CHORUS_KV_PROGRESS as the C API reads it (thread
+// unless set to caller), so that ctest runs this file in both modes
+// (tests/CMakeLists.txt: KvEngineCallerProgress).
+Progress progressFromEnv() {
+  const char* v = std::getenv("CHORUS_KV_PROGRESS");
+  return v != nullptr && std::string_view(v) == "caller" ? Progress::Caller : Progress::Thread;
+}
+
 std::unique_ptr<Agent> makeAgent(const std::string& name, std::shared_ptr<bootstrap::Store> store,
-                                 const std::string& transport) {
+                                 const std::string& transport, std::optional<Progress> progress = std::nullopt) {
   AgentOptions o;
   o.name = name;
   o.store = std::move(store);
   o.transport = transport;
+  o.progress = progress.value_or(progressFromEnv());
   o.cfg.timeout = 20s;
   auto root = net::resolve("127.0.0.1", 0);
   EXPECT_TRUE(root.isOk());
@@ -76,18 +89,6 @@ void serveUntil(Agent& a, const std::atomic<bool>& flag) {
     EXPECT_TRUE(a.progress().isOk());
     std::this_thread::yield();
   }
-}
-
-void connectBoth(Agent& a, Agent& b) {
-  ASSERT_TRUE(a.publishMetadata().isOk());
-  ASSERT_TRUE(b.publishMetadata().isOk());
-  std::thread tb([&] {
-    auto r = b.connect(a.name(), 20s);
-    EXPECT_TRUE(r.isOk()) << r.status().message();
-  });
-  auto r = a.connect(b.name(), 20s);
-  EXPECT_TRUE(r.isOk()) << r.status().message();
-  tb.join();
 }
 
 class KvEngineTest : public testing::TestWithParam<std::string> {};
@@ -315,11 +316,12 @@ TEST_P(KvEngineTest, AgentsJoinAndLeaveWithoutRestartingOthers) {
 }
 
 // Cancelling a batch whose target is not serving stops its remaining
-// descriptors and its notification.
+// descriptors and its notification.  The target drives its transport only
+// inside its calls (Progress::Caller) so that it serves nothing until told.
 TEST_P(KvEngineTest, CancelStopsTheBatchAndItsNotification) {
   auto store = std::make_shared<bootstrap::MemoryStore>();
   auto a = makeAgent("prefill0", store, GetParam());
-  auto b = makeAgent("decode0", store, GetParam());
+  auto b = makeAgent("decode0", store, GetParam(), Progress::Caller);
   ASSERT_TRUE(a && b);
   std::vector<std::byte> src(1 << 20), dst(1 << 20);
   auto hs = a->registerRegion(src.data(), src.size(), Access::Read);
@@ -360,7 +362,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, KvEngineTest, testing::Values("shm", "tcp")
 TEST(KvEngine, PeerThatDiesFailsOnlyItsTransfer) {
   auto store = std::make_shared<bootstrap::MemoryStore>();
   auto a = makeAgent("prefill0", store, "tcp");
-  auto b = makeAgent("decode0", store, "tcp");
+  auto b = makeAgent("decode0", store, "tcp", Progress::Caller);  // serves nothing until it dies
   auto c = makeAgent("decode1", store, "tcp");
   ASSERT_TRUE(a && b && c);
   constexpr size_t kBig = 64 << 20;
@@ -499,7 +501,7 @@ TEST_P(KvProcessTest, KilledPeerProcessFailsItsTransfer) {
     close(ready[0]);
     auto st = bootstrap::connectStore(where, secret, std::chrono::milliseconds(20000), auth::WireProtect::kOff);
     if (!st.isOk()) _exit(2);
-    auto v = makeAgent("victim", *st, GetParam());
+    auto v = makeAgent("victim", *st, GetParam(), Progress::Caller);  // serves nothing
     if (!v) _exit(3);
     static std::vector<std::byte> mem(64 << 20);
     if (!v->registerRegion(mem.data(), mem.size(), Access::Write).isOk()) _exit(4);

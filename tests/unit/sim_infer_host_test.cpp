@@ -136,6 +136,42 @@ TEST(SimInferHost, GivenArrivalsAndTheUnloadedTtft) {
   EXPECT_LE(r->ttft_s[0], base + h.poll_s + 3 * h.progress_s + 1e-9);
 }
 
+// Who drives the engine: with its progress thread (the default) the
+// notification leaves as the last acknowledgement arrives, so an unloaded
+// request's TTFT is exactly poll / 2 + prefill + post + wire + 3 latencies +
+// the decode side's notification polls; driven by the worker's calls
+// ("progress": "caller") the prefill worker's idle poll delays it, by up to
+// one poll.  The key is checked.
+TEST(SimInferHost, ProgressThreadOrCallerPickup) {
+  HostEmulation h = committed();
+  const ModelSpec m = demoModel();
+  h.poll_s = 0.01;  // a coarse poll makes the caller's pickup visible
+  ASSERT_TRUE(h.progress_thread);  // the default, and the committed file's (it has no key)
+  auto thread = simulateHostDisaggregated(m, h, demo(), {0.0, 10.0});
+  h.progress_thread = false;
+  auto caller = simulateHostDisaggregated(m, h, demo(), {0.0, 10.0});
+  ASSERT_TRUE(thread.isOk() && caller.isOk());
+  const double base = h.poll_s / 2 + thread->prefill_s + h.post_s + thread->wire_s + 3 * h.latency_s;
+  EXPECT_GE(thread->ttft_s[0], base);
+  EXPECT_LE(thread->ttft_s[0], base + h.poll_s / 2 + 3 * h.progress_s + 1e-9);
+  EXPECT_NEAR(caller->ttft_s[0] - thread->ttft_s[0], h.poll_s / 2, 1e-9);  // the idle poll's pickup
+  EXPECT_DOUBLE_EQ(caller->itl_median_s, thread->itl_median_s);
+  std::string text = slurp(kCluster);
+  const size_t at = text.find("\"poll_s\"");
+  ASSERT_NE(at, std::string::npos);
+  std::string t = text;
+  t.insert(at, "\"progress\": \"caller\", ");
+  auto parsed = parseHostEmulation(t, "x");
+  ASSERT_TRUE(parsed.isOk()) << parsed.status().message();
+  EXPECT_FALSE(parsed->progress_thread);
+  t = text;
+  t.insert(at, "\"progress\": \"both\", ");
+  EXPECT_FALSE(parseHostEmulation(t, "x").isOk());
+  t = text;
+  t.insert(at, "\"progress\": 1, ");
+  EXPECT_FALSE(parseHostEmulation(t, "x").isOk());
+}
+
 TEST(SimInferHost, TcpFramingOfTheLink) {
   HostEmulation h;
   h.mtu = 1500;
