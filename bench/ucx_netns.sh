@@ -13,7 +13,11 @@
 # ucx, perftest) in an order rotated per repeat.  Prints the median busbw per
 # size and transport with each repeat's ucx/tcp ratio, whether ucx >= 0.9x
 # tcp held at every size in each repeat, and the latencies with each repeat's
-# chorus-ucx / ucx_perftest ratio and whether it stayed <= 1.2.  Rows go to
+# chorus-ucx / ucx_perftest ratio and whether it stayed <= 1.2 (against
+# ucx_perftest's typical latency, its median; its mean is printed too, since
+# chorus-bench reports a mean), and the CPU seconds (user + system, both ranks)
+# each transport's sweep took (with /usr/bin/time: on two cores the sweep is
+# CPU-bound, so the CPU per byte bounds the busbw ratio).  Rows go to
 # $CHORUS_BENCH_OUT (default bench_ucx_netns.jsonl).  The hosts' links are
 # not shaped (veth: the two ranks' CPUs are the bound).  Needs root, ip,
 # nsenter, unshare and ucx_perftest (ucx-utils).
@@ -43,7 +47,9 @@ run_chorus() {
   secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
   ranks=()
   for r in 0 1; do
-    on_host $r env CHORUS_RANK=$r CHORUS_WORLD_SIZE=2 CHORUS_LOCAL_RANK=0 CHORUS_MASTER_ADDR="$subnet.1" \
+    local timed=()
+    [[ -x /usr/bin/time ]] && timed=(/usr/bin/time -f "%U %S" -o "$work/$name.$transport.$rep.$r.cpu")
+    on_host $r "${timed[@]}" env CHORUS_RANK=$r CHORUS_WORLD_SIZE=2 CHORUS_LOCAL_RANK=0 CHORUS_MASTER_ADDR="$subnet.1" \
       CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" CHORUS_TRANSPORT="$transport" \
       timeout -k 5 "$job_timeout" "$bench" "$@" --json "$work/$name.$transport.$rep.$r.jsonl" \
       >"$work/$name.$transport.$rep.$r.out" 2>"$work/$name.$transport.$rep.$r.err" </dev/null &
@@ -106,6 +112,14 @@ PY
     python3 - "$work" "$what" "$rep" >>"$out" <<'PY'
 import json, sys
 work, transport, rep = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cpu = 0.0
+try:
+    for r in (0, 1):
+        u, s = open(f"{work}/sweep.{transport}.{rep}.{r}.cpu").read().split()[-2:]
+        cpu += float(u) + float(s)
+    print(json.dumps({"kind": "cpu", "transport": transport, "repeat": rep, "sweep_cpu_s": cpu}))
+except (OSError, ValueError):
+    pass
 for name in ("sweep", "lat"):
     try:
         lines = open(f"{work}/{name}.{transport}.{rep}.0.jsonl").read().splitlines()
@@ -148,11 +162,27 @@ for r in rows:
     if r["kind"] == "lat":
         lat.setdefault(r["transport"], {})[r["repeat"]] = r["time_us"]
 perf = {r["repeat"]: r["typical_us"] for r in rows if r["kind"] == "perftest"}
+perf_avg = {r["repeat"]: r["avg_us"] for r in rows if r["kind"] == "perftest"}
 print("\n8 B: chorus allreduce time (us; the slower rank's mean) and ucx_perftest tag_lat typical one-way latency (us)")
 for r in reps:
     u, t, p = lat.get("ucx", {}).get(r), lat.get("tcp", {}).get(r), perf.get(r)
     ratio = f"{u / p:.2f}" if u and p else "-"
-    print(f"  repeat {r}: chorus-ucx {u}, chorus-tcp {t}, ucx_perftest {p}: chorus-ucx / perftest {ratio}")
+    pa = perf_avg.get(r)
+    ratio_avg = f"{u / pa:.2f}" if u and pa else "-"
+    f = lambda x: f"{x:.2f}" if x else "-"
+    print(f"  repeat {r}: chorus-ucx {f(u)}, chorus-tcp {f(t)}, ucx_perftest {f(p)} (mean {f(pa)}): chorus-ucx / perftest "
+          f"{ratio} (/ its mean {ratio_avg})")
 ok = sum(1 for r in reps if lat.get("ucx", {}).get(r) and perf.get(r) and lat["ucx"][r] <= 1.2 * perf[r])
 print(f"chorus-ucx 8 B within 1.2x of ucx_perftest: held in {ok} of {len(reps)} repeats")
+cpu = {}
+for r in rows:
+    if r["kind"] == "cpu":
+        cpu.setdefault(r["transport"], {})[r["repeat"]] = r["sweep_cpu_s"]
+if cpu:
+    print("\nCPU seconds (user + system, both ranks) of each sweep:")
+    for r in reps:
+        u, t = cpu.get("ucx", {}).get(r), cpu.get("tcp", {}).get(r)
+        ratio = f"{t / u:.2f}" if u and t else "-"
+        print(f"  repeat {r}: chorus-tcp {t:.2f}, chorus-ucx {u:.2f}: tcp / ucx {ratio}" if u and t else
+              f"  repeat {r}: chorus-tcp {t}, chorus-ucx {u}: tcp / ucx {ratio}")
 PY

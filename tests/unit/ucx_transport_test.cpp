@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -1112,6 +1113,33 @@ TEST(UcxSealing, ATamperedOrReplayedMessageIsAnErrorOnBothSidesNeverAWrongResult
   }
 }
 
+// Rank 0 sends three messages to rank 1, one of which its test hook loses,
+// then posts a receive from rank 1 and returns how that ended (failed: its
+// status; else OK); rank 1 posts a receive for each message into `got`.
+// Both sides' waits are bounded by 10 s: a receive left waiting for the lost
+// message until then fails the test (the check is that it fails at once).
+Status sendThreeOneLost(Ranks& ts, const std::array<const std::vector<std::byte>*, 3>& sent,
+                        const std::array<std::vector<std::byte>*, 3>& into, std::deque<Request>& got) {
+  Status rank0_later;
+  runRanks(2, [&](int me) {
+    Transport& t = *ts[static_cast<size_t>(me)];
+    if (me == 0) {
+      std::deque<Request> reqs;
+      for (const auto* m : sent) ASSERT_TRUE(t.postSend(1, m->data(), m->size(), &reqs.emplace_back()).isOk());
+      EXPECT_TRUE(drive(t, pointers(reqs), 10s).all_finished);
+      std::vector<std::byte> in(8);
+      Request& later = reqs.emplace_back();
+      (void)t.postRecv(1, RecvTarget{in.data(), in.size()}, &later);
+      EXPECT_TRUE(drive(t, {&later}, 10s).all_finished) << "rank 0 hangs instead of failing";
+      rank0_later = later.finished() && later.state.load() == Request::Failed ? later.status : Status();
+    } else {
+      for (auto* r : into) (void)t.postRecv(0, RecvTarget{r->data(), r->size()}, &got.emplace_back());
+      EXPECT_TRUE(drive(t, pointers(got), 10s).all_finished) << "rank 1 waits for what was lost";
+    }
+  });
+  return rank0_later;
+}
+
 // A message lost on the way (the sender's test hook drops the second of
 // three): the receive that waits for it fails as soon as the third has
 // arrived, naming the sender and the missing message, and the sender's next
@@ -1128,24 +1156,8 @@ TEST(UcxTransport, ALostMessageFailsTheWaitingReceiveAtOnceNamingThePeer) {
     ASSERT_TRUE(ts[0] && ts[1]);
     const auto m0 = pattern(100, 0, 1, 0), m1 = pattern(100, 0, 1, 1), m2 = pattern(100, 0, 1, 2);
     std::vector<std::byte> r0(100), r1(100), r2(100);
-    Status rank0_later;
     std::deque<Request> got;
-    runRanks(2, [&](int me) {
-      Transport& t = *ts[static_cast<size_t>(me)];
-      if (me == 0) {
-        std::deque<Request> reqs;
-        for (const auto* m : {&m0, &m1, &m2}) ASSERT_TRUE(t.postSend(1, m->data(), m->size(), &reqs.emplace_back()).isOk());
-        EXPECT_TRUE(drive(t, pointers(reqs), 10s).all_finished);
-        std::vector<std::byte> in(8);
-        Request& later = reqs.emplace_back();
-        (void)t.postRecv(1, RecvTarget{in.data(), in.size()}, &later);
-        EXPECT_TRUE(drive(t, {&later}, 10s).all_finished) << "rank 0 hangs instead of failing";
-        rank0_later = later.finished() && later.state.load() == Request::Failed ? later.status : Status();
-      } else {
-        for (auto* r : {&r0, &r1, &r2}) (void)t.postRecv(0, RecvTarget{r->data(), r->size()}, &got.emplace_back());
-        EXPECT_TRUE(drive(t, pointers(got), 10s).all_finished) << "rank 1 waits for the lost message";
-      }
-    });
+    const Status rank0_later = sendThreeOneLost(ts, {&m0, &m1, &m2}, {&r0, &r1, &r2}, got);
     ASSERT_EQ(got.size(), 3u);
     EXPECT_EQ(got[0].state.load(), Request::Done) << got[0].status.message();
     EXPECT_EQ(r0, m0);
@@ -1153,6 +1165,43 @@ TEST(UcxTransport, ALostMessageFailsTheWaitingReceiveAtOnceNamingThePeer) {
     EXPECT_NE(got[1].status.message().find("message #1 from rank 0 is missing"), std::string::npos)
         << got[1].status.message();
     EXPECT_EQ(got[2].state.load(), Request::Failed);
+    ASSERT_FALSE(rank0_later.isOk()) << "rank 0 did not learn of it";
+    EXPECT_NE(rank0_later.message().find("rank 1"), std::string::npos) << rank0_later.message();
+    EXPECT_NE(rank0_later.message().find("is missing"), std::string::npos) << rank0_later.message();
+  }
+}
+
+// A large message whose header arrived but whose payload never does (the
+// sender's test hook drops the payload alone): once the sender's next
+// message arrived, the receive waiting for the payload fails at once naming
+// the sender and the missing payload (the next message, already received,
+// stays received), and the sender's next operation fails naming the
+// receiver; on the clear wire and under mac.
+TEST(UcxTransport, ALostPayloadFailsTheWaitingReceiveAtOnceNamingThePeer) {
+  // 64 KiB: an eager payload on UCX's tcp lane; 2 MiB: a rendezvous one.
+  for (const auto& [mode, bytes] : {std::pair{WireProtect::kOff, 64 * 1024}, std::pair{WireProtect::kMac, 64 * 1024},
+                                    std::pair{WireProtect::kOff, 2 << 20}}) {
+    SCOPED_TRACE(fmt::format("{}, {} bytes", auth::wireProtectName(mode), bytes));
+    bootstrap::MemoryStore store;
+    auto ts = createProtected(2, store, mode, [](UcxSetup& s) {
+      if (s.rank == 0) s.test_drop_payload = [](int peer, uint64_t seq) { return peer == 1 && seq == 1; };
+    });
+    ASSERT_TRUE(ts[0] && ts[1]);
+    const auto m0 = pattern(100, 0, 1, 0), m1 = pattern(static_cast<size_t>(bytes), 0, 1, 1),
+               m2 = pattern(100, 0, 1, 2);
+    std::vector<std::byte> r0(m0.size()), r1(m1.size()), r2(m2.size());
+    std::deque<Request> got;
+    const Status rank0_later = sendThreeOneLost(ts, {&m0, &m1, &m2}, {&r0, &r1, &r2}, got);
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[0].state.load(), Request::Done) << got[0].status.message();
+    EXPECT_EQ(r0, m0);
+    ASSERT_EQ(got[1].state.load(), Request::Failed);
+    EXPECT_NE(got[1].status.message().find("the payload of message #1 from rank 0 is missing"), std::string::npos)
+        << got[1].status.message();
+    // The next message, whose arrival showed the gap, had arrived whole and
+    // met its receive before.
+    EXPECT_EQ(got[2].state.load(), Request::Done) << got[2].status.message();
+    EXPECT_EQ(r2, m2);
     ASSERT_FALSE(rank0_later.isOk()) << "rank 0 did not learn of it";
     EXPECT_NE(rank0_later.message().find("rank 1"), std::string::npos) << rank0_later.message();
     EXPECT_NE(rank0_later.message().find("is missing"), std::string::npos) << rank0_later.message();
@@ -1711,6 +1760,55 @@ TEST(UcxCollectives, MismatchedCountsAreNamedNotCorrupted) {
     return "";
   });
   EXPECT_EQ(testing::failures(msgs), "");
+}
+
+// The largest size UCP sends as one eager short message on the endpoint
+// ("tag_send: 0..<egr/short>..N..": N), 0 when the text does not say.
+uint64_t eagerShortLimit(const std::string& info) {
+  const std::string key = "tag_send: 0..<egr/short>..";
+  const size_t at = info.find(key);
+  if (at == std::string::npos) return 0;
+  return std::strtoull(info.c_str() + at + key.size(), nullptr, 10);
+}
+
+// The transport's default for UCX's tcp lane (1 MiB receive segments) goes
+// into UCP's configuration unless the user's UCX_TCP_RX_SEG_SIZE is set, and
+// the send segment, UCP's eager limit on tcp, stays UCX's (8185 bytes).
+TEST(UcxPair, TheTcpLaneGetsLargeReceiveSegmentsUnlessTheUserSetsThem) {
+  auto pair = [](std::string& changes, std::string& info, std::vector<std::string> user_set = {}) {
+    bootstrap::MemoryStore store;
+    Ranks ts(2);
+    runRanks(2, [&](int r) {
+      UcxSetup s = setupFor(r, 2);
+      s.tls = "tcp";
+      s.heartbeat_ms = 0;
+      s.user_set = user_set;
+      auto t = createUcxTransport(s, store);
+      ASSERT_TRUE(t.isOk()) << "rank " << r << ": " << t.status().message();
+      ts[static_cast<size_t>(r)] = std::move(*t);
+    });
+    ASSERT_TRUE(ts[0] && ts[1]);
+    changes = ucxConfigChanges(*ts[0]);
+    info = ucxEndpointInfo(*ts[0], 1);
+    EXPECT_EQ(ucxEndpointInfo(*ts[0], 0), "");  // not a peer
+  };
+  const char* was = std::getenv("UCX_TCP_RX_SEG_SIZE");
+  const std::string saved = was != nullptr ? was : "";
+  ::unsetenv("UCX_TCP_RX_SEG_SIZE");
+  std::string ours, info;
+  pair(ours, info);
+  EXPECT_EQ(ours, "RX_SEG_SIZE=1M");
+  if (std::getenv("UCX_TCP_TX_SEG_SIZE") == nullptr) {
+    EXPECT_EQ(eagerShortLimit(info), 8185u) << info;
+  }
+  ::setenv("UCX_TCP_RX_SEG_SIZE", "64K", 1);
+  std::string users;
+  pair(users, info, {"UCX_TCP_RX_SEG_SIZE"});  // as Config::ucx.user_set says it
+  if (was != nullptr)
+    ::setenv("UCX_TCP_RX_SEG_SIZE", saved.c_str(), 1);
+  else
+    ::unsetenv("UCX_TCP_RX_SEG_SIZE");
+  EXPECT_EQ(users, "");
 }
 
 // CHORUS_UCX_TLS reaches UCX: a list UCX has works, a name it has not fails

@@ -42,6 +42,9 @@ struct UcxSetup {
   // UCX_TLS for this transport's context (Config::ucx.tls, CHORUS_UCX_TLS);
   // "" leaves UCX's own choice, which honours UCX_TLS from the environment.
   std::string tls;
+  // The UCX variables among Config::Ucx::kDefaulted the user set
+  // (Config::ucx.user_set): the transport leaves them to UCX.
+  std::vector<std::string> user_set;
   // The transport's heartbeat and UCP's keepalive period
   // (Config::tcp.heartbeat_ms, CHORUS_HEARTBEAT_MS): a peer that vanished
   // without closing its connections (its host cut off) is declared
@@ -64,6 +67,9 @@ struct UcxSetup {
   // header and its payload never leave, its send completes as if they had:
   // a message lost on the way).
   std::function<bool(int peer, uint64_t seq)> test_drop_send;
+  // Tests only: as test_drop_send, for a large message's separate payload
+  // alone (its header leaves, its payload never does).
+  std::function<bool(int peer, uint64_t seq)> test_drop_payload;
 };
 
 // Collective over setup.rank and its peers: publishes this rank's worker
@@ -80,6 +86,15 @@ struct UcxRegistrationStats {
   uint64_t invalidated = 0;
 };
 UcxRegistrationStats ucxRegistrationStats(const Transport& t);
+
+// What UCP says of this transport's endpoint to `peer` (ucp_ep_print_info:
+// its lanes and, per operation, the protocol at each message size), for
+// tests and diagnosis; "" for another transport or a rank it does not serve.
+std::string ucxEndpointInfo(const Transport& t, int peer);
+// The defaults the transport set in UCX's configuration ("RX_SEG_SIZE=1M":
+// those the user's UCX_* variables did not set; docs/ucx.md), "" for another
+// transport.
+std::string ucxConfigChanges(const Transport& t);
 
 // Whether the cache is built in: not under ASan or TSan, whose interceptors
 // UCX's memory hooks (which the cache needs) would be patched beneath.

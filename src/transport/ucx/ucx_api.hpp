@@ -37,6 +37,7 @@ namespace chorus::transport::ucx {
   X(ucp_worker_arm)             \
   X(ucp_worker_progress)        \
   X(ucp_ep_create)              \
+  X(ucp_ep_print_info)          \
   X(ucp_ep_close_nbx)           \
   X(ucp_ep_flush_nbx)           \
   X(ucp_request_check_status)   \

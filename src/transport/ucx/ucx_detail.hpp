@@ -102,6 +102,7 @@ struct Op {
   int parts = 0;         // a leader: parts not finished yet (itself included)
   Status error;          // a leader: the first failure of a part
   uint64_t seq = 0;      // the stream position it was posted for
+  bool gap_cancel = false;  // kRecvData: cancelled because a later header arrived first (checkGaps)
   size_t index = 0;      // the handshake: which pair
   // One-sided (target side): the queue entry it serves.
   uint64_t rma_op = 0;
@@ -189,6 +190,7 @@ struct Fabric {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   int efd = -1;  // the worker's event fd (owned by UCP)
+  std::string config_changes;  // "KEY=VALUE ..." the transport's defaults set in UCP's configuration
   std::vector<std::unique_ptr<PeerLink>> links;  // setup.peers' order; stable addresses (the error handler's argument)
   std::atomic<uint64_t> ep_errors{0};  // error handler calls so far (the poll loop compares)
   int wake_fd = -1;  // the transport's eventfd: the error handler writes it (sleep() watches it)

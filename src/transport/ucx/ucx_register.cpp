@@ -24,6 +24,7 @@ void registerTransport(TransportRegistry& r) {
     s.comm_id = std::hash<std::string_view>{}(c.job_tag + "ucx");
     s.secret = c.id->secret;
     s.tls = cfg.ucx.tls;
+    s.user_set = cfg.ucx.user_set;
     s.heartbeat_ms = cfg.tcp.heartbeat_ms;
     s.spin = cfg.spin;
     s.timeout = cfg.timeout;

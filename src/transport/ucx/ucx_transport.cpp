@@ -51,6 +51,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -191,6 +193,7 @@ class UcxTransport final : public Transport, public PostedRma {
         protect_(s.protect),
         test_received_(s.test_received),
         test_drop_send_(s.test_drop_send),
+        test_drop_payload_(s.test_drop_payload),
         regions_(rmaTransportTag("ucx"), s.rank),
         fabric_(std::move(fabric)) {}
   ~UcxTransport() override;
@@ -289,6 +292,22 @@ class UcxTransport final : public Transport, public PostedRma {
 
  public:
   [[nodiscard]] UcxRegistrationStats regStats() const { return reg_stats_; }
+  [[nodiscard]] std::string configChanges() const { return fabric_->config_changes; }
+  [[nodiscard]] std::string endpointInfo(int peer) const {
+    for (const auto& l : fabric_->links) {
+      if (l->rank != peer || l->ep == nullptr) continue;
+      char* text = nullptr;
+      size_t len = 0;
+      FILE* out = ::open_memstream(&text, &len);
+      if (out == nullptr) return {};
+      api_->ucp_ep_print_info(l->ep, out);
+      std::fclose(out);
+      std::string info(text, len);
+      std::free(text);
+      return info;
+    }
+    return {};
+  }
 
  private:
   // ---- one-sided ----
@@ -318,6 +337,7 @@ class UcxTransport final : public Transport, public PostedRma {
   const auth::WireProtect protect_;
   const std::function<void(int, int, std::span<std::byte>)> test_received_;
   const std::function<bool(int, uint64_t)> test_drop_send_;
+  const std::function<bool(int, uint64_t)> test_drop_payload_;
   std::vector<Peer> peers_;
   std::vector<int> index_of_;  // rank -> index in peers_, -1 for non-peers
   uint64_t current_sig_ = 0;   // the collective call of the latest request (noteCall)
@@ -541,6 +561,10 @@ Status UcxTransport::postSend(int peer, const void* src, size_t bytes, Request* 
     return {};
   }
   sink.send(p->link->ep, msgTagOut(*p, seq), lead, nullptr, lead->buf.size());
+  if (d != nullptr && test_drop_payload_ && test_drop_payload_(peer, seq)) {  // a test's lost payload
+    sink.completeNow(d);
+    return {};
+  }
   if (d != nullptr) sink.send(p->link->ep, dataTagOut(*p, seq), d, data_src == src ? src : nullptr, bytes);
   return {};
 }
@@ -837,6 +861,15 @@ void UcxTransport::onData(Op* op, Status& first_error) {
     req->complete();
   } else {
     Status why;
+    if (op->status == UCS_ERR_CANCELED && op->gap_cancel && p.gone.isOk() && !p.hard) {
+      why = remoteError("ucx: the payload of message #{} from rank {} is missing: message #{} arrived while this "
+                        "rank still waited for it (lost on the way?)",
+                        op->seq, p.rank, op->seq + 1);
+      req->fail(why);
+      fabric_->sink.release(op);
+      failIntegrity(p, why, first_error);
+      return;
+    }
     if (op->status == UCS_OK || op->status == UCS_ERR_MESSAGE_TRUNCATED) {
       why = corrupt(p, fmt::format("payload: message {} has {} bytes, its header said {}", op->seq, op->length,
                                    op->target.bytes));
@@ -962,6 +995,23 @@ bool UcxTransport::checkGaps(Status& first_error) {
       if (r != nullptr && !UCS_PTR_IS_ERR(r)) api_->ucp_request_free(r);
     }
   }
+  // A large payload travels right after its header on the same endpoint, so
+  // once the next header of the peer arrived, the payload (an eager message
+  // or its rendezvous request) arrived too and met its receive.  A payload
+  // receive UCP still has unmatched then will never be: cancelling it
+  // succeeds only in that case (UCP cancels a receive only while it waits in
+  // its expected queue; a matched one, its bytes still flowing, goes on),
+  // and onData fails it as missing.
+  forEachOutstanding([&](Op* op) {
+    if (op->kind != Op::kRecvData || op->req == nullptr || op->gap_cancel) return;
+    const Peer& p = *op->peer;
+    if (p.hard || !p.gone.isOk()) return;
+    if (p.recv_seq > op->seq + 1 || (p.recv_seq == op->seq + 1 && p.staged)) {
+      op->gap_cancel = true;
+      fabric_->sink.cancel(fabric_->worker, op);
+      found = true;
+    }
+  });
   return found;
 }
 
@@ -1212,6 +1262,10 @@ void UcxTransport::wait(std::chrono::microseconds timeout) {
     // already arrived is failed now, not at the call's timeout.
     if (slept && checkGaps(deferred_error_)) slept = false;
     if (slept) fabric_->sleep(timeout);
+    // Data that arrived while polling ends the wait without a system call
+    // more: the eventfd is drained only after a sleep or a wake.  A wake
+    // written meanwhile stays readable, so the next sleep returns at once.
+    if (!slept && !woken()) return;
   }
   woken_.store(false, std::memory_order_release);
   uint64_t v;
@@ -1834,6 +1888,16 @@ void UcxTransport::regRelease(OriginOp& o) {
 UcxRegistrationStats ucxRegistrationStats(const Transport& t) {
   const auto* u = dynamic_cast<const UcxTransport*>(&t);
   return u != nullptr ? u->regStats() : UcxRegistrationStats{};
+}
+
+std::string ucxConfigChanges(const Transport& t) {
+  const auto* u = dynamic_cast<const UcxTransport*>(&t);
+  return u != nullptr ? u->configChanges() : std::string();
+}
+
+std::string ucxEndpointInfo(const Transport& t, int peer) {
+  const auto* u = dynamic_cast<const UcxTransport*>(&t);
+  return u != nullptr ? u->endpointInfo(peer) : std::string();
 }
 
 Result<std::unique_ptr<Transport>> createUcxTransport(const UcxSetup& setup, bootstrap::Store& store) {
