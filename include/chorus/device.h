@@ -28,11 +28,16 @@ extern "C" {
  * another context than the queue's is chorusInvalidArgument naming the
  * argument; a device address on a host stream likewise.
  *
- * Completion follows the queue's order: the call reads its inputs after the
- * queue's earlier commands (the host waits for them), runs the collective, and
- * enqueues the writes of its outputs on the queue, so later commands of the
- * queue see them; chorusStreamSynchronize (clFinish) or the call's event
- * (chorusStreamGetEventOpenCL) waits for them.  CHORUS_DEVICE_STAGING says how
+ * Completion follows the queue's order, as NCCL's calls on a stream: the call
+ * enqueues the reads (or maps) of its inputs after the queue's earlier
+ * commands and the writes (or unmaps) of its outputs behind a user event, and
+ * returns; the communicator's device worker runs the collective once the
+ * inputs are there and then releases the writes, so later commands of the
+ * queue see the results.  chorusStreamSynchronize (clFinish, then the first
+ * error of a collective that failed after its call returned) or the call's
+ * event (chorusStreamGetEventOpenCL) waits for them.  CHORUS_DEVICE_ASYNC=0:
+ * the call returns after its collective ran.  A group of calls on OpenCL
+ * streams only returns from chorusGroupEnd likewise.  CHORUS_DEVICE_STAGING says how
  * the bytes move (map, pipelined chunks, whole buffers; docs/device.md).
  * Every collective, send/recv and groups run on an OpenCL stream; primitives
  * and the EP calls do not (chorusInvalidUsage).  The OpenCL types are passed

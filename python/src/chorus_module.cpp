@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 
 #include <chorus/chorus.h>
+#include <chorus/device.h>
 #include <chorus/sizes.hpp>
 
 #include <array>
@@ -73,7 +74,19 @@ struct View {
   size_t count = 0;  // elements
   chorusDataType_t dtype = chorusFloat32;
   py::object owner;
+  // A pyopencl array (docs/device.md, "Python"): its buffer registered for
+  // the call (ptr is the device address plus the array's offset), and its
+  // queue, the stream's when the call names none.
+  std::shared_ptr<void> device;  // deregisters the buffer when the last view goes
+  py::object queue;
 };
+
+// A pyopencl.array.Array (the buffer, offset, dtype and queue of device data).
+bool isClArray(py::handle obj) {
+  const std::string mod = py::str(py::type::handle_of(obj).attr("__module__"));
+  return mod.rfind("pyopencl", 0) == 0 && py::hasattr(obj, "base_data") && py::hasattr(obj, "queue") &&
+         py::hasattr(obj, "offset") && py::hasattr(obj, "dtype");
+}
 
 std::optional<chorusDataType_t> dtypeFromBufferFormat(std::string_view fmt, ssize_t itemsize) {
   // Strip byte-order prefixes; chorus only runs on native-endian hosts.
@@ -113,7 +126,34 @@ bool isTorchTensor(py::handle obj) {
   return py::hasattr(obj, "data_ptr") && py::hasattr(obj, "is_contiguous") && py::hasattr(obj, "element_size");
 }
 
+
+View clViewOf(py::handle obj, const char* arg) {
+  View v;
+  v.owner = py::reinterpret_borrow<py::object>(obj);
+  if (!obj.attr("flags").attr("c_contiguous").cast<bool>())
+    throw py::value_error(std::string(arg) + ": the pyopencl array is not C-contiguous");
+  py::object dt = obj.attr("dtype");
+  const std::string ch = py::str(dt.attr("char"));
+  auto d = dtypeFromBufferFormat(ch, dt.attr("itemsize").cast<ssize_t>());
+  if (!d)
+    throw py::type_error(std::string(arg) + ": pyopencl array dtype " + std::string(py::str(dt)) +
+                         " is not supported (int8/uint8/int32/uint32/int64/uint64/float16/float32/float64)");
+  py::object queue = obj.attr("queue");
+  if (queue.is_none())
+    throw py::value_error(std::string(arg) + ": the pyopencl array has no queue (the call runs on its queue)");
+  void* mem = reinterpret_cast<void*>(obj.attr("base_data").attr("int_ptr").cast<uintptr_t>());
+  void* dev = nullptr;
+  check(chorusMemRegisterOpenCL(mem, &dev), nullptr, arg);
+  v.device = std::shared_ptr<void>(dev, [](void* p) { (void)chorusMemDeregister(p); });
+  v.ptr = static_cast<char*>(dev) + obj.attr("offset").cast<size_t>();
+  v.count = obj.attr("size").cast<size_t>();
+  v.dtype = *d;
+  v.queue = queue;
+  return v;
+}
+
 View viewOf(py::handle obj, const char* arg, bool writable) {
+  if (isClArray(obj)) return clViewOf(obj, arg);
   View v;
   v.owner = py::reinterpret_borrow<py::object>(obj);
   if (isTorchTensor(obj)) {
@@ -205,6 +245,16 @@ uint16_t halfBits(float f) {
 class Stream {
  public:
   Stream() { check(chorusStreamCreate(&s_), nullptr, "Stream()"); }
+  // A stream of an OpenCL queue (a pyopencl.CommandQueue): calls on it take
+  // pyopencl arrays and complete in the queue's order.
+  static std::shared_ptr<Stream> opencl(py::object queue) {
+    void* q = reinterpret_cast<void*>(queue.attr("int_ptr").cast<uintptr_t>());
+    chorusStream_t s = nullptr;
+    check(chorusStreamCreateOpenCL(&s, q), nullptr, "Stream.opencl");
+    auto st = std::shared_ptr<Stream>(new Stream(s));
+    st->keep(std::move(queue));
+    return st;
+  }
   ~Stream() {
     if (s_ != nullptr) {
       py::gil_scoped_release nogil;
@@ -238,6 +288,7 @@ class Stream {
   size_t pendingObjects() const { return pending_.size(); }
 
  private:
+  explicit Stream(chorusStream_t s) : s_(s) {}
   chorusStream_t s_ = nullptr;
   std::vector<py::object> pending_;
 };
@@ -426,6 +477,22 @@ class Communicator {
   py::object run(const char* where, std::shared_ptr<Stream> stream, std::initializer_list<const View*> views,
                  Fn&& call) {
     chorusComm_t c = live(where);
+    // pyopencl arrays without a stream: a stream of their queue for this
+    // call, synchronised before returning (blocking, as host calls are).
+    const View* dev = nullptr;
+    for (const View* v : views)
+      if (v->device) dev = v;
+    if (dev != nullptr && !stream) {
+      std::shared_ptr<Stream> tmp = Stream::opencl(dev->queue);
+      chorusResult_t r;
+      {
+        py::gil_scoped_release nogil;
+        r = call(c, tmp->get());
+      }
+      check(r, c, where);
+      tmp->synchronize();
+      return py::none();
+    }
     chorusStream_t s = stream ? stream->get() : nullptr;
     chorusResult_t r;
     {
@@ -1001,6 +1068,9 @@ PYBIND11_MODULE(_chorus, m) {
       "A FIFO of operations run in the background by communicators' progress engines.\n"
       "Buffers passed to calls on a stream are kept alive until the stream is synchronised.")
       .def(py::init<>())
+      .def_static("opencl", &Stream::opencl, py::arg("queue"),
+                  "Stream.opencl(queue): a stream of a pyopencl.CommandQueue (in order); calls on it take\n"
+                  "pyopencl.array.Array buffers, return at once and complete in the queue's order (docs/device.md).")
       .def("synchronize", &Stream::synchronize,
            "Waits for every operation queued on the stream; raises the first error among them.")
       .def("query", &Stream::query, "True when all queued work is done; raises its error if it failed.")
@@ -1297,7 +1367,9 @@ PYBIND11_MODULE(_chorus, m) {
       "A KV-cache transfer agent (chorus.h, 'KV-cache transfer engine'; docs/kv.md).\n"
       "KvAgent(name, store_id, serve_store=False): store_id is a UniqueId whose process (the one with\n"
       "serve_store=True) runs the store that agents meet through.  Registered buffers (NumPy arrays, CPU\n"
-      "tensors) are kept alive until deregistered or closed.  Transfers move only inside the agent's calls.")
+      "tensors) are kept alive until deregistered or closed.  Transfers move on the agent's own progress thread "
+      "(CHORUS_KV_PROGRESS=thread, the default; test, wait and notification only read its state) or, with "
+      "CHORUS_KV_PROGRESS=caller, only inside the agent's calls (progress, test, wait, notification).")
       .def(py::init<const std::string&, const UniqueId&, bool>(), py::arg("name"), py::arg("store_id"),
            py::arg("serve_store") = false)
       .def("close", &KvAgent::close, "Destroys the agent (its pairs and regions); later calls raise.")
@@ -1322,7 +1394,8 @@ PYBIND11_MODULE(_chorus, m) {
                       py::object notify) { return a.post(false, peer, d, std::move(notify)); },
            py::arg("peer"), py::arg("descs"), py::arg("notify") = py::none(),
            "read(peer, descs, notify=None) -> transfer id: the peer's bytes into ours.")
-      .def("progress", &KvAgent::progress)
+      .def("progress", &KvAgent::progress,
+           "Drives the agent's transports once (CHORUS_KV_PROGRESS=caller); nothing with its progress thread.")
       .def("test", &KvAgent::test, py::arg("xfer"), "'done', 'pending' or 'cancelled'; a failed transfer raises.")
       .def("wait", &KvAgent::wait, py::arg("xfer"), py::arg("timeout_ms") = 30000,
            "Waits until the transfer is no longer pending: 'done' or 'cancelled'; raises on failure or timeout.")

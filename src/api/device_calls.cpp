@@ -2,6 +2,7 @@
 #include "api/device_calls.hpp"
 
 #include <algorithm>
+#include <memory>
 
 #include "kernels/dtype.hpp"
 
@@ -93,15 +94,28 @@ device::StagedCall describeOnDevice(const OpDesc& op, int rank, int nranks) {
   return call;
 }
 
-Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks,
-                   const std::function<Status(OpDesc&)>& submit) {
+Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks, std::function<Status(OpDesc&)> submit,
+                   device::Worker* worker) {
   const device::StagedCall call = describeOnDevice(op, rank, nranks);
-  return cl.run(call, [&](const void* send, void* recv, uint64_t count) {
-    op.send = send;
-    op.recv = recv;
-    op.count = static_cast<size_t>(count);
-    return submit(op);
+  CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<device::PendingCall> pending, cl.enqueue(call));
+  auto host = [](OpDesc& o, const std::function<Status(OpDesc&)>& sub) {
+    return [&o, &sub](const void* send, void* recv, uint64_t count) {
+      o.send = send;
+      o.recv = recv;
+      o.count = static_cast<size_t>(count);
+      return sub(o);
+    };
+  };
+  if (worker == nullptr || !cl.async()) return pending->run(host(op, submit), /*late=*/false);
+  // std::function needs a copyable job: the pending call is shared.
+  std::shared_ptr<device::PendingCall> p(std::move(pending));
+  worker->post([p, op = std::move(op), submit = std::move(submit), host]() mutable {
+    // A failure becomes the stream's error before its gate opens (run's
+    // `late`): a clFinish that returns after it sees it.
+    (void)p->run(host(op, submit), /*late=*/true);
+    p.reset();
   });
+  return {};
 }
 
 }  // namespace chorus::api

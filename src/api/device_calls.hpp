@@ -10,6 +10,7 @@
 #include "comm/op.hpp"
 #include "common/status.hpp"
 #include "device/memory.hpp"
+#include "device/worker.hpp"
 
 namespace chorus::api {
 
@@ -29,7 +30,13 @@ Result<device::StagingOptions> deviceStagingFromEnv();
 device::StagedCall describeOnDevice(const OpDesc& op, int rank, int nranks);
 
 // Runs op on the OpenCL stream `cl`: submit(op) receives op with its buffers
-// replaced by the host staging.  rank/nranks: the communicator's.
-Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks, const std::function<Status(OpDesc&)>& submit);
+// replaced by the host staging.  rank/nranks: the communicator's.  With a
+// worker (and the stream's async, CHORUS_DEVICE_ASYNC), the call returns once
+// its queue commands are enqueued and the worker runs submit later, in issue
+// order (docs/device.md, "Returning before the queue"); an error of that
+// later part is the stream's (chorusStreamSynchronize, chorusStreamQuery).
+// Without, it returns when the host part ran.
+Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks, std::function<Status(OpDesc&)> submit,
+                   device::Worker* worker = nullptr);
 
 }  // namespace chorus::api

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -248,13 +249,64 @@ bool hostUnified(cl_command_queue q) {
   return unified == CL_TRUE;
 }
 
-// Releases the events it holds.
-struct Events {
-  std::vector<cl_event> ev;
-  ~Events() {
-    for (cl_event e : ev)
-      if (e) clReleaseEvent(e);
+class ClStreamImpl;
+
+// One host part of a pending call: wait for `ready` (the part's inputs are on
+// the host), run the host call on send/recv, complete `gate` (the user event
+// the part's write-back or unmap waits for).
+struct Part {
+  cl_event ready = nullptr;
+  std::byte* send = nullptr;
+  std::byte* recv = nullptr;
+  uint64_t count = 0;
+  cl_event gate = nullptr;
+};
+
+class PendingImpl final : public PendingCall {
+ public:
+  explicit PendingImpl(ClStreamImpl* s);
+  ~PendingImpl() override;
+  Status run(const HostCall& host, bool late) override {
+    Status st;
+    for (Part& p : parts) {
+      const bool was_ok = st.isOk();
+      if (st.isOk() && p.ready != nullptr) {
+        const cl_int e = clWaitForEvents(1, &p.ready);
+        if (e != CL_SUCCESS) st = clFailed("clWaitForEvents (the call's inputs on the host)", e);
+      }
+      if (st.isOk()) st = host(p.send, p.recv, p.count);
+      if (late && was_ok && !st.isOk()) recordOnStream(st);  // before the gate opens
+      open(p);
+    }
+    return st;
   }
+  // Releases the queue's commands behind the part (after a failure too: the
+  // queue must not stall; the outputs are then undefined).
+  static void open(Part& p) {
+    if (p.gate != nullptr) {
+      clSetUserEventStatus(p.gate, CL_COMPLETE);
+      clReleaseEvent(p.gate);
+      p.gate = nullptr;
+    }
+    if (p.ready != nullptr) {
+      clReleaseEvent(p.ready);
+      p.ready = nullptr;
+    }
+  }
+  // A new part's gate (a user event of the stream's context).
+  Result<cl_event> addPart(cl_context ctx, cl_event ready, std::byte* send, std::byte* recv, uint64_t count) {
+    parts.push_back(Part{ready, send, recv, count, nullptr});
+    cl_int e = CL_SUCCESS;
+    cl_event gate = clCreateUserEvent(ctx, &e);
+    if (e != CL_SUCCESS) return clFailed("clCreateUserEvent", e);
+    parts.back().gate = gate;
+    return gate;
+  }
+  std::vector<Part> parts;
+
+ private:
+  void recordOnStream(const Status& st);
+  ClStreamImpl* s_;
 };
 
 class ClStreamImpl final : public ClStream {
@@ -265,7 +317,11 @@ class ClStreamImpl final : public ClStream {
     stats_.resolved = resolved_;
   }
   ~ClStreamImpl() override {
-    (void)waitLast();
+    {
+      std::unique_lock l(mu_);
+      cv_.wait(l, [&] { return pending_ == 0; });
+    }
+    clFinish(q_);
     if (last_) clReleaseEvent(last_);
     releaseStaging();
     clReleaseCommandQueue(q_);
@@ -285,30 +341,56 @@ class ClStreamImpl final : public ClStream {
     return b;
   }
 
-  Status run(const StagedCall& call, const HostCall& host) override {
+  Result<std::unique_ptr<PendingCall>> enqueue(const StagedCall& call) override {
     CHORUS_ASSIGN_OR_RETURN(auto bufs, resolveCall(call));
+    {
+      // Back-pressure: at most kMaxInFlight calls whose host parts have not
+      // run (a launch queue's depth, as CUDA's), so a loop of calls cannot
+      // grow the queue and the worker's FIFO without bound.  A caller that
+      // holds its queue (a user event) and issues more than that many calls
+      // waits here until it releases it, as a full CUDA launch queue blocks.
+      // (No speed effect could be measured at load 7: 1, 4, 64 and unbounded
+      // gave 26-239 us per 8 B call, all within the noise.)
+      std::unique_lock l(mu_);
+      cv_.wait(l, [&] { return pending_ < kMaxInFlight; });
+    }
     const std::optional<Resolved>& in = bufs.first;
     const std::optional<Resolved>& out = bufs.second;
+    auto p = std::make_unique<PendingImpl>(this);
+    Status st;
     ++stats_.calls;
     if (resolved_ == Staging::Map) {
       ++stats_.mapped_calls;
-      return runMapped(call, in, out, host);
-    }
-    if (resolved_ == Staging::Pipeline && pipelinable(call, in, out)) {
+      st = enqueueMapped(call, in, out, *p);
+    } else if (resolved_ == Staging::Pipeline && pipelinable(call, in, out)) {
       ++stats_.pipelined_calls;
-      return runPipelined(call, in, out, host);
+      st = enqueuePipelined(call, in, out, *p);
+    } else {
+      ++stats_.whole_calls;
+      st = enqueueWhole(call, in, out, *p);
     }
-    ++stats_.whole_calls;
-    return runWhole(call, in, out, host);
+    clFlush(q_);
+    if (!st.isOk()) return st;  // p's gates open: what was enqueued drains
+    return std::unique_ptr<PendingCall>(std::move(p));
+  }
+
+  void recordError(const Status& st) override {
+    std::lock_guard l(mu_);
+    if (error_.isOk() && !st.isOk()) error_ = st;
   }
 
   Status synchronize() override {
     const cl_int e = clFinish(q_);
     if (e != CL_SUCCESS) return clFailed("clFinish", e);
-    return {};
+    std::lock_guard l(mu_);
+    return error_;
   }
 
   Status query() override {
+    {
+      std::lock_guard l(mu_);
+      if (!error_.isOk()) return error_;
+    }
     if (last_ == nullptr) return {};
     cl_int status = CL_COMPLETE;
     const cl_int e = clGetEventInfo(last_, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
@@ -325,6 +407,17 @@ class ClStreamImpl final : public ClStream {
   }
   [[nodiscard]] void* queue() const override { return q_; }
   [[nodiscard]] StagingStats stats() const override { return stats_; }
+  [[nodiscard]] bool async() const override { return opt_.async; }
+
+  void pendingBorn() {
+    std::lock_guard l(mu_);
+    ++pending_;
+  }
+  void pendingGone() {
+    std::lock_guard l(mu_);
+    --pending_;
+    cv_.notify_all();
+  }
 
  private:
   // Where the host call sees the two buffers: overlapping buffers of one
@@ -359,58 +452,108 @@ class ClStreamImpl final : public ClStream {
     if (send_host == nullptr && recv_host != nullptr && call.send == call.recv) send_host = recv_host;
     if (recv_host == nullptr && send_host != nullptr && call.recv == call.send) recv_host = send_host;
   }
-  static Status callHost(const StagedCall& call, const HostCall& host, std::byte* send_host, std::byte* recv_host,
-                         uint64_t count) {
-    aliasUnused(call, send_host, recv_host);
-    return host(send_host, recv_host, count);
-  }
 
-  // Nothing written back: a marker gives the call its place in the queue.
-  Status markLast() {
+  // A marker: with a wait list, the call's place in the queue (nothing is
+  // written back; the stream's last event); without, an event that completes
+  // once the queue's earlier commands have.
+  Result<cl_event> marker(cl_event after) {
     cl_event ev = nullptr;
-    const cl_int e = clEnqueueMarkerWithWaitList(q_, 0, nullptr, &ev);
+    const cl_int e = clEnqueueMarkerWithWaitList(q_, after ? 1 : 0, after ? &after : nullptr, &ev);
     if (e != CL_SUCCESS) return clFailed("clEnqueueMarkerWithWaitList", e);
+    return ev;
+  }
+  Status markLast(cl_event after) {
+    CHORUS_ASSIGN_OR_RETURN(cl_event ev, marker(after));
     setLast(ev);
     return {};
   }
 
-  // Staging::Map.  The buffers are mapped (overlapping ones as their union),
-  // the host call runs on the mapped memory, and the unmaps are enqueued:
-  // the last unmap's event is the call's.  On a device whose memory is the
-  // host's a map is the buffer itself: no byte is copied.  One wait per call
-  // (the last map, in queue order after the queue's earlier commands).
-  Status runMapped(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
-                   const HostCall& host) {
+  // Staging::Map.  The buffers are mapped (overlapping ones as their union;
+  // non-blocking, the last map's event says they are on the host), the host
+  // part runs on the mapped memory, and the unmaps wait for its gate: the
+  // last unmap's event is the call's.  On a device whose memory is the
+  // host's a map is the buffer itself: no byte is copied.
+  Status enqueueMapped(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
+                       PendingImpl& p) {
     MappedCall m;
-    Status st = mapResolved(call, in, out, m);
-    if (st.isOk()) st = host(m.send, m.recv, call.count);
-    const Status un = unmapCall(m);
-    return st.isOk() ? un : st;
+    cl_event ready = nullptr;
+    Status st = mapResolved(call, in, out, m, false, &ready);
+    if (!st.isOk()) {
+      if (ready) clReleaseEvent(ready);
+      (void)unmapAfter(m, nullptr);
+      return st;
+    }
+    auto gate = p.addPart(ctx_, ready, static_cast<std::byte*>(const_cast<void*>(m.send)),
+                          static_cast<std::byte*>(m.recv), call.count);
+    if (!gate.isOk()) {
+      (void)unmapAfter(m, nullptr);
+      return gate.status();
+    }
+    return unmapAfter(m, *gate);
   }
 
  public:
-  Result<MappedCall> mapCall(const StagedCall& call) override {
+  Result<MappedCall> mapCall(const StagedCall& call, bool blocking) override {
     CHORUS_ASSIGN_OR_RETURN(auto bufs, resolveCall(call));
     const std::optional<Resolved>& in = bufs.first;
     const std::optional<Resolved>& out = bufs.second;
     ++stats_.calls;
     ++stats_.mapped_calls;
     MappedCall m;
-    Status st = mapResolved(call, in, out, m);
+    cl_event ready = nullptr;
+    Status st = mapResolved(call, in, out, m, blocking, blocking ? nullptr : &ready);
+    m.ready = ready;
+    clFlush(q_);
     if (!st.isOk()) {
-      (void)unmapCall(m);
+      (void)unmapCall(m, nullptr);
       return st;
     }
     return m;
   }
 
-  Status unmapCall(MappedCall& m) override {
+  Status waitMapped(MappedCall& m) override {
+    if (m.ready == nullptr) return {};
+    auto ev = static_cast<cl_event>(m.ready);
+    const cl_int e = clWaitForEvents(1, &ev);
+    clReleaseEvent(ev);
+    m.ready = nullptr;
+    if (e != CL_SUCCESS) return clFailed("clWaitForEvents (a group call's maps)", e);
+    return {};
+  }
+
+  Status unmapCall(MappedCall& m, void* gate) override {
+    if (m.ready != nullptr) {
+      clReleaseEvent(static_cast<cl_event>(m.ready));
+      m.ready = nullptr;
+    }
+    return unmapAfter(m, static_cast<cl_event>(gate));
+  }
+
+  Result<void*> makeGate() override {
+    cl_int e = CL_SUCCESS;
+    cl_event gate = clCreateUserEvent(ctx_, &e);
+    if (e != CL_SUCCESS) return clFailed("clCreateUserEvent", e);
+    pendingBorn();
+    return static_cast<void*>(gate);
+  }
+  void openGate(void* gate) override {
+    auto ev = static_cast<cl_event>(gate);
+    clSetUserEventStatus(ev, CL_COMPLETE);
+    clReleaseEvent(ev);
+    pendingGone();
+  }
+
+ private:
+  // Enqueues the unmaps of m, each after `gate` when there is one; the last
+  // one's event (or a marker's) is the stream's.
+  Status unmapAfter(MappedCall& m, cl_event gate) {
     Status st;
     cl_event ev = nullptr;
     for (const auto& [mem, ptr] : m.maps) {
       if (ev) clReleaseEvent(ev);
       ev = nullptr;
-      const cl_int e = clEnqueueUnmapMemObject(q_, static_cast<cl_mem>(mem), ptr, 0, nullptr, &ev);
+      const cl_int e =
+          clEnqueueUnmapMemObject(q_, static_cast<cl_mem>(mem), ptr, gate ? 1 : 0, gate ? &gate : nullptr, &ev);
       if (e != CL_SUCCESS && st.isOk()) st = clFailed("clEnqueueUnmapMemObject", e);
     }
     m.maps.clear();
@@ -418,20 +561,22 @@ class ClStreamImpl final : public ClStream {
       setLast(ev);
       clFlush(q_);
     } else if (st.isOk()) {
-      st = markLast();
+      st = markLast(gate);
     }
     return st;
   }
 
- private:
+  // blocking: the last map waits (in queue order) for the buffers; else
+  // *ready receives its event (a marker's where nothing is mapped).
   Status mapResolved(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
-                     MappedCall& m) {
+                     MappedCall& m, bool blocking, cl_event* ready) {
     const Layout l = layout(call, in, out);
     auto map = [&](const Resolved& r, uint64_t off, uint64_t bytes, cl_map_flags flags,
                    bool last) -> Result<std::byte*> {
       cl_int e = CL_SUCCESS;
       auto mem = static_cast<cl_mem>(r.reg.handle);
-      void* p = clEnqueueMapBuffer(q_, mem, last ? CL_TRUE : CL_FALSE, flags, off, bytes, 0, nullptr, nullptr, &e);
+      void* p = clEnqueueMapBuffer(q_, mem, last && blocking ? CL_TRUE : CL_FALSE, flags, off, bytes, 0, nullptr,
+                                   last && !blocking ? ready : nullptr, &e);
       if (e != CL_SUCCESS) return clFailed("clEnqueueMapBuffer (a device buffer of the call)", e);
       m.maps.emplace_back(mem, p);
       return static_cast<std::byte*>(p);
@@ -453,54 +598,62 @@ class ClStreamImpl final : public ClStream {
         CHORUS_ASSIGN_OR_RETURN(recv_host, map(*out, out->offset, call.recv_bytes, out_flags, true));
       }
     }
+    if (!blocking && m.maps.empty()) {
+      CHORUS_ASSIGN_OR_RETURN(*ready, marker(nullptr));
+    }
     aliasUnused(call, send_host, recv_host);
     m.send = send_host;
     m.recv = recv_host;
     return {};
   }
 
-  // Staging::Whole: one blocking read of the input into pinned staging, the
-  // host call, one non-blocking write of the output.
-  Status runWhole(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
-                  const HostCall& host) {
+  // Staging::Whole: one read of the input into pinned staging (its event:
+  // the part's inputs are there), the host part, one write of the output
+  // behind the part's gate.  The staging is the stream's: the next call's
+  // reads into it follow this call's write in queue order, and its host part
+  // runs after this one's.
+  Status enqueueWhole(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
+                      PendingImpl& p) {
     const Layout l = layout(call, in, out);
-    // The previous call's write-back reads the staging until its event
-    // completes.  A call that reads its input first need not wait for it: the
-    // queue is in order, so the blocking read below returns after it (one
-    // wait per call, not two); a call without input writes the staging at once.
-    if (!in || l.total > cap_) CHORUS_RETURN_IF_ERROR(waitLast());
     CHORUS_RETURN_IF_ERROR(ensureStaging(l.total));
     cl_int e = CL_SUCCESS;
+    cl_event ready = nullptr;
     if (l.unite) {
       // One read of the union: the input, and the output's bytes the call leaves.
-      e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(in->reg.handle), CL_TRUE, l.lo, l.total, stage_, 0, nullptr,
-                              nullptr);
+      e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(in->reg.handle), CL_FALSE, l.lo, l.total, stage_, 0, nullptr,
+                              &ready);
       if (e != CL_SUCCESS) return clFailed("clEnqueueReadBuffer (sendbuff into host staging)", e);
     } else {
       // In queue order: after the queue's earlier commands (the producer of the input).
       if (out && call.recv_partial) {
-        e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(out->reg.handle), in ? CL_FALSE : CL_TRUE, out->offset,
-                                call.recv_bytes, stage_ + l.recv_at, 0, nullptr, nullptr);
+        e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(out->reg.handle), CL_FALSE, out->offset, call.recv_bytes,
+                                stage_ + l.recv_at, 0, nullptr, in ? nullptr : &ready);
         if (e != CL_SUCCESS) return clFailed("clEnqueueReadBuffer (recvbuff into host staging)", e);
       }
       if (in) {
-        e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(in->reg.handle), CL_TRUE, in->offset, call.send_bytes,
-                                stage_ + l.send_at, 0, nullptr, nullptr);
+        e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(in->reg.handle), CL_FALSE, in->offset, call.send_bytes,
+                                stage_ + l.send_at, 0, nullptr, &ready);
         if (e != CL_SUCCESS) return clFailed("clEnqueueReadBuffer (sendbuff into host staging)", e);
       }
     }
-    CHORUS_RETURN_IF_ERROR(callHost(call, host, in ? stage_ + l.send_at : nullptr, out ? stage_ + l.recv_at : nullptr,
-                                    call.count));
+    if (ready == nullptr) {
+      // Nothing read: the host part writes the staging once the previous
+      // call's write out of it is done.
+      CHORUS_ASSIGN_OR_RETURN(ready, marker(nullptr));
+    }
+    std::byte* send_host = in ? stage_ + l.send_at : nullptr;
+    std::byte* recv_host = out ? stage_ + l.recv_at : nullptr;
+    aliasUnused(call, send_host, recv_host);
+    CHORUS_ASSIGN_OR_RETURN(cl_event gate, p.addPart(ctx_, ready, send_host, recv_host, call.count));
     if (out && call.recv_written) {
       cl_event ev = nullptr;
       e = clEnqueueWriteBuffer(q_, static_cast<cl_mem>(out->reg.handle), CL_FALSE, out->offset, call.recv_bytes,
-                               stage_ + l.recv_at, 0, nullptr, &ev);
+                               stage_ + l.recv_at, 1, &gate, &ev);
       if (e != CL_SUCCESS) return clFailed("clEnqueueWriteBuffer (host staging into recvbuff)", e);
       setLast(ev);
-      clFlush(q_);
       return {};
     }
-    return markLast();
+    return markLast(gate);
   }
 
   // An elementwise call of at least two chunks whose buffers are the same
@@ -520,18 +673,20 @@ class ClStreamImpl final : public ClStream {
     return std::max<uint64_t>(1, opt_.chunk_bytes / std::max<uint64_t>(call.elem_bytes, 1));
   }
 
-  // Staging::Pipeline.  Chunk k's input is read (non-blocking, with an
-  // event) into slot k % kSlots of a ring of pinned chunks while earlier
-  // chunks run: with kAhead reads in flight, the read of chunk k+1.. overlaps
-  // chunk k's host call (its wire transfers and reductions), and the write of
-  // chunk k-1 back into the device buffer, enqueued right after its host call,
-  // overlaps it too.  The queue is in order, so a slot's next read follows
-  // its previous write; where no read orders them (a broadcast off the root)
-  // the host waits for the slot's previous write before reusing it.
+  // Staging::Pipeline.  Chunk k is a part of its own: its input is read
+  // (non-blocking, with an event) into slot k % kSlots of a ring of pinned
+  // chunks, and its write back waits for its gate.  All of it is enqueued at
+  // once, in the order R0 R1 W0 R2 W1 R3 ...: with kAhead reads ahead, chunk
+  // k+1's input is on the host when chunk k's host part ends, and the write of
+  // chunk k and the read of chunk k+2 run on the queue while chunk k+1's host
+  // part runs (its wire transfers and reductions).  A read into a slot waits
+  // for the gate of the slot's previous chunk (its host part is done with
+  // it); where nothing is read (a broadcast off the root), a marker in the
+  // read's place says when the slot's previous write is done.
   static constexpr uint64_t kAhead = 2;
   static constexpr uint64_t kSlots = kAhead + 1;
-  Status runPipelined(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out,
-                      const HostCall& host) {
+  Status enqueuePipelined(const StagedCall& call, const std::optional<Resolved>& in,
+                          const std::optional<Resolved>& out, PendingImpl& p) {
     const uint64_t es = call.elem_bytes;
     const uint64_t ce = chunkElems(call);
     const uint64_t nchunks = (call.count + ce - 1) / ce;
@@ -539,102 +694,101 @@ class ClStreamImpl final : public ClStream {
     const uint64_t chunk = ce * es;
     const uint64_t recv_at = in && out && !inplace ? (chunk + 63) / 64 * 64 : 0;
     const uint64_t slot = (recv_at + chunk + 63) / 64 * 64;
-    // As runWhole: with an input, the reads (in queue order) follow the
-    // previous call's writes out of the staging.
-    if (!in || slot * kSlots > cap_) CHORUS_RETURN_IF_ERROR(waitLast());
     CHORUS_RETURN_IF_ERROR(ensureStaging(slot * kSlots));
-    Events reads, writes;
-    reads.ev.assign(nchunks, nullptr);
-    writes.ev.assign(nchunks, nullptr);
+    std::vector<cl_event> ready(nchunks, nullptr), gates(nchunks, nullptr);
     auto bytesOf = [&](uint64_t k) { return std::min(ce, call.count - k * ce) * es; };
     auto slotOf = [&](uint64_t k) { return stage_ + (k % kSlots) * slot; };
     auto read = [&](uint64_t k) -> Status {
-      if (!in) return {};
+      cl_event after = k >= kSlots ? gates[k - kSlots] : nullptr;
+      if (!in) {
+        CHORUS_ASSIGN_OR_RETURN(ready[k], marker(after));
+        return {};
+      }
       const cl_int e = clEnqueueReadBuffer(q_, static_cast<cl_mem>(in->reg.handle), CL_FALSE, in->offset + k * chunk,
-                                           bytesOf(k), slotOf(k), 0, nullptr, &reads.ev[k]);
+                                           bytesOf(k), slotOf(k), after ? 1 : 0, after ? &after : nullptr, &ready[k]);
       if (e != CL_SUCCESS) return clFailed("clEnqueueReadBuffer (a chunk of sendbuff)", e);
       return {};
     };
+    for (uint64_t k = 0; k < std::min(kAhead, nchunks); ++k) CHORUS_RETURN_IF_ERROR(read(k));
+    cl_event last_write = nullptr;
     Status st;
-    for (uint64_t k = 0; k < std::min(kAhead, nchunks) && st.isOk(); ++k) st = read(k);
-    clFlush(q_);
     for (uint64_t k = 0; k < nchunks && st.isOk(); ++k) {
-      cl_int e = CL_SUCCESS;
-      if (reads.ev[k]) {
-        e = clWaitForEvents(1, &reads.ev[k]);
-      } else if (k >= kSlots && writes.ev[k - kSlots]) {
-        e = clWaitForEvents(1, &writes.ev[k - kSlots]);
-      }
-      if (e != CL_SUCCESS) {
-        st = clFailed("clWaitForEvents (a chunk's copy)", e);
+      std::byte* s = slotOf(k);
+      std::byte* send_host = in ? s : nullptr;
+      std::byte* recv_host = out ? s + recv_at : nullptr;
+      aliasUnused(call, send_host, recv_host);
+      auto gate = p.addPart(ctx_, ready[k], send_host, recv_host, bytesOf(k) / es);
+      ready[k] = nullptr;  // the part holds it
+      if (!gate.isOk()) {
+        st = gate.status();
         break;
       }
-      std::byte* s = slotOf(k);
-      st = callHost(call, host, in ? s : nullptr, out ? s + recv_at : nullptr, bytesOf(k) / es);
-      if (!st.isOk()) break;
+      gates[k] = *gate;
       if (out && call.recv_written) {
-        e = clEnqueueWriteBuffer(q_, static_cast<cl_mem>(out->reg.handle), CL_FALSE, out->offset + k * chunk,
-                                 bytesOf(k), s + recv_at, 0, nullptr, &writes.ev[k]);
-        if (e != CL_SUCCESS) {
-          st = clFailed("clEnqueueWriteBuffer (a chunk into recvbuff)", e);
-          break;
-        }
+        if (last_write) clReleaseEvent(last_write);
+        last_write = nullptr;
+        const cl_int e = clEnqueueWriteBuffer(q_, static_cast<cl_mem>(out->reg.handle), CL_FALSE,
+                                              out->offset + k * chunk, bytesOf(k), s + recv_at, 1, &gates[k],
+                                              &last_write);
+        if (e != CL_SUCCESS) st = clFailed("clEnqueueWriteBuffer (a chunk into recvbuff)", e);
       }
-      if (k + kAhead < nchunks) st = read(k + kAhead);
-      clFlush(q_);
+      if (st.isOk() && k + kAhead < nchunks) st = read(k + kAhead);
     }
+    for (cl_event r : ready)
+      if (r) clReleaseEvent(r);
     stats_.chunks += nchunks;
     if (!st.isOk()) {
-      // The staging stays busy until the enqueued copies are done.
-      (void)synchronize();
+      if (last_write) clReleaseEvent(last_write);
       return st;
     }
-    if (out && call.recv_written && writes.ev[nchunks - 1]) {
-      clRetainEvent(writes.ev[nchunks - 1]);
-      setLast(writes.ev[nchunks - 1]);
+    if (last_write) {
+      setLast(last_write);
       return {};
     }
-    return markLast();
+    return markLast(gates[nchunks - 1]);
   }
 
   void setLast(cl_event ev) {
     if (last_) clReleaseEvent(last_);
     last_ = ev;
   }
-  Status waitLast() {
-    if (last_ == nullptr) return {};
-    const cl_int e = clWaitForEvents(1, &last_);
-    if (e != CL_SUCCESS) return clFailed("clWaitForEvents (the previous call's copy back)", e);
-    return {};
-  }
   // Pinned staging: a buffer the implementation allocates in host memory
-  // (CL_MEM_ALLOC_HOST_PTR), mapped once for the stream's life.
+  // (CL_MEM_ALLOC_HOST_PTR), mapped once for the stream's life.  Grown by
+  // doubling; a smaller one it replaces may still be read or written by
+  // enqueued calls, so it is kept until the stream goes.
   Status ensureStaging(uint64_t bytes) {
     if (bytes <= cap_) return {};
-    releaseStaging();
+    if (pinned_ != nullptr) retired_.emplace_back(pinned_, stage_);
+    pinned_ = nullptr;
+    stage_ = nullptr;
     uint64_t cap = 64 * 1024;
     while (cap < bytes) cap *= 2;
     cl_int e = CL_SUCCESS;
-    pinned_ = clCreateBuffer(ctx_, CL_MEM_ALLOC_HOST_PTR | CL_MEM_READ_WRITE, cap, nullptr, &e);
+    cl_mem mem = clCreateBuffer(ctx_, CL_MEM_ALLOC_HOST_PTR | CL_MEM_READ_WRITE, cap, nullptr, &e);
     if (e != CL_SUCCESS) return clFailed("clCreateBuffer (host staging)", e);
-    void* p = clEnqueueMapBuffer(q_, pinned_, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, cap, 0, nullptr, nullptr, &e);
+    // Non-blocking: the host touches the staging only after a part's `ready`,
+    // a later command of the queue than this map.
+    void* p = clEnqueueMapBuffer(q_, mem, CL_FALSE, CL_MAP_READ | CL_MAP_WRITE, 0, cap, 0, nullptr, nullptr, &e);
     if (e != CL_SUCCESS) {
-      clReleaseMemObject(pinned_);
-      pinned_ = nullptr;
+      clReleaseMemObject(mem);
       return clFailed("clEnqueueMapBuffer (host staging)", e);
     }
+    pinned_ = mem;
     stage_ = static_cast<std::byte*>(p);
     cap_ = cap;
     return {};
   }
   void releaseStaging() {
-    if (pinned_ == nullptr) return;
-    cl_event ev = nullptr;
-    if (clEnqueueUnmapMemObject(q_, pinned_, stage_, 0, nullptr, &ev) == CL_SUCCESS && ev) {
-      clWaitForEvents(1, &ev);
-      clReleaseEvent(ev);
+    if (pinned_ != nullptr) retired_.emplace_back(pinned_, stage_);
+    for (auto [mem, ptr] : retired_) {
+      cl_event ev = nullptr;
+      if (clEnqueueUnmapMemObject(q_, mem, ptr, 0, nullptr, &ev) == CL_SUCCESS && ev) {
+        clWaitForEvents(1, &ev);
+        clReleaseEvent(ev);
+      }
+      clReleaseMemObject(mem);
     }
-    clReleaseMemObject(pinned_);
+    retired_.clear();
     pinned_ = nullptr;
     stage_ = nullptr;
     cap_ = 0;
@@ -649,7 +803,21 @@ class ClStreamImpl final : public ClStream {
   cl_mem pinned_ = nullptr;
   std::byte* stage_ = nullptr;
   uint64_t cap_ = 0;
+  std::vector<std::pair<cl_mem, std::byte*>> retired_;
+  static constexpr uint64_t kMaxInFlight = 64;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t pending_ = 0;  // PendingCalls alive
+  Status error_;          // recordError's first
 };
+
+PendingImpl::PendingImpl(ClStreamImpl* s) : s_(s) { s_->pendingBorn(); }
+
+void PendingImpl::recordOnStream(const Status& st) { s_->recordError(st); }
+PendingImpl::~PendingImpl() {
+  for (Part& p : parts) open(p);
+  s_->pendingGone();
+}
 
 }  // namespace
 #endif

@@ -103,6 +103,9 @@ std::optional<Staging> parseStaging(std::string_view s);
 struct StagingOptions {
   Staging mode = Staging::Auto;
   uint64_t chunk_bytes = uint64_t{1} << 20;  // Pipeline: bytes of one chunk (per buffer)
+  // The call returns once its queue commands are enqueued; its host part runs
+  // on the communicator's device worker (CHORUS_DEVICE_ASYNC; docs/device.md).
+  bool async = true;
 };
 
 // What a stream did, for tests and the bench's header.
@@ -122,18 +125,45 @@ struct MappedCall {
   const void* send = nullptr;
   void* recv = nullptr;
   std::vector<std::pair<void*, void*>> maps;  // (cl_mem, mapped pointer)
+  void* ready = nullptr;  // a non-blocking mapCall's: the cl_event after which send/recv hold the data
 };
 
-// An OpenCL command queue as a chorus stream's device side.  A call on it
-// waits (on the host) until its inputs are on the host (after the queue's
-// earlier work), runs the host collective, and enqueues the writes of the
-// results into the device buffers on the queue: later work on the queue sees
-// them, and lastEvent() completes when they are written.
+// A call whose queue commands are all enqueued (the maps or reads of its
+// inputs; the unmaps or writes of its outputs, each behind a user event) and
+// whose host part is still to run: run() waits for each part's inputs, runs
+// its host call and completes the part's user event, which releases the
+// queue's commands behind it.  Destroyed without run() (or after a failed
+// one), it completes the user events left, so the queue never stalls; the
+// outputs are then undefined.
+class PendingCall {
+ public:
+  virtual ~PendingCall() = default;
+  // Runs the host parts, each opening its gate (the user event its
+  // write-back or unmap waits for) when done, after a failure too.  `late`:
+  // the call has returned (the device worker runs this), so a failure is
+  // made the stream's error before the gate it failed at opens: a clFinish
+  // that returns then finds it (ClStream::synchronize).
+  virtual Status run(const HostCall& host, bool late) = 0;
+};
+
+// An OpenCL command queue as a chorus stream's device side.  A call on it is
+// enqueued in queue order (enqueue(): inputs read or mapped after the queue's
+// earlier commands, outputs written back before its later ones, behind user
+// events) and its host part runs later, on any thread (PendingCall::run), so
+// the caller need not wait for the queue; lastEvent() completes when the
+// call's outputs are written.  run() is both at once, on this thread.
 class ClStream {
  public:
-  virtual ~ClStream() = default;
-  virtual Status run(const StagedCall& call, const HostCall& host) = 0;
-  // Waits for every command of the queue (clFinish).
+  virtual ~ClStream() = default;  // waits until no PendingCall of the stream is left
+  virtual Result<std::unique_ptr<PendingCall>> enqueue(const StagedCall& call) = 0;
+  Status run(const StagedCall& call, const HostCall& host) {
+    CHORUS_ASSIGN_OR_RETURN(auto pending, enqueue(call));
+    return pending->run(host, /*late=*/false);
+  }
+  // The first error of a host part that ran after its call returned (kept;
+  // synchronize() and query() return it).
+  virtual void recordError(const Status& st) = 0;
+  // Waits for every command of the queue (clFinish); then the first recorded error, if any.
   virtual Status synchronize() = 0;
   // chorusInProgress while the last call's copy back is pending, else ok.
   virtual Status query() = 0;
@@ -142,11 +172,19 @@ class ClStream {
   virtual void* lastEvent() = 0;
   [[nodiscard]] virtual void* queue() const = 0;
   [[nodiscard]] virtual StagingStats stats() const = 0;
-  // A call in two halves, whatever the stream's staging: its buffers mapped
-  // (in queue order; the host waits for the maps), then, once its host call
-  // ran, unmapped (enqueued; the stream's last event).
-  virtual Result<MappedCall> mapCall(const StagedCall& call) = 0;
-  virtual Status unmapCall(MappedCall& m) = 0;
+  [[nodiscard]] virtual bool async() const = 0;
+  // A call in two halves, whatever the stream's staging (a call inside a
+  // group): its buffers mapped in queue order (blocking: the host waits for
+  // the maps; else m.ready is the last map's event, waitMapped waits for it),
+  // then, once its host call ran, unmapped (enqueued, each unmap after
+  // `gate` when one is given; the stream's last event).
+  virtual Result<MappedCall> mapCall(const StagedCall& call, bool blocking = true) = 0;
+  virtual Status waitMapped(MappedCall& m) = 0;
+  virtual Status unmapCall(MappedCall& m, void* gate = nullptr) = 0;
+  // A user event of the stream's context to gate unmaps with; the stream
+  // counts it as a pending call (its destructor waits) until openGate.
+  virtual Result<void*> makeGate() = 0;
+  virtual void openGate(void* gate) = 0;
 };
 // Checks the queue (a valid cl_command_queue, in order) and makes its stream.
 Result<std::unique_ptr<ClStream>> makeClStream(void* cl_queue, const StagingOptions& options = {});

@@ -15,6 +15,9 @@
 #include <optional>
 #include <tuple>
 #include <mutex>
+#include <condition_variable>
+#include <chrono>
+#include <thread>
 #include <dlfcn.h>
 #include <string>
 #include <vector>
@@ -419,6 +422,145 @@ TEST(DeviceOpenCL, ResultInQueueOrderAndEvent) {
     if (err.empty() && chorusStreamQuery(cl.stream) != chorusSuccess) err = "chorusStreamQuery after the read";
     chorusMemDeregister(dev);
     clReleaseMemObject(mem);
+    return err;
+  });
+  EXPECT_EQ(failures(msgs), "");
+}
+
+// NCCL's stream semantics (docs/device.md, "Returning before the queue"): a
+// call returns once its commands are enqueued, not when its result is there.
+// Each rank holds its queue behind a user event and writes the input behind
+// it; two in-place allreduces and then a group of two (one more on that
+// buffer, one on a second buffer) on the held queue must all return (a call
+// that waited for the queue would block until the rescue thread, after 30 s,
+// releases the event and says so), the stream must still be in progress, and
+// once the event is released the queue must see the results in order: three
+// sums of x + r on 2 ranks = 8x + 4, and one of 3x + r = 6x + 1.  Under each
+// staging mode (calls in a group are always mapped).
+class DeviceAsync : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeviceAsync, CallReturnsBeforeTheQueueRuns) {
+  SKIP_WITHOUT_OPENCL();
+  ScopedEnv mode("CHORUS_DEVICE_STAGING", GetParam());
+  ScopedEnv chunk("CHORUS_DEVICE_CHUNK_BYTES", "16384");
+  auto msgs = runRanks(2, [&](int r, chorusComm_t comm) -> std::string {
+    ClRank cl;
+    if (!cl.error.empty()) return cl.error;
+    const size_t count = 3 * 4096 + 5;  // pipeline: four 16 KiB chunks, the last one short
+    std::vector<float> host(count);
+    for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(i % 1000) + static_cast<float>(r);
+    cl_int e = CL_SUCCESS;
+    std::vector<float> host2(count);
+    for (size_t i = 0; i < count; ++i) host2[i] = 3.0f * static_cast<float>(i % 1000) + static_cast<float>(r);
+    cl_mem mem = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
+    if (e != CL_SUCCESS) return fmt::format("clCreateBuffer: {}", e);
+    cl_mem mem2 = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
+    if (e != CL_SUCCESS) return fmt::format("clCreateBuffer: {}", e);
+    cl_event hold = clCreateUserEvent(cl.ctx, &e);
+    if (e != CL_SUCCESS) return fmt::format("clCreateUserEvent: {}", e);
+    // The inputs arrive only once hold is released (in queue order).
+    clEnqueueWriteBuffer(cl.queue, mem, CL_FALSE, 0, count * 4, host.data(), 1, &hold, nullptr);
+    clEnqueueWriteBuffer(cl.queue, mem2, CL_FALSE, 0, count * 4, host2.data(), 0, nullptr, nullptr);
+    clFlush(cl.queue);
+    void* dev = nullptr;
+    void* dev2 = nullptr;
+    if (chorusMemRegisterOpenCL(mem, &dev) != chorusSuccess) return chorusGetLastError(nullptr);
+    if (chorusMemRegisterOpenCL(mem2, &dev2) != chorusSuccess) return chorusGetLastError(nullptr);
+
+    std::mutex mu;
+    std::condition_variable cv;
+    bool returned = false, rescued = false;
+    std::thread rescue([&] {
+      std::unique_lock l(mu);
+      if (!cv.wait_for(l, std::chrono::seconds(30), [&] { return returned; })) {
+        rescued = true;
+        clSetUserEventStatus(hold, CL_COMPLETE);
+      }
+    });
+    std::string err;
+    for (int k = 0; k < 2 && err.empty(); ++k)
+      if (chorusAllReduce(dev, dev, count, chorusFloat32, chorusSum, comm, cl.stream) != chorusSuccess)
+        err = chorusGetLastError(comm);
+    if (err.empty()) {
+      chorusGroupStart();
+      if (chorusAllReduce(dev, dev, count, chorusFloat32, chorusSum, comm, cl.stream) != chorusSuccess ||
+          chorusAllReduce(dev2, dev2, count, chorusFloat32, chorusSum, comm, cl.stream) != chorusSuccess)
+        err = chorusGetLastError(comm);
+      if (chorusGroupEnd() != chorusSuccess && err.empty()) err = chorusGetLastError(nullptr);
+    }
+    {
+      std::lock_guard l(mu);
+      returned = true;
+      if (rescued) err = "a call on the held queue returned only after the queue was released (it waited for it)";
+    }
+    cv.notify_all();
+    rescue.join();
+    if (err.empty()) {
+      const chorusResult_t q = chorusStreamQuery(cl.stream);
+      if (q != chorusInProgress) err = fmt::format("chorusStreamQuery on the held queue: {} (expected in progress)", q);
+    }
+    clSetUserEventStatus(hold, CL_COMPLETE);  // no-op after a rescue
+    std::vector<float> out(count, -1.0f);
+    clEnqueueReadBuffer(cl.queue, mem, CL_TRUE, 0, count * 4, out.data(), 0, nullptr, nullptr);
+    for (size_t i = 0; i < count && err.empty(); ++i) {
+      const float want = 8.0f * static_cast<float>(i % 1000) + 4.0f;
+      if (out[i] != want) err = fmt::format("rank {} element {}: {} (expected {})", r, i, out[i], want);
+    }
+    clEnqueueReadBuffer(cl.queue, mem2, CL_TRUE, 0, count * 4, out.data(), 0, nullptr, nullptr);
+    for (size_t i = 0; i < count && err.empty(); ++i) {
+      const float want = 6.0f * static_cast<float>(i % 1000) + 1.0f;
+      if (out[i] != want) err = fmt::format("rank {} second buffer element {}: {} (expected {})", r, i, out[i], want);
+    }
+    if (chorusStreamSynchronize(cl.stream) != chorusSuccess && err.empty())
+      err = fmt::format("chorusStreamSynchronize: {}", chorusGetLastError(nullptr));
+    if (err.empty() && chorusStreamQuery(cl.stream) != chorusSuccess) err = "chorusStreamQuery after the read";
+    chorusMemDeregister(dev);
+    chorusMemDeregister(dev2);
+    clReleaseMemObject(mem);
+    clReleaseMemObject(mem2);
+    clReleaseEvent(hold);
+    return err;
+  });
+  EXPECT_EQ(failures(msgs), "");
+}
+INSTANTIATE_TEST_SUITE_P(Shm, DeviceAsync, ::testing::Values("map", "pipeline", "whole"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// The error of a host part that runs after its call returned is the
+// stream's: a call returns on a held queue, the communicator is aborted, the
+// queue is released; the worker's collective fails, and chorusStreamSynchronize
+// (and chorusStreamQuery) say so by name, while the queue still drains.
+TEST(DeviceOpenCL, LateErrorIsTheStreams) {
+  SKIP_WITHOUT_OPENCL();
+  auto msgs = runRanks(2, [&](int r, chorusComm_t comm) -> std::string {
+    ClRank cl;
+    if (!cl.error.empty()) return cl.error;
+    const size_t count = 1000;
+    cl_int e = CL_SUCCESS;
+    cl_mem mem = clCreateBuffer(cl.ctx, CL_MEM_READ_WRITE, count * 4, nullptr, &e);
+    if (e != CL_SUCCESS) return fmt::format("clCreateBuffer: {}", e);
+    cl_event hold = clCreateUserEvent(cl.ctx, &e);
+    clEnqueueMarkerWithWaitList(cl.queue, 1, &hold, nullptr);
+    clFlush(cl.queue);
+    void* dev = nullptr;
+    if (chorusMemRegisterOpenCL(mem, &dev) != chorusSuccess) return chorusGetLastError(nullptr);
+    std::string err;
+    if (chorusAllReduce(dev, dev, count, chorusFloat32, chorusSum, comm, cl.stream) != chorusSuccess)
+      err = fmt::format("rank {}: the call failed at once: {}", r, chorusGetLastError(comm));
+    chorusCommAbort(comm);
+    clSetUserEventStatus(hold, CL_COMPLETE);
+    if (err.empty()) {
+      const chorusResult_t sync = chorusStreamSynchronize(cl.stream);
+      const std::string msg = chorusGetLastError(nullptr);
+      if (sync == chorusSuccess) err = fmt::format("rank {}: chorusStreamSynchronize succeeded after the abort", r);
+      else if (msg.find("abort") == std::string::npos)
+        err = fmt::format("rank {}: chorusStreamSynchronize's error does not name the abort: {}", r, msg);
+      else if (chorusStreamQuery(cl.stream) == chorusSuccess)
+        err = fmt::format("rank {}: chorusStreamQuery succeeded after the late error", r);
+    }
+    chorusMemDeregister(dev);
+    clReleaseMemObject(mem);
+    clReleaseEvent(hold);
     return err;
   });
   EXPECT_EQ(failures(msgs), "");
