@@ -18,7 +18,17 @@
 # all_to_all_single (gloo), as its own job on the same hosts (CHORUS_EP_TORCH=0
 # skips it; CHORUS_EP_CHORUS=0 runs it alone).  Prints per layout and op the median time of each form, each repeat's ratio
 # (alltoallv / ep) and the ratio of the sums dispatch + combine; rows go to
-# $CHORUS_BENCH_OUT (default bench_ep_netns.jsonl).  Needs root, ip, tc,
+# $CHORUS_BENCH_OUT (default bench_ep_netns.jsonl).
+#
+# Paired A/B of two builds on the same hosts (a code change's effect on the
+# networked case): CHORUS_EP_AB=OTHER_BUILD_DIR runs, per layout and op,
+# $CHORUS_BENCH_REPEATS rounds of BUILD_DIR's and OTHER's chorus-bench with
+# --form ep --repeats 1 (the order alternating: A B, B A, ...) and prints
+# each round's times and the ratio A/B with its median; nothing else runs.
+# CHORUS_EP_PERF=FILE records a system-wide `perf record -a -g` profile
+# (FILE, then FILE.txt: `perf report --sort comm,dso,sym`) around the first
+# ep job (CHORUS_EP_FORM=ep|alltoallv|both picks the forms; default both).
+# Needs root, ip, tc,
 # nsenter, unshare, and memory: at 4096 x 7168 bf16 each rank holds about
 # 1.5 GB while the all-to-all-v form runs.
 set -euo pipefail
@@ -62,9 +72,11 @@ for line in open(sys.argv[1]):
     r = json.loads(line); r["layout"] = sys.argv[2]; print(json.dumps(r))' "$1" "$2" >>"$out"
 }
 
-# run_job OP H K: chorus-bench OP on H hosts x K ranks; rank 0's rows to $work/OP.HxK.jsonl.
+# run_job OP H K [BENCH [REPEATS [FORM]]]: chorus-bench OP on H hosts x K ranks; rank 0's rows to
+# $work/OP.HxK.jsonl.
 run_job() {
   local op=$1 h=$2 k=$3 secret r port=$((29800 + RANDOM % 100)) failed=0 world=$(($2 * $3))
+  local bench=${4:-$bench} reps=${5:-$repeats} form=${6:-${CHORUS_EP_FORM:-both}}
   secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
   ranks=()
   for r in $(seq 0 $((world - 1))); do
@@ -72,7 +84,7 @@ run_job() {
       env CHORUS_RANK=$r CHORUS_WORLD_SIZE=$world CHORUS_LOCAL_RANK=$((r % k)) CHORUS_MASTER_ADDR="$subnet.1" \
       CHORUS_MASTER_PORT="$port" CHORUS_SECRET="$secret" CHORUS_TIMEOUT_MS=$((job_timeout * 1000)) \
       timeout -k 5 "$job_timeout" "$bench" "$op" --tokens "$tokens" --hidden "$hidden" --experts "$experts" \
-      --topk "$topk" --max-hosts "$max_hosts" -d "$dtype" --form both --repeats "$repeats" -n "$iters" -w 1 \
+      --topk "$topk" --max-hosts "$max_hosts" -d "$dtype" --form "$form" --repeats "$reps" -n "$iters" -w 1 \
       -c 1 --json "$work/$op.${h}x$k.jsonl" >"$work/$op.${h}x$k.$r.out" 2>"$work/$op.${h}x$k.$r.err" </dev/null &
     ranks+=($!)
   done
@@ -113,13 +125,63 @@ run_torch() {
 }
 
 : >"$out"
+perf_pid=
+perf_start() {
+  [[ -n ${CHORUS_EP_PERF:-} && ! -e $CHORUS_EP_PERF ]] || return 0
+  perf record -a -g -F 499 -o "$CHORUS_EP_PERF" >"$work/perf.log" 2>&1 &
+  perf_pid=$!
+  sleep 1
+}
+perf_stop() {
+  [[ -n $perf_pid ]] || return 0
+  kill -INT "$perf_pid" && wait "$perf_pid" || true
+  perf_pid=
+  perf report -i "$CHORUS_EP_PERF" --no-children --sort comm,dso,sym --percent-limit 0.5 --stdio \
+    >"$CHORUS_EP_PERF.txt" 2>/dev/null || true
+}
+
+if [[ -n ${CHORUS_EP_AB:-} ]]; then
+  bench_b=$(cd "$CHORUS_EP_AB" && pwd)/tools/chorus-bench
+  for l in "${layouts[@]}"; do
+    h=${l%x*}
+    k=${l#*x}
+    for op in ${CHORUS_EP_OPS:-dispatch combine}; do
+      ratios=()
+      for i in $(seq 1 "$repeats"); do
+        order=(A B)
+        ((i % 2 == 0)) && order=(B A)
+        declare -A t=()
+        for which in "${order[@]}"; do
+          b=$bench
+          [[ $which == B ]] && b=$bench_b
+          rm -f "$work/$op.${h}x$k.jsonl"
+          run_job "$op" "$h" "$k" "$b" 1 ep >/dev/null
+          t[$which]=$(python3 -c 'import json,sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+bad = sum(r["wrong"] or 0 for r in rows)
+if bad: print(f"bench/ep_netns.sh: {sys.argv[2]}: {bad} wrong elements", file=sys.stderr)
+print(rows[-1]["time_us"])' "$work/$op.${h}x$k.jsonl" "$which")
+        done
+        ratios+=("$(awk -v x="${t[A]}" -v y="${t[B]}" 'BEGIN { printf "%.3f", x / y }')")
+        echo "$l $op round $i (${order[*]}): A ${t[A]} us  B ${t[B]} us  A/B ${ratios[-1]}  (load $(cut -d' ' -f1-3 /proc/loadavg))"
+        unset t
+      done
+      printf '%s\n' "${ratios[@]}" | sort -n | awk -v l="$l" -v op="$op" '{ v[NR] = $1 } END {
+        printf "%s %s A/B median %s over %d rounds\n", l, op, v[int((NR + 1) / 2)], NR }'
+    done
+  done
+  exit 0
+fi
+
 for l in "${layouts[@]}"; do
   h=${l%x*}
   k=${l#*x}
   for op in dispatch combine; do
     [[ ${CHORUS_EP_CHORUS:-1} == 1 ]] || continue
     echo "== $op on $h hosts x $k ranks, $rate links"
+    perf_start
     run_job "$op" "$h" "$k"
+    perf_stop
     add_rows "$work/$op.${h}x$k.jsonl" "$l"
   done
   if [[ ${CHORUS_EP_TORCH:-1} == 1 && $dtype == bf16 ]]; then

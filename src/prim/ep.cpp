@@ -2,7 +2,13 @@
 // moves, the call block, the handle's creation (prim/ep.hpp).
 #include "prim/ep.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <future>
 #include <map>
+
+#include <fmt/format.h>
 
 #include "comm/communicator.hpp"
 #include "common/dtype.hpp"
@@ -71,13 +77,16 @@ Result<const Call*> callOf(const Args& args) {
   return c;
 }
 
-Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params, std::span<const char* const> names) {
+Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params, std::span<const char* const> names,
+             int64_t* max_value) {
   const int n = ctx.size();
-  // [first failing rank as n - rank (max = lowest rank), then each parameter as +p and -p]
-  std::vector<int64_t> v(1 + 2 * params.size());
+  // [first failing rank as n - rank (max = lowest rank), then each parameter as +p and -p, then max_value]
+  std::vector<int64_t> v(1 + 2 * params.size() + (max_value != nullptr ? 1 : 0));
   v[0] = mine.isOk() ? 0 : static_cast<int64_t>(n - ctx.rank());
   for (size_t i = 0; i < params.size(); ++i) v[1 + 2 * i] = params[i], v[2 + 2 * i] = -params[i];
+  if (max_value != nullptr) v.back() = *max_value;
   CHORUS_RETURN_IF_ERROR(ctx.allReduce(v.data(), v.data(), v.size(), chorusInt64, chorusMax));
+  if (max_value != nullptr) *max_value = v.back();
   if (!mine.isOk()) return mine;
   if (v[0] > 0)
     return invalidArgument("rank {} refused its arguments (its error names them); no data moved", n - v[0]);
@@ -98,6 +107,72 @@ Status exchangeRows(Context& ctx, const void* send, std::span<const size_t> send
   }
   if (skip >= 0 && static_cast<size_t>(skip) < n) sc[static_cast<size_t>(skip)] = rc[static_cast<size_t>(skip)] = 0;
   return ctx.allToAllV(send, sc, sd, recv, rc, rd, chorusUint8);
+}
+
+size_t chunksFor(const State& s, int64_t max_send_bytes) {
+  const int64_t c = max_send_bytes / std::max<int64_t>(s.chunk_bytes, 1);
+  return static_cast<size_t>(std::clamp<int64_t>(c, 1, s.max_chunks));
+}
+
+Status exchangeChunked(Context& ctx, const void* send, std::span<const size_t> send_rows, void* recv,
+                       std::span<const size_t> recv_rows, size_t row_bytes, int skip, size_t chunks,
+                       const std::function<void(size_t)>& prepare, const std::function<void(size_t)>& consume) {
+  const size_t n = send_rows.size();
+  std::vector<size_t> sd(n + 1, 0), rd(n + 1, 0), sc(n), so(n), rc(n), ro(n);
+  for (size_t r = 0; r < n; ++r) sd[r + 1] = sd[r] + send_rows[r], rd[r + 1] = rd[r] + recv_rows[r];
+  if (prepare) prepare(0);
+  for (size_t c = 0; c < chunks; ++c) {
+    for (size_t r = 0; r < n; ++r) {
+      const size_t s0 = chunkStart(send_rows[r], c, chunks), s1 = chunkStart(send_rows[r], c + 1, chunks);
+      const size_t r0 = chunkStart(recv_rows[r], c, chunks), r1 = chunkStart(recv_rows[r], c + 1, chunks);
+      sc[r] = (s1 - s0) * row_bytes, so[r] = (sd[r] + s0) * row_bytes;
+      rc[r] = (r1 - r0) * row_bytes, ro[r] = (rd[r] + r0) * row_bytes;
+    }
+    if (skip >= 0 && static_cast<size_t>(skip) < n) sc[static_cast<size_t>(skip)] = rc[static_cast<size_t>(skip)] = 0;
+    const bool next = prepare && c + 1 < chunks, prev = consume && c > 0;
+    std::future<void> side;
+    if (next || prev)
+      side = std::async(std::launch::async, [&, c, next, prev] {
+        if (next) prepare(c + 1);
+        if (prev) consume(c - 1);
+      });
+    Status st = ctx.allToAllV(send, sc, so, recv, rc, ro, chorusUint8);
+    if (side.valid()) side.get();  // before returning, even on an error: it uses the buffers
+    CHORUS_RETURN_IF_ERROR(st);
+  }
+  if (consume) consume(chunks - 1);
+  return {};
+}
+
+namespace {
+int64_t nowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+#ifdef CHORUS_EP_PHASES
+constexpr bool kPhases = true;
+#else
+constexpr bool kPhases = false;
+#endif
+
+PhaseClock::PhaseClock(const char* op, int rank) : op_(op), rank_(rank), on_(kPhases) {
+  if (on_) last_ = nowUs(), line_ = op;
+}
+
+void PhaseClock::mark(const char* phase) {
+  if (!on_) return;
+  const int64_t t = nowUs();
+  line_ += fmt::format(" {}={}", phase, t - last_);
+  last_ = t;
+}
+
+PhaseClock::~PhaseClock() {
+  if (!on_) return;
+  if (std::FILE* f = std::fopen(fmt::format("/tmp/chorus-ep-phases.rank{}", rank_).c_str(), "a")) {
+    std::fprintf(f, "%s\n", line_.c_str());
+    std::fclose(f);
+  }
 }
 
 Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std::vector<int> host_ids) {

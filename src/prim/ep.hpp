@@ -19,7 +19,9 @@
 #include <chorus/chorus.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/status.hpp"
@@ -106,7 +108,11 @@ struct State {
   // (hundreds of MB for a training step's tokens).  Allocated anew per call
   // they would be fresh pages, each paying a fault and the kernel's zeroing
   // on first touch, every call (DeepEP keeps its buffers in its Buffer too).
-  std::vector<uint8_t> scratch[3];
+  std::vector<uint8_t> scratch[4];
+  // The pipelined exchanges (exchangeChunked): at most max_chunks batches,
+  // each at least chunk_bytes of the busiest rank's sends.
+  int max_chunks = 8;
+  int64_t chunk_bytes = int64_t{1} << 20;
   // Combine's summation lists (ep_combine's sumRows): for each output row,
   // the input rows it adds, in the documented order.
   std::vector<size_t> sum_begin, sum_rows;
@@ -188,8 +194,9 @@ Status readIds(const Config& cfg, const void* topk_idx, size_t tokens, std::vect
 // `names`).  Returns `mine` on a rank that failed, an error naming the first
 // failing rank on the others, an error naming a differing parameter on all;
 // ok only when every rank is ok and every parameter agrees.
+// max_value (optional): in, this rank's value; out, the largest over the ranks.
 Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params = {},
-             std::span<const char* const> names = {});
+             std::span<const char* const> names = {}, int64_t* max_value = nullptr);
 
 // One all-to-all-v of rows of rowBytes bytes: send_rows[p] rows to rank p
 // (packed in rank order), recv_rows[p] from rank p (packed in rank order).
@@ -197,6 +204,43 @@ Status agree(Context& ctx, const Status& mine, std::span<const int64_t> params =
 // place in recv unwritten (the caller reads those rows from send).
 Status exchangeRows(Context& ctx, const void* send, std::span<const size_t> send_rows, void* recv,
                     std::span<const size_t> recv_rows, size_t row_bytes, int skip = -1);
+
+// Built with -DCHORUS_EP_PHASES (a measurement build: the library reads no
+// environment outside its API layer), each dispatch and combine appends one
+// line to /tmp/chorus-ep-phases.rank<R>: the op and the wall time (us) of
+// each of its phases, for finding where a step's time goes.  Otherwise it
+// costs a branch per phase.
+class PhaseClock {
+ public:
+  PhaseClock(const char* op, int rank);
+  void mark(const char* phase);  // the time since the previous mark (or the start) is `phase`'s
+  ~PhaseClock();
+
+ private:
+  const char* op_;
+  int rank_;
+  bool on_;
+  int64_t last_ = 0;
+  std::string line_;
+};
+
+// Chunk c of `chunks` of a block of `rows` rows starts at row rowsBefore(rows, c, chunks).
+inline size_t chunkStart(size_t rows, size_t c, size_t chunks) { return rows * c / chunks; }
+
+// The batches a pipelined exchange takes when the busiest rank sends
+// max_send_bytes (the same on every rank: the value is agree()'s maximum).
+size_t chunksFor(const State& s, int64_t max_send_bytes);
+
+// exchangeRows in `chunks` batches, pipelined: batch c carries chunk c of
+// every block (chunkStart: both sides of a pair cut their block alike, as
+// they agree on its rows).  prepare(c) writes chunk c of the send blocks,
+// consume(c) reads chunk c of the received ones; while batch c is on the wire
+// a second thread runs prepare(c + 1) and consume(c - 1) (they must touch no
+// communicator).  prepare(0) runs before the first batch, consume(chunks - 1)
+// after the last.  Either may be empty.
+Status exchangeChunked(Context& ctx, const void* send, std::span<const size_t> send_rows, void* recv,
+                       std::span<const size_t> recv_rows, size_t row_bytes, int skip, size_t chunks,
+                       const std::function<void(size_t)>& prepare, const std::function<void(size_t)>& consume);
 
 // Collective: checks and compares every rank's config.
 Result<std::unique_ptr<State>> create(Communicator& comm, const Config& cfg, std::vector<int> host_ids);

@@ -53,6 +53,7 @@ class Dispatch final : public Primitive {
     const Call& c = **call;
     State& s = *c.state;
     s.dispatched = false;
+    PhaseClock clock("dispatch", s.rank);
     Status mine;
     if (!s.laid_out) mine = invalidUsage("no layout: call chorusEpLayout first (or its last call failed)");
     else if (s.tokens > 0 && c.x == nullptr) mine = invalidArgument("x is NULL but the layout has {} tokens", s.tokens);
@@ -61,32 +62,28 @@ class Dispatch final : public Primitive {
                              s.num_recv, s.rank);
     else if (s.num_recv > 0 && c.recv_x == nullptr) mine = invalidArgument("recvX is NULL but {} rows arrive", s.num_recv);
     else if (c.fp8_out) mine = checkFp8Out(s, c);
-    CHORUS_RETURN_IF_ERROR(agree(ctx, mine));
-
     const auto k = static_cast<size_t>(s.cfg.topk);
     const bool z = s.cfg.compressed();
     const Wire wire{z ? wireBytes(s.cfg.wire(), s.cfg.hidden) : s.rowBytes(), k};
     const size_t W = wire.bytes();
+    // The first hop is pipelined (exchangeChunked): chunk c + 1 is packed
+    // (and, at a relay, chunk c - 1 forwarded) while chunk c is on the wire;
+    // the busiest rank's bytes set the batches, alike on every rank.
+    int64_t busiest = s.laid_out ? static_cast<int64_t>(s.send_order.size() * W) : 0;
+    CHORUS_RETURN_IF_ERROR(agree(ctx, mine, {}, {}, &busiest));
+    const size_t chunks = chunksFor(s, busiest);
+    const auto n = static_cast<size_t>(s.nranks);
     uint8_t* sendb = grow(s.scratch[0], s.send_order.size() * W);
-    std::vector<float> tmp(z ? s.cfg.hidden : 0);
-    for (size_t p = 0; p < s.send_order.size(); ++p) {
-      const size_t t = s.send_order[p];
-      uint8_t* w = &sendb[p * W];
-      const uint8_t* xr = static_cast<const uint8_t*>(c.x) + t * s.rowBytes();
-      if (z) {
-        exec::runLocalOp(exec::LocalOp::toFloat(tmp.data(), xr, s.cfg.hidden, s.cfg.dtype));
-        exec::runLocalOp(exec::LocalOp::quantize(w, tmp.data(), s.cfg.hidden, s.cfg.wire()));
-      } else {
-        std::memcpy(w, xr, wire.row);
-      }
-      std::memcpy(w + wire.ids(), &s.ids[t * k], k * sizeof(int32_t));
-      for (size_t j = 0; j < k; ++j) {
-        const float wt = c.topk_weights != nullptr ? c.topk_weights[t * k + j] : 1.0f;
-        std::memcpy(w + wire.weights() + j * sizeof(float), &wt, sizeof wt);
-      }
-      const uint64_t origin[2] = {static_cast<uint64_t>(s.rank), t};
-      std::memcpy(w + wire.origin(), origin, sizeof origin);
-    }
+    std::vector<size_t> sd(n + 1, 0);  // the first hop's send blocks (rows)
+    for (size_t q = 0; q < n; ++q) sd[q + 1] = sd[q] + s.send_counts[q];
+    const auto packChunk = [&](size_t ch) {
+      std::vector<float> tmp(z ? s.cfg.hidden : 0);
+      for (size_t q = 0; q < n; ++q)
+        for (size_t p = sd[q] + chunkStart(s.send_counts[q], ch, chunks);
+             p < sd[q] + chunkStart(s.send_counts[q], ch + 1, chunks); ++p)
+          pack(s, c, wire, z, tmp, p, &sendb[p * W]);
+    };
+    clock.mark("setup");
     const size_t rows_in = std::accumulate(s.recv_rows.begin(), s.recv_rows.end(), size_t{0});
     uint8_t* recvb = grow(s.scratch[1], rows_in * W);
     // The rows this rank sends itself do not cross the exchange (its block
@@ -102,34 +99,81 @@ class Dispatch final : public Primitive {
       if (s.send_counts[self] != s.recv_rows[self])
         return internalError("this rank sends itself {} rows but expects {} from itself", s.send_counts[self],
                              s.recv_rows[self]);
-      size_t from = 0;
-      for (size_t q = 0; q < self; ++q) from += s.send_counts[q];
-      for (size_t j = 0; j < s.recv_rows[self]; ++j) rowp[self_at + j] = &sendb[(from + j) * W];
-      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb, s.send_counts, recvb, s.recv_rows, W, s.rank));
+      for (size_t j = 0; j < s.recv_rows[self]; ++j) rowp[self_at + j] = &sendb[(sd[self] + j) * W];
+      CHORUS_RETURN_IF_ERROR(
+          exchangeChunked(ctx, sendb, s.send_counts, recvb, s.recv_rows, W, s.rank, chunks, packChunk, {}));
+      clock.mark("pack+exchange");
     } else {
-      // The first hop lands in scratch[2]; the rows forwarded to the other
-      // ranks of the host are packed into scratch[0] (the first hop's send
-      // buffer, done with); those the relay keeps are read from scratch[2].
-      uint8_t* hop1 = grow(s.scratch[2], std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0}) * W);
-      CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, sendb, s.send_counts, hop1, s.hop1_rows, W));
+      // The first hop lands in scratch[2], but for this rank's rows to itself
+      // (its own host's relay is itself), read where they were packed.  The
+      // rows forwarded to the other ranks of the host are copied into
+      // scratch[3] as their chunk arrives; those the relay keeps are read in
+      // place.
+      if (s.send_counts[self] != s.hop1_rows[self])
+        return internalError("this rank relays {} rows for itself but expects {}", s.send_counts[self], s.hop1_rows[self]);
+      const size_t rows1 = std::accumulate(s.hop1_rows.begin(), s.hop1_rows.end(), size_t{0});
+      uint8_t* hop1 = grow(s.scratch[2], rows1 * W);
+      std::vector<size_t> h1(n + 1, 0);  // the first hop's receive blocks (rows)
+      for (size_t q = 0; q < n; ++q) h1[q + 1] = h1[q] + s.hop1_rows[q];
+      const auto row1 = [&](size_t j) -> const uint8_t* {
+        return j >= h1[self] && j < h1[self + 1] ? &sendb[(sd[self] + j - h1[self]) * W] : &hop1[j * W];
+      };
       if (s.hop2_counts[self] != s.recv_rows[self])
         return internalError("this relay keeps {} rows but expects {} from itself", s.hop2_counts[self], s.recv_rows[self]);
       size_t keep = 0;  // the first hop2 entry this relay keeps
       for (size_t q = 0; q < self; ++q) keep += s.hop2_counts[q];
       const size_t keep_end = keep + s.hop2_counts[self];
-      uint8_t* fwd = grow(s.scratch[0], s.hop2_rows.size() * W);
+      // The chunk each first-hop row arrives in, and per chunk the entries to forward.
+      std::vector<uint32_t> chunk_of(rows1);
+      for (size_t q = 0; q < n; ++q)
+        for (size_t ch = 0; ch < chunks; ++ch)
+          for (size_t j = chunkStart(s.hop1_rows[q], ch, chunks); j < chunkStart(s.hop1_rows[q], ch + 1, chunks); ++j)
+            chunk_of[h1[q] + j] = static_cast<uint32_t>(ch);
+      std::vector<std::vector<size_t>> to_forward(chunks);
       for (size_t p = 0; p < s.hop2_rows.size(); ++p) {
-        if (p >= keep && p < keep_end) rowp[self_at + (p - keep)] = &hop1[s.hop2_rows[p] * W];
-        else std::memcpy(&fwd[p * W], &hop1[s.hop2_rows[p] * W], W);
+        if (s.hop2_rows[p] >= rows1) return internalError("forward entry {} names first-hop row {} of {}", p, s.hop2_rows[p], rows1);
+        if (p >= keep && p < keep_end) rowp[self_at + (p - keep)] = row1(s.hop2_rows[p]);
+        else to_forward[chunk_of[s.hop2_rows[p]]].push_back(p);
       }
+      uint8_t* fwd = grow(s.scratch[3], s.hop2_rows.size() * W);
+      const auto forwardChunk = [&](size_t ch) {
+        for (size_t p : to_forward[ch]) std::memcpy(&fwd[p * W], row1(s.hop2_rows[p]), W);
+      };
+      CHORUS_RETURN_IF_ERROR(
+          exchangeChunked(ctx, sendb, s.send_counts, hop1, s.hop1_rows, W, s.rank, chunks, packChunk, forwardChunk));
+      clock.mark("pack+hop1+forward");
       CHORUS_RETURN_IF_ERROR(exchangeRows(ctx, fwd, s.hop2_counts, recvb, s.recv_rows, W, s.rank));
+      clock.mark("hop2");
     }
     CHORUS_RETURN_IF_ERROR(unpack(s, c, wire, rowp));
+    clock.mark("unpack");
     s.dispatched = true;
     return {};
   }
 
  private:
+  // Wire row p of the send order into w: the token's payload (compressed
+  // through tmp when the wire is), its ids, weights and origin.
+  static void pack(const State& s, const Call& c, const Wire& wire, bool z, std::vector<float>& tmp, size_t p,
+                   uint8_t* w) {
+    const auto k = static_cast<size_t>(s.cfg.topk);
+    const size_t t = s.send_order[p];
+    const uint8_t* xr = static_cast<const uint8_t*>(c.x) + t * s.rowBytes();
+    if (z) {
+      exec::runLocalOp(exec::LocalOp::toFloat(tmp.data(), xr, s.cfg.hidden, s.cfg.dtype));
+      exec::runLocalOp(exec::LocalOp::quantize(w, tmp.data(), s.cfg.hidden, s.cfg.wire()));
+    } else {
+      std::memcpy(w, xr, wire.row);
+    }
+    std::memcpy(w + wire.ids(), &s.ids[t * k], k * sizeof(int32_t));
+    for (size_t j = 0; j < k; ++j) {
+      const float wt = c.topk_weights != nullptr ? c.topk_weights[t * k + j] : 1.0f;
+      std::memcpy(w + wire.weights() + j * sizeof(float), &wt, sizeof wt);
+    }
+    const uint64_t origin[2] = {static_cast<uint64_t>(s.rank), t};
+    std::memcpy(w + wire.origin(), origin, sizeof origin);
+  }
+
   // chorusEpDispatchFp8's own conditions: the fp8 wire, whole blocks (the
   // experts' fp8 GEMMs take one scale per block of a row: DeepEP's per-128
   // scales), room for every arriving row's scales.

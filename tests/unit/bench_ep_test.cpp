@@ -37,7 +37,9 @@ TEST(EpBenchRoute, DistinctIdsInRangeWithinTheHostLimit) {
         hosts.insert(e / 16);
         seen.insert(e);
       }
-      if (max_hosts > 0) EXPECT_LE(hosts.size(), static_cast<size_t>(max_hosts)) << "token " << t;
+      if (max_hosts > 0) {
+        EXPECT_LE(hosts.size(), static_cast<size_t>(max_hosts)) << "token " << t;
+      }
       int32_t again[8];
       epRoute(7, 3, t, 64, 8, 4, max_hosts, again);
       EXPECT_TRUE(std::equal(ids, ids + 8, again)) << "not a function of (seed, rank, token)";
