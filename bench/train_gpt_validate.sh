@@ -5,6 +5,8 @@
 #   PREDICT_ONLY=1 bash bench/train_gpt_validate.sh BUILD_DIR OUT_DIR   # chorus-sim again on OUT_DIR's runs and
 #                                                                       # calibration (after a model change)
 #   python3 bench/train_gpt_summary.py OUT_DIR...                       # repeats side by side
+#   python3 bench/train_gpt_repredict.py SIM                            # chorus-sim again on the committed
+#                                                                       # 2026-12-07b rows (their cluster files)
 #
 # 1. `chorus-sim calibrate` measures this machine (kernels at the job's shapes, chorus-bench over shm): the
 #    cluster file.  2. The job prints its own model file.  3. Each layout below (fixed before any run) trains

@@ -83,6 +83,7 @@ class Sim {
  private:
   void tryStart(size_t q);
   void rates();
+  void cpuRates();
 
   const IterationSpec& spec_;
   int64_t ranks_;
@@ -102,6 +103,10 @@ class Sim {
   std::vector<double> fill_;
   std::vector<char> frozen_;
   std::vector<std::array<double, kDims>> slow_;  // per rank: compute slowed by collectives, by dimension
+  // CPU ranks (spec_.cpu): per rank whether it is busy and its speed factor
+  // (relative to the spec's times); per host its busy ranks.
+  std::vector<char> cpu_busy_;
+  std::vector<double> cpu_speed_, cpu_load_;
   double now_ = 0, makespan_ = 0;
 };
 
@@ -192,6 +197,30 @@ void Sim::rates() {
     if (t.comm) continue;
     rate_[i] = comm_dim_[static_cast<size_t>(t.rank)] != kDims ? 1 - smf : 1;  // seconds of work per second
   }
+  if (spec_.cpu.on()) cpuRates();
+}
+
+// CPU ranks: every running task of a rank at the rank's share of its
+// hosts' cores, min(1, capacity / busy ranks) of a calibrated thread on its
+// slowest host, relative to the spec's times (which are time_scale x alone).
+void Sim::cpuRates() {
+  const CpuSharing& cs = spec_.cpu;
+  std::fill(cpu_busy_.begin(), cpu_busy_.end(), 0);
+  for (int32_t id : running_) cpu_busy_[static_cast<size_t>(tasks_[static_cast<size_t>(id)].rank)] = 1;
+  for (size_t h = 0; h < cs.ranks.size(); ++h) {
+    double k = 0;
+    for (size_t d = 0; d < cpu_busy_.size(); ++d)
+      if (cpu_busy_[d]) k += cs.ranks[h][d];
+    cpu_load_[h] = k;
+  }
+  for (size_t d = 0; d < cpu_speed_.size(); ++d) {
+    double share = 1;
+    for (size_t h = 0; h < cs.ranks.size(); ++h)
+      if (cs.ranks[h][d] > 0 && cpu_load_[h] > 0) share = std::min(share, cs.capacity / cpu_load_[h]);
+    cpu_speed_[d] = cs.time_scale * share;
+  }
+  for (size_t i = 0; i < running_.size(); ++i)
+    rate_[i] *= cpu_speed_[static_cast<size_t>(tasks_[static_cast<size_t>(running_[i])].rank)];
 }
 
 Status Sim::run() {
@@ -217,6 +246,9 @@ Status Sim::run() {
   residual_.assign(static_cast<size_t>(ranks_ * kLinkClasses), -1), load_.assign(residual_.size(), 0);
   comm_dim_.assign(static_cast<size_t>(ranks_), kDims);
   slow_.assign(static_cast<size_t>(ranks_), {});
+  const bool cpu = spec_.cpu.on();
+  cpu_busy_.assign(static_cast<size_t>(ranks_), 0), cpu_speed_.assign(static_cast<size_t>(ranks_), 1);
+  cpu_load_.assign(spec_.cpu.ranks.size(), 0);
   for (size_t q = 0; q < queues_.size(); ++q) tryStart(q);
   size_t finished = 0;
   std::vector<int32_t> ended;
@@ -236,7 +268,18 @@ Status Sim::run() {
     for (size_t i = 0; i < running_.size(); ++i) {
       Task& t = tasks_[static_cast<size_t>(running_[i])];
       const double full = t.comm ? 1 : t.work;
-      if (!t.comm && rate_[i] < 1) {
+      if (cpu && !t.comm) {
+        // Its time beyond its work: the collectives' SMs take smf of every
+        // second they are in flight (their dimension), the cores' share the
+        // rest (its own dimension; less than nothing while it runs faster
+        // than the spec's uniform share).  dt (1 - rate) in all.
+        const double g = cpu_speed_[static_cast<size_t>(t.rank)];
+        const uint8_t cd = comm_dim_[static_cast<size_t>(t.rank)];
+        const double sms = cd != kDims ? spec_.comm_sm_fraction : 0;
+        auto& sl = slow_[static_cast<size_t>(t.rank)];
+        sl[t.dim] += dt * (1 - g) * (1 - sms);
+        if (cd != kDims) sl[cd] += dt * sms;
+      } else if (!t.comm && rate_[i] < 1) {
         slow_[static_cast<size_t>(t.rank)][comm_dim_[static_cast<size_t>(t.rank)]] += dt * (1 - rate_[i]);
       }
       t.done += rate_[i] * dt;
@@ -417,6 +460,25 @@ Status checkSpec(const IterationSpec& spec) {
     return invalidArgument("schedule: zero-bubble (ZB-H1) needs vpp = 1 (got {})", v);
   if (spec.options.zero_bubble && spec.options.a2a_overlap)
     return invalidArgument("schedule: zero-bubble (ZB-H1) and the combined 1F1B of a2a overlap are two different orders");
+  if (const CpuSharing& cs = spec.cpu; cs.on()) {
+    if (!(cs.capacity > 0) || !std::isfinite(cs.capacity) || !(cs.time_scale > 0) || !std::isfinite(cs.time_scale))
+      return invalidArgument("schedule: CPU sharing needs a capacity > 0 and a time scale > 0 (got {} and {})",
+                             cs.capacity, cs.time_scale);
+    std::vector<double> placed(static_cast<size_t>(p), 0);
+    for (const auto& host : cs.ranks) {
+      if (static_cast<int64_t>(host.size()) != p)
+        return invalidArgument("schedule: CPU sharing: a host lists {} pipeline ranks, the pipeline has {}",
+                               host.size(), p);
+      for (size_t d = 0; d < host.size(); ++d) {
+        if (!(host[d] >= 0) || !std::isfinite(host[d]))
+          return invalidArgument("schedule: CPU sharing: {} ranks of pipeline rank {} on a host", host[d], d);
+        placed[d] += host[d];
+      }
+    }
+    for (size_t d = 0; d < placed.size(); ++d)
+      if (!(placed[d] > 0))
+        return invalidArgument("schedule: CPU sharing: pipeline rank {} has no rank on any host", d);
+  }
   return {};
 }
 

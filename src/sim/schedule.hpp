@@ -6,13 +6,14 @@
 // Each stream runs its tasks in issue order; a task also waits for the tasks
 // it depends on.  A compute task has a duration at full speed and runs at
 // 1 - comm_sm_fraction of it while any collective of its GPU is in flight
-// (NCCL's kernels take SMs).  A communication task is a collective or a
-// point-to-point transfer with its modelled time alone (the network model)
-// and the seconds it keeps each link class of its GPU busy (the bounds'
-// ledger): concurrent transfers of a GPU share its NVLink port, NIC ports
-// and uplinks max-min fairly (progressive filling, as the flow model shares
-// links), each at most at its own speed alone; a pipeline send loads the
-// sender's and the receiver's links.
+// (NCCL's kernels take SMs); on CPU ranks every task of a rank also runs at
+// its share of its host's cores (CpuSharing).  A communication task is a
+// collective or a point-to-point transfer with its modelled time alone (the
+// network model) and the seconds it keeps each link class of its GPU busy
+// (the bounds' ledger): concurrent transfers of a GPU share its NVLink
+// port, NIC ports and uplinks max-min fairly (progressive filling, as the
+// flow model shares links), each at most at its own speed alone; a pipeline
+// send loads the sender's and the receiver's links.
 //
 // Dependencies follow the frameworks (each switchable):
 //  * per layer: forward compute, then its tensor-parallel collectives (on
@@ -95,6 +96,27 @@ struct ScheduleOptions {
   int64_t max_tasks = 400'000;  // layers are merged per chunk above this many tasks
 };
 
+// CPU ranks (a cluster with node.cpu_cores; docs/simulator.md, "A CPU
+// training job and its calibration"): the job's ranks on a host share what
+// its cores give the job, `capacity` calibrated threads' worth.  While k of a
+// host's ranks are busy, each runs at min(1, capacity / k) of a calibrated
+// thread (processor sharing); a pipeline rank's representative stands for
+// its tp x cp x dp ranks, all busy when it is, and runs at the rate of its
+// slowest host.  A rank is busy while any task of its streams runs (compute,
+// and collectives and sends: their copies and reductions run on its core);
+// a rank that only waits (a blocked receive, the pipeline's fill and drain)
+// yields its core.  A rank counts once however many of its streams run.
+// Off (every task at its own speed: GPUs) when `ranks` is empty.
+struct CpuSharing {
+  double capacity = 0;    // node.cpu_capacity (else node.cpu_cores), in calibrated threads
+  // The spec's task times are this many times their time alone (what the
+  // training model charges without the schedule: every rank computing at
+  // once, sim/train_detail.hpp Trainer::share); the schedule undoes it.
+  double time_scale = 1;
+  std::vector<std::vector<double>> ranks;  // [host][pipeline rank]: the job's ranks of that pipeline rank on that host
+  [[nodiscard]] bool on() const { return !ranks.empty(); }
+};
+
 struct IterationSpec {
   int64_t pp = 1, vpp = 1, micro_batches = 1;
   int zero = 1;
@@ -103,6 +125,7 @@ struct IterationSpec {
   std::vector<double> optimizer_s;             // per stage
   Transfer p2p;                                // one activation or gradient between neighbouring stages
   ScheduleOptions options;
+  CpuSharing cpu;                              // CPU ranks time-sharing their hosts' cores (off: GPUs)
 };
 
 struct ScheduleResult {

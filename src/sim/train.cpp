@@ -249,13 +249,19 @@ namespace detail {
 // capacity the host gave the calibration, R times one thread's rate
 // (node.cpu_capacity, measured; the cores when not), each getting R / ranks
 // of a calibrated thread's rate when that is below one (processor sharing;
-// docs/simulator.md, "A CPU training job and its calibration").
+// docs/simulator.md, "A CPU training job and its calibration").  Every
+// per-op time carries it (all the host's ranks computing at once: the
+// closed-form estimate); the schedule divides it out again and charges each
+// rank its share only while that many ranks are busy (Trainer::cpuSharing).
+double coreCapacity(const ClusterSpec& c) {
+  return c.node.cpu_capacity > 0 ? std::clamp(c.node.cpu_capacity, 1.0, double(c.node.cpu_cores))
+                                 : static_cast<double>(c.node.cpu_cores);
+}
+
 double coreShare(const ClusterSpec& c, int64_t gpus) {
   if (c.node.cpu_cores <= 0) return 1;
   const double ranks = static_cast<double>(std::min<int64_t>(gpus, c.node.gpus));
-  const double capacity = c.node.cpu_capacity > 0 ? std::clamp(c.node.cpu_capacity, 1.0, double(c.node.cpu_cores))
-                                                  : static_cast<double>(c.node.cpu_cores);
-  return std::max(1.0, ranks / capacity);
+  return std::max(1.0, ranks / coreCapacity(c));
 }
 
 GpuSpec sharedGpu(const GpuSpec& g, double share) {
@@ -319,6 +325,7 @@ Result<TrainReport> Trainer::run() {
     rep.breakdown = sr.breakdown;
     rep.schedule_tasks = sr.tasks;
     rep.schedule_merged_layers = sr.merged_layers;
+    if (rep.schedule_spec.cpu.on()) hostCoresBound();
   }
   settle();
   reportBlockAndStage();

@@ -17,6 +17,12 @@
 
 namespace chorus::sim::detail {
 
+// CPU ranks (node.cpu_cores > 0): what a host's cores give the job, in
+// calibrated threads (node.cpu_capacity clamped to [1, cpu_cores], else
+// cpu_cores); and the uniform share, how many times slower than calibrated a
+// rank runs when all the busiest host's ranks compute at once (>= 1; 1 on GPUs).
+double coreCapacity(const ClusterSpec& c);
+double coreShare(const ClusterSpec& c, int64_t gpus);
 
 
 // A GEMM's time on one GPU and an element-wise kernel's: the per-operator
@@ -230,6 +236,8 @@ class Trainer {
 
   // ---- the schedule
   Status dpTransfers(double params, Transfer* ag_t, Transfer* rs_t, double expert = 0);
+  void cpuSharing(CpuSharing& cs) const;
+  void hostCoresBound();
   LayerPlan planLayer(int l, const Transfer& tp_fwd_t, const Transfer& tp_bwd_t, const Transfer& tp_async_t);
 
   // ---- inputs and the layout

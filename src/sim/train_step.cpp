@@ -73,7 +73,7 @@ Result<Seconds> Trainer::gradColl(plan::Collective k, double bytes, const GroupS
 Seconds Trainer::quantizeTime(double params, int64_t n) const {
   if (!cfg.grad_compress.on() || params <= 0) return Seconds(0);
   const double bytes = quantizeHbmBytes(plan::Collective::ReduceScatter, params * grad_data, grad_wire / grad_data, n);
-  return raw_gpu.mem(bytes) + c.gpu.kernel_overhead * (quantizeKernels(plan::Collective::ReduceScatter) - 1);
+  return raw_gpu.mem(bytes) + raw_gpu.g.kernel_overhead * (quantizeKernels(plan::Collective::ReduceScatter) - 1);
 }
 
 // Both groups' collectives of this stage's parameters (dense over dp x cp,
@@ -474,7 +474,57 @@ Status Trainer::buildSchedule() {
     spec.p2p.link = ledger.sendRecv(act_bytes / T, ppg, share);
     if (!sp && t > 1) spec.p2p.link += u_tag.scaled(act_bytes * share);
   }
+  cpuSharing(spec.cpu);
   return {};
+}
+
+// CPU ranks: the schedule runs each rank at its share of its host's cores
+// while it is busy (sim/schedule.hpp CpuSharing) instead of the uniform
+// `share` every time above carries.  The job's ranks fill node.gpus per
+// host in the layout's rank order (tp-cp-ep-dp-pp: pipeline rank r / (t cp
+// d); tp-cp-ep-pp-dp: (r / (t cp)) mod p).
+void Trainer::cpuSharing(CpuSharing& cs) const {
+  cs = CpuSharing{};
+  if (c.node.cpu_cores <= 0) return;
+  cs.capacity = coreCapacity(c);
+  cs.time_scale = share;
+  const int64_t per_host = std::max<int64_t>(1, c.node.gpus);
+  const auto hosts = static_cast<size_t>((cfg.gpus + per_host - 1) / per_host);
+  cs.ranks.assign(hosts, std::vector<double>(static_cast<size_t>(p), 0));
+  for (int64_t r = 0; r < cfg.gpus; ++r) {
+    const int64_t stage = cfg.pp_before_dp ? (r / (t * cp)) % p : r / (t * cp * d);
+    cs.ranks[static_cast<size_t>(r / per_host)][static_cast<size_t>(stage)] += 1;
+  }
+}
+
+// CPU ranks, with the schedule: no step is shorter than a host's compute
+// over its capacity, since its busy ranks' compute progresses at most C
+// calibrated threads' worth per second (sim/schedule.hpp CpuSharing).  The
+// compute of each pipeline rank from the spec (its times are the uniform
+// share's, `time_scale` x alone); collectives and sends stay out (a rank's
+// send may overlap its own compute).
+void Trainer::hostCoresBound() {
+  const IterationSpec& sp = rep.schedule_spec;
+  const CpuSharing& cs = sp.cpu;
+  std::vector<double> work(static_cast<size_t>(p), 0);
+  const double passes = sp.options.dualpipe ? mbf / 2 : mbf;  // DualPipe: half the micro-batches through each copy
+  for (int64_t k = 0; k < static_cast<int64_t>(sp.chunks.size()); ++k) {
+    const int64_t rank = sp.options.dualpipe && k / p == 1 ? p - 1 - k % p : k % p;
+    for (const LayerPlan& lp : sp.chunks[static_cast<size_t>(k)])
+      work[static_cast<size_t>(rank)] += passes * (lp.fwd + lp.bwd + lp.recompute);
+  }
+  for (size_t d = 0; d < work.size(); ++d) work[d] += sp.optimizer_s[d];
+  double busiest = 0;
+  for (const auto& host : cs.ranks) {
+    double w = 0;
+    for (size_t d = 0; d < work.size(); ++d) w += host[d] * work[d];
+    busiest = std::max(busiest, w / cs.time_scale / cs.capacity);
+  }
+  Bounds& bd = rep.bounds;
+  bd.seconds["host_cores"] = busiest;
+  double top = -1;
+  for (const auto& [k, y] : bd.seconds)
+    if (y > top) top = y, bd.binding = k;
 }
 
 // Rates, MFU and the bottleneck from the final iteration time and breakdown.

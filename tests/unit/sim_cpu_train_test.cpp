@@ -67,13 +67,25 @@ TEST(SimCpuTrain, RanksBeyondTheCoresTimeShareThem) {
     const TrainConfig k = job(tp, pp, dp);
     EXPECT_DOUBLE_EQ(run(m, two, k).iteration_s, run(m, own, k).iteration_s) << tp << pp << dp;
   }
-  // 4 and 8 ranks on 2 cores: every compute and collective time 2x / 4x, so the whole step.
-  for (auto [tp, pp, dp, x] : {std::array{4, 1, 1, 2}, std::array{2, 2, 1, 2}, std::array{1, 2, 2, 2},
-                               std::array{2, 2, 2, 4}}) {
-    const TrainConfig k = job(tp, pp, dp);
+  // 4 ranks of one stage on 2 cores: all four busy whenever one is, so every
+  // compute and collective time 2x, and the whole step.
+  {
+    const TrainConfig k = job(4, 1, 1);
     const double alone = run(m, own, k).iteration_s, shared = run(m, two, k).iteration_s;
     EXPECT_GT(alone, 0);
-    EXPECT_NEAR(shared / alone, x, 1e-9 * x) << tp << pp << dp;
+    EXPECT_NEAR(shared / alone, 2, 2e-9);
+  }
+  // Pipelined, 4 and 8 ranks on 2 cores: a stage that waits (fill, drain, a
+  // neighbour's pass) leaves its share to the busy ones, so the step is
+  // shorter than the uniform 2x / 4x (what the closed-form estimate still
+  // charges) and no shorter than unshared.
+  for (auto [tp, pp, dp, x] : {std::array{2, 2, 1, 2}, std::array{1, 2, 2, 2}, std::array{2, 2, 2, 4}}) {
+    const TrainConfig k = job(tp, pp, dp);
+    const TrainReport a = run(m, own, k), b = run(m, two, k);
+    EXPECT_GT(a.iteration_s, 0);
+    EXPECT_LT(b.iteration_s, x * a.iteration_s * (1 - 1e-3)) << tp << pp << dp;
+    EXPECT_GT(b.iteration_s, a.iteration_s) << tp << pp << dp;
+    EXPECT_NEAR(b.estimate_s / a.estimate_s, x, 1e-9 * x) << tp << pp << dp;
   }
   // Other work left the job 1.25 cores' worth of one thread's rate: 4 ranks share it (3.2x), 2 ranks 1.6x.
   const ClusterSpec busy = cpuCluster(R"(, "cpu_cores": 2, "cpu_capacity": 1.25)");
@@ -85,6 +97,75 @@ TEST(SimCpuTrain, RanksBeyondTheCoresTimeShareThem) {
                           "bad.json");
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("cpu_cores"), std::string::npos) << bad.status().message();
+}
+
+// pp 4 on one host of capacity 2 (issue 35: the pipelined layouts were
+// priced 16-144 % slow because every rank paid the share of all four in the
+// fill and drain too): the schedule charges a rank min(1, 2 / busy ranks).
+// The step lies strictly below the uniform share's (2x the unshared step)
+// and at or above both the host's work over its capacity and the unshared
+// step; capacity >= ranks is the unshared step.
+TEST(SimCpuTrain, APipelinesIdleStagesLeaveTheirShareOfTheCores) {
+  const ModelSpec m = smallGpt(4);
+  const TrainConfig k = job(1, 4, 1);
+  const TrainReport own = run(m, cpuCluster(), k), two = run(m, cpuCluster(R"(, "cpu_cores": 2)"), k);
+  const double uniform = 2 * own.iteration_s;
+  EXPECT_LT(two.iteration_s, uniform * (1 - 1e-3));
+  EXPECT_GE(two.iteration_s, own.iteration_s);
+  // The host's compute (one rank per stage; the spec's times are the
+  // uniform share's, 2x) over the capacity: the busy ranks' compute
+  // progresses at most C calibrated threads' worth per second.  (The sends
+  // stay out: a rank's send may overlap its own compute.)
+  const IterationSpec& sp = two.schedule_spec;
+  ASSERT_EQ(sp.cpu.ranks.size(), 1u);
+  EXPECT_EQ(sp.cpu.ranks[0], (std::vector<double>{1, 1, 1, 1}));
+  EXPECT_DOUBLE_EQ(sp.cpu.capacity, 2);
+  EXPECT_DOUBLE_EQ(sp.cpu.time_scale, 2);
+  double work = 0;
+  for (const auto& ch : sp.chunks)
+    for (const LayerPlan& lp : ch) work += static_cast<double>(sp.micro_batches) * (lp.fwd + lp.bwd + lp.recompute);
+  for (double o : sp.optimizer_s) work += o;
+  EXPECT_GT(work, 0);
+  EXPECT_GE(two.iteration_s, work / sp.cpu.time_scale / sp.cpu.capacity * (1 - 1e-9));
+  // The report's bound is that figure; GPUs (no cpu_cores) have none.
+  ASSERT_TRUE(two.bounds.seconds.count("host_cores"));
+  EXPECT_NEAR(two.bounds.seconds.at("host_cores"), work / 2 / 2, 1e-12 * work);
+  EXPECT_FALSE(own.bounds.seconds.count("host_cores"));
+  // 8 cores for 4 ranks: no sharing at all.
+  EXPECT_DOUBLE_EQ(run(m, cpuCluster(R"(, "cpu_cores": 8)"), k).iteration_s, own.iteration_s);
+  // Two hosts of 2 ranks and capacity 1 (node.gpus 2): stages 0-1 share one
+  // host, 2-3 the other, so the uniform share (2x) is again the upper bound.
+  const ClusterSpec hosts = [] {
+    ClusterSpec c = cpuCluster(R"(, "cpu_cores": 1)");
+    c.nodes = 2, c.node.gpus = 2;
+    return c;
+  }();
+  const TrainReport h2 = run(m, hosts, k);
+  EXPECT_EQ(h2.schedule_spec.cpu.ranks, (std::vector<std::vector<double>>{{1, 1, 0, 0}, {0, 0, 1, 1}}));
+  EXPECT_LT(h2.iteration_s, uniform);
+  EXPECT_GE(h2.iteration_s, own.iteration_s);
+}
+
+// Every validation layout (docs/validation.md, "CPU training runs"), and
+// DualPipe's two copies per rank, on 2 cores of which other work leaves 1.25:
+// the step is no shorter than the busiest host's compute over its capacity
+// and no longer than the uniform share's.
+TEST(SimCpuTrain, EveryLayoutLiesBetweenTheHostBoundAndTheUniformShare) {
+  const ModelSpec m = smallGpt(4);
+  const ClusterSpec own = cpuCluster(), busy = cpuCluster(R"(, "cpu_cores": 2, "cpu_capacity": 1.25)");
+  for (auto [tp, pp, dp, dual] : {std::array{2, 1, 1, 0}, std::array{1, 2, 1, 0}, std::array{1, 1, 2, 0},
+                                  std::array{4, 1, 1, 0}, std::array{2, 2, 1, 0}, std::array{2, 1, 2, 0},
+                                  std::array{1, 2, 2, 0}, std::array{1, 4, 1, 0}, std::array{2, 2, 2, 0},
+                                  std::array{1, 2, 4, 0}, std::array{1, 2, 1, 1}, std::array{2, 4, 1, 1}}) {
+    TrainConfig k = job(tp, pp, dp);
+    k.dualpipe = dual != 0;
+    const TrainReport a = run(m, own, k), b = run(m, busy, k);
+    const double uniform = std::max(1.0, std::min(tp * pp * dp, 8) / 1.25);
+    ASSERT_TRUE(b.bounds.seconds.count("host_cores")) << tp << pp << dp << dual;
+    EXPECT_GE(b.iteration_s, b.bounds.seconds.at("host_cores") * (1 - 1e-9)) << tp << pp << dp << dual;
+    EXPECT_LE(b.iteration_s, uniform * a.iteration_s * (1 + 1e-9)) << tp << pp << dp << dual;
+    EXPECT_GE(b.iteration_s, a.iteration_s * (1 - 1e-9)) << tp << pp << dp << dual;
+  }
 }
 
 TEST(SimCpuTrain, TheModelsElementSizeSetsEveryByteCount) {

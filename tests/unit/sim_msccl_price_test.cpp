@@ -58,6 +58,12 @@ double priceUs(const plan::Registry& reg, int gpus, const std::string& coll, dou
   return r.isOk() ? r->time_us : -1;
 }
 
+// `us` is within `factor` of `ref` either way.
+void expectWithinFactor(double us, double ref, double factor, const std::string& what) {
+  EXPECT_LT(us, factor * ref) << what << ": " << us << " us vs " << ref;
+  EXPECT_GT(us, ref / factor) << what << ": " << us << " us vs " << ref;
+}
+
 // A 2-GPU allgather out of place, 2 chunks per GPU: each GPU copies its
 // input into its slot and sends its two chunks to the other, one per channel
 // (two sending and two receiving thread blocks).  `second` is what the
@@ -156,8 +162,7 @@ TEST(SimMscclPrice, RcclAllPairsNearChorusBestInTheirRange) {
   for (const F& f : files) {
     const double best = priceUs(builtin, 8, "allreduce", f.bytes, "auto");
     const double us = priceUs(reg, 8, "allreduce", f.bytes, f.name);
-    EXPECT_LT(us, 3 * best) << f.name << ": " << us << " us, chorus's best " << best;
-    EXPECT_GT(us, best / 3) << f.name << ": " << us << " us, chorus's best " << best;
+    expectWithinFactor(us, best, 3, std::string(f.name) + " against chorus's best");
   }
 }
 
@@ -170,8 +175,7 @@ TEST(SimMscclPrice, RcclRingNearTheBuiltinRingAndLlCostsTwiceTheBytes) {
   const double small = 1572864;
   const double ll = priceUs(reg, 16, "allreduce", small, "all-reduce-ring-ll");
   const double ring = priceUs(reg, 16, "allreduce", small, "ring");
-  EXPECT_LT(ll, 3 * ring) << ll << " vs ring " << ring;
-  EXPECT_GT(ll, ring / 3) << ll << " vs ring " << ring;
+  expectWithinFactor(ll, ring, 3, "all-reduce-ring-ll against the ring");
   const double big = 384.0 * (1 << 20);
   const double ll_big = priceUs(reg, 16, "allreduce", big, "all-reduce-ring-ll");
   const double simple_big = priceUs(reg, 16, "allreduce", big, "all-reduce-ring-simple");

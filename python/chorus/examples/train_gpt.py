@@ -147,28 +147,26 @@ class Layout:
         return (s * self.dp + d) * self.tp + t
 
 
+def _group_along(lay, axis, backend):
+    """The groups that vary one coordinate ("t", "s" or "d") with the other two fixed, every one created (in
+    the other two's order) and this rank's returned; None where that axis has one rank."""
+    size = {"s": lay.pp, "d": lay.dp, "t": lay.tp}
+    if size[axis] == 1:
+        return None
+    outer, inner = (k for k in "sdt" if k != axis)
+    mine = None
+    for a in range(size[outer]):
+        for b in range(size[inner]):
+            fixed = {outer: a, inner: b}
+            g = dist.new_group([lay.rank_of(**fixed, **{axis: i}) for i in range(size[axis])], backend=backend)
+            if (a, b) == (getattr(lay, outer), getattr(lay, inner)):
+                mine = g
+    return mine
+
+
 def _make_groups(lay, backend):
-    """Every rank creates every group in the same order (torch's rule); groups of one rank are None."""
-    tp_group = pp_group = dp_group = None
-    if lay.tp > 1:
-        for s in range(lay.pp):
-            for d in range(lay.dp):
-                g = dist.new_group([lay.rank_of(s, d, t) for t in range(lay.tp)], backend=backend)
-                if (s, d) == (lay.s, lay.d):
-                    tp_group = g
-    if lay.pp > 1:
-        for d in range(lay.dp):
-            for t in range(lay.tp):
-                g = dist.new_group([lay.rank_of(s, d, t) for s in range(lay.pp)], backend=backend)
-                if (d, t) == (lay.d, lay.t):
-                    pp_group = g
-    if lay.dp > 1:
-        for s in range(lay.pp):
-            for t in range(lay.tp):
-                g = dist.new_group([lay.rank_of(s, d, t) for d in range(lay.dp)], backend=backend)
-                if (s, t) == (lay.s, lay.t):
-                    dp_group = g
-    return tp_group, pp_group, dp_group
+    """Every rank creates every group in the same order (torch's rule): tp, then pp, then dp."""
+    return tuple(_group_along(lay, axis, backend) for axis in "tsd")
 
 
 class Stage(torch.nn.Module):
