@@ -36,6 +36,10 @@ struct chorusComm {
   std::atomic<bool> aborted{false};
   std::atomic<bool> revoked{false};
   std::string last_error;
+  // The host parts of its calls on device streams, run after the calls
+  // returned (docs/device.md); made at the first such call.  Declared after
+  // impl: destroyed first, it finishes its jobs while the communicator lives.
+  std::unique_ptr<chorus::device::Worker> device_worker;
 };
 
 struct chorusStream {
@@ -77,10 +81,19 @@ thread_local std::vector<PendingOp> t_group;
 // The group's calls on OpenCL streams: their mapped buffers, unmapped at
 // chorusGroupEnd after the batch (docs/device.md).
 struct PendingDevice {
+  chorusComm* comm;
   chorus::device::ClStream* cl;
   chorus::device::MappedCall mapped;
 };
 thread_local std::vector<PendingDevice> t_group_device;
+
+// A call on host memory keeps its place after the communicator's earlier
+// device calls whose host parts are still queued on its device worker: it
+// waits for them (every rank issues in the same order, so the engine sees the
+// calls in that order too).
+void drainDevice(chorusComm* c) {
+  if (c != nullptr && c->device_worker && c->device_worker->busy()) c->device_worker->drain();
+}
 
 chorusResult_t report(const Status& st, chorusComm* comm = nullptr) {
   if (st.isOk()) return chorusSuccess;
@@ -171,22 +184,28 @@ chorusResult_t issue(CommRef& ref, chorusStream_t stream, OpDesc& op) {
   if (stream != nullptr && stream->cl) {
     // Device memory (docs/device.md): staged around a blocking host call.
     if (t_group_depth > 0) {
-      // In a group: the buffers are mapped now (in queue order), the host
-      // operation joins the group's batch, and chorusGroupEnd unmaps them once
-      // the batch ran.
-      auto m = stream->cl->mapCall(describeOnDevice(op, ref->rank(), ref->size()));
+      // In a group: the maps of the buffers are enqueued now (in queue
+      // order; non-blocking on an asynchronous stream), the host operation
+      // joins the group's batch, and chorusGroupEnd unmaps them once the batch
+      // ran (docs/device.md, "Groups").
+      auto m = stream->cl->mapCall(describeOnDevice(op, ref->rank(), ref->size()), !stream->cl->async());
       if (!m.isOk()) return report(m.status(), ref.handle());
       op.send = m->send;
       op.recv = m->recv;
-      t_group_device.push_back({stream->cl.get(), std::move(m).value()});
+      t_group_device.push_back({ref.handle(), stream->cl.get(), std::move(m).value()});
       t_group.push_back({ref.handle(), nullptr, std::move(op)});
       return chorusSuccess;
     }
+    chorusComm* c = ref.handle();
+    if (stream->cl->async() && !c->device_worker) c->device_worker = std::make_unique<device::Worker>();
+    Communicator* impl = ref.operator->();
     return report(runOnDevice(*stream->cl, std::move(op), ref->rank(), ref->size(),
-                              [&](OpDesc& host_op) { return ref->submitOne(host_op, nullptr); }),
-                  ref.handle());
+                              [impl](OpDesc& host_op) { return impl->submitOne(host_op, nullptr); },
+                              c->device_worker.get()),
+                  c);
   }
   if (Status st = checkHostBuffers(op); !st.isOk()) return report(st, ref.handle());
+  drainDevice(ref.handle());
   exec::Stream* s = stream ? &stream->s : nullptr;
   if (t_group_depth > 0) {
     t_group.push_back({ref.handle(), s, std::move(op)});
@@ -428,6 +447,7 @@ chorusResult_t split(chorusComm_t comm, int color, int key, const Config* cfg, c
   CHORUS_COMM_PROLOGUE("chorusCommSplit");
   CHORUS_CHECK(newcomm ? Status() : invalidArgument("chorusCommSplit: newcomm is NULL"));
   *newcomm = nullptr;
+  drainDevice(c);
   auto r = ref->split(color, key, cfg);
   if (!r.isOk()) return report(r.status(), c);
   if (!r.value()) return chorusSuccess;
@@ -907,6 +927,63 @@ CHORUS_EXPORT chorusResult_t chorusGroupStart(void) {
   return chorusSuccess;
 }
 
+namespace chorus::api {
+namespace {
+// A group's batch of device calls of one communicator, run by its device
+// worker: each call's unmaps are enqueued now behind a gate of its own; the
+// job waits for the maps, runs the batch, records an error on each stream,
+// and opens the gates.  The calls it takes are marked (cl = nullptr).
+Status postDeviceGroup(chorusComm* c, Communicator* impl, std::vector<OpDesc> batch,
+                       std::vector<PendingDevice>& device_ops) {
+  struct Item {
+    device::ClStream* cl;
+    device::MappedCall mapped;
+    void* gate;
+  };
+  auto items = std::make_shared<std::vector<Item>>();
+  Status first;
+  for (PendingDevice& d : device_ops) {
+    if (d.comm != c || d.cl == nullptr) continue;
+    auto gate = d.cl->makeGate();
+    if (!gate.isOk()) {
+      if (first.isOk()) first = gate.status();
+      continue;  // unmapped (ungated) by chorusGroupEnd
+    }
+    Item it{d.cl, std::move(d.mapped), *gate};
+    device::MappedCall unmaps = it.mapped;  // the unmaps are enqueued now; the job keeps the pointers
+    unmaps.ready = nullptr;
+    Status st = d.cl->unmapCall(unmaps, *gate);
+    if (!st.isOk() && first.isOk()) first = st;
+    items->push_back(std::move(it));
+    d.cl = nullptr;
+  }
+  if (!first.isOk()) {
+    // The batch cannot run on every buffer: open what was gated; the
+    // communicator's other ranks see this rank's error as a mismatch or timeout.
+    for (Item& it : *items) {
+      (void)it.cl->waitMapped(it.mapped);
+      it.cl->openGate(it.gate);
+    }
+    return first;
+  }
+  if (!c->device_worker) c->device_worker = std::make_unique<device::Worker>();
+  c->device_worker->post([impl, items, batch = std::move(batch)]() mutable {
+    Status st;
+    for (Item& it : *items) {
+      Status w = it.cl->waitMapped(it.mapped);
+      if (st.isOk()) st = w;
+    }
+    if (st.isOk()) st = impl->submit(std::move(batch), nullptr);
+    for (Item& it : *items) {
+      if (!st.isOk()) it.cl->recordError(st);
+      it.cl->openGate(it.gate);
+    }
+  });
+  return {};
+}
+}  // namespace
+}  // namespace chorus::api
+
 CHORUS_EXPORT chorusResult_t chorusGroupEnd(void) {
   if (t_group_depth == 0) return report(invalidUsage("chorusGroupEnd: no matching chorusGroupStart"));
   if (--t_group_depth > 0) return chorusSuccess;
@@ -935,6 +1012,32 @@ CHORUS_EXPORT chorusResult_t chorusGroupEnd(void) {
         batch.push_back(std::move(p.op));
         if (stream == nullptr) stream = p.stream;
       }
+    size_t ndev = 0;
+    bool all_async = true;
+    for (PendingDevice& d : device_ops)
+      if (d.comm == c) {
+        ++ndev;
+        all_async = all_async && d.cl->async();
+      }
+    if (ndev == batch.size() && all_async) {
+      // Only device calls, on asynchronous streams: the batch is this
+      // communicator's device worker's (after its earlier device calls, in
+      // issue order); the unmaps wait behind gates it opens once the batch
+      // ran, and chorusGroupEnd returns at once.
+      Status st = postDeviceGroup(c, ref.operator->(), std::move(batch), device_ops);
+      if (!st.isOk()) {
+        report(st, c);
+        if (first.isOk()) first = st;
+      }
+      continue;
+    }
+    drainDevice(c);
+    for (PendingDevice& d : device_ops)
+      if (d.comm == c) {
+        // The host operation reads the mapped buffers: their maps must be done.
+        Status st = d.cl->waitMapped(d.mapped);
+        if (!st.isOk() && first.isOk()) first = st;
+      }
     if (stream == nullptr && several) {
       // Several communicators in one blocking group: run them concurrently
       // on their progress threads, then wait for all.
@@ -959,6 +1062,7 @@ CHORUS_EXPORT chorusResult_t chorusGroupEnd(void) {
       if (!st.isOk() && first.isOk()) first = st;
     }
   for (PendingDevice& d : device_ops) {
+    if (d.cl == nullptr) continue;  // posted with its batch
     Status st = d.cl->unmapCall(d.mapped);
     if (!st.isOk() && first.isOk()) first = st;
   }
@@ -979,6 +1083,7 @@ CHORUS_EXPORT chorusResult_t chorusPrimitive(const char* name, const chorusPrimi
   if (t_group_depth > 0)
     return report(invalidUsage("{}: primitives cannot be part of a group (call it outside chorusGroupStart/End)", fn), c);
   CHORUS_CHECK(refuseDevice(fn, stream));
+  drainDevice(c);
   for (const auto& [arg, p] : {std::pair<const char*, const void*>{"args->sendbuff", args->sendbuff},
                                std::pair<const char*, const void*>{"args->recvbuff", args->recvbuff}})
     if (p != nullptr && device::anyRegistered() && device::find(p))
@@ -1047,6 +1152,7 @@ Status checkEp(const char* fn, chorusEpHandle* ep, chorusComm* c) {
 chorusResult_t runEp(CommRef& ref, chorusStream_t stream, const char* fn, const char* name, prim::ep::Call& call) {
   chorusComm* c = ref.handle();
   CHORUS_CHECK(refuseDevice(fn, stream));
+  drainDevice(c);
   if (stream != nullptr) CHORUS_CHECK(stream->s.synchronize());
   prim::Args a;
   a.aux = &call;

@@ -24,6 +24,9 @@ class Reader {
  public:
   explicit Reader(const Lookup& lookup) : lookup_(lookup) {}
 
+  // Whether the variable is set at all.
+  bool has(std::string_view name) const { return lookup_(name).has_value(); }
+
   // The value as set, else the table's default.
   std::string str(std::string_view name) const {
     if (auto v = lookup_(name)) return *v;
@@ -71,7 +74,18 @@ Result<device::StagingOptions> parseDeviceStaging(const Reader& r) {
   CHORUS_ASSIGN_OR_RETURN(int64_t chunk,
                           r.integer("CHORUS_DEVICE_CHUNK_BYTES", 1, kInt64Max, "a positive number of bytes"));
   o.chunk_bytes = static_cast<uint64_t>(chunk);
+  CHORUS_ASSIGN_OR_RETURN(o.async, r.boolean("CHORUS_DEVICE_ASYNC"));
   return o;
+}
+
+// Who drives a KV agent's transports: not part of Config (chorusKvAgentCreate
+// reads it, api/c_api_kv.cpp), but validated with the rest at init.  True:
+// a progress thread (prim::kv::Progress::Thread).
+Result<bool> parseKvProgress(const Reader& r) {
+  const std::string s = r.str("CHORUS_KV_PROGRESS");
+  if (s == "thread" || s.empty()) return true;
+  if (s == "caller") return false;
+  return invalidArgument("CHORUS_KV_PROGRESS='{}' is not a progress mode (accepted: thread, caller)", s);
 }
 
 }  // namespace
@@ -84,6 +98,7 @@ Result<Config> parseConfig(const Lookup& lookup) {
   c.timeout = std::chrono::milliseconds(timeout);
   CHORUS_ASSIGN_OR_RETURN(c.check, r.boolean("CHORUS_CHECK"));
   CHORUS_RETURN_IF_ERROR(parseDeviceStaging(r).status());
+  CHORUS_RETURN_IF_ERROR(parseKvProgress(r).status());
   const std::string repro = r.str("CHORUS_REPRODUCIBLE");
   if (repro == "off" || repro.empty())
     c.reproducible = Reproducible::Off;
@@ -143,6 +158,9 @@ Result<Config> parseConfig(const Lookup& lookup) {
                            "sm,tcp, rc,sm,self or ^ib; empty: UCX's own choice)",
                            c.ucx.tls);
 
+  for (const char* v : Config::Ucx::kDefaulted)
+    if (r.has(v)) c.ucx.user_set.emplace_back(v);
+
   c.tune.algo_spec = r.str("CHORUS_ALGO");  // parsed by the tuner, which names the knob's entry at fault
   // Split as PATH is (empty entries skipped); read and proven at setup (plan/plan_file.hpp).
   const std::string plans = r.str("CHORUS_PLAN_PATH");
@@ -193,6 +211,12 @@ Result<Config> configFromEnv() { return parseConfig(fromEnvironment); }
 Result<device::StagingOptions> deviceStagingFromEnv() {
   const Lookup lookup = fromEnvironment;
   return parseDeviceStaging(Reader(lookup));
+}
+
+// Declared where it is used (api/c_api_kv.cpp), like reportStatus.
+Result<bool> kvProgressThreadFromEnv() {
+  const Lookup lookup = fromEnvironment;
+  return parseKvProgress(Reader(lookup));
 }
 
 std::string envSocketIfname() {

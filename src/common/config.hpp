@@ -79,6 +79,10 @@ struct Config {
   // The UCX transport (docs/ucx.md); CHORUS_HEARTBEAT_MS also sets its keepalive.
   struct Ucx {
     std::string tls;  // CHORUS_UCX_TLS: UCX_TLS for its contexts; "" = UCX's own choice (UCX_TLS honoured)
+    // The UCX variables the transport gives a default of its own
+    // (kDefaulted) that the user set: UCX's reading of them stands.
+    static constexpr const char* kDefaulted[] = {"UCX_TCP_RX_SEG_SIZE"};
+    std::vector<std::string> user_set;
   } ucx;
 
   struct Tune {
