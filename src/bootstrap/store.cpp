@@ -137,8 +137,12 @@ class StoreServerImpl final : public StoreServer {
     thread_ = std::thread([this] { run(); });
   }
 
+  ~StoreServerImpl() override { stop(); }
+
   // Prompt: the eventfd wakes the loop out of poll() at once.
-  ~StoreServerImpl() override {
+  void stop() override {
+    std::lock_guard lock(stop_mu_);
+    if (!thread_.joinable()) return;
     stop_.store(true, std::memory_order_release);
     uint64_t one = 1;
     // The eventfd counter cannot overflow with a handful of writes; a failed
@@ -188,6 +192,7 @@ class StoreServerImpl final : public StoreServer {
   Options options_;
   net::Fd wake_;
   std::atomic<bool> stop_{false};
+  std::mutex stop_mu_;  // stop() from two threads: one joins, the other waits for it
   auth::Gate gate_;
 
   std::map<uint64_t, Conn> conns_;

@@ -92,6 +92,12 @@ class StoreServer {
                                                     const Options& options = {});
   virtual ~StoreServer() = default;
   [[nodiscard]] virtual net::SockAddr address() const = 0;  // with the real port
+  // Stops serving: the server's thread ends (joined here); its clients are
+  // answered no more, and their calls time out.  Idempotent, any thread but
+  // the server's; the destructor does it too.  For a process's exit: a server
+  // kept to the end (comm/wiring.cpp's shared servers) must not answer
+  // strangers while the exit tears down what its thread uses.
+  virtual void stop() = 0;
 };
 
 // Connects to a server and authenticates; retries while it is not up yet.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -54,14 +55,38 @@ struct RankInfo {
 
 uint64_t hash64(std::string_view s) { return std::hash<std::string_view>{}(s); }
 
-// The store servers of environment inits, by address; never released (the
-// process's exit ends their threads).
+// The store servers of environment inits, by address; never released, but
+// stopped at the process's exit (stopSharedServers).
 struct SharedServers {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<bootstrap::StoreServer>> by_addr;
+  pid_t owner = 0;  // the process that started them
 };
+SharedServers& sharedServers();
+
+// An atexit handler, registered before the first server starts: it runs
+// before the teardown of everything set up earlier (static objects, OpenSSL,
+// the log), so no server thread answers a late client or a stranger while
+// the exit frees what that thread uses.  A forked child inherits the handler
+// but not the threads, and leaves them alone; so does an exit while another
+// thread holds the registry (an init in flight: its server keeps running, as
+// every server did before).
+void stopSharedServers() {
+  SharedServers& ss = sharedServers();
+  if (ss.owner != getpid()) return;
+  std::unique_lock lock(ss.mu, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  for (auto& [addr, server] : ss.by_addr)
+    if (server != nullptr) server->stop();
+}
+
 SharedServers& sharedServers() {
-  static auto* s = new SharedServers;
+  static auto* s = [] {
+    auto* ss = new SharedServers;
+    ss->owner = getpid();
+    std::atexit(stopSharedServers);
+    return ss;
+  }();
   return *s;
 }
 

@@ -370,6 +370,26 @@ TEST(StoreServer, DestructionIsPromptWithParkedGetsAndIdleClients) {
   EXPECT_FALSE(idle->set("x", {}).isOk());
 }
 
+// stop() (what a process's exit does to the servers it kept, comm/wiring.cpp):
+// prompt from two threads at once, and afterwards the server answers no one,
+// old client or new, while its listener still holds the port.
+TEST(StoreServer, StopEndsServingPromptlyAndTwice) {
+  auto s = std::make_unique<Server>();
+  expectServes(*s, "before");
+  auto old = connectStore(s->server->address(), s->secret, 300ms);
+  ASSERT_TRUE(old.isOk()) << old.status().message();
+  ASSERT_TRUE((*old)->set("k", toBytes("v")).isOk());
+  auto t0 = Clock::now();
+  auto other = std::async(std::launch::async, [&] { s->server->stop(); });
+  s->server->stop();
+  ASSERT_EQ(other.wait_for(5s), std::future_status::ready);
+  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_FALSE((*old)->get("k", 200ms).isOk()) << "a stopped server answered an old client";
+  EXPECT_FALSE(connectStore(s->server->address(), s->secret, 300ms).isOk()) << "a stopped server admitted a client";
+  s->server->stop();  // once more: nothing left to do
+  s->server.reset();
+}
+
 TEST(StoreClient, ConnectRetriesUntilDeadlineAndTimesOut) {
   net::SockAddr dead;
   {
