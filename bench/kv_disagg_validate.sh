@@ -7,16 +7,21 @@
 #
 # Each run, one after the other:
 #   1. calibrates (never from a run of the demo): `python -m chorus.kv_disagg
-#      kernels` (the model's own prefill and decode-token kernels, timed
-#      alone, back to back for 2 s each: the sustained mean) and `calibrate` (an agent's progress call, building a
-#      descriptor list, a decode step's bookkeeping, the idle poll's sleep),
-#      and writes the host emulation: those, the engine's progress mode
-#      ($CHORUS_KV_PROGRESS: thread, the default, or caller; the demo runs
-#      with the same), and the link as bench/kv_netns.sh configures it
-#      ($CHORUS_KV_RATE, tbf burst 128 KiB, MTU 1500);
+#      kernels --corun` (the model's own prefill and decode-token kernels,
+#      timed back to back for 2 s each: the sustained means; and each beside
+#      the other kernel running in a process of its own, in paired windows)
+#      and `calibrate` (an agent's progress call, building a
+#      descriptor list, a decode step's bookkeeping, the idle poll's sleep);
 #   2. runs the demo between two netns hosts: bench/kv_netns.sh BUILD serve,
 #      one repeat (tokens and logits checked against the one-process run);
-#   3. runs `chorus-sim infer --disaggregated` on that emulation with the
+#   3. times the kernels again (CHORUS_KV_BRACKET=0: not), and writes the
+#      host emulation: the kernels' means over both calibrations (the ratio
+#      after / before is printed: the machine's drift across the run), the
+#      fixed costs, the engine's progress mode ($CHORUS_KV_PROGRESS: thread,
+#      the default, or caller; the demo runs with the same), and the link as
+#      bench/kv_netns.sh configures it ($CHORUS_KV_RATE, tbf burst 128 KiB,
+#      MTU 1500);
+#   4. runs `chorus-sim infer --disaggregated` on that emulation with the
 #      demo's request stream (its seeded arrival times: an input, not an
 #      outcome) and prints measured against predicted TTFT and ITL (median
 #      and p90) with the error of each.
@@ -32,6 +37,14 @@ rate=${CHORUS_KV_RATE:-200mbit}
 progress=${CHORUS_KV_PROGRESS:-thread}
 case $progress in thread | caller) ;; *) echo "kv_disagg_validate.sh: CHORUS_KV_PROGRESS=$progress (thread or caller)" >&2; exit 2 ;; esac
 export CHORUS_KV_PROGRESS=$progress
+# The kernels are timed again after the demo, and the emulation uses the mean
+# of both calibrations (CHORUS_KV_BRACKET=0: before it only).
+bracket=${CHORUS_KV_BRACKET:-1}
+# The workers share this host's 2 cores: calibrate each kernel beside the
+# other's too (kv_disagg kernels --corun), which the model uses where a
+# prefill and decode steps overlap; CHORUS_KV_CORUN=0 leaves that out.
+corun_flag=--corun
+[[ ${CHORUS_KV_CORUN:-1} == 0 ]] && corun_flag=
 # The workload, given to the demo and to chorus-sim alike (flags both take: --requests --rate --input --output).
 serve_args=${CHORUS_KV_SERVE_ARGS:---requests 24 --rate 1 --input 128 --output 32}
 out=${CHORUS_BENCH_OUT:-$PWD/kv_disagg_validate.jsonl}
@@ -45,9 +58,17 @@ export PYTHONPATH="$build_dir/python" OMP_NUM_THREADS=1
 for run in $(seq 1 "$runs"); do
   echo "# run $run: calibrating at $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg), engine progress: $progress"
   # shellcheck disable=SC2086
-  /usr/bin/python3 -m chorus.kv_disagg kernels $serve_args --out "$work/kernels.json"
+  /usr/bin/python3 -m chorus.kv_disagg kernels $serve_args $corun_flag --out "$work/kernels.before.json"
   # shellcheck disable=SC2086
   /usr/bin/python3 -m chorus.kv_disagg calibrate $serve_args --out "$work/calibrate.json"
+  echo "# run $run: the demo at $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  CHORUS_BENCH_REPEATS=1 CHORUS_BENCH_OUT="$work/serve.jsonl" "$here/kv_netns.sh" "$build_dir" serve
+  rm -f "$work/kernels.after.json" "$work/drift.json"
+  if [[ $bracket == 1 ]]; then
+    echo "# run $run: calibrating again at $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    # shellcheck disable=SC2086
+    /usr/bin/python3 -m chorus.kv_disagg kernels $serve_args $corun_flag --out "$work/kernels.after.json"
+  fi
   # shellcheck disable=SC2086
   /usr/bin/python3 - "$rate" "$work" "$progress" $serve_args <<'EOF'
 import json, re, sys
@@ -55,7 +76,26 @@ from chorus import kv_disagg as kd
 rate, work, progress, argv = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 a = kd._args(["single"] + argv)
 c = kd.Config(a)
-k = json.load(open(f"{work}/kernels.json"))
+# The kernels timed before the demo and, bracketing it, after (CHORUS_KV_BRACKET=1, the default): each
+# time the mean of the two, as a calibration taken on both sides of a measurement is interpolated to it.
+# This VM's speed drifts by phases; the two calibrations' ratio is printed and kept with the row.
+before = json.load(open(f"{work}/kernels.before.json"))
+try:
+    after = json.load(open(f"{work}/kernels.after.json"))
+except OSError:
+    after = None
+def avg(a, b):
+    if b is None:
+        return a
+    if isinstance(a, dict):
+        return {key: avg(a[key], b[key]) for key in a if key in b}
+    return (a + b) / 2 if isinstance(a, (int, float)) else a
+k = avg(before, after)
+if after is not None:
+    drift = {"prefill": after["prefill_mean_s"] / before["prefill_mean_s"]}
+    drift.update({f"decode@{p}": after["decode_mean_s"][p] / s for p, s in before["decode_mean_s"].items()})
+    json.dump(drift, open(f"{work}/drift.json", "w"))
+    print("# calibration after / before the demo: " + ", ".join(f"{name} x{x:.3f}" for name, x in drift.items()))
 cal = json.load(open(f"{work}/calibrate.json"))
 if "progress_s" not in cal:
     sys.exit(f"calibrate: no agent progress cost: {cal.get('progress_error')}")
@@ -74,6 +114,12 @@ emu = {
     },
     "link": {"rate_bit_s": bps, "burst_bytes": 128 * 1024, "mtu": 1500, "latency_s": 5e-5},
 }
+if "prefill_corun_mean_s" in k:  # each kernel beside the other's (kernels --corun)
+    emu["host"]["prefill_corun_s"] = [[c.input, k["prefill_corun_mean_s"]]]
+    emu["host"]["decode_token_corun_s"] = [[int(p), s] for p, s in
+                                           sorted(k["decode_corun_mean_s"].items(), key=lambda x: int(x[0]))]
+    print(f"# co-run (each kernel beside the other's): prefill x{k['prefill_corun_mean_s'] / k['prefill_mean_s']:.3f}, "
+          "decode token " + ", ".join(f"x{s / k['decode_mean_s'][p]:.3f} at {p}" for p, s in k["decode_corun_mean_s"].items()))
 json.dump(emu, open(f"{work}/cluster.json", "w"), indent=2)
 json.dump(kd.workload(c)[0], open(f"{work}/arrivals.json", "w"))
 print(f"# calibrated (sustained means; medians in brackets): prefill {1e3 * k['prefill_mean_s']:.2f} "
@@ -82,8 +128,6 @@ print(f"# calibrated (sustained means; medians in brackets): prefill {1e3 * k['p
       + f"; progress {1e6 * cal['progress_s']:.2f} us, poll {1e3 * cal['poll_s']:.3f} ms")
 EOF
   cp "$work/cluster.json" "$work/cluster.$run.json"
-  echo "# run $run: the demo at $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-  CHORUS_BENCH_REPEATS=1 CHORUS_BENCH_OUT="$work/serve.jsonl" "$here/kv_netns.sh" "$build_dir" serve
   # shellcheck disable=SC2086
   "$sim" infer --disaggregated --model "$here/kv_disagg_model.json" --cluster "$work/cluster.json" --gpus 2 \
     $serve_args --arrivals "$work/arrivals.json" --json >"$work/sim.json"
@@ -117,6 +161,10 @@ if tl:
     for k, (m, p) in parts.items():
         print(f"  ttft part {k:21} measured {m:8.2f} ms  model {p:8.2f} ms")
 row["sim"] = sim
+try:
+    row["calibration_drift"] = json.load(open(f"{work}/drift.json"))
+except OSError:
+    pass
 row["cluster"] = json.load(open(f"{work}/cluster.{run}.json"))
 with open(out, "a") as o:
     o.write(json.dumps(row) + "\n")

@@ -8,6 +8,7 @@ decode process continues every sequence with continuous batching.
     python -m chorus.kv_disagg decode  --uid-file F --out d.json  # reads F
     python -m chorus.kv_disagg local   --out d.json               # both, as two local processes (shm)
     python -m chorus.kv_disagg kernels --out k.json               # timings of the model's own kernels
+    python -m chorus.kv_disagg kernels --corun --out k.json       # ... and of each beside the other
     python -m chorus.kv_disagg calibrate --out c.json             # per-op costs: what chorus-sim is given
 
 The model is a small decoder-only transformer on the CPU (torch, float32, one
@@ -39,9 +40,11 @@ comparison catches it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -378,7 +381,7 @@ def metrics(decode_out):
     return out
 
 
-def kernels(c: Config, reps=20, sustained_s=2.0):
+def kernels(c: Config, reps=20, sustained_s=2.0, corun=False, argv=None, pairs=8):
     """Times of the model's own kernels on this machine: a prefill of
     --input tokens, and one decode token at a few context lengths; what
     chorus-sim is given as this machine's compute rate (docs/kv.md).
@@ -386,7 +389,10 @@ def kernels(c: Config, reps=20, sustained_s=2.0):
     time); `prefill_mean_s` / `decode_mean_s`: the mean of back-to-back runs
     for `sustained_s` seconds each, the rate a worker that computes without
     pause gets from a CPU it shares (time slices and all): what the demo's
-    workers see, and what bench/kv_disagg_validate.sh calibrates with."""
+    workers see, and what bench/kv_disagg_validate.sh calibrates with.
+    corun (--corun): `prefill_corun_mean_s` / `decode_corun_mean_s`, the same
+    means while the other kernel runs in another process (from `pairs` paired
+    windows, their ratios in `corun_ratios`)."""
     model = Model(c)
     cache = PagedCache(c, c.blocks_per_request)
     table = list(range(c.blocks_per_request))
@@ -400,6 +406,15 @@ def kernels(c: Config, reps=20, sustained_s=2.0):
             fn()
             ts.append(time.perf_counter() - s)
         return statistics.median(ts)
+
+    def window(fn, secs):
+        n, s = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            t = time.perf_counter() - s
+            if t >= secs and n >= 2:
+                return t / n
 
     def mean(fn):
         fn()
@@ -419,7 +434,83 @@ def kernels(c: Config, reps=20, sustained_s=2.0):
     out["decode_s"] = {str(p): med(lambda p=p: model.decode(1, p, cache, table)) for p in ctx}
     out["decode_mean_s"] = {str(p): mean(lambda p=p: model.decode(1, p, cache, table)) for p in ctx}
     out["sustained_s"] = sustained_s
+    if corun:
+        # Each kernel beside the other worker's kernel, which runs back to back
+        # in a process of its own (`burn`): the rate a worker gets while both
+        # compute, as the demo's do whenever a prefill overlaps decode steps.
+        # Paired windows: the co-runner is stopped (SIGSTOP) for one window and
+        # running for the next, `pairs` times, and the co-run mean is the alone
+        # mean times the median of the pairs' ratios.  This VM's speed drifts by
+        # tens of percent from one quarter second to the next, more than the
+        # effect, so two separate 2 s means would measure the drift instead.
+        def ratios(fn, secs):
+            got = []
+            for _ in range(pairs):
+                with burner.stopped():
+                    a = window(fn, secs)
+                b = window(fn, secs)
+                got.append(b / a)
+            return got
+        out["corun_ratios"] = {}
+        with _Burner(argv, "decode", c.input + c.output // 2) as burner:
+            r = out["corun_ratios"]["prefill"] = ratios(prefill, sustained_s / 5)
+            out["prefill_corun_mean_s"] = out["prefill_mean_s"] * max(1.0, statistics.median(r))
+        out["decode_corun_mean_s"] = {}
+        with _Burner(argv, "prefill", 0) as burner:
+            for p in ctx:
+                r = out["corun_ratios"][f"decode@{p}"] = ratios(lambda p=p: model.decode(1, p, cache, table), sustained_s / 8)
+                out["decode_corun_mean_s"][str(p)] = out["decode_mean_s"][str(p)] * max(1.0, statistics.median(r))
     return out
+
+
+class _Burner:
+    """A `burn` process running one of the model's kernels back to back
+    until this context ends; entered once its first kernel finished."""
+
+    def __init__(self, argv, kernel, pos):
+        self.cmd = [sys.executable, "-m", "chorus.kv_disagg", "burn", "--kernel", kernel, "--pos", str(pos)] + \
+            [x for x in _passthrough(argv) if x not in ("kernels",)]
+
+    def __enter__(self):
+        import subprocess
+        self.p = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True)
+        if self.p.stdout.readline().strip() != "ready":
+            self.p.kill()
+            raise RuntimeError(f"kernels: the co-running process did not start ({' '.join(self.cmd)})")
+        return self
+
+    def __exit__(self, *exc):
+        self.p.send_signal(signal.SIGCONT)
+        self.p.terminate()
+        self.p.wait(timeout=30)
+
+    @contextlib.contextmanager
+    def stopped(self):
+        """The co-runner paused (off the CPU) inside the block."""
+        self.p.send_signal(signal.SIGSTOP)
+        time.sleep(0.02)
+        try:
+            yield
+        finally:
+            self.p.send_signal(signal.SIGCONT)
+            time.sleep(0.02)
+
+
+def burn(c: Config, kernel: str, pos: int, limit_s: float):
+    """Runs one kernel back to back (a prefill of --input tokens, or a decode
+    token at context `pos`) for at most limit_s seconds; prints "ready" after
+    the first.  The co-runner of `kernels`."""
+    model = Model(c)
+    cache = PagedCache(c, c.blocks_per_request)
+    table = list(range(c.blocks_per_request))
+    prompt = workload(c)[1][0]
+    fn = (lambda: model.prefill(prompt, cache, table)) if kernel == "prefill" else \
+        (lambda: model.decode(1, pos, cache, table))
+    fn()
+    print("ready", flush=True)
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        fn()
 
 
 def calibrate(c: Config, reps=2000):
@@ -467,7 +558,7 @@ def calibrate(c: Config, reps=2000):
 
 def _args(argv):
     ap = argparse.ArgumentParser(prog="python -m chorus.kv_disagg", description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["single", "prefill", "decode", "local", "kernels", "calibrate"])
+    ap.add_argument("mode", choices=["single", "prefill", "decode", "local", "kernels", "calibrate", "burn"])
     ap.add_argument("--uid-file", default="", help="prefill writes the store's UniqueId here, decode reads it")
     ap.add_argument("--out", default="", help="JSON result (default: stdout)")
     ap.add_argument("--ref", default="", help="decode/local: a `single` result to compare the tokens with")
@@ -483,7 +574,14 @@ def _args(argv):
     ap.add_argument("--block-tokens", type=int, default=16)
     ap.add_argument("--corrupt", type=int, default=None, help="prefill: damage one page of this request")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds")
+    ap.add_argument("--corun", action="store_true", help="kernels: also time each kernel beside the other")
+    ap.add_argument("--calib-seconds", type=float, default=2.0,
+                    help="kernels: seconds of each sustained mean (the co-run windows are 1/5 and 1/8 of it)")
+    ap.add_argument("--kernel", choices=["prefill", "decode"], default="decode", help="burn: which kernel")
+    ap.add_argument("--pos", type=int, default=0, help="burn: the decode token's context position")
     a = ap.parse_args(argv)
+    if not 0 < a.calib_seconds <= 600:
+        ap.error("--calib-seconds must be in (0, 600]")
     if a.vocab > 0xFFFF or a.requests >= 1 << 40 or min(a.requests, a.input, a.output, a.rate) <= 0:
         ap.error("--vocab at most 65535; --requests, --input, --output, --rate positive")
     return a
@@ -505,7 +603,10 @@ def main(argv=None):
             out = {"role": "single", "tokens": {str(k): v[0] for k, v in ref.items()},
                    "logits": {str(k): v[1] for k, v in ref.items()}}
         elif a.mode == "kernels":
-            out = kernels(c)
+            out = kernels(c, sustained_s=a.calib_seconds, corun=a.corun, argv=argv)
+        elif a.mode == "burn":
+            burn(c, a.kernel, a.pos or c.input, a.timeout)
+            return 0
         elif a.mode == "calibrate":
             out = calibrate(c)
         elif a.mode == "prefill":
@@ -556,12 +657,12 @@ def _passthrough(argv):
         if skip:
             skip = False
             continue
-        if x in ("local",):
+        if x in ("local", "--corun"):
             continue
-        if x in ("--out", "--ref", "--uid-file"):
+        if x in ("--out", "--ref", "--uid-file", "--kernel", "--pos"):
             skip = True
             continue
-        if x.startswith(("--out=", "--ref=", "--uid-file=")):
+        if x.startswith(("--out=", "--ref=", "--uid-file=", "--kernel=", "--pos=")):
             continue
         out.append(x)
     return out

@@ -85,6 +85,25 @@ double p90(std::vector<double> v) {
   return v[std::min(v.size() - 1, k > 0 ? k - 1 : 0)];
 }
 
+using Busy = std::vector<std::pair<double, double>>;
+
+// The stretch of a kernel of x tokens beside the other worker's: corun /
+// alone, at least 1; 1 without a co-run curve.
+double stretchAt(const std::vector<std::pair<double, double>>& alone,
+                 const std::vector<std::pair<double, double>>& corun, double x) {
+  if (corun.empty()) return 1;
+  const double a = at(alone, x);
+  return a > 0 ? std::max(1.0, at(corun, x) / a) : 1;
+}
+
+void addBusy(Busy* b, double from, double to) {
+  if (to <= from) return;
+  if (!b->empty() && from <= b->back().second)
+    b->back().second = std::max(b->back().second, to);
+  else
+    b->emplace_back(from, to);
+}
+
 Result<std::string> slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return invalidArgument("cannot open '{}'", path);
@@ -95,6 +114,25 @@ Result<std::string> slurp(const std::string& path) {
 }
 
 }  // namespace
+
+double stretchedEnd(double t, double work, const std::vector<std::pair<double, double>>& busy, double stretch,
+                    size_t* cursor) {
+  size_t& i = *cursor;
+  while (work > 0) {
+    while (i < busy.size() && busy[i].second <= t) ++i;
+    if (i == busy.size()) return t + work;
+    if (t < busy[i].first) {  // alone until the other's next kernel
+      if (t + work <= busy[i].first) return t + work;
+      work -= busy[i].first - t;
+      t = busy[i].first;
+    }
+    const double span = busy[i].second - t;  // beside it until it ends
+    if (work * stretch <= span) return t + work * stretch;
+    work -= span / stretch;
+    t = busy[i].second;
+  }
+  return t;
+}
 
 bool isHostEmulation(std::string_view text) {
   const json j = json::parse(text.begin(), text.end(), nullptr, false);
@@ -114,7 +152,8 @@ Result<HostEmulation> parseHostEmulation(std::string_view text, std::string_view
   const json& c = j["host"];
   const std::string hw = fmt::format("{}: host", where), lw = fmt::format("{}: link", where);
   CHORUS_RETURN_IF_ERROR(onlyKeys(c, hw, {"prefill_s", "decode_token_s", "progress_s", "post_s", "decode_request_s",
-                                          "poll_s", "block_tokens", "kv_elem_bytes", "progress"}));
+                                          "poll_s", "block_tokens", "kv_elem_bytes", "progress", "prefill_corun_s",
+                                          "decode_token_corun_s"}));
   if (c.contains("progress")) {
     const json& v = c["progress"];
     if (!v.is_string() || (v.get<std::string>() != "thread" && v.get<std::string>() != "caller"))
@@ -123,6 +162,9 @@ Result<HostEmulation> parseHostEmulation(std::string_view text, std::string_view
   }
   CHORUS_RETURN_IF_ERROR(curve(c, hw, "prefill_s", &h.prefill_s));
   CHORUS_RETURN_IF_ERROR(curve(c, hw, "decode_token_s", &h.decode_token_s));
+  if (c.contains("prefill_corun_s")) CHORUS_RETURN_IF_ERROR(curve(c, hw, "prefill_corun_s", &h.prefill_corun_s));
+  if (c.contains("decode_token_corun_s"))
+    CHORUS_RETURN_IF_ERROR(curve(c, hw, "decode_token_corun_s", &h.decode_token_corun_s));
   CHORUS_RETURN_IF_ERROR(number(c, hw, "progress_s", 0, 1, &h.progress_s, true));
   CHORUS_RETURN_IF_ERROR(number(c, hw, "post_s", 0, 10, &h.post_s, true));
   CHORUS_RETURN_IF_ERROR(number(c, hw, "decode_request_s", 0, 10, &h.decode_request_s, true));
@@ -209,98 +251,140 @@ Result<HostServeResult> simulateHostDisaggregated(const ModelSpec& m, const Host
   auto token = [&](double p) { return at(h.decode_token_s, p) + L * h.progress_s + h.decode_request_s; };
   r.decode_token_s = token(in);
 
-  // The prefill worker: FCFS, one request at a time; an idle worker polls
-  // every poll_s, so it starts an arrival poll_s / 2 late on average.
-  std::vector<double> start(n), done(n), posted(n);
-  double free = 0;
-  for (size_t i = 0; i < n; ++i) {
-    start[i] = std::max(arr[i] + h.poll_s / 2, free);
-    done[i] = start[i] + r.prefill_s;
-    posted[i] = done[i] + h.post_s;
-    free = posted[i];
-  }
-  // When the origin's engine acts on what arrived at t.  Its progress
-  // thread (blocked in the transport's epoll or futex wait) at once.
-  // Without one, when the prefill worker next calls progress at or after t:
-  // the end of a layer of a prefill it is computing, else within its idle
-  // poll.
-  auto pickup = [&](double t) {
-    if (h.progress_thread) return t;
-    for (size_t j = 0; j < n; ++j)
-      if (t >= start[j] && t < done[j]) {
-        const double k = std::ceil((t - start[j]) / (r.prefill_s / L));
-        return start[j] + k * r.prefill_s / L;
-      }
-    return t + h.poll_s / 2;
-  };
-  // The link: FIFO, a token bucket of burst_bytes refilled at the rate (two
-  // tbf of the same setting in series, host and switch port, pass what one
-  // passes).  The last byte lands one latency later, its acknowledgement
-  // another latency later at the origin; the notification (sent when the
-  // origin's engine acts on it: pickup) one latency after that.
-  std::vector<double> notified(n);
-  double link_free = 0, bucket = h.burst_bytes, bucket_t = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double s = std::max(posted[i], link_free);
-    bucket = std::min(h.burst_bytes, bucket + (s - bucket_t) * h.rate_bytes_per_s);
-    double end = s;
-    if (wire <= bucket) {
-      bucket -= wire;
-    } else {
-      end = s + (wire - bucket) / h.rate_bytes_per_s;
-      bucket = 0;
-    }
-    bucket_t = end, link_free = end;
-    notified[i] = pickup(end + 2 * h.latency_s) + h.latency_s;
-  }
+  // Co-running workers: a kernel that overlaps the other worker's kernels
+  // runs slower (HostEmulation::*_corun_s).  The two timelines depend on
+  // each other, so they are placed in turn (the prefill worker beside the
+  // decode worker's kernels of the pass before, then the decode worker
+  // beside those prefills) until a pass moves nothing.
+  const double prefill_stretch = stretchAt(h.prefill_s, h.prefill_corun_s, in);
+  auto token_stretch = [&](double p) { return stretchAt(h.decode_token_s, h.decode_token_corun_s, p); };
+  r.prefill_corun = prefill_stretch;
+  r.decode_corun = token_stretch(in);
+  const bool corun = !h.prefill_corun_s.empty() || !h.decode_token_corun_s.empty();
+  constexpr int kMaxPasses = 64;
 
-  // The decode worker: polls its notifications (one call each, and one that
-  // finds none), admits those that have arrived (the first token's time),
-  // then a step: one token of every running request in turn, all emitted at
-  // the step's end; idle, it sleeps poll_s between polls.
+  Busy prefill_busy, decode_busy;
+  std::vector<double> start(n), done(n), posted(n), notified(n), last_done, last_ttft;
   std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return notified[a] < notified[b]; });
   struct Run {
     size_t id;
     int64_t made;
     double last;
   };
   std::vector<Run> running;
-  r.ttft_s.assign(n, 0);
-  size_t next = 0, finished = 0;
-  double now = 0;
-  while (finished < n) {
-    while (next < n && notified[order[next]] <= now) {
-      const size_t id = order[next++];
-      now += h.progress_s;
-      r.ttft_s[id] = now - arr[id];
-      if (out == 1) {
-        ++finished;
+  r.converged = false;
+  for (r.passes = 1; r.passes <= kMaxPasses; ++r.passes) {
+    // The prefill worker: FCFS, one request at a time; an idle worker polls
+    // every poll_s, so it starts an arrival poll_s / 2 late on average.
+    prefill_busy.clear();
+    double free = 0;
+    size_t pc = 0;
+    for (size_t i = 0; i < n; ++i) {
+      start[i] = std::max(arr[i] + h.poll_s / 2, free);
+      done[i] = stretchedEnd(start[i], r.prefill_s, decode_busy, prefill_stretch, &pc);
+      addBusy(&prefill_busy, start[i], done[i]);
+      posted[i] = done[i] + h.post_s;
+      free = posted[i];
+    }
+    // When the origin's engine acts on what arrived at t.  Its progress
+    // thread (blocked in the transport's epoll or futex wait) at once.
+    // Without one, when the prefill worker next calls progress at or after t:
+    // the end of a layer of a prefill it is computing, else within its idle
+    // poll.
+    auto pickup = [&](double t) {
+      if (h.progress_thread) return t;
+      for (size_t j = 0; j < n; ++j)
+        if (t >= start[j] && t < done[j]) {
+          const double layer = (done[j] - start[j]) / L;
+          return start[j] + std::ceil((t - start[j]) / layer) * layer;
+        }
+      return t + h.poll_s / 2;
+    };
+    // The link: FIFO, a token bucket of burst_bytes refilled at the rate (two
+    // tbf of the same setting in series, host and switch port, pass what one
+    // passes).  The last byte lands one latency later, its acknowledgement
+    // another latency later at the origin; the notification (sent when the
+    // origin's engine acts on it: pickup) one latency after that.
+    double link_free = 0, bucket = h.burst_bytes, bucket_t = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double s = std::max(posted[i], link_free);
+      bucket = std::min(h.burst_bytes, bucket + (s - bucket_t) * h.rate_bytes_per_s);
+      double end = s;
+      if (wire <= bucket) {
+        bucket -= wire;
+      } else {
+        end = s + (wire - bucket) / h.rate_bytes_per_s;
+        bucket = 0;
+      }
+      bucket_t = end, link_free = end;
+      notified[i] = pickup(end + 2 * h.latency_s) + h.latency_s;
+    }
+
+    // The decode worker: polls its notifications (one call each, and one that
+    // finds none), admits those that have arrived (the first token's time),
+    // then a step: one token of every running request in turn, all emitted at
+    // the step's end; idle, it sleeps poll_s between polls.
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return notified[a] < notified[b]; });
+    running.clear();
+    decode_busy.clear();
+    r.ttft_s.assign(n, 0);
+    r.itl_s.clear();
+    r.max_batch = 0;
+    size_t next = 0, finished = 0, dc = 0;
+    double now = 0;
+    while (finished < n) {
+      while (next < n && notified[order[next]] <= now) {
+        const size_t id = order[next++];
+        now += h.progress_s;
+        r.ttft_s[id] = now - arr[id];
+        if (out == 1) {
+          ++finished;
+          continue;
+        }
+        running.push_back({id, 1, now});
+      }
+      now += h.progress_s;  // the poll that finds no notification
+      if (running.empty()) {
+        if (next < n) now = std::max(now, notified[order[next]] + h.poll_s / 2);
         continue;
       }
-      running.push_back({id, 1, now});
-    }
-    now += h.progress_s;  // the poll that finds no notification
-    if (running.empty()) {
-      if (next < n) now = std::max(now, notified[order[next]] + h.poll_s / 2);
-      continue;
-    }
-    r.max_batch = std::max<int64_t>(r.max_batch, static_cast<int64_t>(running.size()));
-    for (const Run& x : running) now += token(in + static_cast<double>(x.made) - 1);
-    for (size_t i = 0; i < running.size();) {
-      Run& x = running[i];
-      r.itl_s.push_back(now - x.last);
-      x.last = now;
-      if (++x.made >= out) {
-        ++finished;
-        running[i] = running.back();
-        running.pop_back();
-      } else {
-        ++i;
+      r.max_batch = std::max<int64_t>(r.max_batch, static_cast<int64_t>(running.size()));
+      const double step_start = now;
+      for (const Run& x : running) {
+        const double p = in + static_cast<double>(x.made) - 1;
+        now = stretchedEnd(now, token(p), prefill_busy, token_stretch(p), &dc);
+      }
+      addBusy(&decode_busy, step_start, now);
+      for (size_t i = 0; i < running.size();) {
+        Run& x = running[i];
+        r.itl_s.push_back(now - x.last);
+        x.last = now;
+        if (++x.made >= out) {
+          ++finished;
+          running[i] = running.back();
+          running.pop_back();
+        } else {
+          ++i;
+        }
       }
     }
+    if (!corun) {  // nothing couples the timelines: one pass is exact
+      r.converged = true;
+      break;
+    }
+    if (!last_done.empty()) {
+      double moved = 0;
+      for (size_t i = 0; i < n; ++i)
+        moved = std::max({moved, std::abs(done[i] - last_done[i]), std::abs(r.ttft_s[i] - last_ttft[i])});
+      if (moved < 1e-9) {
+        r.converged = true;
+        break;
+      }
+    }
+    last_done = done, last_ttft = r.ttft_s;
   }
+  r.passes = std::min(r.passes, kMaxPasses);
   r.ttft_median_s = median(r.ttft_s), r.ttft_p90_s = p90(r.ttft_s);
   r.itl_median_s = median(r.itl_s), r.itl_p90_s = p90(r.itl_s);
   return r;
@@ -317,6 +401,11 @@ std::string hostServeText(const ModelSpec& m, const HostEmulation& h, const Infe
   s += fmt::format("  disaggregated: TTFT median {:.2f} ms p90 {:.2f} ms; ITL median {:.3f} ms p90 {:.3f} ms; "
                    "at most {} decoding at once\n",
                    1e3 * r.ttft_median_s, 1e3 * r.ttft_p90_s, 1e3 * r.itl_median_s, 1e3 * r.itl_p90_s, r.max_batch);
+  if (!h.prefill_corun_s.empty() || !h.decode_token_corun_s.empty())
+    s += fmt::format("  beside the other worker's kernels: a prefill takes {:.2f}x, a decode token {:.2f}x; the two "
+                     "timelines {} after {} passes\n",
+                     r.prefill_corun, r.decode_corun, r.converged ? "agreed" : "still moved (not converged)",
+                     r.passes);
   return s;
 }
 
@@ -335,7 +424,9 @@ std::string hostServeJson(const ModelSpec& m, const HostEmulation& h, const Infe
             {"kv_wire_s", r.wire_s},
             {"max_batch", r.max_batch},
             {"ttft_s", {{"median", r.ttft_median_s}, {"p90", r.ttft_p90_s}}},
-            {"itl_s", {{"median", r.itl_median_s}, {"p90", r.itl_p90_s}}}};
+            {"itl_s", {{"median", r.itl_median_s}, {"p90", r.itl_p90_s}}},
+            {"corun", {{"prefill", r.prefill_corun}, {"decode_token", r.decode_corun}, {"passes", r.passes},
+                       {"converged", r.converged}}}};
   return j.dump(2) + "\n";
 }
 

@@ -44,6 +44,13 @@ struct HostEmulation {
   // (context tokens, seconds) of one decode token; linear between points,
   // proportional beyond the first and last (at least 1 point each).
   std::vector<std::pair<double, double>> prefill_s, decode_token_s;
+  // The same kernels timed while the other worker's kernel runs back to back
+  // in a process of its own (`kv_disagg kernels --corun`): the two workers
+  // share the host's cores, caches and memory bandwidth.  Empty: the workers
+  // do not slow each other.  The model stretches the part of a kernel that
+  // overlaps the other worker's kernels by corun / alone (at least 1: a
+  // neighbour cannot make a kernel faster).
+  std::vector<std::pair<double, double>> prefill_corun_s, decode_token_corun_s;
   double progress_s = 0;        // one agent progress / notification poll call
   double post_s = 0;            // building and posting one request's descriptor list
   double decode_request_s = 0;  // a decode step's bookkeeping per running request
@@ -65,6 +72,14 @@ struct HostEmulation {
   }
 };
 
+// When a kernel of `work` seconds alone, started at t, ends if it runs
+// `stretch` times as long while the other worker's kernels run (`busy`: time
+// intervals, in order and disjoint).  `cursor` (the first interval that may
+// still matter; start at 0) only moves forward, so one worker's kernels, in
+// time order, walk the other's intervals once.
+double stretchedEnd(double t, double work, const std::vector<std::pair<double, double>>& busy, double stretch,
+                    size_t* cursor);
+
 // True when the JSON text is a host emulation (a top-level "host" object).
 bool isHostEmulation(std::string_view text);
 // The file's text, checked: every key known, every number finite and in range.
@@ -77,6 +92,14 @@ struct HostServeResult {
   double kv_bytes = 0, wire_s = 0;           // one request's KV pages; their time at the link rate from an empty bucket
   int64_t descs = 0;                         // descriptors (pages) per request
   int64_t max_batch = 0;                     // most requests decoding at once
+  // Co-running kernels (HostEmulation::*_corun_s): the stretch of a prefill
+  // and of a decode token (at the prompt's length) while the other worker
+  // computes (1: none), and the passes the two workers' timelines took to
+  // agree (each pass places one worker's kernels beside the other's from the
+  // pass before; converged: the last pass moved no time by 1 ns or more).
+  double prefill_corun = 1, decode_corun = 1;
+  int passes = 1;
+  bool converged = true;
 };
 
 // The demo's service on `h`, model shape from `m` (layers, kv_heads,

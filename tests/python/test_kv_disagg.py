@@ -8,7 +8,8 @@ continues the sequences.  Checks that
 * one damaged page (--corrupt R: one K page of request R, changed after the
   prefill and before the transfer) is caught: request R differs, and only R
   (so the comparison looks at what the pages carry, not at something else);
-* the run reports TTFT and ITL for every request.
+* the run reports TTFT and ITL for every request;
+* `kernels --corun` gives each kernel's co-run mean beside its alone mean.
 
 Small shapes (6 requests of 40 + 8 tokens) so that it stays within seconds."""
 
@@ -58,6 +59,21 @@ def main():
         with open(bad_path) as f:
             bad = json.load(f)
         assert bad["mismatched"] == [2], bad["mismatched"]
+
+        # The calibration of each kernel beside the other (kernels --corun): a
+        # co-run mean for every alone mean, never below it (a neighbour cannot
+        # speed a kernel up), from 8 paired windows each.
+        k_path = os.path.join(d, "k.json")
+        run("kernels", "--corun", "--calib-seconds", "0.05", "--out", k_path)
+        with open(k_path) as f:
+            k = json.load(f)
+        assert k["prefill_corun_mean_s"] >= k["prefill_mean_s"] > 0, k
+        assert set(k["decode_corun_mean_s"]) == set(k["decode_mean_s"]) and len(k["decode_mean_s"]) == 3, k
+        assert all(k["decode_corun_mean_s"][p] >= k["decode_mean_s"][p] > 0 for p in k["decode_mean_s"]), k
+        assert set(k["corun_ratios"]) == {"prefill"} | {f"decode@{p}" for p in k["decode_mean_s"]}, k
+        assert all(len(r) == 8 and min(r) > 0 for r in k["corun_ratios"].values()), k
+        p = run("kernels", "--calib-seconds", "0", check=False)
+        assert p.returncode == 2 and "--calib-seconds" in p.stderr, (p.returncode, p.stderr)
     print("test_kv_disagg: OK")
 
 

@@ -172,6 +172,99 @@ TEST(SimInferHost, ProgressThreadOrCallerPickup) {
   EXPECT_FALSE(parseHostEmulation(t, "x").isOk());
 }
 
+// A kernel beside the other worker's (stretchedEnd): alone it takes its
+// work; inside a busy interval `stretch` times as long; across intervals the
+// sum of both; the cursor skips what is over.
+TEST(SimInferHost, StretchedEndWalksTheOthersKernels) {
+  const std::vector<std::pair<double, double>> busy = {{1, 2}, {3, 4}};
+  size_t c = 0;
+  EXPECT_DOUBLE_EQ(stretchedEnd(0, 0.5, busy, 2, &c), 0.5);
+  c = 0;
+  EXPECT_DOUBLE_EQ(stretchedEnd(0, 1.5, busy, 2, &c), 2.0);   // 1 alone, 0.5 of work in [1, 2]
+  c = 0;
+  EXPECT_DOUBLE_EQ(stretchedEnd(0, 2.0, busy, 2, &c), 2.5);   // ... and 0.5 alone after it
+  c = 0;
+  EXPECT_DOUBLE_EQ(stretchedEnd(0, 3.0, busy, 2, &c), 4.0);   // 1 + 0.5 + 1 + 0.5
+  c = 0;
+  EXPECT_DOUBLE_EQ(stretchedEnd(0, 3.5, busy, 2, &c), 4.5);
+  c = 0;
+  EXPECT_DOUBLE_EQ(stretchedEnd(1.5, 0.1, busy, 3, &c), 1.8);  // starts inside an interval
+  EXPECT_EQ(c, 0u);
+  EXPECT_DOUBLE_EQ(stretchedEnd(2.5, 1.0, busy, 2, &c), 4.0);  // 0.5 alone, then 0.5 in [3, 4]
+  EXPECT_EQ(c, 1u);
+  EXPECT_DOUBLE_EQ(stretchedEnd(5, 1.0, busy, 2, &c), 6.0);    // after every interval
+  c = 0;
+  EXPECT_DOUBLE_EQ(stretchedEnd(0, 3.0, busy, 1, &c), 3.0);    // stretch 1: the work alone
+}
+
+// The co-running workers (HostEmulation::*_corun_s): curves equal to the
+// alone ones change nothing; a decode token twice as slow beside a prefill
+// lengthens the gaps of a request that decodes through another's prefill,
+// and not its first token; both stretched, the two timelines agree after a
+// few passes and no gap or first token comes sooner.
+TEST(SimInferHost, CoRunningKernelsStretchOnlyTheOverlap) {
+  HostEmulation h = committed();
+  const ModelSpec m = demoModel();
+  auto alone = simulateHostDisaggregated(m, h, demo());
+  ASSERT_TRUE(alone.isOk()) << alone.status().message();
+  EXPECT_EQ(alone->passes, 1);
+  EXPECT_DOUBLE_EQ(alone->decode_corun, 1);
+  h.prefill_corun_s = h.prefill_s, h.decode_token_corun_s = h.decode_token_s;
+  auto same = simulateHostDisaggregated(m, h, demo());
+  ASSERT_TRUE(same.isOk()) << same.status().message();
+  EXPECT_TRUE(same->converged);
+  EXPECT_EQ(same->ttft_s, alone->ttft_s);
+  EXPECT_EQ(same->itl_s, alone->itl_s);
+
+  // Request 1 arrives as request 0's first token does: its prefill runs while request 0 decodes.
+  const double t0 = alone->ttft_s[0];
+  auto base = simulateHostDisaggregated(m, h, demo(), {0.0, t0});
+  h.decode_token_corun_s.clear();
+  for (const auto& [x, sec] : h.decode_token_s) h.decode_token_corun_s.emplace_back(x, 2 * sec);
+  auto slow = simulateHostDisaggregated(m, h, demo(), {0.0, t0});
+  ASSERT_TRUE(base.isOk() && slow.isOk());
+  EXPECT_DOUBLE_EQ(slow->decode_corun, 2);
+  EXPECT_DOUBLE_EQ(slow->prefill_corun, 1);
+  EXPECT_TRUE(slow->converged);
+  EXPECT_EQ(slow->ttft_s[0], base->ttft_s[0]);  // nothing overlapped it yet
+  EXPECT_GT(slow->itl_s[0], base->itl_s[0]);    // request 0's first gap: beside the prefill from its start
+  double sum_base = 0, sum_slow = 0;
+  for (double g : base->itl_s) sum_base += g;
+  for (double g : slow->itl_s) sum_slow += g;
+  EXPECT_GT(sum_slow, sum_base);
+
+  h.prefill_corun_s.clear();
+  for (const auto& [x, sec] : h.prefill_s) h.prefill_corun_s.emplace_back(x, 1.3 * sec);
+  h.decode_token_corun_s.clear();
+  for (const auto& [x, sec] : h.decode_token_s) h.decode_token_corun_s.emplace_back(x, 1.3 * sec);
+  auto both = simulateHostDisaggregated(m, h, demo());
+  ASSERT_TRUE(both.isOk());
+  EXPECT_TRUE(both->converged) << both->passes << " passes";
+  EXPECT_GE(both->itl_median_s, alone->itl_median_s);
+  EXPECT_GE(both->ttft_median_s, alone->ttft_median_s);
+  double sum_alone = 0, sum_both = 0;
+  for (double g : alone->itl_s) sum_alone += g;
+  for (double g : both->itl_s) sum_both += g;
+  EXPECT_GT(sum_both, sum_alone);
+
+  // The file's keys: parsed when well formed, refused otherwise.
+  const std::string text = slurp(kCluster);
+  const size_t at = text.find("\"poll_s\"");
+  ASSERT_NE(at, std::string::npos);
+  std::string t = text;
+  t.insert(at, "\"prefill_corun_s\": [[128, 0.08]], \"decode_token_corun_s\": [[128, 0.003], [159, 0.004]], ");
+  auto parsed = parseHostEmulation(t, "x");
+  ASSERT_TRUE(parsed.isOk()) << parsed.status().message();
+  EXPECT_EQ(parsed->prefill_corun_s.size(), 1u);
+  EXPECT_EQ(parsed->decode_token_corun_s.size(), 2u);
+  for (const char* bad : {"\"prefill_corun_s\": [], ", "\"prefill_corun_s\": [[128, -1]], ",
+                          "\"decode_token_corun_s\": [[159, 0.004], [128, 0.003]], "}) {
+    t = text;
+    t.insert(at, bad);
+    EXPECT_FALSE(parseHostEmulation(t, "x").isOk()) << bad;
+  }
+}
+
 TEST(SimInferHost, TcpFramingOfTheLink) {
   HostEmulation h;
   h.mtu = 1500;
