@@ -407,24 +407,19 @@ def kernels(c: Config, reps=20, sustained_s=2.0, corun=False, argv=None, pairs=8
             ts.append(time.perf_counter() - s)
         return statistics.median(ts)
 
-    def window(fn, secs):
+    def window(fn, secs, at_least=2):
+        """The mean time of fn run back to back for secs (and at least at_least times)."""
         n, s = 0, time.perf_counter()
         while True:
             fn()
             n += 1
             t = time.perf_counter() - s
-            if t >= secs and n >= 2:
+            if t >= secs and n >= at_least:
                 return t / n
 
     def mean(fn):
-        fn()
-        n, s = 0, time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            t = time.perf_counter() - s
-            if t >= sustained_s and n >= 3:
-                return t / n
+        fn()  # warm-up, untimed
+        return window(fn, sustained_s, at_least=3)
 
     def prefill():
         model.prefill(prompt, cache, table)
