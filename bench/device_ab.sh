@@ -4,10 +4,12 @@
 # repeat, so no mode always runs first on a noisy machine; the table gives each mode's median busbw (or 8 B time)
 # over the repeats and the median of the paired ratios mode / host of the same repeat.
 #
-#   bash bench/device_ab.sh [--build DIR] [--modes map,pipeline,whole] [--np 2,4] [--repeats 3] [--out DIR]
+#   bash bench/device_ab.sh [--build DIR] [--modes map,pipeline,whole,cuda] [--np 2,4] [--repeats 3] [--out DIR]
 #                           [--sizes 1M,64M,4] [--iters 10]
 #   bash bench/device_ab.sh --report DIR          (the table of an earlier run's rows, run nothing)
 #
+# A mode is an OpenCL staging mode, or `cuda`: the same sweep on CUDA device memory (chorus-bench --memory cuda;
+# CHORUS_CUDA_DRIVER picks the driver).
 # Float32 sum, out of place (the in-place column of chorus-bench is in the raw rows), every row checked (-c 1).
 # The load average before and after each repeat goes into DIR/load.txt: quote it next to the figures.
 set -uo pipefail
@@ -35,7 +37,10 @@ if [ -z "$report" ]; then
   [ -x "$bench" ] || { echo "device_ab.sh: no $bench (ninja -C $build chorus-bench chorus-run)" >&2; exit 2; }
   one() {  # label np repeat
     local label=$1 np=$2 r=$3 mem=opencl env=()
-    [ "$label" = host ] && mem=host || env=(CHORUS_DEVICE_STAGING=$label)
+    case $label in
+      host|cuda) mem=$label ;;  # cuda: device pointers on a CUDA stream (whole-buffer staging)
+      *) env=(CHORUS_DEVICE_STAGING=$label) ;;
+    esac
     env "${env[@]}" timeout 300 "$bench" allreduce --np "$np" -b "$lo" -e "$hi" -f "$factor" -n "$iters" -w 3 -c 1 \
       --memory "$mem" --json "$out/$label.np$np.large.r$r.jsonl" >"$out/$label.np$np.large.r$r.txt" 2>&1 ||
       echo "$label np$np r$r large failed" >>"$out/errors.txt"

@@ -11,9 +11,10 @@
 # the script points the ICD loader at it alone (OCL_ICD_VENDORS), so the tests and the bench use the GPU and not
 # POCL's CPU device; otherwise whatever the loader finds first (DEVICE_CHECK_ICD=path overrides).
 #
-# CUDA: chorus loads libcuda.so.1 at run time and reports the driver (chorusMemSpaceQuery, the bench's header);
-# there is no CUDA data path yet, so `--memory cuda` is refused and the script records that refusal rather than
-# a figure.  Everything goes to DIR (default a fresh /tmp/device_check.XXXXXX) and a summary to stdout; put the
+# CUDA: chorus loads libcuda.so.1 at run time (chorusMemSpaceQuery, the bench's header).  Where it finds a driver
+# and a device, the script runs device_cuda_test over the real driver (CHORUS_CUDA_DRIVER=libcuda.so.1; in CI the
+# same tests run over tests/fake_cuda's test double) and adds `cuda` (chorus-bench --memory cuda) to the paired
+# sweeps; otherwise it records why not.  Everything goes to DIR (default a fresh /tmp/device_check.XXXXXX) and a summary to stdout; put the
 # summary in docs/performance.md with the GPU named.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,7 +57,7 @@ if [ "$do_build" = 1 ]; then
   launcher=()
   command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
   if ! { cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" &&
-         ninja -C "$build" chorus-bench chorus-run device_opencl_test; } >"$out/build.log" 2>&1; then
+         ninja -C "$build" chorus-bench chorus-run device_opencl_test device_cuda_test; } >"$out/build.log" 2>&1; then
     log "FAIL: the build failed (tail of $out/build.log below)"
     tail -20 "$out/build.log"
     exit 1
@@ -78,13 +79,36 @@ else
   grep -E '^\[  FAILED  \]|Failure' "$out/device_opencl_test.log" | head -10 | tee -a "$out/summary.txt"
 fi
 
-# 4. Paired, interleaved sweeps (bench/device_ab.sh): host, then each staging mode, rotated every repeat;
-#    medians and paired ratios.  On a discrete GPU auto is pipeline.
-bash "$here/bench/device_ab.sh" --build "$build" --modes pipeline,map,whole --np "$nps" --repeats "$repeats" \
+# 3b. The CUDA data path over the real driver, where there is one.
+modes=pipeline,map,whole
+cuda_why=$("$run" --print-env 2>&1 | grep -iE '^ *cuda' | head -1)
+if python3 - <<'PY'
+import ctypes, sys
+try:
+    lib = ctypes.CDLL("libcuda.so.1")
+    n = ctypes.c_int(0)
+    sys.exit(0 if lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0 else 1)
+except OSError:
+    sys.exit(1)
+PY
+then
+  modes=$modes,cuda
+  if CHORUS_CUDA_DRIVER=libcuda.so.1 timeout 240 "$build/tests/device_cuda_test" >"$out/device_cuda_test.log" 2>&1; then
+    log "tests: device_cuda_test passed on the real driver ($(grep -c '^\[       OK \]' "$out/device_cuda_test.log") ok," \
+        "$(grep -c '^\[  SKIPPED \]' "$out/device_cuda_test.log") skipped)"
+  else
+    log "FAIL: device_cuda_test on the real driver (see $out/device_cuda_test.log)"
+    grep -E '^\[  FAILED  \]|Failure' "$out/device_cuda_test.log" | head -10 | tee -a "$out/summary.txt"
+  fi
+else
+  log "cuda: no driver with a device here (${cuda_why:-chorus-run --print-env says nothing}); CUDA path not run"
+fi
+
+# 4. Paired, interleaved sweeps (bench/device_ab.sh): host, then each staging mode (and cuda), rotated every
+#    repeat; medians and paired ratios.  On a discrete GPU auto is pipeline.
+bash "$here/bench/device_ab.sh" --build "$build" --modes "$modes" --np "$nps" --repeats "$repeats" \
   --iters 10 --sizes 1M,64M,4 --out "$out/ab" 2>&1 | tee -a "$out/summary.txt"
 grep -h '^# buffers' "$out"/ab/map.np*.large.r1.txt 2>/dev/null | sort -u | tee -a "$out/summary.txt"
-# --memory cuda: refused until the CUDA data path exists; record what it says.
-"$bench" allreduce --np 2 -b 1M -e 1M -n 2 -w 1 --memory cuda >"$out/cuda.txt" 2>&1
-log "cuda: $(grep -m1 -iE 'cuda' "$out/cuda.txt" || echo 'no output')"
+grep -h '^# buffers' "$out"/ab/cuda.np*.large.r1.txt 2>/dev/null | sort -u | tee -a "$out/summary.txt"
 [ -f "$out/errors.txt" ] && { log "errors:"; tee -a "$out/summary.txt" <"$out/errors.txt"; }
 log "# done in $(( $(date +%s) - start )) s; raw rows in $out"

@@ -45,7 +45,7 @@ extern "C" {
 typedef enum {
   chorusMemHost = 0,
   chorusMemOpenCL = 1,
-  chorusMemCuda = 2, /* the driver is detected (chorusMemSpaceQuery); no data path yet */
+  chorusMemCuda = 2, /* device pointers (cuMemAlloc) on a stream made from a CUstream (chorusStreamCreateCuda) */
   chorusNumMemSpaces = 3,
   chorusMemSpaceMaxValue_ = 0x7fffffff /* not a space: makes the range all of int, as chorus.h's enums */
 } chorusMemSpace_t;
@@ -59,6 +59,18 @@ chorusResult_t chorusMemRegisterOpenCL(void* clMem, void** devPtr);
 chorusResult_t chorusMemDeregister(void* devPtr);
 /* clQueue: an in-order cl_command_queue (retained by the stream). */
 chorusResult_t chorusStreamCreateOpenCL(chorusStream_t* stream, void* clQueue);
+/* CUDA (docs/device.md, "CUDA"): a stream whose calls take CUDA device
+ * pointers (cuMemAlloc; passed as they are, no registration), enqueued on
+ * cuStream (a CUstream; NULL: the legacy default stream of the calling
+ * thread's current context) in its order, as NCCL's calls on a
+ * cudaStream_t: the call returns once its copies and a wait of the stream
+ * are enqueued, and the stream's later work sees the results.  The driver
+ * (libcuda.so.1, or CHORUS_CUDA_DRIVER) is loaded at the first CUDA call;
+ * without it this is chorusSystemError, saying why.  A pointer the driver
+ * does not know as device memory, a buffer of another context, or a length
+ * past its allocation (cuMemGetAddressRange) is chorusInvalidArgument naming
+ * the argument. */
+chorusResult_t chorusStreamCreateCuda(chorusStream_t* stream, void* cuStream);
 chorusResult_t chorusStreamGetMemSpace(chorusStream_t stream, chorusMemSpace_t* space);
 /* *clEvent: the cl_event of the stream's last call (complete when its outputs
  * are written), retained for the caller (clReleaseEvent it), or NULL. */

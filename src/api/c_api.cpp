@@ -45,7 +45,7 @@ struct chorusComm {
 struct chorusStream {
   chorus::exec::Stream s;
   // A device stream's device side (chorusStreamCreateOpenCL); null: a host stream.
-  std::unique_ptr<chorus::device::ClStream> cl;
+  std::unique_ptr<chorus::device::DeviceStream> cl;
 };
 
 namespace chorus::api {
@@ -82,7 +82,7 @@ thread_local std::vector<PendingOp> t_group;
 // chorusGroupEnd after the batch (docs/device.md).
 struct PendingDevice {
   chorusComm* comm;
-  chorus::device::ClStream* cl;
+  chorus::device::DeviceStream* cl;
   chorus::device::MappedCall mapped;
 };
 thread_local std::vector<PendingDevice> t_group_device;
@@ -218,9 +218,9 @@ chorusResult_t issue(CommRef& ref, chorusStream_t stream, OpDesc& op) {
 // refused by name (its buffers would be device addresses).
 Status refuseDevice(const char* fn, chorusStream_t stream) {
   if (stream != nullptr && stream->cl)
-    return invalidUsage("{}: not supported on an OpenCL stream (primitives and the EP calls take host memory; "
+    return invalidUsage("{}: not supported on an {} stream (primitives and the EP calls take host memory; "
                         "docs/device.md)",
-                        fn);
+                        fn, stream->cl->space() == device::Space::Cuda ? "CUDA" : "OpenCL");
   return {};
 }
 
@@ -936,7 +936,7 @@ namespace {
 Status postDeviceGroup(chorusComm* c, Communicator* impl, std::vector<OpDesc> batch,
                        std::vector<PendingDevice>& device_ops) {
   struct Item {
-    device::ClStream* cl;
+    device::DeviceStream* cl;
     device::MappedCall mapped;
     void* gate;
   };
@@ -1366,6 +1366,7 @@ CHORUS_EXPORT chorusResult_t chorusMemSpaceQuery(chorusMemSpace_t space, int* av
   const char* fn = "chorusMemSpaceQuery";
   if (Status st = checkSpace(fn, space); !st.isOk()) return report(st);
   if (available == nullptr) return report(invalidArgument("{}: available is NULL", fn));
+  configureCudaDriver();
   const Status st = device::spaceAvailable(static_cast<device::Space>(rawEnum(space)));
   *available = st.isOk() ? 1 : 0;
   if (why != nullptr && len > 0) {
@@ -1399,16 +1400,31 @@ CHORUS_EXPORT chorusResult_t chorusStreamCreateOpenCL(chorusStream_t* stream, vo
   return chorusSuccess;
 }
 
+CHORUS_EXPORT chorusResult_t chorusStreamCreateCuda(chorusStream_t* stream, void* cuStream) {
+  if (stream == nullptr) return report(invalidArgument("chorusStreamCreateCuda: stream is NULL"));
+  configureCudaDriver();
+  auto staging = deviceStagingFromEnv();
+  if (!staging.isOk()) return report(staging.status().withContext("chorusStreamCreateCuda: "));
+  auto dev = device::makeCudaStream(cuStream, *staging);
+  if (!dev.isOk()) return report(dev.status());
+  auto* s = new chorusStream();
+  s->cl = std::move(dev).value();
+  *stream = s;
+  return chorusSuccess;
+}
+
 CHORUS_EXPORT chorusResult_t chorusStreamGetMemSpace(chorusStream_t stream, chorusMemSpace_t* space) {
   if (space == nullptr) return report(invalidArgument("chorusStreamGetMemSpace: space is NULL"));
-  *space = stream != nullptr && stream->cl ? chorusMemOpenCL : chorusMemHost;
+  *space = stream == nullptr || !stream->cl                         ? chorusMemHost
+           : stream->cl->space() == device::Space::Cuda ? chorusMemCuda
+                                                          : chorusMemOpenCL;
   return chorusSuccess;
 }
 
 CHORUS_EXPORT chorusResult_t chorusStreamGetEventOpenCL(chorusStream_t stream, void** clEvent) {
   const char* fn = "chorusStreamGetEventOpenCL";
   if (clEvent == nullptr) return report(invalidArgument("{}: clEvent is NULL", fn));
-  if (stream == nullptr || !stream->cl)
+  if (stream == nullptr || !stream->cl || stream->cl->space() != device::Space::OpenCL)
     return report(invalidArgument("{}: stream is not an OpenCL stream (chorusStreamCreateOpenCL)", fn));
   *clEvent = stream->cl->lastEvent();
   return chorusSuccess;

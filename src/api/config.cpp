@@ -13,6 +13,7 @@
 
 #include "api/device_calls.hpp"
 #include "bootstrap/wire_protect.hpp"
+#include "device/cuda_driver.hpp"
 #include "common/env.hpp"
 #include "kernels/quantize.hpp"
 #include "transport/registry.hpp"
@@ -211,6 +212,16 @@ Result<Config> configFromEnv() { return parseConfig(fromEnvironment); }
 Result<device::StagingOptions> deviceStagingFromEnv() {
   const Lookup lookup = fromEnvironment;
   return parseDeviceStaging(Reader(lookup));
+}
+
+// Declared where it is used (api/c_api.cpp): CHORUS_CUDA_DRIVER, once.
+void configureCudaDriver() {
+  static const bool done = [] {
+    const Lookup lookup = fromEnvironment;
+    device::setCudaDriverLibrary(Reader(lookup).str("CHORUS_CUDA_DRIVER"));
+    return true;
+  }();
+  (void)done;
 }
 
 // Declared where it is used (api/c_api_kv.cpp), like reportStatus.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "device/cuda_driver.hpp"
 #include "kernels/dtype.hpp"
 
 namespace chorus::api {
@@ -18,7 +19,8 @@ const char* entryName(const OpDesc& op) {
 }
 
 Status checkHostBuffers(const OpDesc& op) {
-  if (!device::anyRegistered()) return {};
+  const bool cuda = device::cudaInUse();
+  if (!device::anyRegistered() && !cuda) return {};
   const char* fn = entryName(op);
   auto check = [&](const char* arg, const void* p) -> Status {
     if (p == nullptr) return {};
@@ -26,6 +28,11 @@ Status checkHostBuffers(const OpDesc& op) {
       return invalidArgument("{}: {}={} is {}, but the call is on a host stream (NULL or chorusStreamCreate): issue "
                              "it on a stream of its memory space (chorusStreamCreateOpenCL)",
                              fn, arg, p, device::describe(p));
+    if (const unsigned t = cuda ? device::cudaMemoryType(p) : 0;
+        t == device::kCuMemoryTypeDevice || t == device::kCuMemoryTypeUnified)
+      return invalidArgument("{}: {}={} is CUDA device memory, but the call is on a host stream (NULL or "
+                             "chorusStreamCreate): issue it on a CUDA stream (chorusStreamCreateCuda)",
+                             fn, arg, p);
     return {};
   };
   CHORUS_RETURN_IF_ERROR(check("sendbuff", op.send));
@@ -94,7 +101,7 @@ device::StagedCall describeOnDevice(const OpDesc& op, int rank, int nranks) {
   return call;
 }
 
-Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks, std::function<Status(OpDesc&)> submit,
+Status runOnDevice(device::DeviceStream& cl, OpDesc op, int rank, int nranks, std::function<Status(OpDesc&)> submit,
                    device::Worker* worker) {
   const device::StagedCall call = describeOnDevice(op, rank, nranks);
   CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<device::PendingCall> pending, cl.enqueue(call));

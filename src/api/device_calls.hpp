@@ -18,12 +18,17 @@ namespace chorus::api {
 const char* entryName(const OpDesc& op);
 
 // On a host stream: ok unless a buffer of op is a registered device address
-// (one relaxed load when nothing is registered).
+// or CUDA device memory (one relaxed load each when nothing is registered
+// and no CUDA stream was made).
 Status checkHostBuffers(const OpDesc& op);
 
 // The staging of OpenCL streams (CHORUS_DEVICE_STAGING, CHORUS_DEVICE_CHUNK_BYTES;
 // read in api/config.cpp, as every knob).
 Result<device::StagingOptions> deviceStagingFromEnv();
+
+// Points the CUDA loader at CHORUS_CUDA_DRIVER (api/config.cpp); every
+// entry point that may load the driver calls it first.
+void configureCudaDriver();
 
 // What op reads and writes of its buffers on this rank (point-to-point and
 // the v-collectives included).
@@ -36,7 +41,7 @@ device::StagedCall describeOnDevice(const OpDesc& op, int rank, int nranks);
 // order (docs/device.md, "Returning before the queue"); an error of that
 // later part is the stream's (chorusStreamSynchronize, chorusStreamQuery).
 // Without, it returns when the host part ran.
-Status runOnDevice(device::ClStream& cl, OpDesc op, int rank, int nranks, std::function<Status(OpDesc&)> submit,
+Status runOnDevice(device::DeviceStream& cl, OpDesc op, int rank, int nranks, std::function<Status(OpDesc&)> submit,
                    device::Worker* worker = nullptr);
 
 }  // namespace chorus::api

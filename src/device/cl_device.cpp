@@ -15,7 +15,7 @@ namespace chorus::device {
 #ifdef CHORUS_HAVE_OPENCL
 namespace {
 
-class ClDeviceImpl final : public ClDevice {
+class ClDeviceImpl final : public ToolDevice {
  public:
   ~ClDeviceImpl() override {
     if (queue_) clFinish(queue_);
@@ -44,7 +44,7 @@ class ClDeviceImpl final : public ClDevice {
   Status upload(std::byte* dev, const void* host, uint64_t bytes) override {
     auto reg = find(dev);
     if (!reg || bytes > reg->bytes - static_cast<uint64_t>(dev - reg->base))
-      return invalidArgument("ClDevice::upload: {} bytes at {} are not in a registered buffer", bytes,
+      return invalidArgument("ToolDevice::upload: {} bytes at {} are not in a registered buffer", bytes,
                              static_cast<void*>(dev));
     const cl_int e = clEnqueueWriteBuffer(queue_, static_cast<cl_mem>(reg->handle), CL_TRUE,
                                           static_cast<size_t>(dev - reg->base), bytes, host, 0, nullptr, nullptr);
@@ -54,7 +54,7 @@ class ClDeviceImpl final : public ClDevice {
   Status download(void* host, const std::byte* dev, uint64_t bytes) override {
     auto reg = find(dev);
     if (!reg || bytes > reg->bytes - static_cast<uint64_t>(dev - reg->base))
-      return invalidArgument("ClDevice::download: {} bytes at {} are not in a registered buffer", bytes,
+      return invalidArgument("ToolDevice::download: {} bytes at {} are not in a registered buffer", bytes,
                              static_cast<const void*>(dev));
     const cl_int e = clEnqueueReadBuffer(queue_, static_cast<cl_mem>(reg->handle), CL_TRUE,
                                          static_cast<size_t>(dev - reg->base), bytes, host, 0, nullptr, nullptr);
@@ -70,7 +70,7 @@ class ClDeviceImpl final : public ClDevice {
 
 }  // namespace
 
-Result<std::unique_ptr<ClDevice>> openClDevice() {
+Result<std::unique_ptr<ToolDevice>> openClDevice() {
   CHORUS_RETURN_IF_ERROR(spaceAvailable(Space::OpenCL));
   // One set-up at a time per process: POCL's context set-up failed a later
   // clCreateBuffer when two threads (ranks as threads) ran it at once.
@@ -90,10 +90,10 @@ Result<std::unique_ptr<ClDevice>> openClDevice() {
   clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof pname - 1, pname, nullptr);
   clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof dname - 1, dname, nullptr);
   d->name_ = std::string(pname) + " / " + dname;
-  return std::unique_ptr<ClDevice>(std::move(d));
+  return std::unique_ptr<ToolDevice>(std::move(d));
 }
 #else
-Result<std::unique_ptr<ClDevice>> openClDevice() { return spaceAvailable(Space::OpenCL); }
+Result<std::unique_ptr<ToolDevice>> openClDevice() { return spaceAvailable(Space::OpenCL); }
 #endif
 
 }  // namespace chorus::device

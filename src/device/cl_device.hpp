@@ -1,6 +1,7 @@
-// An OpenCL device of this process's own (the first device of the first
-// platform), for tools that have no device of their own: chorus-bench
-// --memory opencl.  Registered buffers and copies by device address.
+// A device of this process's own, for tools that have no device of their
+// own (chorus-bench --memory opencl|cuda): an OpenCL device (the first device
+// of the first platform; registered buffers, copies by device address) or a
+// CUDA one (device 0's primary context; cuMemAlloc buffers).
 #pragma once
 
 #include <cstddef>
@@ -12,10 +13,10 @@
 
 namespace chorus::device {
 
-class ClDevice {
+class ToolDevice {
  public:
-  virtual ~ClDevice() = default;
-  [[nodiscard]] virtual void* queue() const = 0;  // cl_command_queue (in order)
+  virtual ~ToolDevice() = default;
+  [[nodiscard]] virtual void* queue() const = 0;  // cl_command_queue (in order) or CUstream
   [[nodiscard]] virtual std::string name() const = 0;  // "platform / device"
   // A registered cl_mem of `bytes` (freed with the device): its device address.
   virtual Result<std::byte*> allocate(uint64_t bytes) = 0;
@@ -24,6 +25,9 @@ class ClDevice {
   virtual Status download(void* host, const std::byte* dev, uint64_t bytes) = 0;
 };
 
-Result<std::unique_ptr<ClDevice>> openClDevice();
+Result<std::unique_ptr<ToolDevice>> openClDevice();
+// Device 0 of the CUDA driver (cuda_device.cpp): its primary context and a
+// stream of its own.
+Result<std::unique_ptr<ToolDevice>> openCudaDevice();
 
 }  // namespace chorus::device

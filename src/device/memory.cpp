@@ -125,6 +125,27 @@ std::string describe(const void* p) {
   return "host memory";
 }
 
+StageLayout stageLayout(const StagedCall& call, bool has_in, bool has_out, bool same, uint64_t in_at,
+                        uint64_t out_at) {
+  StageLayout l;
+  l.unite = has_in && has_out && same && in_at < out_at + call.recv_bytes && out_at < in_at + call.send_bytes;
+  if (l.unite) {
+    l.lo = std::min(in_at, out_at);
+    l.total = std::max(in_at + call.send_bytes, out_at + call.recv_bytes) - l.lo;
+    l.send_at = in_at - l.lo;
+    l.recv_at = out_at - l.lo;
+  } else {
+    l.recv_at = (call.send_bytes + 63) / 64 * 64;
+    l.total = l.recv_at + call.recv_bytes;
+  }
+  return l;
+}
+
+void aliasUnused(const StagedCall& call, std::byte*& send_host, std::byte*& recv_host) {
+  if (send_host == nullptr && recv_host != nullptr && call.send == call.recv) send_host = recv_host;
+  if (recv_host == nullptr && send_host != nullptr && call.recv == call.send) recv_host = send_host;
+}
+
 Status spaceAvailable(Space s) {
   switch (s) {
     case Space::Host: return {};
@@ -309,7 +330,7 @@ class PendingImpl final : public PendingCall {
   ClStreamImpl* s_;
 };
 
-class ClStreamImpl final : public ClStream {
+class ClStreamImpl final : public DeviceStream {
  public:
   ClStreamImpl(cl_command_queue q, cl_context ctx, const StagingOptions& o) : q_(q), ctx_(ctx), opt_(o) {
     clRetainCommandQueue(q_);
@@ -408,6 +429,7 @@ class ClStreamImpl final : public ClStream {
   [[nodiscard]] void* queue() const override { return q_; }
   [[nodiscard]] StagingStats stats() const override { return stats_; }
   [[nodiscard]] bool async() const override { return opt_.async; }
+  [[nodiscard]] Space space() const override { return Space::OpenCL; }
 
   void pendingBorn() {
     std::lock_guard l(mu_);
@@ -420,37 +442,10 @@ class ClStreamImpl final : public ClStream {
   }
 
  private:
-  // Where the host call sees the two buffers: overlapping buffers of one
-  // cl_mem are one region (their union), so the host pointers keep the device
-  // addresses' relation (in-place calls stay in place); otherwise each buffer
-  // is a region of its own.
-  struct Layout {
-    bool unite = false;
-    uint64_t lo = 0, total = 0;  // unite: the union's offset in the cl_mem and length
-    uint64_t send_at = 0, recv_at = 0;  // offsets of the buffers in the host region(s)
-  };
+  using Layout = StageLayout;
   static Layout layout(const StagedCall& call, const std::optional<Resolved>& in, const std::optional<Resolved>& out) {
-    Layout l;
-    l.unite = in && out && in->reg.handle == out->reg.handle && in->offset < out->offset + call.recv_bytes &&
-              out->offset < in->offset + call.send_bytes;
-    if (l.unite) {
-      l.lo = std::min(in->offset, out->offset);
-      l.total = std::max(in->offset + call.send_bytes, out->offset + call.recv_bytes) - l.lo;
-      l.send_at = in->offset - l.lo;
-      l.recv_at = out->offset - l.lo;
-    } else {
-      l.recv_at = (call.send_bytes + 63) / 64 * 64;
-      l.total = l.recv_at + call.recv_bytes;
-    }
-    return l;
-  }
-
-  // A buffer the call does not use on this rank (a broadcast's sendbuff off
-  // the root, a reduce's recvbuff) is passed on only as the other one's
-  // alias, so that the host call still sees an in-place call as in place.
-  static void aliasUnused(const StagedCall& call, std::byte*& send_host, std::byte*& recv_host) {
-    if (send_host == nullptr && recv_host != nullptr && call.send == call.recv) send_host = recv_host;
-    if (recv_host == nullptr && send_host != nullptr && call.recv == call.send) recv_host = send_host;
+    return stageLayout(call, in.has_value(), out.has_value(), in && out && in->reg.handle == out->reg.handle,
+                       in ? in->offset : 0, out ? out->offset : 0);
   }
 
   // A marker: with a wait list, the call's place in the queue (nothing is
@@ -822,7 +817,7 @@ PendingImpl::~PendingImpl() {
 }  // namespace
 #endif
 
-Result<std::unique_ptr<ClStream>> makeClStream(void* queue, const StagingOptions& options) {
+Result<std::unique_ptr<DeviceStream>> makeClStream(void* queue, const StagingOptions& options) {
 #ifdef CHORUS_HAVE_OPENCL
   if (queue == nullptr) return invalidArgument("chorusStreamCreateOpenCL: clQueue is NULL (pass a cl_command_queue)");
   auto q = static_cast<cl_command_queue>(queue);
@@ -839,7 +834,7 @@ Result<std::unique_ptr<ClStream>> makeClStream(void* queue, const StagingOptions
                            "queue (its calls complete in queue order)",
                            queue);
   if (options.chunk_bytes == 0) return invalidArgument("chorusStreamCreateOpenCL: a staging chunk of 0 bytes");
-  return std::unique_ptr<ClStream>(new ClStreamImpl(q, ctx, options));
+  return std::unique_ptr<DeviceStream>(new ClStreamImpl(q, ctx, options));
 #else
   (void)queue;
   (void)options;

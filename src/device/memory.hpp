@@ -118,6 +118,24 @@ struct StagingStats {
   uint64_t whole_calls = 0;
 };
 
+// Where a staged call's buffers lie in host staging (every backend): two
+// buffers that overlap on the device (in_at and out_at: their byte
+// positions in one allocation, or in the unified address space; `same`:
+// both lie in one allocation) are staged as their union, so the host
+// pointers keep the device addresses' relation (in-place calls stay in
+// place); otherwise each is a region of its own, the output 64-byte aligned
+// after the input.
+struct StageLayout {
+  bool unite = false;
+  uint64_t lo = 0, total = 0;         // unite: the union's position and length
+  uint64_t send_at = 0, recv_at = 0;  // the buffers' offsets in the staging
+};
+StageLayout stageLayout(const StagedCall& call, bool has_in, bool has_out, bool same, uint64_t in_at, uint64_t out_at);
+// A buffer the call does not use on this rank (a broadcast's sendbuff off
+// the root, a reduce's recvbuff) is passed on only as the other one's alias,
+// so that the host call still sees an in-place call as in place.
+void aliasUnused(const StagedCall& call, std::byte*& send_host, std::byte*& recv_host);
+
 // A call's buffers mapped into host memory for a host call that runs later
 // (a call inside chorusGroupStart/End): send and recv as the host call takes
 // them, and the mappings to undo.
@@ -125,7 +143,8 @@ struct MappedCall {
   const void* send = nullptr;
   void* recv = nullptr;
   std::vector<std::pair<void*, void*>> maps;  // (cl_mem, mapped pointer)
-  void* ready = nullptr;  // a non-blocking mapCall's: the cl_event after which send/recv hold the data
+  void* ready = nullptr;  // a non-blocking mapCall's: the event after which send/recv hold the data
+  std::shared_ptr<void> state;  // the backend's own (CUDA: the call's pinned staging and write-backs)
 };
 
 // A call whose queue commands are all enqueued (the maps or reads of its
@@ -142,19 +161,20 @@ class PendingCall {
   // write-back or unmap waits for) when done, after a failure too.  `late`:
   // the call has returned (the device worker runs this), so a failure is
   // made the stream's error before the gate it failed at opens: a clFinish
-  // that returns then finds it (ClStream::synchronize).
+  // that returns then finds it (DeviceStream::synchronize).
   virtual Status run(const HostCall& host, bool late) = 0;
 };
 
-// An OpenCL command queue as a chorus stream's device side.  A call on it is
+// A device queue as a chorus stream's device side: an OpenCL command queue
+// (makeClStream) or a CUDA stream (makeCudaStream).  A call on it is
 // enqueued in queue order (enqueue(): inputs read or mapped after the queue's
 // earlier commands, outputs written back before its later ones, behind user
 // events) and its host part runs later, on any thread (PendingCall::run), so
 // the caller need not wait for the queue; lastEvent() completes when the
 // call's outputs are written.  run() is both at once, on this thread.
-class ClStream {
+class DeviceStream {
  public:
-  virtual ~ClStream() = default;  // waits until no PendingCall of the stream is left
+  virtual ~DeviceStream() = default;  // waits until no PendingCall of the stream is left
   virtual Result<std::unique_ptr<PendingCall>> enqueue(const StagedCall& call) = 0;
   Status run(const StagedCall& call, const HostCall& host) {
     CHORUS_ASSIGN_OR_RETURN(auto pending, enqueue(call));
@@ -173,6 +193,7 @@ class ClStream {
   [[nodiscard]] virtual void* queue() const = 0;
   [[nodiscard]] virtual StagingStats stats() const = 0;
   [[nodiscard]] virtual bool async() const = 0;
+  [[nodiscard]] virtual Space space() const = 0;
   // A call in two halves, whatever the stream's staging (a call inside a
   // group): its buffers mapped in queue order (blocking: the host waits for
   // the maps; else m.ready is the last map's event, waitMapped waits for it),
@@ -187,7 +208,18 @@ class ClStream {
   virtual void openGate(void* gate) = 0;
 };
 // Checks the queue (a valid cl_command_queue, in order) and makes its stream.
-Result<std::unique_ptr<ClStream>> makeClStream(void* cl_queue, const StagingOptions& options = {});
+Result<std::unique_ptr<DeviceStream>> makeClStream(void* cl_queue, const StagingOptions& options = {});
+
+// Checks the CUDA stream (a CUstream of a context of the loaded driver;
+// NULL: the legacy default stream of the calling thread's current context)
+// and makes its stream (cuda_stream.cpp; docs/device.md, "CUDA").
+Result<std::unique_ptr<DeviceStream>> makeCudaStream(void* cu_stream, const StagingOptions& options = {});
+// Whether a CUDA stream was ever made in this process (host calls then check
+// their pointers with the driver: one relaxed load until then).
+bool cudaInUse();
+// The CUDA memory type of p (kCuMemoryType*), or 0 where the driver does
+// not know it (host memory it did not allocate) or no CUDA stream was made.
+unsigned cudaMemoryType(const void* p);
 
 // For error messages: "OpenCL buffer 0x... (N bytes)" or "host memory".
 std::string describe(const void* p);

@@ -163,8 +163,6 @@ Result<BenchPlan> planFromArgs(const BenchArgs& a, const BenchEnv& env) {
   o.average = a.average;
   o.blocking = a.blocking == 1;
   o.memory = a.memory;
-  if (o.memory == "cuda")
-    return usage("--memory cuda: the CUDA memory space has no data path yet (docs/device.md); host or opencl");
   if (a.dtype == "all") {
     o.dtypes.clear();
     for (int d = 0; d < chorusNumTypes; ++d) o.dtypes.push_back(static_cast<chorusDataType_t>(d));

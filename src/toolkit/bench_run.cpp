@@ -108,7 +108,7 @@ struct Issue {
   chorusComm_t comm;
   chorusStream_t stream;  // nullptr: blocking calls
   const std::string& where;
-  chorusStream_t device = nullptr;  // --memory opencl: every call goes to this OpenCL stream
+  chorusStream_t device = nullptr;  // --memory opencl|cuda: every call goes to this device stream
 
   Status once() const {
     chorusResult_t r = issue(c, p.send, p.recv, shape, d, op, root, rank, nranks, comm, device);
@@ -121,7 +121,7 @@ struct Issue {
     if (device != nullptr) {
       for (int i = 0; i < k; ++i) CHORUS_RETURN_IF_ERROR(once());
       chorusResult_t r = chorusStreamSynchronize(device);
-      return r == chorusSuccess ? Status::ok() : apiError(comm, rank, where + " (OpenCL stream)", r);
+      return r == chorusSuccess ? Status::ok() : apiError(comm, rank, where + " (device stream)", r);
     }
     if (stream == nullptr) {
       for (int i = 0; i < k; ++i) CHORUS_RETURN_IF_ERROR(once());
@@ -187,14 +187,23 @@ class Bench {
     CHORUS_ASSIGN_OR_RETURN(sendbuf_, allocate(max_bytes));
     CHORUS_ASSIGN_OR_RETURN(recvbuf_, allocate(max_bytes));
     max_bytes_ = max_bytes;
-    if (o_.memory == "opencl") {
-      auto dev = device::openClDevice();
-      if (!dev.isOk()) return dev.status().withContext("chorus-bench --memory opencl: ");
+    if (o_.memory == "opencl" || o_.memory == "cuda") {
+      const bool cuda = o_.memory == "cuda";
+      int available = 0;
+      char why[512] = {};
+      chorusMemSpaceQuery(cuda ? chorusMemCuda : chorusMemOpenCL, &available, why, sizeof why);
+      if (available == 0) return makeError(chorusSystemError, "chorus-bench --memory {}: {}", o_.memory, why);
+      auto dev = cuda ? device::openCudaDevice() : device::openClDevice();
+      if (!dev.isOk()) return dev.status().withContext(fmt::format("chorus-bench --memory {}: ", o_.memory));
       cl_ = std::move(dev).value();
       CHORUS_ASSIGN_OR_RETURN(dev_send_, cl_->allocate(max_bytes));
       CHORUS_ASSIGN_OR_RETURN(dev_recv_, cl_->allocate(max_bytes));
-      if (chorusResult_t r = chorusStreamCreateOpenCL(&device_stream_.stream, cl_->queue()); r != chorusSuccess)
-        return apiError(comm_, rank_, "chorusStreamCreateOpenCL (--memory opencl)", r);
+      const chorusResult_t r = cuda ? chorusStreamCreateCuda(&device_stream_.stream, cl_->queue())
+                                    : chorusStreamCreateOpenCL(&device_stream_.stream, cl_->queue());
+      if (r != chorusSuccess)
+        return apiError(comm_, rank_, fmt::format("chorusStreamCreate{} (--memory {})", cuda ? "Cuda" : "OpenCL",
+                                                  o_.memory),
+                        r);
     }
 
     if (rank_ == 0 && !o_.json_path.empty()) {
@@ -210,9 +219,9 @@ class Bench {
                       o_.warmup, o_.iters, o_.check ? 1 : 0, algo_, o_.average, averageName(o_.average),
                       o_.blocking ? 1 : 0));
     print(formatMemorySpaces("# "));
-    print(fmt::format("# buffers: {}\n", cl_ ? "opencl (" + cl_->name() +
-                                                  "), calls on an OpenCL stream (staging: CHORUS_DEVICE_STAGING, "
-                                                  "docs/device.md)"
+    print(fmt::format("# buffers: {}\n", cl_ ? o_.memory + " (" + cl_->name() + "), calls on " +
+                                                  (o_.memory == "cuda" ? "a CUDA" : "an OpenCL") +
+                                                  " stream (staging: CHORUS_DEVICE_STAGING, docs/device.md)"
                                             : "host"));
     print(formatHeader());
     return {};
@@ -358,7 +367,7 @@ class Bench {
       CHORUS_RETURN_IF_ERROR(call.once());
       if (cl_) {
         if (chorusResult_t r = chorusStreamSynchronize(call.device); r != chorusSuccess)
-          return apiError(comm_, rank_, "chorusStreamSynchronize (OpenCL)", r);
+          return apiError(comm_, rank_, "chorusStreamSynchronize (device stream)", r);
         CHORUS_RETURN_IF_ERROR(cl_->download(sendbuf_.get(), dev_send_, max_bytes_));
         CHORUS_RETURN_IF_ERROR(cl_->download(recvbuf_.get(), dev_recv_, max_bytes_));
       }
@@ -447,9 +456,9 @@ class Bench {
   int nranks_ = 0;
   int rank_ = 0;
   StreamGuard stream_;
-  // --memory opencl: the device, its buffers (device addresses) and stream.
+  // --memory opencl|cuda: the device, its buffers (device addresses) and stream.
   // device_stream_ is declared after cl_: it is destroyed before the device.
-  std::unique_ptr<device::ClDevice> cl_;
+  std::unique_ptr<device::ToolDevice> cl_;
   std::byte* dev_send_ = nullptr;
   std::byte* dev_recv_ = nullptr;
   StreamGuard device_stream_;

@@ -591,7 +591,7 @@ TEST(DeviceOpenCL, StagingModesChunkAndMap) {
       const std::string what = fmt::format("{} shape {}", device::stagingName(mode), static_cast<int>(shape));
       auto made = device::makeClStream(cl.queue, device::StagingOptions{mode, 4096});
       ASSERT_TRUE(made.isOk()) << made.status().message();
-      device::ClStream& stream = **made;
+      device::DeviceStream& stream = **made;
       clEnqueueWriteBuffer(cl.queue, ma, CL_FALSE, 0, count * 4, in.data(), 0, nullptr, nullptr);
       std::vector<float> poison(count, -7.0f);
       clEnqueueWriteBuffer(cl.queue, mb, CL_FALSE, 0, count * 4, poison.data(), 0, nullptr, nullptr);
