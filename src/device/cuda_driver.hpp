@@ -11,15 +11,21 @@
 
 #include "common/status.hpp"
 
+// The handles' struct tags, global as in cuda.h (so that a function pointer
+// here has the very type of the driver's function).
+struct CUctx_st;
+struct CUstream_st;
+struct CUevent_st;
+
 namespace chorus::device {
 
 // The driver API's types, as cuda.h declares them (the handles are opaque
 // pointers; a device pointer is an integer of the unified address space).
 using CUresult = int;
 using CUdevice = int;
-using CUcontext = struct CUctx_st*;
-using CUstream = struct CUstream_st*;
-using CUevent = struct CUevent_st*;
+using CUcontext = ::CUctx_st*;
+using CUstream = ::CUstream_st*;
+using CUevent = ::CUevent_st*;
 using CUdeviceptr = unsigned long long;
 
 // The constants chorus passes or compares (cuda.h's values).

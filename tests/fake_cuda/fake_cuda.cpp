@@ -37,9 +37,12 @@
 
 typedef int CUresult;
 typedef int CUdevice;
-typedef struct Ctx* CUcontext;
-typedef struct Stream* CUstream;
-typedef struct Event* CUevent;
+// The handles' struct tags are cuda.h's (global), so that a caller that
+// declares them as the driver's header does calls these functions through
+// pointers of the very same types.
+typedef struct CUctx_st* CUcontext;
+typedef struct CUstream_st* CUstream;
+typedef struct CUevent_st* CUevent;
 typedef unsigned long long CUdeviceptr;
 
 #define FAKE_CUDA_API extern "C" __attribute__((visibility("default")))
@@ -79,8 +82,8 @@ std::atomic<long long> g_ops_run{0};
 // A stream: its operations in FIFO order, run one after another by a thread
 // of its own.  Operations are counted: `enqueued` pushed, `done` finished
 // (always the first `done` of them), so "the work so far" is a number.
-struct Stream {
-  Ctx* ctx;
+struct CUstream_st {
+  CUctx_st* ctx;
   std::mutex mu;
   std::condition_variable cv;  // queue changes (for the worker), progress (for waiters)
   std::deque<std::function<void()>> queue;
@@ -89,8 +92,8 @@ struct Stream {
   bool stopping = false;
   std::thread worker;
 
-  explicit Stream(Ctx* c) : ctx(c) { worker = std::thread([this] { run(); }); }
-  ~Stream() { stop(); }
+  explicit CUstream_st(CUctx_st* c) : ctx(c) { worker = std::thread([this] { run(); }); }
+  ~CUstream_st() { stop(); }
 
   // False once the stream is being destroyed (nothing more runs).
   bool push(std::function<void()> op) {
@@ -147,23 +150,23 @@ struct Stream {
 // objects are never freed, so a stale handle is detected, not dereferenced
 // after free; a destroyed (or, for a primary one, fully released) context
 // is no longer `alive`.
-struct Ctx {
+struct CUctx_st {
   CUdevice dev;
   bool primary;
   std::atomic<bool> alive{true};
   std::mutex mu;  // alive's changes, null_stream
-  std::shared_ptr<Stream> null_stream;
+  std::shared_ptr<CUstream_st> null_stream;
 
-  Ctx(CUdevice d, bool p) : dev(d), primary(p) {}
-  std::shared_ptr<Stream> nullStream() {
+  CUctx_st(CUdevice d, bool p) : dev(d), primary(p) {}
+  std::shared_ptr<CUstream_st> nullStream() {
     std::lock_guard l(mu);
     if (!alive) return nullptr;
-    if (!null_stream) null_stream = std::make_shared<Stream>(this);
+    if (!null_stream) null_stream = std::make_shared<CUstream_st>(this);
     return null_stream;
   }
   // Destroyed or released: its NULL stream drains and goes.
   void retire() {
-    std::shared_ptr<Stream> s;
+    std::shared_ptr<CUstream_st> s;
     {
       std::lock_guard l(mu);
       alive = false;
@@ -176,16 +179,16 @@ struct Ctx {
 // An event: the stream and position of its latest record.  The stream holds
 // nothing of the event, so destroying an event with a record pending is
 // harmless.
-struct Event {
+struct CUevent_st {
   struct Record {
-    std::shared_ptr<Stream> stream;  // null: never recorded
+    std::shared_ptr<CUstream_st> stream;  // null: never recorded
     uint64_t seq = 0;
   };
-  Ctx* ctx;
+  CUctx_st* ctx;
   std::mutex mu;
   Record rec;
 
-  explicit Event(Ctx* c) : ctx(c) {}
+  explicit CUevent_st(CUctx_st* c) : ctx(c) {}
   Record latest() {
     std::lock_guard l(mu);
     return rec;
@@ -203,7 +206,7 @@ struct Alloc {
   uintptr_t base = 0;
   size_t size = 0;
   size_t reserved = 0;  // device: the reservation's length
-  Ctx* ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   std::byte* bytes = nullptr;
   // Device memory: every access to the shadow holds it, so copies on other
   // streams and a wait polling the same word are ordered (no data race).
@@ -217,12 +220,12 @@ struct Global {
   std::mutex mu;
   std::atomic<bool> initialized{false};
   std::atomic<int> devices{0};
-  std::set<Ctx*> contexts;  // every context ever made
+  std::set<CUctx_st*> contexts;  // every context ever made
   std::mutex primary_mu;    // retain and release, each whole
-  Ctx* primary[kMaxDevices] = {};
+  CUctx_st* primary[kMaxDevices] = {};
   int primary_refs[kMaxDevices] = {};
-  std::map<Stream*, std::shared_ptr<Stream>> streams;
-  std::map<Event*, std::shared_ptr<Event>> events;
+  std::map<CUstream_st*, std::shared_ptr<CUstream_st>> streams;
+  std::map<CUevent_st*, std::shared_ptr<CUevent_st>> events;
   std::map<uintptr_t, std::shared_ptr<Alloc>> allocs;  // by base
 };
 Global& G() {
@@ -230,7 +233,7 @@ Global& G() {
   return *g;
 }
 
-thread_local Ctx* t_current = nullptr;
+thread_local CUctx_st* t_current = nullptr;
 
 bool initialized() { return G().initialized.load(std::memory_order_acquire); }
 // An entry point's first check: NOT_INITIALIZED before cuInit, then
@@ -240,20 +243,20 @@ CUresult entry(bool args_valid = true) {
 }
 bool validDevice(CUdevice d) { return d >= 0 && d < G().devices.load(); }
 
-Ctx* newContext(CUdevice dev, bool primary) {
-  auto* c = new Ctx(dev, primary);
+CUctx_st* newContext(CUdevice dev, bool primary) {
+  auto* c = new CUctx_st(dev, primary);
   std::lock_guard l(G().mu);
   G().contexts.insert(c);
   return c;
 }
-bool known(Ctx* c) {
+bool known(CUctx_st* c) {
   std::lock_guard l(G().mu);
   return G().contexts.count(c) == 1;
 }
 
 // The calling thread's context, when it is current and alive.
-Ctx* current() {
-  Ctx* c = t_current;
+CUctx_st* current() {
+  CUctx_st* c = t_current;
   return c != nullptr && c->alive ? c : nullptr;
 }
 
@@ -269,15 +272,15 @@ CUresult lookup(const std::map<T*, std::shared_ptr<T>>& live, T* h, std::shared_
   out = it->second;
   return kSuccess;
 }
-CUresult streamOf(CUstream h, std::shared_ptr<Stream>& out) {
+CUresult streamOf(CUstream h, std::shared_ptr<CUstream_st>& out) {
   if (!initialized() || !isNullStream(h)) return lookup(G().streams, h, out);
-  Ctx* c = current();
+  CUctx_st* c = current();
   if (c != nullptr) out = c->nullStream();
   return out ? kSuccess : kInvalidContext;
 }
-CUresult eventOf(CUevent h, std::shared_ptr<Event>& out) { return lookup(G().events, h, out); }
+CUresult eventOf(CUevent h, std::shared_ptr<CUevent_st>& out) { return lookup(G().events, h, out); }
 CUresult enqueue(CUstream h, std::function<void()> op) {
-  std::shared_ptr<Stream> s;
+  std::shared_ptr<CUstream_st> s;
   if (CUresult r = streamOf(h, s); r != kSuccess) return r;
   return s->push(std::move(op)) ? kSuccess : kInvalidHandle;
 }
@@ -369,7 +372,7 @@ bool envSet(const char* name) {
 // at once on the calling thread (the synchronous calls).
 CUresult submit(bool async, CUstream s, size_t n, std::function<void()> op) {
   if (async && n == 0) {
-    std::shared_ptr<Stream> st;
+    std::shared_ptr<CUstream_st> st;
     return streamOf(s, st);
   }
   if (async) return enqueue(s, std::move(op));
@@ -460,7 +463,7 @@ FAKE_CUDA_API CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   if (CUresult r = entry(pctx != nullptr)) return r;
   if (!validDevice(dev)) return kInvalidDevice;
   std::lock_guard l(G().primary_mu);
-  Ctx*& p = G().primary[dev];
+  CUctx_st*& p = G().primary[dev];
   if (p == nullptr) p = newContext(dev, /*primary=*/true);
   p->alive = true;
   ++G().primary_refs[dev];
@@ -513,9 +516,9 @@ FAKE_CUDA_API CUresult cuCtxGetCurrent(CUcontext* pctx) {
 
 FAKE_CUDA_API CUresult cuStreamCreate(CUstream* ps, unsigned int flags) {
   if (CUresult r = entry(ps != nullptr && (flags & ~1u) == 0)) return r;  // CU_STREAM_NON_BLOCKING = 1
-  Ctx* c = current();
+  CUctx_st* c = current();
   if (c == nullptr) return kInvalidContext;
-  auto s = std::make_shared<Stream>(c);
+  auto s = std::make_shared<CUstream_st>(c);
   std::lock_guard l(G().mu);
   G().streams.emplace(s.get(), s);
   *ps = s.get();
@@ -525,7 +528,7 @@ FAKE_CUDA_API CUresult cuStreamCreate(CUstream* ps, unsigned int flags) {
 // Drains the stream's work, then joins its thread.
 FAKE_CUDA_API CUresult cuStreamDestroy(CUstream h) {
   if (CUresult r = entry()) return r;
-  std::shared_ptr<Stream> s;
+  std::shared_ptr<CUstream_st> s;
   {
     std::lock_guard l(G().mu);
     auto it = G().streams.find(h);
@@ -539,21 +542,21 @@ FAKE_CUDA_API CUresult cuStreamDestroy(CUstream h) {
 
 FAKE_CUDA_API CUresult cuStreamGetCtx(CUstream h, CUcontext* pctx) {
   if (CUresult r = entry(pctx != nullptr)) return r;
-  std::shared_ptr<Stream> s;
+  std::shared_ptr<CUstream_st> s;
   if (CUresult r = streamOf(h, s); r != kSuccess) return r;
   *pctx = s->ctx;
   return kSuccess;
 }
 
 FAKE_CUDA_API CUresult cuStreamSynchronize(CUstream h) {
-  std::shared_ptr<Stream> s;
+  std::shared_ptr<CUstream_st> s;
   if (CUresult r = streamOf(h, s); r != kSuccess) return r;
   s->waitFor(s->mark());
   return kSuccess;
 }
 
 FAKE_CUDA_API CUresult cuStreamQuery(CUstream h) {
-  std::shared_ptr<Stream> s;
+  std::shared_ptr<CUstream_st> s;
   if (CUresult r = streamOf(h, s); r != kSuccess) return r;
   return s->reached(s->mark()) ? kSuccess : kNotReady;
 }
@@ -586,9 +589,9 @@ FAKE_CUDA_API CUresult cuLaunchHostFunc(CUstream h, void (*fn)(void*), void* use
 FAKE_CUDA_API CUresult cuEventCreate(CUevent* pe, unsigned int flags) {
   // Flags: BLOCKING_SYNC 1, DISABLE_TIMING 2, INTERPROCESS 4 (no timing is kept either way).
   if (CUresult r = entry(pe != nullptr && (flags & ~7u) == 0)) return r;
-  Ctx* c = current();
+  CUctx_st* c = current();
   if (c == nullptr) return kInvalidContext;
-  auto e = std::make_shared<Event>(c);
+  auto e = std::make_shared<CUevent_st>(c);
   std::lock_guard l(G().mu);
   G().events.emplace(e.get(), e);
   *pe = e.get();
@@ -603,38 +606,38 @@ FAKE_CUDA_API CUresult cuEventDestroy(CUevent h) {
 
 // The event and the stream must be of the same context.
 FAKE_CUDA_API CUresult cuEventRecord(CUevent he, CUstream hs) {
-  std::shared_ptr<Event> e;
+  std::shared_ptr<CUevent_st> e;
   if (CUresult r = eventOf(he, e); r != kSuccess) return r;
-  std::shared_ptr<Stream> s;
+  std::shared_ptr<CUstream_st> s;
   if (CUresult r = streamOf(hs, s); r != kSuccess) return r;
   if (s->ctx != e->ctx) return kInvalidHandle;
   const uint64_t seq = s->mark();
   std::lock_guard l(e->mu);
-  e->rec = Event::Record{std::move(s), seq};
+  e->rec = CUevent_st::Record{std::move(s), seq};
   return kSuccess;
 }
 
 FAKE_CUDA_API CUresult cuEventSynchronize(CUevent he) {
-  std::shared_ptr<Event> e;
+  std::shared_ptr<CUevent_st> e;
   if (CUresult r = eventOf(he, e); r != kSuccess) return r;
-  if (Event::Record rec = e->latest(); rec.stream) rec.stream->waitFor(rec.seq);
+  if (CUevent_st::Record rec = e->latest(); rec.stream) rec.stream->waitFor(rec.seq);
   return kSuccess;
 }
 
 FAKE_CUDA_API CUresult cuEventQuery(CUevent he) {
-  std::shared_ptr<Event> e;
+  std::shared_ptr<CUevent_st> e;
   if (CUresult r = eventOf(he, e); r != kSuccess) return r;
-  const Event::Record rec = e->latest();
+  const CUevent_st::Record rec = e->latest();
   return !rec.stream || rec.stream->reached(rec.seq) ? kSuccess : kNotReady;
 }
 
 FAKE_CUDA_API CUresult cuStreamWaitEvent(CUstream hs, CUevent he, unsigned int flags) {
-  std::shared_ptr<Event> e;
+  std::shared_ptr<CUevent_st> e;
   if (CUresult r = eventOf(he, e); r != kSuccess) return r;
   if ((flags & ~1u) != 0) return kInvalidValue;  // CU_EVENT_WAIT_EXTERNAL = 1
-  std::shared_ptr<Stream> s;
+  std::shared_ptr<CUstream_st> s;
   if (CUresult r = streamOf(hs, s); r != kSuccess) return r;
-  Event::Record rec = e->latest();
+  CUevent_st::Record rec = e->latest();
   if (!rec.stream || rec.stream == s) return kSuccess;  // nothing to wait for, or behind it already
   return s->push([rec = std::move(rec)] { rec.stream->waitFor(rec.seq); }) ? kSuccess : kInvalidHandle;
 }
@@ -643,7 +646,7 @@ FAKE_CUDA_API CUresult cuStreamWaitEvent(CUstream hs, CUevent he, unsigned int f
 
 FAKE_CUDA_API CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
   if (CUresult r = entry(dptr != nullptr && bytes != 0)) return r;
-  Ctx* c = current();
+  CUctx_st* c = current();
   if (c == nullptr) return kInvalidContext;
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   if (bytes > SIZE_MAX - page) return kOutOfMemory;
@@ -672,7 +675,7 @@ FAKE_CUDA_API CUresult cuMemFree(CUdeviceptr dptr) {
 FAKE_CUDA_API CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
   // Flags: PORTABLE 1, DEVICEMAP 2, WRITECOMBINED 4 (all memory is portable and mapped here, as with UVA).
   if (CUresult r = entry(pp != nullptr && bytes != 0 && (flags & ~7u) == 0)) return r;
-  Ctx* c = current();
+  CUctx_st* c = current();
   if (c == nullptr) return kInvalidContext;
   if (bytes > SIZE_MAX - 64) return kOutOfMemory;
   const size_t rounded = (bytes + 63) / 64 * 64;
