@@ -82,6 +82,14 @@ Result<device::StagingOptions> parseDeviceStaging(const Reader& r) {
 // Who drives a KV agent's transports: not part of Config (chorusKvAgentCreate
 // reads it, api/c_api_kv.cpp), but validated with the rest at init.  True:
 // a progress thread (prim::kv::Progress::Thread).
+// CHORUS_CUDA_DRIVER: what the CUDA loader dlopens (a soname or a path).
+Result<std::string> parseCudaDriver(const Reader& r) {
+  std::string lib = r.str("CHORUS_CUDA_DRIVER");
+  if (lib.empty())
+    return invalidArgument("CHORUS_CUDA_DRIVER is empty (accepted: a library name or path, default libcuda.so.1)");
+  return lib;
+}
+
 Result<bool> parseKvProgress(const Reader& r) {
   const std::string s = r.str("CHORUS_KV_PROGRESS");
   if (s == "thread" || s.empty()) return true;
@@ -100,6 +108,7 @@ Result<Config> parseConfig(const Lookup& lookup) {
   CHORUS_ASSIGN_OR_RETURN(c.check, r.boolean("CHORUS_CHECK"));
   CHORUS_RETURN_IF_ERROR(parseDeviceStaging(r).status());
   CHORUS_RETURN_IF_ERROR(parseKvProgress(r).status());
+  CHORUS_RETURN_IF_ERROR(parseCudaDriver(r).status());
   const std::string repro = r.str("CHORUS_REPRODUCIBLE");
   if (repro == "off" || repro.empty())
     c.reproducible = Reproducible::Off;
@@ -218,7 +227,8 @@ Result<device::StagingOptions> deviceStagingFromEnv() {
 void configureCudaDriver() {
   static const bool done = [] {
     const Lookup lookup = fromEnvironment;
-    device::setCudaDriverLibrary(Reader(lookup).str("CHORUS_CUDA_DRIVER"));
+    auto lib = parseCudaDriver(Reader(lookup));
+    if (lib.isOk()) device::setCudaDriverLibrary(*lib);  // else the default, and chorusCommInit names the error
     return true;
   }();
   (void)done;

@@ -21,6 +21,13 @@
 // an earlier one shut.  At most kMaxInFlight gates are shut at once (the
 // back-pressure of enqueue), far fewer than kWords.
 //
+// An elementwise call of more than one chunk (CHORUS_DEVICE_CHUNK_BYTES;
+// CHORUS_DEVICE_STAGING auto or pipeline) runs as pipelined chunks through a
+// ring of three pinned slots, each chunk with its own event and gate, so the
+// stream copies chunk k back and chunk k+2 in while chunk k+1's host part
+// runs (enqueuePipelined); other calls, and every call under `whole`, stage
+// whole buffers.
+//
 // Where the driver cannot wait on memory (cuStreamWaitValue32 refused when
 // the stream is made: CUDA_ERROR_NOT_SUPPORTED on some devices and drivers),
 // the stream is synchronous: the call waits for its inputs, runs the host
@@ -90,7 +97,9 @@ class CudaStreamImpl final : public DeviceStream {
  public:
   CudaStreamImpl(const CudaDriver& d, CUstream s, CUcontext ctx, const StagingOptions& o)
       : d_(d), s_(s), ctx_(ctx), opt_(o) {
-    stats_.resolved = Staging::Whole;
+    // Auto: pipelined chunks (a GPU's memory is its own: the copies are
+    // real, and overlapping them with the wire is what pays).
+    stats_.resolved = opt_.mode == Staging::Whole ? Staging::Whole : Staging::Pipeline;
   }
 
   // Pinned words for the gates, and the probe of cuStreamWaitValue32: a
@@ -141,8 +150,14 @@ class CudaStreamImpl final : public DeviceStream {
     CHORUS_ASSIGN_OR_RETURN(auto bufs, resolveCall(call));
     reap(false);
     ++stats_.calls;
-    ++stats_.whole_calls;
     const auto& [in, out] = bufs;
+    if (can_wait_ && stats_.resolved == Staging::Pipeline && pipelinable(call, in, out)) {
+      ++stats_.pipelined_calls;
+      auto p = std::make_unique<CudaPending>(this);
+      CHORUS_RETURN_IF_ERROR(enqueuePipelined(call, in, out, *p));
+      return std::unique_ptr<PendingCall>(std::move(p));
+    }
+    ++stats_.whole_calls;
     const Layout l = layout(call, in, out);
     CHORUS_RETURN_IF_ERROR(ensureStaging(l.total));
     auto p = std::make_unique<CudaPending>(this);
@@ -371,6 +386,74 @@ class CudaStreamImpl final : public DeviceStream {
     return stageLayout(call, in.has_value(), out.has_value(), true, in ? in->ptr : 0, out ? out->ptr : 0);
   }
 
+  // An elementwise call of at least two chunks whose buffers are the same
+  // (in place) or disjoint.
+  bool pipelinable(const StagedCall& call, const std::optional<CudaBuf>& in,
+                   const std::optional<CudaBuf>& out) const {
+    if (!call.elementwise || call.elem_bytes == 0 || call.recv_partial) return false;
+    if (in && call.send_bytes != call.count * call.elem_bytes) return false;
+    if (out && call.recv_bytes != call.count * call.elem_bytes) return false;
+    if (call.count <= chunkElems(call)) return false;
+    if (in && out && in->ptr != out->ptr && in->ptr < out->ptr + call.recv_bytes &&
+        out->ptr < in->ptr + call.send_bytes)
+      return false;
+    return true;
+  }
+  uint64_t chunkElems(const StagedCall& call) const {
+    return std::max<uint64_t>(1, opt_.chunk_bytes / std::max<uint64_t>(call.elem_bytes, 1));
+  }
+
+  // Pipelined chunks, as the OpenCL stream's `pipeline` (memory.cpp): chunk
+  // k is a part of its own, its input copied into slot k % kSlots of a ring
+  // of pinned chunks, an event recorded after the copy, its gate, its copy
+  // back.  On the one stream the order is R0 R1 | G0 W0 R2 | G1 W1 R3 ...:
+  // while chunk k+1's host part runs, the stream copies chunk k back and
+  // chunk k+2 in; a read into a slot follows the copy back of the slot's
+  // previous chunk in stream order, and a host part writes its slot only
+  // after its own read (its event), so no slot is reused early.
+  static constexpr uint64_t kAhead = 2;
+  static constexpr uint64_t kSlots = kAhead + 1;
+  Status enqueuePipelined(const StagedCall& call, const std::optional<CudaBuf>& in,
+                          const std::optional<CudaBuf>& out, CudaPending& p) {
+    const uint64_t es = call.elem_bytes;
+    const uint64_t ce = chunkElems(call);
+    const uint64_t nchunks = (call.count + ce - 1) / ce;
+    const bool inplace = in && out && in->ptr == out->ptr;
+    const uint64_t chunk = ce * es;
+    const uint64_t recv_at = in && out && !inplace ? (chunk + 63) / 64 * 64 : 0;
+    const uint64_t slot = (recv_at + chunk + 63) / 64 * 64;
+    CHORUS_RETURN_IF_ERROR(ensureStaging(slot * kSlots));
+    auto bytesOf = [&](uint64_t k) { return std::min(ce, call.count - k * ce) * es; };
+    auto slotOf = [&](uint64_t k) { return stage_ + (k % kSlots) * slot; };
+    // Chunk k's read and its event, held by part k from the start (the
+    // pending call's destructor releases what an error leaves).
+    p.parts.resize(nchunks);
+    auto read = [&](uint64_t k) -> Status {
+      if (in)
+        CHORUS_RETURN_IF_ERROR(d_.check(d_.cuMemcpyDtoHAsync(slotOf(k), in->ptr + k * chunk, bytesOf(k), s_),
+                                        "cuMemcpyDtoHAsync (a chunk of sendbuff)"));
+      CHORUS_RETURN_IF_ERROR(d_.check(d_.cuEventCreate(&p.parts[k].ready, kCuEventDisableTiming), "cuEventCreate"));
+      return d_.check(d_.cuEventRecord(p.parts[k].ready, s_), "cuEventRecord (a chunk's input)");
+    };
+    for (uint64_t k = 0; k < std::min(kAhead, nchunks); ++k) CHORUS_RETURN_IF_ERROR(read(k));
+    for (uint64_t k = 0; k < nchunks; ++k) {
+      CudaPart& part = p.parts[k];
+      std::byte* s = slotOf(k);
+      part.send = in ? s : nullptr;
+      part.recv = out ? s + recv_at : nullptr;
+      aliasUnused(call, part.send, part.recv);
+      part.count = bytesOf(k) / es;
+      CHORUS_ASSIGN_OR_RETURN(part.gate, gateAfter());
+      part.gated = true;
+      if (out && call.recv_written)
+        CHORUS_RETURN_IF_ERROR(d_.check(d_.cuMemcpyHtoDAsync(out->ptr + k * chunk, s + recv_at, bytesOf(k), s_),
+                                        "cuMemcpyHtoDAsync (a chunk into recvbuff)"));
+      if (k + kAhead < nchunks) CHORUS_RETURN_IF_ERROR(read(k + kAhead));
+    }
+    stats_.chunks += nchunks;
+    return recordLast();
+  }
+
   // The copies into `stage`, in stream order: the input, and the output's
   // bytes the call leaves (a v-collective's gaps) where it writes only parts.
   Status copyIn(const StagedCall& call, const std::optional<CudaBuf>& in, const std::optional<CudaBuf>& out,
@@ -495,10 +578,10 @@ unsigned cudaMemoryType(const void* p) {
 Result<std::unique_ptr<DeviceStream>> makeCudaStream(void* cu_stream, const StagingOptions& options) {
   const CudaDriver& d = cudaDriver();
   if (!d.status.isOk()) return d.status.withContext("chorusStreamCreateCuda: ");
-  if (options.mode == Staging::Map || options.mode == Staging::Pipeline)
-    return invalidArgument("chorusStreamCreateCuda: CHORUS_DEVICE_STAGING={}: a CUDA stream stages whole buffers "
-                           "(auto or whole; docs/device.md, \"CUDA\")",
-                           stagingName(options.mode));
+  if (options.mode == Staging::Map)
+    return invalidArgument("chorusStreamCreateCuda: CHORUS_DEVICE_STAGING=map: a CUDA stream stages through pinned "
+                           "host memory (auto or pipeline: chunks; whole; docs/device.md, \"CUDA\")");
+  if (options.chunk_bytes == 0) return invalidArgument("chorusStreamCreateCuda: a staging chunk of 0 bytes");
   auto s = static_cast<CUstream>(cu_stream);
   CUcontext ctx = nullptr;
   const CUresult r = d.cuStreamGetCtx(s, &ctx);

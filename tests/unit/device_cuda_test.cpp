@@ -22,9 +22,11 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "device/cuda_driver.hpp"
+#include "device/memory.hpp"
 #include "support/collective_check.hpp"
 #include "support/rank_threads.hpp"
 #include "toolkit/bench.hpp"
@@ -414,14 +416,102 @@ TEST(DeviceCuda, MisuseIsNamed) {
   EXPECT_EQ(failures(msgs), "");
 }
 
-// CHORUS_DEVICE_STAGING=map or pipeline is refused by name: a CUDA stream
-// stages whole buffers.
+// CHORUS_DEVICE_STAGING=map is refused by name: a CUDA stream stages
+// through pinned host memory (pipelined chunks or whole buffers).
 TEST(DeviceCuda, StagingModesNamed) {
   REQUIRE_DRIVER();
-  ::setenv("CHORUS_DEVICE_STAGING", "pipeline", 1);
+  ::setenv("CHORUS_DEVICE_STAGING", "map", 1);
   CudaRank dev;
   ::unsetenv("CHORUS_DEVICE_STAGING");
-  EXPECT_NE(dev.error.find("stages whole buffers"), std::string::npos) << dev.error;
+  EXPECT_NE(dev.error.find("stages through pinned host memory"), std::string::npos) << dev.error;
+}
+
+// Larger, non-divisible counts under each staging mode: pipeline (256 KiB
+// chunks: 300007 floats are 5 chunks, the last one short; also auto's
+// choice) and whole.
+class CudaStaging : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+TEST_P(CudaStaging, LargerCountsFloat) {
+  REQUIRE_DRIVER();
+  const auto& [n, mode] = GetParam();
+  ::setenv("CHORUS_DEVICE_STAGING", mode.c_str(), 1);
+  ::setenv("CHORUS_DEVICE_CHUNK_BYTES", "262144", 1);
+  auto cases = standardCases(n, {4099, 300007}, /*all_dtypes=*/false);
+  auto msgs = runRanks(n, [&](int r, chorusComm_t c) { return runOnCuda(r, c, cases); });
+  ::unsetenv("CHORUS_DEVICE_STAGING");
+  ::unsetenv("CHORUS_DEVICE_CHUNK_BYTES");
+  EXPECT_EQ(failures(msgs), "");
+}
+INSTANTIATE_TEST_SUITE_P(Shm, CudaStaging,
+                         ::testing::Values(std::tuple<int, std::string>{3, "pipeline"},
+                                           std::tuple<int, std::string>{2, "whole"}),
+                         [](const auto& info) {
+                           return fmt::format("n{}_{}", std::get<0>(info.param), std::get<1>(info.param));
+                         });
+
+// The pipeline on one stream, without a communicator: a host call that
+// computes out[i] = 2 * in[i] + 1 sees every chunk in order with the right
+// length (10000 floats in 4 KiB chunks: nine of 1024 and one of 784) and
+// the right input, and the device buffer holds every chunk's result, out
+// of place and in place.
+TEST(DeviceCuda, PipelineChunksInOrder) {
+  REQUIRE_DRIVER();
+  const TestDriver& d = drv();
+  CudaRank dev;
+  ASSERT_EQ(dev.error, "");
+  const uint64_t count = 10000;
+  CUdeviceptr in = 0, out = 0;
+  ASSERT_EQ(d.cuMemAlloc(&in, count * 4), 0);
+  ASSERT_EQ(d.cuMemAlloc(&out, count * 4), 0);
+  std::vector<float> host(count);
+  for (uint64_t i = 0; i < count; ++i) host[i] = static_cast<float>(i);
+  for (const bool inplace : {false, true}) {
+    d.cuMemcpyHtoDAsync(in, host.data(), count * 4, dev.stream);
+    device::StagingOptions o;
+    o.mode = device::Staging::Pipeline;
+    o.chunk_bytes = 4096;
+    o.async = false;
+    auto stream = device::makeCudaStream(dev.stream, o);
+    ASSERT_TRUE(stream.isOk()) << stream.status().message();
+    device::StagedCall c;
+    c.fn = "test";
+    c.send = asPtr(in);
+    c.send_bytes = count * 4;
+    c.recv = asPtr(inplace ? in : out);
+    c.recv_bytes = count * 4;
+    c.recv_written = true;
+    c.elementwise = true;
+    c.count = count;
+    c.elem_bytes = 4;
+    std::vector<uint64_t> lengths;
+    uint64_t seen = 0;
+    std::string wrong;
+    Status st = (*stream)->run(c, [&](const void* s, void* r, uint64_t n) -> Status {
+      const auto* a = static_cast<const float*>(s);
+      auto* b = static_cast<float*>(r);
+      for (uint64_t i = 0; i < n; ++i) {
+        if (a[i] != static_cast<float>(seen + i) && wrong.empty())
+          wrong = fmt::format("chunk at {}: input {} is {}", seen, i, a[i]);
+        b[i] = 2.0f * a[i] + 1.0f;
+      }
+      seen += n;
+      lengths.push_back(n);
+      return Status();
+    });
+    ASSERT_TRUE(st.isOk()) << st.message();
+    ASSERT_TRUE((*stream)->synchronize().isOk());
+    EXPECT_EQ(wrong, "");
+    std::vector<uint64_t> want(9, 1024);
+    want.push_back(784);
+    EXPECT_EQ(lengths, want);
+    EXPECT_EQ((*stream)->stats().pipelined_calls, 1u);
+    EXPECT_EQ((*stream)->stats().chunks, 10u);
+    std::vector<float> got(count);
+    d.cuMemcpyDtoH(got.data(), inplace ? in : out, count * 4);
+    for (uint64_t i = 0; i < count; ++i)
+      ASSERT_EQ(got[i], 2.0f * static_cast<float>(i) + 1.0f) << "element " << i << (inplace ? " in place" : "");
+  }
+  d.cuMemFree(in);
+  d.cuMemFree(out);
 }
 
 // A driver that cannot wait on memory (cuStreamWaitValue32 refused): the
