@@ -386,21 +386,10 @@ class CudaStreamImpl final : public DeviceStream {
     return stageLayout(call, in.has_value(), out.has_value(), true, in ? in->ptr : 0, out ? out->ptr : 0);
   }
 
-  // An elementwise call of at least two chunks whose buffers are the same
-  // (in place) or disjoint.
   bool pipelinable(const StagedCall& call, const std::optional<CudaBuf>& in,
                    const std::optional<CudaBuf>& out) const {
-    if (!call.elementwise || call.elem_bytes == 0 || call.recv_partial) return false;
-    if (in && call.send_bytes != call.count * call.elem_bytes) return false;
-    if (out && call.recv_bytes != call.count * call.elem_bytes) return false;
-    if (call.count <= chunkElems(call)) return false;
-    if (in && out && in->ptr != out->ptr && in->ptr < out->ptr + call.recv_bytes &&
-        out->ptr < in->ptr + call.send_bytes)
-      return false;
-    return true;
-  }
-  uint64_t chunkElems(const StagedCall& call) const {
-    return std::max<uint64_t>(1, opt_.chunk_bytes / std::max<uint64_t>(call.elem_bytes, 1));
+    return device::pipelinable(call, opt_.chunk_bytes, in.has_value(), out.has_value(), true, in ? in->ptr : 0,
+                               out ? out->ptr : 0);
   }
 
   // Pipelined chunks, as the OpenCL stream's `pipeline` (memory.cpp): chunk
@@ -411,20 +400,16 @@ class CudaStreamImpl final : public DeviceStream {
   // chunk k+2 in; a read into a slot follows the copy back of the slot's
   // previous chunk in stream order, and a host part writes its slot only
   // after its own read (its event), so no slot is reused early.
-  static constexpr uint64_t kAhead = 2;
-  static constexpr uint64_t kSlots = kAhead + 1;
+  static constexpr uint64_t kAhead = ChunkRing::kAhead;
   Status enqueuePipelined(const StagedCall& call, const std::optional<CudaBuf>& in,
                           const std::optional<CudaBuf>& out, CudaPending& p) {
     const uint64_t es = call.elem_bytes;
-    const uint64_t ce = chunkElems(call);
-    const uint64_t nchunks = (call.count + ce - 1) / ce;
     const bool inplace = in && out && in->ptr == out->ptr;
-    const uint64_t chunk = ce * es;
-    const uint64_t recv_at = in && out && !inplace ? (chunk + 63) / 64 * 64 : 0;
-    const uint64_t slot = (recv_at + chunk + 63) / 64 * 64;
-    CHORUS_RETURN_IF_ERROR(ensureStaging(slot * kSlots));
-    auto bytesOf = [&](uint64_t k) { return std::min(ce, call.count - k * ce) * es; };
-    auto slotOf = [&](uint64_t k) { return stage_ + (k % kSlots) * slot; };
+    const ChunkRing ring = chunkRing(call, opt_.chunk_bytes, in && out && !inplace);
+    const uint64_t nchunks = ring.nchunks, chunk = ring.chunk, recv_at = ring.recv_at;
+    CHORUS_RETURN_IF_ERROR(ensureStaging(ring.total()));
+    auto bytesOf = [&](uint64_t k) { return ring.bytes(k); };
+    auto slotOf = [&](uint64_t k) { return stage_ + ring.slotOffset(k); };
     // Chunk k's read and its event, held by part k from the start (the
     // pending call's destructor releases what an error leaves).
     p.parts.resize(nchunks);

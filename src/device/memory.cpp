@@ -146,6 +146,36 @@ void aliasUnused(const StagedCall& call, std::byte*& send_host, std::byte*& recv
   if (recv_host == nullptr && send_host != nullptr && call.recv == call.send) recv_host = send_host;
 }
 
+namespace {
+uint64_t chunkElems(const StagedCall& call, uint64_t chunk_bytes) {
+  return std::max<uint64_t>(1, chunk_bytes / std::max<uint64_t>(call.elem_bytes, 1));
+}
+}  // namespace
+
+bool pipelinable(const StagedCall& call, uint64_t chunk_bytes, bool has_in, bool has_out, bool same, uint64_t in_at,
+                 uint64_t out_at) {
+  if (!call.elementwise || call.elem_bytes == 0 || call.recv_partial) return false;
+  if (has_in && call.send_bytes != call.count * call.elem_bytes) return false;
+  if (has_out && call.recv_bytes != call.count * call.elem_bytes) return false;
+  if (call.count <= chunkElems(call, chunk_bytes)) return false;
+  if (has_in && has_out && same && in_at != out_at && in_at < out_at + call.recv_bytes &&
+      out_at < in_at + call.send_bytes)
+    return false;
+  return true;
+}
+
+ChunkRing chunkRing(const StagedCall& call, uint64_t chunk_bytes, bool out_of_place) {
+  ChunkRing r;
+  r.count = call.count;
+  r.elem_bytes = call.elem_bytes;
+  r.elems = chunkElems(call, chunk_bytes);
+  r.nchunks = (call.count + r.elems - 1) / r.elems;
+  r.chunk = r.elems * call.elem_bytes;
+  r.recv_at = out_of_place ? (r.chunk + 63) / 64 * 64 : 0;
+  r.slot = (r.recv_at + r.chunk + 63) / 64 * 64;
+  return r;
+}
+
 Status spaceAvailable(Space s) {
   switch (s) {
     case Space::Host: return {};
@@ -651,21 +681,11 @@ class ClStreamImpl final : public DeviceStream {
     return markLast(gate);
   }
 
-  // An elementwise call of at least two chunks whose buffers are the same
-  // (in place) or disjoint.
   bool pipelinable(const StagedCall& call, const std::optional<Resolved>& in,
                    const std::optional<Resolved>& out) const {
-    if (!call.elementwise || call.elem_bytes == 0 || call.recv_partial) return false;
-    if (in && call.send_bytes != call.count * call.elem_bytes) return false;
-    if (out && call.recv_bytes != call.count * call.elem_bytes) return false;
-    if (call.count <= chunkElems(call)) return false;
-    if (in && out && in->reg.handle == out->reg.handle && in->offset != out->offset &&
-        in->offset < out->offset + call.recv_bytes && out->offset < in->offset + call.send_bytes)
-      return false;
-    return true;
-  }
-  uint64_t chunkElems(const StagedCall& call) const {
-    return std::max<uint64_t>(1, opt_.chunk_bytes / std::max<uint64_t>(call.elem_bytes, 1));
+    return device::pipelinable(call, opt_.chunk_bytes, in.has_value(), out.has_value(),
+                               in && out && in->reg.handle == out->reg.handle, in ? in->offset : 0,
+                               out ? out->offset : 0);
   }
 
   // Staging::Pipeline.  Chunk k is a part of its own: its input is read
@@ -678,21 +698,18 @@ class ClStreamImpl final : public DeviceStream {
   // for the gate of the slot's previous chunk (its host part is done with
   // it); where nothing is read (a broadcast off the root), a marker in the
   // read's place says when the slot's previous write is done.
-  static constexpr uint64_t kAhead = 2;
-  static constexpr uint64_t kSlots = kAhead + 1;
+  static constexpr uint64_t kAhead = ChunkRing::kAhead;
+  static constexpr uint64_t kSlots = ChunkRing::kSlots;
   Status enqueuePipelined(const StagedCall& call, const std::optional<Resolved>& in,
                           const std::optional<Resolved>& out, PendingImpl& p) {
     const uint64_t es = call.elem_bytes;
-    const uint64_t ce = chunkElems(call);
-    const uint64_t nchunks = (call.count + ce - 1) / ce;
     const bool inplace = in && out && in->reg.handle == out->reg.handle && in->offset == out->offset;
-    const uint64_t chunk = ce * es;
-    const uint64_t recv_at = in && out && !inplace ? (chunk + 63) / 64 * 64 : 0;
-    const uint64_t slot = (recv_at + chunk + 63) / 64 * 64;
-    CHORUS_RETURN_IF_ERROR(ensureStaging(slot * kSlots));
+    const ChunkRing ring = chunkRing(call, opt_.chunk_bytes, in && out && !inplace);
+    const uint64_t nchunks = ring.nchunks, chunk = ring.chunk, recv_at = ring.recv_at;
+    CHORUS_RETURN_IF_ERROR(ensureStaging(ring.total()));
     std::vector<cl_event> ready(nchunks, nullptr), gates(nchunks, nullptr);
-    auto bytesOf = [&](uint64_t k) { return std::min(ce, call.count - k * ce) * es; };
-    auto slotOf = [&](uint64_t k) { return stage_ + (k % kSlots) * slot; };
+    auto bytesOf = [&](uint64_t k) { return ring.bytes(k); };
+    auto slotOf = [&](uint64_t k) { return stage_ + ring.slotOffset(k); };
     auto read = [&](uint64_t k) -> Status {
       cl_event after = k >= kSlots ? gates[k - kSlots] : nullptr;
       if (!in) {

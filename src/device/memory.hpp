@@ -11,6 +11,7 @@
 // access through a device address faults at once instead of corrupting memory.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -135,6 +136,29 @@ StageLayout stageLayout(const StagedCall& call, bool has_in, bool has_out, bool 
 // the root, a reduce's recvbuff) is passed on only as the other one's alias,
 // so that the host call still sees an in-place call as in place.
 void aliasUnused(const StagedCall& call, std::byte*& send_host, std::byte*& recv_host);
+
+// Pipelined staging (every backend): an elementwise call of at least two
+// chunks of chunk_bytes whose buffers are the same (in place) or disjoint
+// (positions as stageLayout's).
+bool pipelinable(const StagedCall& call, uint64_t chunk_bytes, bool has_in, bool has_out, bool same, uint64_t in_at,
+                 uint64_t out_at);
+// The ring of pinned chunks a pipelined call runs through: kSlots slots,
+// each an input chunk and (out of place) an output chunk after it, 64-byte
+// aligned; chunk k uses slot k % kSlots and holds bytes(k).
+struct ChunkRing {
+  static constexpr uint64_t kAhead = 2;  // chunks read ahead of the one whose host part runs
+  static constexpr uint64_t kSlots = kAhead + 1;
+  uint64_t elems = 0;    // per chunk
+  uint64_t nchunks = 0;
+  uint64_t chunk = 0;    // bytes of a full chunk
+  uint64_t recv_at = 0;  // the output's offset in a slot (0 in place)
+  uint64_t slot = 0;     // bytes of a slot
+  uint64_t count = 0, elem_bytes = 0;
+  [[nodiscard]] uint64_t bytes(uint64_t k) const { return std::min(elems, count - k * elems) * elem_bytes; }
+  [[nodiscard]] uint64_t slotOffset(uint64_t k) const { return (k % kSlots) * slot; }
+  [[nodiscard]] uint64_t total() const { return slot * kSlots; }
+};
+ChunkRing chunkRing(const StagedCall& call, uint64_t chunk_bytes, bool out_of_place);
 
 // A call's buffers mapped into host memory for a host call that runs later
 // (a call inside chorusGroupStart/End): send and recv as the host call takes
